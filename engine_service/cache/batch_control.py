@@ -1,0 +1,124 @@
+"""The protocol between the executor, the model and a KV cache.
+
+Ownership: the executor drives sequence lifetime through :class:`BatchControl`; the model reads and
+writes K/V only through the :class:`KVStep` the executor hands it for one packed forward.
+
+A packed step carries several sequences' tokens in one flat row order. Segment ``i`` covers the
+packed rows ``[offset_i, offset_i + length_i)`` where offsets are the running sum of the lengths, in
+the order the segments were given, and writes positions ``[start_i, start_i + length_i)`` of
+sequence ``seq_i``. ``start_i`` must equal ``pos(seq_i)``: the executor rewinds first when it wants
+to overwrite (``rewind`` refuses when the rows it needs are gone).
+
+For each layer the model computes, for all packed rows,
+    q: [T, q_heads, head_dim], k: [T, kv_heads, head_dim], v: [T, kv_heads, head_dim]
+(RoPE already applied at each row's position), then calls ``step.views(layer, k, v)``. The cache
+stores the new rows and returns :class:`KVView` groups covering every packed row exactly once. The
+model attends each group's query rows to that view's keys/values under its mask (grouped-query
+attention: q head ``h`` reads kv head ``h // (q_heads // kv_heads)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import mlx.core as mx
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One sequence's slice of a packed step: writes positions [start, start + length) of ``seq``."""
+
+    seq: int
+    start: int
+    length: int
+
+    def __post_init__(self) -> None:
+        if self.start < 0 or self.length < 1:
+            raise ValueError(f"Segment needs start >= 0 and length >= 1, got {self}")
+
+
+@dataclass(frozen=True)
+class KVView:
+    """Keys/values that query rows ``rows`` (a slice of the packed rows) attend to.
+
+    keys, values: [kv_heads, S, head_dim]
+    mask: bool [rows, S] (True = attend), or the string "causal" (query row j of the group sits at key
+        index S - n_rows + j and attends to keys 0..that index), or None (every key visible to every row).
+    """
+
+    rows: slice
+    keys: mx.array
+    values: mx.array
+    mask: mx.array | str | None
+
+
+@runtime_checkable
+class KVStep(Protocol):
+    """One packed forward's access to the cache. Created by :meth:`BatchControl.begin_step`."""
+
+    segments: Sequence[Segment]
+
+    def views(self, layer: int, keys: mx.array, values: mx.array) -> Sequence[KVView]:
+        """Store this step's rows for ``layer`` and return the views to attend.
+
+        keys, values: [T, kv_heads, head_dim], packed in segment order (T = sum of lengths).
+        Must be called once per layer, layers in any order.
+        """
+        ...
+
+    def state(self) -> list[mx.array]:
+        """The cache arrays this step produced; evaluate them with the logits to materialise the step."""
+        ...
+
+
+@runtime_checkable
+class BatchControl(Protocol):
+    """Sequence lifetime and admission, driven by the executor (engine thread only).
+
+    Refusals return None/False and leave every sequence exactly as before. Misuse (unknown ids,
+    bad positions) raises :class:`engine_service.errors.CacheError` or ``NotFound``.
+    """
+
+    @property
+    def max_seqs(self) -> int: ...
+
+    @property
+    def capacity(self) -> int:
+        """Total token rows across all sequences."""
+        ...
+
+    def seq_new(self) -> int | None:
+        """A new empty sequence id, or None when ``max_seqs`` are resident."""
+        ...
+
+    def seq_clone(self, src: int, upto: int) -> int | None:
+        """A new sequence holding exactly positions [0, upto) of ``src`` with independent write
+        ownership, or None (no slot, no room, boundary no longer available). Never changes ``src``."""
+        ...
+
+    def seq_rm(self, seq: int) -> None:
+        """Release ``seq`` and its rows."""
+        ...
+
+    def rewind(self, seq: int, length: int) -> bool:
+        """Set ``pos(seq) = length`` (<= current), or False when the rows it needs are gone."""
+        ...
+
+    def pos(self, seq: int) -> int:
+        """Positions committed in ``seq`` (the next position to write)."""
+        ...
+
+    def can_admit(self, seq: int, n: int) -> bool:
+        """Whether ``seq`` may append ``n`` positions in one step (capacity, max_write)."""
+        ...
+
+    def begin_step(self, segments: Sequence[Segment]) -> KVStep:
+        """Reserve the rows for one packed step and advance each ``pos(seq)`` to ``start + length``.
+        Raises CacheError when a segment is not admissible (check ``can_admit`` first)."""
+        ...
+
+    def clear(self) -> None:
+        """Drop every sequence."""
+        ...

@@ -1,0 +1,66 @@
+"""Cache geometry: which layers keep full history and which keep a sliding window."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+FULL = "full"
+SLIDING = "sliding"
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """Attention kind of one transformer layer.
+
+    ``kind == "full"``: attends to every earlier position. ``kind == "sliding"``: a query at position
+    ``q`` attends to positions ``p`` with ``q - window < p <= q`` (``window`` positions including itself).
+    """
+
+    kind: str = FULL
+    window: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in (FULL, SLIDING):
+            raise ValueError(f"LayerSpec.kind must be 'full' or 'sliding', got {self.kind!r}")
+        if self.kind == SLIDING and (self.window is None or self.window < 1):
+            raise ValueError(f"LayerSpec.window must be >= 1 for a sliding layer, got {self.window!r}")
+        if self.kind == FULL and self.window is not None:
+            raise ValueError("LayerSpec.window must be None for a full layer")
+
+    @property
+    def sliding(self) -> bool:
+        return self.kind == SLIDING
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Everything a cache builder needs.
+
+    capacity: total token rows the cache may hold across all sequences (logical capacity).
+    max_seqs: most sequences resident at once.
+    layers: one LayerSpec per transformer layer.
+    kv_heads, head_dim: K/V row shape is [kv_heads, head_dim].
+    dtype: K/V storage dtype.
+    initial_capacity: rows a flat layer preallocates for a new sequence (grows in steps of this).
+    max_write: most positions one step may write for one sequence on a ring layer; ring layers keep
+        ``window + max_write - 1`` physical slots.
+    """
+
+    capacity: int
+    max_seqs: int
+    layers: tuple[LayerSpec, ...]
+    kv_heads: int
+    head_dim: int
+    dtype: mx.Dtype = mx.float32
+    initial_capacity: int = 256
+    max_write: int = 512
+
+    def __post_init__(self) -> None:
+        for name in ("capacity", "max_seqs", "kv_heads", "head_dim", "initial_capacity", "max_write"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"CacheConfig.{name} must be a positive int, got {value!r}")
+        if not self.layers:
+            raise ValueError("CacheConfig.layers must not be empty")
