@@ -1,0 +1,111 @@
+"""The Executor interface: what the Runner drives to turn inputs into predictions.
+
+Everything here runs on the engine thread. Session ids (``sid``) are executor-local ints.
+
+Commit rule of :meth:`Executor.execute`: each :class:`ExecInput` writes positions
+``[start, start + size)`` of its session. ``start`` below the session's position rewinds first
+(refusal -> that input fails), equal appends, above is a gap and fails. An input with
+``want_output`` returns ``k >= 1`` predicted tokens: the first ``k - 1`` are committed too (accepted
+speculative drafts whose K/V is already written), the last is the *pending* prediction, not yet
+written. A plain decode step feeds the previous pending token (size 1) and returns 1 token.
+
+A batch that raises poisons the sessions of that batch (the runner fails their generations and
+refuses to clone them). A per-input problem is reported in ``ExecOutput.error`` instead and fails only
+that input's generation.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from engine_service.prepared_input import PreparedInput
+from engine_service.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class ExecInput:
+    """One session's slice of a batch: raw ``tokens`` or a ``prepared`` chunk (exactly one)."""
+
+    sid: int
+    start: int
+    tokens: tuple[int, ...] | None = None
+    prepared: PreparedInput | None = None
+    want_output: bool = True
+
+    def __post_init__(self) -> None:
+        if (self.tokens is None) == (self.prepared is None):
+            raise ValueError("ExecInput needs exactly one of tokens / prepared")
+        if self.size() < 1:
+            raise ValueError("ExecInput must cover at least one position")
+
+    def size(self) -> int:
+        return len(self.tokens) if self.tokens is not None else self.prepared.size()
+
+
+@dataclass(frozen=True)
+class ExecOutput:
+    """Result for one ExecInput, in batch order.
+
+    tokens: predictions (empty when the input did not want output); all but the last are committed.
+    logits: float32 [vocab] logits behind the last prediction, when the executor keeps them (tests).
+    error: set when only this input failed (the session is poisoned, others are unaffected).
+    """
+
+    sid: int
+    tokens: tuple[int, ...] = ()
+    logits: mx.array | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ExecutorLimits:
+    max_sessions: int
+    max_session_tokens: int
+    vocab_size: int
+
+
+class Executor(ABC):
+    """Turns batches of session inputs into predictions. Default: no clones, no prepared inputs."""
+
+    @abstractmethod
+    def open_session(self) -> int | None:
+        """A new empty session id, or None when no resident slot is free."""
+
+    @abstractmethod
+    def close_session(self, sid: int) -> None:
+        """Release the session and everything it holds. Unknown ids are ignored."""
+
+    def clone(self, sid: int, upto: int) -> int | None:
+        """A new session holding exactly positions [0, upto) of ``sid``, or None. Never changes ``sid``."""
+        return None
+
+    @abstractmethod
+    def set_sampling(self, sid: int, params: SamplingParams, seed: int) -> None:
+        """Sampling for the session's next predictions (reset per generation)."""
+
+    def accepts(self, prepared: PreparedInput) -> bool:
+        """Whether this executor can prefill ``prepared`` (metadata only; no work)."""
+        return False
+
+    @abstractmethod
+    def execute(self, batch: Sequence[ExecInput]) -> list[ExecOutput]:
+        """Run one batch; see the module docstring for the commit rule."""
+
+    @abstractmethod
+    def position(self, sid: int) -> int:
+        """Committed positions of ``sid`` as the backend sees them."""
+
+    def preferred_batch_tokens(self) -> int:
+        """Packed positions per forward the executor runs best at (prefill chunking hint)."""
+        return 512
+
+    @abstractmethod
+    def limits(self) -> ExecutorLimits: ...
+
+    def fingerprint(self) -> str:
+        """Identifies model + execution configuration; part of every prefix-cache key."""
+        return type(self).__name__

@@ -1,0 +1,89 @@
+"""Prepared inputs: decoder positions computed outside the token embedding (e.g. a vision encoder).
+
+A :class:`PreparedInput` is opaque and immutable. ``kind()`` is a process-local type identity: a
+:class:`PreparedKind` object held at class level, compared by identity, so an executor decides
+``accepts()`` from metadata alone (no isinstance or RTTI). ``size()`` is the number of decoder
+positions it occupies. The runner slices it into prefill chunks with ``chunk(start, stop)``; a chunk
+is a view that shares the owner's storage and covers logical positions ``[start, stop)`` of it.
+Decode feedback after a prepared prefill is always raw tokens. Input metrics count positions.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import mlx.core as mx
+
+
+class PreparedKind:
+    """A type token: two inputs have the same kind iff ``a.kind() is b.kind()``."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"PreparedKind({self.name!r})"
+
+
+class PreparedInput(ABC):
+    """Base class; subclasses set ``KIND`` to their own :class:`PreparedKind`."""
+
+    KIND: ClassVar[PreparedKind]
+
+    def kind(self) -> PreparedKind:
+        return type(self).KIND
+
+    @abstractmethod
+    def size(self) -> int:
+        """Decoder positions this input occupies."""
+
+    @abstractmethod
+    def chunk(self, start: int, stop: int) -> PreparedInput:
+        """A view of positions [start, stop) sharing this input's storage."""
+
+
+class EmbeddingsInput(PreparedInput):
+    """Precomputed input embeddings fed to the decoder in place of token embeddings.
+
+    embeddings: float array [positions, hidden] (e.g. projected image patches + text embeddings).
+    """
+
+    KIND: ClassVar[PreparedKind] = PreparedKind("embeddings")
+
+    __slots__ = ("_owner", "_start", "_stop")
+
+    def __init__(self, embeddings: mx.array, *, _start: int = 0, _stop: int | None = None) -> None:
+        if not isinstance(embeddings, mx.array) or embeddings.ndim != 2:
+            raise ValueError("EmbeddingsInput.embeddings must be an mx.array of shape [positions, hidden]")
+        if embeddings.shape[0] < 1:
+            raise ValueError("EmbeddingsInput.embeddings must have at least one position")
+        stop = embeddings.shape[0] if _stop is None else _stop
+        if not 0 <= _start < stop <= embeddings.shape[0]:
+            raise ValueError(f"EmbeddingsInput view [{_start}, {stop}) is outside [0, {embeddings.shape[0]})")
+        self._owner = embeddings
+        self._start = _start
+        self._stop = stop
+
+    @property
+    def hidden_size(self) -> int:
+        return self._owner.shape[1]
+
+    @property
+    def owner(self) -> mx.array:
+        """The full storage this view shares ([positions, hidden])."""
+        return self._owner
+
+    def size(self) -> int:
+        return self._stop - self._start
+
+    def chunk(self, start: int, stop: int) -> EmbeddingsInput:
+        if not 0 <= start < stop <= self.size():
+            raise ValueError(f"chunk [{start}, {stop}) is outside [0, {self.size()})")
+        return EmbeddingsInput(self._owner, _start=self._start + start, _stop=self._start + stop)
+
+    def embeddings(self) -> mx.array:
+        """The rows of this view: [size, hidden]."""
+        return self._owner[self._start : self._stop]
