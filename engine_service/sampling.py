@@ -1,8 +1,16 @@
-"""Sampling parameters and the seeded per-generation sampler."""
+"""Sampling parameters and the seeded per-generation sampler.
+
+The filter order is the one most servers use: scale by ``1 / temperature``, keep the ``top_k`` largest
+logits, then keep the smallest set of the remaining tokens (by decreasing probability, renormalised
+over the top-k set) whose cumulative probability reaches ``top_p``. The most likely token always
+survives. Ties at the k-th largest logit are all kept (a threshold, not an index cut).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import mlx.core as mx
 
 
 @dataclass(frozen=True)
@@ -24,3 +32,73 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+_SEED_MASK = (1 << 64) - 1
+
+
+class Sampler:
+    """Draws tokens for one generation, reproducibly: the same seed gives the same tokens.
+
+    The PRNG key is ``mx.random.key(seed)`` split once per :meth:`sample` call, so draw ``n`` depends
+    only on the seed, ``n`` and the logits. Everything stays lazy on the device; the caller evaluates
+    the returned tokens together with :attr:`key` (the advanced key) in its one ``mx.eval`` per step,
+    which keeps the key's graph from growing across steps.
+    """
+
+    __slots__ = ("params", "seed", "_key")
+
+    def __init__(self, params: SamplingParams, seed: int = 0) -> None:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"Sampler.params must be SamplingParams, got {type(params).__name__}")
+        if not isinstance(seed, int):
+            raise ValueError(f"Sampler.seed must be an int, got {seed!r}")
+        self.params = params
+        self.seed = seed
+        self._key = mx.random.key(seed & _SEED_MASK)
+
+    @property
+    def greedy(self) -> bool:
+        return self.params.greedy
+
+    @property
+    def key(self) -> mx.array:
+        """The current PRNG key (uint32 [2]); evaluate it with the tokens of the step."""
+        return self._key
+
+    def filtered_logits(self, logits: mx.array) -> mx.array:
+        """Temperature-scaled logits with filtered-out tokens at -inf.
+
+        logits: float [..., vocab] -> float32 [..., vocab]. ``softmax`` of the result is the
+        distribution :meth:`sample` draws from. Greedy params (temperature 0) apply no scaling.
+        """
+        p = self.params
+        x = logits.astype(mx.float32)
+        if not p.greedy:
+            x = x / p.temperature
+        vocab = x.shape[-1]
+        neg_inf = mx.array(-mx.inf, dtype=mx.float32)
+        if 0 < p.top_k < vocab:
+            # the k-th largest value: sort ascending, index vocab - k
+            kth = mx.sort(x, axis=-1)[..., vocab - p.top_k : vocab - p.top_k + 1]
+            x = mx.where(x < kth, neg_inf, x)
+        if p.top_p < 1.0:
+            order = mx.argsort(-x, axis=-1)  # decreasing logits
+            sorted_x = mx.take_along_axis(x, order, axis=-1)
+            probs = mx.softmax(sorted_x, axis=-1)
+            before = mx.cumsum(probs, axis=-1) - probs  # mass strictly ahead of each token
+            keep_sorted = before < p.top_p  # the first token has 0 ahead: always kept
+            keep = mx.take_along_axis(keep_sorted, mx.argsort(order, axis=-1), axis=-1)
+            x = mx.where(keep, x, neg_inf)
+        return x
+
+    def sample(self, logits: mx.array) -> mx.array:
+        """Draw one token per row, lazily.
+
+        logits: float [vocab] or [R, vocab] -> int32 [] or [R]. Greedy is the argmax and does not
+        advance the key; otherwise one key split per call (the same subkey serves every row).
+        """
+        if self.params.greedy:
+            return mx.argmax(logits, axis=-1).astype(mx.int32)
+        self._key, sub = mx.random.split(self._key)
+        return mx.random.categorical(self.filtered_logits(logits), axis=-1, key=sub).astype(mx.int32)
