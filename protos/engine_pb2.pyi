@@ -1,0 +1,265 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TokenIds(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class TextInput(_message.Message):
+    __slots__ = ("text", "chat", "system", "add_special_tokens")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    CHAT_FIELD_NUMBER: _ClassVar[int]
+    SYSTEM_FIELD_NUMBER: _ClassVar[int]
+    ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    chat: bool
+    system: str
+    add_special_tokens: bool
+    def __init__(self, text: _Optional[str] = ..., chat: _Optional[bool] = ..., system: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ...) -> None: ...
+
+class PreparedInput(_message.Message):
+    __slots__ = ("kind", "payload", "shape")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    payload: bytes
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, kind: _Optional[str] = ..., payload: _Optional[bytes] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GenerationConfig(_message.Message):
+    __slots__ = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop_tokens", "ignore_eos", "prefill_chunk")
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    stop_tokens: _containers.RepeatedScalarFieldContainer[int]
+    ignore_eos: bool
+    prefill_chunk: int
+    def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., prefill_chunk: _Optional[int] = ...) -> None: ...
+
+class CaptureOptions(_message.Message):
+    __slots__ = ("prompt_snapshot", "breakpoints")
+    PROMPT_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    BREAKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    prompt_snapshot: bool
+    breakpoints: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, prompt_snapshot: _Optional[bool] = ..., breakpoints: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("session", "tokens", "text", "prepared", "config", "capture", "keep_session")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    PREPARED_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    CAPTURE_FIELD_NUMBER: _ClassVar[int]
+    KEEP_SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    tokens: TokenIds
+    text: TextInput
+    prepared: PreparedInput
+    config: GenerationConfig
+    capture: CaptureOptions
+    keep_session: bool
+    def __init__(self, session: _Optional[str] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., text: _Optional[_Union[TextInput, _Mapping]] = ..., prepared: _Optional[_Union[PreparedInput, _Mapping]] = ..., config: _Optional[_Union[GenerationConfig, _Mapping]] = ..., capture: _Optional[_Union[CaptureOptions, _Mapping]] = ..., keep_session: _Optional[bool] = ...) -> None: ...
+
+class StartedEvent(_message.Message):
+    __slots__ = ("session", "position", "input_positions")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    INPUT_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    position: int
+    input_positions: int
+    def __init__(self, session: _Optional[str] = ..., position: _Optional[int] = ..., input_positions: _Optional[int] = ...) -> None: ...
+
+class TokensEvent(_message.Message):
+    __slots__ = ("ids", "text")
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    text: str
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ...) -> None: ...
+
+class SnapshotEvent(_message.Message):
+    __slots__ = ("handle", "position", "kind", "refusal")
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REFUSAL_FIELD_NUMBER: _ClassVar[int]
+    handle: str
+    position: int
+    kind: str
+    refusal: str
+    def __init__(self, handle: _Optional[str] = ..., position: _Optional[int] = ..., kind: _Optional[str] = ..., refusal: _Optional[str] = ...) -> None: ...
+
+class Timings(_message.Message):
+    __slots__ = ("time_to_first_token_s", "decode_tokens_per_s", "total_s")
+    TIME_TO_FIRST_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
+    DECODE_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_S_FIELD_NUMBER: _ClassVar[int]
+    time_to_first_token_s: float
+    decode_tokens_per_s: float
+    total_s: float
+    def __init__(self, time_to_first_token_s: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ..., total_s: _Optional[float] = ...) -> None: ...
+
+class DoneEvent(_message.Message):
+    __slots__ = ("finish_reason", "prompt_positions", "reused_positions", "generated_tokens", "timings", "error", "position")
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    REUSED_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    finish_reason: str
+    prompt_positions: int
+    reused_positions: int
+    generated_tokens: int
+    timings: Timings
+    error: str
+    position: int
+    def __init__(self, finish_reason: _Optional[str] = ..., prompt_positions: _Optional[int] = ..., reused_positions: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., error: _Optional[str] = ..., position: _Optional[int] = ...) -> None: ...
+
+class GenerateEvent(_message.Message):
+    __slots__ = ("started", "tokens", "snapshot", "done")
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    started: StartedEvent
+    tokens: TokensEvent
+    snapshot: SnapshotEvent
+    done: DoneEvent
+    def __init__(self, started: _Optional[_Union[StartedEvent, _Mapping]] = ..., tokens: _Optional[_Union[TokensEvent, _Mapping]] = ..., snapshot: _Optional[_Union[SnapshotEvent, _Mapping]] = ..., done: _Optional[_Union[DoneEvent, _Mapping]] = ...) -> None: ...
+
+class CloneRequest(_message.Message):
+    __slots__ = ("session", "upto", "new_owner")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    UPTO_FIELD_NUMBER: _ClassVar[int]
+    NEW_OWNER_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    upto: int
+    new_owner: str
+    def __init__(self, session: _Optional[str] = ..., upto: _Optional[int] = ..., new_owner: _Optional[str] = ...) -> None: ...
+
+class CloneResponse(_message.Message):
+    __slots__ = ("session", "position", "refusal")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    REFUSAL_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    position: int
+    refusal: str
+    def __init__(self, session: _Optional[str] = ..., position: _Optional[int] = ..., refusal: _Optional[str] = ...) -> None: ...
+
+class CloseRequest(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    def __init__(self, session: _Optional[str] = ...) -> None: ...
+
+class CloseResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReleaseOwnerRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReleaseOwnerResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: int
+    def __init__(self, released: _Optional[int] = ...) -> None: ...
+
+class DescribeRequest(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    def __init__(self, session: _Optional[str] = ...) -> None: ...
+
+class DescribeResponse(_message.Message):
+    __slots__ = ("position", "generating")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    GENERATING_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    generating: bool
+    def __init__(self, position: _Optional[int] = ..., generating: _Optional[bool] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Limits(_message.Message):
+    __slots__ = ("max_sessions", "max_session_tokens", "vocab_size", "idle_session_timeout_s")
+    MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    IDLE_SESSION_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    max_sessions: int
+    max_session_tokens: int
+    vocab_size: int
+    idle_session_timeout_s: float
+    def __init__(self, max_sessions: _Optional[int] = ..., max_session_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., idle_session_timeout_s: _Optional[float] = ...) -> None: ...
+
+class InfoResponse(_message.Message):
+    __slots__ = ("model", "fingerprint", "limits", "cache_kind", "instance_id", "resident_sessions", "open_handles", "eos_token_ids")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_KIND_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    OPEN_HANDLES_FIELD_NUMBER: _ClassVar[int]
+    EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    fingerprint: str
+    limits: Limits
+    cache_kind: str
+    instance_id: str
+    resident_sessions: int
+    open_handles: int
+    eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., cache_kind: _Optional[str] = ..., instance_id: _Optional[str] = ..., resident_sessions: _Optional[int] = ..., open_handles: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class TokenizeRequest(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: TextInput
+    def __init__(self, text: _Optional[_Union[TextInput, _Mapping]] = ...) -> None: ...
+
+class TokenizeResponse(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DetokenizeRequest(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DetokenizeResponse(_message.Message):
+    __slots__ = ("text",)
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    def __init__(self, text: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,134 @@
+from protos import engine_pb2 as _engine_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class MissReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MISS_REASON_UNSPECIFIED: _ClassVar[MissReason]
+    MISS_REASON_EMPTY: _ClassVar[MissReason]
+    MISS_REASON_DIVERGED: _ClassVar[MissReason]
+    MISS_REASON_BOUNDARY_REFUSED: _ClassVar[MissReason]
+    MISS_REASON_ENGINE_RESTARTED: _ClassVar[MissReason]
+    MISS_REASON_TOO_SHORT: _ClassVar[MissReason]
+    MISS_REASON_DISABLED: _ClassVar[MissReason]
+MISS_REASON_UNSPECIFIED: MissReason
+MISS_REASON_EMPTY: MissReason
+MISS_REASON_DIVERGED: MissReason
+MISS_REASON_BOUNDARY_REFUSED: MissReason
+MISS_REASON_ENGINE_RESTARTED: MissReason
+MISS_REASON_TOO_SHORT: MissReason
+MISS_REASON_DISABLED: MissReason
+
+class LookupRequest(_message.Message):
+    __slots__ = ("namespace", "tokens", "text")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    tokens: _engine_pb2.TokenIds
+    text: _engine_pb2.TextInput
+    def __init__(self, namespace: _Optional[str] = ..., tokens: _Optional[_Union[_engine_pb2.TokenIds, _Mapping]] = ..., text: _Optional[_Union[_engine_pb2.TextInput, _Mapping]] = ...) -> None: ...
+
+class LookupResponse(_message.Message):
+    __slots__ = ("session", "reused", "tokens", "reason", "diverged_at")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    REUSED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DIVERGED_AT_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    reused: int
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    reason: MissReason
+    diverged_at: int
+    def __init__(self, session: _Optional[str] = ..., reused: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., reason: _Optional[_Union[MissReason, str]] = ..., diverged_at: _Optional[int] = ...) -> None: ...
+
+class InsertRequest(_message.Message):
+    __slots__ = ("namespace", "tokens", "session", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    session: str
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, namespace: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., session: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class InsertResponse(_message.Message):
+    __slots__ = ("stored",)
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    stored: bool
+    def __init__(self, stored: _Optional[bool] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("entries", "max_entries", "hits", "misses", "inserts", "dropped_on_restart", "engine_instance_id", "policy", "reused_positions")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    MAX_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    INSERTS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_ON_RESTART_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    REUSED_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    entries: int
+    max_entries: int
+    hits: int
+    misses: int
+    inserts: int
+    dropped_on_restart: int
+    engine_instance_id: str
+    policy: str
+    reused_positions: int
+    def __init__(self, entries: _Optional[int] = ..., max_entries: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., inserts: _Optional[int] = ..., dropped_on_restart: _Optional[int] = ..., engine_instance_id: _Optional[str] = ..., policy: _Optional[str] = ..., reused_positions: _Optional[int] = ...) -> None: ...
+
+class ClearRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ClearResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: int
+    def __init__(self, released: _Optional[int] = ...) -> None: ...
+
+class GatewayGenerateRequest(_message.Message):
+    __slots__ = ("namespace", "tokens", "text", "config", "skip_insert", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    SKIP_INSERT_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    tokens: _engine_pb2.TokenIds
+    text: _engine_pb2.TextInput
+    config: _engine_pb2.GenerationConfig
+    skip_insert: bool
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, namespace: _Optional[str] = ..., tokens: _Optional[_Union[_engine_pb2.TokenIds, _Mapping]] = ..., text: _Optional[_Union[_engine_pb2.TextInput, _Mapping]] = ..., config: _Optional[_Union[_engine_pb2.GenerationConfig, _Mapping]] = ..., skip_insert: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
