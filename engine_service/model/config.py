@@ -1,0 +1,117 @@
+"""Model hyper-parameters and the per-layer attention pattern (full or sliding window)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engine_service.cache.config import FULL, SLIDING, LayerSpec
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of a Llama-family decoder.
+
+    ``layers`` holds one LayerSpec per transformer layer (full history or a sliding window); the cache
+    is built from it. ``rope_traditional`` selects MLX's RoPE pairing: True rotates adjacent pairs
+    (what GGUF's per-head-permuted Q/K rows expect), False rotates the two halves (Hugging Face layout).
+    """
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    layers: tuple[LayerSpec, ...] = ()
+    context_length: int = 2048
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    rope_traditional: bool = False
+    architecture: str = "llama"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                     "intermediate_size", "context_length"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
+        if len(self.layers) != self.num_layers:
+            raise ValueError(f"ModelConfig.layers must have num_layers={self.num_layers} entries, got {len(self.layers)}")
+        if not self.rope_theta > 0:
+            raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta}")
+        if not self.rms_norm_eps > 0:
+            raise ValueError(f"ModelConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps}")
+        for tok in ((self.bos_token_id,) if self.bos_token_id is not None else ()) + tuple(self.eos_token_ids):
+            if not 0 <= tok < self.vocab_size:
+                raise ValueError(f"ModelConfig special token id {tok} outside the vocabulary [0, {self.vocab_size})")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+def parse_layer_pattern(pattern: str, window: int | None) -> tuple[LayerSpec, ...]:
+    """``"FRFR"`` -> LayerSpecs: ``F`` full, ``R`` or ``S`` sliding with ``window`` positions."""
+    specs = []
+    for ch in pattern.upper():
+        if ch == "F":
+            specs.append(LayerSpec(FULL))
+        elif ch in ("R", "S"):
+            specs.append(LayerSpec(SLIDING, window))
+        else:
+            raise ValueError(f"layer pattern {pattern!r}: use F (full) and R/S (sliding), got {ch!r}")
+    if not specs:
+        raise ValueError("layer pattern must not be empty")
+    return tuple(specs)
+
+
+def layer_specs(
+    num_layers: int,
+    sliding_window: int | None = None,
+    layer_types: Sequence[str] | None = None,
+    sliding_window_pattern: int | None = None,
+) -> tuple[LayerSpec, ...]:
+    """Per-layer attention kinds from the usual config keys.
+
+    - ``layer_types`` (Gemma 3 / Qwen style): ``"sliding_attention"`` or ``"full_attention"`` per layer;
+    - ``sliding_window_pattern`` N (Gemma 2/3): every N-th layer (1-based) is full, the rest slide;
+    - otherwise ``sliding_window`` set (Mistral): every layer slides; unset: every layer is full.
+    A window at least as long as nothing (None or <= 0) means full attention.
+    """
+    if not sliding_window or sliding_window <= 0:
+        if layer_types and any(t == "sliding_attention" for t in layer_types):
+            raise ValueError("layer_types names sliding layers but sliding_window is not set")
+        return tuple(LayerSpec(FULL) for _ in range(num_layers))
+    if layer_types:
+        if len(layer_types) != num_layers:
+            raise ValueError(f"layer_types has {len(layer_types)} entries for {num_layers} layers")
+        specs = []
+        for kind in layer_types:
+            if kind == "sliding_attention":
+                specs.append(LayerSpec(SLIDING, sliding_window))
+            elif kind == "full_attention":
+                specs.append(LayerSpec(FULL))
+            else:
+                raise ValueError(f"layer_types: unsupported attention kind {kind!r}")
+        return tuple(specs)
+    if sliding_window_pattern:
+        n = int(sliding_window_pattern)
+        return tuple(
+            LayerSpec(FULL) if (i + 1) % n == 0 else LayerSpec(SLIDING, sliding_window) for i in range(num_layers)
+        )
+    return tuple(LayerSpec(SLIDING, sliding_window) for _ in range(num_layers))

@@ -1,0 +1,172 @@
+"""A Llama-family decoder that reads and writes K/V only through a :class:`KVStep`.
+
+Canonical tensor names (what loaders produce; ``i`` is the layer index, shapes [out, in]):
+``embed`` [vocab, hidden]; ``layers.i.attn_norm`` [hidden]; ``layers.i.{q,k,v}`` [heads * head_dim,
+hidden]; ``layers.i.o`` [hidden, q_heads * head_dim]; ``layers.i.mlp_norm`` [hidden];
+``layers.i.{gate,up}`` [intermediate, hidden]; ``layers.i.down`` [hidden, intermediate]; ``norm``
+[hidden]; ``lm_head`` [vocab, hidden] (absent when the head is tied to ``embed``).
+
+One forward carries several sequences' tokens packed in segment order, each at its own position.
+Activations stay float32 whatever the weight dtype (MLX's CPU kernels are fastest there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from engine_service.cache.batch_control import KVStep, KVView
+from engine_service.model.config import ModelConfig
+from engine_service.model.weights import QuantTensor, concat_rows, convert_matrix
+
+Tensor = mx.array | QuantTensor
+
+
+class Projection(nn.Module):
+    """``y = x @ W.T`` for a float or affine-quantized W [out, in]."""
+
+    def __init__(self, tensor: Tensor) -> None:
+        super().__init__()
+        self.quantized = isinstance(tensor, QuantTensor)
+        if isinstance(tensor, QuantTensor):
+            self.weight, self.scales, self.biases = tensor.weight, tensor.scales, tensor.biases
+            self.group_size, self.bits = tensor.group_size, tensor.bits
+        else:
+            self.weight = tensor
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if self.quantized:
+            return mx.quantized_matmul(
+                x, self.weight, self.scales, self.biases, transpose=True, group_size=self.group_size, bits=self.bits
+            )
+        return x @ self.weight.T
+
+    def rows(self, ids: mx.array) -> mx.array:
+        """Rows ``ids`` of W as float32 (the embedding lookup of a tied head)."""
+        if self.quantized:
+            return mx.dequantize(
+                self.weight[ids], self.scales[ids], self.biases[ids], self.group_size, self.bits
+            ).astype(mx.float32)
+        return self.weight[ids].astype(mx.float32)
+
+
+class Block(nn.Module):
+    """Pre-norm attention + SwiGLU MLP. Q/K/V and gate/up are fused into one matmul each."""
+
+    def __init__(self, config: ModelConfig, index: int, tensors: Mapping[str, Tensor], weights_dtype: str) -> None:
+        super().__init__()
+        p = f"layers.{index}."
+        self.index = index
+        self.attn_norm = tensors[p + "attn_norm"].astype(mx.float32)
+        self.mlp_norm = tensors[p + "mlp_norm"].astype(mx.float32)
+        conv = [convert_matrix(tensors[p + n], weights_dtype) for n in ("q", "k", "v")]
+        self.qkv = Projection(concat_rows(conv))
+        self.o = Projection(convert_matrix(tensors[p + "o"], weights_dtype))
+        self.gate_up = Projection(
+            concat_rows([convert_matrix(tensors[p + n], weights_dtype) for n in ("gate", "up")])
+        )
+        self.down = Projection(convert_matrix(tensors[p + "down"], weights_dtype))
+        self._cfg = config
+        self._split = (config.q_size, config.q_size + config.kv_size)
+        self._scale = config.head_dim**-0.5
+
+    def __call__(self, h: mx.array, step: KVStep, positions: mx.array) -> mx.array:
+        cfg = self._cfg
+        t = h.shape[0]
+        x = mx.fast.rms_norm(h, self.attn_norm, cfg.rms_norm_eps)
+        q, k, v = mx.split(self.qkv(x), self._split, axis=-1)
+        # rope wants [B, ..., L, D]: each packed row is its own batch entry with its own offset.
+        q = self._rope(q.reshape(t, cfg.num_heads, 1, cfg.head_dim), positions)
+        k = self._rope(k.reshape(t, cfg.num_kv_heads, 1, cfg.head_dim), positions)
+        q = q.reshape(t, cfg.num_heads, cfg.head_dim)
+        k = k.reshape(t, cfg.num_kv_heads, cfg.head_dim)
+        v = v.reshape(t, cfg.num_kv_heads, cfg.head_dim)
+        views = step.views(self.index, k, v)
+        h = h + self.o(self._attend(q, views, t))
+        x = mx.fast.rms_norm(h, self.mlp_norm, cfg.rms_norm_eps)
+        g, u = mx.split(self.gate_up(x), 2, axis=-1)
+        return h + self.down(nn.silu(g) * u)
+
+    def _rope(self, x: mx.array, positions: mx.array) -> mx.array:
+        cfg = self._cfg
+        return mx.fast.rope(
+            x, cfg.head_dim, traditional=cfg.rope_traditional, base=cfg.rope_theta, scale=1.0, offset=positions
+        )
+
+    def _attend(self, q: mx.array, views: list[KVView], t: int) -> mx.array:
+        """q: [T, q_heads, D]; each view's rows attend its keys/values [kv_heads, S, D]. -> [T, q_heads * D]."""
+        ordered = sorted(views, key=lambda view: view.rows.start)
+        outs = []
+        covered = 0
+        for view in ordered:
+            start, stop, stride = view.rows.indices(t)
+            if start != covered or stride != 1 or stop <= start:
+                raise ValueError(f"layer {self.index}: KV views must cover the {t} packed rows once, in order")
+            covered = stop
+            n = stop - start
+            qv = q[start:stop].transpose(1, 0, 2)[None]  # [1, q_heads, n, D]
+            o = mx.fast.scaled_dot_product_attention(
+                qv, view.keys[None], view.values[None], scale=self._scale, mask=view.mask
+            )
+            outs.append(o[0].transpose(1, 0, 2).reshape(n, -1))
+        if covered != t:
+            raise ValueError(f"layer {self.index}: KV views cover {covered} of {t} packed rows")
+        return outs[0] if len(outs) == 1 else mx.concatenate(outs)
+
+
+class Transformer(nn.Module):
+    """The decoder. See the module docstring for tensor names and the packing contract."""
+
+    def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], weights_dtype: str = "float32") -> None:
+        super().__init__()
+        if weights_dtype == "auto":
+            raise ValueError("Transformer needs a resolved weights_dtype (float32/float16/bfloat16/quantized)")
+        self._config = config
+        self.weights_dtype = weights_dtype
+        self.embed_tokens = Projection(convert_matrix(tensors["embed"], weights_dtype))
+        self.layers = [Block(config, i, tensors, weights_dtype) for i in range(config.num_layers)]
+        self.norm = tensors["norm"].astype(mx.float32)
+        if config.tie_embeddings or "lm_head" not in tensors:
+            self.lm_head = None
+        else:
+            self.lm_head = Projection(convert_matrix(tensors["lm_head"], weights_dtype))
+
+    @property
+    def config(self) -> ModelConfig:
+        return self._config
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        """tokens: int32 [T] -> float32 [T, hidden]."""
+        return self.embed_tokens.rows(tokens)
+
+    def __call__(
+        self,
+        step: KVStep,
+        positions: mx.array,
+        *,
+        tokens: mx.array | None = None,
+        embeddings: mx.array | None = None,
+        logit_rows: mx.array | None = None,
+    ) -> mx.array:
+        """One packed forward.
+
+        positions: int32 [T], each packed row's position in its own sequence (segment order).
+        tokens: int32 [T] or embeddings: float [T, hidden] (exactly one).
+        logit_rows: int32 [R] packed rows to project (None: all rows). Returns float32 [R or T, vocab].
+        """
+        if (tokens is None) == (embeddings is None):
+            raise ValueError("Transformer needs exactly one of tokens / embeddings")
+        h = self.embed(tokens) if tokens is not None else embeddings.astype(mx.float32)
+        if h.ndim != 2 or h.shape[1] != self._config.hidden_size:
+            raise ValueError(f"embeddings must be [T, {self._config.hidden_size}], got {h.shape}")
+        if positions.shape != (h.shape[0],):
+            raise ValueError(f"positions must be [{h.shape[0]}], got {positions.shape}")
+        for layer in self.layers:
+            h = layer(h, step, positions)
+        if logit_rows is not None:
+            h = h[logit_rows]
+        h = mx.fast.rms_norm(h, self.norm, self._config.rms_norm_eps)
+        head = self.lm_head if self.lm_head is not None else self.embed_tokens
+        return head(h).astype(mx.float32)
