@@ -1,0 +1,164 @@
+"""``batched-sequence``: one :class:`SequenceCache` per sequence, all sharing one token capacity.
+
+Capacity accounting: the rows a sequence holds are its committed positions (``pos(seq)``); the sum
+over sequences never exceeds ``capacity``. A clone needs room for the prefix it copies.
+
+A packed step returns one :class:`KVView` per segment, pointing at that sequence's own buffers (no
+concatenation): flat layers get ``"causal"`` (the segment's rows are the view's last rows) or None for a
+single-row decode; ring layers get an explicit bool mask over the ring's slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from engine_service.cache.batch_control import KVView, Segment
+from engine_service.cache.config import CacheConfig
+from engine_service.cache.seq_ids import SeqIdPool, check_position, check_segments
+from engine_service.cache.sequence_cache import SequenceCache
+from engine_service.errors import CacheError
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One segment of a step, resolved: where its rows sit in the packed order and where they go."""
+
+    cache: SequenceCache
+    offset: int
+    start: int
+    length: int
+
+
+class SequenceStep:
+    """KVStep over per-sequence buffers. Created by :meth:`BatchedSequenceCache.begin_step`."""
+
+    def __init__(self, segments: Sequence[Segment], parts: list[_Part], config: CacheConfig) -> None:
+        self.segments = tuple(segments)
+        self._parts = parts
+        self._cfg = config
+        self._total = sum(p.length for p in parts)
+        # ring masks depend only on (segment, window geometry): built once per step, shared by layers
+        self._masks: dict[tuple[int, int], mx.array] = {}
+
+    def views(self, layer: int, keys: mx.array, values: mx.array) -> list[KVView]:
+        """keys, values: [T, kv_heads, head_dim] packed in segment order. One view per segment."""
+        cfg = self._cfg
+        if not 0 <= layer < len(cfg.layers):
+            raise CacheError(f"layer must be in [0, {len(cfg.layers)}), got {layer}")
+        expect = (self._total, cfg.kv_heads, cfg.head_dim)
+        if tuple(keys.shape) != expect or tuple(values.shape) != expect:
+            raise CacheError(f"keys/values must be {list(expect)}, got {keys.shape} / {values.shape}")
+        k_t = keys.astype(cfg.dtype).transpose(1, 0, 2)  # [kv_heads, T, head_dim]
+        v_t = values.astype(cfg.dtype).transpose(1, 0, 2)
+        out = []
+        for i, part in enumerate(self._parts):
+            rows = slice(part.offset, part.offset + part.length)
+            k_view, v_view = part.cache.write(layer, part.start, k_t[:, rows, :], v_t[:, rows, :])
+            if part.cache.is_ring(layer):
+                key = (i, cfg.layers[layer].window)
+                if key not in self._masks:
+                    self._masks[key] = mx.array(part.cache.ring_mask(layer, part.start, part.length))
+                mask: mx.array | str | None = self._masks[key]
+            else:
+                mask = None if part.length == 1 else "causal"
+            out.append(KVView(rows=rows, keys=k_view, values=v_view, mask=mask))
+        return out
+
+    def state(self) -> list[mx.array]:
+        return [a for part in self._parts for a in part.cache.arrays()]
+
+
+class BatchedSequenceCache:
+    """BatchControl over independent per-sequence caches (see module docstring)."""
+
+    def __init__(self, config: CacheConfig) -> None:
+        self._cfg = config
+        self._ids = SeqIdPool(config.max_seqs)
+        self._seqs: dict[int, SequenceCache] = {}
+
+    @property
+    def config(self) -> CacheConfig:
+        return self._cfg
+
+    @property
+    def max_seqs(self) -> int:
+        return self._cfg.max_seqs
+
+    @property
+    def capacity(self) -> int:
+        return self._cfg.capacity
+
+    def used(self) -> int:
+        """Token rows held across all sequences (counted against ``capacity``)."""
+        return sum(s.length for s in self._seqs.values())
+
+    def sequence(self, seq: int) -> SequenceCache:
+        """The per-sequence cache (tests, diagnostics)."""
+        return self._seqs[self._ids.check(seq)]
+
+    def stale_reads(self) -> int:
+        return sum(s.stale_reads for s in self._seqs.values())
+
+    def seq_new(self) -> int | None:
+        sid = self._ids.acquire()
+        if sid is not None:
+            self._seqs[sid] = SequenceCache(self._cfg)
+        return sid
+
+    def seq_clone(self, src: int, upto: int) -> int | None:
+        source = self.sequence(src)
+        check_position("upto", upto)
+        if self.used() + upto > self._cfg.capacity or not source.can_rewind(upto):
+            return None
+        sid = self._ids.acquire()
+        if sid is None:
+            return None
+        try:
+            dup = source.copy(upto)
+        except Exception:
+            self._ids.release(sid)
+            raise
+        if dup is None:  # unreachable after can_rewind, kept so a refusal never leaks the id
+            self._ids.release(sid)
+            return None
+        self._seqs[sid] = dup
+        return sid
+
+    def seq_rm(self, seq: int) -> None:
+        self._ids.release(seq)
+        del self._seqs[seq]
+
+    def can_rewind(self, seq: int, length: int) -> bool:
+        return self.sequence(seq).can_rewind(check_position("length", length))
+
+    def rewind(self, seq: int, length: int) -> bool:
+        return self.sequence(seq).rewind(check_position("length", length))
+
+    def pos(self, seq: int) -> int:
+        return self.sequence(seq).length
+
+    def can_admit(self, seq: int, n: int) -> bool:
+        cache = self.sequence(seq)
+        return cache.can_write(n) and self.used() + n <= self._cfg.capacity
+
+    def begin_step(self, segments: Sequence[Segment]) -> SequenceStep:
+        pos = {sid: s.length for sid, s in self._seqs.items()}
+        total = check_segments(segments, self._ids, pos)
+        if self.used() + total > self._cfg.capacity:
+            raise CacheError(f"step of {total} rows exceeds capacity {self._cfg.capacity} ({self.used()} used)")
+        for seg in segments:
+            if not self._seqs[seg.seq].can_write(seg.length):
+                raise CacheError(f"segment {seg} is not admissible (check can_admit first)")
+        parts, offset = [], 0
+        for seg in segments:  # all checks passed: nothing below can refuse
+            cache = self._seqs[seg.seq]
+            parts.append(_Part(cache, offset, cache.reserve(seg.length), seg.length))
+            offset += seg.length
+        return SequenceStep(segments, parts, self._cfg)
+
+    def clear(self) -> None:
+        self._seqs.clear()
+        self._ids.clear()

@@ -1,0 +1,255 @@
+"""``batched-cell``: one shared pool of cells per layer, each cell with a position and owner bits.
+
+Storage per layer: ``keys, values: [kv_heads, alloc, head_dim]`` where index ``c`` is cell ``c``;
+``alloc`` grows (doubling, at least ``initial_capacity``) up to ``capacity`` cells. Bookkeeping is the
+same for every layer (each layer stores every position), so it lives once, in numpy:
+
+- ``cell_pos[c]``: the position cell ``c`` holds (-1 when free);
+- ``owners[c]``: uint64 bitmask, bit ``s`` set when sequence ``s`` owns the cell (``max_seqs <= 64``);
+- per sequence, ``cells[s][p]`` = the cell of its position ``p`` (positions are contiguous from 0).
+
+A clone ORs the new owner onto the source's cells below ``upto``: no K/V is copied and no cell is
+used. Rewinding drops the sequence's ownership of its cells at or past the new length; a cell is
+freed when its last owner leaves. Nothing is ever evicted for a sliding window: the mask restricts it.
+
+A packed step returns ONE view for all its rows over the cells its sequences own (``U`` cells, sorted
+by cell index): a gather (``mx.take``) of those cells, or, when they fill most of the allocated span,
+a plain slice of the pool (no copy) whose extra cells the mask hides. Mask [T, U]: the row's sequence
+owns the cell, ``cell_pos <= qpos``, and on sliding layers ``cell_pos > qpos - W``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from engine_service.cache.batch_control import KVView, Segment
+from engine_service.cache.config import CacheConfig
+from engine_service.cache.seq_ids import SeqIdPool, check_position, check_segments
+from engine_service.errors import CacheError, InvalidArgument
+
+MAX_OWNERS = 64  # owner bits per cell (uint64)
+
+
+class _Cells:
+    """A sequence's cell index per position: ``idx[:n]`` (grows by doubling)."""
+
+    __slots__ = ("idx", "n")
+
+    def __init__(self, idx: np.ndarray | None = None) -> None:
+        self.idx = np.empty(16, dtype=np.int64) if idx is None else idx
+        self.n = 0 if idx is None else len(idx)
+
+    def held(self) -> np.ndarray:
+        return self.idx[: self.n]
+
+    def append(self, cells: np.ndarray) -> None:
+        need = self.n + len(cells)
+        if need > len(self.idx):
+            grown = np.empty(max(need, 2 * len(self.idx)), dtype=np.int64)
+            grown[: self.n] = self.idx[: self.n]
+            self.idx = grown
+        self.idx[self.n : need] = cells
+        self.n = need
+
+
+class CellStep:
+    """KVStep over the shared pool. Created by :meth:`CellCache.begin_step`."""
+
+    def __init__(self, cache: CellCache, segments: Sequence[Segment], new_cells: np.ndarray) -> None:
+        self.segments = tuple(segments)
+        self._cache = cache
+        self._new = new_cells  # [T] cell of each packed row
+        lo, hi = int(new_cells[0]), int(new_cells[-1])
+        # fresh cells usually come off the free stack as one ascending run: a slice update suffices
+        self._run = (lo, hi + 1) if hi - lo + 1 == len(new_cells) and np.all(np.diff(new_cells) == 1) else None
+        self._new_mx = None if self._run else mx.array(new_cells.astype(np.int32))
+        sids = np.array([s.seq for s in segments], dtype=np.uint64)
+        lengths = [s.length for s in segments]
+        self._row_seq = np.repeat(sids, lengths)  # [T]
+        self._row_pos = np.concatenate([np.arange(s.start, s.start + s.length) for s in segments])  # [T]
+        union = np.unique(np.concatenate([cache._cells[s.seq].held() for s in segments]))
+        span = int(union[-1]) + 1
+        # a gather reads+writes U cells before attention reads them again; a slice is free but
+        # attention then reads ``span`` cells: slice when the owned cells fill at least half the span
+        self._slice = span if 2 * len(union) >= span else None
+        self._view_cells = np.arange(span) if self._slice else union  # [U]
+        self._take = None if self._slice else mx.array(union.astype(np.int32))
+        self._masks: dict[int | None, mx.array] = {}
+
+    def _mask(self, window: int | None) -> mx.array:
+        """bool [T, U] for layers with this window (None = full), built once per step."""
+        if window not in self._masks:
+            cache, cells = self._cache, self._view_cells
+            owned = ((cache._owners[cells][None, :] >> self._row_seq[:, None]) & np.uint64(1)).astype(bool)
+            pos = cache._cell_pos[cells][None, :]  # [1, U]
+            q = self._row_pos[:, None]  # [T, 1]
+            mask = owned & (pos <= q) & (pos >= 0)
+            if window is not None:
+                mask &= pos > q - window
+            self._masks[window] = mx.array(mask)
+        return self._masks[window]
+
+    def views(self, layer: int, keys: mx.array, values: mx.array) -> list[KVView]:
+        """keys, values: [T, kv_heads, head_dim] packed in segment order. One view for all T rows."""
+        cache, cfg = self._cache, self._cache._cfg
+        if not 0 <= layer < len(cfg.layers):
+            raise CacheError(f"layer must be in [0, {len(cfg.layers)}), got {layer}")
+        expect = (len(self._new), cfg.kv_heads, cfg.head_dim)
+        if tuple(keys.shape) != expect or tuple(values.shape) != expect:
+            raise CacheError(f"keys/values must be {list(expect)}, got {keys.shape} / {values.shape}")
+        k_t = keys.astype(cfg.dtype).transpose(1, 0, 2)  # [kv_heads, T, head_dim]
+        v_t = values.astype(cfg.dtype).transpose(1, 0, 2)
+        pool_k, pool_v = cache._keys, cache._values
+        if self._run:
+            a, b = self._run
+            pool_k[layer][:, a:b, :] = k_t
+            pool_v[layer][:, a:b, :] = v_t
+        else:
+            pool_k[layer][:, self._new_mx, :] = k_t
+            pool_v[layer][:, self._new_mx, :] = v_t
+        if self._slice:
+            k_view = pool_k[layer][:, : self._slice, :]  # [kv_heads, U = span, head_dim]
+            v_view = pool_v[layer][:, : self._slice, :]
+        else:
+            k_view = mx.take(pool_k[layer], self._take, axis=1)  # [kv_heads, U, head_dim]
+            v_view = mx.take(pool_v[layer], self._take, axis=1)
+        mask = self._mask(cfg.layers[layer].window)
+        return [KVView(rows=slice(0, len(self._new)), keys=k_view, values=v_view, mask=mask)]
+
+    def state(self) -> list[mx.array]:
+        return [*self._cache._keys, *self._cache._values]
+
+
+class CellCache:
+    """BatchControl over a shared cell pool (see module docstring). Capacity counts used cells."""
+
+    def __init__(self, config: CacheConfig) -> None:
+        if config.max_seqs > MAX_OWNERS:
+            raise InvalidArgument(f"max_seqs must be <= {MAX_OWNERS} for batched-cell, got {config.max_seqs}")
+        self._cfg = config
+        self._ids = SeqIdPool(config.max_seqs)
+        self._cells: dict[int, _Cells] = {}
+        self._alloc = 0
+        self._keys: list[mx.array] = []
+        self._values: list[mx.array] = []
+        self._cell_pos = np.empty(0, dtype=np.int64)
+        self._owners = np.empty(0, dtype=np.uint64)
+        # free cells as a stack whose top (the end) is the lowest index, so pops come out ascending
+        self._free = np.empty(0, dtype=np.int64)
+
+    @property
+    def config(self) -> CacheConfig:
+        return self._cfg
+
+    @property
+    def max_seqs(self) -> int:
+        return self._cfg.max_seqs
+
+    @property
+    def capacity(self) -> int:
+        return self._cfg.capacity
+
+    def used(self) -> int:
+        """Cells in use (owned by at least one sequence)."""
+        return self._alloc - len(self._free)
+
+    def cells(self, seq: int) -> np.ndarray:
+        """The cell of each position of ``seq`` (a copy; tests and diagnostics)."""
+        return self._cells[self._ids.check(seq)].held().copy()
+
+    def cell_info(self, cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(positions, owner bitmasks) of ``cells`` (copies)."""
+        return self._cell_pos[cells].copy(), self._owners[cells].copy()
+
+    def seq_new(self) -> int | None:
+        sid = self._ids.acquire()
+        if sid is not None:
+            self._cells[sid] = _Cells()
+        return sid
+
+    def seq_clone(self, src: int, upto: int) -> int | None:
+        source = self._cells[self._ids.check(src)]
+        check_position("upto", upto)
+        if upto > source.n:
+            return None
+        sid = self._ids.acquire()
+        if sid is None:
+            return None
+        shared = source.held()[:upto].copy()
+        self._owners[shared] |= np.uint64(1 << sid)
+        self._cells[sid] = _Cells(shared)
+        return sid
+
+    def seq_rm(self, seq: int) -> None:
+        self._drop(self._ids.check(seq), 0)
+        self._ids.release(seq)
+        del self._cells[seq]
+
+    def rewind(self, seq: int, length: int) -> bool:
+        held = self._cells[self._ids.check(seq)]
+        if check_position("length", length) > held.n:
+            return False
+        self._drop(seq, length)
+        return True
+
+    def _drop(self, seq: int, length: int) -> None:
+        """Release ``seq``'s ownership of its cells at positions >= ``length``; free orphaned cells."""
+        held = self._cells[seq]
+        gone = held.held()[length:]
+        if len(gone):
+            self._owners[gone] &= ~np.uint64(1 << seq)
+            orphans = gone[self._owners[gone] == 0]
+            self._cell_pos[orphans] = -1
+            self._free = np.concatenate([self._free, np.sort(orphans)[::-1]])
+        held.n = length
+
+    def pos(self, seq: int) -> int:
+        return self._cells[self._ids.check(seq)].n
+
+    def can_admit(self, seq: int, n: int) -> bool:
+        self._ids.check(seq)
+        return n >= 1 and self.used() + n <= self._cfg.capacity
+
+    def _grow(self, need: int) -> None:
+        """Make at least ``need`` free cells exist (caller checked capacity)."""
+        if len(self._free) >= need:
+            return
+        cfg = self._cfg
+        target = min(cfg.capacity, max(2 * self._alloc, self._alloc + need - len(self._free), cfg.initial_capacity))
+        extra = target - self._alloc
+        pad = (cfg.kv_heads, extra, cfg.head_dim)
+        if not self._keys:
+            self._keys = [mx.zeros(pad, dtype=cfg.dtype) for _ in cfg.layers]
+            self._values = [mx.zeros(pad, dtype=cfg.dtype) for _ in cfg.layers]
+        else:
+            self._keys = [mx.concatenate([k, mx.zeros(pad, dtype=cfg.dtype)], axis=1) for k in self._keys]
+            self._values = [mx.concatenate([v, mx.zeros(pad, dtype=cfg.dtype)], axis=1) for v in self._values]
+        self._cell_pos = np.concatenate([self._cell_pos, np.full(extra, -1, dtype=np.int64)])
+        self._owners = np.concatenate([self._owners, np.zeros(extra, dtype=np.uint64)])
+        # new cells go under the existing free ones (those are lower indices and pop first)
+        self._free = np.concatenate([np.arange(target - 1, self._alloc - 1, -1), self._free])
+        self._alloc = target
+
+    def begin_step(self, segments: Sequence[Segment]) -> CellStep:
+        pos = {sid: c.n for sid, c in self._cells.items()}
+        total = check_segments(segments, self._ids, pos)
+        if self.used() + total > self._cfg.capacity:
+            raise CacheError(f"step of {total} rows exceeds capacity {self._cfg.capacity} ({self.used()} used)")
+        self._grow(total)
+        new = self._free[len(self._free) - total :][::-1].copy()  # [T], ascending when fresh
+        self._free = self._free[: len(self._free) - total]
+        offset = 0
+        for seg in segments:
+            cells = new[offset : offset + seg.length]
+            self._cell_pos[cells] = np.arange(seg.start, seg.start + seg.length)
+            self._owners[cells] = np.uint64(1 << seg.seq)
+            self._cells[seg.seq].append(cells)
+            offset += seg.length
+        return CellStep(self, segments, new)
+
+    def clear(self) -> None:
+        for sid in list(self._cells):
+            self.seq_rm(sid)

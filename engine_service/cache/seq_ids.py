@@ -1,0 +1,75 @@
+"""Sequence ids shared by both cache kinds, and the checks every packed step needs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine_service.cache.batch_control import Segment
+from engine_service.errors import CacheError, NotFound
+
+
+class SeqIdPool:
+    """Ids ``0 .. max_seqs - 1``; ``acquire`` hands out the lowest free one (so ids are reused).
+
+    The cell cache relies on ids being small: an id is the bit index of the sequence's owner bit.
+    """
+
+    def __init__(self, max_seqs: int) -> None:
+        self._max = max_seqs
+        self._live: set[int] = set()
+
+    def acquire(self) -> int | None:
+        for sid in range(self._max):
+            if sid not in self._live:
+                self._live.add(sid)
+                return sid
+        return None
+
+    def release(self, sid: int) -> None:
+        self.check(sid)
+        self._live.discard(sid)
+
+    def check(self, sid: object) -> int:
+        """``sid`` if it names a live sequence, else NotFound (never a bare KeyError)."""
+        if isinstance(sid, bool) or not isinstance(sid, int) or sid not in self._live:
+            raise NotFound(f"unknown cache sequence id {sid!r}")
+        return sid
+
+    def live(self) -> frozenset[int]:
+        return frozenset(self._live)
+
+    def clear(self) -> None:
+        self._live.clear()
+
+
+def check_position(name: str, value: object) -> int:
+    """A non-negative int position, else CacheError naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise CacheError(f"{name} must be an int >= 0, got {value!r}")
+    return value
+
+
+def check_segments(segments: Sequence[Segment], ids: SeqIdPool, pos: dict[int, int]) -> int:
+    """Validate a packed step's segments against the current positions; returns the packed row count.
+
+    Raises NotFound for an unknown sequence and CacheError for an empty step, a sequence listed twice,
+    or a segment whose start is not the sequence's position (a write over a held position or a gap).
+    """
+    if not segments:
+        raise CacheError("a packed step needs at least one segment")
+    seen: set[int] = set()
+    total = 0
+    for seg in segments:
+        if not isinstance(seg, Segment):
+            raise CacheError(f"segments must be Segment, got {type(seg).__name__}")
+        ids.check(seg.seq)
+        if seg.seq in seen:
+            raise CacheError(f"sequence {seg.seq} appears twice in one packed step")
+        seen.add(seg.seq)
+        if seg.start != pos[seg.seq]:
+            raise CacheError(
+                f"segment of sequence {seg.seq} starts at {seg.start} but its position is {pos[seg.seq]}"
+                " (rewind first to overwrite)"
+            )
+        total += seg.length
+    return total

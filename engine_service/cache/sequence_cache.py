@@ -1,0 +1,221 @@
+"""K/V history of one sequence: flat layers keep everything, ring layers keep a sliding window.
+
+Per layer the storage is ``keys, values: [kv_heads, alloc, head_dim]``.
+
+- Flat layer: row ``p`` lives at index ``p``; ``alloc`` grows in steps of ``initial_capacity`` up to
+  ``capacity``.
+- Ring layer (sliding window ``W``): ``slots = W + max_write - 1`` physical rows, row ``p`` lives at slot
+  ``p % slots`` and overwrites position ``p - slots``. ``slots`` is the least that lets a step of
+  ``max_write`` rows starting at ``s`` still read ``s - W + 1 .. s`` while it writes ``s .. s + max_write - 1``.
+
+``written`` is a high-water mark (one past the highest position ever written, copies included);
+rewinding lowers ``length`` but never ``written``, because the ring rows past ``length`` were
+overwritten all the same. :meth:`SequenceCache.can_rewind` is the single place that decides whether the
+rows a rewind or clone needs are still physically there.
+
+Ring reads assume the ring is intact: slot ``j`` is taken to hold the most recent position ``< end``
+congruent to ``j`` (``end`` = length after the step). ``can_rewind`` is what makes that assumption
+true; the tracked ``slot positions`` only count how often it was wrong (``stale_reads``), so a test can
+prove the check matters.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from engine_service.cache.config import CacheConfig
+from engine_service.errors import CacheError
+
+
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+class SequenceCache:
+    """One sequence's per-layer K/V buffers. Not thread-safe (engine thread only)."""
+
+    def __init__(self, config: CacheConfig) -> None:
+        self._cfg = config
+        self._length = 0
+        self._written = 0
+        n = len(config.layers)
+        self._keys: list[mx.array | None] = [None] * n
+        self._values: list[mx.array | None] = [None] * n
+        # ring slot count per layer (None = flat layer)
+        self._slots: list[int | None] = [
+            spec.window + config.max_write - 1 if spec.sliding else None for spec in config.layers
+        ]
+        # actual position held by each slot, per distinct slot count (-1 = never written); only used to
+        # count stale reads, never to build masks.
+        self._slot_pos: dict[int, np.ndarray] = {
+            s: np.full(s, -1, dtype=np.int64) for s in set(self._slots) if s is not None
+        }
+        self.stale_reads = 0
+
+    # ----------------------------------------------------------------- positions
+    @property
+    def length(self) -> int:
+        """Positions committed (the next position to write)."""
+        return self._length
+
+    @property
+    def written(self) -> int:
+        """High-water mark: one past the highest position ever written into these buffers."""
+        return self._written
+
+    @property
+    def has_ring(self) -> bool:
+        return bool(self._slot_pos)
+
+    def can_rewind(self, p: int) -> bool:
+        """Whether ``length`` may become ``p``: refused past the length or below any ring's floor.
+
+        The floor is ``written - max_write``: from there the ring still holds the ``W - 1`` rows before
+        ``p`` even after a full ``max_write`` step is written at ``p``.
+        """
+        if p < 0 or p > self._length:
+            return False
+        return not (self.has_ring and p < self._written - self._cfg.max_write)
+
+    def rewind(self, p: int) -> bool:
+        if not self.can_rewind(p):
+            return False
+        self._length = p
+        return True
+
+    def _force_rewind(self, p: int) -> None:
+        """Test hook: set the length without :meth:`can_rewind` (the deliberately unsafe control)."""
+        self._length = p
+
+    def can_write(self, n: int) -> bool:
+        """Whether one step of ``n`` rows fits: ring layers take at most ``max_write``."""
+        if n < 1 or self._length + n > self._cfg.capacity:
+            return False
+        return not (self.has_ring and n > self._cfg.max_write)
+
+    def reserve(self, n: int) -> int:
+        """Advance by ``n`` positions for a step whose rows arrive through :meth:`write`; returns the start."""
+        if not self.can_write(n):
+            raise CacheError(
+                f"a step of {n} rows is not admissible at position {self._length} "
+                f"(max_write {self._cfg.max_write}, capacity {self._cfg.capacity})"
+            )
+        start = self._length
+        end = start + n
+        positions = np.arange(start, end, dtype=np.int64)
+        for slots, held in self._slot_pos.items():
+            held[positions % slots] = positions
+        self._length = end
+        self._written = max(self._written, end)
+        return start
+
+    # ----------------------------------------------------------------- storage
+    def _ensure(self, layer: int, need: int) -> None:
+        """Grow ``layer``'s buffers so index ``need - 1`` exists (rings stop at their slot count)."""
+        cfg = self._cfg
+        slots = self._slots[layer]
+        limit = cfg.capacity if slots is None else slots
+        keys = self._keys[layer]
+        have = 0 if keys is None else keys.shape[1]
+        if need <= have:
+            return
+        target = min(limit, _round_up(need, cfg.initial_capacity))
+        pad = mx.zeros((cfg.kv_heads, target - have, cfg.head_dim), dtype=cfg.dtype)
+        if keys is None:
+            self._keys[layer] = pad
+            # a separate buffer: two names on one buffer would defeat in-place slice updates
+            self._values[layer] = mx.zeros(pad.shape, dtype=cfg.dtype)
+        else:
+            self._keys[layer] = mx.concatenate([keys, pad], axis=1)
+            self._values[layer] = mx.concatenate([self._values[layer], pad], axis=1)
+
+    def write(self, layer: int, start: int, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Store rows ``start .. start + n - 1`` and return this layer's view ``(keys, values)``.
+
+        keys, values: [kv_heads, n, head_dim] with ``start + n <= length`` (reserved).
+        Returns [kv_heads, S, head_dim]: ``S = start + n`` on a flat layer (row p at index p), or the
+        ring's filled slots ``S = min(start + n, slots)`` on a ring layer (see :meth:`ring_mask`).
+        """
+        n = keys.shape[1]
+        end = start + n
+        slots = self._slots[layer]
+        if slots is None:
+            self._ensure(layer, end)
+            self._keys[layer][:, start:end, :] = keys
+            self._values[layer][:, start:end, :] = values
+            return self._keys[layer][:, :end, :], self._values[layer][:, :end, :]
+        self._ensure(layer, min(end, slots) if end <= slots else slots)
+        a = start % slots
+        first = min(n, slots - a)  # rows before the ring wraps (n <= max_write <= slots: wraps once)
+        self._keys[layer][:, a : a + first, :] = keys[:, :first, :]
+        self._values[layer][:, a : a + first, :] = values[:, :first, :]
+        if first < n:
+            self._keys[layer][:, : n - first, :] = keys[:, first:, :]
+            self._values[layer][:, : n - first, :] = values[:, first:, :]
+        filled = min(end, slots)
+        return self._keys[layer][:, :filled, :], self._values[layer][:, :filled, :]
+
+    def ring_mask(self, layer: int, start: int, n: int) -> np.ndarray:
+        """bool [n, min(start + n, slots)]: query ``start + i`` may read slot ``j``.
+
+        Slot ``j`` is assumed to hold ``p_j`` = the latest position ``< start + n`` with
+        ``p_j % slots == j``; visible when ``start + i - W < p_j <= start + i``. Reads of a slot whose
+        tracked position differs from ``p_j`` are added to ``stale_reads``.
+        """
+        slots = self._slots[layer]
+        window = self._cfg.layers[layer].window
+        end = start + n
+        filled = min(end, slots)
+        j = np.arange(filled, dtype=np.int64)
+        assumed = end - 1 - ((end - 1 - j) % slots)  # [filled]
+        q = np.arange(start, end, dtype=np.int64)[:, None]  # [n, 1]
+        mask = (assumed[None, :] <= q) & (assumed[None, :] > q - window) & (assumed[None, :] >= 0)
+        stale = self._slot_pos[slots][:filled] != assumed
+        self.stale_reads += int(np.count_nonzero(mask & stale[None, :]))
+        return mask
+
+    def is_ring(self, layer: int) -> bool:
+        return self._slots[layer] is not None
+
+    def arrays(self) -> list[mx.array]:
+        """Every buffer this sequence holds (to evaluate after a step)."""
+        return [a for a in (*self._keys, *self._values) if a is not None]
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays())
+
+    # ----------------------------------------------------------------- copies
+    def copy(self, upto: int) -> SequenceCache | None:
+        """An independent cache holding positions ``[0, upto)``, or None when ``can_rewind(upto)`` fails.
+
+        Flat layers copy the prefix rows only (plus zeroed headroom to the next allocation step); ring
+        layers copy their slots. The copy inherits ``written`` (its ring past ``upto`` is the donor's).
+        The new buffers are evaluated here so the donor's buffers stay uniquely owned (in-place writes).
+        """
+        if not self.can_rewind(upto):
+            return None
+        cfg = self._cfg
+        dup = SequenceCache(cfg)
+        dup._length = upto
+        dup._written = self._written
+        for slots, held in self._slot_pos.items():
+            dup._slot_pos[slots] = held.copy()
+        for layer, slots in enumerate(self._slots):
+            keys, values = self._keys[layer], self._values[layer]
+            if keys is None:
+                continue
+            if slots is None:
+                if upto == 0:
+                    continue
+                alloc = min(cfg.capacity, _round_up(upto, cfg.initial_capacity))
+                pad = (cfg.kv_heads, alloc - upto, cfg.head_dim)
+                dup._keys[layer] = mx.concatenate([keys[:, :upto, :], mx.zeros(pad, dtype=cfg.dtype)], axis=1)
+                dup._values[layer] = mx.concatenate(
+                    [values[:, :upto, :], mx.zeros(pad, dtype=cfg.dtype)], axis=1
+                )
+            else:  # mx.array(a) copies the buffer
+                dup._keys[layer] = mx.array(keys)
+                dup._values[layer] = mx.array(values)
+        mx.eval(dup.arrays())
+        return dup
