@@ -148,7 +148,9 @@ class BatchedSequenceCache:
         pos = {sid: s.length for sid, s in self._seqs.items()}
         total = check_segments(segments, self._ids, pos)
         if self.used() + total > self._cfg.capacity:
-            raise CacheError(f"step of {total} rows exceeds capacity {self._cfg.capacity} ({self.used()} used)")
+            raise CacheError(
+                f"step of {total} rows exceeds capacity {self._cfg.capacity} ({self.used()} used)"
+            )
         for seg in segments:
             if not self._seqs[seg.seq].can_write(seg.length):
                 raise CacheError(f"segment {seg} is not admissible (check can_admit first)")

@@ -64,7 +64,9 @@ class CellStep:
         self._new = new_cells  # [T] cell of each packed row
         lo, hi = int(new_cells[0]), int(new_cells[-1])
         # fresh cells usually come off the free stack as one ascending run: a slice update suffices
-        self._run = (lo, hi + 1) if hi - lo + 1 == len(new_cells) and np.all(np.diff(new_cells) == 1) else None
+        self._run = (
+            (lo, hi + 1) if hi - lo + 1 == len(new_cells) and np.all(np.diff(new_cells) == 1) else None
+        )
         self._new_mx = None if self._run else mx.array(new_cells.astype(np.int32))
         sids = np.array([s.seq for s in segments], dtype=np.uint64)
         lengths = [s.length for s in segments]
@@ -218,7 +220,9 @@ class CellCache:
         if len(self._free) >= need:
             return
         cfg = self._cfg
-        target = min(cfg.capacity, max(2 * self._alloc, self._alloc + need - len(self._free), cfg.initial_capacity))
+        target = min(
+            cfg.capacity, max(2 * self._alloc, self._alloc + need - len(self._free), cfg.initial_capacity)
+        )
         extra = target - self._alloc
         pad = (cfg.kv_heads, extra, cfg.head_dim)
         if not self._keys:
@@ -237,7 +241,9 @@ class CellCache:
         pos = {sid: c.n for sid, c in self._cells.items()}
         total = check_segments(segments, self._ids, pos)
         if self.used() + total > self._cfg.capacity:
-            raise CacheError(f"step of {total} rows exceeds capacity {self._cfg.capacity} ({self.used()} used)")
+            raise CacheError(
+                f"step of {total} rows exceeds capacity {self._cfg.capacity} ({self.used()} used)"
+            )
         self._grow(total)
         new = self._free[len(self._free) - total :][::-1].copy()  # [T], ascending when fresh
         self._free = self._free[: len(self._free) - total]

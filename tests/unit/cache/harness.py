@@ -7,10 +7,10 @@ rows ``q - W < p <= q`` on a sliding layer. Nothing here uses the cache's own ma
 
 from __future__ import annotations
 
-import engine_service  # noqa: F401  (OpenBLAS before mlx)
 import mlx.core as mx
 import numpy as np
 
+import engine_service  # noqa: F401  (OpenBLAS before mlx)
 from engine_service.cache.batch_control import KVView, Segment
 from engine_service.cache.config import CacheConfig, LayerSpec
 from engine_service.cache.registry import build_cache
