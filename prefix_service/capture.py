@@ -1,0 +1,178 @@
+"""PromptCapture: snapshot a session at its prompt boundary while it generates, then store it.
+
+Why a capture and not "clone after the generation": on a sliding-window layer, decode overwrites the
+ring rows the prompt boundary needs, so a clone at ``len(prompt)`` taken after decode is refused. The
+capture queues the clone from the generation callback on the engine thread; the runner runs commands
+queued by a callback before the next forward, so the snapshot exists before decode writes anything.
+
+Lifecycle::
+
+    capture = cache.capture_prompt(session, prompt)          # copies `prompt`
+    handle = session.generate_async(suffix, config, capture.wrap(user_callback))
+    handle.wait()
+    stored = capture.collect(namespace)                      # caller thread, after generation
+
+- ``wrap(callback)`` returns a callback that, on the first update carrying tokens, queues a clone at
+  ``len(prompt)`` (at most once; empty updates do not use it up) and then calls ``callback`` (which
+  may be None). An exception from ``callback`` propagates, so the generation fails with its message.
+- ``observer`` is a callback that queues a clone at each prefill breakpoint update
+  (``update.breakpoint``, an absolute position <= ``len(prompt)``), once per position. The wrapped
+  callback does this too, so one callback serves both.
+- ``collect(namespace, metadata)`` waits for the queued clones and inserts them: the prompt snapshot
+  with ``metadata`` (``boundary="prompt"`` unless given), checkpoints with ``boundary="breakpoint"``.
+  Best effort: a refused clone is counted, never raised. It returns how many were stored; a second
+  collect returns 0.
+- ``discard()`` releases whatever was or will be cloned; the wrapped callback keeps forwarding.
+
+A capture of a session that is already closed is inactive: it forwards updates and clones nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import CancelledError, Future
+from typing import TYPE_CHECKING, Any
+
+from engine_service.errors import ForklineError
+from prefix_service.backends import CaptureBackend, Handle
+from prefix_service.index import token_key
+from prefix_service.retention import BOUNDARY_KEY, BREAKPOINT, PROMPT
+
+if TYPE_CHECKING:
+    from prefix_service.prefix_cache import PrefixCache
+
+_ACTIVE, _INACTIVE, _COLLECTED, _DISCARDED = "active", "inactive", "collected", "discarded"
+
+Update = Any  # engine_service.session.GenerationUpdate (tokens, position, breakpoint, finished, ...)
+
+
+def _release_when_done(backend: CaptureBackend, future: Future) -> None:
+    """Close the future's handle once it settles (now, if it already has)."""
+
+    def release(done: Future) -> None:
+        if done.cancelled() or done.exception() is not None:
+            return
+        handle = done.result()
+        if handle is not None:
+            with contextlib.suppress(ForklineError):  # its engine is gone: nothing left to release
+                backend.close(handle)
+
+    future.add_done_callback(release)
+
+
+class PromptCapture:
+    """See the module docstring. Created by :meth:`PrefixCache.capture_prompt`."""
+
+    def __init__(self, cache: PrefixCache, backend: CaptureBackend, session: Handle, prompt: Sequence[int]):
+        self._cache = cache
+        self._backend = backend
+        self._session = session  # held: the capture keeps the original session's identity
+        self._prompt = token_key(prompt, "prompt")  # a copy: later mutation by the caller is harmless
+        self._lock = threading.Lock()  # callbacks run on the engine thread, collect on the caller's
+        self._pending: dict[int, tuple[Future, str]] = {}  # position -> (clone future, boundary)
+        self._prompt_requested = False
+        alive = bool(self._prompt) and self._alive(session)
+        self._state = _ACTIVE if alive else _INACTIVE
+
+    @property
+    def prompt(self) -> tuple[int, ...]:
+        return self._prompt
+
+    @property
+    def active(self) -> bool:
+        return self._state == _ACTIVE
+
+    @property
+    def requested(self) -> tuple[int, ...]:
+        """Positions a clone has been queued at, ascending."""
+        with self._lock:
+            return tuple(sorted(self._pending))
+
+    def wrap(self, callback: Callable[[Update], None] | None) -> Callable[[Update], None]:
+        def wrapped(update: Update) -> None:
+            self._on_breakpoint(update)
+            if update.tokens and not self._prompt_requested:
+                self._prompt_requested = True
+                self._request(len(self._prompt), PROMPT)
+            if callback is not None:
+                callback(update)
+
+        return wrapped
+
+    @property
+    def observer(self) -> Callable[[Update], None]:
+        return self._on_breakpoint
+
+    def collect(
+        self, namespace: str, metadata: Mapping[str, Any] | None = None, timeout: float | None = None
+    ) -> int:
+        """Wait for the queued clones and insert them; returns how many were stored. Never call it
+        from a generation callback. A clone still unsettled after ``timeout`` is released later."""
+        with self._lock:
+            if self._state != _ACTIVE:
+                return 0
+            self._state = _COLLECTED
+            pending = sorted(self._pending.items())
+            self._pending.clear()
+        stored = 0
+        for position, (future, boundary) in pending:
+            try:
+                handle = future.result(timeout)
+            except TimeoutError:
+                _release_when_done(self._backend, future)
+                handle = None
+            except (CancelledError, ForklineError):
+                handle = None
+            if handle is None:
+                self._cache.record_refusal("capture_refused")
+                continue
+            tags = dict(metadata or {})
+            if boundary == BREAKPOINT:
+                tags[BOUNDARY_KEY] = BREAKPOINT
+            else:
+                tags.setdefault(BOUNDARY_KEY, PROMPT)
+            if self._cache.insert(namespace, self._prompt[:position], handle, tags):
+                stored += 1
+        return stored
+
+    def discard(self) -> None:
+        """Release every clone this capture queued; later updates are only forwarded."""
+        with self._lock:
+            if self._state in (_COLLECTED, _DISCARDED):
+                return
+            self._state = _DISCARDED
+            pending = list(self._pending.values())
+            self._pending.clear()
+        for future, _ in pending:
+            _release_when_done(self._backend, future)
+
+    # -- engine-thread side ------------------------------------------------------------------
+
+    def _on_breakpoint(self, update: Update) -> None:
+        position = getattr(update, "breakpoint", None)
+        if position is not None:
+            self._request(position, BREAKPOINT)
+
+    def _request(self, position: int, boundary: str) -> None:
+        """Queue one clone at ``position`` (never waits: this runs on the engine thread)."""
+        with self._lock:
+            if self._state != _ACTIVE or position in self._pending:
+                return
+            if not 1 <= position <= len(self._prompt):
+                return
+            if not self._alive(self._session):
+                return  # a closed source forwards outputs without retaining a session
+            try:
+                future = self._backend.clone_async(self._session, position)
+            except ForklineError:
+                future = Future()
+                future.set_result(None)
+            self._pending[position] = (future, boundary)
+
+    def _alive(self, session: Handle) -> bool:
+        try:
+            return bool(self._backend.valid(session))
+        except ForklineError:
+            return False

@@ -1,0 +1,271 @@
+"""Token index: a radix tree (compressed edges) of token keys per namespace, with opaque values.
+
+Keys are non-empty tuples of Python ints; the index compares them exactly, so every bit of a 64-bit
+token id counts. Each stored key carries an opaque value and an integer ``rank`` (the prefix cache
+passes its recency clock; larger means "prefer first").
+
+:meth:`TokenIndex.matches` answers "which stored keys share a prefix with this request, and how long
+is it" without scanning all entries: it walks the request down the tree (one dict lookup and one
+slice comparison per edge). Every key below a walked node of depth ``d`` that does not continue along
+the walk shares exactly ``d`` tokens (the subtree where the walk stops shares all it matched), so the
+answer is a sequence of groups, deepest first. Within a group keys come best-first by rank from a
+heap over per-node rank upper bounds, so asking for the first few candidates touches only the nodes
+that can hold them.
+
+Order of results: common prefix length descending, then rank descending. A common prefix of 0 is
+never a match (a first-token mismatch misses). Plain Python: nothing here knows MLX, sessions or gRPC.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import operator
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from engine_service.errors import InvalidArgument
+
+V = TypeVar("V")
+
+_NO_VALUE: Any = object()
+
+
+class _Node:
+    """One radix-tree node. ``edge`` is the token run from the parent; ``children`` is keyed by the
+    first token of each child's edge. ``bound`` is an upper bound on the rank of any value in this
+    subtree (exact after inserts and touches, possibly stale-high after removals, which only costs
+    an extra heap pop)."""
+
+    __slots__ = ("edge", "children", "value", "rank", "bound")
+
+    def __init__(self, edge: tuple[int, ...]) -> None:
+        self.edge = edge
+        self.children: dict[int, _Node] = {}
+        self.value: Any = _NO_VALUE
+        self.rank = 0
+        self.bound = -1
+
+
+@dataclass(frozen=True)
+class IndexMatch(Generic[V]):
+    """A stored ``value`` whose key shares its first ``common`` tokens with the request (``common >= 1``)."""
+
+    value: V
+    common: int
+
+
+def _common_prefix(edge: tuple[int, ...], key: tuple[int, ...], start: int) -> int:
+    """Leading tokens shared by ``edge`` and ``key[start:]``."""
+    segment = key[start : start + len(edge)]
+    if segment == edge:  # the common case, compared in C
+        return len(edge)
+    shared = 0
+    for a, b in zip(edge, segment, strict=False):
+        if a != b:
+            break
+        shared += 1
+    return shared
+
+
+class TokenIndex(Generic[V]):
+    """Maps ``(namespace, key)`` to one value; finds shared prefixes. Not thread-safe (callers lock)."""
+
+    def __init__(self) -> None:
+        self._roots: dict[Hashable, _Node] = {}
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def insert(self, namespace: Hashable, key: Sequence[int], value: V, rank: int) -> V | None:
+        """Store ``value`` under ``key``; returns the value it replaced, or None."""
+        key = tuple(key)
+        if not key:
+            raise ValueError("TokenIndex key must not be empty")
+        node = self._roots.setdefault(namespace, _Node(()))
+        path = [node]
+        depth = 0
+        while depth < len(key):
+            child = node.children.get(key[depth])
+            if child is None:
+                child = _Node(key[depth:])
+                node.children[key[depth]] = child
+                depth = len(key)
+            else:
+                shared = _common_prefix(child.edge, key, depth)
+                if shared < len(child.edge):
+                    # Split the edge: a new inner node holds the shared part.
+                    inner = _Node(child.edge[:shared])
+                    inner.bound = child.bound
+                    child.edge = child.edge[shared:]
+                    inner.children[child.edge[0]] = child
+                    node.children[key[depth]] = inner
+                    child = inner
+                depth += shared
+            node = child
+            path.append(node)
+        previous = node.value
+        node.value = value
+        node.rank = rank
+        for step in path:
+            step.bound = max(step.bound, rank)
+        if previous is _NO_VALUE:
+            self._size += 1
+            return None
+        return previous
+
+    def get(self, namespace: Hashable, key: Sequence[int]) -> V | None:
+        path = self._path(namespace, tuple(key))
+        return None if path is None else path[-1].value
+
+    def touch(self, namespace: Hashable, key: Sequence[int], rank: int) -> bool:
+        """Set the rank of a stored key; False when the key is not stored."""
+        path = self._path(namespace, tuple(key))
+        if path is None:
+            return False
+        path[-1].rank = rank
+        for step in path:
+            step.bound = max(step.bound, rank)
+        return True
+
+    def remove(self, namespace: Hashable, key: Sequence[int]) -> V | None:
+        """Drop ``key``; returns its value, or None when it was not stored."""
+        path = self._path(namespace, tuple(key))
+        if path is None:
+            return None
+        node = path[-1]
+        value = node.value
+        node.value = _NO_VALUE
+        self._size -= 1
+        self._prune(namespace, path)
+        return value
+
+    def clear(self) -> None:
+        self._roots.clear()
+        self._size = 0
+
+    def values(self) -> Iterator[V]:
+        """Every stored value (any order)."""
+        stack = list(self._roots.values())
+        while stack:
+            node = stack.pop()
+            if node.value is not _NO_VALUE:
+                yield node.value
+            stack.extend(node.children.values())
+
+    def matches(self, namespace: Hashable, tokens: Sequence[int]) -> Iterator[IndexMatch[V]]:
+        """Stored keys sharing at least one leading token with ``tokens``: longest first, then by rank.
+
+        Lazy: the caller may stop after the first acceptable candidate. Do not mutate the index while
+        iterating.
+        """
+        tokens = tuple(tokens)
+        root = self._roots.get(namespace)
+        if root is None or not tokens:
+            return
+        # Walk down while whole edges match. Every key below a walked node at depth d shares at
+        # least d tokens; the ones not in the child the walk continues into share exactly d.
+        groups: list[tuple[int, _Node, _Node | None]] = []  # (common, node, child on the walk)
+        node, depth = root, 0
+        while True:
+            if depth == len(tokens):
+                groups.append((depth, node, None))
+                break
+            child = node.children.get(tokens[depth])
+            groups.append((depth, node, child))
+            if child is None:
+                break
+            shared = _common_prefix(child.edge, tokens, depth)
+            if shared < len(child.edge):
+                groups.append((depth + shared, child, None))  # the walk ends inside this edge
+                break
+            node, depth = child, depth + shared
+        for common, node, walked in reversed(groups):
+            if common == 0:
+                break  # a first-token mismatch is not a match
+            for value in self._best_first(node, walked):
+                yield IndexMatch(value, common)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _best_first(node: _Node, skip: _Node | None) -> Iterator[Any]:
+        """The value of ``node`` and every value below it except under ``skip``, by descending rank.
+
+        Best-first over rank upper bounds: a subtree is expanded only when its bound can still win.
+        """
+        order = itertools.count()
+        # Items are (-rank or -bound, kind, tiebreak, payload); kind 0 = value, 1 = subtree, so a
+        # value comes before a subtree whose bound only ties with it.
+        heap: list[tuple[int, int, int, Any]] = [
+            (-child.bound, 1, next(order), child) for child in node.children.values() if child is not skip
+        ]
+        if node.value is not _NO_VALUE:
+            heap.append((-node.rank, 0, next(order), node.value))
+        heapq.heapify(heap)
+        while heap:
+            _, kind, _, payload = heapq.heappop(heap)
+            if kind == 0:
+                yield payload
+                continue
+            if payload.value is not _NO_VALUE:
+                heapq.heappush(heap, (-payload.rank, 0, next(order), payload.value))
+            for child in payload.children.values():
+                heapq.heappush(heap, (-child.bound, 1, next(order), child))
+
+    def _path(self, namespace: Hashable, key: tuple[int, ...]) -> list[_Node] | None:
+        """Nodes from the root to the node storing ``key`` exactly, or None."""
+        node = self._roots.get(namespace)
+        if node is None or not key:
+            return None
+        path = [node]
+        depth = 0
+        while depth < len(key):
+            child = node.children.get(key[depth])
+            if child is None or key[depth : depth + len(child.edge)] != child.edge:
+                return None
+            node = child
+            depth += len(child.edge)
+            path.append(node)
+        return path if node.value is not _NO_VALUE else None
+
+    def _prune(self, namespace: Hashable, path: list[_Node]) -> None:
+        """Restore the radix invariants after ``path[-1]`` lost its value: drop empty leaves and
+        merge value-less inner nodes that have a single child into that child."""
+        node = path[-1]
+        index = len(path) - 1
+        if not node.children and index > 0:
+            parent = path[index - 1]
+            del parent.children[node.edge[0]]
+            node, index = parent, index - 1
+        if index == 0:
+            if not node.children:
+                del self._roots[namespace]
+            return
+        if node.value is _NO_VALUE and len(node.children) == 1:
+            (only,) = node.children.values()
+            only.edge = node.edge + only.edge
+            path[index - 1].children[only.edge[0]] = only
+
+
+MAX_TOKEN = 2**64 - 1
+
+
+def token_key(tokens: Sequence[int], field_name: str = "tokens") -> tuple[int, ...]:
+    """A validated, immutable copy of ``tokens``: ints (numpy ints accepted) in ``[0, 2**64)``.
+
+    Raises InvalidArgument naming ``field_name`` for anything else. Empty sequences are allowed here;
+    callers decide what an empty key means.
+    """
+    if isinstance(tokens, (str, bytes)):
+        raise InvalidArgument(f"{field_name} must be a sequence of token ids, got {type(tokens).__name__}")
+    try:
+        key = tuple(map(operator.index, tokens))
+    except TypeError as exc:
+        raise InvalidArgument(f"{field_name} must be a sequence of integer token ids ({exc})") from None
+    if key and (min(key) < 0 or max(key) > MAX_TOKEN):
+        bad = next(t for t in key if t < 0 or t > MAX_TOKEN)
+        raise InvalidArgument(f"{field_name} must hold ids in [0, 2**64), got {bad}")
+    return key

@@ -1,0 +1,131 @@
+"""Retention: which stored snapshot the prefix cache evicts when it is over its entry bound.
+
+A :class:`RetentionPolicy` is one method, :meth:`~RetentionPolicy.priority`, returning a sort key per
+entry; the entry with the lowest key is evicted first (and its snapshot released by the cache).
+Policies are chosen by name from a registry; an unknown name raises :class:`InvalidArgument` listing
+the registered ones. Policies read only the bookkeeping on :class:`Entry`, never the snapshot.
+
+Registered:
+
+- ``"lru"`` (default): bounded global LRU over all entries, prompt snapshots and periodic checkpoints
+  alike; early snapshots get no protection.
+- ``"priority"``: metadata ``priority`` (a number, default 0; lower goes first), then the boundary
+  class (``boundary="breakpoint"`` checkpoints outlive plain prompt snapshots of the same priority,
+  because many prompts share them), then LRU.
+- ``"lfu"``: fewest hits first, then LRU.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from engine_service.errors import InvalidArgument
+
+BOUNDARY_KEY = "boundary"
+BREAKPOINT = "breakpoint"
+PROMPT = "prompt"
+PRIORITY_KEY = "priority"
+
+
+@dataclass(eq=False)
+class Entry:
+    """One stored snapshot and its bookkeeping (mutable: the cache refreshes it on hits).
+
+    namespace, tokens: the entry's key (the snapshot holds exactly ``len(tokens)`` positions).
+    snapshot: the opaque backend handle the cache owns. created / last_used: values of the cache's
+    logical clock (strictly increasing over inserts, hits and refreshes). hits: lookups served.
+    metadata: application strings (``priority``, ``boundary``, ...). Policies must not touch the
+    snapshot.
+    """
+
+    namespace: Hashable
+    tokens: tuple[int, ...]
+    snapshot: Any
+    created: int
+    last_used: int
+    hits: int = 0
+    metadata: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            raise ValueError("Entry.tokens must not be empty")
+
+    @property
+    def key_length(self) -> int:
+        return len(self.tokens)
+
+
+class RetentionPolicy(ABC):
+    """Decides eviction order: the entry with the lowest :meth:`priority` goes first."""
+
+    name: str = "custom"
+
+    @abstractmethod
+    def priority(self, entry: Entry) -> tuple[Any, ...]:
+        """Sort key of ``entry``; lowest is evicted first. Must not raise for any metadata."""
+
+
+class LRUPolicy(RetentionPolicy):
+    name = "lru"
+
+    def priority(self, entry: Entry) -> tuple[Any, ...]:
+        return (entry.last_used,)
+
+
+class LFUPolicy(RetentionPolicy):
+    name = "lfu"
+
+    def priority(self, entry: Entry) -> tuple[Any, ...]:
+        return (entry.hits, entry.last_used)
+
+
+def _metadata_priority(metadata: Mapping[str, str]) -> float:
+    """The numeric ``priority`` metadata; a missing or unparsable value counts as 0."""
+    try:
+        value = float(metadata.get(PRIORITY_KEY, 0))
+    except (TypeError, ValueError):
+        return 0.0
+    return value if math.isfinite(value) else 0.0
+
+
+class PriorityPolicy(RetentionPolicy):
+    name = "priority"
+
+    def priority(self, entry: Entry) -> tuple[Any, ...]:
+        checkpoint = 1 if entry.metadata.get(BOUNDARY_KEY) == BREAKPOINT else 0
+        return (_metadata_priority(entry.metadata), checkpoint, entry.last_used)
+
+
+_REGISTRY: dict[str, Callable[[], RetentionPolicy]] = {
+    "lru": LRUPolicy,
+    "priority": PriorityPolicy,
+    "lfu": LFUPolicy,
+}
+
+
+def register_policy(name: str, factory: Callable[[], RetentionPolicy]) -> None:
+    """Make ``factory`` selectable as ``name`` (e.g. a TTL or pinning policy)."""
+    if not isinstance(name, str) or not name:
+        raise InvalidArgument(f"policy name must be a non-empty string, got {name!r}")
+    _REGISTRY[name] = factory
+
+
+def policy_names() -> tuple[str, ...]:
+    return tuple(sorted(_REGISTRY))
+
+
+def make_policy(policy: str | RetentionPolicy) -> RetentionPolicy:
+    """A policy instance from a registered name, or ``policy`` itself when it already is one."""
+    if isinstance(policy, RetentionPolicy):
+        return policy
+    factory = _REGISTRY.get(policy) if isinstance(policy, str) else None
+    if factory is None:
+        raise InvalidArgument(
+            f"unknown retention policy {policy!r}; valid policies: {', '.join(policy_names())}"
+        )
+    return factory()

@@ -1,0 +1,117 @@
+"""A fake SessionBackend for prefix-cache tests: sessions are token lists with a retention floor.
+
+A FakeSession holds its committed tokens. ``floor`` models a sliding-window cache: positions below it
+can no longer be cloned (decode has overwritten the rows), and a clone inherits its donor's floor.
+The backend counts every clone call and close, tracks live sessions (leak checks), can run out of
+capacity, fail the next clones, or die (every handle becomes invalid; no clone call is made).
+``clone_async`` either settles at once or queues until ``run_pending()`` (the "engine thread").
+"""
+
+from __future__ import annotations
+
+import itertools
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from engine_service.errors import ResourceExhausted
+
+
+@dataclass(frozen=True)
+class FakeUpdate:
+    """Shape of engine_service.session.GenerationUpdate that the capture reads."""
+
+    tokens: tuple[int, ...] = ()
+    position: int = 0
+    breakpoint: int | None = None
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+class FakeSession:
+    _ids = itertools.count(1)
+
+    def __init__(self, backend: FakeBackend, tokens: tuple[int, ...], floor: int = 0) -> None:
+        self.backend = backend
+        self.id = next(self._ids)
+        self.tokens = tuple(tokens)
+        self.floor = floor
+        self.closed = False
+        self.close_calls = 0
+
+    @property
+    def position(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, tokens: tuple[int, ...], window: int | None = None) -> None:
+        """Commit more tokens; with ``window``, rows older than ``position - window`` are lost."""
+        self.tokens += tuple(tokens)
+        if window is not None:
+            self.floor = max(self.floor, self.position - window)
+
+    def __repr__(self) -> str:
+        return f"FakeSession#{self.id}(pos={self.position}, closed={self.closed})"
+
+
+class FakeBackend:
+    def __init__(self, fingerprint: str = "fake-model", capacity: int = 1_000_000, deferred: bool = False):
+        self.fingerprint = fingerprint
+        self.capacity = capacity  # most live sessions at once
+        self.deferred = deferred
+        self.dead = False
+        self.fail_next = 0  # clones that raise ResourceExhausted (an allocation failure)
+        self.clone_calls: list[tuple[int, int]] = []  # (source id, upto)
+        self.live: set[FakeSession] = set()
+        self._queue: list[tuple[Future, FakeSession, int]] = []
+
+    # -- helpers for tests -------------------------------------------------------------------
+
+    def open(self, tokens: tuple[int, ...] | list[int], floor: int = 0) -> FakeSession:
+        session = FakeSession(self, tuple(tokens), floor)
+        self.live.add(session)
+        return session
+
+    def run_pending(self) -> None:
+        queue, self._queue = self._queue, []
+        for future, source, upto in queue:
+            if future.cancelled():
+                continue
+            future.set_result(self._do_clone(source, upto))
+
+    # -- SessionBackend ----------------------------------------------------------------------
+
+    def clone(self, handle: FakeSession, upto: int) -> FakeSession | None:
+        if self.fail_next > 0:
+            self.fail_next -= 1
+            self.clone_calls.append((handle.id, upto))
+            raise ResourceExhausted("fake allocation failure")
+        return self._do_clone(handle, upto)
+
+    def clone_async(self, handle: FakeSession, upto: int) -> Future:
+        future: Future = Future()
+        if self.deferred:
+            self._queue.append((future, handle, upto))
+        else:
+            future.set_result(self._do_clone(handle, upto))
+        return future
+
+    def close(self, handle: FakeSession) -> None:
+        handle.close_calls += 1
+        handle.closed = True
+        self.live.discard(handle)
+
+    def position(self, handle: FakeSession) -> int:
+        return handle.position
+
+    def valid(self, handle: FakeSession) -> bool:
+        return not handle.closed and not self.dead and handle.backend is self
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _do_clone(self, source: FakeSession, upto: int) -> FakeSession | None:
+        self.clone_calls.append((source.id, upto))
+        if not self.valid(source) or not 0 <= upto <= source.position or upto < source.floor:
+            return None
+        if len(self.live) >= self.capacity:
+            return None
+        return self.open(source.tokens[:upto], floor=min(source.floor, upto))
