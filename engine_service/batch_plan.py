@@ -1,0 +1,69 @@
+"""Which inputs the next forward runs: decode steps first, prefill chunks in the remaining room."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engine_service.executor import ExecInput
+from engine_service.session_record import ActiveGeneration
+
+
+@dataclass(frozen=True)
+class PlannedInput:
+    """One generation's slice of the batch. ``breakpoints`` are the config's, for the update."""
+
+    gen: ActiveGeneration
+    input: ExecInput
+    decode: bool
+    breakpoints: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    inputs: tuple[PlannedInput, ...]
+
+    @property
+    def positions(self) -> int:
+        return sum(p.input.size() for p in self.inputs)
+
+
+def plan_batch(active: Sequence[ActiveGeneration], max_decode: int, preferred_tokens: int,
+               step: int) -> BatchPlan:
+    """Pack one batch from the live generations (each appears at most once).
+
+    Decode: up to ``max_decode`` generations past their prompt, least recently stepped first (fair
+    when more are waiting), each feeding its pending token. Prefill: generations in start order get
+    chunks of at most ``prefill_chunk`` positions until the batch holds ``preferred_tokens``
+    positions (at least one chunk when nothing else runs). A chunk ends at the next prefill
+    breakpoint, and never crosses from the replayed pending token into the caller's input. Advances
+    the prefill cursors and stamps ``last_step``.
+    """
+    budget = max(1, preferred_tokens)
+    planned: list[PlannedInput] = []
+    decoders = sorted((g for g in active if not g.prefilling), key=lambda g: g.last_step)[:max_decode]
+    for gen in decoders:
+        rec = gen.record
+        assert rec is not None and rec.pending is not None, "a decoding generation has a pending token"
+        planned.append(PlannedInput(gen, ExecInput(rec.sid, rec.position,
+                                                   tokens=(rec.pending,)), True, ()))
+        gen.last_step = step
+        budget -= 1
+    for gen in active:
+        if not gen.prefilling:
+            continue
+        if budget <= 0 and planned:
+            break
+        rec = gen.record
+        start = rec.position
+        n = min(gen.remaining_in_segment(), gen.config.prefill_chunk, max(budget, 1))
+        for bp in gen.config.prefill_breakpoints:
+            if bp > start:
+                n = min(n, bp - start)  # stop exactly at the breakpoint so an observer can clone there
+                break
+        tokens, prepared, last = gen.take_chunk(n)
+        exec_input = ExecInput(rec.sid, start, tokens=tokens, prepared=prepared, want_output=last)
+        planned.append(PlannedInput(gen, exec_input, False, gen.config.prefill_breakpoints))
+        gen.last_step = step
+        budget -= n
+    return BatchPlan(tuple(planned))

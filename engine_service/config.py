@@ -1,0 +1,87 @@
+"""GenConfig: how one generation samples, stops and chunks its prefill."""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+
+from engine_service.errors import InvalidArgument
+from engine_service.sampling import SamplingParams
+
+_MAX_SEED = 2**64
+
+
+def _int_tuple(name: str, values: object) -> tuple[int, ...]:
+    """``values`` as a tuple of plain ints; InvalidArgument naming ``name`` otherwise."""
+    try:
+        items = tuple(values)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise InvalidArgument(f"{name} must be a sequence of ints, got {values!r}") from exc
+    out = []
+    for v in items:
+        if isinstance(v, bool):
+            raise InvalidArgument(f"{name} must hold ints, got {v!r}")
+        try:
+            out.append(operator.index(v))
+        except TypeError as exc:
+            raise InvalidArgument(f"{name} must hold ints, got {v!r}") from exc
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class GenConfig:
+    """Per-generation settings. Frozen; every field is checked in ``__post_init__``.
+
+    max_new_tokens: most tokens the generation returns (>= 1). The last returned token is the
+        session's *pending* prediction: it is not committed until a later generation feeds it.
+    temperature / top_p / top_k: sampling (temperature 0 is greedy; top_k 0 and top_p 1 disable).
+    seed: seeds the generation's sampler (0 <= seed < 2**64).
+    stop_tokens: a generated stop token ends the generation with finish_reason "stop"; it is returned
+        and kept by the session as its pending token. A stop token beats the token budget.
+    prefill_chunk: most prompt positions fed to one forward for this generation (>= 1); the runner
+        also respects the executor's preferred batch size.
+    prefill_breakpoints: absolute session positions at which prefill ends a chunk and emits an update
+        with ``breakpoint`` set, so an observer callback can clone exactly there. Stored sorted and
+        de-duplicated; positions outside the prefill range are ignored.
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    stop_tokens: tuple[int, ...] = ()
+    prefill_chunk: int = 512
+    prefill_breakpoints: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "top_k", "seed", "prefill_chunk"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidArgument(f"{name} must be an int, got {value!r}")
+        if self.max_new_tokens < 1:
+            raise InvalidArgument(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise InvalidArgument(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.top_k < 0:
+            raise InvalidArgument(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 <= self.seed < _MAX_SEED:
+            raise InvalidArgument(f"seed must be in [0, 2**64), got {self.seed}")
+        if self.prefill_chunk < 1:
+            raise InvalidArgument(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+        stops = _int_tuple("stop_tokens", self.stop_tokens)
+        if any(t < 0 for t in stops):
+            raise InvalidArgument(f"stop_tokens must be >= 0, got {stops}")
+        breakpoints = _int_tuple("prefill_breakpoints", self.prefill_breakpoints)
+        if any(b < 1 for b in breakpoints):
+            raise InvalidArgument(f"prefill_breakpoints must be >= 1, got {breakpoints}")
+        # Frozen dataclass: normalise through object.__setattr__ (lists in, tuples stored).
+        object.__setattr__(self, "stop_tokens", stops)
+        object.__setattr__(self, "prefill_breakpoints", tuple(sorted(set(breakpoints))))
+
+    def sampling(self) -> SamplingParams:
+        """The executor-facing sampling parameters of this config."""
+        return SamplingParams(temperature=float(self.temperature), top_p=float(self.top_p), top_k=self.top_k)

@@ -1,0 +1,151 @@
+"""Session: the caller's handle on one executor session owned by the runner's engine thread.
+
+A Session never touches the executor. It queues commands (start, clone, close) on its runner's inbox
+and reads the engine-maintained committed position. It is a context manager and also closes when
+garbage-collected: a ``weakref.finalize`` puts a CloseCommand on the inbox (a ``queue.SimpleQueue``,
+whose ``put`` is reentrant, so a finalizer running inside another inbox operation cannot deadlock).
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+from engine_service.commands import CloseCommand
+from engine_service.config import GenConfig
+from engine_service.errors import FailedPrecondition, InvalidArgument
+from engine_service.generation import GenerationHandle, GenerationUpdate
+from engine_service.prepared_input import PreparedInput
+from engine_service.session_record import SessionRecord
+
+if TYPE_CHECKING:
+    from engine_service.runner import Runner
+
+
+class Session:
+    """A resident session: generate on it, clone it at a committed boundary, close it.
+
+    Created only by the runner (``runner.open_session()`` or a clone future). ``position`` is the
+    committed position; the pending prediction of the last generation is excluded and is fed first
+    by the next generation. One generation at a time.
+    """
+
+    def __init__(self, runner: Runner, record: SessionRecord) -> None:
+        self._runner = runner
+        self._record = record
+        self._lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, runner._inbox.put, CloseCommand(record.key))
+
+    @property
+    def key(self) -> int:
+        """Runner-local id of this session (stable, never reused by the runner)."""
+        return self._record.key
+
+    @property
+    def position(self) -> int:
+        """Committed positions (the pending token excluded)."""
+        return self._record.position
+
+    @property
+    def has_pending(self) -> bool:
+        """Whether a pending prediction will be fed first by the next generation."""
+        return self._record.pending is not None
+
+    @property
+    def valid(self) -> bool:
+        """Open, not poisoned by a failed batch, and the runner is running."""
+        rec = self._record
+        return self._finalizer.alive and not rec.closed and not rec.poisoned and self._runner.running
+
+    @property
+    def generating(self) -> bool:
+        return self._record.busy
+
+    def generate_async(
+        self,
+        input: Sequence[int] | PreparedInput,
+        config: GenConfig | None = None,
+        callback: Callable[[GenerationUpdate], None] | None = None,
+    ) -> GenerationHandle:
+        """Start a generation; returns at once.
+
+        ``callback`` runs on the engine thread for every update (prefill chunks, tokens, breakpoints,
+        and exactly one terminal update). It may queue clones, cancels and closes, never wait on them.
+        Raises FailedPrecondition when this session is closed, poisoned or already generating, and
+        Unavailable when the runner is stopping. Bad input content (empty, token ids outside the
+        vocabulary, too long, an unsupported prepared kind) fails the returned handle instead.
+        """
+        config = GenConfig() if config is None else config
+        if not isinstance(config, GenConfig):
+            raise InvalidArgument(f"config must be a GenConfig, got {type(config).__name__}")
+        if not isinstance(input, PreparedInput):
+            input = _token_tuple(input)
+        with self._lock:
+            rec = self._record
+            if not self._finalizer.alive or rec.closed:
+                raise FailedPrecondition(f"session {rec.key} is closed")
+            if rec.poisoned:
+                raise FailedPrecondition(f"session {rec.key} failed earlier and cannot generate")
+            if rec.busy:
+                raise FailedPrecondition(f"session {rec.key} is already generating")
+            rec.busy = True
+            try:
+                return self._runner._start(self, input, config, callback)
+            except BaseException:
+                rec.busy = False
+                raise
+
+    def clone_async(self, upto: int) -> Future[Session | None]:
+        """A future of a new idle session holding exactly positions ``[0, upto)``, or of None.
+
+        None when cloning is unsupported, ``upto`` is outside ``[0, position]`` when the engine runs
+        the clone, the source is closed or failed, resources are exhausted, or the runner stops. A
+        closed session resolves None at once. Dropping or cancelling the future before it completes
+        skips the clone; dropping a completed future's session closes it (garbage collection).
+        """
+        if isinstance(upto, bool):
+            raise InvalidArgument(f"upto must be an int, got {upto!r}")
+        try:
+            upto = operator.index(upto)
+        except TypeError as exc:
+            raise InvalidArgument(f"upto must be an int, got {upto!r}") from exc
+        if not self._finalizer.alive or self._record.closed or self._record.poisoned:
+            future: Future[Session | None] = Future()
+            future.set_result(None)
+            return future
+        return self._runner._clone(self._record.key, upto)
+
+    def close(self) -> None:
+        """Queue this session's close (idempotent); a running generation ends as cancelled."""
+        self._finalizer()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "open" if self.valid else "closed"
+        return f"Session(key={self.key}, position={self.position}, {state})"
+
+
+def _token_tuple(tokens: object) -> tuple[int, ...]:
+    """Caller tokens copied into a tuple of ints (later mutation of the caller's list has no effect)."""
+    try:
+        items = tuple(tokens)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise InvalidArgument(f"input must be a token list or a PreparedInput, got {type(tokens).__name__}") from exc
+    out = []
+    for t in items:
+        if isinstance(t, bool):
+            raise InvalidArgument(f"token ids must be ints, got {t!r}")
+        try:
+            out.append(operator.index(t))
+        except TypeError as exc:
+            raise InvalidArgument(f"token ids must be ints, got {t!r}") from exc
+    return tuple(out)

@@ -1,0 +1,145 @@
+"""Engine-side state of a session and of the generation running on it (engine thread only).
+
+Other threads may read ``SessionRecord.position`` / ``closed`` / ``poisoned`` (single attribute reads)
+but never write them, except ``busy``, which ``Session.generate_async`` sets under the session lock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine_service.config import GenConfig
+from engine_service.generation import (
+    CANCELLED,
+    ERROR,
+    LENGTH,
+    STOP,
+    GenerationHandle,
+    GenerationMetrics,
+    GenerationResult,
+    GenerationUpdate,
+)
+from engine_service.prepared_input import PreparedInput
+
+Segment = tuple[int, ...] | PreparedInput
+
+
+@dataclass(eq=False)
+class SessionRecord:
+    """One executor session as the runner sees it.
+
+    position: committed positions the runner has *accepted* (a speculative executor may have written
+        more; only this number authorizes a clone).
+    pending: the last prediction, not yet written; fed first by the next generation.
+    """
+
+    key: int
+    sid: int
+    position: int = 0
+    pending: int | None = None
+    poisoned: bool = False
+    closed: bool = False
+    busy: bool = False
+    generation: ActiveGeneration | None = None
+
+
+@dataclass(eq=False)
+class ActiveGeneration:
+    """A generation from its start command to its terminal update.
+
+    segments: what prefill still has to feed, in order: the session's pending token (a 1-tuple) when
+        continuing, then the caller's input (a token tuple or a PreparedInput). ``offset`` indexes
+        into ``segments[0]``. Chunks never cross a segment boundary.
+    input_fed: positions of the caller's input fed so far (the replayed pending token excluded).
+    """
+
+    handle: GenerationHandle
+    config: GenConfig
+    callback: Callable[[GenerationUpdate], None] | None
+    input: Segment
+    record: SessionRecord | None = None
+    segments: list[Segment] = field(default_factory=list)
+    offset: int = 0
+    input_fed: int = 0
+    tokens: list[int] = field(default_factory=list)
+    cancel_requested: bool = False
+    finished: bool = False
+    last_step: int = -1
+    started_at: float = 0.0
+    first_token_at: float | None = None
+
+    @property
+    def input_size(self) -> int:
+        return len(self.input) if isinstance(self.input, tuple) else self.input.size()
+
+    @property
+    def prefilling(self) -> bool:
+        return bool(self.segments)
+
+    def remaining_in_segment(self) -> int:
+        seg = self.segments[0]
+        size = len(seg) if isinstance(seg, tuple) else seg.size()
+        return size - self.offset
+
+    def take_chunk(self, n: int) -> tuple[tuple[int, ...] | None, PreparedInput | None, bool]:
+        """The next ``n`` prefill positions as (tokens, prepared, last); advances the cursor."""
+        seg = self.segments[0]
+        lo, hi = self.offset, self.offset + n
+        if isinstance(seg, tuple):
+            tokens, prepared = seg[lo:hi], None
+        else:
+            # A whole PreparedInput is passed as is; a part is a view sharing its storage.
+            tokens, prepared = None, (seg if lo == 0 and hi == seg.size() else seg.chunk(lo, hi))
+        if seg is self.input:
+            self.input_fed += n
+        if hi == (len(seg) if isinstance(seg, tuple) else seg.size()):
+            self.segments.pop(0)
+            self.offset = 0
+        else:
+            self.offset = hi
+        return tokens, prepared, not self.segments
+
+    def accept(self, predicted: tuple[int, ...], base: int) -> tuple[tuple[int, ...], str | None, int, int]:
+        """Apply the executor's predictions for an input that ended at committed position ``base``.
+
+        The executor committed ``predicted[:-1]`` at ``base, base + 1, ...``; ``predicted[-1]`` is
+        pending. A stop token or the token budget may cut the list: the cut token becomes the pending
+        one and the committed position falls back to it (the executor rewinds on the next start).
+        Returns (accepted tokens, finish reason or None, new committed position, new pending token).
+        """
+        accepted: list[int] = []
+        reason: str | None = None
+        stops = self.config.stop_tokens
+        for tok in predicted:
+            accepted.append(tok)
+            if tok in stops:
+                reason = STOP  # checked first: a stop token beats the token budget
+                break
+            if len(self.tokens) + len(accepted) >= self.config.max_new_tokens:
+                reason = LENGTH
+                break
+        self.tokens.extend(accepted)
+        return tuple(accepted), reason, base + len(accepted) - 1, accepted[-1]
+
+    def result(self, reason: str, error: BaseException | None) -> GenerationResult:
+        now = time.perf_counter()
+        total = now - self.started_at if self.started_at else 0.0
+        tps = 0.0
+        if self.first_token_at is not None and len(self.tokens) > 1 and now > self.first_token_at:
+            tps = (len(self.tokens) - 1) / (now - self.first_token_at)
+        metrics = GenerationMetrics(
+            prompt_positions=self.input_fed,
+            generated_tokens=len(self.tokens),
+            time_to_first_token_s=(self.first_token_at - self.started_at) if self.first_token_at else None,
+            decode_tokens_per_s=tps,
+            total_s=total,
+        )
+        message = None
+        if reason == ERROR:
+            message = str(error) if error is not None else "generation failed"
+        return GenerationResult(tuple(self.tokens), reason, message, metrics)
+
+
+__all__ = ["SessionRecord", "ActiveGeneration", "STOP", "LENGTH", "CANCELLED", "ERROR"]
