@@ -1,0 +1,43 @@
+"""EmbeddingsExecutor: a ModuleExecutor that also prefills precomputed input embeddings.
+
+An :class:`~engine_service.prepared_input.EmbeddingsInput` ([positions, hidden]) is fed to the decoder
+in place of token embeddings. A batch may mix token and embedding inputs: when any piece is prepared,
+the token rows are embedded with ``model.embed`` and everything is concatenated in packed order, so
+the batch is still one forward. Decode feedback after a prepared prefill is raw tokens as usual.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+
+from engine_service.module_executor import InputError, ModuleExecutor
+from engine_service.prepared_input import EmbeddingsInput, PreparedInput
+
+
+class EmbeddingsExecutor(ModuleExecutor):
+    """Accepts :class:`EmbeddingsInput` (by kind identity) besides raw tokens."""
+
+    def accepts(self, prepared: PreparedInput) -> bool:
+        return prepared.kind() is EmbeddingsInput.KIND
+
+    def _check_prepared(self, prepared: PreparedInput) -> None:
+        hidden = self.config.hidden_size
+        if prepared.hidden_size != hidden:  # type: ignore[attr-defined]
+            raise InputError(
+                f"EmbeddingsInput hidden size {prepared.hidden_size} != model hidden_size {hidden}"  # type: ignore[attr-defined]
+            )
+
+    def _forward(self, step: Any, positions: mx.array, pieces: list, logit_rows: mx.array) -> mx.array:
+        if not any(isinstance(plan.rows, EmbeddingsInput) for plan, _, _ in pieces):
+            return super()._forward(step, positions, pieces, logit_rows)
+        rows = []
+        for plan, lo, hi in pieces:
+            chunk = plan.piece(lo, hi)
+            if isinstance(chunk, EmbeddingsInput):
+                rows.append(chunk.embeddings().astype(mx.float32))
+            else:
+                rows.append(self.model.embed(mx.array(chunk, dtype=mx.int32)))
+        embeddings = rows[0] if len(rows) == 1 else mx.concatenate(rows)
+        return self.model(step, positions, embeddings=embeddings, logit_rows=logit_rows)

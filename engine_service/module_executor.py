@@ -1,0 +1,439 @@
+"""ModuleExecutor: raw tokens -> the MLX transformer over a registered KV cache -> sampled tokens.
+
+One :meth:`ModuleExecutor.execute` call packs every input of the batch into one forward (segments in
+batch order, each row at its own position) and projects only the rows whose prediction is needed
+(the last row of each output-producing input). An input longer than the cache's ``max_write`` is
+split into rounds of at most ``max_write`` positions per session; each round is one forward. Per
+forward it evaluates exactly the cache state arrays of the step, the sampled tokens and the advanced
+PRNG keys (plus the kept logits in tests), in one ``mx.eval``.
+
+Sessions are executor-local ids mapped to cache sequences. ``max_sessions`` bounds every resident
+session (active, retained snapshots, in-flight clones); each contributes ``max_session_tokens`` to
+the cache's logical capacity, which is checked at creation, not a byte budget.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+
+from engine_service.cache.batch_control import BatchControl, Segment
+from engine_service.cache.config import CacheConfig
+from engine_service.errors import InvalidArgument, NotFound, ResourceExhausted
+from engine_service.executor import ExecInput, ExecOutput, Executor, ExecutorLimits
+from engine_service.prepared_input import PreparedInput
+from engine_service.sampling import Sampler, SamplingParams
+
+log = logging.getLogger(__name__)
+
+_INT32_MAX = 2**31 - 1
+_PREPARED_TOKEN = -1  # history marker for positions that came from a prepared input
+
+
+class InputError(Exception):
+    """One input of a batch is unusable; only its generation fails."""
+
+
+@dataclass
+class SessionState:
+    """What the executor keeps per session. ``history[p]`` is the token at committed position p."""
+
+    seq: int
+    sampler: Sampler | None = None
+    history: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    """One input's work in this batch. ``rows`` are raw token ids or a prepared input (its positions).
+
+    ``logit_count`` rows at the end of the input are projected (1 for plain inputs; the speculative
+    executor verifies its drafts on several). ``done`` counts positions already written.
+    """
+
+    index: int
+    sid: int
+    state: SessionState
+    start: int
+    rows: tuple[int, ...] | PreparedInput
+    want_output: bool
+    logit_count: int = 1
+    drafts: tuple[int, ...] = ()
+    done: int = 0
+    error: str | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.rows) if isinstance(self.rows, tuple) else self.rows.size()
+
+    def piece(self, lo: int, hi: int) -> tuple[int, ...] | PreparedInput:
+        return self.rows[lo:hi] if isinstance(self.rows, tuple) else self.rows.chunk(lo, hi)
+
+
+def _positive(name: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidArgument(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+class ModuleExecutor(Executor):
+    """See the module docstring. Build with :meth:`create`; the constructor takes a built cache."""
+
+    def __init__(
+        self,
+        model: Any,
+        cache: BatchControl,
+        *,
+        cache_kind: str,
+        max_sessions: int,
+        max_session_tokens: int,
+        kv_dtype: mx.Dtype = mx.float32,
+        max_write: int = 512,
+        max_decode_sequences: int = 8,
+        prefill_chunk: int = 512,
+        keep_logits: bool = False,
+        weights_dtype: str | None = None,
+        model_fingerprint: str | None = None,
+    ) -> None:
+        # a LoadedModel carries the Transformer plus its identity
+        self.model = getattr(model, "model", model)
+        self.config = self.model.config
+        self.cache = cache
+        self.cache_kind = cache_kind
+        self.max_sessions = _positive("max_sessions", max_sessions)
+        self.max_session_tokens = _positive("max_session_tokens", max_session_tokens)
+        self.max_write = _positive("max_write", max_write)
+        self.max_decode_sequences = _positive("max_decode_sequences", max_decode_sequences)
+        self.prefill_chunk = _positive("prefill_chunk", prefill_chunk)
+        self.kv_dtype = kv_dtype
+        self.keep_logits = keep_logits
+        self.weights_dtype = (
+            weights_dtype or getattr(model, "weights_dtype", None) or getattr(self.model, "weights_dtype", "unknown")
+        )
+        self._model_fingerprint = model_fingerprint or getattr(model, "fingerprint", None)
+        self._sessions: dict[int, SessionState] = {}
+        self._next_sid = 1
+
+    @classmethod
+    def create(
+        cls,
+        model: Any,
+        cache_kind: str = "batched-sequence",
+        max_sessions: int = 8,
+        max_session_tokens: int = 2048,
+        kv_dtype: mx.Dtype = mx.float32,
+        max_decode_sequences: int = 8,
+        prefill_chunk: int = 512,
+        keep_logits: bool = False,
+        weights_dtype: str | None = None,
+        *,
+        max_write: int | None = None,
+        model_fingerprint: str | None = None,
+        **kwargs: Any,
+    ) -> ModuleExecutor:
+        """Build the cache for ``model`` and check the resident-session and capacity limits.
+
+        model: a Transformer or a LoadedModel (its fingerprint and weights dtype are used).
+        max_write: positions one forward may write per session (ring layers keep ``window + max_write
+        - 1`` slots); default ``prefill_chunk``. Raises InvalidArgument for malformed limits and
+        ResourceExhausted when the backend cannot hold ``max_sessions`` sessions of
+        ``max_session_tokens`` each. ``kwargs`` go to the subclass constructor.
+        """
+        from engine_service.cache.registry import build_cache, cache_kinds
+
+        transformer = getattr(model, "model", model)
+        config = transformer.config
+        _positive("max_sessions", max_sessions)
+        _positive("max_session_tokens", max_session_tokens)
+        _positive("prefill_chunk", prefill_chunk)
+        max_write = _positive("max_write", max_write if max_write is not None else prefill_chunk)
+        capacity = max_sessions * max_session_tokens
+        if capacity > _INT32_MAX:
+            raise InvalidArgument(
+                f"max_sessions * max_session_tokens = {capacity} overflows the cache's int32 positions"
+            )
+        if max_session_tokens > config.context_length:
+            raise InvalidArgument(
+                f"max_session_tokens={max_session_tokens} exceeds the model's context_length={config.context_length}"
+            )
+        try:
+            cache_config = CacheConfig(
+                capacity=capacity,
+                max_seqs=max_sessions,
+                layers=tuple(config.layers),
+                kv_heads=config.num_kv_heads,
+                head_dim=config.head_dim,
+                dtype=kv_dtype,
+                initial_capacity=min(256, max_session_tokens),
+                max_write=max_write,
+            )
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from exc
+        if cache_kind not in cache_kinds():
+            raise InvalidArgument(f"cache_kind must be one of {', '.join(cache_kinds())}, got {cache_kind!r}")
+        try:
+            cache = build_cache(cache_kind, cache_config)
+        except InvalidArgument as exc:  # a known kind refusing the geometry: its own limits
+            raise ResourceExhausted(
+                f"max_sessions={max_sessions} / max_session_tokens={max_session_tokens}: the {cache_kind} backend "
+                f"refused: {exc}"
+            ) from exc
+        if cache.max_seqs < max_sessions:
+            raise ResourceExhausted(
+                f"max_sessions={max_sessions} exceeds the {cache_kind} backend's sequence limit {cache.max_seqs}"
+            )
+        if cache.capacity < capacity:
+            raise ResourceExhausted(
+                f"max_sessions * max_session_tokens = {capacity} exceeds the {cache_kind} backend's capacity "
+                f"{cache.capacity}"
+            )
+        return cls(
+            model,
+            cache,
+            cache_kind=cache_kind,
+            max_sessions=max_sessions,
+            max_session_tokens=max_session_tokens,
+            kv_dtype=kv_dtype,
+            max_write=max_write,
+            max_decode_sequences=max_decode_sequences,
+            prefill_chunk=prefill_chunk,
+            keep_logits=keep_logits,
+            weights_dtype=weights_dtype,
+            model_fingerprint=model_fingerprint,
+            **kwargs,
+        )
+
+    # --- sessions -------------------------------------------------------------------------------
+
+    def open_session(self) -> int | None:
+        if len(self._sessions) >= self.max_sessions:
+            return None
+        seq = self.cache.seq_new()
+        return None if seq is None else self._register(SessionState(seq))
+
+    def close_session(self, sid: int) -> None:
+        state = self._sessions.pop(sid, None)
+        if state is not None:
+            self.cache.seq_rm(state.seq)
+
+    def clone(self, sid: int, upto: int) -> int | None:
+        """Clone via the cache, then re-check the position the backend reports; undo a mismatch."""
+        state = self._sessions.get(sid)
+        if state is None or upto < 0 or len(self._sessions) >= self.max_sessions:
+            return None
+        child = None
+        try:
+            child = self.cache.seq_clone(state.seq, upto)
+            if child is None:
+                return None
+            got = self.cache.pos(child)
+            if got != upto:
+                log.warning("clone(%d, %d): backend reports position %d; undoing", sid, upto, got)
+                self.cache.seq_rm(child)
+                return None
+        except Exception:  # the contract: any failure inside clone is a refusal, the engine keeps running
+            log.exception("clone(%d, %d) failed; refusing", sid, upto)
+            if child is not None:
+                try:
+                    self.cache.seq_rm(child)
+                except Exception:
+                    log.exception("releasing the failed clone's sequence %d failed", child)
+            return None
+        return self._register(SessionState(child, history=state.history[:upto]))
+
+    def set_sampling(self, sid: int, params: SamplingParams, seed: int) -> None:
+        self._state(sid).sampler = Sampler(params, seed)
+
+    def position(self, sid: int) -> int:
+        return self.cache.pos(self._state(sid).seq)
+
+    def limits(self) -> ExecutorLimits:
+        return ExecutorLimits(self.max_sessions, self.max_session_tokens, self.config.vocab_size)
+
+    def preferred_batch_tokens(self) -> int:
+        return self.prefill_chunk
+
+    @property
+    def resident_sessions(self) -> int:
+        return len(self._sessions)
+
+    def fingerprint(self) -> str:
+        """Model identity + cache kind + kv dtype + window geometry + weights dtype (hex sha256 prefix)."""
+        model_id = self._model_fingerprint or hashlib.sha256(repr(self.config).encode()).hexdigest()
+        geometry = ",".join(f"{s.kind}:{s.window}" for s in self.config.layers)
+        text = "|".join(
+            (model_id, self.cache_kind, str(self.kv_dtype), geometry, f"max_write={self.max_write}",
+             str(self.weights_dtype))
+        )
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    # --- execution ------------------------------------------------------------------------------
+
+    def execute(self, batch: Sequence[ExecInput]) -> list[ExecOutput]:
+        plans: list[Plan] = []
+        seen: set[int] = set()
+        for index, inp in enumerate(batch):
+            plan = Plan(index, inp.sid, None, inp.start, (), inp.want_output)  # type: ignore[arg-type]
+            try:
+                plan = self._plan(index, inp, seen)
+            except InputError as exc:
+                plan.error = str(exc)
+            seen.add(inp.sid)
+            plans.append(plan)
+        results: dict[int, tuple[list[int], mx.array | None]] = {}
+        while True:
+            active = [p for p in plans if p.error is None and p.done < p.size]
+            if not active:
+                break
+            self._round(active, results)
+        outputs = []
+        for plan in plans:
+            if plan.error is not None:
+                outputs.append(ExecOutput(plan.sid, error=plan.error))
+            elif plan.index in results:
+                preds, logits = results[plan.index]
+                try:
+                    tokens = self._finish(plan, preds)
+                except InputError as exc:
+                    outputs.append(ExecOutput(plan.sid, error=str(exc)))
+                    continue
+                # the logits behind the last returned token (the pending prediction)
+                kept = None if logits is None else logits[len(tokens) - 1]
+                outputs.append(ExecOutput(plan.sid, tuple(tokens), logits=kept))
+            else:
+                outputs.append(ExecOutput(plan.sid))
+        return outputs
+
+    def _plan(self, index: int, inp: ExecInput, seen: set[int]) -> Plan:
+        """Validate one input and rewind its session when it starts below the current position."""
+        state = self._sessions.get(inp.sid)
+        if state is None:
+            raise InputError(f"unknown session {inp.sid}")
+        if inp.sid in seen:
+            raise InputError(f"session {inp.sid} appears twice in one batch")
+        if inp.prepared is not None:
+            if not self.accepts(inp.prepared):
+                raise InputError(f"{type(self).__name__} does not accept prepared inputs of kind {inp.prepared.kind()!r}")
+            self._check_prepared(inp.prepared)
+            rows: tuple[int, ...] | PreparedInput = inp.prepared
+        else:
+            rows = tuple(inp.tokens)
+            vocab = self.config.vocab_size
+            bad = [t for t in rows if not 0 <= t < vocab]
+            if bad:
+                raise InputError(f"token id {bad[0]} outside the vocabulary [0, {vocab})")
+        pos = self.cache.pos(state.seq)
+        if inp.start > pos:
+            raise InputError(f"input starts at {inp.start} but session {inp.sid} is at {pos} (gap)")
+        plan = Plan(index, inp.sid, state, inp.start, rows, inp.want_output)
+        self._add_drafts(plan)
+        end = inp.start + plan.size
+        if end > self.max_session_tokens:
+            raise InputError(f"session {inp.sid} would reach {end} positions > max_session_tokens={self.max_session_tokens}")
+        if inp.start < pos and not self.cache.rewind(state.seq, inp.start):
+            raise InputError(f"session {inp.sid} cannot rewind from {pos} to {inp.start}: the rows it needs are gone")
+        return plan
+
+    def _round(self, active: list[Plan], results: dict[int, tuple[list[int], mx.array | None]]) -> None:
+        """One packed forward over the next <= max_write positions of every active plan."""
+        segments, pieces, positions, logit_rows, finishing = [], [], [], [], []
+        offset = 0
+        for plan in active:
+            n = min(plan.size - plan.done, self.max_write)
+            begin = plan.start + plan.done
+            if not self.cache.can_admit(plan.state.seq, n):
+                plan.error = f"no cache room for {n} more positions of session {plan.sid}"
+                continue
+            segments.append(Segment(plan.state.seq, begin, n))
+            pieces.append((plan, plan.done, plan.done + n))
+            positions.extend(range(begin, begin + n))
+            if plan.want_output and plan.done + n == plan.size:
+                finishing.append((plan, len(logit_rows)))
+                logit_rows.extend(range(offset + n - plan.logit_count, offset + n))
+            offset += n
+        if not segments:
+            return
+        step = self.cache.begin_step(segments)
+        for plan, lo, hi in pieces:
+            plan.done = hi
+            chunk = plan.piece(lo, hi)
+            tokens = list(chunk) if isinstance(chunk, tuple) else [_PREPARED_TOKEN] * (hi - lo)
+            at = plan.start + lo
+            del plan.state.history[at:]
+            plan.state.history.extend(tokens)
+        rows = mx.array(logit_rows, dtype=mx.int32) if logit_rows else None
+        if rows is None:
+            # nothing to predict: run the layers for their K/V only (project one row, never evaluated)
+            self._forward(step, mx.array(positions, dtype=mx.int32), pieces, mx.array([0], dtype=mx.int32))
+            mx.eval(step.state())
+            return
+        logits = self._forward(step, mx.array(positions, dtype=mx.int32), pieces, rows)
+        predicted, keys = self._sample(logits, finishing)
+        to_eval = [*step.state(), predicted, *keys]
+        if self.keep_logits:
+            to_eval.append(logits)
+        mx.eval(to_eval)
+        flat = predicted.tolist()
+        for plan, at in finishing:
+            preds = flat[at : at + plan.logit_count]
+            results[plan.index] = (preds, logits[at : at + plan.logit_count] if self.keep_logits else None)
+
+    def _forward(self, step: Any, positions: mx.array, pieces: list, logit_rows: mx.array) -> mx.array:
+        """Run the model over the packed pieces. Raw tokens only here; subclasses add embeddings."""
+        tokens: list[int] = []
+        for plan, lo, hi in pieces:
+            tokens.extend(plan.piece(lo, hi))
+        return self.model(step, positions, tokens=mx.array(tokens, dtype=mx.int32), logit_rows=logit_rows)
+
+    def _sample(self, logits: mx.array, finishing: list[tuple[Plan, int]]) -> tuple[mx.array, list[mx.array]]:
+        """Predictions for every projected row, on the device: int32 [R], plus keys to evaluate.
+
+        Greedy rows (and speculative verification rows) take the argmax of the whole block at once;
+        sampled sessions draw from their own row with their own key.
+        """
+        greedy = mx.argmax(logits, axis=-1).astype(mx.int32)
+        sampled = [(plan, at) for plan, at in finishing if plan.state.sampler and not plan.state.sampler.greedy
+                   and plan.logit_count == 1]
+        if not sampled:
+            return greedy, []
+        parts, keys, cursor = [], [], 0
+        for plan, at in sampled:
+            if at > cursor:
+                parts.append(greedy[cursor:at])
+            parts.append(plan.state.sampler.sample(logits[at : at + 1]))
+            keys.append(plan.state.sampler.key)
+            cursor = at + 1
+        if cursor < greedy.shape[0]:
+            parts.append(greedy[cursor:])
+        return mx.concatenate(parts), keys
+
+    # --- hooks for subclasses -------------------------------------------------------------------
+
+    def _check_prepared(self, prepared: PreparedInput) -> None:
+        """Per-input checks of an accepted prepared input (raise InputError)."""
+
+    def _add_drafts(self, plan: Plan) -> None:
+        """Speculative executors extend a decode plan with draft rows here."""
+
+    def _finish(self, plan: Plan, preds: list[int]) -> list[int]:
+        """Tokens to return for a finished output-producing plan (its last one is the pending token)."""
+        return preds
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    def _register(self, state: SessionState) -> int:
+        sid = self._next_sid
+        self._next_sid += 1
+        self._sessions[sid] = state
+        return sid
+
+    def _state(self, sid: int) -> SessionState:
+        state = self._sessions.get(sid)
+        if state is None:
+            raise NotFound(f"unknown session {sid}")
+        return state

@@ -1,0 +1,89 @@
+"""PromptLookupExecutor: greedy speculative decoding with drafts copied from the session's own history.
+
+For a decode input ``[pending]`` of a greedy session it looks for the latest earlier occurrence of
+the history's last ``n`` tokens (``n = ngram_max .. ngram_min``, history = committed tokens +
+pending) and drafts up to ``num_drafts`` tokens that followed it. One forward runs over
+``[pending, d1 .. dk]`` with logits for every row; verification is greedy: ``d_i`` is accepted while
+it equals the argmax at the previous row. It returns ``(accepted drafts..., next prediction)``; all
+but the last are committed. The cache wrote K/V for every draft, so the session is rewound to the
+accepted position; physical cache length never authorizes a clone (the runner only clones at or
+below the committed position). Its output equals plain greedy decoding token for token. Sampled
+sessions (temperature > 0) decode plainly. ``num_drafts + 1 <= max_write`` keeps ring layers able to
+rewind over the rejected rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from engine_service.errors import InvalidArgument
+from engine_service.module_executor import InputError, ModuleExecutor, Plan
+
+
+class PromptLookupExecutor(ModuleExecutor):
+    """ModuleExecutor + prompt-lookup drafts. Extra keywords: ``num_drafts``, ``ngram_max``, ``ngram_min``."""
+
+    def __init__(self, *args: Any, num_drafts: int = 6, ngram_max: int = 3, ngram_min: int = 1, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not isinstance(num_drafts, int) or num_drafts < 1:
+            raise InvalidArgument(f"num_drafts must be a positive int, got {num_drafts!r}")
+        if num_drafts + 1 > self.max_write:
+            raise InvalidArgument(f"num_drafts + 1 = {num_drafts + 1} must be <= max_write = {self.max_write}")
+        if not 1 <= ngram_min <= ngram_max:
+            raise InvalidArgument(f"need 1 <= ngram_min <= ngram_max, got ngram_min={ngram_min}, ngram_max={ngram_max}")
+        self.num_drafts = num_drafts
+        self.ngram_max = ngram_max
+        self.ngram_min = ngram_min
+        self.drafted = 0  # draft tokens verified
+        self.accepted = 0  # draft tokens accepted
+
+    def _add_drafts(self, plan: Plan) -> None:
+        if not (plan.want_output and isinstance(plan.rows, tuple) and len(plan.rows) == 1):
+            return
+        sampler = plan.state.sampler
+        if sampler is not None and not sampler.greedy:
+            return
+        budget = min(self.num_drafts, self.max_session_tokens - plan.start - 1)
+        if budget < 1:
+            return
+        drafts = self.lookup([*plan.state.history[: plan.start], plan.rows[0]], budget)
+        if drafts:
+            plan.rows = plan.rows + drafts
+            plan.drafts = drafts
+            plan.logit_count = 1 + len(drafts)
+
+    def lookup(self, context: list[int], budget: int) -> tuple[int, ...]:
+        """Up to ``budget`` tokens that followed the latest earlier match of the context's suffix."""
+        arr = np.asarray(context, dtype=np.int64)
+        length = arr.shape[0]
+        for n in range(min(self.ngram_max, length - 1), self.ngram_min - 1, -1):
+            # windows over arr[:-1] start at i <= length - 1 - n, so arr[i + n] (a continuation) exists
+            windows = sliding_window_view(arr[:-1], n)
+            hits = np.flatnonzero((windows == arr[length - n :]).all(axis=1))
+            if hits.size:
+                start = int(hits[-1]) + n
+                cont = arr[start : start + budget]
+                negative = np.flatnonzero(cont < 0)  # positions from prepared inputs have no token
+                if negative.size:
+                    cont = cont[: negative[0]]
+                if cont.size:
+                    return tuple(int(t) for t in cont)
+        return ()
+
+    def _finish(self, plan: Plan, preds: list[int]) -> list[int]:
+        drafts = plan.drafts
+        if not drafts:
+            return preds
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == preds[accepted]:
+            accepted += 1
+        self.drafted += len(drafts)
+        self.accepted += accepted
+        keep = plan.start + 1 + accepted  # pending + accepted drafts are committed
+        if not self.cache.rewind(plan.state.seq, keep):
+            raise InputError(f"session {plan.sid}: cannot rewind rejected drafts to {keep}")
+        del plan.state.history[keep:]
+        return [*drafts[:accepted], preds[accepted]]
