@@ -178,6 +178,14 @@ class SequenceCache:
     def is_ring(self, layer: int) -> bool:
         return self._slots[layer] is not None
 
+    def slots(self, layer: int) -> int | None:
+        """Physical ring slots of ``layer`` (None on a flat layer)."""
+        return self._slots[layer]
+
+    def buffers(self, layer: int) -> tuple[mx.array | None, mx.array | None]:
+        """``layer``'s whole (keys, values) buffers, [kv_heads, alloc, head_dim] (tests, diagnostics)."""
+        return self._keys[layer], self._values[layer]
+
     def arrays(self) -> list[mx.array]:
         """Every buffer this sequence holds (to evaluate after a step)."""
         return [a for a in (*self._keys, *self._values) if a is not None]

@@ -20,12 +20,14 @@ DIM = 8
 TOL = 1e-5
 
 
-def geometry(max_write: int, capacity: int = 4096, max_seqs: int = 16, initial: int = 8) -> CacheConfig:
-    """Layer 0 flat, layer 1 ring with window 4 (the seed geometry)."""
+def geometry(
+    max_write: int, capacity: int = 4096, max_seqs: int = 16, initial: int = 8, ring: bool = True
+) -> CacheConfig:
+    """Layer 0 flat, layer 1 ring with window 4 (the seed geometry); ``ring=False``: both flat."""
     return CacheConfig(
         capacity=capacity,
         max_seqs=max_seqs,
-        layers=(LayerSpec(), LayerSpec("sliding", 4)),
+        layers=(LayerSpec(), LayerSpec("sliding", 4) if ring else LayerSpec()),
         kv_heads=HEADS,
         head_dim=DIM,
         initial_capacity=initial,
@@ -105,23 +107,33 @@ class Driver:
             del self.history[seq][length:]
         return ok
 
-    def step(self, lengths: dict[int, int]) -> float:
-        """One packed step appending ``lengths[seq]`` random rows to each seq; returns the worst error."""
+    def step(
+        self, lengths: dict[int, int], rows: np.ndarray | None = None, q: np.ndarray | None = None
+    ) -> float:
+        """One packed step appending ``lengths[seq]`` rows to each seq; returns the worst error.
+
+        rows: [T, layers, 2, heads, dim] and q: [T, layers, heads, dim] (random when omitted). The
+        cache's attention outputs [T, layers, heads, dim] are left in ``self.last``.
+        """
         cfg = self.config
         segs = [Segment(s, self.cache.pos(s), n) for s, n in lengths.items()]
         total = sum(lengths.values())
-        rows = self.rng.standard_normal((total, len(cfg.layers), 2, cfg.kv_heads, cfg.head_dim))
-        rows = rows.astype(np.float32)
-        q = self.rng.standard_normal((total, len(cfg.layers), cfg.kv_heads, cfg.head_dim)).astype(np.float32)
+        shape = (total, len(cfg.layers), cfg.kv_heads, cfg.head_dim)
+        if rows is None:
+            rows = self.rng.standard_normal((shape[0], shape[1], 2, *shape[2:])).astype(np.float32)
+        if q is None:
+            q = self.rng.standard_normal(shape).astype(np.float32)
         step = self.cache.begin_step(segs)
         offset = 0
         for seg in segs:
             self.history[seg.seq].extend(rows[offset : offset + seg.length])
             offset += seg.length
         worst = 0.0
+        self.last = np.zeros(shape)
         for layer, spec in enumerate(cfg.layers):
             views = step.views(layer, mx.array(rows[:, layer, 0]), mx.array(rows[:, layer, 1]))
             got = view_attention(list(views), q[:, layer])
+            self.last[:, layer] = got
             offset = 0
             for seg in segs:
                 hist = np.stack(self.history[seg.seq])  # [P, layers, 2, heads, dim]
@@ -134,11 +146,30 @@ class Driver:
         mx.eval(step.state())
         return worst
 
-    def probe(self, seq: int) -> float:
-        """Check what ``seq`` sees without changing it: append one row to a full clone, compare, drop it."""
+    def probe(self, seq: int, seed: int = 12345) -> float:
+        """Check what ``seq`` sees without changing it: append one row to a full clone, compare, drop it.
+
+        The probe row and query come from ``seed``, so two probes of an unchanged sequence read the
+        same; the outputs are left in ``self.last``.
+        """
         probe = self.clone(seq, self.cache.pos(seq))
         assert probe is not None, "a full-length clone must succeed in these tests"
+        cfg = self.config
+        rng = np.random.default_rng(seed)
+        shape = (1, len(cfg.layers), cfg.kv_heads, cfg.head_dim)
+        rows = rng.standard_normal((1, shape[1], 2, *shape[2:])).astype(np.float32)
+        q = rng.standard_normal(shape).astype(np.float32)
         try:
-            return self.step({probe: 1})
+            return self.step({probe: 1}, rows, q)
         finally:
             self.rm(probe)
+
+    def fill(self, seq: int, n: int, chunk: int | None = None) -> float:
+        """Append ``n`` random rows to ``seq`` in steps of at most ``chunk`` (default max_write)."""
+        chunk = chunk or self.config.max_write
+        worst = 0.0
+        while n > 0:
+            k = min(n, chunk)
+            worst = max(worst, self.step({seq: k}))
+            n -= k
+        return worst
