@@ -121,22 +121,20 @@ class Timings(_message.Message):
     def __init__(self, time_to_first_token_s: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ..., total_s: _Optional[float] = ...) -> None: ...
 
 class DoneEvent(_message.Message):
-    __slots__ = ("finish_reason", "prompt_positions", "reused_positions", "generated_tokens", "timings", "error", "position")
+    __slots__ = ("finish_reason", "prompt_positions", "reused_positions", "generated_tokens", "timings", "position")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     REUSED_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
-    ERROR_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     finish_reason: str
     prompt_positions: int
     reused_positions: int
     generated_tokens: int
     timings: Timings
-    error: str
     position: int
-    def __init__(self, finish_reason: _Optional[str] = ..., prompt_positions: _Optional[int] = ..., reused_positions: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., error: _Optional[str] = ..., position: _Optional[int] = ...) -> None: ...
+    def __init__(self, finish_reason: _Optional[str] = ..., prompt_positions: _Optional[int] = ..., reused_positions: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., position: _Optional[int] = ...) -> None: ...
 
 class GenerateEvent(_message.Message):
     __slots__ = ("started", "tokens", "snapshot", "done")

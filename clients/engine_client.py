@@ -1,0 +1,271 @@
+"""EngineClient: a typed Python wrapper over the ``forkline.engine.v1.Engine`` stub.
+
+Every call sends the client's owner id (metadata ``forkline-owner``); failed calls raise the
+``engine_service.errors`` type of their status (NOT_FOUND -> NotFound, RESOURCE_EXHAUSTED ->
+ResourceExhausted, ...). ``generate`` returns a :class:`GenerationStream`: iterate it for typed events,
+``cancel()`` it to stop the generation, or ``collect()`` it into a :class:`GenerationOutcome`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from engine_service.errors import ForklineError
+from engine_service.rpc.convert import OWNER_METADATA_KEY
+from engine_service.rpc.errors import from_rpc_error
+from protos import engine_pb2 as pb
+from protos import engine_pb2_grpc
+
+
+@dataclass(frozen=True)
+class Started:
+    session: str
+    position: int
+    input_positions: int
+
+
+@dataclass(frozen=True)
+class Tokens:
+    ids: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    handle: str | None
+    position: int
+    kind: str
+    refusal: str = ""
+
+
+@dataclass(frozen=True)
+class Done:
+    finish_reason: str
+    prompt_positions: int
+    reused_positions: int
+    generated_tokens: int
+    position: int
+    time_to_first_token_s: float
+    decode_tokens_per_s: float
+    total_s: float
+
+
+Event = Started | Tokens | Snapshot | Done
+
+
+@dataclass
+class GenerationOutcome:
+    """Everything one stream said, in order."""
+
+    started: Started | None = None
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    snapshots: list[Snapshot] = field(default_factory=list)
+    done: Done | None = None
+    events: list[Event] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    model: str
+    fingerprint: str
+    cache_kind: str
+    instance_id: str
+    max_sessions: int
+    max_session_tokens: int
+    vocab_size: int
+    idle_session_timeout_s: float
+    resident_sessions: int
+    open_handles: int
+    eos_token_ids: tuple[int, ...]
+
+
+def event_from_proto(msg: pb.GenerateEvent) -> Event:
+    which = msg.WhichOneof("event")
+    if which == "started":
+        s = msg.started
+        return Started(s.session, s.position, s.input_positions)
+    if which == "tokens":
+        return Tokens(tuple(msg.tokens.ids), msg.tokens.text)
+    if which == "snapshot":
+        s = msg.snapshot
+        return Snapshot(s.handle or None, s.position, s.kind, s.refusal)
+    if which == "done":
+        d, t = msg.done, msg.done.timings
+        return Done(d.finish_reason, d.prompt_positions, d.reused_positions, d.generated_tokens, d.position,
+                    t.time_to_first_token_s, t.decode_tokens_per_s, t.total_s)
+    raise ForklineError(f"unknown generate event {which!r}")
+
+
+class GenerationStream:
+    """A running Generate call: iterate for events; ``cancel()`` stops it (the engine cancels too)."""
+
+    def __init__(self, call) -> None:
+        self._call = call
+
+    def __iter__(self) -> Iterator[Event]:
+        try:
+            for msg in self._call:
+                yield event_from_proto(msg)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+    def collect(self) -> GenerationOutcome:
+        out = GenerationOutcome()
+        for event in self:
+            out.events.append(event)
+            if isinstance(event, Started):
+                out.started = event
+            elif isinstance(event, Tokens):
+                out.tokens.extend(event.ids)
+                out.text += event.text
+            elif isinstance(event, Snapshot):
+                out.snapshots.append(event)
+            else:
+                out.done = event
+        return out
+
+
+def generation_config(
+    *,
+    max_new_tokens: int | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    seed: int | None = None,
+    stop_tokens: Sequence[int] = (),
+    ignore_eos: bool = False,
+    prefill_chunk: int | None = None,
+) -> pb.GenerationConfig:
+    """A GenerationConfig message; None leaves a field unset (engine default)."""
+    cfg = pb.GenerationConfig(stop_tokens=list(stop_tokens), ignore_eos=ignore_eos)
+    for name, value in (("max_new_tokens", max_new_tokens), ("temperature", temperature), ("top_p", top_p),
+                        ("top_k", top_k), ("seed", seed), ("prefill_chunk", prefill_chunk)):
+        if value is not None:
+            setattr(cfg, name, value)
+    return cfg
+
+
+def input_fields(tokens: Sequence[int] | None, text: str | None, chat: bool, system: str,
+                 add_special_tokens: bool) -> dict:
+    """The ``tokens`` / ``text`` oneof of a request (exactly one of tokens, text)."""
+    if (tokens is None) == (text is None):
+        raise ValueError("pass exactly one of tokens / text")
+    if tokens is not None:
+        return {"tokens": pb.TokenIds(ids=list(tokens))}
+    return {"text": pb.TextInput(text=text, chat=chat, system=system, add_special_tokens=add_special_tokens)}
+
+
+class EngineClient:
+    """See the module docstring. ``target`` is ``host:port`` or an open channel."""
+
+    def __init__(self, target: str | grpc.Channel, *, owner: str = "anonymous", timeout: float | None = 60.0) -> None:
+        self._own_channel = isinstance(target, str)
+        self.channel = grpc.insecure_channel(target) if isinstance(target, str) else target
+        self.stub = engine_pb2_grpc.EngineStub(self.channel)
+        self.owner = owner
+        self.timeout = timeout
+        self._metadata = ((OWNER_METADATA_KEY, owner),)
+
+    def close_channel(self) -> None:
+        if self._own_channel:
+            self.channel.close()
+
+    def __enter__(self) -> EngineClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close_channel()
+
+    def _unary(self, method, request):
+        try:
+            return method(request, metadata=self._metadata, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+
+    def generate(
+        self,
+        tokens: Sequence[int] | None = None,
+        *,
+        text: str | None = None,
+        chat: bool = False,
+        system: str = "",
+        add_special_tokens: bool = False,
+        prepared: pb.PreparedInput | None = None,
+        session: str | None = None,
+        config: pb.GenerationConfig | None = None,
+        prompt_snapshot: bool = False,
+        breakpoints: Sequence[int] = (),
+        keep_session: bool = False,
+        timeout: float | None = None,
+        **config_fields,
+    ) -> GenerationStream:
+        """Start a generation (``config`` or keyword fields of :func:`generation_config`)."""
+        if prepared is not None:
+            if tokens is not None or text is not None:
+                raise ValueError("pass exactly one of tokens / text / prepared")
+            fields = {"prepared": prepared}
+        else:
+            fields = input_fields(tokens, text, chat, system, add_special_tokens)
+        request = pb.GenerateRequest(
+            session=session or "",
+            config=config if config is not None else generation_config(**config_fields),
+            capture=pb.CaptureOptions(prompt_snapshot=prompt_snapshot, breakpoints=list(breakpoints)),
+            keep_session=keep_session,
+            **fields,
+        )
+        return GenerationStream(self.stub.Generate(request, metadata=self._metadata, timeout=timeout))
+
+    def clone(self, session: str, upto: int, *, new_owner: str = "") -> str | None:
+        """A new session holding [0, upto) (owned by ``new_owner`` or this client), or None if refused."""
+        reply = self._unary(self.stub.Clone, pb.CloneRequest(session=session, upto=upto, new_owner=new_owner))
+        return reply.session or None
+
+    def clone_detailed(self, session: str, upto: int, *, new_owner: str = "") -> pb.CloneResponse:
+        return self._unary(self.stub.Clone, pb.CloneRequest(session=session, upto=upto, new_owner=new_owner))
+
+    def close(self, session: str) -> None:
+        self._unary(self.stub.Close, pb.CloseRequest(session=session))
+
+    def release_owner(self) -> int:
+        return self._unary(self.stub.ReleaseOwner, pb.ReleaseOwnerRequest()).released
+
+    def describe(self, session: str) -> tuple[int, bool]:
+        """(committed position, generating)."""
+        reply = self._unary(self.stub.Describe, pb.DescribeRequest(session=session))
+        return reply.position, reply.generating
+
+    def info(self) -> EngineInfo:
+        r = self._unary(self.stub.Info, pb.InfoRequest())
+        return EngineInfo(r.model, r.fingerprint, r.cache_kind, r.instance_id, r.limits.max_sessions,
+                          r.limits.max_session_tokens, r.limits.vocab_size, r.limits.idle_session_timeout_s,
+                          r.resident_sessions, r.open_handles, tuple(r.eos_token_ids))
+
+    def tokenize(self, text: str, *, chat: bool = False, system: str = "", add_special_tokens: bool = False) -> list[int]:
+        msg = pb.TextInput(text=text, chat=chat, system=system, add_special_tokens=add_special_tokens)
+        return list(self._unary(self.stub.Tokenize, pb.TokenizeRequest(text=msg)).ids)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self._unary(self.stub.Detokenize, pb.DetokenizeRequest(ids=list(ids))).text
+
+    def health(self, service: str = "") -> str:
+        """The health status name (``SERVING``, ``NOT_SERVING``, ...)."""
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        reply = self._unary(stub.Check, health_pb2.HealthCheckRequest(service=service))
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Block until the channel connects (Unavailable after ``timeout``)."""
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            from engine_service.errors import Unavailable
+
+            raise Unavailable(f"engine not reachable within {timeout} s") from None

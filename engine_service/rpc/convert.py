@@ -1,0 +1,185 @@
+"""Proto <-> domain conversion for the engine service. Pure functions, no state, no engine calls.
+
+Requests become domain values (token lists, :class:`PreparedInput`, :class:`GenConfig`) and are checked
+against the engine's published limits on the way in, so malformed input is refused with
+INVALID_ARGUMENT before any session is touched. Domain results become ``engine_pb2`` messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from engine_service.config import GenConfig
+from engine_service.errors import InvalidArgument
+from engine_service.executor import ExecutorLimits
+from engine_service.generation import GenerationResult
+from engine_service.prepared_input import EmbeddingsInput, PreparedInput
+from protos import engine_pb2 as pb
+
+OWNER_METADATA_KEY = "forkline-owner"
+DEFAULT_OWNER = "anonymous"
+MAX_OWNER_LENGTH = 128
+
+DEFAULTS = GenConfig()
+
+
+class TextTokenizer(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class ChatFormatter(Protocol):
+    def format(self, messages: list[dict], add_generation_prompt: bool = True) -> str: ...
+
+
+def owner_of(metadata: Iterable[tuple[str, Any]] | None) -> str:
+    """The caller's owner id from request metadata (``forkline-owner``); absent -> ``anonymous``."""
+    for key, value in metadata or ():
+        if key == OWNER_METADATA_KEY:
+            owner = value.decode() if isinstance(value, bytes) else str(value)
+            if not owner or len(owner) > MAX_OWNER_LENGTH:
+                raise InvalidArgument(f"{OWNER_METADATA_KEY} must be 1..{MAX_OWNER_LENGTH} characters")
+            return owner
+    return DEFAULT_OWNER
+
+
+def token_ids(ids: Sequence[int], vocab_size: int, field: str = "tokens") -> list[int]:
+    """Token ids checked against the vocabulary: InvalidArgument naming ``field`` for a bad id."""
+    out = list(ids)
+    for i, t in enumerate(out):
+        if not 0 <= t < vocab_size:
+            raise InvalidArgument(f"{field}[{i}] = {t} is outside the vocabulary [0, {vocab_size})")
+    return out
+
+
+def text_tokens(msg: pb.TextInput, tokenizer: TextTokenizer, chat: ChatFormatter | None) -> list[int]:
+    """Tokenize a TextInput (chat-formatted first when ``msg.chat``)."""
+    if msg.chat:
+        if chat is None:
+            raise InvalidArgument("text.chat: this model has no chat template")
+        messages = ([{"role": "system", "content": msg.system}] if msg.system else []) + [
+            {"role": "user", "content": msg.text}
+        ]
+        return list(tokenizer.encode(chat.format(messages, add_generation_prompt=True), add_special_tokens=False))
+    if msg.system:
+        raise InvalidArgument("text.system is only used with text.chat = true")
+    return list(tokenizer.encode(msg.text, add_special_tokens=msg.add_special_tokens))
+
+
+def prepared_input(msg: pb.PreparedInput) -> PreparedInput:
+    """Decode a registered prepared kind. ``embeddings``: little-endian float32 [positions, hidden].
+
+    The array is copied out of the request into a fresh MLX array (no computation); the engine thread
+    is the only one that evaluates anything with it.
+    """
+    if msg.kind != "embeddings":
+        raise InvalidArgument(f"prepared.kind {msg.kind!r} is not registered (known: 'embeddings')")
+    shape = tuple(msg.shape)
+    if len(shape) != 2 or min(shape) < 1:
+        raise InvalidArgument(f"prepared.shape must be [positions, hidden] with both >= 1, got {list(shape)}")
+    if len(msg.payload) != 4 * shape[0] * shape[1]:
+        raise InvalidArgument(
+            f"prepared.payload has {len(msg.payload)} bytes, shape {list(shape)} needs {4 * shape[0] * shape[1]}"
+        )
+    import mlx.core as mx  # only for this kind; the array is built, never evaluated, here
+
+    data = np.frombuffer(msg.payload, dtype="<f4").reshape(shape)
+    return EmbeddingsInput(mx.array(data))
+
+
+def generate_input(
+    request: pb.GenerateRequest, tokenizer: TextTokenizer, chat: ChatFormatter | None, vocab_size: int
+) -> list[int] | PreparedInput:
+    """The request's input as a token list or a PreparedInput; InvalidArgument when absent or empty."""
+    which = request.WhichOneof("input")
+    if which == "tokens":
+        ids = token_ids(request.tokens.ids, vocab_size)
+    elif which == "text":
+        ids = text_tokens(request.text, tokenizer, chat)
+    elif which == "prepared":
+        return prepared_input(request.prepared)
+    else:
+        raise InvalidArgument("input is required: one of tokens, text, prepared")
+    if not ids:
+        raise InvalidArgument(f"input.{which} is empty")
+    return ids
+
+
+def input_size(value: list[int] | PreparedInput) -> int:
+    return value.size() if isinstance(value, PreparedInput) else len(value)
+
+
+def gen_config(
+    msg: pb.GenerationConfig, eos_token_ids: Sequence[int], breakpoints: Sequence[int] = ()
+) -> GenConfig:
+    """A GenConfig from the request; unset fields take GenConfig's defaults. Stops default to EOS."""
+    stops = tuple(msg.stop_tokens) or (() if msg.ignore_eos else tuple(eos_token_ids))
+    return GenConfig(
+        max_new_tokens=msg.max_new_tokens if msg.HasField("max_new_tokens") else DEFAULTS.max_new_tokens,
+        temperature=msg.temperature if msg.HasField("temperature") else DEFAULTS.temperature,
+        top_p=msg.top_p if msg.HasField("top_p") else DEFAULTS.top_p,
+        top_k=msg.top_k if msg.HasField("top_k") else DEFAULTS.top_k,
+        seed=msg.seed if msg.HasField("seed") else DEFAULTS.seed,
+        stop_tokens=stops,
+        prefill_chunk=msg.prefill_chunk if msg.HasField("prefill_chunk") else DEFAULTS.prefill_chunk,
+        prefill_breakpoints=tuple(breakpoints),
+    )
+
+
+def check_fits(start: int, size: int, breakpoints: Sequence[int], limits: ExecutorLimits) -> None:
+    """The input must fit the session and breakpoints must lie inside it: (start, start + size]."""
+    if start + size > limits.max_session_tokens:
+        raise InvalidArgument(
+            f"input of {size} positions at position {start} exceeds max_session_tokens={limits.max_session_tokens}"
+        )
+    for b in breakpoints:
+        if not start < b <= start + size:
+            raise InvalidArgument(f"capture.breakpoints: {b} is outside the input's positions ({start}, {start + size}]")
+
+
+def started_event(handle: str, position: int, input_positions: int) -> pb.GenerateEvent:
+    return pb.GenerateEvent(
+        started=pb.StartedEvent(session=handle, position=position, input_positions=input_positions)
+    )
+
+
+def tokens_event(ids: Sequence[int], text: str) -> pb.GenerateEvent:
+    return pb.GenerateEvent(tokens=pb.TokensEvent(ids=list(ids), text=text))
+
+
+def snapshot_event(handle: str | None, position: int, kind: str) -> pb.GenerateEvent:
+    refusal = "" if handle else f"the engine refused to clone at position {position}"
+    return pb.GenerateEvent(
+        snapshot=pb.SnapshotEvent(handle=handle or "", position=position, kind=kind, refusal=refusal)
+    )
+
+
+def done_event(result: GenerationResult, reused: int, position: int) -> pb.GenerateEvent:
+    m = result.metrics
+    return pb.GenerateEvent(
+        done=pb.DoneEvent(
+            finish_reason=result.finish_reason,
+            prompt_positions=m.prompt_positions,
+            reused_positions=reused,
+            generated_tokens=m.generated_tokens,
+            position=position,
+            timings=pb.Timings(
+                time_to_first_token_s=m.time_to_first_token_s or 0.0,
+                decode_tokens_per_s=m.decode_tokens_per_s,
+                total_s=m.total_s,
+            ),
+        )
+    )
+
+
+def limits_message(limits: ExecutorLimits, idle_timeout_s: float) -> pb.Limits:
+    return pb.Limits(
+        max_sessions=limits.max_sessions,
+        max_session_tokens=limits.max_session_tokens,
+        vocab_size=limits.vocab_size,
+        idle_session_timeout_s=idle_timeout_s,
+    )

@@ -1,0 +1,83 @@
+"""The one place that maps forkline errors to gRPC status codes, and back (for clients).
+
+Servicers wrap their bodies in :func:`status_on_error` and raise (never call ``context.abort``): a :class:`ForklineError` (or a ValueError /
+LookupError from domain validation) aborts the call with the mapped code and the error's message.
+Input problems are never INTERNAL. Anything else is a bug: it is logged with its traceback and
+becomes INTERNAL without leaking the exception text. A failed outgoing call (the prefix service calling
+the engine) keeps the engine's status code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+import grpc
+
+from engine_service import errors as e
+
+log = logging.getLogger(__name__)
+
+# Most specific first: ModelLoadError is an InvalidArgument, InvalidArgument a ValueError, ...
+_TO_CODE: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
+    (e.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
+    (e.NotFound, grpc.StatusCode.NOT_FOUND),
+    (e.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (e.FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
+    (e.Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (e.Cancelled, grpc.StatusCode.CANCELLED),
+    (e.CacheError, grpc.StatusCode.FAILED_PRECONDITION),
+    (e.GenerationError, grpc.StatusCode.ABORTED),
+    (e.ForklineError, grpc.StatusCode.UNKNOWN),
+    # Domain dataclasses validate with ValueError (naming the field): that is bad input too.
+    (ValueError, grpc.StatusCode.INVALID_ARGUMENT),
+    (LookupError, grpc.StatusCode.NOT_FOUND),
+)
+
+_FROM_CODE: dict[grpc.StatusCode, type[e.ForklineError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: e.InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: e.NotFound,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: e.ResourceExhausted,
+    grpc.StatusCode.FAILED_PRECONDITION: e.FailedPrecondition,
+    grpc.StatusCode.UNAVAILABLE: e.Unavailable,
+    grpc.StatusCode.CANCELLED: e.Cancelled,
+    grpc.StatusCode.DEADLINE_EXCEEDED: e.Unavailable,
+    grpc.StatusCode.ABORTED: e.GenerationError,
+}
+
+
+def code_for(exc: BaseException) -> grpc.StatusCode | None:
+    """The status code for a deliberate error, or None for a bug."""
+    for kind, code in _TO_CODE:
+        if isinstance(exc, kind):
+            return code
+    return None
+
+
+def error_for(code: grpc.StatusCode, details: str) -> e.ForklineError:
+    """The forkline error a client raises for a failed call (unknown codes: ForklineError)."""
+    return _FROM_CODE.get(code, e.ForklineError)(details)
+
+
+def from_rpc_error(exc: grpc.RpcError) -> e.ForklineError:
+    """Convert a failed call (``grpc.RpcError`` that is also a ``grpc.Call``) to a forkline error."""
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    return error_for(code, details or code.name)
+
+
+@contextlib.contextmanager
+def status_on_error(context: grpc.ServicerContext) -> Iterator[None]:
+    """Abort the call with the mapped status when the body raises (``context.abort`` raises itself)."""
+    try:
+        yield
+    except grpc.RpcError as exc:  # a call this servicer made to another service failed: pass it on
+        mapped = from_rpc_error(exc)
+        context.abort(code_for(mapped) or grpc.StatusCode.UNKNOWN, str(mapped))
+    except Exception as exc:
+        code = code_for(exc)
+        if code is None:
+            log.exception("internal error in %s", getattr(context, "_rpc_event", "rpc"))
+            context.abort(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})")
+        context.abort(code, str(exc) or type(exc).__name__)

@@ -1,0 +1,177 @@
+"""One streamed Generate call: a generation on a session, its capture clones, and its cleanup.
+
+The runner delivers updates on the engine thread; :meth:`GenerationCall.events` runs on the gRPC
+thread and turns them into events. The engine-thread callback only puts items on a queue and, for
+capture options, *queues* a clone (``clone_async``) before the next forward: it never waits. The gRPC
+thread waits for clone futures, registers the snapshot handles for the caller and detokenizes.
+
+Ownership: a session this call opened is registered to the caller for the duration of the call and
+closed at the end unless ``keep_session`` (a cancelled or failed call closes it regardless). Snapshot
+handles that were streamed belong to the caller. When the call ends early (client cancel or
+disconnect, server drain), :meth:`abort` cancels the generation and releases every clone the
+caller never received.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from engine_service.config import GenConfig
+from engine_service.errors import GenerationError
+from engine_service.generation import CANCELLED, GenerationUpdate
+from engine_service.handles import HandleRegistry
+from engine_service.model.detokenizer import StreamDecoder
+from engine_service.rpc import convert
+
+PROMPT = "prompt"
+BREAKPOINT = "breakpoint"
+_POLL_S = 0.25  # how often a waiting stream re-checks that its client is still there
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    future: Future
+    position: int
+    kind: str
+
+
+@dataclass(frozen=True)
+class _Update:
+    update: GenerationUpdate
+
+
+def _close_quietly(future: Future) -> None:
+    """Done-callback: close the session a clone future produced (nobody will receive it)."""
+    try:
+        child = future.result()
+    except Exception:
+        return
+    if child is not None:
+        child.close()
+
+
+class GenerationCall:
+    """See the module docstring. ``session`` is resolved (and pinned under ``handle``) by the caller."""
+
+    def __init__(
+        self,
+        *,
+        registry: HandleRegistry,
+        owner: str,
+        handle: str,
+        session: Any,
+        fresh: bool,
+        keep_session: bool,
+        tokenizer: Any,
+        prompt_snapshot: bool,
+        breakpoints: tuple[int, ...],
+    ) -> None:
+        self._registry = registry
+        self._owner = owner
+        self._handle = handle
+        self._session = session
+        self._fresh = fresh
+        self._keep = keep_session
+        self._tokenizer = tokenizer
+        self._prompt_snapshot = prompt_snapshot
+        self._breakpoints = frozenset(breakpoints)
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._captured_prompt = False
+        self._prompt_end = 0
+        self._generation = None
+        self._finished_cleanly = False
+
+    # -- engine thread -------------------------------------------------------------------------
+    def _on_update(self, update: GenerationUpdate) -> None:
+        """Runner callback (engine thread): queue clones for captures, then hand the update over."""
+        with self._lock:
+            if not self._closed and not update.finished:
+                if update.breakpoint is not None and update.breakpoint in self._breakpoints:
+                    fut = self._session.clone_async(update.breakpoint)
+                    self._queue.put(_Snapshot(fut, update.breakpoint, BREAKPOINT))
+                if (
+                    self._prompt_snapshot
+                    and not self._captured_prompt
+                    and (update.tokens or update.position >= self._prompt_end)
+                ):
+                    self._captured_prompt = True
+                    self._queue.put(_Snapshot(self._session.clone_async(self._prompt_end), self._prompt_end, PROMPT))
+        self._queue.put(_Update(update))
+
+    # -- gRPC thread ---------------------------------------------------------------------------
+    def events(self, input: list[int] | Any, config: GenConfig, is_active) -> Iterator[Any]:
+        """Start the generation and yield engine_pb2 events until done. ``is_active()`` is False once
+        the client has gone; the generation is then cancelled and the loop ends without done."""
+        start = self._session.position
+        # a pending prediction from the session's last generation is fed first, before the input
+        size = convert.input_size(input) + (1 if self._session.has_pending else 0)
+        self._prompt_end = start + size
+        self._generation = self._session.generate_async(input, config, self._on_update)
+        yield convert.started_event(self._handle, start, size)
+        text = StreamDecoder(self._tokenizer)
+        while True:
+            try:
+                item = self._queue.get(timeout=_POLL_S)
+            except queue.Empty:
+                if not is_active():
+                    return
+                continue
+            if isinstance(item, _Snapshot):
+                yield convert.snapshot_event(self._register(item), item.position, item.kind)
+                continue
+            update = item.update
+            if update.tokens:
+                yield convert.tokens_event(update.tokens, text.push_many(update.tokens))
+            if update.finished:
+                break
+        result = self._generation.wait()
+        if result.finish_reason == "error":
+            error = self._generation.error
+            raise error if isinstance(error, Exception) else GenerationError(result.error or "generation failed")
+        tail = text.flush()
+        if tail:
+            yield convert.tokens_event((), tail)
+        if result.finish_reason != CANCELLED:
+            self._finished_cleanly = True
+        yield convert.done_event(result, start, self._session.position)
+
+    def _register(self, item: _Snapshot) -> str | None:
+        child = item.future.result()
+        if child is None:
+            return None
+        return self._registry.register(child, self._owner)
+
+    def abort(self) -> None:
+        """Cancel the generation (if running); called when the RPC ends for any reason."""
+        generation = self._generation
+        if generation is not None and not generation.done():
+            generation.cancel()
+
+    def finish(self) -> None:
+        """Release what the caller does not own: undelivered clones, and a fresh session unless kept.
+
+        Idempotent; runs when the stream ends, however it ends.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.abort()
+        while True:  # clones queued but never streamed
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, _Snapshot):
+                item.future.add_done_callback(_close_quietly)
+        self._registry.unpin(self._handle)
+        release = self._fresh and not (self._keep and self._finished_cleanly)
+        if release and self._registry.discard(self._handle) is not None:
+            self._session.close()

@@ -1,0 +1,117 @@
+"""The engine gRPC server: servicer + health checking + reflection + idle-handle sweeper.
+
+``create_server(deps, address) -> (server, port)`` binds (``127.0.0.1:0`` picks a free port), starts
+serving and returns an :class:`EngineServer`. ``server.stop(grace)`` drains: new calls get
+UNAVAILABLE and health reports NOT_SERVING, in-flight streams get ``grace`` seconds to finish, then
+the remaining ones are cancelled and every handle still registered is closed. The runner belongs to
+the caller (``python -m engine_service`` shuts it down after the server).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from engine_service.rpc.servicer import EngineDeps, EngineServicer
+from protos import engine_pb2, engine_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
+MAX_WORKERS = 64  # each streaming Generate holds a worker thread for its duration
+
+
+class HandleSweeper:
+    """Closes sessions whose handles were idle longer than the registry's timeout."""
+
+    def __init__(self, deps: EngineDeps) -> None:
+        self._deps = deps
+        self._stop = threading.Event()
+        timeout = deps.registry.idle_timeout_s
+        self._interval = min(1.0, timeout / 4) if timeout > 0 else 0.0
+        self._thread = threading.Thread(target=self._run, name="forkline-handle-sweeper", daemon=True)
+
+    def start(self) -> None:
+        if self._interval > 0:
+            self._thread.start()
+
+    def sweep(self) -> int:
+        expired = self._deps.registry.expire_idle()
+        for r in expired:
+            log.info("session handle of %s expired after %.1f s idle", r.owner, self._deps.registry.idle_timeout_s)
+            r.value.close()
+        return len(expired)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.sweep()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class EngineServer:
+    """A running engine server. ``port`` is the bound port."""
+
+    def __init__(self, server: grpc.Server, servicer: EngineServicer, health_servicer: health.HealthServicer,
+                 sweeper: HandleSweeper, port: int) -> None:
+        self.grpc_server = server
+        self.servicer = servicer
+        self.health = health_servicer
+        self.sweeper = sweeper
+        self.port = port
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+
+    @property
+    def deps(self) -> EngineDeps:
+        return self.servicer.deps
+
+    def stop(self, grace: float | None = 2.0, *, shutdown_runner: bool = False) -> None:
+        """Drain and stop (idempotent); returns once the server has stopped and handles are closed.
+        ``shutdown_runner`` also stops the engine thread (the process is going away)."""
+        with self._lock:
+            if self._stopped.is_set():
+                return
+            self.servicer.drain()
+            self.health.enter_graceful_shutdown()
+            self.grpc_server.stop(grace).wait()
+            self.sweeper.stop()
+            for r in self.deps.registry.release_all():
+                r.value.close()
+            if shutdown_runner:
+                self.deps.runner.shutdown()
+            self._stopped.set()
+
+    def wait_for_termination(self, timeout: float | None = None) -> bool:
+        return self._stopped.wait(timeout)
+
+
+def create_server(deps: EngineDeps, address: str = "127.0.0.1:0") -> tuple[EngineServer, int]:
+    """Build, bind and start the engine server; returns it and the bound port."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="forkline-engine-rpc"),
+        options=[("grpc.so_reuseport", 0)],
+    )
+    servicer = EngineServicer(deps)
+    engine_pb2_grpc.add_EngineServicer_to_server(servicer, server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind {address}")
+    server.start()
+    sweeper = HandleSweeper(deps)
+    sweeper.start()
+    log.info("engine serving %s on port %d (instance %s)", SERVICE_NAME, port, deps.registry.instance_id)
+    return EngineServer(server, servicer, health_servicer, sweeper, port), port

@@ -1,0 +1,222 @@
+"""EngineServicer: ``forkline.engine.v1.Engine`` over a Runner. Converts, delegates, maps errors.
+
+Every engine operation goes through the Runner's thread-safe API (``open_session``, ``Session``
+methods and futures); nothing here touches MLX or the executor. Handles are resolved through the
+:class:`HandleRegistry` with the caller's owner id (request metadata ``forkline-owner``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from engine_service.errors import FailedPrecondition, InvalidArgument, Unavailable
+from engine_service.executor import ExecutorLimits
+from engine_service.handles import HandleRegistry
+from engine_service.rpc import convert
+from engine_service.rpc.errors import status_on_error
+from engine_service.rpc.generation_call import GenerationCall
+from protos import engine_pb2 as pb
+from protos import engine_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+CLONE_TIMEOUT_S = 60.0
+
+
+@dataclass
+class EngineDeps:
+    """What the engine service serves. ``runner`` is started and owned by whoever built the deps.
+
+    limits: the executor's limits (published in Info, checked on input). registry: session handles
+    (its instance id is the engine instance id). fingerprint: defaults to the runner's.
+    """
+
+    runner: Any
+    tokenizer: convert.TextTokenizer
+    limits: ExecutorLimits
+    model_name: str
+    cache_kind: str
+    eos_token_ids: tuple[int, ...] = ()
+    chat: convert.ChatFormatter | None = None
+    registry: HandleRegistry = field(default_factory=HandleRegistry)
+    fingerprint: str | None = None
+
+    @classmethod
+    def build(
+        cls,
+        model: Any,
+        tokenizer: convert.TextTokenizer,
+        *,
+        model_name: str,
+        chat: convert.ChatFormatter | None = None,
+        cache_kind: str = "batched-sequence",
+        max_sessions: int = 8,
+        max_session_tokens: int = 2048,
+        max_decode_sequences: int = 8,
+        prefill_chunk: int = 512,
+        idle_timeout_s: float = 0.0,
+        eos_token_ids: tuple[int, ...] | None = None,
+    ) -> EngineDeps:
+        """A ModuleExecutor over ``model`` (a Transformer or LoadedModel) and a started Runner."""
+        from engine_service.module_executor import ModuleExecutor
+        from engine_service.runner import Runner
+
+        executor = ModuleExecutor.create(
+            model,
+            cache_kind,
+            max_sessions,
+            max_session_tokens,
+            max_decode_sequences=max_decode_sequences,
+            prefill_chunk=prefill_chunk,
+        )
+        runner = Runner(executor, max_decode_sequences=max_decode_sequences)
+        if eos_token_ids is None:
+            eos_token_ids = tuple(getattr(tokenizer, "eos_token_ids", ()))
+        return cls(
+            runner=runner,
+            tokenizer=tokenizer,
+            limits=runner.limits,
+            model_name=model_name,
+            cache_kind=cache_kind,
+            eos_token_ids=eos_token_ids,
+            chat=chat,
+            registry=HandleRegistry(idle_timeout_s=idle_timeout_s),
+        )
+
+    def __post_init__(self) -> None:
+        if self.fingerprint is None:
+            self.fingerprint = str(self.runner.fingerprint)
+        self.eos_token_ids = tuple(int(t) for t in self.eos_token_ids)
+
+
+class EngineServicer(engine_pb2_grpc.EngineServicer):
+    """See the module docstring. :meth:`drain` makes new work UNAVAILABLE (graceful shutdown)."""
+
+    def __init__(self, deps: EngineDeps) -> None:
+        self.deps = deps
+        self._draining = threading.Event()
+
+    def drain(self) -> None:
+        self._draining.set()
+
+    def _serving(self) -> None:
+        if self._draining.is_set():
+            raise Unavailable("the engine is shutting down")
+
+    # -- generation ----------------------------------------------------------------------------
+    def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateEvent]:
+        with status_on_error(context):
+            self._serving()
+            d = self.deps
+            owner = convert.owner_of(context.invocation_metadata())
+            value = convert.generate_input(request, d.tokenizer, d.chat, d.limits.vocab_size)
+            breakpoints = tuple(request.capture.breakpoints)
+            config = convert.gen_config(request.config, d.eos_token_ids, breakpoints)
+            call = self._open_call(request, owner, value, breakpoints)
+            context.add_callback(call.finish)
+            try:
+                yield from call.events(value, config, context.is_active)
+            finally:
+                call.finish()
+
+    def _open_call(self, request: pb.GenerateRequest, owner: str, value: Any, breakpoints: tuple[int, ...]):
+        d = self.deps
+        if request.session:
+            if request.keep_session:
+                raise InvalidArgument("keep_session only applies to a fresh session (session is set)")
+            session = d.registry.pin(request.session, owner)
+            handle, fresh = request.session, False
+        else:
+            session = d.runner.open_session()
+            handle, fresh = d.registry.register(session, owner), True
+            d.registry.pin(handle, owner)
+        try:
+            if session.generating:
+                raise FailedPrecondition(f"session {handle} is already generating")
+            start = session.position + (1 if session.has_pending else 0)
+            convert.check_fits(start, convert.input_size(value), breakpoints, d.limits)
+        except BaseException:
+            d.registry.unpin(handle)
+            if fresh:
+                d.registry.discard(handle)
+                session.close()
+            raise
+        return GenerationCall(
+            registry=d.registry,
+            owner=owner,
+            handle=handle,
+            session=session,
+            fresh=fresh,
+            keep_session=request.keep_session,
+            tokenizer=d.tokenizer,
+            prompt_snapshot=request.capture.prompt_snapshot,
+            breakpoints=breakpoints,
+        )
+
+    # -- sessions ------------------------------------------------------------------------------
+    def Clone(self, request: pb.CloneRequest, context: grpc.ServicerContext) -> pb.CloneResponse:
+        with status_on_error(context):
+            self._serving()
+            owner = convert.owner_of(context.invocation_metadata())
+            new_owner = request.new_owner or owner
+            source = self.deps.registry.resolve(request.session, owner)
+            position = source.position
+            if not 0 <= request.upto <= position:
+                return pb.CloneResponse(refusal=f"upto={request.upto} is outside [0, {position}]")
+            child = source.clone_async(request.upto).result(timeout=CLONE_TIMEOUT_S)
+            if child is None:
+                return pb.CloneResponse(
+                    refusal=f"the engine refused to clone at {request.upto} (boundary unavailable or no room)"
+                )
+            handle = self.deps.registry.register(child, new_owner)
+            return pb.CloneResponse(session=handle, position=request.upto)
+
+    def Close(self, request: pb.CloseRequest, context: grpc.ServicerContext) -> pb.CloseResponse:
+        with status_on_error(context):
+            owner = convert.owner_of(context.invocation_metadata())
+            self.deps.registry.remove(request.session, owner).close()
+            return pb.CloseResponse()
+
+    def ReleaseOwner(self, request: pb.ReleaseOwnerRequest, context: grpc.ServicerContext) -> pb.ReleaseOwnerResponse:
+        with status_on_error(context):
+            owner = convert.owner_of(context.invocation_metadata())
+            released = self.deps.registry.release_owner(owner)
+            for r in released:
+                r.value.close()
+            return pb.ReleaseOwnerResponse(released=len(released))
+
+    def Describe(self, request: pb.DescribeRequest, context: grpc.ServicerContext) -> pb.DescribeResponse:
+        with status_on_error(context):
+            owner = convert.owner_of(context.invocation_metadata())
+            session = self.deps.registry.resolve(request.session, owner)
+            return pb.DescribeResponse(position=session.position, generating=session.generating)
+
+    # -- model ---------------------------------------------------------------------------------
+    def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoResponse:
+        with status_on_error(context):
+            d = self.deps
+            return pb.InfoResponse(
+                model=d.model_name,
+                fingerprint=d.fingerprint,
+                limits=convert.limits_message(d.limits, d.registry.idle_timeout_s),
+                cache_kind=d.cache_kind,
+                instance_id=d.registry.instance_id,
+                resident_sessions=d.runner.resident_sessions,
+                open_handles=len(d.registry),
+                eos_token_ids=list(d.eos_token_ids),
+            )
+
+    def Tokenize(self, request: pb.TokenizeRequest, context: grpc.ServicerContext) -> pb.TokenizeResponse:
+        with status_on_error(context):
+            return pb.TokenizeResponse(ids=convert.text_tokens(request.text, self.deps.tokenizer, self.deps.chat))
+
+    def Detokenize(self, request: pb.DetokenizeRequest, context: grpc.ServicerContext) -> pb.DetokenizeResponse:
+        with status_on_error(context):
+            ids = convert.token_ids(request.ids, self.deps.limits.vocab_size, field="ids")
+            return pb.DetokenizeResponse(text=self.deps.tokenizer.decode(ids))

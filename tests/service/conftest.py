@@ -1,0 +1,102 @@
+"""Service fixtures: real gRPC servers on 127.0.0.1 port 0 over a tiny seeded model.
+
+The tiny model has a 128-token vocabulary; :func:`char_tokenizer` maps ids 3..127 to the ASCII
+characters with those codes (one token per character, so tests can reason about positions), with
+``<unk>`` 0, ``<bos>`` 1 and ``<eos>`` 2 (the tiny model's BOS / EOS).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+from tokenizers import Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+import engine_service  # noqa: F401  (OpenBLAS before mlx)
+from engine_service.model.chat import ChatFormatter
+from engine_service.model.random_init import random_model
+from engine_service.model.tokenizer import Tokenizer
+from engine_service.rpc.server import EngineServer, create_server
+from engine_service.rpc.servicer import EngineDeps
+
+SPECIALS = {"<unk>": 0, "<bos>": 1, "<eos>": 2}
+
+
+def char_tokenizer() -> Tokenizer:
+    vocab = dict(SPECIALS) | {chr(i): i for i in range(3, 128)}
+    backend = HFTokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens(list(SPECIALS))
+    return Tokenizer(backend, bos_token_id=1, eos_token_ids=(2,), add_bos=True)
+
+
+@dataclass
+class Engine:
+    """An in-process engine server. ``address`` is ``127.0.0.1:port``."""
+
+    server: EngineServer
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def deps(self) -> EngineDeps:
+        return self.server.deps
+
+    @property
+    def runner(self):
+        return self.server.deps.runner
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        self.server.stop(grace, shutdown_runner=True)
+
+
+def start_engine(
+    *,
+    port: int = 0,
+    cache_kind: str = "batched-sequence",
+    max_sessions: int = 8,
+    max_session_tokens: int = 256,
+    idle_timeout_s: float = 0.0,
+    layers: str = "FRFR",
+    seed: int = 0,
+) -> Engine:
+    tokenizer = char_tokenizer()
+    deps = EngineDeps.build(
+        random_model(layers, 4, seed),
+        tokenizer,
+        model_name=f"tiny-{layers}-seed{seed}",
+        chat=ChatFormatter(name="chatml"),
+        cache_kind=cache_kind,
+        max_sessions=max_sessions,
+        max_session_tokens=max_session_tokens,
+        prefill_chunk=64,
+        idle_timeout_s=idle_timeout_s,
+    )
+    server, bound = create_server(deps, f"127.0.0.1:{port}")
+    return Engine(server, bound)
+
+
+@pytest.fixture
+def engine_factory() -> Iterator[Callable[..., Engine]]:
+    """``engine_factory(**kw)`` starts an engine server; every one is stopped at teardown."""
+    started: list[Engine] = []
+
+    def make(**kwargs) -> Engine:
+        engine = start_engine(**kwargs)
+        started.append(engine)
+        return engine
+
+    yield make
+    for engine in started:
+        engine.stop(0)
+
+
+@pytest.fixture
+def engine(engine_factory) -> Engine:
+    return engine_factory()
