@@ -4,7 +4,8 @@ A FakeSession holds its committed tokens. ``floor`` models a sliding-window cach
 can no longer be cloned (decode has overwritten the rows), and a clone inherits its donor's floor.
 The backend counts every clone call and close, tracks live sessions (leak checks), can run out of
 capacity, fail the next clones, or die (every handle becomes invalid; no clone call is made).
-``clone_async`` either settles at once or queues until ``run_pending()`` (the "engine thread").
+``clone_async`` either settles at once or, with ``deferred``, queues (as does ``close``) until
+``run_pending()`` runs the queue in FIFO order, like the runner's command inbox.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class FakeBackend:
         self.fail_next = 0  # clones that raise ResourceExhausted (an allocation failure)
         self.clone_calls: list[tuple[int, int]] = []  # (source id, upto)
         self.live: set[FakeSession] = set()
-        self._queue: list[tuple[Future, FakeSession, int]] = []
+        self._queue: list[tuple[Future | None, FakeSession, int]] = []  # (None, s, 0) is a close
 
     # -- helpers for tests -------------------------------------------------------------------
 
@@ -74,9 +75,10 @@ class FakeBackend:
     def run_pending(self) -> None:
         queue, self._queue = self._queue, []
         for future, source, upto in queue:
-            if future.cancelled():
-                continue
-            future.set_result(self._do_clone(source, upto))
+            if future is None:
+                self._do_close(source)
+            elif not future.cancelled():
+                future.set_result(self._do_clone(source, upto))
 
     # -- SessionBackend ----------------------------------------------------------------------
 
@@ -89,16 +91,21 @@ class FakeBackend:
 
     def clone_async(self, handle: FakeSession, upto: int) -> Future:
         future: Future = Future()
-        if self.deferred:
+        if self.fail_next > 0:  # the engine turns a clone exception into a refusal
+            self.fail_next -= 1
+            self.clone_calls.append((handle.id, upto))
+            future.set_result(None)
+        elif self.deferred:
             self._queue.append((future, handle, upto))
         else:
             future.set_result(self._do_clone(handle, upto))
         return future
 
     def close(self, handle: FakeSession) -> None:
-        handle.close_calls += 1
-        handle.closed = True
-        self.live.discard(handle)
+        if self.deferred:
+            self._queue.append((None, handle, 0))
+        else:
+            self._do_close(handle)
 
     def position(self, handle: FakeSession) -> int:
         return handle.position
@@ -108,6 +115,11 @@ class FakeBackend:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _do_close(self, handle: FakeSession) -> None:
+        handle.close_calls += 1
+        handle.closed = True
+        self.live.discard(handle)
+
     def _do_clone(self, source: FakeSession, upto: int) -> FakeSession | None:
         self.clone_calls.append((source.id, upto))
         if not self.valid(source) or not 0 <= upto <= source.position or upto < source.floor:
@@ -115,3 +127,35 @@ class FakeBackend:
         if len(self.live) >= self.capacity:
             return None
         return self.open(source.tokens[:upto], floor=min(source.floor, upto))
+
+
+def fake_generate(
+    backend: FakeBackend,
+    session: FakeSession,
+    prompt: tuple[int, ...],
+    callback,
+    new_tokens: tuple[int, ...] = (500, 501, 502),
+    window: int | None = None,
+    breakpoints: tuple[int, ...] = (),
+) -> None:
+    """Drive ``callback`` like the runner would for ``prompt`` on ``session`` (which holds a prefix of
+    it): prefill stops at each breakpoint and emits a breakpoint update; the first prediction comes
+    with the prompt committed; each decode step commits the previous prediction. Queued commands run
+    between forwards (``run_pending``), i.e. before decode overwrites sliding-window rows."""
+    for point in sorted(breakpoints):
+        if session.position < point < len(prompt):
+            session.extend(prompt[session.position : point], window)
+            callback(FakeUpdate(position=point, breakpoint=point))
+            backend.run_pending()
+    session.extend(prompt[session.position :], window)
+    callback(FakeUpdate(tokens=new_tokens[:1], position=session.position))
+    backend.run_pending()
+    for previous, token in zip(new_tokens, new_tokens[1:], strict=False):
+        if session.closed:
+            callback(FakeUpdate(position=session.position, finished=True, finish_reason="cancelled"))
+            return
+        session.extend((previous,), window)
+        callback(FakeUpdate(tokens=(token,), position=session.position))
+        backend.run_pending()
+    callback(FakeUpdate(position=session.position, finished=True, finish_reason="length"))
+    backend.run_pending()
