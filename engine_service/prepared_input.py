@@ -63,6 +63,10 @@ class EmbeddingsInput(PreparedInput):
         stop = embeddings.shape[0] if _stop is None else _stop
         if not 0 <= _start < stop <= embeddings.shape[0]:
             raise ValueError(f"EmbeddingsInput view [{_start}, {stop}) is outside [0, {embeddings.shape[0]})")
+        if _stop is None:
+            # materialise on the caller's thread: MLX streams are per thread, so a lazy graph built
+            # here cannot be evaluated later on the engine thread
+            mx.eval(embeddings)
         self._owner = embeddings
         self._start = _start
         self._stop = stop

@@ -1,0 +1,157 @@
+"""Clone at k, then a suffix == a cold run of tokens[:k] + suffix, through the Runner (tiny model).
+
+Layers "FRFR" with window 4, both cache kinds. Greedy tokens must be equal and the logits behind
+every prediction allclose (the executor keeps them; a recording subclass collects them). Clones are
+taken after a finished generation, from a callback in the middle of a chunked prefill, and across
+ring wraps (prompt far longer than window + max_write). Also: the prompt-lookup executor equals
+plain greedy, and a prepared-embeddings prefill of model.embed(tokens) equals the token prefill.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from engine_service.config import GenConfig
+from engine_service.embeddings_executor import EmbeddingsExecutor
+from engine_service.module_executor import ModuleExecutor
+from engine_service.prepared_input import EmbeddingsInput
+from engine_service.runner import Runner
+from engine_service.speculative_executor import PromptLookupExecutor
+
+KINDS = ("batched-sequence", "batched-cell")
+PROMPT = [17, 4, 99, 23, 56, 8, 71, 30, 12, 64, 5, 90, 33, 47, 2, 81, 26, 110, 9, 61, 77, 14]
+SUFFIX = [40, 41, 42]
+
+
+def recording(cls):
+    class Recording(cls):
+        """Keeps the logits behind the last token of every output, in order."""
+
+        def execute(self, batch):
+            outs = super().execute(batch)
+            self.log.extend(np.array(o.logits) for o in outs if o.tokens)
+            return outs
+
+    return Recording
+
+
+@pytest.fixture
+def model(tiny_model):
+    return tiny_model("FRFR", window=4, tie_embeddings=False)
+
+
+@pytest.fixture
+def engine(model, request):
+    """Factory: (runner, executor) with a recording executor; every runner is shut down at the end."""
+    runners = []
+
+    def make(kind: str, cls=ModuleExecutor, prefill_chunk: int = 4, **kw):
+        ex = recording(cls).create(model, kind, max_sessions=6, max_session_tokens=128, prefill_chunk=prefill_chunk,
+                                   keep_logits=True, **kw)
+        ex.log = []
+        runner = Runner(ex, max_decode_sequences=4)
+        runners.append(runner)
+        return runner, ex
+
+    yield make
+    for runner in runners:
+        runner.shutdown()
+
+
+def generate(ex, session, tokens, n: int, **config):
+    """(tokens, logits rows) of one generation, alone on the runner."""
+    ex.log.clear()
+    result = session.generate_async(tokens, GenConfig(max_new_tokens=n, **config)).wait(timeout=60)
+    assert result.error is None, result.error
+    return list(result.tokens), list(ex.log)
+
+
+def cold(engine, kind, tokens, n, cls=ModuleExecutor):
+    runner, ex = engine(kind, cls)
+    with runner.open_session() as s:
+        return generate(ex, s, tokens, n)
+
+
+def assert_same(got, want) -> None:
+    assert got[0] == want[0]
+    assert len(got[1]) == len(want[1])
+    np.testing.assert_allclose(np.stack(got[1]), np.stack(want[1]), atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("k", [0, 3, 9, len(PROMPT)])
+def test_clone_of_a_finished_prompt_equals_cold(engine, kind, k) -> None:
+    runner, ex = engine(kind, prefill_chunk=32)  # max_write 32: every boundary of the prompt survives
+    src = runner.open_session()
+    src_out = generate(ex, src, PROMPT, 1)  # the prompt is committed, one pending token
+    child = src.clone_async(k).result(timeout=30)
+    assert child is not None and child.position == k
+    got = generate(ex, child, SUFFIX, 6)
+    want = cold(engine, kind, PROMPT[:k] + SUFFIX, 6)
+    assert_same(got, want)
+    # the source is unaffected: it continues exactly like an uninterrupted run
+    cont = generate(ex, src, [src_out[0][-1]], 4)
+    full = cold(engine, kind, PROMPT, 5)
+    assert [src_out[0][-1], *cont[0][:-1]] == full[0][:4]
+    child.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_clones_from_prefill_callbacks_across_ring_wraps(engine, kind) -> None:
+    runner, ex = engine(kind, prefill_chunk=4)  # window 4, max_write 4: the ring wraps every few chunks
+    src = runner.open_session()
+    futures = {}
+
+    def observer(update) -> None:
+        if update.breakpoint is not None:
+            futures[update.breakpoint] = src.clone_async(update.breakpoint)  # never wait in a callback
+
+    breakpoints = (5, 13, 18)
+    src.generate_async(PROMPT, GenConfig(max_new_tokens=8, prefill_chunk=4, prefill_breakpoints=breakpoints),
+                       observer).wait(timeout=60)
+    assert sorted(futures) == list(breakpoints)
+    for k, future in sorted(futures.items()):
+        child = future.result(timeout=30)
+        assert child is not None and child.position == k
+        got = generate(ex, child, SUFFIX, 5)
+        child.close()
+        want = cold(engine, kind, PROMPT[:k] + SUFFIX, 5)
+        assert_same(got, want)
+    # a clone at an early prompt boundary after decode overwrote the ring is refused, not wrong
+    if kind == "batched-sequence":
+        assert src.clone_async(5).result(timeout=30) is None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_comparison_can_fail(engine, kind) -> None:
+    """Negative control: a clone one position short does not match the cold run of the full prefix."""
+    runner, ex = engine(kind, prefill_chunk=32)
+    src = runner.open_session()
+    generate(ex, src, PROMPT, 1)
+    child = src.clone_async(8).result(timeout=30)
+    got = generate(ex, child, SUFFIX, 4)
+    wrong = cold(engine, kind, PROMPT[:9] + SUFFIX, 4)
+    assert not np.allclose(np.stack(got[1]), np.stack(wrong[1]), atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_prompt_lookup_equals_plain_greedy(engine, kind) -> None:
+    repetitive = PROMPT[:8] * 3
+    spec_runner, spec = engine(kind, PromptLookupExecutor, prefill_chunk=8, num_drafts=4)
+    with spec_runner.open_session() as s:
+        got = generate(spec, s, repetitive, 24)
+    want = cold(engine, kind, repetitive, 24)
+    assert got[0] == want[0]
+    assert spec.drafted > 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_prepared_embeddings_prefill_equals_token_prefill(engine, model, kind) -> None:
+    runner, ex = engine(kind, EmbeddingsExecutor, prefill_chunk=4)
+    prepared = EmbeddingsInput(model.embed(mx.array(PROMPT, dtype=mx.int32)))
+    with runner.open_session() as s:
+        got = generate(ex, s, prepared, 6)
+        assert s.position == len(PROMPT) + 5
+    assert_same(got, cold(engine, kind, PROMPT, 6))

@@ -1,0 +1,93 @@
+"""EmbeddingsExecutor: a prefill of model.embed(tokens) behaves exactly like the token prefill."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from engine_service.embeddings_executor import EmbeddingsExecutor
+from engine_service.executor import ExecInput
+from engine_service.prepared_input import EmbeddingsInput, PreparedInput, PreparedKind
+from tests.unit.executor.helpers import CountingModel, greedy_decode, reference_greedy
+
+KINDS = ("batched-sequence", "batched-cell")
+PROMPT = [17, 4, 99, 23, 56, 8, 71, 30, 12, 64, 5]
+OTHER = [3, 88, 41, 7, 19]
+
+
+@pytest.fixture
+def model(tiny_model):
+    return tiny_model("FRFR", window=4, tie_embeddings=False)
+
+
+def make(model, kind="batched-sequence", **kw):
+    return EmbeddingsExecutor.create(model, kind, max_sessions=4, max_session_tokens=128, keep_logits=True, **kw)
+
+
+def embedded(model, tokens) -> EmbeddingsInput:
+    return EmbeddingsInput(model.embed(mx.array(tokens, dtype=mx.int32)))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("chunk", [512, 4])
+def test_embedding_prefill_equals_token_prefill(model, kind, chunk) -> None:
+    ex = make(model, kind, prefill_chunk=chunk)
+    sid = ex.open_session()
+    out = ex.execute([ExecInput(sid, 0, prepared=embedded(model, PROMPT))])[0]
+    want, want_logits = reference_greedy(model, PROMPT, 6)
+    np.testing.assert_allclose(np.array(out.logits), want_logits[0], atol=1e-4)
+    assert greedy_decode(ex, sid, out.tokens, 6) == want  # decode feedback stays raw tokens
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_mixed_batch_is_one_forward(model, kind) -> None:
+    counting = CountingModel(model)
+    ex = make(counting, kind)
+    a, b = ex.open_session(), ex.open_session()
+    outs = ex.execute([ExecInput(a, 0, tokens=tuple(PROMPT)), ExecInput(b, 0, prepared=embedded(model, OTHER))])
+    assert counting.calls == [len(PROMPT) + len(OTHER)]
+    assert outs[0].tokens[0] == reference_greedy(model, PROMPT, 1)[0][0]
+    assert outs[1].tokens[0] == reference_greedy(model, OTHER, 1)[0][0]
+
+
+def test_chunks_of_a_prepared_input_append(model) -> None:
+    ex = make(model)
+    sid = ex.open_session()
+    whole = embedded(model, PROMPT)
+    ex.execute([ExecInput(sid, 0, prepared=whole.chunk(0, 5), want_output=False)])
+    out = ex.execute([ExecInput(sid, 5, prepared=whole.chunk(5, whole.size()))])[0]
+    assert ex.position(sid) == len(PROMPT)
+    assert out.tokens[0] == reference_greedy(model, PROMPT, 1)[0][0]
+
+
+def test_wrong_embedding_shape_or_kind_fails_only_that_input(model) -> None:
+    class Other(PreparedInput):
+        KIND = PreparedKind("other")
+
+        def size(self) -> int:
+            return 2
+
+        def chunk(self, start, stop):
+            return self
+
+    ex = make(model)
+    a, b, c = ex.open_session(), ex.open_session(), ex.open_session()
+    assert ex.accepts(embedded(model, OTHER)) and not ex.accepts(Other())
+    outs = ex.execute([
+        ExecInput(a, 0, prepared=EmbeddingsInput(mx.zeros((3, 32)))),
+        ExecInput(b, 0, prepared=Other()),
+        ExecInput(c, 0, tokens=tuple(OTHER)),
+    ])
+    assert "hidden" in outs[0].error and "does not accept" in outs[1].error
+    assert outs[2].tokens[0] == reference_greedy(model, OTHER, 1)[0][0]
+    assert ex.position(a) == ex.position(b) == 0
+
+
+def test_a_different_embedding_changes_the_output(model) -> None:
+    """Negative control: the executor really reads the prepared rows."""
+    ex = make(model)
+    a, b = ex.open_session(), ex.open_session()
+    emb = model.embed(mx.array(PROMPT, dtype=mx.int32))
+    outs = ex.execute([ExecInput(a, 0, prepared=EmbeddingsInput(emb)), ExecInput(b, 0, prepared=EmbeddingsInput(emb * 0.5))])
+    assert not np.allclose(np.array(outs[0].logits), np.array(outs[1].logits), atol=1e-3)

@@ -1,0 +1,107 @@
+"""PromptLookupExecutor: n-gram drafts, greedy verification equal to plain greedy, rewind of rejects."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_service.errors import InvalidArgument
+from engine_service.executor import ExecInput
+from engine_service.module_executor import ModuleExecutor
+from engine_service.sampling import SamplingParams
+from engine_service.speculative_executor import PromptLookupExecutor
+from tests.unit.executor.helpers import CountingModel, greedy_decode, prefill
+
+KINDS = ("batched-sequence", "batched-cell")
+# a prompt that repeats itself, so n-gram lookups find drafts
+PROMPT = [17, 4, 99, 23, 56, 8, 71, 30, 17, 4, 99, 23, 56, 8, 71, 30, 17, 4]
+
+
+def make(cls, model, kind, **kw):
+    kw.setdefault("prefill_chunk", 8)
+    return cls.create(model, kind, max_sessions=4, max_session_tokens=256, **kw)
+
+
+def test_lookup_takes_the_latest_longest_match(tiny_model) -> None:
+    ex = make(PromptLookupExecutor, tiny_model(), "batched-sequence", num_drafts=3)
+    assert ex.lookup([1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3], 3) == (7, 8, 5)  # no trigram (5,2,3) match; latest bigram (2,3)
+    assert ex.lookup([1, 2, 3, 4, 5, 1, 2, 3], 3) == (4, 5, 1)  # trigram match
+    assert ex.lookup([1, 2, 3, 4, 5, 6], 3) == ()  # no match at all
+    assert ex.lookup([5, 6, 5], 2) == (6, 5)  # unigram
+    assert ex.lookup([7, 8, 9, 8], 1) == (9,)
+    assert ex.lookup([4, -1, -1, 4], 3) == ()  # prepared positions are never drafted
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("tie", [True, False])
+def test_greedy_output_equals_plain_greedy(tiny_model, kind, tie) -> None:
+    model = tiny_model("FRFR", window=4, tie_embeddings=tie)
+    plain = make(ModuleExecutor, model, kind)
+    spec_model = CountingModel(model)
+    spec = make(PromptLookupExecutor, spec_model, kind, num_drafts=4)
+    want = greedy_decode(plain, (p := plain.open_session()), prefill(plain, p, PROMPT), 40)
+    s = spec.open_session()
+    got = greedy_decode(spec, s, prefill(spec, s, PROMPT), 40)
+    assert got == want
+    assert spec.drafted > 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_accepts_and_rejects_both_happen_and_positions_are_exact(tiny_model, kind) -> None:
+    totals = {"accepted": 0, "rejected": 0}
+    for tie in (True, False):
+        model = tiny_model("FRFR", window=4, tie_embeddings=tie)
+        spec = make(PromptLookupExecutor, model, kind, num_drafts=4)
+        s = spec.open_session()
+        pending = prefill(spec, s, PROMPT)[-1]
+        produced = 0
+        while produced < 30:
+            before = spec.position(s)
+            accepted_before = spec.accepted
+            out = spec.execute([ExecInput(s, before, tokens=(pending,))])[0]
+            produced += len(out.tokens)
+            # pending + accepted drafts are committed: position advances by len(tokens)
+            assert spec.position(s) == before + len(out.tokens)
+            assert len(out.tokens) == 1 + spec.accepted - accepted_before
+            pending = out.tokens[-1]
+        totals["accepted"] += spec.accepted
+        totals["rejected"] += spec.drafted - spec.accepted
+    assert totals["accepted"] > 0 and totals["rejected"] > 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_clone_after_speculation_matches_plain(tiny_model, kind) -> None:
+    model = tiny_model("FRFR", window=4, tie_embeddings=False)
+    spec = make(PromptLookupExecutor, model, kind, num_drafts=4)
+    s = spec.open_session()
+    toks = greedy_decode(spec, s, prefill(spec, s, PROMPT), 12)
+    at = spec.position(s)
+    child = spec.clone(s, at)
+    assert child is not None and spec.position(child) == at
+    history = PROMPT + toks
+    suffix = [40, 41]
+    out = spec.execute([ExecInput(child, at, tokens=tuple(suffix))])[0]
+    plain = make(ModuleExecutor, model, kind)
+    p = plain.open_session()
+    cold = prefill(plain, p, history[:at] + suffix)
+    assert out.tokens[-1] == cold[-1]
+
+
+def test_sampled_sessions_decode_plainly(tiny_model) -> None:
+    counting = CountingModel(tiny_model())
+    spec = make(PromptLookupExecutor, counting, "batched-sequence", num_drafts=4)
+    s = spec.open_session()
+    spec.set_sampling(s, SamplingParams(temperature=1.0), 3)
+    pending = prefill(spec, s, PROMPT)[-1]
+    counting.calls.clear()
+    for _ in range(5):
+        out = spec.execute([ExecInput(s, spec.position(s), tokens=(pending,))])[0]
+        assert len(out.tokens) == 1
+        pending = out.tokens[0]
+    assert counting.calls == [1] * 5 and spec.drafted == 0
+
+
+def test_drafts_must_fit_max_write(tiny_model) -> None:
+    with pytest.raises(InvalidArgument, match="max_write"):
+        make(PromptLookupExecutor, tiny_model(), "batched-sequence", prefill_chunk=4, num_drafts=4)
+    with pytest.raises(InvalidArgument, match="num_drafts"):
+        make(PromptLookupExecutor, tiny_model(), "batched-sequence", num_drafts=0)
