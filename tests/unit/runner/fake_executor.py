@@ -178,9 +178,10 @@ class FakeExecutor(Executor):
         self._log("execute", tuple(batch))
         with self.lock:
             self.batches.append(list(batch))
+        gate = self.gate
         self.entered.set()
-        if self.gate is not None:
-            self.gate.wait(10)
+        if gate is not None:
+            gate.wait(10)
         if any(inp.sid in self.raise_for_sids for inp in batch):
             raise RuntimeError("fake batch failure")
         return [self._run_one(inp) for inp in batch]
