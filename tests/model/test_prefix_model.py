@@ -1,0 +1,234 @@
+"""The prefix cache over a real Runner + ModuleExecutor (tiny seeded model) through RunnerBackend.
+
+A run that resumes from a cached snapshot must equal a cold run of the whole request: same greedy
+tokens, logits allclose. The negative control resumes the same suffix from a snapshot of a different
+prompt and must differ, so the comparison cannot pass vacuously.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from engine_service.config import GenConfig
+from engine_service.executor import Executor
+from engine_service.module_executor import ModuleExecutor
+from engine_service.runner import Runner
+from prefix_service.backends import RunnerBackend
+from prefix_service.prefix_cache import PrefixCache
+from tests.unit.executor.helpers import reference_greedy
+
+NS = "test"
+NEW = 5
+TIMEOUT = 120
+
+
+class LogitRecorder(Executor):
+    """Delegates to a keep_logits ModuleExecutor and records the logits behind every returned token
+    (one generation at a time in these tests, so the log belongs to the running one)."""
+
+    def __init__(self, inner: ModuleExecutor) -> None:
+        self.inner = inner
+        self.logits: list[np.ndarray] = []
+
+    def execute(self, batch):
+        outputs = self.inner.execute(batch)
+        self.logits.extend(np.array(out.logits) for out in outputs if out.tokens and out.logits is not None)
+        return outputs
+
+    def open_session(self):
+        return self.inner.open_session()
+
+    def close_session(self, sid):
+        self.inner.close_session(sid)
+
+    def clone(self, sid, upto):
+        return self.inner.clone(sid, upto)
+
+    def set_sampling(self, sid, params, seed):
+        self.inner.set_sampling(sid, params, seed)
+
+    def position(self, sid):
+        return self.inner.position(sid)
+
+    def preferred_batch_tokens(self):
+        return self.inner.preferred_batch_tokens()
+
+    def limits(self):
+        return self.inner.limits()
+
+    def fingerprint(self):
+        return self.inner.fingerprint()
+
+
+@pytest.fixture
+def engine(tiny_model, request):
+    """(runner, recorder, model) for a cache kind; ``prefill_chunk`` small so ring layers wrap."""
+    kind, chunk = request.param
+    model = tiny_model("FRFR", window=4, seed=3)
+    recorder = LogitRecorder(
+        ModuleExecutor.create(model, kind, max_sessions=8, max_session_tokens=128, keep_logits=True,
+                              prefill_chunk=chunk)
+    )
+    runner = Runner(recorder, max_decode_sequences=4)
+    yield runner, recorder, model
+    runner.shutdown()
+
+
+BOTH_KINDS = [("batched-sequence", 4), ("batched-cell", 4)]
+
+
+def generate(session, tokens: Sequence[int], recorder: LogitRecorder, callback=None, **config):
+    recorder.logits.clear()
+    handle = session.generate_async(list(tokens), GenConfig(max_new_tokens=NEW, **config), callback)
+    result = handle.wait(TIMEOUT)
+    assert result.finish_reason == "length", result.error
+    return list(result.tokens), np.stack(recorder.logits)
+
+
+def prompt_of(n: int, seed: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(3, 128, size=n)]
+
+
+def cached(runner, recorder, prompt, **config) -> PrefixCache:
+    """A cache holding the snapshot that capture took while ``prompt`` generated cold."""
+    cache = PrefixCache(RunnerBackend(runner), max_entries=8)
+    session = runner.open_session()
+    capture = cache.capture_prompt(session, prompt)
+    generate(session, prompt, recorder, capture.wrap(None), **config)
+    assert capture.collect(NS) >= 1
+    session.close()
+    return cache
+
+
+@pytest.mark.parametrize("engine", BOTH_KINDS, indirect=True)
+@pytest.mark.parametrize("extra", [0, 1, 6])
+def test_suffix_run_after_hit_equals_cold_run(engine, extra):
+    runner, recorder, model = engine
+    prompt = prompt_of(14, seed=1)
+    cache = cached(runner, recorder, prompt)
+    request = prompt + prompt_of(extra, seed=2)
+    match = cache.lookup(NS, request)
+    assert match is not None and match.reused == min(len(prompt), len(request) - 1)
+    assert match.session.position == match.reused
+    warm_tokens, warm_logits = generate(match.session, request[match.reused :], recorder)
+    cold_tokens, cold_logits = generate(runner.open_session(), request, recorder)
+    ref_tokens, _ = reference_greedy(model, request, NEW)
+    assert warm_tokens == cold_tokens == ref_tokens
+    np.testing.assert_allclose(warm_logits, cold_logits, atol=1e-4, rtol=1e-4)
+
+    # Negative control: the same suffix on a snapshot of another prompt of the same length differs.
+    other = prompt_of(len(prompt), seed=9)
+    other_cache = cached(runner, recorder, other)
+    wrong = other_cache.lookup(NS, other + request[len(prompt) :])
+    _, wrong_logits = generate(wrong.session, request[wrong.reused :], recorder)
+    assert not np.allclose(wrong_logits, cold_logits, atol=1e-2)
+
+
+@pytest.mark.parametrize("engine", BOTH_KINDS, indirect=True)
+def test_breakpoint_checkpoint_serves_prompt_sharing_only_the_system_part(engine):
+    runner, recorder, model = engine
+    system = prompt_of(10, seed=4)
+    first = system + prompt_of(6, seed=5)
+    cache = PrefixCache(RunnerBackend(runner), max_entries=8)
+    session = runner.open_session()
+    capture = cache.capture_prompt(session, first)
+    generate(session, first, recorder, capture.wrap(None), prefill_breakpoints=(len(system),))
+    assert capture.collect(NS) == 2
+    assert {e.metadata["boundary"]: len(e.tokens) for e in cache.entries()} == {
+        "breakpoint": len(system),
+        "prompt": len(first),
+    }
+    second = system + prompt_of(7, seed=6)
+    assert second[len(system)] != first[len(system)]
+    match = cache.lookup(NS, second)
+    assert match.reused == len(system)
+    warm_tokens, warm_logits = generate(match.session, second[len(system) :], recorder)
+    cold_tokens, cold_logits = generate(runner.open_session(), second, recorder)
+    assert warm_tokens == cold_tokens
+    np.testing.assert_allclose(warm_logits, cold_logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("engine", [("batched-sequence", 2)], indirect=True)
+def test_sliding_window_snapshot_from_wrap_survives_decode(engine):
+    """Ring layers keep window + max_write - 1 = 5 slots: decode overwrites the prompt boundary."""
+    runner, recorder, model = engine
+    prompt = prompt_of(12, seed=7)
+    cache = PrefixCache(RunnerBackend(runner), max_entries=8)
+    source = runner.open_session()
+    capture = cache.capture_prompt(source, prompt)
+    generate(source, prompt, recorder, capture.wrap(None))
+    # Negative control: after decode the source can no longer be cloned at the prompt length.
+    assert source.clone_async(len(prompt)).result(TIMEOUT) is None
+    assert capture.collect(NS) == 1
+    request = prompt + [5, 6, 7]
+    match = cache.lookup(NS, request)
+    assert match.reused == len(prompt)
+    warm_tokens, warm_logits = generate(match.session, request[len(prompt) :], recorder)
+    cold_tokens, cold_logits = generate(runner.open_session(), request, recorder)
+    assert warm_tokens == cold_tokens
+    np.testing.assert_allclose(warm_logits, cold_logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("engine", [("batched-sequence", 4)], indirect=True)
+def test_cache_and_sessions_outlive_the_runner(engine):
+    runner, recorder, _ = engine
+    prompt = prompt_of(8, seed=8)
+    cache = cached(runner, recorder, prompt)
+    handed_out = cache.lookup(NS, prompt).session
+    before = runner.metrics().clones_succeeded + runner.metrics().clones_refused
+    runner.shutdown()
+    assert not handed_out.valid
+    assert cache.lookup(NS, prompt) is None
+    assert runner.metrics().clones_succeeded + runner.metrics().clones_refused == before
+    assert cache.size == 0
+    cache.clear()
+
+
+@pytest.mark.parametrize("engine", [("batched-sequence", 4)], indirect=True)
+def test_namespace_carries_the_engine_fingerprint(engine):
+    runner, recorder, _ = engine
+    backend = RunnerBackend(runner)
+    assert backend.fingerprint == runner.fingerprint and backend.fingerprint
+    cache = cached(runner, recorder, prompt_of(8, seed=10))
+    assert cache.entries()[0].namespace == (runner.fingerprint, NS)
+
+
+@pytest.mark.parametrize("engine", [("batched-sequence", 4)], indirect=True)
+def test_user_callback_exception_fails_the_generation_with_its_message(engine):
+    runner, _, _ = engine
+    prompt = prompt_of(8, seed=11)
+    cache = PrefixCache(RunnerBackend(runner), max_entries=8)
+    session = runner.open_session()
+    capture = cache.capture_prompt(session, prompt)
+
+    def boom(update):
+        if update.tokens:
+            raise RuntimeError("user callback exploded")
+
+    result = session.generate_async(prompt, GenConfig(max_new_tokens=NEW), capture.wrap(boom)).wait(TIMEOUT)
+    assert result.finish_reason == "error" and "user callback exploded" in result.error
+    assert capture.collect(NS) == 1  # the clone was queued before the callback ran
+
+
+@pytest.mark.parametrize("engine", [("batched-sequence", 4)], indirect=True)
+def test_capture_queued_before_the_callback_closes_the_source_succeeds(engine):
+    runner, recorder, _ = engine
+    prompt = prompt_of(9, seed=12)
+    cache = PrefixCache(RunnerBackend(runner), max_entries=8)
+    session = runner.open_session()
+    capture = cache.capture_prompt(session, prompt)
+
+    def close_source(update):
+        if update.tokens:
+            session.close()
+
+    result = session.generate_async(prompt, GenConfig(max_new_tokens=NEW), capture.wrap(close_source)).wait(TIMEOUT)
+    assert result.finish_reason == "cancelled"
+    assert capture.collect(NS) == 1
+    match = cache.lookup(NS, prompt)
+    warm_tokens, _ = generate(match.session, prompt[match.reused :], recorder)
+    cold_tokens, _ = generate(runner.open_session(), prompt, recorder)
+    assert warm_tokens == cold_tokens
