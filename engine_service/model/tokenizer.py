@@ -1,0 +1,149 @@
+"""The tokenizer: built with ``tokenizers`` from GGUF metadata (byte-level BPE) or a tokenizer.json."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+from engine_service.errors import ModelLoadError
+
+# GGUF token_type values (llama.cpp's llama_token_type)
+_CONTROL, _USER_DEFINED = 3, 4
+
+# Pre-tokenizer splits by GGUF ``tokenizer.ggml.pre``; each ends in byte-level BPE without a prefix space.
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer | None:
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+    if pre == "smollm":  # SmolLM / SmolLM2: every digit on its own, then GPT-2 byte-level splitting
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    if pre in ("gpt2", "default"):
+        return byte_level
+    if pre in ("llama-bpe", "llama3"):
+        return pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+        ])
+    return None
+
+
+class Tokenizer:
+    """Text <-> token ids. ``encode(text, add_special_tokens=True)`` prepends BOS when the model asks
+    for it (``add_bos``); special tokens written in the text (``<|im_start|>``) always map to their ids."""
+
+    def __init__(
+        self, backend: HFTokenizer, *, bos_token_id: int | None, eos_token_ids: Sequence[int], add_bos: bool = False
+    ) -> None:
+        self._tok = backend
+        self.bos_token_id = bos_token_id
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.add_bos = add_bos and bos_token_id is not None
+        self._special = frozenset(
+            tid for tid, tok in backend.get_added_tokens_decoder().items() if tok.special
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        return self._special
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos and (not ids or ids[0] != self.bos_token_id):
+            ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        for t in ids:
+            if not 0 <= int(t) < self.vocab_size:
+                raise ValueError(f"token id {t} outside the vocabulary [0, {self.vocab_size})")
+        return self._tok.decode([int(t) for t in ids], skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(token_id)
+
+    def vocab_digest_source(self) -> bytes:
+        """A stable serialisation of the vocabulary and specials (for model fingerprints)."""
+        vocab = sorted(self._tok.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+        return json.dumps([vocab, self.bos_token_id, self.eos_token_ids, self.add_bos]).encode()
+
+
+def tokenizer_from_gguf(path: str, meta: dict[str, Any]) -> Tokenizer:
+    """Byte-level BPE from ``tokenizer.ggml.{tokens,merges,token_type,pre,bos/eos_token_id}``."""
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ModelLoadError(path, f"unsupported tokenizer model {kind!r} (supported: gpt2 byte-level BPE)")
+    tokens, merges = meta.get("tokenizer.ggml.tokens"), meta.get("tokenizer.ggml.merges")
+    if not tokens or merges is None:
+        raise ModelLoadError(path, "tokenizer.ggml.tokens / tokenizer.ggml.merges missing")
+    pre_name = meta.get("tokenizer.ggml.pre", "default")
+    pre = _pre_tokenizer(pre_name)
+    if pre is None:
+        raise ModelLoadError(path, f"unsupported pre-tokenizer {pre_name!r} (supported: smollm, gpt2, llama-bpe)")
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    pairs = []
+    for m in merges:
+        left, sep, right = m.partition(" ")
+        if not sep:
+            raise ModelLoadError(path, f"malformed merge {m!r}")
+        pairs.append((left, right))
+    backend = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+    backend.pre_tokenizer = pre
+    backend.decoder = decoders.ByteLevel()
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    special = [AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t == _CONTROL]
+    user = [AddedToken(tokens[i], special=False, normalized=False) for i, t in enumerate(types) if t == _USER_DEFINED]
+    backend.add_special_tokens(special)
+    if user:
+        backend.add_tokens(user)
+    eos = [meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in meta]
+    return Tokenizer(
+        backend,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=tuple(dict.fromkeys(int(e) for e in eos)),
+        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+    )
+
+
+def tokenizer_from_file(path: str, *, bos_token_id: int | None = None, eos_token_ids: Sequence[int] = (),
+                        add_bos: bool | None = None) -> Tokenizer:
+    """A tokenizer.json (Hugging Face format); a tokenizer_config.json next to it fills in BOS/EOS."""
+    try:
+        backend = HFTokenizer.from_file(path)
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception on bad files
+        raise ModelLoadError(path, f"cannot read tokenizer: {exc}") from None
+    cfg_path = os.path.join(os.path.dirname(path), "tokenizer_config.json")
+    cfg = {}
+    if os.path.exists(cfg_path):
+        try:
+            with open(cfg_path, encoding="utf-8") as f:
+                cfg = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(cfg_path, f"cannot read: {exc}") from None
+
+    def token_id(entry: Any) -> int | None:
+        text = entry.get("content") if isinstance(entry, dict) else entry
+        return backend.token_to_id(text) if isinstance(text, str) else None
+
+    if bos_token_id is None:
+        bos_token_id = token_id(cfg.get("bos_token"))
+    eos = list(eos_token_ids)
+    if not eos and token_id(cfg.get("eos_token")) is not None:
+        eos = [token_id(cfg.get("eos_token"))]
+    if add_bos is None:
+        add_bos = bool(cfg.get("add_bos_token", False))
+    return Tokenizer(backend, bos_token_id=bos_token_id, eos_token_ids=eos, add_bos=add_bos)
