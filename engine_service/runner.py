@@ -214,10 +214,7 @@ class Runner:
                 if self._stop_requested:
                     break
                 self._reap_cancelled()
-                plan = plan_batch(self._active, self._max_decode, self._executor.preferred_batch_tokens(),
-                                  self._counts["steps"])
-                if plan.inputs:
-                    self._run_batch(plan)
+                self._step()
         finally:
             self._teardown()
 
@@ -250,6 +247,14 @@ class Runner:
     def _reap_cancelled(self) -> None:
         for gen in [g for g in self._active if g.cancel_requested]:
             self._finish(gen, CANCELLED)
+
+    def _step(self) -> None:
+        # A method, not inline in the loop: the plan must not stay referenced while the engine idles
+        # (it holds generation handles, which hold sessions that would then never be collected).
+        plan = plan_batch(self._active, self._max_decode, self._executor.preferred_batch_tokens(),
+                          self._counts["steps"])
+        if plan.inputs:
+            self._run_batch(plan)
 
     def _run_batch(self, plan: BatchPlan) -> None:
         self._counts["forward_batches"] += 1

@@ -251,6 +251,7 @@ def test_clone_completes_when_source_is_closed_cancelled_or_dropped_right_after(
         assert result.finish_reason == "length"
         del s, handle
         collect_and_flush(runner)
+        assert runner.resident_sessions == 1  # the dropped source is closed, its clone lives
     else:
         assert result.finish_reason == "cancelled"
     child = futures[0].result(10)
