@@ -64,17 +64,21 @@ class Released(Generic[T]):
 
 @dataclass
 class HandleRegistry(Generic[T]):
-    """Maps handles to values, per owner. ``idle_timeout_s`` 0 disables expiry."""
+    """Maps handles to values, per owner. ``idle_timeout_s`` 0 disables expiry; handles of
+    ``persistent_owners`` (services that hold snapshots on purpose, e.g. the prefix service, which
+    releases its leftovers itself at start) never expire."""
 
     instance_id: str = field(default_factory=new_instance_id)
     idle_timeout_s: float = 0.0
     clock: Callable[[], float] = time.monotonic
+    persistent_owners: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not _INSTANCE_RE.match(self.instance_id):
             raise InvalidArgument(f"instance_id must be 16 lowercase hex digits, got {self.instance_id!r}")
         if not self.idle_timeout_s >= 0:
             raise InvalidArgument(f"idle_timeout_s must be >= 0, got {self.idle_timeout_s}")
+        self.persistent_owners = frozenset(self.persistent_owners)
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry[T]] = {}
 
@@ -151,7 +155,11 @@ class HandleRegistry(Generic[T]):
             return []
         deadline = self.clock() - self.idle_timeout_s
         with self._lock:
-            gone = [h for h, e in self._entries.items() if e.pins == 0 and e.last_used < deadline]
+            gone = [
+                h
+                for h, e in self._entries.items()
+                if e.pins == 0 and e.last_used < deadline and e.owner not in self.persistent_owners
+            ]
             return [Released(h, self._entries[h].owner, self._entries.pop(h).value) for h in gone]
 
     def __len__(self) -> int:

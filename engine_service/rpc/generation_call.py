@@ -115,7 +115,7 @@ class GenerationCall:
         self._prompt_end = start + size
         self._generation = self._session.generate_async(input, config, self._on_update)
         yield convert.started_event(self._handle, start, size)
-        text = StreamDecoder(self._tokenizer)
+        text = StreamDecoder(self._tokenizer, skip_special_tokens=True)
         while True:
             try:
                 item = self._queue.get(timeout=_POLL_S)

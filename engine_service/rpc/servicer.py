@@ -61,6 +61,7 @@ class EngineDeps:
         max_decode_sequences: int = 8,
         prefill_chunk: int = 512,
         idle_timeout_s: float = 0.0,
+        persistent_owners: tuple[str, ...] = ("prefix-service",),
         eos_token_ids: tuple[int, ...] | None = None,
     ) -> EngineDeps:
         """A ModuleExecutor over ``model`` (a Transformer or LoadedModel) and a started Runner."""
@@ -86,7 +87,7 @@ class EngineDeps:
             cache_kind=cache_kind,
             eos_token_ids=eos_token_ids,
             chat=chat,
-            registry=HandleRegistry(idle_timeout_s=idle_timeout_s),
+            registry=HandleRegistry(idle_timeout_s=idle_timeout_s, persistent_owners=frozenset(persistent_owners)),
         )
 
     def __post_init__(self) -> None:

@@ -20,6 +20,8 @@ from engine_service.model.random_init import random_model
 from engine_service.model.tokenizer import Tokenizer
 from engine_service.rpc.server import EngineServer, create_server
 from engine_service.rpc.servicer import EngineDeps
+from prefix_service.rpc.server import PrefixServer, connect_engine
+from prefix_service.rpc.server import create_server as create_prefix_server
 
 SPECIALS = {"<unk>": 0, "<bos>": 1, "<eos>": 2}
 
@@ -100,3 +102,44 @@ def engine_factory() -> Iterator[Callable[..., Engine]]:
 @pytest.fixture
 def engine(engine_factory) -> Engine:
     return engine_factory()
+
+
+@dataclass
+class Prefix:
+    """An in-process prefix service connected to an engine."""
+
+    server: PrefixServer
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def cache(self):
+        return self.server.deps.cache
+
+    def stop(self, grace: float | None = 1.0, *, release: bool = True) -> None:
+        self.server.stop(grace, release=release)
+
+
+def start_prefix(engine_address: str, *, max_entries: int = 16, policy: str = "lru", port: int = 0,
+                 owner: str = "prefix-service") -> Prefix:
+    deps, channel = connect_engine(engine_address, max_entries=max_entries, policy=policy, owner=owner)
+    server, bound = create_prefix_server(deps, f"127.0.0.1:{port}", channel=channel)
+    return Prefix(server, bound)
+
+
+@pytest.fixture
+def prefix_factory() -> Iterator[Callable[..., Prefix]]:
+    """``prefix_factory(engine_address, **kw)``; every prefix service is stopped at teardown."""
+    started: list[Prefix] = []
+
+    def make(engine_address: str, **kwargs) -> Prefix:
+        prefix = start_prefix(engine_address, **kwargs)
+        started.append(prefix)
+        return prefix
+
+    yield make
+    for prefix in started:
+        prefix.stop(0, release=False)

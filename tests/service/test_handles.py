@@ -78,6 +78,16 @@ def test_idle_expiry_respects_pins_and_use() -> None:
         reg.resolve(idle, "o")
 
 
+def test_persistent_owner_never_expires() -> None:
+    clock = FakeClock()
+    reg: HandleRegistry[str] = HandleRegistry(idle_timeout_s=1.0, clock=clock, persistent_owners=frozenset({"svc"}))
+    reg.register("kept", "svc")
+    reg.register("client", "c")
+    clock.now += 5
+    assert [r.value for r in reg.expire_idle()] == ["client"]
+    assert reg.count("svc") == 1
+
+
 def test_zero_timeout_never_expires() -> None:
     clock = FakeClock()
     reg: HandleRegistry[int] = HandleRegistry(idle_timeout_s=0, clock=clock)

@@ -1,0 +1,117 @@
+"""PrefixClient: a typed Python wrapper over the ``forkline.prefix.v1.PrefixCache`` stub.
+
+Like :class:`clients.engine_client.EngineClient`, every call sends the owner id and failed calls raise
+``engine_service.errors`` types. A Lookup hit returns an engine session handle owned by this owner:
+use it with an EngineClient of the same owner (``engine.generate(tokens[reused:], session=...)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from clients.engine_client import GenerationStream, generation_config, input_fields
+from engine_service.rpc.convert import OWNER_METADATA_KEY
+from engine_service.rpc.errors import from_rpc_error
+from protos import prefix_pb2 as pb
+from protos import prefix_pb2_grpc
+
+MISS_REASONS = {value: name.removeprefix("MISS_REASON_").lower() for name, value in pb.MissReason.items()}
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    """session: a handle holding tokens[:reused] (None on a miss); reason: "unspecified" on a hit,
+    else "empty" | "diverged" | "boundary_refused" | "engine_restarted" | "too_short" | "disabled"."""
+
+    session: str | None
+    reused: int
+    tokens: tuple[int, ...]
+    reason: str
+    diverged_at: int = 0
+
+
+@dataclass(frozen=True)
+class PrefixStats:
+    entries: int
+    max_entries: int
+    hits: int
+    misses: int
+    inserts: int
+    dropped_on_restart: int
+    engine_instance_id: str
+    policy: str
+    reused_positions: int
+
+
+class PrefixClient:
+    """See the module docstring. ``target`` is ``host:port`` or an open channel."""
+
+    def __init__(self, target: str | grpc.Channel, *, owner: str = "anonymous", timeout: float | None = 60.0) -> None:
+        self._own_channel = isinstance(target, str)
+        self.channel = grpc.insecure_channel(target) if isinstance(target, str) else target
+        self.stub = prefix_pb2_grpc.PrefixCacheStub(self.channel)
+        self.owner = owner
+        self.timeout = timeout
+        self._metadata = ((OWNER_METADATA_KEY, owner),)
+
+    def close_channel(self) -> None:
+        if self._own_channel:
+            self.channel.close()
+
+    def __enter__(self) -> PrefixClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close_channel()
+
+    def _unary(self, method, request):
+        try:
+            return method(request, metadata=self._metadata, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+
+    def lookup(self, tokens: Sequence[int] | None = None, *, text: str | None = None, namespace: str = "",
+               chat: bool = False, system: str = "") -> LookupResult:
+        request = pb.LookupRequest(namespace=namespace, **input_fields(tokens, text, chat, system, False))
+        r = self._unary(self.stub.Lookup, request)
+        return LookupResult(r.session or None, r.reused, tuple(r.tokens), MISS_REASONS[r.reason], r.diverged_at)
+
+    def insert(self, tokens: Sequence[int], session: str, *, namespace: str = "",
+               metadata: Mapping[str, str] | None = None) -> bool:
+        request = pb.InsertRequest(namespace=namespace, tokens=list(tokens), session=session,
+                                   metadata=dict(metadata or {}))
+        return self._unary(self.stub.Insert, request).stored
+
+    def stats(self) -> PrefixStats:
+        s = self._unary(self.stub.Stats, pb.StatsRequest())
+        return PrefixStats(s.entries, s.max_entries, s.hits, s.misses, s.inserts, s.dropped_on_restart,
+                           s.engine_instance_id, s.policy, s.reused_positions)
+
+    def clear(self) -> int:
+        return self._unary(self.stub.Clear, pb.ClearRequest()).released
+
+    def generate(
+        self,
+        tokens: Sequence[int] | None = None,
+        *,
+        text: str | None = None,
+        chat: bool = False,
+        system: str = "",
+        namespace: str = "",
+        skip_insert: bool = False,
+        metadata: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        **config_fields,
+    ) -> GenerationStream:
+        """Gateway generation: lookup -> engine Generate (prompt captured) -> insert, one stream."""
+        request = pb.GatewayGenerateRequest(
+            namespace=namespace,
+            config=generation_config(**config_fields),
+            skip_insert=skip_insert,
+            metadata=dict(metadata or {}),
+            **input_fields(tokens, text, chat, system, False),
+        )
+        return GenerationStream(self.stub.Generate(request, metadata=self._metadata, timeout=timeout))

@@ -1,0 +1,197 @@
+"""PrefixServicer: ``forkline.prefix.v1.PrefixCache`` over a PrefixCache and a remote engine.
+
+The service owns the :class:`PrefixCache` (and its retention policy); its snapshots are engine
+handles held under the service's owner id. Before each operation it checks the engine's instance id
+(one Info call): when the engine restarted, every entry is dropped (their handles are dead) and
+lookups report MISS_REASON_ENGINE_RESTARTED until something is cached again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from engine_service.errors import InvalidArgument
+from engine_service.rpc.convert import owner_of
+from engine_service.rpc.errors import status_on_error
+from prefix_service.prefix_cache import CLONE_REFUSED, PrefixCache
+from prefix_service.rpc.engine_backend import EngineBackend
+from protos import engine_pb2 as epb
+from protos import prefix_pb2 as pb
+from protos import prefix_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PrefixDeps:
+    """The cache and the engine backend it clones through (``cache.backend is backend``)."""
+
+    cache: PrefixCache
+    backend: EngineBackend
+
+    def __post_init__(self) -> None:
+        if self.cache.backend is not self.backend:
+            raise ValueError("cache must use the given backend")
+
+
+class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
+    def __init__(self, deps: PrefixDeps) -> None:
+        self.deps = deps
+        self._lock = threading.Lock()
+        self._restarted = False  # entries were dropped on an engine restart; nothing cached since
+        self.dropped_on_restart = 0
+
+    # -- helpers -------------------------------------------------------------------------------
+    def check_engine(self) -> None:
+        """Drop every entry when the engine's instance id changed (its handles are dead)."""
+        backend = self.deps.backend
+        with self._lock:
+            previous = backend.instance_id
+            info = backend.info()
+            if info.instance_id == previous:
+                return
+            backend.refresh()
+            if previous:
+                dropped = self.deps.cache.clear()
+                self.dropped_on_restart += dropped
+                self._restarted = True
+                log.warning("engine restarted (%s -> %s): dropped %d entries", previous, info.instance_id, dropped)
+
+    def _tokens(self, request, owner: str) -> list[int]:
+        which = request.WhichOneof("input")
+        if which == "tokens":
+            return list(request.tokens.ids)
+        if which == "text":
+            backend = self.deps.backend
+            reply = backend.call(backend.stub.Tokenize, epb.TokenizeRequest(text=request.text), owner)
+            return list(reply.ids)
+        raise InvalidArgument("input is required: one of tokens, text")
+
+    def _miss_reason(self, namespace: str, tokens: Sequence[int], refused_before: int) -> tuple[int, int]:
+        """(MissReason, diverged_at) for a lookup that returned nothing."""
+        cache = self.deps.cache
+        if len(tokens) < 2:
+            return pb.MISS_REASON_TOO_SHORT, 0
+        if cache.stats().refusals.get(CLONE_REFUSED, 0) > refused_before:
+            return pb.MISS_REASON_BOUNDARY_REFUSED, 0
+        if self._restarted:
+            return pb.MISS_REASON_ENGINE_RESTARTED, 0
+        if cache.max_entries == 0 or len(cache) == 0:
+            return pb.MISS_REASON_DISABLED if cache.max_entries == 0 else pb.MISS_REASON_EMPTY, 0
+        if cache.entries(namespace):
+            return pb.MISS_REASON_DIVERGED, 0  # entries exist; none shares the first token
+        return pb.MISS_REASON_EMPTY, 0
+
+    def _lookup(self, namespace: str, tokens: Sequence[int], clone_owner: str):
+        cache, backend = self.deps.cache, self.deps.backend
+        refused_before = cache.stats().refusals.get(CLONE_REFUSED, 0)
+        with backend.cloning_for(clone_owner):
+            match = cache.lookup(namespace, tokens)
+        if match is not None:
+            return match, pb.MISS_REASON_UNSPECIFIED, 0
+        reason, diverged = self._miss_reason(namespace, tokens, refused_before)
+        return None, reason, diverged
+
+    def _insert(self, namespace: str, tokens: Sequence[int], handle: str, metadata) -> bool:
+        stored = self.deps.cache.insert(namespace, tokens, handle, dict(metadata))
+        if stored:
+            self._restarted = False
+        return stored
+
+    # -- RPCs ----------------------------------------------------------------------------------
+    def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> pb.LookupResponse:
+        with status_on_error(context):
+            owner = owner_of(context.invocation_metadata())
+            self.check_engine()
+            tokens = self._tokens(request, owner)
+            match, reason, diverged = self._lookup(request.namespace, tokens, owner)
+            return pb.LookupResponse(
+                session=match.session if match else "",
+                reused=match.reused if match else 0,
+                tokens=tokens,
+                reason=reason,
+                diverged_at=diverged,
+            )
+
+    def Insert(self, request: pb.InsertRequest, context: grpc.ServicerContext) -> pb.InsertResponse:
+        with status_on_error(context):
+            owner = owner_of(context.invocation_metadata())
+            self.check_engine()
+            backend = self.deps.backend
+            if not request.tokens:
+                raise InvalidArgument("tokens must not be empty")
+            described = backend.call(backend.stub.Describe, epb.DescribeRequest(session=request.session), owner)
+            if described.position != len(request.tokens):
+                return pb.InsertResponse(stored=False)
+            # The caller keeps its session; the service stores its own clone of it.
+            with backend.cloning_for(backend.owner):
+                reply = backend.call(
+                    backend.stub.Clone,
+                    epb.CloneRequest(session=request.session, upto=len(request.tokens), new_owner=backend.owner),
+                    owner,
+                )
+            if not reply.session:
+                return pb.InsertResponse(stored=False)
+            backend.adopt(reply.session, reply.position)
+            stored = self._insert(request.namespace, list(request.tokens), reply.session, request.metadata)
+            return pb.InsertResponse(stored=stored)
+
+    def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
+        with status_on_error(context):
+            s = self.deps.cache.stats()
+            return pb.StatsResponse(
+                entries=s.entries,
+                max_entries=s.max_entries,
+                hits=s.hits,
+                misses=s.misses,
+                inserts=s.inserts,
+                dropped_on_restart=self.dropped_on_restart,
+                engine_instance_id=self.deps.backend.instance_id,
+                policy=type(self.deps.cache.policy).__name__,
+                reused_positions=s.reused_tokens,
+            )
+
+    def Clear(self, request: pb.ClearRequest, context: grpc.ServicerContext) -> pb.ClearResponse:
+        with status_on_error(context):
+            return pb.ClearResponse(released=self.deps.cache.clear())
+
+    def Generate(
+        self, request: pb.GatewayGenerateRequest, context: grpc.ServicerContext
+    ) -> Iterator[epb.GenerateEvent]:
+        with status_on_error(context):
+            owner = owner_of(context.invocation_metadata())
+            self.check_engine()
+            backend = self.deps.backend
+            tokens = self._tokens(request, owner)
+            if not tokens:
+                raise InvalidArgument("input is empty")
+            match, _, _ = self._lookup(request.namespace, tokens, backend.owner)
+            reused = match.reused if match else 0
+            engine_request = epb.GenerateRequest(
+                session=match.session if match else "",
+                tokens=epb.TokenIds(ids=tokens[reused:]),
+                config=request.config,
+                capture=epb.CaptureOptions(prompt_snapshot=not request.skip_insert),
+            )
+            call = backend.stub.Generate(engine_request, metadata=backend.metadata)
+            context.add_callback(call.cancel)  # the client went away: stop the engine's generation
+            try:
+                for event in call:
+                    which = event.WhichOneof("event")
+                    if which == "snapshot":
+                        if event.snapshot.handle:
+                            backend.adopt(event.snapshot.handle, event.snapshot.position)
+                            self._insert(request.namespace, tokens, event.snapshot.handle, request.metadata)
+                        continue
+                    if which == "started":
+                        event.started.session = ""  # the service's session: not the caller's to use
+                    yield event
+            finally:
+                call.cancel()
+                if match is not None:
+                    backend.close(match.session)
