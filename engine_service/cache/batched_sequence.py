@@ -51,8 +51,9 @@ class SequenceStep:
         expect = (self._total, cfg.kv_heads, cfg.head_dim)
         if tuple(keys.shape) != expect or tuple(values.shape) != expect:
             raise CacheError(f"keys/values must be {list(expect)}, got {keys.shape} / {values.shape}")
-        k_t = keys.astype(cfg.dtype).transpose(1, 0, 2)  # [kv_heads, T, head_dim]
-        v_t = values.astype(cfg.dtype).transpose(1, 0, 2)
+        k_t = (keys if keys.dtype == cfg.dtype else keys.astype(cfg.dtype)).transpose(1, 0, 2)
+        v_t = (values if values.dtype == cfg.dtype else values.astype(cfg.dtype)).transpose(1, 0, 2)
+        # k_t, v_t: [kv_heads, T, head_dim]
         out = []
         for i, part in enumerate(self._parts):
             rows = slice(part.offset, part.offset + part.length)

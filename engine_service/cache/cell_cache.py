@@ -12,15 +12,17 @@ A clone ORs the new owner onto the source's cells below ``upto``: no K/V is copi
 used. Rewinding drops the sequence's ownership of its cells at or past the new length; a cell is
 freed when its last owner leaves. Nothing is ever evicted for a sliding window: the mask restricts it.
 
-A packed step returns ONE view for all its rows over the cells its sequences own (``U`` cells, sorted
-by cell index): a gather (``mx.take``) of those cells, or, when they fill most of the allocated span,
-a plain slice of the pool (no copy) whose extra cells the mask hides. Mask [T, U]: the row's sequence
-owns the cell, ``cell_pos <= qpos``, and on sliding layers ``cell_pos > qpos - W``.
+A packed step returns one view per segment over the cells its sequence owns (``U`` cells): a gather
+(``mx.take``) of exactly those cells, or, when they fill at least half of the pool range they span, a
+plain slice of the pool (no copy) whose other cells the mask hides. Mask [n, U]: the sequence owns
+the cell, ``cell_pos <= qpos``, and on sliding layers ``cell_pos > qpos - W``; on a full layer whose
+cells are one ascending run in position order the mask is ``"causal"`` (None for one row).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
@@ -55,8 +57,31 @@ class _Cells:
         self.n = need
 
 
+@dataclass(frozen=True)
+class _SegmentRead:
+    """Which pool cells one segment's rows attend, decided once per step.
+
+    cells: the cells of the view, in view order (int64 [U]); span: (lo, hi) when the view is the pool
+    slice ``[lo, hi)`` (no copy), else None and ``take`` gathers ``cells``; contiguous: the sequence's
+    own cells are exactly ``lo .. hi - 1`` in position order (flat layers need no explicit mask).
+    """
+
+    seq: int
+    rows: slice
+    qpos: np.ndarray  # [n] positions of the segment's rows
+    cells: np.ndarray
+    span: tuple[int, int] | None
+    take: mx.array | None
+    contiguous: bool
+
+
 class CellStep:
-    """KVStep over the shared pool. Created by :meth:`CellCache.begin_step`."""
+    """KVStep over the shared pool. Created by :meth:`CellCache.begin_step`.
+
+    One view per segment over the cells its sequence owns (including cells shared with clones): the
+    pool slice spanning them when they fill at least half of it (the mask hides other owners' cells),
+    otherwise a gather of exactly those cells. Masks are built in numpy once per (segment, window).
+    """
 
     def __init__(self, cache: CellCache, segments: Sequence[Segment], new_cells: np.ndarray) -> None:
         self.segments = tuple(segments)
@@ -64,47 +89,63 @@ class CellStep:
         self._new = new_cells  # [T] cell of each packed row
         lo, hi = int(new_cells[0]), int(new_cells[-1])
         # fresh cells usually come off the free stack as one ascending run: a slice update suffices
-        self._run = (
-            (lo, hi + 1) if hi - lo + 1 == len(new_cells) and np.all(np.diff(new_cells) == 1) else None
-        )
-        self._new_mx = None if self._run else mx.array(new_cells.astype(np.int32))
-        sids = np.array([s.seq for s in segments], dtype=np.uint64)
-        lengths = [s.length for s in segments]
-        self._row_seq = np.repeat(sids, lengths)  # [T]
-        self._row_pos = np.concatenate([np.arange(s.start, s.start + s.length) for s in segments])  # [T]
-        union = np.unique(np.concatenate([cache._cells[s.seq].held() for s in segments]))
-        span = int(union[-1]) + 1
-        # a gather reads+writes U cells before attention reads them again; a slice is free but
-        # attention then reads ``span`` cells: slice when the owned cells fill at least half the span
-        self._slice = span if 2 * len(union) >= span else None
-        self._view_cells = np.arange(span) if self._slice else union  # [U]
-        self._take = None if self._slice else mx.array(union.astype(np.int32))
-        self._masks: dict[int | None, mx.array] = {}
+        run = hi - lo + 1 == len(new_cells) and bool(np.all(np.diff(new_cells) == 1))
+        self._run = (lo, hi + 1) if run else None
+        self._new_mx = None if run else mx.array(new_cells.astype(np.int32))
+        self._reads: list[_SegmentRead] = []
+        offset = 0
+        for seg in segments:
+            own = cache._cells[seg.seq].held()  # [pos] cell of each position, new rows included
+            lo, hi = int(own.min()), int(own.max()) + 1
+            contiguous = hi - lo == len(own) and bool(np.all(np.diff(own) == 1))
+            # a gather reads+writes U cells before attention reads them again; a slice is free but
+            # attention then reads the whole span: slice when the owned cells fill half of it
+            sliced = 2 * len(own) >= hi - lo
+            cells = np.arange(lo, hi) if sliced else np.sort(own)
+            self._reads.append(
+                _SegmentRead(
+                    seq=seg.seq,
+                    rows=slice(offset, offset + seg.length),
+                    qpos=np.arange(seg.start, seg.start + seg.length),
+                    cells=cells,
+                    span=(lo, hi) if sliced else None,
+                    take=None if sliced else mx.array(cells.astype(np.int32)),
+                    contiguous=contiguous,
+                )
+            )
+            offset += seg.length
+        self._masks: dict[tuple[int, int | None], mx.array | str | None] = {}
 
-    def _mask(self, window: int | None) -> mx.array:
-        """bool [T, U] for layers with this window (None = full), built once per step."""
-        if window not in self._masks:
-            cache, cells = self._cache, self._view_cells
-            owned = ((cache._owners[cells][None, :] >> self._row_seq[:, None]) & np.uint64(1)).astype(bool)
-            pos = cache._cell_pos[cells][None, :]  # [1, U]
-            q = self._row_pos[:, None]  # [T, 1]
-            mask = owned & (pos <= q) & (pos >= 0)
-            if window is not None:
-                mask &= pos > q - window
-            self._masks[window] = mx.array(mask)
-        return self._masks[window]
+    def _mask(self, i: int, window: int | None) -> mx.array | str | None:
+        """Mask of segment ``i`` on layers with this window (None = full): bool [n, U] or causal/None."""
+        key = (i, window)
+        if key not in self._masks:
+            read, cache = self._reads[i], self._cache
+            if window is None and read.contiguous:
+                # view index k holds position k, the segment's rows are the view's last rows
+                self._masks[key] = None if len(read.qpos) == 1 else "causal"
+            else:
+                bit = np.uint64(read.seq)
+                owned = ((cache._owners[read.cells] >> bit) & np.uint64(1)).astype(bool)  # [U]
+                pos = cache._cell_pos[read.cells][None, :]  # [1, U]
+                q = read.qpos[:, None]  # [n, 1]
+                mask = owned[None, :] & (pos <= q) & (pos >= 0)  # [n, U]
+                if window is not None:
+                    mask &= pos > q - window
+                self._masks[key] = mx.array(mask)
+        return self._masks[key]
 
     def views(self, layer: int, keys: mx.array, values: mx.array) -> list[KVView]:
-        """keys, values: [T, kv_heads, head_dim] packed in segment order. One view for all T rows."""
+        """keys, values: [T, kv_heads, head_dim] packed in segment order. One view per segment."""
         cache, cfg = self._cache, self._cache._cfg
         if not 0 <= layer < len(cfg.layers):
             raise CacheError(f"layer must be in [0, {len(cfg.layers)}), got {layer}")
         expect = (len(self._new), cfg.kv_heads, cfg.head_dim)
         if tuple(keys.shape) != expect or tuple(values.shape) != expect:
             raise CacheError(f"keys/values must be {list(expect)}, got {keys.shape} / {values.shape}")
-        k_t = keys.astype(cfg.dtype).transpose(1, 0, 2)  # [kv_heads, T, head_dim]
-        v_t = values.astype(cfg.dtype).transpose(1, 0, 2)
-        pool_k, pool_v = cache._keys, cache._values
+        k_t = _as(keys, cfg.dtype).transpose(1, 0, 2)  # [kv_heads, T, head_dim]
+        v_t = _as(values, cfg.dtype).transpose(1, 0, 2)
+        pool_k, pool_v = cache._keys, cache._values  # [kv_heads, alloc, head_dim] per layer
         if self._run:
             a, b = self._run
             pool_k[layer][:, a:b, :] = k_t
@@ -112,17 +153,25 @@ class CellStep:
         else:
             pool_k[layer][:, self._new_mx, :] = k_t
             pool_v[layer][:, self._new_mx, :] = v_t
-        if self._slice:
-            k_view = pool_k[layer][:, : self._slice, :]  # [kv_heads, U = span, head_dim]
-            v_view = pool_v[layer][:, : self._slice, :]
-        else:
-            k_view = mx.take(pool_k[layer], self._take, axis=1)  # [kv_heads, U, head_dim]
-            v_view = mx.take(pool_v[layer], self._take, axis=1)
-        mask = self._mask(cfg.layers[layer].window)
-        return [KVView(rows=slice(0, len(self._new)), keys=k_view, values=v_view, mask=mask)]
+        window = cfg.layers[layer].window
+        out = []
+        for i, read in enumerate(self._reads):
+            if read.span:
+                lo, hi = read.span
+                k_view = pool_k[layer][:, lo:hi, :]  # [kv_heads, U = hi - lo, head_dim]
+                v_view = pool_v[layer][:, lo:hi, :]
+            else:
+                k_view = mx.take(pool_k[layer], read.take, axis=1)  # [kv_heads, U, head_dim]
+                v_view = mx.take(pool_v[layer], read.take, axis=1)
+            out.append(KVView(rows=read.rows, keys=k_view, values=v_view, mask=self._mask(i, window)))
+        return out
 
     def state(self) -> list[mx.array]:
         return [*self._cache._keys, *self._cache._values]
+
+
+def _as(x: mx.array, dtype: mx.Dtype) -> mx.array:
+    return x if x.dtype == dtype else x.astype(dtype)
 
 
 class CellCache:

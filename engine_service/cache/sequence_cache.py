@@ -126,7 +126,7 @@ class SequenceCache:
             self._keys[layer] = pad
             # a separate buffer: two names on one buffer would defeat in-place slice updates
             self._values[layer] = mx.zeros(pad.shape, dtype=cfg.dtype)
-        else:
+        else:  # the pad is only read by the concatenations: one block serves keys and values
             self._keys[layer] = mx.concatenate([keys, pad], axis=1)
             self._values[layer] = mx.concatenate([self._values[layer], pad], axis=1)
 
@@ -209,6 +209,7 @@ class SequenceCache:
         dup._written = self._written
         for slots, held in self._slot_pos.items():
             dup._slot_pos[slots] = held.copy()
+        pads: dict[int, mx.array] = {}  # one zero block per headroom size, shared by every layer
         for layer, slots in enumerate(self._slots):
             keys, values = self._keys[layer], self._values[layer]
             if keys is None:
@@ -217,11 +218,11 @@ class SequenceCache:
                 if upto == 0:
                     continue
                 alloc = min(cfg.capacity, _round_up(upto, cfg.initial_capacity))
-                pad = (cfg.kv_heads, alloc - upto, cfg.head_dim)
-                dup._keys[layer] = mx.concatenate([keys[:, :upto, :], mx.zeros(pad, dtype=cfg.dtype)], axis=1)
-                dup._values[layer] = mx.concatenate(
-                    [values[:, :upto, :], mx.zeros(pad, dtype=cfg.dtype)], axis=1
-                )
+                if alloc - upto not in pads:
+                    pads[alloc - upto] = mx.zeros((cfg.kv_heads, alloc - upto, cfg.head_dim), dtype=cfg.dtype)
+                pad = pads[alloc - upto]
+                dup._keys[layer] = mx.concatenate([keys[:, :upto, :], pad], axis=1)
+                dup._values[layer] = mx.concatenate([values[:, :upto, :], pad], axis=1)
             else:  # mx.array(a) copies the buffer
                 dup._keys[layer] = mx.array(keys)
                 dup._values[layer] = mx.array(values)
