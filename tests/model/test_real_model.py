@@ -1,0 +1,19 @@
+"""The packaged SmolLM2-135M-Instruct GGUF, end to end (slow: loads ~100 MB of weights)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_service.model import load_model
+from engine_service.model.generate import greedy_tokens, new_cache
+
+
+@pytest.mark.slow
+def test_greedy_answer_names_paris():
+    loaded = load_model()  # the default: packaged GGUF, auto -> float32 on the CPU
+    tok = loaded.tokenizer
+    prompt = tok.encode(loaded.chat.format([{"role": "user", "content": "What is the capital of France?"}]))
+    cache = new_cache(loaded.model, len(prompt) + 24)
+    ids = list(greedy_tokens(loaded.model, cache, cache.seq_new(), prompt, 24, tok.eos_token_ids))
+    text = tok.decode(ids, skip_special_tokens=True)
+    assert "Paris" in text, text
