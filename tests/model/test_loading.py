@@ -129,7 +129,8 @@ def test_missing_path_and_bad_magic(tmp_path):
 
 @pytest.mark.parametrize("cut", [6, 30, 300, 2000, -100])
 def test_truncated_gguf(tiny_gguf, tmp_path, cut):
-    data = open(tiny_gguf, "rb").read()
+    with open(tiny_gguf, "rb") as f:
+        data = f.read()
     path = str(tmp_path / "cut.gguf")
     with open(path, "wb") as f:
         f.write(data[:cut])
