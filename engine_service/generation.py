@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from engine_service.errors import FailedPrecondition
+
 if TYPE_CHECKING:
     from engine_service.session import Session
 
@@ -106,6 +108,8 @@ class GenerationHandle:
 
         Never call this from a runner callback (the engine thread would wait for itself).
         """
+        if not self._done.is_set() and threading.current_thread() is self._session._runner.engine_thread:
+            raise FailedPrecondition("wait() from a runner callback would block the engine thread forever")
         if not self._done.wait(timeout):
             raise TimeoutError(f"generation still running after {timeout} s")
         assert self._result is not None

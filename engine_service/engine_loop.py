@@ -1,0 +1,353 @@
+"""EngineLoop: the state the engine thread owns, and the loop it runs.
+
+Only the engine thread calls the executor, creates or changes session records and generations. Other
+threads reach it through :meth:`EngineLoop.put` (commands on a ``queue.SimpleQueue``) and read a few
+single attributes (``records`` size, ``counts``, ``accepting``). The loop::
+
+    while not stopping: drain commands -> reap cancelled -> run one batch -> deliver outputs
+
+Commands queued by an output callback are drained before the next forward. With no live generation
+the thread blocks on the inbox (no busy spin). Teardown finishes live generations as cancelled,
+settles every queued command without calling the executor for it, and closes every session.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from engine_service.batch_plan import BatchPlan, PlannedInput, plan_batch
+from engine_service.commands import (
+    BarrierCommand,
+    CancelCommand,
+    CloneCommand,
+    CloseCommand,
+    CommandTable,
+    OpenCommand,
+    StartCommand,
+)
+from engine_service.errors import FailedPrecondition, GenerationError, ResourceExhausted, Unavailable
+from engine_service.executor import ExecOutput, Executor, ExecutorLimits
+from engine_service.generation import GenerationUpdate
+from engine_service.input_check import check_input
+from engine_service.session import Session
+from engine_service.session_record import CANCELLED, ERROR, LENGTH, ActiveGeneration, SessionRecord
+
+if TYPE_CHECKING:
+    from engine_service.runner import Runner
+
+log = logging.getLogger(__name__)
+
+COUNTERS = ("steps", "forward_batches", "failed_batches", "tokens_decoded", "prefill_positions",
+            "generations_started", "generations_finished", "clones_succeeded", "clones_refused")
+
+
+class EngineLoop:
+    """Engine-thread state of one :class:`Runner`: session records, live generations, counters."""
+
+    def __init__(self, runner: Runner, executor: Executor, max_decode: int) -> None:
+        self._runner = runner  # sessions handed to callers point at the runner, not at this loop
+        self._executor = executor
+        self._max_decode = max_decode
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        # Guards ``accepting`` against submissions racing the final drain at shutdown. Closes are put
+        # without it (finalizers must never take a lock); an unhandled close after teardown is moot.
+        self.submit_lock = threading.Lock()
+        self.accepting = True
+        self.stop_requested = False
+        self.records: dict[int, SessionRecord] = {}
+        self.counts: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self.limits: ExecutorLimits | None = None
+        self.fingerprint = ""
+        self.startup_error: BaseException | None = None
+        self.ready = threading.Event()
+        self._active: list[ActiveGeneration] = []
+        self._next_key = 0
+        self._table = CommandTable({
+            OpenCommand: self._on_open,
+            CloneCommand: self._on_clone,
+            CloseCommand: self._on_close,
+            StartCommand: self._on_start,
+            CancelCommand: self._on_cancel,
+            BarrierCommand: self._on_barrier,
+        })
+
+    def put(self, command: object) -> bool:
+        """Queue ``command`` unless the engine is stopping (then False). Unknown types raise TypeError."""
+        if not self._table.handles(command):
+            raise TypeError(f"unknown command {type(command).__name__}")
+        with self.submit_lock:
+            if not self.accepting or self.stop_requested:
+                return False
+            self.inbox.put(command)
+            return True
+
+    def run(self) -> None:
+        """The engine thread's body: start up, loop until stopped, tear down."""
+        try:
+            self.limits = self._executor.limits()
+            self.fingerprint = self._executor.fingerprint()
+        except BaseException as exc:  # reported to the constructor's thread
+            self.startup_error = exc
+            self.accepting = False
+            self.ready.set()
+            return
+        self.ready.set()
+        try:
+            while not self.stop_requested:
+                self.counts["steps"] += 1
+                self._drain(block=not self._active)
+                if self.stop_requested:
+                    break
+                self._reap_cancelled()
+                self._step()
+        finally:
+            self._teardown()
+
+    def _drain(self, *, block: bool) -> None:
+        try:
+            command = self.inbox.get() if block else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._dispatch(command)
+            if self.stop_requested:
+                return
+            try:
+                command = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _dispatch(self, command: object) -> None:
+        try:
+            self._table.dispatch(command)
+        except Exception as exc:  # a handler bug must not take the engine down; settle the caller
+            log.exception("command %s failed", type(command).__name__)
+            future = getattr(command, "future", None)
+            if future is not None and not future.done():
+                future.set_exception(exc)
+            gen = getattr(command, "generation", None)
+            if gen is not None:
+                self._finish(gen, ERROR, GenerationError(f"{type(exc).__name__}: {exc}"))
+
+    def _reap_cancelled(self) -> None:
+        for gen in [g for g in self._active if g.cancel_requested]:
+            self._finish(gen, CANCELLED)
+
+    def _step(self) -> None:
+        # A method, not inline in the loop: the plan must not stay referenced while the engine idles
+        # (it holds generation handles, which hold sessions that would then never be collected).
+        plan = plan_batch(self._active, self._max_decode, self._executor.preferred_batch_tokens(),
+                          self.counts["steps"])
+        if plan.inputs:
+            self._run_batch(plan)
+
+    def _run_batch(self, plan: BatchPlan) -> None:
+        self.counts["forward_batches"] += 1
+        try:
+            outputs = self._executor.execute([p.input for p in plan.inputs])
+            if len(outputs) != len(plan.inputs):
+                raise GenerationError(f"executor returned {len(outputs)} outputs for {len(plan.inputs)} inputs")
+        except Exception as exc:
+            # A failed batch poisons every session in it; other sessions and the engine carry on.
+            self.counts["failed_batches"] += 1
+            log.warning("batch of %d inputs failed: %s", len(plan.inputs), exc)
+            for item in plan.inputs:
+                item.gen.record.poisoned = True
+                self._finish(item.gen, ERROR, GenerationError(f"executor failed: {type(exc).__name__}: {exc}"))
+            return
+        for item, out in zip(plan.inputs, outputs, strict=True):
+            if not item.gen.finished:
+                self._deliver(item, out)
+
+    def _deliver(self, item: PlannedInput, out: ExecOutput) -> None:
+        gen, rec = item.gen, item.gen.record
+        if out.error is not None or (item.input.want_output and not out.tokens):
+            rec.poisoned = True
+            self._finish(gen, ERROR, GenerationError(out.error or "executor returned no prediction"))
+            return
+        # The input is committed; a continuing generation's pending token was its first position.
+        rec.position = item.input.start + item.input.size()
+        rec.pending = None
+        if not item.decode:
+            self.counts["prefill_positions"] += item.input.size()
+        breakpoint = rec.position if rec.position in item.breakpoints else None
+        if not item.input.want_output:
+            self._emit(gen, GenerationUpdate((), rec.position, breakpoint=breakpoint))
+            return
+        if gen.first_token_at is None:
+            gen.first_token_at = time.perf_counter()
+        tokens, reason, rec.position, rec.pending = gen.accept(tuple(out.tokens), rec.position)
+        self.counts["tokens_decoded"] += len(tokens)
+        if breakpoint != rec.position:
+            breakpoint = None
+        if reason is None and rec.position >= self.limits.max_session_tokens:
+            reason = LENGTH  # the pending token has no room left in the session
+        if reason is not None:
+            self._finish(gen, reason, tokens=tokens, breakpoint=breakpoint)
+        else:
+            self._emit(gen, GenerationUpdate(tokens, rec.position, breakpoint=breakpoint))
+
+    def _emit(self, gen: ActiveGeneration, update: GenerationUpdate) -> None:
+        if gen.callback is None:
+            return
+        try:
+            gen.callback(update)
+        except Exception as exc:
+            gen.callback = None  # a raising callback is not called again, not even for the end
+            self._finish(gen, ERROR, GenerationError(f"callback raised {type(exc).__name__}: {exc}"))
+
+    def _finish(self, gen: ActiveGeneration, reason: str, error: BaseException | None = None, *,
+                tokens: tuple[int, ...] = (), breakpoint: int | None = None) -> None:
+        """End ``gen`` once: free its session for the next generation, send the terminal update, settle."""
+        if gen.finished:
+            return
+        gen.finished = True
+        if gen in self._active:
+            self._active.remove(gen)
+        rec = gen.record
+        if rec is not None and rec.generation is gen:
+            rec.generation = None
+            rec.busy = False
+        self.counts["generations_finished"] += 1
+        result = gen.result(reason, error)
+        position = rec.position if rec is not None else 0
+        if gen.callback is not None:
+            update = GenerationUpdate(tokens, position, breakpoint=breakpoint, finished=True,
+                                      finish_reason=reason, error=result.error)
+            try:
+                gen.callback(update)
+            except Exception as exc:
+                error = GenerationError(f"callback raised {type(exc).__name__}: {exc}")
+                result = gen.result(ERROR, error)
+        gen.handle._settle(result, error)
+        gen.callback = None  # the caller's handle keeps ``gen``; drop what it no longer needs
+        gen.segments = []
+
+    # ------------------------------------------------------------------ command handlers
+
+    def _on_open(self, cmd: OpenCommand) -> None:
+        if not cmd.future.set_running_or_notify_cancel():
+            return
+        sid = self._executor.open_session()
+        if sid is None:
+            cmd.future.set_exception(ResourceExhausted(
+                f"no free session slot (max_sessions={self.limits.max_sessions})"))
+            return
+        cmd.future.set_result(self._adopt(sid, position=0))
+
+    def _adopt(self, sid: int, position: int) -> Session:
+        key = self._next_key
+        self._next_key += 1
+        rec = SessionRecord(key=key, sid=sid, position=position)
+        self.records[key] = rec
+        return Session(self._runner, rec)
+
+    def _on_clone(self, cmd: CloneCommand) -> None:
+        future = cmd.future_ref()
+        if future is None or not future.set_running_or_notify_cancel():
+            return  # abandoned before it ran: nobody could own the child, so none is made
+        rec = self.records.get(cmd.key)
+        child: Session | None = None
+        # Only the runner's accepted position authorizes a clone: a speculative executor may have
+        # physically written past it, and the pending token is not written at all.
+        if rec is not None and not rec.poisoned and 0 <= cmd.upto <= rec.position:
+            try:
+                sid = self._executor.clone(rec.sid, cmd.upto)
+            except Exception as exc:  # an exception inside clone is a refusal
+                log.warning("executor.clone(%d, %d) raised %s: %s", rec.sid, cmd.upto, type(exc).__name__, exc)
+                sid = None
+            if sid is not None:
+                child = self._adopt(sid, position=cmd.upto)
+        self.counts["clones_succeeded" if child is not None else "clones_refused"] += 1
+        future.set_result(child)
+
+    def _on_close(self, cmd: CloseCommand) -> None:
+        rec = self.records.get(cmd.key)
+        if rec is None:
+            return
+        rec.closed = True
+        if rec.generation is not None:
+            self._finish(rec.generation, CANCELLED)
+        del self.records[cmd.key]
+        try:
+            self._executor.close_session(rec.sid)
+        except Exception:
+            log.exception("executor.close_session(%d) failed", rec.sid)
+
+    def _on_start(self, cmd: StartCommand) -> None:
+        gen = cmd.generation
+        rec = self.records.get(cmd.key)
+        self.counts["generations_started"] += 1
+        if rec is None or rec.closed:
+            self._finish(gen, ERROR, FailedPrecondition(f"session {cmd.key} is closed"))
+            return
+        if rec.poisoned or rec.generation is not None:
+            state = "failed earlier" if rec.poisoned else "already generating"
+            self._finish(gen, ERROR, FailedPrecondition(f"session {cmd.key} is {state}"))
+            return
+        gen.record = rec
+        rec.generation = gen
+        rec.busy = True
+        gen.started_at = time.perf_counter()
+        problem = check_input(gen.input, rec, self.limits, self._executor)
+        if problem is not None:
+            self._finish(gen, ERROR, problem)
+            return
+        try:
+            self._executor.set_sampling(rec.sid, gen.config.sampling(), gen.config.seed)
+        except Exception as exc:
+            self._finish(gen, ERROR, GenerationError(f"set_sampling failed: {type(exc).__name__}: {exc}"))
+            return
+        gen.segments = ([(rec.pending,)] if rec.pending is not None else []) + [gen.input]
+        self._active.append(gen)
+
+    def _on_cancel(self, cmd: CancelCommand) -> None:
+        cmd.generation.cancel_requested = True
+
+    def _on_barrier(self, cmd: BarrierCommand) -> None:
+        if cmd.future is not None and cmd.future.set_running_or_notify_cancel():
+            cmd.future.set_result(None)
+
+    # ------------------------------------------------------------------ shutdown
+
+    def _teardown(self) -> None:
+        with self.submit_lock:
+            self.accepting = False  # from here on no future can be queued unsettled
+        for gen in list(self._active):
+            self._finish(gen, CANCELLED)
+        while True:
+            try:
+                command = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            try:
+                self._settle_unrun(command)
+            except Exception:
+                log.exception("settling %s at shutdown failed", type(command).__name__)
+        for rec in list(self.records.values()):
+            rec.closed = True
+            try:
+                self._executor.close_session(rec.sid)
+            except Exception:
+                log.exception("executor.close_session(%d) failed at shutdown", rec.sid)
+        self.records.clear()
+
+    def _settle_unrun(self, command: object) -> None:
+        """Settle a command queued when the engine stopped, without calling the executor for it."""
+        if isinstance(command, OpenCommand):
+            if command.future.set_running_or_notify_cancel():
+                command.future.set_exception(Unavailable("runner is stopping"))
+        elif isinstance(command, CloneCommand):
+            future = command.future_ref()
+            if future is not None and future.set_running_or_notify_cancel():
+                self.counts["clones_refused"] += 1
+                future.set_result(None)
+        elif isinstance(command, StartCommand):
+            self._finish(command.generation, CANCELLED)
+        elif isinstance(command, (CloseCommand, BarrierCommand)):
+            self._table.dispatch(command)
+        # CancelCommand: its generation already ended.
