@@ -195,3 +195,30 @@ def test_idle_engine_does_not_spin(runner):
     before = runner.metrics().steps
     time.sleep(0.05)
     assert runner.metrics().steps == before
+
+
+def test_session_token_limit_ends_generation_with_length(make_runner):
+    fake = FakeExecutor(vocab_size=VOCAB, max_session_tokens=12)
+    runner = make_runner(fake)
+    s = runner.open_session()
+    result = s.generate_async(PROMPT, GenConfig(max_new_tokens=10)).wait(10)
+    # Prompt 10 -> positions 10, 11, 12 with a pending token each; 12 leaves no room for the pending one.
+    assert result.finish_reason == "length" and result.tokens == tuple(reference(PROMPT, 0, 3, VOCAB))
+    assert s.position == 12
+    follow = s.generate_async([1], GenConfig())
+    assert follow.wait(10).finish_reason == "error" and "max_session_tokens" in str(follow.error)
+
+
+def test_wait_from_a_callback_refuses_instead_of_deadlocking(runner):
+    s = runner.open_session()
+    errors = []
+
+    def cb(update):
+        try:
+            handle.wait(1)
+        except FailedPrecondition as exc:
+            errors.append(exc)
+
+    handle = s.generate_async([1, 2], GenConfig(max_new_tokens=1), cb)
+    assert handle.wait(10).finish_reason == "length"
+    assert errors, "wait() on the engine thread must raise"
