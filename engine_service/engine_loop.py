@@ -127,6 +127,8 @@ class EngineLoop:
         except Exception as exc:  # a handler bug must not take the engine down; settle the caller
             log.exception("command %s failed", type(command).__name__)
             future = getattr(command, "future", None)
+            if isinstance(command, CloneCommand):
+                future = command.future_ref()
             if future is not None and not future.done():
                 future.set_exception(exc)
             gen = getattr(command, "generation", None)
