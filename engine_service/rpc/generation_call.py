@@ -92,7 +92,8 @@ class GenerationCall:
     def _on_update(self, update: GenerationUpdate) -> None:
         """Runner callback (engine thread): queue clones for captures, then hand the update over."""
         with self._lock:
-            if not self._closed and not update.finished:
+            # the terminal update may carry the only tokens (max_new_tokens 1): capture there too
+            if not self._closed and update.finish_reason != "error":
                 if update.breakpoint is not None and update.breakpoint in self._breakpoints:
                     fut = self._session.clone_async(update.breakpoint)
                     self._queue.put(_Snapshot(fut, update.breakpoint, BREAKPOINT))

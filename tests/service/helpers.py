@@ -1,0 +1,40 @@
+"""Shared test helpers: an in-process reference run (no gRPC) and polling."""
+
+from __future__ import annotations
+
+import time
+from functools import lru_cache
+
+from engine_service.config import GenConfig
+from engine_service.model.random_init import random_model
+from engine_service.module_executor import ModuleExecutor
+from engine_service.runner import Runner
+
+PROMPT = [ord(c) for c in "The quick brown fox jumps over the lazy dog. "] * 2
+SAMPLED = {"temperature": 10.0, "seed": 7, "ignore_eos": True}  # the tiny random model is very peaked
+
+
+@lru_cache(maxsize=64)
+def _reference(prompt: tuple[int, ...], max_new_tokens: int, temperature: float, seed: int) -> tuple[int, ...]:
+    executor = ModuleExecutor.create(random_model("FRFR", 4, 0), "batched-sequence", 2, 4096, prefill_chunk=64)
+    runner = Runner(executor)
+    try:
+        with runner.open_session() as session:
+            config = GenConfig(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+            return session.generate_async(list(prompt), config).wait(60).tokens
+    finally:
+        runner.shutdown()
+
+
+def in_process_tokens(prompt: list[int], max_new_tokens: int, *, temperature: float = 0.0, seed: int = 0) -> list[int]:
+    """Independent reference: the same tiny model (seed 0, FRFR) in a fresh Runner in this process."""
+    return list(_reference(tuple(prompt), max_new_tokens, temperature, seed))
+
+
+def wait_for(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()

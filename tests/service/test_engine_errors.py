@@ -1,0 +1,167 @@
+"""Each bad input gets its status code (never INTERNAL), while a healthy stream beside it is unaffected."""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+import pytest
+
+from clients.engine_client import EngineClient
+from engine_service import errors
+from engine_service.rpc.convert import OWNER_METADATA_KEY
+from engine_service.rpc.errors import code_for, error_for
+from protos import engine_pb2 as pb
+from protos import engine_pb2_grpc
+from tests.service.helpers import PROMPT, in_process_tokens, wait_for
+
+HEALTHY_TOKENS = 80
+
+
+class HealthyStream:
+    """A greedy generation streamed in a thread while the bad requests run."""
+
+    def __init__(self, address: str) -> None:
+        self.client = EngineClient(address, owner="healthy")
+        self.stream = self.client.generate(PROMPT, max_new_tokens=HEALTHY_TOKENS, ignore_eos=True)
+        self.started = threading.Event()
+        self.result = None
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self) -> None:
+        events = iter(self.stream)
+        next(events)
+        self.started.set()
+        out = []
+        done = None
+        for e in events:
+            out.extend(getattr(e, "ids", ()))
+            done = getattr(e, "finish_reason", done)
+        self.result = (out, done)
+
+    def check(self) -> None:
+        self.thread.join(60)
+        assert self.result == (in_process_tokens(PROMPT, HEALTHY_TOKENS), "length")
+
+
+def stub_and_meta(address: str, owner: str = "alice"):
+    channel = grpc.insecure_channel(address)
+    return engine_pb2_grpc.EngineStub(channel), ((OWNER_METADATA_KEY, owner),), channel
+
+
+def expect_code(code: grpc.StatusCode, fn) -> str:
+    with pytest.raises(grpc.RpcError) as info:
+        fn()
+    assert info.value.code() == code, info.value.details()
+    return info.value.details()
+
+
+def gen(stub, meta, **fields):
+    return lambda: list(stub.Generate(pb.GenerateRequest(**fields), metadata=meta))
+
+
+def test_bad_inputs_map_to_codes_beside_a_healthy_stream(engine) -> None:
+    healthy = HealthyStream(engine.address)
+    assert healthy.started.wait(30)
+    stub, meta, channel = stub_and_meta(engine.address)
+    alice = EngineClient(engine.address, owner="alice")
+    own = alice.generate(PROMPT, max_new_tokens=2, keep_session=True).collect().started.session
+    instance, _ = own.split(".")
+    INVALID, NOT_FOUND = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
+    tokens = pb.TokenIds(ids=[65, 66])
+
+    # unknown, forged (right instance, random bits), stale-instance and another owner's handles
+    expect_code(NOT_FOUND, gen(stub, meta, session="nope", tokens=tokens))
+    expect_code(NOT_FOUND, gen(stub, meta, session=f"{instance}.{'0' * 32}", tokens=tokens))
+    assert "restarted" in expect_code(NOT_FOUND, gen(stub, meta, session=f"{'f' * 16}.{'0' * 32}", tokens=tokens))
+    _, bob_meta, _ = stub_and_meta(engine.address, "bob")
+    expect_code(NOT_FOUND, gen(stub, bob_meta, session=own, tokens=tokens))
+    expect_code(NOT_FOUND, lambda: stub.Clone(pb.CloneRequest(session=own, upto=1), metadata=bob_meta))
+    expect_code(NOT_FOUND, lambda: stub.Close(pb.CloseRequest(session=own), metadata=bob_meta))
+    expect_code(NOT_FOUND, lambda: stub.Describe(pb.DescribeRequest(session="x"), metadata=meta))
+    # malformed input
+    expect_code(INVALID, gen(stub, meta, tokens=pb.TokenIds(ids=[65, -1])))
+    expect_code(INVALID, gen(stub, meta, tokens=pb.TokenIds(ids=[65, 128])))
+    expect_code(INVALID, gen(stub, meta, tokens=pb.TokenIds(ids=[])))
+    expect_code(INVALID, gen(stub, meta))
+    expect_code(INVALID, gen(stub, meta, prepared=pb.PreparedInput(kind="pixels", payload=b"")))
+    expect_code(INVALID, gen(stub, meta, prepared=pb.PreparedInput(kind="embeddings", payload=b"12", shape=[1, 64])))
+    expect_code(INVALID, gen(stub, meta, tokens=tokens, config=pb.GenerationConfig(top_p=2.0)))
+    expect_code(INVALID, gen(stub, meta, tokens=tokens, config=pb.GenerationConfig(max_new_tokens=0)))
+    expect_code(INVALID, gen(stub, meta, tokens=tokens, capture=pb.CaptureOptions(breakpoints=[5])))
+    expect_code(INVALID, gen(stub, meta, session=own, tokens=tokens, keep_session=True))
+    expect_code(INVALID, lambda: stub.Detokenize(pb.DetokenizeRequest(ids=[999]), metadata=meta))
+    expect_code(INVALID, lambda: stub.Describe(pb.DescribeRequest(session=own), metadata=((OWNER_METADATA_KEY, "x" * 500),)))
+    # a prompt over the session limit (256 positions)
+    assert "max_session_tokens" in expect_code(INVALID, gen(stub, meta, tokens=pb.TokenIds(ids=[65] * 257)))
+    expect_code(INVALID, gen(stub, meta, session=own, tokens=pb.TokenIds(ids=[65] * 200)))
+    # the session the errors named is intact, and nothing leaked
+    assert alice.describe(own) == (len(PROMPT) + 1, False)
+    healthy.check()
+    assert alice.release_owner() == 1
+    assert wait_for(lambda: engine.runner.resident_sessions == 0)
+    channel.close()
+
+
+def test_engine_full_is_resource_exhausted(engine_factory) -> None:
+    engine = engine_factory(max_sessions=3)
+    alice = EngineClient(engine.address, owner="alice")
+    held = [alice.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session for _ in range(2)]
+    healthy = HealthyStream(engine.address)  # the third and last slot
+    assert healthy.started.wait(30)
+    stub, meta, channel = stub_and_meta(engine.address)
+    expect_code(grpc.StatusCode.RESOURCE_EXHAUSTED, gen(stub, meta, tokens=pb.TokenIds(ids=[65, 66])))
+    with pytest.raises(errors.ResourceExhausted):
+        alice.generate([65], max_new_tokens=1).collect()
+    # a clone with no free slot is a refusal, not an error
+    assert alice.clone(held[0], 10) is None
+    healthy.check()
+    alice.close(held[0])
+    assert alice.generate([65, 66], max_new_tokens=1).collect().done.generated_tokens == 1
+    channel.close()
+
+
+def test_session_already_generating_is_failed_precondition(engine_factory) -> None:
+    engine = engine_factory(max_session_tokens=4096)
+    alice = EngineClient(engine.address, owner="alice")
+    stream = alice.generate(PROMPT, max_new_tokens=3000, ignore_eos=True)
+    events = iter(stream)
+    session = next(events).session
+    next(events)
+    with pytest.raises(errors.FailedPrecondition):
+        alice.generate([65], session=session, max_new_tokens=1).collect()
+    stream.cancel()
+
+
+def test_stopping_engine_is_unavailable_while_streams_finish(engine) -> None:
+    healthy = HealthyStream(engine.address)
+    assert healthy.started.wait(30)
+    engine.server.servicer.drain()  # what SIGTERM does first
+    stub, meta, channel = stub_and_meta(engine.address)
+    expect_code(grpc.StatusCode.UNAVAILABLE, gen(stub, meta, tokens=pb.TokenIds(ids=[65, 66])))
+    expect_code(grpc.StatusCode.UNAVAILABLE, lambda: stub.Clone(pb.CloneRequest(session="x", upto=0), metadata=meta))
+    healthy.check()  # the stream in flight completes
+    engine.stop(grace=5)
+    expect_code(grpc.StatusCode.UNAVAILABLE, lambda: stub.Info(pb.InfoRequest(), metadata=meta, timeout=2))
+    channel.close()
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "client_type"),
+    [
+        (errors.InvalidArgument("x"), grpc.StatusCode.INVALID_ARGUMENT, errors.InvalidArgument),
+        (errors.ModelLoadError("p", "bad"), grpc.StatusCode.INVALID_ARGUMENT, errors.InvalidArgument),
+        (ValueError("field"), grpc.StatusCode.INVALID_ARGUMENT, errors.InvalidArgument),
+        (errors.NotFound("h"), grpc.StatusCode.NOT_FOUND, errors.NotFound),
+        (errors.ResourceExhausted("full"), grpc.StatusCode.RESOURCE_EXHAUSTED, errors.ResourceExhausted),
+        (errors.FailedPrecondition("busy"), grpc.StatusCode.FAILED_PRECONDITION, errors.FailedPrecondition),
+        (errors.Unavailable("stop"), grpc.StatusCode.UNAVAILABLE, errors.Unavailable),
+        (errors.GenerationError("boom"), grpc.StatusCode.ABORTED, errors.GenerationError),
+        (RuntimeError("bug"), None, None),
+    ],
+)
+def test_error_table_round_trips(error: Exception, code, client_type) -> None:
+    assert code_for(error) == code
+    if code is not None:
+        assert type(error_for(code, "m")) is client_type

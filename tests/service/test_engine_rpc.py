@@ -1,0 +1,147 @@
+"""Engine service over real sockets: every RPC, streaming order, equality with in-process runs."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from clients.engine_client import Done, EngineClient, Snapshot, Started, Tokens
+from engine_service.errors import NotFound
+from tests.service.helpers import PROMPT, SAMPLED, in_process_tokens, wait_for
+
+
+def test_generate_matches_in_process_and_streams_in_order(engine) -> None:
+    client = EngineClient(engine.address, owner="alice")
+    out = client.generate(PROMPT, max_new_tokens=12, prompt_snapshot=True, **SAMPLED).collect()
+    kinds = [type(e) for e in out.events]
+    assert kinds[0] is Started and kinds[-1] is Done
+    assert kinds.index(Snapshot) < kinds.index(Tokens)  # the prompt snapshot precedes decode
+    assert out.tokens == in_process_tokens(PROMPT, 12, temperature=10.0, seed=7)
+    assert len(set(out.tokens)) > 1  # sampled: a stuck model would make the comparison vacuous
+    assert out.text == client.detokenize(out.tokens)
+    assert out.started.position == 0 and out.started.input_positions == len(PROMPT)
+    d = out.done
+    assert (d.finish_reason, d.prompt_positions, d.reused_positions, d.generated_tokens) == (
+        "length", len(PROMPT), 0, 12)
+    assert d.position == len(PROMPT) + 11  # the last token is pending, not committed
+    (snap,) = out.snapshots
+    assert snap.kind == "prompt" and snap.position == len(PROMPT) and snap.handle
+    assert client.describe(snap.handle) == (len(PROMPT), False)
+
+
+def test_continuing_from_a_snapshot_equals_a_cold_run(engine) -> None:
+    client = EngineClient(engine.address, owner="alice")
+    snap = client.generate(PROMPT, max_new_tokens=1, prompt_snapshot=True).collect().snapshots[0].handle
+    suffix = [ord(c) for c in "and runs"]
+    warm = client.generate(suffix, session=snap, max_new_tokens=10, **SAMPLED).collect()
+    assert warm.started.position == len(PROMPT) and warm.done.reused_positions == len(PROMPT)
+    assert warm.tokens == in_process_tokens(PROMPT + suffix, 10, temperature=10.0, seed=7)
+    # negative control: a different prefix gives different tokens
+    assert warm.tokens != in_process_tokens(PROMPT[1:] + suffix, 10, temperature=10.0, seed=7)
+
+
+def test_breakpoint_snapshots(engine) -> None:
+    client = EngineClient(engine.address, owner="alice")
+    out = client.generate(PROMPT, max_new_tokens=2, breakpoints=[10, 40], prompt_snapshot=True).collect()
+    assert [(s.kind, s.position) for s in out.snapshots] == [("breakpoint", 10), ("breakpoint", 40),
+                                                             ("prompt", len(PROMPT))]
+    for s in out.snapshots:
+        assert client.describe(s.handle)[0] == s.position
+
+
+def test_clone_close_describe_release_owner(engine) -> None:
+    alice = EngineClient(engine.address, owner="alice")
+    bob = EngineClient(engine.address, owner="bob")
+    base = alice.info().resident_sessions
+    out = alice.generate(PROMPT, max_new_tokens=3, keep_session=True).collect()
+    session = out.started.session
+    assert alice.describe(session) == (len(PROMPT) + 2, False)
+    # ring layers (window 4, 64 rows written per forward) keep positions >= 92 - 64 = 28
+    assert alice.clone(session, 20) is None
+    child = alice.clone(session, 50)
+    assert alice.describe(child) == (50, False)
+    refused = alice.clone_detailed(session, 10_000)
+    assert not refused.session and "outside" in refused.refusal
+    gift = alice.clone(session, 60, new_owner="bob")
+    assert bob.describe(gift) == (60, False)
+    with pytest.raises(NotFound):
+        alice.describe(gift)
+    assert alice.info().resident_sessions == base + 3
+    alice.close(child)
+    with pytest.raises(NotFound):
+        alice.close(child)
+    assert alice.release_owner() == 1  # the kept session
+    assert bob.release_owner() == 1
+    assert wait_for(lambda: alice.info().resident_sessions == base)
+
+
+def test_keep_session_continues_with_pending_token(engine) -> None:
+    client = EngineClient(engine.address, owner="alice")
+    first = client.generate(PROMPT, max_new_tokens=4, keep_session=True, **SAMPLED).collect()
+    more = client.generate([ord("!")], session=first.started.session, max_new_tokens=3, **SAMPLED).collect()
+    # the pending token of the first generation is fed first, then "!"
+    assert more.started.position == len(PROMPT) + 3 and more.started.input_positions == 2
+    expected = in_process_tokens(PROMPT + first.tokens + [ord("!")], 3, temperature=10.0, seed=7)
+    assert more.tokens == expected
+
+
+def test_info_tokenize_detokenize_health_reflection(engine) -> None:
+    client = EngineClient(engine.address, owner="alice")
+    info = client.info()
+    assert info.model.startswith("tiny") and info.cache_kind == "batched-sequence"
+    assert len(info.instance_id) == 16 and info.fingerprint == engine.runner.fingerprint
+    assert (info.max_sessions, info.max_session_tokens, info.vocab_size) == (8, 256, 128)
+    assert info.eos_token_ids == (2,)
+    assert client.tokenize("Hi!") == [72, 105, 33]
+    assert client.tokenize("Hi", add_special_tokens=True) == [1, 72, 105]
+    chat = client.tokenize("Hi", chat=True, system="Be brief")
+    assert client.detokenize(chat) == "<|im_start|>system\nBe brief<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert client.detokenize([72, 105]) == "Hi"
+    text_run = client.generate(text="Hi", chat=True, max_new_tokens=2).collect()
+    assert text_run.started.input_positions == len(client.tokenize("Hi", chat=True)) < len(chat)
+    assert client.health() == "SERVING" and client.health("forkline.engine.v1.Engine") == "SERVING"
+    stub = reflection_pb2_grpc.ServerReflectionStub(client.channel)
+    replies = list(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
+    names = {s.name for s in replies[0].list_services_response.service}
+    assert {"forkline.engine.v1.Engine", "grpc.health.v1.Health"} <= names
+
+
+def test_cancelled_stream_frees_its_session(engine_factory) -> None:
+    engine = engine_factory(max_session_tokens=4096)
+    client = EngineClient(engine.address, owner="alice")
+    base = client.info().resident_sessions
+    stream = client.generate(PROMPT, max_new_tokens=4000, ignore_eos=True)
+    events = iter(stream)
+    started = next(events)
+    assert isinstance(started, Started)
+    next(events)  # first tokens: the generation is running
+    assert client.info().resident_sessions == base + 1
+    stream.cancel()
+    assert wait_for(lambda: client.info().resident_sessions == base and client.info().open_handles == 0)
+    with pytest.raises(NotFound):
+        client.describe(started.session)
+    # the engine keeps serving
+    assert client.generate(PROMPT, max_new_tokens=2).collect().done.generated_tokens == 2
+
+
+def test_idle_client_sessions_expire(engine_factory) -> None:
+    engine = engine_factory(idle_timeout_s=0.3)
+    client = EngineClient(engine.address, owner="alice")
+    keeper = EngineClient(engine.address, owner="prefix-service")  # persistent owner: never expires
+    base = client.info().resident_sessions
+    handle = client.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    kept = keeper.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    assert client.info().resident_sessions == base + 2
+    assert wait_for(lambda: client.info().resident_sessions == base + 1, timeout=5)
+    with pytest.raises(NotFound):
+        client.describe(handle)
+    assert keeper.describe(kept)[0] == len(PROMPT)
+
+
+def test_health_stub_directly(engine) -> None:
+    channel = grpc.insecure_channel(engine.address)
+    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    channel.close()
