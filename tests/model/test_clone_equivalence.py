@@ -155,3 +155,39 @@ def test_prepared_embeddings_prefill_equals_token_prefill(engine, model, kind) -
         got = generate(ex, s, prepared, 6)
         assert s.position == len(PROMPT) + 5
     assert_same(got, cold(engine, kind, PROMPT, 6))
+
+
+@pytest.mark.slow
+def test_real_model_prompt_lookup_equals_plain_greedy_and_clone_equals_cold() -> None:
+    """On SmolLM2: speculative greedy == plain greedy on a quoting task; a clone + suffix == cold."""
+    from engine_service.executor import ExecInput
+    from engine_service.model.loader import load_model
+
+    loaded = load_model()
+    text = "Repeat exactly: the quick brown fox jumps over the lazy dog, the quick brown fox jumps again."
+    prompt = loaded.tokenizer.encode(loaded.chat.format([{"role": "user", "content": text}]))
+
+    def decode(ex, sid, first, n):
+        toks = list(first)
+        while len(toks) < n:
+            toks.extend(ex.execute([ExecInput(sid, ex.position(sid), tokens=(toks[-1],))])[0].tokens)
+        return toks[:n]
+
+    kw = dict(max_sessions=3, max_session_tokens=256, prefill_chunk=64, keep_logits=True)
+    plain = ModuleExecutor.create(loaded, **kw)
+    spec = PromptLookupExecutor.create(loaded, num_drafts=4, **kw)
+    outs, sids = {}, {}
+    for name, ex in (("plain", plain), ("spec", spec)):
+        sid = sids[name] = ex.open_session()
+        outs[name] = decode(ex, sid, ex.execute([ExecInput(sid, 0, tokens=tuple(prompt))])[0].tokens, 24)
+    assert outs["spec"] == outs["plain"]
+    assert spec.accepted > 0  # the quoting task really exercised accepted drafts
+
+    # clone the plain session's prompt at k, append a suffix: equals a cold prefill of prompt[:k] + suffix
+    k, suffix = len(prompt) - 5, loaded.tokenizer.encode(" Sure")
+    child = plain.clone(sids["plain"], k)
+    warm = plain.execute([ExecInput(child, k, tokens=tuple(suffix))])[0]
+    fresh = plain.open_session()
+    cold = plain.execute([ExecInput(fresh, 0, tokens=tuple(prompt[:k] + suffix))])[0]
+    assert warm.tokens == cold.tokens
+    np.testing.assert_allclose(np.array(warm.logits), np.array(cold.logits), atol=1e-3)
