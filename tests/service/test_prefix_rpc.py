@@ -1,0 +1,142 @@
+"""Prefix service over real sockets: gateway reuse, Lookup/Insert/Stats/Clear, miss reasons, faults."""
+
+from __future__ import annotations
+
+import pytest
+
+from clients.engine_client import EngineClient, Started, Tokens
+from clients.prefix_client import PrefixClient
+from engine_service import errors
+from tests.service.helpers import PROMPT, SAMPLED, in_process_tokens, wait_for
+
+
+def gateway_round(prefix, prompt=PROMPT, max_new_tokens=10, **kw):
+    return PrefixClient(prefix.address, owner="alice").generate(prompt, max_new_tokens=max_new_tokens, **kw).collect()
+
+
+def test_two_gateway_rounds_reuse_all_but_the_last_token(engine, prefix_factory) -> None:
+    prefix = prefix_factory(engine.address)
+    first = gateway_round(prefix, **SAMPLED)
+    second = gateway_round(prefix, **SAMPLED)
+    assert (first.done.reused_positions, first.done.prompt_positions) == (0, len(PROMPT))
+    assert (second.done.reused_positions, second.done.prompt_positions) == (len(PROMPT) - 1, 1)
+    reference = in_process_tokens(PROMPT, 10, temperature=10.0, seed=7)
+    assert first.tokens == reference and second.tokens == reference and len(set(reference)) > 1
+    assert second.text == first.text
+    assert first.started.session == ""  # the service's session is not handed out
+    stats = PrefixClient(prefix.address).stats()
+    assert (stats.entries, stats.hits, stats.misses, stats.inserts, stats.reused_positions) == (
+        1, 1, 1, 1, len(PROMPT) - 1)
+    # resident: only the stored snapshot (generation sessions and lookup clones were closed)
+    assert wait_for(lambda: engine.runner.resident_sessions == 1)
+    # an extended prompt reuses the stored prefix
+    longer = gateway_round(prefix, PROMPT + [ord("!")] * 5, **SAMPLED)
+    assert longer.done.reused_positions == len(PROMPT)
+    assert longer.tokens == in_process_tokens(PROMPT + [ord("!")] * 5, 10, temperature=10.0, seed=7)
+
+
+def test_lookup_insert_stats_clear(engine, prefix_factory) -> None:
+    prefix = prefix_factory(engine.address)
+    alice_engine = EngineClient(engine.address, owner="alice")
+    alice = PrefixClient(prefix.address, owner="alice")
+    run = alice_engine.generate(PROMPT, max_new_tokens=3, prompt_snapshot=True).collect()
+    snap = run.snapshots[0].handle
+    assert not alice.insert(PROMPT[:-1], snap)  # position != len(tokens): refused
+    assert alice.insert(PROMPT, snap, metadata={"priority": "2"})
+    assert alice_engine.describe(snap) == (len(PROMPT), False)  # the caller keeps its own session
+    hit = alice.lookup(PROMPT[:50] + [1, 2, 3])
+    assert (hit.reused, hit.reason, list(hit.tokens)) == (50, "unspecified", PROMPT[:50] + [1, 2, 3])
+    # the clone belongs to the caller: it continues a generation equal to a cold run
+    warm = alice_engine.generate([1, 2, 3], session=hit.session, max_new_tokens=6, **SAMPLED).collect()
+    assert warm.tokens == in_process_tokens(PROMPT[:50] + [1, 2, 3], 6, temperature=10.0, seed=7)
+    with pytest.raises(errors.NotFound):  # ...and to nobody else
+        EngineClient(engine.address, owner="bob").describe(hit.session)
+    text_hit = alice.lookup(text="The quick brown fox jumps over the lazy dog. The")
+    assert text_hit.reused == len("The quick brown fox jumps over the lazy dog. The") - 1
+    assert alice.lookup([9, 9, 9]).reason == "diverged"
+    assert alice.lookup(PROMPT, namespace="other").reason == "empty"
+    assert alice.lookup([PROMPT[0]]).reason == "too_short"
+    stats = alice.stats()
+    assert (stats.entries, stats.hits, stats.inserts) == (1, 2, 1) and stats.engine_instance_id
+    assert alice.clear() == 1
+    assert alice.lookup(PROMPT).reason == "empty"
+    alice_engine.release_owner()
+    assert wait_for(lambda: engine.runner.resident_sessions == 0)
+
+
+def test_boundary_refused_by_retention(engine, prefix_factory) -> None:
+    """Ring layers keep only the last window + 63 positions of a 90-token snapshot: a request that
+    diverges at 20 matches the entry, but the engine refuses the clone there."""
+    prefix = prefix_factory(engine.address)
+    gateway_round(prefix, max_new_tokens=1)
+    alice = PrefixClient(prefix.address, owner="alice")
+    refused = alice.lookup(PROMPT[:20] + [1, 2])
+    assert (refused.session, refused.reason) == (None, "boundary_refused")
+    assert alice.lookup(PROMPT[:40] + [1, 2]).reused == 40  # above the floor: a hit (control)
+
+
+def test_disabled_cache(engine, prefix_factory) -> None:
+    prefix = prefix_factory(engine.address, max_entries=0)
+    gateway_round(prefix, max_new_tokens=1)
+    second = gateway_round(prefix, max_new_tokens=1)
+    assert second.done.reused_positions == 0
+    assert PrefixClient(prefix.address).lookup(PROMPT).reason == "disabled"
+    assert wait_for(lambda: engine.runner.resident_sessions == 0)
+
+
+def test_killed_prefix_service_is_cleaned_up_by_its_restart(engine, prefix_factory) -> None:
+    base = engine.runner.resident_sessions
+    prefix = prefix_factory(engine.address)
+    for i in range(3):
+        gateway_round(prefix, PROMPT[i:], max_new_tokens=2)
+    assert wait_for(lambda: engine.runner.resident_sessions == base + 3)
+    # a client is mid-stream when the service dies without releasing anything
+    stream = PrefixClient(prefix.address, owner="alice").generate(PROMPT, max_new_tokens=3000, ignore_eos=True)
+    events = iter(stream)
+    next(events)
+    prefix.stop(grace=0, release=False)
+    with pytest.raises(errors.ForklineError):
+        for _ in events:
+            pass
+    # the snapshots (and possibly the clone the dead stream ran on) are orphaned in the engine
+    assert wait_for(lambda: engine.runner.resident_sessions in (base + 3, base + 4))
+    restarted = prefix_factory(engine.address)  # same owner id: releases what the first one left
+    assert wait_for(lambda: engine.runner.resident_sessions == base)
+    # ...and caches again
+    gateway_round(restarted, max_new_tokens=2)
+    assert gateway_round(restarted, max_new_tokens=2).done.reused_positions == len(PROMPT) - 1
+
+
+def test_engine_restart_is_a_safe_miss_then_caches_again(engine_factory, prefix_factory) -> None:
+    engine = engine_factory()
+    prefix = prefix_factory(engine.address)
+    gateway_round(prefix, max_new_tokens=2)
+    assert gateway_round(prefix, max_new_tokens=2).done.reused_positions == len(PROMPT) - 1
+    old_instance = PrefixClient(prefix.address).stats().engine_instance_id
+    engine.stop(grace=0)
+    engine = engine_factory(port=engine.port)  # a new engine process on the same address
+    alice = PrefixClient(prefix.address, owner="alice")
+    miss = alice.lookup(PROMPT)
+    assert (miss.session, miss.reason) == (None, "engine_restarted")
+    stats = alice.stats()
+    assert stats.entries == 0 and stats.dropped_on_restart == 1 and stats.engine_instance_id != old_instance
+    first = gateway_round(prefix, max_new_tokens=4)
+    second = gateway_round(prefix, max_new_tokens=4)
+    assert (first.done.reused_positions, second.done.reused_positions) == (0, len(PROMPT) - 1)
+    assert first.tokens == second.tokens == in_process_tokens(PROMPT, 4)
+
+
+def test_gateway_client_disconnect_frees_the_generation(engine_factory, prefix_factory) -> None:
+    engine = engine_factory(max_session_tokens=4096)
+    prefix = prefix_factory(engine.address)
+    gateway_round(prefix, max_new_tokens=1)  # one stored snapshot
+    assert wait_for(lambda: engine.runner.resident_sessions == 1)
+    stream = PrefixClient(prefix.address, owner="alice").generate(PROMPT, max_new_tokens=3000, ignore_eos=True)
+    events = iter(stream)
+    assert isinstance(next(events), Started)
+    assert isinstance(next(events), Tokens)
+    # the stored snapshot + the generating clone (the duplicate prompt snapshot is released)
+    assert wait_for(lambda: engine.runner.resident_sessions == 2)
+    stream.cancel()
+    assert wait_for(lambda: engine.runner.resident_sessions == 1)
+    assert EngineClient(engine.address).info().open_handles == 1
