@@ -38,8 +38,8 @@ def test_four_generations_with_clones_and_cancels_return_to_baseline(make_runner
         for i, (s, prompt) in enumerate(zip(sessions, PROMPTS, strict=True)):
             cfg = GenConfig(max_new_tokens=10, prefill_chunk=2 + i, seed=i)
             handles.append(s.generate_async(prompt, cfg, recorders[i]))
-    # A clone and a cancel from another thread while the engine runs.
-    outside = threading.Thread(target=lambda: kept.append((0, 3, sessions[0].clone_async(3))))
+    # A clone from another thread while the engine runs (upto 0: valid whatever the timing).
+    outside = threading.Thread(target=lambda: kept.append((0, 0, sessions[0].clone_async(0))))
     outside.start()
     outside.join()
     results = [h.wait(10) for h in handles]

@@ -194,7 +194,9 @@ def test_idle_engine_does_not_spin(runner):
     runner.flush()
     before = runner.metrics().steps
     time.sleep(0.05)
-    assert runner.metrics().steps == before
+    # After the barrier the loop makes at most one more pass before blocking on the inbox; a busy
+    # loop would make thousands in 50 ms.
+    assert runner.metrics().steps - before <= 1
 
 
 def test_session_token_limit_ends_generation_with_length(make_runner):
