@@ -7,6 +7,7 @@ import pytest
 from clients.engine_client import EngineClient, Started, Tokens
 from clients.prefix_client import PrefixClient
 from engine_service import errors
+from tests.service.conftest import char_tokenizer
 from tests.service.helpers import PROMPT, SAMPLED, in_process_tokens, wait_for
 
 
@@ -140,3 +141,19 @@ def test_gateway_client_disconnect_frees_the_generation(engine_factory, prefix_f
     stream.cancel()
     assert wait_for(lambda: engine.runner.resident_sessions == 1)
     assert EngineClient(engine.address).info().open_handles == 1
+
+
+def test_cli_rounds_through_the_services(engine, prefix_factory, tmp_path, capsys) -> None:
+    from clients.run_llm_batched import _main  # main() also releases MLX streams at exit
+
+    prefix = prefix_factory(engine.address)
+    prompt = "The quick brown fox jumps over the lazy dog."
+    argv = ["--engine", engine.address, "--prefix", prefix.address, "--prompt_rounds", "2", "--max_new_tokens", "6",
+            "--max_session_tokens", "256", "--out_prefix", str(tmp_path / "gen"), prompt]
+    assert _main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    n = len(prompt) + 1  # one token per character, plus BOS
+    assert f"reused 0/{n} prompt tokens" in lines[0] and f"reused {n - 1}/{n} prompt tokens" in lines[1]
+    texts = [(tmp_path / f"gen_{i}.txt").read_text() for i in range(2)]
+    reference = in_process_tokens([1, *map(ord, prompt)], 6, temperature=0.0, seed=42)
+    assert texts[0] == texts[1] == char_tokenizer().decode(reference, skip_special_tokens=True)

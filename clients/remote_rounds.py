@@ -1,0 +1,99 @@
+"""The rounds of ``mlx_run_llm_batched`` run through the services: ``--engine ADDR [--prefix ADDR]``.
+
+Same prompts, rounds, seeds, output files and report lines as the in-process run, but the model
+lives in a ``forkline-engine`` process. With ``--prefix`` every generation goes through the prefix
+service's gateway (lookup -> generate with prompt capture -> insert), so round two reuses round
+one's prompts; the prefix service's own ``--max_entries`` bounds what it keeps (the local
+``--prefix_cache_entries`` does not apply). Without ``--prefix`` each generation runs cold on the
+engine. The P prompts of a round run concurrently (one stream each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+from dataclasses import asdict, dataclass
+from typing import TextIO
+
+from clients.engine_client import EngineClient, GenerationOutcome
+from clients.prefix_client import PrefixClient
+from engine_service.errors import ForklineError
+
+NAMESPACE = "mlx_run_llm_batched"
+COMPLETED = ("stop", "length")
+
+
+@dataclass
+class RemoteJob:
+    number: int
+    prompt: list[int]
+    path: str
+    outcome: GenerationOutcome | None = None
+    error: str | None = None
+
+
+def _config(args: argparse.Namespace, seed: int) -> dict:
+    return {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+            "top_k": args.top_k, "seed": seed, "prefill_chunk": args.prefill_chunk}
+
+
+def _run_job(job: RemoteJob, engine: EngineClient, prefix: PrefixClient | None, config: dict) -> None:
+    try:
+        if prefix is not None:
+            stream = prefix.generate(job.prompt, namespace=NAMESPACE, **config)
+        else:
+            stream = engine.generate(job.prompt, **config)
+        job.outcome = stream.collect()
+    except ForklineError as exc:
+        job.error = f"{type(exc).__name__}: {exc}"
+    with open(job.path, "w", encoding="utf-8") as f:
+        f.write(job.outcome.text if job.outcome is not None else "")
+
+
+def report(job: RemoteJob, out: TextIO) -> bool:
+    """Print the job's line (the in-process format); True when it completed."""
+    done = job.outcome.done if job.outcome is not None else None
+    if done is None:
+        print(f"[{job.number}] failed: {job.error or 'stream ended without done'}", file=out, flush=True)
+        return False
+    prompt = done.prompt_positions + done.reused_positions
+    print(f"[{job.number}] prompt {prompt} positions, reused {done.reused_positions}/{prompt} prompt tokens, "
+          f"ttft {done.time_to_first_token_s:.3f} s, {done.generated_tokens} tokens at "
+          f"{done.decode_tokens_per_s:.1f} tok/s decode, finish {done.finish_reason} -> {job.path}",
+          file=out, flush=True)
+    return done.finish_reason in COMPLETED
+
+
+def run_remote(args: argparse.Namespace, out: TextIO) -> int:
+    """Run ``args.prompt_rounds`` rounds through the services; exit status like the in-process run."""
+    owner = f"mlx_run_llm_batched-{os.getpid()}"
+    engine = EngineClient(args.engine, owner=owner)
+    prefix = PrefixClient(args.prefix, owner=owner) if args.prefix else None
+    try:
+        engine.wait_ready()
+        prompts = [engine.tokenize(text, chat=args.chat, add_special_tokens=not args.chat) for text in args.prompts]
+        completed = total = 0
+        for round_ in range(args.prompt_rounds):
+            jobs = [RemoteJob(round_ * len(prompts) + i, p, f"{args.out_prefix}_{round_ * len(prompts) + i}.txt")
+                    for i, p in enumerate(prompts)]
+            threads = [threading.Thread(target=_run_job, args=(job, engine, prefix, _config(args, args.seed + i)))
+                       for i, job in enumerate(jobs)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for job in jobs:
+                completed += report(job, out)
+                total += 1
+        print(f"{completed}/{total} generations completed", file=out, flush=True)
+        if args.metrics:
+            print("engine " + json.dumps(asdict(engine.info())), file=out)
+            if prefix is not None:
+                print("prefix_cache " + json.dumps(asdict(prefix.stats())), file=out)
+        return 0 if completed == total else 1
+    finally:
+        engine.close_channel()
+        if prefix is not None:
+            prefix.close_channel()
