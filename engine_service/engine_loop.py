@@ -19,6 +19,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+import mlx.core as mx
+
 from engine_service.batch_plan import BatchPlan, PlannedInput, plan_batch
 from engine_service.commands import (
     BarrierCommand,
@@ -106,6 +108,11 @@ class EngineLoop:
                 self._step()
         finally:
             self._teardown()
+            # MLX >= 0.32 wants each thread's streams released before the thread and the interpreter
+            # end; without it a process can abort at exit ("terminate called without an active exception").
+            clear_streams = getattr(mx, "clear_streams", None)
+            if clear_streams is not None:
+                clear_streams()
 
     def _drain(self, *, block: bool) -> None:
         try:
