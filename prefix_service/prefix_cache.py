@@ -73,7 +73,7 @@ class PrefixStats:
     reused_tokens: int
     inserts: int
     evictions: int
-    refusals: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    refusals: dict[str, int] = field(default_factory=dict)  # a fresh copy per stats() call
 
 
 def _frozen_metadata(metadata: Mapping[str, Any] | None) -> Mapping[str, str]:
@@ -263,7 +263,7 @@ class PrefixCache:
                 reused_tokens=self._reused,
                 inserts=self._inserts,
                 evictions=self._evictions,
-                refusals=MappingProxyType(dict(self._refusals)),
+                refusals=dict(self._refusals),
             )
 
     def entries(self, namespace: str | None = None) -> list[Entry]:

@@ -1,0 +1,318 @@
+"""mlx_run_llm_batched: run prompts concurrently in-process, reusing prompt snapshots across rounds.
+
+    mlx_run_llm_batched [--model PATH] [--cache_kind batched-sequence|batched-cell]
+        [--prefix_cache_entries E] [--prompt_rounds R] [--max_new_tokens N] [--temperature T]
+        [--top_p P] [--top_k K] [--seed S] [--chat] [--out_prefix gen] [--flush_every N] [--metrics]
+        PROMPT [PROMPT ...]
+
+In-process: Runner + ModuleExecutor + PrefixCache, no servers. Each round runs the P prompts
+concurrently. Every generation first looks its prompt up in the prefix cache (a hit resumes from a
+clone and replays only the suffix); the first ``min(P, E)`` prompts of every round are captured at
+their prompt boundary while they generate and collected on this thread after the round. The engine
+reserves ``P + E + min(P, E)`` resident sessions: the generations, the stored snapshots and the
+in-flight captures.
+
+Generation ``n = round * P + i`` writes its text to ``<out_prefix>_<n>.txt`` (flushed every
+``--flush_every`` tokens) and prints one line: prompt positions, reused positions ("reused 41/42
+prompt tokens"), time to first token, decode tokens/s and the finish reason. Sampling generation
+``i`` is seeded with ``seed + i`` in every round, so rounds are comparable. The exit status is 0 when
+every generation completed, 1 when any failed, 2 for bad arguments or an unloadable model (one line
+on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import NoReturn, TextIO
+
+from engine_service.config import GenConfig
+from engine_service.errors import ForklineError, InvalidArgument, ModelLoadError
+from engine_service.generation import GenerationHandle, GenerationResult, GenerationUpdate
+from engine_service.module_executor import ModuleExecutor
+from engine_service.runner import Runner
+from prefix_service.backends import RunnerBackend
+from prefix_service.capture import PromptCapture
+from prefix_service.prefix_cache import PrefixCache
+from prefix_service.retention import policy_names
+
+NAMESPACE = "mlx_run_llm_batched"
+COMPLETED = ("stop", "length")
+
+
+class UsageError(Exception):
+    """Bad command-line arguments: one line on stderr, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # argparse prints usage + error; we want one line
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from engine_service.cache.registry import cache_kinds
+    from engine_service.model.weights import WEIGHTS_DTYPES
+
+    p = _Parser(prog="mlx_run_llm_batched", description=__doc__.split("\n")[0])
+    p.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt texts, run concurrently")
+    p.add_argument("--model", default=None, help="a GGUF file or an MLX model folder (default: packaged SmolLM2)")
+    p.add_argument("--tokenizer", default=None, help="a tokenizer.json (or a folder holding one); default: the model's")
+    p.add_argument("--weights_dtype", default="auto", choices=WEIGHTS_DTYPES)
+    p.add_argument("--cache_kind", default="batched-sequence", choices=cache_kinds())
+    p.add_argument("--prefix_cache_entries", type=int, default=0, help="stored prompt snapshots (0: no reuse)")
+    p.add_argument("--retention", default="lru", choices=policy_names(), help="prefix-cache retention policy")
+    p.add_argument("--prompt_rounds", type=int, default=1, help="times the whole prompt list runs")
+    p.add_argument("--max_decode_sequences", type=int, default=8, help="sequences decoded in one forward")
+    p.add_argument("--max_session_tokens", type=int, default=2048)
+    p.add_argument("--max_new_tokens", type=int, default=128)
+    p.add_argument("--prefill_chunk", type=int, default=512)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top_p", type=float, default=1.0)
+    p.add_argument("--top_k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--chat", action="store_true", help="apply the model's chat template to each prompt")
+    p.add_argument("--out_prefix", default="gen", help="writes <out_prefix>_<n>.txt per generation")
+    p.add_argument("--flush_every", type=int, default=16, help="flush output files every N tokens")
+    p.add_argument("--metrics", action="store_true", help="print engine and prefix-cache counters at the end")
+    p.add_argument("--engine", default=None, metavar="ADDR",
+                   help="run through a forkline-engine at ADDR instead of in-process (see clients/remote_rounds.py)")
+    p.add_argument("--prefix", default=None, metavar="ADDR", help="with --engine: go through the prefix service")
+    return p
+
+
+def validate(args: argparse.Namespace) -> None:
+    """Argument checks that need no model; raises UsageError naming the flag."""
+    for name in ("prompt_rounds", "max_decode_sequences", "max_session_tokens", "max_new_tokens",
+                 "prefill_chunk", "flush_every"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.prefix_cache_entries < 0:
+        raise UsageError(f"--prefix_cache_entries must be >= 0, got {args.prefix_cache_entries}")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise UsageError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if not 0.0 < args.top_p <= 1.0:
+        raise UsageError(f"--top_p must be in (0, 1], got {args.top_p}")
+    if args.top_k < 0:
+        raise UsageError(f"--top_k must be >= 0, got {args.top_k}")
+    if not 0 <= args.seed < 2**64 - len(args.prompts):
+        raise UsageError(f"--seed must be in [0, 2**64 - number of prompts), got {args.seed}")
+    if args.max_new_tokens >= args.max_session_tokens:
+        raise UsageError(f"--max_new_tokens ({args.max_new_tokens}) must be below --max_session_tokens "
+                         f"({args.max_session_tokens}) to leave room for the prompt")
+    for i, text in enumerate(args.prompts):
+        if not text:
+            raise UsageError(f"prompt {i} is empty")
+    out_dir = os.path.dirname(args.out_prefix) or "."
+    if not os.path.isdir(out_dir):
+        raise UsageError(f"--out_prefix: directory {out_dir!r} does not exist")
+
+
+def load(args: argparse.Namespace):
+    """(loaded model, tokenizer, model fingerprint). Raises ModelLoadError."""
+    from engine_service.model.loader import load_model
+    from engine_service.model.tokenizer import tokenizer_from_file
+
+    loaded = load_model(args.model, args.weights_dtype)
+    if args.tokenizer is None:
+        return loaded, loaded.tokenizer, loaded.fingerprint
+    path = args.tokenizer
+    if os.path.isdir(path):
+        path = os.path.join(path, "tokenizer.json")
+    if not os.path.isfile(path):
+        raise ModelLoadError(args.tokenizer, "no tokenizer.json there")
+    tokenizer = tokenizer_from_file(path, bos_token_id=loaded.config.bos_token_id,
+                                    eos_token_ids=loaded.config.eos_token_ids)
+    if tokenizer.vocab_size > loaded.config.vocab_size:
+        raise ModelLoadError(path, f"tokenizer has {tokenizer.vocab_size} tokens, the model only "
+                                   f"{loaded.config.vocab_size}")
+    digest = hashlib.sha256(loaded.fingerprint.encode() + tokenizer.vocab_digest_source()).hexdigest()
+    return loaded, tokenizer, digest
+
+
+def encode_prompts(args: argparse.Namespace, loaded, tokenizer) -> list[list[int]]:
+    prompts = []
+    for i, text in enumerate(args.prompts):
+        if args.chat:
+            ids = tokenizer.encode(loaded.chat.format([{"role": "user", "content": text}]))
+        else:
+            ids = tokenizer.encode(text, add_special_tokens=True)
+        if not ids:
+            raise UsageError(f"prompt {i} encodes to no tokens")
+        if len(ids) + args.max_new_tokens > args.max_session_tokens:
+            raise UsageError(f"prompt {i} has {len(ids)} tokens; with --max_new_tokens {args.max_new_tokens} it "
+                             f"exceeds --max_session_tokens {args.max_session_tokens}")
+        prompts.append(ids)
+    return prompts
+
+
+class OutputFile:
+    """Streams one generation's text to a file; written on the engine thread, closed by either side."""
+
+    def __init__(self, path: str, tokenizer, flush_every: int) -> None:
+        from engine_service.model.detokenizer import StreamDecoder
+
+        self.path = path
+        self._file: TextIO | None = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        self._decoder = StreamDecoder(tokenizer, skip_special_tokens=True)
+        self._flush_every = flush_every
+        self._unflushed = 0
+        self._lock = threading.Lock()
+
+    def on_update(self, update: GenerationUpdate) -> None:
+        with self._lock:
+            if self._file is None:
+                return
+            if update.tokens:
+                self._file.write(self._decoder.push_many(update.tokens))
+                self._unflushed += len(update.tokens)
+                if self._unflushed >= self._flush_every:
+                    self._file.flush()
+                    self._unflushed = 0
+        if update.finished:
+            self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.write(self._decoder.flush())
+                self._file.close()
+                self._file = None
+
+
+@dataclass
+class Job:
+    """One generation of a round."""
+
+    number: int
+    prompt: list[int]
+    reused: int
+    output: OutputFile
+    handle: GenerationHandle | None = None
+    capture: PromptCapture | None = None
+    result: GenerationResult | None = None
+    error: str | None = None
+
+
+def start(n: int, prompt: list[int], seed: int, args, runner: Runner, cache: PrefixCache, tokenizer,
+          capture: bool, stop_tokens: tuple[int, ...]) -> Job:
+    match = cache.lookup(NAMESPACE, prompt)
+    session = match.session if match is not None else runner.open_session()
+    output = OutputFile(f"{args.out_prefix}_{n}.txt", tokenizer, args.flush_every)
+    job = Job(n, prompt, match.reused if match is not None else 0, output)
+    callback = output.on_update
+    if capture:
+        job.capture = cache.capture_prompt(session, prompt)
+        callback = job.capture.wrap(callback)
+    config = GenConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                       top_k=args.top_k, seed=seed, stop_tokens=stop_tokens, prefill_chunk=args.prefill_chunk)
+    job.handle = session.generate_async(prompt[job.reused:], config, callback)
+    return job
+
+
+def report(job: Job, out: TextIO) -> None:
+    result = job.result
+    if result is None:
+        print(f"[{job.number}] failed to start: {job.error}", file=out)
+        return
+    m = result.metrics
+    ttft = f"{m.time_to_first_token_s:.3f} s" if m.time_to_first_token_s is not None else "n/a"
+    line = (f"[{job.number}] prompt {len(job.prompt)} positions, reused {job.reused}/{len(job.prompt)} prompt "
+            f"tokens, ttft {ttft}, {m.generated_tokens} tokens at {m.decode_tokens_per_s:.1f} tok/s decode, "
+            f"finish {result.finish_reason} -> {job.output.path}")
+    if result.error:
+        line += f" ({result.error})"
+    print(line, file=out, flush=True)
+
+
+def run(args: argparse.Namespace, out: TextIO) -> int:
+    loaded, tokenizer, fingerprint = load(args)
+    prompts = encode_prompts(args, loaded, tokenizer)
+    count, entries = len(prompts), args.prefix_cache_entries
+    captured = min(count, entries)
+    executor = ModuleExecutor.create(
+        loaded, args.cache_kind, max_sessions=count + entries + captured, max_session_tokens=args.max_session_tokens,
+        max_decode_sequences=args.max_decode_sequences, prefill_chunk=args.prefill_chunk,
+        model_fingerprint=fingerprint,
+    )
+    runner = Runner(executor, max_decode_sequences=args.max_decode_sequences)
+    cache = PrefixCache(RunnerBackend(runner), entries, policy=args.retention)
+    stop_tokens = tuple(tokenizer.eos_token_ids)
+    completed = total = 0
+    try:
+        for round_ in range(args.prompt_rounds):
+            jobs: list[Job] = []
+            for i, prompt in enumerate(prompts):
+                n = round_ * count + i
+                try:
+                    jobs.append(start(n, prompt, args.seed + i, args, runner, cache, tokenizer, i < captured,
+                                      stop_tokens))
+                except ForklineError as exc:
+                    job = Job(n, prompt, 0, OutputFile(f"{args.out_prefix}_{n}.txt", tokenizer, 1), error=str(exc))
+                    job.output.close()
+                    jobs.append(job)
+            for job in jobs:  # every generation of the round runs concurrently; wait for all
+                if job.handle is not None:
+                    job.result = job.handle.wait()
+                    job.output.close()
+            for job in jobs:  # on this thread, after generation (never from a callback)
+                if job.capture is not None:
+                    job.capture.collect(NAMESPACE)
+                if job.handle is not None:
+                    job.handle.session.close()
+                report(job, out)
+                total += 1
+                completed += job.result is not None and job.result.finish_reason in COMPLETED
+        print(f"{completed}/{total} generations completed", file=out, flush=True)
+        if args.metrics:
+            print("engine " + json.dumps(asdict(runner.metrics())), file=out)
+            print("prefix_cache " + json.dumps(asdict(cache.stats())), file=out)
+    finally:
+        cache.clear()
+        runner.shutdown()
+    return 0 if completed == total else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    try:
+        return _main(argv)
+    finally:
+        # MLX wants its thread-local streams released before interpreter shutdown (mlx >= 0.32);
+        # otherwise the process may abort at exit after a successful run.
+        import mlx.core as mx
+
+        clear_streams = getattr(mx, "clear_streams", None)
+        if clear_streams is not None:
+            clear_streams()
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        validate(args)
+        if args.engine or args.prefix:
+            if not args.engine:
+                raise UsageError("--prefix needs --engine")
+            from clients.remote_rounds import run_remote
+
+            return run_remote(args, sys.stdout)
+        return run(args, sys.stdout)
+    except (UsageError, InvalidArgument) as exc:  # ModelLoadError is an InvalidArgument
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ForklineError as exc:  # the engine cannot be built with these limits (ResourceExhausted, ...)
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
