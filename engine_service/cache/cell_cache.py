@@ -1,7 +1,8 @@
 """``batched-cell``: one shared pool of cells per layer, each cell with a position and owner bits.
 
 Storage per layer: ``keys, values: [kv_heads, alloc, head_dim]`` where index ``c`` is cell ``c``;
-``alloc`` grows (doubling, at least ``initial_capacity``) up to ``capacity`` cells. Bookkeeping is the
+``alloc`` grows (doubling, in steps of ``initial_capacity``) up to ``capacity`` cells. Where new rows
+go is :class:`CellAllocator`'s business (it keeps each sequence's cells in one run when it can). Bookkeeping is the
 same for every layer (each layer stores every position), so it lives once, in numpy:
 
 - ``cell_pos[c]``: the position cell ``c`` holds (-1 when free);
@@ -28,6 +29,7 @@ import mlx.core as mx
 import numpy as np
 
 from engine_service.cache.batch_control import KVView, Segment
+from engine_service.cache.cell_allocator import CellAllocator
 from engine_service.cache.config import CacheConfig
 from engine_service.cache.seq_ids import SeqIdPool, check_position, check_segments
 from engine_service.errors import CacheError, InvalidArgument
@@ -183,13 +185,13 @@ class CellCache:
         self._cfg = config
         self._ids = SeqIdPool(config.max_seqs)
         self._cells: dict[int, _Cells] = {}
+        self._slots = CellAllocator(config.capacity, config.max_seqs)
+        # bookkeeping covers every cell up front (cheap numpy); K/V storage grows lazily to ``_alloc``
+        self._cell_pos = np.full(config.capacity, -1, dtype=np.int64)  # [capacity]
+        self._owners = np.zeros(config.capacity, dtype=np.uint64)  # [capacity]
         self._alloc = 0
-        self._keys: list[mx.array] = []
+        self._keys: list[mx.array] = []  # per layer [kv_heads, alloc, head_dim]
         self._values: list[mx.array] = []
-        self._cell_pos = np.empty(0, dtype=np.int64)
-        self._owners = np.empty(0, dtype=np.uint64)
-        # free cells as a stack whose top (the end) is the lowest index, so pops come out ascending
-        self._free = np.empty(0, dtype=np.int64)
 
     @property
     def config(self) -> CacheConfig:
@@ -205,7 +207,7 @@ class CellCache:
 
     def used(self) -> int:
         """Cells in use (owned by at least one sequence)."""
-        return self._alloc - len(self._free)
+        return self._slots.used
 
     def cells(self, seq: int) -> np.ndarray:
         """The cell of each position of ``seq`` (a copy; tests and diagnostics)."""
@@ -254,7 +256,7 @@ class CellCache:
             self._owners[gone] &= ~np.uint64(1 << seq)
             orphans = gone[self._owners[gone] == 0]
             self._cell_pos[orphans] = -1
-            self._free = np.concatenate([self._free, np.sort(orphans)[::-1]])
+            self._slots.release(orphans)
         held.n = length
 
     def pos(self, seq: int) -> int:
@@ -262,47 +264,41 @@ class CellCache:
 
     def can_admit(self, seq: int, n: int) -> bool:
         self._ids.check(seq)
-        return n >= 1 and self.used() + n <= self._cfg.capacity
+        return n >= 1 and n <= self._slots.available
 
-    def _grow(self, need: int) -> None:
-        """Make at least ``need`` free cells exist (caller checked capacity)."""
-        if len(self._free) >= need:
+    def _grow(self, top: int) -> None:
+        """Make the K/V storage cover cells ``[0, top)`` (doubling, in steps of initial_capacity)."""
+        if top <= self._alloc:
             return
         cfg = self._cfg
-        target = min(
-            cfg.capacity, max(2 * self._alloc, self._alloc + need - len(self._free), cfg.initial_capacity)
-        )
-        extra = target - self._alloc
-        pad = (cfg.kv_heads, extra, cfg.head_dim)
-        if not self._keys:
-            self._keys = [mx.zeros(pad, dtype=cfg.dtype) for _ in cfg.layers]
-            self._values = [mx.zeros(pad, dtype=cfg.dtype) for _ in cfg.layers]
+        step = cfg.initial_capacity
+        target = min(cfg.capacity, max(2 * self._alloc, -(-top // step) * step))
+        pad = mx.zeros((cfg.kv_heads, target - self._alloc, cfg.head_dim), dtype=cfg.dtype)
+        if not self._keys:  # separate buffers per layer and for K and V: in-place updates need sole owners
+            self._keys = [mx.zeros(pad.shape, dtype=cfg.dtype) for _ in cfg.layers]
+            self._values = [mx.zeros(pad.shape, dtype=cfg.dtype) for _ in cfg.layers]
         else:
-            self._keys = [mx.concatenate([k, mx.zeros(pad, dtype=cfg.dtype)], axis=1) for k in self._keys]
-            self._values = [mx.concatenate([v, mx.zeros(pad, dtype=cfg.dtype)], axis=1) for v in self._values]
-        self._cell_pos = np.concatenate([self._cell_pos, np.full(extra, -1, dtype=np.int64)])
-        self._owners = np.concatenate([self._owners, np.zeros(extra, dtype=np.uint64)])
-        # new cells go under the existing free ones (those are lower indices and pop first)
-        self._free = np.concatenate([np.arange(target - 1, self._alloc - 1, -1), self._free])
+            self._keys = [mx.concatenate([k, pad], axis=1) for k in self._keys]
+            self._values = [mx.concatenate([v, pad], axis=1) for v in self._values]
         self._alloc = target
 
     def begin_step(self, segments: Sequence[Segment]) -> CellStep:
         pos = {sid: c.n for sid, c in self._cells.items()}
         total = check_segments(segments, self._ids, pos)
-        if self.used() + total > self._cfg.capacity:
+        if total > self._slots.available:
             raise CacheError(
                 f"step of {total} rows exceeds capacity {self._cfg.capacity} ({self.used()} used)"
             )
-        self._grow(total)
-        new = self._free[len(self._free) - total :][::-1].copy()  # [T], ascending when fresh
-        self._free = self._free[: len(self._free) - total]
-        offset = 0
-        for seg in segments:
-            cells = new[offset : offset + seg.length]
+        parts = []
+        for seg in segments:  # all checks passed: nothing below can refuse
+            held = self._cells[seg.seq]
+            cells = self._slots.take(seg.seq, int(held.idx[held.n - 1]) if held.n else None, seg.length)
             self._cell_pos[cells] = np.arange(seg.start, seg.start + seg.length)
             self._owners[cells] = np.uint64(1 << seg.seq)
-            self._cells[seg.seq].append(cells)
-            offset += seg.length
+            held.append(cells)
+            parts.append(cells)
+        new = np.concatenate(parts)  # [T] cell of each packed row
+        self._grow(int(new.max()) + 1)
         return CellStep(self, segments, new)
 
     def clear(self) -> None:

@@ -123,7 +123,9 @@ def test_rewind_at_the_floor_is_exact(max_write: int) -> None:
 
 
 def test_cell_masks_after_source_append_and_branch() -> None:
-    d = Driver("batched-cell", geometry(1))
+    # 7 cells, 2 regions of 3: the source runs 0..5, the branch's own region is full so its row lands
+    # in cell 6, giving the seed's layout (view = pool cells 0..6)
+    d = Driver("batched-cell", geometry(1, capacity=7, max_seqs=2))
     src = d.new()
     d.fill(src, 4)  # cells 0..3, positions 0..3
     branch = d.clone(src, 4)
@@ -132,6 +134,7 @@ def test_cell_masks_after_source_append_and_branch() -> None:
     rows = np.zeros((1, 2, 8), dtype=np.float32)
     (flat,) = step.views(0, mx.array(rows), mx.array(rows))
     (ring,) = step.views(1, mx.array(rows), mx.array(rows))
+    assert d.cache.cells(branch).tolist() == [0, 1, 2, 3, 6]
     # hand-computed: the branch owns cells 0..3 and 6; the window of 4 at position 4 drops position 0
     assert np.array(flat.mask).astype(int).tolist() == [[1, 1, 1, 1, 0, 0, 1]]
     assert np.array(ring.mask).astype(int).tolist() == [[0, 1, 1, 1, 0, 0, 1]]
