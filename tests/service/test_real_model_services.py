@@ -1,0 +1,38 @@
+"""The packaged SmolLM2-135M-Instruct behind both services: two gateway rounds (slow)."""
+
+from __future__ import annotations
+
+import pytest
+
+from clients.prefix_client import PrefixClient
+from engine_service.config import GenConfig
+from engine_service.rpc.server import create_server
+from engine_service.rpc.servicer import EngineDeps
+from tests.service.conftest import start_prefix
+
+
+@pytest.mark.slow
+def test_two_gateway_rounds_on_the_real_model() -> None:
+    from engine_service.model.loader import load_model
+
+    loaded = load_model()
+    deps = EngineDeps.build(loaded, loaded.tokenizer, model_name="smollm2", chat=loaded.chat, max_sessions=4,
+                            max_session_tokens=512)
+    server, port = create_server(deps, "127.0.0.1:0")
+    prefix = start_prefix(f"127.0.0.1:{port}")
+    try:
+        client = PrefixClient(prefix.address, owner="slow")
+        question = "What is the capital of France?"
+        rounds = [client.generate(text=question, chat=True, max_new_tokens=16).collect() for _ in range(2)]
+        prompt = loaded.tokenizer.encode(loaded.chat.format([{"role": "user", "content": question}]))
+        assert [r.done.reused_positions for r in rounds] == [0, len(prompt) - 1]
+        assert rounds[0].tokens == rounds[1].tokens
+        # independent reference: the same runner driven in-process, no gRPC, no prefix cache
+        with deps.runner.open_session() as session:
+            config = GenConfig(max_new_tokens=16, stop_tokens=loaded.tokenizer.eos_token_ids)
+            reference = session.generate_async(prompt, config).wait(120).tokens
+        assert rounds[0].tokens == list(reference)
+        assert "Paris" in rounds[0].text
+    finally:
+        prefix.stop(0)
+        server.stop(0, shutdown_runner=True)
