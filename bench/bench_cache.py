@@ -36,10 +36,10 @@ ROW_BYTES = LAYERS * KV_HEADS * HEAD_DIM * 4 * 2  # one position's K and V on al
 OUT = Path(__file__).resolve().parent / "out"
 
 
-def config(sliding: bool, capacity: int) -> CacheConfig:
+def config(sliding: bool, capacity: int, max_seqs: int = 16) -> CacheConfig:
     layers = tuple(LayerSpec("sliding", 256) if sliding and i % 2 else LayerSpec() for i in range(LAYERS))
     return CacheConfig(
-        capacity=capacity, max_seqs=16, layers=layers, kv_heads=KV_HEADS, head_dim=HEAD_DIM, max_write=512
+        capacity=capacity, max_seqs=max_seqs, layers=layers, kv_heads=KV_HEADS, head_dim=HEAD_DIM, max_write=512
     )
 
 
@@ -117,7 +117,8 @@ def clone_curve(kind: str, sliding: bool, lengths: list[int], repeats: int) -> l
 
 def decode_step(kind: str, context: int, seqs: int = 8, repeats: int = 5) -> float:
     """Seconds for one packed decode step of ``seqs`` sequences at ``context`` rows (no attention)."""
-    cache = build_cache(kind, config(False, capacity=seqs * (context + 64)))
+    # as ModuleExecutor sizes it: capacity = sessions x tokens per session, max_seqs = sessions
+    cache = build_cache(kind, config(False, capacity=seqs * (context + 64), max_seqs=seqs))
     ids = [cache.seq_new() for _ in range(seqs)]
     for sid in ids:
         append(cache, sid, context)
