@@ -50,6 +50,8 @@ class PromptLookupExecutor(ModuleExecutor):
         if budget < 1:
             return
         drafts = self.lookup([*plan.state.history[: plan.start], plan.rows[0]], budget)
+        if drafts and not self.cache.can_admit(plan.state.seq, 1 + len(drafts)):
+            drafts = ()  # no room for the drafts: decode plainly rather than fail the input
         if drafts:
             plan.rows = plan.rows + drafts
             plan.drafts = drafts

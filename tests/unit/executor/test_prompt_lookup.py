@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from engine_service.cache.config import CacheConfig
+from engine_service.cache.registry import build_cache
 from engine_service.errors import InvalidArgument
 from engine_service.executor import ExecInput
 from engine_service.module_executor import ModuleExecutor
@@ -105,3 +107,24 @@ def test_drafts_must_fit_max_write(tiny_model) -> None:
         make(PromptLookupExecutor, tiny_model(), "batched-sequence", prefill_chunk=4, num_drafts=4)
     with pytest.raises(InvalidArgument, match="num_drafts"):
         make(PromptLookupExecutor, tiny_model(), "batched-sequence", num_drafts=0)
+
+
+def test_drafts_are_dropped_when_the_cache_has_no_room(tiny_model) -> None:
+    model = tiny_model()
+
+    def executor(capacity: int) -> PromptLookupExecutor:
+        cfg = model.config
+        cache = build_cache("batched-sequence", CacheConfig(capacity=capacity, max_seqs=4, layers=cfg.layers,
+                                                            kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                                                            max_write=8))
+        return PromptLookupExecutor(model, cache, cache_kind="batched-sequence", max_sessions=4,
+                                    max_session_tokens=128, max_write=8, num_drafts=4)
+
+    for capacity, room in ((37, False), (200, True)):  # 2 x 18 rows leave room for the pending row only
+        spec = executor(capacity)
+        s = spec.open_session()
+        pending = prefill(spec, s, PROMPT)[-1]
+        assert spec.clone(s, len(PROMPT)) is not None
+        out = spec.execute([ExecInput(s, spec.position(s), tokens=(pending,))])[0]
+        assert out.error is None and len(out.tokens) >= 1
+        assert (spec.drafted > 0) == room
