@@ -36,3 +36,18 @@ def test_two_gateway_rounds_on_the_real_model() -> None:
     finally:
         prefix.stop(0)
         server.stop(0, shutdown_runner=True)
+
+
+@pytest.mark.slow
+def test_demo_runs_both_service_processes_and_stops_them() -> None:
+    """``python -m clients.demo``: real processes, free ports, SIGTERM drain (exit 0 from both)."""
+    import re
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "clients.demo", "--max_new_tokens", "8"], capture_output=True,
+                         text=True, timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr
+    reuse = re.findall(r"round \d: reused (\d+)/(\d+) prompt tokens", run.stdout)
+    assert [(int(a), int(b)) for a, b in reuse] == [(0, int(reuse[0][1])), (int(reuse[0][1]) - 1, int(reuse[0][1]))]
+    assert "forkline-prefix stopped (exit 0)" in run.stdout and "forkline-engine stopped (exit 0)" in run.stdout
