@@ -31,6 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seconds after which an idle client session handle expires (0: never)")
     p.add_argument("--persistent_owner", action="append", default=None,
                    help="owner whose handles never expire (repeatable; default: prefix-service)")
+    p.add_argument("--prepared_inputs", action="store_true",
+                   help="accept prepared 'embeddings' inputs (EmbeddingsExecutor)")
     p.add_argument("--grace", type=float, default=5.0, help="seconds streams get to finish at shutdown")
     p.add_argument("--log_level", default="INFO")
     return p.parse_args(argv)
@@ -57,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             prefill_chunk=args.prefill_chunk,
             idle_timeout_s=args.idle_session_timeout,
             persistent_owners=tuple(args.persistent_owner or ("prefix-service",)),
+            prepared_inputs=args.prepared_inputs,
         )
         server, port = create_server(deps, f"{args.host}:{args.port}")
     except (ForklineError, OSError) as exc:

@@ -63,12 +63,19 @@ class EngineDeps:
         idle_timeout_s: float = 0.0,
         persistent_owners: tuple[str, ...] = ("prefix-service",),
         eos_token_ids: tuple[int, ...] | None = None,
+        prepared_inputs: bool = False,
     ) -> EngineDeps:
-        """A ModuleExecutor over ``model`` (a Transformer or LoadedModel) and a started Runner."""
+        """An executor over ``model`` (a Transformer or LoadedModel) and a started Runner.
+
+        ``prepared_inputs``: an EmbeddingsExecutor (also accepts ``embeddings`` prepared inputs)
+        instead of the raw-token ModuleExecutor.
+        """
+        from engine_service.embeddings_executor import EmbeddingsExecutor
         from engine_service.module_executor import ModuleExecutor
         from engine_service.runner import Runner
 
-        executor = ModuleExecutor.create(
+        executor_cls = EmbeddingsExecutor if prepared_inputs else ModuleExecutor
+        executor = executor_cls.create(
             model,
             cache_kind,
             max_sessions,

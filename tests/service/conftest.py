@@ -67,6 +67,7 @@ def start_engine(
     idle_timeout_s: float = 0.0,
     layers: str = "FRFR",
     seed: int = 0,
+    prepared_inputs: bool = False,
 ) -> Engine:
     tokenizer = char_tokenizer()
     deps = EngineDeps.build(
@@ -79,6 +80,7 @@ def start_engine(
         max_session_tokens=max_session_tokens,
         prefill_chunk=64,
         idle_timeout_s=idle_timeout_s,
+        prepared_inputs=prepared_inputs,
     )
     server, bound = create_server(deps, f"127.0.0.1:{port}")
     return Engine(server, bound)

@@ -145,3 +145,19 @@ def test_health_stub_directly(engine) -> None:
     reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
     channel.close()
+
+
+def test_prepared_embeddings_input_equals_the_token_path(engine_factory) -> None:
+    import mlx.core as mx
+    import numpy as np
+
+    from engine_service.model.random_init import random_model
+    from protos import engine_pb2 as pb
+
+    engine = engine_factory(prepared_inputs=True)
+    client = EngineClient(engine.address, owner="alice")
+    embeddings = np.array(random_model("FRFR", 4, 0).embed(mx.array(PROMPT, dtype=mx.int32)), dtype="<f4")
+    prepared = pb.PreparedInput(kind="embeddings", payload=embeddings.tobytes(), shape=list(embeddings.shape))
+    out = client.generate(prepared=prepared, max_new_tokens=8, **SAMPLED).collect()
+    assert out.started.input_positions == len(PROMPT)
+    assert out.tokens == in_process_tokens(PROMPT, 8, temperature=10.0, seed=7)
