@@ -39,7 +39,12 @@ OUT = Path(__file__).resolve().parent / "out"
 def config(sliding: bool, capacity: int, max_seqs: int = 16) -> CacheConfig:
     layers = tuple(LayerSpec("sliding", 256) if sliding and i % 2 else LayerSpec() for i in range(LAYERS))
     return CacheConfig(
-        capacity=capacity, max_seqs=max_seqs, layers=layers, kv_heads=KV_HEADS, head_dim=HEAD_DIM, max_write=512
+        capacity=capacity,
+        max_seqs=max_seqs,
+        layers=layers,
+        kv_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        max_write=512,
     )
 
 
@@ -67,14 +72,15 @@ def median_times(fns, repeats: int) -> list[float]:
 
 
 def source_buffers(cache, src: int, length: int) -> list[mx.array]:
-    """The bytes a sequence clone at ``length`` copies: each flat layer's first ``length`` rows and
-    each ring's whole buffer; for the cell kind the same prefix rows of every layer's pool."""
+    """The bytes a sequence clone at ``length`` copies: the first ``length`` rows of each flat layer and
+    unwrapped ring, each wrapped ring's whole buffer; for the cell kind the prefix rows of each pool."""
     if hasattr(cache, "sequence"):
         seq = cache.sequence(src)
         out = []
         for layer in range(LAYERS):
             for buf in seq.buffers(layer):
-                out.append(buf if seq.is_ring(layer) else buf[:, :length, :])
+                wrapped = seq.is_ring(layer) and seq.written > seq.slots(layer)
+                out.append(buf if wrapped else buf[:, :length, :])
         return out
     return [pool[:, :length, :] for pool in (*cache._keys, *cache._values)]
 

@@ -33,7 +33,7 @@ class SeqIdPool:
         """``sid`` if it names a live sequence, else NotFound (never a bare KeyError)."""
         if isinstance(sid, bool) or not isinstance(sid, int) or sid not in self._live:
             raise NotFound(f"unknown cache sequence id {sid!r}")
-        return sid
+        return int(sid)
 
     def live(self) -> frozenset[int]:
         return frozenset(self._live)

@@ -197,8 +197,9 @@ class SequenceCache:
     def copy(self, upto: int) -> SequenceCache | None:
         """An independent cache holding positions ``[0, upto)``, or None when ``can_rewind(upto)`` fails.
 
-        Flat layers copy the prefix rows only (plus zeroed headroom to the next allocation step); ring
-        layers copy their slots. The copy inherits ``written`` (its ring past ``upto`` is the donor's).
+        Flat layers, and ring layers that never wrapped (row p still at index p), copy the prefix rows
+        only, plus zeroed headroom to the next allocation step (at most ``upto`` rows); a wrapped ring
+        copies all its slots. The copy inherits ``written`` (its ring past ``upto`` is the donor's).
         The new buffers are evaluated here so the donor's buffers stay uniquely owned (in-place writes).
         """
         if not self.can_rewind(upto):
@@ -214,10 +215,13 @@ class SequenceCache:
             keys, values = self._keys[layer], self._values[layer]
             if keys is None:
                 continue
-            if slots is None:
+            if slots is None or self._written <= slots:
                 if upto == 0:
                     continue
-                alloc = min(cfg.capacity, _round_up(upto, cfg.initial_capacity))
+                # headroom to the next allocation step, but never more than the prefix itself: a short
+                # snapshot should not pay for (or hold) a mostly empty initial_capacity block
+                limit = cfg.capacity if slots is None else slots
+                alloc = min(limit, _round_up(upto, cfg.initial_capacity), 2 * upto)
                 if alloc - upto not in pads:
                     pads[alloc - upto] = mx.zeros((cfg.kv_heads, alloc - upto, cfg.head_dim), dtype=cfg.dtype)
                 pad = pads[alloc - upto]
