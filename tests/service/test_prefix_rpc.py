@@ -157,3 +157,24 @@ def test_cli_rounds_through_the_services(engine, prefix_factory, tmp_path, capsy
     texts = [(tmp_path / f"gen_{i}.txt").read_text() for i in range(2)]
     reference = in_process_tokens([1, *map(ord, prompt)], 6, temperature=0.0, seed=42)
     assert texts[0] == texts[1] == char_tokenizer().decode(reference, skip_special_tokens=True)
+
+
+def test_prefix_errors_map_to_codes(engine_factory, prefix_factory) -> None:
+    engine = engine_factory()
+    prefix = prefix_factory(engine.address)
+    alice = PrefixClient(prefix.address, owner="alice")
+    with pytest.raises(errors.NotFound):
+        alice.insert(PROMPT, "not-a-handle")
+    with pytest.raises(errors.InvalidArgument):
+        alice.insert([], "x")
+    with pytest.raises(errors.InvalidArgument):
+        alice.generate([65, -3], max_new_tokens=1).collect()
+    with pytest.raises(errors.InvalidArgument):
+        alice.generate([65] * 300, max_new_tokens=1).collect()  # over max_session_tokens (256)
+    with pytest.raises(errors.InvalidArgument):
+        alice.generate(PROMPT, max_new_tokens=0).collect()
+    assert gateway_round(prefix, max_new_tokens=2).done.generated_tokens == 2  # still serving
+    assert wait_for(lambda: engine.runner.resident_sessions == 1)  # only the stored snapshot
+    engine.stop(grace=0)
+    with pytest.raises(errors.Unavailable):
+        alice.lookup(PROMPT)
