@@ -12,7 +12,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine_service.module_executor import InputError, ModuleExecutor
+from engine_service.exec_plan import InputError
+from engine_service.module_executor import ModuleExecutor
 from engine_service.prepared_input import EmbeddingsInput, PreparedInput
 
 

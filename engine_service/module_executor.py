@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -25,6 +24,7 @@ import mlx.core as mx
 from engine_service.cache.batch_control import BatchControl, Segment
 from engine_service.cache.config import CacheConfig
 from engine_service.errors import InvalidArgument, NotFound, ResourceExhausted
+from engine_service.exec_plan import PREPARED_TOKEN, InputError, Plan, SessionState
 from engine_service.executor import ExecInput, ExecOutput, Executor, ExecutorLimits
 from engine_service.prepared_input import PreparedInput
 from engine_service.sampling import Sampler, SamplingParams
@@ -32,47 +32,6 @@ from engine_service.sampling import Sampler, SamplingParams
 log = logging.getLogger(__name__)
 
 _INT32_MAX = 2**31 - 1
-_PREPARED_TOKEN = -1  # history marker for positions that came from a prepared input
-
-
-class InputError(Exception):
-    """One input of a batch is unusable; only its generation fails."""
-
-
-@dataclass
-class SessionState:
-    """What the executor keeps per session. ``history[p]`` is the token at committed position p."""
-
-    seq: int
-    sampler: Sampler | None = None
-    history: list[int] = field(default_factory=list)
-
-
-@dataclass
-class Plan:
-    """One input's work in this batch. ``rows`` are raw token ids or a prepared input (its positions).
-
-    ``logit_count`` rows at the end of the input are projected (1 for plain inputs; the speculative
-    executor verifies its drafts on several). ``done`` counts positions already written.
-    """
-
-    index: int
-    sid: int
-    state: SessionState
-    start: int
-    rows: tuple[int, ...] | PreparedInput
-    want_output: bool
-    logit_count: int = 1
-    drafts: tuple[int, ...] = ()
-    done: int = 0
-    error: str | None = None
-
-    @property
-    def size(self) -> int:
-        return len(self.rows) if isinstance(self.rows, tuple) else self.rows.size()
-
-    def piece(self, lo: int, hi: int) -> tuple[int, ...] | PreparedInput:
-        return self.rows[lo:hi] if isinstance(self.rows, tuple) else self.rows.chunk(lo, hi)
 
 
 def _positive(name: str, value: Any) -> int:
@@ -362,7 +321,7 @@ class ModuleExecutor(Executor):
         for plan, lo, hi in pieces:
             plan.done = hi
             chunk = plan.piece(lo, hi)
-            tokens = list(chunk) if isinstance(chunk, tuple) else [_PREPARED_TOKEN] * (hi - lo)
+            tokens = list(chunk) if isinstance(chunk, tuple) else [PREPARED_TOKEN] * (hi - lo)
             at = plan.start + lo
             del plan.state.history[at:]
             plan.state.history.extend(tokens)

@@ -20,7 +20,8 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from engine_service.errors import InvalidArgument
-from engine_service.module_executor import InputError, ModuleExecutor, Plan
+from engine_service.exec_plan import InputError, Plan
+from engine_service.module_executor import ModuleExecutor
 
 
 class PromptLookupExecutor(ModuleExecutor):

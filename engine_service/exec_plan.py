@@ -1,0 +1,54 @@
+"""The executor's per-batch bookkeeping: session state, one input's plan, per-input failures.
+
+A :class:`Plan` is one ExecInput after validation: the rows it writes (raw token ids or a prepared
+input), how many of its last rows are projected to logits, and how far the packed rounds got.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine_service.prepared_input import PreparedInput
+from engine_service.sampling import Sampler
+
+PREPARED_TOKEN = -1  # history marker for positions that came from a prepared input
+
+
+class InputError(Exception):
+    """One input of a batch is unusable; only its generation fails."""
+
+
+@dataclass
+class SessionState:
+    """What the executor keeps per session. ``history[p]`` is the token at committed position p."""
+
+    seq: int
+    sampler: Sampler | None = None
+    history: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    """One input's work in this batch. ``rows`` are raw token ids or a prepared input (its positions).
+
+    ``logit_count`` rows at the end of the input are projected (1 for plain inputs; the speculative
+    executor verifies its drafts on several). ``done`` counts positions already written.
+    """
+
+    index: int
+    sid: int
+    state: SessionState
+    start: int
+    rows: tuple[int, ...] | PreparedInput
+    want_output: bool
+    logit_count: int = 1
+    drafts: tuple[int, ...] = ()
+    done: int = 0
+    error: str | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.rows) if isinstance(self.rows, tuple) else self.rows.size()
+
+    def piece(self, lo: int, hi: int) -> tuple[int, ...] | PreparedInput:
+        return self.rows[lo:hi] if isinstance(self.rows, tuple) else self.rows.chunk(lo, hi)
