@@ -99,10 +99,11 @@ def test_killed_prefix_service_is_cleaned_up_by_its_restart(engine, prefix_facto
     with pytest.raises(errors.ForklineError):
         for _ in events:
             pass
-    # the snapshots (and possibly the clone the dead stream ran on) are orphaned in the engine
-    assert wait_for(lambda: engine.runner.resident_sessions in (base + 3, base + 4))
+    # the 3 snapshots are orphaned in the engine, possibly with the clone the dead stream ran on and
+    # that stream's duplicate prompt snapshot (killed before it could release them)
+    assert wait_for(lambda: base + 3 <= engine.runner.resident_sessions <= base + 5), engine.runner.resident_sessions
     restarted = prefix_factory(engine.address)  # same owner id: releases what the first one left
-    assert wait_for(lambda: engine.runner.resident_sessions == base)
+    assert wait_for(lambda: engine.runner.resident_sessions == base), engine.runner.resident_sessions
     # ...and caches again
     gateway_round(restarted, max_new_tokens=2)
     assert gateway_round(restarted, max_new_tokens=2).done.reused_positions == len(PROMPT) - 1
