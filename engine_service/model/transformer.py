@@ -18,10 +18,14 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine_service.cache.batch_control import KVStep, KVView
+from engine_service.model import fast_math
 from engine_service.model.config import ModelConfig
 from engine_service.model.weights import QuantTensor, concat_rows, convert_matrix
 
 Tensor = mx.array | QuantTensor
+
+# query rows per view below which MLX's fused attention is used (see fast_math for why not above)
+_FUSED_SDPA_MAX_ROWS = 8
 
 
 class Projection(nn.Module):
@@ -87,7 +91,7 @@ class Block(nn.Module):
         h = h + self.o(self._attend(q, views, t))
         x = mx.fast.rms_norm(h, self.mlp_norm, cfg.rms_norm_eps)
         g, u = mx.split(self.gate_up(x), 2, axis=-1)
-        return h + self.down(nn.silu(g) * u)
+        return h + self.down(fast_math.silu_mul(g, u))
 
     def _rope(self, x: mx.array, positions: mx.array) -> mx.array:
         cfg = self._cfg
@@ -106,11 +110,14 @@ class Block(nn.Module):
                 raise ValueError(f"layer {self.index}: KV views must cover the {t} packed rows once, in order")
             covered = stop
             n = stop - start
-            qv = q[start:stop].transpose(1, 0, 2)[None]  # [1, q_heads, n, D]
-            o = mx.fast.scaled_dot_product_attention(
-                qv, view.keys[None], view.values[None], scale=self._scale, mask=view.mask
-            )
-            outs.append(o[0].transpose(1, 0, 2).reshape(n, -1))
+            qv = q[start:stop].transpose(1, 0, 2)  # [q_heads, n, D]
+            if n < _FUSED_SDPA_MAX_ROWS:  # decode: one fused op; few exponentials to compute
+                o = mx.fast.scaled_dot_product_attention(
+                    qv[None], view.keys[None], view.values[None], scale=self._scale, mask=view.mask
+                )[0]
+            else:  # prefill: BLAS matmuls + the fast softmax (MLX's CPU exp dominates otherwise)
+                o = fast_math.attention(qv, view.keys, view.values, self._scale, view.mask)
+            outs.append(o.transpose(1, 0, 2).reshape(n, -1))
         if covered != t:
             raise ValueError(f"layer {self.index}: KV views cover {covered} of {t} packed rows")
         return outs[0] if len(outs) == 1 else mx.concatenate(outs)
