@@ -34,7 +34,7 @@ from engine_service.errors import FailedPrecondition, ForklineError, InvalidArgu
 from prefix_service.backends import CaptureBackend, Handle, SessionBackend
 from prefix_service.capture import PromptCapture
 from prefix_service.index import TokenIndex, token_key
-from prefix_service.retention import Entry, RetentionPolicy, make_policy
+from prefix_service.retention import NO_METADATA, Entry, RetentionPolicy, make_policy
 
 # Refusal reasons counted in PrefixStats.refusals.
 DISABLED = "disabled"
@@ -78,13 +78,13 @@ class PrefixStats:
 
 def _frozen_metadata(metadata: Mapping[str, Any] | None) -> Mapping[str, str]:
     if metadata is None:
-        return MappingProxyType({})
+        return NO_METADATA
     if not isinstance(metadata, Mapping):
         raise InvalidArgument(f"metadata must be a mapping of strings, got {type(metadata).__name__}")
     for name in metadata:
         if not isinstance(name, str):
             raise InvalidArgument(f"metadata keys must be strings, got {name!r}")
-    return MappingProxyType({name: str(value) for name, value in metadata.items()})
+    return MappingProxyType({name: str(value) for name, value in metadata.items()}) if metadata else NO_METADATA
 
 
 class PrefixCache:

@@ -30,9 +30,10 @@ BOUNDARY_KEY = "boundary"
 BREAKPOINT = "breakpoint"
 PROMPT = "prompt"
 PRIORITY_KEY = "priority"
+NO_METADATA: Mapping[str, str] = MappingProxyType({})
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # slots: 10k+ entries stay cheap for the cyclic GC
 class Entry:
     """One stored snapshot and its bookkeeping (mutable: the cache refreshes it on hits).
 
@@ -49,7 +50,7 @@ class Entry:
     created: int
     last_used: int
     hits: int = 0
-    metadata: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    metadata: Mapping[str, str] = field(default_factory=lambda: NO_METADATA)
 
     def __post_init__(self) -> None:
         if not self.tokens:
