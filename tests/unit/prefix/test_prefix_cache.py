@@ -160,6 +160,12 @@ def test_malformed_insert_releases_and_raises(backend, cache):
     with pytest.raises(InvalidArgument, match="namespace"):
         cache.insert(7, (1, 2), other)
     assert other.closed
+    third = backend.open((1, 2))
+    with pytest.raises(InvalidArgument, match="metadata"):
+        cache.insert(NS, (1, 2), third, metadata=["priority"])
+    assert third.closed and cache.size == 0
+    assert cache.insert(NS, (1, 2), backend.open((1, 2)), {"priority": 3})
+    assert cache.entries()[0].metadata == {"priority": "3"}
 
 
 def test_token_keys_keep_all_64_bits(backend, cache):
