@@ -50,7 +50,7 @@ def connect_engine(
     released = backend.release_owned()
     if released:
         log.info("released %d snapshots an earlier %s left in the engine", released, owner)
-    return PrefixDeps(PrefixCache(backend, max_entries, policy), backend), channel
+    return PrefixDeps(PrefixCache(backend, max_entries, policy), backend, policy), channel
 
 
 class PrefixServer:

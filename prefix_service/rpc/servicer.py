@@ -33,6 +33,7 @@ class PrefixDeps:
 
     cache: PrefixCache
     backend: EngineBackend
+    policy_name: str = ""
 
     def __post_init__(self) -> None:
         if self.cache.backend is not self.backend:
@@ -152,7 +153,7 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
                 inserts=s.inserts,
                 dropped_on_restart=self.dropped_on_restart,
                 engine_instance_id=self.deps.backend.instance_id,
-                policy=type(self.deps.cache.policy).__name__,
+                policy=self.deps.policy_name or type(self.deps.cache.policy).__name__,
                 reused_positions=s.reused_tokens,
             )
 

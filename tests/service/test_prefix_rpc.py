@@ -58,7 +58,7 @@ def test_lookup_insert_stats_clear(engine, prefix_factory) -> None:
     assert alice.lookup(PROMPT, namespace="other").reason == "empty"
     assert alice.lookup([PROMPT[0]]).reason == "too_short"
     stats = alice.stats()
-    assert (stats.entries, stats.hits, stats.inserts) == (1, 2, 1) and stats.engine_instance_id
+    assert (stats.entries, stats.hits, stats.inserts, stats.policy) == (1, 2, 1, "lru") and stats.engine_instance_id
     assert alice.clear() == 1
     assert alice.lookup(PROMPT).reason == "empty"
     alice_engine.release_owner()
@@ -179,3 +179,16 @@ def test_prefix_errors_map_to_codes(engine_factory, prefix_factory) -> None:
     engine.stop(grace=0)
     with pytest.raises(errors.Unavailable):
         alice.lookup(PROMPT)
+
+
+@pytest.mark.parametrize(("policy", "kept"), [("priority", "high"), ("lru", "low")])
+def test_gateway_metadata_reaches_the_retention_policy(engine_factory, prefix_factory, policy, kept) -> None:
+    engine = engine_factory()
+    prefix = prefix_factory(engine.address, max_entries=1, policy=policy)
+    prompts = {"high": PROMPT, "low": [ord(c) for c in "Another prompt entirely, with its own words."]}
+    gateway_round(prefix, prompts["high"], max_new_tokens=1, metadata={"priority": "5"})
+    gateway_round(prefix, prompts["low"], max_new_tokens=1, metadata={"priority": "0"})
+    alice = PrefixClient(prefix.address, owner="alice")
+    hits = {name: alice.lookup(tokens).session is not None for name, tokens in prompts.items()}
+    assert hits == {"high": kept == "high", "low": kept == "low"}
+    assert alice.stats().policy == policy
