@@ -117,20 +117,36 @@ class GenerationCall:
         self._generation = self._session.generate_async(input, config, self._on_update)
         yield convert.started_event(self._handle, start, size)
         text = StreamDecoder(self._tokenizer, skip_special_tokens=True)
+        held = None  # an item taken while coalescing, handled next
         while True:
-            try:
-                item = self._queue.get(timeout=_POLL_S)
-            except queue.Empty:
-                if not is_active():
-                    return
-                continue
+            if held is not None:
+                item, held = held, None
+            else:
+                try:
+                    item = self._queue.get(timeout=_POLL_S)
+                except queue.Empty:
+                    if not is_active():
+                        return
+                    continue
             if isinstance(item, _Snapshot):
                 yield convert.snapshot_event(self._register(item), item.position, item.kind)
                 continue
-            update = item.update
-            if update.tokens:
-                yield convert.tokens_event(update.tokens, text.push_many(update.tokens))
-            if update.finished:
+            # Coalesce the updates already queued (a slow client gets fewer, larger messages); stop at
+            # a snapshot so events keep the engine's order.
+            tokens, finished = list(item.update.tokens), item.update.finished
+            while not finished:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(nxt, _Snapshot):
+                    held = nxt
+                    break
+                tokens += nxt.update.tokens
+                finished = nxt.update.finished
+            if tokens:
+                yield convert.tokens_event(tokens, text.push_many(tokens))
+            if finished:
                 break
         result = self._generation.wait()
         if result.finish_reason == "error":
