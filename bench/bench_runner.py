@@ -6,7 +6,7 @@
    and ends when the first one finishes (every sequence still decoding), so it measures steps that
    really pack B sequences.
 2. Prompt-lookup speculative decoding vs plain greedy decoding on an input-grounded task (the model
-   is asked to repeat a paragraph): decode tokens/s of each, speedup, draft acceptance, and whether
+   is asked to repeat a paragraph; generation stops at the end-of-turn token): decode tokens/s of each, speedup, draft acceptance, and whether
    the two outputs are identical token for token (they must be).
 
 Prints one JSON object, writes it to bench/out/bench_runner.json and a plot to bench/out/bench_runner.png.
@@ -69,8 +69,10 @@ def concurrent_decode(runner: Runner, prompts: list[list[int]], new_tokens: int)
 
     sessions = [runner.open_session() for _ in prompts]
     start = time.perf_counter()
-    handles = [s.generate_async(p, GenConfig(max_new_tokens=new_tokens), callback_for(i))
-               for i, (s, p) in enumerate(zip(sessions, prompts, strict=True))]
+    handles = [
+        s.generate_async(p, GenConfig(max_new_tokens=new_tokens), callback_for(i))
+        for i, (s, p) in enumerate(zip(sessions, prompts, strict=True))
+    ]
     results = [h.wait(timeout=600) for h in handles]
     for s in sessions:
         s.close()
@@ -89,10 +91,12 @@ def concurrent_decode(runner: Runner, prompts: list[list[int]], new_tokens: int)
     }
 
 
-def single_generation(runner: Runner, prompt: list[int], new_tokens: int) -> tuple[list[int], float, float]:
+def single_generation(runner: Runner, prompt: list[int], new_tokens: int,
+                      stop: tuple[int, ...] = ()) -> tuple[list[int], float, float]:
     with runner.open_session() as session:
         start = time.perf_counter()
-        result = session.generate_async(prompt, GenConfig(max_new_tokens=new_tokens)).wait(timeout=600)
+        config = GenConfig(max_new_tokens=new_tokens, stop_tokens=stop)
+        result = session.generate_async(prompt, config).wait(timeout=600)
         total = time.perf_counter() - start
     if result.error:
         raise RuntimeError(f"generation failed: {result.error}")
@@ -102,13 +106,14 @@ def single_generation(runner: Runner, prompt: list[int], new_tokens: int) -> tup
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--quote-tokens", type=int, default=160)
+    parser.add_argument("--quote-tokens", type=int, default=200)
     parser.add_argument("--num-drafts", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=2, help="rounds per batch size; the best is reported")
     args = parser.parse_args()
 
     loaded = load_model()
     prompts = [chat_prompt(loaded, t) for t in TOPICS]
+    stop = tuple(loaded.config.eos_token_ids)  # the quote ends at the end-of-turn token
 
     executor = ModuleExecutor.create(loaded, "batched-sequence", max_sessions=8, max_session_tokens=1024)
     runner = Runner(executor, max_decode_sequences=8)
@@ -125,7 +130,7 @@ def main() -> int:
             best["all_rounds_tok_s"] = [r["aggregate_decode_tok_s"] for r in runs]
             rounds.append(best)
         quote = chat_prompt(loaded, f"Repeat the following paragraph exactly, word for word:\n\n{PARAGRAPH}")
-        plain_tokens, plain_tps, plain_total = single_generation(runner, quote, args.quote_tokens)
+        plain_tokens, plain_tps, plain_total = single_generation(runner, quote, args.quote_tokens, stop)
     finally:
         runner.shutdown()
 
@@ -136,7 +141,7 @@ def main() -> int:
     try:
         single_generation(spec_runner, prompts[0], 4)  # warm-up
         drafted0, accepted0 = spec_executor.drafted, spec_executor.accepted
-        spec_tokens, spec_tps, spec_total = single_generation(spec_runner, quote, args.quote_tokens)
+        spec_tokens, spec_tps, spec_total = single_generation(spec_runner, quote, args.quote_tokens, stop)
         drafted = spec_executor.drafted - drafted0
         accepted = spec_executor.accepted - accepted0
     finally:
