@@ -75,8 +75,15 @@ def main() -> None:
 
     loaded = load_model()
     tok = loaded.tokenizer
-    deps = EngineDeps.build(loaded, tok, model_name="smollm2", chat=loaded.chat, max_sessions=args.clients + 4,
-                            max_session_tokens=2048, max_decode_sequences=args.clients)
+    deps = EngineDeps.build(
+        loaded,
+        tok,
+        model_name="smollm2",
+        chat=loaded.chat,
+        max_sessions=args.clients + 4,
+        max_session_tokens=2048,
+        max_decode_sequences=args.clients,
+    )
     server, port = create_server(deps, "127.0.0.1:0")
     address = f"127.0.0.1:{port}"
     prefix_deps, channel = connect_engine(address, max_entries=8)
@@ -90,9 +97,9 @@ def main() -> None:
         in_process(deps.runner, prompt, 8)
         timed_stream(engine.generate(prompt, max_new_tokens=8, ignore_eos=True))
 
-        # 1. in-process vs gRPC (interleaved, best of 2 each so a noisy neighbour hurts both alike)
+        # 1. in-process vs gRPC (interleaved, best of 3 each so a noisy neighbour hurts both alike)
         local_runs, remote_runs = [], []
-        for _ in range(2):
+        for _ in range(3):
             _, total, n = in_process(deps.runner, prompt, args.new_tokens)
             local_runs.append(n / total)
             _, total, n = timed_stream(engine.generate(prompt, **grpc_kw))
@@ -101,6 +108,8 @@ def main() -> None:
         results["in_process_tokens_per_s"] = round(local, 2)
         results["grpc_tokens_per_s"] = round(remote, 2)
         results["grpc_over_in_process"] = round(remote / local, 3)
+        results["in_process_runs"] = [round(x, 2) for x in local_runs]
+        results["grpc_runs"] = [round(x, 2) for x in remote_runs]
 
         # 2. TTFT at a long prompt: cold vs gateway hit
         words = tok.encode("The lighthouse keeper climbed the narrow stairs every evening at dusk. " * 150)
@@ -115,8 +124,10 @@ def main() -> None:
         results["ttft_speedup"] = round(cold_ttft / hit_ttft, 1)
 
         # 3. concurrent clients
-        prompts = [tok.encode(loaded.chat.format([{"role": "user", "content": f"{PROMPT} Variant {i}."}]))
-                   for i in range(args.clients)]
+        prompts = [
+            tok.encode(loaded.chat.format([{"role": "user", "content": f"{PROMPT} Variant {i}."}]))
+            for i in range(args.clients)
+        ]
         stats: list[tuple[float, float, int]] = [None] * args.clients  # type: ignore[list-item]
         start = threading.Barrier(args.clients + 1)
 
@@ -157,16 +168,25 @@ def plot(r: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
-    axes[0].bar(["in-process", "gRPC"], [r["in_process_tokens_per_s"], r["grpc_tokens_per_s"]],
-                color=["tab:gray", "tab:blue"])
-    axes[0].set_title(f"one greedy generation ({r['new_tokens']} tokens)\ngRPC / in-process = "
-                      f"{r['grpc_over_in_process']}")
+    axes[0].bar(
+        ["in-process", "gRPC"],
+        [r["in_process_tokens_per_s"], r["grpc_tokens_per_s"]],
+        color=["tab:gray", "tab:blue"],
+    )
+    axes[0].set_title(
+        f"one greedy generation ({r['new_tokens']} tokens)\ngRPC / in-process = {r['grpc_over_in_process']}"
+    )
     axes[0].set_ylabel("tokens/s")
-    axes[1].bar(["cold", "gateway hit"], [r["ttft_cold_s"] * 1000, r["ttft_gateway_hit_s"] * 1000],
-                color=["tab:gray", "tab:green"])
+    axes[1].bar(
+        ["cold", "gateway hit"],
+        [r["ttft_cold_s"] * 1000, r["ttft_gateway_hit_s"] * 1000],
+        color=["tab:gray", "tab:green"],
+    )
     axes[1].set_title(f"TTFT at a {r['long_prompt_tokens']}-token prompt ({r['ttft_speedup']}x)")
     axes[1].set_ylabel("ms")
-    axes[2].bar(["p50 TTFT", "p99 TTFT"], [r["ttft_p50_s"] * 1000, r["ttft_p99_s"] * 1000], color="tab:orange")
+    axes[2].bar(
+        ["p50 TTFT", "p99 TTFT"], [r["ttft_p50_s"] * 1000, r["ttft_p99_s"] * 1000], color="tab:orange"
+    )
     axes[2].set_title(f"{r['clients']} concurrent clients: {r['aggregate_tokens_per_s']} tok/s aggregate")
     axes[2].set_ylabel("ms")
     fig.tight_layout()
