@@ -94,7 +94,7 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
         with backend.cloning_for(clone_owner):
             match = cache.lookup(namespace, tokens)
         if match is not None:
-            return match, pb.MISS_REASON_UNSPECIFIED, 0
+            return match, pb.MISS_REASON_UNSPECIFIED, match.reused
         reason, diverged = self._miss_reason(namespace, tokens, refused_before)
         return None, reason, diverged
 
