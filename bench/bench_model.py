@@ -4,7 +4,7 @@
 
 Prints one JSON document and writes bench/out/bench_model.png. The reference-BLAS cases run in a
 subprocess with FORKLINE_BLAS=reference (the BLAS is chosen when MLX is first imported). Cases that
-are compute-bound on a slow kernel (reference BLAS; MLX's CPU quantized matmul) prefill fewer tokens
+are compute-bound on a slow kernel (the reference BLAS; decode through MLX's CPU quantized matmul) prefill fewer tokens
 and decode fewer steps so the whole run stays within a few minutes; each result records what it measured.
 
 Prefill: a fresh cache, ``n`` prompt tokens in chunks of 512, logits for the last row only; tokens/s of
@@ -32,7 +32,7 @@ PLAN = {
     ("openblas", "float32"): ((512, 1024), 2, 48),
     ("openblas", "float16"): ((512, 1024), 1, 12),
     ("openblas", "bfloat16"): ((512, 1024), 1, 12),
-    ("openblas", "quantized"): ((128,), 1, 8),
+    ("openblas", "quantized"): ((512, 1024), 1, 8),
     ("reference", "float32"): ((64,), 1, 6),
     ("reference", "float16"): ((64,), 1, 6),
     ("reference", "bfloat16"): ((64,), 1, 6),

@@ -159,3 +159,14 @@ def test_half_precision_weights_keep_float32_activations(tiny_model, dtype, atol
     out = cold(model, TOKENS)
     assert out.dtype == mx.float32
     assert close(out, cold(tiny_model("FR"), TOKENS), atol=atol)
+
+
+def test_quantized_prefill_block_equals_quantized_decode(tiny_model):
+    """A long block (dequantize + BLAS on the CPU) and row-by-row decode (quantized matmul) agree."""
+    model = tiny_model("FRFR", window=4, weights_dtype="quantized")
+    tokens = TOKENS + TOKENS[:8]  # 22 rows: above the dequantize threshold
+    want = cold(model, tokens)
+    cache = ReferenceCache(model.config.layers)
+    seq = cache.seq_new()
+    got = [run(model, cache, [(seq, p, [tok])])[0] for p, tok in enumerate(tokens)]
+    assert close(mx.stack(got), want, atol=1e-3)
