@@ -128,3 +128,29 @@ def test_drafts_are_dropped_when_the_cache_has_no_room(tiny_model) -> None:
         out = spec.execute([ExecInput(s, spec.position(s), tokens=(pending,))])[0]
         assert out.error is None and len(out.tokens) >= 1
         assert (spec.drafted > 0) == room
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rows_written_past_the_accepted_position_are_never_cloned(tiny_model, kind) -> None:
+    model = tiny_model("FRFR", window=4, tie_embeddings=False)  # varied output: drafts get rejected
+    spec = make(PromptLookupExecutor, model, kind, num_drafts=4)
+    s = spec.open_session()
+    pending = prefill(spec, s, PROMPT)[-1]
+    history = list(PROMPT)
+    while True:  # step until a step rejects drafts (its K/V went past the accepted position)
+        before, drafted, accepted = spec.position(s), spec.drafted, spec.accepted
+        out = spec.execute([ExecInput(s, before, tokens=(pending,))])[0]
+        history += [pending, *out.tokens[:-1]]
+        pending = out.tokens[-1]
+        if spec.drafted - drafted > spec.accepted - accepted:
+            break
+    at = spec.position(s)
+    assert at == before + len(out.tokens)
+    assert spec.clone(s, at + 1) is None  # the rejected rows were written but are not committed
+    child = spec.clone(s, at)
+    assert child is not None and spec.position(child) == at
+    plain = make(ModuleExecutor, model, kind)
+    p = plain.open_session()
+    assert len(history) == at
+    got = spec.execute([ExecInput(child, at, tokens=(pending,))])[0].tokens[-1]
+    assert got == prefill(plain, p, [*history, pending])[-1]
