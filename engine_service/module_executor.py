@@ -99,7 +99,8 @@ class ModuleExecutor(Executor):
 
         model: a Transformer or a LoadedModel (its fingerprint and weights dtype are used).
         max_write: positions one forward may write per session (ring layers keep ``window + max_write
-        - 1`` slots); default ``prefill_chunk``. Raises InvalidArgument for malformed limits and
+        - 1`` slots); default ``prefill_chunk``. max_decode_sequences is advisory (the Runner decides
+        how many decode steps it packs; any number of inputs runs as one forward). Raises InvalidArgument for malformed limits and
         ResourceExhausted when the backend cannot hold ``max_sessions`` sessions of
         ``max_session_tokens`` each. ``kwargs`` go to the subclass constructor.
         """
