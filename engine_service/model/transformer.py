@@ -90,9 +90,8 @@ class Block(nn.Module):
         x = mx.fast.rms_norm(h, self.attn_norm, cfg.rms_norm_eps)
         q, k, v = mx.split(self.qkv(x), self._split, axis=-1)
         # rope wants [B, ..., L, D]: each packed row is its own batch entry with its own offset.
-        q = self._rope(q.reshape(t, cfg.num_heads, 1, cfg.head_dim), positions)
+        q = self._rope(q.reshape(t, cfg.num_heads, 1, cfg.head_dim), positions)  # [T, q_heads, 1, D]
         k = self._rope(k.reshape(t, cfg.num_kv_heads, 1, cfg.head_dim), positions)
-        q = q.reshape(t, cfg.num_heads, cfg.head_dim)
         k = k.reshape(t, cfg.num_kv_heads, cfg.head_dim)
         v = v.reshape(t, cfg.num_kv_heads, cfg.head_dim)
         views = step.views(self.index, k, v)
@@ -108,7 +107,7 @@ class Block(nn.Module):
         )
 
     def _attend(self, q: mx.array, views: list[KVView], t: int) -> mx.array:
-        """q: [T, q_heads, D]; each view's rows attend its keys/values [kv_heads, S, D]. -> [T, q_heads * D]."""
+        """q: [T, q_heads, 1, D]; each view's rows attend its keys/values [kv_heads, S, D]. -> [T, q_heads * D]."""
         ordered = sorted(views, key=lambda view: view.rows.start)
         outs = []
         covered = 0
@@ -118,8 +117,14 @@ class Block(nn.Module):
                 raise ValueError(f"layer {self.index}: KV views must cover the {t} packed rows once, in order")
             covered = stop
             n = stop - start
-            qv = q[start:stop].transpose(1, 0, 2)  # [q_heads, n, D]
-            if n < _FUSED_SDPA_MAX_ROWS:  # decode: one fused op; few exponentials to compute
+            if n == 1:  # a decode row is already [1, q_heads, 1, D], sdpa's [B, H, L, D]: no transposes
+                o = mx.fast.scaled_dot_product_attention(
+                    q[start:stop], view.keys[None], view.values[None], scale=self._scale, mask=view.mask
+                )
+                outs.append(o.reshape(1, -1))
+                continue
+            qv = q[start:stop, :, 0, :].transpose(1, 0, 2)  # [q_heads, n, D]
+            if n < _FUSED_SDPA_MAX_ROWS:  # a few rows: one fused op; few exponentials to compute
                 o = mx.fast.scaled_dot_product_attention(
                     qv[None], view.keys[None], view.values[None], scale=self._scale, mask=view.mask
                 )[0]
