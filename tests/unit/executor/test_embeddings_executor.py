@@ -91,3 +91,19 @@ def test_a_different_embedding_changes_the_output(model) -> None:
     emb = model.embed(mx.array(PROMPT, dtype=mx.int32))
     outs = ex.execute([ExecInput(a, 0, prepared=EmbeddingsInput(emb)), ExecInput(b, 0, prepared=EmbeddingsInput(emb * 0.5))])
     assert not np.allclose(np.array(outs[0].logits), np.array(outs[1].logits), atol=1e-3)
+
+
+def test_module_executor_runner_fails_only_the_prepared_generation(model) -> None:
+    from engine_service.config import GenConfig
+    from engine_service.module_executor import ModuleExecutor
+    from engine_service.runner import Runner
+
+    runner = Runner(ModuleExecutor.create(model, max_sessions=4, max_session_tokens=128))
+    try:
+        a, b = runner.open_session(), runner.open_session()
+        bad = a.generate_async(embedded(model, PROMPT), GenConfig(max_new_tokens=3))
+        good = b.generate_async(PROMPT, GenConfig(max_new_tokens=3))
+        assert bad.wait(timeout=30).finish_reason == "error"
+        assert list(good.wait(timeout=30).tokens) == reference_greedy(model, PROMPT, 3)[0]
+    finally:
+        runner.shutdown()
