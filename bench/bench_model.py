@@ -136,6 +136,7 @@ def main() -> None:
         json.dumps(
             {
                 "model": "SmolLM2-135M-Instruct.Q4_1.gguf",
+                "load_average_1_5_15min": [round(x, 2) for x in os.getloadavg()],  # the 2 cores are shared
                 "results": results,
                 "peers_prefill_decode": PEERS,
                 "plot": os.path.relpath(png, ROOT),
