@@ -107,7 +107,7 @@ def plot(results: list[dict], path: str) -> None:
         ax.set_xticklabels(labels, fontsize=7)
         ax.set_title(title)
         ax.set_yscale("log")
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=7, loc="lower right")
     fig.suptitle("SmolLM2-135M-Instruct (Q4_1 GGUF), MLX CPU, per weights dtype and BLAS")
     fig.tight_layout()
     os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -38,8 +38,14 @@ class ChatFormatter:
     pass ``name`` for a built-in format. Rendering runs in Jinja's immutable sandbox.
     """
 
-    def __init__(self, template: str | None = None, *, name: str | None = None, bos_token: str = "",
-                 eos_token: str = "") -> None:
+    def __init__(
+        self,
+        template: str | None = None,
+        *,
+        name: str | None = None,
+        bos_token: str = "",
+        eos_token: str = "",
+    ) -> None:
         if (template is None) == (name is None):
             raise ValueError("ChatFormatter needs exactly one of template / name")
         if name is not None and name not in NAMED_FORMATS:
@@ -59,8 +65,10 @@ class ChatFormatter:
                 raise ValueError(f"messages[{i}] needs string 'role' and 'content'")
         try:
             return self._template.render(
-                messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
-                bos_token=self._bos, eos_token=self._eos,
+                messages=[dict(m) for m in messages],
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self._bos,
+                eos_token=self._eos,
             )
         except TemplateError as exc:
             raise ValueError(f"chat template failed: {exc}") from None

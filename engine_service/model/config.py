@@ -35,8 +35,16 @@ class ModelConfig:
     architecture: str = "llama"
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-                     "intermediate_size", "context_length"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "intermediate_size",
+            "context_length",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
@@ -47,14 +55,20 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
         if len(self.layers) != self.num_layers:
-            raise ValueError(f"ModelConfig.layers must have num_layers={self.num_layers} entries, got {len(self.layers)}")
+            raise ValueError(
+                f"ModelConfig.layers must have num_layers={self.num_layers} entries, got {len(self.layers)}"
+            )
         if not self.rope_theta > 0:
             raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta}")
         if not self.rms_norm_eps > 0:
             raise ValueError(f"ModelConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps}")
-        for tok in ((self.bos_token_id,) if self.bos_token_id is not None else ()) + tuple(self.eos_token_ids):
+        for tok in ((self.bos_token_id,) if self.bos_token_id is not None else ()) + tuple(
+            self.eos_token_ids
+        ):
             if not 0 <= tok < self.vocab_size:
-                raise ValueError(f"ModelConfig special token id {tok} outside the vocabulary [0, {self.vocab_size})")
+                raise ValueError(
+                    f"ModelConfig special token id {tok} outside the vocabulary [0, {self.vocab_size})"
+                )
 
     @property
     def q_size(self) -> int:
@@ -112,6 +126,7 @@ def layer_specs(
     if sliding_window_pattern:
         n = int(sliding_window_pattern)
         return tuple(
-            LayerSpec(FULL) if (i + 1) % n == 0 else LayerSpec(SLIDING, sliding_window) for i in range(num_layers)
+            LayerSpec(FULL) if (i + 1) % n == 0 else LayerSpec(SLIDING, sliding_window)
+            for i in range(num_layers)
         )
     return tuple(LayerSpec(SLIDING, sliding_window) for _ in range(num_layers))

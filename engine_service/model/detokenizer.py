@@ -36,9 +36,9 @@ class StreamDecoder:
         return self._emit(final=True)
 
     def _emit(self, final: bool) -> str:
-        before = self._tok.decode(self._ids[self._prefix:self._read], self._skip)
-        after = self._tok.decode(self._ids[self._prefix:], self._skip)
+        before = self._tok.decode(self._ids[self._prefix : self._read], self._skip)
+        after = self._tok.decode(self._ids[self._prefix :], self._skip)
         if len(after) <= len(before) or (after.endswith(_REPLACEMENT) and not final):
             return ""
         self._prefix, self._read = self._read, len(self._ids)
-        return after[len(before):]
+        return after[len(before) :]

@@ -45,8 +45,6 @@ def _silu_mul(g: mx.array, u: mx.array) -> mx.array:
     return g * u / (1.0 + _exp(-g))
 
 
-
-
 class _Fused:
     """``mx.compile(fn)``, falling back to ``fn`` for good if compilation fails (no C++ compiler)."""
 
@@ -75,7 +73,9 @@ def softmax(scores: mx.array) -> mx.array:
     return e * (1.0 / mx.sum(e, axis=-1, keepdims=True))
 
 
-def attention(q: mx.array, keys: mx.array, values: mx.array, scale: float, mask: mx.array | str | None) -> mx.array:
+def attention(
+    q: mx.array, keys: mx.array, values: mx.array, scale: float, mask: mx.array | str | None
+) -> mx.array:
     """Grouped-query attention for a block of query rows.
 
     q: [q_heads, n, D]; keys, values: [kv_heads, S, D]; mask: bool [n, S] (True = attend), "causal"

@@ -44,33 +44,63 @@ class GenerationStats:
         return f"{self.prompt_tokens} prompt tokens ({pre:.0f} tok/s), {self.generated} generated ({dec:.1f} tok/s)"
 
 
-def new_cache(model: Transformer, max_tokens: int, *, kind: str = "batched-sequence", prefill_chunk: int = 512,
-              max_seqs: int = 1) -> BatchControl:
+def new_cache(
+    model: Transformer,
+    max_tokens: int,
+    *,
+    kind: str = "batched-sequence",
+    prefill_chunk: int = 512,
+    max_seqs: int = 1,
+) -> BatchControl:
     cfg = model.config
-    return build_cache(kind, CacheConfig(
-        capacity=max_tokens * max_seqs, max_seqs=max_seqs, layers=cfg.layers, kv_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim, dtype=mx.float32, initial_capacity=min(max_tokens, 1024), max_write=prefill_chunk,
-    ))
+    return build_cache(
+        kind,
+        CacheConfig(
+            capacity=max_tokens * max_seqs,
+            max_seqs=max_seqs,
+            layers=cfg.layers,
+            kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            dtype=mx.float32,
+            initial_capacity=min(max_tokens, 1024),
+            max_write=prefill_chunk,
+        ),
+    )
 
 
-def prefill(model: Transformer, cache: BatchControl, seq: int, tokens: Sequence[int], chunk: int = 512) -> mx.array:
+def prefill(
+    model: Transformer, cache: BatchControl, seq: int, tokens: Sequence[int], chunk: int = 512
+) -> mx.array:
     """Write ``tokens`` after ``pos(seq)`` in chunks; returns the lazy float32 logits [vocab] of the last one.
     Each chunk evaluates only its cache arrays; the logits are projected for the final row only."""
     start = cache.pos(seq)
     for a in range(0, len(tokens), chunk):
-        piece = tokens[a:a + chunk]
+        piece = tokens[a : a + chunk]
         step = cache.begin_step([Segment(seq, start + a, len(piece))])
         positions = mx.arange(start + a, start + a + len(piece), dtype=mx.int32)
         # lazy: the head is computed only for the final chunk's logits, which the caller evaluates
-        logits = model(step, positions, tokens=mx.array(piece, dtype=mx.int32),
-                       logit_rows=mx.array([len(piece) - 1], dtype=mx.int32))[0]
+        logits = model(
+            step,
+            positions,
+            tokens=mx.array(piece, dtype=mx.int32),
+            logit_rows=mx.array([len(piece) - 1], dtype=mx.int32),
+        )[0]
         if a + chunk < len(tokens):
             mx.eval(step.state())
     return logits
 
 
-def greedy_tokens(model: Transformer, cache: BatchControl, seq: int, prompt: Sequence[int], max_new_tokens: int,
-                  stop: Sequence[int] = (), *, chunk: int = 512, stats: GenerationStats | None = None) -> Iterator[int]:
+def greedy_tokens(
+    model: Transformer,
+    cache: BatchControl,
+    seq: int,
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    stop: Sequence[int] = (),
+    *,
+    chunk: int = 512,
+    stats: GenerationStats | None = None,
+) -> Iterator[int]:
     """Greedy decode; yields each token as soon as it is known. Step n+1 is queued (``mx.async_eval``)
     before token n is read back, so the CPU is never idle waiting for Python."""
     stats = stats if stats is not None else GenerationStats()
@@ -101,8 +131,15 @@ def greedy_tokens(model: Transformer, cache: BatchControl, seq: int, prompt: Seq
         token = nxt
 
 
-def stream_text(loaded: LoadedModel, prompt: str, *, chat: bool = True, max_new_tokens: int = 128,
-                out=sys.stdout, stats: GenerationStats | None = None) -> GenerationStats:
+def stream_text(
+    loaded: LoadedModel,
+    prompt: str,
+    *,
+    chat: bool = True,
+    max_new_tokens: int = 128,
+    out=sys.stdout,
+    stats: GenerationStats | None = None,
+) -> GenerationStats:
     """Format, tokenize and generate greedily, writing text to ``out`` as it completes."""
     if max_new_tokens < 1:
         raise InvalidArgument(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -115,8 +152,10 @@ def stream_text(loaded: LoadedModel, prompt: str, *, chat: bool = True, max_new_
         raise InvalidArgument("prompt is empty")
     total = len(ids) + max_new_tokens
     if total > loaded.config.context_length:
-        raise InvalidArgument(f"prompt ({len(ids)}) + max_new_tokens ({max_new_tokens}) exceeds the model's "
-                              f"context length {loaded.config.context_length}")
+        raise InvalidArgument(
+            f"prompt ({len(ids)}) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+            f"context length {loaded.config.context_length}"
+        )
     cache = new_cache(loaded.model, total)
     seq = cache.seq_new()
     stats = stats if stats is not None else GenerationStats()
@@ -132,12 +171,20 @@ def stream_text(loaded: LoadedModel, prompt: str, *, chat: bool = True, max_new_
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine_service.model.generate", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default=None, help="a GGUF file or an MLX model folder (default: packaged SmolLM2)")
+    parser = argparse.ArgumentParser(
+        prog="python -m engine_service.model.generate", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--model", default=None, help="a GGUF file or an MLX model folder (default: packaged SmolLM2)"
+    )
     parser.add_argument("--weights_dtype", default="auto", choices=WEIGHTS_DTYPES)
     parser.add_argument("--max_new_tokens", type=int, default=128)
-    parser.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
-                        help="format the prompt with the model's chat template (default: on)")
+    parser.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="format the prompt with the model's chat template (default: on)",
+    )
     parser.add_argument("prompt", nargs="+")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)

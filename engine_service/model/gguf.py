@@ -90,7 +90,9 @@ def gguf_config(path: str, meta: dict[str, Any]) -> ModelConfig:
         raise ModelLoadError(path, f"bad hyper-parameters: {exc}") from None
 
 
-def gguf_tensors(path: str, raw: dict[str, mx.array], config: ModelConfig) -> dict[str, mx.array | QuantTensor]:
+def gguf_tensors(
+    path: str, raw: dict[str, mx.array], config: ModelConfig
+) -> dict[str, mx.array | QuantTensor]:
     """Canonical names (see transformer.py) from GGUF names; a missing tensor is a ModelLoadError."""
 
     def get(name: str, optional: bool = False) -> mx.array | QuantTensor | None:
@@ -121,18 +123,31 @@ def gguf_tensors(path: str, raw: dict[str, mx.array], config: ModelConfig) -> di
 
 
 def _check_shapes(path: str, tensors: dict[str, mx.array | QuantTensor], c: ModelConfig) -> None:
-    want = {"embed": (c.vocab_size, c.hidden_size), "norm": (c.hidden_size,), "lm_head": (c.vocab_size, c.hidden_size)}
+    want = {
+        "embed": (c.vocab_size, c.hidden_size),
+        "norm": (c.hidden_size,),
+        "lm_head": (c.vocab_size, c.hidden_size),
+    }
     for i in range(c.num_layers):
         p = f"layers.{i}."
-        want.update({
-            p + "attn_norm": (c.hidden_size,), p + "mlp_norm": (c.hidden_size,),
-            p + "q": (c.q_size, c.hidden_size), p + "k": (c.kv_size, c.hidden_size), p + "v": (c.kv_size, c.hidden_size),
-            p + "o": (c.hidden_size, c.q_size), p + "gate": (c.intermediate_size, c.hidden_size),
-            p + "up": (c.intermediate_size, c.hidden_size), p + "down": (c.hidden_size, c.intermediate_size),
-        })
+        want.update(
+            {
+                p + "attn_norm": (c.hidden_size,),
+                p + "mlp_norm": (c.hidden_size,),
+                p + "q": (c.q_size, c.hidden_size),
+                p + "k": (c.kv_size, c.hidden_size),
+                p + "v": (c.kv_size, c.hidden_size),
+                p + "o": (c.hidden_size, c.q_size),
+                p + "gate": (c.intermediate_size, c.hidden_size),
+                p + "up": (c.intermediate_size, c.hidden_size),
+                p + "down": (c.hidden_size, c.intermediate_size),
+            }
+        )
     for name, tensor in tensors.items():
         if tuple(tensor.shape) != want[name]:
-            raise ModelLoadError(path, f"tensor {name} has shape {tuple(tensor.shape)}, expected {want[name]}")
+            raise ModelLoadError(
+                path, f"tensor {name} has shape {tuple(tensor.shape)}, expected {want[name]}"
+            )
 
 
 def load_gguf(path: str) -> tuple[ModelConfig, dict[str, mx.array | QuantTensor], dict[str, Any]]:

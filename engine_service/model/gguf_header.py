@@ -56,7 +56,7 @@ class _Reader:
         n = self.take("Q")
         if self.pos + n > len(self.buf):
             raise self.fail(f"a string of {n} bytes at byte {self.pos} runs past the end of the file")
-        raw = bytes(self.buf[self.pos:self.pos + n])
+        raw = bytes(self.buf[self.pos : self.pos + n])
         self.pos += n
         return raw.decode("utf-8", errors="replace")
 
@@ -87,7 +87,9 @@ def check_gguf(path: str) -> list[TensorRecord]:
     try:
         with open(path, "rb") as f:
             if f.read(4) != b"GGUF":
-                raise ModelLoadError(path, "not a GGUF file (bad magic; expected a .gguf file or an MLX model folder)")
+                raise ModelLoadError(
+                    path, "not a GGUF file (bad magic; expected a .gguf file or an MLX model folder)"
+                )
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
                 return _walk(_Reader(path, buf))
     except OSError as exc:
@@ -118,7 +120,10 @@ def _walk(r: _Reader) -> list[TensorRecord]:
         ttype, offset = r.take("I"), r.take("Q")
         if ttype not in TENSOR_TYPES:
             supported = ", ".join(t[0] for t in TENSOR_TYPES.values())
-            raise ModelLoadError(r.path, f"tensor {name!r} has ggml type {ttype}, which MLX cannot load (supported: {supported})")
+            raise ModelLoadError(
+                r.path,
+                f"tensor {name!r} has ggml type {ttype}, which MLX cannot load (supported: {supported})",
+            )
         tname, block, block_bytes = TENSOR_TYPES[ttype]
         count = 1
         for d in shape:
@@ -130,5 +135,7 @@ def _walk(r: _Reader) -> list[TensorRecord]:
     for rec in records:
         end = data_start + rec.offset + rec.nbytes
         if end > len(r.buf):
-            raise r.fail(f"tensor {rec.name!r} ends at byte {end}, past the end of the file ({len(r.buf)} bytes)")
+            raise r.fail(
+                f"tensor {rec.name!r} ends at byte {end}, past the end of the file ({len(r.buf)} bytes)"
+            )
     return records

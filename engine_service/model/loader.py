@@ -48,12 +48,16 @@ def default_model_path() -> str:
     in packages forkline does not install)."""
     spec = importlib.util.find_spec(DEFAULT_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(DEFAULT_PACKAGE, f"the default model package is not installed; run `{INSTALL_HINT}`")
+        raise ModelLoadError(
+            DEFAULT_PACKAGE, f"the default model package is not installed; run `{INSTALL_HINT}`"
+        )
     for folder in spec.submodule_search_locations:
         candidate = os.path.join(folder, DEFAULT_FILE)
         if os.path.isfile(candidate):
             return candidate
-    raise ModelLoadError(DEFAULT_PACKAGE, f"{DEFAULT_FILE} not found in the package; reinstall with `{INSTALL_HINT}`")
+    raise ModelLoadError(
+        DEFAULT_PACKAGE, f"{DEFAULT_FILE} not found in the package; reinstall with `{INSTALL_HINT}`"
+    )
 
 
 def _file_identity(path: str) -> bytes:
@@ -103,17 +107,28 @@ def load_model(path: str | None = None, weights_dtype: str = "auto") -> LoadedMo
     if os.path.isdir(path):
         config, tensors, template = load_folder(path)
         tokenizer = tokenizer_from_file(
-            os.path.join(path, "tokenizer.json"), bos_token_id=config.bos_token_id, eos_token_ids=config.eos_token_ids
+            os.path.join(path, "tokenizer.json"),
+            bos_token_id=config.bos_token_id,
+            eos_token_ids=config.eos_token_ids,
         )
     else:
         config, tensors, meta = load_gguf(path)
         tokenizer = tokenizer_from_gguf(path, meta)
         template = meta.get("tokenizer.chat_template")
     if tokenizer.vocab_size > config.vocab_size:
-        raise ModelLoadError(path, f"tokenizer has {tokenizer.vocab_size} tokens, the model only {config.vocab_size}")
+        raise ModelLoadError(
+            path, f"tokenizer has {tokenizer.vocab_size} tokens, the model only {config.vocab_size}"
+        )
     status = blas_status()
-    log.info("model %s: weights %s (asked %s, device %s); BLAS %s (%s)", os.path.basename(path), resolved,
-             weights_dtype, mx.default_device(), status.name, status.reason)
+    log.info(
+        "model %s: weights %s (asked %s, device %s); BLAS %s (%s)",
+        os.path.basename(path),
+        resolved,
+        weights_dtype,
+        mx.default_device(),
+        status.name,
+        status.reason,
+    )
     model = Transformer(config, tensors, resolved)
     del tensors
     mx.eval(model.parameters())

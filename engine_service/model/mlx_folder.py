@@ -55,7 +55,11 @@ def folder_config(path: str, cfg: dict[str, Any]) -> ModelConfig:
     if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
         raise ModelLoadError(path, f"rope_scaling {scaling!r} is not supported")
     try:
-        hidden, heads, n_layers = int(cfg["hidden_size"]), int(cfg["num_attention_heads"]), int(cfg["num_hidden_layers"])
+        hidden, heads, n_layers = (
+            int(cfg["hidden_size"]),
+            int(cfg["num_attention_heads"]),
+            int(cfg["num_hidden_layers"]),
+        )
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
         return ModelConfig(
@@ -84,7 +88,9 @@ def folder_config(path: str, cfg: dict[str, Any]) -> ModelConfig:
         raise ModelLoadError(path, f"bad config.json: {exc}") from None
 
 
-def folder_tensors(path: str, config: ModelConfig, quant: dict[str, Any] | None) -> dict[str, mx.array | QuantTensor]:
+def folder_tensors(
+    path: str, config: ModelConfig, quant: dict[str, Any] | None
+) -> dict[str, mx.array | QuantTensor]:
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise ModelLoadError(path, "no *.safetensors weight files in the folder")

@@ -56,20 +56,25 @@ def random_tensors(config: ModelConfig, seed: int = 0) -> dict[str, mx.array]:
     def norm() -> mx.array:
         return 1.0 + 0.1 * mx.random.normal((h,), key=next(keys))
 
-    tensors: dict[str, mx.array] = {"embed": mx.random.normal((config.vocab_size, h), key=next(keys)), "norm": norm()}
+    tensors: dict[str, mx.array] = {
+        "embed": mx.random.normal((config.vocab_size, h), key=next(keys)),
+        "norm": norm(),
+    }
     for i in range(config.num_layers):
         p = f"layers.{i}."
-        tensors.update({
-            p + "attn_norm": norm(),
-            p + "q": mat(q, h, 2.0),
-            p + "k": mat(kv, h, 2.0),
-            p + "v": mat(kv, h),
-            p + "o": mat(h, q),
-            p + "mlp_norm": norm(),
-            p + "gate": mat(config.intermediate_size, h),
-            p + "up": mat(inter, h),
-            p + "down": mat(h, inter),
-        })
+        tensors.update(
+            {
+                p + "attn_norm": norm(),
+                p + "q": mat(q, h, 2.0),
+                p + "k": mat(kv, h, 2.0),
+                p + "v": mat(kv, h),
+                p + "o": mat(h, q),
+                p + "mlp_norm": norm(),
+                p + "gate": mat(config.intermediate_size, h),
+                p + "up": mat(inter, h),
+                p + "down": mat(h, inter),
+            }
+        )
     if not config.tie_embeddings:
         tensors["lm_head"] = mat(config.vocab_size, h)
     mx.eval(tensors)

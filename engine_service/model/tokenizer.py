@@ -16,9 +16,7 @@ from engine_service.errors import ModelLoadError
 _CONTROL, _USER_DEFINED = 3, 4
 
 # Pre-tokenizer splits by GGUF ``tokenizer.ggml.pre``; each ends in byte-level BPE without a prefix space.
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+_LLAMA3_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 
 
 def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer | None:
@@ -28,10 +26,12 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer | None:
     if pre in ("gpt2", "default"):
         return byte_level
     if pre in ("llama-bpe", "llama3"):
-        return pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
-        ])
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+            ]
+        )
     return None
 
 
@@ -40,7 +40,12 @@ class Tokenizer:
     for it (``add_bos``); special tokens written in the text (``<|im_start|>``) always map to their ids."""
 
     def __init__(
-        self, backend: HFTokenizer, *, bos_token_id: int | None, eos_token_ids: Sequence[int], add_bos: bool = False
+        self,
+        backend: HFTokenizer,
+        *,
+        bos_token_id: int | None,
+        eos_token_ids: Sequence[int],
+        add_bos: bool = False,
     ) -> None:
         self._tok = backend
         self.bos_token_id = bos_token_id
@@ -93,7 +98,9 @@ def tokenizer_from_gguf(path: str, meta: dict[str, Any]) -> Tokenizer:
     pre_name = meta.get("tokenizer.ggml.pre", "default")
     pre = _pre_tokenizer(pre_name)
     if pre is None:
-        raise ModelLoadError(path, f"unsupported pre-tokenizer {pre_name!r} (supported: smollm, gpt2, llama-bpe)")
+        raise ModelLoadError(
+            path, f"unsupported pre-tokenizer {pre_name!r} (supported: smollm, gpt2, llama-bpe)"
+        )
     vocab = {tok: i for i, tok in enumerate(tokens)}
     pairs = []
     for m in merges:
@@ -105,8 +112,14 @@ def tokenizer_from_gguf(path: str, meta: dict[str, Any]) -> Tokenizer:
     backend.pre_tokenizer = pre
     backend.decoder = decoders.ByteLevel()
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    special = [AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t == _CONTROL]
-    user = [AddedToken(tokens[i], special=False, normalized=False) for i, t in enumerate(types) if t == _USER_DEFINED]
+    special = [
+        AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t == _CONTROL
+    ]
+    user = [
+        AddedToken(tokens[i], special=False, normalized=False)
+        for i, t in enumerate(types)
+        if t == _USER_DEFINED
+    ]
     backend.add_special_tokens(special)
     if user:
         backend.add_tokens(user)
@@ -119,8 +132,13 @@ def tokenizer_from_gguf(path: str, meta: dict[str, Any]) -> Tokenizer:
     )
 
 
-def tokenizer_from_file(path: str, *, bos_token_id: int | None = None, eos_token_ids: Sequence[int] = (),
-                        add_bos: bool | None = None) -> Tokenizer:
+def tokenizer_from_file(
+    path: str,
+    *,
+    bos_token_id: int | None = None,
+    eos_token_ids: Sequence[int] = (),
+    add_bos: bool | None = None,
+) -> Tokenizer:
     """A tokenizer.json (Hugging Face format); a tokenizer_config.json next to it fills in BOS/EOS."""
     try:
         backend = HFTokenizer.from_file(path)

@@ -51,7 +51,13 @@ class Projection(nn.Module):
                 w = mx.dequantize(self.weight, self.scales, self.biases, self.group_size, self.bits)
                 return x @ w.astype(x.dtype).T
             return mx.quantized_matmul(
-                x, self.weight, self.scales, self.biases, transpose=True, group_size=self.group_size, bits=self.bits
+                x,
+                self.weight,
+                self.scales,
+                self.biases,
+                transpose=True,
+                group_size=self.group_size,
+                bits=self.bits,
             )
         return x @ self.weight.T
 
@@ -67,7 +73,9 @@ class Projection(nn.Module):
 class Block(nn.Module):
     """Pre-norm attention + SwiGLU MLP. Q/K/V and gate/up are fused into one matmul each."""
 
-    def __init__(self, config: ModelConfig, index: int, tensors: Mapping[str, Tensor], weights_dtype: str) -> None:
+    def __init__(
+        self, config: ModelConfig, index: int, tensors: Mapping[str, Tensor], weights_dtype: str
+    ) -> None:
         super().__init__()
         p = f"layers.{index}."
         self.index = index
@@ -103,7 +111,12 @@ class Block(nn.Module):
     def _rope(self, x: mx.array, positions: mx.array) -> mx.array:
         cfg = self._cfg
         return mx.fast.rope(
-            x, cfg.head_dim, traditional=cfg.rope_traditional, base=cfg.rope_theta, scale=1.0, offset=positions
+            x,
+            cfg.head_dim,
+            traditional=cfg.rope_traditional,
+            base=cfg.rope_theta,
+            scale=1.0,
+            offset=positions,
         )
 
     def _attend(self, q: mx.array, views: list[KVView], t: int) -> mx.array:
@@ -114,7 +127,9 @@ class Block(nn.Module):
         for view in ordered:
             start, stop, stride = view.rows.indices(t)
             if start != covered or stride != 1 or stop <= start:
-                raise ValueError(f"layer {self.index}: KV views must cover the {t} packed rows once, in order")
+                raise ValueError(
+                    f"layer {self.index}: KV views must cover the {t} packed rows once, in order"
+                )
             covered = stop
             n = stop - start
             if n == 1:  # a decode row is already [1, q_heads, 1, D], sdpa's [B, H, L, D]: no transposes
@@ -139,10 +154,14 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     """The decoder. See the module docstring for tensor names and the packing contract."""
 
-    def __init__(self, config: ModelConfig, tensors: Mapping[str, Tensor], weights_dtype: str = "float32") -> None:
+    def __init__(
+        self, config: ModelConfig, tensors: Mapping[str, Tensor], weights_dtype: str = "float32"
+    ) -> None:
         super().__init__()
         if weights_dtype == "auto":
-            raise ValueError("Transformer needs a resolved weights_dtype (float32/float16/bfloat16/quantized)")
+            raise ValueError(
+                "Transformer needs a resolved weights_dtype (float32/float16/bfloat16/quantized)"
+            )
         self._config = config
         self.weights_dtype = weights_dtype
         self.embed_tokens = Projection(convert_matrix(tensors["embed"], weights_dtype))

@@ -34,12 +34,17 @@ class QuantTensor:
 
     def __post_init__(self) -> None:
         if self.weight.dtype != mx.uint32 or self.weight.ndim != 2:
-            raise ValueError(f"QuantTensor.weight must be a 2-D uint32 array, got {self.weight.dtype} {self.weight.shape}")
+            raise ValueError(
+                f"QuantTensor.weight must be a 2-D uint32 array, got {self.weight.dtype} {self.weight.shape}"
+            )
         if self.scales.shape != self.biases.shape or self.scales.shape[0] != self.weight.shape[0]:
             raise ValueError(
                 f"QuantTensor.scales/biases shapes {self.scales.shape}/{self.biases.shape} do not match weight {self.weight.shape}"
             )
-        if self.bits not in (2, 3, 4, 5, 6, 8) or self.weight.shape[1] * 32 != self.scales.shape[1] * self.group_size * self.bits:
+        if (
+            self.bits not in (2, 3, 4, 5, 6, 8)
+            or self.weight.shape[1] * 32 != self.scales.shape[1] * self.group_size * self.bits
+        ):
             raise ValueError(
                 f"QuantTensor: weight {self.weight.shape} with {self.bits} bits does not match "
                 f"{self.scales.shape[1]} groups of {self.group_size}"
@@ -51,7 +56,11 @@ class QuantTensor:
 
     def dequantize(self, dtype: mx.Dtype = mx.float32) -> mx.array:
         w = mx.dequantize(
-            self.weight, self.scales.astype(mx.float32), self.biases.astype(mx.float32), self.group_size, self.bits
+            self.weight,
+            self.scales.astype(mx.float32),
+            self.biases.astype(mx.float32),
+            self.group_size,
+            self.bits,
         )
         return w.astype(dtype)
 
@@ -62,10 +71,14 @@ class QuantTensor:
         ).astype(dtype)
 
     def with_scale_dtype(self, dtype: mx.Dtype) -> QuantTensor:
-        return QuantTensor(self.weight, self.scales.astype(dtype), self.biases.astype(dtype), self.group_size, self.bits)
+        return QuantTensor(
+            self.weight, self.scales.astype(dtype), self.biases.astype(dtype), self.group_size, self.bits
+        )
 
 
-def quant_from_arrays(weight: mx.array, scales: mx.array, biases: mx.array, group_size: int | None = None) -> QuantTensor:
+def quant_from_arrays(
+    weight: mx.array, scales: mx.array, biases: mx.array, group_size: int | None = None
+) -> QuantTensor:
     """Infer ``bits`` from the packed width; ``group_size`` defaults to 32 (GGUF's block size)."""
     group = group_size or DEFAULT_GROUP_SIZE
     in_features = scales.shape[-1] * group

@@ -42,7 +42,9 @@ def write_gguf(path: str, metadata: dict, tensors: dict[str, np.ndarray]) -> Non
     blobs, offset = [], 0
     for name, arr in tensors.items():
         ttype = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}[arr.dtype]
-        out += _string(name) + struct.pack("<I", arr.ndim) + struct.pack(f"<{arr.ndim}Q", *reversed(arr.shape))
+        out += (
+            _string(name) + struct.pack("<I", arr.ndim) + struct.pack(f"<{arr.ndim}Q", *reversed(arr.shape))
+        )
         out += struct.pack("<IQ", ttype, offset)
         blob = np.ascontiguousarray(arr).tobytes()
         blob += b"\0" * (-len(blob) % 32)

@@ -19,7 +19,7 @@ def rope(x: np.ndarray, positions: np.ndarray, theta: float, traditional: bool) 
         out[..., 0::2] = a * cos - b * sin
         out[..., 1::2] = a * sin + b * cos
         return out
-    a, b = x[..., : d // 2], x[..., d // 2:]
+    a, b = x[..., : d // 2], x[..., d // 2 :]
     return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
 
 
@@ -44,9 +44,9 @@ def forward(config: ModelConfig, tensors: dict, tokens: list[int]) -> np.ndarray
             kvh = head // (hq // hkv)
             for qi in range(n):
                 lo = 0 if not spec.sliding else max(0, qi - spec.window + 1)
-                scores = k[lo:qi + 1, kvh] @ q[qi, head] / np.sqrt(d)
+                scores = k[lo : qi + 1, kvh] @ q[qi, head] / np.sqrt(d)
                 w = np.exp(scores - scores.max())
-                att[qi, head] = (w / w.sum()) @ v[lo:qi + 1, kvh]
+                att[qi, head] = (w / w.sum()) @ v[lo : qi + 1, kvh]
         h = h + att.reshape(n, hq * d) @ t[p + "o"].T
         x = rms(h, t[p + "mlp_norm"], config.rms_norm_eps)
         g, u = x @ t[p + "gate"].T, x @ t[p + "up"].T

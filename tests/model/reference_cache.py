@@ -28,7 +28,7 @@ class ReferenceStep:
         offset = 0
         for seg in self.segments:
             ks, vs = self.cache.rows[seg.seq][layer]
-            del ks[seg.start:], vs[seg.start:]
+            del ks[seg.start :], vs[seg.start :]
             for j in range(seg.length):
                 ks.append(keys[offset + j])
                 vs.append(values[offset + j])
@@ -78,7 +78,9 @@ class ReferenceCache:
         return ReferenceStep(self, segments)
 
 
-def run(model, cache: ReferenceCache, pieces: Sequence[tuple[int, int, Sequence[int]]], *, all_rows: bool = False):
+def run(
+    model, cache: ReferenceCache, pieces: Sequence[tuple[int, int, Sequence[int]]], *, all_rows: bool = False
+):
     """One packed forward. pieces: (seq, start, tokens). Returns logits per piece: [len(tokens), vocab]
     (all rows) or [vocab] (last row)."""
     segments = [Segment(seq, start, len(toks)) for seq, start, toks in pieces]
@@ -89,7 +91,7 @@ def run(model, cache: ReferenceCache, pieces: Sequence[tuple[int, int, Sequence[
     mx.eval(logits, *step.state())
     out, offset = [], 0
     for _, _, toks in pieces:
-        rows = logits[offset:offset + len(toks)]
+        rows = logits[offset : offset + len(toks)]
         out.append(rows if all_rows else rows[-1])
         offset += len(toks)
     return out

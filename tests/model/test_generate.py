@@ -41,8 +41,12 @@ def test_greedy_with_batched_sequence_cache_equals_cold_recompute(tiny_model, ch
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "engine_service.model.generate", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "engine_service.model.generate", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _assert_one_line_error(proc, path):

@@ -32,13 +32,22 @@ def gguf_metadata(arch: str = "llama", window: int | None = 4) -> dict:
     tokens, merges, types = tiny_vocab()
     meta = {
         "general.architecture": arch,
-        f"{arch}.embedding_length": 64, f"{arch}.block_count": 2, f"{arch}.attention.head_count": 4,
-        f"{arch}.attention.head_count_kv": 2, f"{arch}.feed_forward_length": 128,
-        f"{arch}.rope.freq_base": 10000.0, f"{arch}.attention.layer_norm_rms_epsilon": 1e-5,
-        f"{arch}.context_length": 4096, f"{arch}.vocab_size": 128,
-        "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt2", "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.merges": merges, "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+        f"{arch}.embedding_length": 64,
+        f"{arch}.block_count": 2,
+        f"{arch}.attention.head_count": 4,
+        f"{arch}.attention.head_count_kv": 2,
+        f"{arch}.feed_forward_length": 128,
+        f"{arch}.rope.freq_base": 10000.0,
+        f"{arch}.attention.layer_norm_rms_epsilon": 1e-5,
+        f"{arch}.context_length": 4096,
+        f"{arch}.vocab_size": 128,
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
         "tokenizer.chat_template": NAMED_FORMATS["chatml"],
     }
     if window:
@@ -50,8 +59,17 @@ def gguf_tensors(tensors: dict, *, drop: str | None = None) -> dict[str, np.ndar
     """HF-order canonical tensors -> GGUF names, Q/K rows permuted as llama.cpp does, ffn_down in F16."""
     t = {k: np.asarray(v, dtype=np.float32) for k, v in tensors.items()}
     out = {"token_embd.weight": t["embed"], "output_norm.weight": t["norm"]}
-    names = {"attn_norm": "attn_norm", "q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
-             "mlp_norm": "ffn_norm", "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
+    names = {
+        "attn_norm": "attn_norm",
+        "q": "attn_q",
+        "k": "attn_k",
+        "v": "attn_v",
+        "o": "attn_output",
+        "mlp_norm": "ffn_norm",
+        "gate": "ffn_gate",
+        "up": "ffn_up",
+        "down": "ffn_down",
+    }
     for i in range(2):
         for ours, theirs in names.items():
             w = t[f"layers.{i}.{ours}"]
@@ -87,8 +105,19 @@ def test_gguf_round_trip_matches_the_source_model(tiny_gguf, hf_model):
     want = logits(Transformer(config, tensors))
     assert np.allclose(logits(loaded.model), want, atol=1e-4)
     # negative control: ignoring GGUF's row permutation (default RoPE on the raw rows) is wrong
-    wrong = Transformer(config, {**tensors, **{f"layers.{i}.{n}": mx.array(permute_for_gguf(
-        np.asarray(tensors[f"layers.{i}.{n}"]), 4 if n == "q" else 2)) for i in range(2) for n in ("q", "k")}})
+    wrong = Transformer(
+        config,
+        {
+            **tensors,
+            **{
+                f"layers.{i}.{n}": mx.array(
+                    permute_for_gguf(np.asarray(tensors[f"layers.{i}.{n}"]), 4 if n == "q" else 2)
+                )
+                for i in range(2)
+                for n in ("q", "k")
+            },
+        },
+    )
     assert not np.allclose(logits(wrong), want, atol=1e-2)
 
 
@@ -168,14 +197,26 @@ def test_default_model_missing_names_the_install_command(monkeypatch):
 
 # ---- MLX folders ----
 
-HF_NAMES = {"attn_norm": "input_layernorm", "q": "self_attn.q_proj", "k": "self_attn.k_proj",
-            "v": "self_attn.v_proj", "o": "self_attn.o_proj", "mlp_norm": "post_attention_layernorm",
-            "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+HF_NAMES = {
+    "attn_norm": "input_layernorm",
+    "q": "self_attn.q_proj",
+    "k": "self_attn.k_proj",
+    "v": "self_attn.v_proj",
+    "o": "self_attn.o_proj",
+    "mlp_norm": "post_attention_layernorm",
+    "gate": "mlp.gate_proj",
+    "up": "mlp.up_proj",
+    "down": "mlp.down_proj",
+}
 
 
 def write_folder(folder, tensors, *, quantize: bool = False, model_type: str = "llama") -> str:
     os.makedirs(folder, exist_ok=True)
-    hf = {"model.embed_tokens": tensors["embed"], "model.norm": tensors["norm"], "lm_head": tensors["lm_head"]}
+    hf = {
+        "model.embed_tokens": tensors["embed"],
+        "model.norm": tensors["norm"],
+        "lm_head": tensors["lm_head"],
+    }
     for i in range(2):
         for ours, theirs in HF_NAMES.items():
             hf[f"model.layers.{i}.{theirs}"] = tensors[f"layers.{i}.{ours}"]
@@ -187,17 +228,31 @@ def write_folder(folder, tensors, *, quantize: bool = False, model_type: str = "
         else:
             flat[name + ".weight"] = w
     mx.save_safetensors(os.path.join(folder, "model.safetensors"), flat)
-    config = {"model_type": model_type, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 128, "rms_norm_eps": 1e-5,
-              "rope_theta": 10000.0, "tie_word_embeddings": False, "max_position_embeddings": 4096,
-              "bos_token_id": 1, "eos_token_id": 2, "sliding_window": 4,
-              "layer_types": ["full_attention", "sliding_attention"]}
+    config = {
+        "model_type": model_type,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "vocab_size": 128,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 4096,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "sliding_window": 4,
+        "layer_types": ["full_attention", "sliding_attention"],
+    }
     if quantize:
         config["quantization"] = {"group_size": 32, "bits": 4}
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f)
     tokens, merges, _ = tiny_vocab()
-    backend = HFTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, [tuple(m.split(" ")) for m in merges]))
+    backend = HFTokenizer(
+        models.BPE({t: i for i, t in enumerate(tokens)}, [tuple(m.split(" ")) for m in merges])
+    )
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     backend.save(os.path.join(folder, "tokenizer.json"))

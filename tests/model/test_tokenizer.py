@@ -101,7 +101,9 @@ def test_ids_equal_llama_cpp_fixture(meta, tok):
     path, m = meta
     other_split = tokenizer_from_gguf(path, {**m, "tokenizer.ggml.pre": "llama-bpe"})
     assert any(other_split.encode(c["text"]) != c["ids"] for c in cases)
-    fewer_merges = tokenizer_from_gguf(path, {**m, "tokenizer.ggml.merges": m["tokenizer.ggml.merges"][:-2000]})
+    fewer_merges = tokenizer_from_gguf(
+        path, {**m, "tokenizer.ggml.merges": m["tokenizer.ggml.merges"][:-2000]}
+    )
     assert any(fewer_merges.encode(c["text"]) != c["ids"] for c in cases)
 
 

@@ -26,7 +26,9 @@ def cold(model, tokens):
     return run(model, cache, [(cache.seq_new(), 0, tokens)], all_rows=True)[0]
 
 
-@pytest.mark.parametrize("layers,traditional,tied", [("FR", False, True), ("RF", True, False), ("FRSF", False, True)])
+@pytest.mark.parametrize(
+    "layers,traditional,tied", [("FR", False, True), ("RF", True, False), ("FRSF", False, True)]
+)
 def test_matches_naive_numpy_forward(layers, traditional, tied):
     config = tiny_config(layers, 3, rope_traditional=traditional, tie_embeddings=tied)
     tensors = random_tensors(config, seed=3)
@@ -77,7 +79,9 @@ def test_chunked_prefill_equals_full_recompute(tiny_model):
     want = cold(model, TOKENS)
     cache = ReferenceCache(model.config.layers)
     seq = cache.seq_new()
-    parts = [run(model, cache, [(seq, a, TOKENS[a:b])], all_rows=True)[0] for a, b in ((0, 5), (5, 6), (6, 14))]
+    parts = [
+        run(model, cache, [(seq, a, TOKENS[a:b])], all_rows=True)[0] for a, b in ((0, 5), (5, 6), (6, 14))
+    ]
     assert close(mx.concatenate(parts), want)
 
 
@@ -97,7 +101,7 @@ def test_packed_multi_sequence_forward_equals_separate_forwards(tiny_model):
     new = {0: [11, 12, 13], 1: [50, 51, 52, 53, 54, 55], 2: [9]}
     separate = {}
     for key in histories:
-        separate[key] = cold(model, histories[key] + new[key])[len(histories[key]):]
+        separate[key] = cold(model, histories[key] + new[key])[len(histories[key]) :]
 
     cache = ReferenceCache(model.config.layers)
     seqs = {key: cache.seq_new() for key in histories}
@@ -117,8 +121,12 @@ def test_logit_rows_and_embeddings_inputs(tiny_model):
     full = model(cache.begin_step([Segment(cache.seq_new(), 0, len(TOKENS))]), positions, tokens=tokens)
     rows = mx.array([13, 0, 6], dtype=mx.int32)
     cache = ReferenceCache(model.config.layers)
-    picked = model(cache.begin_step([Segment(cache.seq_new(), 0, len(TOKENS))]), positions,
-                   embeddings=model.embed(tokens), logit_rows=rows)
+    picked = model(
+        cache.begin_step([Segment(cache.seq_new(), 0, len(TOKENS))]),
+        positions,
+        embeddings=model.embed(tokens),
+        logit_rows=rows,
+    )
     assert picked.shape == (3, model.config.vocab_size) and picked.dtype == mx.float32
     assert close(picked, full[rows])
 
