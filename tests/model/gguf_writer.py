@@ -1,4 +1,4 @@
-"""A minimal GGUF v3 writer for tests (F32/F16 tensors, scalar/string/array metadata).
+"""A minimal GGUF v3 writer for tests (F32/F16/Q4_0/Q8_0 tensors, scalar/string/array metadata).
 
 Independent of the loader: it follows the published layout (header, metadata, tensor infos with ggml
 dimension order innermost first, 32-byte aligned data).
@@ -7,6 +7,7 @@ dimension order innermost first, 32-byte aligned data).
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,19 +35,55 @@ def _value(v) -> bytes:
     raise TypeError(type(v))
 
 
-def write_gguf(path: str, metadata: dict, tensors: dict[str, np.ndarray]) -> None:
-    """tensors: name -> float32 or float16 numpy array in row-major [out, in] order."""
+@dataclass(frozen=True)
+class BlockQuant:
+    """A ggml block-quantized matrix: raw blocks plus the values they decode to (numpy, float32)."""
+
+    ggml_type: int
+    shape: tuple[int, ...]
+    blocks: bytes
+    dequantized: np.ndarray
+
+
+def quantize_q8_0(w: np.ndarray) -> BlockQuant:
+    """Blocks of 32: float16 scale d = amax / 127, then 32 int8 q; value = q * d."""
+    b = w.astype(np.float32).reshape(-1, 32)
+    d = (np.abs(b).max(axis=1) / 127.0).astype(np.float16)
+    df = d.astype(np.float32)[:, None]
+    q = np.where(df > 0, np.round(b / np.where(df > 0, df, 1)), 0).clip(-127, 127).astype(np.int8)
+    blocks = b"".join(d[i].tobytes() + q[i].tobytes() for i in range(len(b)))
+    return BlockQuant(8, w.shape, blocks, (q * df).reshape(w.shape).astype(np.float32))
+
+
+def quantize_q4_0(w: np.ndarray) -> BlockQuant:
+    """Blocks of 32: float16 scale d = (signed value of largest magnitude) / -8, then 16 bytes where
+    byte j holds q[j] in the low nibble and q[j + 16] in the high one; value = (q - 8) * d."""
+    b = w.astype(np.float32).reshape(-1, 32)
+    idx = np.abs(b).argmax(axis=1)
+    d = (b[np.arange(len(b)), idx] / -8.0).astype(np.float16)
+    df = d.astype(np.float32)[:, None]
+    q = np.where(df != 0, np.round(b / np.where(df != 0, df, 1) + 8), 8).clip(0, 15).astype(np.uint8)
+    packed = q[:, :16] | (q[:, 16:] << 4)
+    blocks = b"".join(d[i].tobytes() + packed[i].tobytes() for i in range(len(b)))
+    return BlockQuant(2, w.shape, blocks, ((q.astype(np.float32) - 8) * df).reshape(w.shape))
+
+
+def write_gguf(path: str, metadata: dict, tensors: dict[str, np.ndarray | BlockQuant]) -> None:
+    """tensors: name -> float32 / float16 numpy array or BlockQuant, row-major [out, in]."""
     out = bytearray(b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(metadata)))
     for key, value in metadata.items():
         out += _string(key) + _value(value)
     blobs, offset = [], 0
     for name, arr in tensors.items():
-        ttype = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}[arr.dtype]
+        if isinstance(arr, BlockQuant):
+            ttype, shape, blob = arr.ggml_type, arr.shape, arr.blocks
+        else:
+            ttype = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}[arr.dtype]
+            shape, blob = arr.shape, np.ascontiguousarray(arr).tobytes()
         out += (
-            _string(name) + struct.pack("<I", arr.ndim) + struct.pack(f"<{arr.ndim}Q", *reversed(arr.shape))
+            _string(name) + struct.pack("<I", len(shape)) + struct.pack(f"<{len(shape)}Q", *reversed(shape))
         )
         out += struct.pack("<IQ", ttype, offset)
-        blob = np.ascontiguousarray(arr).tobytes()
         blob += b"\0" * (-len(blob) % 32)
         blobs.append(blob)
         offset += len(blob)

@@ -17,7 +17,7 @@ from engine_service.model import load_model
 from engine_service.model.chat import NAMED_FORMATS
 from engine_service.model.random_init import random_tensors, tiny_config
 from engine_service.model.transformer import Transformer
-from tests.model.gguf_writer import permute_for_gguf, tiny_vocab, write_gguf
+from tests.model.gguf_writer import permute_for_gguf, quantize_q4_0, quantize_q8_0, tiny_vocab, write_gguf
 from tests.model.reference_cache import ReferenceCache, run
 
 TOKENS = [5, 17, 99, 3, 42, 42, 7, 120, 64, 1, 33, 8]
@@ -292,3 +292,42 @@ def test_folder_errors(tmp_path, untied):
     folder = write_folder(tmp_path / "noweights", untied[1])
     os.remove(os.path.join(folder, "model.safetensors"))
     _expect_error(folder, "no \\*.safetensors")
+
+
+def test_block_quantized_gguf(tmp_path, hf_model):
+    """Q4_0 attention and Q8_0 MLP/embedding blocks (written by the test's own quantizer): float32 loading
+    equals the model built from the test's own dequantization; kept quantized it stays close."""
+    config, tensors = hf_model
+    raw = gguf_tensors(tensors)
+    decoded = dict(tensors)
+    names = {
+        "attn_q": "q",
+        "attn_k": "k",
+        "attn_v": "v",
+        "attn_output": "o",
+        "ffn_gate": "gate",
+        "ffn_up": "up",
+        "ffn_down": "down",
+    }
+    for i in range(2):
+        for gguf_name, ours in names.items():
+            quant = (quantize_q4_0 if gguf_name.startswith("attn") else quantize_q8_0)(
+                raw[f"blk.{i}.{gguf_name}.weight"].astype(np.float32)
+            )
+            raw[f"blk.{i}.{gguf_name}.weight"] = quant
+            value = quant.dequantized
+            if ours in ("q", "k"):  # undo the GGUF row permutation for the Hugging Face-order reference
+                heads = 4 if ours == "q" else 2
+                value = value.reshape(heads, -1, 2, value.shape[1]).transpose(0, 2, 1, 3).reshape(value.shape)
+            decoded[f"layers.{i}.{ours}"] = mx.array(value)
+    embed = quantize_q8_0(raw["token_embd.weight"])
+    raw["token_embd.weight"] = embed
+    decoded["embed"] = mx.array(embed.dequantized)
+    path = str(tmp_path / "blocks.gguf")
+    write_gguf(path, gguf_metadata(), raw)
+    want = logits(Transformer(config, decoded))
+    assert np.allclose(logits(load_model(path, "float32").model), want, atol=1e-3)
+    kept = load_model(path, "quantized").model
+    assert kept.layers[0].qkv.quantized and kept.layers[0].qkv.bits == 4 and kept.embed_tokens.bits == 8
+    assert np.allclose(logits(kept), want, atol=1e-3)
+    assert not np.allclose(logits(Transformer(config, tensors)), want, atol=1e-3)  # quantization is visible
