@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -194,6 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ForklineError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, like other CLI tools
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the interpreter's final flush quiet
+        return 0
     print(file=sys.stdout)
     log.info("%s", stats.summary())
     return 0
