@@ -192,17 +192,21 @@ def lookup_latency(systems: int, per_system: int, key_len: int, samples: int, rn
         ("diverge_in_system", inside_system),
         ("miss", miss),
     ):
-        times = []
+        times, cpu = [], []
         for _ in range(samples):
             request, reused = make()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             match = cache.lookup(NS, request)
+            cpu.append(time.thread_time() - c0)
             times.append(time.perf_counter() - t0)
             assert (match.reused if match else None) == reused
+        # Wall time is the target; thread CPU time shows what is left when the shared machine's
+        # scheduler preempts this process (~4 ms time slices under load).
         result["cases"][name] = {
             "p50_ms": 1e3 * percentile(times, 0.5),
             "p99_ms": 1e3 * percentile(times, 0.99),
             "max_ms": 1e3 * max(times),
+            "cpu_p99_ms": 1e3 * percentile(cpu, 0.99),
         }
         print(json.dumps({name: result["cases"][name]}), flush=True)
     return result
