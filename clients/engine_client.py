@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from clients.channel_client import ChannelClient
 from engine_service.errors import ForklineError
-from engine_service.rpc.convert import OWNER_METADATA_KEY
 from engine_service.rpc.errors import from_rpc_error
 from protos import engine_pb2 as pb
 from protos import engine_pb2_grpc
@@ -163,32 +163,12 @@ def input_fields(tokens: Sequence[int] | None, text: str | None, chat: bool, sys
     return {"text": pb.TextInput(text=text, chat=chat, system=system, add_special_tokens=add_special_tokens)}
 
 
-class EngineClient:
+class EngineClient(ChannelClient):
     """See the module docstring. ``target`` is ``host:port`` or an open channel."""
 
     def __init__(self, target: str | grpc.Channel, *, owner: str = "anonymous", timeout: float | None = 60.0) -> None:
-        self._own_channel = isinstance(target, str)
-        self.channel = grpc.insecure_channel(target) if isinstance(target, str) else target
+        super().__init__(target, owner=owner, timeout=timeout)
         self.stub = engine_pb2_grpc.EngineStub(self.channel)
-        self.owner = owner
-        self.timeout = timeout
-        self._metadata = ((OWNER_METADATA_KEY, owner),)
-
-    def close_channel(self) -> None:
-        if self._own_channel:
-            self.channel.close()
-
-    def __enter__(self) -> EngineClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close_channel()
-
-    def _unary(self, method, request):
-        try:
-            return method(request, metadata=self._metadata, timeout=self.timeout)
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc) from None
 
     def generate(
         self,

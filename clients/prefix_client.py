@@ -12,9 +12,8 @@ from dataclasses import dataclass
 
 import grpc
 
+from clients.channel_client import ChannelClient
 from clients.engine_client import GenerationStream, generation_config, input_fields
-from engine_service.rpc.convert import OWNER_METADATA_KEY
-from engine_service.rpc.errors import from_rpc_error
 from protos import prefix_pb2 as pb
 from protos import prefix_pb2_grpc
 
@@ -46,32 +45,12 @@ class PrefixStats:
     reused_positions: int
 
 
-class PrefixClient:
+class PrefixClient(ChannelClient):
     """See the module docstring. ``target`` is ``host:port`` or an open channel."""
 
     def __init__(self, target: str | grpc.Channel, *, owner: str = "anonymous", timeout: float | None = 60.0) -> None:
-        self._own_channel = isinstance(target, str)
-        self.channel = grpc.insecure_channel(target) if isinstance(target, str) else target
+        super().__init__(target, owner=owner, timeout=timeout)
         self.stub = prefix_pb2_grpc.PrefixCacheStub(self.channel)
-        self.owner = owner
-        self.timeout = timeout
-        self._metadata = ((OWNER_METADATA_KEY, owner),)
-
-    def close_channel(self) -> None:
-        if self._own_channel:
-            self.channel.close()
-
-    def __enter__(self) -> PrefixClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close_channel()
-
-    def _unary(self, method, request):
-        try:
-            return method(request, metadata=self._metadata, timeout=self.timeout)
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc) from None
 
     def lookup(self, tokens: Sequence[int] | None = None, *, text: str | None = None, namespace: str = "",
                chat: bool = False, system: str = "") -> LookupResult:

@@ -12,8 +12,8 @@ from engine_service.sampling import SamplingParams
 _MAX_SEED = 2**64
 
 
-def _int_tuple(name: str, values: object) -> tuple[int, ...]:
-    """``values`` as a tuple of plain ints; InvalidArgument naming ``name`` otherwise."""
+def int_tuple(name: str, values: object) -> tuple[int, ...]:
+    """``values`` copied into a tuple of plain ints (bools refused); InvalidArgument naming ``name`` otherwise."""
     try:
         items = tuple(values)  # type: ignore[arg-type]
     except TypeError as exc:
@@ -72,10 +72,10 @@ class GenConfig:
             raise InvalidArgument(f"seed must be in [0, 2**64), got {self.seed}")
         if self.prefill_chunk < 1:
             raise InvalidArgument(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
-        stops = _int_tuple("stop_tokens", self.stop_tokens)
+        stops = int_tuple("stop_tokens", self.stop_tokens)
         if any(t < 0 for t in stops):
             raise InvalidArgument(f"stop_tokens must be >= 0, got {stops}")
-        breakpoints = _int_tuple("prefill_breakpoints", self.prefill_breakpoints)
+        breakpoints = int_tuple("prefill_breakpoints", self.prefill_breakpoints)
         if any(b < 1 for b in breakpoints):
             raise InvalidArgument(f"prefill_breakpoints must be >= 1, got {breakpoints}")
         # Frozen dataclass: normalise through object.__setattr__ (lists in, tuples stored).

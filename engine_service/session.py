@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from engine_service.commands import CloseCommand
-from engine_service.config import GenConfig
+from engine_service.config import GenConfig, int_tuple
 from engine_service.errors import FailedPrecondition, InvalidArgument
 from engine_service.generation import GenerationHandle, GenerationUpdate
 from engine_service.prepared_input import PreparedInput
@@ -83,7 +83,7 @@ class Session:
         if not isinstance(config, GenConfig):
             raise InvalidArgument(f"config must be a GenConfig, got {type(config).__name__}")
         if not isinstance(input, PreparedInput):
-            input = _token_tuple(input)
+            input = int_tuple("input", input)
         with self._lock:
             rec = self._record
             if not self._finalizer.alive or rec.closed:
@@ -132,20 +132,3 @@ class Session:
     def __repr__(self) -> str:
         state = "open" if self.valid else "closed"
         return f"Session(key={self.key}, position={self.position}, {state})"
-
-
-def _token_tuple(tokens: object) -> tuple[int, ...]:
-    """Caller tokens copied into a tuple of ints (later mutation of the caller's list has no effect)."""
-    try:
-        items = tuple(tokens)  # type: ignore[arg-type]
-    except TypeError as exc:
-        raise InvalidArgument(f"input must be a token list or a PreparedInput, got {type(tokens).__name__}") from exc
-    out = []
-    for t in items:
-        if isinstance(t, bool):
-            raise InvalidArgument(f"token ids must be ints, got {t!r}")
-        try:
-            out.append(operator.index(t))
-        except TypeError as exc:
-            raise InvalidArgument(f"token ids must be ints, got {t!r}") from exc
-    return tuple(out)
