@@ -1,8 +1,0 @@
-#!/usr/bin/env bash
-# Set up, then run the services demo: forkline-engine + forkline-prefix on free loopback ports, two
-# rounds of a prompt through the prefix gateway (the second reuses all but the final prompt token),
-# then both services are stopped.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-exec .venv/bin/python -m clients.demo "$@"
