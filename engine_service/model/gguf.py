@@ -15,7 +15,7 @@ import mlx.core as mx
 from engine_service.errors import ModelLoadError
 from engine_service.model.config import ModelConfig, layer_specs
 from engine_service.model.gguf_header import check_gguf
-from engine_service.model.weights import QuantTensor, quant_from_arrays
+from engine_service.model.weights import QuantTensor, named_tensor
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 
@@ -96,20 +96,7 @@ def gguf_tensors(
     """Canonical names (see transformer.py) from GGUF names; a missing tensor is a ModelLoadError."""
 
     def get(name: str, optional: bool = False) -> mx.array | QuantTensor | None:
-        weight = raw.get(name + ".weight")
-        if weight is None:
-            if optional:
-                return None
-            raise ModelLoadError(path, f"tensor {name}.weight is missing")
-        if weight.dtype == mx.uint32:
-            scales, biases = raw.get(name + ".scales"), raw.get(name + ".biases")
-            if scales is None or biases is None:
-                raise ModelLoadError(path, f"quantized tensor {name} has no scales/biases")
-            try:
-                return quant_from_arrays(weight, scales, biases, 32)
-            except ValueError as exc:
-                raise ModelLoadError(path, f"tensor {name}: {exc}") from None
-        return weight
+        return named_tensor(path, raw, name, 32, optional)
 
     out: dict[str, mx.array | QuantTensor] = {"embed": get("token_embd"), "norm": get("output_norm")}
     head = get("output", optional=True)

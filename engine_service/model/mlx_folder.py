@@ -17,7 +17,7 @@ import mlx.core as mx
 
 from engine_service.errors import ModelLoadError
 from engine_service.model.config import ModelConfig, layer_specs
-from engine_service.model.weights import QuantTensor, quant_from_arrays
+from engine_service.model.weights import QuantTensor, named_tensor
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral")
 
@@ -103,17 +103,7 @@ def folder_tensors(
     group = int(quant.get("group_size", 64)) if quant else None
 
     def get(name: str, optional: bool = False) -> mx.array | QuantTensor | None:
-        weight = raw.get(name + ".weight")
-        if weight is None:
-            if optional:
-                return None
-            raise ModelLoadError(path, f"tensor {name}.weight is missing")
-        if name + ".scales" in raw:
-            try:
-                return quant_from_arrays(weight, raw[name + ".scales"], raw[name + ".biases"], group)
-            except (KeyError, ValueError) as exc:
-                raise ModelLoadError(path, f"quantized tensor {name}: {exc}") from None
-        return weight
+        return named_tensor(path, raw, name, group, optional)
 
     out: dict[str, mx.array | QuantTensor] = {"embed": get("model.embed_tokens"), "norm": get("model.norm")}
     head = None if config.tie_embeddings else get("lm_head", optional=True)

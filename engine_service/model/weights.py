@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from engine_service.errors import ModelLoadError
+
 log = logging.getLogger(__name__)
 
 WEIGHTS_DTYPES = ("auto", "float32", "float16", "bfloat16", "quantized")
@@ -86,6 +88,29 @@ def quant_from_arrays(
     if rem:
         raise ValueError(f"quantized tensor {weight.shape} does not pack {in_features} inputs")
     return QuantTensor(weight, scales, biases, group, bits)
+
+
+def named_tensor(
+    path: str, raw: dict[str, mx.array], name: str, group_size: int | None, optional: bool = False
+) -> mx.array | QuantTensor | None:
+    """``raw[name + ".weight"]``, as a QuantTensor when it comes with ``.scales``/``.biases`` (uint32 packing).
+
+    A missing tensor is a ModelLoadError naming ``path`` (None when ``optional``).
+    """
+    weight = raw.get(name + ".weight")
+    if weight is None:
+        if optional:
+            return None
+        raise ModelLoadError(path, f"tensor {name}.weight is missing")
+    scales, biases = raw.get(name + ".scales"), raw.get(name + ".biases")
+    if weight.dtype != mx.uint32 and scales is None:
+        return weight
+    if scales is None or biases is None:
+        raise ModelLoadError(path, f"quantized tensor {name} has no scales/biases")
+    try:
+        return quant_from_arrays(weight, scales, biases, group_size)
+    except ValueError as exc:
+        raise ModelLoadError(path, f"quantized tensor {name}: {exc}") from None
 
 
 def gpu_available() -> bool:
