@@ -6,7 +6,8 @@ Contracts (DESIGN.md section 4):
   (the final token is always replayed so the caller gets logits) and hands the clone to the caller,
   who owns it. Candidates go longest match first, then most recently used; a refused clone moves to
   the next candidate (a token match never proves K/V residency: the clone decides); a hit refreshes
-  recency. Empty and one-token requests miss.
+  recency. Empty and one-token requests miss. An entry whose snapshot the backend no longer knows
+  (``valid`` False, or the clone raises NotFound, e.g. an engine handle that expired) is dropped.
 - ``insert(namespace, tokens, snapshot, metadata)`` takes ownership of ``snapshot``: it is stored or
   released, never leaked. Refused (and released): disabled cache (``max_entries == 0``), empty key,
   invalid (closed or dead) snapshot, ``position(snapshot) != len(tokens)``, duplicate key (the
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from engine_service.errors import FailedPrecondition, ForklineError, InvalidArgument
+from engine_service.errors import FailedPrecondition, ForklineError, InvalidArgument, NotFound
 from prefix_service.backends import CaptureBackend, Handle, SessionBackend
 from prefix_service.capture import PromptCapture
 from prefix_service.index import TokenIndex, token_key
@@ -47,6 +48,8 @@ CLONE_ERROR = "clone_error"
 CAPTURE_REFUSED = "capture_refused"
 
 DEFAULT_MAX_ATTEMPTS = 16
+
+_GONE = object()  # _clone's answer when the backend no longer knows the snapshot at all
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,9 @@ class PrefixCache:
                     continue
                 reused = min(candidate.common, len(key) - 1)
                 child = self._clone(entry.snapshot, reused)
+                if child is _GONE:  # e.g. the engine expired the handle: it can never serve again
+                    dead.append(entry)
+                    continue
                 if child is not None:
                     self._refresh(entry)
                     entry.hits += 1
@@ -304,9 +310,13 @@ class PrefixCache:
 
     # Backend calls: an engine-side failure (ForklineError, e.g. the engine stopped) is a refusal.
 
-    def _clone(self, snapshot: Handle, upto: int) -> Handle | None:
+    def _clone(self, snapshot: Handle, upto: int) -> Any:
+        """The clone, None when refused, or ``_GONE`` when the backend does not know the snapshot
+        (NotFound: a permanent condition, unlike a refusal or a transient failure)."""
         try:
             child = self._backend.clone(snapshot, upto)
+        except NotFound:
+            return _GONE
         except ForklineError:
             self._refusals[CLONE_ERROR] += 1
             return None

@@ -192,3 +192,20 @@ def test_gateway_metadata_reaches_the_retention_policy(engine_factory, prefix_fa
     hits = {name: alice.lookup(tokens).session is not None for name, tokens in prompts.items()}
     assert hits == {"high": kept == "high", "low": kept == "low"}
     assert alice.stats().policy == policy
+
+
+def test_snapshot_the_engine_no_longer_holds_is_dropped_not_kept(engine_factory, prefix_factory) -> None:
+    # A prefix service whose owner the engine does not keep (not a persistent owner): its stored
+    # snapshot expires in the engine. The entry must not linger: a lookup drops it (stats match what
+    # the engine holds) and the same prompt can be cached again.
+    engine = engine_factory(idle_timeout_s=0.3)
+    prefix = prefix_factory(engine.address, owner="short-lived")
+    gateway_round(prefix, max_new_tokens=2)
+    assert prefix.cache.size == 1
+    assert wait_for(lambda: engine.deps.registry.count("short-lived") == 0)
+    alice = PrefixClient(prefix.address, owner="alice")
+    assert alice.lookup(PROMPT).session is None
+    assert alice.stats().entries == 0 and prefix.server.deps.backend.held() == 0
+    again = gateway_round(prefix, max_new_tokens=2)  # stores a fresh snapshot
+    assert again.done.reused_positions == 0 and alice.stats().entries == 1
+    assert gateway_round(prefix, max_new_tokens=2).done.reused_positions == len(PROMPT) - 1
