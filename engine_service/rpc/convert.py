@@ -40,11 +40,15 @@ def owner_of(metadata: Iterable[tuple[str, Any]] | None) -> str:
     """The caller's owner id from request metadata (``forkline-owner``); absent -> ``anonymous``."""
     for key, value in metadata or ():
         if key == OWNER_METADATA_KEY:
-            owner = value.decode() if isinstance(value, bytes) else str(value)
-            if not owner or len(owner) > MAX_OWNER_LENGTH:
-                raise InvalidArgument(f"{OWNER_METADATA_KEY} must be 1..{MAX_OWNER_LENGTH} characters")
-            return owner
+            return check_owner(value.decode() if isinstance(value, bytes) else str(value), OWNER_METADATA_KEY)
     return DEFAULT_OWNER
+
+
+def check_owner(owner: str, field: str) -> str:
+    """An owner id as the metadata can carry it (1..MAX_OWNER_LENGTH characters), else InvalidArgument."""
+    if not owner or len(owner) > MAX_OWNER_LENGTH:
+        raise InvalidArgument(f"{field} must be 1..{MAX_OWNER_LENGTH} characters, got {len(owner)}")
+    return owner
 
 
 def token_ids(ids: Sequence[int], vocab_size: int, field: str = "tokens") -> list[int]:

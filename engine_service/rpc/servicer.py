@@ -172,7 +172,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         with status_on_error(context):
             self._serving()
             owner = convert.owner_of(context.invocation_metadata())
-            new_owner = request.new_owner or owner
+            new_owner = convert.check_owner(request.new_owner, "new_owner") if request.new_owner else owner
             source = self.deps.registry.resolve(request.session, owner)
             position = source.position
             if not 0 <= request.upto <= position:

@@ -168,3 +168,18 @@ def test_error_table_round_trips(error: Exception, code, client_type) -> None:
     assert code_for(error) == code
     if code is not None:
         assert type(error_for(code, "m")) is client_type
+
+
+def test_clone_new_owner_is_validated_like_the_owner_metadata(engine) -> None:
+    # A new_owner nobody can present as forkline-owner (over 128 characters) would make the clone
+    # unreachable: refused before any clone, naming the field, and nothing is left behind.
+    alice = EngineClient(engine.address, owner="alice")
+    own = alice.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    resident = engine.runner.resident_sessions
+    stub, meta, channel = stub_and_meta(engine.address)
+    details = expect_code(grpc.StatusCode.INVALID_ARGUMENT,
+                          lambda: stub.Clone(pb.CloneRequest(session=own, upto=3, new_owner="x" * 129), metadata=meta))
+    assert "new_owner" in details
+    assert engine.runner.resident_sessions == resident and len(engine.deps.registry) == 1
+    assert alice.clone(own, len(PROMPT), new_owner="y" * 128) is not None  # the longest valid owner works
+    channel.close()
