@@ -191,7 +191,12 @@ class EngineLoop:
             gen.first_token_at = time.perf_counter()
         tokens, reason, rec.position, rec.pending = gen.accept(tuple(out.tokens), rec.position)
         self.counts["tokens_decoded"] += len(tokens)
-        if breakpoint != rec.position:
+        if breakpoint is not None and breakpoint != rec.position:
+            # Accepted speculative drafts moved the position past the breakpoint: report it on an
+            # update of its own first, so an observer can still clone exactly there.
+            self._emit(gen, GenerationUpdate((), breakpoint, breakpoint=breakpoint))
+            if gen.finished:
+                return
             breakpoint = None
         if reason is None and rec.position >= self.limits.max_session_tokens:
             reason = LENGTH  # the pending token has no room left in the session

@@ -224,3 +224,30 @@ def test_wait_from_a_callback_refuses_instead_of_deadlocking(runner):
     handle = s.generate_async([1, 2], GenConfig(max_new_tokens=1), cb)
     assert handle.wait(10).finish_reason == "length"
     assert errors, "wait() on the engine thread must raise"
+
+
+def test_breakpoint_at_prompt_end_survives_accepted_speculative_drafts(make_runner):
+    # The output that ends prefill also commits an accepted draft, moving the position past the
+    # breakpoint; the observer must still be told about the breakpoint, and a clone there must hold
+    # exactly the prompt.
+    fake = FakeExecutor(vocab_size=VOCAB, speculative=True)
+    runner = make_runner(fake)
+    s = runner.open_session()
+    clones = {}
+
+    def observe(update):
+        if update.breakpoint is not None:
+            clones[update.breakpoint] = s.clone_async(update.breakpoint)
+
+    rec = Recorder(runner, observe)
+    cfg = GenConfig(max_new_tokens=4, prefill_chunk=4, prefill_breakpoints=(4, len(PROMPT)))
+    result = s.generate_async(PROMPT, cfg, rec).wait(10)
+    assert result.tokens == tuple(reference(PROMPT, 0, 4, VOCAB))
+    assert sorted(clones) == [4, len(PROMPT)]
+    bp_update = next(u for u in rec.updates if u.breakpoint == len(PROMPT))
+    assert bp_update.position == len(PROMPT)
+    for bp, future in clones.items():
+        child = future.result(10)
+        assert child is not None and child.position == bp
+        out = child.generate_async([77], GenConfig(max_new_tokens=2)).wait(10)
+        assert out.tokens == tuple(reference(PROMPT[:bp] + [77], 0, 2, VOCAB))
