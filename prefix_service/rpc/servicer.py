@@ -127,8 +127,8 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
             if not request.tokens:
                 raise InvalidArgument("tokens must not be empty")
             described = backend.call(backend.stub.Describe, epb.DescribeRequest(session=request.session), owner)
-            if described.position != len(request.tokens):
-                return pb.InsertResponse(stored=False)
+            if described.position != len(request.tokens) or self.deps.cache.max_entries == 0:
+                return pb.InsertResponse(stored=False)  # refused without cloning
             # The caller keeps its session; the service stores its own clone of it.
             with backend.cloning_for(backend.owner):
                 reply = backend.call(
@@ -177,7 +177,8 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
                 session=match.session if match else "",
                 tokens=epb.TokenIds(ids=tokens[reused:]),
                 config=request.config,
-                capture=epb.CaptureOptions(prompt_snapshot=not request.skip_insert),
+                # a disabled cache would only release the snapshot: do not clone it at all
+                capture=epb.CaptureOptions(prompt_snapshot=not request.skip_insert and self.deps.cache.max_entries > 0),
             )
             call = backend.stub.Generate(engine_request, metadata=backend.metadata)
             context.add_callback(call.cancel)  # the client went away: stop the engine's generation

@@ -83,6 +83,15 @@ def test_disabled_cache(engine, prefix_factory) -> None:
     assert second.done.reused_positions == 0
     assert PrefixClient(prefix.address).lookup(PROMPT).reason == "disabled"
     assert wait_for(lambda: engine.runner.resident_sessions == 0)
+    # a disabled cache stores nothing, so it clones nothing: neither the gateway's prompt capture...
+    assert engine.runner.metrics().clones_succeeded == 0
+    # ...nor an Insert (refused, the caller's session untouched), which still checks the handle
+    alice_engine, alice = EngineClient(engine.address, owner="alice"), PrefixClient(prefix.address, owner="alice")
+    own = alice_engine.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    assert not alice.insert(PROMPT, own)
+    assert engine.runner.metrics().clones_succeeded == 0 and alice_engine.describe(own)[0] == len(PROMPT)
+    with pytest.raises(errors.NotFound):
+        alice.insert(PROMPT, "not-a-handle")
 
 
 def test_killed_prefix_service_is_cleaned_up_by_its_restart(engine, prefix_factory) -> None:
