@@ -203,9 +203,9 @@ class Job:
 
 def start(n: int, prompt: list[int], seed: int, args, runner: Runner, cache: PrefixCache, tokenizer,
           capture: bool, stop_tokens: tuple[int, ...]) -> Job:
+    output = OutputFile(f"{args.out_prefix}_{n}.txt", tokenizer, args.flush_every)  # first: it may fail
     match = cache.lookup(NAMESPACE, prompt)
     session = match.session if match is not None else runner.open_session()
-    output = OutputFile(f"{args.out_prefix}_{n}.txt", tokenizer, args.flush_every)
     job = Job(n, prompt, match.reused if match is not None else 0, output)
     callback = output.on_update
     if capture:
@@ -315,6 +315,9 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     except ForklineError as exc:  # the engine cannot be built with these limits (ResourceExhausted, ...)
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # an output file cannot be written (e.g. its path is a directory)
+        print(f"error: --out_prefix: {exc}", file=sys.stderr)
         return 2
 
 

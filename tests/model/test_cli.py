@@ -77,3 +77,14 @@ def test_second_round_reuses_all_but_the_final_prompt_token(tmp_path, kind):
     text1 = (tmp_path / "cached_1.txt").read_text()
     assert text0.strip(), "an empty output would make the comparison vacuous"
     assert text0 == text1
+
+
+@pytest.mark.slow
+def test_unwritable_output_file_is_one_line_exit_2(tmp_path, capsys):
+    from clients.run_llm_batched import _main
+
+    (tmp_path / "g_0.txt").mkdir()  # the first output path is taken by a directory
+    assert _main(["--max_new_tokens", "2", "--out_prefix", str(tmp_path / "g"), "hi"]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "g_0.txt" in lines[0], captured.err
