@@ -67,7 +67,7 @@ class Sampler:
         return self._key
 
     def filtered_logits(self, logits: mx.array) -> mx.array:
-        """Temperature-scaled logits with filtered-out tokens at -inf.
+        """Temperature-scaled logits (each row's max shifted to 0) with filtered-out tokens at -inf.
 
         logits: float [..., vocab] -> float32 [..., vocab]. ``softmax`` of the result is the
         distribution :meth:`sample` draws from. Greedy params (temperature 0) apply no scaling.
@@ -75,7 +75,11 @@ class Sampler:
         p = self.params
         x = logits.astype(mx.float32)
         if not p.greedy:
-            x = x / p.temperature
+            # Shift each row's max to 0 first: a tiny temperature then sends the other logits to -inf
+            # instead of overflowing the leaders to +inf (a uniform draw among them); the where keeps
+            # 0 / 0 from making NaN when the temperature underflows float32.
+            shifted = x - mx.max(x, axis=-1, keepdims=True)
+            x = mx.where(shifted == 0, shifted, shifted / p.temperature)
         vocab = x.shape[-1]
         neg_inf = mx.array(-mx.inf, dtype=mx.float32)
         if 0 < p.top_k < vocab:

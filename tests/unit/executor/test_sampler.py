@@ -110,3 +110,15 @@ def test_invalid_arguments_name_the_field() -> None:
         Sampler(SamplingParams(), seed="1")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(top_p=0.0)
+
+
+@pytest.mark.parametrize("temperature", [1e-39, 1e-45, 1e-300])
+def test_tiny_temperature_approaches_greedy_instead_of_overflowing(temperature: float) -> None:
+    # logits / temperature overflows float32 (or the temperature itself underflows to 0): the draw
+    # must still tend to the argmax, never to a uniform pick among the overflowed leaders.
+    logits = mx.array(np.stack([LOGITS, LOGITS[::-1].copy()]))
+    sampler = Sampler(SamplingParams(temperature=temperature), seed=3)
+    expected = np.argmax(np.stack([LOGITS, LOGITS[::-1]]), axis=-1).tolist()
+    draws = [np.array(sampler.sample(logits)).tolist() for _ in range(20)]
+    assert draws == [expected] * 20
+    assert not np.isnan(np.array(sampler.filtered_logits(logits))).any()
