@@ -23,7 +23,8 @@ MISS_REASONS = {value: name.removeprefix("MISS_REASON_").lower() for name, value
 @dataclass(frozen=True)
 class LookupResult:
     """session: a handle holding tokens[:reused] (None on a miss); reason: "unspecified" on a hit,
-    else "empty" | "diverged" | "boundary_refused" | "engine_restarted" | "too_short" | "disabled"."""
+    else "empty" | "diverged" | "boundary_refused" | "engine_restarted" | "too_short" | "disabled"
+    (``unknown_<n>`` for a reason this client does not know)."""
 
     session: str | None
     reused: int
@@ -56,7 +57,8 @@ class PrefixClient(ChannelClient):
                chat: bool = False, system: str = "") -> LookupResult:
         request = pb.LookupRequest(namespace=namespace, **input_fields(tokens, text, chat, system, False))
         r = self._unary(self.stub.Lookup, request)
-        return LookupResult(r.session or None, r.reused, tuple(r.tokens), MISS_REASONS[r.reason], r.diverged_at)
+        reason = MISS_REASONS.get(r.reason, f"unknown_{r.reason}")  # a newer service's reason: no KeyError
+        return LookupResult(r.session or None, r.reused, tuple(r.tokens), reason, r.diverged_at)
 
     def insert(self, tokens: Sequence[int], session: str, *, namespace: str = "",
                metadata: Mapping[str, str] | None = None) -> bool:

@@ -218,3 +218,14 @@ def test_snapshot_the_engine_no_longer_holds_is_dropped_not_kept(engine_factory,
     again = gateway_round(prefix, max_new_tokens=2)  # stores a fresh snapshot
     assert again.done.reused_positions == 0 and alice.stats().entries == 1
     assert gateway_round(prefix, max_new_tokens=2).done.reused_positions == len(PROMPT) - 1
+
+
+def test_client_tolerates_a_miss_reason_it_does_not_know(engine, prefix_factory) -> None:
+    # A newer service may add a MissReason; an older client reports it instead of raising KeyError.
+    prefix = prefix_factory(engine.address)
+    alice = PrefixClient(prefix.address, owner="alice")
+    from protos import prefix_pb2
+
+    alice.stub.Lookup = lambda request, **_: prefix_pb2.LookupResponse(tokens=[1, 2], reason=99)
+    result = alice.lookup([1, 2])
+    assert (result.session, result.reason) == (None, "unknown_99")
