@@ -29,6 +29,10 @@ class EmbeddingsExecutor(ModuleExecutor):
             raise InputError(
                 f"EmbeddingsInput hidden size {prepared.hidden_size} != model hidden_size {hidden}"  # type: ignore[attr-defined]
             )
+        # A non-finite row must never be written: in the cell pool other sessions' views may cover its
+        # cell under a mask, and a masked weight of 0 times NaN is still NaN.
+        if not mx.all(mx.isfinite(prepared.embeddings())).item():  # type: ignore[attr-defined]
+            raise InputError("EmbeddingsInput holds non-finite values (NaN or inf)")
 
     def _forward(self, step: Any, positions: mx.array, pieces: list, logit_rows: mx.array) -> mx.array:
         if not any(isinstance(plan.rows, EmbeddingsInput) for plan, _, _ in pieces):

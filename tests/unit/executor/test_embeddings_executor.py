@@ -107,3 +107,22 @@ def test_module_executor_runner_fails_only_the_prepared_generation(model) -> Non
         assert list(good.wait(timeout=30).tokens) == reference_greedy(model, PROMPT, 3)[0]
     finally:
         runner.shutdown()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_embeddings_fail_alone_and_never_reach_a_branch(model, bad) -> None:
+    # In the cell pool a branch's view is a slice whose masked cells may hold another session's rows;
+    # masking zeroes their weight, but 0 * NaN is NaN, so a non-finite row would leak into the branch.
+    ex = make(model, "batched-cell")
+    src = ex.open_session()
+    first = ex.execute([ExecInput(src, 0, tokens=tuple(PROMPT[:4]))])[0]
+    branch = ex.clone(src, 4)
+    rows = np.array(model.embed(mx.array([9], dtype=mx.int32)))
+    rows[0, 3] = bad
+    out = ex.execute([ExecInput(branch, 4, prepared=EmbeddingsInput(mx.array(rows)))])[0]
+    assert out.error is not None and "finite" in out.error
+    assert ex.position(branch) == 4  # refused before anything was written
+    toks = greedy_decode(ex, src, first.tokens, 4)
+    assert toks == reference_greedy(model, PROMPT[:4], 4)[0]
+    fine = ex.execute([ExecInput(branch, 4, prepared=embedded(model, [9]))])[0]
+    assert fine.error is None and fine.tokens[0] == reference_greedy(model, PROMPT[:4] + [9], 1)[0][0]
