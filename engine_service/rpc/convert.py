@@ -74,8 +74,9 @@ def text_tokens(msg: pb.TextInput, tokenizer: TextTokenizer, chat: ChatFormatter
     return list(tokenizer.encode(msg.text, add_special_tokens=msg.add_special_tokens))
 
 
-def prepared_input(msg: pb.PreparedInput) -> PreparedInput:
-    """Decode a registered prepared kind. ``embeddings``: little-endian float32 [positions, hidden].
+def prepared_input(msg: pb.PreparedInput, hidden_size: int | None = None) -> PreparedInput:
+    """Decode a registered prepared kind. ``embeddings``: little-endian float32 [positions, hidden],
+    finite, with ``hidden == hidden_size`` when the engine publishes one.
 
     The array is copied out of the request into a fresh MLX array (no computation); the engine thread
     is the only one that evaluates anything with it.
@@ -89,14 +90,22 @@ def prepared_input(msg: pb.PreparedInput) -> PreparedInput:
         raise InvalidArgument(
             f"prepared.payload has {len(msg.payload)} bytes, shape {list(shape)} needs {4 * shape[0] * shape[1]}"
         )
+    if hidden_size is not None and shape[1] != hidden_size:
+        raise InvalidArgument(f"prepared.shape[1] = {shape[1]} must equal the model's hidden size {hidden_size}")
     import mlx.core as mx  # only for this kind; the array is built, never evaluated, here
 
     data = np.frombuffer(msg.payload, dtype="<f4").reshape(shape)
+    if not np.isfinite(data).all():  # NaN / inf rows would only produce garbage for this session
+        raise InvalidArgument("prepared.payload holds non-finite values (NaN or infinity)")
     return EmbeddingsInput(mx.array(data))
 
 
 def generate_input(
-    request: pb.GenerateRequest, tokenizer: TextTokenizer, chat: ChatFormatter | None, vocab_size: int
+    request: pb.GenerateRequest,
+    tokenizer: TextTokenizer,
+    chat: ChatFormatter | None,
+    vocab_size: int,
+    hidden_size: int | None = None,
 ) -> list[int] | PreparedInput:
     """The request's input as a token list or a PreparedInput; InvalidArgument when absent or empty."""
     which = request.WhichOneof("input")
@@ -105,7 +114,7 @@ def generate_input(
     elif which == "text":
         ids = text_tokens(request.text, tokenizer, chat)
     elif which == "prepared":
-        return prepared_input(request.prepared)
+        return prepared_input(request.prepared, hidden_size)
     else:
         raise InvalidArgument("input is required: one of tokens, text, prepared")
     if not ids:

@@ -35,6 +35,7 @@ class EngineDeps:
 
     limits: the executor's limits (published in Info, checked on input). registry: session handles
     (its instance id is the engine instance id). fingerprint: defaults to the runner's.
+    hidden_size: the model's hidden size, which prepared ``embeddings`` inputs must match (None: unchecked).
     """
 
     runner: Any
@@ -46,6 +47,7 @@ class EngineDeps:
     chat: convert.ChatFormatter | None = None
     registry: HandleRegistry = field(default_factory=HandleRegistry)
     fingerprint: str | None = None
+    hidden_size: int | None = None
 
     @classmethod
     def build(
@@ -95,6 +97,7 @@ class EngineDeps:
             eos_token_ids=eos_token_ids,
             chat=chat,
             registry=HandleRegistry(idle_timeout_s=idle_timeout_s, persistent_owners=frozenset(persistent_owners)),
+            hidden_size=executor.config.hidden_size,
         )
 
     def __post_init__(self) -> None:
@@ -123,7 +126,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             self._serving()
             d = self.deps
             owner = convert.owner_of(context.invocation_metadata())
-            value = convert.generate_input(request, d.tokenizer, d.chat, d.limits.vocab_size)
+            value = convert.generate_input(request, d.tokenizer, d.chat, d.limits.vocab_size, d.hidden_size)
             breakpoints = tuple(request.capture.breakpoints)
             config = convert.gen_config(request.config, d.eos_token_ids, breakpoints)
             call = self._open_call(request, owner, value, breakpoints)

@@ -183,3 +183,32 @@ def test_clone_new_owner_is_validated_like_the_owner_metadata(engine) -> None:
     assert engine.runner.resident_sessions == resident and len(engine.deps.registry) == 1
     assert alice.clone(own, len(PROMPT), new_owner="y" * 128) is not None  # the longest valid owner works
     channel.close()
+
+
+def test_prepared_input_that_cannot_fit_the_model_is_invalid_argument(engine_factory) -> None:
+    # Bad prepared content is bad input (INVALID_ARGUMENT naming the field), not a failed generation
+    # (ABORTED): a hidden size other than the model's, and non-finite values.
+    import math
+    import struct
+
+    engine = engine_factory(prepared_inputs=True)
+    stub, meta, channel = stub_and_meta(engine.address)
+    from engine_service.model.random_init import random_model
+
+    hidden = random_model("FRFR", 4, 0).config.hidden_size  # the engine's model (conftest)
+
+    def prepared(payload: bytes, shape: list[int]):
+        return gen(stub, meta, prepared=pb.PreparedInput(kind="embeddings", payload=payload, shape=shape),
+                   config=pb.GenerationConfig(max_new_tokens=1))
+
+    wrong = hidden + 3
+    assert "prepared.shape" in expect_code(grpc.StatusCode.INVALID_ARGUMENT, prepared(bytes(4 * 2 * wrong), [2, wrong]))
+    nan = struct.pack("<f", math.nan) + bytes(4 * (2 * hidden - 1))
+    assert "prepared.payload" in expect_code(grpc.StatusCode.INVALID_ARGUMENT, prepared(nan, [2, hidden]))
+    inf = struct.pack("<f", -math.inf) * (2 * hidden)
+    assert "prepared.payload" in expect_code(grpc.StatusCode.INVALID_ARGUMENT, prepared(inf, [2, hidden]))
+    # control: a well-formed input of the same shape generates
+    events = prepared(struct.pack("<f", 0.5) * (2 * hidden), [2, hidden])()
+    assert events[-1].done.finish_reason in ("stop", "length")
+    assert wait_for(lambda: engine.runner.resident_sessions == 0)
+    channel.close()
