@@ -87,6 +87,7 @@ class GenerationCall:
         self._prompt_end = 0
         self._generation = None
         self._finished_cleanly = False
+        self._unstreamed: str | None = None  # a snapshot handle registered but not yet sent
 
     # -- engine thread -------------------------------------------------------------------------
     def _on_update(self, update: GenerationUpdate) -> None:
@@ -130,6 +131,7 @@ class GenerationCall:
                     continue
             if isinstance(item, _Snapshot):
                 yield convert.snapshot_event(self._register(item), item.position, item.kind)
+                self._unstreamed = None  # resumed: gRPC sent the event, the handle is the caller's
                 continue
             # Coalesce the updates already queued (a slow client gets fewer, larger messages); stop at
             # a snapshot so events keep the engine's order.
@@ -160,10 +162,16 @@ class GenerationCall:
         yield convert.done_event(result, start, self._session.position)
 
     def _register(self, item: _Snapshot) -> str | None:
+        """Register a snapshot for the caller, unless the call already ended (then release it)."""
         child = item.future.result()
         if child is None:
             return None
-        return self._registry.register(child, self._owner)
+        with self._lock:
+            if not self._closed:
+                self._unstreamed = self._registry.register(child, self._owner)
+                return self._unstreamed
+        child.close()  # the call ended while the clone ran: nobody will ever receive this handle
+        return None
 
     def abort(self) -> None:
         """Cancel the generation (if running); called when the RPC ends for any reason."""
@@ -172,7 +180,8 @@ class GenerationCall:
             generation.cancel()
 
     def finish(self) -> None:
-        """Release what the caller does not own: undelivered clones, and a fresh session unless kept.
+        """Release what the caller does not own: undelivered clones (queued, or registered but never
+        sent), and a fresh session unless kept.
 
         Idempotent; runs when the stream ends, however it ends.
         """
@@ -188,6 +197,9 @@ class GenerationCall:
                 break
             if isinstance(item, _Snapshot):
                 item.future.add_done_callback(_close_quietly)
+        unstreamed, self._unstreamed = self._unstreamed, None
+        if unstreamed is not None and (child := self._registry.discard(unstreamed)) is not None:
+            child.close()  # registered, but the stream ended before the event was sent
         self._registry.unpin(self._handle)
         release = self._fresh and not (self._keep and self._finished_cleanly)
         if release and self._registry.discard(self._handle) is not None:

@@ -161,3 +161,33 @@ def test_prepared_embeddings_input_equals_the_token_path(engine_factory) -> None
     out = client.generate(prepared=prepared, max_new_tokens=8, **SAMPLED).collect()
     assert out.started.input_positions == len(PROMPT)
     assert out.tokens == in_process_tokens(PROMPT, 8, temperature=10.0, seed=7)
+
+
+def test_snapshot_of_a_call_cancelled_before_it_is_streamed_is_released(engine_factory, monkeypatch) -> None:
+    # The client cancels while the engine is still turning a prompt snapshot into a handle: the handle
+    # was never streamed, so the caller cannot know it and the engine must not keep it (a persistent
+    # owner such as the prefix service would otherwise hold it forever).
+    import threading
+
+    from engine_service.rpc.generation_call import GenerationCall
+
+    entered, cancelled = threading.Event(), threading.Event()
+    original = GenerationCall._register
+
+    def slow_register(self, item):
+        entered.set()
+        cancelled.wait(10)  # the client has cancelled by now
+        return original(self, item)
+
+    monkeypatch.setattr(GenerationCall, "_register", slow_register)
+    engine = engine_factory(max_session_tokens=4096)
+    client = EngineClient(engine.address, owner="prefix-service")
+    stream = client.generate(PROMPT, max_new_tokens=4000, ignore_eos=True, prompt_snapshot=True)
+    events = iter(stream)
+    assert isinstance(next(events), Started)
+    assert entered.wait(10)
+    stream.cancel()
+    assert wait_for(lambda: engine.runner.metrics().generations_finished == 1)  # the cancel reached the engine
+    cancelled.set()
+    assert wait_for(lambda: engine.runner.resident_sessions == 0 and len(engine.deps.registry) == 0), (
+        engine.runner.resident_sessions, len(engine.deps.registry))
