@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import grpc
 
 from engine_service.errors import InvalidArgument
-from engine_service.rpc.convert import owner_of
+from engine_service.rpc.convert import owner_of, token_ids
 from engine_service.rpc.errors import status_on_error
 from prefix_service.prefix_cache import CLONE_REFUSED, PrefixCache
 from prefix_service.rpc.engine_backend import EngineBackend
@@ -46,6 +46,7 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
         self._lock = threading.Lock()
         self._restarted = False  # entries were dropped on an engine restart; nothing cached since
         self.dropped_on_restart = 0
+        self._vocab_size = 0  # the engine's (Info, refreshed by check_engine): token ids are checked
 
     # -- helpers -------------------------------------------------------------------------------
     def check_engine(self) -> None:
@@ -54,6 +55,7 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
         with self._lock:
             previous = backend.instance_id
             info = backend.info()
+            self._vocab_size = info.limits.vocab_size
             if info.instance_id == previous:
                 return
             backend.refresh()
@@ -66,12 +68,16 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
     def _tokens(self, request, owner: str) -> list[int]:
         which = request.WhichOneof("input")
         if which == "tokens":
-            return list(request.tokens.ids)
+            return self._checked(request.tokens.ids, "tokens")
         if which == "text":
             backend = self.deps.backend
             reply = backend.call(backend.stub.Tokenize, epb.TokenizeRequest(text=request.text), owner)
             return list(reply.ids)
         raise InvalidArgument("input is required: one of tokens, text")
+
+    def _checked(self, ids: Sequence[int], field: str) -> list[int]:
+        """Token ids inside the engine's vocabulary (InvalidArgument naming ``field`` otherwise)."""
+        return token_ids(ids, self._vocab_size, field) if self._vocab_size else list(ids)
 
     def _miss_reason(self, namespace: str, tokens: Sequence[int], refused_before: int) -> tuple[int, int]:
         """(MissReason, diverged_at) for a lookup that returned nothing."""
@@ -126,6 +132,7 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
             backend = self.deps.backend
             if not request.tokens:
                 raise InvalidArgument("tokens must not be empty")
+            self._checked(request.tokens, "tokens")
             described = backend.call(backend.stub.Describe, epb.DescribeRequest(session=request.session), owner)
             if described.position != len(request.tokens) or self.deps.cache.max_entries == 0:
                 return pb.InsertResponse(stored=False)  # refused without cloning

@@ -229,3 +229,20 @@ def test_client_tolerates_a_miss_reason_it_does_not_know(engine, prefix_factory)
     alice.stub.Lookup = lambda request, **_: prefix_pb2.LookupResponse(tokens=[1, 2], reason=99)
     result = alice.lookup([1, 2])
     assert (result.session, result.reason) == (None, "unknown_99")
+
+
+def test_token_ids_outside_the_engine_vocabulary_are_invalid_everywhere(engine, prefix_factory) -> None:
+    # The gateway refuses them (the engine checks); Lookup and Insert must too, naming the field,
+    # before any clone (nothing stored under ids the engine could never have computed).
+    prefix = prefix_factory(engine.address)
+    alice = PrefixClient(prefix.address, owner="alice")
+    vocab = EngineClient(engine.address).info().vocab_size
+    with pytest.raises(errors.InvalidArgument, match="tokens"):
+        alice.lookup([65, vocab, 66])
+    own = EngineClient(engine.address, owner="alice").generate(PROMPT, max_new_tokens=1, keep_session=True)
+    handle = own.collect().started.session
+    clones = engine.runner.metrics().clones_succeeded
+    with pytest.raises(errors.InvalidArgument, match="tokens"):
+        alice.insert(PROMPT[:-1] + [vocab + 5], handle)  # the right length: only the id is wrong
+    assert engine.runner.metrics().clones_succeeded == clones and alice.stats().entries == 0
+    assert alice.insert(PROMPT, handle)  # control: the valid ids are stored
