@@ -106,6 +106,12 @@ class EngineDeps:
         self.eos_token_ids = tuple(int(t) for t in self.eos_token_ids)
 
 
+def _close_child(future: Any) -> None:
+    """Done-callback: close the session of a clone that completed after its caller gave up."""
+    if not future.cancelled() and future.exception() is None and future.result() is not None:
+        future.result().close()
+
+
 class EngineServicer(engine_pb2_grpc.EngineServicer):
     """See the module docstring. :meth:`drain` makes new work UNAVAILABLE (graceful shutdown)."""
 
@@ -180,7 +186,12 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             position = source.position
             if not 0 <= request.upto <= position:
                 return pb.CloneResponse(refusal=f"upto={request.upto} is outside [0, {position}]")
-            child = source.clone_async(request.upto).result(timeout=CLONE_TIMEOUT_S)
+            future = source.clone_async(request.upto)
+            try:
+                child = future.result(timeout=CLONE_TIMEOUT_S)
+            except TimeoutError:  # concurrent.futures' is the builtin since 3.11
+                future.add_done_callback(_close_child)  # nobody will receive it
+                raise Unavailable(f"the clone did not complete within {CLONE_TIMEOUT_S} s") from None
             if child is None:
                 return pb.CloneResponse(
                     refusal=f"the engine refused to clone at {request.upto} (boundary unavailable or no room)"

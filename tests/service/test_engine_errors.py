@@ -212,3 +212,20 @@ def test_prepared_input_that_cannot_fit_the_model_is_invalid_argument(engine_fac
     assert events[-1].done.finish_reason in ("stop", "length")
     assert wait_for(lambda: engine.runner.resident_sessions == 0)
     channel.close()
+
+
+def test_clone_that_does_not_settle_in_time_is_unavailable_not_internal(engine, monkeypatch) -> None:
+    from concurrent.futures import Future
+
+    from engine_service.rpc import servicer
+    from engine_service.session import Session
+
+    alice = EngineClient(engine.address, owner="alice")
+    own = alice.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    monkeypatch.setattr(servicer, "CLONE_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(Session, "clone_async", lambda self, upto: Future())  # a stalled engine thread
+    stub, meta, channel = stub_and_meta(engine.address)
+    details = expect_code(grpc.StatusCode.UNAVAILABLE,
+                          lambda: stub.Clone(pb.CloneRequest(session=own, upto=len(PROMPT)), metadata=meta))
+    assert "clone" in details
+    channel.close()
