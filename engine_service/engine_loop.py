@@ -141,6 +141,21 @@ class EngineLoop:
             gen = getattr(command, "generation", None)
             if gen is not None:
                 self._finish(gen, ERROR, GenerationError(f"{type(exc).__name__}: {exc}"))
+        except BaseException as exc:
+            # Not an error the engine survives (SystemExit...): teardown settles only what is still
+            # queued or active, so settle the caller of this command before the thread dies.
+            self._abandon(command, exc)
+            raise
+
+    def _abandon(self, command: object, exc: BaseException) -> None:
+        future = command.future_ref() if isinstance(command, CloneCommand) else getattr(command, "future", None)
+        if future is not None and not future.done():
+            if isinstance(command, OpenCommand):
+                future.set_exception(Unavailable(f"engine thread stopped: {type(exc).__name__}"))
+            else:
+                future.set_result(None)  # a clone refused, a barrier passed
+        if isinstance(command, StartCommand):
+            self._finish(command.generation, ERROR, GenerationError(f"engine thread stopped: {type(exc).__name__}"))
 
     def _reap_cancelled(self) -> None:
         for gen in [g for g in self._active if g.cancel_requested]:
@@ -237,6 +252,10 @@ class EngineLoop:
             except Exception as exc:
                 error = GenerationError(f"callback raised {type(exc).__name__}: {exc}")
                 result = gen.result(ERROR, error)
+            except BaseException as exc:  # the engine thread dies of it: settle the caller first
+                error = GenerationError(f"callback raised {type(exc).__name__}: {exc}")
+                gen.handle._settle(gen.result(ERROR, error), error)
+                raise
         gen.handle._settle(result, error)
         gen.callback = None  # the caller's handle keeps ``gen``; drop what it no longer needs
         gen.segments = []

@@ -160,3 +160,28 @@ def test_runner_rejects_an_unknown_command_without_queueing_it(runner):
     with pytest.raises(TypeError):
         runner._submit(object(), None)
     assert runner.running
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the engine dies on purpose
+def test_an_engine_killing_error_still_settles_the_command_or_generation_it_hit(make_runner):
+    # SystemExit is not an Exception: the engine thread does not survive it, but the caller it was
+    # serving must not wait forever (teardown only settles what is still queued or active).
+    fake = FakeExecutor(vocab_size=VOCAB)
+    runner = make_runner(fake)
+    s = runner.open_session()
+    fake.clone_raises = SystemExit("fatal inside clone")
+    assert s.clone_async(0).result(5) is None
+    runner.engine_thread.join(5)
+    assert not runner.running and not fake.seqs  # teardown still closed every session
+
+    runner2 = make_runner(FakeExecutor(vocab_size=VOCAB))
+    s2 = runner2.open_session()
+
+    def fatal_at_end(update):
+        if update.finished:
+            raise SystemExit("fatal in the terminal callback")
+
+    result = s2.generate_async([1, 2, 3], GenConfig(max_new_tokens=2), fatal_at_end).wait(5)
+    assert result.finish_reason == "error" and "SystemExit" in result.error
+    runner2.engine_thread.join(5)
+    assert not runner2.running
