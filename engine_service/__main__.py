@@ -17,6 +17,8 @@ from engine_service.errors import ForklineError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from engine_service.rpc.server import port_number
+
     p = argparse.ArgumentParser(prog="forkline-engine", description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="GGUF file or MLX model folder (default: packaged SmolLM2-135M)")
     p.add_argument("--weights_dtype", default="auto", help="auto | float32 | float16 | bfloat16 | quantized")
@@ -26,7 +28,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max_decode_sequences", type=int, default=8)
     p.add_argument("--prefill_chunk", type=int, default=512)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=50051)
+    p.add_argument("--port", type=port_number, default=50051, help="0 picks a free port")
     p.add_argument("--idle_session_timeout", type=float, default=300.0,
                    help="seconds after which an idle client session handle expires (0: never)")
     p.add_argument("--persistent_owner", action="append", default=None,

@@ -18,13 +18,15 @@ from engine_service.errors import ForklineError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from engine_service.rpc.server import port_number
+
     p = argparse.ArgumentParser(prog="forkline-prefix", description=__doc__.splitlines()[0])
     p.add_argument("--engine", required=True, help="engine address HOST:PORT")
     p.add_argument("--max_entries", type=int, default=64, help="stored snapshots at most (0 disables)")
     p.add_argument("--policy", default="lru", help="retention policy: lru | priority | lfu")
     p.add_argument("--owner", default="prefix-service", help="owner id of the snapshots in the engine")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=50052)
+    p.add_argument("--port", type=port_number, default=50052, help="0 picks a free port")
     p.add_argument("--engine_timeout", type=float, default=30.0, help="seconds to wait for the engine at start")
     p.add_argument("--grace", type=float, default=5.0)
     p.add_argument("--log_level", default="INFO")
