@@ -62,20 +62,32 @@ class _Fused:
         return self._fn(*args)
 
 
+def _exp_sub(x: mx.array, m: mx.array) -> mx.array:
+    """e**(x - m), the subtraction fused into the exp kernel (one pass fewer over the scores)."""
+    return _exp(x - m)
+
+
 exp = _Fused(_exp)
+exp_sub = _Fused(_exp_sub)
 silu_mul = _Fused(_silu_mul)
 
 
 def softmax(scores: mx.array) -> mx.array:
     """Softmax over the last axis; masked (-inf) entries get exactly zero weight. The reductions stay
     outside the compiled exp: fusing them in measured slower on MLX's CPU backend."""
-    e = exp(scores - mx.max(scores, axis=-1, keepdims=True))
+    e = exp_sub(scores, mx.max(scores, axis=-1, keepdims=True))
     return e * (1.0 / mx.sum(e, axis=-1, keepdims=True))
 
 
-# query rows per attention block: keeps the [heads, rows, keys] temporaries cache-sized, and lets causal
-# blocks skip the keys after their last row (measured: 512-token prefill ~1.4x faster than one block)
-QUERY_BLOCK = 128
+# Attention temporaries are [kv_heads, group * QUERY_BLOCK, KEY_BLOCK] (1.2 MB for SmolLM2) whatever the history
+# length. Why it matters: MLX's CPU allocator is plain malloc, which hands big freed buffers back to the OS,
+# so a pass over a fresh multi-MB temporary page-faults on every page (measured: more system time than
+# compute at 2k keys with [heads, 128, S] blocks). Fixed, small temporaries are recycled without faults.
+QUERY_BLOCK = 64
+KEY_BLOCK = 512
+# running max before any key is seen: finite, so a chunk whose keys are all masked for a row gives
+# exp(-inf - _NO_MAX) = 0 and rescales by exp(0) = 1 instead of producing NaN from (-inf) - (-inf)
+_NO_MAX = -1e30
 
 
 def attention(
@@ -84,39 +96,89 @@ def attention(
     """Grouped-query attention for a block of query rows.
 
     q: [q_heads, n, D]; keys, values: [kv_heads, S, D]; mask: bool [n, S] (True = attend), "causal"
-    (query j sits at key index S - n + j) or None. Returns [q_heads, n, D].
+    (query j sits at key index S - n + j) or None. Returns [q_heads, n, D]. A row that sees no key at
+    all (an all-False mask row) gets NaN.
+
+    The q heads sharing a kv head are stacked as rows ([kv_heads, group * rows, D]), so K/V are never
+    repeated or copied. Rows go in blocks of QUERY_BLOCK, keys in chunks of KEY_BLOCK with an online
+    softmax (running max, sum and output rescaled per chunk; normalised once, on [rows, D]). A causal
+    block reads only keys up to its last row: the history before its first row in unmasked chunks and
+    its own diagonal square, the only place the causal mask is applied.
     """
-    n, s = q.shape[1], keys.shape[1]
+    hq, n, d = q.shape
+    hkv, s, _ = keys.shape
     if isinstance(mask, str) and mask != "causal":
         raise ValueError(f"unknown mask {mask!r}")
-    if n <= QUERY_BLOCK:
-        return _attend_block(q, keys, values, scale, mask, s - n)
+    if hq % hkv:
+        raise ValueError(f"q heads ({hq}) must be a multiple of kv heads ({hkv})")
+    rep = hq // hkv
+    qs = q * scale
     outs = []
     for a in range(0, n, QUERY_BLOCK):
         b = min(n, a + QUERY_BLOCK)
-        if mask == "causal":  # rows a..b-1 see keys up to index s - n + b - 1
-            end = s - n + b
-            outs.append(
-                _attend_block(q[:, a:b], keys[:, :end], values[:, :end], scale, "causal", end - (b - a))
-            )
+        qg = qs[:, a:b].reshape(hkv, rep * (b - a), d)
+        if isinstance(mask, str):
+            o = _causal_block(qg, keys, values, s - n + a, b - a)
         else:
-            block_mask = None if mask is None else mask[a:b]
-            outs.append(_attend_block(q[:, a:b], keys, values, scale, block_mask, 0))
-    return mx.concatenate(outs, axis=1)
+            o = _masked_block(qg, keys, values, None if mask is None else mask[a:b])
+        outs.append(o.reshape(hq, b - a, d))
+    return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=1)
 
 
-def _attend_block(
-    q: mx.array, keys: mx.array, values: mx.array, scale: float, mask: mx.array | str | None, first: int
-) -> mx.array:
-    """One block; for "causal", query row j sits at key index ``first + j``."""
-    hq, n, d = q.shape
-    hkv, s, _ = keys.shape
-    rep = hq // hkv
-    qg = q.reshape(hkv, rep * n, d) * scale  # query heads sharing a kv head are stacked as rows
-    scores = (qg @ keys.transpose(0, 2, 1)).reshape(hkv, rep, n, s)
-    if isinstance(mask, str):
-        mask = mx.arange(s)[None, :] <= mx.arange(first, first + n)[:, None]
-    if mask is not None:
-        scores = mx.where(mask, scores, -mx.inf)
-    probs = softmax(scores).reshape(hkv, rep * n, s)
-    return (probs @ values).reshape(hq, n, d)
+class _Online:
+    """Online-softmax accumulator over key chunks for rows [kv_heads, R]: running max m [.., R, 1],
+    sum of exponentials [.., R, 1] and unnormalised output [.., R, D]."""
+
+    def __init__(self, qg: mx.array) -> None:
+        self.qg = qg
+        self.m: mx.array | None = None
+        self.total: mx.array | None = None
+        self.out: mx.array | None = None
+
+    def add(self, keys: mx.array, values: mx.array, mask: mx.array | None) -> None:
+        """keys, values: [kv_heads, K, D]; mask: bool broadcastable to [kv_heads, group, rows, K] or None."""
+        hkv, r, _ = self.qg.shape
+        scores = self.qg @ keys.transpose(0, 2, 1)  # [kv_heads, R, K]
+        if mask is not None:
+            k = keys.shape[1]
+            rows = mask.shape[-2]
+            scores = mx.where(mask, scores.reshape(hkv, r // rows, rows, k), -mx.inf).reshape(hkv, r, k)
+        chunk_max = mx.max(scores, axis=-1, keepdims=True)
+        if self.m is None:
+            m = mx.maximum(chunk_max, _NO_MAX) if mask is not None else chunk_max
+            e = exp_sub(scores, m)
+            self.total = mx.sum(e, axis=-1, keepdims=True)
+            self.out = e @ values
+        else:
+            m = mx.maximum(self.m, chunk_max)
+            alpha = exp_sub(self.m, m)  # rescales what was summed under the old max
+            e = exp_sub(scores, m)
+            self.total = self.total * alpha + mx.sum(e, axis=-1, keepdims=True)
+            self.out = self.out * alpha + e @ values
+        self.m = m
+
+    def result(self) -> mx.array:
+        return self.out * (1.0 / self.total)
+
+
+def _causal_block(qg: mx.array, keys: mx.array, values: mx.array, first: int, rows: int) -> mx.array:
+    """qg: [kv_heads, group * rows, D], query row j at key index ``first + j`` (keys past
+    ``first + rows - 1`` are never read). Returns [kv_heads, group * rows, D]."""
+    end = first + rows
+    acc = _Online(qg)
+    # the diagonal square first: every row sees its own key, so the running max starts finite
+    tri = mx.arange(rows)[None, :] <= mx.arange(rows)[:, None]  # [rows, rows]: key j <= row i
+    acc.add(keys[:, first:end], values[:, first:end], tri)
+    for c0 in range(0, first, KEY_BLOCK):  # the history before the block: visible to every row
+        c1 = min(first, c0 + KEY_BLOCK)
+        acc.add(keys[:, c0:c1], values[:, c0:c1], None)
+    return acc.result()
+
+
+def _masked_block(qg: mx.array, keys: mx.array, values: mx.array, mask: mx.array | None) -> mx.array:
+    """qg: [kv_heads, group * rows, D]; mask: bool [rows, S] or None. Returns [kv_heads, group * rows, D]."""
+    acc = _Online(qg)
+    for c0 in range(0, keys.shape[1], KEY_BLOCK):
+        c1 = min(keys.shape[1], c0 + KEY_BLOCK)
+        acc.add(keys[:, c0:c1], values[:, c0:c1], None if mask is None else mask[:, c0:c1])
+    return acc.result()
