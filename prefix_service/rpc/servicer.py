@@ -26,6 +26,8 @@ from protos import prefix_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+DRAIN_TIMEOUT_S = 10.0  # how long a gateway call whose client left waits for the engine stream to end
+
 
 @dataclass
 class PrefixDeps:
@@ -38,6 +40,22 @@ class PrefixDeps:
     def __post_init__(self) -> None:
         if self.cache.backend is not self.backend:
             raise ValueError("cache must use the given backend")
+
+
+class _StopOnce:
+    """Calls ``stop(call, session)`` at most once, with the session known by then."""
+
+    def __init__(self, stop, call, session: str) -> None:
+        self._stop, self._call, self.session = stop, call, session
+        self._lock = threading.Lock()
+        self._done = False
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        self._stop(self._call, self.session)
 
 
 class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
@@ -109,6 +127,42 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
         if stored:
             self._restarted = False
         return stored
+
+    def _take_snapshot(self, snapshot: epb.SnapshotEvent, request: pb.GatewayGenerateRequest,
+                       tokens: Sequence[int]) -> None:
+        """Store a gateway call's prompt snapshot (the cache releases it when refused)."""
+        if snapshot.handle:
+            self.deps.backend.adopt(snapshot.handle, snapshot.position)
+            self._insert(request.namespace, tokens, snapshot.handle, request.metadata)
+
+    def _stop_generation(self, call, session: str) -> None:
+        """End a gateway call's engine generation; its stream then ends on its own (see _drain)."""
+        backend = self.deps.backend
+        if session:
+            try:
+                backend.call(backend.stub.Close, epb.CloseRequest(session=session))
+                return
+            except Exception:  # noqa: BLE001 - e.g. the engine is gone: cancelling is all that is left
+                log.debug("could not close gateway session %s", session, exc_info=True)
+        call.cancel()
+
+    def _drain(self, call, request: pb.GatewayGenerateRequest, tokens: Sequence[int]) -> None:
+        """Read what is left of an engine stream so no snapshot handle it carries is lost; a stream
+        that does not end within DRAIN_TIMEOUT_S is cancelled."""
+        timer = threading.Timer(DRAIN_TIMEOUT_S, call.cancel)
+        timer.daemon = True
+        timer.start()
+        try:
+            for event in call:
+                if event.WhichOneof("event") == "snapshot":
+                    self._take_snapshot(event.snapshot, request, tokens)
+        except grpc.RpcError:
+            pass  # cancelled or failed: nothing more will arrive
+        except Exception:  # noqa: BLE001 - cleanup must not mask the call's own outcome
+            log.warning("could not drain a gateway engine stream", exc_info=True)
+        finally:
+            timer.cancel()
+            call.cancel()
 
     # -- RPCs ----------------------------------------------------------------------------------
     def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> pb.LookupResponse:
@@ -188,19 +242,30 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
                 capture=epb.CaptureOptions(prompt_snapshot=not request.skip_insert and self.deps.cache.max_entries > 0),
             )
             call = backend.stub.Generate(engine_request, metadata=backend.metadata)
-            context.add_callback(call.cancel)  # the client went away: stop the engine's generation
+            # The client went away: end the engine generation by closing its session (the match, or
+            # the fresh one `started` names), not by cancelling the engine call, so that snapshot
+            # events the engine already sent are still read (and stored or released), not lost.
+            stop = _StopOnce(self._stop_generation, call, match.session if match else "")
+            context.add_callback(stop)
+            ended = False
             try:
                 for event in call:
                     which = event.WhichOneof("event")
                     if which == "snapshot":
-                        if event.snapshot.handle:
-                            backend.adopt(event.snapshot.handle, event.snapshot.position)
-                            self._insert(request.namespace, tokens, event.snapshot.handle, request.metadata)
+                        self._take_snapshot(event.snapshot, request, tokens)
                         continue
                     if which == "started":
+                        stop.session = stop.session or event.started.session
                         event.started.session = ""  # the service's session: not the caller's to use
                     yield event
+                ended = True
             finally:
-                call.cancel()
+                if not ended:
+                    stop()
+                self._drain(call, request, tokens)
                 if match is not None:
-                    backend.close(match.session)
+                    try:
+                        backend.close(match.session)
+                    except Exception:  # noqa: BLE001 - e.g. the service stopped and closed its channel;
+                        # its next start releases what this owner left in the engine
+                        log.debug("could not close gateway session %s", match.session, exc_info=True)

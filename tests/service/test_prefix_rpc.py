@@ -246,3 +246,59 @@ def test_token_ids_outside_the_engine_vocabulary_are_invalid_everywhere(engine, 
         alice.insert(PROMPT[:-1] + [vocab + 5], handle)  # the right length: only the id is wrong
     assert engine.runner.metrics().clones_succeeded == clones and alice.stats().entries == 0
     assert alice.insert(PROMPT, handle)  # control: the valid ids are stored
+
+
+class _GatedStub:
+    """The gateway's engine stub, except that a Generate call hands over only its first event until
+    ``gate`` opens: events the engine already sent wait, unread, in the gateway's channel."""
+
+    def __init__(self, stub, gate) -> None:
+        self._stub, self._gate = stub, gate
+
+    def __getattr__(self, name):
+        return getattr(self._stub, name)
+
+    def Generate(self, *args, **kwargs):
+        call, gate = self._stub.Generate(*args, **kwargs), self._gate
+
+        class Gated:
+            def __init__(self) -> None:
+                self.first = True
+
+            def __iter__(self):
+                return self
+
+            def __next__(self):
+                if not self.first:
+                    gate.wait(10)
+                self.first = False
+                return next(call)
+
+            def cancel(self):
+                return call.cancel()
+
+        return Gated()
+
+
+def test_gateway_client_gone_while_its_snapshot_is_in_flight_leaks_nothing(engine_factory, prefix_factory) -> None:
+    # The engine has sent the prompt snapshot (a prefix-service handle) but the gateway has not read
+    # it yet when its client disconnects. Whatever the gateway does, the engine must end up holding
+    # exactly the snapshots the cache stores.
+    import threading
+
+    engine = engine_factory(max_session_tokens=4096)
+    prefix = prefix_factory(engine.address)
+    gate = threading.Event()
+    backend = prefix.server.deps.backend
+    backend.stub = _GatedStub(backend.stub, gate)
+    stream = PrefixClient(prefix.address, owner="alice").generate(PROMPT, max_new_tokens=3000, ignore_eos=True)
+    events = iter(stream)
+    assert isinstance(next(events), Started)
+    # the generating session and the snapshot, both registered to the service and sent
+    assert wait_for(lambda: engine.deps.registry.count("prefix-service") == 2)
+    stream.cancel()
+    assert wait_for(lambda: engine.runner.metrics().generations_finished == 1)  # the engine saw the client go
+    gate.set()
+    settled = lambda: (engine.deps.registry.count("prefix-service"), engine.runner.resident_sessions,  # noqa: E731
+                       backend.held())
+    assert wait_for(lambda: settled() == (prefix.cache.size,) * 3), (settled(), prefix.cache.size)
