@@ -46,7 +46,7 @@ def _run_job(job: RemoteJob, engine: EngineClient, prefix: PrefixClient | None, 
         else:
             stream = engine.generate(job.prompt, **config)
         job.outcome = stream.collect()
-    except ForklineError as exc:
+    except (ForklineError, ValueError) as exc:  # ValueError: a request field the proto cannot hold
         job.error = f"{type(exc).__name__}: {exc}"
     with open(job.path, "w", encoding="utf-8") as f:
         f.write(job.outcome.text if job.outcome is not None else "")

@@ -104,6 +104,8 @@ def validate(args: argparse.Namespace) -> None:
         raise UsageError(f"--top_k must be >= 0, got {args.top_k}")
     if not 0 <= args.seed < 2**64 - len(args.prompts):
         raise UsageError(f"--seed must be in [0, 2**64 - number of prompts), got {args.seed}")
+    if args.engine and args.seed >= 2**63 - len(args.prompts):  # GenerationConfig.seed is an int64
+        raise UsageError(f"--seed must be in [0, 2**63 - number of prompts) with --engine, got {args.seed}")
     if args.max_new_tokens >= args.max_session_tokens:
         raise UsageError(f"--max_new_tokens ({args.max_new_tokens}) must be below --max_session_tokens "
                          f"({args.max_session_tokens}) to leave room for the prompt")

@@ -33,6 +33,8 @@ REUSE = re.compile(r"^\[(\d+)\] prompt (\d+) positions, reused (\d+)/(\d+) promp
         ([], "PROMPT"),
         (["--out_prefix", "/no/such/dir/gen", "hi"], "--out_prefix"),
         (["--model", "/no/such/model.gguf", "hi"], "/no/such/model.gguf"),
+        # the services' GenerationConfig.seed is an int64: a larger seed cannot be sent
+        (["--engine", "127.0.0.1:1", "--seed", str(2**63 - 1), "hi"], "--seed"),
     ],
 )
 def test_argument_errors_exit_2_with_one_line(argv, flag, capsys):
