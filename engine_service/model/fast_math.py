@@ -25,14 +25,22 @@ _LN2_HI = 0.693359375
 _LN2_LO = -2.12194440e-4
 # Taylor coefficients of e**r to degree 7; with |r| <= ln(2)/2 the truncation error is ~5e-9.
 _COEFFS = tuple(1.0 / math.factorial(k) for k in range(8))
+# 1.5 * 2**23: (v + _ROUND) - _ROUND is v rounded to the nearest integer in float32 arithmetic, |v| < 2**22
+_ROUND = 12582912.0
 
 
 def _exp(x: mx.array) -> mx.array:
     """e**x for float32 x as 2**n * e**r, n = round(x / ln 2), r = x - n ln 2. Saturates at 2**126
     instead of overflowing (callers subtract a max first or divide by 1 + exp); below ~e**-87.7 it is
     exactly 0 (n = -127 gives zero exponent bits), so masked (-inf) scores get exactly zero weight."""
-    n = mx.round(mx.clip(x * _LOG2E, -127.0, 126.0))
-    r = (mx.clip(x, -88.5, 88.0) - n * _LN2_HI) - n * _LN2_LO
+    # where() instead of clip() and the add-and-subtract rounding instead of round(): MLX's clip checks
+    # for NaN per element and its round is a libm call, both of which keep the JIT-compiled loop from
+    # vectorising (measured ~1.4x slower). NaN still propagates: it fails every comparison below.
+    v = x * _LOG2E
+    v = mx.where(v < -127.0, -127.0, mx.where(v > 126.0, 126.0, v))
+    n = (v + _ROUND) - _ROUND
+    x = mx.where(x < -88.5, -88.5, mx.where(x > 88.0, 88.0, x))
+    r = (x - n * _LN2_HI) - n * _LN2_LO
     p = _COEFFS[7]
     for c in reversed(_COEFFS[:7]):
         p = p * r + c
