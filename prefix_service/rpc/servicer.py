@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import grpc
 
 from engine_service.errors import InvalidArgument
-from engine_service.rpc.convert import owner_of, token_ids
+from engine_service.rpc.convert import gen_config, owner_of, token_ids
 from engine_service.rpc.errors import status_on_error
 from prefix_service.prefix_cache import CLONE_REFUSED, PrefixCache
 from prefix_service.rpc.engine_backend import EngineBackend
@@ -65,6 +65,7 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
         self._restarted = False  # entries were dropped on an engine restart; nothing cached since
         self.dropped_on_restart = 0
         self._vocab_size = 0  # the engine's (Info, refreshed by check_engine): token ids are checked
+        self._max_session_tokens = 0  # likewise: a gateway prompt must fit one engine session
 
     # -- helpers -------------------------------------------------------------------------------
     def check_engine(self) -> None:
@@ -74,6 +75,7 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
             previous = backend.instance_id
             info = backend.info()
             self._vocab_size = info.limits.vocab_size
+            self._max_session_tokens = info.limits.max_session_tokens
             if info.instance_id == previous:
                 return
             backend.refresh()
@@ -232,6 +234,11 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
             tokens = self._tokens(request, owner)
             if not tokens:
                 raise InvalidArgument("input is empty")
+            # What the engine would refuse is refused before the lookup clones (and counts a hit).
+            gen_config(request.config, ())
+            if self._max_session_tokens and len(tokens) > self._max_session_tokens:
+                raise InvalidArgument(f"input of {len(tokens)} positions exceeds the engine's "
+                                      f"max_session_tokens={self._max_session_tokens}")
             match, _, _ = self._lookup(request.namespace, tokens, backend.owner)
             reused = match.reused if match else 0
             engine_request = epb.GenerateRequest(

@@ -302,3 +302,22 @@ def test_gateway_client_gone_while_its_snapshot_is_in_flight_leaks_nothing(engin
     settled = lambda: (engine.deps.registry.count("prefix-service"), engine.runner.resident_sessions,  # noqa: E731
                        backend.held())
     assert wait_for(lambda: settled() == (prefix.cache.size,) * 3), (settled(), prefix.cache.size)
+
+
+def test_gateway_refuses_bad_requests_before_its_lookup(engine, prefix_factory) -> None:
+    # A request the engine will refuse must not clone a snapshot nor count as a hit that reused
+    # positions: the gateway validates the config and the prompt length first.
+    prefix = prefix_factory(engine.address)
+    alice = PrefixClient(prefix.address, owner="alice")
+    alice.generate(PROMPT, max_new_tokens=1).collect()
+    before, clones = alice.stats(), engine.runner.metrics().clones_succeeded
+    for kw in (dict(top_p=2.0), dict(max_new_tokens=0), dict(temperature=float("nan"))):
+        with pytest.raises(errors.InvalidArgument):
+            alice.generate(PROMPT + [65], **kw).collect()
+    with pytest.raises(errors.InvalidArgument, match="max_session_tokens"):
+        alice.generate(PROMPT + [65] * 200, max_new_tokens=1).collect()  # 290 > 256 positions
+    after = alice.stats()
+    assert (after.hits, after.misses, after.reused_positions) == (before.hits, before.misses, before.reused_positions)
+    assert engine.runner.metrics().clones_succeeded == clones
+    # control: a valid request hits
+    assert alice.generate(PROMPT + [65], max_new_tokens=1).collect().done.reused_positions == len(PROMPT)
