@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from engine_service.errors import FailedPrecondition, InvalidArgument, Unavailable
+from engine_service.errors import Cancelled, FailedPrecondition, InvalidArgument, Unavailable
 from engine_service.executor import ExecutorLimits
 from engine_service.handles import HandleRegistry
 from engine_service.rpc import convert
@@ -196,6 +196,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 return pb.CloneResponse(
                     refusal=f"the engine refused to clone at {request.upto} (boundary unavailable or no room)"
                 )
+            if not context.is_active():  # the caller gave up (deadline, disconnect): nobody gets it
+                child.close()
+                raise Cancelled("the caller left before the clone completed")
             handle = self.deps.registry.register(child, new_owner)
             return pb.CloneResponse(session=handle, position=request.upto)
 

@@ -229,3 +229,32 @@ def test_clone_that_does_not_settle_in_time_is_unavailable_not_internal(engine, 
                           lambda: stub.Clone(pb.CloneRequest(session=own, upto=len(PROMPT)), metadata=meta))
     assert "clone" in details
     channel.close()
+
+
+def test_clone_whose_caller_gave_up_is_not_registered(engine, monkeypatch) -> None:
+    # The caller's deadline passes while the engine clones: nobody will receive the handle, so the
+    # child must be closed rather than registered (a persistent owner would hold it forever).
+    import threading
+    from concurrent.futures import Future
+
+    from engine_service.session import Session
+
+    alice = EngineClient(engine.address, owner="alice")
+    own = alice.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    resident, handles = engine.runner.resident_sessions, len(engine.deps.registry)
+    real_clone = Session.clone_async
+
+    def late_clone(self, upto):
+        late: Future = Future()
+        inner = real_clone(self, upto)
+        threading.Timer(0.5, lambda: late.set_result(inner.result())).start()
+        return late
+
+    monkeypatch.setattr(Session, "clone_async", late_clone)
+    stub, meta, channel = stub_and_meta(engine.address)
+    expect_code(grpc.StatusCode.DEADLINE_EXCEEDED,
+                lambda: stub.Clone(pb.CloneRequest(session=own, upto=len(PROMPT)), metadata=meta, timeout=0.2))
+    monkeypatch.undo()
+    assert wait_for(lambda: engine.runner.resident_sessions == resident and len(engine.deps.registry) == handles,
+                    timeout=5), (engine.runner.resident_sessions, len(engine.deps.registry))
+    channel.close()
