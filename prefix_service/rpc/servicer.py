@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from engine_service.errors import InvalidArgument
+from engine_service.errors import Cancelled, InvalidArgument
 from engine_service.rpc.convert import gen_config, owner_of, token_ids
 from engine_service.rpc.errors import status_on_error
 from prefix_service.prefix_cache import CLONE_REFUSED, PrefixCache
@@ -173,6 +173,10 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
             self.check_engine()
             tokens = self._tokens(request, owner)
             match, reason, diverged = self._lookup(request.namespace, tokens, owner)
+            if match is not None and not context.is_active():  # the caller left: nobody gets the clone
+                backend = self.deps.backend
+                backend.call(backend.stub.Close, epb.CloseRequest(session=match.session), owner)
+                raise Cancelled("the caller left before the lookup completed")
             return pb.LookupResponse(
                 session=match.session if match else "",
                 reused=match.reused if match else 0,

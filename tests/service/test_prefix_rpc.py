@@ -321,3 +321,27 @@ def test_gateway_refuses_bad_requests_before_its_lookup(engine, prefix_factory) 
     assert engine.runner.metrics().clones_succeeded == clones
     # control: a valid request hits
     assert alice.generate(PROMPT + [65], max_new_tokens=1).collect().done.reused_positions == len(PROMPT)
+
+
+def test_lookup_whose_caller_gave_up_releases_its_clone(engine, prefix_factory) -> None:
+    # The caller's deadline passes while the service looks up: the clone made for the caller would
+    # never reach it, so the service closes it instead of leaving it to the idle timeout.
+    import time
+
+    prefix = prefix_factory(engine.address)
+    alice = PrefixClient(prefix.address, owner="alice")
+    alice.generate(PROMPT, max_new_tokens=1).collect()
+    cache, real_lookup = prefix.cache, prefix.cache.lookup
+
+    def slow_lookup(namespace, tokens):
+        match = real_lookup(namespace, tokens)
+        time.sleep(0.5)
+        return match
+
+    cache.lookup = slow_lookup
+    slow = PrefixClient(prefix.address, owner="alice", timeout=0.2)
+    with pytest.raises(errors.Unavailable):  # DEADLINE_EXCEEDED
+        slow.lookup(PROMPT)
+    assert wait_for(lambda: cache.stats().hits == 1)  # the lookup did clone for alice
+    assert wait_for(lambda: engine.deps.registry.count("alice") == 0, timeout=5), engine.deps.registry.count("alice")
+    assert wait_for(lambda: engine.runner.resident_sessions == 1)  # only the stored snapshot
