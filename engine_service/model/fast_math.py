@@ -17,6 +17,8 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
+from engine_service.model.weights import gpu_available
+
 log = logging.getLogger(__name__)
 
 _LOG2E = 1.4426950408889634
@@ -93,6 +95,10 @@ def softmax(scores: mx.array) -> mx.array:
 # compute at 2k keys with [heads, 128, S] blocks). Fixed, small temporaries are recycled without faults.
 QUERY_BLOCK = 64
 KEY_BLOCK = 512
+# on an accelerator the allocator problem does not exist and every extra op is a kernel launch: 128-row
+# blocks over all their keys at once (the blocking this module had before the key chunks)
+GPU_QUERY_BLOCK = 128
+_ON_CPU = not gpu_available()
 # running max before any key is seen: finite, so a chunk whose keys are all masked for a row gives
 # exp(-inf - _NO_MAX) = 0 and rescales by exp(0) = 1 instead of producing NaN from (-inf) - (-inf)
 _NO_MAX = -1e30
@@ -120,15 +126,16 @@ def attention(
     if hq % hkv:
         raise ValueError(f"q heads ({hq}) must be a multiple of kv heads ({hkv})")
     rep = hq // hkv
+    block, chunk = (QUERY_BLOCK, KEY_BLOCK) if _ON_CPU else (GPU_QUERY_BLOCK, max(s, 1))
     qs = q * scale
     outs = []
-    for a in range(0, n, QUERY_BLOCK):
-        b = min(n, a + QUERY_BLOCK)
+    for a in range(0, n, block):
+        b = min(n, a + block)
         qg = qs[:, a:b].reshape(hkv, rep * (b - a), d)
         if isinstance(mask, str):
-            o = _causal_block(qg, keys, values, s - n + a, b - a)
+            o = _causal_block(qg, keys, values, s - n + a, b - a, chunk)
         else:
-            o = _masked_block(qg, keys, values, None if mask is None else mask[a:b])
+            o = _masked_block(qg, keys, values, None if mask is None else mask[a:b], chunk)
         outs.append(o.reshape(hq, b - a, d))
     return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=1)
 
@@ -169,24 +176,30 @@ class _Online:
         return self.out * (1.0 / self.total)
 
 
-def _causal_block(qg: mx.array, keys: mx.array, values: mx.array, first: int, rows: int) -> mx.array:
+def _causal_block(
+    qg: mx.array, keys: mx.array, values: mx.array, first: int, rows: int, chunk: int
+) -> mx.array:
     """qg: [kv_heads, group * rows, D], query row j at key index ``first + j`` (keys past
-    ``first + rows - 1`` are never read). Returns [kv_heads, group * rows, D]."""
+    ``first + rows - 1`` are never read); the history goes in chunks of ``chunk`` keys.
+    Returns [kv_heads, group * rows, D]."""
     end = first + rows
     acc = _Online(qg)
     # the diagonal square first: every row sees its own key, so the running max starts finite
     tri = mx.arange(rows)[None, :] <= mx.arange(rows)[:, None]  # [rows, rows]: key j <= row i
     acc.add(keys[:, first:end], values[:, first:end], tri)
-    for c0 in range(0, first, KEY_BLOCK):  # the history before the block: visible to every row
-        c1 = min(first, c0 + KEY_BLOCK)
+    for c0 in range(0, first, chunk):  # the history before the block: visible to every row
+        c1 = min(first, c0 + chunk)
         acc.add(keys[:, c0:c1], values[:, c0:c1], None)
     return acc.result()
 
 
-def _masked_block(qg: mx.array, keys: mx.array, values: mx.array, mask: mx.array | None) -> mx.array:
-    """qg: [kv_heads, group * rows, D]; mask: bool [rows, S] or None. Returns [kv_heads, group * rows, D]."""
+def _masked_block(
+    qg: mx.array, keys: mx.array, values: mx.array, mask: mx.array | None, chunk: int
+) -> mx.array:
+    """qg: [kv_heads, group * rows, D]; mask: bool [rows, S] or None; keys in chunks of ``chunk``.
+    Returns [kv_heads, group * rows, D]."""
     acc = _Online(qg)
-    for c0 in range(0, keys.shape[1], KEY_BLOCK):
-        c1 = min(keys.shape[1], c0 + KEY_BLOCK)
+    for c0 in range(0, keys.shape[1], chunk):
+        c1 = min(keys.shape[1], c0 + chunk)
         acc.add(keys[:, c0:c1], values[:, c0:c1], None if mask is None else mask[:, c0:c1])
     return acc.result()

@@ -60,6 +60,23 @@ def test_blocked_attention_matches_naive(small_blocks, kind, n, history):
         assert not np.allclose(got, naive(q, k, v, 0.4, np.ones((n, s), bool)), atol=1e-3)
 
 
+@pytest.mark.parametrize("kind", ["causal", "window"])
+def test_accelerator_blocking_matches_naive(monkeypatch, kind):
+    """On a GPU the keys are not chunked (one chunk per row block): same results."""
+    monkeypatch.setattr(fast_math, "_ON_CPU", False)
+    monkeypatch.setattr(fast_math, "GPU_QUERY_BLOCK", 4)
+    rng = np.random.default_rng(9)
+    n, s, d = 10, 30, 8
+    q = rng.normal(0, 2, (6, n, d)).astype(np.float32)
+    k, v = (rng.normal(0, 2, (2, s, d)).astype(np.float32) for _ in range(2))
+    qpos = np.arange(s - n, s)[:, None]
+    causal = np.arange(s)[None, :] <= qpos
+    mask = causal if kind == "causal" else causal & (np.arange(s)[None, :] > qpos - 3)
+    arg = "causal" if kind == "causal" else mx.array(mask)
+    got = np.asarray(fast_math.attention(mx.array(q), mx.array(k), mx.array(v), 0.4, arg))
+    assert np.allclose(got, naive(q, k, v, 0.4, mask), atol=2e-5)
+
+
 def test_blocked_attention_matches_unblocked(monkeypatch):
     """The chunking is invisible: tiny blocks and one block give the same result (float32 both)."""
     rng = np.random.default_rng(8)
