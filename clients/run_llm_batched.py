@@ -284,21 +284,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
-    _release_mlx_streams_at_exit()
     return _main(argv)
-
-
-def _release_mlx_streams_at_exit() -> None:
-    """MLX (>= 0.32) wants this thread's streams released before interpreter shutdown; otherwise the
-    process may abort at exit after a successful run. At exit, so main() stays callable in-process."""
-    import atexit
-
-    import mlx.core as mx
-
-    clear_streams = getattr(mx, "clear_streams", None)
-    if clear_streams is not None:
-        atexit.unregister(clear_streams)  # once, however often main() runs
-        atexit.register(clear_streams)
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -14,11 +14,14 @@ call, queued opens fail Unavailable) and closes every session.
 
 from __future__ import annotations
 
+import atexit
 import threading
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+
+import mlx.core as mx
 
 from engine_service.commands import BarrierCommand, CancelCommand, CloneCommand, OpenCommand, StartCommand
 from engine_service.config import GenConfig
@@ -29,6 +32,21 @@ from engine_service.generation import GenerationHandle, GenerationUpdate
 from engine_service.prepared_input import PreparedInput
 from engine_service.session import Session
 from engine_service.session_record import ActiveGeneration
+
+# Runners whose engine thread may still be alive; stopped at interpreter exit (see below).
+_live_runners: weakref.WeakSet[Runner] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_live_runners_at_exit() -> None:
+    """A process that exits without ``shutdown()`` must not abort: MLX terminates the process ("terminate
+    called without an active exception") when a thread still holding MLX streams outlives the
+    interpreter. So stop every live engine thread, then release this (main) thread's streams."""
+    for runner in list(_live_runners):
+        runner.shutdown(timeout=10.0)
+    clear_streams = getattr(mx, "clear_streams", None)  # MLX >= 0.32
+    if clear_streams is not None:
+        clear_streams()
 
 
 @dataclass(frozen=True)
@@ -70,6 +88,7 @@ class Runner:
         self._engine = EngineLoop(self, executor, max_decode_sequences)
         self._thread = threading.Thread(target=self._engine.run, name=name, daemon=True)
         self._thread.start()
+        _live_runners.add(self)
         self._engine.ready.wait()
         if self._engine.startup_error is not None:
             raise self._engine.startup_error
