@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 
 from engine_service.errors import ForklineError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from engine_service.rpc.server import port_number
+    from engine_service.rpc.service_main import port_number
 
     p = argparse.ArgumentParser(prog="forkline-engine", description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="GGUF file or MLX model folder (default: packaged SmolLM2-135M)")
@@ -41,6 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from engine_service.rpc.service_main import serve_until_signalled
+
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from engine_service.model.loader import load_model
@@ -67,11 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ForklineError, OSError) as exc:
         print(f"forkline-engine: {exc}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    print(f"forkline-engine listening on {args.host}:{port}", flush=True)
-    stop.wait()
+    serve_until_signalled("forkline-engine", args.host, port)
     logging.getLogger("forkline-engine").info("draining (grace %.1f s)", args.grace)
     server.stop(args.grace, shutdown_runner=True)
     return 0

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import threading
 
 from engine_service.errors import ForklineError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from engine_service.rpc.server import port_number
+    from engine_service.rpc.service_main import port_number
 
     p = argparse.ArgumentParser(prog="forkline-prefix", description=__doc__.splitlines()[0])
     p.add_argument("--engine", required=True, help="engine address HOST:PORT")
@@ -34,6 +32,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from engine_service.rpc.service_main import serve_until_signalled
+
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from prefix_service.rpc.server import connect_engine, create_server
@@ -45,11 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ForklineError, OSError) as exc:
         print(f"forkline-prefix: {exc}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    print(f"forkline-prefix listening on {args.host}:{port}", flush=True)
-    stop.wait()
+    serve_until_signalled("forkline-prefix", args.host, port)
     server.stop(args.grace, release=True)
     return 0
 

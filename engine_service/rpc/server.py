@@ -26,20 +26,6 @@ SERVICE_NAME = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
 MAX_WORKERS = 64  # each streaming Generate holds a worker thread for its duration
 
 
-def port_number(text: str) -> int:
-    """argparse type for ``--port``: 0 (pick a free port) .. 65535. grpc would bind a larger number
-    modulo 65536, i.e. on a port nobody asked for."""
-    import argparse
-
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"must be in [0, 65535], got {port}")
-    return port
-
-
 class HandleSweeper:
     """Closes sessions whose handles were idle longer than the registry's timeout."""
 
