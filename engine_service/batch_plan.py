@@ -35,7 +35,8 @@ def plan_batch(active: Sequence[ActiveGeneration], max_decode: int, preferred_to
     Decode: up to ``max_decode`` generations past their prompt, least recently stepped first (fair
     when more are waiting), each feeding its pending token. Prefill: generations in start order get
     chunks of at most ``prefill_chunk`` positions until the batch holds ``preferred_tokens``
-    positions (at least one chunk when nothing else runs). A chunk ends at the next prefill
+    positions; the first prefilling generation always gets a chunk, even when the decode steps alone
+    fill ``preferred_tokens``, so a new prompt is never starved by long decodes. A chunk ends at the next prefill
     breakpoint, and never crosses from the replayed pending token into the caller's input. Advances
     the prefill cursors and stamps ``last_step``.
     """
@@ -49,14 +50,16 @@ def plan_batch(active: Sequence[ActiveGeneration], max_decode: int, preferred_to
                                                    tokens=(rec.pending,)), True, ()))
         gen.last_step = step
         budget -= 1
+    prefilled = False
     for gen in active:
         if not gen.prefilling:
             continue
-        if budget <= 0 and planned:
+        if budget <= 0 and prefilled:
             break
         rec = gen.record
         start = rec.position
-        n = min(gen.remaining_in_segment(), gen.config.prefill_chunk, max(budget, 1))
+        room = budget if budget > 0 else gen.config.prefill_chunk  # budget <= 0 only for the first chunk
+        n = min(gen.remaining_in_segment(), gen.config.prefill_chunk, room)
         for bp in gen.config.prefill_breakpoints:
             if bp > start:
                 n = min(n, bp - start)  # stop exactly at the breakpoint so an observer can clone there
@@ -66,4 +69,5 @@ def plan_batch(active: Sequence[ActiveGeneration], max_decode: int, preferred_to
         planned.append(PlannedInput(gen, exec_input, False, gen.config.prefill_breakpoints))
         gen.last_step = step
         budget -= n
+        prefilled = True
     return BatchPlan(tuple(planned))

@@ -251,3 +251,24 @@ def test_breakpoint_at_prompt_end_survives_accepted_speculative_drafts(make_runn
         assert child is not None and child.position == bp
         out = child.generate_async([77], GenConfig(max_new_tokens=2)).wait(10)
         assert out.tokens == tuple(reference(PROMPT[:bp] + [77], 0, 2, VOCAB))
+
+
+def test_prefill_is_not_starved_when_decoders_fill_the_preferred_batch(make_runner):
+    # preferred_batch_tokens (2) <= decoding sequences (3): the decoders alone use up the budget, yet a
+    # new prompt must still get a prefill chunk in every batch, not wait until the decoders finish.
+    fake = FakeExecutor(vocab_size=VOCAB, preferred_batch_tokens=2)
+    runner = make_runner(fake, max_decode_sequences=8)
+    decoders = [runner.open_session() for _ in range(3)]
+    first_tokens = [threading.Event() for _ in decoders]
+    handles = [
+        s.generate_async([5 + i], GenConfig(max_new_tokens=200),
+                         lambda u, ev=ev: ev.set() if u.tokens else None)
+        for i, (s, ev) in enumerate(zip(decoders, first_tokens, strict=True))
+    ]
+    for ev in first_tokens:
+        assert ev.wait(10)
+    late = runner.open_session().generate_async(PROMPT, GenConfig(max_new_tokens=1)).wait(10)
+    assert late.finish_reason == "length"
+    assert not any(h.done() for h in handles), "the late prompt ran only after the decoders finished"
+    for h in handles:
+        h.cancel()
