@@ -41,7 +41,7 @@ class GenConfig:
         and kept by the session as its pending token. A stop token beats the token budget.
     prefill_chunk: most prompt positions fed to one forward for this generation (>= 1); the runner
         also respects the executor's preferred batch size.
-    prefill_breakpoints: absolute session positions at which prefill ends a chunk and emits an update
+    prefill_breakpoints: absolute session positions (>= 1) at which prefill ends a chunk and emits an update
         with ``breakpoint`` set, so an observer callback can clone exactly there. Stored sorted and
         de-duplicated; positions outside the prefill range are ignored.
     """
