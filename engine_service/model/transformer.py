@@ -92,32 +92,23 @@ class Block(nn.Module):
         self._split = (config.q_size, config.q_size + config.kv_size)
         self._scale = config.head_dim**-0.5
 
-    def __call__(self, h: mx.array, step: KVStep, positions: mx.array) -> mx.array:
+    def __call__(self, h: mx.array, step: KVStep, rot: tuple[mx.array, mx.array]) -> mx.array:
+        """h: [T, hidden]; rot: the forward's RoPE tables (cos, sin), each [T, 1, head_dim]."""
         cfg = self._cfg
         t = h.shape[0]
         x = mx.fast.rms_norm(h, self.attn_norm, cfg.rms_norm_eps)
-        q, k, v = mx.split(self.qkv(x), self._split, axis=-1)
-        # rope wants [B, ..., L, D]: each packed row is its own batch entry with its own offset.
-        q = self._rope(q.reshape(t, cfg.num_heads, 1, cfg.head_dim), positions)  # [T, q_heads, 1, D]
-        k = self._rope(k.reshape(t, cfg.num_kv_heads, 1, cfg.head_dim), positions)
-        k = k.reshape(t, cfg.num_kv_heads, cfg.head_dim)
-        v = v.reshape(t, cfg.num_kv_heads, cfg.head_dim)
+        qkv = self.qkv(x)
+        # q and k heads side by side in one RoPE pass: [T, q_heads + kv_heads, D]
+        qk = qkv[:, : self._split[1]].reshape(t, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
+        qk = fast_math.rope(qk, *rot, cfg.rope_traditional)
+        q = qk[:, : cfg.num_heads, None, :]  # [T, q_heads, 1, D]
+        k = qk[:, cfg.num_heads :]
+        v = qkv[:, self._split[1] :].reshape(t, cfg.num_kv_heads, cfg.head_dim)
         views = step.views(self.index, k, v)
         h = h + self.o(self._attend(q, views, t))
         x = mx.fast.rms_norm(h, self.mlp_norm, cfg.rms_norm_eps)
         g, u = mx.split(self.gate_up(x), 2, axis=-1)
         return h + self.down(fast_math.silu_mul(g, u))
-
-    def _rope(self, x: mx.array, positions: mx.array) -> mx.array:
-        cfg = self._cfg
-        return mx.fast.rope(
-            x,
-            cfg.head_dim,
-            traditional=cfg.rope_traditional,
-            base=cfg.rope_theta,
-            scale=1.0,
-            offset=positions,
-        )
 
     def _attend(self, q: mx.array, views: list[KVView], t: int) -> mx.array:
         """q: [T, q_heads, 1, D]; each view's rows attend its keys/values [kv_heads, S, D]. -> [T, q_heads * D]."""
@@ -202,8 +193,11 @@ class Transformer(nn.Module):
             raise ValueError(f"embeddings must be [T, {self._config.hidden_size}], got {h.shape}")
         if positions.shape != (h.shape[0],):
             raise ValueError(f"positions must be [{h.shape[0]}], got {positions.shape}")
+        rot = fast_math.rope_tables(
+            positions, self._config.head_dim, self._config.rope_theta, self._config.rope_traditional
+        )
         for layer in self.layers:
-            h = layer(h, step, positions)
+            h = layer(h, step, rot)
         if logit_rows is not None:
             h = h[logit_rows]
         h = mx.fast.rms_norm(h, self.norm, self._config.rms_norm_eps)
