@@ -11,6 +11,7 @@ The attention below is used for prefill-sized query blocks; single-row decode ke
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -86,6 +87,35 @@ exp = _Fused(_exp)
 exp_sub = _Fused(_exp_sub)
 silu_mul = _Fused(_silu_mul)
 _rotate_fused = _Fused(_rotate)
+
+
+class RmsNorm:
+    """``mx.fast.rms_norm(x, weight, eps)`` for x [T, hidden]. For a few rows (decode) a compiled
+    elementwise version runs instead: on MLX's CPU backend it makes the step measurably faster (~2.5 ms
+    of ~50 for SmolLM2's 61 norms), while for prefill blocks the fast kernel is faster (and a compiled
+    function is retraced per new row count)."""
+
+    MAX_COMPILED_ROWS = 8
+
+    def __init__(self, eps: float) -> None:
+        self.eps = eps
+
+        def norm(x: mx.array, weight: mx.array) -> mx.array:
+            return x * mx.rsqrt(mx.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+        norm.__name__ = "rms_norm"
+        self._compiled = _Fused(norm) if _ON_CPU else None
+
+    def __call__(self, x: mx.array, weight: mx.array) -> mx.array:
+        if self._compiled is not None and x.shape[0] <= self.MAX_COMPILED_ROWS:
+            return self._compiled(x, weight)
+        return mx.fast.rms_norm(x, weight, self.eps)
+
+
+@functools.lru_cache(maxsize=16)
+def rms_norm(eps: float) -> RmsNorm:
+    """The shared :class:`RmsNorm` for ``eps`` (one compiled function per model family, not per layer)."""
+    return RmsNorm(eps)
 
 
 def rope_tables(positions: mx.array, dims: int, base: float, traditional: bool) -> tuple[mx.array, mx.array]:

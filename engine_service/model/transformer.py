@@ -91,12 +91,13 @@ class Block(nn.Module):
         self._cfg = config
         self._split = (config.q_size, config.q_size + config.kv_size)
         self._scale = config.head_dim**-0.5
+        self._norm = fast_math.rms_norm(config.rms_norm_eps)
 
     def __call__(self, h: mx.array, step: KVStep, rot: tuple[mx.array, mx.array]) -> mx.array:
         """h: [T, hidden]; rot: the forward's RoPE tables (cos, sin), each [T, 1, head_dim]."""
         cfg = self._cfg
         t = h.shape[0]
-        x = mx.fast.rms_norm(h, self.attn_norm, cfg.rms_norm_eps)
+        x = self._norm(h, self.attn_norm)
         qkv = self.qkv(x)
         # q and k heads side by side in one RoPE pass: [T, q_heads + kv_heads, D]
         qk = qkv[:, : self._split[1]].reshape(t, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
@@ -106,7 +107,7 @@ class Block(nn.Module):
         v = qkv[:, self._split[1] :].reshape(t, cfg.num_kv_heads, cfg.head_dim)
         views = step.views(self.index, k, v)
         h = h + self.o(self._attend(q, views, t))
-        x = mx.fast.rms_norm(h, self.mlp_norm, cfg.rms_norm_eps)
+        x = self._norm(h, self.mlp_norm)
         g, u = mx.split(self.gate_up(x), 2, axis=-1)
         return h + self.down(fast_math.silu_mul(g, u))
 
@@ -200,6 +201,6 @@ class Transformer(nn.Module):
             h = layer(h, step, rot)
         if logit_rows is not None:
             h = h[logit_rows]
-        h = mx.fast.rms_norm(h, self.norm, self._config.rms_norm_eps)
+        h = fast_math.rms_norm(self._config.rms_norm_eps)(h, self.norm)
         head = self.lm_head if self.lm_head is not None else self.embed_tokens
         return head(h).astype(mx.float32)
