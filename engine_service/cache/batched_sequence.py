@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from engine_service.cache.batch_control import KVView, Segment
-from engine_service.cache.config import CacheConfig
+from engine_service.cache.config import CacheConfig, ConfiguredCache
 from engine_service.cache.seq_ids import SeqIdPool, check_position, check_segments
 from engine_service.cache.sequence_cache import SequenceCache
 from engine_service.errors import CacheError
@@ -72,25 +72,13 @@ class SequenceStep:
         return [a for part in self._parts for a in part.cache.arrays()]
 
 
-class BatchedSequenceCache:
+class BatchedSequenceCache(ConfiguredCache):
     """BatchControl over independent per-sequence caches (see module docstring)."""
 
     def __init__(self, config: CacheConfig) -> None:
         self._cfg = config
         self._ids = SeqIdPool(config.max_seqs)
         self._seqs: dict[int, SequenceCache] = {}
-
-    @property
-    def config(self) -> CacheConfig:
-        return self._cfg
-
-    @property
-    def max_seqs(self) -> int:
-        return self._cfg.max_seqs
-
-    @property
-    def capacity(self) -> int:
-        return self._cfg.capacity
 
     def used(self) -> int:
         """Token rows held across all sequences (counted against ``capacity``)."""

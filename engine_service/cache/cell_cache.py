@@ -30,7 +30,7 @@ import numpy as np
 
 from engine_service.cache.batch_control import KVView, Segment
 from engine_service.cache.cell_allocator import CellAllocator
-from engine_service.cache.config import CacheConfig
+from engine_service.cache.config import CacheConfig, ConfiguredCache
 from engine_service.cache.seq_ids import SeqIdPool, check_position, check_segments
 from engine_service.errors import CacheError, InvalidArgument
 
@@ -176,7 +176,7 @@ def _as(x: mx.array, dtype: mx.Dtype) -> mx.array:
     return x if x.dtype == dtype else x.astype(dtype)
 
 
-class CellCache:
+class CellCache(ConfiguredCache):
     """BatchControl over a shared cell pool (see module docstring). Capacity counts used cells."""
 
     def __init__(self, config: CacheConfig) -> None:
@@ -192,18 +192,6 @@ class CellCache:
         self._alloc = 0
         self._keys: list[mx.array] = []  # per layer [kv_heads, alloc, head_dim]
         self._values: list[mx.array] = []
-
-    @property
-    def config(self) -> CacheConfig:
-        return self._cfg
-
-    @property
-    def max_seqs(self) -> int:
-        return self._cfg.max_seqs
-
-    @property
-    def capacity(self) -> int:
-        return self._cfg.capacity
 
     def used(self) -> int:
         """Cells in use (owned by at least one sequence)."""

@@ -64,3 +64,22 @@ class CacheConfig:
                 raise ValueError(f"CacheConfig.{name} must be a positive int, got {value!r}")
         if not self.layers:
             raise ValueError("CacheConfig.layers must not be empty")
+
+
+class ConfiguredCache:
+    """The limits every BatchControl reads straight from its :class:`CacheConfig` (``self._cfg``)."""
+
+    _cfg: CacheConfig
+
+    @property
+    def config(self) -> CacheConfig:
+        return self._cfg
+
+    @property
+    def max_seqs(self) -> int:
+        return self._cfg.max_seqs
+
+    @property
+    def capacity(self) -> int:
+        """Total token rows across all sequences."""
+        return self._cfg.capacity
