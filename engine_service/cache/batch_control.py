@@ -40,18 +40,39 @@ class Segment:
 
 
 @dataclass(frozen=True)
+class KVPart:
+    """One contiguous piece of a multi-part view: keys, values [kv_heads, S_i, head_dim]; mask bool
+    [rows, S_i] (True = attend) or None (every key of the part visible to every row)."""
+
+    keys: mx.array
+    values: mx.array
+    mask: mx.array | None
+
+
+@dataclass(frozen=True)
 class KVView:
     """Keys/values that query rows ``rows`` (a slice of the packed rows) attend to.
 
     keys, values: [kv_heads, S, head_dim]
     mask: bool [rows, S] (True = attend), or the string "causal" (query row j of the group sits at key
         index S - n_rows + j and attends to keys 0..that index), or None (every key visible to every row).
+    parts: when set, the view is these pieces instead (keys/values/mask are None): the rows attend the
+        union of the parts' keys under one softmax, exactly as if the parts were concatenated. Lets a
+        cache hand out a few pool slices without gathering them into one copy.
     """
 
     rows: slice
-    keys: mx.array
-    values: mx.array
+    keys: mx.array | None
+    values: mx.array | None
     mask: mx.array | str | None
+    parts: tuple[KVPart, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.parts is None:
+            if self.keys is None or self.values is None:
+                raise ValueError("KVView needs keys and values (or parts)")
+        elif not self.parts or self.keys is not None or self.values is not None or self.mask is not None:
+            raise ValueError("KVView parts must be non-empty and exclude keys/values/mask")
 
 
 @runtime_checkable

@@ -13,9 +13,11 @@ A clone ORs the new owner onto the source's cells below ``upto``: no K/V is copi
 used. Rewinding drops the sequence's ownership of its cells at or past the new length; a cell is
 freed when its last owner leaves. Nothing is ever evicted for a sliding window: the mask restricts it.
 
-A packed step returns one view per segment over the cells its sequence owns (``U`` cells): a gather
-(``mx.take``) of exactly those cells, or, when they fill at least half of the pool range they span, a
-plain slice of the pool (no copy) whose other cells the mask hides. Mask [n, U]: the sequence owns
+A packed step returns one view per segment over the cells its sequence owns (``U`` cells): when they
+fill at least half of the pool range they span, a plain slice of the pool (no copy) whose other cells
+the mask hides; else, when they form at most ``MAX_PARTS`` ascending runs (a clone's shared prefix in
+its source's region plus its own rows in its own, say), a multi-part view of one pool slice per run (no
+copy); else a gather (``mx.take``) of exactly those cells. Mask [n, U]: the sequence owns
 the cell, ``cell_pos <= qpos``, and on sliding layers ``cell_pos > qpos - W``; on a full layer whose
 cells are one ascending run in position order the mask is ``"causal"`` (None for one row).
 """
@@ -28,13 +30,16 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from engine_service.cache.batch_control import KVView, Segment
+from engine_service.cache.batch_control import KVPart, KVView, Segment
 from engine_service.cache.cell_allocator import CellAllocator
 from engine_service.cache.config import CacheConfig, ConfiguredCache
 from engine_service.cache.seq_ids import SeqIdPool, check_position, check_segments
 from engine_service.errors import CacheError, InvalidArgument
 
 MAX_OWNERS = 64  # owner bits per cell (uint64)
+# a sequence whose cells form at most this many runs is read as that many pool slices (one attention
+# softmax across them) instead of a gather that copies its whole context every layer of every step
+MAX_PARTS = 4
 
 
 class _Cells:
@@ -65,7 +70,9 @@ class _SegmentRead:
 
     cells: the cells of the view, in view order (int64 [U]); span: (lo, hi) when the view is the pool
     slice ``[lo, hi)`` (no copy), else None and ``take`` gathers ``cells``; contiguous: the sequence's
-    own cells are exactly ``lo .. hi - 1`` in position order (flat layers need no explicit mask).
+    own cells are exactly ``lo .. hi - 1`` in position order (flat layers need no explicit mask);
+    runs: when set, the view is multi-part: pool slices ``[lo_i, hi_i)`` whose concatenation is
+    ``cells`` (the sequence's cells in position order), and span/take are None.
     """
 
     seq: int
@@ -75,6 +82,7 @@ class _SegmentRead:
     span: tuple[int, int] | None
     take: mx.array | None
     contiguous: bool
+    runs: tuple[tuple[int, int], ...] | None = None
 
 
 class CellStep:
@@ -99,10 +107,29 @@ class CellStep:
         for seg in segments:
             own = cache._cells[seg.seq].held()  # [pos] cell of each position, new rows included
             lo, hi = int(own.min()), int(own.max()) + 1
-            contiguous = hi - lo == len(own) and bool(np.all(np.diff(own) == 1))
+            breaks = np.flatnonzero(np.diff(own) != 1) + 1  # where a new ascending run starts
+            contiguous = len(breaks) == 0
             # a gather reads+writes U cells before attention reads them again; a slice is free but
-            # attention then reads the whole span: slice when the owned cells fill half of it
+            # attention then reads the whole span: slice when the owned cells fill half of it; else
+            # read a few runs as parts (no copy), and gather only a badly fragmented sequence
             sliced = 2 * len(own) >= hi - lo
+            if not sliced and len(breaks) < MAX_PARTS:
+                edges = [0, *breaks.tolist(), len(own)]
+                runs = tuple((int(own[a]), int(own[b - 1]) + 1) for a, b in zip(edges[:-1], edges[1:], strict=True))
+                self._reads.append(
+                    _SegmentRead(
+                        seq=seg.seq,
+                        rows=slice(offset, offset + seg.length),
+                        qpos=np.arange(seg.start, seg.start + seg.length),
+                        cells=own.copy(),
+                        span=None,
+                        take=None,
+                        contiguous=False,
+                        runs=runs,
+                    )
+                )
+                offset += seg.length
+                continue
             cells = np.arange(lo, hi) if sliced else np.sort(own)
             self._reads.append(
                 _SegmentRead(
@@ -117,24 +144,46 @@ class CellStep:
             )
             offset += seg.length
         self._masks: dict[tuple[int, int | None], mx.array | str | None] = {}
+        self._part_masks: dict[tuple[int, int | None], tuple[mx.array | None, ...]] = {}
+
+    def _np_mask(self, read: _SegmentRead, window: int | None) -> np.ndarray:
+        """bool [n, U]: the sequence owns the cell, it holds a position <= the row's (and inside the
+        window on sliding layers)."""
+        cache = self._cache
+        bit = np.uint64(read.seq)
+        owned = ((cache._owners[read.cells] >> bit) & np.uint64(1)).astype(bool)  # [U]
+        pos = cache._cell_pos[read.cells][None, :]  # [1, U]
+        q = read.qpos[:, None]  # [n, 1]
+        mask = owned[None, :] & (pos <= q) & (pos >= 0)  # [n, U]
+        if window is not None:
+            mask &= pos > q - window
+        return mask
+
+    def _parts_mask(self, i: int, window: int | None) -> tuple[mx.array | None, ...]:
+        """Per-run slices of segment ``i``'s mask (None where the run is visible to every row)."""
+        key = (i, window)
+        if key not in self._part_masks:
+            read = self._reads[i]
+            mask = self._np_mask(read, window)
+            out = []
+            at = 0
+            for lo, hi in read.runs:
+                m = mask[:, at : at + hi - lo]
+                out.append(None if m.all() else mx.array(m))
+                at += hi - lo
+            self._part_masks[key] = tuple(out)
+        return self._part_masks[key]
 
     def _mask(self, i: int, window: int | None) -> mx.array | str | None:
         """Mask of segment ``i`` on layers with this window (None = full): bool [n, U] or causal/None."""
         key = (i, window)
         if key not in self._masks:
-            read, cache = self._reads[i], self._cache
+            read = self._reads[i]
             if window is None and read.contiguous:
                 # view index k holds position k, the segment's rows are the view's last rows
                 self._masks[key] = None if len(read.qpos) == 1 else "causal"
             else:
-                bit = np.uint64(read.seq)
-                owned = ((cache._owners[read.cells] >> bit) & np.uint64(1)).astype(bool)  # [U]
-                pos = cache._cell_pos[read.cells][None, :]  # [1, U]
-                q = read.qpos[:, None]  # [n, 1]
-                mask = owned[None, :] & (pos <= q) & (pos >= 0)  # [n, U]
-                if window is not None:
-                    mask &= pos > q - window
-                self._masks[key] = mx.array(mask)
+                self._masks[key] = mx.array(self._np_mask(read, window))
         return self._masks[key]
 
     def views(self, layer: int, keys: mx.array, values: mx.array) -> list[KVView]:
@@ -158,6 +207,14 @@ class CellStep:
         window = cfg.layers[layer].window
         out = []
         for i, read in enumerate(self._reads):
+            if read.runs:
+                masks = self._parts_mask(i, window)
+                parts = tuple(
+                    KVPart(pool_k[layer][:, lo:hi, :], pool_v[layer][:, lo:hi, :], m)
+                    for (lo, hi), m in zip(read.runs, masks, strict=True)
+                )
+                out.append(KVView(rows=read.rows, keys=None, values=None, mask=None, parts=parts))
+                continue
             if read.span:
                 lo, hi = read.span
                 k_view = pool_k[layer][:, lo:hi, :]  # [kv_heads, U = hi - lo, head_dim]

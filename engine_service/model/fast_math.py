@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 import numpy as np
@@ -270,3 +270,58 @@ def _masked_block(
         c1 = min(keys.shape[1], c0 + chunk)
         acc.add(keys[:, c0:c1], values[:, c0:c1], None if mask is None else mask[:, c0:c1])
     return acc.result()
+
+
+# below this many query rows a multi-part view concatenates the parts' small score tensors and takes one
+# softmax (fewest ops for decode); larger blocks go through the online softmax, part by part
+PARTS_CONCAT_MAX_ROWS = 8
+
+
+def attention_parts(
+    q: mx.array, parts: Sequence[tuple[mx.array, mx.array, mx.array | None]], scale: float
+) -> mx.array:
+    """Grouped-query attention over a view made of several key/value pieces, exactly as if the pieces
+    were concatenated (one softmax over all keys), without copying K/V.
+
+    q: [q_heads, n, D]; parts: (keys [kv_heads, S_i, D], values [kv_heads, S_i, D], mask bool [n, S_i]
+    or None). Returns [q_heads, n, D]. A row that sees no key in any part gets NaN.
+    """
+    hq, n, d = q.shape
+    hkv = parts[0][0].shape[0]
+    if hq % hkv:
+        raise ValueError(f"q heads ({hq}) must be a multiple of kv heads ({hkv})")
+    rep = hq // hkv
+    qs = q * scale
+    if n < PARTS_CONCAT_MAX_ROWS:
+        qg = qs.reshape(hkv, rep * n, d)
+        scores = []
+        for keys, _, mask in parts:
+            s = qg @ keys.transpose(0, 2, 1)  # [kv_heads, rep * n, S_i]
+            if mask is not None:
+                k = keys.shape[1]
+                s = mx.where(mask, s.reshape(hkv, rep, n, k), -mx.inf).reshape(hkv, rep * n, k)
+            scores.append(s)
+        # MLX's own softmax, not the compiled one above: the key count changes every decode step and a
+        # compiled function is retraced for every new shape (measured slower than the scalar exps here)
+        w = mx.softmax(mx.concatenate(scores, axis=-1), axis=-1)  # [kv_heads, rep * n, sum S_i]
+        out = None
+        at = 0
+        for keys, values, _ in parts:
+            k = keys.shape[1]
+            term = w[..., at : at + k] @ values
+            out = term if out is None else out + term
+            at += k
+        return out.reshape(hq, n, d)
+    block = QUERY_BLOCK if _ON_CPU else GPU_QUERY_BLOCK
+    outs = []
+    for a in range(0, n, block):
+        b = min(n, a + block)
+        acc = _Online(qs[:, a:b].reshape(hkv, rep * (b - a), d))
+        for keys, values, mask in parts:
+            s = keys.shape[1]
+            chunk = KEY_BLOCK if _ON_CPU else max(s, 1)
+            for c0 in range(0, s, chunk):
+                c1 = min(s, c0 + chunk)
+                acc.add(keys[:, c0:c1], values[:, c0:c1], None if mask is None else mask[a:b, c0:c1])
+        outs.append(acc.result().reshape(hq, b - a, d))
+    return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=1)

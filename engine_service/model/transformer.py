@@ -124,6 +124,12 @@ class Block(nn.Module):
                 )
             covered = stop
             n = stop - start
+            if view.parts is not None:  # several pool slices: one softmax across them, no gather
+                qv = q[start:stop, :, 0, :].transpose(1, 0, 2)  # [q_heads, n, D]
+                parts = [(p.keys, p.values, p.mask) for p in view.parts]
+                o = fast_math.attention_parts(qv, parts, self._scale)
+                outs.append(o.transpose(1, 0, 2).reshape(n, -1))
+                continue
             if n == 1:  # a decode row is already [1, q_heads, 1, D], sdpa's [B, H, L, D]: no transposes
                 o = mx.fast.scaled_dot_product_attention(
                     q[start:stop], view.keys[None], view.values[None], scale=self._scale, mask=view.mask

@@ -50,11 +50,27 @@ def view_attention(views: list[KVView], q: np.ndarray) -> np.ndarray:
     """Attend packed queries q: [T, heads, dim] through the cache's views. Returns [T, heads, dim]."""
     out = np.full(q.shape, np.nan)
     for view in views:
-        keys = np.array(view.keys, dtype=np.float64)  # [heads, S, dim]
-        values = np.array(view.values, dtype=np.float64)
         qs = q[view.rows].astype(np.float64)  # [n, heads, dim]
-        n, s = qs.shape[0], keys.shape[1]
-        if view.mask is None:
+        n = qs.shape[0]
+        if view.parts is not None:  # a multi-part view means the concatenation of its parts
+            assert view.keys is None and view.values is None and view.mask is None
+            keys = np.concatenate([np.array(p.keys, dtype=np.float64) for p in view.parts], axis=1)
+            values = np.concatenate([np.array(p.values, dtype=np.float64) for p in view.parts], axis=1)
+            masks = []
+            for p in view.parts:
+                k = p.keys.shape[1]
+                assert p.values.shape == p.keys.shape
+                masks.append(np.ones((n, k), dtype=bool) if p.mask is None else np.array(p.mask, dtype=bool))
+                assert masks[-1].shape == (n, k)
+            mask = np.concatenate(masks, axis=1)
+        else:
+            keys = np.array(view.keys, dtype=np.float64)  # [heads, S, dim]
+            values = np.array(view.values, dtype=np.float64)
+            mask = None
+        s = keys.shape[1]
+        if mask is not None:  # from the parts
+            pass
+        elif view.mask is None:
             mask = np.ones((n, s), dtype=bool)
         elif isinstance(view.mask, str):
             assert view.mask == "causal"
@@ -130,8 +146,10 @@ class Driver:
             offset += seg.length
         worst = 0.0
         self.last = np.zeros(shape)
+        self.last_views: list[list[KVView]] = []  # per layer, what the cache returned
         for layer, spec in enumerate(cfg.layers):
             views = step.views(layer, mx.array(rows[:, layer, 0]), mx.array(rows[:, layer, 1]))
+            self.last_views.append(list(views))
             got = view_attention(list(views), q[:, layer])
             self.last[:, layer] = got
             offset = 0

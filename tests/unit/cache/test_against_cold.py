@@ -122,9 +122,31 @@ def test_rewind_at_the_floor_is_exact(max_write: int) -> None:
     assert d.cache.stale_reads() == 0
 
 
+def test_cell_part_masks_after_source_append_and_branch() -> None:
+    # as the next test, but regions of 16 cells: the branch's row lands in cell 16, far enough from its
+    # prefix (cells 0..3) that a slice of the span would be mostly other cells
+    d = Driver("batched-cell", geometry(1, capacity=32, max_seqs=2))
+    src = d.new()
+    d.fill(src, 4)
+    branch = d.clone(src, 4)
+    d.fill(src, 2)
+    step = d.cache.begin_step([Segment(branch, 4, 1)])  # cell 16: position 4 of the branch
+    rows = np.zeros((1, 2, 8), dtype=np.float32)
+    (flat,) = step.views(0, mx.array(rows), mx.array(rows))
+    (ring,) = step.views(1, mx.array(rows), mx.array(rows))
+    assert d.cache.cells(branch).tolist() == [0, 1, 2, 3, 16]
+    # two runs, cells 0..3 and 16, read as two pool slices; hand-computed masks per run: the window of 4
+    # at position 4 drops position 0 (cell 0), everything else is visible (None)
+    for view in (flat, ring):
+        assert view.keys is None and [p.keys.shape[1] for p in view.parts] == [4, 1]
+    assert [p.mask for p in flat.parts] == [None, None]
+    assert np.array(ring.parts[0].mask).astype(int).tolist() == [[0, 1, 1, 1]]
+    assert ring.parts[1].mask is None
+
+
 def test_cell_masks_after_source_append_and_branch() -> None:
     # 7 cells, 2 regions of 3: the source runs 0..5, the branch's own region is full so its row lands
-    # in cell 6, giving the seed's layout (view = pool cells 0..6)
+    # in cell 6, giving the seed's layout (view = pool cells 0..6: the owned cells fill half the span)
     d = Driver("batched-cell", geometry(1, capacity=7, max_seqs=2))
     src = d.new()
     d.fill(src, 4)  # cells 0..3, positions 0..3
