@@ -9,7 +9,7 @@ and decode fewer steps so the whole run stays within a few minutes; each result 
 
 Prefill: a fresh cache, ``n`` prompt tokens in chunks of 512, logits for the last row only; tokens/s of
 the best of ``reps``. Decode: greedy steps after a 64-token prompt, one sequence, ``mx.async_eval``
-pipelining (engine_service.model.generate.greedy_tokens); tokens/s excludes the first token.
+pipelining (engine_service.greedy.greedy_tokens); tokens/s excludes the first token.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ def measure(dtype: str, sizes: tuple[int, ...], reps: int, decode_steps: int) ->
     import mlx.core as mx
 
     from engine_service.blas import blas_status
+    from engine_service.greedy import GenerationStats, greedy_tokens, new_cache, prefill
     from engine_service.model import load_model
-    from engine_service.model.generate import GenerationStats, greedy_tokens, new_cache, prefill
 
     loaded = load_model(None, dtype)
     model = loaded.model

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import engine_service  # noqa: F401  (OpenBLAS before mlx)
 from engine_service.config import GenConfig
-from engine_service.module_executor import ModuleExecutor
-from engine_service.runner import Runner
+from engine_service.executors.module import ModuleExecutor
+from engine_service.runtime.runner import Runner
 from prefix_service.backends import RunnerBackend
 from prefix_service.prefix_cache import PrefixCache
 

@@ -23,10 +23,10 @@ import time
 
 import engine_service  # noqa: F401  (loads OpenBLAS before mlx)
 from engine_service.config import GenConfig
+from engine_service.executors.module import ModuleExecutor
+from engine_service.executors.prompt_lookup import PromptLookupExecutor
 from engine_service.model.loader import load_model
-from engine_service.module_executor import ModuleExecutor
-from engine_service.runner import Runner
-from engine_service.speculative_executor import PromptLookupExecutor
+from engine_service.runtime.runner import Runner
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
 

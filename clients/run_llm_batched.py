@@ -36,9 +36,9 @@ from typing import NoReturn, TextIO
 
 from engine_service.config import GenConfig
 from engine_service.errors import ForklineError, InvalidArgument, ModelLoadError
-from engine_service.generation import GenerationHandle, GenerationResult, GenerationUpdate
-from engine_service.module_executor import ModuleExecutor
-from engine_service.runner import Runner
+from engine_service.executors.module import ModuleExecutor
+from engine_service.runtime.generation import GenerationHandle, GenerationResult, GenerationUpdate
+from engine_service.runtime.runner import Runner
 from prefix_service.backends import RunnerBackend
 from prefix_service.capture import PromptCapture
 from prefix_service.prefix_cache import PrefixCache

@@ -7,7 +7,7 @@ import operator
 from dataclasses import dataclass
 
 from engine_service.errors import InvalidArgument
-from engine_service.sampling import SamplingParams
+from engine_service.executors.sampling import SamplingParams
 
 _MAX_SEED = 2**64
 

@@ -1,7 +1,7 @@
 """SessionBackend: what the prefix cache needs from an engine, and the in-process adapter over a Runner.
 
 The prefix cache treats snapshot handles as opaque: it only clones, closes and inspects them through
-a backend. The in-process adapter (:class:`RunnerBackend`) uses :class:`engine_service.session.Session`
+a backend. The in-process adapter (:class:`RunnerBackend`) uses :class:`engine_service.runtime.session.Session`
 objects as handles; the remote adapter (``prefix_service/rpc/engine_backend.py``) uses engine session
 handle strings over gRPC. Both publish the engine ``fingerprint`` so cache keys never cross models or
 execution configurations.
@@ -16,8 +16,8 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # runtime import would tie the prefix cache to the engine package layout
-    from engine_service.runner import Runner
-    from engine_service.session import Session
+    from engine_service.runtime.runner import Runner
+    from engine_service.runtime.session import Session
 
 Handle = Any
 

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 _ACTIVE, _INACTIVE, _COLLECTED, _DISCARDED = "active", "inactive", "collected", "discarded"
 
-Update = Any  # engine_service.session.GenerationUpdate (tokens, position, breakpoint, finished, ...)
+Update = Any  # engine_service.runtime.session.GenerationUpdate (tokens, position, breakpoint, finished, ...)
 
 
 def _release_when_done(backend: CaptureBackend, future: Future) -> None:

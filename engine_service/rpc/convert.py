@@ -14,9 +14,9 @@ import numpy as np
 
 from engine_service.config import GenConfig
 from engine_service.errors import InvalidArgument
-from engine_service.executor import ExecutorLimits
-from engine_service.generation import GenerationResult
-from engine_service.prepared_input import EmbeddingsInput, PreparedInput
+from engine_service.executors.base import ExecutorLimits
+from engine_service.executors.prepared_input import EmbeddingsInput, PreparedInput
+from engine_service.runtime.generation import GenerationResult
 from protos import engine_pb2 as pb
 
 OWNER_METADATA_KEY = "forkline-owner"

@@ -23,10 +23,10 @@ from typing import Any
 
 from engine_service.config import GenConfig
 from engine_service.errors import GenerationError
-from engine_service.generation import CANCELLED, GenerationUpdate
 from engine_service.handles import HandleRegistry
 from engine_service.model.detokenizer import StreamDecoder
 from engine_service.rpc import convert
+from engine_service.runtime.generation import CANCELLED, GenerationUpdate
 
 PROMPT = "prompt"
 BREAKPOINT = "breakpoint"

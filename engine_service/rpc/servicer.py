@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 
 from engine_service.errors import Cancelled, FailedPrecondition, InvalidArgument, Unavailable
-from engine_service.executor import ExecutorLimits
+from engine_service.executors.base import ExecutorLimits
 from engine_service.handles import HandleRegistry
 from engine_service.rpc import convert
 from engine_service.rpc.errors import status_on_error
@@ -72,9 +72,9 @@ class EngineDeps:
         ``prepared_inputs``: an EmbeddingsExecutor (also accepts ``embeddings`` prepared inputs)
         instead of the raw-token ModuleExecutor.
         """
-        from engine_service.embeddings_executor import EmbeddingsExecutor
-        from engine_service.module_executor import ModuleExecutor
-        from engine_service.runner import Runner
+        from engine_service.executors.embeddings import EmbeddingsExecutor
+        from engine_service.executors.module import ModuleExecutor
+        from engine_service.runtime.runner import Runner
 
         executor_cls = EmbeddingsExecutor if prepared_inputs else ModuleExecutor
         executor = executor_cls.create(

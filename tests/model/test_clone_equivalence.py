@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from engine_service.config import GenConfig
-from engine_service.embeddings_executor import EmbeddingsExecutor
-from engine_service.module_executor import ModuleExecutor
-from engine_service.prepared_input import EmbeddingsInput
-from engine_service.runner import Runner
-from engine_service.speculative_executor import PromptLookupExecutor
+from engine_service.executors.embeddings import EmbeddingsExecutor
+from engine_service.executors.module import ModuleExecutor
+from engine_service.executors.prepared_input import EmbeddingsInput
+from engine_service.executors.prompt_lookup import PromptLookupExecutor
+from engine_service.runtime.runner import Runner
 
 KINDS = ("batched-sequence", "batched-cell")
 PROMPT = [17, 4, 99, 23, 56, 8, 71, 30, 12, 64, 5, 90, 33, 47, 2, 81, 26, 110, 9, 61, 77, 14]
@@ -160,7 +160,7 @@ def test_prepared_embeddings_prefill_equals_token_prefill(engine, model, kind) -
 @pytest.mark.slow
 def test_real_model_prompt_lookup_equals_plain_greedy_and_clone_equals_cold() -> None:
     """On SmolLM2: speculative greedy == plain greedy on a quoting task; a clone + suffix == cold."""
-    from engine_service.executor import ExecInput
+    from engine_service.executors.base import ExecInput
     from engine_service.model.loader import load_model
 
     loaded = load_model()

@@ -1,4 +1,4 @@
-"""The greedy generation loop and the ``python -m engine_service.model.generate`` command."""
+"""The greedy generation loop and the ``python -m engine_service.greedy`` command."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 import mlx.core as mx
 import pytest
 
+from engine_service.greedy import greedy_tokens, new_cache
 from engine_service.model import load_model
-from engine_service.model.generate import greedy_tokens, new_cache
 from engine_service.model.random_init import random_tensors, tiny_config
 from tests.model.gguf_writer import write_gguf
 from tests.model.reference_cache import ReferenceCache, run
@@ -42,7 +42,7 @@ def test_greedy_with_batched_sequence_cache_equals_cold_recompute(tiny_model, ch
 
 def cli(*args):
     return subprocess.run(
-        [sys.executable, "-m", "engine_service.model.generate", *args],
+        [sys.executable, "-m", "engine_service.greedy", *args],
         capture_output=True,
         text=True,
         timeout=120,

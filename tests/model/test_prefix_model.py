@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from engine_service.config import GenConfig
-from engine_service.executor import Executor
-from engine_service.module_executor import ModuleExecutor
-from engine_service.runner import Runner
+from engine_service.executors.base import Executor
+from engine_service.executors.module import ModuleExecutor
+from engine_service.runtime.runner import Runner
 from prefix_service.backends import RunnerBackend
 from prefix_service.prefix_cache import PrefixCache
 from tests.unit.executor.helpers import reference_greedy

@@ -11,8 +11,8 @@ SCRIPT = textwrap.dedent(
     import engine_service
     from engine_service.config import GenConfig
     from engine_service.model.random_init import random_model
-    from engine_service.module_executor import ModuleExecutor
-    from engine_service.runner import Runner
+    from engine_service.executors.module import ModuleExecutor
+    from engine_service.runtime.runner import Runner
 
     model = random_model(layers="FRFR", window=4, seed=0)
     runner = Runner(ModuleExecutor.create(model, max_sessions=4, max_session_tokens=64))

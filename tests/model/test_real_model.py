@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from engine_service.greedy import greedy_tokens, new_cache
 from engine_service.model import load_model
-from engine_service.model.generate import greedy_tokens, new_cache
 
 
 @pytest.mark.slow

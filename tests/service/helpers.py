@@ -6,9 +6,9 @@ import time
 from functools import lru_cache
 
 from engine_service.config import GenConfig
+from engine_service.executors.module import ModuleExecutor
 from engine_service.model.random_init import random_model
-from engine_service.module_executor import ModuleExecutor
-from engine_service.runner import Runner
+from engine_service.runtime.runner import Runner
 
 PROMPT = [ord(c) for c in "The quick brown fox jumps over the lazy dog. "] * 2
 SAMPLED = {"temperature": 10.0, "seed": 7, "ignore_eos": True}  # the tiny random model is very peaked

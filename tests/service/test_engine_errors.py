@@ -218,7 +218,7 @@ def test_clone_that_does_not_settle_in_time_is_unavailable_not_internal(engine, 
     from concurrent.futures import Future
 
     from engine_service.rpc import servicer
-    from engine_service.session import Session
+    from engine_service.runtime.session import Session
 
     alice = EngineClient(engine.address, owner="alice")
     own = alice.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
@@ -237,7 +237,7 @@ def test_clone_whose_caller_gave_up_is_not_registered(engine, monkeypatch) -> No
     import threading
     from concurrent.futures import Future
 
-    from engine_service.session import Session
+    from engine_service.runtime.session import Session
 
     alice = EngineClient(engine.address, owner="alice")
     own = alice.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import mlx.core as mx
 import numpy as np
 
-from engine_service.executor import ExecInput
+from engine_service.executors.base import ExecInput
 from tests.model.reference_cache import ReferenceCache, run
 
 

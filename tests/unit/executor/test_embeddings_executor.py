@@ -6,9 +6,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine_service.embeddings_executor import EmbeddingsExecutor
-from engine_service.executor import ExecInput
-from engine_service.prepared_input import EmbeddingsInput, PreparedInput, PreparedKind
+from engine_service.executors.base import ExecInput
+from engine_service.executors.embeddings import EmbeddingsExecutor
+from engine_service.executors.prepared_input import EmbeddingsInput, PreparedInput, PreparedKind
 from tests.unit.executor.helpers import CountingModel, greedy_decode, reference_greedy
 
 KINDS = ("batched-sequence", "batched-cell")
@@ -95,8 +95,8 @@ def test_a_different_embedding_changes_the_output(model) -> None:
 
 def test_module_executor_runner_fails_only_the_prepared_generation(model) -> None:
     from engine_service.config import GenConfig
-    from engine_service.module_executor import ModuleExecutor
-    from engine_service.runner import Runner
+    from engine_service.executors.module import ModuleExecutor
+    from engine_service.runtime.runner import Runner
 
     runner = Runner(ModuleExecutor.create(model, max_sessions=4, max_session_tokens=128))
     try:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine_service.executor import ExecInput
-from engine_service.module_executor import ModuleExecutor
+from engine_service.executors.base import ExecInput
+from engine_service.executors.module import ModuleExecutor
 from tests.unit.executor.helpers import greedy_decode, prefill, reference_greedy
 
 KINDS = ("batched-sequence", "batched-cell")

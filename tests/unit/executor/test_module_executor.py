@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from engine_service.errors import InvalidArgument, NotFound, ResourceExhausted
-from engine_service.executor import ExecInput
-from engine_service.module_executor import ModuleExecutor
-from engine_service.prepared_input import EmbeddingsInput
-from engine_service.sampling import SamplingParams
+from engine_service.executors.base import ExecInput
+from engine_service.executors.module import ModuleExecutor
+from engine_service.executors.prepared_input import EmbeddingsInput
+from engine_service.executors.sampling import SamplingParams
 from tests.unit.executor.helpers import CountingModel, greedy_decode, prefill, reference_greedy
 
 KINDS = ("batched-sequence", "batched-cell")

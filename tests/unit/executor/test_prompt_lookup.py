@@ -7,10 +7,10 @@ import pytest
 from engine_service.cache.config import CacheConfig
 from engine_service.cache.registry import build_cache
 from engine_service.errors import InvalidArgument
-from engine_service.executor import ExecInput
-from engine_service.module_executor import ModuleExecutor
-from engine_service.sampling import SamplingParams
-from engine_service.speculative_executor import PromptLookupExecutor
+from engine_service.executors.base import ExecInput
+from engine_service.executors.module import ModuleExecutor
+from engine_service.executors.prompt_lookup import PromptLookupExecutor
+from engine_service.executors.sampling import SamplingParams
 from tests.unit.executor.helpers import CountingModel, greedy_decode, prefill
 
 KINDS = ("batched-sequence", "batched-cell")

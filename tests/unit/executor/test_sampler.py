@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import engine_service  # noqa: F401  (loads OpenBLAS before mlx)
-from engine_service.sampling import Sampler, SamplingParams
+from engine_service.executors.sampling import Sampler, SamplingParams
 
 LOGITS = np.array([2.0, 1.0, 0.5, 0.1, -1.0, 3.0, 0.3, -0.4], dtype=np.float32)
 

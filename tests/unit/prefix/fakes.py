@@ -19,7 +19,7 @@ from engine_service.errors import ResourceExhausted
 
 @dataclass(frozen=True)
 class FakeUpdate:
-    """Shape of engine_service.session.GenerationUpdate that the capture reads."""
+    """Shape of engine_service.runtime.session.GenerationUpdate that the capture reads."""
 
     tokens: tuple[int, ...] = ()
     position: int = 0

@@ -19,9 +19,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from engine_service.executor import ExecInput, ExecOutput, Executor, ExecutorLimits
-from engine_service.prepared_input import PreparedInput, PreparedKind
-from engine_service.sampling import SamplingParams
+from engine_service.executors.base import ExecInput, ExecOutput, Executor, ExecutorLimits
+from engine_service.executors.prepared_input import PreparedInput, PreparedKind
+from engine_service.executors.sampling import SamplingParams
 
 _MASK = (1 << 64) - 1
 

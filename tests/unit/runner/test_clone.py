@@ -155,7 +155,7 @@ def test_speculative_rows_past_the_accepted_position_cannot_be_cloned(make_runne
         assert child is not None and child.position == upto
     # Negative control: the executor alone would have cloned the speculative row.
     bare = FakeExecutor(vocab_size=VOCAB, speculative=True)
-    from engine_service.executor import ExecInput
+    from engine_service.executors.base import ExecInput
     sid = bare.open_session()
     bare.set_sampling(sid, GenConfig().sampling(), 0)
     bare.execute([ExecInput(sid, 0, tokens=tuple(prompt))])

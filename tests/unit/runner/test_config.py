@@ -8,7 +8,7 @@ import pytest
 
 from engine_service.config import GenConfig
 from engine_service.errors import InvalidArgument
-from engine_service.generation import GenerationMetrics, GenerationResult, GenerationUpdate
+from engine_service.runtime.generation import GenerationMetrics, GenerationResult, GenerationUpdate
 
 BAD = [
     ("max_new_tokens", 0), ("max_new_tokens", -1), ("max_new_tokens", 1.5), ("max_new_tokens", True),

@@ -1,6 +1,6 @@
 """Greedy generation from one prompt, streaming text to stdout (the main job before the services).
 
-    python -m engine_service.model.generate [--model PATH] [--weights_dtype auto] [--max_new_tokens N]
+    python -m engine_service.greedy [--model PATH] [--weights_dtype auto] [--max_new_tokens N]
         [--chat/--no-chat] PROMPT...
 
 Bad input (missing path, corrupt GGUF, unsupported architecture, ...) prints one line
@@ -28,7 +28,7 @@ from engine_service.model.loader import LoadedModel, load_model
 from engine_service.model.transformer import Transformer
 from engine_service.model.weights import WEIGHTS_DTYPES
 
-log = logging.getLogger("engine_service.model.generate")
+log = logging.getLogger("engine_service.greedy")
 
 
 @dataclass
@@ -173,7 +173,7 @@ def stream_text(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m engine_service.model.generate", description=__doc__.split("\n")[0]
+        prog="python -m engine_service.greedy", description=__doc__.split("\n")[0]
     )
     parser.add_argument(
         "--model", default=None, help="a GGUF file or an MLX model folder (default: packaged SmolLM2)"

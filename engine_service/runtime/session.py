@@ -15,15 +15,15 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
-from engine_service.commands import CloseCommand
 from engine_service.config import GenConfig, int_tuple
 from engine_service.errors import FailedPrecondition, InvalidArgument
-from engine_service.generation import GenerationHandle, GenerationUpdate
-from engine_service.prepared_input import PreparedInput
-from engine_service.session_record import SessionRecord
+from engine_service.executors.prepared_input import PreparedInput
+from engine_service.runtime.commands import CloseCommand
+from engine_service.runtime.generation import GenerationHandle, GenerationUpdate
+from engine_service.runtime.state import SessionRecord
 
 if TYPE_CHECKING:
-    from engine_service.runner import Runner
+    from engine_service.runtime.runner import Runner
 
 
 class Session:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from engine_service.errors import FailedPrecondition
 
 if TYPE_CHECKING:
-    from engine_service.session import Session
+    from engine_service.runtime.session import Session
 
 STOP = "stop"
 LENGTH = "length"

@@ -24,10 +24,10 @@ import mlx.core as mx
 from engine_service.cache.batch_control import BatchControl, Segment
 from engine_service.cache.config import CacheConfig
 from engine_service.errors import InvalidArgument, NotFound, ResourceExhausted
-from engine_service.exec_plan import PREPARED_TOKEN, InputError, Plan, SessionState
-from engine_service.executor import ExecInput, ExecOutput, Executor, ExecutorLimits
-from engine_service.prepared_input import PreparedInput
-from engine_service.sampling import Sampler, SamplingParams
+from engine_service.executors.base import ExecInput, ExecOutput, Executor, ExecutorLimits
+from engine_service.executors.plan import PREPARED_TOKEN, InputError, Plan, SessionState
+from engine_service.executors.prepared_input import PreparedInput
+from engine_service.executors.sampling import Sampler, SamplingParams
 
 log = logging.getLogger(__name__)
 

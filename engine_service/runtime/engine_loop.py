@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from engine_service.batch_plan import BatchPlan, PlannedInput, plan_batch
-from engine_service.commands import (
+from engine_service.errors import FailedPrecondition, GenerationError, ResourceExhausted, Unavailable
+from engine_service.executors.base import ExecOutput, Executor, ExecutorLimits
+from engine_service.runtime.commands import (
     BarrierCommand,
     CancelCommand,
     CloneCommand,
@@ -31,15 +32,13 @@ from engine_service.commands import (
     OpenCommand,
     StartCommand,
 )
-from engine_service.errors import FailedPrecondition, GenerationError, ResourceExhausted, Unavailable
-from engine_service.executor import ExecOutput, Executor, ExecutorLimits
-from engine_service.generation import GenerationUpdate
-from engine_service.input_check import check_input
-from engine_service.session import Session
-from engine_service.session_record import CANCELLED, ERROR, LENGTH, ActiveGeneration, SessionRecord
+from engine_service.runtime.generation import GenerationUpdate
+from engine_service.runtime.scheduler import BatchPlan, PlannedInput, check_input, plan_batch
+from engine_service.runtime.session import Session
+from engine_service.runtime.state import CANCELLED, ERROR, LENGTH, ActiveGeneration, SessionRecord
 
 if TYPE_CHECKING:
-    from engine_service.runner import Runner
+    from engine_service.runtime.runner import Runner
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine_service.session_record import ActiveGeneration
+    from engine_service.runtime.state import ActiveGeneration
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine_service.config import GenConfig
-from engine_service.generation import (
+from engine_service.executors.prepared_input import PreparedInput
+from engine_service.runtime.generation import (
     CANCELLED,
     ERROR,
     LENGTH,
@@ -21,7 +22,6 @@ from engine_service.generation import (
     GenerationResult,
     GenerationUpdate,
 )
-from engine_service.prepared_input import PreparedInput
 
 Segment = tuple[int, ...] | PreparedInput
 

@@ -1,6 +1,6 @@
 """EmbeddingsExecutor: a ModuleExecutor that also prefills precomputed input embeddings.
 
-An :class:`~engine_service.prepared_input.EmbeddingsInput` ([positions, hidden]) is fed to the decoder
+An :class:`~engine_service.executors.prepared_input.EmbeddingsInput` ([positions, hidden]) is fed to the decoder
 in place of token embeddings. A batch may mix token and embedding inputs: when any piece is prepared,
 the token rows are embedded with ``model.embed`` and everything is concatenated in packed order, so
 the batch is still one forward. Decode feedback after a prepared prefill is raw tokens as usual.
@@ -12,9 +12,9 @@ from typing import Any
 
 import mlx.core as mx
 
-from engine_service.exec_plan import InputError
-from engine_service.module_executor import ModuleExecutor
-from engine_service.prepared_input import EmbeddingsInput, PreparedInput
+from engine_service.executors.module import ModuleExecutor
+from engine_service.executors.plan import InputError
+from engine_service.executors.prepared_input import EmbeddingsInput, PreparedInput
 
 
 class EmbeddingsExecutor(ModuleExecutor):

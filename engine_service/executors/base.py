@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engine_service.prepared_input import PreparedInput
-from engine_service.sampling import SamplingParams
+from engine_service.executors.prepared_input import PreparedInput
+from engine_service.executors.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine_service.prepared_input import PreparedInput
-from engine_service.sampling import Sampler
+from engine_service.executors.prepared_input import PreparedInput
+from engine_service.executors.sampling import Sampler
 
 PREPARED_TOKEN = -1  # history marker for positions that came from a prepared input
 

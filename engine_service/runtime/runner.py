@@ -1,7 +1,7 @@
 """Runner: the public face of one engine thread that owns every session record and executor call.
 
-Other threads only queue typed commands (:mod:`engine_service.commands`) and wait on futures and
-generation handles; :class:`~engine_service.engine_loop.EngineLoop` is what runs on the thread::
+Other threads only queue typed commands (:mod:`engine_service.runtime.commands`) and wait on futures and
+generation handles; :class:`~engine_service.runtime.engine_loop.EngineLoop` is what runs on the thread::
 
     while not stopping: drain commands -> reap cancelled -> run one batch -> deliver outputs
 
@@ -23,15 +23,21 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engine_service.commands import BarrierCommand, CancelCommand, CloneCommand, OpenCommand, StartCommand
 from engine_service.config import GenConfig
-from engine_service.engine_loop import EngineLoop
 from engine_service.errors import FailedPrecondition, Unavailable
-from engine_service.executor import Executor, ExecutorLimits
-from engine_service.generation import GenerationHandle, GenerationUpdate
-from engine_service.prepared_input import PreparedInput
-from engine_service.session import Session
-from engine_service.session_record import ActiveGeneration
+from engine_service.executors.base import Executor, ExecutorLimits
+from engine_service.executors.prepared_input import PreparedInput
+from engine_service.runtime.commands import (
+    BarrierCommand,
+    CancelCommand,
+    CloneCommand,
+    OpenCommand,
+    StartCommand,
+)
+from engine_service.runtime.engine_loop import EngineLoop
+from engine_service.runtime.generation import GenerationHandle, GenerationUpdate
+from engine_service.runtime.session import Session
+from engine_service.runtime.state import ActiveGeneration
 
 # Runners whose engine thread may still be alive; stopped at interpreter exit (see below).
 _live_runners: weakref.WeakSet[Runner] = weakref.WeakSet()

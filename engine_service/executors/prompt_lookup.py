@@ -20,8 +20,8 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from engine_service.errors import InvalidArgument
-from engine_service.exec_plan import InputError, Plan
-from engine_service.module_executor import ModuleExecutor
+from engine_service.executors.module import ModuleExecutor
+from engine_service.executors.plan import InputError, Plan
 
 
 class PromptLookupExecutor(ModuleExecutor):
