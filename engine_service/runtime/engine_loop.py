@@ -21,14 +21,16 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from engine_service.errors import FailedPrecondition, GenerationError, ResourceExhausted, Unavailable
+from engine_service.errors import FailedPrecondition, GenerationError, ResourceExhausted
 from engine_service.executors.base import ExecOutput, Executor, ExecutorLimits
 from engine_service.runtime.commands import (
     BarrierCommand,
     CancelCommand,
     CloneCommand,
     CloseCommand,
+    Command,
     CommandTable,
+    EngineHooks,
     OpenCommand,
     StartCommand,
 )
@@ -73,8 +75,9 @@ class EngineLoop:
             CloseCommand: self._on_close,
             StartCommand: self._on_start,
             CancelCommand: self._on_cancel,
-            BarrierCommand: self._on_barrier,
+            BarrierCommand: BarrierCommand.resolve,
         })
+        self._hooks = EngineHooks(self._finish, self._table.dispatch, self.counts)
 
     def put(self, command: object) -> bool:
         """Queue ``command`` unless the engine is stopping (then False). Unknown types raise TypeError."""
@@ -127,34 +130,17 @@ class EngineLoop:
             except queue.Empty:
                 return
 
-    def _dispatch(self, command: object) -> None:
+    def _dispatch(self, command: Command) -> None:
         try:
             self._table.dispatch(command)
         except Exception as exc:  # a handler bug must not take the engine down; settle the caller
             log.exception("command %s failed", type(command).__name__)
-            future = getattr(command, "future", None)
-            if isinstance(command, CloneCommand):
-                future = command.future_ref()
-            if future is not None and not future.done():
-                future.set_exception(exc)
-            gen = getattr(command, "generation", None)
-            if gen is not None:
-                self._finish(gen, ERROR, GenerationError(f"{type(exc).__name__}: {exc}"))
+            command.fail(exc, self._hooks)
         except BaseException as exc:
             # Not an error the engine survives (SystemExit...): teardown settles only what is still
             # queued or active, so settle the caller of this command before the thread dies.
-            self._abandon(command, exc)
+            command.abandon(exc, self._hooks)
             raise
-
-    def _abandon(self, command: object, exc: BaseException) -> None:
-        future = command.future_ref() if isinstance(command, CloneCommand) else getattr(command, "future", None)
-        if future is not None and not future.done():
-            if isinstance(command, OpenCommand):
-                future.set_exception(Unavailable(f"engine thread stopped: {type(exc).__name__}"))
-            else:
-                future.set_result(None)  # a clone refused, a barrier passed
-        if isinstance(command, StartCommand):
-            self._finish(command.generation, ERROR, GenerationError(f"engine thread stopped: {type(exc).__name__}"))
 
     def _reap_cancelled(self) -> None:
         for gen in [g for g in self._active if g.cancel_requested]:
@@ -340,10 +326,6 @@ class EngineLoop:
     def _on_cancel(self, cmd: CancelCommand) -> None:
         cmd.generation.cancel_requested = True
 
-    def _on_barrier(self, cmd: BarrierCommand) -> None:
-        if cmd.future is not None and cmd.future.set_running_or_notify_cancel():
-            cmd.future.set_result(None)
-
     # ------------------------------------------------------------------ shutdown
 
     def _teardown(self) -> None:
@@ -356,8 +338,8 @@ class EngineLoop:
                 command = self.inbox.get_nowait()
             except queue.Empty:
                 break
-            try:
-                self._settle_unrun(command)
+            try:  # never an executor call for it (a queued close still releases its session)
+                command.settle_unrun(self._hooks)
             except Exception:
                 log.exception("settling %s at shutdown failed", type(command).__name__)
         for rec in list(self.records.values()):
@@ -367,19 +349,3 @@ class EngineLoop:
             except Exception:
                 log.exception("executor.close_session(%d) failed at shutdown", rec.sid)
         self.records.clear()
-
-    def _settle_unrun(self, command: object) -> None:
-        """Settle a command queued when the engine stopped, without calling the executor for it."""
-        if isinstance(command, OpenCommand):
-            if command.future.set_running_or_notify_cancel():
-                command.future.set_exception(Unavailable("runner is stopping"))
-        elif isinstance(command, CloneCommand):
-            future = command.future_ref()
-            if future is not None and future.set_running_or_notify_cancel():
-                self.counts["clones_refused"] += 1
-                future.set_result(None)
-        elif isinstance(command, StartCommand):
-            self._finish(command.generation, CANCELLED)
-        elif isinstance(command, (CloseCommand, BarrierCommand)):
-            self._table.dispatch(command)
-        # CancelCommand: its generation already ended.

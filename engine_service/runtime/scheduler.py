@@ -24,11 +24,9 @@ class PlannedInput:
 
 @dataclass(frozen=True)
 class BatchPlan:
-    inputs: tuple[PlannedInput, ...]
+    """The inputs of one forward, decode steps first."""
 
-    @property
-    def positions(self) -> int:
-        return sum(p.input.size() for p in self.inputs)
+    inputs: tuple[PlannedInput, ...]
 
 
 def plan_batch(active: Sequence[ActiveGeneration], max_decode: int, preferred_tokens: int,

@@ -13,7 +13,7 @@ import threading
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine_service.config import GenConfig, int_tuple
 from engine_service.errors import FailedPrecondition, InvalidArgument
@@ -58,8 +58,12 @@ class Session:
     @property
     def valid(self) -> bool:
         """Open, not poisoned by a failed batch, and the runner is running."""
-        rec = self._record
-        return self._finalizer.alive and not rec.closed and not rec.poisoned and self._runner.running
+        return not self._closed and not self._record.poisoned and self._runner.running
+
+    @property
+    def _closed(self) -> bool:
+        """Closed by the caller (its close queued) or by the engine."""
+        return not self._finalizer.alive or self._record.closed
 
     @property
     def generating(self) -> bool:
@@ -86,7 +90,7 @@ class Session:
             input = int_tuple("input", input)
         with self._lock:
             rec = self._record
-            if not self._finalizer.alive or rec.closed:
+            if self._closed:
                 raise FailedPrecondition(f"session {rec.key} is closed")
             if rec.poisoned:
                 raise FailedPrecondition(f"session {rec.key} failed earlier and cannot generate")
@@ -113,7 +117,7 @@ class Session:
             upto = operator.index(upto)
         except TypeError as exc:
             raise InvalidArgument(f"upto must be an int, got {upto!r}") from exc
-        if not self._finalizer.alive or self._record.closed or self._record.poisoned:
+        if self._closed or self._record.poisoned:
             future: Future[Session | None] = Future()
             future.set_result(None)
             return future
@@ -132,3 +136,25 @@ class Session:
     def __repr__(self) -> str:
         state = "open" if self.valid else "closed"
         return f"Session(key={self.key}, position={self.position}, {state})"
+
+
+def close_child_when_done(future: Future, close: Callable[[Any], object] | None = None) -> None:
+    """Close the child a clone future produces once the future settles (now, if it already has).
+
+    For a clone future nobody will receive (its caller gave up or timed out): a refusal (None), a
+    failure or a cancellation leaves nothing to close. ``close(child)`` closes it; the default is
+    ``child.close()`` (a :class:`Session`); a backend passes its own for the handles it hands out.
+    """
+
+    def on_done(done: Future) -> None:
+        if done.cancelled() or done.exception() is not None:
+            return
+        child = done.result()
+        if child is None:
+            return
+        if close is None:
+            child.close()
+        else:
+            close(child)
+
+    future.add_done_callback(on_done)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import gc
 import threading
+from concurrent.futures import Future
 
 import pytest
 
 from engine_service.config import GenConfig
 from engine_service.errors import ResourceExhausted
+from engine_service.runtime.session import close_child_when_done
 from tests.unit.runner.conftest import VOCAB, Recorder, collect_and_flush, engine_paused
 from tests.unit.runner.fake_executor import FakeExecutor, reference
 
@@ -17,6 +19,13 @@ PROMPT = [11, 12, 13, 14, 15, 16, 17, 18, 19]
 
 def generate(session, prompt, **cfg):
     return session.generate_async(prompt, GenConfig(**cfg)).wait(10)
+
+
+def generated_source(runner):
+    """A session that generated on PROMPT, and the resident session count with it."""
+    s = runner.open_session()
+    generate(s, PROMPT, max_new_tokens=2)
+    return s, runner.resident_sessions
 
 
 def sid_of(session) -> int:
@@ -300,9 +309,7 @@ def test_shutdown_from_callback_settles_queued_clone_without_executor(runner, fa
 
 
 def test_abandoned_clone_future_releases_its_session(runner, fake):
-    s = runner.open_session()
-    generate(s, PROMPT, max_new_tokens=2)
-    baseline = runner.resident_sessions
+    s, baseline = generated_source(runner)
     # Before completion: dropped or cancelled while queued -> the clone never happens.
     with engine_paused(runner, fake):
         dropped = s.clone_async(3)
@@ -321,3 +328,28 @@ def test_abandoned_clone_future_releases_its_session(runner, fake):
     collect_and_flush(runner)
     assert runner.resident_sessions == baseline
     assert ("close", child_sid) in fake.calls_named("close")
+
+
+def test_close_child_when_done_closes_only_a_child_nobody_will_receive(runner, fake):
+    s, baseline = generated_source(runner)
+    # Given up on while queued: the child is closed once the clone completes.
+    with engine_paused(runner, fake):
+        pending = s.clone_async(3)
+        close_child_when_done(pending)
+    child = pending.result(10)
+    runner.flush(10)
+    assert child is not None and not child.valid and runner.resident_sessions == baseline
+    # Already complete: closed at once, through the caller's own close when given.
+    done = s.clone_async(4)
+    done.result(10)
+    closed = []
+    close_child_when_done(done, lambda c: closed.append(c) or c.close())
+    runner.flush(10)
+    assert closed == [done.result()] and runner.resident_sessions == baseline
+    # A refusal, a failure or a cancellation has nothing to close.
+    for settle in (lambda f: f.set_result(None), lambda f: f.set_exception(ResourceExhausted("no")),
+                   lambda f: f.cancel()):
+        future = Future()
+        close_child_when_done(future, closed.append)
+        settle(future)
+    assert len(closed) == 1
