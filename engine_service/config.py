@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from engine_service.errors import InvalidArgument
@@ -15,9 +16,11 @@ _MAX_SEED = 2**64
 def int_tuple(name: str, values: object) -> tuple[int, ...]:
     """``values`` copied into a tuple of plain ints (bools refused); InvalidArgument naming ``name`` otherwise."""
     try:
-        items = tuple(values)  # type: ignore[arg-type]
-    except TypeError as exc:
-        raise InvalidArgument(f"{name} must be a sequence of ints, got {values!r}") from exc
+        items = tuple(values) if isinstance(values, Iterable) else None
+    except TypeError:  # an iterator that fails part way
+        items = None
+    if items is None:
+        raise InvalidArgument(f"{name} must be a sequence of ints, got {values!r}")
     out = []
     for v in items:
         if isinstance(v, bool):

@@ -11,7 +11,16 @@ NotFound               NOT_FOUND
 ResourceExhausted      RESOURCE_EXHAUSTED
 FailedPrecondition     FAILED_PRECONDITION
 Unavailable            UNAVAILABLE
+Cancelled              CANCELLED
+CacheError             FAILED_PRECONDITION
+GenerationError        ABORTED
 =====================  =====================
+
+Only these types are answers. Validation of anything a caller supplies (a request field, a config
+value, a model file) raises one of them -- ``InvalidArgument`` stays a ``ValueError`` and ``NotFound``
+a ``LookupError`` for code that catches the builtins. A builtin exception (``ValueError``,
+``KeyError``, ``IndexError``, ...) means a broken internal contract: a service logs it with its
+traceback and answers INTERNAL without its text.
 
 Messages name the offending field or file (``"max_new_tokens must be > 0, got -1"``).
 """

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from engine_service.errors import InvalidArgument
+
 FULL = "full"
 SLIDING = "sliding"
 
@@ -23,11 +25,11 @@ class LayerSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in (FULL, SLIDING):
-            raise ValueError(f"LayerSpec.kind must be 'full' or 'sliding', got {self.kind!r}")
+            raise InvalidArgument(f"LayerSpec.kind must be 'full' or 'sliding', got {self.kind!r}")
         if self.kind == SLIDING and (self.window is None or self.window < 1):
-            raise ValueError(f"LayerSpec.window must be >= 1 for a sliding layer, got {self.window!r}")
+            raise InvalidArgument(f"LayerSpec.window must be >= 1 for a sliding layer, got {self.window!r}")
         if self.kind == FULL and self.window is not None:
-            raise ValueError("LayerSpec.window must be None for a full layer")
+            raise InvalidArgument("LayerSpec.window must be None for a full layer")
 
     @property
     def sliding(self) -> bool:
@@ -61,9 +63,9 @@ class CacheConfig:
         for name in ("capacity", "max_seqs", "kv_heads", "head_dim", "initial_capacity", "max_write"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"CacheConfig.{name} must be a positive int, got {value!r}")
+                raise InvalidArgument(f"CacheConfig.{name} must be a positive int, got {value!r}")
         if not self.layers:
-            raise ValueError("CacheConfig.layers must not be empty")
+            raise InvalidArgument("CacheConfig.layers must not be empty")
 
 
 class ConfiguredCache:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from engine_service.errors import InvalidArgument
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -23,11 +25,11 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise InvalidArgument(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+            raise InvalidArgument(f"top_k must be >= 0, got {self.top_k}")
 
     @property
     def greedy(self) -> bool:

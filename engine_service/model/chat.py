@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from engine_service.errors import InvalidArgument
+
 NAMED_FORMATS = {
     "chatml": (
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -47,22 +49,24 @@ class ChatFormatter:
         eos_token: str = "",
     ) -> None:
         if (template is None) == (name is None):
-            raise ValueError("ChatFormatter needs exactly one of template / name")
-        if name is not None and name not in NAMED_FORMATS:
-            raise ValueError(f"chat format must be one of {', '.join(NAMED_FORMATS)}, got {name!r}")
+            raise InvalidArgument("ChatFormatter needs exactly one of template / name")
+        if name is not None:
+            if name not in NAMED_FORMATS:
+                raise InvalidArgument(f"chat format must be one of {', '.join(NAMED_FORMATS)}, got {name!r}")
+            template = NAMED_FORMATS[name]
         self.name = name or "model"
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
         try:
-            self._template = env.from_string(template if template is not None else NAMED_FORMATS[name])
+            self._template = env.from_string(template or "")
         except TemplateError as exc:
-            raise ValueError(f"chat template does not parse: {exc}") from None
+            raise InvalidArgument(f"chat template does not parse: {exc}") from None
         self._bos, self._eos = bos_token, eos_token
 
     def format(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
         for i, m in enumerate(messages):
             if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise ValueError(f"messages[{i}] needs string 'role' and 'content'")
+                raise InvalidArgument(f"messages[{i}] needs string 'role' and 'content'")
         try:
             return self._template.render(
                 messages=[dict(m) for m in messages],
@@ -71,4 +75,4 @@ class ChatFormatter:
                 eos_token=self._eos,
             )
         except TemplateError as exc:
-            raise ValueError(f"chat template failed: {exc}") from None
+            raise InvalidArgument(f"chat template failed: {exc}") from None

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine_service.cache.config import FULL, SLIDING, LayerSpec
+from engine_service.errors import InvalidArgument
 
 
 @dataclass(frozen=True)
@@ -47,26 +48,26 @@ class ModelConfig:
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+                raise InvalidArgument(f"ModelConfig.{name} must be a positive int, got {value!r}")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(
+            raise InvalidArgument(
                 f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
             )
         if self.head_dim % 2:
-            raise ValueError(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
+            raise InvalidArgument(f"ModelConfig.head_dim must be even for RoPE, got {self.head_dim}")
         if len(self.layers) != self.num_layers:
-            raise ValueError(
+            raise InvalidArgument(
                 f"ModelConfig.layers must have num_layers={self.num_layers} entries, got {len(self.layers)}"
             )
         if not self.rope_theta > 0:
-            raise ValueError(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta}")
+            raise InvalidArgument(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta}")
         if not self.rms_norm_eps > 0:
-            raise ValueError(f"ModelConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps}")
+            raise InvalidArgument(f"ModelConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps}")
         for tok in ((self.bos_token_id,) if self.bos_token_id is not None else ()) + tuple(
             self.eos_token_ids
         ):
             if not 0 <= tok < self.vocab_size:
-                raise ValueError(
+                raise InvalidArgument(
                     f"ModelConfig special token id {tok} outside the vocabulary [0, {self.vocab_size})"
                 )
 
@@ -88,9 +89,9 @@ def parse_layer_pattern(pattern: str, window: int | None) -> tuple[LayerSpec, ..
         elif ch in ("R", "S"):
             specs.append(LayerSpec(SLIDING, window))
         else:
-            raise ValueError(f"layer pattern {pattern!r}: use F (full) and R/S (sliding), got {ch!r}")
+            raise InvalidArgument(f"layer pattern {pattern!r}: use F (full) and R/S (sliding), got {ch!r}")
     if not specs:
-        raise ValueError("layer pattern must not be empty")
+        raise InvalidArgument("layer pattern must not be empty")
     return tuple(specs)
 
 
@@ -109,11 +110,11 @@ def layer_specs(
     """
     if not sliding_window or sliding_window <= 0:
         if layer_types and any(t == "sliding_attention" for t in layer_types):
-            raise ValueError("layer_types names sliding layers but sliding_window is not set")
+            raise InvalidArgument("layer_types names sliding layers but sliding_window is not set")
         return tuple(LayerSpec(FULL) for _ in range(num_layers))
     if layer_types:
         if len(layer_types) != num_layers:
-            raise ValueError(f"layer_types has {len(layer_types)} entries for {num_layers} layers")
+            raise InvalidArgument(f"layer_types has {len(layer_types)} entries for {num_layers} layers")
         specs = []
         for kind in layer_types:
             if kind == "sliding_attention":
@@ -121,7 +122,7 @@ def layer_specs(
             elif kind == "full_attention":
                 specs.append(LayerSpec(FULL))
             else:
-                raise ValueError(f"layer_types: unsupported attention kind {kind!r}")
+                raise InvalidArgument(f"layer_types: unsupported attention kind {kind!r}")
         return tuple(specs)
     if sliding_window_pattern:
         n = int(sliding_window_pattern)

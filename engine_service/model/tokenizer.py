@@ -10,7 +10,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine_service.errors import ModelLoadError
+from engine_service.errors import InvalidArgument, ModelLoadError
 
 # GGUF token_type values (llama.cpp's llama_token_type)
 _CONTROL, _USER_DEFINED = 3, 4
@@ -65,14 +65,15 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         ids = self._tok.encode(text, add_special_tokens=False).ids
-        if add_special_tokens and self.add_bos and (not ids or ids[0] != self.bos_token_id):
-            ids = [self.bos_token_id, *ids]
+        bos = self.bos_token_id
+        if add_special_tokens and self.add_bos and bos is not None and (not ids or ids[0] != bos):
+            ids = [bos, *ids]
         return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         for t in ids:
             if not 0 <= int(t) < self.vocab_size:
-                raise ValueError(f"token id {t} outside the vocabulary [0, {self.vocab_size})")
+                raise InvalidArgument(f"token id {t} outside the vocabulary [0, {self.vocab_size})")
         return self._tok.decode([int(t) for t in ids], skip_special_tokens=skip_special_tokens)
 
     def token_to_id(self, token: str) -> int | None:
@@ -160,8 +161,8 @@ def tokenizer_from_file(
     if bos_token_id is None:
         bos_token_id = token_id(cfg.get("bos_token"))
     eos = list(eos_token_ids)
-    if not eos and token_id(cfg.get("eos_token")) is not None:
-        eos = [token_id(cfg.get("eos_token"))]
+    if not eos and (eos_id := token_id(cfg.get("eos_token"))) is not None:
+        eos = [eos_id]
     if add_bos is None:
         add_bos = bool(cfg.get("add_bos_token", False))
     return Tokenizer(backend, bos_token_id=bos_token_id, eos_token_ids=eos, add_bos=add_bos)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engine_service.errors import ModelLoadError
+from engine_service.errors import InvalidArgument, ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -36,18 +36,18 @@ class QuantTensor:
 
     def __post_init__(self) -> None:
         if self.weight.dtype != mx.uint32 or self.weight.ndim != 2:
-            raise ValueError(
+            raise InvalidArgument(
                 f"QuantTensor.weight must be a 2-D uint32 array, got {self.weight.dtype} {self.weight.shape}"
             )
         if self.scales.shape != self.biases.shape or self.scales.shape[0] != self.weight.shape[0]:
-            raise ValueError(
+            raise InvalidArgument(
                 f"QuantTensor.scales/biases shapes {self.scales.shape}/{self.biases.shape} do not match weight {self.weight.shape}"
             )
         if (
             self.bits not in (2, 3, 4, 5, 6, 8)
             or self.weight.shape[1] * 32 != self.scales.shape[1] * self.group_size * self.bits
         ):
-            raise ValueError(
+            raise InvalidArgument(
                 f"QuantTensor: weight {self.weight.shape} with {self.bits} bits does not match "
                 f"{self.scales.shape[1]} groups of {self.group_size}"
             )
@@ -86,7 +86,7 @@ def quant_from_arrays(
     in_features = scales.shape[-1] * group
     bits, rem = divmod(weight.shape[-1] * 32, in_features)
     if rem:
-        raise ValueError(f"quantized tensor {weight.shape} does not pack {in_features} inputs")
+        raise InvalidArgument(f"quantized tensor {weight.shape} does not pack {in_features} inputs")
     return QuantTensor(weight, scales, biases, group, bits)
 
 
@@ -134,7 +134,7 @@ def resolve_weights_dtype(weights_dtype: str) -> str:
     """``auto`` -> ``quantized`` on a GPU, ``float32`` on the CPU (MLX's CPU quantized and half-precision
     matmuls are 5-50x slower than OpenBLAS float32). Anything else is returned validated."""
     if weights_dtype not in WEIGHTS_DTYPES:
-        raise ValueError(f"weights_dtype must be one of {', '.join(WEIGHTS_DTYPES)}, got {weights_dtype!r}")
+        raise InvalidArgument(f"weights_dtype must be one of {', '.join(WEIGHTS_DTYPES)}, got {weights_dtype!r}")
     if weights_dtype != "auto":
         return weights_dtype
     return "quantized" if gpu_available() else "float32"

@@ -8,7 +8,7 @@ INVALID_ARGUMENT before any session is touched. Domain results become ``engine_p
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,6 +19,10 @@ from engine_service.executors.prepared_input import EmbeddingsInput, PreparedInp
 from engine_service.runtime.generation import GenerationResult
 from protos import engine_pb2 as pb
 
+if TYPE_CHECKING:  # only annotations: the prefix service imports this module without the model code
+    from engine_service.model.chat import ChatFormatter
+    from engine_service.model.tokenizer import Tokenizer
+
 OWNER_METADATA_KEY = "forkline-owner"
 DEFAULT_OWNER = "anonymous"
 MAX_OWNER_LENGTH = 128
@@ -26,17 +30,7 @@ MAX_OWNER_LENGTH = 128
 DEFAULTS = GenConfig()
 
 
-class TextTokenizer(Protocol):
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
-
-
-class ChatFormatter(Protocol):
-    def format(self, messages: list[dict], add_generation_prompt: bool = True) -> str: ...
-
-
-def owner_of(metadata: Iterable[tuple[str, Any]] | None) -> str:
+def owner_of(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
     """The caller's owner id from request metadata (``forkline-owner``); absent -> ``anonymous``."""
     for key, value in metadata or ():
         if key == OWNER_METADATA_KEY:
@@ -60,7 +54,7 @@ def token_ids(ids: Sequence[int], vocab_size: int, field: str = "tokens") -> lis
     return out
 
 
-def text_tokens(msg: pb.TextInput, tokenizer: TextTokenizer, chat: ChatFormatter | None) -> list[int]:
+def text_tokens(msg: pb.TextInput, tokenizer: Tokenizer, chat: ChatFormatter | None) -> list[int]:
     """Tokenize a TextInput (chat-formatted first when ``msg.chat``)."""
     if msg.chat:
         if chat is None:
@@ -102,7 +96,7 @@ def prepared_input(msg: pb.PreparedInput, hidden_size: int | None = None) -> Pre
 
 def generate_input(
     request: pb.GenerateRequest,
-    tokenizer: TextTokenizer,
+    tokenizer: Tokenizer,
     chat: ChatFormatter | None,
     vocab_size: int,
     hidden_size: int | None = None,

@@ -1,10 +1,13 @@
 """The one place that maps forkline errors to gRPC status codes, and back (for clients).
 
-Servicers wrap their bodies in :func:`status_on_error` and raise (never call ``context.abort``): a :class:`ForklineError` (or a ValueError /
-LookupError from domain validation) aborts the call with the mapped code and the error's message.
-Input problems are never INTERNAL. Anything else is a bug: it is logged with its traceback and
-becomes INTERNAL without leaking the exception text. A failed outgoing call (the prefix service calling
-the engine) keeps the engine's status code.
+Servicers wrap their bodies in :func:`status_on_error` and raise (never call ``context.abort``). Only
+forkline's own error types (:mod:`engine_service.errors`) are answers to the client: they abort the
+call with the mapped code and the error's message. Input problems are never INTERNAL, so validation
+raises those types (``InvalidArgument``, ``NotFound``, ...), never a builtin ``ValueError`` /
+``KeyError``. Anything else -- a builtin ``KeyError``, ``IndexError``, ``ValueError``, ... escaping a
+servicer -- is a bug: it is logged once with its traceback and the call ends INTERNAL with a generic
+message (the exception text can carry server internals and is not sent). A failed outgoing call (the
+prefix service calling the engine) keeps the engine's status code.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from engine_service import errors as e
 
 log = logging.getLogger(__name__)
 
-# Most specific first: ModelLoadError is an InvalidArgument, InvalidArgument a ValueError, ...
+# Most specific first: ModelLoadError is an InvalidArgument, ...
 _TO_CODE: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (e.InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
     (e.NotFound, grpc.StatusCode.NOT_FOUND),
@@ -30,10 +33,10 @@ _TO_CODE: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (e.CacheError, grpc.StatusCode.FAILED_PRECONDITION),
     (e.GenerationError, grpc.StatusCode.ABORTED),
     (e.ForklineError, grpc.StatusCode.UNKNOWN),
-    # Domain dataclasses validate with ValueError (naming the field): that is bad input too.
-    (ValueError, grpc.StatusCode.INVALID_ARGUMENT),
-    (LookupError, grpc.StatusCode.NOT_FOUND),
+    # Nothing else: a builtin ValueError / LookupError is a bug (INTERNAL), not an answer.
 )
+
+INTERNAL_DETAILS = "internal error (the server logged the details)"
 
 _FROM_CODE: dict[grpc.StatusCode, type[e.ForklineError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: e.InvalidArgument,
@@ -48,7 +51,7 @@ _FROM_CODE: dict[grpc.StatusCode, type[e.ForklineError]] = {
 
 
 def code_for(exc: BaseException) -> grpc.StatusCode | None:
-    """The status code for a deliberate error, or None for a bug."""
+    """The status code for a deliberate (forkline) error, or None for a bug (anything else)."""
     for kind, code in _TO_CODE:
         if isinstance(exc, kind):
             return code
@@ -77,7 +80,7 @@ def status_on_error(context: grpc.ServicerContext) -> Iterator[None]:
         context.abort(code_for(mapped) or grpc.StatusCode.UNKNOWN, str(mapped))
     except Exception as exc:
         code = code_for(exc)
-        if code is None:
-            log.exception("internal error in %s", getattr(context, "_rpc_event", "rpc"))
-            context.abort(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})")
+        if code is None:  # a bug: the traceback goes to the log, never to the client
+            log.exception("internal error in an RPC handler (%s)", type(exc).__name__)
+            context.abort(grpc.StatusCode.INTERNAL, INTERNAL_DETAILS)
         context.abort(code, str(exc) or type(exc).__name__)

@@ -16,26 +16,31 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from engine_service.config import GenConfig
 from engine_service.errors import GenerationError
+from engine_service.executors.prepared_input import PreparedInput
 from engine_service.handles import HandleRegistry
 from engine_service.model.detokenizer import StreamDecoder
 from engine_service.rpc import convert
-from engine_service.runtime.generation import CANCELLED, GenerationUpdate
+from engine_service.runtime.generation import CANCELLED, GenerationHandle, GenerationUpdate
+from engine_service.snapshot_kinds import BREAKPOINT, PROMPT
+from protos import engine_pb2 as pb
 
-PROMPT = "prompt"
-BREAKPOINT = "breakpoint"
+if TYPE_CHECKING:
+    from engine_service.model.tokenizer import Tokenizer
+    from engine_service.runtime.session import Session
+
 _POLL_S = 0.25  # how often a waiting stream re-checks that its client is still there
 
 
 @dataclass(frozen=True)
 class _Snapshot:
-    future: Future
+    future: Future[Session | None]
     position: int
     kind: str
 
@@ -45,7 +50,7 @@ class _Update:
     update: GenerationUpdate
 
 
-def _close_quietly(future: Future) -> None:
+def _close_quietly(future: Future[Session | None]) -> None:
     """Done-callback: close the session a clone future produced (nobody will receive it)."""
     try:
         child = future.result()
@@ -61,13 +66,13 @@ class GenerationCall:
     def __init__(
         self,
         *,
-        registry: HandleRegistry,
+        registry: HandleRegistry[Session],
         owner: str,
         handle: str,
-        session: Any,
+        session: Session,
         fresh: bool,
         keep_session: bool,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         prompt_snapshot: bool,
         breakpoints: tuple[int, ...],
     ) -> None:
@@ -80,12 +85,12 @@ class GenerationCall:
         self._tokenizer = tokenizer
         self._prompt_snapshot = prompt_snapshot
         self._breakpoints = frozenset(breakpoints)
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Snapshot | _Update] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
         self._captured_prompt = False
         self._prompt_end = 0
-        self._generation = None
+        self._generation: GenerationHandle | None = None
         self._finished_cleanly = False
         self._unstreamed: str | None = None  # a snapshot handle registered but not yet sent
 
@@ -108,17 +113,20 @@ class GenerationCall:
         self._queue.put(_Update(update))
 
     # -- gRPC thread ---------------------------------------------------------------------------
-    def events(self, input: list[int] | Any, config: GenConfig, is_active) -> Iterator[Any]:
+    def events(
+        self, input: list[int] | PreparedInput, config: GenConfig, is_active: Callable[[], bool]
+    ) -> Iterator[pb.GenerateEvent]:
         """Start the generation and yield engine_pb2 events until done. ``is_active()`` is False once
         the client has gone; the generation is then cancelled and the loop ends without done."""
         start = self._session.position
         # a pending prediction from the session's last generation is fed first, before the input
         size = convert.input_size(input) + (1 if self._session.has_pending else 0)
         self._prompt_end = start + size
-        self._generation = self._session.generate_async(input, config, self._on_update)
+        generation = self._generation = self._session.generate_async(input, config, self._on_update)
         yield convert.started_event(self._handle, start, size)
         text = StreamDecoder(self._tokenizer, skip_special_tokens=True)
-        held = None  # an item taken while coalescing, handled next
+        held: _Snapshot | None = None  # a snapshot taken while coalescing, handled next
+        item: _Snapshot | _Update
         while True:
             if held is not None:
                 item, held = held, None
@@ -150,9 +158,9 @@ class GenerationCall:
                 yield convert.tokens_event(tokens, text.push_many(tokens))
             if finished:
                 break
-        result = self._generation.wait()
+        result = generation.wait()
         if result.finish_reason == "error":
-            error = self._generation.error
+            error = generation.error
             raise error if isinstance(error, Exception) else GenerationError(result.error or "generation failed")
         tail = text.flush()
         if tail:

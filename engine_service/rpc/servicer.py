@@ -10,19 +10,29 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import grpc
 
 from engine_service.errors import Cancelled, FailedPrecondition, InvalidArgument, Unavailable
 from engine_service.executors.base import ExecutorLimits
+from engine_service.executors.prepared_input import PreparedInput
 from engine_service.handles import HandleRegistry
 from engine_service.rpc import convert
 from engine_service.rpc.errors import status_on_error
 from engine_service.rpc.generation_call import GenerationCall
 from protos import engine_pb2 as pb
 from protos import engine_pb2_grpc
+
+if TYPE_CHECKING:  # annotations only: the model, tokenizer and runner are built by whoever builds the deps
+    from engine_service.model.chat import ChatFormatter
+    from engine_service.model.loader import LoadedModel
+    from engine_service.model.tokenizer import Tokenizer
+    from engine_service.model.transformer import Transformer
+    from engine_service.runtime.runner import Runner
+    from engine_service.runtime.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -38,25 +48,25 @@ class EngineDeps:
     hidden_size: the model's hidden size, which prepared ``embeddings`` inputs must match (None: unchecked).
     """
 
-    runner: Any
-    tokenizer: convert.TextTokenizer
+    runner: Runner
+    tokenizer: Tokenizer
     limits: ExecutorLimits
     model_name: str
     cache_kind: str
     eos_token_ids: tuple[int, ...] = ()
-    chat: convert.ChatFormatter | None = None
-    registry: HandleRegistry = field(default_factory=HandleRegistry)
+    chat: ChatFormatter | None = None
+    registry: HandleRegistry[Session] = field(default_factory=HandleRegistry)
     fingerprint: str | None = None
     hidden_size: int | None = None
 
     @classmethod
     def build(
         cls,
-        model: Any,
-        tokenizer: convert.TextTokenizer,
+        model: Transformer | LoadedModel,
+        tokenizer: Tokenizer,
         *,
         model_name: str,
-        chat: convert.ChatFormatter | None = None,
+        chat: ChatFormatter | None = None,
         cache_kind: str = "batched-sequence",
         max_sessions: int = 8,
         max_session_tokens: int = 2048,
@@ -87,7 +97,7 @@ class EngineDeps:
         )
         runner = Runner(executor, max_decode_sequences=max_decode_sequences)
         if eos_token_ids is None:
-            eos_token_ids = tuple(getattr(tokenizer, "eos_token_ids", ()))
+            eos_token_ids = tokenizer.eos_token_ids
         return cls(
             runner=runner,
             tokenizer=tokenizer,
@@ -106,10 +116,10 @@ class EngineDeps:
         self.eos_token_ids = tuple(int(t) for t in self.eos_token_ids)
 
 
-def _close_child(future: Any) -> None:
+def _close_child(future: Future[Session | None]) -> None:
     """Done-callback: close the session of a clone that completed after its caller gave up."""
-    if not future.cancelled() and future.exception() is None and future.result() is not None:
-        future.result().close()
+    if not future.cancelled() and future.exception() is None and (child := future.result()) is not None:
+        child.close()
 
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
@@ -142,7 +152,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             finally:
                 call.finish()
 
-    def _open_call(self, request: pb.GenerateRequest, owner: str, value: Any, breakpoints: tuple[int, ...]):
+    def _open_call(
+        self, request: pb.GenerateRequest, owner: str, value: list[int] | PreparedInput, breakpoints: tuple[int, ...]
+    ) -> GenerationCall:
         d = self.deps
         if request.session:
             if request.keep_session:

@@ -155,7 +155,7 @@ def test_stopping_engine_is_unavailable_while_streams_finish(engine) -> None:
     [
         (errors.InvalidArgument("x"), grpc.StatusCode.INVALID_ARGUMENT, errors.InvalidArgument),
         (errors.ModelLoadError("p", "bad"), grpc.StatusCode.INVALID_ARGUMENT, errors.InvalidArgument),
-        (ValueError("field"), grpc.StatusCode.INVALID_ARGUMENT, errors.InvalidArgument),
+        (ValueError("field"), None, None),  # a builtin error is a bug (INTERNAL), not an answer
         (errors.NotFound("h"), grpc.StatusCode.NOT_FOUND, errors.NotFound),
         (errors.ResourceExhausted("full"), grpc.StatusCode.RESOURCE_EXHAUSTED, errors.ResourceExhausted),
         (errors.FailedPrecondition("busy"), grpc.StatusCode.FAILED_PRECONDITION, errors.FailedPrecondition),
