@@ -128,7 +128,7 @@ def main() -> None:
             tok.encode(loaded.chat.format([{"role": "user", "content": f"{PROMPT} Variant {i}."}]))
             for i in range(args.clients)
         ]
-        stats: list[tuple[float, float, int]] = [None] * args.clients  # type: ignore[list-item]
+        stats: list[tuple[float, float, int] | None] = [None] * args.clients
         start = threading.Barrier(args.clients + 1)
 
         def client(i: int) -> None:
@@ -145,9 +145,12 @@ def main() -> None:
         for t in threads:
             t.join()
         wall = time.perf_counter() - t0
-        ttfts = [s[0] for s in stats]
+        done = [s for s in stats if s is not None]
+        if len(done) < args.clients:
+            raise RuntimeError(f"{args.clients - len(done)} of {args.clients} clients failed")
+        ttfts = [s[0] for s in done]
         results["clients"] = args.clients
-        results["aggregate_tokens_per_s"] = round(sum(s[2] for s in stats) / wall, 2)
+        results["aggregate_tokens_per_s"] = round(sum(s[2] for s in done) / wall, 2)
         results["ttft_p50_s"] = round(statistics.median(ttfts), 3)
         results["ttft_p99_s"] = round(percentile(ttfts, 99), 3)
     finally:

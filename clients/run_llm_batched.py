@@ -1,23 +1,17 @@
 """mlx_run_llm_batched: run prompts concurrently in-process, reusing prompt snapshots across rounds.
 
-    mlx_run_llm_batched [--model PATH] [--cache_kind batched-sequence|batched-cell]
-        [--prefix_cache_entries E] [--prompt_rounds R] [--max_new_tokens N] [--temperature T]
-        [--top_p P] [--top_k K] [--seed S] [--chat] [--out_prefix gen] [--flush_every N] [--metrics]
-        PROMPT [PROMPT ...]
-
-In-process: Runner + ModuleExecutor + PrefixCache, no servers. Each round runs the P prompts
+In-process: Runner + ModuleExecutor + PrefixCache, no servers (or, with --engine, the same rounds
+through a forkline-engine and optionally a forkline-prefix). Each round runs the P prompts
 concurrently. Every generation first looks its prompt up in the prefix cache (a hit resumes from a
-clone and replays only the suffix); the first ``min(P, E)`` prompts of every round are captured at
-their prompt boundary while they generate and collected on this thread after the round. The engine
-reserves ``P + E + min(P, E)`` resident sessions: the generations, the stored snapshots and the
-in-flight captures.
+clone and replays only the suffix); the first min(P, E) prompts of every round are captured at their
+prompt boundary while they generate and collected after the round. The engine reserves
+P + E + min(P, E) resident sessions: the generations, the stored snapshots and the in-flight captures.
 
-Generation ``n = round * P + i`` writes its text to ``<out_prefix>_<n>.txt`` (flushed every
-``--flush_every`` tokens) and prints one line: prompt positions, reused positions ("reused 41/42
-prompt tokens"), time to first token, decode tokens/s and the finish reason. Sampling generation
-``i`` is seeded with ``seed + i`` in every round, so rounds are comparable. The exit status is 0 when
-every generation completed, 1 when any failed, 2 for bad arguments or an unloadable model (one line
-on stderr).
+Generation n = round * P + i writes its text to <out_prefix>_<n>.txt (flushed every --flush_every
+tokens) and prints one line: prompt positions, reused positions ("reused 41/42 prompt tokens"), time
+to first token, decode tokens/s and the finish reason. Sampling generation i is seeded with seed + i
+in every round, so rounds are comparable. Exit status: 0 when every generation completed, 1 when any
+failed, 2 for bad arguments or an unloadable model (one line on stderr).
 """
 
 from __future__ import annotations
@@ -58,33 +52,44 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from engine_service.cache.registry import cache_kinds
-    from engine_service.model.weights import WEIGHTS_DTYPES
+    from engine_service.executors.options import add_executor_options, add_model_options
 
-    p = _Parser(prog="mlx_run_llm_batched", description=__doc__.split("\n")[0])
+    p = _Parser(prog="mlx_run_llm_batched", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt texts, run concurrently")
-    p.add_argument("--model", default=None, help="a GGUF file or an MLX model folder (default: packaged SmolLM2)")
-    p.add_argument("--tokenizer", default=None, help="a tokenizer.json (or a folder holding one); default: the model's")
-    p.add_argument("--weights_dtype", default="auto", choices=WEIGHTS_DTYPES)
-    p.add_argument("--cache_kind", default="batched-sequence", choices=cache_kinds())
-    p.add_argument("--prefix_cache_entries", type=int, default=0, help="stored prompt snapshots (0: no reuse)")
-    p.add_argument("--retention", default="lru", choices=policy_names(), help="prefix-cache retention policy")
-    p.add_argument("--prompt_rounds", type=int, default=1, help="times the whole prompt list runs")
-    p.add_argument("--max_decode_sequences", type=int, default=8, help="sequences decoded in one forward")
-    p.add_argument("--max_session_tokens", type=int, default=2048)
-    p.add_argument("--max_new_tokens", type=int, default=128)
-    p.add_argument("--prefill_chunk", type=int, default=512)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top_p", type=float, default=1.0)
-    p.add_argument("--top_k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--chat", action="store_true", help="apply the model's chat template to each prompt")
-    p.add_argument("--out_prefix", default="gen", help="writes <out_prefix>_<n>.txt per generation")
-    p.add_argument("--flush_every", type=int, default=16, help="flush output files every N tokens")
-    p.add_argument("--metrics", action="store_true", help="print engine and prefix-cache counters at the end")
+    add_model_options(p)
+    p.add_argument("--tokenizer", metavar="PATH", default=None,
+                   help="a tokenizer.json, or a folder holding one (default: the model's own tokenizer)")
+    add_executor_options(p, max_sessions=None)  # sized from the prompts and --prefix_cache_entries
+    p.add_argument("--prefix_cache_entries", metavar="N", type=int, default=0,
+                   help="prompt snapshots kept for reuse; 0: no reuse (default: %(default)s)")
+    p.add_argument("--retention", default="lru", choices=policy_names(),
+                   help="which snapshot the prefix cache evicts when full (default: %(default)s)")
+    p.add_argument("--prompt_rounds", metavar="N", type=int, default=1,
+                   help="times the whole prompt list runs (default: %(default)s)")
+    p.add_argument("--max_new_tokens", metavar="N", type=int, default=128,
+                   help="most tokens generated per prompt (default: %(default)s)")
+    p.add_argument("--temperature", metavar="T", type=float, default=0.0,
+                   help="sampling temperature; 0: greedy (default: %(default)s)")
+    p.add_argument("--top_p", metavar="P", type=float, default=1.0,
+                   help="nucleus sampling: keep the smallest set of tokens with this much probability; "
+                        "1: off (default: %(default)s)")
+    p.add_argument("--top_k", metavar="K", type=int, default=0,
+                   help="sample among the k most likely tokens only; 0: off (default: %(default)s)")
+    p.add_argument("--seed", metavar="SEED", type=int, default=42,
+                   help="sampling seed of prompt 0; prompt i uses seed + i (default: %(default)s)")
+    p.add_argument("--chat", action="store_true", help="apply the model's chat template to each prompt; off by default")
+    p.add_argument("--out_prefix", metavar="PREFIX", default="gen",
+                   help="each generation writes <out_prefix>_<n>.txt (default: %(default)s)")
+    p.add_argument("--flush_every", metavar="N", type=int, default=16,
+                   help="flush the output files every N tokens (default: %(default)s)")
+    p.add_argument("--metrics", action="store_true",
+                   help="print engine and prefix-cache counters at the end; off by default")
     p.add_argument("--engine", default=None, metavar="ADDR",
-                   help="run through a forkline-engine at ADDR instead of in-process (see clients/remote_rounds.py)")
-    p.add_argument("--prefix", default=None, metavar="ADDR", help="with --engine: go through the prefix service")
+                   help="run through a forkline-engine at ADDR instead of in-process (default: in-process)")
+    p.add_argument("--prefix", default=None, metavar="ADDR",
+                   help="with --engine: go through the forkline-prefix gateway at ADDR, which reuses prompts "
+                        "across rounds (default: none, every generation runs cold on the engine)")
     return p
 
 
@@ -241,8 +246,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     captured = min(count, entries)
     executor = ModuleExecutor.create(
         loaded, args.cache_kind, max_sessions=count + entries + captured, max_session_tokens=args.max_session_tokens,
-        max_decode_sequences=args.max_decode_sequences, prefill_chunk=args.prefill_chunk,
-        model_fingerprint=fingerprint,
+        prefill_chunk=args.prefill_chunk, model_fingerprint=fingerprint,
     )
     runner = Runner(executor, max_decode_sequences=args.max_decode_sequences)
     cache = PrefixCache(RunnerBackend(runner), entries, policy=args.retention)

@@ -1,10 +1,8 @@
 """Greedy generation from one prompt, streaming text to stdout (the main job before the services).
 
-    python -m engine_service.greedy [--model PATH] [--weights_dtype auto] [--max_new_tokens N]
-        [--chat/--no-chat] PROMPT...
-
-Bad input (missing path, corrupt GGUF, unsupported architecture, ...) prints one line
-``error: <path>: <problem>`` on stderr and exits with status 2.
+One sequence, no runner: prefill in chunks, then one token per forward, each queued before the
+previous one is read back. Bad input (a missing path, a corrupt GGUF, an unsupported architecture,
+...) prints one line "error: <path>: <problem>" on stderr and exits with status 2.
 """
 
 from __future__ import annotations
@@ -20,13 +18,13 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from engine_service.cache.batch_control import BatchControl, Segment
-from engine_service.cache.config import CacheConfig
-from engine_service.cache.registry import build_cache
 from engine_service.errors import ForklineError, InvalidArgument
+from engine_service.executors.base import out_of_vocab
+from engine_service.executors.cache_setup import build_session_cache, cache_config
+from engine_service.executors.options import add_model_options
 from engine_service.model.detokenizer import StreamDecoder
 from engine_service.model.loader import LoadedModel, load_model
 from engine_service.model.transformer import Transformer
-from engine_service.model.weights import WEIGHTS_DTYPES
 
 log = logging.getLogger("engine_service.greedy")
 
@@ -53,27 +51,21 @@ def new_cache(
     prefill_chunk: int = 512,
     max_seqs: int = 1,
 ) -> BatchControl:
-    cfg = model.config
-    return build_cache(
-        kind,
-        CacheConfig(
-            capacity=max_tokens * max_seqs,
-            max_seqs=max_seqs,
-            layers=cfg.layers,
-            kv_heads=cfg.num_kv_heads,
-            head_dim=cfg.head_dim,
-            dtype=mx.float32,
-            initial_capacity=min(max_tokens, 1024),
-            max_write=prefill_chunk,
-        ),
-    )
+    """A cache for ``max_seqs`` sequences of ``max_tokens`` positions, as a ModuleExecutor builds it."""
+    config = cache_config(model.config, max_sessions=max_seqs, max_session_tokens=max_tokens, max_write=prefill_chunk)
+    return build_session_cache(kind, config)
 
 
 def prefill(
     model: Transformer, cache: BatchControl, seq: int, tokens: Sequence[int], chunk: int = 512
 ) -> mx.array:
     """Write ``tokens`` after ``pos(seq)`` in chunks; returns the lazy float32 logits [vocab] of the last one.
-    Each chunk evaluates only its cache arrays; the logits are projected for the final row only."""
+    Each chunk evaluates only its cache arrays; the logits are projected for the final row only.
+    InvalidArgument for an empty input or a token id outside the vocabulary."""
+    bad = out_of_vocab(tokens, model.config.vocab_size)
+    if not tokens or bad is not None:
+        raise InvalidArgument("no tokens to prefill" if not tokens else
+                              f"token id {tokens[bad]} outside the vocabulary [0, {model.config.vocab_size})")
     start = cache.pos(seq)
     for a in range(0, len(tokens), chunk):
         piece = tokens[a : a + chunk]
@@ -171,22 +163,20 @@ def stream_text(
     return stats
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine_service.greedy", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_options(parser)
+    parser.add_argument("--max_new_tokens", metavar="N", type=int, default=128,
+                        help="most tokens to generate (default: %(default)s)")
+    parser.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
+                        help="format the prompt with the model's chat template (default: on)")
+    parser.add_argument("prompt", nargs="+", help="the prompt; several words are joined with spaces")
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m engine_service.greedy", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument(
-        "--model", default=None, help="a GGUF file or an MLX model folder (default: packaged SmolLM2)"
-    )
-    parser.add_argument("--weights_dtype", default="auto", choices=WEIGHTS_DTYPES)
-    parser.add_argument("--max_new_tokens", type=int, default=128)
-    parser.add_argument(
-        "--chat",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="format the prompt with the model's chat template (default: on)",
-    )
-    parser.add_argument("prompt", nargs="+")
+    parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:

@@ -12,6 +12,11 @@ written. A plain decode step feeds the previous pending token (size 1) and retur
 A batch that raises poisons the sessions of that batch (the runner fails their generations and
 refuses to clone them). A per-input problem is reported in ``ExecOutput.error`` instead and fails only
 that input's generation.
+
+Input validation belongs to the runner (``check_input`` in :mod:`engine_service.runtime.scheduler`):
+it rejects token ids outside the vocabulary and inputs past ``max_session_tokens`` before anything is
+scheduled, with the error the caller sees. An executor does not validate for the caller; it only
+guards what would corrupt its own state (see :func:`out_of_vocab`).
 """
 
 from __future__ import annotations
@@ -61,6 +66,17 @@ class ExecOutput:
     error: str | None = None
 
 
+def out_of_vocab(tokens: Sequence[int], vocab_size: int) -> int | None:
+    """Index of the first token id outside ``[0, vocab_size)``, or None when every id is inside.
+
+    The one vocabulary check every layer shares. ``min``/``max`` run first, so the usual all-valid
+    input costs two C-level passes; the index is looked for only when one is bad.
+    """
+    if not tokens or (min(tokens) >= 0 and max(tokens) < vocab_size):
+        return None
+    return next(i for i, t in enumerate(tokens) if not 0 <= t < vocab_size)
+
+
 @dataclass(frozen=True)
 class ExecutorLimits:
     max_sessions: int
@@ -94,10 +110,6 @@ class Executor(ABC):
     @abstractmethod
     def execute(self, batch: Sequence[ExecInput]) -> list[ExecOutput]:
         """Run one batch; see the module docstring for the commit rule."""
-
-    @abstractmethod
-    def position(self, sid: int) -> int:
-        """Committed positions of ``sid`` as the backend sees them."""
 
     def preferred_batch_tokens(self) -> int:
         """Packed positions per forward the executor runs best at (prefill chunking hint)."""

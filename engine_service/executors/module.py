@@ -10,6 +10,14 @@ PRNG keys (plus the kept logits in tests), in one ``mx.eval``.
 Sessions are executor-local ids mapped to cache sequences. ``max_sessions`` bounds every resident
 session (active, retained snapshots, in-flight clones); each contributes ``max_session_tokens`` to
 the cache's logical capacity, which is checked at creation, not a byte budget.
+
+Checks per input, and who owns them: the runner validates every generation's input (vocabulary,
+``max_session_tokens``, accepted prepared kinds) before it schedules anything, so in the engine these
+never fire. The executor keeps only the guards that protect its own state when it is driven directly
+(tests, benchmarks): a token id outside the vocabulary would index the embedding table out of bounds
+(MLX gathers do not check), and a session past ``max_session_tokens`` would take cache room promised
+to the other resident sessions. Both are cheap and fail only that input (``ExecOutput.error``). The
+gap / rewind / duplicate-session rules are the commit rule itself, not validation.
 """
 
 from __future__ import annotations
@@ -22,22 +30,14 @@ from typing import Any
 import mlx.core as mx
 
 from engine_service.cache.batch_control import BatchControl, Segment
-from engine_service.cache.config import CacheConfig
-from engine_service.errors import InvalidArgument, NotFound, ResourceExhausted
-from engine_service.executors.base import ExecInput, ExecOutput, Executor, ExecutorLimits
+from engine_service.errors import NotFound
+from engine_service.executors.base import ExecInput, ExecOutput, Executor, ExecutorLimits, out_of_vocab
+from engine_service.executors.cache_setup import build_session_cache, cache_config, positive
 from engine_service.executors.plan import PREPARED_TOKEN, InputError, Plan, SessionState
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.executors.sampling import Sampler, SamplingParams
 
 log = logging.getLogger(__name__)
-
-_INT32_MAX = 2**31 - 1
-
-
-def _positive(name: str, value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidArgument(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 class ModuleExecutor(Executor):
@@ -53,7 +53,6 @@ class ModuleExecutor(Executor):
         max_session_tokens: int,
         kv_dtype: mx.Dtype = mx.float32,
         max_write: int = 512,
-        max_decode_sequences: int = 8,
         prefill_chunk: int = 512,
         keep_logits: bool = False,
         weights_dtype: str | None = None,
@@ -64,11 +63,10 @@ class ModuleExecutor(Executor):
         self.config = self.model.config
         self.cache = cache
         self.cache_kind = cache_kind
-        self.max_sessions = _positive("max_sessions", max_sessions)
-        self.max_session_tokens = _positive("max_session_tokens", max_session_tokens)
-        self.max_write = _positive("max_write", max_write)
-        self.max_decode_sequences = _positive("max_decode_sequences", max_decode_sequences)
-        self.prefill_chunk = _positive("prefill_chunk", prefill_chunk)
+        self.max_sessions = positive("max_sessions", max_sessions)
+        self.max_session_tokens = positive("max_session_tokens", max_session_tokens)
+        self.max_write = positive("max_write", max_write)
+        self.prefill_chunk = positive("prefill_chunk", prefill_chunk)
         self.kv_dtype = kv_dtype
         self.keep_logits = keep_logits
         self.weights_dtype = (
@@ -86,72 +84,31 @@ class ModuleExecutor(Executor):
         max_sessions: int = 8,
         max_session_tokens: int = 2048,
         kv_dtype: mx.Dtype = mx.float32,
-        max_decode_sequences: int = 8,
+        *,
         prefill_chunk: int = 512,
         keep_logits: bool = False,
         weights_dtype: str | None = None,
-        *,
         max_write: int | None = None,
         model_fingerprint: str | None = None,
+        max_decode_sequences: int | None = None,
         **kwargs: Any,
     ) -> ModuleExecutor:
         """Build the cache for ``model`` and check the resident-session and capacity limits.
 
         model: a Transformer or a LoadedModel (its fingerprint and weights dtype are used).
         max_write: positions one forward may write per session (ring layers keep ``window + max_write
-        - 1`` slots); default ``prefill_chunk``. max_decode_sequences is advisory (the Runner decides
-        how many decode steps it packs; any number of inputs runs as one forward). Raises InvalidArgument for malformed limits and
+        - 1`` slots); default ``prefill_chunk``. Raises InvalidArgument for malformed limits and
         ResourceExhausted when the backend cannot hold ``max_sessions`` sessions of
-        ``max_session_tokens`` each. ``kwargs`` go to the subclass constructor.
+        ``max_session_tokens`` each (see :mod:`.cache_setup`). ``kwargs`` go to the subclass
+        constructor. ``max_decode_sequences`` is ignored: how many decode steps share a forward is the
+        Runner's setting (any number of inputs runs as one forward here); it is still accepted until
+        every caller passes it to the Runner only.
         """
-        from engine_service.cache.registry import build_cache, cache_kinds
-
-        transformer = getattr(model, "model", model)
-        config = transformer.config
-        _positive("max_sessions", max_sessions)
-        _positive("max_session_tokens", max_session_tokens)
-        _positive("prefill_chunk", prefill_chunk)
-        max_write = _positive("max_write", max_write if max_write is not None else prefill_chunk)
-        capacity = max_sessions * max_session_tokens
-        if capacity > _INT32_MAX:
-            raise InvalidArgument(
-                f"max_sessions * max_session_tokens = {capacity} overflows the cache's int32 positions"
-            )
-        if max_session_tokens > config.context_length:
-            raise InvalidArgument(
-                f"max_session_tokens={max_session_tokens} exceeds the model's context_length={config.context_length}"
-            )
-        try:
-            cache_config = CacheConfig(
-                capacity=capacity,
-                max_seqs=max_sessions,
-                layers=tuple(config.layers),
-                kv_heads=config.num_kv_heads,
-                head_dim=config.head_dim,
-                dtype=kv_dtype,
-                initial_capacity=min(256, max_session_tokens),
-                max_write=max_write,
-            )
-        except ValueError as exc:
-            raise InvalidArgument(str(exc)) from exc
-        if cache_kind not in cache_kinds():
-            raise InvalidArgument(f"cache_kind must be one of {', '.join(cache_kinds())}, got {cache_kind!r}")
-        try:
-            cache = build_cache(cache_kind, cache_config)
-        except InvalidArgument as exc:  # a known kind refusing the geometry: its own limits
-            raise ResourceExhausted(
-                f"max_sessions={max_sessions} / max_session_tokens={max_session_tokens}: the {cache_kind} backend "
-                f"refused: {exc}"
-            ) from exc
-        if cache.max_seqs < max_sessions:
-            raise ResourceExhausted(
-                f"max_sessions={max_sessions} exceeds the {cache_kind} backend's sequence limit {cache.max_seqs}"
-            )
-        if cache.capacity < capacity:
-            raise ResourceExhausted(
-                f"max_sessions * max_session_tokens = {capacity} exceeds the {cache_kind} backend's capacity "
-                f"{cache.capacity}"
-            )
+        prefill_chunk = positive("prefill_chunk", prefill_chunk)
+        max_write = max_write if max_write is not None else prefill_chunk
+        config = cache_config(getattr(model, "model", model).config, max_sessions=max_sessions,
+                              max_session_tokens=max_session_tokens, kv_dtype=kv_dtype, max_write=max_write)
+        cache = build_session_cache(cache_kind, config)
         return cls(
             model,
             cache,
@@ -160,7 +117,6 @@ class ModuleExecutor(Executor):
             max_session_tokens=max_session_tokens,
             kv_dtype=kv_dtype,
             max_write=max_write,
-            max_decode_sequences=max_decode_sequences,
             prefill_chunk=prefill_chunk,
             keep_logits=keep_logits,
             weights_dtype=weights_dtype,
@@ -210,6 +166,8 @@ class ModuleExecutor(Executor):
         self._state(sid).sampler = Sampler(params, seed)
 
     def position(self, sid: int) -> int:
+        """Committed positions of ``sid`` as the cache reports them (inspection; not in the interface:
+        the runner tracks positions itself)."""
         return self.cache.pos(self._state(sid).seq)
 
     def limits(self) -> ExecutorLimits:
@@ -235,39 +193,37 @@ class ModuleExecutor(Executor):
     # --- execution ------------------------------------------------------------------------------
 
     def execute(self, batch: Sequence[ExecInput]) -> list[ExecOutput]:
-        plans: list[Plan] = []
+        # one entry per input, in batch order: its plan, or the output of an input refused up front
+        entries: list[Plan | ExecOutput] = []
         seen: set[int] = set()
         for index, inp in enumerate(batch):
-            plan = Plan(index, inp.sid, None, inp.start, (), inp.want_output)  # type: ignore[arg-type]
             try:
-                plan = self._plan(index, inp, seen)
+                entries.append(self._plan(index, inp, seen))
             except InputError as exc:
-                plan.error = str(exc)
+                entries.append(ExecOutput(inp.sid, error=str(exc)))
             seen.add(inp.sid)
-            plans.append(plan)
+        plans = [entry for entry in entries if isinstance(entry, Plan)]
         results: dict[int, tuple[list[int], mx.array | None]] = {}
         while True:
             active = [p for p in plans if p.error is None and p.done < p.size]
             if not active:
                 break
             self._round(active, results)
-        outputs = []
-        for plan in plans:
-            if plan.error is not None:
-                outputs.append(ExecOutput(plan.sid, error=plan.error))
-            elif plan.index in results:
-                preds, logits = results[plan.index]
-                try:
-                    tokens = self._finish(plan, preds)
-                except InputError as exc:
-                    outputs.append(ExecOutput(plan.sid, error=str(exc)))
-                    continue
-                # the logits behind the last returned token (the pending prediction)
-                kept = None if logits is None else logits[len(tokens) - 1]
-                outputs.append(ExecOutput(plan.sid, tuple(tokens), logits=kept))
-            else:
-                outputs.append(ExecOutput(plan.sid))
-        return outputs
+        return [entry if isinstance(entry, ExecOutput) else self._output(entry, results) for entry in entries]
+
+    def _output(self, plan: Plan, results: dict[int, tuple[list[int], mx.array | None]]) -> ExecOutput:
+        if plan.error is not None:
+            return ExecOutput(plan.sid, error=plan.error)
+        if plan.index not in results:  # no output wanted
+            return ExecOutput(plan.sid)
+        preds, logits = results[plan.index]
+        try:
+            tokens = self._finish(plan, preds)
+        except InputError as exc:
+            return ExecOutput(plan.sid, error=str(exc))
+        # the logits behind the last returned token (the pending prediction)
+        kept = None if logits is None else logits[len(tokens) - 1]
+        return ExecOutput(plan.sid, tuple(tokens), logits=kept)
 
     def _plan(self, index: int, inp: ExecInput, seen: set[int]) -> Plan:
         """Validate one input and rewind its session when it starts below the current position."""
@@ -283,10 +239,9 @@ class ModuleExecutor(Executor):
             rows: tuple[int, ...] | PreparedInput = inp.prepared
         else:
             rows = tuple(inp.tokens)
-            vocab = self.config.vocab_size
-            bad = [t for t in rows if not 0 <= t < vocab]
-            if bad:
-                raise InputError(f"token id {bad[0]} outside the vocabulary [0, {vocab})")
+            bad = out_of_vocab(rows, self.config.vocab_size)
+            if bad is not None:  # a guard for direct use: the runner rejected these already
+                raise InputError(f"token id {rows[bad]} outside the vocabulary [0, {self.config.vocab_size})")
         pos = self.cache.pos(state.seq)
         if inp.start > pos:
             raise InputError(f"input starts at {inp.start} but session {inp.sid} is at {pos} (gap)")

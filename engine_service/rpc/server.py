@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from concurrent import futures
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health
 
+from engine_service.rpc.service_main import GrpcServer, build_grpc_server
 from engine_service.rpc.servicer import EngineDeps, EngineServicer
 from protos import engine_pb2, engine_pb2_grpc
 
@@ -55,18 +54,15 @@ class HandleSweeper:
         self._stop.set()
 
 
-class EngineServer:
+class EngineServer(GrpcServer):
     """A running engine server. ``port`` is the bound port."""
+
+    servicer: EngineServicer
 
     def __init__(self, server: grpc.Server, servicer: EngineServicer, health_servicer: health.HealthServicer,
                  sweeper: HandleSweeper, port: int) -> None:
-        self.grpc_server = server
-        self.servicer = servicer
-        self.health = health_servicer
+        super().__init__(server, servicer, health_servicer, port)
         self.sweeper = sweeper
-        self.port = port
-        self._stopped = threading.Event()
-        self._lock = threading.Lock()
 
     @property
     def deps(self) -> EngineDeps:
@@ -75,42 +71,24 @@ class EngineServer:
     def stop(self, grace: float | None = 2.0, *, shutdown_runner: bool = False) -> None:
         """Drain and stop (idempotent); returns once the server has stopped and handles are closed.
         ``shutdown_runner`` also stops the engine thread (the process is going away)."""
-        with self._lock:
-            if self._stopped.is_set():
-                return
-            self.servicer.drain()
-            self.health.enter_graceful_shutdown()
-            self.grpc_server.stop(grace).wait()
+
+        def release() -> None:
             self.sweeper.stop()
             for r in self.deps.registry.release_all():
                 r.value.close()
             if shutdown_runner:
                 self.deps.runner.shutdown()
-            self._stopped.set()
 
-    def wait_for_termination(self, timeout: float | None = None) -> bool:
-        return self._stopped.wait(timeout)
+        self._drain(grace, before=self.servicer.drain, after=release)
 
 
 def create_server(deps: EngineDeps, address: str = "127.0.0.1:0") -> tuple[EngineServer, int]:
     """Build, bind and start the engine server; returns it and the bound port."""
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="forkline-engine-rpc"),
-        options=[("grpc.so_reuseport", 0)],
-    )
     servicer = EngineServicer(deps)
-    engine_pb2_grpc.add_EngineServicer_to_server(servicer, server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    server, health_servicer, port = build_grpc_server(
+        engine_pb2_grpc.add_EngineServicer_to_server, servicer, SERVICE_NAME, address,
+        max_workers=MAX_WORKERS, thread_name_prefix="forkline-engine-rpc",
     )
-    port = server.add_insecure_port(address)
-    if port == 0:
-        raise OSError(f"could not bind {address}")
-    server.start()
     sweeper = HandleSweeper(deps)
     sweeper.start()
     log.info("engine serving %s on port %d (instance %s)", SERVICE_NAME, port, deps.registry.instance_id)

@@ -1,10 +1,30 @@
-"""What both service entry points share: the ``--port`` type and serving until SIGTERM / SIGINT."""
+"""What both services (``forkline-engine``, ``forkline-prefix``) share: the serving flags, a gRPC
+server with health checking and reflection, draining it once, and serving until SIGTERM / SIGINT.
+
+:func:`build_grpc_server` binds and starts one service; :class:`GrpcServer` is the base of both
+servers' handles (``stop`` drains once); :func:`run_service` is the body of both ``main``s.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
+import sys
 import threading
+from collections.abc import Callable
+from concurrent import futures
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from engine_service.errors import ForklineError
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+S = TypeVar("S", bound="GrpcServer")
 
 
 def port_number(text: str) -> int:
@@ -19,6 +39,76 @@ def port_number(text: str) -> int:
     return port
 
 
+def add_serving_arguments(parser: argparse.ArgumentParser, *, default_port: int) -> None:
+    """``--host``, ``--port``, ``--grace`` and ``--log_level``, as both services take them."""
+    parser.add_argument("--host", metavar="HOST", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    parser.add_argument("--port", metavar="PORT", type=port_number, default=default_port,
+                        help="port to listen on; 0 picks a free one (default: %(default)s)")
+    parser.add_argument("--grace", metavar="SECONDS", type=float, default=5.0,
+                        help="seconds the calls in flight get to finish at shutdown (default: %(default)s)")
+    parser.add_argument("--log_level", default="INFO", type=str.upper, choices=LOG_LEVELS,
+                        help="log messages at this level and above on stderr (default: %(default)s)")
+
+
+def build_grpc_server(
+    add_servicer: Callable[[Any, grpc.Server], None],
+    servicer: Any,
+    service_name: str,
+    address: str,
+    *,
+    max_workers: int,
+    thread_name_prefix: str,
+) -> tuple[grpc.Server, health.HealthServicer, int]:
+    """A started server for ``servicer`` (registered with its generated ``add_servicer``), gRPC health
+    checking (SERVING for "" and ``service_name``) and reflection; returns it, its health servicer and
+    the bound port. ``address`` ``host:0`` picks a free port; OSError when it cannot be bound."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=thread_name_prefix),
+        options=[("grpc.so_reuseport", 0)],
+    )
+    add_servicer(servicer, server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ("", service_name):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection((service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind {address}")
+    server.start()
+    return server, health_servicer, port
+
+
+class GrpcServer:
+    """A running service built by :func:`build_grpc_server`. ``port`` is the bound port."""
+
+    def __init__(self, server: grpc.Server, servicer: Any, health_servicer: health.HealthServicer,
+                 port: int) -> None:
+        self.grpc_server = server
+        self.servicer = servicer
+        self.health = health_servicer
+        self.port = port
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+
+    def _drain(self, grace: float | None, *, after: Callable[[], None],
+               before: Callable[[], None] | None = None) -> None:
+        """Once: ``before``, health NOT_SERVING, stop the server (calls in flight get ``grace``
+        seconds, then are cancelled), ``after``. Later calls return at once."""
+        with self._lock:
+            if self._stopped.is_set():
+                return
+            if before is not None:
+                before()
+            self.health.enter_graceful_shutdown()
+            self.grpc_server.stop(grace).wait()
+            after()
+            self._stopped.set()
+
+    def wait_for_termination(self, timeout: float | None = None) -> bool:
+        return self._stopped.wait(timeout)
+
+
 def serve_until_signalled(name: str, host: str, port: int) -> None:
     """Print ``<name> listening on HOST:PORT`` (clients and the demo read this line), then block until
     SIGTERM or SIGINT arrives. The caller drains its server afterwards."""
@@ -27,3 +117,20 @@ def serve_until_signalled(name: str, host: str, port: int) -> None:
         signal.signal(sig, lambda *_: stop.set())
     print(f"{name} listening on {host}:{port}", flush=True)
     stop.wait()
+
+
+def run_service(name: str, args: argparse.Namespace, start: Callable[[argparse.Namespace], tuple[S, int]],
+                stop: Callable[[S, argparse.Namespace], None]) -> int:
+    """A service's ``main`` after parsing (``args`` from :func:`add_serving_arguments`): configure
+    logging, ``start(args)`` the server (a ForklineError or OSError prints one line ``<name>: <problem>``
+    on stderr and returns 2), serve until signalled, ``stop(server, args)``, return 0."""
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        server, port = start(args)
+    except (ForklineError, OSError) as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 2
+    serve_until_signalled(name, args.host, port)
+    logging.getLogger(name).info("draining (grace %.1f s)", args.grace)
+    stop(server, args)
+    return 0

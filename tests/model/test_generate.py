@@ -8,6 +8,7 @@ import sys
 import mlx.core as mx
 import pytest
 
+from engine_service.errors import InvalidArgument
 from engine_service.greedy import greedy_tokens, new_cache
 from engine_service.model import load_model
 from engine_service.model.random_init import random_tensors, tiny_config
@@ -38,6 +39,17 @@ def test_greedy_with_batched_sequence_cache_equals_cold_recompute(tiny_model, ch
     got = list(greedy_tokens(model, cache, cache.seq_new(), prompt, 12, chunk=chunk))
     assert got == reference_greedy(model, prompt, 12)
     assert len(set(got)) > 1  # not a degenerate constant stream
+
+
+@pytest.mark.parametrize("bad", [-1, 10**6])
+def test_greedy_refuses_token_ids_outside_the_vocabulary(tiny_model, bad):
+    """An out-of-range id would index the embedding table out of bounds: refused before any forward."""
+    model = tiny_model("FRFR", window=4)
+    cache = new_cache(model, 32)
+    seq = cache.seq_new()
+    with pytest.raises(InvalidArgument, match=f"token id {bad} outside the vocabulary"):
+        next(greedy_tokens(model, cache, seq, [3, bad, 4], 2))
+    assert cache.pos(seq) == 0
 
 
 def cli(*args):

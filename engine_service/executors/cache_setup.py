@@ -1,0 +1,89 @@
+"""The KV cache for a model's sessions: limit checks and the :class:`CacheConfig` built from the model.
+
+One place decides the cache geometry a model gets (its layer specs, K/V row shape, ``max_write``,
+the K/V dtype and the preallocation step), so :class:`~engine_service.executors.module.ModuleExecutor`
+and the single-sequence loop in :mod:`engine_service.greedy` run over the same cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+
+from engine_service.cache.batch_control import BatchControl
+from engine_service.cache.config import CacheConfig
+from engine_service.errors import InvalidArgument, ResourceExhausted
+
+_INT32_MAX = 2**31 - 1
+_PREALLOCATE = 256  # rows a flat layer allocates per step for a sequence
+
+
+def positive(name: str, value: Any) -> int:
+    """``value`` when it is an int >= 1 (bool excluded); InvalidArgument naming ``name`` otherwise."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidArgument(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def cache_config(
+    model_config: Any,
+    *,
+    max_sessions: int,
+    max_session_tokens: int,
+    kv_dtype: mx.Dtype = mx.float32,
+    max_write: int = 512,
+) -> CacheConfig:
+    """The cache geometry for ``max_sessions`` sessions of ``max_session_tokens`` positions each.
+
+    model_config: a ModelConfig (layers, num_kv_heads, head_dim, context_length). Raises
+    InvalidArgument for a non-positive limit, a logical capacity past the cache's int32 positions, or
+    sessions longer than the model's context.
+    """
+    positive("max_sessions", max_sessions)
+    positive("max_session_tokens", max_session_tokens)
+    positive("max_write", max_write)
+    capacity = max_sessions * max_session_tokens
+    if capacity > _INT32_MAX:
+        raise InvalidArgument(f"max_sessions * max_session_tokens = {capacity} overflows the cache's int32 positions")
+    if max_session_tokens > model_config.context_length:
+        raise InvalidArgument(
+            f"max_session_tokens={max_session_tokens} exceeds the model's context_length={model_config.context_length}"
+        )
+    try:
+        return CacheConfig(
+            capacity=capacity,
+            max_seqs=max_sessions,
+            layers=tuple(model_config.layers),
+            kv_heads=model_config.num_kv_heads,
+            head_dim=model_config.head_dim,
+            dtype=kv_dtype,
+            initial_capacity=min(_PREALLOCATE, max_session_tokens),
+            max_write=max_write,
+        )
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from exc
+
+
+def build_session_cache(cache_kind: str, config: CacheConfig) -> BatchControl:
+    """A new empty cache of the registered ``cache_kind`` that holds ``config.max_seqs`` sessions of
+    ``config.capacity / max_seqs`` positions each (``config`` from :func:`cache_config`).
+
+    Raises InvalidArgument for an unknown kind and ResourceExhausted when the backend cannot hold them.
+    """
+    from engine_service.cache.registry import build_cache, cache_kinds
+
+    if cache_kind not in cache_kinds():
+        raise InvalidArgument(f"cache_kind must be one of {', '.join(cache_kinds())}, got {cache_kind!r}")
+    limits = f"max_sessions={config.max_seqs} / max_session_tokens={config.capacity // config.max_seqs}"
+    try:
+        cache = build_cache(cache_kind, config)
+    except InvalidArgument as exc:  # a known kind refusing the geometry: its own limits
+        raise ResourceExhausted(f"{limits}: the {cache_kind} backend refused: {exc}") from exc
+    if cache.max_seqs < config.max_seqs:
+        raise ResourceExhausted(f"{limits}: exceeds the {cache_kind} backend's sequence limit {cache.max_seqs}")
+    if cache.capacity < config.capacity:
+        raise ResourceExhausted(
+            f"{limits}: {config.capacity} positions exceed the {cache_kind} backend's capacity {cache.capacity}"
+        )
+    return cache

@@ -1,0 +1,43 @@
+"""The command-line options that choose the model and build its executor, with their help text.
+
+Shared by every command that loads a model: ``forkline-engine``, ``mlx_run_llm_batched`` and
+``python -m engine_service.greedy``, so a flag means the same thing and shows the same default in
+each ``--help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+# the per-session limits every executor command takes: flag, default, what it bounds
+_LIMITS = (
+    ("--max_session_tokens", 2048, "positions one session may hold, prompt and output together"),
+    ("--max_decode_sequences", 8, "most sessions whose decode steps share one forward"),
+    ("--prefill_chunk", 512, "prompt positions one forward writes per session"),
+)
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """``--model`` and ``--weights_dtype`` (what :func:`engine_service.model.loader.load_model` takes)."""
+    from engine_service.model.weights import WEIGHTS_DTYPES
+
+    parser.add_argument("--model", metavar="PATH", default=None,
+                        help="a GGUF file or an MLX model folder (default: the packaged SmolLM2-135M-Instruct)")
+    parser.add_argument("--weights_dtype", default="auto", choices=WEIGHTS_DTYPES,
+                        help="weights in memory; auto: quantized on a GPU, float32 on the CPU (default: %(default)s)")
+
+
+def add_executor_options(parser: argparse.ArgumentParser, *, max_sessions: int | None) -> None:
+    """``--cache_kind``, ``--max_sessions`` (unless ``max_sessions`` is None: the command sizes it
+    itself), ``--max_session_tokens``, ``--max_decode_sequences`` and ``--prefill_chunk``."""
+    from engine_service.cache.registry import cache_kinds
+
+    parser.add_argument("--cache_kind", default="batched-sequence", choices=cache_kinds(),
+                        help="KV cache: one buffer per sequence, or a shared pool of cells that clones share "
+                             "(default: %(default)s)")
+    if max_sessions is not None:
+        parser.add_argument("--max_sessions", metavar="N", type=int, default=max_sessions,
+                            help="resident sessions at most: requests, stored snapshots and clones in flight "
+                                 "(default: %(default)s)")
+    for flag, default, text in _LIMITS:
+        parser.add_argument(flag, metavar="N", type=int, default=default, help=f"{text} (default: %(default)s)")
