@@ -1,7 +1,8 @@
 """Why a snapshot was taken where it was: the one definition of the snapshot kinds.
 
-The engine names them on snapshot events (``SnapshotEvent.kind``); the prefix cache stores them as an
-entry's ``boundary`` metadata, which retention policies read (checkpoints outlive prompt snapshots).
+The engine names them on snapshot events (``SnapshotEvent.kind``, ``stream_events.Snapshot.kind``);
+the prefix cache stores them as an entry's ``boundary`` metadata, which retention policies read
+(checkpoints outlive prompt snapshots).
 """
 
 from __future__ import annotations

@@ -1,10 +1,16 @@
-"""SessionBackend: what the prefix cache needs from an engine, and the in-process adapter over a Runner.
+"""Backends: what the prefix cache and its gateway need from an engine, and the in-process adapter.
 
 The prefix cache treats snapshot handles as opaque: it only clones, closes and inspects them through
-a backend. The in-process adapter (:class:`RunnerBackend`) uses :class:`engine_service.runtime.session.Session`
-objects as handles; the remote adapter (``prefix_service/rpc/engine_backend.py``) uses engine session
-handle strings over gRPC. Both publish the engine ``fingerprint`` so cache keys never cross models or
-execution configurations.
+a :class:`SessionBackend`. The in-process adapter (:class:`RunnerBackend`) uses
+:class:`engine_service.runtime.session.Session` objects as handles; the remote adapter
+(``prefix_service/rpc/engine_backend.py``) uses engine session handle strings over gRPC. Both publish
+the engine ``fingerprint`` so cache keys never cross models or execution configurations.
+
+The gateway (``gateway.py``) needs more of a remote engine: :class:`GatewayBackend` adds its identity
+(:class:`EngineInfo`), tokenizing, describing and closing sessions on behalf of a caller, and a
+Generate call (:class:`EngineGenerate`) answered by a cancellable :class:`EngineStream` of the
+engine's stream events (``engine_service/stream_events.py``). These are domain types: the rpc layer
+converts them to and from protos.
 
 Threading: ``clone`` blocks until the engine answers, so it must never run on the engine thread
 (never from a generation callback). ``clone_async`` only queues and is safe there.
@@ -12,10 +18,17 @@ Threading: ``clone`` blocks until the engine answers, so it must never run on th
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from engine_service.errors import ForklineError
+from engine_service.stream_events import Event
+
 if TYPE_CHECKING:  # runtime import would tie the prefix cache to the engine package layout
+    from engine_service.config import GenConfig
     from engine_service.runtime.runner import Runner
     from engine_service.runtime.session import Session
 
@@ -56,6 +69,20 @@ class CaptureBackend(SessionBackend, Protocol):
     def clone_async(self, handle: Handle, upto: int) -> Future: ...
 
 
+def handle_alive(backend: SessionBackend, handle: Handle) -> bool:
+    """``backend.valid(handle)``; a failing engine call (e.g. the engine stopped) counts as dead."""
+    try:
+        return bool(backend.valid(handle))
+    except ForklineError:
+        return False
+
+
+def release_handle(backend: SessionBackend, handle: Handle) -> None:
+    """Close ``handle``; one already gone with its engine has nothing left to release."""
+    with contextlib.suppress(ForklineError):
+        backend.close(handle)
+
+
 class RunnerBackend:
     """In-process backend: handles are :class:`Session` objects of one :class:`Runner`."""
 
@@ -86,3 +113,96 @@ class RunnerBackend:
 
     def valid(self, handle: Session) -> bool:
         return handle.valid
+
+
+# -- the gateway's engine ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """The engine's identity and the limits the gateway checks requests against."""
+
+    instance_id: str  # changes when the engine restarts: every handle of the old instance is dead
+    fingerprint: str
+    vocab_size: int
+    max_session_tokens: int
+
+
+@dataclass(frozen=True)
+class TextPrompt:
+    """A prompt as text; the engine tokenizes it (chat-formatted first when ``chat``)."""
+
+    text: str
+    chat: bool = False
+    system: str = ""
+    add_special_tokens: bool = False
+
+
+@dataclass(frozen=True)
+class EngineGenerate:
+    """One engine Generate call: feed ``tokens`` to ``session`` ("" opens a fresh session).
+
+    ``config.stop_tokens`` empty means the engine's EOS tokens stop the generation, unless
+    ``ignore_eos``. ``prompt_snapshot``: the engine clones the session at the end of the prompt and
+    sends the handle (owned by the backend's owner) as a ``Snapshot`` event.
+    """
+
+    session: str
+    tokens: tuple[int, ...]
+    config: GenConfig
+    ignore_eos: bool = False
+    prompt_snapshot: bool = False
+
+
+class EngineStream(Protocol):
+    """A running engine Generate call. Iterating yields its events (``Started``, ``Tokens``,
+    ``Snapshot``: a handle owned by the backend's owner, ``Done``) and continues where an earlier
+    iteration stopped; a failed or cancelled call raises a ForklineError. ``cancel()`` ends it from
+    any thread; it is idempotent."""
+
+    def __iter__(self) -> Iterator[Event]: ...
+
+    def __next__(self) -> Event: ...
+
+    def cancel(self) -> None: ...
+
+
+@runtime_checkable
+class GatewayBackend(SessionBackend, Protocol):
+    """A remote engine as the gateway uses it; handles are engine session handle strings.
+
+    ``owner``: this backend's owner id in the engine (it holds the stored snapshots).
+    ``instance_id``: the engine instance its handles belong to (as of the last ``refresh``).
+    ``info()``: the engine's current identity and limits; ``refresh()`` also adopts them (a new
+    instance forgets every handle of the old one). ``cloning_for(owner)``: within the block,
+    ``clone`` gives new sessions to ``owner`` (a lookup clones for its caller).
+    ``adopt(handle, position)``: record a handle this backend owns (a snapshot event's).
+    ``tokenize(text, owner)``, ``describe(session, owner) -> position``: engine calls as ``owner``.
+    ``take_clone(session, upto, owner)``: clone the caller's session (as ``owner``) into a session
+    this backend owns and adopts; None when refused. ``close_as(session, owner)``: close as ``owner``
+    (default: this backend); errors propagate. ``generate(request)``: start an engine Generate call.
+    """
+
+    @property
+    def owner(self) -> str: ...
+
+    @property
+    def instance_id(self) -> str: ...
+
+    def info(self) -> EngineInfo: ...
+
+    def refresh(self) -> EngineInfo: ...
+
+    def cloning_for(self, owner: str) -> contextlib.AbstractContextManager[None]: ...
+
+    def adopt(self, handle: str, position: int) -> None: ...
+
+    def tokenize(self, text: TextPrompt, owner: str) -> list[int]: ...
+
+    def describe(self, session: str, owner: str) -> int: ...
+
+    def take_clone(self, session: str, upto: int, owner: str) -> str | None: ...
+
+    def close_as(self, session: str, owner: str | None = None) -> None: ...
+
+    def generate(self, request: EngineGenerate) -> EngineStream: ...

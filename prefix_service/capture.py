@@ -20,7 +20,7 @@ Lifecycle::
   callback does this too, so one callback serves both.
 - ``collect(namespace, metadata)`` waits for the queued clones and inserts them: the prompt snapshot
   with ``metadata`` (``boundary="prompt"`` unless given), checkpoints with ``boundary="breakpoint"``.
-  Best effort: a refused clone is counted, never raised. It returns how many were stored; a second
+  Best effort: a refused clone is counted (``capture_refused``), never raised. It returns how many were stored; a second
   collect returns 0.
 - ``discard()`` releases whatever was or will be cloned; the wrapped callback keeps forwarding.
 
@@ -29,16 +29,17 @@ A capture of a session that is already closed is inactive: it forwards updates a
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import CancelledError, Future
 from typing import TYPE_CHECKING, Any
 
 from engine_service.errors import ForklineError
-from prefix_service.backends import CaptureBackend, Handle
+from engine_service.snapshot_kinds import BREAKPOINT, PROMPT
+from prefix_service.backends import CaptureBackend, Handle, handle_alive, release_handle
 from prefix_service.index import token_key
-from prefix_service.retention import BOUNDARY_KEY, BREAKPOINT, PROMPT
+from prefix_service.outcomes import CAPTURE_REFUSED
+from prefix_service.retention import BOUNDARY_KEY
 
 if TYPE_CHECKING:
     from prefix_service.prefix_cache import PrefixCache
@@ -56,8 +57,7 @@ def _release_when_done(backend: CaptureBackend, future: Future) -> None:
             return
         handle = done.result()
         if handle is not None:
-            with contextlib.suppress(ForklineError):  # its engine is gone: nothing left to release
-                backend.close(handle)
+            release_handle(backend, handle)
 
     future.add_done_callback(release)
 
@@ -73,7 +73,7 @@ class PromptCapture:
         self._lock = threading.Lock()  # callbacks run on the engine thread, collect on the caller's
         self._pending: dict[int, tuple[Future, str]] = {}  # position -> (clone future, boundary)
         self._prompt_requested = False
-        alive = bool(self._prompt) and self._alive(session)
+        alive = bool(self._prompt) and handle_alive(self._backend, session)
         self._state = _ACTIVE if alive else _INACTIVE
 
     @property
@@ -126,7 +126,7 @@ class PromptCapture:
             except (CancelledError, ForklineError):
                 handle = None
             if handle is None:
-                self._cache.record_refusal("capture_refused")
+                self._cache.record_refusal(CAPTURE_REFUSED)
                 continue
             tags = dict(metadata or {})
             if boundary == BREAKPOINT:
@@ -162,7 +162,7 @@ class PromptCapture:
                 return
             if not 1 <= position <= len(self._prompt):
                 return
-            if not self._alive(self._session):
+            if not handle_alive(self._backend, self._session):
                 return  # a closed source forwards outputs without retaining a session
             try:
                 future = self._backend.clone_async(self._session, position)
@@ -170,9 +170,3 @@ class PromptCapture:
                 future = Future()
                 future.set_result(None)
             self._pending[position] = (future, boundary)
-
-    def _alive(self, session: Handle) -> bool:
-        try:
-            return bool(self._backend.valid(session))
-        except ForklineError:
-            return False

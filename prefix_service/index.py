@@ -142,6 +142,10 @@ class TokenIndex(Generic[V]):
         self._prune(namespace, path)
         return value
 
+    def holds(self, namespace: Hashable) -> bool:
+        """Whether any key is stored under ``namespace``."""
+        return namespace in self._roots  # an emptied namespace's root is pruned
+
     def clear(self) -> None:
         self._roots.clear()
         self._size = 0

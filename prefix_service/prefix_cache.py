@@ -2,12 +2,16 @@
 
 Contracts (DESIGN.md section 4):
 
-- ``lookup(namespace, tokens)`` clones a stored snapshot at ``reused = min(common prefix, len - 1)``
-  (the final token is always replayed so the caller gets logits) and hands the clone to the caller,
-  who owns it. Candidates go longest match first, then most recently used; a refused clone moves to
-  the next candidate (a token match never proves K/V residency: the clone decides); a hit refreshes
-  recency. Empty and one-token requests miss. An entry whose snapshot the backend no longer knows
-  (``valid`` False, or the clone raises NotFound, e.g. an engine handle that expired) is dropped.
+- ``lookup_outcome(namespace, tokens) -> LookupOutcome`` clones a stored snapshot at
+  ``reused = min(common prefix, len - 1)`` (the final token is always replayed so the caller gets
+  logits) and hands the clone to the caller, who owns it. Candidates go longest match first, then most
+  recently used; a refused clone moves to the next candidate (a token match never proves K/V
+  residency: the clone decides); a hit refreshes recency. An entry whose snapshot the backend no longer
+  knows (``valid`` False, or the clone raises NotFound, e.g. an engine handle that expired) is dropped.
+  A miss says why (``outcomes.MissReason``), decided by this lookup alone under the cache's lock:
+  TOO_SHORT (empty and one-token requests), DISABLED, BOUNDARY_REFUSED (a matching entry's clone was
+  refused or failed), EMPTY (nothing stored under the namespace), DIVERGED (entries exist, none shares
+  the first token). ``lookup(namespace, tokens)`` is the same call answering ``Match | None``.
 - ``insert(namespace, tokens, snapshot, metadata)`` takes ownership of ``snapshot``: it is stored or
   released, never leaked. Refused (and released): disabled cache (``max_entries == 0``), empty key,
   invalid (closed or dead) snapshot, ``position(snapshot) != len(tokens)``, duplicate key (the
@@ -23,7 +27,6 @@ so never call them from a generation callback (the engine thread would wait on i
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
@@ -32,37 +35,26 @@ from types import MappingProxyType
 from typing import Any
 
 from engine_service.errors import FailedPrecondition, ForklineError, InvalidArgument, NotFound
-from prefix_service.backends import CaptureBackend, Handle, SessionBackend
+from prefix_service.backends import CaptureBackend, Handle, SessionBackend, handle_alive, release_handle
 from prefix_service.capture import PromptCapture
 from prefix_service.index import TokenIndex, token_key
+from prefix_service.outcomes import (
+    CLONE_ERROR,
+    CLONE_REFUSED,
+    DISABLED,
+    DUPLICATE,
+    INVALID_KEY,
+    INVALID_SNAPSHOT,
+    POSITION_MISMATCH,
+    LookupOutcome,
+    Match,
+    MissReason,
+)
 from prefix_service.retention import NO_METADATA, Entry, RetentionPolicy, make_policy
-
-# Refusal reasons counted in PrefixStats.refusals.
-DISABLED = "disabled"
-INVALID_KEY = "invalid_key"
-INVALID_SNAPSHOT = "invalid_snapshot"
-POSITION_MISMATCH = "position_mismatch"
-DUPLICATE = "duplicate"
-CLONE_REFUSED = "clone_refused"
-CLONE_ERROR = "clone_error"
-CAPTURE_REFUSED = "capture_refused"
 
 DEFAULT_MAX_ATTEMPTS = 16
 
 _GONE = object()  # _clone's answer when the backend no longer knows the snapshot at all
-
-
-@dataclass(frozen=True)
-class Match:
-    """A lookup hit: ``session`` holds exactly the first ``reused`` request tokens; the caller owns it
-    and feeds ``tokens[reused:]`` (at least one token) next."""
-
-    session: Any
-    reused: int
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.reused, int) or self.reused < 1:
-            raise ValueError(f"Match.reused must be a positive int, got {self.reused!r}")
 
 
 @dataclass(frozen=True)
@@ -143,42 +135,20 @@ class PrefixCache:
 
     def lookup(self, namespace: str, tokens: Sequence[int]) -> Match | None:
         """Clone the best stored snapshot for ``tokens``; None on a miss. See the module docstring."""
+        return self.lookup_outcome(namespace, tokens).match
+
+    def lookup_outcome(self, namespace: str, tokens: Sequence[int]) -> LookupOutcome:
+        """Like :meth:`lookup`, and a miss says why (see the module docstring)."""
         key = token_key(tokens)
         scope = self._scope(namespace)
         with self._lock:
-            if len(key) < 2 or not self._entries:
-                self._misses += 1
-                return None
-            dead: list[Entry] = []
-            hit: Match | None = None
-            attempts = 0
-            for candidate in self._index.matches(scope, key):
-                entry = candidate.value
-                if not self._alive(entry.snapshot):
-                    dead.append(entry)  # its engine is gone: no clone call
-                    continue
-                reused = min(candidate.common, len(key) - 1)
-                child = self._clone(entry.snapshot, reused)
-                if child is _GONE:  # e.g. the engine expired the handle: it can never serve again
-                    dead.append(entry)
-                    continue
-                if child is not None:
-                    self._refresh(entry)
-                    entry.hits += 1
-                    hit = Match(child, reused)
-                    break
-                attempts += 1
-                if attempts >= self._max_attempts:
-                    break
-            for entry in dead:  # removed after the walk: the index must not change while iterating
-                self._refusals[INVALID_SNAPSHOT] += 1
-                self._drop(entry)
-            if hit is None:
+            outcome = self._find(scope, key)
+            if outcome.match is None:
                 self._misses += 1
             else:
                 self._hits += 1
-                self._reused += hit.reused
-            return hit
+                self._reused += outcome.match.reused
+            return outcome
 
     def insert(
         self,
@@ -204,7 +174,7 @@ class PrefixCache:
                 return self._refuse(snapshot, DISABLED)
             if not key:
                 return self._refuse(snapshot, INVALID_KEY)
-            if not self._alive(snapshot):
+            if not handle_alive(self._backend, snapshot):
                 return self._refuse(snapshot, INVALID_SNAPSHOT)
             if self._position(snapshot) != len(key):
                 return self._refuse(snapshot, POSITION_MISMATCH)
@@ -214,7 +184,7 @@ class PrefixCache:
                     self._refresh(existing)
                     self._refusals[DUPLICATE] += 1
                     return False
-                if self._alive(existing.snapshot):
+                if handle_alive(self._backend, existing.snapshot):
                     self._refresh(existing)
                     return self._refuse(snapshot, DUPLICATE)
                 self._refusals[INVALID_SNAPSHOT] += 1
@@ -288,6 +258,46 @@ class PrefixCache:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _find(self, scope: Hashable, key: tuple[int, ...]) -> LookupOutcome:
+        """The lookup itself (the caller holds the lock and counts the hit or miss)."""
+        if len(key) < 2:
+            return LookupOutcome.miss(MissReason.TOO_SHORT)
+        if self._max_entries == 0:
+            return LookupOutcome.miss(MissReason.DISABLED)
+        dead: list[Entry] = []
+        hit: Match | None = None
+        refused_at = 0  # the longest common prefix whose clone was refused (0: none was)
+        attempts = 0
+        for candidate in self._index.matches(scope, key):
+            entry = candidate.value
+            if not handle_alive(self._backend, entry.snapshot):
+                dead.append(entry)  # its engine is gone: no clone call
+                continue
+            reused = min(candidate.common, len(key) - 1)
+            child = self._clone(entry.snapshot, reused)
+            if child is _GONE:  # e.g. the engine expired the handle: it can never serve again
+                dead.append(entry)
+                continue
+            if child is not None:
+                self._refresh(entry)
+                entry.hits += 1
+                hit = Match(child, reused)
+                break
+            refused_at = max(refused_at, candidate.common)
+            attempts += 1
+            if attempts >= self._max_attempts:
+                break
+        for entry in dead:  # removed after the walk: the index must not change while iterating
+            self._refusals[INVALID_SNAPSHOT] += 1
+            self._drop(entry)
+        if hit is not None:
+            return LookupOutcome.hit(hit)
+        if refused_at:
+            return LookupOutcome.miss(MissReason.BOUNDARY_REFUSED, refused_at)
+        if not self._index.holds(scope):
+            return LookupOutcome.miss(MissReason.EMPTY)
+        return LookupOutcome.miss(MissReason.DIVERGED)  # every live entry differs at the first token
+
     def _scope(self, namespace: str) -> Hashable:
         if not isinstance(namespace, str):
             raise InvalidArgument(f"namespace must be a string, got {type(namespace).__name__}")
@@ -324,12 +334,6 @@ class PrefixCache:
             self._refusals[CLONE_REFUSED] += 1
         return child
 
-    def _alive(self, snapshot: Handle) -> bool:
-        try:
-            return bool(self._backend.valid(snapshot))
-        except ForklineError:
-            return False
-
     def _position(self, snapshot: Handle) -> int | None:
         try:
             return self._backend.position(snapshot)
@@ -337,5 +341,4 @@ class PrefixCache:
             return None
 
     def _release(self, snapshot: Handle) -> None:
-        with contextlib.suppress(ForklineError):  # already gone with its engine: nothing to release
-            self._backend.close(snapshot)
+        release_handle(self._backend, snapshot)

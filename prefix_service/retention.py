@@ -25,10 +25,9 @@ from types import MappingProxyType
 from typing import Any
 
 from engine_service.errors import InvalidArgument
+from engine_service.snapshot_kinds import BREAKPOINT
 
-BOUNDARY_KEY = "boundary"
-BREAKPOINT = "breakpoint"
-PROMPT = "prompt"
+BOUNDARY_KEY = "boundary"  # metadata naming the snapshot kind (engine_service/snapshot_kinds.py)
 PRIORITY_KEY = "priority"
 NO_METADATA: Mapping[str, str] = MappingProxyType({})
 

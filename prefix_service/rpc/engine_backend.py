@@ -1,4 +1,5 @@
-"""EngineBackend: the prefix cache's SessionBackend over a remote engine (the engine gRPC stub).
+"""EngineBackend: the prefix cache's SessionBackend and the gateway's GatewayBackend over a remote
+engine (the engine gRPC stub).
 
 Handles are the engine's opaque session handle strings. The backend holds its snapshots in the engine
 under its own owner id (``owner``, default ``prefix-service``); :meth:`clone` gives the new session to
@@ -8,7 +9,9 @@ itself otherwise.
 It remembers the positions of the handles it holds (snapshot events and clones say them), so
 ``position`` and ``valid`` usually cost no call. ``valid`` is False for a handle issued by another
 engine instance: after an engine restart every stored handle is dead without asking the engine.
-Engine errors arrive as ``engine_service.errors`` types (the PrefixCache treats them as refusals).
+Engine errors arrive as ``engine_service.errors`` types (the PrefixCache treats them as refusals),
+also from an engine Generate stream (:class:`RemoteStream`, whose events are domain values:
+``prefix_service/rpc/convert.py`` converts).
 """
 
 from __future__ import annotations
@@ -16,20 +19,47 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from engine_service.errors import NotFound
 from engine_service.handles import handle_instance
 from engine_service.rpc.convert import OWNER_METADATA_KEY
 from engine_service.rpc.errors import from_rpc_error
+from engine_service.stream_events import Event
+from prefix_service.backends import EngineGenerate, EngineInfo, TextPrompt
+from prefix_service.rpc import convert
 from protos import engine_pb2 as pb
 from protos import engine_pb2_grpc
 
 DEFAULT_OWNER = "prefix-service"
 
 _clone_owner: contextvars.ContextVar[str | None] = contextvars.ContextVar("forkline_clone_owner", default=None)
+
+Reply = TypeVar("Reply", bound=Message)
+
+
+class RemoteStream:
+    """An engine Generate call as an :class:`~prefix_service.backends.EngineStream`: domain events,
+    forkline errors (a cancelled call raises Cancelled)."""
+
+    def __init__(self, call: Iterator[pb.GenerateEvent]) -> None:
+        self._call = call
+
+    def __iter__(self) -> RemoteStream:
+        return self
+
+    def __next__(self) -> Event:
+        try:
+            return convert.engine_event(next(self._call))
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+
+    def cancel(self) -> None:
+        self._call.cancel()  # type: ignore[attr-defined]  (a grpc call is also a grpc.Future)
 
 
 class EngineBackend:
@@ -45,7 +75,7 @@ class EngineBackend:
         self.instance_id = ""
         self._fingerprint = ""
 
-    def call(self, method, request, owner: str | None = None):
+    def call(self, method: Callable[..., Reply], request: Message, owner: str | None = None) -> Reply:
         """A unary engine call as ``owner`` (default: this backend); errors as forkline errors."""
         metadata = self.metadata if owner is None else ((OWNER_METADATA_KEY, owner),)
         try:
@@ -53,10 +83,10 @@ class EngineBackend:
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
 
-    def info(self) -> pb.InfoResponse:
-        return self.call(self.stub.Info, pb.InfoRequest())
+    def info(self) -> EngineInfo:
+        return convert.engine_info(self.call(self.stub.Info, pb.InfoRequest()))
 
-    def refresh(self) -> pb.InfoResponse:
+    def refresh(self) -> EngineInfo:
         """Read Info and adopt the engine's instance id and fingerprint."""
         info = self.info()
         with self._lock:
@@ -86,6 +116,28 @@ class EngineBackend:
         """Record a handle this backend owns (e.g. a snapshot event) and its position."""
         with self._lock:
             self._positions[handle] = position
+
+    # -- GatewayBackend: engine calls on behalf of a caller ------------------------------------
+    def tokenize(self, text: TextPrompt, owner: str) -> list[int]:
+        return list(self.call(self.stub.Tokenize, pb.TokenizeRequest(text=convert.text_input(text)), owner).ids)
+
+    def describe(self, session: str, owner: str) -> int:
+        return self.call(self.stub.Describe, pb.DescribeRequest(session=session), owner).position
+
+    def take_clone(self, session: str, upto: int, owner: str) -> str | None:
+        """Clone ``owner``'s session into one this backend owns (and adopts); None when refused."""
+        request = pb.CloneRequest(session=session, upto=upto, new_owner=self.owner)
+        reply = self.call(self.stub.Clone, request, owner)
+        if not reply.session:
+            return None
+        self.adopt(reply.session, reply.position)
+        return reply.session
+
+    def close_as(self, session: str, owner: str | None = None) -> None:
+        self.call(self.stub.Close, pb.CloseRequest(session=session), owner)
+
+    def generate(self, request: EngineGenerate) -> RemoteStream:
+        return RemoteStream(self.stub.Generate(convert.engine_request(request), metadata=self.metadata))
 
     # -- SessionBackend ------------------------------------------------------------------------
     @property

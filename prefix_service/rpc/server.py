@@ -1,25 +1,26 @@
 """The prefix-cache gRPC server: servicer + health checking + reflection.
 
-``connect_engine(address, ...)`` builds the deps: a channel to the engine, an :class:`EngineBackend`
-that first releases whatever an earlier instance of this service left in the engine (ReleaseOwner
-under its stable owner id), and the :class:`PrefixCache`. ``create_server(deps, address)`` binds and
-starts serving. ``server.stop(grace)`` drains; with ``release=True`` it also releases every stored
-snapshot in the engine (a clean shutdown; a killed service is cleaned up by its next start).
+``connect_engine(address, ...)`` builds the :class:`Gateway`: a channel to the engine, an
+:class:`EngineBackend` that first releases whatever an earlier instance of this service left in the
+engine (ReleaseOwner under its stable owner id), and the :class:`PrefixCache`.
+``create_server(gateway, address)`` binds and starts serving. ``server.stop(grace)`` drains; with
+``release=True`` it also releases every stored snapshot in the engine (a clean shutdown; a killed
+service is cleaned up by its next start).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from concurrent import futures
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health
 
+from engine_service.errors import Unavailable
+from engine_service.rpc.service_main import GrpcServer, build_grpc_server
+from prefix_service.gateway import Gateway
 from prefix_service.prefix_cache import PrefixCache
 from prefix_service.rpc.engine_backend import DEFAULT_OWNER, EngineBackend
-from prefix_service.rpc.servicer import PrefixDeps, PrefixServicer
+from prefix_service.rpc.servicer import PrefixServicer
 from protos import prefix_pb2, prefix_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -35,78 +36,62 @@ def connect_engine(
     policy: str = "lru",
     owner: str = DEFAULT_OWNER,
     ready_timeout: float = 30.0,
-) -> tuple[PrefixDeps, grpc.Channel]:
+) -> tuple[Gateway, grpc.Channel]:
     """Connect to the engine, release this owner's leftovers there, and build the cache."""
     channel = grpc.insecure_channel(engine_address)
     try:
         grpc.channel_ready_future(channel).result(timeout=ready_timeout)
     except grpc.FutureTimeoutError:
         channel.close()
-        from engine_service.errors import Unavailable
-
         raise Unavailable(f"engine at {engine_address} not reachable within {ready_timeout} s") from None
     backend = EngineBackend(channel, owner=owner)
     backend.refresh()
     released = backend.release_owned()
     if released:
         log.info("released %d snapshots an earlier %s left in the engine", released, owner)
-    return PrefixDeps(PrefixCache(backend, max_entries, policy), backend, policy), channel
+    return Gateway(PrefixCache(backend, max_entries, policy), backend, policy), channel
 
 
-class PrefixServer:
+class PrefixServer(GrpcServer):
+    """A running prefix-cache server. ``port`` is the bound port."""
+
+    servicer: PrefixServicer
+
     def __init__(self, server: grpc.Server, servicer: PrefixServicer, health_servicer: health.HealthServicer,
                  port: int, channel: grpc.Channel | None) -> None:
-        self.grpc_server = server
-        self.servicer = servicer
-        self.health = health_servicer
-        self.port = port
-        self.channel = channel
-        self._stopped = threading.Event()
-        self._lock = threading.Lock()
+        super().__init__(server, servicer, health_servicer, port)
+        self.channel = channel  # to the engine; closed when this server stops
 
     @property
-    def deps(self) -> PrefixDeps:
-        return self.servicer.deps
+    def gateway(self) -> Gateway:
+        return self.servicer.gateway
+
+    deps = gateway  # the name the service fixtures and benches use
 
     def stop(self, grace: float | None = 2.0, *, release: bool = True) -> None:
         """Drain and stop (idempotent). ``release``: close every stored snapshot in the engine."""
-        with self._lock:
-            if self._stopped.is_set():
-                return
-            self.health.enter_graceful_shutdown()
-            self.grpc_server.stop(grace).wait()
+
+        def cleanup() -> None:
             if release:
                 try:
-                    self.deps.cache.clear()
+                    self.gateway.clear()
                 except Exception:  # the engine may be gone already; its restart drops them anyway
                     log.warning("could not release snapshots at shutdown", exc_info=True)
             if self.channel is not None:
                 self.channel.close()
-            self._stopped.set()
 
-    def wait_for_termination(self, timeout: float | None = None) -> bool:
-        return self._stopped.wait(timeout)
+        self._drain(grace, after=cleanup)
 
 
-def create_server(deps: PrefixDeps, address: str = "127.0.0.1:0", *,
+def create_server(gateway: Gateway, address: str = "127.0.0.1:0", *,
                   channel: grpc.Channel | None = None) -> tuple[PrefixServer, int]:
     """Build, bind and start the prefix server; returns it and the bound port. ``channel`` (the engine
     channel from :func:`connect_engine`) is closed when the server stops."""
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="forkline-prefix-rpc"),
-        options=[("grpc.so_reuseport", 0)],
+    servicer = PrefixServicer(gateway)
+    server, health_servicer, port = build_grpc_server(
+        prefix_pb2_grpc.add_PrefixCacheServicer_to_server, servicer, SERVICE_NAME, address,
+        max_workers=MAX_WORKERS, thread_name_prefix="forkline-prefix-rpc",
     )
-    servicer = PrefixServicer(deps)
-    prefix_pb2_grpc.add_PrefixCacheServicer_to_server(servicer, server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(address)
-    if port == 0:
-        raise OSError(f"could not bind {address}")
-    server.start()
     log.info("prefix cache serving %s on port %d (engine instance %s)", SERVICE_NAME, port,
-             deps.backend.instance_id)
+             gateway.backend.instance_id)
     return PrefixServer(server, servicer, health_servicer, port, channel), port

@@ -47,6 +47,7 @@ def test_lookup_insert_stats_clear(engine, prefix_factory) -> None:
     assert alice_engine.describe(snap) == (len(PROMPT), False)  # the caller keeps its own session
     hit = alice.lookup(PROMPT[:50] + [1, 2, 3])
     assert (hit.reused, hit.reason, list(hit.tokens)) == (50, "unspecified", PROMPT[:50] + [1, 2, 3])
+    assert hit.diverged_at == 50
     # the clone belongs to the caller: it continues a generation equal to a cold run
     warm = alice_engine.generate([1, 2, 3], session=hit.session, max_new_tokens=6, **SAMPLED).collect()
     assert warm.tokens == in_process_tokens(PROMPT[:50] + [1, 2, 3], 6, temperature=10.0, seed=7)
@@ -73,6 +74,7 @@ def test_boundary_refused_by_retention(engine, prefix_factory) -> None:
     alice = PrefixClient(prefix.address, owner="alice")
     refused = alice.lookup(PROMPT[:20] + [1, 2])
     assert (refused.session, refused.reason) == (None, "boundary_refused")
+    assert refused.diverged_at == 20  # where the request left the entry: the refused boundary
     assert alice.lookup(PROMPT[:40] + [1, 2]).reused == 40  # above the floor: a hit (control)
 
 
@@ -331,14 +333,14 @@ def test_lookup_whose_caller_gave_up_releases_its_clone(engine, prefix_factory) 
     prefix = prefix_factory(engine.address)
     alice = PrefixClient(prefix.address, owner="alice")
     alice.generate(PROMPT, max_new_tokens=1).collect()
-    cache, real_lookup = prefix.cache, prefix.cache.lookup
+    cache, real_lookup = prefix.cache, prefix.cache.lookup_outcome  # what the gateway calls
 
     def slow_lookup(namespace, tokens):
-        match = real_lookup(namespace, tokens)
+        outcome = real_lookup(namespace, tokens)
         time.sleep(0.5)
-        return match
+        return outcome
 
-    cache.lookup = slow_lookup
+    cache.lookup_outcome = slow_lookup
     slow = PrefixClient(prefix.address, owner="alice", timeout=0.2)
     with pytest.raises(errors.Unavailable):  # DEADLINE_EXCEEDED
         slow.lookup(PROMPT)

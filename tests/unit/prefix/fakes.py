@@ -6,15 +6,23 @@ The backend counts every clone call and close, tracks live sessions (leak checks
 capacity, fail the next clones, or die (every handle becomes invalid; no clone call is made).
 ``clone_async`` either settles at once or, with ``deferred``, queues (as does ``close``) until
 ``run_pending()`` runs the queue in FIFO order, like the runner's command inbox.
+
+:class:`FakeEngine` adds what the gateway needs (a GatewayBackend): engine identity, tokenizing,
+describing, and a scripted Generate stream (:class:`FakeStream`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from engine_service.errors import ResourceExhausted
+from engine_service.errors import Cancelled, ResourceExhausted
+from engine_service.snapshot_kinds import PROMPT
+from engine_service.stream_events import Done, Snapshot, Started, Tokens
+from prefix_service.backends import EngineGenerate, EngineInfo, TextPrompt
 
 
 @dataclass(frozen=True)
@@ -159,3 +167,101 @@ def fake_generate(
         backend.run_pending()
     callback(FakeUpdate(position=session.position, finished=True, finish_reason="length"))
     backend.run_pending()
+
+
+def done_event(prompt_positions: int, reused: int) -> Done:
+    return Done("length", prompt_positions, reused, 1, reused + prompt_positions, 0.5, 10.0, 1.0)
+
+
+class FakeStream:
+    """A scripted engine Generate stream: ``events`` in order; after ``cancel()`` it raises Cancelled,
+    as a cancelled gRPC call does. With ``hang_after`` it hangs (until cancelled) after that many
+    events, like an engine stream that does not end."""
+
+    def __init__(self, events: list, hang_after: int | None = None) -> None:
+        self.events = list(events)
+        self.hang_after = hang_after
+        self.sent = 0
+        self.cancelled = threading.Event()
+
+    def __iter__(self) -> FakeStream:
+        return self
+
+    def __next__(self):
+        if self.hang_after is not None and self.sent >= self.hang_after:
+            self.cancelled.wait(10)
+        if self.cancelled.is_set():
+            raise Cancelled("the engine call was cancelled")
+        if not self.events:
+            raise StopIteration
+        self.sent += 1
+        return self.events.pop(0)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class FakeEngine(FakeBackend):
+    """A GatewayBackend over the fake sessions: handles are FakeSessions, text tokenizes to
+    character codes, Generate is scripted (started, the prompt snapshot, tokens, done)."""
+
+    def __init__(self, vocab_size: int = 1000, max_session_tokens: int = 256) -> None:
+        super().__init__()
+        self.owner = "prefix-service"
+        self.instance_id = ""
+        self.engine_instance = "instance-1"  # what Info reports; a test "restarts" the engine by changing it
+        self.vocab_size, self.max_session_tokens = vocab_size, max_session_tokens
+        self.clone_owners: list[str | None] = []  # the cloning_for owner of each clone() call
+        self.closed_as: list[tuple[FakeSession, str | None]] = []
+        self.requests: list[EngineGenerate] = []
+        self.streams: list[FakeStream] = []
+        self.hang_after: int | None = None  # new streams hang after this many events
+        self._cloning_for: str | None = None
+
+    def info(self) -> EngineInfo:
+        return EngineInfo(self.engine_instance, self.fingerprint, self.vocab_size, self.max_session_tokens)
+
+    def refresh(self) -> EngineInfo:
+        self.instance_id = self.engine_instance
+        return self.info()
+
+    @contextlib.contextmanager
+    def cloning_for(self, owner: str):
+        self._cloning_for = owner
+        try:
+            yield
+        finally:
+            self._cloning_for = None
+
+    def clone(self, handle: FakeSession, upto: int) -> FakeSession | None:
+        self.clone_owners.append(self._cloning_for)
+        return super().clone(handle, upto)
+
+    def adopt(self, handle: FakeSession, position: int) -> None:
+        assert handle.position == position
+
+    def tokenize(self, text: TextPrompt, owner: str) -> list[int]:
+        return [ord(c) for c in text.text]
+
+    def describe(self, session: FakeSession, owner: str) -> int:
+        return session.position
+
+    def take_clone(self, session: FakeSession, upto: int, owner: str) -> FakeSession | None:
+        return self._do_clone(session, upto)
+
+    def close_as(self, session: FakeSession, owner: str | None = None) -> None:
+        self.closed_as.append((session, owner))
+        self._do_close(session)
+
+    def generate(self, request: EngineGenerate) -> FakeStream:
+        self.requests.append(request)
+        session = request.session or self.open(())
+        start = session.position
+        session.extend(request.tokens)
+        events: list = [Started(session, start, len(request.tokens))]
+        if request.prompt_snapshot:
+            events.append(Snapshot(self._do_clone(session, session.position), session.position, PROMPT))
+        events += [Tokens((500,), "x"), done_event(len(request.tokens), start)]
+        stream = FakeStream(events, self.hang_after)
+        self.streams.append(stream)
+        return stream

@@ -18,11 +18,6 @@ def backend() -> FakeBackend:
     return FakeBackend(deferred=True)
 
 
-@pytest.fixture
-def cache(backend) -> PrefixCache:
-    return PrefixCache(backend, max_entries=8)
-
-
 class Recorder:
     def __init__(self) -> None:
         self.updates: list[FakeUpdate] = []

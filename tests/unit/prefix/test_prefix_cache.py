@@ -31,16 +31,6 @@ def assert_hit(match: Match | None, request, reused: int) -> None:
     assert match.session.position == reused
 
 
-@pytest.fixture
-def backend() -> FakeBackend:
-    return FakeBackend()
-
-
-@pytest.fixture
-def cache(backend) -> PrefixCache:
-    return PrefixCache(backend, max_entries=8)
-
-
 @pytest.mark.parametrize(
     ("request_tokens", "reused"),
     [

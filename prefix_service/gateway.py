@@ -1,0 +1,304 @@
+"""Gateway: the prefix service's flows as domain code (no gRPC), over a :class:`GatewayBackend`.
+
+:class:`Gateway` owns the service's :class:`PrefixCache` (and its retention policy); the cache's
+snapshots are engine handles held under the backend's owner id. Every call first runs
+:meth:`Gateway.check_engine` (one Info call): it refreshes the vocabulary size and
+``max_session_tokens`` requests are checked against, and when the engine's instance id changed it
+drops every entry (their handles died with the old instance); lookups then report
+``MissReason.ENGINE_RESTARTED`` until something is cached again.
+
+- :meth:`Gateway.lookup`: tokenize (text) or check (ids) the prompt, and clone the best stored
+  snapshot for the caller (the clone belongs to the caller). A caller that left meanwhile gets
+  nothing: its clone is closed and the call raises Cancelled.
+- :meth:`Gateway.insert`: the caller keeps its session; the service stores its own clone of it.
+- :meth:`Gateway.generate`: lookup -> engine Generate continuing the match with the prompt's rest,
+  capturing the prompt snapshot -> insert. It returns a :class:`GatewayStream`: iterating it yields
+  the engine's events for the client (``Started`` with the session blanked: the service's session is
+  not the caller's to use; ``Tokens``; ``Done``); ``Snapshot`` events are stored here, not passed on.
+  When the client leaves, :meth:`GatewayStream.stop` ends the engine generation by closing its
+  session (not by cancelling the engine call), so that snapshot events the engine already sent are
+  still read (stored or released) by the drain, which cancels a stream that outlives
+  ``DRAIN_TIMEOUT_S``. The matched clone is closed at the end.
+
+Errors are ``engine_service.errors`` types (bad input: InvalidArgument; engine failures as the
+backend raises them); the rpc layer maps them to status codes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from engine_service.config import GenConfig
+from engine_service.errors import Cancelled, ForklineError, InvalidArgument
+from engine_service.stream_events import Done, Snapshot, Started, Tokens
+from prefix_service.backends import EngineGenerate, EngineStream, GatewayBackend, TextPrompt
+from prefix_service.outcomes import LookupOutcome, Match, MissReason
+from prefix_service.prefix_cache import PrefixCache, PrefixStats
+
+log = logging.getLogger(__name__)
+
+DRAIN_TIMEOUT_S = 10.0  # how long a gateway call whose client left waits for the engine stream to end
+
+Prompt = Sequence[int] | TextPrompt  # token ids, or text the engine tokenizes
+GatewayEvent = Started | Tokens | Done  # what a gateway stream hands its client (snapshots stay here)
+
+# Misses an engine restart explains better (a too-short request or a refused clone says more).
+_RESTART_MASKS = (MissReason.DISABLED, MissReason.EMPTY, MissReason.DIVERGED)
+
+
+@dataclass(frozen=True)
+class PromptLookup:
+    """A lookup's answer: the prompt's ``tokens`` (the text's tokenization) and the ``outcome``."""
+
+    tokens: tuple[int, ...]
+    outcome: LookupOutcome
+
+
+@dataclass(frozen=True)
+class GatewayRequest:
+    """One gateway Generate: ``prompt`` under ``namespace``, sampled and stopped per ``config``
+    (``ignore_eos``: see :class:`EngineGenerate`). ``store_prompt``: insert the prompt snapshot."""
+
+    namespace: str
+    prompt: Prompt
+    config: GenConfig
+    ignore_eos: bool = False
+    store_prompt: bool = True
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GatewayStats:
+    """The cache's counters plus the service's: entries dropped on engine restarts, the engine
+    instance the entries belong to, the retention policy's name."""
+
+    cache: PrefixStats
+    dropped_on_restart: int
+    engine_instance_id: str
+    policy: str
+
+
+class _StopOnce:
+    """Calls ``stop(stream, session)`` at most once, with the session known by then."""
+
+    def __init__(self, stop: Callable[[EngineStream, str], None], stream: EngineStream, session: str) -> None:
+        self._stop, self._stream, self.session = stop, stream, session
+        self._lock = threading.Lock()
+        self._done = False
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        self._stop(self._stream, self.session)
+
+
+class Gateway:
+    """See the module docstring. ``cache.backend`` must be ``backend``."""
+
+    def __init__(self, cache: PrefixCache, backend: GatewayBackend, policy_name: str = "") -> None:
+        if cache.backend is not backend:
+            raise InvalidArgument("cache must use the given backend")
+        self.cache = cache
+        self.backend = backend
+        self.policy_name = policy_name
+        self.dropped_on_restart = 0
+        self._lock = threading.Lock()
+        self._restarted = False  # entries were dropped on an engine restart; nothing cached since
+        self._vocab_size = 0  # the engine's (Info, refreshed by check_engine): token ids are checked
+        self._max_session_tokens = 0  # likewise: a gateway prompt must fit one engine session
+
+    # -- calls -----------------------------------------------------------------------------------
+    def check_engine(self) -> None:
+        """Refresh the engine's limits; drop every entry when its instance id changed."""
+        backend = self.backend
+        with self._lock:
+            previous = backend.instance_id
+            info = backend.info()
+            self._vocab_size = info.vocab_size
+            self._max_session_tokens = info.max_session_tokens
+            if info.instance_id == previous:
+                return
+            backend.refresh()
+            if previous:
+                dropped = self.cache.clear()
+                self.dropped_on_restart += dropped
+                self._restarted = True
+                log.warning("engine restarted (%s -> %s): dropped %d entries", previous, info.instance_id, dropped)
+
+    def lookup(self, namespace: str, prompt: Prompt, owner: str,
+               caller_active: Callable[[], bool] = lambda: True) -> PromptLookup:
+        """Clone the best stored snapshot of ``prompt`` for ``owner``, who owns the clone. When
+        ``caller_active()`` is False after the lookup, the clone is closed and Cancelled raised."""
+        self.check_engine()
+        tokens = self._tokens(prompt, owner)
+        outcome = self._lookup(namespace, tokens, owner)
+        if outcome.match is not None and not caller_active():  # the caller left: nobody gets the clone
+            self.backend.close_as(outcome.match.session, owner)
+            raise Cancelled("the caller left before the lookup completed")
+        return PromptLookup(tuple(tokens), outcome)
+
+    def insert(self, namespace: str, tokens: Sequence[int], session: str, metadata: Mapping[str, str],
+               owner: str) -> bool:
+        """Store a clone of ``owner``'s ``session`` (holding exactly ``tokens``); True when stored.
+        A session at another position, or a disabled cache, is refused without cloning."""
+        self.check_engine()
+        if not tokens:
+            raise InvalidArgument("tokens must not be empty")
+        self._checked(tokens, "tokens")
+        if self.backend.describe(session, owner) != len(tokens) or self.cache.max_entries == 0:
+            return False
+        clone = self.backend.take_clone(session, len(tokens), owner)
+        if clone is None:
+            return False
+        return self._insert(namespace, tokens, clone, metadata)
+
+    def generate(self, request: GatewayRequest, owner: str) -> GatewayStream:
+        """Look up, start the engine generation and return its stream (see the module docstring)."""
+        self.check_engine()
+        tokens = self._tokens(request.prompt, owner)
+        if not tokens:
+            raise InvalidArgument("input is empty")
+        # What the engine would refuse is refused before the lookup clones (and counts a hit).
+        if self._max_session_tokens and len(tokens) > self._max_session_tokens:
+            raise InvalidArgument(f"input of {len(tokens)} positions exceeds the engine's "
+                                  f"max_session_tokens={self._max_session_tokens}")
+        match = self._lookup(request.namespace, tokens, self.backend.owner).match
+        reused = match.reused if match else 0
+        engine_request = EngineGenerate(
+            session=match.session if match else "",
+            tokens=tuple(tokens[reused:]),
+            config=request.config,
+            ignore_eos=request.ignore_eos,
+            # a disabled cache would only release the snapshot: do not clone it at all
+            prompt_snapshot=request.store_prompt and self.cache.max_entries > 0,
+        )
+        try:
+            stream = self.backend.generate(engine_request)
+        except BaseException:
+            if match is not None:
+                self._close_quietly(match.session)
+            raise
+        return GatewayStream(self, stream, request, tokens, match)
+
+    def stats(self) -> GatewayStats:
+        return GatewayStats(
+            cache=self.cache.stats(),
+            dropped_on_restart=self.dropped_on_restart,
+            engine_instance_id=self.backend.instance_id,
+            policy=self.policy_name or type(self.cache.policy).__name__,
+        )
+
+    def clear(self) -> int:
+        """Release every stored snapshot; returns how many."""
+        return self.cache.clear()
+
+    # -- internals -------------------------------------------------------------------------------
+    def _tokens(self, prompt: Prompt, owner: str) -> list[int]:
+        if isinstance(prompt, TextPrompt):
+            return self.backend.tokenize(prompt, owner)
+        return self._checked(prompt, "tokens")
+
+    def _checked(self, ids: Sequence[int], field_name: str) -> list[int]:
+        """Token ids inside the engine's vocabulary (InvalidArgument naming ``field_name`` otherwise)."""
+        out, vocab = list(ids), self._vocab_size
+        bad = next((i for i, t in enumerate(out) if not 0 <= t < vocab), None) if vocab else None
+        if bad is not None:
+            raise InvalidArgument(f"{field_name}[{bad}] = {out[bad]} is outside the vocabulary [0, {vocab})")
+        return out
+
+    def _lookup(self, namespace: str, tokens: Sequence[int], clone_owner: str) -> LookupOutcome:
+        with self.backend.cloning_for(clone_owner):
+            outcome = self.cache.lookup_outcome(namespace, tokens)
+        if self._restarted and outcome.reason in _RESTART_MASKS:
+            return LookupOutcome.miss(MissReason.ENGINE_RESTARTED)
+        return outcome
+
+    def _insert(self, namespace: str, tokens: Sequence[int], handle: str, metadata: Mapping[str, str]) -> bool:
+        stored = self.cache.insert(namespace, tokens, handle, dict(metadata))
+        if stored:
+            self._restarted = False
+        return stored
+
+    def _take_snapshot(self, snapshot: Snapshot, request: GatewayRequest, tokens: Sequence[int]) -> None:
+        """Store a gateway call's prompt snapshot (the cache releases it when refused)."""
+        if snapshot.handle:
+            self.backend.adopt(snapshot.handle, snapshot.position)
+            self._insert(request.namespace, tokens, snapshot.handle, request.metadata)
+
+    def _stop_generation(self, stream: EngineStream, session: str) -> None:
+        """End a gateway call's engine generation; its stream then ends on its own (see _drain)."""
+        if session:
+            try:
+                self.backend.close_as(session)
+                return
+            except Exception:  # noqa: BLE001 - e.g. the engine is gone: cancelling is all that is left
+                log.debug("could not close gateway session %s", session, exc_info=True)
+        stream.cancel()
+
+    def _drain(self, stream: EngineStream, request: GatewayRequest, tokens: Sequence[int]) -> None:
+        """Read what is left of an engine stream so no snapshot handle it carries is lost; a stream
+        that does not end within DRAIN_TIMEOUT_S is cancelled."""
+        timer = threading.Timer(DRAIN_TIMEOUT_S, stream.cancel)
+        timer.daemon = True
+        timer.start()
+        try:
+            for event in stream:
+                if isinstance(event, Snapshot):
+                    self._take_snapshot(event, request, tokens)
+        except ForklineError:
+            pass  # cancelled or failed: nothing more will arrive
+        except Exception:  # noqa: BLE001 - cleanup must not mask the call's own outcome
+            log.warning("could not drain a gateway engine stream", exc_info=True)
+        finally:
+            timer.cancel()
+            stream.cancel()
+
+    def _close_quietly(self, session: str) -> None:
+        try:
+            self.backend.close(session)
+        except Exception:  # noqa: BLE001 - e.g. the service stopped and closed its channel;
+            # its next start releases what this owner left in the engine
+            log.debug("could not close gateway session %s", session, exc_info=True)
+
+
+class GatewayStream:
+    """One gateway Generate call in flight (made by :meth:`Gateway.generate`).
+
+    Iterate it once for the client's events; call :meth:`stop` (any thread, idempotent) when the
+    client leaves. The engine stream is always drained and the matched clone closed at the end.
+    """
+
+    def __init__(self, gateway: Gateway, stream: EngineStream, request: GatewayRequest,
+                 tokens: Sequence[int], match: Match | None) -> None:
+        self._gateway, self._stream, self._request, self._tokens = gateway, stream, request, tokens
+        self._match = match
+        # The session to close when the client leaves: the match, or the fresh one `started` names.
+        self._stop = _StopOnce(gateway._stop_generation, stream, match.session if match else "")
+
+    def stop(self) -> None:
+        """The client went away: end the engine generation (see the module docstring)."""
+        self._stop()
+
+    def __iter__(self) -> Generator[GatewayEvent, None, None]:
+        gateway, ended = self._gateway, False
+        try:
+            for event in self._stream:
+                if isinstance(event, Snapshot):
+                    gateway._take_snapshot(event, self._request, self._tokens)
+                    continue
+                if isinstance(event, Started):
+                    self._stop.session = self._stop.session or event.session
+                    event = replace(event, session="")  # the service's session: not the caller's to use
+                yield event
+            ended = True
+        finally:
+            if not ended:
+                self._stop()
+            gateway._drain(self._stream, self._request, self._tokens)
+            if self._match is not None:
+                gateway._close_quietly(self._match.session)

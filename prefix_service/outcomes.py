@@ -1,0 +1,86 @@
+"""What a prefix-cache call came to: a lookup's :class:`LookupOutcome`, and the refusal reasons.
+
+A lookup either hits (:class:`Match`: a session the caller owns, holding the first ``reused`` request
+tokens) or misses for one :class:`MissReason`. The cache computes the reason of *its own* lookup while
+it holds its lock, so concurrent lookups never see each other's reasons. ``ENGINE_RESTARTED`` is the
+only reason the cache never gives: the gateway (which watches the engine's instance id) reports it.
+
+Refusals (``DISABLED``, ``CLONE_REFUSED``, ... below) are the per-reason counters of
+``PrefixStats.refusals``: inserts and clones the cache turned down and released.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+# Refusal reasons counted in PrefixStats.refusals.
+DISABLED = "disabled"
+INVALID_KEY = "invalid_key"
+INVALID_SNAPSHOT = "invalid_snapshot"
+POSITION_MISMATCH = "position_mismatch"
+DUPLICATE = "duplicate"
+CLONE_REFUSED = "clone_refused"
+CLONE_ERROR = "clone_error"
+CAPTURE_REFUSED = "capture_refused"
+
+
+@dataclass(frozen=True)
+class Match:
+    """A lookup hit: ``session`` holds exactly the first ``reused`` request tokens; the caller owns it
+    and feeds ``tokens[reused:]`` (at least one token) next."""
+
+    session: Any
+    reused: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.reused, int) or self.reused < 1:
+            raise ValueError(f"Match.reused must be a positive int, got {self.reused!r}")
+
+
+class MissReason(StrEnum):
+    """Why a lookup returned no session (the values are the wire names, lower case)."""
+
+    TOO_SHORT = "too_short"  # fewer than two tokens: the final token is always replayed
+    DISABLED = "disabled"  # max_entries == 0
+    EMPTY = "empty"  # nothing stored under this namespace (and engine)
+    DIVERGED = "diverged"  # entries exist, none shares even the first token
+    BOUNDARY_REFUSED = "boundary_refused"  # a matching entry exists; the engine refused its clone
+    ENGINE_RESTARTED = "engine_restarted"  # the gateway dropped every entry; nothing cached since
+
+
+@dataclass(frozen=True)
+class LookupOutcome:
+    """One lookup's answer: a ``match``, or no match and the ``reason``.
+
+    ``diverged_at``: where the request leaves the stored prefixes. On a hit, ``match.reused``; on a
+    ``BOUNDARY_REFUSED`` miss, the longest common prefix with a stored entry (where the refused clone
+    would have cut); otherwise 0.
+    """
+
+    match: Match | None
+    reason: MissReason | None
+    diverged_at: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.match is None) == (self.reason is None):
+            raise ValueError("LookupOutcome needs exactly one of match and reason")
+
+    @classmethod
+    def hit(cls, match: Match) -> LookupOutcome:
+        return cls(match, None, match.reused)
+
+    @classmethod
+    def miss(cls, reason: MissReason, diverged_at: int = 0) -> LookupOutcome:
+        return cls(None, reason, diverged_at)
+
+    @property
+    def session(self) -> Any:
+        """The matched session, or None on a miss."""
+        return None if self.match is None else self.match.session
+
+    @property
+    def reused(self) -> int:
+        """Positions the match holds; 0 on a miss."""
+        return 0 if self.match is None else self.match.reused

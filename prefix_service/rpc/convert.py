@@ -1,0 +1,146 @@
+"""Proto <-> domain conversion for the prefix service. Pure functions: no state, no engine calls.
+
+Client requests (``prefix_pb2``) become gateway values (:class:`Prompt`, :class:`GatewayRequest`);
+gateway results become responses. Engine messages (``engine_pb2``) become the backend's domain
+values (:class:`EngineInfo`, the stream events of ``engine_service/stream_events.py``) and back: the
+gateway's events for its client are engine ``GenerateEvent`` messages again.
+"""
+
+from __future__ import annotations
+
+from engine_service.config import GenConfig
+from engine_service.errors import ForklineError, InvalidArgument
+from engine_service.rpc.convert import gen_config, started_event, tokens_event
+from engine_service.stream_events import Done, Event, Snapshot, Started, Tokens
+from prefix_service.backends import EngineGenerate, EngineInfo, TextPrompt
+from prefix_service.gateway import GatewayEvent, GatewayRequest, GatewayStats, Prompt, PromptLookup
+from prefix_service.outcomes import MissReason
+from protos import engine_pb2 as epb
+from protos import prefix_pb2 as pb
+
+MISS_REASONS: dict[MissReason | None, pb.MissReason.ValueType] = {
+    None: pb.MISS_REASON_UNSPECIFIED,
+    **{reason: pb.MissReason.Value(f"MISS_REASON_{reason.name}") for reason in MissReason},
+}
+
+# -- client side ------------------------------------------------------------------------------
+
+
+def prompt(request: pb.LookupRequest | pb.GatewayGenerateRequest) -> Prompt:
+    """The request's input: token ids (checked later against the engine's vocabulary) or text."""
+    which = request.WhichOneof("input")
+    if which == "tokens":
+        return list(request.tokens.ids)
+    if which == "text":
+        return text_prompt(request.text)
+    raise InvalidArgument("input is required: one of tokens, text")
+
+
+def text_prompt(msg: epb.TextInput) -> TextPrompt:
+    return TextPrompt(msg.text, msg.chat, msg.system, msg.add_special_tokens)
+
+
+def gateway_request(request: pb.GatewayGenerateRequest) -> GatewayRequest:
+    """The gateway call; the config is checked here (InvalidArgument before any lookup). Its stop
+    tokens stay as sent: the engine adds its EOS tokens unless ``ignore_eos``."""
+    return GatewayRequest(
+        namespace=request.namespace,
+        prompt=prompt(request),
+        config=gen_config(request.config, ()),
+        ignore_eos=request.config.ignore_eos,
+        store_prompt=not request.skip_insert,
+        metadata=dict(request.metadata),
+    )
+
+
+def lookup_response(lookup: PromptLookup) -> pb.LookupResponse:
+    outcome = lookup.outcome
+    return pb.LookupResponse(
+        session=outcome.session or "",
+        reused=outcome.reused,
+        tokens=lookup.tokens,
+        reason=MISS_REASONS[outcome.reason],
+        diverged_at=outcome.diverged_at,
+    )
+
+
+def stats_response(stats: GatewayStats) -> pb.StatsResponse:
+    s = stats.cache
+    return pb.StatsResponse(
+        entries=s.entries,
+        max_entries=s.max_entries,
+        hits=s.hits,
+        misses=s.misses,
+        inserts=s.inserts,
+        dropped_on_restart=stats.dropped_on_restart,
+        engine_instance_id=stats.engine_instance_id,
+        policy=stats.policy,
+        reused_positions=s.reused_tokens,
+    )
+
+
+def client_event(event: GatewayEvent) -> epb.GenerateEvent:
+    """A gateway event as the engine event its client reads."""
+    if isinstance(event, Started):
+        return started_event(event.session, event.position, event.input_positions)
+    if isinstance(event, Tokens):
+        return tokens_event(event.ids, event.text)
+    timings = epb.Timings(time_to_first_token_s=event.time_to_first_token_s,
+                          decode_tokens_per_s=event.decode_tokens_per_s, total_s=event.total_s)
+    return epb.GenerateEvent(done=epb.DoneEvent(
+        finish_reason=event.finish_reason, prompt_positions=event.prompt_positions,
+        reused_positions=event.reused_positions, generated_tokens=event.generated_tokens,
+        position=event.position, timings=timings))
+
+
+# -- engine side ------------------------------------------------------------------------------
+
+
+def engine_info(info: epb.InfoResponse) -> EngineInfo:
+    return EngineInfo(info.instance_id, info.fingerprint, info.limits.vocab_size, info.limits.max_session_tokens)
+
+
+def text_input(text: TextPrompt) -> epb.TextInput:
+    return epb.TextInput(text=text.text, chat=text.chat, system=text.system, add_special_tokens=text.add_special_tokens)
+
+
+def generation_config(config: GenConfig, ignore_eos: bool) -> epb.GenerationConfig:
+    """The engine request's config: every field set, so the engine builds the same GenConfig."""
+    return epb.GenerationConfig(
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_k=config.top_k,
+        seed=config.seed,
+        stop_tokens=config.stop_tokens,
+        ignore_eos=ignore_eos,
+        prefill_chunk=config.prefill_chunk,
+    )
+
+
+def engine_request(request: EngineGenerate) -> epb.GenerateRequest:
+    return epb.GenerateRequest(
+        session=request.session,
+        tokens=epb.TokenIds(ids=request.tokens),
+        config=generation_config(request.config, request.ignore_eos),
+        capture=epb.CaptureOptions(
+            prompt_snapshot=request.prompt_snapshot, breakpoints=request.config.prefill_breakpoints
+        ),
+    )
+
+
+def engine_event(msg: epb.GenerateEvent) -> Event:
+    """An engine stream event as a domain value (an event this service does not know: ForklineError)."""
+    which = msg.WhichOneof("event")
+    if which == "started":
+        return Started(msg.started.session, msg.started.position, msg.started.input_positions)
+    if which == "tokens":
+        return Tokens(tuple(msg.tokens.ids), msg.tokens.text)
+    if which == "snapshot":
+        s = msg.snapshot
+        return Snapshot(s.handle or None, s.position, s.kind, s.refusal)
+    if which == "done":
+        d, t = msg.done, msg.done.timings
+        return Done(d.finish_reason, d.prompt_positions, d.reused_positions, d.generated_tokens, d.position,
+                    t.time_to_first_token_s, t.decode_tokens_per_s, t.total_s)
+    raise ForklineError(f"unknown generate event {which!r}")

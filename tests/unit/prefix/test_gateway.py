@@ -1,0 +1,139 @@
+"""The gateway's flows as domain code, against the fake engine (no gRPC): lookup -> Generate with
+the prompt captured -> insert, a client leaving mid-stream (stop once, drain what the engine sent),
+and the engine-restart state machine."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from engine_service.config import GenConfig
+from engine_service.errors import Cancelled, InvalidArgument
+from engine_service.stream_events import Started, Tokens
+from prefix_service import gateway as gateway_module
+from prefix_service.backends import TextPrompt
+from prefix_service.gateway import Gateway, GatewayRequest
+from prefix_service.outcomes import MissReason
+from prefix_service.prefix_cache import PrefixCache
+from tests.unit.prefix.fakes import FakeEngine, done_event
+
+NS = "app"
+PROMPT = tuple(range(10, 30))  # 20 tokens
+
+
+@pytest.fixture
+def engine() -> FakeEngine:
+    return FakeEngine()
+
+
+@pytest.fixture
+def gateway(engine) -> Gateway:
+    return Gateway(PrefixCache(engine, max_entries=8), engine, "lru")
+
+
+def request(prompt=PROMPT, **kwargs) -> GatewayRequest:
+    return GatewayRequest(NS, prompt, GenConfig(max_new_tokens=3), **kwargs)
+
+
+def run(gateway: Gateway, prompt=PROMPT, **kwargs) -> list:
+    return list(gateway.generate(request(prompt, **kwargs), "alice"))
+
+
+def test_generate_stores_the_prompt_then_reuses_it(engine, gateway):
+    first = run(gateway)
+    assert first == [Started("", 0, len(PROMPT)), Tokens((500,), "x"), done_event(len(PROMPT), 0)]
+    assert engine.requests[0].session == "" and engine.requests[0].prompt_snapshot
+    assert [entry.tokens for entry in gateway.cache.entries()] == [PROMPT]
+    second = run(gateway)
+    assert second[0] == Started("", len(PROMPT) - 1, 1)  # the session is the service's: blanked
+    reused = engine.requests[1]
+    assert reused.tokens == PROMPT[-1:] and reused.session.closed  # the matched clone is closed
+    assert engine.clone_owners[-1] == engine.owner  # the gateway's own clone, not the caller's
+    stats = gateway.stats()
+    assert (stats.cache.hits, stats.cache.misses, stats.cache.entries, stats.policy) == (1, 1, 1, "lru")
+
+
+def test_skip_insert_and_a_disabled_cache_capture_nothing(engine):
+    run(Gateway(PrefixCache(engine, 0), engine), store_prompt=True)
+    gateway = Gateway(PrefixCache(engine, 8), engine)
+    run(gateway, store_prompt=False)
+    assert [r.prompt_snapshot for r in engine.requests] == [False, False] and gateway.cache.size == 0
+
+
+def test_a_client_that_leaves_stops_the_generation_once_and_the_drain_stores_the_snapshot(engine, gateway):
+    stream = gateway.generate(request(), "alice")
+    events = iter(stream)
+    assert isinstance(next(events), Started)
+    stream.stop()
+    stream.stop()  # gRPC's callback and the generator's own cleanup: one Close
+    events.close()
+    [(generating, owner)] = engine.closed_as  # the fresh session `started` named, as the service
+    assert generating.tokens == PROMPT and owner is None
+    assert gateway.cache.size == 1  # the snapshot event it never yielded was read and stored
+    assert engine.streams[0].cancelled.is_set()
+
+
+def test_a_stream_that_does_not_end_is_cancelled_after_the_drain_timeout(engine, gateway, monkeypatch):
+    monkeypatch.setattr(gateway_module, "DRAIN_TIMEOUT_S", 0.05)
+    engine.hang_after = 1  # closing the session does not end this engine stream
+    stream = gateway.generate(request(), "alice")
+    events = iter(stream)
+    assert isinstance(next(events), Started)
+    stream.stop()
+    started = time.monotonic()
+    events.close()  # the drain waits DRAIN_TIMEOUT_S, then cancels the call
+    assert time.monotonic() - started < 5 and engine.streams[0].cancelled.is_set()
+    assert gateway.cache.size == 0
+
+
+def test_engine_restart_drops_every_entry_until_something_is_cached_again(engine, gateway):
+    run(gateway)
+    engine.engine_instance = "instance-2"
+    lookup = gateway.lookup(NS, PROMPT, "alice")
+    assert (lookup.outcome.reason, gateway.cache.size, gateway.dropped_on_restart) == (
+        MissReason.ENGINE_RESTARTED, 0, 1)
+    assert gateway.stats().engine_instance_id == "instance-2"
+    assert gateway.lookup(NS, PROMPT[:1], "alice").outcome.reason == MissReason.TOO_SHORT  # says more
+    assert gateway.lookup(NS, (5, 6), "alice").outcome.reason == MissReason.ENGINE_RESTARTED
+    run(gateway)  # caches again
+    assert gateway.lookup(NS, (5, 6), "alice").outcome.reason == MissReason.DIVERGED
+    assert gateway.lookup(NS, PROMPT, "alice").outcome.reused == len(PROMPT) - 1
+
+
+def test_lookup_clones_for_the_caller_and_a_caller_that_left_gets_nothing(engine, gateway):
+    run(gateway)
+    hit = gateway.lookup(NS, TextPrompt("".join(map(chr, PROMPT))), "alice")
+    assert hit.tokens == PROMPT and hit.outcome.reused == len(PROMPT) - 1
+    assert engine.clone_owners[-1] == "alice" and not hit.outcome.session.closed
+    with pytest.raises(Cancelled):
+        gateway.lookup(NS, PROMPT, "alice", caller_active=lambda: False)
+    clone, owner = engine.closed_as[-1]
+    assert owner == "alice" and clone.closed and clone.tokens == PROMPT[:-1]
+
+
+def test_insert_stores_a_clone_and_leaves_the_callers_session(engine, gateway):
+    own = engine.open(PROMPT)
+    assert not gateway.insert(NS, PROMPT[:-1], own, {}, "alice")  # position differs: no clone
+    assert engine.clone_calls == []
+    assert gateway.insert(NS, PROMPT, own, {"priority": "2"}, "alice")
+    entry = gateway.cache.entries()[0]
+    assert entry.snapshot is not own and not own.closed and entry.metadata["priority"] == "2"
+    with pytest.raises(InvalidArgument, match="must not be empty"):
+        gateway.insert(NS, (), own, {}, "alice")
+
+
+def test_bad_requests_are_refused_before_any_lookup(engine, gateway):
+    engine.vocab_size, engine.max_session_tokens = 100, 30
+    with pytest.raises(InvalidArgument, match=r"tokens\[1\] = 100 is outside the vocabulary"):
+        gateway.lookup(NS, (5, 100), "alice")
+    with pytest.raises(InvalidArgument, match="max_session_tokens=30"):
+        run(gateway, PROMPT + PROMPT)
+    with pytest.raises(InvalidArgument, match="input is empty"):
+        run(gateway, ())
+    assert gateway.cache.stats().misses == 0 and engine.requests == []
+
+
+def test_the_gateway_needs_the_caches_backend(engine):
+    with pytest.raises(InvalidArgument, match="backend"):
+        Gateway(PrefixCache(FakeEngine(), 1), engine)
