@@ -3,7 +3,8 @@
 Every call sends the client's owner id (metadata ``forkline-owner``); failed calls raise the
 ``engine_service.errors`` type of their status (NOT_FOUND -> NotFound, RESOURCE_EXHAUSTED ->
 ResourceExhausted, ...). ``generate`` returns a :class:`GenerationStream`: iterate it for typed events,
-``cancel()`` it to stop the generation, or ``collect()`` it into a :class:`GenerationOutcome`.
+``cancel()`` it to stop the generation, or ``collect()`` it into a :class:`GenerationOutcome`. The
+events are the engine's own stream event types (:mod:`engine_service.stream_events`), re-exported here.
 """
 
 from __future__ import annotations
@@ -17,44 +18,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from clients.channel_client import ChannelClient
 from engine_service.errors import ForklineError
 from engine_service.rpc.errors import from_rpc_error
+from engine_service.stream_events import Done, Event, Snapshot, Started, Tokens
 from protos import engine_pb2 as pb
 from protos import engine_pb2_grpc
-
-
-@dataclass(frozen=True)
-class Started:
-    session: str
-    position: int
-    input_positions: int
-
-
-@dataclass(frozen=True)
-class Tokens:
-    ids: tuple[int, ...]
-    text: str
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    handle: str | None
-    position: int
-    kind: str
-    refusal: str = ""
-
-
-@dataclass(frozen=True)
-class Done:
-    finish_reason: str
-    prompt_positions: int
-    reused_positions: int
-    generated_tokens: int
-    position: int
-    time_to_first_token_s: float
-    decode_tokens_per_s: float
-    total_s: float
-
-
-Event = Started | Tokens | Snapshot | Done
 
 
 @dataclass
