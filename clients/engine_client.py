@@ -16,7 +16,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.channel_client import ChannelClient
-from engine_service.errors import ForklineError
+from engine_service.errors import InvalidArgument
+from engine_service.rpc.convert import event_from_proto
 from engine_service.rpc.errors import from_rpc_error
 from engine_service.stream_events import Done, Event, Snapshot, Started, Tokens
 from protos import engine_pb2 as pb
@@ -48,23 +49,6 @@ class EngineInfo:
     resident_sessions: int
     open_handles: int
     eos_token_ids: tuple[int, ...]
-
-
-def event_from_proto(msg: pb.GenerateEvent) -> Event:
-    which = msg.WhichOneof("event")
-    if which == "started":
-        s = msg.started
-        return Started(s.session, s.position, s.input_positions)
-    if which == "tokens":
-        return Tokens(tuple(msg.tokens.ids), msg.tokens.text)
-    if which == "snapshot":
-        s = msg.snapshot
-        return Snapshot(s.handle or None, s.position, s.kind, s.refusal)
-    if which == "done":
-        d, t = msg.done, msg.done.timings
-        return Done(d.finish_reason, d.prompt_positions, d.reused_positions, d.generated_tokens, d.position,
-                    t.time_to_first_token_s, t.decode_tokens_per_s, t.total_s)
-    raise ForklineError(f"unknown generate event {which!r}")
 
 
 class GenerationStream:
@@ -123,7 +107,7 @@ def input_fields(tokens: Sequence[int] | None, text: str | None, chat: bool, sys
                  add_special_tokens: bool) -> dict:
     """The ``tokens`` / ``text`` oneof of a request (exactly one of tokens, text)."""
     if (tokens is None) == (text is None):
-        raise ValueError("pass exactly one of tokens / text")
+        raise InvalidArgument("pass exactly one of tokens / text")
     if tokens is not None:
         return {"tokens": pb.TokenIds(ids=list(tokens))}
     return {"text": pb.TextInput(text=text, chat=chat, system=system, add_special_tokens=add_special_tokens)}
@@ -156,7 +140,7 @@ class EngineClient(ChannelClient):
         """Start a generation (``config`` or keyword fields of :func:`generation_config`)."""
         if prepared is not None:
             if tokens is not None or text is not None:
-                raise ValueError("pass exactly one of tokens / text / prepared")
+                raise InvalidArgument("pass exactly one of tokens / text / prepared")
             fields = {"prepared": prepared}
         else:
             fields = input_fields(tokens, text, chat, system, add_special_tokens)

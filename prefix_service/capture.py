@@ -35,6 +35,7 @@ from concurrent.futures import CancelledError, Future
 from typing import TYPE_CHECKING, Any
 
 from engine_service.errors import ForklineError
+from engine_service.runtime.session import close_child_when_done
 from engine_service.snapshot_kinds import BREAKPOINT, PROMPT
 from prefix_service.backends import CaptureBackend, Handle, handle_alive, release_handle
 from prefix_service.index import token_key
@@ -51,15 +52,7 @@ Update = Any  # engine_service.runtime.session.GenerationUpdate (tokens, positio
 
 def _release_when_done(backend: CaptureBackend, future: Future) -> None:
     """Close the future's handle once it settles (now, if it already has)."""
-
-    def release(done: Future) -> None:
-        if done.cancelled() or done.exception() is not None:
-            return
-        handle = done.result()
-        if handle is not None:
-            release_handle(backend, handle)
-
-    future.add_done_callback(release)
+    close_child_when_done(future, lambda handle: release_handle(backend, handle))
 
 
 class PromptCapture:

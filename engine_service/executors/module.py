@@ -90,7 +90,6 @@ class ModuleExecutor(Executor):
         weights_dtype: str | None = None,
         max_write: int | None = None,
         model_fingerprint: str | None = None,
-        max_decode_sequences: int | None = None,
         **kwargs: Any,
     ) -> ModuleExecutor:
         """Build the cache for ``model`` and check the resident-session and capacity limits.
@@ -100,9 +99,8 @@ class ModuleExecutor(Executor):
         - 1`` slots); default ``prefill_chunk``. Raises InvalidArgument for malformed limits and
         ResourceExhausted when the backend cannot hold ``max_sessions`` sessions of
         ``max_session_tokens`` each (see :mod:`.cache_setup`). ``kwargs`` go to the subclass
-        constructor. ``max_decode_sequences`` is ignored: how many decode steps share a forward is the
-        Runner's setting (any number of inputs runs as one forward here); it is still accepted until
-        every caller passes it to the Runner only.
+        constructor. How many decode steps share a forward is the Runner's setting
+        (``max_decode_sequences``): any number of inputs runs as one forward here.
         """
         prefill_chunk = positive("prefill_chunk", prefill_chunk)
         max_write = max_write if max_write is not None else prefill_chunk

@@ -15,6 +15,8 @@ from typing import ClassVar
 
 import mlx.core as mx
 
+from engine_service.errors import InvalidArgument
+
 
 class PreparedKind:
     """A type token: two inputs have the same kind iff ``a.kind() is b.kind()``."""
@@ -57,9 +59,9 @@ class EmbeddingsInput(PreparedInput):
 
     def __init__(self, embeddings: mx.array, *, _start: int = 0, _stop: int | None = None) -> None:
         if not isinstance(embeddings, mx.array) or embeddings.ndim != 2:
-            raise ValueError("EmbeddingsInput.embeddings must be an mx.array of shape [positions, hidden]")
+            raise InvalidArgument("EmbeddingsInput.embeddings must be an mx.array of shape [positions, hidden]")
         if embeddings.shape[0] < 1:
-            raise ValueError("EmbeddingsInput.embeddings must have at least one position")
+            raise InvalidArgument("EmbeddingsInput.embeddings must have at least one position")
         stop = embeddings.shape[0] if _stop is None else _stop
         if not 0 <= _start < stop <= embeddings.shape[0]:
             raise ValueError(f"EmbeddingsInput view [{_start}, {stop}) is outside [0, {embeddings.shape[0]})")

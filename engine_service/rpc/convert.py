@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engine_service.config import GenConfig
-from engine_service.errors import InvalidArgument
-from engine_service.executors.base import ExecutorLimits
+from engine_service.errors import ForklineError, InvalidArgument
+from engine_service.executors.base import ExecutorLimits, out_of_vocab
 from engine_service.executors.prepared_input import EmbeddingsInput, PreparedInput
 from engine_service.runtime.generation import GenerationResult
+from engine_service.stream_events import Done, Event, Snapshot, Started, Tokens
 from protos import engine_pb2 as pb
 
 if TYPE_CHECKING:  # only annotations: the prefix service imports this module without the model code
@@ -48,9 +49,9 @@ def check_owner(owner: str, field: str) -> str:
 def token_ids(ids: Sequence[int], vocab_size: int, field: str = "tokens") -> list[int]:
     """Token ids checked against the vocabulary: InvalidArgument naming ``field`` for a bad id."""
     out = list(ids)
-    for i, t in enumerate(out):
-        if not 0 <= t < vocab_size:
-            raise InvalidArgument(f"{field}[{i}] = {t} is outside the vocabulary [0, {vocab_size})")
+    bad = out_of_vocab(out, vocab_size)
+    if bad is not None:
+        raise InvalidArgument(f"{field}[{bad}] = {out[bad]} is outside the vocabulary [0, {vocab_size})")
     return out
 
 
@@ -190,3 +191,20 @@ def limits_message(limits: ExecutorLimits, idle_timeout_s: float) -> pb.Limits:
         vocab_size=limits.vocab_size,
         idle_session_timeout_s=idle_timeout_s,
     )
+
+
+def event_from_proto(msg: pb.GenerateEvent) -> Event:
+    """An engine stream event as a domain value (an event this service does not know: ForklineError)."""
+    which = msg.WhichOneof("event")
+    if which == "started":
+        return Started(msg.started.session, msg.started.position, msg.started.input_positions)
+    if which == "tokens":
+        return Tokens(tuple(msg.tokens.ids), msg.tokens.text)
+    if which == "snapshot":
+        s = msg.snapshot
+        return Snapshot(s.handle or None, s.position, s.kind, s.refusal)
+    if which == "done":
+        d, t = msg.done, msg.done.timings
+        return Done(d.finish_reason, d.prompt_positions, d.reused_positions, d.generated_tokens, d.position,
+                    t.time_to_first_token_s, t.decode_tokens_per_s, t.total_s)
+    raise ForklineError(f"unknown generate event {which!r}")

@@ -28,6 +28,7 @@ from engine_service.handles import HandleRegistry
 from engine_service.model.detokenizer import StreamDecoder
 from engine_service.rpc import convert
 from engine_service.runtime.generation import CANCELLED, GenerationHandle, GenerationUpdate
+from engine_service.runtime.session import close_child_when_done
 from engine_service.snapshot_kinds import BREAKPOINT, PROMPT
 from protos import engine_pb2 as pb
 
@@ -48,16 +49,6 @@ class _Snapshot:
 @dataclass(frozen=True)
 class _Update:
     update: GenerationUpdate
-
-
-def _close_quietly(future: Future[Session | None]) -> None:
-    """Done-callback: close the session a clone future produced (nobody will receive it)."""
-    try:
-        child = future.result()
-    except Exception:
-        return
-    if child is not None:
-        child.close()
 
 
 class GenerationCall:
@@ -204,7 +195,7 @@ class GenerationCall:
             except queue.Empty:
                 break
             if isinstance(item, _Snapshot):
-                item.future.add_done_callback(_close_quietly)
+                close_child_when_done(item.future)
         unstreamed, self._unstreamed = self._unstreamed, None
         if unstreamed is not None and (child := self._registry.discard(unstreamed)) is not None:
             child.close()  # registered, but the stream ended before the event was sent

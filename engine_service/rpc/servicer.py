@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -23,6 +22,7 @@ from engine_service.handles import HandleRegistry
 from engine_service.rpc import convert
 from engine_service.rpc.errors import status_on_error
 from engine_service.rpc.generation_call import GenerationCall
+from engine_service.runtime.session import close_child_when_done
 from protos import engine_pb2 as pb
 from protos import engine_pb2_grpc
 
@@ -92,7 +92,6 @@ class EngineDeps:
             cache_kind,
             max_sessions,
             max_session_tokens,
-            max_decode_sequences=max_decode_sequences,
             prefill_chunk=prefill_chunk,
         )
         runner = Runner(executor, max_decode_sequences=max_decode_sequences)
@@ -114,12 +113,6 @@ class EngineDeps:
         if self.fingerprint is None:
             self.fingerprint = str(self.runner.fingerprint)
         self.eos_token_ids = tuple(int(t) for t in self.eos_token_ids)
-
-
-def _close_child(future: Future[Session | None]) -> None:
-    """Done-callback: close the session of a clone that completed after its caller gave up."""
-    if not future.cancelled() and future.exception() is None and (child := future.result()) is not None:
-        child.close()
 
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
@@ -202,7 +195,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             try:
                 child = future.result(timeout=CLONE_TIMEOUT_S)
             except TimeoutError:  # concurrent.futures' is the builtin since 3.11
-                future.add_done_callback(_close_child)  # nobody will receive it
+                close_child_when_done(future)  # nobody will receive it
                 raise Unavailable(f"the clone did not complete within {CLONE_TIMEOUT_S} s") from None
             if child is None:
                 return pb.CloneResponse(

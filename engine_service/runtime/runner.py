@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from engine_service.config import GenConfig
-from engine_service.errors import FailedPrecondition, Unavailable
+from engine_service.errors import FailedPrecondition, InvalidArgument, Unavailable
 from engine_service.executors.base import Executor, ExecutorLimits
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.runtime.commands import (
@@ -90,7 +90,7 @@ class Runner:
                  name: str = "forkline-engine") -> None:
         if isinstance(max_decode_sequences, bool) or not isinstance(max_decode_sequences, int) \
                 or max_decode_sequences < 1:
-            raise ValueError(f"max_decode_sequences must be an int >= 1, got {max_decode_sequences!r}")
+            raise InvalidArgument(f"max_decode_sequences must be an int >= 1, got {max_decode_sequences!r}")
         self._engine = EngineLoop(self, executor, max_decode_sequences)
         self._thread = threading.Thread(target=self._engine.run, name=name, daemon=True)
         self._thread.start()

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine_service.errors import InvalidArgument
-from engine_service.executors.base import ExecInput, Executor, ExecutorLimits
+from engine_service.executors.base import ExecInput, Executor, ExecutorLimits, out_of_vocab
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.runtime.state import ActiveGeneration, Segment, SessionRecord
 
@@ -98,9 +98,9 @@ def check_input(input: Segment, record: SessionRecord, limits: ExecutorLimits,
         if size == 0:
             return InvalidArgument("input is empty")
         vocab = limits.vocab_size
-        for i, tok in enumerate(input):
-            if not 0 <= tok < vocab:
-                return InvalidArgument(f"token id {tok} at index {i} is outside the vocabulary [0, {vocab})")
+        bad = out_of_vocab(input, vocab)
+        if bad is not None:
+            return InvalidArgument(f"token id {input[bad]} at index {bad} is outside the vocabulary [0, {vocab})")
     needed = record.position + (record.pending is not None) + size
     if needed > limits.max_session_tokens:
         return InvalidArgument(

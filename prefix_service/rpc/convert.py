@@ -9,9 +9,9 @@ gateway's events for its client are engine ``GenerateEvent`` messages again.
 from __future__ import annotations
 
 from engine_service.config import GenConfig
-from engine_service.errors import ForklineError, InvalidArgument
+from engine_service.errors import InvalidArgument
 from engine_service.rpc.convert import gen_config, started_event, tokens_event
-from engine_service.stream_events import Done, Event, Snapshot, Started, Tokens
+from engine_service.stream_events import Started, Tokens
 from prefix_service.backends import EngineGenerate, EngineInfo, TextPrompt
 from prefix_service.gateway import GatewayEvent, GatewayRequest, GatewayStats, Prompt, PromptLookup
 from prefix_service.outcomes import MissReason
@@ -127,20 +127,3 @@ def engine_request(request: EngineGenerate) -> epb.GenerateRequest:
             prompt_snapshot=request.prompt_snapshot, breakpoints=request.config.prefill_breakpoints
         ),
     )
-
-
-def engine_event(msg: epb.GenerateEvent) -> Event:
-    """An engine stream event as a domain value (an event this service does not know: ForklineError)."""
-    which = msg.WhichOneof("event")
-    if which == "started":
-        return Started(msg.started.session, msg.started.position, msg.started.input_positions)
-    if which == "tokens":
-        return Tokens(tuple(msg.tokens.ids), msg.tokens.text)
-    if which == "snapshot":
-        s = msg.snapshot
-        return Snapshot(s.handle or None, s.position, s.kind, s.refusal)
-    if which == "done":
-        d, t = msg.done, msg.done.timings
-        return Done(d.finish_reason, d.prompt_positions, d.reused_positions, d.generated_tokens, d.position,
-                    t.time_to_first_token_s, t.decode_tokens_per_s, t.total_s)
-    raise ForklineError(f"unknown generate event {which!r}")

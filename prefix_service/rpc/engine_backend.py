@@ -27,7 +27,7 @@ from google.protobuf.message import Message
 
 from engine_service.errors import NotFound
 from engine_service.handles import handle_instance
-from engine_service.rpc.convert import OWNER_METADATA_KEY
+from engine_service.rpc.convert import OWNER_METADATA_KEY, event_from_proto
 from engine_service.rpc.errors import from_rpc_error
 from engine_service.stream_events import Event
 from prefix_service.backends import EngineGenerate, EngineInfo, TextPrompt
@@ -54,7 +54,7 @@ class RemoteStream:
 
     def __next__(self) -> Event:
         try:
-            return convert.engine_event(next(self._call))
+            return event_from_proto(next(self._call))
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
 

@@ -50,9 +50,6 @@ class LogitRecorder(Executor):
     def set_sampling(self, sid, params, seed):
         self.inner.set_sampling(sid, params, seed)
 
-    def position(self, sid):
-        return self.inner.position(sid)
-
     def preferred_batch_tokens(self):
         return self.inner.preferred_batch_tokens()
 

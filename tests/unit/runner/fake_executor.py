@@ -170,10 +170,6 @@ class FakeExecutor(Executor):
         self._log("accepts", prepared.kind())
         return any(prepared.kind() is k for k in self.accepted_kinds)
 
-    def position(self, sid: int) -> int:
-        self._log("position", sid)
-        return len(self.seqs[sid].history)
-
     def execute(self, batch: Sequence[ExecInput]) -> list[ExecOutput]:
         self._log("execute", tuple(batch))
         with self.lock:
