@@ -1,4 +1,5 @@
-"""ChannelClient: what every typed forkline client shares (channel, owner metadata, error mapping)."""
+"""ChannelClient: what every typed forkline client shares (channel, owner metadata and credentials,
+error mapping)."""
 
 from __future__ import annotations
 
@@ -7,22 +8,30 @@ from typing import Any
 
 import grpc
 
-from engine_service.rpc.convert import OWNER_METADATA_KEY
+from engine_service.rpc.auth import ClientSecurity
 from engine_service.rpc.errors import from_rpc_error
 
 
 class ChannelClient:
-    """Owns (or borrows) a channel; sends ``forkline-owner`` metadata; maps failures to domain errors.
+    """Owns (or borrows) a channel; sends ``forkline-owner`` metadata and, with ``token``,
+    ``authorization: Bearer <token>``; maps failures to domain errors.
 
     ``target`` is ``host:port`` (the client opens and closes the channel) or an open channel (borrowed).
+    ``tls_ca`` (a PEM file: the CA that signed the server's certificate) opens a TLS channel;
+    ``tls_cert`` / ``tls_key`` add a client certificate for servers that require mutual TLS. A server
+    with tokens runs every call as the token's owner (``owner`` is then only what a server without
+    tokens is told).
     """
 
-    def __init__(self, target: str | grpc.Channel, *, owner: str = "anonymous", timeout: float | None = 60.0) -> None:
+    def __init__(self, target: str | grpc.Channel, *, owner: str = "anonymous", timeout: float | None = 60.0,
+                 token: str | None = None, tls_ca: str | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None) -> None:
+        security = ClientSecurity(token, tls_ca, tls_cert, tls_key)
         self._own_channel = isinstance(target, str)
-        self.channel = grpc.insecure_channel(target) if isinstance(target, str) else target
+        self.channel = security.channel(target) if isinstance(target, str) else target
         self.owner = owner
         self.timeout = timeout
-        self._metadata = ((OWNER_METADATA_KEY, owner),)
+        self._metadata = security.metadata(owner)
 
     def close_channel(self) -> None:
         if self._own_channel:

@@ -1,6 +1,8 @@
 """EngineClient: a typed Python wrapper over the ``forkline.engine.v1.Engine`` stub.
 
-Every call sends the client's owner id (metadata ``forkline-owner``); failed calls raise the
+Every call sends the client's owner id (metadata ``forkline-owner``) and, with ``token=``, the bearer
+token a server with authentication requires (it then runs the call as the token's owner); ``tls_ca=``
+opens a TLS channel (``clients/channel_client.py``). Failed calls raise the
 ``engine_service.errors`` type of their status (NOT_FOUND -> NotFound, RESOURCE_EXHAUSTED ->
 ResourceExhausted, ...). ``generate`` returns a :class:`GenerationStream`: iterate it for typed events,
 ``cancel()`` it to stop the generation, or ``collect()`` it into a :class:`GenerationOutcome`. The
@@ -116,8 +118,11 @@ def input_fields(tokens: Sequence[int] | None, text: str | None, chat: bool, sys
 class EngineClient(ChannelClient):
     """See the module docstring. ``target`` is ``host:port`` or an open channel."""
 
-    def __init__(self, target: str | grpc.Channel, *, owner: str = "anonymous", timeout: float | None = 60.0) -> None:
-        super().__init__(target, owner=owner, timeout=timeout)
+    def __init__(self, target: str | grpc.Channel, *, owner: str = "anonymous", timeout: float | None = 60.0,
+                 token: str | None = None, tls_ca: str | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None) -> None:
+        super().__init__(target, owner=owner, timeout=timeout, token=token, tls_ca=tls_ca, tls_cert=tls_cert,
+                         tls_key=tls_key)
         self.stub = engine_pb2_grpc.EngineStub(self.channel)
 
     def generate(

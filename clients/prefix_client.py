@@ -49,8 +49,11 @@ class PrefixStats:
 class PrefixClient(ChannelClient):
     """See the module docstring. ``target`` is ``host:port`` or an open channel."""
 
-    def __init__(self, target: str | grpc.Channel, *, owner: str = "anonymous", timeout: float | None = 60.0) -> None:
-        super().__init__(target, owner=owner, timeout=timeout)
+    def __init__(self, target: str | grpc.Channel, *, owner: str = "anonymous", timeout: float | None = 60.0,
+                 token: str | None = None, tls_ca: str | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None) -> None:
+        super().__init__(target, owner=owner, timeout=timeout, token=token, tls_ca=tls_ca, tls_cert=tls_cert,
+                         tls_key=tls_key)
         self.stub = prefix_pb2_grpc.PrefixCacheStub(self.channel)
 
     def lookup(self, tokens: Sequence[int] | None = None, *, text: str | None = None, namespace: str = "",

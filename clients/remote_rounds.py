@@ -19,6 +19,7 @@ from typing import TextIO
 
 from clients.engine_client import EngineClient, GenerationOutcome
 from clients.prefix_client import PrefixClient
+from engine_service.auth import read_token_file
 from engine_service.errors import ForklineError
 
 NAMESPACE = "mlx_run_llm_batched"
@@ -69,8 +70,10 @@ def report(job: RemoteJob, out: TextIO) -> bool:
 def run_remote(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``args.prompt_rounds`` rounds through the services; exit status like the in-process run."""
     owner = f"mlx_run_llm_batched-{os.getpid()}"
-    engine = EngineClient(args.engine, owner=owner)
-    prefix = PrefixClient(args.prefix, owner=owner) if args.prefix else None
+    token = read_token_file(args.token_file, "--token_file") if args.token_file else None
+    credentials = {"token": token, "tls_ca": args.tls_ca, "tls_cert": args.tls_cert, "tls_key": args.tls_key}
+    engine = EngineClient(args.engine, owner=owner, **credentials)
+    prefix = PrefixClient(args.prefix, owner=owner, **credentials) if args.prefix else None
     try:
         engine.wait_ready()
         prompts = [engine.tokenize(text, chat=args.chat, add_special_tokens=not args.chat) for text in args.prompts]

@@ -90,6 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", default=None, metavar="ADDR",
                    help="with --engine: go through the forkline-prefix gateway at ADDR, which reuses prompts "
                         "across rounds (default: none, every generation runs cold on the engine)")
+    p.add_argument("--token_file", default=None, metavar="FILE",
+                   help="with --engine: a file holding the bearer token for services run with --auth_tokens "
+                        "(default: none, no token sent)")
+    p.add_argument("--tls_ca", default=None, metavar="FILE",
+                   help="with --engine: PEM CA that signed the services' certificates; connect with TLS "
+                        "(default: none, plaintext)")
+    p.add_argument("--tls_cert", default=None, metavar="FILE",
+                   help="with --tls_ca: PEM client certificate for services that require mutual TLS (default: none)")
+    p.add_argument("--tls_key", default=None, metavar="FILE",
+                   help="PEM private key of --tls_cert (default: none)")
     return p
 
 
@@ -114,6 +124,13 @@ def validate(args: argparse.Namespace) -> None:
     if args.max_new_tokens >= args.max_session_tokens:
         raise UsageError(f"--max_new_tokens ({args.max_new_tokens}) must be below --max_session_tokens "
                          f"({args.max_session_tokens}) to leave room for the prompt")
+    for flag in ("token_file", "tls_ca", "tls_cert", "tls_key"):
+        if getattr(args, flag) and not args.engine:
+            raise UsageError(f"--{flag} needs --engine")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise UsageError("--tls_cert and --tls_key must be given together")
+    if args.tls_cert and not args.tls_ca:
+        raise UsageError("--tls_cert needs --tls_ca")
     for i, text in enumerate(args.prompts):
         if not text:
             raise UsageError(f"prompt {i} is empty")

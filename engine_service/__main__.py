@@ -4,6 +4,10 @@ Loads the model once and serves sessions, generation, clones, tokenization and m
 health checking and reflection. Prints "forkline-engine listening on HOST:PORT" once it serves
 (--port 0 picks a free port). SIGTERM / SIGINT drain gracefully: new calls get UNAVAILABLE, streams
 in flight get --grace seconds, then every session is closed and the engine thread stops.
+
+With --auth_tokens every call needs a bearer token and runs as the token's owner (SIGHUP re-reads the
+file); --tls_cert / --tls_key serve TLS, --tls_client_ca also requires client certificates. Without
+them owners are self-declared (a warning is logged when listening on a non-loopback address).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from engine_service.executors.options import add_executor_options, add_model_options
-    from engine_service.rpc.service_main import add_serving_arguments
+    from engine_service.rpc.service_main import add_auth_arguments, add_serving_arguments
 
     p = argparse.ArgumentParser(prog="forkline-engine", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -27,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prepared_inputs", action="store_true",
                    help="also accept prepared 'embeddings' inputs (EmbeddingsExecutor); off by default")
     add_serving_arguments(p, default_port=50051)
+    add_auth_arguments(p)
     return p
 
 
@@ -38,8 +43,10 @@ def start_engine(args: argparse.Namespace):
     """Load the model, start the engine thread and the gRPC server: (EngineServer, bound port)."""
     from engine_service.model.loader import load_model
     from engine_service.rpc.server import create_server
+    from engine_service.rpc.service_main import server_security
     from engine_service.rpc.servicer import EngineDeps
 
+    security = server_security(args)  # a bad token file or TLS flag fails before the model loads
     loaded = load_model(args.model, args.weights_dtype)
     deps = EngineDeps.build(
         loaded,
@@ -55,7 +62,7 @@ def start_engine(args: argparse.Namespace):
         persistent_owners=tuple(args.persistent_owner or ("prefix-service",)),
         prepared_inputs=args.prepared_inputs,
     )
-    return create_server(deps, f"{args.host}:{args.port}")
+    return create_server(deps, f"{args.host}:{args.port}", security=security)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ NotFound               NOT_FOUND
 ResourceExhausted      RESOURCE_EXHAUSTED
 FailedPrecondition     FAILED_PRECONDITION
 Unavailable            UNAVAILABLE
+Unauthenticated        UNAUTHENTICATED
 Cancelled              CANCELLED
 CacheError             FAILED_PRECONDITION
 GenerationError        ABORTED
@@ -53,6 +54,10 @@ class FailedPrecondition(ForklineError):
 
 class Unavailable(ForklineError):
     """The engine or service is stopping or unreachable."""
+
+
+class Unauthenticated(ForklineError):
+    """The call carries no valid credential (missing, malformed or unknown bearer token)."""
 
 
 class ModelLoadError(InvalidArgument):

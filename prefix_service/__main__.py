@@ -4,6 +4,10 @@ A separate process from the engine: it owns the prefix cache and its retention p
 snapshots in the engine under a stable owner id (--owner). At start it releases what an earlier
 instance of itself left in the engine. Prints "forkline-prefix listening on HOST:PORT" once it
 serves. SIGTERM / SIGINT drain, release every stored snapshot in the engine, and exit.
+
+Auth flags as forkline-engine's (--auth_tokens, --tls_*). To an engine with tokens it sends its own
+token (--engine_token_file) for its snapshots and, for calls it makes on a caller's behalf, the
+caller's own token, so the engine's token file lists the clients' tokens too.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from engine_service.rpc.service_main import add_serving_arguments
+    from engine_service.rpc.service_main import add_auth_arguments, add_serving_arguments
     from prefix_service.retention import policy_names
 
     p = argparse.ArgumentParser(prog="forkline-prefix", description=__doc__,
@@ -27,7 +31,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="owner id of the snapshots in the engine (default: %(default)s)")
     p.add_argument("--engine_timeout", metavar="SECONDS", type=float, default=30.0,
                    help="seconds to wait for the engine at start (default: %(default)s)")
+    p.add_argument("--engine_token_file", metavar="FILE", default=None,
+                   help="file holding this service's bearer token for the engine; the engine's token file "
+                        "must map it to --owner (default: none, no token sent)")
+    p.add_argument("--engine_tls_ca", metavar="FILE", default=None,
+                   help="PEM CA that signed the engine's certificate: connect with TLS (default: none, plaintext)")
+    p.add_argument("--engine_tls_cert", metavar="FILE", default=None,
+                   help="PEM client certificate for an engine that requires mutual TLS (default: none)")
+    p.add_argument("--engine_tls_key", metavar="FILE", default=None,
+                   help="PEM private key of --engine_tls_cert (default: none)")
     add_serving_arguments(p, default_port=50052)
+    add_auth_arguments(p)
     return p
 
 
@@ -38,11 +52,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def connect_and_serve(args: argparse.Namespace):
     """Connect to the engine (releasing what an earlier instance left there) and start the gRPC server:
     (PrefixServer, bound port)."""
+    from engine_service.auth import read_token_file
+    from engine_service.rpc.auth import ClientSecurity
+    from engine_service.rpc.service_main import server_security
     from prefix_service.rpc.server import connect_engine, create_server
 
+    security = server_security(args)
+    token = read_token_file(args.engine_token_file, "--engine_token_file") if args.engine_token_file else None
+    engine_security = ClientSecurity(token, args.engine_tls_ca, args.engine_tls_cert, args.engine_tls_key)
     deps, channel = connect_engine(args.engine, max_entries=args.max_entries, policy=args.policy,
-                                   owner=args.owner, ready_timeout=args.engine_timeout)
-    return create_server(deps, f"{args.host}:{args.port}", channel=channel)
+                                   owner=args.owner, ready_timeout=args.engine_timeout,
+                                   engine_security=engine_security)
+    return create_server(deps, f"{args.host}:{args.port}", channel=channel, security=security)
 
 
 def main(argv: list[str] | None = None) -> int:

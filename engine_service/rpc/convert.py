@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from engine_service.auth import current_caller
 from engine_service.config import GenConfig
 from engine_service.errors import ForklineError, InvalidArgument
 from engine_service.executors.base import ExecutorLimits, out_of_vocab
@@ -32,7 +33,12 @@ DEFAULTS = GenConfig()
 
 
 def owner_of(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
-    """The caller's owner id from request metadata (``forkline-owner``); absent -> ``anonymous``."""
+    """The caller's owner id: the authenticated owner when the call carried a valid token (auth on,
+    see ``engine_service/auth.py``; the header is then ignored), else the request metadata's
+    ``forkline-owner``; absent -> ``anonymous``."""
+    caller = current_caller()
+    if caller is not None:
+        return caller.owner
     for key, value in metadata or ():
         if key == OWNER_METADATA_KEY:
             return check_owner(value.decode() if isinstance(value, bytes) else str(value), OWNER_METADATA_KEY)

@@ -15,6 +15,7 @@ import threading
 import grpc
 from grpc_health.v1 import health
 
+from engine_service.rpc.auth import ServerSecurity
 from engine_service.rpc.service_main import GrpcServer, build_grpc_server
 from engine_service.rpc.servicer import EngineDeps, EngineServicer
 from protos import engine_pb2, engine_pb2_grpc
@@ -82,12 +83,14 @@ class EngineServer(GrpcServer):
         self._drain(grace, before=self.servicer.drain, after=release)
 
 
-def create_server(deps: EngineDeps, address: str = "127.0.0.1:0") -> tuple[EngineServer, int]:
-    """Build, bind and start the engine server; returns it and the bound port."""
+def create_server(deps: EngineDeps, address: str = "127.0.0.1:0", *,
+                  security: ServerSecurity | None = None) -> tuple[EngineServer, int]:
+    """Build, bind and start the engine server; returns it and the bound port. ``security``: TLS and/or
+    bearer tokens (``engine_service/rpc/auth.py``; None: plaintext, self-declared owners)."""
     servicer = EngineServicer(deps)
     server, health_servicer, port = build_grpc_server(
         engine_pb2_grpc.add_EngineServicer_to_server, servicer, SERVICE_NAME, address,
-        max_workers=MAX_WORKERS, thread_name_prefix="forkline-engine-rpc",
+        max_workers=MAX_WORKERS, thread_name_prefix="forkline-engine-rpc", security=security,
     )
     sweeper = HandleSweeper(deps)
     sweeper.start()

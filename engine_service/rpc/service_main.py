@@ -1,5 +1,6 @@
-"""What both services (``forkline-engine``, ``forkline-prefix``) share: the serving flags, a gRPC
-server with health checking and reflection, draining it once, and serving until SIGTERM / SIGINT.
+"""What both services (``forkline-engine``, ``forkline-prefix``) share: the serving and auth flags, a
+gRPC server with health checking, reflection and optional TLS / bearer tokens, draining it once, and
+serving until SIGTERM / SIGINT.
 
 :func:`build_grpc_server` binds and starts one service; :class:`GrpcServer` is the base of both
 servers' handles (``stop`` drains once); :func:`run_service` is the body of both ``main``s.
@@ -20,7 +21,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from engine_service.auth import is_loopback, reload_on_sighup
 from engine_service.errors import ForklineError
+from engine_service.rpc.auth import ServerSecurity
+
+log = logging.getLogger(__name__)
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -50,6 +55,33 @@ def add_serving_arguments(parser: argparse.ArgumentParser, *, default_port: int)
                         help="log messages at this level and above on stderr (default: %(default)s)")
 
 
+def add_auth_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--auth_tokens``, ``--tls_cert``, ``--tls_key`` and ``--tls_client_ca``, as both services take
+    them (read by ``rpc.auth.ServerSecurity.from_args``)."""
+    parser.add_argument("--auth_tokens", metavar="FILE", default=None,
+                        help="token file, one 'token owner' pair a line ('#' comments); every call but health "
+                             "and reflection needs 'authorization: Bearer <token>' and runs as the token's "
+                             "owner; re-read on SIGHUP (default: none, owners are self-declared)")
+    parser.add_argument("--tls_cert", metavar="FILE", default=None,
+                        help="PEM server certificate (chain); serve TLS with --tls_key (default: none, plaintext)")
+    parser.add_argument("--tls_key", metavar="FILE", default=None,
+                        help="PEM private key of --tls_cert (default: none)")
+    parser.add_argument("--tls_client_ca", metavar="FILE", default=None,
+                        help="PEM CA certificate(s): require client certificates signed by it, i.e. mutual TLS "
+                             "(default: none, no client certificate asked)")
+
+
+def server_security(args: argparse.Namespace) -> ServerSecurity:
+    """The :class:`ServerSecurity` the flags of :func:`add_auth_arguments` ask for; a token table is
+    re-read on SIGHUP (installs the handler: call from the main thread)."""
+    security = ServerSecurity.from_args(args)
+    if security.tokens is not None:
+        reload_on_sighup(security.tokens)
+        logging.getLogger(__name__).info("authentication on: %d tokens from %s", len(security.tokens),
+                                         security.tokens.path)
+    return security
+
+
 def build_grpc_server(
     add_servicer: Callable[[Any, grpc.Server], None],
     servicer: Any,
@@ -58,13 +90,18 @@ def build_grpc_server(
     *,
     max_workers: int,
     thread_name_prefix: str,
+    security: ServerSecurity | None = None,
 ) -> tuple[grpc.Server, health.HealthServicer, int]:
     """A started server for ``servicer`` (registered with its generated ``add_servicer``), gRPC health
     checking (SERVING for "" and ``service_name``) and reflection; returns it, its health servicer and
-    the bound port. ``address`` ``host:0`` picks a free port; OSError when it cannot be bound."""
+    the bound port. ``address`` ``host:0`` picks a free port; OSError when it cannot be bound.
+    ``security``: TLS credentials and/or the token interceptor (None: plaintext, owners self-declared;
+    a warning is logged when such a server listens on a non-loopback address)."""
+    security = security or ServerSecurity()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=thread_name_prefix),
         options=[("grpc.so_reuseport", 0)],
+        interceptors=security.interceptors(),
     )
     add_servicer(servicer, server)
     health_servicer = health.HealthServicer()
@@ -72,9 +109,16 @@ def build_grpc_server(
     for name in ("", service_name):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection((service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(address)
+    if security.credentials is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, security.credentials)
     if port == 0:
         raise OSError(f"could not bind {address}")
+    host = address.rsplit(":", 1)[0]
+    if not security.authenticates and not is_loopback(host):
+        log.warning("%s listens on %s without authentication: anyone who can reach it can act as any owner "
+                    "(see --auth_tokens)", service_name, address)
     server.start()
     return server, health_servicer, port
 

@@ -27,7 +27,8 @@ from google.protobuf.message import Message
 
 from engine_service.errors import NotFound
 from engine_service.handles import handle_instance
-from engine_service.rpc.convert import OWNER_METADATA_KEY, event_from_proto
+from engine_service.rpc.auth import ClientSecurity, on_behalf_of
+from engine_service.rpc.convert import event_from_proto
 from engine_service.rpc.errors import from_rpc_error
 from engine_service.stream_events import Event
 from prefix_service.backends import EngineGenerate, EngineInfo, TextPrompt
@@ -65,19 +66,21 @@ class RemoteStream:
 class EngineBackend:
     """See the module docstring. ``refresh()`` reads the engine's identity (Info) and returns it."""
 
-    def __init__(self, channel: grpc.Channel, *, owner: str = DEFAULT_OWNER, timeout: float = 60.0) -> None:
+    def __init__(self, channel: grpc.Channel, *, owner: str = DEFAULT_OWNER, timeout: float = 60.0,
+                 token: str | None = None) -> None:
         self.stub = engine_pb2_grpc.EngineStub(channel)
         self.owner = owner
         self.timeout = timeout
-        self.metadata = ((OWNER_METADATA_KEY, owner),)
+        self.metadata = ClientSecurity(token=token).metadata(owner)  # its own calls: its own token
         self._lock = threading.Lock()
         self._positions: dict[str, int] = {}
         self.instance_id = ""
         self._fingerprint = ""
 
     def call(self, method: Callable[..., Reply], request: Message, owner: str | None = None) -> Reply:
-        """A unary engine call as ``owner`` (default: this backend); errors as forkline errors."""
-        metadata = self.metadata if owner is None else ((OWNER_METADATA_KEY, owner),)
+        """A unary engine call as ``owner`` (default: this backend); errors as forkline errors. For a
+        caller it forwards the caller's own credential when it authenticated here (rpc/auth.py)."""
+        metadata = self.metadata if owner is None else on_behalf_of(owner)
         try:
             return method(request, metadata=metadata, timeout=self.timeout)
         except grpc.RpcError as exc:

@@ -16,6 +16,7 @@ import grpc
 from grpc_health.v1 import health
 
 from engine_service.errors import Unavailable
+from engine_service.rpc.auth import ClientSecurity, ServerSecurity
 from engine_service.rpc.service_main import GrpcServer, build_grpc_server
 from prefix_service.gateway import Gateway
 from prefix_service.prefix_cache import PrefixCache
@@ -36,15 +37,18 @@ def connect_engine(
     policy: str = "lru",
     owner: str = DEFAULT_OWNER,
     ready_timeout: float = 30.0,
+    engine_security: ClientSecurity | None = None,
 ) -> tuple[Gateway, grpc.Channel]:
-    """Connect to the engine, release this owner's leftovers there, and build the cache."""
-    channel = grpc.insecure_channel(engine_address)
+    """Connect to the engine, release this owner's leftovers there, and build the cache.
+    ``engine_security``: this service's token for the engine and/or TLS to it (rpc/auth.py)."""
+    engine_security = engine_security or ClientSecurity()
+    channel = engine_security.channel(engine_address)
     try:
         grpc.channel_ready_future(channel).result(timeout=ready_timeout)
     except grpc.FutureTimeoutError:
         channel.close()
         raise Unavailable(f"engine at {engine_address} not reachable within {ready_timeout} s") from None
-    backend = EngineBackend(channel, owner=owner)
+    backend = EngineBackend(channel, owner=owner, token=engine_security.token)
     backend.refresh()
     released = backend.release_owned()
     if released:
@@ -83,14 +87,15 @@ class PrefixServer(GrpcServer):
         self._drain(grace, after=cleanup)
 
 
-def create_server(gateway: Gateway, address: str = "127.0.0.1:0", *,
-                  channel: grpc.Channel | None = None) -> tuple[PrefixServer, int]:
+def create_server(gateway: Gateway, address: str = "127.0.0.1:0", *, channel: grpc.Channel | None = None,
+                  security: ServerSecurity | None = None) -> tuple[PrefixServer, int]:
     """Build, bind and start the prefix server; returns it and the bound port. ``channel`` (the engine
-    channel from :func:`connect_engine`) is closed when the server stops."""
+    channel from :func:`connect_engine`) is closed when the server stops. ``security``: TLS and/or
+    bearer tokens for this service's callers (None: plaintext, self-declared owners)."""
     servicer = PrefixServicer(gateway)
     server, health_servicer, port = build_grpc_server(
         prefix_pb2_grpc.add_PrefixCacheServicer_to_server, servicer, SERVICE_NAME, address,
-        max_workers=MAX_WORKERS, thread_name_prefix="forkline-prefix-rpc",
+        max_workers=MAX_WORKERS, thread_name_prefix="forkline-prefix-rpc", security=security,
     )
     log.info("prefix cache serving %s on port %d (engine instance %s)", SERVICE_NAME, port,
              gateway.backend.instance_id)
