@@ -17,7 +17,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from engine_service.rpc.service_main import add_auth_arguments, add_serving_arguments
+    from engine_service.rpc.service_main import add_auth_arguments, add_serving_arguments, port_number
     from prefix_service.retention import policy_names
 
     p = argparse.ArgumentParser(prog="forkline-prefix", description=__doc__,
@@ -42,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="PEM private key of --engine_tls_cert (default: none)")
     add_serving_arguments(p, default_port=50052)
     add_auth_arguments(p)
+    p.add_argument("--http_port", metavar="PORT", type=port_number, default=None,
+                   help="also serve the OpenAI-compatible HTTP API (/v1/chat/completions, ...) on this port of "
+                        "--host, in this process, with the same tokens and TLS; 0 picks a free one "
+                        "(default: off)")
+    p.add_argument("--http_model_name", metavar="NAME", default="",
+                   help="the model id HTTP clients send (default: the engine's model file name)")
     return p
 
 
@@ -63,7 +69,22 @@ def connect_and_serve(args: argparse.Namespace):
     deps, channel = connect_engine(args.engine, max_entries=args.max_entries, policy=args.policy,
                                    owner=args.owner, ready_timeout=args.engine_timeout,
                                    engine_security=engine_security)
-    return create_server(deps, f"{args.host}:{args.port}", channel=channel, security=security)
+    server, port = create_server(deps, f"{args.host}:{args.port}", channel=channel, security=security)
+    if args.http_port is not None:
+        start_http(server, args, security.tokens)
+    return server, port
+
+
+def start_http(server, args: argparse.Namespace, tokens) -> None:
+    """The OpenAI-compatible HTTP door (--http_port) in this process, over the same gateway, tokens and
+    TLS as the gRPC server; prints "forkline-prefix HTTP listening on HOST:PORT"."""
+    try:
+        port = server.start_http(args.host, args.http_port, model_name=args.http_model_name, auth=tokens,
+                                 tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca)
+    except BaseException:
+        server.stop(0, release=True)  # do not leave the gRPC server running behind a failed start
+        raise
+    print(f"forkline-prefix HTTP listening on {args.host}:{port}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,18 +11,23 @@ service is cleaned up by its next start).
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health
 
-from engine_service.errors import Unavailable
+from engine_service.errors import InvalidArgument, Unavailable
 from engine_service.rpc.auth import ClientSecurity, ServerSecurity
 from engine_service.rpc.service_main import GrpcServer, build_grpc_server
 from prefix_service.gateway import Gateway
 from prefix_service.prefix_cache import PrefixCache
 from prefix_service.rpc.engine_backend import DEFAULT_OWNER, EngineBackend
 from prefix_service.rpc.servicer import PrefixServicer
-from protos import prefix_pb2, prefix_pb2_grpc
+from protos import engine_pb2, prefix_pb2, prefix_pb2_grpc
+
+if TYPE_CHECKING:  # the HTTP door is imported only when started
+    from prefix_service.http.app import OwnerTable
+    from prefix_service.http.server import HttpServer
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +77,31 @@ class PrefixServer(GrpcServer):
 
     deps = gateway  # the name the service fixtures and benches use
 
+    http: HttpServer | None = None  # the OpenAI-compatible HTTP door, when started
+
+    def start_http(self, host: str, port: int, *, model_name: str = "", auth: OwnerTable | None = None,
+                   tls_cert: str | None = None, tls_key: str | None = None,
+                   tls_client_ca: str | None = None) -> int:
+        """Serve the OpenAI-compatible HTTP door (``prefix_service/http``) in this process over this
+        server's gateway; returns its bound port. ``model_name`` "": the engine's model file name.
+        ``auth``: bearer tokens -> owners (as the gRPC side's token table). It stops with this server."""
+        from prefix_service.http.app import create_app, served_model_name
+        from prefix_service.http.server import HttpServer
+
+        if not model_name:
+            backend = self.gateway.backend
+            if not isinstance(backend, EngineBackend):
+                raise InvalidArgument("model_name is required for a gateway without a remote engine")
+            model_name = served_model_name(backend.call(backend.stub.Info, engine_pb2.InfoRequest()).model)
+        app = create_app(self.gateway, model_name=model_name, auth=auth)
+        self.http = HttpServer.start(app, host, port, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca)
+        return self.http.port
+
     def stop(self, grace: float | None = 2.0, *, release: bool = True) -> None:
-        """Drain and stop (idempotent). ``release``: close every stored snapshot in the engine."""
+        """Drain and stop (idempotent). ``release``: close every stored snapshot in the engine.
+        The HTTP door stops first (its requests finish or end within ``grace``)."""
+        if self.http is not None:
+            self.http.stop(grace)
 
         def cleanup() -> None:
             if release:

@@ -1,0 +1,211 @@
+"""The OpenAI-compatible HTTP door as a Starlette app over the prefix service's :class:`Gateway`.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (both streamed as server-sent events
+ending with ``data: [DONE]``, or answered whole), ``GET /v1/models``, ``GET /health``. Handlers only
+parse (``protocol.py``), check and convert (``convert.py``), and run the generation through the
+gateway (``generation.py``); every error becomes OpenAI's error JSON in ``errors.py``.
+
+Auth: with a token table (anything with ``owner_for(token) -> owner | None``, e.g.
+``engine_service.auth.TokenTable``), every route but ``/health`` needs ``Authorization: Bearer
+<token>`` and the request runs as the token's owner, as on gRPC; without one, as
+:data:`ANONYMOUS` (the gRPC default owner). A client that disconnects ends its generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import PurePath
+from typing import Protocol, TypeVar
+
+from pydantic import BaseModel
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from engine_service.auth import Caller, check_token
+from engine_service.errors import InvalidArgument
+from prefix_service.gateway import Gateway, Prompt
+from prefix_service.http import convert
+from prefix_service.http.errors import ApiError, error_event, error_response
+from prefix_service.http.generation import Generation
+from prefix_service.http.protocol import ChatCompletionRequest, CompletionRequest, Model, ModelList
+from prefix_service.http.responses import DONE_EVENT, ChatShape, CompletionShape, Shape, event
+
+ANONYMOUS = "anonymous"  # the owner of requests without auth (the gRPC default owner too)
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+class OwnerTable(Protocol):
+    def owner_for(self, token: str) -> str | None: ...
+
+
+def served_model_name(engine_model: str) -> str:
+    """The model id clients send, from the engine's model (a path): its file or folder name without a
+    ``.gguf`` suffix (``/x/SmolLM2-135M-Instruct-Q4_1.gguf`` -> ``SmolLM2-135M-Instruct-Q4_1``)."""
+    name = PurePath(engine_model.rstrip("/\\")).name or engine_model
+    return name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
+
+
+def create_app(gateway: Gateway, *, model_name: str, auth: OwnerTable | None = None) -> Starlette:
+    """The ASGI app serving ``gateway`` under the model id ``model_name`` (see the module docstring)."""
+    door = _Door(gateway, model_name, auth)
+    routes = [
+        Route("/v1/chat/completions", _answering_errors(door.chat_completions), methods=["POST"]),
+        Route("/v1/completions", _answering_errors(door.completions), methods=["POST"]),
+        Route("/v1/models", _answering_errors(door.models), methods=["GET"]),
+        Route("/health", _answering_errors(door.health), methods=["GET"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={HTTPException: _on_http_exception})
+
+
+def _answering_errors(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """Every exception a handler raises becomes OpenAI's error JSON (``errors.py`` decides how)."""
+
+    @functools.wraps(handler)
+    async def answer(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except Exception as exc:  # noqa: BLE001 - errors.py maps forkline errors and logs bugs once
+            return error_response(exc)
+
+    return answer
+
+
+async def _on_http_exception(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own refusals (unknown route, wrong method) in OpenAI's shape."""
+    what = "route" if exc.status_code == 404 else "method"
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return error_response(ApiError(exc.status_code, message, code=f"unknown_{what}"))
+
+
+class _Door:
+    def __init__(self, gateway: Gateway, model_name: str, auth: OwnerTable | None) -> None:
+        self.gateway, self.model_name, self.auth = gateway, model_name, auth
+        self.created = int(time.time())
+
+    # -- routes --------------------------------------------------------------------------------------
+    async def chat_completions(self, request: Request) -> Response:
+        owner, caller = self._authenticate(request)
+        body = await _parse(request, ChatCompletionRequest)
+        self._check_model(body.model)
+        convert.check_chat(body)
+        return await self._complete(request, body, convert.chat_prompt(body.messages), owner, caller,
+                                    ChatShape(self.model_name, self._fingerprint()))
+
+    async def completions(self, request: Request) -> Response:
+        owner, caller = self._authenticate(request)
+        body = await _parse(request, CompletionRequest)
+        self._check_model(body.model)
+        convert.check_completion(body)
+        return await self._complete(request, body, convert.completion_prompt(body.prompt), owner, caller,
+                                    CompletionShape(self.model_name, self._fingerprint()))
+
+    async def models(self, request: Request) -> Response:
+        self._authenticate(request)
+        listing = ModelList(data=[Model(id=self.model_name, created=self.created)])
+        return JSONResponse(listing.model_dump())
+
+    async def health(self, request: Request) -> Response:
+        """200 while the engine answers (one Info call, which also notices an engine restart)."""
+        await asyncio.to_thread(self.gateway.check_engine)
+        return JSONResponse({"status": "ok"})
+
+    # -- the generation ------------------------------------------------------------------------------
+    async def _complete(self, request: Request, body: ChatCompletionRequest | CompletionRequest, prompt: Prompt,
+                        owner: str, caller: Caller | None, shape: Shape) -> Response:
+        generation = Generation(self.gateway, convert.gateway_request(body, prompt), convert.stop_strings(body),
+                                owner, caller)
+        try:
+            await _until_disconnected(request, generation.start(), generation.close)
+            if not body.stream:
+                text = await _until_disconnected(request, _collect(generation), generation.close)
+                return JSONResponse(shape.response(text, generation.finish_reason or "stop",
+                                                   generation.usage()).model_dump())
+        except BaseException:
+            generation.close()
+            raise
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(_events(generation, shape, include_usage), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+
+    # -- checks --------------------------------------------------------------------------------------
+    def _authenticate(self, request: Request) -> tuple[str, Caller | None]:
+        """The caller's owner (and credential, forwarded to the engine); 401 without a valid token."""
+        if self.auth is None:
+            return ANONYMOUS, None
+        value = request.headers.get("authorization", "")
+        scheme, _, token = value.strip().partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ApiError(401, "missing 'Authorization: Bearer <token>' header", code="invalid_api_key")
+        try:
+            owner = self.auth.owner_for(check_token(token.strip(), "bearer token"))
+        except InvalidArgument as exc:
+            raise ApiError(401, f"malformed bearer token: {exc}", code="invalid_api_key") from None
+        if owner is None:
+            raise ApiError(401, "unknown bearer token", code="invalid_api_key")
+        return owner, Caller(owner, value.strip())
+
+    def _check_model(self, model: str) -> None:
+        if model != self.model_name:
+            raise ApiError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+                           param="model", code="model_not_found")
+
+    def _fingerprint(self) -> str:
+        return f"fp_{self.gateway.backend.fingerprint[:16]}"
+
+
+async def _parse(request: Request, model: type[Body]) -> Body:
+    return model.model_validate_json(await request.body())  # ValidationError: a 400 naming the field
+
+
+async def _collect(generation: Generation) -> str:
+    return "".join([text async for text in generation.deltas()])
+
+
+async def _until_disconnected(request: Request, work, on_disconnect: Callable[[], None]):
+    """Await ``work``; if the client disconnects first, call ``on_disconnect`` and give up."""
+    watcher = asyncio.ensure_future(_disconnected(request))
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.wait({watcher, task}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            on_disconnect()
+            task.cancel()
+            raise ApiError(499, "the client disconnected", type="client_closed_request")
+        return task.result()
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _events(generation: Generation, shape: Shape, include_usage: bool) -> AsyncIterator[str]:
+    """The response stream. Starlette cancels it when the client disconnects; ``finally`` then ends
+    the generation."""
+    try:
+        first = shape.first()
+        if first is not None:
+            yield event(first)
+        async for text in generation.deltas():
+            yield event(shape.delta(text))
+        yield event(shape.final(generation.finish_reason or "stop"))
+        if include_usage:
+            yield event(shape.usage_chunk(generation.usage()))
+    except Exception as exc:  # noqa: BLE001 - status 200 is sent: the error travels as an event
+        yield error_event(exc)
+    finally:
+        generation.close()
+    yield DONE_EVENT

@@ -1,0 +1,164 @@
+"""OpenAI request bodies -> gateway requests, and gateway events -> usage. Pure functions.
+
+Decisions where OpenAI's API and forkline differ (the README repeats them):
+
+- ``messages`` go through the model's chat template in the engine (the engine owns the tokenizer and
+  template). ``developer`` is a system message; content parts must be ``text`` parts (joined with
+  newlines); ``tool`` messages and ``tools`` are refused.
+- ``max_tokens`` / ``max_completion_tokens`` absent: generate until end-of-sequence or until the
+  engine session is full (OpenAI's "up to the context length"). ``temperature`` absent: 1.0 and
+  ``top_p`` 1.0, OpenAI's defaults. ``seed`` absent: a fresh random seed per request.
+- ``stop``: up to :data:`MAX_STOP_STRINGS` non-empty strings, matched on the detokenized text
+  (``stop_strings.py``); the engine's end-of-sequence tokens stop as well.
+- ``user`` is accepted and ignored: every HTTP request uses the prefix namespace :data:`NAMESPACE`,
+  the gRPC gateway's default, so one system prompt is computed once for every user and for gRPC and
+  HTTP callers alike (the point of a prefix cache); isolating tenants is what separate namespaces on
+  the gRPC API are for.
+- ``n`` other than 1, ``logprobs``, ``echo``, ``best_of`` > 1, ``suffix``, non-zero penalties,
+  ``logit_bias`` and non-text ``response_format`` are refused (400 naming the field), never ignored.
+- ``prompt`` (completions): a string, token ids, or a one-element list of either. Text is tokenized
+  with the tokenizer's special tokens (e.g. BOS), as a bare prompt to a base model expects.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+
+from engine_service.config import GenConfig
+from engine_service.stream_events import Started
+from prefix_service.backends import TextPrompt
+from prefix_service.gateway import GatewayRequest, Prompt
+from prefix_service.http.errors import BadField
+from prefix_service.http.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    PromptTokensDetails,
+    Usage,
+)
+
+NAMESPACE = ""  # the prefix namespace of every HTTP request (``user`` is ignored, see above)
+UNLIMITED_TOKENS = 1 << 30  # no max_tokens: the engine stops at end-of-sequence or a full session
+MAX_STOP_STRINGS = 16
+FINISH_REASONS = {"stop": "stop", "length": "length"}  # engine -> OpenAI; "cancelled" is an error
+
+
+# -- chat -----------------------------------------------------------------------------------------
+
+
+def chat_prompt(messages: Sequence[ChatMessage]) -> TextPrompt:
+    """The conversation as the engine's chat input: [system] + one user message."""
+    turns = [(_role(m, i), _content(m, i)) for i, m in enumerate(messages)]
+    system = ""
+    if turns[0][0] == "system" and len(turns) > 1:
+        system = turns.pop(0)[1]
+    if len(turns) == 1 and turns[0][0] == "user":
+        return TextPrompt(turns[0][1], chat=True, system=system)
+    raise BadField("messages", "multi-turn conversations are not served yet: send an optional system "
+                               "message and one user message")
+
+
+def _role(message: ChatMessage, index: int) -> str:
+    if message.role == "tool":
+        raise BadField(f"messages[{index}].role", "tool messages are not supported")
+    return "system" if message.role == "developer" else message.role
+
+
+def _content(message: ChatMessage, index: int) -> str:
+    content = message.content
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        if part.type != "text" or part.text is None:
+            raise BadField(f"messages[{index}].content[{j}]", f"only text parts are supported, got {part.type!r}")
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+def check_chat(request: ChatCompletionRequest) -> None:
+    """Refuse what a chat request asks for and forkline cannot do (naming the field)."""
+    _check_common(request)
+    if request.logprobs or request.top_logprobs:
+        raise BadField("logprobs", "log probabilities are not supported")
+    if request.tools:
+        raise BadField("tools", "tool calling is not supported")
+    if request.response_format and request.response_format.get("type", "text") != "text":
+        raise BadField("response_format", "only {'type': 'text'} is supported")
+
+
+# -- completions ----------------------------------------------------------------------------------
+
+
+def completion_prompt(prompt: str | list[str] | list[int] | list[list[int]]) -> Prompt:
+    """One prompt: text (tokenized with special tokens) or token ids."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise BadField("prompt", f"one prompt per request is supported, got {len(prompt)}")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return TextPrompt(prompt, add_special_tokens=True)
+    return list(prompt)
+
+
+def check_completion(request: CompletionRequest) -> None:
+    _check_common(request)
+    if request.echo:
+        raise BadField("echo", "echoing the prompt is not supported")
+    if request.logprobs:
+        raise BadField("logprobs", "log probabilities are not supported")
+    if request.best_of not in (None, 1):
+        raise BadField("best_of", "only best_of=1 is supported")
+    if request.suffix:
+        raise BadField("suffix", "suffixes (insertion) are not supported")
+
+
+# -- both -----------------------------------------------------------------------------------------
+
+
+def _check_common(request: ChatCompletionRequest | CompletionRequest) -> None:
+    if request.n != 1:
+        raise BadField("n", f"only n=1 is supported, got {request.n}")
+    for name in ("frequency_penalty", "presence_penalty"):
+        if getattr(request, name):
+            raise BadField(name, "penalties are not supported (0 only)")
+    if request.logit_bias:
+        raise BadField("logit_bias", "logit biases are not supported")
+    stop_strings(request)
+
+
+def stop_strings(request: ChatCompletionRequest | CompletionRequest) -> tuple[str, ...]:
+    stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or ())
+    if len(stops) > MAX_STOP_STRINGS:
+        raise BadField("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+    for i, s in enumerate(stops):
+        if not s:
+            raise BadField("stop" if isinstance(request.stop, str) else f"stop[{i}]", "must not be empty")
+    return tuple(stops)
+
+
+def gateway_request(request: ChatCompletionRequest | CompletionRequest, prompt: Prompt) -> GatewayRequest:
+    """The gateway call for a checked request (sampling defaults as OpenAI's, see the module docstring)."""
+    max_tokens = getattr(request, "max_completion_tokens", None) or request.max_tokens
+    config = GenConfig(
+        max_new_tokens=max_tokens or UNLIMITED_TOKENS,
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        seed=secrets.randbelow(2**63) if request.seed is None else request.seed,
+    )
+    return GatewayRequest(namespace=NAMESPACE, prompt=prompt, config=config)
+
+
+def usage(started: Started, completion_tokens: int) -> Usage:
+    """Usage of a generation that ``started`` so: the prompt is what the session reused plus what the
+    engine prefilled; ``cached_tokens`` is the reused part."""
+    prompt_tokens = started.position + started.input_positions
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=started.position),
+    )

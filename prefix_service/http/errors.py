@@ -1,0 +1,140 @@
+"""The one place an error becomes an HTTP status and OpenAI's error JSON.
+
+=============================================  ======  =========================
+raised                                          status  error.type (error.code)
+=============================================  ======  =========================
+malformed JSON / a bad field (pydantic)         400     invalid_request_error
+InvalidArgument (a field forkline refuses)      400     invalid_request_error
+Unauthenticated / missing or unknown token      401     invalid_request_error (invalid_api_key)
+unknown model or route                          404     invalid_request_error (model_not_found)
+wrong method                                    405     invalid_request_error
+ResourceExhausted (engines full)                429     rate_limit_error (resource_exhausted)
+Unavailable / Cancelled / NotFound (engine      503     service_unavailable
+  down, stopping, or lost a session)
+FailedPrecondition / CacheError /               500     server_error (the text is forkline's own)
+  GenerationError
+anything else (a bug)                           500     server_error: logged once with its
+                                                        traceback, its text withheld
+=============================================  ======  =========================
+
+A bad field names itself in ``error.param`` (``messages[0].content``) and in the message. A NotFound
+from the engine is never the HTTP client's doing (it sends no handles): the engine lost the session,
+e.g. it restarted, so the client may retry.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+from starlette.responses import JSONResponse
+
+from engine_service import errors as e
+from prefix_service.http.protocol import ErrorBody, ErrorDetail
+
+log = logging.getLogger(__name__)
+
+INTERNAL_DETAILS = "internal error"
+
+
+class ApiError(Exception):
+    """An HTTP-level refusal that has no forkline type (auth, unknown model or route)."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+
+class BadField(e.InvalidArgument):
+    """An InvalidArgument about one request field (``param`` as the request spells it)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+@dataclass(frozen=True)
+class _Kind:
+    status: int
+    type: str
+    code: str | None = None
+
+
+# Checked in order: the first matching class decides.
+_KINDS: tuple[tuple[type[BaseException], _Kind], ...] = (
+    (e.InvalidArgument, _Kind(400, "invalid_request_error")),
+    (e.Unauthenticated, _Kind(401, "invalid_request_error", "invalid_api_key")),
+    (e.ResourceExhausted, _Kind(429, "rate_limit_error", "resource_exhausted")),
+    (e.Unavailable, _Kind(503, "service_unavailable")),
+    (e.Cancelled, _Kind(503, "service_unavailable")),
+    (e.NotFound, _Kind(503, "service_unavailable")),
+    (e.ForklineError, _Kind(500, "server_error")),
+)
+
+
+def error_body(exc: BaseException) -> tuple[int, ErrorBody]:
+    """The HTTP status and OpenAI error body for ``exc`` (see the module docstring)."""
+    if isinstance(exc, ApiError):
+        return exc.status, _body(exc.message, exc.type, exc.param, exc.code)
+    if isinstance(exc, ValidationError):
+        return 400, _validation_body(exc)
+    for cls, kind in _KINDS:
+        if isinstance(exc, cls):
+            param = exc.param if isinstance(exc, BadField) else None
+            return kind.status, _body(str(exc) or cls.__name__, kind.type, param, kind.code)
+    log.error("internal error answering an HTTP request", exc_info=exc)
+    return 500, _body(INTERNAL_DETAILS, "server_error")
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    status, body = error_body(exc)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+
+
+def error_event(exc: BaseException) -> str:
+    """An error inside an already started event stream, as its server-sent ``data:`` line."""
+    return f"data: {error_body(exc)[1].model_dump_json()}\n\n"
+
+
+def _body(message: str, type: str, param: str | None = None, code: str | None = None) -> ErrorBody:
+    return ErrorBody(error=ErrorDetail(message=message, type=type, param=param, code=code))
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """A pydantic location as the request spells it: ``messages[0].content``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not _is_type_tag(part):
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _is_type_tag(part: str) -> bool:
+    """Union members pydantic names in a location (``str``, ``list[TextPart]``, ``function-after``)."""
+    return part in ("str", "int", "float", "bool", "dict") or "[" in part or "-" in part
+
+
+def _validation_body(exc: ValidationError) -> ErrorBody:
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    if first["type"] == "json_invalid":
+        detail = first.get("ctx", {}).get("error", first["msg"])
+        if "EOF while parsing a value at line 1 column 0" in detail:
+            return _body("the request body is empty: expected a JSON object", "invalid_request_error")
+        return _body(f"the request body is not valid JSON: {detail}", "invalid_request_error")
+    if not first["loc"] and first["type"] in ("model_type", "model_attributes_type"):
+        return _body("the request body must be a JSON object", "invalid_request_error")
+    param = field_path(tuple(first["loc"]))
+    if first["type"] == "missing":
+        return _body(f"{param} is required", "invalid_request_error", param)
+    got = json.dumps(first.get("input"), default=str)
+    if len(got) > 80:
+        got = got[:77] + "..."
+    # a union reports one error per member: the first already says what the field must be
+    return _body(f"{param}: {first['msg']} (got {got})", "invalid_request_error", param)

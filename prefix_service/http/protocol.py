@@ -1,0 +1,180 @@
+"""The OpenAI HTTP API's request and response bodies as pydantic models (no serving logic here).
+
+Requests are validated strictly (``"10"`` is not an int, ``"true"`` is not a bool) and unknown fields
+are ignored, as OpenAI-compatible servers do; fields forkline cannot honour are refused by the
+handlers (``prefix_service/http/convert.py``) with the field's name, never silently dropped. Responses
+carry the fields the official clients read; ``usage.prompt_tokens_details.cached_tokens`` is the
+number of prompt positions the prefix cache reused.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- requests -------------------------------------------------------------------------------------
+
+
+class TextPart(_Request):
+    """One part of a message's content; only ``text`` parts are served."""
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class _Sampling(_Request):
+    """The fields chat and text completions share."""
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # Accepted at their neutral values only (anything else is refused naming the field).
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[dict] | None = None
+    response_format: dict | None = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool | None = None
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+# -- responses ------------------------------------------------------------------------------------
+
+
+class PromptTokensDetails(_Response):
+    cached_tokens: int
+
+
+class Usage(_Response):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class AssistantMessage(_Response):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(_Response):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: str
+    logprobs: None = None
+
+
+class ChatCompletion(_Response):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(_Response):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(_Response):
+    index: int = 0
+    delta: ChatDelta
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(_Response):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChoice(_Response):
+    index: int = 0
+    text: str
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class Completion(_Response):
+    """A text completion, and (``object`` "text_completion" too, as OpenAI sends) each streamed chunk."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class Model(_Response):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "forkline"
+
+
+class ModelList(_Response):
+    object: Literal["list"] = "list"
+    data: list[Model]
+
+
+class ErrorDetail(_Response):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(_Response):
+    """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: ErrorDetail

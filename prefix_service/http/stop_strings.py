@@ -1,0 +1,48 @@
+"""Stop strings on a detokenized stream: OpenAI's ``stop``, matched on text, not on tokens.
+
+A stop string can span several tokens (and a token can hold the end of one stop string and the start
+of the next word), so the matcher works on the text deltas: it holds back the longest tail of the
+text that could still grow into a stop string, and when one appears it returns the text before the
+earliest match and reports the stop. The stop string itself is never returned (OpenAI's behaviour).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class StopMatcher:
+    """``push(delta) -> (text to emit now, stopped)``; ``flush()`` returns the held-back tail at the end
+    of a generation that did not stop on a string."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._stops = tuple(stops)
+        self._held = ""
+        self.stopped = False
+
+    def push(self, delta: str) -> tuple[str, bool]:
+        if self.stopped:
+            return "", True
+        if not self._stops:
+            return delta, False
+        text = self._held + delta
+        # The held tail never contains a whole stop string, so a match here is the earliest new one.
+        hits = [i for i in (text.find(s) for s in self._stops) if i >= 0]
+        if hits:
+            self._held, self.stopped = "", True
+            return text[: min(hits)], True
+        keep = self._partial_tail(text)
+        self._held = text[len(text) - keep:]
+        return text[: len(text) - keep], False
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return held
+
+    def _partial_tail(self, text: str) -> int:
+        """Length of the longest suffix of ``text`` that is a proper prefix of some stop string."""
+        for length in range(min(len(text), max(len(s) for s in self._stops) - 1), 0, -1):
+            tail = text[-length:]
+            if any(s.startswith(tail) for s in self._stops):
+                return length
+        return 0
