@@ -16,6 +16,17 @@ import argparse
 import sys
 
 
+def seconds(text: str) -> float:
+    """argparse type: a duration in seconds, >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     from engine_service.rpc.service_main import add_auth_arguments, add_serving_arguments, port_number
     from prefix_service.retention import policy_names
@@ -31,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="owner id of the snapshots in the engine (default: %(default)s)")
     p.add_argument("--engine_timeout", metavar="SECONDS", type=float, default=30.0,
                    help="seconds to wait for the engine at start (default: %(default)s)")
+    p.add_argument("--engine_outage_wait", metavar="SECONDS", type=seconds, default=1.0,
+                   help="while the engine is down, seconds a call waits for it to come back before "
+                        "UNAVAILABLE; 0: fail at once (default: %(default)s)")
     p.add_argument("--engine_token_file", metavar="FILE", default=None,
                    help="file holding this service's bearer token for the engine; the engine's token file "
                         "must map it to --owner (default: none, no token sent)")
@@ -68,7 +82,7 @@ def connect_and_serve(args: argparse.Namespace):
     engine_security = ClientSecurity(token, args.engine_tls_ca, args.engine_tls_cert, args.engine_tls_key)
     deps, channel = connect_engine(args.engine, max_entries=args.max_entries, policy=args.policy,
                                    owner=args.owner, ready_timeout=args.engine_timeout,
-                                   engine_security=engine_security)
+                                   engine_security=engine_security, outage_wait_s=args.engine_outage_wait)
     server, port = create_server(deps, f"{args.host}:{args.port}", channel=channel, security=security)
     if args.http_port is not None:
         start_http(server, args, security.tokens)

@@ -12,6 +12,11 @@ engine instance: after an engine restart every stored handle is dead without ask
 Engine errors arrive as ``engine_service.errors`` types (the PrefixCache treats them as refusals),
 also from an engine Generate stream (:class:`RemoteStream`, whose events are domain values:
 ``prefix_service/rpc/convert.py`` converts).
+
+Every engine call uses ``wait_for_ready`` with the deadline of the RPC it serves (capped by
+``timeout``; a Generate stream: the caller's deadline only) and, while the engine is down (``watch``,
+set by ``connect_engine``), waits a bounded time for it before Unavailable: see
+``prefix_service/rpc/engine_watch.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import contextlib
 import contextvars
 import threading
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -33,6 +38,7 @@ from engine_service.rpc.errors import from_rpc_error
 from engine_service.stream_events import Event
 from prefix_service.backends import EngineGenerate, EngineInfo, TextPrompt
 from prefix_service.rpc import convert
+from prefix_service.rpc.engine_watch import EngineWatch, call_timeout
 from protos import engine_pb2 as pb
 from protos import engine_pb2_grpc
 
@@ -71,6 +77,7 @@ class EngineBackend:
         self.stub = engine_pb2_grpc.EngineStub(channel)
         self.owner = owner
         self.timeout = timeout
+        self.watch: EngineWatch | None = None  # the engine's health, when watched (engine_watch.py)
         self.metadata = ClientSecurity(token=token).metadata(owner)  # its own calls: its own token
         self._lock = threading.Lock()
         self._positions: dict[str, int] = {}
@@ -82,9 +89,18 @@ class EngineBackend:
         caller it forwards the caller's own credential when it authenticated here (rpc/auth.py)."""
         metadata = self.metadata if owner is None else on_behalf_of(owner)
         try:
-            return method(request, metadata=metadata, timeout=self.timeout)
+            return method(request, metadata=metadata, **self.call_options(self.timeout))
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
+
+    def call_options(self, cap: float | None) -> dict[str, Any]:
+        """``timeout`` and ``wait_for_ready`` for an engine call: the caller's time left, at most
+        ``cap``. While the engine is down it first waits for it (Unavailable when it stays down). A
+        call nothing bounds does not wait for a connection (the watch just saw the engine SERVING)."""
+        timeout = call_timeout(cap)
+        if self.watch is not None:
+            self.watch.await_serving(timeout)
+        return {"timeout": timeout, "wait_for_ready": timeout is not None}
 
     def info(self) -> EngineInfo:
         return convert.engine_info(self.call(self.stub.Info, pb.InfoRequest()))
@@ -140,7 +156,8 @@ class EngineBackend:
         self.call(self.stub.Close, pb.CloseRequest(session=session), owner)
 
     def generate(self, request: EngineGenerate) -> RemoteStream:
-        return RemoteStream(self.stub.Generate(convert.engine_request(request), metadata=self.metadata))
+        call = self.stub.Generate(convert.engine_request(request), metadata=self.metadata, **self.call_options(None))
+        return RemoteStream(call)
 
     # -- SessionBackend ------------------------------------------------------------------------
     @property

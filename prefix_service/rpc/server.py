@@ -6,6 +6,10 @@ engine (ReleaseOwner under its stable owner id), and the :class:`PrefixCache`.
 ``create_server(gateway, address)`` binds and starts serving. ``server.stop(grace)`` drains; with
 ``release=True`` it also releases every stored snapshot in the engine (a clean shutdown; a killed
 service is cleaned up by its next start).
+
+The engine channel reconnects with a capped backoff and the server watches the engine's health
+(``prefix_service/rpc/engine_watch.py``): a restarted engine is noticed as soon as it serves, and this
+service's own health reports its service NOT_SERVING while the engine is down ("" stays SERVING).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import logging
 from typing import TYPE_CHECKING
 
 import grpc
-from grpc_health.v1 import health
+from grpc_health.v1 import health, health_pb2
 
 from engine_service.errors import InvalidArgument, Unavailable
 from engine_service.rpc.auth import ClientSecurity, ServerSecurity
@@ -22,6 +26,7 @@ from engine_service.rpc.service_main import GrpcServer, build_grpc_server
 from prefix_service.gateway import Gateway
 from prefix_service.prefix_cache import PrefixCache
 from prefix_service.rpc.engine_backend import DEFAULT_OWNER, EngineBackend
+from prefix_service.rpc.engine_watch import OUTAGE_WAIT_S, RECONNECT_OPTIONS, EngineWatch
 from prefix_service.rpc.servicer import PrefixServicer
 from protos import engine_pb2, prefix_pb2, prefix_pb2_grpc
 
@@ -43,17 +48,20 @@ def connect_engine(
     owner: str = DEFAULT_OWNER,
     ready_timeout: float = 30.0,
     engine_security: ClientSecurity | None = None,
+    outage_wait_s: float = OUTAGE_WAIT_S,
 ) -> tuple[Gateway, grpc.Channel]:
     """Connect to the engine, release this owner's leftovers there, and build the cache.
-    ``engine_security``: this service's token for the engine and/or TLS to it (rpc/auth.py)."""
+    ``engine_security``: this service's token for the engine and/or TLS to it (rpc/auth.py).
+    ``outage_wait_s``: how long a call waits for the engine while it is down (engine_watch.py)."""
     engine_security = engine_security or ClientSecurity()
-    channel = engine_security.channel(engine_address)
+    channel = engine_security.channel(engine_address, RECONNECT_OPTIONS)
     try:
         grpc.channel_ready_future(channel).result(timeout=ready_timeout)
     except grpc.FutureTimeoutError:
         channel.close()
         raise Unavailable(f"engine at {engine_address} not reachable within {ready_timeout} s") from None
     backend = EngineBackend(channel, owner=owner, token=engine_security.token)
+    backend.watch = EngineWatch(channel, outage_wait_s=outage_wait_s)  # started by create_server
     backend.refresh()
     released = backend.release_owned()
     if released:
@@ -97,6 +105,31 @@ class PrefixServer(GrpcServer):
         self.http = HttpServer.start(app, host, port, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca)
         return self.http.port
 
+    @property
+    def engine_watch(self) -> EngineWatch | None:
+        """The engine's health watch (None for a gateway without a remote engine)."""
+        backend = self.gateway.backend
+        return backend.watch if isinstance(backend, EngineBackend) else None
+
+    @property
+    def engine_serving(self) -> bool:
+        """Whether the engine reports SERVING now, as far as the watch knows."""
+        watch = self.engine_watch
+        return watch is None or watch.serving
+
+    def watch_engine(self) -> None:
+        """Follow the engine's health: when it serves again, check it for a restart (dropping the dead
+        instance's entries without waiting for a call); meanwhile report this service NOT_SERVING."""
+        watch = self.engine_watch
+        if watch is None:
+            return
+        status = health_pb2.HealthCheckResponse
+
+        def on_change(serving: bool) -> None:
+            self.health.set(SERVICE_NAME, status.SERVING if serving else status.NOT_SERVING)
+
+        watch.start(on_serving=self.gateway.check_engine, on_change=on_change)
+
     def stop(self, grace: float | None = 2.0, *, release: bool = True) -> None:
         """Drain and stop (idempotent). ``release``: close every stored snapshot in the engine.
         The HTTP door stops first (its requests finish or end within ``grace``)."""
@@ -104,11 +137,16 @@ class PrefixServer(GrpcServer):
             self.http.stop(grace)
 
         def cleanup() -> None:
-            if release:
+            watch = self.engine_watch
+            if release and watch is not None and not watch.serving:
+                log.warning("engine down at shutdown: its restart or this service's next start releases the snapshots")
+            elif release:
                 try:
                     self.gateway.clear()
                 except Exception:  # the engine may be gone already; its restart drops them anyway
                     log.warning("could not release snapshots at shutdown", exc_info=True)
+            if watch is not None:
+                watch.stop()
             if self.channel is not None:
                 self.channel.close()
 
@@ -127,4 +165,6 @@ def create_server(gateway: Gateway, address: str = "127.0.0.1:0", *, channel: gr
     )
     log.info("prefix cache serving %s on port %d (engine instance %s)", SERVICE_NAME, port,
              gateway.backend.instance_id)
-    return PrefixServer(server, servicer, health_servicer, port, channel), port
+    prefix_server = PrefixServer(server, servicer, health_servicer, port, channel)
+    prefix_server.watch_engine()
+    return prefix_server, port

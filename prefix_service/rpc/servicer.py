@@ -4,7 +4,7 @@ Thin: each RPC reads the caller's owner id from the metadata, converts the reque
 (``prefix_service/rpc/convert.py``), delegates to the gateway (``prefix_service/gateway.py``, where
 every flow decision lives: engine-restart handling, lookup, insert, the gateway Generate with its
 stop and drain) and converts the answer back. Errors map to status codes in
-``engine_service/rpc/errors.py``.
+``engine_service/rpc/errors.py``. Engine calls made for an RPC carry its deadline (``caller_deadline``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from engine_service.rpc.convert import owner_of
 from engine_service.rpc.errors import status_on_error
 from prefix_service.gateway import Gateway
 from prefix_service.rpc import convert
+from prefix_service.rpc.engine_watch import caller_deadline
 from protos import engine_pb2 as epb
 from protos import prefix_pb2 as pb
 from protos import prefix_pb2_grpc
@@ -28,13 +29,13 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
         self.gateway = gateway
 
     def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> pb.LookupResponse:
-        with status_on_error(context):
+        with status_on_error(context), caller_deadline(context):
             owner = owner_of(context.invocation_metadata())
             lookup = self.gateway.lookup(request.namespace, convert.prompt(request), owner, context.is_active)
             return convert.lookup_response(lookup)
 
     def Insert(self, request: pb.InsertRequest, context: grpc.ServicerContext) -> pb.InsertResponse:
-        with status_on_error(context):
+        with status_on_error(context), caller_deadline(context):
             owner = owner_of(context.invocation_metadata())
             stored = self.gateway.insert(request.namespace, list(request.tokens), request.session,
                                          dict(request.metadata), owner)
@@ -45,7 +46,7 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
             return convert.stats_response(self.gateway.stats())
 
     def Clear(self, request: pb.ClearRequest, context: grpc.ServicerContext) -> pb.ClearResponse:
-        with status_on_error(context):
+        with status_on_error(context), caller_deadline(context):
             return pb.ClearResponse(released=self.gateway.clear())
 
     def Generate(
@@ -53,7 +54,8 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
     ) -> Iterator[epb.GenerateEvent]:
         with status_on_error(context):
             owner = owner_of(context.invocation_metadata())
-            stream = self.gateway.generate(convert.gateway_request(request), owner)
+            with caller_deadline(context):  # the engine stream gets the caller's deadline
+                stream = self.gateway.generate(convert.gateway_request(request), owner)
             context.add_callback(stream.stop)  # the client went away
             with contextlib.closing(iter(stream)) as events:
                 for event in events:
