@@ -8,7 +8,7 @@ use it with an EngineClient of the same owner (``engine.generate(tokens[reused:]
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -18,6 +18,7 @@ from protos import prefix_pb2 as pb
 from protos import prefix_pb2_grpc
 
 MISS_REASONS = {value: name.removeprefix("MISS_REASON_").lower() for name, value in pb.MissReason.items()}
+INSERT_REFUSALS = {value: name.removeprefix("INSERT_REFUSAL_").lower() for name, value in pb.InsertRefusal.items()}
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,17 @@ class LookupResult:
 
 
 @dataclass(frozen=True)
+class InsertResult:
+    """stored, or the reason it was not: "unspecified" when stored, else "content_mismatch" (the
+    session does not hold these tokens) | "prepared_input" | "position_mismatch" | "duplicate" |
+    "clone_refused" | "disabled" | "invalid_snapshot" | "evicted" (``unknown_<n>`` for a reason this
+    client does not know)."""
+
+    stored: bool
+    reason: str
+
+
+@dataclass(frozen=True)
 class PrefixStats:
     entries: int
     max_entries: int
@@ -44,6 +56,7 @@ class PrefixStats:
     engine_instance_id: str
     policy: str
     reused_positions: int
+    refusals: dict[str, int] = field(default_factory=dict)  # inserts / clones turned down, by reason
 
 
 class PrefixClient(ChannelClient):
@@ -65,14 +78,22 @@ class PrefixClient(ChannelClient):
 
     def insert(self, tokens: Sequence[int], session: str, *, namespace: str = "",
                metadata: Mapping[str, str] | None = None) -> bool:
+        """Store a snapshot of ``session`` under ``tokens``; True when stored (see :meth:`insert_detailed`)."""
+        return self.insert_detailed(tokens, session, namespace=namespace, metadata=metadata).stored
+
+    def insert_detailed(self, tokens: Sequence[int], session: str, *, namespace: str = "",
+                        metadata: Mapping[str, str] | None = None) -> InsertResult:
+        """Like :meth:`insert`, and a refusal says why (the service stores only a session the engine
+        confirms holds exactly ``tokens``)."""
         request = pb.InsertRequest(namespace=namespace, tokens=list(tokens), session=session,
                                    metadata=dict(metadata or {}))
-        return self._unary(self.stub.Insert, request).stored
+        r = self._unary(self.stub.Insert, request)
+        return InsertResult(r.stored, INSERT_REFUSALS.get(r.reason, f"unknown_{r.reason}"))
 
     def stats(self) -> PrefixStats:
         s = self._unary(self.stub.Stats, pb.StatsRequest())
         return PrefixStats(s.entries, s.max_entries, s.hits, s.misses, s.inserts, s.dropped_on_restart,
-                           s.engine_instance_id, s.policy, s.reused_positions)
+                           s.engine_instance_id, s.policy, s.reused_positions, dict(s.refusals))
 
     def clear(self) -> int:
         return self._unary(self.stub.Clear, pb.ClearRequest()).released

@@ -33,12 +33,15 @@ class Tokens:
 @dataclass(frozen=True)
 class Snapshot:
     """A session holding ``[0, position)`` cloned for the caller (``handle`` None: refused, see
-    ``refusal``). ``kind``: ``snapshot_kinds.PROMPT`` or ``BREAKPOINT``."""
+    ``refusal``). ``kind``: ``snapshot_kinds.PROMPT`` or ``BREAKPOINT``. ``content_digest``: the
+    engine's ``content.content_digest`` of what the session holds (None when refused, or when it
+    holds a prepared input)."""
 
     handle: str | None
     position: int
     kind: str
     refusal: str = ""
+    content_digest: bytes | None = None
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from engine_service.errors import ForklineError
+from engine_service.runtime.clone import CloneRefusal
 from engine_service.stream_events import Event
 
 if TYPE_CHECKING:  # runtime import would tie the prefix cache to the engine package layout
@@ -43,7 +44,9 @@ class SessionBackend(Protocol):
     None when refused (boundary unavailable, no room, stopping). A refusal never changes ``handle``.
     ``close(handle)``: release it; closing an already-closed or dead handle is a no-op.
     ``position(handle)``: committed positions. ``valid(handle)``: False once closed or its engine died.
-    ``fingerprint``: engine model + configuration identity (part of every cache key).
+    ``content_digest(handle)``: the engine's ``content.content_digest`` of the token ids the handle's
+    committed positions hold (the engine's own record, never the caller's word); None when they hold
+    a prepared input. ``fingerprint``: engine model + configuration identity (part of every cache key).
     """
 
     @property
@@ -56,6 +59,8 @@ class SessionBackend(Protocol):
     def position(self, handle: Handle) -> int: ...
 
     def valid(self, handle: Handle) -> bool: ...
+
+    def content_digest(self, handle: Handle) -> bytes | None: ...
 
 
 @runtime_checkable
@@ -114,6 +119,9 @@ class RunnerBackend:
     def valid(self, handle: Session) -> bool:
         return handle.valid
 
+    def content_digest(self, handle: Session) -> bytes | None:
+        return handle.content_digest()  # read from the runner's record of the (idle) snapshot
+
 
 # -- the gateway's engine ----------------------------------------------------------------------
 
@@ -126,6 +134,14 @@ class EngineInfo:
     fingerprint: str
     vocab_size: int
     max_session_tokens: int
+
+
+@dataclass(frozen=True)
+class TakenClone:
+    """``GatewayBackend.take_clone``'s answer: the new ``handle``, or None and why the engine refused."""
+
+    handle: str | None
+    refusal: CloneRefusal | None = None
 
 
 @dataclass(frozen=True)
@@ -176,11 +192,14 @@ class GatewayBackend(SessionBackend, Protocol):
     ``info()``: the engine's current identity and limits; ``refresh()`` also adopts them (a new
     instance forgets every handle of the old one). ``cloning_for(owner)``: within the block,
     ``clone`` gives new sessions to ``owner`` (a lookup clones for its caller).
-    ``adopt(handle, position)``: record a handle this backend owns (a snapshot event's).
+    ``adopt(handle, position, content_digest)``: record a handle this backend owns (a snapshot
+    event's) with what the engine reported it holds (``content_digest`` answers it afterwards).
     ``tokenize(text, owner)``, ``describe(session, owner) -> position``: engine calls as ``owner``.
-    ``take_clone(session, upto, owner)``: clone the caller's session (as ``owner``) into a session
-    this backend owns and adopts; None when refused. ``close_as(session, owner)``: close as ``owner``
-    (default: this backend); errors propagate. ``generate(request)``: start an engine Generate call.
+    ``take_clone(session, upto, owner, expected_digest)``: clone the caller's session (as ``owner``)
+    into a session this backend owns and adopts; with ``expected_digest`` the engine clones only if
+    ``[0, upto)`` holds exactly that content (checked atomically there). ``close_as(session, owner)``:
+    close as ``owner`` (default: this backend); errors propagate. ``generate(request)``: start an
+    engine Generate call.
     """
 
     @property
@@ -195,13 +214,14 @@ class GatewayBackend(SessionBackend, Protocol):
 
     def cloning_for(self, owner: str) -> contextlib.AbstractContextManager[None]: ...
 
-    def adopt(self, handle: str, position: int) -> None: ...
+    def adopt(self, handle: str, position: int, content_digest: bytes | None = None) -> None: ...
 
     def tokenize(self, text: TextPrompt, owner: str) -> list[int]: ...
 
     def describe(self, session: str, owner: str) -> int: ...
 
-    def take_clone(self, session: str, upto: int, owner: str) -> str | None: ...
+    def take_clone(self, session: str, upto: int, owner: str,
+                   expected_digest: bytes | None = None) -> TakenClone: ...
 
     def close_as(self, session: str, owner: str | None = None) -> None: ...
 

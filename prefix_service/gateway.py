@@ -10,7 +10,11 @@ drops every entry (their handles died with the old instance); lookups then repor
 - :meth:`Gateway.lookup`: tokenize (text) or check (ids) the prompt, and clone the best stored
   snapshot for the caller (the clone belongs to the caller). A caller that left meanwhile gets
   nothing: its clone is closed and the call raises Cancelled.
-- :meth:`Gateway.insert`: the caller keeps its session; the service stores its own clone of it.
+- :meth:`Gateway.insert`: the caller keeps its session; the service stores its own clone of it, made
+  only if the engine confirms the session holds exactly the tokens (the clone carries their content
+  digest, checked by the engine; the cache checks the clone's reported digest again). So no caller
+  can store one prompt's snapshot under another prompt's tokens. The answer is an
+  :class:`InsertOutcome` (stored, or the :class:`InsertRefusal`).
 - :meth:`Gateway.generate`: lookup -> engine Generate continuing the match with the prompt's rest,
   capturing the prompt snapshot -> insert. It returns a :class:`GatewayStream`: iterating it yields
   the engine's events for the client (``Started`` with the session blanked: the service's session is
@@ -32,10 +36,12 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from engine_service.config import GenConfig
+from engine_service.content import content_digest
 from engine_service.errors import Cancelled, ForklineError, InvalidArgument
+from engine_service.runtime.clone import CloneRefusal
 from engine_service.stream_events import Done, Snapshot, Started, Tokens
 from prefix_service.backends import EngineGenerate, EngineStream, GatewayBackend, TextPrompt
-from prefix_service.outcomes import LookupOutcome, Match, MissReason
+from prefix_service.outcomes import InsertOutcome, InsertRefusal, LookupOutcome, Match, MissReason
 from prefix_service.prefix_cache import PrefixCache, PrefixStats
 
 log = logging.getLogger(__name__)
@@ -44,6 +50,11 @@ DRAIN_TIMEOUT_S = 10.0  # how long a gateway call whose client left waits for th
 
 Prompt = Sequence[int] | TextPrompt  # token ids, or text the engine tokenizes
 GatewayEvent = Started | Tokens | Done  # what a gateway stream hands its client (snapshots stay here)
+
+# Engine clone refusals an insert reports as such (any other: CLONE_REFUSED).
+_CLONE_REFUSALS = {CloneRefusal.CONTENT_MISMATCH: InsertRefusal.CONTENT_MISMATCH,
+                   CloneRefusal.PREPARED_INPUT: InsertRefusal.PREPARED_INPUT,
+                   CloneRefusal.POSITION: InsertRefusal.POSITION_MISMATCH}
 
 # Misses an engine restart explains better (a too-short request or a refused clone says more).
 _RESTART_MASKS = (MissReason.DISABLED, MissReason.EMPTY, MissReason.DIVERGED)
@@ -143,19 +154,26 @@ class Gateway:
         return PromptLookup(tuple(tokens), outcome)
 
     def insert(self, namespace: str, tokens: Sequence[int], session: str, metadata: Mapping[str, str],
-               owner: str) -> bool:
-        """Store a clone of ``owner``'s ``session`` (holding exactly ``tokens``); True when stored.
-        A session at another position, or a disabled cache, is refused without cloning."""
+               owner: str) -> InsertOutcome:
+        """Store a clone of ``owner``'s ``session`` if it holds exactly ``tokens`` (see the module
+        docstring). A session at another position, or a disabled cache, is refused without cloning;
+        one holding other content (or a prepared input) is refused by the engine's clone."""
         self.check_engine()
         if not tokens:
             raise InvalidArgument("tokens must not be empty")
         self._checked(tokens, "tokens")
-        if self.backend.describe(session, owner) != len(tokens) or self.cache.max_entries == 0:
-            return False
-        clone = self.backend.take_clone(session, len(tokens), owner)
-        if clone is None:
-            return False
-        return self._insert(namespace, tokens, clone, metadata)
+        if self.backend.describe(session, owner) != len(tokens):
+            return self._refused(InsertRefusal.POSITION_MISMATCH)
+        if self.cache.max_entries == 0:
+            return self._refused(InsertRefusal.DISABLED)
+        try:
+            digest = content_digest(tokens)  # the one hash of this insert: the engine and the cache check it
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"tokens: {exc}") from None
+        taken = self.backend.take_clone(session, len(tokens), owner, digest)
+        if taken.handle is None:
+            return self._refused(_CLONE_REFUSALS.get(taken.refusal, InsertRefusal.CLONE_REFUSED))
+        return self._insert(namespace, tokens, taken.handle, metadata, digest)
 
     def generate(self, request: GatewayRequest, owner: str) -> GatewayStream:
         """Look up, start the engine generation and return its stream (see the module docstring)."""
@@ -218,16 +236,23 @@ class Gateway:
             return LookupOutcome.miss(MissReason.ENGINE_RESTARTED)
         return outcome
 
-    def _insert(self, namespace: str, tokens: Sequence[int], handle: str, metadata: Mapping[str, str]) -> bool:
-        stored = self.cache.insert(namespace, tokens, handle, dict(metadata))
-        if stored:
+    def _insert(self, namespace: str, tokens: Sequence[int], handle: str, metadata: Mapping[str, str],
+                digest: bytes | None = None) -> InsertOutcome:
+        outcome = self.cache.insert_outcome(namespace, tokens, handle, dict(metadata), digest=digest)
+        if outcome.stored:
             self._restarted = False
-        return stored
+        return outcome
+
+    def _refused(self, reason: InsertRefusal) -> InsertOutcome:
+        """An insert refused before the cache saw a snapshot (counted with the cache's refusals)."""
+        self.cache.record_refusal(reason)
+        return InsertOutcome(reason)
 
     def _take_snapshot(self, snapshot: Snapshot, request: GatewayRequest, tokens: Sequence[int]) -> None:
-        """Store a gateway call's prompt snapshot (the cache releases it when refused)."""
+        """Store a gateway call's prompt snapshot: the cache verifies the content the engine reported
+        for it against ``tokens`` (and releases it when refused)."""
         if snapshot.handle:
-            self.backend.adopt(snapshot.handle, snapshot.position)
+            self.backend.adopt(snapshot.handle, snapshot.position, snapshot.content_digest)
             self._insert(request.namespace, tokens, snapshot.handle, request.metadata)
 
     def _stop_generation(self, stream: EngineStream, session: str) -> None:

@@ -1,4 +1,5 @@
-"""What a prefix-cache call came to: a lookup's :class:`LookupOutcome`, and the refusal reasons.
+"""What a prefix-cache call came to: a lookup's :class:`LookupOutcome`, an insert's
+:class:`InsertOutcome`, and the refusal reasons.
 
 A lookup either hits (:class:`Match`: a session the caller owns, holding the first ``reused`` request
 tokens) or misses for one :class:`MissReason`. The cache computes the reason of *its own* lookup while
@@ -6,7 +7,9 @@ it holds its lock, so concurrent lookups never see each other's reasons. ``ENGIN
 only reason the cache never gives: the gateway (which watches the engine's instance id) reports it.
 
 Refusals (``DISABLED``, ``CLONE_REFUSED``, ... below) are the per-reason counters of
-``PrefixStats.refusals``: inserts and clones the cache turned down and released.
+``PrefixStats.refusals``: inserts and clones the cache turned down and released. An insert that stores
+nothing says which one in its :class:`InsertOutcome` (an :class:`InsertRefusal`, whose values are the
+counter names).
 """
 
 from __future__ import annotations
@@ -15,15 +18,43 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-# Refusal reasons counted in PrefixStats.refusals.
-DISABLED = "disabled"
-INVALID_KEY = "invalid_key"
-INVALID_SNAPSHOT = "invalid_snapshot"
-POSITION_MISMATCH = "position_mismatch"
-DUPLICATE = "duplicate"
-CLONE_REFUSED = "clone_refused"
+
+class InsertRefusal(StrEnum):
+    """Why an insert stored nothing (the values are the wire names, lower case, and the counters)."""
+
+    DISABLED = "disabled"  # max_entries == 0
+    INVALID_KEY = "invalid_key"  # no tokens
+    INVALID_SNAPSHOT = "invalid_snapshot"  # closed, or its engine is gone (or cannot say what it holds)
+    POSITION_MISMATCH = "position_mismatch"  # the snapshot's position is not len(tokens)
+    CONTENT_MISMATCH = "content_mismatch"  # the engine's record of its content is not these tokens
+    PREPARED_INPUT = "prepared_input"  # its prefix holds a prepared input: no token key can name it
+    CLONE_REFUSED = "clone_refused"  # the engine refused to clone the caller's session (Gateway.insert)
+    DUPLICATE = "duplicate"  # an entry with these tokens exists: refreshed, the new snapshot released
+    EVICTED = "evicted"  # stored, then chosen at once as the retention policy's victim
+
+
+# Refusal reasons counted in PrefixStats.refusals (the insert reasons, and those of clones).
+DISABLED = InsertRefusal.DISABLED
+INVALID_KEY = InsertRefusal.INVALID_KEY
+INVALID_SNAPSHOT = InsertRefusal.INVALID_SNAPSHOT
+POSITION_MISMATCH = InsertRefusal.POSITION_MISMATCH
+CONTENT_MISMATCH = InsertRefusal.CONTENT_MISMATCH
+PREPARED_INPUT = InsertRefusal.PREPARED_INPUT
+DUPLICATE = InsertRefusal.DUPLICATE
+CLONE_REFUSED = InsertRefusal.CLONE_REFUSED  # also: a lookup's clone of a stored entry was refused
 CLONE_ERROR = "clone_error"
 CAPTURE_REFUSED = "capture_refused"
+
+
+@dataclass(frozen=True)
+class InsertOutcome:
+    """An insert's answer: stored (``reason`` None) or refused for ``reason`` (the snapshot released)."""
+
+    reason: InsertRefusal | None = None
+
+    @property
+    def stored(self) -> bool:
+        return self.reason is None
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,13 @@ Contracts (DESIGN.md section 4):
   the first token). ``lookup(namespace, tokens)`` is the same call answering ``Match | None``.
 - ``insert(namespace, tokens, snapshot, metadata)`` takes ownership of ``snapshot``: it is stored or
   released, never leaked. Refused (and released): disabled cache (``max_entries == 0``), empty key,
-  invalid (closed or dead) snapshot, ``position(snapshot) != len(tokens)``, duplicate key (the
-  existing entry is refreshed instead). Over ``max_entries`` the retention policy picks the victim,
-  whose snapshot is released.
+  invalid (closed or dead) snapshot, ``position(snapshot) != len(tokens)``, a snapshot that does not
+  hold ``tokens`` (``CONTENT_MISMATCH``: the backend's ``content_digest`` -- the engine's record of what
+  the session holds -- differs from ``content.content_digest(tokens)``; ``PREPARED_INPUT``: its prefix
+  holds a prepared input, which no token key can name), duplicate key (the existing entry is
+  refreshed instead). Over ``max_entries`` the retention policy picks the victim, whose snapshot is
+  released. ``insert_outcome`` says which (:class:`InsertOutcome`). The tokens are hashed once per
+  insert (not at all when the caller passes their digest), never per lookup.
 - Keys are ``(engine fingerprint, namespace, tokens)``: the backend's fingerprint (weights, tokenizer,
   cache kind, kv dtype, window geometry, weights dtype) is part of every key, so a snapshot is never
   reused across models or execution configurations.
@@ -34,6 +38,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from engine_service.content import content_digest
 from engine_service.errors import FailedPrecondition, ForklineError, InvalidArgument, NotFound
 from prefix_service.backends import CaptureBackend, Handle, SessionBackend, handle_alive, release_handle
 from prefix_service.capture import PromptCapture
@@ -41,11 +46,15 @@ from prefix_service.index import TokenIndex, token_key
 from prefix_service.outcomes import (
     CLONE_ERROR,
     CLONE_REFUSED,
+    CONTENT_MISMATCH,
     DISABLED,
     DUPLICATE,
     INVALID_KEY,
     INVALID_SNAPSHOT,
     POSITION_MISMATCH,
+    PREPARED_INPUT,
+    InsertOutcome,
+    InsertRefusal,
     LookupOutcome,
     Match,
     MissReason,
@@ -150,15 +159,25 @@ class PrefixCache:
                 self._reused += outcome.match.reused
             return outcome
 
-    def insert(
+    def insert(self, namespace: str, tokens: Sequence[int], snapshot: Handle,
+               metadata: Mapping[str, Any] | None = None, *, digest: bytes | None = None) -> bool:
+        """Store ``snapshot`` (holding exactly ``tokens``) or release it; True when it was stored.
+        See :meth:`insert_outcome`."""
+        return self.insert_outcome(namespace, tokens, snapshot, metadata, digest=digest).stored
+
+    def insert_outcome(
         self,
         namespace: str,
         tokens: Sequence[int],
         snapshot: Handle,
         metadata: Mapping[str, Any] | None = None,
-    ) -> bool:
-        """Store ``snapshot`` (holding exactly ``tokens``) or release it; True when it was stored.
+        *,
+        digest: bytes | None = None,
+    ) -> InsertOutcome:
+        """Like :meth:`insert`, and a refusal says why (see the module docstring).
 
+        ``digest``: ``content.content_digest(tokens)`` when the caller already computed it (so the
+        tokens are hashed once per insert); it must be the digest of these very tokens.
         Malformed arguments (non-int tokens, ids outside [0, 2**64), non-string namespace or
         metadata keys) release the snapshot and raise InvalidArgument.
         """
@@ -178,12 +197,15 @@ class PrefixCache:
                 return self._refuse(snapshot, INVALID_SNAPSHOT)
             if self._position(snapshot) != len(key):
                 return self._refuse(snapshot, POSITION_MISMATCH)
+            refusal = self._content_refusal(snapshot, key, digest)
+            if refusal is not None:
+                return self._refuse(snapshot, refusal)
             existing = self._index.get(scope, key)
             if existing is not None:
                 if existing.snapshot is snapshot:  # the same handle again: nothing to release
                     self._refresh(existing)
                     self._refusals[DUPLICATE] += 1
-                    return False
+                    return InsertOutcome(DUPLICATE)
                 if handle_alive(self._backend, existing.snapshot):
                     self._refresh(existing)
                     return self._refuse(snapshot, DUPLICATE)
@@ -200,7 +222,7 @@ class PrefixCache:
                 stored = stored and victim is not entry
                 self._evictions += 1
                 self._drop(victim)
-            return stored
+            return InsertOutcome() if stored else InsertOutcome(InsertRefusal.EVICTED)
 
     def capture_prompt(self, session: Handle, prompt: Sequence[int]) -> PromptCapture:
         """A :class:`PromptCapture` snapshotting ``session`` at ``len(prompt)`` (and at prefill
@@ -313,10 +335,25 @@ class PrefixCache:
         self._entries.discard(entry)
         self._release(entry.snapshot)
 
-    def _refuse(self, snapshot: Handle, reason: str) -> bool:
+    def _refuse(self, snapshot: Handle, reason: InsertRefusal) -> InsertOutcome:
         self._refusals[reason] += 1
         self._release(snapshot)
-        return False
+        return InsertOutcome(reason)
+
+    def _content_refusal(self, snapshot: Handle, key: tuple[int, ...], digest: bytes | None) -> InsertRefusal | None:
+        """Why ``snapshot`` does not hold exactly ``key`` per the backend (the engine's record), or None."""
+        try:
+            held = self._backend.content_digest(snapshot)
+        except ForklineError:
+            return INVALID_SNAPSHOT  # it cannot say what it holds: never stored unverified
+        if held is None:
+            return PREPARED_INPUT
+        if digest is None:
+            try:
+                digest = content_digest(key)
+            except InvalidArgument:
+                return CONTENT_MISMATCH  # ids past int32 are no session's content
+        return None if held == digest else CONTENT_MISMATCH
 
     # Backend calls: an engine-side failure (ForklineError, e.g. the engine stopped) is a refusal.
 

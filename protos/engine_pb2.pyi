@@ -1,10 +1,28 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class CloneRefusal(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CLONE_REFUSAL_UNSPECIFIED: _ClassVar[CloneRefusal]
+    CLONE_REFUSAL_POSITION: _ClassVar[CloneRefusal]
+    CLONE_REFUSAL_BOUNDARY: _ClassVar[CloneRefusal]
+    CLONE_REFUSAL_CONTENT_MISMATCH: _ClassVar[CloneRefusal]
+    CLONE_REFUSAL_PREPARED_INPUT: _ClassVar[CloneRefusal]
+    CLONE_REFUSAL_SOURCE_UNUSABLE: _ClassVar[CloneRefusal]
+    CLONE_REFUSAL_STOPPING: _ClassVar[CloneRefusal]
+CLONE_REFUSAL_UNSPECIFIED: CloneRefusal
+CLONE_REFUSAL_POSITION: CloneRefusal
+CLONE_REFUSAL_BOUNDARY: CloneRefusal
+CLONE_REFUSAL_CONTENT_MISMATCH: CloneRefusal
+CLONE_REFUSAL_PREPARED_INPUT: CloneRefusal
+CLONE_REFUSAL_SOURCE_UNUSABLE: CloneRefusal
+CLONE_REFUSAL_STOPPING: CloneRefusal
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -99,16 +117,20 @@ class TokensEvent(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ...) -> None: ...
 
 class SnapshotEvent(_message.Message):
-    __slots__ = ("handle", "position", "kind", "refusal")
+    __slots__ = ("handle", "position", "kind", "refusal", "content_digest", "reason")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     REFUSAL_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     handle: str
     position: int
     kind: str
     refusal: str
-    def __init__(self, handle: _Optional[str] = ..., position: _Optional[int] = ..., kind: _Optional[str] = ..., refusal: _Optional[str] = ...) -> None: ...
+    content_digest: bytes
+    reason: CloneRefusal
+    def __init__(self, handle: _Optional[str] = ..., position: _Optional[int] = ..., kind: _Optional[str] = ..., refusal: _Optional[str] = ..., content_digest: _Optional[bytes] = ..., reason: _Optional[_Union[CloneRefusal, str]] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("time_to_first_token_s", "decode_tokens_per_s", "total_s")
@@ -149,24 +171,30 @@ class GenerateEvent(_message.Message):
     def __init__(self, started: _Optional[_Union[StartedEvent, _Mapping]] = ..., tokens: _Optional[_Union[TokensEvent, _Mapping]] = ..., snapshot: _Optional[_Union[SnapshotEvent, _Mapping]] = ..., done: _Optional[_Union[DoneEvent, _Mapping]] = ...) -> None: ...
 
 class CloneRequest(_message.Message):
-    __slots__ = ("session", "upto", "new_owner")
+    __slots__ = ("session", "upto", "new_owner", "expected_content_digest")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     UPTO_FIELD_NUMBER: _ClassVar[int]
     NEW_OWNER_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_CONTENT_DIGEST_FIELD_NUMBER: _ClassVar[int]
     session: str
     upto: int
     new_owner: str
-    def __init__(self, session: _Optional[str] = ..., upto: _Optional[int] = ..., new_owner: _Optional[str] = ...) -> None: ...
+    expected_content_digest: bytes
+    def __init__(self, session: _Optional[str] = ..., upto: _Optional[int] = ..., new_owner: _Optional[str] = ..., expected_content_digest: _Optional[bytes] = ...) -> None: ...
 
 class CloneResponse(_message.Message):
-    __slots__ = ("session", "position", "refusal")
+    __slots__ = ("session", "position", "refusal", "reason", "content_digest")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     REFUSAL_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_DIGEST_FIELD_NUMBER: _ClassVar[int]
     session: str
     position: int
     refusal: str
-    def __init__(self, session: _Optional[str] = ..., position: _Optional[int] = ..., refusal: _Optional[str] = ...) -> None: ...
+    reason: CloneRefusal
+    content_digest: bytes
+    def __init__(self, session: _Optional[str] = ..., position: _Optional[int] = ..., refusal: _Optional[str] = ..., reason: _Optional[_Union[CloneRefusal, str]] = ..., content_digest: _Optional[bytes] = ...) -> None: ...
 
 class CloseRequest(_message.Message):
     __slots__ = ("session",)
@@ -195,12 +223,14 @@ class DescribeRequest(_message.Message):
     def __init__(self, session: _Optional[str] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("position", "generating")
+    __slots__ = ("position", "generating", "content_digest")
     POSITION_FIELD_NUMBER: _ClassVar[int]
     GENERATING_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_DIGEST_FIELD_NUMBER: _ClassVar[int]
     position: int
     generating: bool
-    def __init__(self, position: _Optional[int] = ..., generating: _Optional[bool] = ...) -> None: ...
+    content_digest: bytes
+    def __init__(self, position: _Optional[int] = ..., generating: _Optional[bool] = ..., content_digest: _Optional[bytes] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()

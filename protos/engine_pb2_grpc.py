@@ -90,7 +90,8 @@ class EngineServicer:
 
     def Clone(self, request, context):
         """A new session holding exactly positions [0, upto) of an existing one, owned by the caller.
-        A refusal (boundary unavailable, no room, stopping) is a normal response with an empty session.
+        A refusal (boundary unavailable, no room, content mismatch, stopping) is a normal response with
+        an empty session and its reason.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -111,7 +112,7 @@ class EngineServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Describe(self, request, context):
-        """The committed position of a session the caller owns and whether it is generating.
+        """The committed position of a session the caller owns, whether it is generating, and its content digest.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -17,6 +17,19 @@ class MissReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MISS_REASON_ENGINE_RESTARTED: _ClassVar[MissReason]
     MISS_REASON_TOO_SHORT: _ClassVar[MissReason]
     MISS_REASON_DISABLED: _ClassVar[MissReason]
+
+class InsertRefusal(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    INSERT_REFUSAL_UNSPECIFIED: _ClassVar[InsertRefusal]
+    INSERT_REFUSAL_DISABLED: _ClassVar[InsertRefusal]
+    INSERT_REFUSAL_POSITION_MISMATCH: _ClassVar[InsertRefusal]
+    INSERT_REFUSAL_CONTENT_MISMATCH: _ClassVar[InsertRefusal]
+    INSERT_REFUSAL_PREPARED_INPUT: _ClassVar[InsertRefusal]
+    INSERT_REFUSAL_CLONE_REFUSED: _ClassVar[InsertRefusal]
+    INSERT_REFUSAL_DUPLICATE: _ClassVar[InsertRefusal]
+    INSERT_REFUSAL_INVALID_SNAPSHOT: _ClassVar[InsertRefusal]
+    INSERT_REFUSAL_EVICTED: _ClassVar[InsertRefusal]
+    INSERT_REFUSAL_INVALID_KEY: _ClassVar[InsertRefusal]
 MISS_REASON_UNSPECIFIED: MissReason
 MISS_REASON_EMPTY: MissReason
 MISS_REASON_DIVERGED: MissReason
@@ -24,6 +37,16 @@ MISS_REASON_BOUNDARY_REFUSED: MissReason
 MISS_REASON_ENGINE_RESTARTED: MissReason
 MISS_REASON_TOO_SHORT: MissReason
 MISS_REASON_DISABLED: MissReason
+INSERT_REFUSAL_UNSPECIFIED: InsertRefusal
+INSERT_REFUSAL_DISABLED: InsertRefusal
+INSERT_REFUSAL_POSITION_MISMATCH: InsertRefusal
+INSERT_REFUSAL_CONTENT_MISMATCH: InsertRefusal
+INSERT_REFUSAL_PREPARED_INPUT: InsertRefusal
+INSERT_REFUSAL_CLONE_REFUSED: InsertRefusal
+INSERT_REFUSAL_DUPLICATE: InsertRefusal
+INSERT_REFUSAL_INVALID_SNAPSHOT: InsertRefusal
+INSERT_REFUSAL_EVICTED: InsertRefusal
+INSERT_REFUSAL_INVALID_KEY: InsertRefusal
 
 class LookupRequest(_message.Message):
     __slots__ = ("namespace", "tokens", "text")
@@ -69,17 +92,26 @@ class InsertRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., session: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class InsertResponse(_message.Message):
-    __slots__ = ("stored",)
+    __slots__ = ("stored", "reason")
     STORED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     stored: bool
-    def __init__(self, stored: _Optional[bool] = ...) -> None: ...
+    reason: InsertRefusal
+    def __init__(self, stored: _Optional[bool] = ..., reason: _Optional[_Union[InsertRefusal, str]] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("entries", "max_entries", "hits", "misses", "inserts", "dropped_on_restart", "engine_instance_id", "policy", "reused_positions")
+    __slots__ = ("entries", "max_entries", "hits", "misses", "inserts", "dropped_on_restart", "engine_instance_id", "policy", "reused_positions", "refusals")
+    class RefusalsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     MAX_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     HITS_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +121,7 @@ class StatsResponse(_message.Message):
     ENGINE_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     REUSED_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    REFUSALS_FIELD_NUMBER: _ClassVar[int]
     entries: int
     max_entries: int
     hits: int
@@ -98,7 +131,8 @@ class StatsResponse(_message.Message):
     engine_instance_id: str
     policy: str
     reused_positions: int
-    def __init__(self, entries: _Optional[int] = ..., max_entries: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., inserts: _Optional[int] = ..., dropped_on_restart: _Optional[int] = ..., engine_instance_id: _Optional[str] = ..., policy: _Optional[str] = ..., reused_positions: _Optional[int] = ...) -> None: ...
+    refusals: _containers.ScalarMap[str, int]
+    def __init__(self, entries: _Optional[int] = ..., max_entries: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., inserts: _Optional[int] = ..., dropped_on_restart: _Optional[int] = ..., engine_instance_id: _Optional[str] = ..., policy: _Optional[str] = ..., reused_positions: _Optional[int] = ..., refusals: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ClearRequest(_message.Message):
     __slots__ = ()

@@ -73,8 +73,12 @@ class PrefixCacheServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Insert(self, request, context):
-        """Store a snapshot handle (owned by the prefix service, or by the caller: the service clones it)
-        under the tokens it holds.
+        """Store a snapshot of the caller's session under the tokens it holds. The engine, not the caller,
+        is the authority on what a session holds: the service clones the session only if the engine
+        confirms [0, len(tokens)) holds exactly these token ids, so nobody can store one prompt's
+        snapshot under another prompt's tokens (refused with INSERT_REFUSAL_CONTENT_MISMATCH). A session
+        whose prefix contains a prepared input is never stored (INSERT_REFUSAL_PREPARED_INPUT): keys are
+        token ids only. Every snapshot the service stores (gateway captures too) is verified the same way.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -17,6 +17,7 @@ from engine_service.config import GenConfig
 from engine_service.errors import ForklineError, InvalidArgument
 from engine_service.executors.base import ExecutorLimits, out_of_vocab
 from engine_service.executors.prepared_input import EmbeddingsInput, PreparedInput
+from engine_service.runtime.clone import CloneRefusal
 from engine_service.runtime.generation import GenerationResult
 from engine_service.stream_events import Done, Event, Snapshot, Started, Tokens
 from protos import engine_pb2 as pb
@@ -165,11 +166,39 @@ def tokens_event(ids: Sequence[int], text: str) -> pb.GenerateEvent:
     return pb.GenerateEvent(tokens=pb.TokensEvent(ids=list(ids), text=text))
 
 
-def snapshot_event(handle: str | None, position: int, kind: str) -> pb.GenerateEvent:
-    refusal = "" if handle else f"the engine refused to clone at position {position}"
-    return pb.GenerateEvent(
-        snapshot=pb.SnapshotEvent(handle=handle or "", position=position, kind=kind, refusal=refusal)
-    )
+CLONE_REFUSALS: dict[CloneRefusal, pb.CloneRefusal.ValueType] = {
+    reason: pb.CloneRefusal.Value(f"CLONE_REFUSAL_{reason.name}") for reason in CloneRefusal
+}
+_CLONE_REFUSAL_TEXT = {
+    CloneRefusal.POSITION: "upto={upto} is past the session's committed position",
+    CloneRefusal.BOUNDARY: "the engine refused to clone at position {upto} (boundary unavailable or no room)",
+    CloneRefusal.CONTENT_MISMATCH: "[0, {upto}) does not hold the content expected_content_digest names",
+    CloneRefusal.PREPARED_INPUT: "[0, {upto}) holds a prepared input, which has no token content digest",
+    CloneRefusal.SOURCE_UNUSABLE: "the session is closed or failed",
+    CloneRefusal.STOPPING: "the engine is stopping",
+}
+
+
+def snapshot_event(handle: str | None, position: int, kind: str, content_digest: bytes | None = None,
+                   refusal: CloneRefusal | None = None) -> pb.GenerateEvent:
+    """A snapshot event: ``handle`` holding ``[0, position)`` with ``content_digest`` (None: it holds a
+    prepared input), or a refused clone (``handle`` None) and why."""
+    if handle:
+        msg = pb.SnapshotEvent(handle=handle, position=position, kind=kind, content_digest=content_digest or b"")
+    else:
+        reason = refusal or CloneRefusal.BOUNDARY
+        msg = pb.SnapshotEvent(position=position, kind=kind, refusal=clone_refusal_text(reason, position),
+                               reason=CLONE_REFUSALS[reason])
+    return pb.GenerateEvent(snapshot=msg)
+
+
+def clone_refusal_text(reason: CloneRefusal, upto: int) -> str:
+    return _CLONE_REFUSAL_TEXT[reason].format(upto=upto)
+
+
+def clone_refused(reason: CloneRefusal, upto: int, text: str | None = None) -> pb.CloneResponse:
+    """A refused Clone: its reason and, in words, ``text`` (default: the reason's)."""
+    return pb.CloneResponse(refusal=text or clone_refusal_text(reason, upto), reason=CLONE_REFUSALS[reason])
 
 
 def done_event(result: GenerationResult, reused: int, position: int) -> pb.GenerateEvent:
@@ -208,7 +237,7 @@ def event_from_proto(msg: pb.GenerateEvent) -> Event:
         return Tokens(tuple(msg.tokens.ids), msg.tokens.text)
     if which == "snapshot":
         s = msg.snapshot
-        return Snapshot(s.handle or None, s.position, s.kind, s.refusal)
+        return Snapshot(s.handle or None, s.position, s.kind, s.refusal, s.content_digest or None)
     if which == "done":
         d, t = msg.done, msg.done.timings
         return Done(d.finish_reason, d.prompt_positions, d.reused_positions, d.generated_tokens, d.position,

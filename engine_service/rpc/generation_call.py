@@ -17,7 +17,6 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,6 +26,7 @@ from engine_service.executors.prepared_input import PreparedInput
 from engine_service.handles import HandleRegistry
 from engine_service.model.detokenizer import StreamDecoder
 from engine_service.rpc import convert
+from engine_service.runtime.clone import CloneFuture
 from engine_service.runtime.generation import CANCELLED, GenerationHandle, GenerationUpdate
 from engine_service.runtime.session import close_child_when_done
 from engine_service.snapshot_kinds import BREAKPOINT, PROMPT
@@ -41,7 +41,7 @@ _POLL_S = 0.25  # how often a waiting stream re-checks that its client is still 
 
 @dataclass(frozen=True)
 class _Snapshot:
-    future: Future[Session | None]
+    future: CloneFuture
     position: int
     kind: str
 
@@ -129,7 +129,8 @@ class GenerationCall:
                         return
                     continue
             if isinstance(item, _Snapshot):
-                yield convert.snapshot_event(self._register(item), item.position, item.kind)
+                handle, digest = self._register(item)
+                yield convert.snapshot_event(handle, item.position, item.kind, digest, item.future.refusal)
                 self._unstreamed = None  # resumed: gRPC sent the event, the handle is the caller's
                 continue
             # Coalesce the updates already queued (a slow client gets fewer, larger messages); stop at
@@ -160,17 +161,19 @@ class GenerationCall:
             self._finished_cleanly = True
         yield convert.done_event(result, start, self._session.position)
 
-    def _register(self, item: _Snapshot) -> str | None:
-        """Register a snapshot for the caller, unless the call already ended (then release it)."""
+    def _register(self, item: _Snapshot) -> tuple[str | None, bytes | None]:
+        """Register a snapshot for the caller, unless the call already ended (then release it); its
+        handle and content digest (the child is idle and nobody else holds it yet: safe to read)."""
         child = item.future.result()
         if child is None:
-            return None
+            return None, None
+        digest = child.content_digest()
         with self._lock:
             if not self._closed:
                 self._unstreamed = self._registry.register(child, self._owner)
-                return self._unstreamed
+                return self._unstreamed, digest
         child.close()  # the call ended while the clone ran: nobody will ever receive this handle
-        return None
+        return None, None
 
     def abort(self) -> None:
         """Cancel the generation (if running); called when the RPC ends for any reason."""

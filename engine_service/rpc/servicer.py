@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from engine_service.content import check_digest
 from engine_service.errors import Cancelled, FailedPrecondition, InvalidArgument, Unavailable
 from engine_service.executors.base import ExecutorLimits
 from engine_service.executors.prepared_input import PreparedInput
@@ -22,6 +23,7 @@ from engine_service.handles import HandleRegistry
 from engine_service.rpc import convert
 from engine_service.rpc.errors import status_on_error
 from engine_service.rpc.generation_call import GenerationCall
+from engine_service.runtime.clone import CloneRefusal
 from engine_service.runtime.session import close_child_when_done
 from protos import engine_pb2 as pb
 from protos import engine_pb2_grpc
@@ -187,25 +189,29 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             self._serving()
             owner = convert.owner_of(context.invocation_metadata())
             new_owner = convert.check_owner(request.new_owner, "new_owner") if request.new_owner else owner
+            if request.upto < 0:
+                raise InvalidArgument(f"upto must be >= 0, got {request.upto}")
+            expected = check_digest(request.expected_content_digest, "expected_content_digest")
             source = self.deps.registry.resolve(request.session, owner)
             position = source.position
-            if not 0 <= request.upto <= position:
-                return pb.CloneResponse(refusal=f"upto={request.upto} is outside [0, {position}]")
-            future = source.clone_async(request.upto)
+            if request.upto > position:
+                return convert.clone_refused(CloneRefusal.POSITION, request.upto,
+                                             f"upto={request.upto} is outside [0, {position}]")
+            future = source.clone_async(request.upto, expected)
             try:
                 child = future.result(timeout=CLONE_TIMEOUT_S)
             except TimeoutError:  # concurrent.futures' is the builtin since 3.11
                 close_child_when_done(future)  # nobody will receive it
                 raise Unavailable(f"the clone did not complete within {CLONE_TIMEOUT_S} s") from None
             if child is None:
-                return pb.CloneResponse(
-                    refusal=f"the engine refused to clone at {request.upto} (boundary unavailable or no room)"
-                )
+                return convert.clone_refused(future.refusal or CloneRefusal.BOUNDARY, request.upto)
             if not context.is_active():  # the caller gave up (deadline, disconnect): nobody gets it
                 child.close()
                 raise Cancelled("the caller left before the clone completed")
+            # a matched expected digest is the child's: no second hash
+            digest = expected if expected is not None else child.content_digest()
             handle = self.deps.registry.register(child, new_owner)
-            return pb.CloneResponse(session=handle, position=request.upto)
+            return pb.CloneResponse(session=handle, position=request.upto, content_digest=digest or b"")
 
     def Close(self, request: pb.CloseRequest, context: grpc.ServicerContext) -> pb.CloseResponse:
         with status_on_error(context):
@@ -225,7 +231,10 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         with status_on_error(context):
             owner = convert.owner_of(context.invocation_metadata())
             session = self.deps.registry.resolve(request.session, owner)
-            return pb.DescribeResponse(position=session.position, generating=session.generating)
+            generating = session.generating
+            digest = None if generating else session.content_digest()  # changing while it generates
+            return pb.DescribeResponse(position=session.position, generating=generating,
+                                       content_digest=digest or b"")
 
     # -- model ---------------------------------------------------------------------------------
     def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoResponse:

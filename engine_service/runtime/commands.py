@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine_service.errors import GenerationError, Unavailable
+from engine_service.runtime.clone import CloneFuture, CloneRefusal
 from engine_service.runtime.generation import CANCELLED, ERROR
 
 if TYPE_CHECKING:
@@ -97,25 +98,32 @@ class OpenCommand(Command):
 
 @dataclass(frozen=True)
 class CloneCommand(Command):
-    """Clone session ``key`` at ``[0, upto)``.
+    """Clone session ``key`` at ``[0, upto)``; with ``expected_digest``, only when ``[0, upto)``
+    holds exactly that content (checked by the engine thread when it runs the clone).
 
-    The runner holds the caller's future only weakly: a future the caller dropped before the command
-    runs is dead, and the engine skips the clone (nobody could ever release the child). An abandoned
-    or unrun clone is refused: its future resolves None.
+    The runner holds the caller's :class:`CloneFuture` only weakly: a future the caller dropped before
+    the command runs is dead, and the engine skips the clone (nobody could ever release the child). An
+    abandoned or unrun clone is refused (``CloneRefusal.STOPPING``): its future resolves None.
     """
 
     key: int
     upto: int
     future_ref: weakref.ref
+    expected_digest: bytes | None = None
 
-    def caller(self) -> Future | None:
+    def caller(self) -> CloneFuture | None:
         return self.future_ref()
+
+    def abandon(self, exc: BaseException, hooks: EngineHooks) -> None:
+        future = self.future_ref()
+        if future is not None and not future.done():
+            future.refuse(CloneRefusal.STOPPING)
 
     def settle_unrun(self, hooks: EngineHooks) -> None:
         future = self.future_ref()
         if future is not None and future.set_running_or_notify_cancel():
             hooks.counts["clones_refused"] += 1
-            future.set_result(None)
+            future.refuse(CloneRefusal.STOPPING)
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
+from engine_service.content import ContentLog
 from engine_service.errors import FailedPrecondition, GenerationError, ResourceExhausted
 from engine_service.executors.base import ExecOutput, Executor, ExecutorLimits
+from engine_service.runtime.clone import CloneRefusal
 from engine_service.runtime.commands import (
     BarrierCommand,
     CancelCommand,
@@ -179,6 +181,7 @@ class EngineLoop:
             self._finish(gen, ERROR, GenerationError(out.error or "executor returned no prediction"))
             return
         # The input is committed; a continuing generation's pending token was its first position.
+        rec.content.commit(item.input.start, item.input.tokens, item.input.size())
         rec.position = item.input.start + item.input.size()
         rec.pending = None
         if not item.decode:
@@ -190,6 +193,7 @@ class EngineLoop:
         if gen.first_token_at is None:
             gen.first_token_at = time.perf_counter()
         tokens, reason, rec.position, rec.pending = gen.accept(tuple(out.tokens), rec.position)
+        rec.content.extend(tokens[:-1])  # accepted drafts are committed; the last token is pending
         self.counts["tokens_decoded"] += len(tokens)
         if breakpoint is not None and breakpoint != rec.position:
             # Accepted speculative drafts moved the position past the breakpoint: report it on an
@@ -255,12 +259,12 @@ class EngineLoop:
             cmd.future.set_exception(ResourceExhausted(
                 f"no free session slot (max_sessions={self.limits.max_sessions})"))
             return
-        cmd.future.set_result(self._adopt(sid, position=0))
+        cmd.future.set_result(self._adopt(sid, ContentLog()))
 
-    def _adopt(self, sid: int, position: int) -> Session:
+    def _adopt(self, sid: int, content: ContentLog) -> Session:
         key = self._next_key
         self._next_key += 1
-        rec = SessionRecord(key=key, sid=sid, position=position)
+        rec = SessionRecord(key=key, sid=sid, position=len(content), content=content)
         self.records[key] = rec
         return Session(self._runner, rec)
 
@@ -269,19 +273,41 @@ class EngineLoop:
         if future is None or not future.set_running_or_notify_cancel():
             return  # abandoned before it ran: nobody could own the child, so none is made
         rec = self.records.get(cmd.key)
+        refusal = self._clone_refusal(rec, cmd)
         child: Session | None = None
-        # Only the runner's accepted position authorizes a clone: a speculative executor may have
-        # physically written past it, and the pending token is not written at all.
-        if rec is not None and not rec.poisoned and 0 <= cmd.upto <= rec.position:
+        if refusal is None:
             try:
                 sid = self._executor.clone(rec.sid, cmd.upto)
             except Exception as exc:  # an exception inside clone is a refusal
                 log.warning("executor.clone(%d, %d) raised %s: %s", rec.sid, cmd.upto, type(exc).__name__, exc)
                 sid = None
             if sid is not None:
-                child = self._adopt(sid, position=cmd.upto)
+                child = self._adopt(sid, rec.content.prefix(cmd.upto))
+            else:
+                refusal = CloneRefusal.BOUNDARY
         self.counts["clones_succeeded" if child is not None else "clones_refused"] += 1
-        future.set_result(child)
+        if child is None:
+            future.refuse(refusal)
+        else:
+            future.set_result(child)
+
+    @staticmethod
+    def _clone_refusal(rec: SessionRecord | None, cmd: CloneCommand) -> CloneRefusal | None:
+        """Why the runner refuses ``cmd`` before asking the executor (None: ask it)."""
+        if rec is None or rec.poisoned:
+            return CloneRefusal.SOURCE_UNUSABLE
+        # Only the runner's accepted position authorizes a clone: a speculative executor may have
+        # physically written past it, and the pending token is not written at all.
+        if not 0 <= cmd.upto <= rec.position:
+            return CloneRefusal.POSITION
+        if cmd.expected_digest is not None:
+            # Checked here, on the engine thread, so no generation can change [0, upto) in between.
+            digest = rec.content.digest(cmd.upto)
+            if digest is None:
+                return CloneRefusal.PREPARED_INPUT
+            if digest != cmd.expected_digest:
+                return CloneRefusal.CONTENT_MISMATCH
+        return None
 
     def _on_close(self, cmd: CloseCommand) -> None:
         rec = self.records.get(cmd.key)

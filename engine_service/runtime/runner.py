@@ -27,6 +27,7 @@ from engine_service.config import GenConfig
 from engine_service.errors import FailedPrecondition, InvalidArgument, Unavailable
 from engine_service.executors.base import Executor, ExecutorLimits
 from engine_service.executors.prepared_input import PreparedInput
+from engine_service.runtime.clone import CloneFuture, CloneRefusal
 from engine_service.runtime.commands import (
     BarrierCommand,
     CancelCommand,
@@ -179,8 +180,8 @@ class Runner:
         self._submit(StartCommand(session.key, gen), None)
         return handle
 
-    def _clone(self, key: int, upto: int) -> Future[Session | None]:
-        future: Future[Session | None] = Future()
-        if not self._engine.put(CloneCommand(key, upto, weakref.ref(future))):
-            future.set_result(None)
+    def _clone(self, key: int, upto: int, expected_digest: bytes | None = None) -> CloneFuture:
+        future = CloneFuture()
+        if not self._engine.put(CloneCommand(key, upto, weakref.ref(future), expected_digest)):
+            future.refuse(CloneRefusal.STOPPING)
         return future

@@ -16,8 +16,10 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from engine_service.config import GenConfig, int_tuple
+from engine_service.content import DIGEST_SIZE
 from engine_service.errors import FailedPrecondition, InvalidArgument
 from engine_service.executors.prepared_input import PreparedInput
+from engine_service.runtime.clone import CloneFuture, CloneRefusal
 from engine_service.runtime.commands import CloseCommand
 from engine_service.runtime.generation import GenerationHandle, GenerationUpdate
 from engine_service.runtime.state import SessionRecord
@@ -103,13 +105,19 @@ class Session:
                 rec.busy = False
                 raise
 
-    def clone_async(self, upto: int) -> Future[Session | None]:
+    def clone_async(self, upto: int, expected_digest: bytes | None = None) -> CloneFuture:
         """A future of a new idle session holding exactly positions ``[0, upto)``, or of None.
 
         None when cloning is unsupported, ``upto`` is outside ``[0, position]`` when the engine runs
         the clone, the source is closed or failed, resources are exhausted, or the runner stops. A
         closed session resolves None at once. Dropping or cancelling the future before it completes
         skips the clone; dropping a completed future's session closes it (garbage collection).
+
+        ``expected_digest`` (a ``content_digest`` of token ids): clone only when ``[0, upto)`` holds
+        exactly those tokens, checked on the engine thread when the clone runs (no generation can
+        change the range in between). A range holding a prepared input never matches. The returned
+        :class:`CloneFuture`'s ``refusal`` says why it resolved None (``CloneRefusal``); a refused
+        clone never changes this session.
         """
         if isinstance(upto, bool):
             raise InvalidArgument(f"upto must be an int, got {upto!r}")
@@ -117,11 +125,22 @@ class Session:
             upto = operator.index(upto)
         except TypeError as exc:
             raise InvalidArgument(f"upto must be an int, got {upto!r}") from exc
+        if expected_digest is not None and (not isinstance(expected_digest, bytes)
+                                            or len(expected_digest) != DIGEST_SIZE):
+            raise InvalidArgument(f"expected_digest must be {DIGEST_SIZE} bytes, got {expected_digest!r}")
         if self._closed or self._record.poisoned:
-            future: Future[Session | None] = Future()
-            future.set_result(None)
-            return future
-        return self._runner._clone(self._record.key, upto)
+            return CloneFuture.refused(CloneRefusal.SOURCE_UNUSABLE)
+        return self._runner._clone(self._record.key, upto, expected_digest)
+
+    def content_digest(self, upto: int | None = None) -> bytes | None:
+        """The content digest of positions ``[0, upto)`` (default: all committed positions), as
+        ``content.content_digest`` of the token ids they hold; None when a prepared input lies in range.
+
+        Read on the calling thread from one atomic copy of the engine's record, so ask an idle session
+        (a snapshot, a session between generations): while a generation runs, the content changes.
+        InvalidArgument when ``upto`` is outside ``[0, position]``.
+        """
+        return self._record.content.digest(upto)
 
     def close(self) -> None:
         """Queue this session's close (idempotent); a running generation ends as cancelled."""

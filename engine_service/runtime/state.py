@@ -1,7 +1,8 @@
 """Engine-side state of a session and of the generation running on it (engine thread only).
 
 Other threads may read ``SessionRecord.position`` / ``closed`` / ``poisoned`` (single attribute reads)
-but never write them, except ``busy``, which ``Session.generate_async`` sets under the session lock.
+and copy ``content`` (each ContentLog read is one atomic copy) but never write them, except ``busy``,
+which ``Session.generate_async`` sets under the session lock.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine_service.config import GenConfig
+from engine_service.content import ContentLog
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.runtime.generation import (
     CANCELLED,
@@ -33,12 +35,15 @@ class SessionRecord:
     position: committed positions the runner has *accepted* (a speculative executor may have written
         more; only this number authorizes a clone).
     pending: the last prediction, not yet written; fed first by the next generation.
+    content: what positions ``[0, position)`` hold (token ids, ``PREPARED`` for prepared ones);
+        ``len(content) == position`` between two updates of the engine thread, the only writer.
     """
 
     key: int
     sid: int
     position: int = 0
     pending: int | None = None
+    content: ContentLog = field(default_factory=ContentLog)
     poisoned: bool = False
     closed: bool = False
     busy: bool = False

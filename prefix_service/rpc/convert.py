@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from engine_service.config import GenConfig
 from engine_service.errors import InvalidArgument
-from engine_service.rpc.convert import gen_config, started_event, tokens_event
+from engine_service.rpc.convert import CLONE_REFUSALS, gen_config, started_event, tokens_event
+from engine_service.runtime.clone import CloneRefusal
 from engine_service.stream_events import Started, Tokens
-from prefix_service.backends import EngineGenerate, EngineInfo, TextPrompt
+from prefix_service.backends import EngineGenerate, EngineInfo, TakenClone, TextPrompt
 from prefix_service.gateway import GatewayEvent, GatewayRequest, GatewayStats, Prompt, PromptLookup
-from prefix_service.outcomes import MissReason
+from prefix_service.outcomes import InsertOutcome, InsertRefusal, MissReason
 from protos import engine_pb2 as epb
 from protos import prefix_pb2 as pb
 
@@ -22,6 +23,11 @@ MISS_REASONS: dict[MissReason | None, pb.MissReason.ValueType] = {
     None: pb.MISS_REASON_UNSPECIFIED,
     **{reason: pb.MissReason.Value(f"MISS_REASON_{reason.name}") for reason in MissReason},
 }
+INSERT_REFUSALS: dict[InsertRefusal | None, pb.InsertRefusal.ValueType] = {
+    None: pb.INSERT_REFUSAL_UNSPECIFIED,
+    **{reason: pb.InsertRefusal.Value(f"INSERT_REFUSAL_{reason.name}") for reason in InsertRefusal},
+}
+_CLONE_REFUSALS = {value: reason for reason, value in CLONE_REFUSALS.items()}  # engine wire -> domain
 
 # -- client side ------------------------------------------------------------------------------
 
@@ -64,6 +70,10 @@ def lookup_response(lookup: PromptLookup) -> pb.LookupResponse:
     )
 
 
+def insert_response(outcome: InsertOutcome) -> pb.InsertResponse:
+    return pb.InsertResponse(stored=outcome.stored, reason=INSERT_REFUSALS[outcome.reason])
+
+
 def stats_response(stats: GatewayStats) -> pb.StatsResponse:
     s = stats.cache
     return pb.StatsResponse(
@@ -76,6 +86,7 @@ def stats_response(stats: GatewayStats) -> pb.StatsResponse:
         engine_instance_id=stats.engine_instance_id,
         policy=stats.policy,
         reused_positions=s.reused_tokens,
+        refusals={str(reason): count for reason, count in s.refusals.items()},
     )
 
 
@@ -94,6 +105,13 @@ def client_event(event: GatewayEvent) -> epb.GenerateEvent:
 
 
 # -- engine side ------------------------------------------------------------------------------
+
+
+def taken_clone(reply: epb.CloneResponse) -> TakenClone:
+    """A Clone reply as ``GatewayBackend.take_clone`` answers it."""
+    if reply.session:
+        return TakenClone(reply.session)
+    return TakenClone(None, _CLONE_REFUSALS.get(reply.reason, CloneRefusal.BOUNDARY))
 
 
 def engine_info(info: epb.InfoResponse) -> EngineInfo:

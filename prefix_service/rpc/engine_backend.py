@@ -36,7 +36,7 @@ from engine_service.rpc.auth import ClientSecurity, on_behalf_of
 from engine_service.rpc.convert import event_from_proto
 from engine_service.rpc.errors import from_rpc_error
 from engine_service.stream_events import Event
-from prefix_service.backends import EngineGenerate, EngineInfo, TextPrompt
+from prefix_service.backends import EngineGenerate, EngineInfo, TakenClone, TextPrompt
 from prefix_service.rpc import convert
 from prefix_service.rpc.engine_watch import EngineWatch, call_timeout
 from protos import engine_pb2 as pb
@@ -81,6 +81,7 @@ class EngineBackend:
         self.metadata = ClientSecurity(token=token).metadata(owner)  # its own calls: its own token
         self._lock = threading.Lock()
         self._positions: dict[str, int] = {}
+        self._digests: dict[str, bytes | None] = {}  # what the engine said each adopted handle holds
         self.instance_id = ""
         self._fingerprint = ""
 
@@ -111,6 +112,7 @@ class EngineBackend:
         with self._lock:
             if info.instance_id != self.instance_id:
                 self._positions.clear()  # handles of the previous instance are all dead
+                self._digests.clear()
             self.instance_id = info.instance_id
             self._fingerprint = info.fingerprint
         return info
@@ -120,6 +122,7 @@ class EngineBackend:
         released = self.call(self.stub.ReleaseOwner, pb.ReleaseOwnerRequest()).released
         with self._lock:
             self._positions.clear()
+            self._digests.clear()
         return released
 
     @contextlib.contextmanager
@@ -131,10 +134,12 @@ class EngineBackend:
         finally:
             _clone_owner.reset(token)
 
-    def adopt(self, handle: str, position: int) -> None:
-        """Record a handle this backend owns (e.g. a snapshot event) and its position."""
+    def adopt(self, handle: str, position: int, content_digest: bytes | None = None) -> None:
+        """Record a handle this backend owns (e.g. a snapshot event), its position and the content
+        digest the engine reported for it (None: a prepared input, or not reported: never stored)."""
         with self._lock:
             self._positions[handle] = position
+            self._digests[handle] = content_digest
 
     # -- GatewayBackend: engine calls on behalf of a caller ------------------------------------
     def tokenize(self, text: TextPrompt, owner: str) -> list[int]:
@@ -143,14 +148,15 @@ class EngineBackend:
     def describe(self, session: str, owner: str) -> int:
         return self.call(self.stub.Describe, pb.DescribeRequest(session=session), owner).position
 
-    def take_clone(self, session: str, upto: int, owner: str) -> str | None:
-        """Clone ``owner``'s session into one this backend owns (and adopts); None when refused."""
-        request = pb.CloneRequest(session=session, upto=upto, new_owner=self.owner)
+    def take_clone(self, session: str, upto: int, owner: str, expected_digest: bytes | None = None) -> TakenClone:
+        """Clone ``owner``'s session into one this backend owns (and adopts), only if it holds the
+        ``expected_digest`` content when given (the engine checks); the refusal reason otherwise."""
+        request = pb.CloneRequest(session=session, upto=upto, new_owner=self.owner,
+                                  expected_content_digest=expected_digest or b"")
         reply = self.call(self.stub.Clone, request, owner)
-        if not reply.session:
-            return None
-        self.adopt(reply.session, reply.position)
-        return reply.session
+        if reply.session:
+            self.adopt(reply.session, reply.position, reply.content_digest or None)
+        return convert.taken_clone(reply)
 
     def close_as(self, session: str, owner: str | None = None) -> None:
         self.call(self.stub.Close, pb.CloseRequest(session=session), owner)
@@ -170,12 +176,13 @@ class EngineBackend:
         if not reply.session:
             return None
         if new_owner == self.owner:
-            self.adopt(reply.session, reply.position)
+            self.adopt(reply.session, reply.position, reply.content_digest or None)
         return reply.session
 
     def close(self, handle: str) -> None:
         with self._lock:
             self._positions.pop(handle, None)
+            self._digests.pop(handle, None)
         if handle_instance(handle) != self.instance_id:
             return  # issued by an engine that is gone: nothing to release
         with contextlib.suppress(NotFound):
@@ -187,6 +194,13 @@ class EngineBackend:
         if known is not None:
             return known
         return self.call(self.stub.Describe, pb.DescribeRequest(session=handle)).position
+
+    def content_digest(self, handle: str) -> bytes | None:
+        """What the engine reported the handle holds when it was adopted (no call), else Describe's."""
+        with self._lock:
+            if handle in self._digests:
+                return self._digests[handle]
+        return self.call(self.stub.Describe, pb.DescribeRequest(session=handle)).content_digest or None
 
     def valid(self, handle: str) -> bool:
         if not isinstance(handle, str) or handle_instance(handle) != self.instance_id:

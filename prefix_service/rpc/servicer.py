@@ -37,9 +37,9 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
     def Insert(self, request: pb.InsertRequest, context: grpc.ServicerContext) -> pb.InsertResponse:
         with status_on_error(context), caller_deadline(context):
             owner = owner_of(context.invocation_metadata())
-            stored = self.gateway.insert(request.namespace, list(request.tokens), request.session,
-                                         dict(request.metadata), owner)
-            return pb.InsertResponse(stored=stored)
+            outcome = self.gateway.insert(request.namespace, list(request.tokens), request.session,
+                                          dict(request.metadata), owner)
+            return convert.insert_response(outcome)
 
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
         with status_on_error(context):

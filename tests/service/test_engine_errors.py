@@ -223,7 +223,7 @@ def test_clone_that_does_not_settle_in_time_is_unavailable_not_internal(engine, 
     alice = EngineClient(engine.address, owner="alice")
     own = alice.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
     monkeypatch.setattr(servicer, "CLONE_TIMEOUT_S", 0.2)
-    monkeypatch.setattr(Session, "clone_async", lambda self, upto: Future())  # a stalled engine thread
+    monkeypatch.setattr(Session, "clone_async", lambda self, upto, expected=None: Future())  # a stalled engine
     stub, meta, channel = stub_and_meta(engine.address)
     details = expect_code(grpc.StatusCode.UNAVAILABLE,
                           lambda: stub.Clone(pb.CloneRequest(session=own, upto=len(PROMPT)), metadata=meta))
@@ -244,9 +244,9 @@ def test_clone_whose_caller_gave_up_is_not_registered(engine, monkeypatch) -> No
     resident, handles = engine.runner.resident_sessions, len(engine.deps.registry)
     real_clone = Session.clone_async
 
-    def late_clone(self, upto):
+    def late_clone(self, upto, expected=None):
         late: Future = Future()
-        inner = real_clone(self, upto)
+        inner = real_clone(self, upto, expected)
         threading.Timer(0.5, lambda: late.set_result(inner.result())).start()
         return late
 
@@ -257,4 +257,24 @@ def test_clone_whose_caller_gave_up_is_not_registered(engine, monkeypatch) -> No
     monkeypatch.undo()
     assert wait_for(lambda: engine.runner.resident_sessions == resident and len(engine.deps.registry) == handles,
                     timeout=5), (engine.runner.resident_sessions, len(engine.deps.registry))
+    channel.close()
+
+
+def test_clone_upto_and_content_digest_are_validated_naming_the_field(engine) -> None:
+    INVALID = grpc.StatusCode.INVALID_ARGUMENT
+    alice = EngineClient(engine.address, owner="alice")
+    own = alice.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    base = engine.runner.resident_sessions
+    stub, meta, channel = stub_and_meta(engine.address)
+    for upto in (-1, -(2**40)):
+        details = expect_code(INVALID, lambda u=upto: stub.Clone(pb.CloneRequest(session=own, upto=u), metadata=meta))
+        assert details == f"upto must be >= 0, got {upto}"
+    for size in (1, 15, 17, 32):
+        request = pb.CloneRequest(session=own, upto=3, expected_content_digest=b"x" * size)
+        details = expect_code(INVALID, lambda r=request: stub.Clone(r, metadata=meta))
+        assert details == f"expected_content_digest must be empty or 16 bytes, got {size}"
+    # past the committed position stays a refusal with its reason (not an error)
+    past = stub.Clone(pb.CloneRequest(session=own, upto=len(PROMPT) + 1), metadata=meta)
+    assert not past.session and past.reason == pb.CLONE_REFUSAL_POSITION and "outside" in past.refusal
+    assert engine.runner.resident_sessions == base and alice.describe(own) == (len(PROMPT), False)
     channel.close()

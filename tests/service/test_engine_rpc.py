@@ -191,3 +191,60 @@ def test_snapshot_of_a_call_cancelled_before_it_is_streamed_is_released(engine_f
     cancelled.set()
     assert wait_for(lambda: engine.runner.resident_sessions == 0 and len(engine.deps.registry) == 0), (
         engine.runner.resident_sessions, len(engine.deps.registry))
+
+
+def _clone(client: EngineClient, session: str, upto: int, expected: bytes = b""):
+    from protos import engine_pb2 as pb
+
+    return client._unary(client.stub.Clone, pb.CloneRequest(session=session, upto=upto,
+                                                            expected_content_digest=expected))
+
+
+def _described_digest(client: EngineClient, session: str) -> bytes:
+    from protos import engine_pb2 as pb
+
+    return client._unary(client.stub.Describe, pb.DescribeRequest(session=session)).content_digest
+
+
+def test_content_digests_on_snapshots_clones_and_describe(engine_factory) -> None:
+    from engine_service.content import content_digest
+    from protos import engine_pb2 as pb
+
+    engine = engine_factory(layers="FFFF")  # full-history layers: every boundary can be cloned
+    client = EngineClient(engine.address, owner="alice")
+    out = client.generate(PROMPT, max_new_tokens=3, prompt_snapshot=True, keep_session=True).collect()
+    session, (snap,) = out.started.session, out.snapshots
+    committed = PROMPT + out.tokens[:-1]  # the last token is pending, not content
+    assert snap.content_digest == content_digest(PROMPT)
+    assert _described_digest(client, session) == content_digest(committed)
+    base = client.info().resident_sessions
+    ok = _clone(client, session, len(PROMPT), content_digest(PROMPT))
+    assert ok.session and ok.reason == pb.CLONE_REFUSAL_UNSPECIFIED and ok.content_digest == content_digest(PROMPT)
+    plain = _clone(client, session, 10)
+    assert plain.session and plain.content_digest == content_digest(PROMPT[:10])
+    italy = [ord(c) for c in "What is the capital of Italy?"]
+    wrong = _clone(client, session, len(italy), content_digest(italy))
+    assert not wrong.session and wrong.reason == pb.CLONE_REFUSAL_CONTENT_MISMATCH and "expected" in wrong.refusal
+    assert client.info().resident_sessions == base + 2  # the refusal made no session
+    assert _described_digest(client, session) == content_digest(committed)  # nor changed the source
+
+
+def test_a_session_holding_a_prepared_input_has_no_content_digest(engine_factory) -> None:
+    import mlx.core as mx
+    import numpy as np
+
+    from engine_service.content import content_digest
+    from engine_service.model.random_init import random_model
+    from protos import engine_pb2 as pb
+
+    engine = engine_factory(prepared_inputs=True, layers="FFFF")
+    client = EngineClient(engine.address, owner="alice")
+    embeddings = np.array(random_model("FFFF", 4, 0).embed(mx.array(PROMPT, dtype=mx.int32)), dtype="<f4")
+    prepared = pb.PreparedInput(kind="embeddings", payload=embeddings.tobytes(), shape=list(embeddings.shape))
+    out = client.generate(prepared=prepared, max_new_tokens=2, prompt_snapshot=True, keep_session=True).collect()
+    (snap,) = out.snapshots
+    assert snap.handle and snap.content_digest is None
+    assert _described_digest(client, out.started.session) == b""
+    # same values as the token prompt, but a prepared input never matches a token digest
+    refused = _clone(client, out.started.session, len(PROMPT), content_digest(PROMPT))
+    assert not refused.session and refused.reason == pb.CLONE_REFUSAL_PREPARED_INPUT

@@ -129,7 +129,7 @@ def test_a_builtin_error_from_a_clone_future_is_internal(engine, stub, caplog, m
     session = list(stub.Generate(request, metadata=META))[0].started.session  # kept: the stream completed
     broken: Future = Future()
     broken.set_exception(IndexError(SECRET))  # what a bug on the engine thread settles the future with
-    monkeypatch.setattr(Session, "clone_async", lambda self, upto: broken)
+    monkeypatch.setattr(Session, "clone_async", lambda self, upto, expected=None: broken)
     caplog.set_level(logging.ERROR)
     rpc_error = failed_call(lambda: stub.Clone(pb.CloneRequest(session=session, upto=3), metadata=META))
     check_internal(caplog, rpc_error, IndexError)

@@ -1,6 +1,9 @@
 """A fake SessionBackend for prefix-cache tests: sessions are token lists with a retention floor.
 
-A FakeSession holds its committed tokens. ``floor`` models a sliding-window cache: positions below it
+A FakeSession holds its committed tokens: its content, as an engine records it (``PREPARED`` for a
+position fed by a prepared input). ``content_digest`` answers from that content, so a snapshot whose
+tokens differ from the key it is inserted under is caught exactly as the engine would catch it (the
+fake never just says "matches"). ``floor`` models a sliding-window cache: positions below it
 can no longer be cloned (decode has overwritten the rows), and a clone inherits its donor's floor.
 The backend counts every clone call and close, tracks live sessions (leak checks), can run out of
 capacity, fail the next clones, or die (every handle becomes invalid; no clone call is made).
@@ -19,10 +22,12 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from engine_service.content import PREPARED, content_digest
 from engine_service.errors import Cancelled, ResourceExhausted
+from engine_service.runtime.clone import CloneRefusal
 from engine_service.snapshot_kinds import PROMPT
 from engine_service.stream_events import Done, Snapshot, Started, Tokens
-from prefix_service.backends import EngineGenerate, EngineInfo, TextPrompt
+from prefix_service.backends import EngineGenerate, EngineInfo, TakenClone, TextPrompt
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,11 @@ class FakeSession:
         return f"FakeSession#{self.id}(pos={self.position}, closed={self.closed})"
 
 
+def digest_of(tokens: tuple[int, ...]) -> bytes | None:
+    """What an engine reports a session holding ``tokens`` holds (None: a prepared input in range)."""
+    return None if PREPARED in tokens else content_digest(tokens)
+
+
 class FakeBackend:
     def __init__(self, fingerprint: str = "fake-model", capacity: int = 1_000_000, deferred: bool = False):
         self.fingerprint = fingerprint
@@ -70,6 +80,7 @@ class FakeBackend:
         self.dead = False
         self.fail_next = 0  # clones that raise ResourceExhausted (an allocation failure)
         self.clone_calls: list[tuple[int, int]] = []  # (source id, upto)
+        self.digest_calls = 0  # content_digest calls (the cache asks once per insert)
         self.live: set[FakeSession] = set()
         self._queue: list[tuple[Future | None, FakeSession, int]] = []  # (None, s, 0) is a close
 
@@ -120,6 +131,10 @@ class FakeBackend:
 
     def valid(self, handle: FakeSession) -> bool:
         return not handle.closed and not self.dead and handle.backend is self
+
+    def content_digest(self, handle: FakeSession) -> bytes | None:
+        self.digest_calls += 1
+        return digest_of(handle.tokens)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -216,6 +231,7 @@ class FakeEngine(FakeBackend):
         self.requests: list[EngineGenerate] = []
         self.streams: list[FakeStream] = []
         self.hang_after: int | None = None  # new streams hang after this many events
+        self.take_clone_digests: list[bytes | None] = []  # expected_digest of each take_clone call
         self._cloning_for: str | None = None
 
     def info(self) -> EngineInfo:
@@ -237,8 +253,8 @@ class FakeEngine(FakeBackend):
         self.clone_owners.append(self._cloning_for)
         return super().clone(handle, upto)
 
-    def adopt(self, handle: FakeSession, position: int) -> None:
-        assert handle.position == position
+    def adopt(self, handle: FakeSession, position: int, content_digest: bytes | None = None) -> None:
+        assert handle.position == position and content_digest == digest_of(handle.tokens)
 
     def tokenize(self, text: TextPrompt, owner: str) -> list[int]:
         return [ord(c) for c in text.text]
@@ -246,8 +262,18 @@ class FakeEngine(FakeBackend):
     def describe(self, session: FakeSession, owner: str) -> int:
         return session.position
 
-    def take_clone(self, session: FakeSession, upto: int, owner: str) -> FakeSession | None:
-        return self._do_clone(session, upto)
+    def take_clone(self, session: FakeSession, upto: int, owner: str,
+                   expected_digest: bytes | None = None) -> TakenClone:
+        """Like the engine: with ``expected_digest`` the clone happens only if [0, upto) holds it."""
+        self.take_clone_digests.append(expected_digest)
+        if expected_digest is not None and upto <= session.position:
+            held = digest_of(session.tokens[:upto])
+            if held is None:
+                return TakenClone(None, CloneRefusal.PREPARED_INPUT)
+            if held != expected_digest:
+                return TakenClone(None, CloneRefusal.CONTENT_MISMATCH)
+        child = self._do_clone(session, upto)
+        return TakenClone(child) if child is not None else TakenClone(None, CloneRefusal.BOUNDARY)
 
     def close_as(self, session: FakeSession, owner: str | None = None) -> None:
         self.closed_as.append((session, owner))
@@ -260,7 +286,8 @@ class FakeEngine(FakeBackend):
         session.extend(request.tokens)
         events: list = [Started(session, start, len(request.tokens))]
         if request.prompt_snapshot:
-            events.append(Snapshot(self._do_clone(session, session.position), session.position, PROMPT))
+            snap = self._do_clone(session, session.position)
+            events.append(Snapshot(snap, session.position, PROMPT, content_digest=digest_of(snap.tokens)))
         events += [Tokens((500,), "x"), done_event(len(request.tokens), start)]
         stream = FakeStream(events, self.hang_after)
         self.streams.append(stream)

@@ -14,22 +14,12 @@ from engine_service.stream_events import Started, Tokens
 from prefix_service import gateway as gateway_module
 from prefix_service.backends import TextPrompt
 from prefix_service.gateway import Gateway, GatewayRequest
-from prefix_service.outcomes import MissReason
+from prefix_service.outcomes import InsertRefusal, MissReason
 from prefix_service.prefix_cache import PrefixCache
 from tests.unit.prefix.fakes import FakeEngine, done_event
 
 NS = "app"
 PROMPT = tuple(range(10, 30))  # 20 tokens
-
-
-@pytest.fixture
-def engine() -> FakeEngine:
-    return FakeEngine()
-
-
-@pytest.fixture
-def gateway(engine) -> Gateway:
-    return Gateway(PrefixCache(engine, max_entries=8), engine, "lru")
 
 
 def request(prompt=PROMPT, **kwargs) -> GatewayRequest:
@@ -114,9 +104,10 @@ def test_lookup_clones_for_the_caller_and_a_caller_that_left_gets_nothing(engine
 
 def test_insert_stores_a_clone_and_leaves_the_callers_session(engine, gateway):
     own = engine.open(PROMPT)
-    assert not gateway.insert(NS, PROMPT[:-1], own, {}, "alice")  # position differs: no clone
+    refused = gateway.insert(NS, PROMPT[:-1], own, {}, "alice")  # position differs: no clone
+    assert refused.reason == InsertRefusal.POSITION_MISMATCH and not refused.stored
     assert engine.clone_calls == []
-    assert gateway.insert(NS, PROMPT, own, {"priority": "2"}, "alice")
+    assert gateway.insert(NS, PROMPT, own, {"priority": "2"}, "alice").stored
     entry = gateway.cache.entries()[0]
     assert entry.snapshot is not own and not own.closed and entry.metadata["priority"] == "2"
     with pytest.raises(InvalidArgument, match="must not be empty"):

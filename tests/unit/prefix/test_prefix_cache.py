@@ -158,12 +158,13 @@ def test_malformed_insert_releases_and_raises(backend, cache):
     assert cache.entries()[0].metadata == {"priority": "3"}
 
 
-def test_token_keys_keep_all_64_bits(backend, cache):
+def test_token_ids_no_session_can_hold_are_never_stored(backend, cache):
+    # Keys may hold any id in [0, 2**64) (the index keeps all 64 bits: test_index.py), but the content
+    # digest is over int32 ids, as an engine records them: no snapshot matches such a key.
     high = (2**64 - 1, 2**63, 5)
-    stored(backend, cache, high)
-    assert cache.lookup(NS, (2**32 - 1, 0, 5, 6)) is None  # the low 32 bits alone do not match
-    assert cache.lookup(NS, (2**64 - 1, 2**63 + 1, 5)) is not None  # shares the first id only
-    assert_hit(cache.lookup(NS, high + (6,)), high + (6,), 3)
+    snapshot = backend.open((7, 8, 5))
+    assert cache.insert_outcome(NS, high, snapshot).reason == "content_mismatch"
+    assert snapshot.closed and cache.size == 0 and cache.lookup(NS, high + (6,)) is None
 
 
 def test_retention_refusal_keeps_entry_and_full_prefix_request_hits(backend, cache):

@@ -13,6 +13,7 @@ import pytest
 
 from engine_service.config import GenConfig
 from engine_service.errors import ResourceExhausted, Unavailable
+from engine_service.runtime.clone import CloneFuture, CloneRefusal
 from engine_service.runtime.commands import (
     BarrierCommand,
     CancelCommand,
@@ -84,25 +85,26 @@ def test_a_command_with_a_future_settles_it(make, how, expected):
 @pytest.mark.parametrize(("how", "expected", "refused"), [
     ("fail", "ValueError: boom", 0), ("abandon", None, 0), ("unrun", None, 1)])
 def test_a_clone_settles_its_future_while_the_caller_holds_it(how, expected, refused):
-    future: Future = Future()
+    future = CloneFuture()
     engine = Engine()
     settle(CloneCommand(3, 2, weakref.ref(future)), how, engine)
     assert outcome(future) == expected
     assert engine.counts["clones_refused"] == refused
+    assert future.refusal == (None if how == "fail" else CloneRefusal.STOPPING)
 
 
 @pytest.mark.parametrize("how", ["fail", "abandon", "unrun"])
 def test_a_clone_whose_future_was_dropped_or_settled_is_left_alone(how):
     engine = Engine()
-    dropped = CloneCommand(3, 2, weakref.ref(Future()))
+    dropped = CloneCommand(3, 2, weakref.ref(CloneFuture()))
     assert dropped.future_ref() is None
     settle(dropped, how, engine)
-    cancelled: Future = Future()
+    cancelled = CloneFuture()
     cancelled.cancel()
     settle(CloneCommand(3, 2, weakref.ref(cancelled)), how, engine)
     assert cancelled.cancelled() and engine.counts["clones_refused"] == 0
     if how != "unrun":  # only the engine settles a clone future, so an unrun one is never done
-        done: Future = Future()
+        done = CloneFuture()
         done.set_result("kept")
         settle(CloneCommand(3, 2, weakref.ref(done)), how, engine)
         assert done.result() == "kept"

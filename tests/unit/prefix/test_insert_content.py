@@ -1,0 +1,180 @@
+"""Inserts are verified against what the engine says a snapshot holds, on every path that stores one.
+
+The fakes record real content (a FakeSession's tokens; the runner's record over the fake executor),
+so a snapshot inserted under another prompt's tokens is caught exactly as the engine would catch it.
+Each refusal has a stored-and-reused negative control next to it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_service.config import GenConfig
+from engine_service.content import PREPARED, content_digest
+from engine_service.errors import NotFound
+from engine_service.runtime.runner import Runner
+from engine_service.snapshot_kinds import PROMPT as PROMPT_KIND
+from engine_service.stream_events import Snapshot, Started
+from prefix_service import gateway as gateway_module
+from prefix_service import prefix_cache as cache_module
+from prefix_service.backends import RunnerBackend
+from prefix_service.gateway import Gateway, GatewayRequest
+from prefix_service.outcomes import InsertRefusal
+from prefix_service.prefix_cache import PrefixCache
+from tests.unit.prefix.fakes import FakeStream, done_event
+from tests.unit.runner.fake_executor import FakeExecutor, FakePrepared
+
+NS = "app"
+FRANCE = tuple(ord(c) for c in "What is the capital of France?")
+ITALY = tuple(ord(c) for c in "What is the capital of Italy?!")  # same length as FRANCE
+assert len(FRANCE) == len(ITALY)
+
+
+def count_hashes(monkeypatch) -> list[int]:
+    """Count content_digest calls made by the gateway and the cache (one list entry per call)."""
+    calls: list[int] = []
+    for module in (gateway_module, cache_module):
+        real = module.content_digest
+        monkeypatch.setattr(module, "content_digest", lambda ids, real=real: calls.append(len(ids)) or real(ids))
+    return calls
+
+
+# -- PrefixCache.insert ---------------------------------------------------------------------------
+
+
+def test_a_snapshot_holding_other_tokens_is_refused_released_and_never_reused(backend, cache):
+    italy = backend.open(ITALY)
+    outcome = cache.insert_outcome(NS, FRANCE, italy)
+    assert outcome.reason == InsertRefusal.CONTENT_MISMATCH and not outcome.stored
+    assert italy.closed and cache.size == 0 and cache.stats().refusals == {"content_mismatch": 1}
+    assert cache.lookup(NS, FRANCE + (1,)) is None
+    # control: the snapshot that does hold FRANCE is stored and reused
+    assert cache.insert_outcome(NS, FRANCE, backend.open(FRANCE)).stored
+    match = cache.lookup(NS, FRANCE + (1,))
+    assert match is not None and match.session.tokens == FRANCE
+
+
+def test_other_content_under_a_stored_key_is_a_mismatch_not_a_duplicate(backend, cache):
+    france = backend.open(FRANCE)
+    assert cache.insert(NS, FRANCE, france)
+    assert cache.insert_outcome(NS, FRANCE, backend.open(ITALY)).reason == InsertRefusal.CONTENT_MISMATCH
+    assert cache.insert_outcome(NS, FRANCE, backend.open(FRANCE)).reason == InsertRefusal.DUPLICATE
+    assert [e.snapshot for e in cache.entries()] == [france]
+
+
+def test_a_prepared_input_in_the_prefix_is_never_stored(backend, cache):
+    tokens = (1, 2, 3, 4)
+    outcome = cache.insert_outcome(NS, tokens, snapshot := backend.open((1, 2, PREPARED, 4)))
+    assert outcome.reason == InsertRefusal.PREPARED_INPUT and snapshot.closed
+    assert cache.stats().refusals == {"prepared_input": 1}
+    assert cache.insert(NS, tokens, backend.open(tokens))  # control
+
+
+def test_the_tokens_are_hashed_once_and_not_at_all_with_their_digest(backend, cache, monkeypatch):
+    calls = count_hashes(monkeypatch)
+    assert cache.insert(NS, FRANCE, backend.open(FRANCE))
+    assert calls == [len(FRANCE)] and backend.digest_calls == 1
+    assert cache.insert(NS, ITALY, backend.open(ITALY), digest=content_digest(ITALY))
+    assert calls == [len(FRANCE)] and backend.digest_calls == 2
+    for _ in range(3):  # lookups verify nothing: the entries were verified when stored
+        assert cache.lookup(NS, FRANCE) is not None
+    assert calls == [len(FRANCE)] and backend.digest_calls == 2
+
+
+def test_a_snapshot_that_cannot_say_what_it_holds_is_not_stored(backend, cache, monkeypatch):
+    def unknown(handle):
+        raise NotFound("gone")
+
+    monkeypatch.setattr(backend, "content_digest", unknown)
+    outcome = cache.insert_outcome(NS, FRANCE, snapshot := backend.open(FRANCE))
+    assert outcome.reason == InsertRefusal.INVALID_SNAPSHOT and snapshot.closed
+
+
+def test_an_entry_evicted_at_once_says_so(backend):
+    cache = PrefixCache(backend, max_entries=1, policy="priority")
+    assert cache.insert(NS, FRANCE, backend.open(FRANCE), {"priority": "5"})
+    low = cache.insert_outcome(NS, ITALY, backend.open(ITALY), {"priority": "1"})
+    assert low.reason == InsertRefusal.EVICTED and cache.stats().evictions == 1
+
+
+# -- Gateway.insert (the Insert RPC) and the gateway's captured snapshots ---------------------------
+
+
+def ask(gateway: Gateway, prompt, owner: str = "bob") -> list:
+    return list(gateway.generate(GatewayRequest(NS, prompt, GenConfig(max_new_tokens=3)), owner))
+
+
+def test_mallory_cannot_store_italy_under_france_and_bob_is_not_served_it(engine, gateway, monkeypatch):
+    calls = count_hashes(monkeypatch)
+    mallory = engine.open(ITALY)
+    live = len(engine.live)
+    outcome = gateway.insert(NS, FRANCE, mallory, {}, "mallory")
+    assert outcome.reason == InsertRefusal.CONTENT_MISMATCH and not outcome.stored
+    assert engine.take_clone_digests == [content_digest(FRANCE)] and calls == [len(FRANCE)]
+    assert len(engine.live) == live and not mallory.closed  # no clone kept; her session is hers
+    assert gateway.cache.size == 0 and gateway.stats().cache.refusals == {"content_mismatch": 1}
+    events = ask(gateway, FRANCE)
+    assert engine.requests[-1].session == "" and events[-1].reused_positions == 0  # a cold run
+    assert [entry.tokens for entry in gateway.cache.entries()] == [FRANCE]  # bob's own verified capture
+    # control: a session that does hold FRANCE is stored (one hash for the engine and the cache)
+    gateway.clear()
+    calls.clear()
+    assert gateway.insert(NS, FRANCE, engine.open(FRANCE), {}, "alice").stored and calls == [len(FRANCE)]
+    ask(gateway, FRANCE)
+    assert engine.requests[-1].session != "" and engine.requests[-1].tokens == FRANCE[-1:]  # reused
+
+
+def test_gateway_insert_of_a_session_holding_a_prepared_input_is_refused(engine, gateway):
+    session = engine.open((1, 2, PREPARED, 4))
+    assert gateway.insert(NS, (1, 2, 3, 4), session, {}, "alice").reason == InsertRefusal.PREPARED_INPUT
+    assert gateway.cache.size == 0
+
+
+def test_a_captured_snapshot_whose_engine_content_differs_is_not_stored(engine, gateway, monkeypatch):
+    def lying_generate(request):  # the engine captured a session that holds ITALY
+        snap = engine.open(ITALY)
+        started = Started(engine.open(()), 0, len(request.tokens))
+        return FakeStream([started, Snapshot(snap, len(ITALY), PROMPT_KIND, content_digest=content_digest(ITALY)),
+                           done_event(len(request.tokens), 0)])
+
+    monkeypatch.setattr(engine, "generate", lying_generate)
+    ask(gateway, FRANCE)
+    assert gateway.cache.size == 0 and gateway.stats().cache.refusals == {"content_mismatch": 1}
+    monkeypatch.undo()
+    ask(gateway, FRANCE)  # control: the real capture is stored
+    assert [entry.tokens for entry in gateway.cache.entries()] == [FRANCE]
+
+
+# -- the in-process path: PromptCapture.collect over a Runner -------------------------------------
+
+
+@pytest.fixture
+def runner():
+    runner = Runner(FakeExecutor(vocab_size=128))
+    yield runner
+    runner.shutdown(10)
+
+
+def test_in_process_inserts_are_verified_against_the_runner_record(runner):
+    cache = PrefixCache(RunnerBackend(runner), max_entries=4)
+    italy = runner.open_session()
+    italy.generate_async(list(ITALY), GenConfig(max_new_tokens=1)).wait(10)
+    snapshot = italy.clone_async(len(ITALY)).result(10)
+    assert cache.insert_outcome(NS, FRANCE, snapshot).reason == InsertRefusal.CONTENT_MISMATCH
+    runner.flush(10)
+    assert not snapshot.valid
+    # the CLI path: capture at the prompt boundary, collect after the generation
+    france = runner.open_session()
+    capture = cache.capture_prompt(france, FRANCE)
+    france.generate_async(list(FRANCE), GenConfig(max_new_tokens=3), capture.wrap(None)).wait(10)
+    assert capture.collect(NS) == 1 and cache.lookup(NS, FRANCE) is not None
+
+
+def test_in_process_capture_after_a_prepared_input_is_refused(runner):
+    cache = PrefixCache(RunnerBackend(runner), max_entries=4)
+    session = runner.open_session()
+    first = session.generate_async([1, 2, 3], GenConfig(max_new_tokens=1)).wait(10)
+    prompt = (1, 2, 3, first.tokens[-1], 0, 0)  # what a token key would have to guess
+    capture = cache.capture_prompt(session, prompt)
+    session.generate_async(FakePrepared((5, 6)), GenConfig(max_new_tokens=2), capture.wrap(None)).wait(10)
+    assert capture.collect(NS) == 0 and cache.stats().refusals == {"prepared_input": 1}
