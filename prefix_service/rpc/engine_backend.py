@@ -85,12 +85,18 @@ class EngineBackend:
         self.instance_id = ""
         self._fingerprint = ""
 
-    def call(self, method: Callable[..., Reply], request: Message, owner: str | None = None) -> Reply:
+    def call(self, method: Callable[..., Reply], request: Message, owner: str | None = None, *,
+             release: bool = False) -> Reply:
         """A unary engine call as ``owner`` (default: this backend); errors as forkline errors. For a
-        caller it forwards the caller's own credential when it authenticated here (rpc/auth.py)."""
+        caller it forwards the caller's own credential when it authenticated here (rpc/auth.py).
+
+        ``release``: a Close that cleans up after the caller (e.g. the clone of a lookup whose caller
+        already left) runs on the backend's own timeout, not the caller's spent deadline, and does not
+        wait for a down engine (whose restart releases everything anyway)."""
         metadata = self.metadata if owner is None else on_behalf_of(owner)
+        options = {"timeout": self.timeout} if release else self.call_options(self.timeout)
         try:
-            return method(request, metadata=metadata, **self.call_options(self.timeout))
+            return method(request, metadata=metadata, **options)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
 
@@ -159,7 +165,7 @@ class EngineBackend:
         return convert.taken_clone(reply)
 
     def close_as(self, session: str, owner: str | None = None) -> None:
-        self.call(self.stub.Close, pb.CloseRequest(session=session), owner)
+        self.call(self.stub.Close, pb.CloseRequest(session=session), owner, release=True)
 
     def generate(self, request: EngineGenerate) -> RemoteStream:
         call = self.stub.Generate(convert.engine_request(request), metadata=self.metadata, **self.call_options(None))
@@ -186,7 +192,7 @@ class EngineBackend:
         if handle_instance(handle) != self.instance_id:
             return  # issued by an engine that is gone: nothing to release
         with contextlib.suppress(NotFound):
-            self.call(self.stub.Close, pb.CloseRequest(session=handle))
+            self.call(self.stub.Close, pb.CloseRequest(session=handle), release=True)
 
     def position(self, handle: str) -> int:
         with self._lock:
