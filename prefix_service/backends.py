@@ -146,12 +146,14 @@ class TakenClone:
 
 @dataclass(frozen=True)
 class TextPrompt:
-    """A prompt as text; the engine tokenizes it (chat-formatted first when ``chat``)."""
+    """A prompt as text; the engine tokenizes it (chat-formatted first when ``chat``: [system] + user
+    ``text``, or, when ``messages`` holds (role, content) pairs, that whole conversation)."""
 
     text: str
     chat: bool = False
     system: str = ""
     add_special_tokens: bool = False
+    messages: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -31,16 +31,26 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TextInput(_message.Message):
-    __slots__ = ("text", "chat", "system", "add_special_tokens")
+    __slots__ = ("text", "chat", "system", "add_special_tokens", "messages")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
     SYSTEM_FIELD_NUMBER: _ClassVar[int]
     ADD_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
     text: str
     chat: bool
     system: str
     add_special_tokens: bool
-    def __init__(self, text: _Optional[str] = ..., chat: _Optional[bool] = ..., system: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ...) -> None: ...
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    def __init__(self, text: _Optional[str] = ..., chat: _Optional[bool] = ..., system: _Optional[str] = ..., add_special_tokens: _Optional[bool] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class PreparedInput(_message.Message):
     __slots__ = ("kind", "payload", "shape")

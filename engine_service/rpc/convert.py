@@ -63,16 +63,19 @@ def token_ids(ids: Sequence[int], vocab_size: int, field: str = "tokens") -> lis
 
 
 def text_tokens(msg: pb.TextInput, tokenizer: Tokenizer, chat: ChatFormatter | None) -> list[int]:
-    """Tokenize a TextInput (chat-formatted first when ``msg.chat``)."""
+    """Tokenize a TextInput (chat-formatted first when ``msg.chat``: [system] + user(text), or the
+    whole conversation in ``msg.messages``)."""
     if msg.chat:
         if chat is None:
             raise InvalidArgument("text.chat: this model has no chat template")
-        messages = ([{"role": "system", "content": msg.system}] if msg.system else []) + [
-            {"role": "user", "content": msg.text}
-        ]
+        if msg.messages and (msg.text or msg.system):
+            raise InvalidArgument("text.messages replaces text.text and text.system: send one or the other")
+        messages = [{"role": m.role, "content": m.content} for m in msg.messages] or (
+            ([{"role": "system", "content": msg.system}] if msg.system else []) + [{"role": "user", "content": msg.text}]
+        )
         return list(tokenizer.encode(chat.format(messages, add_generation_prompt=True), add_special_tokens=False))
-    if msg.system:
-        raise InvalidArgument("text.system is only used with text.chat = true")
+    if msg.system or msg.messages:
+        raise InvalidArgument(f"text.{'system' if msg.system else 'messages'} is only used with text.chat = true")
     return list(tokenizer.encode(msg.text, add_special_tokens=msg.add_special_tokens))
 
 

@@ -2,9 +2,9 @@
 
 Decisions where OpenAI's API and forkline differ (the README repeats them):
 
-- ``messages`` go through the model's chat template in the engine (the engine owns the tokenizer and
-  template). ``developer`` is a system message; content parts must be ``text`` parts (joined with
-  newlines); ``tool`` messages and ``tools`` are refused.
+- ``messages`` (the whole conversation, any number of turns) go through the model's chat template in
+  the engine (the engine owns the tokenizer and template). ``developer`` is a system message; content
+  parts must be ``text`` parts (joined with newlines); ``tool`` messages and ``tools`` are refused.
 - ``max_tokens`` / ``max_completion_tokens`` absent: generate until end-of-sequence or until the
   engine session is full (OpenAI's "up to the context length"). ``temperature`` absent: 1.0 and
   ``top_p`` 1.0, OpenAI's defaults. ``seed`` absent: a fresh random seed per request.
@@ -48,15 +48,9 @@ FINISH_REASONS = {"stop": "stop", "length": "length"}  # engine -> OpenAI; "canc
 
 
 def chat_prompt(messages: Sequence[ChatMessage]) -> TextPrompt:
-    """The conversation as the engine's chat input: [system] + one user message."""
-    turns = [(_role(m, i), _content(m, i)) for i, m in enumerate(messages)]
-    system = ""
-    if turns[0][0] == "system" and len(turns) > 1:
-        system = turns.pop(0)[1]
-    if len(turns) == 1 and turns[0][0] == "user":
-        return TextPrompt(turns[0][1], chat=True, system=system)
-    raise BadField("messages", "multi-turn conversations are not served yet: send an optional system "
-                               "message and one user message")
+    """The whole conversation as the engine's chat input (the engine renders it with the template)."""
+    turns = tuple((_role(m, i), _content(m, i)) for i, m in enumerate(messages))
+    return TextPrompt("", chat=True, messages=turns)
 
 
 def _role(message: ChatMessage, index: int) -> str:

@@ -43,7 +43,8 @@ def prompt(request: pb.LookupRequest | pb.GatewayGenerateRequest) -> Prompt:
 
 
 def text_prompt(msg: epb.TextInput) -> TextPrompt:
-    return TextPrompt(msg.text, msg.chat, msg.system, msg.add_special_tokens)
+    messages = tuple((m.role, m.content) for m in msg.messages)
+    return TextPrompt(msg.text, msg.chat, msg.system, msg.add_special_tokens, messages)
 
 
 def gateway_request(request: pb.GatewayGenerateRequest) -> GatewayRequest:
@@ -119,7 +120,8 @@ def engine_info(info: epb.InfoResponse) -> EngineInfo:
 
 
 def text_input(text: TextPrompt) -> epb.TextInput:
-    return epb.TextInput(text=text.text, chat=text.chat, system=text.system, add_special_tokens=text.add_special_tokens)
+    return epb.TextInput(text=text.text, chat=text.chat, system=text.system, add_special_tokens=text.add_special_tokens,
+                         messages=[epb.ChatMessage(role=role, content=content) for role, content in text.messages])
 
 
 def generation_config(config: GenConfig, ignore_eos: bool) -> epb.GenerationConfig:

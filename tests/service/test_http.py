@@ -131,6 +131,41 @@ def test_completions_text_tokens_and_stream(client) -> None:
     assert by_ids.usage.prompt_tokens_details.cached_tokens == len(ids) - 1
 
 
+def test_multi_turn_chat_reuses_the_earlier_turns(door, client) -> None:
+    """The whole conversation goes through the template; the next turn's prompt extends the stored
+    prompt of the previous one, so everything up to its generation prompt is reused."""
+    first = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4, temperature=0)
+    answer = first.choices[0].message.content
+    conversation = QUESTION + [{"role": "assistant", "content": answer}, {"role": "user", "content": "Why?"}]
+    second = client.chat.completions.create(model=MODEL, messages=conversation, max_tokens=4,
+                                            temperature=0)
+    rendered = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in conversation)
+    assert second.usage.prompt_tokens == len(rendered + "<|im_start|>assistant\n")
+    assert second.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens
+
+
+def test_messages_travel_through_the_engine_api(door) -> None:
+    """TextInput.messages on gRPC: rendered by the engine's template; mixed with text/system or
+    without chat it is refused naming the field."""
+    import grpc
+
+    from protos import engine_pb2 as pb
+    from protos import engine_pb2_grpc
+
+    engine = door[0]
+    turns = [pb.ChatMessage(role="user", content="Hi"), pb.ChatMessage(role="assistant", content="Yo")]
+    with grpc.insecure_channel(engine.address) as channel:
+        stub = engine_pb2_grpc.EngineStub(channel)
+        ids = stub.Tokenize(pb.TokenizeRequest(text=pb.TextInput(chat=True, messages=turns))).ids
+        assert "".join(map(chr, ids)) == ("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nYo<|im_end|>\n"
+                                          "<|im_start|>assistant\n")
+        for bad, field in ((pb.TextInput(chat=True, text="x", messages=turns), "text.messages"),
+                           (pb.TextInput(messages=turns), "text.messages")):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Tokenize(pb.TokenizeRequest(text=bad))
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in info.value.details()
+
+
 def test_models_and_health(shared_base) -> None:
     assert [m.id for m in sdk(shared_base).models.list()] == [MODEL]
     assert httpx.get(shared_base + "/health").json() == {"status": "ok"}
