@@ -6,7 +6,8 @@ prefix service's gRPC gateway, same engine, same prompt, same run.
    ``stream: true`` (httpx, server-sent events parsed by the caller), interleaved, best of --runs each.
    Tokens/s from request to last token and time to the first content token, both timed by the caller.
    Target: HTTP >= 0.9 x gRPC on both (TTFT: gRPC / HTTP >= 0.9).
-2. --clients concurrent clients on each door (one prompt each, all prefix hits): aggregate tokens/s.
+2. --clients concurrent clients on each door (one prompt each, all prefix hits): aggregate tokens/s,
+   the doors interleaved, best of two each.
 
 Prints one JSON object, writes bench/out/bench_http.json and bench/out/bench_http.png.
 Usage: .venv/bin/python bench/bench_http.py [--new-tokens 64] [--runs 5] [--clients 8]
@@ -138,8 +139,13 @@ def main() -> None:
         grpc_clients = [PrefixClient(f"127.0.0.1:{prefix_port}", owner=f"bench-{i}") for i in range(args.clients)]
         http_clients = [httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=300)
                         for _ in range(args.clients)]
-        grpc_agg = concurrent(lambda i: grpc_run(grpc_clients[i], prompts[i], args.new_tokens), args.clients)
-        http_agg = concurrent(lambda i: http_run(http_clients[i], prompts[i], args.new_tokens), args.clients)
+        grpc_aggs, http_aggs = [], []
+        for _ in range(2):  # interleaved, best of two each
+            grpc_aggs.append(concurrent(lambda i: grpc_run(grpc_clients[i], prompts[i], args.new_tokens),
+                                        args.clients))
+            http_aggs.append(concurrent(lambda i: http_run(http_clients[i], prompts[i], args.new_tokens),
+                                        args.clients))
+        grpc_agg, http_agg = max(grpc_aggs), max(http_aggs)
         results |= {
             "clients": args.clients,
             "grpc_aggregate_tokens_per_s": round(grpc_agg, 2),
