@@ -218,6 +218,59 @@ def test_bearer_tokens_map_to_owners(engine_factory, prefix_factory) -> None:
     assert answer.usage.completion_tokens == 2
 
 
+def test_real_tokens_are_forwarded_and_https_uses_the_grpc_certificate(tmp_path) -> None:
+    """The services' own token tables: an HTTP caller's token is forwarded to the engine (which knows
+    alice, not carol: carol passes the prefix service but the engine refuses her, 401), over HTTPS
+    with the gRPC side's certificate."""
+    import ssl
+
+    from engine_service.auth import TokenTable
+    from engine_service.model.chat import ChatFormatter
+    from engine_service.model.random_init import random_model
+    from engine_service.rpc.auth import ClientSecurity, ServerSecurity
+    from engine_service.rpc.server import create_server
+    from engine_service.rpc.servicer import EngineDeps
+    from prefix_service.rpc.server import connect_engine
+    from prefix_service.rpc.server import create_server as create_prefix_server
+    from tests.service.conftest import char_tokenizer
+    from tests.service.pki import write_test_pki
+
+    def table(name: str, pairs: dict[str, str]) -> TokenTable:
+        (tmp_path / name).write_text("".join(f"{token} {owner}\n" for token, owner in pairs.items()))
+        return TokenTable.load(str(tmp_path / name))
+
+    service_token, carol = "prefix-service-0123456789", "carol-token-0123456789"
+    prefix_tokens = table("prefix.txt", {TOKEN: "alice", carol: "carol"})
+    engine_security = ServerSecurity(table("engine.txt", {TOKEN: "alice", service_token: "prefix-service"}))
+    pki = write_test_pki(tmp_path)
+    deps = EngineDeps.build(random_model("FRFR", 4, 0), char_tokenizer(), model_name="tiny",
+                            chat=ChatFormatter(name="chatml"), max_sessions=8, max_session_tokens=256,
+                            prefill_chunk=64)
+    engine, engine_port = create_server(deps, "127.0.0.1:0", security=engine_security)
+    gateway, channel = connect_engine(f"127.0.0.1:{engine_port}", engine_security=ClientSecurity(service_token))
+    prefix, _ = create_prefix_server(gateway, "127.0.0.1:0", channel=channel,
+                                     security=ServerSecurity(prefix_tokens))
+    try:
+        port = prefix.start_http("127.0.0.1", 0, auth=prefix_tokens, tls_cert=pki.server_cert,
+                                 tls_key=pki.server_key)
+
+        def client(token: str) -> openai.OpenAI:
+            https = httpx.Client(verify=ssl.create_default_context(cafile=pki.ca))
+            return openai.OpenAI(base_url=f"https://127.0.0.1:{port}/v1", api_key=token, max_retries=0,
+                                 http_client=https)
+
+        answer = client(TOKEN).chat.completions.create(model="tiny", messages=QUESTION, max_tokens=2)
+        assert answer.usage.completion_tokens == 2
+        assert [m.id for m in client(carol).models.list()] == ["tiny"]  # the door lets carol in...
+        with pytest.raises(openai.AuthenticationError):  # ...the engine, checking her token, does not
+            client(carol).chat.completions.create(model="tiny", messages=QUESTION, max_tokens=2)
+        with pytest.raises(httpx.TransportError):  # plaintext to the HTTPS port
+            httpx.get(f"http://127.0.0.1:{port}/health").raise_for_status()
+    finally:
+        prefix.stop(0)
+        engine.stop(0, shutdown_runner=True)
+
+
 # -- raw HTTP ---------------------------------------------------------------------------------------
 
 
