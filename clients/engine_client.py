@@ -39,6 +39,22 @@ class GenerationOutcome:
 
 
 @dataclass(frozen=True)
+class OwnerQuota:
+    """What this client's owner holds in the engine (sessions, positions: live and held, reservations
+    included) and may hold (0: unlimited); the engine's client quota and persistent budget."""
+
+    sessions: int = 0
+    positions: int = 0
+    max_sessions: int = 0
+    max_positions: int = 0
+    persistent: bool = False
+    owner_max_sessions: int = 0
+    owner_max_positions: int = 0
+    persistent_owner_max_sessions: int = 0
+    persistent_owner_max_positions: int = 0
+
+
+@dataclass(frozen=True)
 class EngineInfo:
     model: str
     fingerprint: str
@@ -51,6 +67,7 @@ class EngineInfo:
     resident_sessions: int
     open_handles: int
     eos_token_ids: tuple[int, ...]
+    quota: OwnerQuota = field(default_factory=OwnerQuota)  # this client's owner in the engine
 
 
 class GenerationStream:
@@ -169,8 +186,9 @@ class EngineClient(ChannelClient):
     def close(self, session: str) -> None:
         self._unary(self.stub.Close, pb.CloseRequest(session=session))
 
-    def release_owner(self) -> int:
-        return self._unary(self.stub.ReleaseOwner, pb.ReleaseOwnerRequest()).released
+    def release_owner(self, keep: Sequence[str] = ()) -> int:
+        """Close every session this owner holds except ``keep``; how many were closed."""
+        return self._unary(self.stub.ReleaseOwner, pb.ReleaseOwnerRequest(keep=list(keep))).released
 
     def describe(self, session: str) -> tuple[int, bool]:
         """(committed position, generating)."""
@@ -179,9 +197,13 @@ class EngineClient(ChannelClient):
 
     def info(self) -> EngineInfo:
         r = self._unary(self.stub.Info, pb.InfoRequest())
-        return EngineInfo(r.model, r.fingerprint, r.cache_kind, r.instance_id, r.limits.max_sessions,
-                          r.limits.max_session_tokens, r.limits.vocab_size, r.limits.idle_session_timeout_s,
-                          r.resident_sessions, r.open_handles, tuple(r.eos_token_ids))
+        limits, caller = r.limits, r.caller
+        quota = OwnerQuota(caller.sessions, caller.positions, caller.max_sessions, caller.max_positions,
+                           caller.persistent, limits.owner_max_sessions, limits.owner_max_positions,
+                           limits.persistent_owner_max_sessions, limits.persistent_owner_max_positions)
+        return EngineInfo(r.model, r.fingerprint, r.cache_kind, r.instance_id, limits.max_sessions,
+                          limits.max_session_tokens, limits.vocab_size, limits.idle_session_timeout_s,
+                          r.resident_sessions, r.open_handles, tuple(r.eos_token_ids), quota)
 
     def tokenize(self, text: str, *, chat: bool = False, system: str = "", add_special_tokens: bool = False) -> list[int]:
         msg = pb.TextInput(text=text, chat=chat, system=system, add_special_tokens=add_special_tokens)

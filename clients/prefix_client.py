@@ -38,8 +38,8 @@ class LookupResult:
 class InsertResult:
     """stored, or the reason it was not: "unspecified" when stored, else "content_mismatch" (the
     session does not hold these tokens) | "prepared_input" | "position_mismatch" | "duplicate" |
-    "clone_refused" | "disabled" | "invalid_snapshot" | "evicted" (``unknown_<n>`` for a reason this
-    client does not know)."""
+    "clone_refused" | "disabled" | "invalid_snapshot" | "evicted" | "over_budget" (``unknown_<n>``
+    for a reason this client does not know)."""
 
     stored: bool
     reason: str
@@ -57,6 +57,13 @@ class PrefixStats:
     policy: str
     reused_positions: int
     refusals: dict[str, int] = field(default_factory=dict)  # inserts / clones turned down, by reason
+    # the budget: max_entries above is the effective bound (min of --max_entries and the engine share)
+    max_positions: int = 0
+    positions: int = 0  # held by the entries now
+    engine_share: float = 0.0
+    pressure_evictions: int = 0  # entries evicted because a live request found the engine full
+    pressure_retries: int = 0
+    reclaimed: int = 0  # unknown handles under the service's owner released
 
 
 class PrefixClient(ChannelClient):
@@ -93,7 +100,8 @@ class PrefixClient(ChannelClient):
     def stats(self) -> PrefixStats:
         s = self._unary(self.stub.Stats, pb.StatsRequest())
         return PrefixStats(s.entries, s.max_entries, s.hits, s.misses, s.inserts, s.dropped_on_restart,
-                           s.engine_instance_id, s.policy, s.reused_positions, dict(s.refusals))
+                           s.engine_instance_id, s.policy, s.reused_positions, dict(s.refusals), s.max_positions,
+                           s.positions, s.engine_share, s.pressure_evictions, s.pressure_retries, s.reclaimed)
 
     def clear(self) -> int:
         return self._unary(self.stub.Clear, pb.ClearRequest()).released

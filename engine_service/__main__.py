@@ -8,6 +8,12 @@ in flight get --grace seconds, then every session is closed and the engine threa
 With --auth_tokens every call needs a bearer token and runs as the token's owner (SIGHUP re-reads the
 file); --tls_cert / --tls_key serve TLS, --tls_client_ca also requires client certificates. Without
 them owners are self-declared (a warning is logged when listening on a non-loopback address).
+
+Quotas: each client owner holds at most --owner_max_sessions resident sessions (live generations
+count, as do kept sessions, clones and snapshots) and --owner_max_positions positions; each
+--persistent_owner (the prefix service) has --persistent_owner_share of the engine's sessions and
+positions instead. Over quota is RESOURCE_EXHAUSTED naming the quota. Idle client handles expire
+after --idle_session_timeout; a persistent owner's never do.
 """
 
 from __future__ import annotations
@@ -27,7 +33,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle_session_timeout", metavar="SECONDS", type=float, default=300.0,
                    help="seconds after which an idle client session handle expires; 0: never (default: %(default)s)")
     p.add_argument("--persistent_owner", action="append", default=None, metavar="OWNER",
-                   help="an owner whose handles never expire; repeatable (default: prefix-service)")
+                   help="an owner whose handles never expire and who has the persistent budget instead of the "
+                        "client quota; repeatable (default: prefix-service)")
+    p.add_argument("--owner_max_sessions", metavar="N", type=int, default=None,
+                   help="resident sessions one client owner may hold, live or kept (clones and snapshots "
+                        "included); 0: no limit (default: a quarter of --max_sessions, at least 1)")
+    p.add_argument("--owner_max_positions", metavar="N", type=int, default=None,
+                   help="positions one client owner's sessions may hold together (a generation counts "
+                        "position + input + max_new_tokens while it runs); 0: no limit "
+                        "(default: owner_max_sessions * max_session_tokens / 2)")
+    p.add_argument("--persistent_owner_share", metavar="F", type=float, default=0.5,
+                   help="share of the engine's sessions and positions each persistent owner (the prefix "
+                        "service) may hold, in [0, 1]; 0: no limit (default: %(default)s)")
     p.add_argument("--prepared_inputs", action="store_true",
                    help="also accept prepared 'embeddings' inputs (EmbeddingsExecutor); off by default")
     add_serving_arguments(p, default_port=50051)
@@ -41,12 +58,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def start_engine(args: argparse.Namespace):
     """Load the model, start the engine thread and the gRPC server: (EngineServer, bound port)."""
+    from engine_service.handles import engine_quotas
     from engine_service.model.loader import load_model
     from engine_service.rpc.server import create_server
     from engine_service.rpc.service_main import server_security
     from engine_service.rpc.servicer import EngineDeps
 
     security = server_security(args)  # a bad token file or TLS flag fails before the model loads
+    quota, persistent_quota = engine_quotas(  # bad quota flags fail before the model loads too
+        args.max_sessions, args.max_session_tokens, owner_max_sessions=args.owner_max_sessions,
+        owner_max_positions=args.owner_max_positions, persistent_owner_share=args.persistent_owner_share)
     loaded = load_model(args.model, args.weights_dtype)
     deps = EngineDeps.build(
         loaded,
@@ -61,6 +82,8 @@ def start_engine(args: argparse.Namespace):
         idle_timeout_s=args.idle_session_timeout,
         persistent_owners=tuple(args.persistent_owner or ("prefix-service",)),
         prepared_inputs=args.prepared_inputs,
+        quota=quota,
+        persistent_quota=persistent_quota,
     )
     return create_server(deps, f"{args.host}:{args.port}", security=security)
 

@@ -12,6 +12,13 @@ removes handles idle for longer than ``idle_timeout_s`` and returns their values
 close them. A *pinned* handle (e.g. its session is generating) never expires; expiry counts from the
 unpin.
 
+Quotas (``OwnerQuota``): every entry weighs one session and a number of positions (its caller says how
+many: a held session its position, a generation what it may reach). An owner's entries together stay
+within its quota -- ``quota`` for clients, ``persistent_quota`` for each persistent owner -- or the
+call that would exceed it raises :class:`QuotaExceeded` (a ResourceExhausted naming the quota) before
+anything is allocated: :meth:`HandleRegistry.reserve` counts a handle whose value is still being made
+(a *pending* entry: unresolvable, never expired), :meth:`HandleRegistry.fill` gives it its value.
+
 The registry is thread-safe and holds arbitrary values; it knows nothing about sessions or gRPC.
 """
 
@@ -21,11 +28,11 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
-from engine_service.errors import InvalidArgument, NotFound
+from engine_service.errors import InvalidArgument, NotFound, ResourceExhausted
 
 T = TypeVar("T")
 
@@ -45,12 +52,91 @@ def handle_instance(handle: str) -> str | None:
     return match.group(1) if match else None
 
 
+@dataclass(frozen=True)
+class OwnerQuota:
+    """What one owner may hold at most: resident sessions and positions (0: unlimited)."""
+
+    max_sessions: int = 0
+    max_positions: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_sessions", "max_positions"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise InvalidArgument(f"{name} must be an int >= 0, got {value!r}")
+
+
+NO_QUOTA = OwnerQuota()
+DEFAULT_PERSISTENT_SHARE = 0.5
+
+
+def engine_quotas(max_sessions: int, max_session_tokens: int, *, owner_max_sessions: int | None = None,
+                  owner_max_positions: int | None = None,
+                  persistent_owner_share: float = DEFAULT_PERSISTENT_SHARE) -> tuple[OwnerQuota, OwnerQuota]:
+    """The engine's (client quota, persistent owners' budget) from its limits and the flags.
+
+    Defaults: a client holds at most a quarter of the sessions (``max(1, max_sessions // 4)``) and half
+    the positions those sessions could hold (``owner_max_sessions * max_session_tokens // 2``: long
+    sessions count for more); 0 turns either off. A persistent owner (the prefix service) gets
+    ``persistent_owner_share`` of the sessions and of the positions (``max_sessions *
+    max_session_tokens``), at least one session; share 0 turns its budget off.
+    """
+    if not 0 <= persistent_owner_share <= 1:
+        raise InvalidArgument(f"persistent_owner_share must be in [0, 1], got {persistent_owner_share}")
+    sessions = max(1, max_sessions // 4) if owner_max_sessions is None else owner_max_sessions
+    positions = sessions * max_session_tokens // 2 if owner_max_positions is None else owner_max_positions
+    if persistent_owner_share == 0:
+        return OwnerQuota(sessions, positions), NO_QUOTA
+    shared = max(1, int(persistent_owner_share * max_sessions + 1e-9))
+    return OwnerQuota(sessions, positions), OwnerQuota(
+        shared, max(max_session_tokens, int(persistent_owner_share * max_sessions * max_session_tokens + 1e-9)))
+
+
+@dataclass(frozen=True)
+class OwnerUsage:
+    """What ``owner`` holds now (reservations included) and its quota."""
+
+    owner: str
+    persistent: bool
+    sessions: int
+    positions: int
+    quota: OwnerQuota
+
+
+class QuotaExceeded(ResourceExhausted):
+    """An owner's quota has no room for what a call needs; the message names the quota (the flag)."""
+
+    def __init__(self, owner: str, held: int, unit: str, name: str, limit: int, need: int = 1) -> None:
+        more = f" and needs {need} more" if unit == "positions" else ""
+        super().__init__(f"owner '{owner}' holds {held} {unit}{more}, {name}={limit}")
+        self.owner = owner
+        self.quota_name = name
+
+
+_QUOTA_RE = re.compile(r"^owner '(.*)' holds \d+ (?:sessions|positions)(?: and needs \d+ more)?, "
+                       r"(?:persistent_)?owner_max_(?:sessions|positions)=\d+$", re.DOTALL)
+
+
+def quota_owner(message: str) -> str | None:
+    """The owner a :class:`QuotaExceeded` message is about (e.g. as a RESOURCE_EXHAUSTED status's
+    details came over the wire), or None for any other message."""
+    match = _QUOTA_RE.match(message)
+    return match.group(1) if match else None
+
+
 @dataclass
 class _Entry(Generic[T]):
-    value: T
+    value: T | None  # None while pending
     owner: str
     last_used: float
     pins: int = 0
+    positions: int = 0
+    pending: bool = False
+
+
+def _value(entry: _Entry[T]) -> T:
+    """The value of an entry that is not pending."""
+    return cast(T, entry.value)
 
 
 @dataclass(frozen=True)
@@ -66,12 +152,15 @@ class Released(Generic[T]):
 class HandleRegistry(Generic[T]):
     """Maps handles to values, per owner. ``idle_timeout_s`` 0 disables expiry; handles of
     ``persistent_owners`` (services that hold snapshots on purpose, e.g. the prefix service, which
-    releases its leftovers itself at start) never expire."""
+    releases its leftovers itself at start) never expire. ``quota`` bounds what each client owner
+    holds, ``persistent_quota`` what each persistent owner holds (see the module docstring)."""
 
     instance_id: str = field(default_factory=new_instance_id)
     idle_timeout_s: float = 0.0
     clock: Callable[[], float] = time.monotonic
     persistent_owners: frozenset[str] = frozenset()
+    quota: OwnerQuota = NO_QUOTA  # each client owner's
+    persistent_quota: OwnerQuota = NO_QUOTA  # each persistent owner's
 
     def __post_init__(self) -> None:
         if not _INSTANCE_RE.match(self.instance_id):
@@ -82,19 +171,76 @@ class HandleRegistry(Generic[T]):
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry[T]] = {}
 
-    def register(self, value: T, owner: str) -> str:
-        """A new handle for ``value`` owned by ``owner``."""
+    def register(self, value: T, owner: str, positions: int = 0) -> str:
+        """A new handle for ``value`` owned by ``owner``, weighing ``positions`` (QuotaExceeded when
+        the owner's quota has no room)."""
+        handle = self.reserve(owner, positions)
+        self.fill(handle, value)
+        return handle
+
+    def reserve(self, owner: str, positions: int = 0) -> str:
+        """A pending handle for a value still to be made (:meth:`fill` it, or :meth:`discard` it): it
+        counts against ``owner``'s quota now (QuotaExceeded when there is no room)."""
         if not owner:
             raise InvalidArgument("owner must be a non-empty string")
         handle = f"{self.instance_id}.{secrets.token_hex(HANDLE_RANDOM_BITS // 8)}"
         with self._lock:
-            self._entries[handle] = _Entry(value, owner, self.clock())
+            self._check(owner, 1, positions)
+            self._entries[handle] = _Entry(None, owner, self.clock(), positions=positions, pending=True)
         return handle
+
+    def fill(self, handle: str, value: T) -> bool:
+        """Give a reserved handle its value; False when the reservation is gone (its owner released
+        everything meanwhile, or shutdown): the caller then closes ``value``."""
+        with self._lock:
+            entry = self._entries.get(handle)
+            if entry is None or not entry.pending:
+                return False
+            entry.value, entry.pending, entry.last_used = value, False, self.clock()
+            return True
+
+    def weigh(self, handle: str, positions: int, *, check: bool = False) -> None:
+        """Set how many positions the handle weighs (e.g. a generation starting on it: what it may
+        reach; its end: its position). With ``check``, QuotaExceeded when its owner's quota has no room
+        for the new weight (the weight is then unchanged). A removed handle is ignored."""
+        with self._lock:
+            entry = self._entries.get(handle)
+            if entry is None:
+                return
+            if check and positions > entry.positions:
+                self._check(entry.owner, 0, positions - entry.positions)
+            entry.positions = positions
+
+    def quota_for(self, owner: str) -> OwnerQuota:
+        return self.persistent_quota if owner in self.persistent_owners else self.quota
+
+    def usage(self, owner: str) -> OwnerUsage:
+        with self._lock:
+            sessions, positions = self._held(owner)
+        return OwnerUsage(owner, owner in self.persistent_owners, sessions, positions, self.quota_for(owner))
+
+    def _held(self, owner: str) -> tuple[int, int]:
+        """(sessions, positions) ``owner`` holds, reservations included (lock held)."""
+        mine = [e.positions for e in self._entries.values() if e.owner == owner]
+        return len(mine), sum(mine)
+
+    def _check(self, owner: str, sessions: int, positions: int) -> None:
+        """QuotaExceeded unless ``owner`` has room for ``sessions`` more and ``positions`` more (lock held)."""
+        quota = self.quota_for(owner)
+        if not (quota.max_sessions or quota.max_positions):
+            return
+        prefix = "persistent_" if owner in self.persistent_owners else ""
+        held, weight = self._held(owner)
+        if sessions and quota.max_sessions and held + sessions > quota.max_sessions:
+            raise QuotaExceeded(owner, held, "sessions", f"{prefix}owner_max_sessions", quota.max_sessions)
+        if positions and quota.max_positions and weight + positions > quota.max_positions:
+            raise QuotaExceeded(owner, weight, "positions", f"{prefix}owner_max_positions", quota.max_positions,
+                                positions)
 
     def _entry(self, handle: str, owner: str) -> _Entry[T]:
         """The live entry (lock held) or NotFound with a message that leaks nothing about other owners."""
         entry = self._entries.get(handle) if isinstance(handle, str) else None
-        if entry is None or entry.owner != owner:
+        if entry is None or entry.owner != owner or entry.pending:
             if isinstance(handle, str) and (inst := handle_instance(handle)) and inst != self.instance_id:
                 raise NotFound(f"session {handle!r} was issued by engine instance {inst}, "
                                f"this is {self.instance_id} (the engine restarted)")
@@ -106,7 +252,7 @@ class HandleRegistry(Generic[T]):
         with self._lock:
             entry = self._entry(handle, owner)
             entry.last_used = self.clock()
-            return entry.value
+            return _value(entry)  # a pending entry never resolves
 
     def pin(self, handle: str, owner: str) -> T:
         """Resolve and keep the handle from expiring until :meth:`unpin`."""
@@ -114,7 +260,7 @@ class HandleRegistry(Generic[T]):
             entry = self._entry(handle, owner)
             entry.pins += 1
             entry.last_used = self.clock()
-            return entry.value
+            return _value(entry)
 
     def unpin(self, handle: str) -> None:
         """Undo one :meth:`pin`; a removed handle is ignored."""
@@ -128,24 +274,27 @@ class HandleRegistry(Generic[T]):
         """Forget the handle and return its value (the caller closes it)."""
         with self._lock:
             self._entry(handle, owner)
-            return self._entries.pop(handle).value
+            return _value(self._entries.pop(handle))
 
     def discard(self, handle: str) -> T | None:
-        """Forget the handle whoever owns it (internal cleanup); None when already gone."""
+        """Forget the handle (or reservation) whoever owns it (internal cleanup); None when already
+        gone or still pending."""
         with self._lock:
             entry = self._entries.pop(handle, None)
         return None if entry is None else entry.value
 
-    def release_owner(self, owner: str) -> list[Released[T]]:
-        """Forget every handle ``owner`` holds and return them."""
+    def release_owner(self, owner: str, keep: Collection[str] = ()) -> list[Released[T]]:
+        """Forget every handle ``owner`` holds, except those in ``keep`` and the reservations of calls
+        in flight, and return them."""
+        keep = frozenset(keep)
         with self._lock:
-            gone = [h for h, e in self._entries.items() if e.owner == owner]
-            return [Released(h, owner, self._entries.pop(h).value) for h in gone]
+            gone = [h for h, e in self._entries.items() if e.owner == owner and not e.pending and h not in keep]
+            return [Released(h, owner, _value(self._entries.pop(h))) for h in gone]
 
     def release_all(self) -> list[Released[T]]:
-        """Forget every handle (shutdown)."""
+        """Forget every handle and reservation (shutdown); returns the handles."""
         with self._lock:
-            gone = [Released(h, e.owner, e.value) for h, e in self._entries.items()]
+            gone = [Released(h, e.owner, _value(e)) for h, e in self._entries.items() if not e.pending]
             self._entries.clear()
         return gone
 
@@ -158,14 +307,16 @@ class HandleRegistry(Generic[T]):
             gone = [
                 h
                 for h, e in self._entries.items()
-                if e.pins == 0 and e.last_used < deadline and e.owner not in self.persistent_owners
+                if e.pins == 0 and not e.pending and e.last_used < deadline and e.owner not in self.persistent_owners
             ]
             return [Released(h, self._entries[h].owner, self._entries.pop(h).value) for h in gone]
 
     def __len__(self) -> int:
+        """Live handles (reservations excluded)."""
         with self._lock:
-            return len(self._entries)
+            return sum(1 for e in self._entries.values() if not e.pending)
 
     def count(self, owner: str) -> int:
+        """Live handles ``owner`` holds (reservations excluded)."""
         with self._lock:
-            return sum(1 for e in self._entries.values() if e.owner == owner)
+            return sum(1 for e in self._entries.values() if e.owner == owner and not e.pending)

@@ -35,13 +35,15 @@ class Snapshot:
     """A session holding ``[0, position)`` cloned for the caller (``handle`` None: refused, see
     ``refusal``). ``kind``: ``snapshot_kinds.PROMPT`` or ``BREAKPOINT``. ``content_digest``: the
     engine's ``content.content_digest`` of what the session holds (None when refused, or when it
-    holds a prepared input)."""
+    holds a prepared input). ``reason``: why it was refused (a ``runtime.clone.CloneRefusal`` value;
+    None when it was not)."""
 
     handle: str | None
     position: int
     kind: str
     refusal: str = ""
     content_digest: bytes | None = None
+    reason: str | None = None
 
 
 @dataclass(frozen=True)

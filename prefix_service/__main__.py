@@ -8,6 +8,12 @@ serves. SIGTERM / SIGINT drain, release every stored snapshot in the engine, and
 Auth flags as forkline-engine's (--auth_tokens, --tls_*). To an engine with tokens it sends its own
 token (--engine_token_file) for its snapshots and, for calls it makes on a caller's behalf, the
 caller's own token, so the engine's token file lists the clients' tokens too.
+
+Budget: the cache holds at most --engine_share of the engine's resident sessions and positions (and
+at most --max_entries entries, --max_positions positions), evicting by --policy to stay within it; a
+live gateway request that finds the engine full evicts one entry and retries once. Its snapshots in
+the engine never expire (the engine's --persistent_owner) and count against the engine's budget for
+that owner (--persistent_owner_share); gateway generations run as their caller, in the caller's quota.
 """
 
 from __future__ import annotations
@@ -27,6 +33,17 @@ def seconds(text: str) -> float:
     return value
 
 
+def share(text: str) -> float:
+    """argparse type: a share of the engine, in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     from engine_service.rpc.service_main import add_auth_arguments, add_serving_arguments, port_number
     from prefix_service.retention import policy_names
@@ -35,7 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engine", required=True, metavar="HOST:PORT", help="address of the forkline-engine (required)")
     p.add_argument("--max_entries", metavar="N", type=int, default=64,
-                   help="stored prompt snapshots at most; 0 disables storing (default: %(default)s)")
+                   help="stored prompt snapshots at most (also capped by --engine_share); 0 disables storing "
+                        "(default: %(default)s)")
+    p.add_argument("--max_positions", metavar="N", type=int, default=0,
+                   help="positions the stored snapshots may hold together (also capped by --engine_share); "
+                        "0: only the share bounds them (default: %(default)s)")
+    p.add_argument("--engine_share", metavar="F", type=share, default=0.5,
+                   help="share of the engine's resident sessions and positions this service may hold for its "
+                        "snapshots, in (0, 1] (default: %(default)s)")
     p.add_argument("--policy", default="lru", choices=policy_names(),
                    help="which entry is evicted when the cache is full (default: %(default)s)")
     p.add_argument("--owner", metavar="OWNER", default="prefix-service",
@@ -82,7 +106,8 @@ def connect_and_serve(args: argparse.Namespace):
     engine_security = ClientSecurity(token, args.engine_tls_ca, args.engine_tls_cert, args.engine_tls_key)
     deps, channel = connect_engine(args.engine, max_entries=args.max_entries, policy=args.policy,
                                    owner=args.owner, ready_timeout=args.engine_timeout,
-                                   engine_security=engine_security, outage_wait_s=args.engine_outage_wait)
+                                   engine_security=engine_security, outage_wait_s=args.engine_outage_wait,
+                                   engine_share=args.engine_share, max_positions=args.max_positions)
     server, port = create_server(deps, f"{args.host}:{args.port}", channel=channel, security=security)
     if args.http_port is not None:
         start_http(server, args, security.tokens)

@@ -128,12 +128,27 @@ class RunnerBackend:
 
 @dataclass(frozen=True)
 class EngineInfo:
-    """The engine's identity and the limits the gateway checks requests against."""
+    """The engine's identity, the limits the gateway checks requests against and its budget derives
+    from, and (``quota_*``, 0: unlimited) what the backend's own owner may hold there."""
 
     instance_id: str  # changes when the engine restarts: every handle of the old instance is dead
     fingerprint: str
     vocab_size: int
     max_session_tokens: int
+    max_sessions: int = 0  # 0: not reported
+    resident_sessions: int = 0
+    quota_sessions: int = 0
+    quota_positions: int = 0
+    persistent: bool | None = None  # whether the engine treats the backend's owner as persistent (None: unsaid)
+
+
+@dataclass(frozen=True)
+class Described:
+    """A caller's session as the engine describes it: its committed ``position`` and the digest of
+    what it holds (None while it generates, or when it holds a prepared input)."""
+
+    position: int
+    content_digest: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -162,7 +177,8 @@ class EngineGenerate:
 
     ``config.stop_tokens`` empty means the engine's EOS tokens stop the generation, unless
     ``ignore_eos``. ``prompt_snapshot``: the engine clones the session at the end of the prompt and
-    sends the handle (owned by the backend's owner) as a ``Snapshot`` event.
+    sends the handle (owned by the backend's owner) as a ``Snapshot`` event. ``owner``: the caller
+    the generation runs for (its session counts against that owner's engine quota; "": the backend).
     """
 
     session: str
@@ -170,6 +186,7 @@ class EngineGenerate:
     config: GenConfig
     ignore_eos: bool = False
     prompt_snapshot: bool = False
+    owner: str = ""
 
 
 class EngineStream(Protocol):
@@ -196,12 +213,13 @@ class GatewayBackend(SessionBackend, Protocol):
     ``clone`` gives new sessions to ``owner`` (a lookup clones for its caller).
     ``adopt(handle, position, content_digest)``: record a handle this backend owns (a snapshot
     event's) with what the engine reported it holds (``content_digest`` answers it afterwards).
-    ``tokenize(text, owner)``, ``describe(session, owner) -> position``: engine calls as ``owner``.
+    ``tokenize(text, owner)``, ``describe(session, owner) -> Described``: engine calls as ``owner``.
     ``take_clone(session, upto, owner, expected_digest)``: clone the caller's session (as ``owner``)
     into a session this backend owns and adopts; with ``expected_digest`` the engine clones only if
     ``[0, upto)`` holds exactly that content (checked atomically there). ``close_as(session, owner)``:
     close as ``owner`` (default: this backend); errors propagate. ``generate(request)``: start an
-    engine Generate call.
+    engine Generate call (as ``request.owner``). ``reclaim()``: release what this backend's owner
+    holds in the engine that the backend does not know (e.g. clones a client handed to it); how many.
     """
 
     @property
@@ -220,7 +238,7 @@ class GatewayBackend(SessionBackend, Protocol):
 
     def tokenize(self, text: TextPrompt, owner: str) -> list[int]: ...
 
-    def describe(self, session: str, owner: str) -> int: ...
+    def describe(self, session: str, owner: str) -> Described: ...
 
     def take_clone(self, session: str, upto: int, owner: str,
                    expected_digest: bytes | None = None) -> TakenClone: ...
@@ -228,3 +246,5 @@ class GatewayBackend(SessionBackend, Protocol):
     def close_as(self, session: str, owner: str | None = None) -> None: ...
 
     def generate(self, request: EngineGenerate) -> EngineStream: ...
+
+    def reclaim(self) -> int: ...

@@ -13,16 +13,31 @@ drops every entry (their handles died with the old instance); lookups then repor
 - :meth:`Gateway.insert`: the caller keeps its session; the service stores its own clone of it, made
   only if the engine confirms the session holds exactly the tokens (the clone carries their content
   digest, checked by the engine; the cache checks the clone's reported digest again). So no caller
-  can store one prompt's snapshot under another prompt's tokens. The answer is an
-  :class:`InsertOutcome` (stored, or the :class:`InsertRefusal`).
+  can store one prompt's snapshot under another prompt's tokens. A session the engine describes as
+  holding other content is refused before any clone; a live entry with these tokens answers
+  DUPLICATE (refreshed) without a clone; room is reserved in the budget before the clone. The
+  answer is an :class:`InsertOutcome` (stored, or the :class:`InsertRefusal`).
 - :meth:`Gateway.generate`: lookup -> engine Generate continuing the match with the prompt's rest,
-  capturing the prompt snapshot -> insert. It returns a :class:`GatewayStream`: iterating it yields
-  the engine's events for the client (``Started`` with the session blanked: the service's session is
-  not the caller's to use; ``Tokens``; ``Done``); ``Snapshot`` events are stored here, not passed on.
-  When the client leaves, :meth:`GatewayStream.stop` ends the engine generation by closing its
-  session (not by cancelling the engine call), so that snapshot events the engine already sent are
-  still read (stored or released) by the drain, which cancels a stream that outlives
+  capturing the prompt snapshot -> insert. The match is cloned for the caller and the engine
+  Generate runs as the caller, so the live session counts against the caller's engine quota; only
+  the prompt snapshot is handed to the service's owner. It returns a :class:`GatewayStream`:
+  iterating it yields the engine's events for the client (``Started`` with the session blanked: the
+  gateway manages that session; ``Tokens``; ``Done``); ``Snapshot`` events are stored here, not
+  passed on. When the client leaves, :meth:`GatewayStream.stop` ends the engine generation by closing
+  its session (not by cancelling the engine call), so that snapshot events the engine already sent
+  are still read (stored or released) by the drain, which cancels a stream that outlives
   ``DRAIN_TIMEOUT_S``. The matched clone is closed at the end.
+
+Budget (the prefix service never starves live traffic): :meth:`Gateway.check_engine` caps the cache at
+``engine_share`` of the engine's resident sessions and positions (and at the engine's quota for the
+service's owner; ``budget.engine_budget``). Room for a snapshot is reserved before the engine is asked
+for it (a prompt capture, an Insert's clone), so the service's sessions in the engine never exceed
+the cache's bounds. When a live request meets RESOURCE_EXHAUSTED from a full engine (its Generate, or
+a lookup whose clone was refused while the engine is full), the gateway evicts one entry by its policy
+and retries once before answering; a caller over its own quota gets the error at once (evicting would
+not help it). When the engine refuses the service a snapshot for its own quota although the cache is
+within its bounds, someone handed it clones it does not know: the gateway reclaims them
+(``GatewayBackend.reclaim``).
 
 Errors are ``engine_service.errors`` types (bad input: InvalidArgument; engine failures as the
 backend raises them); the rpc layer maps them to status codes.
@@ -32,17 +47,20 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from engine_service.config import GenConfig
 from engine_service.content import content_digest
-from engine_service.errors import Cancelled, ForklineError, InvalidArgument
+from engine_service.errors import Cancelled, ForklineError, InvalidArgument, ResourceExhausted
 from engine_service.runtime.clone import CloneRefusal
 from engine_service.stream_events import Done, Snapshot, Started, Tokens
 from prefix_service.backends import EngineGenerate, EngineStream, GatewayBackend, TextPrompt
-from prefix_service.outcomes import InsertOutcome, InsertRefusal, LookupOutcome, Match, MissReason
+from prefix_service.budget import DEFAULT_ENGINE_SHARE, Reservation
+from prefix_service.gateway_stream import GatewayStream
+from prefix_service.outcomes import QUOTA, InsertOutcome, InsertRefusal, LookupOutcome, Match, MissReason
 from prefix_service.prefix_cache import PrefixCache, PrefixStats
+from prefix_service.pressure import EnginePressure
 
 log = logging.getLogger(__name__)
 
@@ -84,39 +102,33 @@ class GatewayRequest:
 @dataclass(frozen=True)
 class GatewayStats:
     """The cache's counters plus the service's: entries dropped on engine restarts, the engine
-    instance the entries belong to, the retention policy's name."""
+    instance the entries belong to, the retention policy's name, the share of the engine, entries
+    evicted and requests retried under pressure, unknown handles reclaimed."""
 
     cache: PrefixStats
     dropped_on_restart: int
     engine_instance_id: str
     policy: str
-
-
-class _StopOnce:
-    """Calls ``stop(stream, session)`` at most once, with the session known by then."""
-
-    def __init__(self, stop: Callable[[EngineStream, str], None], stream: EngineStream, session: str) -> None:
-        self._stop, self._stream, self.session = stop, stream, session
-        self._lock = threading.Lock()
-        self._done = False
-
-    def __call__(self) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
-        self._stop(self._stream, self.session)
+    engine_share: float = DEFAULT_ENGINE_SHARE
+    pressure_evictions: int = 0
+    pressure_retries: int = 0
+    reclaimed: int = 0
 
 
 class Gateway:
-    """See the module docstring. ``cache.backend`` must be ``backend``."""
+    """See the module docstring. ``cache.backend`` must be ``backend``; the cache's bounds as given
+    are the configured ones (``--max_entries``, ``--max_positions``), capped by ``engine_share`` of
+    the engine. ``pressure_retry`` False: never evict and retry for a live request (a negative
+    control for tests)."""
 
-    def __init__(self, cache: PrefixCache, backend: GatewayBackend, policy_name: str = "") -> None:
+    def __init__(self, cache: PrefixCache, backend: GatewayBackend, policy_name: str = "", *,
+                 engine_share: float = DEFAULT_ENGINE_SHARE, pressure_retry: bool = True) -> None:
         if cache.backend is not backend:
             raise InvalidArgument("cache must use the given backend")
         self.cache = cache
         self.backend = backend
         self.policy_name = policy_name
+        self.pressure = EnginePressure(cache, backend, engine_share, pressure_retry)
         self.dropped_on_restart = 0
         self._lock = threading.Lock()
         self._restarted = False  # entries were dropped on an engine restart; nothing cached since
@@ -132,6 +144,7 @@ class Gateway:
             info = backend.info()
             self._vocab_size = info.vocab_size
             self._max_session_tokens = info.max_session_tokens
+            self.pressure.apply_budget(info)
             if info.instance_id == previous:
                 return
             backend.refresh()
@@ -148,6 +161,8 @@ class Gateway:
         self.check_engine()
         tokens = self._tokens(prompt, owner)
         outcome = self._lookup(namespace, tokens, owner)
+        if outcome.reason is MissReason.BOUNDARY_REFUSED and self.pressure.engine_full() and self.pressure.relieve():
+            outcome = self._lookup(namespace, tokens, owner)  # the clone may have been refused for room
         if outcome.match is not None and not caller_active():  # the caller left: nobody gets the clone
             self.backend.close_as(outcome.match.session, owner)
             raise Cancelled("the caller left before the lookup completed")
@@ -162,7 +177,8 @@ class Gateway:
         if not tokens:
             raise InvalidArgument("tokens must not be empty")
         self._checked(tokens, "tokens")
-        if self.backend.describe(session, owner) != len(tokens):
+        described = self.backend.describe(session, owner)
+        if described.position != len(tokens):
             return self._refused(InsertRefusal.POSITION_MISMATCH)
         if self.cache.max_entries == 0:
             return self._refused(InsertRefusal.DISABLED)
@@ -170,13 +186,26 @@ class Gateway:
             digest = content_digest(tokens)  # the one hash of this insert: the engine and the cache check it
         except InvalidArgument as exc:
             raise InvalidArgument(f"tokens: {exc}") from None
-        taken = self.backend.take_clone(session, len(tokens), owner, digest)
-        if taken.handle is None:
+        if described.content_digest not in (None, digest):  # refused before any room is made for it
+            return self._refused(InsertRefusal.CONTENT_MISMATCH)
+        reservation = self.cache.reserve(namespace, tokens, metadata)  # room first: the clone fits the share
+        if not isinstance(reservation, Reservation):
+            return self._refused(reservation)
+        try:
+            taken = self.pressure.take_clone(session, len(tokens), owner, digest)
+        except BaseException:
+            reservation.release()
+            raise
+        if taken is None or taken.handle is None:
+            reservation.release()
+            if taken is None:
+                return self._refused(InsertRefusal.OVER_BUDGET)
             return self._refused(_CLONE_REFUSALS.get(taken.refusal, InsertRefusal.CLONE_REFUSED))
-        return self._insert(namespace, tokens, taken.handle, metadata, digest)
+        return self._insert(namespace, tokens, taken.handle, metadata, digest, reservation)
 
     def generate(self, request: GatewayRequest, owner: str) -> GatewayStream:
-        """Look up, start the engine generation and return its stream (see the module docstring)."""
+        """Look up, start the engine generation and return its stream once the engine started it
+        (see the module docstring; a full engine: evict one entry and retry once)."""
         self.check_engine()
         tokens = self._tokens(request.prompt, owner)
         if not tokens:
@@ -185,23 +214,12 @@ class Gateway:
         if self._max_session_tokens and len(tokens) > self._max_session_tokens:
             raise InvalidArgument(f"input of {len(tokens)} positions exceeds the engine's "
                                   f"max_session_tokens={self._max_session_tokens}")
-        match = self._lookup(request.namespace, tokens, self.backend.owner).match
-        reused = match.reused if match else 0
-        engine_request = EngineGenerate(
-            session=match.session if match else "",
-            tokens=tuple(tokens[reused:]),
-            config=request.config,
-            ignore_eos=request.ignore_eos,
-            # a disabled cache would only release the snapshot: do not clone it at all
-            prompt_snapshot=request.store_prompt and self.cache.max_entries > 0,
-        )
         try:
-            stream = self.backend.generate(engine_request)
-        except BaseException:
-            if match is not None:
-                self._close_quietly(match.session)
-            raise
-        return GatewayStream(self, stream, request, tokens, match)
+            return self._start(request, tokens, owner)
+        except ResourceExhausted as exc:
+            if not self.pressure.relieve(exc):
+                raise
+        return self._start(request, tokens, owner)
 
     def stats(self) -> GatewayStats:
         return GatewayStats(
@@ -209,6 +227,10 @@ class Gateway:
             dropped_on_restart=self.dropped_on_restart,
             engine_instance_id=self.backend.instance_id,
             policy=self.policy_name or type(self.cache.policy).__name__,
+            engine_share=self.pressure.engine_share,
+            pressure_evictions=self.pressure.pressure_evictions,
+            pressure_retries=self.pressure.pressure_retries,
+            reclaimed=self.pressure.reclaimed,
         )
 
     def clear(self) -> int:
@@ -216,6 +238,42 @@ class Gateway:
         return self.cache.clear()
 
     # -- internals -------------------------------------------------------------------------------
+    def _start(self, request: GatewayRequest, tokens: list[int], owner: str) -> GatewayStream:
+        """One attempt of :meth:`generate`: reserve room for the prompt snapshot, look up (the clone
+        is the caller's), start the engine Generate as the caller and read its first event (where
+        the engine's refusal, e.g. RESOURCE_EXHAUSTED, arrives)."""
+        # a disabled cache would only release the snapshot: do not clone it at all
+        reservation = None
+        if request.store_prompt and self.cache.max_entries > 0:
+            reserved = self.cache.reserve(request.namespace, tokens, request.metadata)
+            if isinstance(reserved, Reservation):
+                reservation = reserved
+            else:  # no room the policy would give it: do not capture at all
+                self.cache.record_refusal(reserved)
+        match: Match | None = None
+        stream: EngineStream | None = None
+        try:
+            match = self._lookup(request.namespace, tokens, owner).match
+            reused = match.reused if match else 0
+            stream = self.backend.generate(EngineGenerate(
+                session=match.session if match else "",
+                tokens=tuple(tokens[reused:]),
+                config=request.config,
+                ignore_eos=request.ignore_eos,
+                prompt_snapshot=reservation is not None,
+                owner=owner,
+            ))
+            first = next(stream, None)
+        except BaseException:
+            if reservation is not None:
+                reservation.release()
+            if stream is not None:
+                stream.cancel()
+            if match is not None:
+                self._close_quietly(match.session, owner)
+            raise
+        return GatewayStream(self, stream, request, tokens, match, owner, first, reservation)
+
     def _tokens(self, prompt: Prompt, owner: str) -> list[int]:
         if isinstance(prompt, TextPrompt):
             return self.backend.tokenize(prompt, owner)
@@ -237,8 +295,9 @@ class Gateway:
         return outcome
 
     def _insert(self, namespace: str, tokens: Sequence[int], handle: str, metadata: Mapping[str, str],
-                digest: bytes | None = None) -> InsertOutcome:
-        outcome = self.cache.insert_outcome(namespace, tokens, handle, dict(metadata), digest=digest)
+                digest: bytes | None = None, reservation: Reservation | None = None) -> InsertOutcome:
+        outcome = self.cache.insert_outcome(namespace, tokens, handle, dict(metadata), digest=digest,
+                                            reservation=reservation)
         if outcome.stored:
             self._restarted = False
         return outcome
@@ -248,24 +307,34 @@ class Gateway:
         self.cache.record_refusal(reason)
         return InsertOutcome(reason)
 
-    def _take_snapshot(self, snapshot: Snapshot, request: GatewayRequest, tokens: Sequence[int]) -> None:
-        """Store a gateway call's prompt snapshot: the cache verifies the content the engine reported
-        for it against ``tokens`` (and releases it when refused)."""
+    def _take_snapshot(self, snapshot: Snapshot, request: GatewayRequest, tokens: Sequence[int],
+                       reservation: Reservation | None) -> None:
+        """Store a gateway call's prompt snapshot in its reservation: the cache verifies the content
+        the engine reported for it against ``tokens`` (and releases it when refused). A snapshot the
+        engine refused for the service's quota means unknown handles hold it: reclaim them."""
         if snapshot.handle:
             self.backend.adopt(snapshot.handle, snapshot.position, snapshot.content_digest)
-            self._insert(request.namespace, tokens, snapshot.handle, request.metadata)
+            self._insert(request.namespace, tokens, snapshot.handle, request.metadata, reservation=reservation)
+            return
+        if reservation is not None:
+            reservation.release()
+        if snapshot.reason == CloneRefusal.QUOTA:
+            self.cache.record_refusal(QUOTA)
+            self.pressure.reclaim()
 
-    def _stop_generation(self, stream: EngineStream, session: str) -> None:
-        """End a gateway call's engine generation; its stream then ends on its own (see _drain)."""
+    def _stop_generation(self, stream: EngineStream, session: str, owner: str) -> None:
+        """End a gateway call's engine generation (its session is ``owner``'s); its stream then ends
+        on its own (see _drain)."""
         if session:
             try:
-                self.backend.close_as(session)
+                self.backend.close_as(session, owner)
                 return
             except Exception:  # noqa: BLE001 - e.g. the engine is gone: cancelling is all that is left
                 log.debug("could not close gateway session %s", session, exc_info=True)
         stream.cancel()
 
-    def _drain(self, stream: EngineStream, request: GatewayRequest, tokens: Sequence[int]) -> None:
+    def _drain(self, stream: EngineStream, request: GatewayRequest, tokens: Sequence[int],
+               reservation: Reservation | None) -> None:
         """Read what is left of an engine stream so no snapshot handle it carries is lost; a stream
         that does not end within DRAIN_TIMEOUT_S is cancelled."""
         timer = threading.Timer(DRAIN_TIMEOUT_S, stream.cancel)
@@ -274,7 +343,7 @@ class Gateway:
         try:
             for event in stream:
                 if isinstance(event, Snapshot):
-                    self._take_snapshot(event, request, tokens)
+                    self._take_snapshot(event, request, tokens, reservation)
         except ForklineError:
             pass  # cancelled or failed: nothing more will arrive
         except Exception:  # noqa: BLE001 - cleanup must not mask the call's own outcome
@@ -283,47 +352,9 @@ class Gateway:
             timer.cancel()
             stream.cancel()
 
-    def _close_quietly(self, session: str) -> None:
+    def _close_quietly(self, session: str, owner: str) -> None:
         try:
-            self.backend.close(session)
+            self.backend.close_as(session, owner)
         except Exception:  # noqa: BLE001 - e.g. the service stopped and closed its channel;
             # its next start releases what this owner left in the engine
             log.debug("could not close gateway session %s", session, exc_info=True)
-
-
-class GatewayStream:
-    """One gateway Generate call in flight (made by :meth:`Gateway.generate`).
-
-    Iterate it once for the client's events; call :meth:`stop` (any thread, idempotent) when the
-    client leaves. The engine stream is always drained and the matched clone closed at the end.
-    """
-
-    def __init__(self, gateway: Gateway, stream: EngineStream, request: GatewayRequest,
-                 tokens: Sequence[int], match: Match | None) -> None:
-        self._gateway, self._stream, self._request, self._tokens = gateway, stream, request, tokens
-        self._match = match
-        # The session to close when the client leaves: the match, or the fresh one `started` names.
-        self._stop = _StopOnce(gateway._stop_generation, stream, match.session if match else "")
-
-    def stop(self) -> None:
-        """The client went away: end the engine generation (see the module docstring)."""
-        self._stop()
-
-    def __iter__(self) -> Generator[GatewayEvent, None, None]:
-        gateway, ended = self._gateway, False
-        try:
-            for event in self._stream:
-                if isinstance(event, Snapshot):
-                    gateway._take_snapshot(event, self._request, self._tokens)
-                    continue
-                if isinstance(event, Started):
-                    self._stop.session = self._stop.session or event.session
-                    event = replace(event, session="")  # the service's session: not the caller's to use
-                yield event
-            ended = True
-        finally:
-            if not ended:
-                self._stop()
-            gateway._drain(self._stream, self._request, self._tokens)
-            if self._match is not None:
-                gateway._close_quietly(self._match.session)

@@ -14,7 +14,7 @@ counter names).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -31,6 +31,7 @@ class InsertRefusal(StrEnum):
     CLONE_REFUSED = "clone_refused"  # the engine refused to clone the caller's session (Gateway.insert)
     DUPLICATE = "duplicate"  # an entry with these tokens exists: refreshed, the new snapshot released
     EVICTED = "evicted"  # stored, then chosen at once as the retention policy's victim
+    OVER_BUDGET = "over_budget"  # it cannot fit the budget (longer than max_positions, or inserts in flight hold it)
 
 
 # Refusal reasons counted in PrefixStats.refusals (the insert reasons, and those of clones).
@@ -44,6 +45,8 @@ DUPLICATE = InsertRefusal.DUPLICATE
 CLONE_REFUSED = InsertRefusal.CLONE_REFUSED  # also: a lookup's clone of a stored entry was refused
 CLONE_ERROR = "clone_error"
 CAPTURE_REFUSED = "capture_refused"
+OVER_BUDGET = InsertRefusal.OVER_BUDGET
+QUOTA = "quota"  # the engine refused a snapshot for this service: its engine budget was full
 
 
 @dataclass(frozen=True)
@@ -115,3 +118,20 @@ class LookupOutcome:
     def reused(self) -> int:
         """Positions the match holds; 0 on a miss."""
         return 0 if self.match is None else self.match.reused
+
+
+@dataclass(frozen=True)
+class PrefixStats:
+    """Counters since creation (``clear`` keeps them). reused_tokens sums ``Match.reused`` over hits.
+    positions: held by the entries; max_positions: their bound (0: unbounded)."""
+
+    entries: int
+    max_entries: int
+    hits: int
+    misses: int
+    reused_tokens: int
+    inserts: int
+    evictions: int
+    refusals: dict[str, int] = field(default_factory=dict)  # a fresh copy per stats() call
+    positions: int = 0
+    max_positions: int = 0

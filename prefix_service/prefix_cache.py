@@ -18,9 +18,13 @@ Contracts (DESIGN.md section 4):
   hold ``tokens`` (``CONTENT_MISMATCH``: the backend's ``content_digest`` -- the engine's record of what
   the session holds -- differs from ``content.content_digest(tokens)``; ``PREPARED_INPUT``: its prefix
   holds a prepared input, which no token key can name), duplicate key (the existing entry is
-  refreshed instead). Over ``max_entries`` the retention policy picks the victim, whose snapshot is
-  released. ``insert_outcome`` says which (:class:`InsertOutcome`). The tokens are hashed once per
-  insert (not at all when the caller passes their digest), never per lookup.
+  refreshed instead). Over the budget -- ``max_entries`` entries and ``max_positions`` positions
+  (``prefix_service/budget.py``) -- the retention policy picks victims until both fit; their
+  snapshots are released. ``insert_outcome`` says which (:class:`InsertOutcome`). The tokens are
+  hashed once per insert (not at all when the caller passes their digest), never per lookup.
+- Budget: ``set_budget`` changes the bounds (the gateway derives them from the engine's limits) and
+  evicts to fit; ``evict(n)`` evicts by the policy (pressure from live traffic); ``reserve(positions)``
+  takes room for a snapshot on its way (evicting to make it), consumed by the insert it is passed to.
 - Keys are ``(engine fingerprint, namespace, tokens)``: the backend's fingerprint (weights, tokenizer,
   cache kind, kv dtype, window geometry, weights dtype) is part of every key, so a snapshot is never
   reused across models or execution configurations.
@@ -34,13 +38,19 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 from engine_service.content import content_digest
-from engine_service.errors import FailedPrecondition, ForklineError, InvalidArgument, NotFound
+from engine_service.errors import (
+    FailedPrecondition,
+    ForklineError,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
+from engine_service.handles import quota_owner
 from prefix_service.backends import CaptureBackend, Handle, SessionBackend, handle_alive, release_handle
+from prefix_service.budget import Budget, Reservation
 from prefix_service.capture import PromptCapture
 from prefix_service.index import TokenIndex, token_key
 from prefix_service.outcomes import (
@@ -51,6 +61,7 @@ from prefix_service.outcomes import (
     DUPLICATE,
     INVALID_KEY,
     INVALID_SNAPSHOT,
+    OVER_BUDGET,
     POSITION_MISMATCH,
     PREPARED_INPUT,
     InsertOutcome,
@@ -58,37 +69,20 @@ from prefix_service.outcomes import (
     LookupOutcome,
     Match,
     MissReason,
+    PrefixStats,
 )
-from prefix_service.retention import NO_METADATA, Entry, RetentionPolicy, make_policy
+from prefix_service.retention import Entry, RetentionPolicy, frozen_metadata, make_policy
 
 DEFAULT_MAX_ATTEMPTS = 16
 
 _GONE = object()  # _clone's answer when the backend no longer knows the snapshot at all
 
 
-@dataclass(frozen=True)
-class PrefixStats:
-    """Counters since creation (``clear`` keeps them). reused_tokens sums ``Match.reused`` over hits."""
+class _OverQuota:
+    """_clone's answer when the clone's receiver is over its engine quota: the lookup fails with it."""
 
-    entries: int
-    max_entries: int
-    hits: int
-    misses: int
-    reused_tokens: int
-    inserts: int
-    evictions: int
-    refusals: dict[str, int] = field(default_factory=dict)  # a fresh copy per stats() call
-
-
-def _frozen_metadata(metadata: Mapping[str, Any] | None) -> Mapping[str, str]:
-    if metadata is None:
-        return NO_METADATA
-    if not isinstance(metadata, Mapping):
-        raise InvalidArgument(f"metadata must be a mapping of strings, got {type(metadata).__name__}")
-    for name in metadata:
-        if not isinstance(name, str):
-            raise InvalidArgument(f"metadata keys must be strings, got {name!r}")
-    return MappingProxyType({name: str(value) for name, value in metadata.items()}) if metadata else NO_METADATA
+    def __init__(self, error: ResourceExhausted) -> None:
+        self.error = error
 
 
 class PrefixCache:
@@ -101,22 +95,21 @@ class PrefixCache:
         policy: str | RetentionPolicy = "lru",
         *,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        max_positions: int = 0,
     ) -> None:
         """``max_entries == 0`` disables the cache (every insert is released, every lookup misses).
+        ``max_positions``: the positions the entries may hold together (0: unbounded).
         ``max_attempts`` bounds the clones one lookup tries before it reports a miss."""
-        if not isinstance(max_entries, int) or max_entries < 0:
-            raise InvalidArgument(f"max_entries must be an int >= 0, got {max_entries!r}")
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise InvalidArgument(f"max_attempts must be an int >= 1, got {max_attempts!r}")
         self._backend = backend
-        self._max_entries = max_entries
         self._max_attempts = max_attempts
         self._policy = make_policy(policy)
         self._index: TokenIndex[Entry] = TokenIndex()
-        self._entries: set[Entry] = set()
         self._lock = threading.RLock()
+        self._budget = Budget(self._policy, max_entries, max_positions, self._drop, self._lock)
         self._clock = 0
-        self._hits = self._misses = self._reused = self._inserts = self._evictions = 0
+        self._hits = self._misses = self._reused = self._inserts = 0
         self._refusals: Counter[str] = Counter()
 
     # -- properties --------------------------------------------------------------------------
@@ -131,14 +124,23 @@ class PrefixCache:
 
     @property
     def max_entries(self) -> int:
-        return self._max_entries
+        return self._budget.max_entries
+
+    @property
+    def max_positions(self) -> int:
+        return self._budget.max_positions
+
+    @property
+    def positions(self) -> int:
+        """Positions the entries hold."""
+        return self._budget.positions
 
     @property
     def size(self) -> int:
-        return len(self._entries)
+        return len(self._budget.entries)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._budget.entries)
 
     # -- operations --------------------------------------------------------------------------
 
@@ -173,26 +175,33 @@ class PrefixCache:
         metadata: Mapping[str, Any] | None = None,
         *,
         digest: bytes | None = None,
+        reservation: Reservation | None = None,
     ) -> InsertOutcome:
         """Like :meth:`insert`, and a refusal says why (see the module docstring).
 
         ``digest``: ``content.content_digest(tokens)`` when the caller already computed it (so the
         tokens are hashed once per insert); it must be the digest of these very tokens.
         Malformed arguments (non-int tokens, ids outside [0, 2**64), non-string namespace or
-        metadata keys) release the snapshot and raise InvalidArgument.
+        metadata keys) release the snapshot and raise InvalidArgument. ``reservation``: room
+        :meth:`reserve` took for this snapshot, given back as the entry takes its place (always
+        released by this call).
         """
         with self._lock:
+            if reservation is not None:
+                reservation.release()
             try:
                 scope = self._scope(namespace)
                 key = token_key(tokens)
-                frozen = _frozen_metadata(metadata)
+                frozen = frozen_metadata(metadata)
             except InvalidArgument:
                 self._release(snapshot)
                 raise
-            if self._max_entries == 0:
+            if self._budget.max_entries == 0:
                 return self._refuse(snapshot, DISABLED)
             if not key:
                 return self._refuse(snapshot, INVALID_KEY)
+            if not self._budget.can_ever_hold(len(key)):
+                return self._refuse(snapshot, OVER_BUDGET)
             if not handle_alive(self._backend, snapshot):
                 return self._refuse(snapshot, INVALID_SNAPSHOT)
             if self._position(snapshot) != len(key):
@@ -214,15 +223,37 @@ class PrefixCache:
             self._clock += 1
             entry = Entry(scope, key, snapshot, created=self._clock, last_used=self._clock, metadata=frozen)
             self._index.insert(scope, key, entry, self._clock)
-            self._entries.add(entry)
+            self._budget.add(entry)
             self._inserts += 1
-            stored = True
-            while len(self._entries) > self._max_entries:
-                victim = min(self._entries, key=self._policy.priority)
-                stored = stored and victim is not entry
-                self._evictions += 1
-                self._drop(victim)
+            stored = entry not in self._budget.evict_while_over()
             return InsertOutcome() if stored else InsertOutcome(InsertRefusal.EVICTED)
+
+    def set_budget(self, max_entries: int, max_positions: int = 0) -> int:
+        """New bounds (0 entries: disabled; 0 positions: unbounded); evicts by the policy until the
+        entries fit them. Returns how many were evicted."""
+        with self._lock:
+            self._budget.set_bounds(max_entries, max_positions)
+            return len(self._budget.evict_while_over())
+
+    def evict(self, n: int = 1) -> int:
+        """Evict up to ``n`` entries by the retention policy (e.g. the engine is full and a live
+        request needs the room); returns how many were evicted."""
+        return self._budget.evict(n)
+
+    def reserve(self, namespace: str, tokens: Sequence[int],
+                metadata: Mapping[str, Any] | None = None) -> Reservation | InsertRefusal:
+        """Room for the entry ``tokens`` would make, evicting the policy's victims that rank below
+        it; or why not (``budget.Budget.reserve``; DUPLICATE: a live entry holds these tokens, and
+        is refreshed). Pass it to :meth:`insert_outcome`, or ``release()`` it."""
+        with self._lock:
+            scope, key = self._scope(namespace), token_key(tokens)
+            existing = self._index.get(scope, key) if key else None
+            if existing is not None and handle_alive(self._backend, existing.snapshot):
+                self._refresh(existing)  # as a duplicate insert would: no room, no snapshot needed
+                return InsertRefusal.DUPLICATE
+            newcomer = Entry(scope, key or (0,), None, self._clock + 1, self._clock + 1,
+                             metadata=frozen_metadata(metadata))
+            return self._budget.reserve(newcomer)
 
     def capture_prompt(self, session: Handle, prompt: Sequence[int]) -> PromptCapture:
         """A :class:`PromptCapture` snapshotting ``session`` at ``len(prompt)`` (and at prefill
@@ -236,9 +267,8 @@ class PrefixCache:
     def clear(self) -> int:
         """Release every stored snapshot (only those the cache owns); returns how many."""
         with self._lock:
-            entries = list(self._entries)
+            entries = self._budget.clear()
             self._index.clear()
-            self._entries.clear()
             for entry in entries:
                 self._release(entry.snapshot)
             return len(entries)
@@ -254,20 +284,22 @@ class PrefixCache:
     def stats(self) -> PrefixStats:
         with self._lock:
             return PrefixStats(
-                entries=len(self._entries),
-                max_entries=self._max_entries,
+                entries=len(self._budget.entries),
+                max_entries=self._budget.max_entries,
                 hits=self._hits,
                 misses=self._misses,
                 reused_tokens=self._reused,
                 inserts=self._inserts,
-                evictions=self._evictions,
+                evictions=self._budget.evictions,
                 refusals=dict(self._refusals),
+                positions=self._budget.positions,
+                max_positions=self._budget.max_positions,
             )
 
     def entries(self, namespace: str | None = None) -> list[Entry]:
         """Snapshot of the stored entries (all, or one namespace of this engine), oldest first."""
         with self._lock:
-            chosen = list(self._entries)
+            chosen = list(self._budget.entries)
             if namespace is not None:
                 scope = self._scope(namespace)
                 chosen = [entry for entry in chosen if entry.namespace == scope]
@@ -284,12 +316,13 @@ class PrefixCache:
         """The lookup itself (the caller holds the lock and counts the hit or miss)."""
         if len(key) < 2:
             return LookupOutcome.miss(MissReason.TOO_SHORT)
-        if self._max_entries == 0:
+        if self._budget.max_entries == 0:
             return LookupOutcome.miss(MissReason.DISABLED)
         dead: list[Entry] = []
         hit: Match | None = None
         refused_at = 0  # the longest common prefix whose clone was refused (0: none was)
         attempts = 0
+        over_quota: _OverQuota | None = None
         for candidate in self._index.matches(scope, key):
             entry = candidate.value
             if not handle_alive(self._backend, entry.snapshot):
@@ -300,6 +333,9 @@ class PrefixCache:
             if child is _GONE:  # e.g. the engine expired the handle: it can never serve again
                 dead.append(entry)
                 continue
+            if isinstance(child, _OverQuota):  # the receiver has no room: no other entry would help
+                over_quota = child
+                break
             if child is not None:
                 self._refresh(entry)
                 entry.hits += 1
@@ -312,6 +348,8 @@ class PrefixCache:
         for entry in dead:  # removed after the walk: the index must not change while iterating
             self._refusals[INVALID_SNAPSHOT] += 1
             self._drop(entry)
+        if over_quota is not None:
+            raise over_quota.error
         if hit is not None:
             return LookupOutcome.hit(hit)
         if refused_at:
@@ -332,7 +370,7 @@ class PrefixCache:
 
     def _drop(self, entry: Entry) -> None:
         self._index.remove(entry.namespace, entry.tokens)
-        self._entries.discard(entry)
+        self._budget.discard(entry)
         self._release(entry.snapshot)
 
     def _refuse(self, snapshot: Handle, reason: InsertRefusal) -> InsertOutcome:
@@ -364,6 +402,11 @@ class PrefixCache:
             child = self._backend.clone(snapshot, upto)
         except NotFound:
             return _GONE
+        except ResourceExhausted as exc:
+            if quota_owner(str(exc)) is not None:  # the receiver's quota (the engine names it)
+                return _OverQuota(exc)
+            self._refusals[CLONE_ERROR] += 1
+            return None
         except ForklineError:
             self._refusals[CLONE_ERROR] += 1
             return None

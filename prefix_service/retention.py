@@ -60,6 +60,19 @@ class Entry:
         return len(self.tokens)
 
 
+def frozen_metadata(metadata: Mapping[str, Any] | None) -> Mapping[str, str]:
+    """Application metadata as an entry keeps it: read-only, string values (InvalidArgument for
+    anything but a mapping with string keys)."""
+    if metadata is None:
+        return NO_METADATA
+    if not isinstance(metadata, Mapping):
+        raise InvalidArgument(f"metadata must be a mapping of strings, got {type(metadata).__name__}")
+    for name in metadata:
+        if not isinstance(name, str):
+            raise InvalidArgument(f"metadata keys must be strings, got {name!r}")
+    return MappingProxyType({name: str(value) for name, value in metadata.items()}) if metadata else NO_METADATA
+
+
 class RetentionPolicy(ABC):
     """Decides eviction order: the entry with the lowest :meth:`priority` goes first."""
 

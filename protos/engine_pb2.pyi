@@ -16,6 +16,7 @@ class CloneRefusal(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CLONE_REFUSAL_PREPARED_INPUT: _ClassVar[CloneRefusal]
     CLONE_REFUSAL_SOURCE_UNUSABLE: _ClassVar[CloneRefusal]
     CLONE_REFUSAL_STOPPING: _ClassVar[CloneRefusal]
+    CLONE_REFUSAL_QUOTA: _ClassVar[CloneRefusal]
 CLONE_REFUSAL_UNSPECIFIED: CloneRefusal
 CLONE_REFUSAL_POSITION: CloneRefusal
 CLONE_REFUSAL_BOUNDARY: CloneRefusal
@@ -23,6 +24,7 @@ CLONE_REFUSAL_CONTENT_MISMATCH: CloneRefusal
 CLONE_REFUSAL_PREPARED_INPUT: CloneRefusal
 CLONE_REFUSAL_SOURCE_UNUSABLE: CloneRefusal
 CLONE_REFUSAL_STOPPING: CloneRefusal
+CLONE_REFUSAL_QUOTA: CloneRefusal
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -83,12 +85,14 @@ class GenerationConfig(_message.Message):
     def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., prefill_chunk: _Optional[int] = ...) -> None: ...
 
 class CaptureOptions(_message.Message):
-    __slots__ = ("prompt_snapshot", "breakpoints")
+    __slots__ = ("prompt_snapshot", "breakpoints", "snapshot_owner")
     PROMPT_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     BREAKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_OWNER_FIELD_NUMBER: _ClassVar[int]
     prompt_snapshot: bool
     breakpoints: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, prompt_snapshot: _Optional[bool] = ..., breakpoints: _Optional[_Iterable[int]] = ...) -> None: ...
+    snapshot_owner: str
+    def __init__(self, prompt_snapshot: _Optional[bool] = ..., breakpoints: _Optional[_Iterable[int]] = ..., snapshot_owner: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("session", "tokens", "text", "prepared", "config", "capture", "keep_session")
@@ -217,8 +221,10 @@ class CloseResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ReleaseOwnerRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("keep",)
+    KEEP_FIELD_NUMBER: _ClassVar[int]
+    keep: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, keep: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ReleaseOwnerResponse(_message.Message):
     __slots__ = ("released",)
@@ -247,19 +253,43 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Limits(_message.Message):
-    __slots__ = ("max_sessions", "max_session_tokens", "vocab_size", "idle_session_timeout_s")
+    __slots__ = ("max_sessions", "max_session_tokens", "vocab_size", "idle_session_timeout_s", "owner_max_sessions", "owner_max_positions", "persistent_owner_max_sessions", "persistent_owner_max_positions")
     MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_SESSION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     IDLE_SESSION_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    OWNER_MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    OWNER_MAX_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    PERSISTENT_OWNER_MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    PERSISTENT_OWNER_MAX_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     max_sessions: int
     max_session_tokens: int
     vocab_size: int
     idle_session_timeout_s: float
-    def __init__(self, max_sessions: _Optional[int] = ..., max_session_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., idle_session_timeout_s: _Optional[float] = ...) -> None: ...
+    owner_max_sessions: int
+    owner_max_positions: int
+    persistent_owner_max_sessions: int
+    persistent_owner_max_positions: int
+    def __init__(self, max_sessions: _Optional[int] = ..., max_session_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., idle_session_timeout_s: _Optional[float] = ..., owner_max_sessions: _Optional[int] = ..., owner_max_positions: _Optional[int] = ..., persistent_owner_max_sessions: _Optional[int] = ..., persistent_owner_max_positions: _Optional[int] = ...) -> None: ...
+
+class OwnerUsage(_message.Message):
+    __slots__ = ("owner", "persistent", "sessions", "positions", "max_sessions", "max_positions")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    PERSISTENT_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    persistent: bool
+    sessions: int
+    positions: int
+    max_sessions: int
+    max_positions: int
+    def __init__(self, owner: _Optional[str] = ..., persistent: _Optional[bool] = ..., sessions: _Optional[int] = ..., positions: _Optional[int] = ..., max_sessions: _Optional[int] = ..., max_positions: _Optional[int] = ...) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model", "fingerprint", "limits", "cache_kind", "instance_id", "resident_sessions", "open_handles", "eos_token_ids")
+    __slots__ = ("model", "fingerprint", "limits", "cache_kind", "instance_id", "resident_sessions", "open_handles", "eos_token_ids", "caller")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
@@ -268,6 +298,7 @@ class InfoResponse(_message.Message):
     RESIDENT_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     OPEN_HANDLES_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
     model: str
     fingerprint: str
     limits: Limits
@@ -276,7 +307,8 @@ class InfoResponse(_message.Message):
     resident_sessions: int
     open_handles: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., cache_kind: _Optional[str] = ..., instance_id: _Optional[str] = ..., resident_sessions: _Optional[int] = ..., open_handles: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    caller: OwnerUsage
+    def __init__(self, model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., cache_kind: _Optional[str] = ..., instance_id: _Optional[str] = ..., resident_sessions: _Optional[int] = ..., open_handles: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., caller: _Optional[_Union[OwnerUsage, _Mapping]] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("text",)

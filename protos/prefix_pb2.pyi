@@ -30,6 +30,7 @@ class InsertRefusal(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INSERT_REFUSAL_INVALID_SNAPSHOT: _ClassVar[InsertRefusal]
     INSERT_REFUSAL_EVICTED: _ClassVar[InsertRefusal]
     INSERT_REFUSAL_INVALID_KEY: _ClassVar[InsertRefusal]
+    INSERT_REFUSAL_OVER_BUDGET: _ClassVar[InsertRefusal]
 MISS_REASON_UNSPECIFIED: MissReason
 MISS_REASON_EMPTY: MissReason
 MISS_REASON_DIVERGED: MissReason
@@ -47,6 +48,7 @@ INSERT_REFUSAL_DUPLICATE: InsertRefusal
 INSERT_REFUSAL_INVALID_SNAPSHOT: InsertRefusal
 INSERT_REFUSAL_EVICTED: InsertRefusal
 INSERT_REFUSAL_INVALID_KEY: InsertRefusal
+INSERT_REFUSAL_OVER_BUDGET: InsertRefusal
 
 class LookupRequest(_message.Message):
     __slots__ = ("namespace", "tokens", "text")
@@ -104,7 +106,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("entries", "max_entries", "hits", "misses", "inserts", "dropped_on_restart", "engine_instance_id", "policy", "reused_positions", "refusals")
+    __slots__ = ("entries", "max_entries", "hits", "misses", "inserts", "dropped_on_restart", "engine_instance_id", "policy", "reused_positions", "refusals", "max_positions", "positions", "engine_share", "pressure_evictions", "pressure_retries", "reclaimed")
     class RefusalsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +124,12 @@ class StatsResponse(_message.Message):
     POLICY_FIELD_NUMBER: _ClassVar[int]
     REUSED_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     REFUSALS_FIELD_NUMBER: _ClassVar[int]
+    MAX_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_SHARE_FIELD_NUMBER: _ClassVar[int]
+    PRESSURE_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    PRESSURE_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    RECLAIMED_FIELD_NUMBER: _ClassVar[int]
     entries: int
     max_entries: int
     hits: int
@@ -132,7 +140,13 @@ class StatsResponse(_message.Message):
     policy: str
     reused_positions: int
     refusals: _containers.ScalarMap[str, int]
-    def __init__(self, entries: _Optional[int] = ..., max_entries: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., inserts: _Optional[int] = ..., dropped_on_restart: _Optional[int] = ..., engine_instance_id: _Optional[str] = ..., policy: _Optional[str] = ..., reused_positions: _Optional[int] = ..., refusals: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    max_positions: int
+    positions: int
+    engine_share: float
+    pressure_evictions: int
+    pressure_retries: int
+    reclaimed: int
+    def __init__(self, entries: _Optional[int] = ..., max_entries: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., inserts: _Optional[int] = ..., dropped_on_restart: _Optional[int] = ..., engine_instance_id: _Optional[str] = ..., policy: _Optional[str] = ..., reused_positions: _Optional[int] = ..., refusals: _Optional[_Mapping[str, int]] = ..., max_positions: _Optional[int] = ..., positions: _Optional[int] = ..., engine_share: _Optional[float] = ..., pressure_evictions: _Optional[int] = ..., pressure_retries: _Optional[int] = ..., reclaimed: _Optional[int] = ...) -> None: ...
 
 class ClearRequest(_message.Message):
     __slots__ = ()

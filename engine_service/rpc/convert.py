@@ -17,6 +17,7 @@ from engine_service.config import GenConfig
 from engine_service.errors import ForklineError, InvalidArgument
 from engine_service.executors.base import ExecutorLimits, out_of_vocab
 from engine_service.executors.prepared_input import EmbeddingsInput, PreparedInput
+from engine_service.handles import NO_QUOTA, OwnerQuota, OwnerUsage
 from engine_service.runtime.clone import CloneRefusal
 from engine_service.runtime.generation import GenerationResult
 from engine_service.stream_events import Done, Event, Snapshot, Started, Tokens
@@ -179,18 +180,20 @@ _CLONE_REFUSAL_TEXT = {
     CloneRefusal.PREPARED_INPUT: "[0, {upto}) holds a prepared input, which has no token content digest",
     CloneRefusal.SOURCE_UNUSABLE: "the session is closed or failed",
     CloneRefusal.STOPPING: "the engine is stopping",
+    CloneRefusal.QUOTA: "the snapshot's owner has no room left in its quota",
 }
+_WIRE_CLONE_REFUSALS = {value: reason for reason, value in CLONE_REFUSALS.items()}
 
 
 def snapshot_event(handle: str | None, position: int, kind: str, content_digest: bytes | None = None,
-                   refusal: CloneRefusal | None = None) -> pb.GenerateEvent:
+                   refusal: CloneRefusal | None = None, text: str = "") -> pb.GenerateEvent:
     """A snapshot event: ``handle`` holding ``[0, position)`` with ``content_digest`` (None: it holds a
-    prepared input), or a refused clone (``handle`` None) and why."""
+    prepared input), or a refused clone (``handle`` None) and why (``text``: default the reason's)."""
     if handle:
         msg = pb.SnapshotEvent(handle=handle, position=position, kind=kind, content_digest=content_digest or b"")
     else:
         reason = refusal or CloneRefusal.BOUNDARY
-        msg = pb.SnapshotEvent(position=position, kind=kind, refusal=clone_refusal_text(reason, position),
+        msg = pb.SnapshotEvent(position=position, kind=kind, refusal=text or clone_refusal_text(reason, position),
                                reason=CLONE_REFUSALS[reason])
     return pb.GenerateEvent(snapshot=msg)
 
@@ -222,13 +225,24 @@ def done_event(result: GenerationResult, reused: int, position: int) -> pb.Gener
     )
 
 
-def limits_message(limits: ExecutorLimits, idle_timeout_s: float) -> pb.Limits:
+def limits_message(limits: ExecutorLimits, idle_timeout_s: float, quota: OwnerQuota = NO_QUOTA,
+                   persistent_quota: OwnerQuota = NO_QUOTA) -> pb.Limits:
     return pb.Limits(
         max_sessions=limits.max_sessions,
         max_session_tokens=limits.max_session_tokens,
         vocab_size=limits.vocab_size,
         idle_session_timeout_s=idle_timeout_s,
+        owner_max_sessions=quota.max_sessions,
+        owner_max_positions=quota.max_positions,
+        persistent_owner_max_sessions=persistent_quota.max_sessions,
+        persistent_owner_max_positions=persistent_quota.max_positions,
     )
+
+
+def owner_usage(usage: OwnerUsage) -> pb.OwnerUsage:
+    return pb.OwnerUsage(owner=usage.owner, persistent=usage.persistent, sessions=usage.sessions,
+                         positions=usage.positions, max_sessions=usage.quota.max_sessions,
+                         max_positions=usage.quota.max_positions)
 
 
 def event_from_proto(msg: pb.GenerateEvent) -> Event:
@@ -240,7 +254,9 @@ def event_from_proto(msg: pb.GenerateEvent) -> Event:
         return Tokens(tuple(msg.tokens.ids), msg.tokens.text)
     if which == "snapshot":
         s = msg.snapshot
-        return Snapshot(s.handle or None, s.position, s.kind, s.refusal, s.content_digest or None)
+        reason = _WIRE_CLONE_REFUSALS.get(s.reason) if s.reason else None
+        return Snapshot(s.handle or None, s.position, s.kind, s.refusal, s.content_digest or None,
+                        None if reason is None else str(reason))
     if which == "done":
         d, t = msg.done, msg.done.timings
         return Done(d.finish_reason, d.prompt_positions, d.reused_positions, d.generated_tokens, d.position,

@@ -7,9 +7,14 @@ thread waits for clone futures, registers the snapshot handles for the caller an
 
 Ownership: a session this call opened is registered to the caller for the duration of the call and
 closed at the end unless ``keep_session`` (a cancelled or failed call closes it regardless). Snapshot
-handles that were streamed belong to the caller. When the call ends early (client cancel or
-disconnect, server drain), :meth:`abort` cancels the generation and releases every clone the
-caller never received.
+handles that were streamed belong to the caller, or to ``snapshot_owner`` (a persistent owner the
+caller hands them to). When the call ends early (client cancel or disconnect, server drain),
+:meth:`abort` cancels the generation and releases every clone the caller never received.
+
+Quotas: :meth:`GenerationCall.reserve_snapshots` reserves every snapshot in its owner's quota before
+the generation starts (a snapshot for the caller that does not fit fails the call; one handed to
+another owner that does not fit is refused with ``CloneRefusal.QUOTA`` when its time comes, and the
+generation goes on). The session's weight returns to its position when the call ends.
 """
 
 from __future__ import annotations
@@ -21,12 +26,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine_service.config import GenConfig
-from engine_service.errors import GenerationError
+from engine_service.errors import GenerationError, ResourceExhausted
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.handles import HandleRegistry
 from engine_service.model.detokenizer import StreamDecoder
 from engine_service.rpc import convert
-from engine_service.runtime.clone import CloneFuture
+from engine_service.runtime.clone import CloneFuture, CloneRefusal
 from engine_service.runtime.generation import CANCELLED, GenerationHandle, GenerationUpdate
 from engine_service.runtime.session import close_child_when_done
 from engine_service.snapshot_kinds import BREAKPOINT, PROMPT
@@ -44,6 +49,8 @@ class _Snapshot:
     future: CloneFuture
     position: int
     kind: str
+    reservation: str | None = None  # the handle reserved for the child
+    refusal_text: str = ""  # why it was refused before any clone (the quota)
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,7 @@ class GenerationCall:
         tokenizer: Tokenizer,
         prompt_snapshot: bool,
         breakpoints: tuple[int, ...],
+        snapshot_owner: str | None = None,
     ) -> None:
         self._registry = registry
         self._owner = owner
@@ -84,6 +92,39 @@ class GenerationCall:
         self._generation: GenerationHandle | None = None
         self._finished_cleanly = False
         self._unstreamed: str | None = None  # a snapshot handle registered but not yet sent
+        self._snapshot_owner = snapshot_owner or owner
+        # (kind, position) -> the handle reserved for that snapshot, or why it has no room
+        self._reserved: dict[tuple[str, int], str | ResourceExhausted] = {}
+
+    def reserve_snapshots(self, prompt_end: int) -> None:
+        """Reserve every snapshot this call may take in its owner's quota (before the generation
+        starts; see the module docstring). The caller releases them (:meth:`release_reservations`)
+        when the call does not start."""
+        wanted = [(BREAKPOINT, p) for p in sorted(self._breakpoints)]
+        if self._prompt_snapshot:
+            wanted.append((PROMPT, prompt_end))
+        for kind, position in wanted:
+            try:
+                self._reserved[(kind, position)] = self._registry.reserve(self._snapshot_owner, position)
+            except ResourceExhausted as exc:
+                if self._snapshot_owner == self._owner:
+                    raise
+                self._reserved[(kind, position)] = exc
+
+    def release_reservations(self) -> None:
+        """Give back the snapshot reservations nothing used."""
+        with self._lock:
+            left, self._reserved = list(self._reserved.values()), {}
+        for reservation in left:
+            if isinstance(reservation, str):
+                self._registry.discard(reservation)
+
+    def _clone(self, kind: str, position: int) -> _Snapshot:
+        """Queue the snapshot clone (engine thread, lock held) into its reservation, or its refusal."""
+        reservation = self._reserved.pop((kind, position), None)
+        if isinstance(reservation, ResourceExhausted):
+            return _Snapshot(CloneFuture.refused(CloneRefusal.QUOTA), position, kind, None, str(reservation))
+        return _Snapshot(self._session.clone_async(position), position, kind, reservation)
 
     # -- engine thread -------------------------------------------------------------------------
     def _on_update(self, update: GenerationUpdate) -> None:
@@ -92,15 +133,14 @@ class GenerationCall:
             # the terminal update may carry the only tokens (max_new_tokens 1): capture there too
             if not self._closed and update.finish_reason != "error":
                 if update.breakpoint is not None and update.breakpoint in self._breakpoints:
-                    fut = self._session.clone_async(update.breakpoint)
-                    self._queue.put(_Snapshot(fut, update.breakpoint, BREAKPOINT))
+                    self._queue.put(self._clone(BREAKPOINT, update.breakpoint))
                 if (
                     self._prompt_snapshot
                     and not self._captured_prompt
                     and (update.tokens or update.position >= self._prompt_end)
                 ):
                     self._captured_prompt = True
-                    self._queue.put(_Snapshot(self._session.clone_async(self._prompt_end), self._prompt_end, PROMPT))
+                    self._queue.put(self._clone(PROMPT, self._prompt_end))
         self._queue.put(_Update(update))
 
     # -- gRPC thread ---------------------------------------------------------------------------
@@ -130,7 +170,8 @@ class GenerationCall:
                     continue
             if isinstance(item, _Snapshot):
                 handle, digest = self._register(item)
-                yield convert.snapshot_event(handle, item.position, item.kind, digest, item.future.refusal)
+                yield convert.snapshot_event(handle, item.position, item.kind, digest, item.future.refusal,
+                                             item.refusal_text)
                 self._unstreamed = None  # resumed: gRPC sent the event, the handle is the caller's
                 continue
             # Coalesce the updates already queued (a slow client gets fewer, larger messages); stop at
@@ -162,16 +203,21 @@ class GenerationCall:
         yield convert.done_event(result, start, self._session.position)
 
     def _register(self, item: _Snapshot) -> tuple[str | None, bytes | None]:
-        """Register a snapshot for the caller, unless the call already ended (then release it); its
-        handle and content digest (the child is idle and nobody else holds it yet: safe to read)."""
+        """Register a snapshot for its owner in its reservation, unless the call already ended (then
+        release it); its handle and content digest (the child is idle and nobody else holds it yet:
+        safe to read)."""
         child = item.future.result()
         if child is None:
+            if item.reservation is not None:
+                self._registry.discard(item.reservation)
             return None, None
         digest = child.content_digest()
         with self._lock:
-            if not self._closed:
-                self._unstreamed = self._registry.register(child, self._owner)
+            if not self._closed and item.reservation is not None and self._registry.fill(item.reservation, child):
+                self._unstreamed = item.reservation
                 return self._unstreamed, digest
+        if item.reservation is not None:
+            self._registry.discard(item.reservation)
         child.close()  # the call ended while the clone ran: nobody will ever receive this handle
         return None, None
 
@@ -199,6 +245,9 @@ class GenerationCall:
                 break
             if isinstance(item, _Snapshot):
                 close_child_when_done(item.future)
+                if item.reservation is not None:
+                    self._registry.discard(item.reservation)
+        self.release_reservations()  # snapshots the generation never reached
         unstreamed, self._unstreamed = self._unstreamed, None
         if unstreamed is not None and (child := self._registry.discard(unstreamed)) is not None:
             child.close()  # registered, but the stream ended before the event was sent
@@ -206,3 +255,5 @@ class GenerationCall:
         release = self._fresh and not (self._keep and self._finished_cleanly)
         if release and self._registry.discard(self._handle) is not None:
             self._session.close()
+        elif not release:
+            self._registry.weigh(self._handle, self._session.position)  # held: it weighs what it holds

@@ -3,6 +3,15 @@
 Every engine operation goes through the Runner's thread-safe API (``open_session``, ``Session``
 methods and futures); nothing here touches MLX or the executor. Handles are resolved through the
 :class:`HandleRegistry` with the caller's owner id (request metadata ``forkline-owner``).
+
+Quotas (``engine_service/handles.py``): every resident session an owner has counts against its quota,
+live or held -- a fresh session for the length of its call (kept: afterwards too), held sessions,
+clones and snapshots -- so one owner cannot fill the engine and make another owner's request fail. The
+registry reserves before anything is allocated: a fresh session before ``open_session``, a clone before
+``clone_async``, a generation's snapshots before it starts. A generation's weight is what it may reach
+(``position + input + max_new_tokens``, at most ``max_session_tokens``), checked when it starts; a held
+session weighs its position afterwards. A clone or snapshot may go to another owner only to or from a
+persistent owner (the prefix service), and counts against the new owner.
 """
 
 from __future__ import annotations
@@ -15,11 +24,12 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from engine_service.config import GenConfig
 from engine_service.content import check_digest
 from engine_service.errors import Cancelled, FailedPrecondition, InvalidArgument, Unavailable
 from engine_service.executors.base import ExecutorLimits
 from engine_service.executors.prepared_input import PreparedInput
-from engine_service.handles import HandleRegistry
+from engine_service.handles import NO_QUOTA, HandleRegistry, OwnerQuota
 from engine_service.rpc import convert
 from engine_service.rpc.errors import status_on_error
 from engine_service.rpc.generation_call import GenerationCall
@@ -78,11 +88,14 @@ class EngineDeps:
         persistent_owners: tuple[str, ...] = ("prefix-service",),
         eos_token_ids: tuple[int, ...] | None = None,
         prepared_inputs: bool = False,
+        quota: OwnerQuota = NO_QUOTA,
+        persistent_quota: OwnerQuota = NO_QUOTA,
     ) -> EngineDeps:
         """An executor over ``model`` (a Transformer or LoadedModel) and a started Runner.
 
         ``prepared_inputs``: an EmbeddingsExecutor (also accepts ``embeddings`` prepared inputs)
-        instead of the raw-token ModuleExecutor.
+        instead of the raw-token ModuleExecutor. ``quota`` / ``persistent_quota``: what each client /
+        persistent owner may hold (default: unlimited; the CLI's defaults: ``handles.engine_quotas``).
         """
         from engine_service.executors.embeddings import EmbeddingsExecutor
         from engine_service.executors.module import ModuleExecutor
@@ -107,7 +120,8 @@ class EngineDeps:
             cache_kind=cache_kind,
             eos_token_ids=eos_token_ids,
             chat=chat,
-            registry=HandleRegistry(idle_timeout_s=idle_timeout_s, persistent_owners=frozenset(persistent_owners)),
+            registry=HandleRegistry(idle_timeout_s=idle_timeout_s, persistent_owners=frozenset(persistent_owners),
+                                    quota=quota, persistent_quota=persistent_quota),
             hidden_size=executor.config.hidden_size,
         )
 
@@ -140,7 +154,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             value = convert.generate_input(request, d.tokenizer, d.chat, d.limits.vocab_size, d.hidden_size)
             breakpoints = tuple(request.capture.breakpoints)
             config = convert.gen_config(request.config, d.eos_token_ids, breakpoints)
-            call = self._open_call(request, owner, value, breakpoints)
+            call = self._open_call(request, owner, value, config)
             context.add_callback(call.finish)
             try:
                 yield from call.events(value, config, context.is_active)
@@ -148,47 +162,84 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 call.finish()
 
     def _open_call(
-        self, request: pb.GenerateRequest, owner: str, value: list[int] | PreparedInput, breakpoints: tuple[int, ...]
+        self, request: pb.GenerateRequest, owner: str, value: list[int] | PreparedInput, config: GenConfig
     ) -> GenerationCall:
+        """Resolve (or open) the session and reserve what the call may hold in its owner's quota."""
         d = self.deps
+        breakpoints = config.prefill_breakpoints
+        snapshot_owner = self._receiver(owner, request.capture.snapshot_owner, "capture.snapshot_owner")
+        size = convert.input_size(value)
         if request.session:
             if request.keep_session:
                 raise InvalidArgument("keep_session only applies to a fresh session (session is set)")
             session = d.registry.pin(request.session, owner)
             handle, fresh = request.session, False
         else:
-            session = d.runner.open_session()
-            handle, fresh = d.registry.register(session, owner), True
+            convert.check_fits(0, size, breakpoints, d.limits)  # before anything is reserved or opened
+            handle, fresh = d.registry.reserve(owner, self._weight(0, size, config)), True
+            try:
+                session = d.runner.open_session()
+            except BaseException:
+                d.registry.discard(handle)
+                raise
+            if not d.registry.fill(handle, session):
+                session.close()
+                raise Unavailable("the engine is shutting down")
             d.registry.pin(handle, owner)
+        call: GenerationCall | None = None
         try:
             if session.generating:
                 raise FailedPrecondition(f"session {handle} is already generating")
             start = session.position + (1 if session.has_pending else 0)
-            convert.check_fits(start, convert.input_size(value), breakpoints, d.limits)
+            convert.check_fits(start, size, breakpoints, d.limits)
+            d.registry.weigh(handle, self._weight(start, size, config), check=True)
+            call = GenerationCall(
+                registry=d.registry,
+                owner=owner,
+                handle=handle,
+                session=session,
+                fresh=fresh,
+                keep_session=request.keep_session,
+                tokenizer=d.tokenizer,
+                prompt_snapshot=request.capture.prompt_snapshot,
+                breakpoints=breakpoints,
+                snapshot_owner=snapshot_owner,
+            )
+            call.reserve_snapshots(start + size)
         except BaseException:
+            if call is not None:
+                call.release_reservations()
             d.registry.unpin(handle)
             if fresh:
                 d.registry.discard(handle)
                 session.close()
             raise
-        return GenerationCall(
-            registry=d.registry,
-            owner=owner,
-            handle=handle,
-            session=session,
-            fresh=fresh,
-            keep_session=request.keep_session,
-            tokenizer=d.tokenizer,
-            prompt_snapshot=request.capture.prompt_snapshot,
-            breakpoints=breakpoints,
-        )
+        return call
+
+    def _weight(self, start: int, size: int, config: GenConfig) -> int:
+        """The positions a generation may reach: what its session weighs in its owner's quota."""
+        return min(start + size + config.max_new_tokens, self.deps.limits.max_session_tokens)
+
+    def _receiver(self, owner: str, requested: str, field_name: str) -> str:
+        """Who receives a clone or snapshot the caller asks for: itself, or another owner when one of
+        the two is a persistent owner (a client hands a snapshot to the prefix service, the prefix
+        service a clone to its caller); any other hand-over is INVALID_ARGUMENT."""
+        if not requested or requested == owner:
+            return owner
+        receiver = convert.check_owner(requested, field_name)
+        persistent = self.deps.registry.persistent_owners
+        if owner not in persistent and receiver not in persistent:
+            names = ", ".join(sorted(persistent)) or "none configured"
+            raise InvalidArgument(f"{field_name} {receiver!r}: only a persistent owner ({names}) can receive "
+                                  f"or give another owner's session")
+        return receiver
 
     # -- sessions ------------------------------------------------------------------------------
     def Clone(self, request: pb.CloneRequest, context: grpc.ServicerContext) -> pb.CloneResponse:
         with status_on_error(context):
             self._serving()
             owner = convert.owner_of(context.invocation_metadata())
-            new_owner = convert.check_owner(request.new_owner, "new_owner") if request.new_owner else owner
+            new_owner = self._receiver(owner, request.new_owner, "new_owner")
             if request.upto < 0:
                 raise InvalidArgument(f"upto must be >= 0, got {request.upto}")
             expected = check_digest(request.expected_content_digest, "expected_content_digest")
@@ -197,20 +248,30 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             if request.upto > position:
                 return convert.clone_refused(CloneRefusal.POSITION, request.upto,
                                              f"upto={request.upto} is outside [0, {position}]")
-            future = source.clone_async(request.upto, expected)
+            registry = self.deps.registry
+            handle = registry.reserve(new_owner, request.upto)  # the new owner's quota, before the clone
             try:
-                child = future.result(timeout=CLONE_TIMEOUT_S)
-            except TimeoutError:  # concurrent.futures' is the builtin since 3.11
-                close_child_when_done(future)  # nobody will receive it
-                raise Unavailable(f"the clone did not complete within {CLONE_TIMEOUT_S} s") from None
+                future = source.clone_async(request.upto, expected)
+                try:
+                    child = future.result(timeout=CLONE_TIMEOUT_S)
+                except TimeoutError:  # concurrent.futures' is the builtin since 3.11
+                    close_child_when_done(future)  # nobody will receive it
+                    raise Unavailable(f"the clone did not complete within {CLONE_TIMEOUT_S} s") from None
+            except BaseException:
+                registry.discard(handle)
+                raise
             if child is None:
+                registry.discard(handle)
                 return convert.clone_refused(future.refusal or CloneRefusal.BOUNDARY, request.upto)
             if not context.is_active():  # the caller gave up (deadline, disconnect): nobody gets it
+                registry.discard(handle)
                 child.close()
                 raise Cancelled("the caller left before the clone completed")
             # a matched expected digest is the child's: no second hash
             digest = expected if expected is not None else child.content_digest()
-            handle = self.deps.registry.register(child, new_owner)
+            if not registry.fill(handle, child):
+                child.close()
+                raise Unavailable("the engine is shutting down")
             return pb.CloneResponse(session=handle, position=request.upto, content_digest=digest or b"")
 
     def Close(self, request: pb.CloseRequest, context: grpc.ServicerContext) -> pb.CloseResponse:
@@ -222,7 +283,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     def ReleaseOwner(self, request: pb.ReleaseOwnerRequest, context: grpc.ServicerContext) -> pb.ReleaseOwnerResponse:
         with status_on_error(context):
             owner = convert.owner_of(context.invocation_metadata())
-            released = self.deps.registry.release_owner(owner)
+            released = self.deps.registry.release_owner(owner, keep=request.keep)
             for r in released:
                 r.value.close()
             return pb.ReleaseOwnerResponse(released=len(released))
@@ -240,15 +301,18 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoResponse:
         with status_on_error(context):
             d = self.deps
+            owner = convert.owner_of(context.invocation_metadata())
             return pb.InfoResponse(
                 model=d.model_name,
                 fingerprint=d.fingerprint,
-                limits=convert.limits_message(d.limits, d.registry.idle_timeout_s),
+                limits=convert.limits_message(d.limits, d.registry.idle_timeout_s, d.registry.quota,
+                                              d.registry.persistent_quota),
                 cache_kind=d.cache_kind,
                 instance_id=d.registry.instance_id,
                 resident_sessions=d.runner.resident_sessions,
                 open_handles=len(d.registry),
                 eos_token_ids=list(d.eos_token_ids),
+                caller=convert.owner_usage(d.registry.usage(owner)),
             )
 
     def Tokenize(self, request: pb.TokenizeRequest, context: grpc.ServicerContext) -> pb.TokenizeResponse:

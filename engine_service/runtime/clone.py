@@ -20,6 +20,7 @@ class CloneRefusal(StrEnum):
     PREPARED_INPUT = "prepared_input"  # an expected digest was given and [0, upto) holds a prepared input
     SOURCE_UNUSABLE = "source_unusable"  # the source is closed or failed
     STOPPING = "stopping"  # the runner is stopping
+    QUOTA = "quota"  # the snapshot's owner has no room left in its quota (decided by the rpc layer)
 
 
 class CloneFuture(Future):

@@ -88,6 +88,12 @@ def stats_response(stats: GatewayStats) -> pb.StatsResponse:
         policy=stats.policy,
         reused_positions=s.reused_tokens,
         refusals={str(reason): count for reason, count in s.refusals.items()},
+        max_positions=s.max_positions,
+        positions=s.positions,
+        engine_share=stats.engine_share,
+        pressure_evictions=stats.pressure_evictions,
+        pressure_retries=stats.pressure_retries,
+        reclaimed=stats.reclaimed,
     )
 
 
@@ -116,7 +122,11 @@ def taken_clone(reply: epb.CloneResponse) -> TakenClone:
 
 
 def engine_info(info: epb.InfoResponse) -> EngineInfo:
-    return EngineInfo(info.instance_id, info.fingerprint, info.limits.vocab_size, info.limits.max_session_tokens)
+    limits = info.limits
+    return EngineInfo(info.instance_id, info.fingerprint, limits.vocab_size, limits.max_session_tokens,
+                      max_sessions=limits.max_sessions, resident_sessions=info.resident_sessions,
+                      quota_sessions=info.caller.max_sessions, quota_positions=info.caller.max_positions,
+                      persistent=info.caller.persistent if info.caller.owner else None)
 
 
 def text_input(text: TextPrompt) -> epb.TextInput:
@@ -138,12 +148,14 @@ def generation_config(config: GenConfig, ignore_eos: bool) -> epb.GenerationConf
     )
 
 
-def engine_request(request: EngineGenerate) -> epb.GenerateRequest:
+def engine_request(request: EngineGenerate, snapshot_owner: str = "") -> epb.GenerateRequest:
+    """The engine Generate; ``snapshot_owner``: who receives the snapshots ("": the caller)."""
     return epb.GenerateRequest(
         session=request.session,
         tokens=epb.TokenIds(ids=request.tokens),
         config=generation_config(request.config, request.ignore_eos),
         capture=epb.CaptureOptions(
-            prompt_snapshot=request.prompt_snapshot, breakpoints=request.config.prefill_breakpoints
+            prompt_snapshot=request.prompt_snapshot, breakpoints=request.config.prefill_breakpoints,
+            snapshot_owner=snapshot_owner,
         ),
     )

@@ -36,7 +36,7 @@ from engine_service.rpc.auth import ClientSecurity, on_behalf_of
 from engine_service.rpc.convert import event_from_proto
 from engine_service.rpc.errors import from_rpc_error
 from engine_service.stream_events import Event
-from prefix_service.backends import EngineGenerate, EngineInfo, TakenClone, TextPrompt
+from prefix_service.backends import Described, EngineGenerate, EngineInfo, TakenClone, TextPrompt
 from prefix_service.rpc import convert
 from prefix_service.rpc.engine_watch import EngineWatch, call_timeout
 from protos import engine_pb2 as pb
@@ -151,8 +151,9 @@ class EngineBackend:
     def tokenize(self, text: TextPrompt, owner: str) -> list[int]:
         return list(self.call(self.stub.Tokenize, pb.TokenizeRequest(text=convert.text_input(text)), owner).ids)
 
-    def describe(self, session: str, owner: str) -> int:
-        return self.call(self.stub.Describe, pb.DescribeRequest(session=session), owner).position
+    def describe(self, session: str, owner: str) -> Described:
+        reply = self.call(self.stub.Describe, pb.DescribeRequest(session=session), owner)
+        return Described(reply.position, reply.content_digest or None)
 
     def take_clone(self, session: str, upto: int, owner: str, expected_digest: bytes | None = None) -> TakenClone:
         """Clone ``owner``'s session into one this backend owns (and adopts), only if it holds the
@@ -168,8 +169,21 @@ class EngineBackend:
         self.call(self.stub.Close, pb.CloseRequest(session=session), owner, release=True)
 
     def generate(self, request: EngineGenerate) -> RemoteStream:
-        call = self.stub.Generate(convert.engine_request(request), metadata=self.metadata, **self.call_options(None))
-        return RemoteStream(call)
+        """Start an engine Generate as ``request.owner`` (its caller: the session counts against the
+        caller's quota), its prompt snapshot handed to this backend's owner."""
+        owner = request.owner if request.owner and request.owner != self.owner else None
+        metadata = self.metadata if owner is None else on_behalf_of(owner)
+        message = convert.engine_request(request, snapshot_owner=self.owner if owner else "")
+        return RemoteStream(self.stub.Generate(message, metadata=metadata, **self.call_options(None)))
+
+    def reclaim(self) -> int:
+        """Close what this owner holds in the engine except the handles this backend knows (adopted:
+        stored snapshots, inserts being made): e.g. clones a client handed to it and never inserted.
+        A clone made meanwhile and not adopted yet is released too (its entry is then dropped as
+        dead at its next lookup)."""
+        with self._lock:
+            keep = list(self._positions)
+        return self.call(self.stub.ReleaseOwner, pb.ReleaseOwnerRequest(keep=keep)).released
 
     # -- SessionBackend ------------------------------------------------------------------------
     @property

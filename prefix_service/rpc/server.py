@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING
 import grpc
 from grpc_health.v1 import health, health_pb2
 
-from engine_service.errors import InvalidArgument, Unavailable
+from engine_service.errors import FailedPrecondition, InvalidArgument, Unavailable
 from engine_service.rpc.auth import ClientSecurity, ServerSecurity
 from engine_service.rpc.service_main import GrpcServer, build_grpc_server
+from prefix_service.budget import DEFAULT_ENGINE_SHARE
 from prefix_service.gateway import Gateway
 from prefix_service.prefix_cache import PrefixCache
 from prefix_service.rpc.engine_backend import DEFAULT_OWNER, EngineBackend
@@ -49,10 +50,16 @@ def connect_engine(
     ready_timeout: float = 30.0,
     engine_security: ClientSecurity | None = None,
     outage_wait_s: float = OUTAGE_WAIT_S,
+    engine_share: float = DEFAULT_ENGINE_SHARE,
+    max_positions: int = 0,
+    pressure_retry: bool = True,
 ) -> tuple[Gateway, grpc.Channel]:
     """Connect to the engine, release this owner's leftovers there, and build the cache.
     ``engine_security``: this service's token for the engine and/or TLS to it (rpc/auth.py).
-    ``outage_wait_s``: how long a call waits for the engine while it is down (engine_watch.py)."""
+    ``outage_wait_s``: how long a call waits for the engine while it is down (engine_watch.py).
+    ``engine_share``: the share of the engine's sessions and positions the cache may hold, within
+    ``max_entries`` / ``max_positions`` (0: no own positions bound); see prefix_service/pressure.py.
+    ``pressure_retry`` False: a live request is never retried after evicting (tests' control)."""
     engine_security = engine_security or ClientSecurity()
     channel = engine_security.channel(engine_address, RECONNECT_OPTIONS)
     try:
@@ -62,11 +69,18 @@ def connect_engine(
         raise Unavailable(f"engine at {engine_address} not reachable within {ready_timeout} s") from None
     backend = EngineBackend(channel, owner=owner, token=engine_security.token)
     backend.watch = EngineWatch(channel, outage_wait_s=outage_wait_s)  # started by create_server
-    backend.refresh()
+    if backend.refresh().persistent is False:
+        channel.close()
+        raise FailedPrecondition(
+            f"the engine does not treat owner {owner!r} as a persistent owner: its snapshots would expire and "
+            f"it could not hand lookup clones to its callers; start forkline-engine with --persistent_owner {owner}")
     released = backend.release_owned()
     if released:
         log.info("released %d snapshots an earlier %s left in the engine", released, owner)
-    return Gateway(PrefixCache(backend, max_entries, policy), backend, policy), channel
+    cache = PrefixCache(backend, max_entries, policy, max_positions=max_positions)
+    gateway = Gateway(cache, backend, policy, engine_share=engine_share, pressure_retry=pressure_retry)
+    gateway.check_engine()  # the budget from the engine's limits, before the first call
+    return gateway, channel
 
 
 class PrefixServer(GrpcServer):

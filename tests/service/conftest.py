@@ -15,6 +15,7 @@ from tokenizers import Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 import engine_service  # noqa: F401  (OpenBLAS before mlx)
+from engine_service.handles import NO_QUOTA, OwnerQuota
 from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
 from engine_service.model.tokenizer import Tokenizer
@@ -68,7 +69,11 @@ def start_engine(
     layers: str = "FRFR",
     seed: int = 0,
     prepared_inputs: bool = False,
+    quota: OwnerQuota = NO_QUOTA,
+    persistent_quota: OwnerQuota = NO_QUOTA,
 ) -> Engine:
+    """``quota`` / ``persistent_quota``: the engine's per-owner quotas (default: none; the CLI's
+    defaults are ``engine_service.handles.engine_quotas``)."""
     tokenizer = char_tokenizer()
     deps = EngineDeps.build(
         random_model(layers, 4, seed),
@@ -81,6 +86,8 @@ def start_engine(
         prefill_chunk=64,
         idle_timeout_s=idle_timeout_s,
         prepared_inputs=prepared_inputs,
+        quota=quota,
+        persistent_quota=persistent_quota,
     )
     server, bound = create_server(deps, f"127.0.0.1:{port}")
     return Engine(server, bound)

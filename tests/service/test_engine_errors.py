@@ -9,6 +9,7 @@ import pytest
 
 from clients.engine_client import EngineClient
 from engine_service import errors
+from engine_service.errors import InvalidArgument
 from engine_service.rpc.convert import OWNER_METADATA_KEY
 from engine_service.rpc.errors import code_for, error_for
 from protos import engine_pb2 as pb
@@ -181,7 +182,10 @@ def test_clone_new_owner_is_validated_like_the_owner_metadata(engine) -> None:
                           lambda: stub.Clone(pb.CloneRequest(session=own, upto=3, new_owner="x" * 129), metadata=meta))
     assert "new_owner" in details
     assert engine.runner.resident_sessions == resident and len(engine.deps.registry) == 1
-    assert alice.clone(own, len(PROMPT), new_owner="y" * 128) is not None  # the longest valid owner works
+    # the longest valid owner passes the length check; a client may hand a clone only to a persistent owner
+    with pytest.raises(InvalidArgument, match="only a persistent owner"):
+        alice.clone(own, len(PROMPT), new_owner="y" * 128)
+    assert alice.clone(own, len(PROMPT), new_owner="prefix-service") is not None
     channel.close()
 
 

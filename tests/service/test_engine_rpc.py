@@ -8,6 +8,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from clients.engine_client import Done, EngineClient, Snapshot, Started, Tokens
+from engine_service import errors
 from engine_service.errors import NotFound
 from tests.service.helpers import PROMPT, SAMPLED, in_process_tokens, wait_for
 
@@ -64,16 +65,22 @@ def test_clone_close_describe_release_owner(engine) -> None:
     assert alice.describe(child) == (50, False)
     refused = alice.clone_detailed(session, 10_000)
     assert not refused.session and "outside" in refused.refusal
-    gift = alice.clone(session, 60, new_owner="bob")
+    with pytest.raises(errors.InvalidArgument, match="new_owner 'bob'"):  # client to client: refused
+        alice.clone(session, 60, new_owner="bob")
+    gift = alice.clone(session, 60, new_owner="prefix-service")  # to a persistent owner (the prefix service)
+    keeper = EngineClient(engine.address, owner="prefix-service")
+    assert keeper.describe(gift) == (60, False)
+    gift = keeper.clone(gift, 60, new_owner="bob")  # and a persistent owner to a client (a lookup)
     assert bob.describe(gift) == (60, False)
     with pytest.raises(NotFound):
         alice.describe(gift)
-    assert alice.info().resident_sessions == base + 3
+    assert alice.info().resident_sessions == base + 4
     alice.close(child)
     with pytest.raises(NotFound):
         alice.close(child)
     assert alice.release_owner() == 1  # the kept session
     assert bob.release_owner() == 1
+    assert keeper.release_owner() == 1
     assert wait_for(lambda: alice.info().resident_sessions == base)
 
 

@@ -206,14 +206,15 @@ def test_gateway_metadata_reaches_the_retention_policy(engine_factory, prefix_fa
 
 
 def test_snapshot_the_engine_no_longer_holds_is_dropped_not_kept(engine_factory, prefix_factory) -> None:
-    # A prefix service whose owner the engine does not keep (not a persistent owner): its stored
-    # snapshot expires in the engine. The entry must not linger: a lookup drops it (stats match what
-    # the engine holds) and the same prompt can be cached again.
+    # The engine no longer holds a stored snapshot (someone released the service's handles behind its
+    # back). The entry must not linger: a lookup drops it (stats match what the engine holds) and the
+    # same prompt can be cached again.
     engine = engine_factory(idle_timeout_s=0.3)
-    prefix = prefix_factory(engine.address, owner="short-lived")
+    prefix = prefix_factory(engine.address)
     gateway_round(prefix, max_new_tokens=2)
     assert prefix.cache.size == 1
-    assert wait_for(lambda: engine.deps.registry.count("short-lived") == 0)
+    for released in engine.deps.registry.release_owner("prefix-service"):
+        released.value.close()
     alice = PrefixClient(prefix.address, owner="alice")
     assert alice.lookup(PROMPT).session is None
     assert alice.stats().entries == 0 and prefix.server.deps.backend.held() == 0
@@ -296,8 +297,9 @@ def test_gateway_client_gone_while_its_snapshot_is_in_flight_leaks_nothing(engin
     stream = PrefixClient(prefix.address, owner="alice").generate(PROMPT, max_new_tokens=3000, ignore_eos=True)
     events = iter(stream)
     assert isinstance(next(events), Started)
-    # the generating session and the snapshot, both registered to the service and sent
-    assert wait_for(lambda: engine.deps.registry.count("prefix-service") == 2)
+    # the generating session (the caller's: it runs as alice) and the snapshot (the service's), both sent
+    assert wait_for(lambda: (engine.deps.registry.count("alice"), engine.deps.registry.count("prefix-service"))
+                    == (1, 1))
     stream.cancel()
     assert wait_for(lambda: engine.runner.metrics().generations_finished == 1)  # the engine saw the client go
     gate.set()

@@ -27,7 +27,7 @@ from engine_service.errors import Cancelled, ResourceExhausted
 from engine_service.runtime.clone import CloneRefusal
 from engine_service.snapshot_kinds import PROMPT
 from engine_service.stream_events import Done, Snapshot, Started, Tokens
-from prefix_service.backends import EngineGenerate, EngineInfo, TakenClone, TextPrompt
+from prefix_service.backends import Described, EngineGenerate, EngineInfo, TakenClone, TextPrompt
 
 
 @dataclass(frozen=True)
@@ -233,9 +233,13 @@ class FakeEngine(FakeBackend):
         self.hang_after: int | None = None  # new streams hang after this many events
         self.take_clone_digests: list[bytes | None] = []  # expected_digest of each take_clone call
         self._cloning_for: str | None = None
+        self.reclaims = 0
+        self.describe_content = True
+        self.max_sessions = 0  # Info's limits (0: not reported: the gateway's budget is its own bounds)
 
     def info(self) -> EngineInfo:
-        return EngineInfo(self.engine_instance, self.fingerprint, self.vocab_size, self.max_session_tokens)
+        return EngineInfo(self.engine_instance, self.fingerprint, self.vocab_size, self.max_session_tokens,
+                          max_sessions=self.max_sessions, resident_sessions=len(self.live))
 
     def refresh(self) -> EngineInfo:
         self.instance_id = self.engine_instance
@@ -259,8 +263,9 @@ class FakeEngine(FakeBackend):
     def tokenize(self, text: TextPrompt, owner: str) -> list[int]:
         return [ord(c) for c in text.text]
 
-    def describe(self, session: FakeSession, owner: str) -> int:
-        return session.position
+    def describe(self, session: FakeSession, owner: str) -> Described:
+        """As the engine: no content digest while generating (``describe_content`` False)."""
+        return Described(session.position, digest_of(session.tokens) if self.describe_content else None)
 
     def take_clone(self, session: FakeSession, upto: int, owner: str,
                    expected_digest: bytes | None = None) -> TakenClone:
@@ -278,6 +283,11 @@ class FakeEngine(FakeBackend):
     def close_as(self, session: FakeSession, owner: str | None = None) -> None:
         self.closed_as.append((session, owner))
         self._do_close(session)
+
+    def reclaim(self) -> int:
+        """The fake knows every session it made: nothing is unknown."""
+        self.reclaims += 1
+        return 0
 
     def generate(self, request: EngineGenerate) -> FakeStream:
         self.requests.append(request)

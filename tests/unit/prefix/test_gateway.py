@@ -36,10 +36,13 @@ def test_generate_stores_the_prompt_then_reuses_it(engine, gateway):
     assert engine.requests[0].session == "" and engine.requests[0].prompt_snapshot
     assert [entry.tokens for entry in gateway.cache.entries()] == [PROMPT]
     second = run(gateway)
-    assert second[0] == Started("", len(PROMPT) - 1, 1)  # the session is the service's: blanked
+    assert second[0] == Started("", len(PROMPT) - 1, 1)  # the gateway manages the session: blanked
     reused = engine.requests[1]
     assert reused.tokens == PROMPT[-1:] and reused.session.closed  # the matched clone is closed
-    assert engine.clone_owners[-1] == engine.owner  # the gateway's own clone, not the caller's
+    # the live session is the caller's (its engine quota): the match is cloned for it, the Generate
+    # runs as it, and the gateway closes the match as it
+    assert engine.clone_owners[-1] == "alice" and reused.owner == "alice"
+    assert (reused.session, "alice") in engine.closed_as
     stats = gateway.stats()
     assert (stats.cache.hits, stats.cache.misses, stats.cache.entries, stats.policy) == (1, 1, 1, "lru")
 
@@ -58,8 +61,8 @@ def test_a_client_that_leaves_stops_the_generation_once_and_the_drain_stores_the
     stream.stop()
     stream.stop()  # gRPC's callback and the generator's own cleanup: one Close
     events.close()
-    [(generating, owner)] = engine.closed_as  # the fresh session `started` named, as the service
-    assert generating.tokens == PROMPT and owner is None
+    [(generating, owner)] = engine.closed_as  # the fresh session `started` named, as its caller
+    assert generating.tokens == PROMPT and owner == "alice"
     assert gateway.cache.size == 1  # the snapshot event it never yielded was read and stored
     assert engine.streams[0].cancelled.is_set()
 

@@ -110,9 +110,17 @@ def test_mallory_cannot_store_italy_under_france_and_bob_is_not_served_it(engine
     live = len(engine.live)
     outcome = gateway.insert(NS, FRANCE, mallory, {}, "mallory")
     assert outcome.reason == InsertRefusal.CONTENT_MISMATCH and not outcome.stored
-    assert engine.take_clone_digests == [content_digest(FRANCE)] and calls == [len(FRANCE)]
+    # the engine's description of her session already differs: refused before any clone or room
+    assert engine.take_clone_digests == [] and calls == [len(FRANCE)]
+    # while her session generates the engine describes no content: the clone's own check refuses it
+    engine.describe_content = False
+    outcome = gateway.insert(NS, FRANCE, mallory, {}, "mallory")
+    assert outcome.reason == InsertRefusal.CONTENT_MISMATCH and not outcome.stored
+    assert engine.take_clone_digests == [content_digest(FRANCE)] and calls == [len(FRANCE)] * 2
+    engine.describe_content = True
+    calls.clear()
     assert len(engine.live) == live and not mallory.closed  # no clone kept; her session is hers
-    assert gateway.cache.size == 0 and gateway.stats().cache.refusals == {"content_mismatch": 1}
+    assert gateway.cache.size == 0 and gateway.stats().cache.refusals == {"content_mismatch": 2}
     events = ask(gateway, FRANCE)
     assert engine.requests[-1].session == "" and events[-1].reused_positions == 0  # a cold run
     assert [entry.tokens for entry in gateway.cache.entries()] == [FRANCE]  # bob's own verified capture

@@ -1,0 +1,176 @@
+"""Budget: how much a :class:`~prefix_service.prefix_cache.PrefixCache` may hold, and room held for
+snapshots on their way.
+
+A prefix cache holds engine sessions, so its bound is in the engine's units: entries (one resident
+session each) and positions (the prompt length each holds: a 2,000-token entry weighs 200 times a
+10-token one). ``max_entries`` 0 disables the cache; ``max_positions`` 0 leaves positions unbounded.
+
+A :class:`Reservation` is room taken before a snapshot exists (one entry, its positions), so the
+snapshot's clone in the engine already fits the cache's share there: the gateway reserves before it
+asks the engine for a prompt snapshot or clones a caller's session, and the insert consumes the
+reservation. Reservations count like entries until they are consumed or released (idempotent).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from engine_service.errors import InvalidArgument
+from prefix_service.outcomes import InsertRefusal
+from prefix_service.retention import Entry, RetentionPolicy
+
+
+def check_bound(value: int, name: str) -> int:
+    """A budget bound: an int >= 0 (InvalidArgument naming ``name`` otherwise)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidArgument(f"{name} must be an int >= 0, got {value!r}")
+    return value
+
+
+class Budget:
+    """The stored entries and their bounds, guarded by the cache's ``lock``: ``positions`` are held
+    by the entries, ``reserved_*`` by reservations. Evictions take the retention policy's victim and
+    hand it to ``drop`` (the cache unindexes it, calls :meth:`discard` and releases its snapshot)."""
+
+    def __init__(self, policy: RetentionPolicy, max_entries: int, max_positions: int,
+                 drop: Callable[[Entry], None], lock: threading.RLock) -> None:
+        self.policy = policy
+        self._drop = drop
+        self._lock = lock
+        self.evictions = 0
+        self.max_entries = check_bound(max_entries, "max_entries")
+        self.max_positions = check_bound(max_positions, "max_positions")
+        self.entries: set[Entry] = set()
+        self.positions = 0
+        self.reserved_entries = 0
+        self.reserved_positions = 0
+
+    def set_bounds(self, max_entries: int, max_positions: int) -> None:
+        self.max_entries = check_bound(max_entries, "max_entries")
+        self.max_positions = check_bound(max_positions, "max_positions")
+
+    def add(self, entry: Entry) -> None:
+        self.entries.add(entry)
+        self.positions += entry.key_length
+
+    def discard(self, entry: Entry) -> None:
+        if entry in self.entries:
+            self.entries.remove(entry)
+            self.positions -= entry.key_length
+
+    def clear(self) -> list[Entry]:
+        """Forget every entry; returns them."""
+        entries, self.entries, self.positions = list(self.entries), set(), 0
+        return entries
+
+    def over(self, extra_entries: int = 0, extra_positions: int = 0) -> bool:
+        """Whether the entries, the reservations and the extra exceed a bound."""
+        if len(self.entries) + self.reserved_entries + extra_entries > self.max_entries:
+            return True
+        used = self.positions + self.reserved_positions + extra_positions
+        return bool(self.max_positions) and used > self.max_positions
+
+    def evict(self, n: int = 1) -> int:
+        """Evict up to ``n`` entries by the policy; how many were evicted."""
+        with self._lock:
+            evicted = 0
+            while evicted < n and self.entries:
+                self._evict_one()
+                evicted += 1
+            return evicted
+
+    def evict_while_over(self, extra_entries: int = 0, extra_positions: int = 0) -> list[Entry]:
+        """Evict by the policy until the entries, reservations and extra fit the bounds; the victims."""
+        with self._lock:
+            victims = []
+            while self.entries and self.over(extra_entries, extra_positions):
+                victims.append(self._evict_one())
+            return victims
+
+    def _evict_one(self) -> Entry:
+        victim = min(self.entries, key=self.policy.priority)
+        self.evictions += 1
+        self._drop(victim)
+        return victim
+
+    def can_ever_hold(self, positions: int) -> bool:
+        """Whether one entry of ``positions`` fits an empty cache."""
+        return self.max_entries > 0 and (not self.max_positions or positions <= self.max_positions)
+
+    def reserve(self, newcomer: Entry) -> Reservation | InsertRefusal:
+        """Room for ``newcomer`` (an entry not stored yet), made by evicting the policy's victims as
+        long as the policy ranks them below it; else why not: EVICTED (the newcomer would be the
+        victim), OVER_BUDGET (it can never fit, or reservations hold the rest), DISABLED."""
+        positions = newcomer.key_length
+        with self._lock:
+            if self.max_entries == 0:
+                return InsertRefusal.DISABLED
+            if not self.can_ever_hold(positions):
+                return InsertRefusal.OVER_BUDGET
+            while self.entries and self.over(1, positions):
+                victim = min(self.entries, key=self.policy.priority)
+                if self.policy.priority(newcomer) < self.policy.priority(victim):
+                    return InsertRefusal.EVICTED
+                self.evictions += 1
+                self._drop(victim)
+            if self.over(1, positions):
+                return InsertRefusal.OVER_BUDGET
+            self.reserved_entries += 1
+            self.reserved_positions += positions
+            return Reservation(positions, self._unreserve)
+
+    def _unreserve(self, reservation: Reservation) -> None:
+        with self._lock:
+            self.reserved_entries -= 1
+            self.reserved_positions -= reservation.positions
+
+
+class Reservation:
+    """Room for one entry of ``positions`` positions (see the module docstring). ``release()`` gives it
+    back once; an insert that receives it releases it as it adds the entry."""
+
+    def __init__(self, positions: int, on_release: Callable[[Reservation], None]) -> None:
+        self.positions = positions
+        self._on_release = on_release
+        self._lock = threading.Lock()
+        self._held = True
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def release(self) -> None:
+        with self._lock:
+            if not self._held:
+                return
+            self._held = False
+        self._on_release(self)
+
+
+DEFAULT_ENGINE_SHARE = 0.5
+
+
+def check_share(share: float, name: str = "engine_share") -> float:
+    """A share of the engine: a number in (0, 1] (InvalidArgument naming ``name`` otherwise)."""
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+        raise InvalidArgument(f"{name} must be in (0, 1], got {share!r}")
+    return float(share)
+
+
+def engine_budget(share: float, max_entries: int, max_positions: int, *, engine_max_sessions: int,
+                  engine_max_session_tokens: int, quota_sessions: int = 0, quota_positions: int = 0) -> tuple[int, int]:
+    """The (entries, positions) a prefix service may hold in an engine: its configured bounds
+    (``max_positions`` 0: none), capped by ``share`` of the engine's resident sessions and of their
+    positions (``max_sessions * max_session_tokens``), and by the engine's quota for its owner
+    (``quota_*``, 0: none). An engine that reports no limits caps nothing."""
+    entries, positions = max_entries, max_positions
+    if engine_max_sessions > 0:
+        entries = min(entries, int(share * engine_max_sessions + 1e-9))
+        share_positions = int(share * engine_max_sessions * engine_max_session_tokens + 1e-9)
+        positions = min(positions, share_positions) if positions else share_positions
+    if quota_sessions:
+        entries = min(entries, quota_sessions)
+    if quota_positions:
+        positions = min(positions, quota_positions) if positions else quota_positions
+    return entries, positions

@@ -1,0 +1,103 @@
+"""EnginePressure: how the gateway keeps its prefix cache within its share of the engine, and what it
+does when a live request finds the engine full.
+
+The prefix service holds its snapshots as engine sessions, next to the clients' live sessions. It
+must never starve them (DESIGN.md section 4):
+
+- :meth:`EnginePressure.apply_budget` caps the cache at ``engine_share`` of the engine's resident
+  sessions and positions, and at the engine's quota for the service's owner (``budget.engine_budget``,
+  from the engine's Info); a shrinking cap evicts by the retention policy.
+- :meth:`EnginePressure.relieve`: a live request met RESOURCE_EXHAUSTED (a full engine): evict one
+  entry by the policy, and the caller retries once. Not when the request's owner is over its own
+  engine quota (the freed room would not be its); not with ``pressure_retry`` False (a test's negative
+  control).
+- :meth:`EnginePressure.reclaim`: the engine refused the service room for its own quota although the
+  cache is within its bounds, so the service's owner holds handles the service does not know (clones
+  a client handed to it with ``CloneRequest.new_owner`` and never inserted): release them.
+
+Counters (``pressure_evictions``, ``pressure_retries``, ``reclaimed``) feed the service's Stats.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from engine_service.errors import ForklineError, ResourceExhausted
+from engine_service.handles import quota_owner
+from prefix_service.backends import EngineInfo, GatewayBackend, TakenClone
+from prefix_service.budget import check_share, engine_budget
+from prefix_service.prefix_cache import PrefixCache
+
+log = logging.getLogger(__name__)
+
+
+class EnginePressure:
+    """See the module docstring. The cache's bounds as given are the configured ones."""
+
+    def __init__(self, cache: PrefixCache, backend: GatewayBackend, engine_share: float,
+                 pressure_retry: bool = True) -> None:
+        self.cache = cache
+        self.backend = backend
+        self.engine_share = check_share(engine_share)
+        self.pressure_retry = pressure_retry
+        self._configured = (cache.max_entries, cache.max_positions)
+        self._lock = threading.Lock()
+        self.pressure_evictions = self.pressure_retries = self.reclaimed = 0
+
+    def apply_budget(self, info: EngineInfo) -> None:
+        """Cap the cache at its share of the engine; evicts when the bounds shrink."""
+        bounds = engine_budget(self.engine_share, *self._configured, engine_max_sessions=info.max_sessions,
+                               engine_max_session_tokens=info.max_session_tokens,
+                               quota_sessions=info.quota_sessions, quota_positions=info.quota_positions)
+        if bounds != (self.cache.max_entries, self.cache.max_positions):
+            evicted = self.cache.set_budget(*bounds)
+            log.info("prefix budget: %d entries, %d positions (share %.2f of %d sessions x %d positions); "
+                     "evicted %d", *bounds, self.engine_share, info.max_sessions, info.max_session_tokens, evicted)
+
+    def engine_full(self) -> bool:
+        """Whether the engine holds as many sessions as it can (one Info call)."""
+        try:
+            info = self.backend.info()
+        except ForklineError:
+            return False
+        return 0 < info.max_sessions <= info.resident_sessions
+
+    def relieve(self, exc: ResourceExhausted | None = None) -> bool:
+        """Pressure from a live request: evict one entry by the policy and say whether to retry."""
+        who = None if exc is None else quota_owner(str(exc))
+        if not self.pressure_retry or (who is not None and who != self.backend.owner):
+            return False
+        evicted = self.cache.evict(1)
+        with self._lock:
+            self.pressure_evictions += evicted
+            self.pressure_retries += 1
+        log.info("engine full for a live request: evicted %d entries, retrying once", evicted)
+        return True
+
+    def take_clone(self, session: str, upto: int, owner: str, digest: bytes) -> TakenClone | None:
+        """An Insert's clone of ``owner``'s session into the service's ownership; None when the
+        service's own engine quota stays full after reclaiming the handles it does not know."""
+        for attempt in range(2):
+            try:
+                return self.backend.take_clone(session, upto, owner, digest)
+            except ResourceExhausted as exc:
+                if quota_owner(str(exc)) != self.backend.owner:
+                    raise
+            if attempt or not self.reclaim():
+                break
+        return None
+
+    def reclaim(self) -> int:
+        """Release what the service's owner holds in the engine that it does not know; how many."""
+        try:
+            released = self.backend.reclaim()
+        except ForklineError:
+            log.warning("could not reclaim unknown handles", exc_info=True)
+            return 0
+        with self._lock:
+            self.reclaimed += released
+        if released:
+            log.warning("released %d handles held under %s that this service did not know", released,
+                        self.backend.owner)
+        return released
