@@ -16,28 +16,14 @@ import pytest
 from starlette.applications import Starlette
 
 from clients.engine_client import EngineClient
-from engine_service import errors
 from prefix_service.__main__ import connect_and_serve
 from prefix_service.__main__ import parse_args as prefix_args
-from prefix_service.http.errors import error_body
 from prefix_service.http.server import HttpServer
-from prefix_service.http.stop_strings import StopMatcher
 from tests.service.conftest import start_engine, start_prefix
 from tests.service.helpers import wait_for
 
 MODEL = "tiny"
-TOKEN = "alice-token-0123456789"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-class Tokens:
-    """A token table as the door needs it (``owner_for``)."""
-
-    def __init__(self, table: dict[str, str]) -> None:
-        self.table = table
-
-    def owner_for(self, token: str) -> str | None:
-        return self.table.get(token)
 
 
 @pytest.fixture
@@ -202,75 +188,6 @@ def test_errors_surface_as_the_sdks_exceptions(shared_base, kwargs, exception, p
     assert info.value.body["param"] == param and info.value.body["message"]
 
 
-def test_bearer_tokens_map_to_owners(engine_factory, prefix_factory) -> None:
-    engine = engine_factory()
-    prefix = prefix_factory(engine.address)
-    port = prefix.server.start_http("127.0.0.1", 0, model_name=MODEL, auth=Tokens({TOKEN: "alice"}))
-    base = f"http://127.0.0.1:{port}"
-    for key in ("wrong-token-0123456789", "short"):
-        with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0).models.list()
-    missing = httpx.get(base + "/v1/models")
-    assert missing.status_code == 401 and missing.json()["error"]["code"] == "invalid_api_key"
-    assert httpx.get(base + "/health").status_code == 200  # probes need no token
-    alice = openai.OpenAI(base_url=base + "/v1", api_key=TOKEN, max_retries=0)
-    answer = alice.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2, temperature=0)
-    assert answer.usage.completion_tokens == 2
-
-
-def test_real_tokens_are_forwarded_and_https_uses_the_grpc_certificate(tmp_path) -> None:
-    """The services' own token tables: an HTTP caller's token is forwarded to the engine (which knows
-    alice, not carol: carol passes the prefix service but the engine refuses her, 401), over HTTPS
-    with the gRPC side's certificate."""
-    import ssl
-
-    from engine_service.auth import TokenTable
-    from engine_service.model.chat import ChatFormatter
-    from engine_service.model.random_init import random_model
-    from engine_service.rpc.auth import ClientSecurity, ServerSecurity
-    from engine_service.rpc.server import create_server
-    from engine_service.rpc.servicer import EngineDeps
-    from prefix_service.rpc.server import connect_engine
-    from prefix_service.rpc.server import create_server as create_prefix_server
-    from tests.service.conftest import char_tokenizer
-    from tests.service.pki import write_test_pki
-
-    def table(name: str, pairs: dict[str, str]) -> TokenTable:
-        (tmp_path / name).write_text("".join(f"{token} {owner}\n" for token, owner in pairs.items()))
-        return TokenTable.load(str(tmp_path / name))
-
-    service_token, carol = "prefix-service-0123456789", "carol-token-0123456789"
-    prefix_tokens = table("prefix.txt", {TOKEN: "alice", carol: "carol"})
-    engine_security = ServerSecurity(table("engine.txt", {TOKEN: "alice", service_token: "prefix-service"}))
-    pki = write_test_pki(tmp_path)
-    deps = EngineDeps.build(random_model("FRFR", 4, 0), char_tokenizer(), model_name="tiny",
-                            chat=ChatFormatter(name="chatml"), max_sessions=8, max_session_tokens=256,
-                            prefill_chunk=64)
-    engine, engine_port = create_server(deps, "127.0.0.1:0", security=engine_security)
-    gateway, channel = connect_engine(f"127.0.0.1:{engine_port}", engine_security=ClientSecurity(service_token))
-    prefix, _ = create_prefix_server(gateway, "127.0.0.1:0", channel=channel,
-                                     security=ServerSecurity(prefix_tokens))
-    try:
-        port = prefix.start_http("127.0.0.1", 0, auth=prefix_tokens, tls_cert=pki.server_cert,
-                                 tls_key=pki.server_key)
-
-        def client(token: str) -> openai.OpenAI:
-            https = httpx.Client(verify=ssl.create_default_context(cafile=pki.ca))
-            return openai.OpenAI(base_url=f"https://127.0.0.1:{port}/v1", api_key=token, max_retries=0,
-                                 http_client=https)
-
-        answer = client(TOKEN).chat.completions.create(model="tiny", messages=QUESTION, max_tokens=2)
-        assert answer.usage.completion_tokens == 2
-        assert [m.id for m in client(carol).models.list()] == ["tiny"]  # the door lets carol in...
-        with pytest.raises(openai.AuthenticationError):  # ...the engine, checking her token, does not
-            client(carol).chat.completions.create(model="tiny", messages=QUESTION, max_tokens=2)
-        with pytest.raises(httpx.TransportError):  # plaintext to the HTTPS port
-            httpx.get(f"http://127.0.0.1:{port}/health").raise_for_status()
-    finally:
-        prefix.stop(0)
-        engine.stop(0, shutdown_runner=True)
-
-
 # -- raw HTTP ---------------------------------------------------------------------------------------
 
 
@@ -392,44 +309,6 @@ def test_stopping_the_prefix_service_stops_its_http_door(door) -> None:
     with pytest.raises(httpx.ConnectError):
         httpx.get(base + "/health")
     assert wait_for(lambda: engine_idle(engine, held=0), timeout=10)
-
-
-# -- the pieces -------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("stops", "deltas", "emitted", "stopped"), [
-    (["END"], ["ab", "cE", "N", "Dxyz"], "abc", True),  # across three deltas
-    (["END"], ["ab", "cE", "Nx"], "abcENx", False),  # a partial match is released
-    (["xx", "b"], ["axxb"], "a", True),  # the earliest match wins
-    (["b", "ab"], ["cab"], "c", True),  # ...whichever stop string it is
-    ([], ["abc"], "abc", False),
-    (["\n\n"], ["line\n", "\nmore"], "line", True),
-])
-def test_stop_matcher(stops, deltas, emitted, stopped) -> None:
-    matcher = StopMatcher(stops)
-    out, done = "", False
-    for delta in deltas:
-        text, done = matcher.push(delta)
-        out += text
-        if done:
-            break
-    if not done:
-        out += matcher.flush()
-    assert (out, done) == (emitted, stopped)
-
-
-@pytest.mark.parametrize(("exc", "status", "kind"), [
-    (errors.InvalidArgument("x must be > 0"), 400, "invalid_request_error"),
-    (errors.ResourceExhausted("no free session"), 429, "rate_limit_error"),
-    (errors.Unavailable("engine stopping"), 503, "service_unavailable"),
-    (errors.NotFound("unknown handle"), 503, "service_unavailable"),
-    (errors.GenerationError("executor failed"), 500, "server_error"),
-    (KeyError("secret internals"), 500, "server_error"),
-])
-def test_error_mapping(exc, status, kind) -> None:
-    code, body = error_body(exc)
-    assert (code, body.error.type) == (status, kind)
-    assert ("secret" not in body.error.message) and body.error.message
 
 
 # -- the real model ---------------------------------------------------------------------------------
