@@ -41,6 +41,7 @@ ANONYMOUS = "anonymous"  # the owner of requests without auth (the gRPC default 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 Body = TypeVar("Body", bound=BaseModel)
+T = TypeVar("T")
 
 
 class OwnerTable(Protocol):
@@ -170,7 +171,7 @@ async def _collect(generation: Generation) -> str:
     return "".join([text async for text in generation.deltas()])
 
 
-async def _until_disconnected(request: Request, work, on_disconnect: Callable[[], None]):
+async def _until_disconnected(request: Request, work: Awaitable[T], on_disconnect: Callable[[], None]) -> T:
     """Await ``work``; if the client disconnects first, call ``on_disconnect`` and give up."""
     watcher = asyncio.ensure_future(_disconnected(request))
     task = asyncio.ensure_future(work)
