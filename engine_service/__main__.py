@@ -85,7 +85,8 @@ def start_engine(args: argparse.Namespace):
         quota=quota,
         persistent_quota=persistent_quota,
     )
-    return create_server(deps, f"{args.host}:{args.port}", security=security)
+    return create_server(deps, f"{args.host}:{args.port}", security=security,
+                         metrics=args.metrics_port is not None)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -108,7 +108,8 @@ def connect_and_serve(args: argparse.Namespace):
                                    owner=args.owner, ready_timeout=args.engine_timeout,
                                    engine_security=engine_security, outage_wait_s=args.engine_outage_wait,
                                    engine_share=args.engine_share, max_positions=args.max_positions)
-    server, port = create_server(deps, f"{args.host}:{args.port}", channel=channel, security=security)
+    server, port = create_server(deps, f"{args.host}:{args.port}", channel=channel, security=security,
+                                 metrics=args.metrics_port is not None)
     if args.http_port is not None:
         start_http(server, args, security.tokens)
     return server, port

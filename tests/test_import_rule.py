@@ -1,4 +1,5 @@
-"""Domain code never imports grpc or the generated protos: only ``*/rpc/`` modules (and ``clients/``) do."""
+"""Domain code never imports grpc, the generated protos or prometheus_client: only ``*/rpc/`` modules
+(and ``clients/``) do; metrics are read from the domain (counters, stats) by collectors in ``rpc/``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FORBIDDEN = ("grpc", "grpc_health", "grpc_reflection", "grpc_tools", "protos", "google.protobuf")
+FORBIDDEN = ("grpc", "grpc_health", "grpc_reflection", "grpc_tools", "protos", "google.protobuf", "prometheus_client")
 
 
 def forbidden_imports(source: str) -> list[str]:
@@ -52,6 +53,7 @@ def test_domain_module_does_not_import_grpc_or_protos(path: Path) -> None:
         ("from protos import engine_pb2", ["protos"]),
         ("import protos.engine_pb2 as pb", ["protos.engine_pb2"]),
         ("from google.protobuf import message", ["google.protobuf"]),
+        ("from prometheus_client import Counter", ["prometheus_client"]),
         ("import grpcio_like_name", []),
         ("from engine_service.errors import NotFound", []),
         ("from . import rpc", []),

@@ -4,7 +4,8 @@
 serving and returns an :class:`EngineServer`. ``server.stop(grace)`` drains: new calls get
 UNAVAILABLE and health reports NOT_SERVING, in-flight streams get ``grace`` seconds to finish, then
 the remaining ones are cancelled and every handle still registered is closed. The runner belongs to
-the caller (``python -m engine_service`` shuts it down after the server).
+the caller (``python -m engine_service`` shuts it down after the server). ``metrics=True`` collects
+Prometheus metrics (``rpc/metrics.py``); ``server.start_metrics(host, port)`` serves them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import grpc
 from grpc_health.v1 import health
 
 from engine_service.rpc.auth import ServerSecurity
+from engine_service.rpc.metrics import EngineMetrics
 from engine_service.rpc.service_main import GrpcServer, build_grpc_server
 from engine_service.rpc.servicer import EngineDeps, EngineServicer
 from protos import engine_pb2, engine_pb2_grpc
@@ -84,15 +86,25 @@ class EngineServer(GrpcServer):
 
 
 def create_server(deps: EngineDeps, address: str = "127.0.0.1:0", *,
-                  security: ServerSecurity | None = None) -> tuple[EngineServer, int]:
+                  security: ServerSecurity | None = None, metrics: bool = False) -> tuple[EngineServer, int]:
     """Build, bind and start the engine server; returns it and the bound port. ``security``: TLS and/or
-    bearer tokens (``engine_service/rpc/auth.py``; None: plaintext, self-declared owners)."""
+    bearer tokens (``engine_service/rpc/auth.py``; None: plaintext, self-declared owners). ``metrics``:
+    collect Prometheus metrics (``server.metrics``; served by ``server.start_metrics``)."""
     servicer = EngineServicer(deps)
-    server, health_servicer, port = build_grpc_server(
-        engine_pb2_grpc.add_EngineServicer_to_server, servicer, SERVICE_NAME, address,
-        max_workers=MAX_WORKERS, thread_name_prefix="forkline-engine-rpc", security=security,
-    )
+    engine_metrics = EngineMetrics(deps) if metrics else None
+    try:
+        server, health_servicer, port = build_grpc_server(
+            engine_pb2_grpc.add_EngineServicer_to_server, servicer, SERVICE_NAME, address,
+            max_workers=MAX_WORKERS, thread_name_prefix="forkline-engine-rpc", security=security,
+            interceptors=() if engine_metrics is None else (engine_metrics.interceptor,),
+        )
+    except BaseException:
+        if engine_metrics is not None:
+            engine_metrics.close()  # detach the runner's batch observer
+        raise
     sweeper = HandleSweeper(deps)
     sweeper.start()
     log.info("engine serving %s on port %d (instance %s)", SERVICE_NAME, port, deps.registry.instance_id)
-    return EngineServer(server, servicer, health_servicer, sweeper, port), port
+    engine_server = EngineServer(server, servicer, health_servicer, sweeper, port)
+    engine_server.metrics = engine_metrics
+    return engine_server, port

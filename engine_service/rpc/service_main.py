@@ -1,9 +1,10 @@
 """What both services (``forkline-engine``, ``forkline-prefix``) share: the serving and auth flags, a
-gRPC server with health checking, reflection and optional TLS / bearer tokens, draining it once, and
-serving until SIGTERM / SIGINT.
+gRPC server with health checking, reflection and optional TLS / bearer tokens, draining it once,
+Prometheus metrics on ``--metrics_port``, and serving until SIGTERM / SIGINT.
 
 :func:`build_grpc_server` binds and starts one service; :class:`GrpcServer` is the base of both
-servers' handles (``stop`` drains once); :func:`run_service` is the body of both ``main``s.
+servers' handles (``stop`` drains once, then stops the metrics endpoint); :func:`run_service` is the
+body of both ``main``s.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from typing import Any, TypeVar
 
@@ -22,8 +23,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from engine_service.auth import is_loopback, reload_on_sighup
-from engine_service.errors import ForklineError
+from engine_service.errors import FailedPrecondition, ForklineError
 from engine_service.rpc.auth import ServerSecurity
+from engine_service.rpc.rpc_metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,9 @@ def add_serving_arguments(parser: argparse.ArgumentParser, *, default_port: int)
                         help="seconds the calls in flight get to finish at shutdown (default: %(default)s)")
     parser.add_argument("--log_level", default="INFO", type=str.upper, choices=LOG_LEVELS,
                         help="log messages at this level and above on stderr (default: %(default)s)")
+    parser.add_argument("--metrics_port", metavar="PORT", type=port_number, default=None,
+                        help="serve Prometheus metrics on http://HOST:PORT/metrics (plain HTTP, no token: keep it "
+                             "on a private network); 0 picks a free one (default: off)")
 
 
 def add_auth_arguments(parser: argparse.ArgumentParser) -> None:
@@ -91,17 +96,19 @@ def build_grpc_server(
     max_workers: int,
     thread_name_prefix: str,
     security: ServerSecurity | None = None,
+    interceptors: Sequence[grpc.ServerInterceptor] = (),
 ) -> tuple[grpc.Server, health.HealthServicer, int]:
     """A started server for ``servicer`` (registered with its generated ``add_servicer``), gRPC health
     checking (SERVING for "" and ``service_name``) and reflection; returns it, its health servicer and
     the bound port. ``address`` ``host:0`` picks a free port; OSError when it cannot be bound.
     ``security``: TLS credentials and/or the token interceptor (None: plaintext, owners self-declared;
-    a warning is logged when such a server listens on a non-loopback address)."""
+    a warning is logged when such a server listens on a non-loopback address). ``interceptors`` run
+    before the security ones (the metrics interceptor, which also counts refused calls)."""
     security = security or ServerSecurity()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=thread_name_prefix),
         options=[("grpc.so_reuseport", 0)],
-        interceptors=security.interceptors(),
+        interceptors=(*interceptors, *security.interceptors()),
     )
     add_servicer(servicer, server)
     health_servicer = health.HealthServicer()
@@ -124,7 +131,10 @@ def build_grpc_server(
 
 
 class GrpcServer:
-    """A running service built by :func:`build_grpc_server`. ``port`` is the bound port."""
+    """A running service built by :func:`build_grpc_server`. ``port`` is the bound port. ``metrics``:
+    its Prometheus metrics when built with them (their interceptor installed), else None."""
+
+    metrics: ServiceMetrics | None = None
 
     def __init__(self, server: grpc.Server, servicer: Any, health_servicer: health.HealthServicer,
                  port: int) -> None:
@@ -147,7 +157,16 @@ class GrpcServer:
             self.health.enter_graceful_shutdown()
             self.grpc_server.stop(grace).wait()
             after()
+            if self.metrics is not None:
+                self.metrics.close()
             self._stopped.set()
+
+    def start_metrics(self, host: str, port: int) -> int:
+        """Serve this server's metrics on ``http://host:port/metrics`` (0: a free port) until it stops;
+        returns the bound port. FailedPrecondition when it was built without metrics."""
+        if self.metrics is None:
+            raise FailedPrecondition("this server was created without metrics (create_server(..., metrics=True))")
+        return self.metrics.serve(host, port)
 
     def wait_for_termination(self, timeout: float | None = None) -> bool:
         return self._stopped.wait(timeout)
@@ -166,14 +185,24 @@ def serve_until_signalled(name: str, host: str, port: int) -> None:
 def run_service(name: str, args: argparse.Namespace, start: Callable[[argparse.Namespace], tuple[S, int]],
                 stop: Callable[[S, argparse.Namespace], None]) -> int:
     """A service's ``main`` after parsing (``args`` from :func:`add_serving_arguments`): configure
-    logging, ``start(args)`` the server (a ForklineError or OSError prints one line ``<name>: <problem>``
-    on stderr and returns 2), serve until signalled, ``stop(server, args)``, return 0."""
+    logging, ``start(args)`` the server (built with metrics when ``--metrics_port`` is set) and its
+    metrics endpoint (printing ``<name> metrics on http://HOST:PORT/metrics``); a ForklineError or
+    OSError prints one line ``<name>: <problem>`` on stderr and returns 2. Then serve until signalled,
+    ``stop(server, args)``, return 0."""
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         server, port = start(args)
     except (ForklineError, OSError) as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         return 2
+    if args.metrics_port is not None:
+        try:
+            metrics_port = server.start_metrics(args.host, args.metrics_port)
+        except (ForklineError, OSError) as exc:
+            print(f"{name}: metrics: {exc}", file=sys.stderr)
+            stop(server, args)
+            return 2
+        print(f"{name} metrics on http://{args.host}:{metrics_port}/metrics", flush=True)
     serve_until_signalled(name, args.host, port)
     logging.getLogger(name).info("draining (grace %.1f s)", args.grace)
     stop(server, args)

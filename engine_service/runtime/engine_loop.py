@@ -17,6 +17,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
@@ -49,6 +50,10 @@ log = logging.getLogger(__name__)
 COUNTERS = ("steps", "forward_batches", "failed_batches", "tokens_decoded", "prefill_positions",
             "generations_started", "generations_finished", "clones_succeeded", "clones_refused")
 
+# Called on the engine thread after every forward with (rows, positions, seconds): the inputs in the
+# batch, the positions they fed, and the wall time of ``executor.execute``. Must be cheap and not raise.
+BatchObserver = Callable[[int, int, float], None]
+
 
 class EngineLoop:
     """Engine-thread state of one :class:`Runner`: session records, live generations, counters."""
@@ -69,6 +74,7 @@ class EngineLoop:
         self.fingerprint = ""
         self.startup_error: BaseException | None = None
         self.ready = threading.Event()
+        self.batch_observer: BatchObserver | None = None  # set by metrics; read once per batch
         self._active: list[ActiveGeneration] = []
         self._next_key = 0
         self._table = CommandTable({
@@ -118,6 +124,11 @@ class EngineLoop:
             if clear_streams is not None:
                 clear_streams()
 
+    @property
+    def active_generations(self) -> int:
+        """Generations the engine thread is running now (started, not finished)."""
+        return len(self._active)
+
     def _drain(self, *, block: bool) -> None:
         try:
             command = self.inbox.get() if block else self.inbox.get_nowait()
@@ -158,6 +169,7 @@ class EngineLoop:
 
     def _run_batch(self, plan: BatchPlan) -> None:
         self.counts["forward_batches"] += 1
+        started = time.perf_counter()
         try:
             outputs = self._executor.execute([p.input for p in plan.inputs])
             if len(outputs) != len(plan.inputs):
@@ -170,9 +182,19 @@ class EngineLoop:
                 item.gen.record.poisoned = True
                 self._finish(item.gen, ERROR, GenerationError(f"executor failed: {type(exc).__name__}: {exc}"))
             return
+        observer = self.batch_observer
+        if observer is not None:
+            self._observe(observer, plan, time.perf_counter() - started)
         for item, out in zip(plan.inputs, outputs, strict=True):
             if not item.gen.finished:
                 self._deliver(item, out)
+
+    @staticmethod
+    def _observe(observer: BatchObserver, plan: BatchPlan, seconds: float) -> None:
+        try:
+            observer(len(plan.inputs), sum(p.input.size() for p in plan.inputs), seconds)
+        except Exception:  # metrics never fail a batch
+            log.exception("batch observer failed")
 
     def _deliver(self, item: PlannedInput, out: ExecOutput) -> None:
         gen, rec = item.gen, item.gen.record

@@ -35,7 +35,7 @@ from engine_service.runtime.commands import (
     OpenCommand,
     StartCommand,
 )
-from engine_service.runtime.engine_loop import EngineLoop
+from engine_service.runtime.engine_loop import BatchObserver, EngineLoop
 from engine_service.runtime.generation import GenerationHandle, GenerationUpdate
 from engine_service.runtime.session import Session
 from engine_service.runtime.state import ActiveGeneration
@@ -63,7 +63,8 @@ class RunnerMetrics:
     steps: engine loop iterations (each drains the inbox, then runs at most one forward).
     forward_batches: executor.execute calls, failed ones included (also counted in failed_batches).
     tokens_decoded: tokens returned to generations. prefill_positions: prompt positions committed.
-    resident_sessions: sessions the executor holds now.
+    resident_sessions: sessions the executor holds now. active_generations: generations the engine
+    thread runs now. queued_commands: commands (opens, clones, closes, starts, ...) waiting in its inbox.
     """
 
     steps: int = 0
@@ -76,6 +77,8 @@ class RunnerMetrics:
     clones_succeeded: int = 0
     clones_refused: int = 0
     resident_sessions: int = 0
+    active_generations: int = 0
+    queued_commands: int = 0
 
 
 class Runner:
@@ -124,7 +127,20 @@ class Runner:
         return len(self._engine.records)
 
     def metrics(self) -> RunnerMetrics:
-        return RunnerMetrics(**self._engine.counts, resident_sessions=len(self._engine.records))
+        engine = self._engine
+        return RunnerMetrics(**engine.counts, resident_sessions=len(engine.records),
+                             active_generations=engine.active_generations, queued_commands=engine.inbox.qsize())
+
+    @property
+    def batch_observer(self) -> BatchObserver | None:
+        """Called on the engine thread after every forward with (rows, positions, seconds of
+        ``executor.execute``); must be cheap and should not raise (an exception is logged, never fails
+        the batch). None (the default): nothing is called."""
+        return self._engine.batch_observer
+
+    @batch_observer.setter
+    def batch_observer(self, observer: BatchObserver | None) -> None:
+        self._engine.batch_observer = observer
 
     def open_session_async(self) -> Future[Session]:
         """A future of a new empty session; fails ResourceExhausted (no slot) or Unavailable (stopping)."""

@@ -168,17 +168,23 @@ class PrefixServer(GrpcServer):
 
 
 def create_server(gateway: Gateway, address: str = "127.0.0.1:0", *, channel: grpc.Channel | None = None,
-                  security: ServerSecurity | None = None) -> tuple[PrefixServer, int]:
+                  security: ServerSecurity | None = None, metrics: bool = False) -> tuple[PrefixServer, int]:
     """Build, bind and start the prefix server; returns it and the bound port. ``channel`` (the engine
     channel from :func:`connect_engine`) is closed when the server stops. ``security``: TLS and/or
-    bearer tokens for this service's callers (None: plaintext, self-declared owners)."""
+    bearer tokens for this service's callers (None: plaintext, self-declared owners). ``metrics``:
+    collect Prometheus metrics (``rpc/metrics.py``; served by ``server.start_metrics``)."""
+    from prefix_service.rpc.metrics import PrefixMetrics
+
     servicer = PrefixServicer(gateway)
+    prefix_metrics = PrefixMetrics(gateway) if metrics else None
     server, health_servicer, port = build_grpc_server(
         prefix_pb2_grpc.add_PrefixCacheServicer_to_server, servicer, SERVICE_NAME, address,
         max_workers=MAX_WORKERS, thread_name_prefix="forkline-prefix-rpc", security=security,
+        interceptors=() if prefix_metrics is None else (prefix_metrics.interceptor,),
     )
     log.info("prefix cache serving %s on port %d (engine instance %s)", SERVICE_NAME, port,
              gateway.backend.instance_id)
     prefix_server = PrefixServer(server, servicer, health_servicer, port, channel)
+    prefix_server.metrics = prefix_metrics
     prefix_server.watch_engine()
     return prefix_server, port
