@@ -79,7 +79,7 @@ def _iterate_as(caller: Caller, responses: Iterator[Any]) -> Iterator[Any]:
                 close()
 
 
-def _rebuild(handler: grpc.RpcMethodHandler,
+def rebuild_handler(handler: grpc.RpcMethodHandler,
              wrap: Callable[[Callable[..., Any], bool], Callable[..., Any]]) -> grpc.RpcMethodHandler:
     """``handler`` with its behaviour wrapped (``wrap(behaviour, streams_responses)``)."""
     codec = {"request_deserializer": handler.request_deserializer,
@@ -108,8 +108,8 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):
         except Unauthenticated as exc:
             log.debug("refused %s: %s", handler_call_details.method, exc)
             refuse = _refusal(exc)
-            return _rebuild(handler, lambda _behaviour, _streams: refuse)
-        return _rebuild(handler, lambda behaviour, streams: _as_caller(caller, behaviour, streams))
+            return rebuild_handler(handler, lambda _behaviour, _streams: refuse)
+        return rebuild_handler(handler, lambda behaviour, streams: _as_caller(caller, behaviour, streams))
 
 
 def _refusal(exc: Unauthenticated) -> Callable[..., Any]:

@@ -25,6 +25,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import start_http_server
 from prometheus_client.process_collector import ProcessCollector
 
+from engine_service.rpc.auth import rebuild_handler
+
 log = logging.getLogger(__name__)
 
 # Fixed buckets (upper bounds, seconds). TTFT spans a cached hit on a tiny model (ms) to a cold
@@ -154,19 +156,6 @@ def _ended_code(context: grpc.ServicerContext, failed: bool) -> str:
     return OK
 
 
-def _rebuild(handler: grpc.RpcMethodHandler, wrap: Callable[[Callable[..., Any], bool], Callable[..., Any]]
-             ) -> grpc.RpcMethodHandler:
-    codec = {"request_deserializer": handler.request_deserializer,
-             "response_serializer": handler.response_serializer}
-    if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(wrap(handler.unary_unary, False), **codec)
-    if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(wrap(handler.unary_stream, True), **codec)
-    if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(wrap(handler.stream_unary, False), **codec)
-    return grpc.stream_stream_rpc_method_handler(wrap(handler.stream_stream, True), **codec)
-
-
 class MetricsInterceptor(grpc.ServerInterceptor):
     """Counts every call to a method the server serves (health and reflection included) by status
     code, times it, and watches generation streams. Install it first (outermost), so calls the token
@@ -186,7 +175,7 @@ class MetricsInterceptor(grpc.ServerInterceptor):
         if method is None:
             with self._lock:
                 method = self._methods.setdefault(name, _Method(self.metrics, name))
-        return _rebuild(handler, lambda behaviour, streams: (_streaming if streams else _unary)(method, behaviour))
+        return rebuild_handler(handler, lambda behaviour, streams: (_streaming if streams else _unary)(method, behaviour))
 
 
 def _unary(method: _Method, behaviour: Callable[..., Any]) -> Callable[..., Any]:
