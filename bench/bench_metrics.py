@@ -1,13 +1,15 @@
 """Metrics benchmark on the real model (SmolLM2-135M-Instruct): what Prometheus metrics cost, and what
 they show under traffic.
 
-1. Cost: one engine thread (one Runner) behind two engine servers, one built with metrics (interceptor +
-   the runner's batch observer) and one without, each with its own prefix service (with / without
-   metrics). --rounds rounds of the same gateway generations (all prefix hits, greedy, --new-tokens
-   tokens, 1 and --clients concurrent streams) through each, the order alternating. Decode tokens/s is
-   timed by the caller from each stream's first to last token; the ratio is the median of back-to-back
-   pairs. Target: metrics on >= 0.98 x off. Also the per-event and per-forward cost of the hot-path
-   code itself (the stream watch, the batch observer), timed alone.
+1. Cost: one engine thread (one Runner) behind three engine servers, one built with metrics (interceptor
+   + the runner's batch observer, attached only while it is measured) and two without, each with its
+   own prefix service (with / without metrics). --rounds rounds of the same gateway generations (all
+   prefix hits, greedy, --new-tokens tokens, 1 and --clients concurrent streams) through each, the
+   order rotating. Decode tokens/s is timed by the caller from each stream's first to last token; a
+   ratio is the median over rounds of back-to-back runs. The two unmetered pairs are the A/A control:
+   off2 / off shows how far a ratio moves with nothing changed. Target: metrics on >= 0.98 x off. Also
+   the hot-path code alone (the stream watch per token event, the batch observer per forward), timed
+   in a loop: its share of a decode step is the cost that noise cannot hide.
 2. Dashboard: --duration seconds of mixed traffic (chat prompts sharing system prompts, raw prompts that
    mostly miss, a few invalid requests) from --traffic-clients threads through the metered prefix
    service, both /metrics endpoints scraped every --scrape-every seconds; panels like
@@ -16,7 +18,7 @@ they show under traffic.
    window, histogram_quantile with linear interpolation inside buckets).
 
 Prints one JSON object, writes bench/out/bench_metrics.json and bench/out/bench_metrics.png.
-Usage: .venv/bin/python bench/bench_metrics.py [--rounds 6] [--new-tokens 48] [--clients 4] [--duration 90]
+Usage: .venv/bin/python bench/bench_metrics.py [--rounds 12] [--new-tokens 48] [--clients 4] [--duration 90]
 """
 
 from __future__ import annotations
@@ -288,7 +290,7 @@ def scrape_while(busy: Callable[[], bool], ports: tuple[int, int], every: float)
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--new-tokens", type=int, default=48)
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--duration", type=float, default=90.0)
@@ -298,51 +300,56 @@ def main() -> None:
     args = p.parse_args()
 
     loaded = load_model()
-    owners = ("prefix-on", "prefix-off")
+    modes = ("on", "off", "off2")  # off2: a second unmetered pair, the A/A control (how noisy is a ratio?)
     deps = EngineDeps.build(loaded, loaded.tokenizer, model_name=MODEL, chat=loaded.chat, max_sessions=48,
                             max_session_tokens=1024, max_decode_sequences=max(args.clients, args.traffic_clients),
-                            persistent_owners=owners)
+                            persistent_owners=tuple(f"prefix-{mode}" for mode in modes))
     costs = hot_path_costs(deps)
-    engine_on, engine_on_port = create_server(deps, "127.0.0.1:0", metrics=True)
-    engine_off, engine_off_port = create_server(deps, "127.0.0.1:0")
-    assert engine_on.metrics is not None
-    observer = deps.runner.batch_observer  # the metered server's; off: None
-    gateways = {}
-    for mode, port, owner in (("on", engine_on_port, owners[0]), ("off", engine_off_port, owners[1])):
-        gateway, channel = connect_engine(f"127.0.0.1:{port}", max_entries=12, owner=owner)
-        server, prefix_port = create_prefix_server(gateway, "127.0.0.1:0", channel=channel, metrics=mode == "on")
-        gateways[mode] = (server, prefix_port)
+    servers: dict[str, tuple] = {}  # mode -> (engine server, prefix server, prefix port); kept referenced
+    observer = None
+    for mode in modes:
+        engine, engine_port = create_server(deps, "127.0.0.1:0", metrics=mode == "on")
+        if mode == "on":
+            observer = deps.runner.batch_observer  # the metered server's; the others run with None
+        gateway, channel = connect_engine(f"127.0.0.1:{engine_port}", max_entries=12, owner=f"prefix-{mode}")
+        prefix, prefix_port = create_prefix_server(gateway, "127.0.0.1:0", channel=channel, metrics=mode == "on")
+        servers[mode] = (engine, prefix, prefix_port)
     results: dict = {"model": os.path.basename(loaded.path), "new_tokens": args.new_tokens, "rounds": args.rounds}
     try:
         # 1. the cost, metrics on vs off (each prompt stored first: every measured call is a hit)
         prompts = [f"{PROMPT} Variant {i}." for i in range(args.clients)]
         clients = {mode: [PrefixClient(f"127.0.0.1:{port}", owner=f"bench-{i}") for i in range(args.clients)]
-                   for mode, (_, port) in gateways.items()}
-        for mode in gateways:
+                   for mode, (_, _, port) in servers.items()}
+        for mode in modes:
             for i in range(args.clients):
                 stream_decode(clients[mode][i], prompts[i], 2)
         rates: dict[tuple[str, int], list[float]] = defaultdict(list)
         for r in range(args.rounds):
             for streams in (1, args.clients):
-                for mode in (("off", "on") if r % 2 else ("on", "off")):
+                for mode in modes[r % 3:] + modes[:r % 3]:  # the order rotates
                     deps.runner.batch_observer = observer if mode == "on" else None
                     rates[mode, streams].append(decode_rate(clients[mode][:streams], prompts[:streams],
                                                             args.new_tokens))
         deps.runner.batch_observer = observer
         for streams in (1, args.clients):
-            on, off = rates["on", streams], rates["off", streams]
+            on, off, off2 = (rates[mode, streams] for mode in modes)
             results[f"decode_tokens_per_s_{streams}_streams"] = {
                 "on": round(statistics.median(on), 2), "off": round(statistics.median(off), 2),
                 "on_over_off": round(median_ratio(on, off), 4),
-                "runs_on": [round(x, 2) for x in on], "runs_off": [round(x, 2) for x in off]}
+                "off2_over_off": round(median_ratio(off2, off), 4),  # the A/A control: the noise
+                "runs_on": [round(x, 2) for x in on], "runs_off": [round(x, 2) for x in off],
+                "runs_off2": [round(x, 2) for x in off2]}
         results |= costs
         one = results["decode_tokens_per_s_1_streams"]["off"]
         # what the hot path adds per token of one stream: one watched event on each service + one forward
         per_token_us = 2 * results["watch_us_per_token_event"] + results["batch_observer_us_per_forward"]
         results["estimated_cost_one_stream"] = round(per_token_us * 1e-6 * one, 5)
 
-        # 2. the dashboard's panels under mixed traffic through the metered services
-        prefix_on, prefix_on_port = gateways["on"]
+        # 2. the dashboard's panels under mixed traffic through the metered services (the unmetered
+        # prefix services release their snapshots first: the engine then holds only the traffic's)
+        for mode in ("off", "off2"):
+            servers[mode][1].stop(0, release=True)
+        engine_on, prefix_on, prefix_on_port = servers["on"]
         ports = (engine_on.start_metrics("127.0.0.1", 0), prefix_on.start_metrics("127.0.0.1", 0))
         done = threading.Event()
         sent: dict = {}
@@ -364,10 +371,11 @@ def main() -> None:
                                                      "forkline_time_to_first_token_seconds_bucket", service=ENGINE), 4),
         }
     finally:
-        for server, _ in gateways.values():
-            server.stop(0)
-        engine_off.stop(0)
-        engine_on.stop(0, shutdown_runner=True)
+        for _, prefix, _ in servers.values():
+            prefix.stop(0)
+        for engine, _, _ in servers.values():
+            engine.stop(0)
+        deps.runner.shutdown()
 
     print(json.dumps(results, indent=2))
     os.makedirs(OUT, exist_ok=True)
