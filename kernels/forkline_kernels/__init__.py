@@ -1,0 +1,39 @@
+"""Quantized matmul kernels for MLX's CPU backend (a compiled MLX extension).
+
+``q8_0_matmul(x, wq, scales)`` and ``q4_1_matmul(x, wq, scales, mins)`` compute ``x @ W.T`` for
+block-quantized W (formats in ``src/qdot.h``) as one MLX op. Importing raises ImportError when the
+extension is missing or was built against another mlx version than the one installed (MLX's C++ ABI
+changes between releases); callers fall back to float32.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx  # first: the extension shares mlx.core's nanobind types (NB_DOMAIN mlx)
+
+from forkline_kernels import _ext
+
+if _ext.built_with_mlx != mx.__version__:
+    raise ImportError(
+        f"forkline_kernels was built against mlx {_ext.built_with_mlx}, mlx {mx.__version__} is installed; "
+        "rebuild it: pip install --no-build-isolation ./kernels"
+    )
+
+q8_0_matmul = _ext.q8_0_matmul
+q4_1_matmul = _ext.q4_1_matmul
+isa = _ext.isa
+best_isa = _ext.best_isa
+set_isa = _ext.set_isa
+set_num_threads = _ext.set_num_threads
+num_threads = _ext.num_threads
+built_with_mlx = _ext.built_with_mlx
+
+__all__ = [
+    "best_isa",
+    "built_with_mlx",
+    "isa",
+    "num_threads",
+    "q4_1_matmul",
+    "q8_0_matmul",
+    "set_isa",
+    "set_num_threads",
+]

@@ -1,0 +1,45 @@
+// Python bindings: only argument conversion; the work is in qmatmul.cpp and qdot.cpp.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
+
+#include "pool.h"
+#include "qdot.h"
+#include "qmatmul.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+#ifndef FORKLINE_MLX_VERSION
+#error "FORKLINE_MLX_VERSION must name the mlx version the extension is built against"
+#endif
+
+NB_MODULE(_ext, m) {
+  m.doc() = "forkline's quantized matmul kernels for MLX's CPU backend";
+  m.attr("built_with_mlx") = FORKLINE_MLX_VERSION;
+
+  m.def("q8_0_matmul", &forkline::q8_0_matmul, "x"_a, "wq"_a, "scales"_a, nb::kw_only(),
+        "stream"_a = nb::none(),
+        "x [..., K] @ W.T for q8_0 weights W (wq int8 [N, Kp], scales float32 [N, Kp/32]) -> float32 [..., N]");
+  m.def("q4_1_matmul", &forkline::q4_1_matmul, "x"_a, "wq"_a, "scales"_a, "mins"_a, nb::kw_only(),
+        "stream"_a = nb::none(),
+        "x [..., K] @ W.T for q4_1 weights W (wq uint8 [N, Kp/2], scales/mins float32 [N, Kp/32])");
+
+  m.def("isa", [] { return std::string(forkline::isa_name(forkline::active_isa())); },
+        "the instruction set the kernels use now: 'avx2' or 'scalar'");
+  m.def("best_isa", [] { return std::string(forkline::isa_name(forkline::best_isa())); },
+        "the best instruction set this CPU supports");
+  m.def(
+      "set_isa",
+      [](const std::string& name) {
+        if (name != "avx2" && name != "scalar") {
+          throw std::invalid_argument("isa must be 'avx2' or 'scalar', got '" + name + "'");
+        }
+        forkline::set_isa(name == "avx2" ? forkline::Isa::avx2 : forkline::Isa::scalar);
+        return std::string(forkline::isa_name(forkline::active_isa()));
+      },
+      "name"_a, "use 'scalar' or 'avx2' (kept scalar without CPU support); returns the one in use");
+  m.def("set_num_threads", &forkline::set_num_threads, "n"_a,
+        "resize the worker pool (n < 1: FORKLINE_KERNEL_THREADS or all CPUs); not while kernels run");
+  m.def("num_threads", &forkline::num_threads, "threads in the worker pool");
+}

@@ -1,0 +1,164 @@
+#include "qmatmul.h"
+
+#include <algorithm>
+#include <sstream>
+#include <stdexcept>
+
+#include "mlx/backend/cpu/encoder.h"
+
+#include "pool.h"
+#include "qdot.h"
+
+namespace forkline {
+
+namespace {
+
+// Below this many activation elements one thread quantizes them (a pool round trip costs more).
+constexpr int64_t kParallelQuantize = 1 << 14;
+
+[[noreturn]] void bad(const std::string& what) {
+  throw std::invalid_argument(what);
+}
+
+std::string shape_str(const mx::array& a) {
+  std::ostringstream os;
+  os << "[";
+  for (int i = 0; i < a.ndim(); ++i) {
+    os << (i ? ", " : "") << a.shape(i);
+  }
+  os << "]";
+  return os.str();
+}
+
+mx::array make_op(Format format, const char* op, const mx::array& x, std::vector<mx::array> weights,
+                  mx::StreamOrDevice s) {
+  mx::Stream stream = mx::to_stream(s);
+  if (stream.device != mx::Device::cpu) {
+    bad(std::string(op) + ": CPU streams only (on a GPU use mlx.core.quantized_matmul)");
+  }
+  const mx::array& wq = weights[0];
+  if (wq.ndim() != 2) {
+    bad(std::string(op) + ": weights must be 2-D, got " + shape_str(wq));
+  }
+  const int n = wq.shape(0);
+  const int packed = format == Format::q8_0 ? 32 : 16;  // bytes per 32 weights
+  const mx::Dtype wtype = format == Format::q8_0 ? mx::int8 : mx::uint8;
+  if (wq.dtype() != wtype || wq.shape(1) % packed != 0) {
+    bad(std::string(op) + ": weights must be " + (format == Format::q8_0 ? "int8" : "uint8") +
+        " with a multiple of " + std::to_string(packed) + " columns, got " + shape_str(wq));
+  }
+  const int blocks = wq.shape(1) / packed;
+  for (size_t i = 1; i < weights.size(); ++i) {
+    if (weights[i].dtype() != mx::float32 || weights[i].ndim() != 2 || weights[i].shape(0) != n ||
+        weights[i].shape(1) != blocks) {
+      bad(std::string(op) + ": scales must be float32 [" + std::to_string(n) + ", " +
+          std::to_string(blocks) + "], got " + shape_str(weights[i]));
+    }
+  }
+  if (x.ndim() < 1) {
+    bad(std::string(op) + ": x must have at least one dimension");
+  }
+  const int k = x.shape(-1);
+  if (k > blocks * 32 || k <= blocks * 32 - 32) {
+    bad(std::string(op) + ": x has " + std::to_string(k) + " columns, the weights " +
+        std::to_string(blocks * 32) + " (padded to a multiple of 32)");
+  }
+  if (!mx::issubdtype(x.dtype(), mx::floating)) {
+    bad(std::string(op) + ": x must be a floating-point array");
+  }
+  mx::array x32 = x.dtype() == mx::float32 ? x : mx::astype(x, mx::float32, stream);
+  mx::Shape lead(x.shape().begin(), x.shape().end() - 1);
+  if (x32.ndim() != 2) {
+    x32 = mx::reshape(x32, {-1, k}, stream);
+  }
+  std::vector<mx::array> inputs{x32};
+  inputs.insert(inputs.end(), weights.begin(), weights.end());
+  mx::array out(
+      {x32.shape(0), n}, mx::float32, std::make_shared<QuantizedMatmul>(stream, format, k), std::move(inputs));
+  if (lead.size() != 1) {
+    lead.push_back(n);
+    out = mx::reshape(out, lead, stream);
+  }
+  return out;
+}
+
+}  // namespace
+
+mx::array q8_0_matmul(const mx::array& x, const mx::array& wq, const mx::array& scales, mx::StreamOrDevice s) {
+  return make_op(Format::q8_0, "q8_0_matmul", x, {wq, scales}, s);
+}
+
+mx::array q4_1_matmul(const mx::array& x, const mx::array& wq, const mx::array& scales, const mx::array& mins,
+                      mx::StreamOrDevice s) {
+  return make_op(Format::q4_1, "q4_1_matmul", x, {wq, scales, mins}, s);
+}
+
+void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  mx::array& out = outputs[0];
+  for (size_t i = 1; i < inputs.size(); ++i) {
+    if (!inputs[i].flags().row_contiguous) {
+      bad(std::string(name()) + ": quantized weights must be row-contiguous");
+    }
+  }
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  // The task holds its own references to the arrays until it has run.
+  encoder.dispatch([inputs, out, format = format_, k = k_]() mutable {
+    const mx::array& x = inputs[0];
+    const int m = x.shape(0);
+    const int n = out.shape(1);
+    const int blocks = inputs[2].shape(1);
+    if (m == 0 || n == 0) {
+      return;
+    }
+    const Isa isa = active_isa();
+    // Per-thread scratch for the quantized activations, reused across calls.
+    thread_local std::vector<int8_t> q;
+    thread_local std::vector<float> d, s;
+    q.resize(static_cast<size_t>(m) * blocks * 32);
+    d.resize(static_cast<size_t>(m) * blocks);
+    s.resize(static_cast<size_t>(m) * blocks);
+    const QuantizedRows rows{q.data(), d.data(), s.data()};
+    const float* xp = x.data<float>();
+    const int64_t rs = x.strides()[0], cs = x.strides()[1];
+    WorkerPool& workers = pool();
+    if (static_cast<int64_t>(m) * k < kParallelQuantize || workers.size() == 1) {
+      quantize_rows(isa, xp, rs, cs, k, blocks, 0, m, rows);
+    } else {
+      workers.run([&](int part, int parts) {
+        quantize_rows(isa, xp, rs, cs, k, blocks, m * part / parts, m * (part + 1) / parts, rows);
+      });
+    }
+    float* y = out.data<float>();
+    // Output columns split in contiguous runs of whole 4-row tiles; the split never changes a value.
+    auto columns = [&](int part, int parts) {
+      const int chunk = ((n + parts - 1) / parts + 3) / 4 * 4;
+      const int n0 = std::min(n, part * chunk), n1 = std::min(n, n0 + chunk);
+      if (n0 >= n1) {
+        return;
+      }
+      if (format == Format::q8_0) {
+        q8_0_rows(isa, inputs[1].data<int8_t>(), inputs[2].data<float>(), blocks, n0, n1, rows, m, y, n);
+      } else {
+        q4_1_rows(isa, inputs[1].data<uint8_t>(), inputs[2].data<float>(), inputs[3].data<float>(), blocks,
+                  n0, n1, rows, m, y, n);
+      }
+    };
+    workers.run(columns);
+  });
+}
+
+void QuantizedMatmul::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error(std::string(name()) + " has no GPU implementation; use mlx.core.quantized_matmul");
+}
+
+std::vector<mx::Shape> QuantizedMatmul::output_shapes(const std::vector<mx::array>& inputs) {
+  return {{inputs[0].shape(0), inputs[1].shape(0)}};
+}
+
+bool QuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const QuantizedMatmul&>(other);
+  return format_ == o.format_ && k_ == o.k_;
+}
+
+}  // namespace forkline
