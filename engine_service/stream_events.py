@@ -58,6 +58,7 @@ class Done:
     time_to_first_token_s: float
     decode_tokens_per_s: float
     total_s: float
+    engine: str = ""  # set by the prefix service's gateway: the engine that served (its name there)
 
 
 Event = Started | Tokens | Snapshot | Done

@@ -1,5 +1,11 @@
 """forkline-prefix (also python -m prefix_service --engine ADDR): serve the prefix cache over gRPC.
 
+Engines: --engine HOST:PORT, repeated for several, and/or --engines dns:///NAME:PORT (every address
+the name resolves to, re-resolved every --resolve_every seconds). Each engine has its own snapshots
+and budget; each request goes to the engine --routing picks (cache_aware: where the longest stored
+prefix is, unless that engine is overloaded), and to the next one when that engine is down or full
+before the first token.
+
 A separate process from the engine: it owns the prefix cache and its retention policy and holds its
 snapshots in the engine under a stable owner id (--owner). At start it releases what an earlier
 instance of itself left in the engine. Prints "forkline-prefix listening on HOST:PORT" once it
@@ -33,6 +39,14 @@ def seconds(text: str) -> float:
     return value
 
 
+def positive_seconds(text: str) -> float:
+    """argparse type: a duration in seconds, > 0."""
+    value = seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
 def share(text: str) -> float:
     """argparse type: a share of the engine, in (0, 1]."""
     try:
@@ -47,10 +61,26 @@ def share(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     from engine_service.rpc.service_main import add_auth_arguments, add_serving_arguments, port_number
     from prefix_service.retention import policy_names
+    from prefix_service.routing import DEFAULT_IMBALANCE_ABS, DEFAULT_IMBALANCE_REL, routing_names
 
     p = argparse.ArgumentParser(prog="forkline-prefix", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--engine", required=True, metavar="HOST:PORT", help="address of the forkline-engine (required)")
+    p.add_argument("--engine", action="append", metavar="HOST:PORT",
+                   help="address of a forkline-engine; repeat it for several (default: none; this or --engines is required)")
+    p.add_argument("--engines", metavar="dns:///NAME:PORT", default=None,
+                   help="every address NAME resolves to is an engine (a Kubernetes headless Service: one per pod), "
+                        "re-resolved every --resolve_every seconds (default: none)")
+    p.add_argument("--resolve_every", metavar="SECONDS", type=positive_seconds, default=5.0,
+                   help="seconds between resolutions of --engines: engines join and leave (default: %(default)s)")
+    p.add_argument("--routing", default="cache_aware", choices=routing_names(),
+                   help="which engine serves a request: cache_aware (the most reused positions unless overloaded), "
+                        "least_loaded, round_robin (default: %(default)s)")
+    p.add_argument("--route_imbalance_abs", metavar="N", type=int, default=DEFAULT_IMBALANCE_ABS,
+                   help="cache_aware: the best-matching engine is overloaded when its load exceeds the least "
+                        "loaded engine's by more than N requests and --route_imbalance_rel times "
+                        "(default: %(default)s)")
+    p.add_argument("--route_imbalance_rel", metavar="F", type=float, default=DEFAULT_IMBALANCE_REL,
+                   help="cache_aware: the factor of that guard, >= 1 (default: %(default)s)")
     p.add_argument("--max_entries", metavar="N", type=int, default=64,
                    help="stored prompt snapshots at most (also capped by --engine_share); 0 disables storing "
                         "(default: %(default)s)")
@@ -90,7 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.engine and not args.engines:
+        parser.error("one of --engine HOST:PORT or --engines dns:///NAME:PORT is required")
+    if args.route_imbalance_abs < 0:
+        parser.error(f"--route_imbalance_abs must be >= 0, got {args.route_imbalance_abs}")
+    if not args.route_imbalance_rel >= 1:
+        parser.error(f"--route_imbalance_rel must be >= 1, got {args.route_imbalance_rel}")
+    return args
 
 
 def connect_and_serve(args: argparse.Namespace):
@@ -99,17 +137,28 @@ def connect_and_serve(args: argparse.Namespace):
     from engine_service.auth import read_token_file
     from engine_service.rpc.auth import ClientSecurity
     from engine_service.rpc.service_main import server_security
-    from prefix_service.rpc.server import connect_engine, create_server
+    from prefix_service.routing import routing_policy
+    from prefix_service.rpc.engine_pool import engine_targets
+    from prefix_service.rpc.server import connect_fleet, create_server
 
     security = server_security(args)
     token = read_token_file(args.engine_token_file, "--engine_token_file") if args.engine_token_file else None
     engine_security = ClientSecurity(token, args.engine_tls_ca, args.engine_tls_cert, args.engine_tls_key)
-    deps, channel = connect_engine(args.engine, max_entries=args.max_entries, policy=args.policy,
-                                   owner=args.owner, ready_timeout=args.engine_timeout,
-                                   engine_security=engine_security, outage_wait_s=args.engine_outage_wait,
-                                   engine_share=args.engine_share, max_positions=args.max_positions)
-    server, port = create_server(deps, f"{args.host}:{args.port}", channel=channel, security=security,
-                                 metrics=args.metrics_port is not None)
+    routing = routing_policy(args.routing, imbalance_abs=args.route_imbalance_abs,
+                             imbalance_rel=args.route_imbalance_rel)
+    fleet, pool = connect_fleet(engine_targets(args.engine, args.engines), policy=routing,
+                                ready_timeout=args.engine_timeout, resolve_every_s=args.resolve_every,
+                                max_entries=args.max_entries, policy_name=args.policy, owner=args.owner,
+                                engine_security=engine_security, outage_wait_s=args.engine_outage_wait,
+                                engine_share=args.engine_share, max_positions=args.max_positions)
+    try:
+        server, port = create_server(fleet, f"{args.host}:{args.port}", pool=pool, security=security,
+                                     metrics=args.metrics_port is not None)
+    except BaseException:
+        pool.stop()
+        for member in fleet.members():
+            member.close()
+        raise
     if args.http_port is not None:
         start_http(server, args, security.tokens)
     return server, port

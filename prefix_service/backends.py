@@ -140,6 +140,8 @@ class EngineInfo:
     quota_sessions: int = 0
     quota_positions: int = 0
     persistent: bool | None = None  # whether the engine treats the backend's owner as persistent (None: unsaid)
+    active_generations: int = 0  # the engine's load, all callers: generations running and commands queued
+    queued_commands: int = 0
 
 
 @dataclass(frozen=True)

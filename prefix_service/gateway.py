@@ -55,7 +55,7 @@ from engine_service.content import content_digest
 from engine_service.errors import Cancelled, ForklineError, InvalidArgument, ResourceExhausted
 from engine_service.runtime.clone import CloneRefusal
 from engine_service.stream_events import Done, Snapshot, Started, Tokens
-from prefix_service.backends import EngineGenerate, EngineStream, GatewayBackend, TextPrompt
+from prefix_service.backends import EngineGenerate, EngineInfo, EngineStream, GatewayBackend, TextPrompt
 from prefix_service.budget import DEFAULT_ENGINE_SHARE, Reservation
 from prefix_service.gateway_stream import GatewayStream
 from prefix_service.outcomes import QUOTA, InsertOutcome, InsertRefusal, LookupOutcome, Match, MissReason
@@ -80,10 +80,12 @@ _RESTART_MASKS = (MissReason.DISABLED, MissReason.EMPTY, MissReason.DIVERGED)
 
 @dataclass(frozen=True)
 class PromptLookup:
-    """A lookup's answer: the prompt's ``tokens`` (the text's tokenization) and the ``outcome``."""
+    """A lookup's answer: the prompt's ``tokens`` (the text's tokenization) and the ``outcome``;
+    ``engine``: the engine that holds the match (set by the fleet, ``fleet.py``)."""
 
     tokens: tuple[int, ...]
     outcome: LookupOutcome
+    engine: str = ""
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,7 @@ class Gateway:
         self._restarted = False  # entries were dropped on an engine restart; nothing cached since
         self._vocab_size = 0  # the engine's (Info, refreshed by check_engine): token ids are checked
         self._max_session_tokens = 0  # likewise: a gateway prompt must fit one engine session
+        self.last_info: EngineInfo | None = None  # the engine's Info as check_engine last read it
 
     # -- calls -----------------------------------------------------------------------------------
     def check_engine(self) -> None:
@@ -142,6 +145,7 @@ class Gateway:
         with self._lock:
             previous = backend.instance_id
             info = backend.info()
+            self.last_info = info
             self._vocab_size = info.vocab_size
             self._max_session_tokens = info.max_session_tokens
             self.pressure.apply_budget(info)

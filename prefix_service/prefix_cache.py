@@ -161,6 +161,21 @@ class PrefixCache:
                 self._reused += outcome.match.reused
             return outcome
 
+    def reusable(self, namespace: str, tokens: Sequence[int]) -> int:
+        """Positions a lookup of ``tokens`` would reuse from the longest stored match, without cloning
+        or counting anything: min(common prefix, len(tokens) - 1), 0 when nothing matches. Exact (read
+        from the index, not guessed): what a router scores this cache's engine by. An entry whose
+        handle died since it was stored still counts until a lookup drops it."""
+        key = token_key(tokens)
+        if len(key) < 2:
+            return 0
+        scope = self._scope(namespace)
+        with self._lock:
+            if self._budget.max_entries == 0:
+                return 0
+            best = next(iter(self._index.matches(scope, key)), None)
+            return 0 if best is None else min(best.common, len(key) - 1)
+
     def insert(self, namespace: str, tokens: Sequence[int], snapshot: Handle,
                metadata: Mapping[str, Any] | None = None, *, digest: bytes | None = None) -> bool:
         """Store ``snapshot`` (holding exactly ``tokens``) or release it; True when it was stored.

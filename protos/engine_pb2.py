@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0c\x65ngine.proto\x12\x12\x66orkline.engine.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"\x86\x01\n\tTextInput\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0c\n\x04\x63hat\x18\x02 \x01(\x08\x12\x0e\n\x06system\x18\x03 \x01(\t\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x04 \x01(\x08\x12\x31\n\x08messages\x18\x05 \x03(\x0b\x32\x1f.forkline.engine.v1.ChatMessage\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"=\n\rPreparedInput\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\r\n\x05shape\x18\x03 \x03(\x03\"\x9b\x02\n\x10GenerationConfig\x12\x1b\n\x0emax_new_tokens\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x03H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x04\x88\x01\x01\x12\x13\n\x0bstop_tokens\x18\x06 \x03(\x03\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x1a\n\rprefill_chunk\x18\x08 \x01(\x03H\x05\x88\x01\x01\x42\x11\n\x0f_max_new_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x10\n\x0e_prefill_chunk\"V\n\x0e\x43\x61ptureOptions\x12\x17\n\x0fprompt_snapshot\x18\x01 \x01(\x08\x12\x13\n\x0b\x62reakpoints\x18\x02 \x03(\x03\x12\x16\n\x0esnapshot_owner\x18\x03 \x01(\t\"\xc2\x02\n\x0fGenerateRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12.\n\x06tokens\x18\x02 \x01(\x0b\x32\x1c.forkline.engine.v1.TokenIdsH\x00\x12-\n\x04text\x18\x03 \x01(\x0b\x32\x1d.forkline.engine.v1.TextInputH\x00\x12\x35\n\x08prepared\x18\x04 \x01(\x0b\x32!.forkline.engine.v1.PreparedInputH\x00\x12\x34\n\x06\x63onfig\x18\x05 \x01(\x0b\x32$.forkline.engine.v1.GenerationConfig\x12\x33\n\x07\x63\x61pture\x18\x06 \x01(\x0b\x32\".forkline.engine.v1.CaptureOptions\x12\x14\n\x0ckeep_session\x18\x07 \x01(\x08\x42\x07\n\x05input\"J\n\x0cStartedEvent\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x03\x12\x17\n\x0finput_positions\x18\x03 \x01(\x03\"(\n\x0bTokensEvent\x12\x0b\n\x03ids\x18\x01 \x03(\x03\x12\x0c\n\x04text\x18\x02 \x01(\t\"\x9a\x01\n\rSnapshotEvent\x12\x0e\n\x06handle\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x03\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0f\n\x07refusal\x18\x04 \x01(\t\x12\x16\n\x0e\x63ontent_digest\x18\x05 \x01(\x0c\x12\x30\n\x06reason\x18\x06 \x01(\x0e\x32 .forkline.engine.v1.CloneRefusal\"V\n\x07Timings\x12\x1d\n\x15time_to_first_token_s\x18\x01 \x01(\x01\x12\x1b\n\x13\x64\x65\x63ode_tokens_per_s\x18\x02 \x01(\x01\x12\x0f\n\x07total_s\x18\x03 \x01(\x01\"\xb0\x01\n\tDoneEvent\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12\x18\n\x10prompt_positions\x18\x02 \x01(\x03\x12\x18\n\x10reused_positions\x18\x03 \x01(\x03\x12\x18\n\x10generated_tokens\x18\x04 \x01(\x03\x12,\n\x07timings\x18\x05 \x01(\x0b\x32\x1b.forkline.engine.v1.Timings\x12\x10\n\x08position\x18\x07 \x01(\x03\"\xe6\x01\n\rGenerateEvent\x12\x33\n\x07started\x18\x01 \x01(\x0b\x32 .forkline.engine.v1.StartedEventH\x00\x12\x31\n\x06tokens\x18\x02 \x01(\x0b\x32\x1f.forkline.engine.v1.TokensEventH\x00\x12\x35\n\x08snapshot\x18\x03 \x01(\x0b\x32!.forkline.engine.v1.SnapshotEventH\x00\x12-\n\x04\x64one\x18\x04 \x01(\x0b\x32\x1d.forkline.engine.v1.DoneEventH\x00\x42\x07\n\x05\x65vent\"a\n\x0c\x43loneRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0c\n\x04upto\x18\x02 \x01(\x03\x12\x11\n\tnew_owner\x18\x03 \x01(\t\x12\x1f\n\x17\x65xpected_content_digest\x18\x04 \x01(\x0c\"\x8d\x01\n\rCloneResponse\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x03\x12\x0f\n\x07refusal\x18\x03 \x01(\t\x12\x30\n\x06reason\x18\x04 \x01(\x0e\x32 .forkline.engine.v1.CloneRefusal\x12\x16\n\x0e\x63ontent_digest\x18\x05 \x01(\x0c\"\x1f\n\x0c\x43loseRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"\x0f\n\rCloseResponse\"#\n\x13ReleaseOwnerRequest\x12\x0c\n\x04keep\x18\x01 \x03(\t\"(\n\x14ReleaseOwnerResponse\x12\x10\n\x08released\x18\x01 \x01(\x03\"\"\n\x0f\x44\x65scribeRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"P\n\x10\x44\x65scribeResponse\x12\x10\n\x08position\x18\x01 \x01(\x03\x12\x12\n\ngenerating\x18\x02 \x01(\x08\x12\x16\n\x0e\x63ontent_digest\x18\x03 \x01(\x0c\"\r\n\x0bInfoRequest\"\xf6\x01\n\x06Limits\x12\x14\n\x0cmax_sessions\x18\x01 \x01(\x03\x12\x1a\n\x12max_session_tokens\x18\x02 \x01(\x03\x12\x12\n\nvocab_size\x18\x03 \x01(\x03\x12\x1e\n\x16idle_session_timeout_s\x18\x04 \x01(\x01\x12\x1a\n\x12owner_max_sessions\x18\x05 \x01(\x03\x12\x1b\n\x13owner_max_positions\x18\x06 \x01(\x03\x12%\n\x1dpersistent_owner_max_sessions\x18\x07 \x01(\x03\x12&\n\x1epersistent_owner_max_positions\x18\x08 \x01(\x03\"\x81\x01\n\nOwnerUsage\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x12\n\npersistent\x18\x02 \x01(\x08\x12\x10\n\x08sessions\x18\x03 \x01(\x03\x12\x11\n\tpositions\x18\x04 \x01(\x03\x12\x14\n\x0cmax_sessions\x18\x05 \x01(\x03\x12\x15\n\rmax_positions\x18\x06 \x01(\x03\"\xff\x01\n\x0cInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12*\n\x06limits\x18\x03 \x01(\x0b\x32\x1a.forkline.engine.v1.Limits\x12\x12\n\ncache_kind\x18\x04 \x01(\t\x12\x13\n\x0binstance_id\x18\x05 \x01(\t\x12\x19\n\x11resident_sessions\x18\x06 \x01(\x03\x12\x14\n\x0copen_handles\x18\x07 \x01(\x03\x12\x15\n\reos_token_ids\x18\x08 \x03(\x03\x12.\n\x06\x63\x61ller\x18\t \x01(\x0b\x32\x1e.forkline.engine.v1.OwnerUsage\">\n\x0fTokenizeRequest\x12+\n\x04text\x18\x01 \x01(\x0b\x32\x1d.forkline.engine.v1.TextInput\"\x1f\n\x10TokenizeResponse\x12\x0b\n\x03ids\x18\x01 \x03(\x03\" \n\x11\x44\x65tokenizeRequest\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t*\x83\x02\n\x0c\x43loneRefusal\x12\x1d\n\x19\x43LONE_REFUSAL_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43LONE_REFUSAL_POSITION\x10\x01\x12\x1a\n\x16\x43LONE_REFUSAL_BOUNDARY\x10\x02\x12\"\n\x1e\x43LONE_REFUSAL_CONTENT_MISMATCH\x10\x03\x12 \n\x1c\x43LONE_REFUSAL_PREPARED_INPUT\x10\x04\x12!\n\x1d\x43LONE_REFUSAL_SOURCE_UNUSABLE\x10\x05\x12\x1a\n\x16\x43LONE_REFUSAL_STOPPING\x10\x06\x12\x17\n\x13\x43LONE_REFUSAL_QUOTA\x10\x07\x32\xb3\x05\n\x06\x45ngine\x12T\n\x08Generate\x12#.forkline.engine.v1.GenerateRequest\x1a!.forkline.engine.v1.GenerateEvent0\x01\x12L\n\x05\x43lone\x12 .forkline.engine.v1.CloneRequest\x1a!.forkline.engine.v1.CloneResponse\x12L\n\x05\x43lose\x12 .forkline.engine.v1.CloseRequest\x1a!.forkline.engine.v1.CloseResponse\x12\x61\n\x0cReleaseOwner\x12\'.forkline.engine.v1.ReleaseOwnerRequest\x1a(.forkline.engine.v1.ReleaseOwnerResponse\x12U\n\x08\x44\x65scribe\x12#.forkline.engine.v1.DescribeRequest\x1a$.forkline.engine.v1.DescribeResponse\x12I\n\x04Info\x12\x1f.forkline.engine.v1.InfoRequest\x1a .forkline.engine.v1.InfoResponse\x12U\n\x08Tokenize\x12#.forkline.engine.v1.TokenizeRequest\x1a$.forkline.engine.v1.TokenizeResponse\x12[\n\nDetokenize\x12%.forkline.engine.v1.DetokenizeRequest\x1a&.forkline.engine.v1.DetokenizeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0c\x65ngine.proto\x12\x12\x66orkline.engine.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"\x86\x01\n\tTextInput\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0c\n\x04\x63hat\x18\x02 \x01(\x08\x12\x0e\n\x06system\x18\x03 \x01(\t\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x04 \x01(\x08\x12\x31\n\x08messages\x18\x05 \x03(\x0b\x32\x1f.forkline.engine.v1.ChatMessage\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"=\n\rPreparedInput\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\r\n\x05shape\x18\x03 \x03(\x03\"\x9b\x02\n\x10GenerationConfig\x12\x1b\n\x0emax_new_tokens\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x03H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x04\x88\x01\x01\x12\x13\n\x0bstop_tokens\x18\x06 \x03(\x03\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x1a\n\rprefill_chunk\x18\x08 \x01(\x03H\x05\x88\x01\x01\x42\x11\n\x0f_max_new_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x10\n\x0e_prefill_chunk\"V\n\x0e\x43\x61ptureOptions\x12\x17\n\x0fprompt_snapshot\x18\x01 \x01(\x08\x12\x13\n\x0b\x62reakpoints\x18\x02 \x03(\x03\x12\x16\n\x0esnapshot_owner\x18\x03 \x01(\t\"\xc2\x02\n\x0fGenerateRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12.\n\x06tokens\x18\x02 \x01(\x0b\x32\x1c.forkline.engine.v1.TokenIdsH\x00\x12-\n\x04text\x18\x03 \x01(\x0b\x32\x1d.forkline.engine.v1.TextInputH\x00\x12\x35\n\x08prepared\x18\x04 \x01(\x0b\x32!.forkline.engine.v1.PreparedInputH\x00\x12\x34\n\x06\x63onfig\x18\x05 \x01(\x0b\x32$.forkline.engine.v1.GenerationConfig\x12\x33\n\x07\x63\x61pture\x18\x06 \x01(\x0b\x32\".forkline.engine.v1.CaptureOptions\x12\x14\n\x0ckeep_session\x18\x07 \x01(\x08\x42\x07\n\x05input\"J\n\x0cStartedEvent\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x03\x12\x17\n\x0finput_positions\x18\x03 \x01(\x03\"(\n\x0bTokensEvent\x12\x0b\n\x03ids\x18\x01 \x03(\x03\x12\x0c\n\x04text\x18\x02 \x01(\t\"\x9a\x01\n\rSnapshotEvent\x12\x0e\n\x06handle\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x03\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0f\n\x07refusal\x18\x04 \x01(\t\x12\x16\n\x0e\x63ontent_digest\x18\x05 \x01(\x0c\x12\x30\n\x06reason\x18\x06 \x01(\x0e\x32 .forkline.engine.v1.CloneRefusal\"V\n\x07Timings\x12\x1d\n\x15time_to_first_token_s\x18\x01 \x01(\x01\x12\x1b\n\x13\x64\x65\x63ode_tokens_per_s\x18\x02 \x01(\x01\x12\x0f\n\x07total_s\x18\x03 \x01(\x01\"\xc0\x01\n\tDoneEvent\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12\x18\n\x10prompt_positions\x18\x02 \x01(\x03\x12\x18\n\x10reused_positions\x18\x03 \x01(\x03\x12\x18\n\x10generated_tokens\x18\x04 \x01(\x03\x12,\n\x07timings\x18\x05 \x01(\x0b\x32\x1b.forkline.engine.v1.Timings\x12\x10\n\x08position\x18\x07 \x01(\x03\x12\x0e\n\x06\x65ngine\x18\x08 \x01(\t\"\xe6\x01\n\rGenerateEvent\x12\x33\n\x07started\x18\x01 \x01(\x0b\x32 .forkline.engine.v1.StartedEventH\x00\x12\x31\n\x06tokens\x18\x02 \x01(\x0b\x32\x1f.forkline.engine.v1.TokensEventH\x00\x12\x35\n\x08snapshot\x18\x03 \x01(\x0b\x32!.forkline.engine.v1.SnapshotEventH\x00\x12-\n\x04\x64one\x18\x04 \x01(\x0b\x32\x1d.forkline.engine.v1.DoneEventH\x00\x42\x07\n\x05\x65vent\"a\n\x0c\x43loneRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0c\n\x04upto\x18\x02 \x01(\x03\x12\x11\n\tnew_owner\x18\x03 \x01(\t\x12\x1f\n\x17\x65xpected_content_digest\x18\x04 \x01(\x0c\"\x8d\x01\n\rCloneResponse\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x03\x12\x0f\n\x07refusal\x18\x03 \x01(\t\x12\x30\n\x06reason\x18\x04 \x01(\x0e\x32 .forkline.engine.v1.CloneRefusal\x12\x16\n\x0e\x63ontent_digest\x18\x05 \x01(\x0c\"\x1f\n\x0c\x43loseRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"\x0f\n\rCloseResponse\"#\n\x13ReleaseOwnerRequest\x12\x0c\n\x04keep\x18\x01 \x03(\t\"(\n\x14ReleaseOwnerResponse\x12\x10\n\x08released\x18\x01 \x01(\x03\"\"\n\x0f\x44\x65scribeRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"P\n\x10\x44\x65scribeResponse\x12\x10\n\x08position\x18\x01 \x01(\x03\x12\x12\n\ngenerating\x18\x02 \x01(\x08\x12\x16\n\x0e\x63ontent_digest\x18\x03 \x01(\x0c\"\r\n\x0bInfoRequest\"\xf6\x01\n\x06Limits\x12\x14\n\x0cmax_sessions\x18\x01 \x01(\x03\x12\x1a\n\x12max_session_tokens\x18\x02 \x01(\x03\x12\x12\n\nvocab_size\x18\x03 \x01(\x03\x12\x1e\n\x16idle_session_timeout_s\x18\x04 \x01(\x01\x12\x1a\n\x12owner_max_sessions\x18\x05 \x01(\x03\x12\x1b\n\x13owner_max_positions\x18\x06 \x01(\x03\x12%\n\x1dpersistent_owner_max_sessions\x18\x07 \x01(\x03\x12&\n\x1epersistent_owner_max_positions\x18\x08 \x01(\x03\"\x81\x01\n\nOwnerUsage\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x12\n\npersistent\x18\x02 \x01(\x08\x12\x10\n\x08sessions\x18\x03 \x01(\x03\x12\x11\n\tpositions\x18\x04 \x01(\x03\x12\x14\n\x0cmax_sessions\x18\x05 \x01(\x03\x12\x15\n\rmax_positions\x18\x06 \x01(\x03\"\xb4\x02\n\x0cInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12*\n\x06limits\x18\x03 \x01(\x0b\x32\x1a.forkline.engine.v1.Limits\x12\x12\n\ncache_kind\x18\x04 \x01(\t\x12\x13\n\x0binstance_id\x18\x05 \x01(\t\x12\x19\n\x11resident_sessions\x18\x06 \x01(\x03\x12\x14\n\x0copen_handles\x18\x07 \x01(\x03\x12\x15\n\reos_token_ids\x18\x08 \x03(\x03\x12.\n\x06\x63\x61ller\x18\t \x01(\x0b\x32\x1e.forkline.engine.v1.OwnerUsage\x12\x1a\n\x12\x61\x63tive_generations\x18\n \x01(\x03\x12\x17\n\x0fqueued_commands\x18\x0b \x01(\x03\">\n\x0fTokenizeRequest\x12+\n\x04text\x18\x01 \x01(\x0b\x32\x1d.forkline.engine.v1.TextInput\"\x1f\n\x10TokenizeResponse\x12\x0b\n\x03ids\x18\x01 \x03(\x03\" \n\x11\x44\x65tokenizeRequest\x12\x0b\n\x03ids\x18\x01 \x03(\x03\"\"\n\x12\x44\x65tokenizeResponse\x12\x0c\n\x04text\x18\x01 \x01(\t*\x83\x02\n\x0c\x43loneRefusal\x12\x1d\n\x19\x43LONE_REFUSAL_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x43LONE_REFUSAL_POSITION\x10\x01\x12\x1a\n\x16\x43LONE_REFUSAL_BOUNDARY\x10\x02\x12\"\n\x1e\x43LONE_REFUSAL_CONTENT_MISMATCH\x10\x03\x12 \n\x1c\x43LONE_REFUSAL_PREPARED_INPUT\x10\x04\x12!\n\x1d\x43LONE_REFUSAL_SOURCE_UNUSABLE\x10\x05\x12\x1a\n\x16\x43LONE_REFUSAL_STOPPING\x10\x06\x12\x17\n\x13\x43LONE_REFUSAL_QUOTA\x10\x07\x32\xb3\x05\n\x06\x45ngine\x12T\n\x08Generate\x12#.forkline.engine.v1.GenerateRequest\x1a!.forkline.engine.v1.GenerateEvent0\x01\x12L\n\x05\x43lone\x12 .forkline.engine.v1.CloneRequest\x1a!.forkline.engine.v1.CloneResponse\x12L\n\x05\x43lose\x12 .forkline.engine.v1.CloseRequest\x1a!.forkline.engine.v1.CloseResponse\x12\x61\n\x0cReleaseOwner\x12\'.forkline.engine.v1.ReleaseOwnerRequest\x1a(.forkline.engine.v1.ReleaseOwnerResponse\x12U\n\x08\x44\x65scribe\x12#.forkline.engine.v1.DescribeRequest\x1a$.forkline.engine.v1.DescribeResponse\x12I\n\x04Info\x12\x1f.forkline.engine.v1.InfoRequest\x1a .forkline.engine.v1.InfoResponse\x12U\n\x08Tokenize\x12#.forkline.engine.v1.TokenizeRequest\x1a$.forkline.engine.v1.TokenizeResponse\x12[\n\nDetokenize\x12%.forkline.engine.v1.DetokenizeRequest\x1a&.forkline.engine.v1.DetokenizeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'engine_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CLONEREFUSAL']._serialized_start=3093
-  _globals['_CLONEREFUSAL']._serialized_end=3352
+  _globals['_CLONEREFUSAL']._serialized_start=3162
+  _globals['_CLONEREFUSAL']._serialized_end=3421
   _globals['_TOKENIDS']._serialized_start=36
   _globals['_TOKENIDS']._serialized_end=59
   _globals['_TEXTINPUT']._serialized_start=62
@@ -56,41 +56,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TIMINGS']._serialized_start=1281
   _globals['_TIMINGS']._serialized_end=1367
   _globals['_DONEEVENT']._serialized_start=1370
-  _globals['_DONEEVENT']._serialized_end=1546
-  _globals['_GENERATEEVENT']._serialized_start=1549
-  _globals['_GENERATEEVENT']._serialized_end=1779
-  _globals['_CLONEREQUEST']._serialized_start=1781
-  _globals['_CLONEREQUEST']._serialized_end=1878
-  _globals['_CLONERESPONSE']._serialized_start=1881
-  _globals['_CLONERESPONSE']._serialized_end=2022
-  _globals['_CLOSEREQUEST']._serialized_start=2024
-  _globals['_CLOSEREQUEST']._serialized_end=2055
-  _globals['_CLOSERESPONSE']._serialized_start=2057
-  _globals['_CLOSERESPONSE']._serialized_end=2072
-  _globals['_RELEASEOWNERREQUEST']._serialized_start=2074
-  _globals['_RELEASEOWNERREQUEST']._serialized_end=2109
-  _globals['_RELEASEOWNERRESPONSE']._serialized_start=2111
-  _globals['_RELEASEOWNERRESPONSE']._serialized_end=2151
-  _globals['_DESCRIBEREQUEST']._serialized_start=2153
-  _globals['_DESCRIBEREQUEST']._serialized_end=2187
-  _globals['_DESCRIBERESPONSE']._serialized_start=2189
-  _globals['_DESCRIBERESPONSE']._serialized_end=2269
-  _globals['_INFOREQUEST']._serialized_start=2271
-  _globals['_INFOREQUEST']._serialized_end=2284
-  _globals['_LIMITS']._serialized_start=2287
-  _globals['_LIMITS']._serialized_end=2533
-  _globals['_OWNERUSAGE']._serialized_start=2536
-  _globals['_OWNERUSAGE']._serialized_end=2665
-  _globals['_INFORESPONSE']._serialized_start=2668
-  _globals['_INFORESPONSE']._serialized_end=2923
-  _globals['_TOKENIZEREQUEST']._serialized_start=2925
-  _globals['_TOKENIZEREQUEST']._serialized_end=2987
-  _globals['_TOKENIZERESPONSE']._serialized_start=2989
-  _globals['_TOKENIZERESPONSE']._serialized_end=3020
-  _globals['_DETOKENIZEREQUEST']._serialized_start=3022
-  _globals['_DETOKENIZEREQUEST']._serialized_end=3054
-  _globals['_DETOKENIZERESPONSE']._serialized_start=3056
-  _globals['_DETOKENIZERESPONSE']._serialized_end=3090
-  _globals['_ENGINE']._serialized_start=3355
-  _globals['_ENGINE']._serialized_end=4046
+  _globals['_DONEEVENT']._serialized_end=1562
+  _globals['_GENERATEEVENT']._serialized_start=1565
+  _globals['_GENERATEEVENT']._serialized_end=1795
+  _globals['_CLONEREQUEST']._serialized_start=1797
+  _globals['_CLONEREQUEST']._serialized_end=1894
+  _globals['_CLONERESPONSE']._serialized_start=1897
+  _globals['_CLONERESPONSE']._serialized_end=2038
+  _globals['_CLOSEREQUEST']._serialized_start=2040
+  _globals['_CLOSEREQUEST']._serialized_end=2071
+  _globals['_CLOSERESPONSE']._serialized_start=2073
+  _globals['_CLOSERESPONSE']._serialized_end=2088
+  _globals['_RELEASEOWNERREQUEST']._serialized_start=2090
+  _globals['_RELEASEOWNERREQUEST']._serialized_end=2125
+  _globals['_RELEASEOWNERRESPONSE']._serialized_start=2127
+  _globals['_RELEASEOWNERRESPONSE']._serialized_end=2167
+  _globals['_DESCRIBEREQUEST']._serialized_start=2169
+  _globals['_DESCRIBEREQUEST']._serialized_end=2203
+  _globals['_DESCRIBERESPONSE']._serialized_start=2205
+  _globals['_DESCRIBERESPONSE']._serialized_end=2285
+  _globals['_INFOREQUEST']._serialized_start=2287
+  _globals['_INFOREQUEST']._serialized_end=2300
+  _globals['_LIMITS']._serialized_start=2303
+  _globals['_LIMITS']._serialized_end=2549
+  _globals['_OWNERUSAGE']._serialized_start=2552
+  _globals['_OWNERUSAGE']._serialized_end=2681
+  _globals['_INFORESPONSE']._serialized_start=2684
+  _globals['_INFORESPONSE']._serialized_end=2992
+  _globals['_TOKENIZEREQUEST']._serialized_start=2994
+  _globals['_TOKENIZEREQUEST']._serialized_end=3056
+  _globals['_TOKENIZERESPONSE']._serialized_start=3058
+  _globals['_TOKENIZERESPONSE']._serialized_end=3089
+  _globals['_DETOKENIZEREQUEST']._serialized_start=3091
+  _globals['_DETOKENIZEREQUEST']._serialized_end=3123
+  _globals['_DETOKENIZERESPONSE']._serialized_start=3125
+  _globals['_DETOKENIZERESPONSE']._serialized_end=3159
+  _globals['_ENGINE']._serialized_start=3424
+  _globals['_ENGINE']._serialized_end=4115
 # @@protoc_insertion_point(module_scope)

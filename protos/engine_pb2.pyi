@@ -157,20 +157,22 @@ class Timings(_message.Message):
     def __init__(self, time_to_first_token_s: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ..., total_s: _Optional[float] = ...) -> None: ...
 
 class DoneEvent(_message.Message):
-    __slots__ = ("finish_reason", "prompt_positions", "reused_positions", "generated_tokens", "timings", "position")
+    __slots__ = ("finish_reason", "prompt_positions", "reused_positions", "generated_tokens", "timings", "position", "engine")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     REUSED_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
     finish_reason: str
     prompt_positions: int
     reused_positions: int
     generated_tokens: int
     timings: Timings
     position: int
-    def __init__(self, finish_reason: _Optional[str] = ..., prompt_positions: _Optional[int] = ..., reused_positions: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., position: _Optional[int] = ...) -> None: ...
+    engine: str
+    def __init__(self, finish_reason: _Optional[str] = ..., prompt_positions: _Optional[int] = ..., reused_positions: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., position: _Optional[int] = ..., engine: _Optional[str] = ...) -> None: ...
 
 class GenerateEvent(_message.Message):
     __slots__ = ("started", "tokens", "snapshot", "done")
@@ -289,7 +291,7 @@ class OwnerUsage(_message.Message):
     def __init__(self, owner: _Optional[str] = ..., persistent: _Optional[bool] = ..., sessions: _Optional[int] = ..., positions: _Optional[int] = ..., max_sessions: _Optional[int] = ..., max_positions: _Optional[int] = ...) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model", "fingerprint", "limits", "cache_kind", "instance_id", "resident_sessions", "open_handles", "eos_token_ids", "caller")
+    __slots__ = ("model", "fingerprint", "limits", "cache_kind", "instance_id", "resident_sessions", "open_handles", "eos_token_ids", "caller", "active_generations", "queued_commands")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
@@ -299,6 +301,8 @@ class InfoResponse(_message.Message):
     OPEN_HANDLES_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     CALLER_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_GENERATIONS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_COMMANDS_FIELD_NUMBER: _ClassVar[int]
     model: str
     fingerprint: str
     limits: Limits
@@ -308,7 +312,9 @@ class InfoResponse(_message.Message):
     open_handles: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     caller: OwnerUsage
-    def __init__(self, model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., cache_kind: _Optional[str] = ..., instance_id: _Optional[str] = ..., resident_sessions: _Optional[int] = ..., open_handles: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., caller: _Optional[_Union[OwnerUsage, _Mapping]] = ...) -> None: ...
+    active_generations: int
+    queued_commands: int
+    def __init__(self, model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., cache_kind: _Optional[str] = ..., instance_id: _Optional[str] = ..., resident_sessions: _Optional[int] = ..., open_handles: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., caller: _Optional[_Union[OwnerUsage, _Mapping]] = ..., active_generations: _Optional[int] = ..., queued_commands: _Optional[int] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("text",)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos import engine_pb2 as engine__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cprefix.proto\x12\x12\x66orkline.prefix.v1\x1a\x0c\x65ngine.proto\"\x8a\x01\n\rLookupRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12.\n\x06tokens\x18\x02 \x01(\x0b\x32\x1c.forkline.engine.v1.TokenIdsH\x00\x12-\n\x04text\x18\x03 \x01(\x0b\x32\x1d.forkline.engine.v1.TextInputH\x00\x42\x07\n\x05input\"\x86\x01\n\x0eLookupResponse\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0e\n\x06reused\x18\x02 \x01(\x03\x12\x0e\n\x06tokens\x18\x03 \x03(\x03\x12.\n\x06reason\x18\x04 \x01(\x0e\x32\x1e.forkline.prefix.v1.MissReason\x12\x13\n\x0b\x64iverged_at\x18\x05 \x01(\x03\"\xb7\x01\n\rInsertRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x03\x12\x0f\n\x07session\x18\x03 \x01(\t\x12\x41\n\x08metadata\x18\x04 \x03(\x0b\x32/.forkline.prefix.v1.InsertRequest.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"S\n\x0eInsertResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x08\x12\x31\n\x06reason\x18\x02 \x01(\x0e\x32!.forkline.prefix.v1.InsertRefusal\"\x0e\n\x0cStatsRequest\"\xc3\x03\n\rStatsResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x03\x12\x13\n\x0bmax_entries\x18\x02 \x01(\x03\x12\x0c\n\x04hits\x18\x03 \x01(\x03\x12\x0e\n\x06misses\x18\x04 \x01(\x03\x12\x0f\n\x07inserts\x18\x05 \x01(\x03\x12\x1a\n\x12\x64ropped_on_restart\x18\x06 \x01(\x03\x12\x1a\n\x12\x65ngine_instance_id\x18\x07 \x01(\t\x12\x0e\n\x06policy\x18\x08 \x01(\t\x12\x18\n\x10reused_positions\x18\t \x01(\x03\x12\x41\n\x08refusals\x18\n \x03(\x0b\x32/.forkline.prefix.v1.StatsResponse.RefusalsEntry\x12\x15\n\rmax_positions\x18\x0b \x01(\x03\x12\x11\n\tpositions\x18\x0c \x01(\x03\x12\x14\n\x0c\x65ngine_share\x18\r \x01(\x01\x12\x1a\n\x12pressure_evictions\x18\x0e \x01(\x03\x12\x18\n\x10pressure_retries\x18\x0f \x01(\x03\x12\x11\n\treclaimed\x18\x10 \x01(\x03\x1a/\n\rRefusalsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x0e\n\x0c\x43learRequest\"!\n\rClearResponse\x12\x10\n\x08released\x18\x01 \x01(\x03\"\xdb\x02\n\x16GatewayGenerateRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12.\n\x06tokens\x18\x02 \x01(\x0b\x32\x1c.forkline.engine.v1.TokenIdsH\x00\x12-\n\x04text\x18\x03 \x01(\x0b\x32\x1d.forkline.engine.v1.TextInputH\x00\x12\x34\n\x06\x63onfig\x18\x04 \x01(\x0b\x32$.forkline.engine.v1.GenerationConfig\x12\x13\n\x0bskip_insert\x18\x05 \x01(\x08\x12J\n\x08metadata\x18\x06 \x03(\x0b\x32\x38.forkline.prefix.v1.GatewayGenerateRequest.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x07\n\x05input*\xd3\x01\n\nMissReason\x12\x1b\n\x17MISS_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11MISS_REASON_EMPTY\x10\x01\x12\x18\n\x14MISS_REASON_DIVERGED\x10\x02\x12 \n\x1cMISS_REASON_BOUNDARY_REFUSED\x10\x03\x12 \n\x1cMISS_REASON_ENGINE_RESTARTED\x10\x04\x12\x19\n\x15MISS_REASON_TOO_SHORT\x10\x05\x12\x18\n\x14MISS_REASON_DISABLED\x10\x06*\xfb\x02\n\rInsertRefusal\x12\x1e\n\x1aINSERT_REFUSAL_UNSPECIFIED\x10\x00\x12\x1b\n\x17INSERT_REFUSAL_DISABLED\x10\x01\x12$\n INSERT_REFUSAL_POSITION_MISMATCH\x10\x02\x12#\n\x1fINSERT_REFUSAL_CONTENT_MISMATCH\x10\x03\x12!\n\x1dINSERT_REFUSAL_PREPARED_INPUT\x10\x04\x12 \n\x1cINSERT_REFUSAL_CLONE_REFUSED\x10\x05\x12\x1c\n\x18INSERT_REFUSAL_DUPLICATE\x10\x06\x12#\n\x1fINSERT_REFUSAL_INVALID_SNAPSHOT\x10\x07\x12\x1a\n\x16INSERT_REFUSAL_EVICTED\x10\x08\x12\x1e\n\x1aINSERT_REFUSAL_INVALID_KEY\x10\t\x12\x1e\n\x1aINSERT_REFUSAL_OVER_BUDGET\x10\n2\xa8\x03\n\x0bPrefixCache\x12O\n\x06Lookup\x12!.forkline.prefix.v1.LookupRequest\x1a\".forkline.prefix.v1.LookupResponse\x12O\n\x06Insert\x12!.forkline.prefix.v1.InsertRequest\x1a\".forkline.prefix.v1.InsertResponse\x12L\n\x05Stats\x12 .forkline.prefix.v1.StatsRequest\x1a!.forkline.prefix.v1.StatsResponse\x12L\n\x05\x43lear\x12 .forkline.prefix.v1.ClearRequest\x1a!.forkline.prefix.v1.ClearResponse\x12[\n\x08Generate\x12*.forkline.prefix.v1.GatewayGenerateRequest\x1a!.forkline.engine.v1.GenerateEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cprefix.proto\x12\x12\x66orkline.prefix.v1\x1a\x0c\x65ngine.proto\"\x8a\x01\n\rLookupRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12.\n\x06tokens\x18\x02 \x01(\x0b\x32\x1c.forkline.engine.v1.TokenIdsH\x00\x12-\n\x04text\x18\x03 \x01(\x0b\x32\x1d.forkline.engine.v1.TextInputH\x00\x42\x07\n\x05input\"\x96\x01\n\x0eLookupResponse\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0e\n\x06reused\x18\x02 \x01(\x03\x12\x0e\n\x06tokens\x18\x03 \x03(\x03\x12.\n\x06reason\x18\x04 \x01(\x0e\x32\x1e.forkline.prefix.v1.MissReason\x12\x13\n\x0b\x64iverged_at\x18\x05 \x01(\x03\x12\x0e\n\x06\x65ngine\x18\x06 \x01(\t\"\xc7\x01\n\rInsertRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x03\x12\x0f\n\x07session\x18\x03 \x01(\t\x12\x41\n\x08metadata\x18\x04 \x03(\x0b\x32/.forkline.prefix.v1.InsertRequest.MetadataEntry\x12\x0e\n\x06\x65ngine\x18\x05 \x01(\t\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"S\n\x0eInsertResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x08\x12\x31\n\x06reason\x18\x02 \x01(\x0e\x32!.forkline.prefix.v1.InsertRefusal\"\x0e\n\x0cStatsRequest\"\x86\x04\n\rStatsResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x03\x12\x13\n\x0bmax_entries\x18\x02 \x01(\x03\x12\x0c\n\x04hits\x18\x03 \x01(\x03\x12\x0e\n\x06misses\x18\x04 \x01(\x03\x12\x0f\n\x07inserts\x18\x05 \x01(\x03\x12\x1a\n\x12\x64ropped_on_restart\x18\x06 \x01(\x03\x12\x1a\n\x12\x65ngine_instance_id\x18\x07 \x01(\t\x12\x0e\n\x06policy\x18\x08 \x01(\t\x12\x18\n\x10reused_positions\x18\t \x01(\x03\x12\x41\n\x08refusals\x18\n \x03(\x0b\x32/.forkline.prefix.v1.StatsResponse.RefusalsEntry\x12\x15\n\rmax_positions\x18\x0b \x01(\x03\x12\x11\n\tpositions\x18\x0c \x01(\x03\x12\x14\n\x0c\x65ngine_share\x18\r \x01(\x01\x12\x1a\n\x12pressure_evictions\x18\x0e \x01(\x03\x12\x18\n\x10pressure_retries\x18\x0f \x01(\x03\x12\x11\n\treclaimed\x18\x10 \x01(\x03\x12\x0f\n\x07routing\x18\x11 \x01(\t\x12\x30\n\x07\x65ngines\x18\x12 \x03(\x0b\x32\x1f.forkline.prefix.v1.EngineStats\x1a/\n\rRefusalsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xe2\x01\n\x0b\x45ngineStats\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12\x10\n\x08routable\x18\x04 \x01(\x08\x12\x0f\n\x07\x65ntries\x18\x05 \x01(\x03\x12\x11\n\tpositions\x18\x06 \x01(\x03\x12\x0c\n\x04hits\x18\x07 \x01(\x03\x12\x0e\n\x06misses\x18\x08 \x01(\x03\x12\x11\n\tin_flight\x18\t \x01(\x03\x12\x0c\n\x04load\x18\n \x01(\x03\x12\x0e\n\x06routed\x18\x0b \x01(\x03\x12\x14\n\x0cload_guarded\x18\x0c \x01(\x03\"\x0e\n\x0c\x43learRequest\"!\n\rClearResponse\x12\x10\n\x08released\x18\x01 \x01(\x03\"\xdb\x02\n\x16GatewayGenerateRequest\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12.\n\x06tokens\x18\x02 \x01(\x0b\x32\x1c.forkline.engine.v1.TokenIdsH\x00\x12-\n\x04text\x18\x03 \x01(\x0b\x32\x1d.forkline.engine.v1.TextInputH\x00\x12\x34\n\x06\x63onfig\x18\x04 \x01(\x0b\x32$.forkline.engine.v1.GenerationConfig\x12\x13\n\x0bskip_insert\x18\x05 \x01(\x08\x12J\n\x08metadata\x18\x06 \x03(\x0b\x32\x38.forkline.prefix.v1.GatewayGenerateRequest.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x07\n\x05input*\xd3\x01\n\nMissReason\x12\x1b\n\x17MISS_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11MISS_REASON_EMPTY\x10\x01\x12\x18\n\x14MISS_REASON_DIVERGED\x10\x02\x12 \n\x1cMISS_REASON_BOUNDARY_REFUSED\x10\x03\x12 \n\x1cMISS_REASON_ENGINE_RESTARTED\x10\x04\x12\x19\n\x15MISS_REASON_TOO_SHORT\x10\x05\x12\x18\n\x14MISS_REASON_DISABLED\x10\x06*\xfb\x02\n\rInsertRefusal\x12\x1e\n\x1aINSERT_REFUSAL_UNSPECIFIED\x10\x00\x12\x1b\n\x17INSERT_REFUSAL_DISABLED\x10\x01\x12$\n INSERT_REFUSAL_POSITION_MISMATCH\x10\x02\x12#\n\x1fINSERT_REFUSAL_CONTENT_MISMATCH\x10\x03\x12!\n\x1dINSERT_REFUSAL_PREPARED_INPUT\x10\x04\x12 \n\x1cINSERT_REFUSAL_CLONE_REFUSED\x10\x05\x12\x1c\n\x18INSERT_REFUSAL_DUPLICATE\x10\x06\x12#\n\x1fINSERT_REFUSAL_INVALID_SNAPSHOT\x10\x07\x12\x1a\n\x16INSERT_REFUSAL_EVICTED\x10\x08\x12\x1e\n\x1aINSERT_REFUSAL_INVALID_KEY\x10\t\x12\x1e\n\x1aINSERT_REFUSAL_OVER_BUDGET\x10\n2\xa8\x03\n\x0bPrefixCache\x12O\n\x06Lookup\x12!.forkline.prefix.v1.LookupRequest\x1a\".forkline.prefix.v1.LookupResponse\x12O\n\x06Insert\x12!.forkline.prefix.v1.InsertRequest\x1a\".forkline.prefix.v1.InsertResponse\x12L\n\x05Stats\x12 .forkline.prefix.v1.StatsRequest\x1a!.forkline.prefix.v1.StatsResponse\x12L\n\x05\x43lear\x12 .forkline.prefix.v1.ClearRequest\x1a!.forkline.prefix.v1.ClearResponse\x12[\n\x08Generate\x12*.forkline.prefix.v1.GatewayGenerateRequest\x1a!.forkline.engine.v1.GenerateEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,34 +38,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATSRESPONSE_REFUSALSENTRY']._serialized_options = b'8\001'
   _globals['_GATEWAYGENERATEREQUEST_METADATAENTRY']._loaded_options = None
   _globals['_GATEWAYGENERATEREQUEST_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_MISSREASON']._serialized_start=1471
-  _globals['_MISSREASON']._serialized_end=1682
-  _globals['_INSERTREFUSAL']._serialized_start=1685
-  _globals['_INSERTREFUSAL']._serialized_end=2064
+  _globals['_MISSREASON']._serialized_start=1799
+  _globals['_MISSREASON']._serialized_end=2010
+  _globals['_INSERTREFUSAL']._serialized_start=2013
+  _globals['_INSERTREFUSAL']._serialized_end=2392
   _globals['_LOOKUPREQUEST']._serialized_start=51
   _globals['_LOOKUPREQUEST']._serialized_end=189
   _globals['_LOOKUPRESPONSE']._serialized_start=192
-  _globals['_LOOKUPRESPONSE']._serialized_end=326
-  _globals['_INSERTREQUEST']._serialized_start=329
-  _globals['_INSERTREQUEST']._serialized_end=512
-  _globals['_INSERTREQUEST_METADATAENTRY']._serialized_start=465
-  _globals['_INSERTREQUEST_METADATAENTRY']._serialized_end=512
-  _globals['_INSERTRESPONSE']._serialized_start=514
-  _globals['_INSERTRESPONSE']._serialized_end=597
-  _globals['_STATSREQUEST']._serialized_start=599
-  _globals['_STATSREQUEST']._serialized_end=613
-  _globals['_STATSRESPONSE']._serialized_start=616
-  _globals['_STATSRESPONSE']._serialized_end=1067
-  _globals['_STATSRESPONSE_REFUSALSENTRY']._serialized_start=1020
-  _globals['_STATSRESPONSE_REFUSALSENTRY']._serialized_end=1067
-  _globals['_CLEARREQUEST']._serialized_start=1069
-  _globals['_CLEARREQUEST']._serialized_end=1083
-  _globals['_CLEARRESPONSE']._serialized_start=1085
-  _globals['_CLEARRESPONSE']._serialized_end=1118
-  _globals['_GATEWAYGENERATEREQUEST']._serialized_start=1121
-  _globals['_GATEWAYGENERATEREQUEST']._serialized_end=1468
-  _globals['_GATEWAYGENERATEREQUEST_METADATAENTRY']._serialized_start=465
-  _globals['_GATEWAYGENERATEREQUEST_METADATAENTRY']._serialized_end=512
-  _globals['_PREFIXCACHE']._serialized_start=2067
-  _globals['_PREFIXCACHE']._serialized_end=2491
+  _globals['_LOOKUPRESPONSE']._serialized_end=342
+  _globals['_INSERTREQUEST']._serialized_start=345
+  _globals['_INSERTREQUEST']._serialized_end=544
+  _globals['_INSERTREQUEST_METADATAENTRY']._serialized_start=497
+  _globals['_INSERTREQUEST_METADATAENTRY']._serialized_end=544
+  _globals['_INSERTRESPONSE']._serialized_start=546
+  _globals['_INSERTRESPONSE']._serialized_end=629
+  _globals['_STATSREQUEST']._serialized_start=631
+  _globals['_STATSREQUEST']._serialized_end=645
+  _globals['_STATSRESPONSE']._serialized_start=648
+  _globals['_STATSRESPONSE']._serialized_end=1166
+  _globals['_STATSRESPONSE_REFUSALSENTRY']._serialized_start=1119
+  _globals['_STATSRESPONSE_REFUSALSENTRY']._serialized_end=1166
+  _globals['_ENGINESTATS']._serialized_start=1169
+  _globals['_ENGINESTATS']._serialized_end=1395
+  _globals['_CLEARREQUEST']._serialized_start=1397
+  _globals['_CLEARREQUEST']._serialized_end=1411
+  _globals['_CLEARRESPONSE']._serialized_start=1413
+  _globals['_CLEARRESPONSE']._serialized_end=1446
+  _globals['_GATEWAYGENERATEREQUEST']._serialized_start=1449
+  _globals['_GATEWAYGENERATEREQUEST']._serialized_end=1796
+  _globals['_GATEWAYGENERATEREQUEST_METADATAENTRY']._serialized_start=497
+  _globals['_GATEWAYGENERATEREQUEST_METADATAENTRY']._serialized_end=544
+  _globals['_PREFIXCACHE']._serialized_start=2395
+  _globals['_PREFIXCACHE']._serialized_end=2819
 # @@protoc_insertion_point(module_scope)

@@ -61,21 +61,23 @@ class LookupRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., tokens: _Optional[_Union[_engine_pb2.TokenIds, _Mapping]] = ..., text: _Optional[_Union[_engine_pb2.TextInput, _Mapping]] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
-    __slots__ = ("session", "reused", "tokens", "reason", "diverged_at")
+    __slots__ = ("session", "reused", "tokens", "reason", "diverged_at", "engine")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     REUSED_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     DIVERGED_AT_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
     session: str
     reused: int
     tokens: _containers.RepeatedScalarFieldContainer[int]
     reason: MissReason
     diverged_at: int
-    def __init__(self, session: _Optional[str] = ..., reused: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., reason: _Optional[_Union[MissReason, str]] = ..., diverged_at: _Optional[int] = ...) -> None: ...
+    engine: str
+    def __init__(self, session: _Optional[str] = ..., reused: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., reason: _Optional[_Union[MissReason, str]] = ..., diverged_at: _Optional[int] = ..., engine: _Optional[str] = ...) -> None: ...
 
 class InsertRequest(_message.Message):
-    __slots__ = ("namespace", "tokens", "session", "metadata")
+    __slots__ = ("namespace", "tokens", "session", "metadata", "engine")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -87,11 +89,13 @@ class InsertRequest(_message.Message):
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     tokens: _containers.RepeatedScalarFieldContainer[int]
     session: str
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, namespace: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., session: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    engine: str
+    def __init__(self, namespace: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., session: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., engine: _Optional[str] = ...) -> None: ...
 
 class InsertResponse(_message.Message):
     __slots__ = ("stored", "reason")
@@ -106,7 +110,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("entries", "max_entries", "hits", "misses", "inserts", "dropped_on_restart", "engine_instance_id", "policy", "reused_positions", "refusals", "max_positions", "positions", "engine_share", "pressure_evictions", "pressure_retries", "reclaimed")
+    __slots__ = ("entries", "max_entries", "hits", "misses", "inserts", "dropped_on_restart", "engine_instance_id", "policy", "reused_positions", "refusals", "max_positions", "positions", "engine_share", "pressure_evictions", "pressure_retries", "reclaimed", "routing", "engines")
     class RefusalsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +134,8 @@ class StatsResponse(_message.Message):
     PRESSURE_EVICTIONS_FIELD_NUMBER: _ClassVar[int]
     PRESSURE_RETRIES_FIELD_NUMBER: _ClassVar[int]
     RECLAIMED_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
     entries: int
     max_entries: int
     hits: int
@@ -146,7 +152,37 @@ class StatsResponse(_message.Message):
     pressure_evictions: int
     pressure_retries: int
     reclaimed: int
-    def __init__(self, entries: _Optional[int] = ..., max_entries: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., inserts: _Optional[int] = ..., dropped_on_restart: _Optional[int] = ..., engine_instance_id: _Optional[str] = ..., policy: _Optional[str] = ..., reused_positions: _Optional[int] = ..., refusals: _Optional[_Mapping[str, int]] = ..., max_positions: _Optional[int] = ..., positions: _Optional[int] = ..., engine_share: _Optional[float] = ..., pressure_evictions: _Optional[int] = ..., pressure_retries: _Optional[int] = ..., reclaimed: _Optional[int] = ...) -> None: ...
+    routing: str
+    engines: _containers.RepeatedCompositeFieldContainer[EngineStats]
+    def __init__(self, entries: _Optional[int] = ..., max_entries: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., inserts: _Optional[int] = ..., dropped_on_restart: _Optional[int] = ..., engine_instance_id: _Optional[str] = ..., policy: _Optional[str] = ..., reused_positions: _Optional[int] = ..., refusals: _Optional[_Mapping[str, int]] = ..., max_positions: _Optional[int] = ..., positions: _Optional[int] = ..., engine_share: _Optional[float] = ..., pressure_evictions: _Optional[int] = ..., pressure_retries: _Optional[int] = ..., reclaimed: _Optional[int] = ..., routing: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[EngineStats, _Mapping]]] = ...) -> None: ...
+
+class EngineStats(_message.Message):
+    __slots__ = ("engine", "instance_id", "fingerprint", "routable", "entries", "positions", "hits", "misses", "in_flight", "load", "routed", "load_guarded")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    ROUTABLE_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_FIELD_NUMBER: _ClassVar[int]
+    LOAD_GUARDED_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    instance_id: str
+    fingerprint: str
+    routable: bool
+    entries: int
+    positions: int
+    hits: int
+    misses: int
+    in_flight: int
+    load: int
+    routed: int
+    load_guarded: int
+    def __init__(self, engine: _Optional[str] = ..., instance_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., routable: _Optional[bool] = ..., entries: _Optional[int] = ..., positions: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., in_flight: _Optional[int] = ..., load: _Optional[int] = ..., routed: _Optional[int] = ..., load_guarded: _Optional[int] = ...) -> None: ...
 
 class ClearRequest(_message.Message):
     __slots__ = ()

@@ -302,6 +302,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         with status_on_error(context):
             d = self.deps
             owner = convert.owner_of(context.invocation_metadata())
+            load = d.runner.metrics()
             return pb.InfoResponse(
                 model=d.model_name,
                 fingerprint=d.fingerprint,
@@ -313,6 +314,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 open_handles=len(d.registry),
                 eos_token_ids=list(d.eos_token_ids),
                 caller=convert.owner_usage(d.registry.usage(owner)),
+                active_generations=load.active_generations,
+                queued_commands=load.queued_commands,
             )
 
     def Tokenize(self, request: pb.TokenizeRequest, context: grpc.ServicerContext) -> pb.TokenizeResponse:

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP door as a Starlette app over the prefix service's :class:`Gateway`.
+"""The OpenAI-compatible HTTP door as a Starlette app over the prefix service's :class:`Fleet` (its
+engines' gateways, routed).
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (both streamed as server-sent events
 ending with ``data: [DONE]``, or answered whole), ``GET /v1/models``, ``GET /health``. Handlers only
@@ -30,7 +31,8 @@ from starlette.routing import Route
 
 from engine_service.auth import Caller, check_token
 from engine_service.errors import InvalidArgument
-from prefix_service.gateway import Gateway, Prompt
+from prefix_service.fleet import Fleet
+from prefix_service.gateway import Prompt
 from prefix_service.http import convert
 from prefix_service.http.errors import ApiError, error_event, error_response
 from prefix_service.http.generation import Generation
@@ -55,7 +57,7 @@ def served_model_name(engine_model: str) -> str:
     return name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
 
 
-def create_app(gateway: Gateway, *, model_name: str, auth: OwnerTable | None = None) -> Starlette:
+def create_app(gateway: Fleet, *, model_name: str, auth: OwnerTable | None = None) -> Starlette:
     """The ASGI app serving ``gateway`` under the model id ``model_name`` (see the module docstring)."""
     door = _Door(gateway, model_name, auth)
     routes = [
@@ -88,7 +90,7 @@ async def _on_http_exception(request: Request, exc: HTTPException) -> Response:
 
 
 class _Door:
-    def __init__(self, gateway: Gateway, model_name: str, auth: OwnerTable | None) -> None:
+    def __init__(self, gateway: Fleet, model_name: str, auth: OwnerTable | None) -> None:
         self.gateway, self.model_name, self.auth = gateway, model_name, auth
         self.created = int(time.time())
 
@@ -160,7 +162,7 @@ class _Door:
                            param="model", code="model_not_found")
 
     def _fingerprint(self) -> str:
-        return f"fp_{self.gateway.backend.fingerprint[:16]}"
+        return f"fp_{self.gateway.fingerprint[:16]}"
 
 
 async def _parse(request: Request, model: type[Body]) -> Body:

@@ -1,7 +1,7 @@
 """One gateway generation driven from asyncio: the blocking gateway on a worker thread, its events
 delivered to the event loop.
 
-:meth:`Gateway.generate` blocks (engine Info, tokenize, the lookup's clone) and its stream is a
+:meth:`Fleet.generate` blocks (engine Info, tokenize, the lookup's clone) and its stream is a
 blocking iterator, so both run on a thread of their own; each event is handed to the event loop with
 ``call_soon_threadsafe`` (no polling). :meth:`GenerationBridge.stop` -- a client that disconnected,
 a stop string that matched, a server that is shutting down -- ends the engine generation at once
@@ -20,7 +20,8 @@ import threading
 from typing import Any
 
 from engine_service.auth import Caller, calling_as
-from prefix_service.gateway import Gateway, GatewayEvent, GatewayRequest, GatewayStream
+from prefix_service.fleet import Fleet, RoutedStream
+from prefix_service.gateway import GatewayEvent, GatewayRequest
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +36,13 @@ _END = _End()
 class GenerationBridge:
     """See the module docstring. ``start()`` once, then ``await next()`` until it returns None."""
 
-    def __init__(self, gateway: Gateway, request: GatewayRequest, owner: str, caller: Caller | None) -> None:
+    def __init__(self, gateway: Fleet, request: GatewayRequest, owner: str, caller: Caller | None) -> None:
         self._gateway, self._request, self._owner, self._caller = gateway, request, owner, caller
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._lock = threading.Lock()
         self._stopped = False
-        self._stream: GatewayStream | None = None
+        self._stream: RoutedStream | None = None
 
     def start(self) -> None:
         threading.Thread(target=self._run, name="forkline-http-generation", daemon=True).start()

@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator, Sequence
 from engine_service.auth import Caller
 from engine_service.errors import Unavailable
 from engine_service.stream_events import Done, Started, Tokens
-from prefix_service.gateway import Gateway, GatewayRequest
+from prefix_service.fleet import Fleet
+from prefix_service.gateway import GatewayRequest
 from prefix_service.http.bridge import GenerationBridge
 from prefix_service.http.convert import FINISH_REASONS, usage
 from prefix_service.http.protocol import Usage
@@ -23,7 +24,7 @@ from prefix_service.http.stop_strings import StopMatcher
 
 
 class Generation:
-    def __init__(self, gateway: Gateway, request: GatewayRequest, stops: Sequence[str], owner: str,
+    def __init__(self, gateway: Fleet, request: GatewayRequest, stops: Sequence[str], owner: str,
                  caller: Caller | None) -> None:
         self._bridge = GenerationBridge(gateway, request, owner, caller)
         self._stops = StopMatcher(stops)

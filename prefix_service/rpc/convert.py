@@ -14,7 +14,8 @@ from engine_service.rpc.convert import CLONE_REFUSALS, gen_config, started_event
 from engine_service.runtime.clone import CloneRefusal
 from engine_service.stream_events import Started, Tokens
 from prefix_service.backends import EngineGenerate, EngineInfo, TakenClone, TextPrompt
-from prefix_service.gateway import GatewayEvent, GatewayRequest, GatewayStats, Prompt, PromptLookup
+from prefix_service.fleet import EngineStatus, FleetStats
+from prefix_service.gateway import GatewayEvent, GatewayRequest, Prompt, PromptLookup
 from prefix_service.outcomes import InsertOutcome, InsertRefusal, MissReason
 from protos import engine_pb2 as epb
 from protos import prefix_pb2 as pb
@@ -68,6 +69,7 @@ def lookup_response(lookup: PromptLookup) -> pb.LookupResponse:
         tokens=lookup.tokens,
         reason=MISS_REASONS[outcome.reason],
         diverged_at=outcome.diverged_at,
+        engine=lookup.engine,
     )
 
 
@@ -75,7 +77,8 @@ def insert_response(outcome: InsertOutcome) -> pb.InsertResponse:
     return pb.InsertResponse(stored=outcome.stored, reason=INSERT_REFUSALS[outcome.reason])
 
 
-def stats_response(stats: GatewayStats) -> pb.StatsResponse:
+def stats_response(fleet: FleetStats) -> pb.StatsResponse:
+    stats = fleet.total
     s = stats.cache
     return pb.StatsResponse(
         entries=s.entries,
@@ -94,7 +97,17 @@ def stats_response(stats: GatewayStats) -> pb.StatsResponse:
         pressure_evictions=stats.pressure_evictions,
         pressure_retries=stats.pressure_retries,
         reclaimed=stats.reclaimed,
+        routing=fleet.routing,
+        engines=[engine_stats(engine) for engine in fleet.engines],
     )
+
+
+def engine_stats(engine: EngineStatus) -> pb.EngineStats:
+    c = engine.stats.cache
+    return pb.EngineStats(engine=engine.name, instance_id=engine.instance_id, fingerprint=engine.fingerprint,
+                          routable=engine.routable, entries=c.entries, positions=c.positions, hits=c.hits,
+                          misses=c.misses, in_flight=engine.in_flight, load=engine.load, routed=engine.routed,
+                          load_guarded=engine.load_guarded)
 
 
 def client_event(event: GatewayEvent) -> epb.GenerateEvent:
@@ -108,7 +121,7 @@ def client_event(event: GatewayEvent) -> epb.GenerateEvent:
     return epb.GenerateEvent(done=epb.DoneEvent(
         finish_reason=event.finish_reason, prompt_positions=event.prompt_positions,
         reused_positions=event.reused_positions, generated_tokens=event.generated_tokens,
-        position=event.position, timings=timings))
+        position=event.position, timings=timings, engine=event.engine))
 
 
 # -- engine side ------------------------------------------------------------------------------
@@ -126,7 +139,8 @@ def engine_info(info: epb.InfoResponse) -> EngineInfo:
     return EngineInfo(info.instance_id, info.fingerprint, limits.vocab_size, limits.max_session_tokens,
                       max_sessions=limits.max_sessions, resident_sessions=info.resident_sessions,
                       quota_sessions=info.caller.max_sessions, quota_positions=info.caller.max_positions,
-                      persistent=info.caller.persistent if info.caller.owner else None)
+                      persistent=info.caller.persistent if info.caller.owner else None,
+                      active_generations=info.active_generations, queued_commands=info.queued_commands)
 
 
 def text_input(text: TextPrompt) -> epb.TextInput:

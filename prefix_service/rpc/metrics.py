@@ -12,7 +12,10 @@
   ``forkline_prefix_positions`` / ``_max_positions``, entries dropped on engine restarts, pressure
   evictions and retries.
 
-One engine today: per-engine labels come with routing to several.
+- Per engine (label ``engine``: its address as the service names it): ``forkline_prefix_engine_routable``,
+  ``_entries``, ``_positions``, ``_in_flight``, ``_load``, ``forkline_prefix_engine_hits_total``,
+  ``_misses_total``, ``_routed_total``, ``_load_guarded_total``; and route decisions by reason,
+  ``forkline_prefix_routes_total{reason}`` (``routing.RouteReason``; with several engines).
 """
 
 from __future__ import annotations
@@ -22,34 +25,36 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from engine_service.rpc.rpc_metrics import ServiceMetrics
-from prefix_service.gateway import Gateway
+from prefix_service.fleet import Fleet, FleetStats
 from protos import prefix_pb2
 
 GENERATE_METHOD = f"/{prefix_pb2.DESCRIPTOR.services_by_name['PrefixCache'].full_name}/Generate"
 
 
 class PrefixMetrics(ServiceMetrics):
-    """The prefix service's metrics over ``gateway``."""
+    """The prefix service's metrics over ``gateway`` (the fleet of engine gateways)."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Fleet) -> None:
         super().__init__((GENERATE_METHOD,))
         self.registry.register(GatewayCollector(gateway))
 
 
 class GatewayCollector:
-    """Prefix-cache state read at scrape time from ``Gateway.stats()`` (one lock acquisition)."""
+    """Prefix-cache state read at scrape time from ``Fleet.stats()``."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Fleet) -> None:
         self._gateway = gateway
 
     def describe(self) -> list[Metric]:
         return []  # names are fixed; no collision check needed at registration
 
     def collect(self) -> Iterator[Metric]:
-        s = self._gateway.stats()
+        fleet = self._gateway.stats()
+        s = fleet.total
         c = s.cache
-        info = InfoMetricFamily("forkline_prefix", "The retention policy and the engine instance served")
-        info.add_metric([], {"policy": s.policy, "engine_instance": s.engine_instance_id})
+        info = InfoMetricFamily("forkline_prefix", "The retention and routing policies and the (first) engine "
+                                "instance served")
+        info.add_metric([], {"policy": s.policy, "engine_instance": s.engine_instance_id, "routing": fleet.routing})
         yield info
         for name, doc, value in (
             ("forkline_prefix_entries", "Stored prompt snapshots", c.entries),
@@ -76,3 +81,37 @@ class GatewayCollector:
         for reason, count in sorted(c.refusals.items()):
             refusals.add_metric([str(reason)], count)
         yield refusals
+        yield from _engine_metrics(fleet)
+
+
+def _engine_metrics(fleet: FleetStats) -> Iterator[Metric]:
+    """Each engine's share, labelled by its name; route decisions by reason."""
+    label = ("engine",)
+    for name, doc, kind, value in (
+        ("forkline_prefix_engine_routable", "1 while requests are routed to the engine", GaugeMetricFamily,
+         lambda e: int(e.routable)),
+        ("forkline_prefix_engine_entries", "Snapshots stored in the engine", GaugeMetricFamily,
+         lambda e: e.stats.cache.entries),
+        ("forkline_prefix_engine_positions", "Positions those snapshots hold", GaugeMetricFamily,
+         lambda e: e.stats.cache.positions),
+        ("forkline_prefix_engine_in_flight", "Gateway generations this service runs there", GaugeMetricFamily,
+         lambda e: e.in_flight),
+        ("forkline_prefix_engine_load", "Generations running or queued there (all callers, as last read)",
+         GaugeMetricFamily, lambda e: e.load),
+        ("forkline_prefix_engine_hits", "Lookups served from the engine's snapshots", CounterMetricFamily,
+         lambda e: e.stats.cache.hits),
+        ("forkline_prefix_engine_misses", "Lookups routed to the engine that found nothing", CounterMetricFamily,
+         lambda e: e.stats.cache.misses),
+        ("forkline_prefix_engine_routed", "Requests routed to the engine", CounterMetricFamily, lambda e: e.routed),
+        ("forkline_prefix_engine_load_guarded", "Requests sent elsewhere because the engine was overloaded",
+         CounterMetricFamily, lambda e: e.load_guarded),
+    ):
+        family = kind(name, doc, labels=label)
+        for engine in fleet.engines:
+            family.add_metric([engine.name], value(engine))
+        yield family
+    routes = CounterMetricFamily("forkline_prefix_routes", "Route decisions by reason (cache, miss, load_guard, "
+                                 "load, turn)", labels=("reason",))
+    for reason, count in sorted(fleet.routes.items()):
+        routes.add_metric([reason], count)
+    yield routes

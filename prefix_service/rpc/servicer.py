@@ -1,9 +1,9 @@
-"""PrefixServicer: ``forkline.prefix.v1.PrefixCache`` over a :class:`Gateway`.
+"""PrefixServicer: ``forkline.prefix.v1.PrefixCache`` over a :class:`Fleet` of engine gateways.
 
 Thin: each RPC reads the caller's owner id from the metadata, converts the request to domain values
-(``prefix_service/rpc/convert.py``), delegates to the gateway (``prefix_service/gateway.py``, where
-every flow decision lives: engine-restart handling, lookup, insert, the gateway Generate with its
-stop and drain) and converts the answer back. Errors map to status codes in
+(``prefix_service/rpc/convert.py``), delegates to the fleet (``prefix_service/fleet.py``: routing to an
+engine) and its gateways (``prefix_service/gateway.py``, where every flow decision lives:
+engine-restart handling, lookup, insert, the gateway Generate with its stop and drain) and converts the answer back. Errors map to status codes in
 ``engine_service/rpc/errors.py``. Engine calls made for an RPC carry its deadline (``caller_deadline``).
 """
 
@@ -16,7 +16,7 @@ import grpc
 
 from engine_service.rpc.convert import owner_of
 from engine_service.rpc.errors import status_on_error
-from prefix_service.gateway import Gateway
+from prefix_service.fleet import Fleet
 from prefix_service.rpc import convert
 from prefix_service.rpc.engine_watch import caller_deadline
 from protos import engine_pb2 as epb
@@ -25,8 +25,8 @@ from protos import prefix_pb2_grpc
 
 
 class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
+    def __init__(self, fleet: Fleet) -> None:
+        self.gateway = fleet
 
     def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> pb.LookupResponse:
         with status_on_error(context), caller_deadline(context):
@@ -38,7 +38,7 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
         with status_on_error(context), caller_deadline(context):
             owner = owner_of(context.invocation_metadata())
             outcome = self.gateway.insert(request.namespace, list(request.tokens), request.session,
-                                          dict(request.metadata), owner)
+                                          dict(request.metadata), owner, request.engine)
             return convert.insert_response(outcome)
 
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:

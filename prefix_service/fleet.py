@@ -1,0 +1,393 @@
+"""Fleet: one prefix service in front of many engines, routing each request by exact cache placement.
+
+Each engine is an :class:`EngineMember`: its own :class:`Gateway` (its own :class:`PrefixCache` of
+snapshots held in that engine, its own budget there, its restart handling) plus what routing needs
+(whether it serves now, the generations this service runs there, the engine's load as last read).
+A snapshot can only be continued by the engine that holds it, so caches are per engine and a
+request goes where its prefix is: :class:`Fleet` scores every routable engine by the positions its
+cache can reuse for the prompt (exact, from the index) and its load, and the routing policy
+(``routing.py``) orders them.
+
+- Routable: the engine reports SERVING and has the fleet's fingerprint (the first engine's; when no
+  serving engine has it any more, e.g. after every engine was upgraded, the fleet adopts the first
+  serving engine's). Engines with another fingerprint never share keys with the fleet: they are held
+  out of routing (and logged), their entries kept apart in their own cache.
+- Lookup: tokenize once (on the least-loaded engine: every routable engine has the same tokenizer),
+  route, clone on the chosen engine; the answer names the engine (``PromptLookup.engine``). On a
+  miss it names the engine the policy would send the prompt to.
+- Insert: the caller names the engine holding its session (optional with one engine).
+- Generate: route, and try the engines in the route's order: an engine that is down
+  (UNAVAILABLE) or full (RESOURCE_EXHAUSTED, after its gateway's own evict-and-retry) before the
+  first event is left for the next one, so the client sees no error while another engine can serve.
+  Once the stream has started the engine is fixed: nothing is retried after a token was sent. The
+  done event names the engine (``Done.engine``).
+- Membership: :meth:`add` / :meth:`remove` (the rpc layer's resolver calls them as engines join and
+  leave); removing an engine drops its entries (their handles are released when the engine still
+  answers) and closes its connection. A restarted engine drops its own entries (its gateway notices
+  the new instance id); :meth:`refresh` (periodic) reads every engine's Info for that and for load.
+
+With a single engine the fleet behaves as that engine's gateway did: errors propagate unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+
+from engine_service.errors import ForklineError, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from engine_service.stream_events import Done
+from prefix_service.backends import TextPrompt
+from prefix_service.gateway import Gateway, GatewayEvent, GatewayRequest, GatewayStats, Prompt, PromptLookup
+from prefix_service.gateway_stream import GatewayStream
+from prefix_service.outcomes import InsertOutcome, PrefixStats
+from prefix_service.routing import Candidate, Route, RouteReason, RoutingPolicy, routing_policy
+
+log = logging.getLogger(__name__)
+
+# Failures before the first event that another engine may not share: the request moves on.
+_RETRY_ELSEWHERE = (Unavailable, ResourceExhausted)
+
+
+class EngineMember:
+    """One engine of the fleet. ``name``: its address as the service names it (clients see it in
+    ``LookupResponse.engine``). ``serving()``: whether it reports SERVING now (the health watch).
+    ``close()``: release its connection (called once it left the fleet)."""
+
+    def __init__(self, name: str, gateway: Gateway, serving: Callable[[], bool] = lambda: True,
+                 close: Callable[[], None] = lambda: None) -> None:
+        self.name, self.gateway, self._serving, self._close = name, gateway, serving, close
+        self._lock = threading.Lock()
+        self.in_flight = 0  # gateway generations this service runs there now
+        self.routed = 0  # requests whose route put it first
+        self.load_guarded = 0  # requests that went elsewhere because it was overloaded
+        self._others = 0  # the engine's load beyond this service's own, as of the last Info
+
+    @property
+    def fingerprint(self) -> str:
+        return self.gateway.backend.fingerprint
+
+    @property
+    def serving(self) -> bool:
+        return self._serving()
+
+    @property
+    def load(self) -> int:
+        """Generations running or queued there: this service's now, plus the rest as last read."""
+        return self.in_flight + self._others
+
+    def observe(self) -> None:
+        """Take the engine's own load from the Info its gateway read last."""
+        info = self.gateway.last_info
+        if info is None:
+            return
+        with self._lock:
+            self._others = max(0, info.active_generations + info.queued_commands - self.in_flight)
+
+    def started(self) -> None:
+        with self._lock:
+            self.in_flight += 1
+
+    def ended(self) -> None:
+        with self._lock:
+            self.in_flight -= 1
+
+    def close(self) -> None:
+        self._close()
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    """One engine in :class:`FleetStats`: its identity, whether requests are routed to it, its
+    gateway's stats and its routing counters."""
+
+    name: str
+    instance_id: str
+    fingerprint: str
+    routable: bool
+    stats: GatewayStats
+    in_flight: int
+    load: int
+    routed: int
+    load_guarded: int
+
+
+@dataclass(frozen=True)
+class FleetStats:
+    """``total``: the engines' gateway stats summed (instance id, policy and share: the first
+    engine's); ``routing``: the policy's name; ``engines``: each engine; ``routes``: route decisions
+    by reason (``routing.RouteReason`` values)."""
+
+    total: GatewayStats
+    routing: str
+    engines: tuple[EngineStatus, ...]
+    routes: dict[str, int]
+
+
+class RoutedStream:
+    """A gateway stream on the engine that serves it: its ``Done`` names that engine, and the
+    engine's in-flight count drops once the stream ends. ``stop()`` as :class:`GatewayStream`."""
+
+    def __init__(self, stream: GatewayStream, member: EngineMember) -> None:
+        self._stream, self._member = stream, member
+        self._ended = False
+        self._lock = threading.Lock()
+
+    @property
+    def engine(self) -> str:
+        return self._member.name
+
+    def stop(self) -> None:
+        self._stream.stop()
+
+    def __iter__(self) -> Generator[GatewayEvent, None, None]:
+        try:
+            with contextlib.closing(iter(self._stream)) as events:
+                for event in events:
+                    yield replace(event, engine=self._member.name) if isinstance(event, Done) else event
+        finally:
+            self._end()
+
+    def _end(self) -> None:
+        with self._lock:
+            if self._ended:
+                return
+            self._ended = True
+        self._member.ended()
+
+    def __del__(self) -> None:  # never iterated (e.g. the caller failed before reading it)
+        self._end()
+
+
+class Fleet:
+    """See the module docstring. ``policy``: a routing policy (default ``cache_aware``)."""
+
+    def __init__(self, members: Iterable[EngineMember] = (), policy: RoutingPolicy | None = None) -> None:
+        self.policy = policy or routing_policy("cache_aware")
+        self._lock = threading.Lock()
+        self._members: dict[str, EngineMember] = {}
+        self.fingerprint = ""
+        self._routes: Counter[str] = Counter()
+        for member in members:
+            self.add(member)
+
+    # -- membership ----------------------------------------------------------------------------
+    def add(self, member: EngineMember) -> None:
+        """Start routing to ``member`` (a name already present: InvalidArgument)."""
+        with self._lock:
+            if member.name in self._members:
+                raise InvalidArgument(f"engine {member.name!r} is already in the fleet")
+            self._members[member.name] = member
+            if not self.fingerprint:
+                self.fingerprint = member.fingerprint
+            elif member.fingerprint != self.fingerprint:
+                log.warning("engine %s has fingerprint %s, not the fleet's %s: held out of routing",
+                            member.name, member.fingerprint[:16], self.fingerprint[:16])
+        log.info("engine %s joined (instance %s)", member.name, member.gateway.backend.instance_id)
+
+    def remove(self, name: str) -> int:
+        """Stop routing to engine ``name``, release its entries (when it still answers) and close its
+        connection; returns the entries dropped (0 for an unknown name)."""
+        with self._lock:
+            member = self._members.pop(name, None)
+        if member is None:
+            return 0
+        try:
+            dropped = member.gateway.clear()
+        except Exception:  # noqa: BLE001 - the engine is gone: its handles went with it
+            dropped = len(member.gateway.cache)
+            log.debug("could not release the entries of engine %s", name, exc_info=True)
+        finally:
+            member.close()
+        log.info("engine %s left: dropped %d entries", name, dropped)
+        return dropped
+
+    def members(self) -> list[EngineMember]:
+        with self._lock:
+            return list(self._members.values())
+
+    def member(self, name: str) -> EngineMember:
+        with self._lock:
+            member = self._members.get(name)
+        if member is None:
+            raise NotFound(f"engine {name!r} is not one of this service's engines")
+        return member
+
+    def sole(self) -> Gateway:
+        """The gateway of the only engine (InvalidArgument with several: name one)."""
+        members = self.members()
+        if len(members) != 1:
+            raise InvalidArgument(f"the service routes to {len(members)} engines, not one")
+        return members[0].gateway
+
+    def refresh(self) -> None:
+        """Read every engine's Info (noticing restarts, taking its load); adopt a new fingerprint when
+        no serving engine has the fleet's. Errors of single engines are logged, not raised."""
+        for member in self.members():
+            try:
+                member.gateway.check_engine()
+                member.observe()
+            except ForklineError as exc:
+                log.debug("engine %s: %s", member.name, exc)
+        serving = [m for m in self.members() if m.serving]
+        with self._lock:
+            if serving and not any(m.fingerprint == self.fingerprint for m in serving):
+                log.warning("no serving engine has fingerprint %s: routing to %s", self.fingerprint[:16],
+                            serving[0].fingerprint[:16])
+                self.fingerprint = serving[0].fingerprint
+
+    def check_engine(self) -> None:
+        """Refresh every engine; Unavailable when none is routable (one engine: its own error)."""
+        members = self.members()
+        if len(members) == 1:
+            members[0].gateway.check_engine()
+            members[0].observe()
+            return
+        self.refresh()
+        self._routable()
+
+    # -- calls -----------------------------------------------------------------------------------
+    def lookup(self, namespace: str, prompt: Prompt, owner: str,
+               caller_active: Callable[[], bool] = lambda: True) -> PromptLookup:
+        """Route ``prompt`` and clone the chosen engine's best snapshot for ``owner`` (see
+        :meth:`Gateway.lookup`); the answer names the engine."""
+        tokens, route = self._route(namespace, prompt, owner)
+
+        def lookup_on(member: EngineMember) -> PromptLookup:
+            found = member.gateway.lookup(namespace, tokens, owner, caller_active)
+            return replace(found, engine=member.name)
+
+        return self._first_that_serves(route, lookup_on)
+
+    def insert(self, namespace: str, tokens: Sequence[int], session: str, metadata: Mapping[str, str],
+               owner: str, engine: str = "") -> InsertOutcome:
+        """Store a clone of ``owner``'s ``session``, held by ``engine`` ("" with a single engine)."""
+        if engine:
+            member = self.member(engine)
+        else:
+            members = self.members()
+            if len(members) != 1:
+                raise InvalidArgument(f"engine is required: the service routes to {len(members)} engines "
+                                      "(LookupResponse.engine names the engine of a session)")
+            member = members[0]
+        return member.gateway.insert(namespace, tokens, session, metadata, owner)
+
+    def generate(self, request: GatewayRequest, owner: str) -> RoutedStream:
+        """Route and start the generation (see the module docstring): returns once an engine started
+        it; an engine that fails before that with UNAVAILABLE or RESOURCE_EXHAUSTED passes the
+        request to the next one in the route."""
+        tokens, route = self._route(request.namespace, request.prompt, owner)
+        if not tokens:
+            raise InvalidArgument("input is empty")
+        routed = replace(request, prompt=tokens)
+
+        def generate_on(member: EngineMember) -> RoutedStream:
+            member.started()
+            try:
+                return RoutedStream(member.gateway.generate(routed, owner), member)
+            except BaseException:
+                member.ended()
+                raise
+
+        return self._first_that_serves(route, generate_on)
+
+    def stats(self) -> FleetStats:
+        members = self.members()
+        engines = tuple(
+            EngineStatus(m.name, m.gateway.backend.instance_id, m.fingerprint, self._is_routable(m),
+                         m.gateway.stats(), m.in_flight, m.load, m.routed, m.load_guarded)
+            for m in members)
+        with self._lock:
+            routes = dict(self._routes)
+        return FleetStats(_summed([e.stats for e in engines]), self.policy.name, engines, routes)
+
+    def clear(self) -> int:
+        """Release every stored snapshot on every engine; returns how many."""
+        return sum(m.gateway.clear() for m in self.members())
+
+    # -- internals -------------------------------------------------------------------------------
+    def _is_routable(self, member: EngineMember) -> bool:
+        return member.serving and member.fingerprint == self.fingerprint
+
+    def _routable(self) -> list[EngineMember]:
+        members = self.members()
+        routable = [m for m in members if self._is_routable(m)]
+        if routable:
+            return routable
+        if len(members) == 1:  # one engine: its own calls say what is wrong (e.g. waiting out an outage)
+            return members
+        raise Unavailable(f"no engine serves ({len(members)} known)" if members else "no engine is known yet")
+
+    def _route(self, namespace: str, prompt: Prompt, owner: str) -> tuple[list[int], list[EngineMember]]:
+        """The prompt's tokens and the engines to try, in order."""
+        members = self._routable()
+        by_load = sorted(members, key=lambda m: (m.load, m.name))
+        tokens = self._tokens(prompt, owner, by_load)
+        if len(members) == 1:
+            self._count(members[0], None)
+            return tokens, members
+        candidates = [Candidate(m.name, m.gateway.cache.reusable(namespace, tokens), m.load) for m in members]
+        route = self.policy.route(candidates)
+        named = {m.name: m for m in members}
+        self._count(named[route.first.name], route)
+        return tokens, [named[c.name] for c in route.order]
+
+    def _count(self, first: EngineMember, route: Route | None) -> None:
+        with self._lock:
+            first.routed += 1
+            if route is None:
+                return
+            self._routes[str(route.reason)] += 1
+            if route.reason is RouteReason.LOAD_GUARD:
+                best = max(route.order, key=lambda c: (c.reusable, -c.load))
+                guarded = self._members.get(best.name)
+                if guarded is not None:
+                    guarded.load_guarded += 1
+
+    @staticmethod
+    def _tokens(prompt: Prompt, owner: str, engines: Sequence[EngineMember]) -> list[int]:
+        """Token ids as given (checked by the serving gateway), or the text tokenized by the first
+        engine that answers."""
+        if not isinstance(prompt, TextPrompt):
+            return list(prompt)
+
+        def tokenize_on(member: EngineMember) -> list[int]:
+            return member.gateway.backend.tokenize(prompt, owner)
+
+        return Fleet._first_that_serves(engines, tokenize_on, retry=(Unavailable,))
+
+    @staticmethod
+    def _first_that_serves(engines: Sequence[EngineMember], call: Callable[[EngineMember], object],
+                           retry: tuple[type[ForklineError], ...] = _RETRY_ELSEWHERE):
+        """``call`` on each engine in turn until one does not fail with a ``retry`` error; the last
+        engine's error propagates."""
+        for i, member in enumerate(engines):
+            try:
+                return call(member)
+            except retry as exc:
+                if i == len(engines) - 1:
+                    raise
+                log.info("engine %s could not serve (%s): trying %s", member.name, exc, engines[i + 1].name)
+        raise Unavailable("no engine to route to")
+
+
+def _summed(stats: Sequence[GatewayStats]) -> GatewayStats:
+    """Gateway stats added up over engines (identity fields: the first engine's)."""
+    if not stats:
+        empty = PrefixStats(0, 0, 0, 0, 0, 0, 0)
+        return GatewayStats(empty, 0, "", "")
+    if len(stats) == 1:
+        return stats[0]
+    refusals: Counter[str] = Counter()
+    for s in stats:
+        refusals.update(s.cache.refusals)
+    cache = PrefixStats(**{f.name: sum(getattr(s.cache, f.name) for s in stats)
+                           for f in fields(PrefixStats) if f.name != "refusals"}, refusals=dict(refusals))
+    first = stats[0]
+    return replace(first, cache=cache, dropped_on_restart=sum(s.dropped_on_restart for s in stats),
+                   pressure_evictions=sum(s.pressure_evictions for s in stats),
+                   pressure_retries=sum(s.pressure_retries for s in stats),
+                   reclaimed=sum(s.reclaimed for s in stats))
