@@ -329,7 +329,8 @@ class Fleet:
         if len(members) == 1:
             self._count(members[0], None)
             return tokens, members
-        candidates = [Candidate(m.name, m.gateway.cache.reusable(namespace, tokens), m.load) for m in members]
+        candidates = [Candidate(m.name, m.gateway.cache.reusable(namespace, tokens), m.load, m.gateway.cache.positions)
+                      for m in members]
         route = self.policy.route(candidates)
         named = {m.name: m for m in members}
         self._count(named[route.first.name], route)

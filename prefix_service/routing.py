@@ -16,6 +16,9 @@ Policies (pluggable by name like the retention policies, ``--routing``):
   engine here runs a few dozen generations at most, hence the lower default of 4). Recomputing a
   prefix on an idle engine then beats queueing behind a busy one.
 - ``least_loaded``: the least-loaded engine (ties: the most reuse), ignoring reuse otherwise.
+
+Ties in load go to the engine whose cache holds the fewest positions, so that misses spread new
+prefixes over the engines instead of piling them on the first.
 - ``round_robin``: engines in turn, ignoring reuse and load (a baseline for benchmarks).
 
 Load is what the prefix service knows of an engine's generations: those it runs there now plus the
@@ -40,11 +43,14 @@ DEFAULT_IMBALANCE_REL = 1.5
 @dataclass(frozen=True)
 class Candidate:
     """One routable engine for one request: ``name`` (its address), the positions of the prompt its
-    stored snapshots can give (``reusable``) and its ``load`` (generations running and queued)."""
+    stored snapshots can give (``reusable``), its ``load`` (generations running and queued) and the
+    positions this service's snapshots hold there (``held``: among equally loaded engines a miss goes
+    to the emptiest cache, so new prefixes spread over the engines)."""
 
     name: str
     reusable: int
     load: int
+    held: int = 0
 
 
 class RouteReason(str, Enum):
@@ -81,8 +87,8 @@ class RoutingPolicy(Protocol):
 
 
 def _by_load(candidates: Sequence[Candidate]) -> list[Candidate]:
-    """Least loaded first; ties: most reuse, then name (a stable order)."""
-    return sorted(candidates, key=lambda c: (c.load, -c.reusable, c.name))
+    """Least loaded first; ties: most reuse, then the emptiest cache, then name (a stable order)."""
+    return sorted(candidates, key=lambda c: (c.load, -c.reusable, c.held, c.name))
 
 
 def _checked(candidates: Sequence[Candidate]) -> Sequence[Candidate]:
