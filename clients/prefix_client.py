@@ -14,6 +14,7 @@ import grpc
 
 from clients.channel_client import ChannelClient
 from clients.engine_client import GenerationStream, generation_config, input_fields
+from clients.replicas import ROUTE_KEY_HEADER
 from protos import prefix_pb2 as pb
 from protos import prefix_pb2_grpc
 
@@ -67,7 +68,13 @@ class PrefixStats:
 
 
 class PrefixClient(ChannelClient):
-    """See the module docstring. ``target`` is ``host:port`` or an open channel."""
+    """See the module docstring. ``target`` is ``host:port`` or an open channel.
+
+    Calls that name a namespace (lookup, insert, generate) also send it as ``forkline-route-key``
+    metadata, so a proxy in front of several prefix-service replicas can keep a namespace on one replica
+    (consistent hashing on that header); over a replica list, :class:`clients.replicas.ReplicatedPrefixClient`
+    does the same hashing in the client.
+    """
 
     def __init__(self, target: str | grpc.Channel, *, owner: str = "anonymous", timeout: float | None = 60.0,
                  token: str | None = None, tls_ca: str | None = None, tls_cert: str | None = None,
@@ -79,7 +86,7 @@ class PrefixClient(ChannelClient):
     def lookup(self, tokens: Sequence[int] | None = None, *, text: str | None = None, namespace: str = "",
                chat: bool = False, system: str = "") -> LookupResult:
         request = pb.LookupRequest(namespace=namespace, **input_fields(tokens, text, chat, system, False))
-        r = self._unary(self.stub.Lookup, request)
+        r = self._routed(self.stub.Lookup, request, namespace)
         reason = MISS_REASONS.get(r.reason, f"unknown_{r.reason}")  # a newer service's reason: no KeyError
         return LookupResult(r.session or None, r.reused, tuple(r.tokens), reason, r.diverged_at)
 
@@ -94,7 +101,7 @@ class PrefixClient(ChannelClient):
         confirms holds exactly ``tokens``)."""
         request = pb.InsertRequest(namespace=namespace, tokens=list(tokens), session=session,
                                    metadata=dict(metadata or {}))
-        r = self._unary(self.stub.Insert, request)
+        r = self._routed(self.stub.Insert, request, namespace)
         return InsertResult(r.stored, INSERT_REFUSALS.get(r.reason, f"unknown_{r.reason}"))
 
     def stats(self) -> PrefixStats:
@@ -127,4 +134,12 @@ class PrefixClient(ChannelClient):
             metadata=dict(metadata or {}),
             **input_fields(tokens, text, chat, system, False),
         )
-        return GenerationStream(self.stub.Generate(request, metadata=self._metadata, timeout=timeout))
+        metadata = (*self._metadata, (ROUTE_KEY_HEADER, namespace))
+        return GenerationStream(self.stub.Generate(request, metadata=metadata, timeout=timeout))
+
+    def _routed(self, method, request, namespace: str):
+        """A unary call that also carries the namespace as the route key (see the class docstring)."""
+        def call(req, *, metadata, timeout):
+            return method(req, metadata=(*metadata, (ROUTE_KEY_HEADER, namespace)), timeout=timeout)
+
+        return self._unary(call, request)
