@@ -8,10 +8,11 @@ request goes where its prefix is: :class:`Fleet` scores every routable engine by
 cache can reuse for the prompt (exact, from the index) and its load, and the routing policy
 (``routing.py``) orders them.
 
-- Routable: the engine reports SERVING and has the fleet's fingerprint (the first engine's; when no
-  serving engine has it any more, e.g. after every engine was upgraded, the fleet adopts the first
-  serving engine's). Engines with another fingerprint never share keys with the fleet: they are held
-  out of routing (and logged), their entries kept apart in their own cache.
+- Routable: the engine reports SERVING and has the fleet's fingerprint: the one most engines have
+  (ties keep the current one; the first engine sets it), re-elected as engines join, leave, restart
+  or are upgraded. Engines with another fingerprint (another model, dtype, cache kind or window
+  geometry) never share keys with the fleet: they are held out of routing (and logged), their
+  entries kept apart in their own cache.
 - Lookup: tokenize once (on the least-loaded engine: every routable engine has the same tokenizer),
   route, clone on the chosen engine; the answer names the engine (``PromptLookup.engine``). On a
   miss it names the engine the policy would send the prompt to.
@@ -181,9 +182,8 @@ class Fleet:
             if member.name in self._members:
                 raise InvalidArgument(f"engine {member.name!r} is already in the fleet")
             self._members[member.name] = member
-            if not self.fingerprint:
-                self.fingerprint = member.fingerprint
-            elif member.fingerprint != self.fingerprint:
+            self._elect()
+            if member.fingerprint != self.fingerprint:
                 log.warning("engine %s has fingerprint %s, not the fleet's %s: held out of routing",
                             member.name, member.fingerprint[:16], self.fingerprint[:16])
         log.info("engine %s joined (instance %s)", member.name, member.gateway.backend.instance_id)
@@ -193,6 +193,7 @@ class Fleet:
         connection; returns the entries dropped (0 for an unknown name)."""
         with self._lock:
             member = self._members.pop(name, None)
+            self._elect()
         if member is None:
             return 0
         try:
@@ -224,20 +225,16 @@ class Fleet:
         return members[0].gateway
 
     def refresh(self) -> None:
-        """Read every engine's Info (noticing restarts, taking its load); adopt a new fingerprint when
-        no serving engine has the fleet's. Errors of single engines are logged, not raised."""
+        """Read every engine's Info (noticing restarts, taking its load) and re-elect the fingerprint.
+        Errors of single engines are logged, not raised."""
         for member in self.members():
             try:
                 member.gateway.check_engine()
                 member.observe()
             except ForklineError as exc:
                 log.debug("engine %s: %s", member.name, exc)
-        serving = [m for m in self.members() if m.serving]
         with self._lock:
-            if serving and not any(m.fingerprint == self.fingerprint for m in serving):
-                log.warning("no serving engine has fingerprint %s: routing to %s", self.fingerprint[:16],
-                            serving[0].fingerprint[:16])
-                self.fingerprint = serving[0].fingerprint
+            self._elect()
 
     def check_engine(self) -> None:
         """Refresh every engine; Unavailable when none is routable (one engine: its own error)."""
@@ -309,6 +306,22 @@ class Fleet:
         return sum(m.gateway.clear() for m in self.members())
 
     # -- internals -------------------------------------------------------------------------------
+    def _elect(self) -> None:
+        """The fingerprint most serving engines have (all engines when none serves); ties keep the
+        current one (lock held)."""
+        members = list(self._members.values())
+        voters = [m for m in members if m.serving] or members
+        votes = Counter(m.fingerprint for m in voters)
+        if not votes:
+            return
+        top = max(votes.values())
+        if votes.get(self.fingerprint, 0) == top:
+            return
+        elected = next(m.fingerprint for m in voters if votes[m.fingerprint] == top)
+        if self.fingerprint:
+            log.warning("routing to engines of fingerprint %s (was %s)", elected[:16], self.fingerprint[:16])
+        self.fingerprint = elected
+
     def _is_routable(self, member: EngineMember) -> bool:
         return member.serving and member.fingerprint == self.fingerprint
 

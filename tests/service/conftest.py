@@ -71,6 +71,7 @@ def start_engine(
     prepared_inputs: bool = False,
     quota: OwnerQuota = NO_QUOTA,
     persistent_quota: OwnerQuota = NO_QUOTA,
+    persistent_owners: tuple[str, ...] = ("prefix-service",),
 ) -> Engine:
     """``quota`` / ``persistent_quota``: the engine's per-owner quotas (default: none; the CLI's
     defaults are ``engine_service.handles.engine_quotas``)."""
@@ -88,6 +89,7 @@ def start_engine(
         prepared_inputs=prepared_inputs,
         quota=quota,
         persistent_quota=persistent_quota,
+        persistent_owners=persistent_owners,
     )
     server, bound = create_server(deps, f"127.0.0.1:{port}")
     return Engine(server, bound)
