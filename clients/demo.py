@@ -1,10 +1,11 @@
-"""The services demo: ``python -m clients.demo [PROMPT] [--rounds 2] [--max_new_tokens 64]``.
+"""The services demo: ``python -m clients.demo [PROMPT] [--rounds 2] [--max_new_tokens 64] [--engines 1]``.
 
-Starts ``forkline-engine`` (the packaged SmolLM2-135M-Instruct unless ``--model``) and
-``forkline-prefix`` as separate processes on free loopback ports, runs the prompt through the prefix
-service's gateway ``--rounds`` times, prints each round's reuse ("reused 36/37 prompt tokens"), timing
-and text, then stops both services with SIGTERM (graceful drain) and exits 0 when every round
-completed and every round after the first reused all but the final prompt token.
+Starts ``--engines`` ``forkline-engine`` processes (the packaged SmolLM2-135M-Instruct unless
+``--model``) and one ``forkline-prefix`` routing to all of them, on free loopback ports, runs the
+prompt through the prefix service's gateway ``--rounds`` times, prints each round's reuse ("reused
+36/37 prompt tokens"), the engine that served it, timing and text, then stops the services with
+SIGTERM (graceful drain) and exits 0 when every round completed and every round after the first
+reused all but the final prompt token (on the engine that holds it).
 """
 
 from __future__ import annotations
@@ -67,22 +68,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--max_new_tokens", type=int, default=64)
     p.add_argument("--no_chat", action="store_true", help="send the prompt as plain text (no chat template)")
+    p.add_argument("--engines", type=int, default=1, help="engine processes behind the prefix service")
     args = p.parse_args(argv)
+    if args.engines < 1:
+        p.error(f"--engines must be >= 1, got {args.engines}")
 
     ok = True
     with ExitStack() as stack:
-        print("starting forkline-engine ...", flush=True)
+        many = f" x {args.engines}" if args.engines > 1 else ""
+        print(f"starting forkline-engine{many} ...", flush=True)
         engine_argv = ["engine_service", "--port", "0", "--max_sessions", "8", "--log_level", "WARNING"]
         if args.model:
             engine_argv += ["--model", args.model]
-        engine = Service("forkline-engine", engine_argv)
-        stack.callback(lambda: print(f"forkline-engine stopped (exit {engine.stop()})", flush=True))
-        prefix = Service("forkline-prefix", ["prefix_service", "--engine", engine.address, "--port", "0",
-                                             "--log_level", "WARNING"])
+        engines = []
+        for _ in range(args.engines):
+            engine = Service("forkline-engine", engine_argv)
+            stack.callback(lambda e=engine: print(f"forkline-engine {e.address} stopped (exit {e.stop()})", flush=True))
+            engines.append(engine)
+        prefix = Service("forkline-prefix", ["prefix_service", *(a for e in engines for a in ("--engine", e.address)),
+                                             "--port", "0", "--log_level", "WARNING"])
         stack.callback(lambda: print(f"forkline-prefix stopped (exit {prefix.stop()})", flush=True))
-        info = EngineClient(engine.address).info()
-        print(f"engine {engine.address} ({os.path.basename(info.model)}, {info.cache_kind}, instance "
-              f"{info.instance_id}); prefix service {prefix.address}", flush=True)
+        for engine in engines:
+            info = EngineClient(engine.address).info()
+            print(f"engine {engine.address} ({os.path.basename(info.model)}, {info.cache_kind}, instance "
+                  f"{info.instance_id})", flush=True)
+        print(f"prefix service {prefix.address}", flush=True)
+        served = []
         client = PrefixClient(prefix.address, owner="demo")
         texts = []
         for round_ in range(1, args.rounds + 1):
@@ -92,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             elapsed = time.perf_counter() - t0
             d = out.done
             prompt = d.prompt_positions + d.reused_positions
-            print(f"round {round_}: reused {d.reused_positions}/{prompt} prompt tokens, ttft "
+            served.append(d.engine)
+            print(f"round {round_}: reused {d.reused_positions}/{prompt} prompt tokens on engine {d.engine}, ttft "
                   f"{d.time_to_first_token_s * 1000:.0f} ms, {d.generated_tokens} tokens at "
                   f"{d.decode_tokens_per_s:.1f} tok/s, {elapsed:.2f} s, finish {d.finish_reason}", flush=True)
             print(f"  {out.text.strip()}", flush=True)
@@ -105,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{stats.reused_positions} positions reused", flush=True)
         client.close_channel()
         ok &= len(set(texts)) == 1  # greedy: every round says the same
+        ok &= len(set(served)) == 1  # every round went to the engine holding the prompt
     return 0 if ok else 1
 
 

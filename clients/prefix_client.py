@@ -26,13 +26,16 @@ INSERT_REFUSALS = {value: name.removeprefix("INSERT_REFUSAL_").lower() for name,
 class LookupResult:
     """session: a handle holding tokens[:reused] (None on a miss); reason: "unspecified" on a hit,
     else "empty" | "diverged" | "boundary_refused" | "engine_restarted" | "too_short" | "disabled"
-    (``unknown_<n>`` for a reason this client does not know)."""
+    (``unknown_<n>`` for a reason this client does not know). engine: the engine holding ``session``
+    (continue it with an EngineClient to that address); on a miss, the engine the service would
+    route the prompt to."""
 
     session: str | None
     reused: int
     tokens: tuple[int, ...]
     reason: str
     diverged_at: int = 0
+    engine: str = ""
 
 
 @dataclass(frozen=True)
@@ -88,19 +91,20 @@ class PrefixClient(ChannelClient):
         request = pb.LookupRequest(namespace=namespace, **input_fields(tokens, text, chat, system, False))
         r = self._routed(self.stub.Lookup, request, namespace)
         reason = MISS_REASONS.get(r.reason, f"unknown_{r.reason}")  # a newer service's reason: no KeyError
-        return LookupResult(r.session or None, r.reused, tuple(r.tokens), reason, r.diverged_at)
+        return LookupResult(r.session or None, r.reused, tuple(r.tokens), reason, r.diverged_at, r.engine)
 
     def insert(self, tokens: Sequence[int], session: str, *, namespace: str = "",
-               metadata: Mapping[str, str] | None = None) -> bool:
+               metadata: Mapping[str, str] | None = None, engine: str = "") -> bool:
         """Store a snapshot of ``session`` under ``tokens``; True when stored (see :meth:`insert_detailed`)."""
-        return self.insert_detailed(tokens, session, namespace=namespace, metadata=metadata).stored
+        return self.insert_detailed(tokens, session, namespace=namespace, metadata=metadata, engine=engine).stored
 
     def insert_detailed(self, tokens: Sequence[int], session: str, *, namespace: str = "",
-                        metadata: Mapping[str, str] | None = None) -> InsertResult:
+                        metadata: Mapping[str, str] | None = None, engine: str = "") -> InsertResult:
         """Like :meth:`insert`, and a refusal says why (the service stores only a session the engine
-        confirms holds exactly ``tokens``)."""
+        confirms holds exactly ``tokens``). ``engine``: the engine holding ``session`` (as
+        ``LookupResult.engine`` names it); required when the service routes to several engines."""
         request = pb.InsertRequest(namespace=namespace, tokens=list(tokens), session=session,
-                                   metadata=dict(metadata or {}))
+                                   metadata=dict(metadata or {}), engine=engine)
         r = self._routed(self.stub.Insert, request, namespace)
         return InsertResult(r.stored, INSERT_REFUSALS.get(r.reason, f"unknown_{r.reason}"))
 

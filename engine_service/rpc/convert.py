@@ -260,5 +260,5 @@ def event_from_proto(msg: pb.GenerateEvent) -> Event:
     if which == "done":
         d, t = msg.done, msg.done.timings
         return Done(d.finish_reason, d.prompt_positions, d.reused_positions, d.generated_tokens, d.position,
-                    t.time_to_first_token_s, t.decode_tokens_per_s, t.total_s)
+                    t.time_to_first_token_s, t.decode_tokens_per_s, t.total_s, d.engine)
     raise ForklineError(f"unknown generate event {which!r}")
