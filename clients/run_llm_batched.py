@@ -28,9 +28,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import NoReturn, TextIO
 
+from clients.snapshot_dir import persist_entries, prune, restore_entries
 from engine_service.config import GenConfig
 from engine_service.errors import ForklineError, InvalidArgument, ModelLoadError
 from engine_service.executors.module import ModuleExecutor
+from engine_service.persistence.snapshot_file import list_snapshots
 from engine_service.runtime.generation import GenerationHandle, GenerationResult, GenerationUpdate
 from engine_service.runtime.runner import Runner
 from prefix_service.backends import RunnerBackend
@@ -85,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="flush the output files every N tokens (default: %(default)s)")
     p.add_argument("--metrics", action="store_true",
                    help="print engine and prefix-cache counters at the end; off by default")
+    p.add_argument("--snapshot_dir", default=None, metavar="DIR",
+                   help="keep the prefix cache's entries in DIR between runs: load them at start (each file "
+                        "checked: format, checksum, model fingerprint, cache kind, window geometry), write new "
+                        "ones after every round, remove evicted ones at the end; created if missing; needs "
+                        "--prefix_cache_entries (default: none, entries live as long as the run)")
     p.add_argument("--engine", default=None, metavar="ADDR",
                    help="run through a forkline-engine at ADDR instead of in-process (default: in-process)")
     p.add_argument("--prefix", default=None, metavar="ADDR",
@@ -124,6 +131,13 @@ def validate(args: argparse.Namespace) -> None:
     if args.max_new_tokens >= args.max_session_tokens:
         raise UsageError(f"--max_new_tokens ({args.max_new_tokens}) must be below --max_session_tokens "
                          f"({args.max_session_tokens}) to leave room for the prompt")
+    if args.snapshot_dir is not None:
+        if args.engine:
+            raise UsageError("--snapshot_dir runs in-process only, not with --engine")
+        if args.prefix_cache_entries < 1:
+            raise UsageError("--snapshot_dir needs --prefix_cache_entries >= 1")
+        if os.path.exists(args.snapshot_dir) and not os.path.isdir(args.snapshot_dir):
+            raise UsageError(f"--snapshot_dir: {args.snapshot_dir!r} is not a directory")
     for flag in ("token_file", "tls_ca", "tls_cert", "tls_key"):
         if getattr(args, flag) and not args.engine:
             raise UsageError(f"--{flag} needs --engine")
@@ -241,6 +255,16 @@ def start(n: int, prompt: list[int], seed: int, args, runner: Runner, cache: Pre
     return job
 
 
+def restore(folder: str, runner: Runner, cache: PrefixCache, out: TextIO) -> None:
+    """Load the entries a previous run left in ``folder`` (created when missing) and say what happened."""
+    os.makedirs(folder, exist_ok=True)
+    done = restore_entries(folder, runner, cache, NAMESPACE)
+    refused = ", ".join(f"{n} {reason}" for reason, n in sorted(done.refused.items()))
+    print(f"snapshots: loaded {done.stored} from {folder} ({done.positions} positions)"
+          + (f"; refused {refused}" if refused else "") + (f"; removed {done.removed} corrupt" if done.removed else ""),
+          file=out, flush=True)
+
+
 def report(job: Job, out: TextIO) -> None:
     result = job.result
     if result is None:
@@ -270,6 +294,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     stop_tokens = tuple(tokenizer.eos_token_ids)
     completed = total = 0
     try:
+        if args.snapshot_dir is not None:
+            restore(args.snapshot_dir, runner, cache, out)
         for round_ in range(args.prompt_rounds):
             jobs: list[Job] = []
             for i, prompt in enumerate(prompts):
@@ -293,6 +319,13 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
                 report(job, out)
                 total += 1
                 completed += job.result is not None and job.result.finish_reason in COMPLETED
+            if args.snapshot_dir is not None:
+                persist_entries(args.snapshot_dir, runner, cache, NAMESPACE)
+        if args.snapshot_dir is not None:
+            prune(args.snapshot_dir, runner, cache, NAMESPACE)
+            files = [p for p in list_snapshots(args.snapshot_dir) if p.name.startswith(runner.fingerprint[:16])]
+            print(f"snapshots: {len(files)} in {args.snapshot_dir} "
+                  f"({sum(p.stat().st_size for p in files) / 1e6:.1f} MB)", file=out, flush=True)
         print(f"{completed}/{total} generations completed", file=out, flush=True)
         if args.metrics:
             print("engine " + json.dumps(asdict(runner.metrics())), file=out)

@@ -18,6 +18,7 @@ import mlx.core as mx
 from engine_service.cache.batch_control import KVView, Segment
 from engine_service.cache.config import CacheConfig, ConfiguredCache
 from engine_service.cache.seq_ids import SeqIdPool, check_position, check_segments
+from engine_service.cache.seq_state import SeqState, layout_problem
 from engine_service.cache.sequence_cache import SequenceCache
 from engine_service.errors import CacheError
 
@@ -119,6 +120,30 @@ class BatchedSequenceCache(ConfiguredCache):
     def seq_rm(self, seq: int) -> None:
         self._ids.release(seq)
         del self._seqs[seq]
+
+    def export_seq(self, seq: int, upto: int) -> SeqState | None:
+        """Positions ``[0, upto)`` of ``seq`` (see :meth:`SequenceCache.export`), or None when the rows
+        they need are gone (``upto`` past the length or below a ring's floor)."""
+        return self.sequence(seq).export(check_position("upto", upto))
+
+    def state_problem(self, state: SeqState) -> str | None:
+        """Why ``state`` cannot be imported into this cache's geometry (None: its layout fits)."""
+        return layout_problem(state, SequenceCache.state_layout(self._cfg, state.length, state.written))
+
+    def import_seq(self, state: SeqState) -> int | None:
+        """A new sequence holding ``state`` (checked with :meth:`state_problem` first), or None when no
+        slot or not enough capacity is free. Nothing changes on a refusal."""
+        if self.used() + state.length > self._cfg.capacity:
+            return None
+        sid = self._ids.acquire()
+        if sid is None:
+            return None
+        try:
+            self._seqs[sid] = SequenceCache.restore(self._cfg, state)
+        except Exception:
+            self._ids.release(sid)
+            raise
+        return sid
 
     def can_rewind(self, seq: int, length: int) -> bool:
         return self.sequence(seq).can_rewind(check_position("length", length))

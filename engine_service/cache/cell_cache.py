@@ -34,6 +34,7 @@ from engine_service.cache.batch_control import KVPart, KVView, Segment
 from engine_service.cache.cell_allocator import CellAllocator
 from engine_service.cache.config import CacheConfig, ConfiguredCache
 from engine_service.cache.seq_ids import SeqIdPool, check_position, check_segments
+from engine_service.cache.seq_state import SeqState, layout_problem
 from engine_service.errors import CacheError, InvalidArgument
 
 MAX_OWNERS = 64  # owner bits per cell (uint64)
@@ -233,6 +234,13 @@ def _as(x: mx.array, dtype: mx.Dtype) -> mx.array:
     return x if x.dtype == dtype else x.astype(dtype)
 
 
+def _cell_index(cells: np.ndarray) -> slice | mx.array:
+    """How to address ``cells`` (ascending or not) in a pool: one slice when they form one run."""
+    if len(cells) and int(cells[-1]) - int(cells[0]) + 1 == len(cells) and bool(np.all(np.diff(cells) == 1)):
+        return slice(int(cells[0]), int(cells[-1]) + 1)
+    return mx.array(cells.astype(np.int32))
+
+
 class CellCache(ConfiguredCache):
     """BatchControl over a shared cell pool (see module docstring). Capacity counts used cells."""
 
@@ -279,6 +287,53 @@ class CellCache(ConfiguredCache):
         shared = source.held()[:upto].copy()
         self._owners[shared] |= np.uint64(1 << sid)
         self._cells[sid] = _Cells(shared)
+        return sid
+
+    def export_seq(self, seq: int, upto: int) -> SeqState | None:
+        """Positions ``[0, upto)`` of ``seq``: ``layers.{i}.keys`` / ``.values`` [kv_heads, upto,
+        head_dim] gathered from its cells in position order (evaluated). None past its length."""
+        held = self._cells[self._ids.check(seq)]
+        if check_position("upto", upto) > held.n:
+            return None
+        at = _cell_index(held.held()[:upto])
+        arrays = {}
+        for layer in range(len(self._cfg.layers)):
+            for name, pool in (("keys", self._keys), ("values", self._values)):
+                arrays[f"layers.{layer}.{name}"] = (
+                    mx.zeros((self._cfg.kv_heads, 0, self._cfg.head_dim), dtype=self._cfg.dtype) if upto == 0
+                    else pool[layer][:, at, :] if isinstance(at, slice) else mx.take(pool[layer], at, axis=1))
+        mx.eval(list(arrays.values()))
+        return SeqState(upto, upto, arrays)
+
+    def state_problem(self, state: SeqState) -> str | None:
+        """Why ``state`` cannot be imported into this pool's geometry (None: its layout fits)."""
+        cfg = self._cfg
+        shape = ((cfg.kv_heads, state.length, cfg.head_dim), cfg.dtype)
+        return layout_problem(state, {f"layers.{i}.{name}": shape for i in range(len(cfg.layers))
+                                      for name in ("keys", "values")})
+
+    def import_seq(self, state: SeqState) -> int | None:
+        """A new sequence owning fresh cells that hold ``state`` (checked with :meth:`state_problem`
+        first), or None when no id or not enough free cells. Nothing changes on a refusal or a failure."""
+        if state.length > self._slots.available:
+            return None
+        sid = self.seq_new()
+        if sid is None or state.length == 0:
+            return sid
+        try:
+            cells = self._slots.take(sid, None, state.length)
+            self._cell_pos[cells] = np.arange(state.length)
+            self._owners[cells] = np.uint64(1 << sid)
+            self._cells[sid].append(cells)
+            self._grow(int(cells.max()) + 1)
+            at = _cell_index(cells)
+            for layer in range(len(self._cfg.layers)):
+                self._keys[layer][:, at, :] = _as(state.arrays[f"layers.{layer}.keys"], self._cfg.dtype)
+                self._values[layer][:, at, :] = _as(state.arrays[f"layers.{layer}.values"], self._cfg.dtype)
+            mx.eval([*self._keys, *self._values])
+        except Exception:
+            self.seq_rm(sid)
+            raise
         return sid
 
     def seq_rm(self, seq: int) -> None:

@@ -25,6 +25,7 @@ import mlx.core as mx
 import numpy as np
 
 from engine_service.cache.config import CacheConfig
+from engine_service.cache.seq_state import SeqState
 from engine_service.errors import CacheError
 
 
@@ -232,3 +233,70 @@ class SequenceCache:
                 dup._values[layer] = mx.array(values)
         mx.eval(dup.arrays())
         return dup
+
+    # ----------------------------------------------------------------- export / import
+    def export(self, upto: int) -> SeqState | None:
+        """Positions ``[0, upto)`` as a :class:`SeqState`, or None when ``can_rewind(upto)`` fails.
+
+        Arrays ``layers.{i}.keys`` / ``layers.{i}.values``: [kv_heads, rows, head_dim] where ``rows``
+        is ``upto`` on a flat layer and on a ring that never wrapped (row p at index p), and all
+        ``slots`` of a wrapped ring in slot order (the state keeps ``written``, as a copy does). The
+        arrays are evaluated views; MLX copies a buffer before writing into it while a view is alive.
+        """
+        if not self.can_rewind(upto):
+            return None
+        cfg = self._cfg
+        arrays: dict[str, mx.array] = {}
+        for layer, slots in enumerate(self._slots):
+            rows = _state_rows(upto, self._written, slots)
+            keys, values = self._keys[layer], self._values[layer]
+            if keys is None or rows == 0:
+                keys = values = mx.zeros((cfg.kv_heads, 0, cfg.head_dim), dtype=cfg.dtype)
+            arrays[f"layers.{layer}.keys"] = keys[:, :rows, :]
+            arrays[f"layers.{layer}.values"] = values[:, :rows, :]
+        mx.eval(list(arrays.values()))
+        return SeqState(upto, self._written, arrays)
+
+    @staticmethod
+    def state_layout(config: CacheConfig, length: int, written: int) -> dict[str, tuple[tuple[int, ...], mx.Dtype]]:
+        """name -> (shape, dtype) of the arrays an exported state of ``length`` / ``written`` holds."""
+        layout = {}
+        for layer, spec in enumerate(config.layers):
+            slots = spec.window + config.max_write - 1 if spec.sliding else None
+            shape = (config.kv_heads, _state_rows(length, written, slots), config.head_dim)
+            layout[f"layers.{layer}.keys"] = layout[f"layers.{layer}.values"] = (shape, config.dtype)
+        return layout
+
+    @classmethod
+    def restore(cls, config: CacheConfig, state: SeqState) -> SequenceCache:
+        """A cache holding ``state`` exactly (arrays as :meth:`state_layout` says; checked by the caller).
+
+        Flat layers and unwrapped rings get headroom to the next allocation step, as a copy does; the
+        ring slot tracking is rebuilt as the positions the slots are assumed to hold.
+        """
+        cache = cls(config)
+        cache._length, cache._written = state.length, state.written
+        for slots, held in cache._slot_pos.items():
+            j = np.arange(slots, dtype=np.int64)
+            assumed = state.written - 1 - ((state.written - 1 - j) % slots)
+            held[:] = np.where(assumed >= 0, assumed, -1)
+        for layer, slots in enumerate(cache._slots):
+            keys, values = state.arrays[f"layers.{layer}.keys"], state.arrays[f"layers.{layer}.values"]
+            rows = keys.shape[1]
+            if rows == 0:
+                continue
+            if slots is not None and state.written > slots:  # a wrapped ring: its slots as they were
+                cache._keys[layer], cache._values[layer] = mx.array(keys), mx.array(values)
+                continue
+            limit = config.capacity if slots is None else slots
+            pad = mx.zeros((config.kv_heads, min(limit, _round_up(rows, config.initial_capacity)) - rows,
+                            config.head_dim), dtype=config.dtype)
+            cache._keys[layer] = mx.concatenate([keys, pad], axis=1)
+            cache._values[layer] = mx.concatenate([values, pad], axis=1)
+        mx.eval(cache.arrays())
+        return cache
+
+
+def _state_rows(length: int, written: int, slots: int | None) -> int:
+    """Rows an exported layer holds: all slots of a wrapped ring, else the committed positions."""
+    return slots if slots is not None and written > slots else length

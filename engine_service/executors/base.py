@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from engine_service.cache.seq_state import SeqState, StateLayout
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.executors.sampling import SamplingParams
 
@@ -121,3 +122,25 @@ class Executor(ABC):
     def fingerprint(self) -> str:
         """Identifies model + execution configuration; part of every prefix-cache key."""
         return type(self).__name__
+
+    # --- snapshots (default: unsupported) ---------------------------------------------------------
+
+    def state_layout(self) -> StateLayout | None:
+        """What an exported session's layout depends on (recorded in snapshots, compared on load);
+        None when this executor cannot export or import sessions."""
+        return None
+
+    def export_session(self, sid: int, upto: int) -> SeqState | None:
+        """Positions ``[0, upto)`` of ``sid`` as evaluated arrays, or None (unsupported, or the rows
+        they need are gone). Never changes ``sid``."""
+        return None
+
+    def import_problem(self, state: SeqState) -> str | None:
+        """Why ``state`` does not fit this executor's layout (array names, shapes, dtypes, length),
+        or None. Checked before :meth:`import_session`; nothing is allocated."""
+        return "this executor does not import sessions"
+
+    def import_session(self, state: SeqState, history: Sequence[int]) -> int | None:
+        """A new session holding ``state`` (whose positions hold ``history``), or None when no slot or
+        room is free. A refusal or an exception leaves nothing allocated."""
+        return None

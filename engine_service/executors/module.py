@@ -30,6 +30,7 @@ from typing import Any
 import mlx.core as mx
 
 from engine_service.cache.batch_control import BatchControl, Segment
+from engine_service.cache.seq_state import SeqState, StateLayout, StateTransfer, geometry_text
 from engine_service.errors import NotFound
 from engine_service.executors.base import ExecInput, ExecOutput, Executor, ExecutorLimits, out_of_vocab
 from engine_service.executors.cache_setup import build_session_cache, cache_config, positive
@@ -159,6 +160,30 @@ class ModuleExecutor(Executor):
                     log.exception("releasing the failed clone's sequence %d failed", child)
             return None
         return self._register(SessionState(child, history=state.history[:upto]))
+
+    def state_layout(self) -> StateLayout | None:
+        if not isinstance(self.cache, StateTransfer):
+            return None
+        return StateLayout(self.cache_kind, geometry_text(self.cache.config))
+
+    def export_session(self, sid: int, upto: int) -> SeqState | None:
+        state = self._sessions.get(sid)
+        if state is None or upto < 0 or not isinstance(self.cache, StateTransfer):
+            return None
+        return self.cache.export_seq(state.seq, upto)
+
+    def import_problem(self, state: SeqState) -> str | None:
+        if not isinstance(self.cache, StateTransfer):
+            return f"the {self.cache_kind} cache does not import sessions"
+        if state.length > self.max_session_tokens:
+            return f"{state.length} positions exceed max_session_tokens={self.max_session_tokens}"
+        return self.cache.state_problem(state)
+
+    def import_session(self, state: SeqState, history: Sequence[int]) -> int | None:
+        if len(self._sessions) >= self.max_sessions or len(history) != state.length:
+            return None
+        seq = self.cache.import_seq(state)
+        return None if seq is None else self._register(SessionState(seq, history=list(history)))
 
     def set_sampling(self, sid: int, params: SamplingParams, seed: int) -> None:
         self._state(sid).sampler = Sampler(params, seed)

@@ -40,6 +40,7 @@ from engine_service.runtime.commands import (
 from engine_service.runtime.generation import GenerationUpdate
 from engine_service.runtime.scheduler import BatchPlan, PlannedInput, check_input, plan_batch
 from engine_service.runtime.session import Session
+from engine_service.runtime.snapshots import ExportCommand, ImportCommand, SnapshotHandlers
 from engine_service.runtime.state import CANCELLED, ERROR, LENGTH, ActiveGeneration, SessionRecord
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ class EngineLoop:
         self.batch_observer: BatchObserver | None = None  # set by metrics; read once per batch
         self._active: list[ActiveGeneration] = []
         self._next_key = 0
+        self._snapshots = SnapshotHandlers(self, executor, self._adopt)
         self._table = CommandTable({
             OpenCommand: self._on_open,
             CloneCommand: self._on_clone,
@@ -84,6 +86,8 @@ class EngineLoop:
             StartCommand: self._on_start,
             CancelCommand: self._on_cancel,
             BarrierCommand: BarrierCommand.resolve,
+            ExportCommand: self._snapshots.on_export,
+            ImportCommand: self._snapshots.on_import,
         })
         self._hooks = EngineHooks(self._finish, self._table.dispatch, self.counts)
 

@@ -27,6 +27,7 @@ from engine_service.config import GenConfig
 from engine_service.errors import FailedPrecondition, InvalidArgument, Unavailable
 from engine_service.executors.base import Executor, ExecutorLimits
 from engine_service.executors.prepared_input import PreparedInput
+from engine_service.persistence.snapshot import LoadRefusal, SaveRefusal, SessionSnapshot
 from engine_service.runtime.clone import CloneFuture, CloneRefusal
 from engine_service.runtime.commands import (
     BarrierCommand,
@@ -38,6 +39,7 @@ from engine_service.runtime.commands import (
 from engine_service.runtime.engine_loop import BatchObserver, EngineLoop
 from engine_service.runtime.generation import GenerationHandle, GenerationUpdate
 from engine_service.runtime.session import Session
+from engine_service.runtime.snapshots import ExportCommand, ExportFuture, ImportCommand, ImportFuture
 from engine_service.runtime.state import ActiveGeneration
 
 # Runners whose engine thread may still be alive; stopped at interpreter exit (see below).
@@ -154,6 +156,21 @@ class Runner:
         self._refuse_on_engine_thread("open_session")
         return self.open_session_async().result(timeout)
 
+    def import_async(self, snapshot: SessionSnapshot) -> ImportFuture:
+        """A future of a new idle session holding ``snapshot`` exactly (K/V, ring state, content), or
+        of None with ``refusal`` / ``detail`` set: another cache kind, geometry or fingerprint, arrays
+        that do not fit, more positions than ``max_session_tokens``, no room, or stopping. Everything
+        is checked on the engine thread before the executor allocates anything; a refusal leaves the
+        engine as it was. Dropping the future before it runs skips the import. Usable from callbacks
+        (never wait on it there). Reading a file: :func:`engine_service.persistence.sessions.load_session`.
+        """
+        if not isinstance(snapshot, SessionSnapshot):
+            raise InvalidArgument(f"snapshot must be a SessionSnapshot, got {type(snapshot).__name__}")
+        future = ImportFuture()
+        if not self._engine.put(ImportCommand(snapshot, weakref.ref(future))):
+            future.refuse(LoadRefusal.STOPPING, "the runner is stopping")
+        return future
+
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every command queued before this call has been handled (no-op once stopped)."""
         self._refuse_on_engine_thread("flush")
@@ -195,6 +212,12 @@ class Runner:
         gen = ActiveGeneration(handle=handle, config=config, callback=callback, input=input)
         self._submit(StartCommand(session.key, gen), None)
         return handle
+
+    def _export(self, key: int) -> ExportFuture:
+        future = ExportFuture()
+        if not self._engine.put(ExportCommand(key, future)):
+            future.refuse(SaveRefusal.STOPPING)
+        return future
 
     def _clone(self, key: int, upto: int, expected_digest: bytes | None = None) -> CloneFuture:
         future = CloneFuture()

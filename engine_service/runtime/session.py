@@ -19,9 +19,11 @@ from engine_service.config import GenConfig, int_tuple
 from engine_service.content import DIGEST_SIZE
 from engine_service.errors import FailedPrecondition, InvalidArgument
 from engine_service.executors.prepared_input import PreparedInput
+from engine_service.persistence.snapshot import SaveRefusal
 from engine_service.runtime.clone import CloneFuture, CloneRefusal
 from engine_service.runtime.commands import CloseCommand
 from engine_service.runtime.generation import GenerationHandle, GenerationUpdate
+from engine_service.runtime.snapshots import ExportFuture
 from engine_service.runtime.state import SessionRecord
 
 if TYPE_CHECKING:
@@ -131,6 +133,19 @@ class Session:
         if self._closed or self._record.poisoned:
             return CloneFuture.refused(CloneRefusal.SOURCE_UNUSABLE)
         return self._runner._clone(self._record.key, upto, expected_digest)
+
+    def export_async(self) -> ExportFuture:
+        """A future of a :class:`~engine_service.persistence.snapshot.SessionSnapshot` of this session's
+        committed positions (the pending prediction excluded), taken on the engine thread between two
+        forwards, or of None with ``refusal`` set (closed or failed, a prepared input in range, rows
+        gone, unsupported, stopping). The session is unchanged. Writing it to a file:
+        :func:`engine_service.persistence.sessions.save_session`.
+        """
+        if self._closed or self._record.poisoned:
+            future = ExportFuture()
+            future.refuse(SaveRefusal.SOURCE_UNUSABLE)
+            return future
+        return self._runner._export(self._record.key)
 
     def content_digest(self, upto: int | None = None) -> bytes | None:
         """The content digest of positions ``[0, upto)`` (default: all committed positions), as

@@ -1,0 +1,104 @@
+"""An in-process prefix cache whose entries outlive the process: ``mlx_run_llm_batched --snapshot_dir``.
+
+At start, :func:`restore_entries` loads the folder's snapshots taken under this engine's fingerprint
+(most recent first, at most the cache's entry budget) and stores each in the prefix cache under the
+tokens its engine record holds (the cache verifies them as it verifies any insert). After each round,
+:func:`persist_entries` writes the entries not yet on disk (one file per prompt and engine
+configuration, named by both, written atomically) and, at the end, :func:`prune` removes this
+configuration's files whose entries the cache no longer holds, so the folder mirrors the cache.
+
+Every file is checked before it enters the engine (format version, checksum, content, cache kind,
+geometry, fingerprint, shapes, room). A file that can never load (unreadable, a failed checksum or
+content check) is removed; one taken under another configuration is left for the engine it belongs
+to. One folder serves one CLI run at a time (a second run pruning concurrently may remove the first
+run's newest files; nothing worse: every load is checked).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine_service.content import content_digest
+from engine_service.persistence.sessions import load_session, save_session
+from engine_service.persistence.snapshot import LoadRefusal
+from engine_service.persistence.snapshot_file import list_snapshots, snapshot_name
+from engine_service.runtime.runner import Runner
+from prefix_service.prefix_cache import PrefixCache
+
+# refusals of a file no engine will ever load: it is removed
+_CORRUPT = (LoadRefusal.UNREADABLE, LoadRefusal.CHECKSUM, LoadRefusal.CONTENT, LoadRefusal.FORMAT_VERSION)
+
+
+@dataclass
+class Restored:
+    """What :func:`restore_entries` did: entries stored, and why other files were not."""
+
+    stored: int = 0
+    refused: Counter = field(default_factory=Counter)  # reason -> files
+    removed: int = 0
+    positions: int = 0
+
+
+def restore_entries(folder: str | os.PathLike, runner: Runner, cache: PrefixCache, namespace: str) -> Restored:
+    """Load this engine configuration's snapshots from ``folder`` into ``cache`` under ``namespace``
+    (at most ``cache.max_entries``, most recent first)."""
+    done = Restored()
+    prefix = runner.fingerprint[:16] + "-"
+    for path in list_snapshots(folder):
+        if done.stored >= cache.max_entries:
+            break
+        if not path.name.startswith(prefix):
+            continue  # another engine configuration's file (its name says so): not read at all
+        outcome = load_session(runner, path)
+        if not outcome.loaded:
+            done.refused[outcome.refusal.value] += 1
+            if outcome.refusal in _CORRUPT:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                    done.removed += 1
+            continue
+        if outcome.extra.get("namespace") != namespace:
+            outcome.session.close()
+            done.refused["namespace"] += 1
+            continue
+        if cache.insert(namespace, outcome.content, outcome.session, {"source": "disk"}):
+            done.stored += 1
+            done.positions += outcome.positions
+        else:
+            done.refused["insert"] += 1
+    return done
+
+
+def entry_name(runner: Runner, tokens) -> str:
+    return snapshot_name(runner.fingerprint, content_digest(tokens))
+
+
+def persist_entries(folder: str | os.PathLike, runner: Runner, cache: PrefixCache, namespace: str) -> tuple[int, int]:
+    """Write ``cache``'s entries under ``namespace`` that have no file yet; returns (files, bytes)."""
+    written = size = 0
+    for entry in cache.entries(namespace):
+        name = entry_name(runner, entry.tokens)
+        if (Path(folder) / name).exists():
+            continue  # the same content under the same configuration: the file already holds it
+        outcome = save_session(entry.snapshot, folder, name=name, extra={"namespace": namespace})
+        if outcome.saved:
+            written += 1
+            size += outcome.file_bytes
+    return written, size
+
+
+def prune(folder: str | os.PathLike, runner: Runner, cache: PrefixCache, namespace: str) -> int:
+    """Remove this configuration's files whose entries ``cache`` no longer holds; returns how many."""
+    keep = {entry_name(runner, entry.tokens) for entry in cache.entries(namespace)}
+    prefix = runner.fingerprint[:16] + "-"
+    removed = 0
+    for path in list_snapshots(folder):
+        if path.name.startswith(prefix) and path.name not in keep:
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed += 1
+    return removed

@@ -1,0 +1,140 @@
+"""A session taken out of the engine (:class:`SessionSnapshot`), why a save or a load is refused, and
+the checks a load makes against the engine that would hold the session (:func:`header_refusal`).
+
+A snapshot is valid for exactly one engine configuration: the executor's fingerprint (weights,
+tokenizer, weights dtype, cache kind, K/V dtype, window geometry) and its :class:`StateLayout`. A load
+checks the layout first so the reason is specific (another cache kind, another window geometry), then
+the fingerprint (another model), then that the session fits the engine's limits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from engine_service.cache.seq_state import SeqState, StateLayout
+from engine_service.content import content_digest
+from engine_service.errors import FailedPrecondition
+
+FORMAT = "forkline-session-snapshot"
+FORMAT_VERSION = 1
+
+
+class LoadRefusal(StrEnum):
+    """Why a snapshot was not loaded (the values are the wire names, lower case). A refused load
+    leaves the engine exactly as before: no session, no cache rows."""
+
+    UNREADABLE = "unreadable"  # missing, truncated, not a safetensors file, or a field is missing
+    FORMAT_VERSION = "format_version"  # another format or format version
+    CHECKSUM = "checksum"  # the bytes differ from what was written (a flipped byte, a partial write)
+    CONTENT = "content"  # the recorded content disagrees with its digest or with the positions
+    CACHE_KIND = "cache_kind"  # taken under another cache kind
+    GEOMETRY = "geometry"  # taken under another window geometry / K/V row shape / dtype / max_write
+    FINGERPRINT = "fingerprint"  # taken under another model, tokenizer or weights dtype
+    SHAPE = "shape"  # its arrays do not fit this engine's layout
+    TOO_LONG = "too_long"  # more positions than the engine's max_session_tokens
+    NO_ROOM = "no_room"  # no free session slot or cache capacity now
+    UNSUPPORTED = "unsupported"  # this executor does not import sessions
+    STOPPING = "stopping"  # the runner is stopping
+
+
+class SaveRefusal(StrEnum):
+    """Why a session was not exported (the values are the wire names, lower case)."""
+
+    SOURCE_UNUSABLE = "source_unusable"  # closed or failed
+    PREPARED_INPUT = "prepared_input"  # a position holds a prepared input: no token content to record
+    BOUNDARY = "boundary"  # the executor refused: the rows its committed positions need are gone
+    UNSUPPORTED = "unsupported"  # this executor does not export sessions
+    STOPPING = "stopping"  # the runner is stopping
+
+
+class SnapshotRefused(FailedPrecondition):
+    """A snapshot file or object was refused; ``reason`` says why, ``str()`` adds the detail."""
+
+    def __init__(self, reason: LoadRefusal, detail: str) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True, eq=False)
+class SessionSnapshot:
+    """One session's committed positions, out of the engine.
+
+    fingerprint / layout: the executor configuration it was taken under. state: the cache kind's
+    arrays (``mx.array`` when exported; a file's tensors, converted on the engine thread, when read).
+    content: the token id each position holds (``len(content) == positions``). extra: application
+    strings stored with it (a namespace, entry metadata), covered by the file's checksum.
+    """
+
+    fingerprint: str
+    layout: StateLayout
+    state: SeqState
+    content: tuple[int, ...]
+    extra: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def positions(self) -> int:
+        return self.state.length
+
+    @property
+    def content_digest(self) -> bytes:
+        """``content.content_digest`` of the token ids (what the prefix cache checks on insert)."""
+        return content_digest(self.content)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of K/V arrays."""
+        return self.state.nbytes
+
+    def with_extra(self, extra: Mapping[str, str]) -> SessionSnapshot:
+        """The same snapshot carrying ``extra`` (string keys and values)."""
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items()):
+            raise ValueError("extra must map strings to strings")
+        return SessionSnapshot(self.fingerprint, self.layout, self.state, self.content,
+                               MappingProxyType(dict(extra)))
+
+
+def header_refusal(snapshot: SessionSnapshot, fingerprint: str, layout: StateLayout | None,
+                   max_session_tokens: int) -> tuple[LoadRefusal, str] | None:
+    """Why ``snapshot`` cannot be loaded into an engine with this fingerprint, layout and limit
+    (None: its header fits; the arrays are checked by the executor before it allocates)."""
+    if layout is None:
+        return LoadRefusal.UNSUPPORTED, "this engine's executor does not import sessions"
+    if snapshot.layout.cache_kind != layout.cache_kind:
+        return (LoadRefusal.CACHE_KIND,
+                f"taken under cache kind {snapshot.layout.cache_kind!r}, this engine runs {layout.cache_kind!r}")
+    if snapshot.layout.geometry != layout.geometry:
+        return (LoadRefusal.GEOMETRY,
+                f"taken under geometry {snapshot.layout.geometry!r}, this engine has {layout.geometry!r}")
+    if snapshot.fingerprint != fingerprint:
+        return (LoadRefusal.FINGERPRINT,
+                f"taken under engine fingerprint {snapshot.fingerprint}, this engine is {fingerprint}")
+    if snapshot.positions > max_session_tokens:
+        return (LoadRefusal.TOO_LONG,
+                f"{snapshot.positions} positions exceed max_session_tokens={max_session_tokens}")
+    if len(snapshot.content) != snapshot.positions or any(t < 0 for t in snapshot.content):
+        return LoadRefusal.CONTENT, f"content of {len(snapshot.content)} ids for {snapshot.positions} positions"
+    return None
+
+
+def mlx_state(state: SeqState) -> SeqState:
+    """``state`` with every array an ``mx.array`` (a file's tensors are converted; engine thread)."""
+    if all(isinstance(a, mx.array) for a in state.arrays.values()):
+        return state
+    return SeqState(state.length, state.written, {name: as_mlx(a) for name, a in state.arrays.items()})
+
+
+def as_mlx(array: Any) -> mx.array:
+    """An ``mx.array`` holding ``array`` (an ``mx.array``, or anything with ``to_mlx()``)."""
+    if isinstance(array, mx.array):
+        return array
+    if hasattr(array, "to_mlx"):
+        return array.to_mlx()
+    return mx.array(np.asarray(array))

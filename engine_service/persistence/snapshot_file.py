@@ -1,0 +1,287 @@
+"""The snapshot file: one safetensors file per :class:`SessionSnapshot`, written atomically, and a reader
+that refuses what it cannot vouch for before anything reaches an engine.
+
+Layout (format ``forkline-session-snapshot``, version 1), written by ``mx.save_safetensors``:
+
+- tensors: ``content`` (int32 [positions], the token ids), and the cache kind's arrays
+  (``layers.{i}.keys`` / ``layers.{i}.values``: [kv_heads, rows, head_dim] in the K/V dtype; see
+  :class:`~engine_service.cache.seq_state.SeqState`);
+- metadata (strings): ``format``, ``format_version``, ``fingerprint``, ``cache_kind``, ``geometry``,
+  ``positions``, ``written`` (the ring high-water mark), ``content_digest`` (hex of
+  ``content.content_digest``), ``extra`` (a JSON object of application strings) and ``checksum``.
+
+``checksum`` is the hex BLAKE2b-256 (personalized ``forkline-snap-v1``) of the other metadata as sorted
+JSON, then of every tensor in name order as ``name:dtype:shape;`` followed by its raw bytes. A file
+whose bytes changed in any tensor or metadata value fails it.
+
+Writes go to a temporary name in the destination folder (``.<name>.<pid>.<random>.tmp``), are fsynced,
+renamed over the final name and the folder is fsynced: a crash leaves the old file or the new one,
+never a partial file under a snapshot's name (a stale temporary at most, which no listing returns).
+
+The reader parses the safetensors container itself with numpy (the header's offsets must tile the
+data exactly, so a truncated or extended file is unreadable) and checks, in order: the container, the
+format and its version, the checksum, then the content against its digest. Tensors come back as
+:class:`FileTensor` (numpy bytes, converted to MLX on the engine thread). No MLX call runs on the
+reading thread; the writing thread only hands already evaluated arrays to ``mx.save_safetensors``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import secrets
+import struct
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from engine_service.cache.seq_state import SeqState, StateLayout
+from engine_service.content import content_digest
+from engine_service.persistence.snapshot import (
+    FORMAT,
+    FORMAT_VERSION,
+    LoadRefusal,
+    SessionSnapshot,
+    SnapshotRefused,
+)
+
+SUFFIX = ".safetensors"
+TEMP_SUFFIX = ".tmp"
+_PERSON = b"forkline-snap-v1"
+_FIELDS = ("format", "format_version", "fingerprint", "cache_kind", "geometry", "positions", "written",
+           "content_digest", "extra", "checksum")
+# safetensors dtype code -> (numpy dtype holding the raw bytes, MLX dtype); bfloat16 travels as uint16
+_DTYPES: Mapping[str, tuple[np.dtype, mx.Dtype]] = MappingProxyType({
+    "F32": (np.dtype("<f4"), mx.float32),
+    "F16": (np.dtype("<f2"), mx.float16),
+    "BF16": (np.dtype("<u2"), mx.bfloat16),
+    "I32": (np.dtype("<i4"), mx.int32),
+    "I64": (np.dtype("<i8"), mx.int64),
+})
+_CODES = {mlx: code for code, (_, mlx) in _DTYPES.items()}
+
+
+@dataclass(frozen=True, eq=False)
+class FileTensor:
+    """One tensor as read from a file: its raw little-endian bytes (``data``) and what they are."""
+
+    shape: tuple[int, ...]
+    dtype: mx.Dtype
+    data: np.ndarray  # the numpy view of the bytes (uint16 for bfloat16)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    def to_mlx(self) -> mx.array:
+        """An ``mx.array`` copy (engine thread)."""
+        array = mx.array(self.data.reshape(self.shape))
+        return array.view(mx.bfloat16) if self.dtype == mx.bfloat16 else array
+
+
+def snapshot_name(fingerprint: str, digest: bytes) -> str:
+    """The file name of a snapshot of content ``digest`` under engine ``fingerprint``: one file per
+    (configuration, content), so saving the same prompt twice writes the same name."""
+    return f"{fingerprint[:16]}-{digest.hex()}{SUFFIX}"
+
+
+def list_snapshots(folder: str | os.PathLike) -> list[Path]:
+    """The snapshot files in ``folder`` (temporaries excluded), most recently written first."""
+    paths = [p for p in Path(folder).iterdir() if p.name.endswith(SUFFIX) and not p.name.startswith(".")]
+    return sorted(paths, key=lambda p: p.stat().st_mtime_ns, reverse=True)
+
+
+# ------------------------------------------------------------------------------------------ writing
+
+
+def write_snapshot(path: str | os.PathLike, snapshot: SessionSnapshot) -> int:
+    """Write ``snapshot`` to ``path`` atomically (temp name, fsync, rename, fsync of the folder);
+    returns the file's size in bytes. Its arrays must be evaluated ``mx.array`` (an export's)."""
+    path = Path(path)
+    arrays = {"content": mx.array(np.asarray(snapshot.content, dtype=np.int32))}
+    for name, array in snapshot.state.arrays.items():
+        if name == "content" or not isinstance(array, mx.array):
+            raise ValueError(f"snapshot array {name!r} must be an mx.array with another name than 'content'")
+        arrays[name] = array
+    metadata = {
+        "format": FORMAT,
+        "format_version": str(FORMAT_VERSION),
+        "fingerprint": snapshot.fingerprint,
+        "cache_kind": snapshot.layout.cache_kind,
+        "geometry": snapshot.layout.geometry,
+        "positions": str(snapshot.positions),
+        "written": str(snapshot.state.written),
+        "content_digest": snapshot.content_digest.hex(),
+        "extra": json.dumps(dict(snapshot.extra), sort_keys=True),
+    }
+    metadata["checksum"] = _checksum(metadata, ((n, _CODES[a.dtype], tuple(a.shape), memoryview(a))
+                                                for n, a in sorted(arrays.items())))
+    temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
+    try:
+        with open(temp, "wb") as f:
+            mx.save_safetensors(f, arrays, metadata=metadata)
+            f.flush()
+            os.fsync(f.fileno())
+        size = temp.stat().st_size
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temp.unlink()
+        raise
+    _fsync_folder(path.parent)
+    return size
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename durable (where the platform lets a folder be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _checksum(metadata: Mapping[str, str], tensors: Iterator[tuple[str, str, tuple[int, ...], Any]]) -> str:
+    """Hex BLAKE2b-256 of the metadata (checksum excluded) and the tensors (name order, raw bytes)."""
+    h = hashlib.blake2b(digest_size=32, person=_PERSON)
+    h.update(json.dumps({k: v for k, v in metadata.items() if k != "checksum"}, sort_keys=True).encode())
+    for name, code, shape, data in tensors:
+        h.update(f"{name}:{code}:{list(shape)};".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------------------------------ reading
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """A snapshot file's header, read without its tensors and NOT verified (the checksum needs every
+    byte): enough to choose which files to load (:func:`read_snapshot` still checks everything)."""
+
+    path: Path
+    file_bytes: int
+    fingerprint: str
+    layout: StateLayout
+    positions: int
+    content_digest: str
+    extra: Mapping[str, str]
+
+
+def peek_snapshot(path: str | os.PathLike) -> SnapshotInfo:
+    """The header of the snapshot in ``path``; SnapshotRefused UNREADABLE / FORMAT_VERSION when it is
+    not one (reads only the header's bytes)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            size = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+            header = f.read(size) if 0 <= size <= 100_000_000 else b""
+        file_bytes = path.stat().st_size
+        meta = json.loads(header)["__metadata__"]
+        if meta.get("format") != FORMAT or meta.get("format_version") != str(FORMAT_VERSION):
+            raise SnapshotRefused(LoadRefusal.FORMAT_VERSION, f"{path}: format {meta.get('format')!r} "
+                                                              f"version {meta.get('format_version')!r}")
+        return SnapshotInfo(path, file_bytes, meta["fingerprint"], StateLayout(meta["cache_kind"], meta["geometry"]),
+                            int(meta["positions"]), meta["content_digest"],
+                            MappingProxyType(dict(json.loads(meta["extra"]))))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise SnapshotRefused(LoadRefusal.UNREADABLE, f"{path}: not a snapshot header ({exc})") from None
+
+
+def read_snapshot(path: str | os.PathLike) -> SessionSnapshot:
+    """The snapshot in ``path``, or SnapshotRefused: UNREADABLE (missing, truncated, malformed, a field
+    missing), FORMAT_VERSION, CHECKSUM, CONTENT (see the module docstring for the order)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise SnapshotRefused(LoadRefusal.UNREADABLE, f"{path}: {exc.strerror or exc}") from None
+    metadata, tensors = _parse(path, data)
+    fmt, version = metadata.get("format"), metadata.get("format_version")
+    if fmt != FORMAT or version != str(FORMAT_VERSION):
+        raise SnapshotRefused(LoadRefusal.FORMAT_VERSION,
+                              f"{path}: format {fmt!r} version {version!r}, this engine reads {FORMAT!r} "
+                              f"version {FORMAT_VERSION}")
+    missing = [name for name in _FIELDS if name not in metadata]
+    if missing or "content" not in tensors:
+        raise SnapshotRefused(LoadRefusal.UNREADABLE, f"{path}: missing {missing or ['content tensor']}")
+    want = _checksum(metadata, ((n, _code(t.dtype), t.shape, t.data) for n, t in sorted(tensors.items())))
+    if metadata["checksum"] != want:
+        raise SnapshotRefused(LoadRefusal.CHECKSUM, f"{path}: checksum {metadata['checksum'][:16]}... "
+                                                    f"does not match its bytes ({want[:16]}...)")
+    try:  # the checksum vouches for the writer; a writer's bug still must not reach the engine
+        positions, written = int(metadata["positions"]), int(metadata["written"])
+        extra = json.loads(metadata["extra"])
+        content = tensors.pop("content")
+        ids = tuple(content.data.tolist())
+        state = SeqState(positions, written, tensors)
+    except (ValueError, TypeError) as exc:
+        raise SnapshotRefused(LoadRefusal.UNREADABLE, f"{path}: {exc}") from None
+    if content.dtype != mx.int32 or len(ids) != positions:
+        raise SnapshotRefused(LoadRefusal.CONTENT, f"{path}: content of {len(ids)} ids for {positions} positions")
+    if any(t < 0 for t in ids) or content_digest(ids).hex() != metadata["content_digest"]:
+        raise SnapshotRefused(LoadRefusal.CONTENT, f"{path}: content does not match its digest")
+    if not isinstance(extra, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items()):
+        raise SnapshotRefused(LoadRefusal.UNREADABLE, f"{path}: extra must be a JSON object of strings")
+    layout = StateLayout(metadata["cache_kind"], metadata["geometry"])
+    return SessionSnapshot(metadata["fingerprint"], layout, state, ids, MappingProxyType(extra))
+
+
+def _code(dtype: mx.Dtype) -> str:
+    return _CODES[dtype]
+
+
+def _parse(path: Any, data: bytes) -> tuple[dict[str, str], dict[str, FileTensor]]:
+    """The safetensors container: (metadata, tensors). UNREADABLE unless its tensors tile the data."""
+
+    def bad(problem: str) -> SnapshotRefused:
+        return SnapshotRefused(LoadRefusal.UNREADABLE, f"{path}: {problem}")
+
+    if len(data) < 8:
+        raise bad(f"{len(data)} bytes is too short for a safetensors file")
+    (size,) = struct.unpack("<Q", data[:8])
+    if size > len(data) - 8:
+        raise bad(f"header of {size} bytes but the file has {len(data) - 8} after its length")
+    try:
+        header = json.loads(data[8 : 8 + size])
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise bad(f"header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise bad("header is not a JSON object")
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise bad("__metadata__ is not an object of strings")
+    body = memoryview(data)[8 + size :]
+    tensors, spans = {}, []
+    for name, info in header.items():
+        try:
+            code, shape, (lo, hi) = info["dtype"], tuple(int(d) for d in info["shape"]), info["data_offsets"]
+            dtype, mlx_dtype = _DTYPES[code]
+        except (KeyError, TypeError, ValueError):
+            raise bad(f"tensor {name!r} has a malformed or unsupported entry {info!r}") from None
+        if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi <= len(body)) or any(d < 0 for d in shape) \
+                or hi - lo != math.prod(shape) * dtype.itemsize:
+            raise bad(f"tensor {name!r} has data offsets {[lo, hi]} that do not fit its shape or the file")
+        tensors[name] = FileTensor(shape, mlx_dtype, np.frombuffer(body[lo:hi], dtype=dtype))
+        spans.append((lo, hi))
+    at = 0
+    for lo, hi in sorted(spans):  # the tensors must tile the data: no gap, no overlap, no tail
+        if lo != at:
+            raise bad(f"tensor data does not tile the file (a gap or overlap at byte {at})")
+        at = hi
+    if at != len(body):
+        raise bad(f"{len(body) - at} bytes after the last tensor (or the file was cut)")
+    return metadata, tensors

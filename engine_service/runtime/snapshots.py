@@ -1,0 +1,181 @@
+"""Taking a session out of the engine and putting one back: the two commands, their futures and the
+handlers the engine loop runs for them.
+
+- :class:`ExportCommand` (``Session.export_async``): on the engine thread, between two forwards, copy
+  the session's committed positions ``[0, position)`` out of the cache with what they hold. The
+  pending prediction is not part of it (it was never written). A session holding a prepared input is
+  refused: a snapshot records token content, so a loaded one can be checked like any other.
+- :class:`ImportCommand` (``Runner.import_async``): check the snapshot's header against this engine
+  (layout, fingerprint, limits), then its arrays against the executor's layout, and only then let the
+  executor allocate and adopt the result as a new idle session whose content is the snapshot's. Any
+  refusal leaves the engine as it was.
+
+Each future carries its refusal (``ExportFuture.refusal`` / ``ImportFuture.refusal`` and ``detail``),
+set before it resolves None, like :class:`~engine_service.runtime.clone.CloneFuture`. An import whose
+future the caller dropped before it ran is skipped (nobody could ever close the session).
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from array import array
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+
+from engine_service.content import ContentLog
+from engine_service.executors.base import Executor
+from engine_service.persistence.snapshot import (
+    LoadRefusal,
+    SaveRefusal,
+    SessionSnapshot,
+    header_refusal,
+    mlx_state,
+)
+from engine_service.runtime.commands import Command, EngineHooks
+
+if TYPE_CHECKING:
+    from engine_service.runtime.engine_loop import EngineLoop
+    from engine_service.runtime.session import Session
+
+log = logging.getLogger(__name__)
+
+
+class ExportFuture(Future):
+    """An export's future: the :class:`SessionSnapshot`, or None with :attr:`refusal` set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refusal: SaveRefusal | None = None
+
+    def refuse(self, reason: SaveRefusal) -> None:
+        self.refusal = reason
+        self.set_result(None)
+
+
+class ImportFuture(Future):
+    """An import's future: the new Session, or None with :attr:`refusal` and :attr:`detail` set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refusal: LoadRefusal | None = None
+        self.detail = ""
+
+    def refuse(self, reason: LoadRefusal, detail: str = "") -> None:
+        self.refusal, self.detail = reason, detail or reason.value
+        self.set_result(None)
+
+    @classmethod
+    def refused(cls, reason: LoadRefusal, detail: str = "") -> ImportFuture:
+        future = cls()
+        future.refuse(reason, detail)
+        return future
+
+
+@dataclass(frozen=True)
+class ExportCommand(Command):
+    """Export session ``key``'s committed positions; unrun or abandoned: refused STOPPING."""
+
+    key: int
+    future: ExportFuture
+
+    def caller(self) -> ExportFuture:
+        return self.future
+
+    def abandon(self, exc: BaseException, hooks: EngineHooks) -> None:
+        if not self.future.done():
+            self.future.refuse(SaveRefusal.STOPPING)
+
+    def settle_unrun(self, hooks: EngineHooks) -> None:
+        if self.future.set_running_or_notify_cancel():
+            self.future.refuse(SaveRefusal.STOPPING)
+
+
+@dataclass(frozen=True)
+class ImportCommand(Command):
+    """Import ``snapshot`` as a new session. The future is held weakly (see the module docstring)."""
+
+    snapshot: SessionSnapshot
+    future_ref: weakref.ref
+
+    def caller(self) -> ImportFuture | None:
+        return self.future_ref()
+
+    def abandon(self, exc: BaseException, hooks: EngineHooks) -> None:
+        future = self.future_ref()
+        if future is not None and not future.done():
+            future.refuse(LoadRefusal.STOPPING, "the engine stopped")
+
+    def settle_unrun(self, hooks: EngineHooks) -> None:
+        future = self.future_ref()
+        if future is not None and future.set_running_or_notify_cancel():
+            future.refuse(LoadRefusal.STOPPING, "the runner is stopping")
+
+
+class SnapshotHandlers:
+    """The engine loop's handlers for the two commands (engine thread only). ``adopt(sid, content)``
+    makes an executor session a runner Session (the loop's, shared with opens and clones)."""
+
+    def __init__(self, loop: EngineLoop, executor: Executor,
+                 adopt: Callable[[int, ContentLog], Session]) -> None:
+        self._loop = loop
+        self._executor = executor
+        self._adopt = adopt
+
+    def on_export(self, cmd: ExportCommand) -> None:
+        future = cmd.future
+        if not future.set_running_or_notify_cancel():
+            return
+        loop = self._loop
+        rec = loop.records.get(cmd.key)
+        if rec is None or rec.poisoned or rec.closed:
+            future.refuse(SaveRefusal.SOURCE_UNUSABLE)
+            return
+        layout = self._executor.state_layout()
+        if layout is None:
+            future.refuse(SaveRefusal.UNSUPPORTED)
+            return
+        content = rec.content.values(rec.position)
+        if any(t < 0 for t in content):
+            future.refuse(SaveRefusal.PREPARED_INPUT)
+            return
+        try:
+            state = self._executor.export_session(rec.sid, rec.position)
+        except Exception as exc:  # like a clone: a failure inside the executor is a refusal
+            log.warning("executor.export_session(%d, %d) raised %s: %s", rec.sid, rec.position,
+                        type(exc).__name__, exc)
+            state = None
+        if state is None or state.length != rec.position:
+            future.refuse(SaveRefusal.BOUNDARY)
+            return
+        # contiguous copies (a writer hashes their bytes); evaluated here, on the thread that owns MLX
+        arrays = {name: mx.contiguous(a) for name, a in state.arrays.items()}
+        mx.eval(list(arrays.values()))
+        state = type(state)(state.length, state.written, arrays)
+        future.set_result(SessionSnapshot(loop.fingerprint, layout, state, content))
+
+    def on_import(self, cmd: ImportCommand) -> None:
+        future = cmd.future_ref()
+        if future is None or not future.set_running_or_notify_cancel():
+            return  # abandoned before it ran: nobody could own the session, so none is made
+        loop = self._loop
+        snapshot = cmd.snapshot
+        refusal = header_refusal(snapshot, loop.fingerprint, self._executor.state_layout(),
+                                 loop.limits.max_session_tokens)
+        if refusal is not None:
+            future.refuse(*refusal)
+            return
+        state = mlx_state(snapshot.state)
+        problem = self._executor.import_problem(state)
+        if problem is not None:
+            future.refuse(LoadRefusal.SHAPE, problem)
+            return
+        sid = self._executor.import_session(state, snapshot.content)
+        if sid is None:
+            future.refuse(LoadRefusal.NO_ROOM, f"no free session slot or room for {snapshot.positions} positions")
+            return
+        future.set_result(self._adopt(sid, ContentLog(array("i", snapshot.content))))

@@ -1,0 +1,176 @@
+"""The snapshot file: a round trip keeps every byte and field; anything changed, cut, extended or of
+another format version is refused with its reason; writes are atomic (no partial file under a name)."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import engine_service  # noqa: F401  (OpenBLAS before mlx)
+from engine_service.cache.seq_state import SeqState, StateLayout
+from engine_service.content import content_digest
+from engine_service.persistence import snapshot_file
+from engine_service.persistence.snapshot import FORMAT_VERSION, LoadRefusal, SessionSnapshot, SnapshotRefused
+from engine_service.persistence.snapshot_file import (
+    list_snapshots,
+    read_snapshot,
+    snapshot_name,
+    write_snapshot,
+)
+
+LAYOUT = StateLayout("batched-sequence", "layers=full,sliding:4;max_write=3;kv_heads=2;head_dim=8;dtype=float32")
+CONTENT = (5, 17, 99, 3, 42, 42, 7)
+
+
+def snapshot(dtype=mx.float32, extra=None) -> SessionSnapshot:
+    rng = np.random.default_rng(0)
+    arrays = {
+        "layers.0.keys": mx.array(rng.standard_normal((2, 7, 8)).astype(np.float32)).astype(dtype),
+        "layers.0.values": mx.array(rng.standard_normal((2, 7, 8)).astype(np.float32)).astype(dtype),
+        "layers.1.keys": mx.array(rng.standard_normal((2, 6, 8)).astype(np.float32)).astype(dtype),
+        "layers.1.values": mx.array(rng.standard_normal((2, 6, 8)).astype(np.float32)).astype(dtype),
+    }
+    mx.eval(list(arrays.values()))
+    snap = SessionSnapshot("f" * 32, LAYOUT, SeqState(7, 9, arrays), CONTENT)
+    return snap.with_extra(extra) if extra else snap
+
+
+def refusal(path) -> LoadRefusal:
+    with pytest.raises(SnapshotRefused) as caught:
+        read_snapshot(path)
+    assert str(path) in caught.value.detail
+    return caught.value.reason
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
+def test_round_trip_keeps_every_field_and_byte(tmp_path, dtype) -> None:
+    snap = snapshot(dtype, extra={"namespace": "ns", "priority": "high"})
+    path = tmp_path / "a.safetensors"
+    size = write_snapshot(path, snap)
+    assert size == path.stat().st_size
+    got = read_snapshot(path)
+    assert got.fingerprint == snap.fingerprint and got.layout == LAYOUT and got.content == CONTENT
+    assert got.positions == 7 and got.state.written == 9 and dict(got.extra) == {"namespace": "ns", "priority": "high"}
+    assert got.content_digest == content_digest(CONTENT)
+    assert set(got.state.arrays) == set(snap.state.arrays)
+    for name, want in snap.state.arrays.items():
+        have = got.state.arrays[name].to_mlx()
+        assert have.dtype == dtype and have.shape == want.shape
+        assert mx.array_equal(have, want).item()
+    # the standard reader agrees with ours (a safetensors file any tool can open)
+    arrays, meta = mx.load(str(path), return_metadata=True)
+    assert meta["format_version"] == str(FORMAT_VERSION) and meta["positions"] == "7"
+    assert mx.array_equal(arrays["content"], mx.array(CONTENT, dtype=mx.int32)).item()
+
+
+def test_writes_leave_no_temporary_and_replace_atomically(tmp_path) -> None:
+    path = tmp_path / snapshot_name("f" * 32, content_digest(CONTENT))
+    write_snapshot(path, snapshot())
+    write_snapshot(path, snapshot(extra={"second": "yes"}))  # over an existing file: replaced whole
+    assert os.listdir(tmp_path) == [path.name]
+    assert dict(read_snapshot(path).extra) == {"second": "yes"}
+    assert list_snapshots(tmp_path) == [path]
+
+
+def test_a_failed_write_leaves_nothing_under_the_name(tmp_path, monkeypatch) -> None:
+    def crash(f, arrays, metadata):
+        f.write(b"partial bytes")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(snapshot_file.mx, "save_safetensors", crash)
+    path = tmp_path / "a.safetensors"
+    with pytest.raises(OSError, match="disk full"):
+        write_snapshot(path, snapshot())
+    assert os.listdir(tmp_path) == []
+
+
+def test_listing_skips_temporaries_of_a_killed_writer(tmp_path) -> None:
+    write_snapshot(tmp_path / "a.safetensors", snapshot())
+    (tmp_path / ".b.safetensors.123.ab12.tmp").write_bytes(b"half a file")
+    (tmp_path / "notes.txt").write_text("not a snapshot")
+    assert [p.name for p in list_snapshots(tmp_path)] == ["a.safetensors"]
+
+
+def test_truncated_extended_and_foreign_files_are_unreadable(tmp_path) -> None:
+    path = tmp_path / "a.safetensors"
+    write_snapshot(path, snapshot())
+    data = path.read_bytes()
+    cases = {
+        "cut_in_data": data[:-5],
+        "cut_in_header": data[:40],
+        "cut_to_nothing": b"",
+        "extended": data + b"\0" * 8,
+        "not_safetensors": b"GGUF\x03\x00\x00\x00" + b"\0" * 64,
+        "header_not_json": struct.pack("<Q", 4) + b"{{{{",
+    }
+    for name, raw in cases.items():
+        bad = tmp_path / f"{name}.safetensors"
+        bad.write_bytes(raw)
+        assert refusal(bad) == LoadRefusal.UNREADABLE, name
+    assert refusal(tmp_path / "missing.safetensors") == LoadRefusal.UNREADABLE
+
+
+def rewrite_metadata(path, **changes) -> None:
+    """Rewrite ``path`` with metadata fields changed and the tensors as they are (checksum unchanged)."""
+    arrays, meta = mx.load(str(path), return_metadata=True)
+    mx.eval(list(arrays.values()))  # loads are lazy: read before the file is overwritten
+    meta.update(changes)
+    with open(path, "wb") as f:
+        mx.save_safetensors(f, arrays, metadata=meta)
+
+
+def test_another_format_version_is_refused_as_such(tmp_path) -> None:
+    path = tmp_path / "a.safetensors"
+    write_snapshot(path, snapshot())
+    rewrite_metadata(path, format_version=str(FORMAT_VERSION + 1))
+    assert refusal(path) == LoadRefusal.FORMAT_VERSION
+    rewrite_metadata(path, format_version=str(FORMAT_VERSION), format="someone-elses-cache")
+    assert refusal(path) == LoadRefusal.FORMAT_VERSION
+    rewrite_metadata(path, format="forkline-session-snapshot")
+    read_snapshot(path)  # control: restored fields read again
+
+
+@pytest.mark.parametrize("field", ["fingerprint", "positions", "cache_kind", "extra"])
+def test_a_changed_metadata_field_fails_the_checksum(tmp_path, field) -> None:
+    path = tmp_path / "a.safetensors"
+    write_snapshot(path, snapshot())
+    value = {"fingerprint": "0" * 32, "positions": "6", "cache_kind": "batched-cell", "extra": '{"a": "b"}'}[field]
+    rewrite_metadata(path, **{field: value})
+    assert refusal(path) == LoadRefusal.CHECKSUM
+
+
+def test_every_flipped_byte_is_refused(tmp_path) -> None:
+    """Exhaustive over a small file: no single flipped bit anywhere (header, metadata, padding, data)
+    reads back as a snapshot."""
+    path = tmp_path / "a.safetensors"
+    write_snapshot(path, snapshot())
+    data = bytearray(path.read_bytes())
+    header_end = 8 + struct.unpack("<Q", data[:8])[0]
+    bad = tmp_path / "bad.safetensors"
+    reasons = set()
+    for i in range(len(data)):
+        flipped = bytearray(data)
+        flipped[i] ^= 0x10
+        bad.write_bytes(flipped)
+        reason = refusal(bad)
+        reasons.add(reason)
+        if i >= header_end:
+            assert reason == LoadRefusal.CHECKSUM, i  # a tensor byte
+    assert LoadRefusal.CHECKSUM in reasons and LoadRefusal.UNREADABLE in reasons
+
+
+def test_a_writer_bug_in_the_content_is_refused_even_when_checksummed(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "a.safetensors"
+    snap = snapshot()
+    monkeypatch.setattr(SessionSnapshot, "content_digest", property(lambda self: b"\0" * 16))
+    write_snapshot(path, snap)
+    monkeypatch.undo()
+    assert refusal(path) == LoadRefusal.CONTENT
+    meta = mx.load(str(path), return_metadata=True)[1]
+    assert json.loads(meta["extra"]) == {}
+
