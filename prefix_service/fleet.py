@@ -44,6 +44,7 @@ from engine_service.stream_events import Done
 from prefix_service.backends import TextPrompt
 from prefix_service.gateway import Gateway, GatewayEvent, GatewayRequest, GatewayStats, Prompt, PromptLookup
 from prefix_service.gateway_stream import GatewayStream
+from prefix_service.index import token_key
 from prefix_service.outcomes import InsertOutcome, PrefixStats
 from prefix_service.routing import Candidate, Route, RouteReason, RoutingPolicy, routing_policy
 
@@ -342,7 +343,8 @@ class Fleet:
         if len(members) == 1:
             self._count(members[0], None)
             return tokens, members
-        candidates = [Candidate(m.name, m.gateway.cache.reusable(namespace, tokens), m.load, m.gateway.cache.positions)
+        key = token_key(tokens)  # validated once for every engine's index
+        candidates = [Candidate(m.name, m.gateway.cache.reusable(namespace, key), m.load, m.gateway.cache.positions)
                       for m in members]
         route = self.policy.route(candidates)
         named = {m.name: m for m in members}

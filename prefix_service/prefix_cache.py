@@ -161,12 +161,12 @@ class PrefixCache:
                 self._reused += outcome.match.reused
             return outcome
 
-    def reusable(self, namespace: str, tokens: Sequence[int]) -> int:
-        """Positions a lookup of ``tokens`` would reuse from the longest stored match, without cloning
-        or counting anything: min(common prefix, len(tokens) - 1), 0 when nothing matches. Exact (read
-        from the index, not guessed): what a router scores this cache's engine by. An entry whose
-        handle died since it was stored still counts until a lookup drops it."""
-        key = token_key(tokens)
+    def reusable(self, namespace: str, key: tuple[int, ...]) -> int:
+        """Positions a lookup of ``key`` (``index.token_key(tokens)``: validated once by the caller,
+        which scores many caches with it) would reuse from the longest stored match, without cloning or
+        counting anything: min(common prefix, len(key) - 1), 0 when nothing matches. Exact (read from
+        the index, not guessed): what a router scores this cache's engine by. An entry whose handle
+        died since it was stored still counts until a lookup drops it."""
         if len(key) < 2:
             return 0
         scope = self._scope(namespace)
