@@ -156,6 +156,11 @@ def test_counters_move_with_the_traffic_on_both_services(services) -> None:
     assert p2.value("forkline_prefix_inserts_total") == stats.inserts == 1
     assert p2.value("forkline_prefix_reused_tokens_total") == stats.reused_positions == len(PROMPT) - 1
     assert p2.value("forkline_prefix_evictions_total") == 0
+    # per engine (one here): labelled with its address, agreeing with the totals
+    assert p2.value("forkline_prefix_engine_entries", engine=engine.address) == 1
+    assert p2.value("forkline_prefix_engine_routable", engine=engine.address) == 1
+    assert delta(p0, p2, "forkline_prefix_engine_routed_total", engine=engine.address) == 2
+    assert p2.value("forkline_prefix_engine_hits_total", engine=engine.address) == stats.hits
     p3 = Scrape(p_port)
     assert delta(p2, p3, "forkline_rpc_requests_total", service=PREFIX, method="Stats", code="OK") == 1
 
