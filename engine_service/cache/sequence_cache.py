@@ -289,8 +289,11 @@ class SequenceCache:
                 cache._keys[layer], cache._values[layer] = mx.array(keys), mx.array(values)
                 continue
             limit = config.capacity if slots is None else slots
-            pad = mx.zeros((config.kv_heads, min(limit, _round_up(rows, config.initial_capacity)) - rows,
-                            config.head_dim), dtype=config.dtype)
+            headroom = min(limit, _round_up(rows, config.initial_capacity)) - rows
+            if headroom == 0:  # the state's arrays become the buffers (MLX copies one before writing if shared)
+                cache._keys[layer], cache._values[layer] = keys, values
+                continue
+            pad = mx.zeros((config.kv_heads, headroom, config.head_dim), dtype=config.dtype)
             cache._keys[layer] = mx.concatenate([keys, pad], axis=1)
             cache._values[layer] = mx.concatenate([values, pad], axis=1)
         mx.eval(cache.arrays())

@@ -10,6 +10,6 @@ anything enters a cache.
   runner's snapshot commands, :mod:`engine_service.runtime.snapshots`).
 
 Nothing in the engine loop waits on a disk: the engine thread only exports (a copy of the session's
-arrays) and imports (arrays already read and verified); files are written and read on the caller's
-thread.
+arrays) and imports (arrays already read, verified and copied into MLX); files are written, read and
+hashed on the caller's thread.
 """

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -68,7 +67,7 @@ class SessionSnapshot:
     """One session's committed positions, out of the engine.
 
     fingerprint / layout: the executor configuration it was taken under. state: the cache kind's
-    arrays (``mx.array`` when exported; a file's tensors, converted on the engine thread, when read).
+    arrays (evaluated ``mx.array``, exported or read from a file).
     content: the token id each position holds (``len(content) == positions``). extra: application
     strings stored with it (a namespace, entry metadata), covered by the file's checksum.
     """
@@ -125,16 +124,8 @@ def header_refusal(snapshot: SessionSnapshot, fingerprint: str, layout: StateLay
 
 
 def mlx_state(state: SeqState) -> SeqState:
-    """``state`` with every array an ``mx.array`` (a file's tensors are converted; engine thread)."""
+    """``state`` with every array an ``mx.array`` (a snapshot built from numpy arrays is copied)."""
     if all(isinstance(a, mx.array) for a in state.arrays.values()):
         return state
-    return SeqState(state.length, state.written, {name: as_mlx(a) for name, a in state.arrays.items()})
-
-
-def as_mlx(array: Any) -> mx.array:
-    """An ``mx.array`` holding ``array`` (an ``mx.array``, or anything with ``to_mlx()``)."""
-    if isinstance(array, mx.array):
-        return array
-    if hasattr(array, "to_mlx"):
-        return array.to_mlx()
-    return mx.array(np.asarray(array))
+    return SeqState(state.length, state.written,
+                    {name: a if isinstance(a, mx.array) else mx.array(np.asarray(a)) for name, a in state.arrays.items()})

@@ -11,8 +11,9 @@ Layout (format ``forkline-session-snapshot``, version 1), written by ``mx.save_s
   ``content.content_digest``), ``extra`` (a JSON object of application strings) and ``checksum``.
 
 ``checksum`` is the hex BLAKE2b-256 (personalized ``forkline-snap-v1``) of the other metadata as sorted
-JSON, then of every tensor in name order as ``name:dtype:shape;`` followed by its raw bytes. A file
-whose bytes changed in any tensor or metadata value fails it.
+JSON, then of every tensor in name order as ``name:dtype:shape;`` followed by the BLAKE2b-256 of its raw
+bytes (a two-level tree, so the tensors are hashed in parallel). A file whose bytes changed in any
+tensor or metadata value fails it.
 
 Writes go to a temporary name in the destination folder (``.<name>.<pid>.<random>.tmp``), are fsynced,
 renamed over the final name and the folder is fsynced: a crash leaves the old file or the new one,
@@ -20,9 +21,10 @@ never a partial file under a snapshot's name (a stale temporary at most, which n
 
 The reader parses the safetensors container itself with numpy (the header's offsets must tile the
 data exactly, so a truncated or extended file is unreadable) and checks, in order: the container, the
-format and its version, the checksum, then the content against its digest. Tensors come back as
-:class:`FileTensor` (numpy bytes, converted to MLX on the engine thread). No MLX call runs on the
-reading thread; the writing thread only hands already evaluated arrays to ``mx.save_safetensors``.
+format and its version, the checksum, then the content against its digest. Only then are the tensors
+copied into ``mx.array`` (on the reading thread: a constructor, no computation on the engine's
+arrays), so the engine thread's part of a load is the import alone. The writing thread only hands
+already evaluated arrays to ``mx.save_safetensors``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import os
 import secrets
 import struct
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -71,20 +74,11 @@ _CODES = {mlx: code for code, (_, mlx) in _DTYPES.items()}
 
 @dataclass(frozen=True, eq=False)
 class FileTensor:
-    """One tensor as read from a file: its raw little-endian bytes (``data``) and what they are."""
+    """One tensor as parsed from a file: its raw little-endian bytes (``data``) and what they are."""
 
     shape: tuple[int, ...]
     dtype: mx.Dtype
     data: np.ndarray  # the numpy view of the bytes (uint16 for bfloat16)
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.data.nbytes)
-
-    def to_mlx(self) -> mx.array:
-        """An ``mx.array`` copy (engine thread)."""
-        array = mx.array(self.data.reshape(self.shape))
-        return array.view(mx.bfloat16) if self.dtype == mx.bfloat16 else array
 
 
 def snapshot_name(fingerprint: str, digest: bytes) -> str:
@@ -155,13 +149,26 @@ def _fsync_folder(folder: Path) -> None:
 
 
 def _checksum(metadata: Mapping[str, str], tensors: Iterator[tuple[str, str, tuple[int, ...], Any]]) -> str:
-    """Hex BLAKE2b-256 of the metadata (checksum excluded) and the tensors (name order, raw bytes)."""
+    """Hex BLAKE2b-256 of the metadata (checksum excluded) and of each tensor's name, dtype, shape and
+    the digest of its raw bytes (name order). The tensors' digests are computed on a few threads
+    (hashlib releases the GIL on large buffers)."""
+    items = list(tensors)
+    with ThreadPoolExecutor(max_workers=_workers(len(items))) as pool:
+        digests = list(pool.map(_digest, (data for _, _, _, data in items)))
     h = hashlib.blake2b(digest_size=32, person=_PERSON)
     h.update(json.dumps({k: v for k, v in metadata.items() if k != "checksum"}, sort_keys=True).encode())
-    for name, code, shape, data in tensors:
+    for (name, code, shape, _), digest in zip(items, digests, strict=True):
         h.update(f"{name}:{code}:{list(shape)};".encode())
-        h.update(data)
+        h.update(digest)
     return h.hexdigest()
+
+
+def _digest(data: Any) -> bytes:
+    return hashlib.blake2b(data, digest_size=32, person=_PERSON).digest()
+
+
+def _workers(n: int) -> int:
+    return max(1, min(n, os.cpu_count() or 1, 8))
 
 
 # ------------------------------------------------------------------------------------------ reading
@@ -227,7 +234,7 @@ def read_snapshot(path: str | os.PathLike) -> SessionSnapshot:
         extra = json.loads(metadata["extra"])
         content = tensors.pop("content")
         ids = tuple(content.data.tolist())
-        state = SeqState(positions, written, tensors)
+        state = SeqState(positions, written, _to_mlx(tensors))
     except (ValueError, TypeError) as exc:
         raise SnapshotRefused(LoadRefusal.UNREADABLE, f"{path}: {exc}") from None
     if content.dtype != mx.int32 or len(ids) != positions:
@@ -242,6 +249,17 @@ def read_snapshot(path: str | os.PathLike) -> SessionSnapshot:
 
 def _code(dtype: mx.Dtype) -> str:
     return _CODES[dtype]
+
+
+def _to_mlx(tensors: Mapping[str, FileTensor]) -> dict[str, mx.array]:
+    """Every tensor as an evaluated ``mx.array`` copy (the copies run on a few threads)."""
+    names = sorted(tensors)
+    with ThreadPoolExecutor(max_workers=_workers(len(names))) as pool:
+        copies = list(pool.map(lambda name: mx.array(tensors[name].data.reshape(tensors[name].shape)), names))
+    arrays = {name: a.view(mx.bfloat16) if tensors[name].dtype == mx.bfloat16 else a
+              for name, a in zip(names, copies, strict=True)}
+    mx.eval(list(arrays.values()))
+    return arrays
 
 
 def _parse(path: Any, data: bytes) -> tuple[dict[str, str], dict[str, FileTensor]]:
