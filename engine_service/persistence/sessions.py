@@ -9,6 +9,10 @@ calling thread, so never call them from a generation callback.
 A session saved at position ``p`` and loaded holds ``[0, p)`` with the same K/V, ring state and
 content record (so ``Session.content_digest`` and digest-checked clones work on it); the saved
 session's pending prediction is not part of it: feed the next token as the caller would after a clone.
+
+Over an RPC (an engine's K/V to a prefix service's disk and back): ``encode_session`` gives the file's
+bytes, the receiver writes them with ``snapshot_file.write_snapshot_bytes``, and ``load_session_bytes``
+imports bytes with the same checks as a file.
 """
 
 from __future__ import annotations
@@ -19,8 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from engine_service.persistence.snapshot import LoadRefusal, SaveRefusal, SnapshotRefused
-from engine_service.persistence.snapshot_file import read_snapshot, snapshot_name, write_snapshot
+from engine_service.persistence.snapshot import LoadRefusal, SaveRefusal, SessionSnapshot, SnapshotRefused
+from engine_service.persistence.snapshot_file import (
+    decode_snapshot,
+    encode_snapshot,
+    read_snapshot,
+    snapshot_name,
+    write_snapshot,
+)
 from engine_service.runtime.runner import Runner
 from engine_service.runtime.session import Session
 
@@ -79,6 +89,29 @@ def save_session(session: Session, folder: str | os.PathLike, *, name: str | Non
     return SaveOutcome(path, None, snapshot.positions, size, snapshot.nbytes, snapshot.content_digest)
 
 
+@dataclass(frozen=True)
+class EncodedSession:
+    """What :func:`encode_session` did: the snapshot file's bytes (``data``) or why not (``refusal``)."""
+
+    data: bytes | None
+    refusal: SaveRefusal | None = None
+    positions: int = 0
+    content_digest: bytes | None = None
+
+
+def encode_session(session: Session, *, extra: Mapping[str, str] | None = None,
+                   timeout: float | None = None) -> EncodedSession:
+    """The bytes :func:`save_session` would write for ``session`` (for an RPC stream: the receiver
+    writes them with ``write_snapshot_bytes`` and any engine loads them with :func:`load_session_bytes`)."""
+    future = session.export_async()
+    snapshot = future.result(timeout)
+    if snapshot is None:
+        return EncodedSession(None, future.refusal)
+    if extra:
+        snapshot = snapshot.with_extra(extra)
+    return EncodedSession(encode_snapshot(snapshot), None, snapshot.positions, snapshot.content_digest)
+
+
 def load_session(runner: Runner, path: str | os.PathLike, *, timeout: float | None = None) -> LoadOutcome:
     """Read and verify the snapshot in ``path`` (container, format version, checksum, content), then
     import it into ``runner`` (cache kind, geometry, fingerprint, limits and array shapes checked on
@@ -87,7 +120,21 @@ def load_session(runner: Runner, path: str | os.PathLike, *, timeout: float | No
         snapshot = read_snapshot(path)
     except SnapshotRefused as refused:
         return LoadOutcome(None, refused.reason, refused.detail)
-    size = os.path.getsize(path) if os.path.exists(path) else 0
+    return _import(runner, snapshot, os.path.getsize(path) if os.path.exists(path) else 0, timeout)
+
+
+def load_session_bytes(runner: Runner, data: bytes, *, source: str = "snapshot",
+                       timeout: float | None = None) -> LoadOutcome:
+    """:func:`load_session` of a snapshot file's bytes (received over an RPC); ``source`` names it in
+    refusals."""
+    try:
+        snapshot = decode_snapshot(data, source)
+    except SnapshotRefused as refused:
+        return LoadOutcome(None, refused.reason, refused.detail)
+    return _import(runner, snapshot, len(data), timeout)
+
+
+def _import(runner: Runner, snapshot: SessionSnapshot, size: int, timeout: float | None) -> LoadOutcome:
     future = runner.import_async(snapshot)
     session = future.result(timeout)
     if session is None:

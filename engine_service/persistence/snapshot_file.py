@@ -31,17 +31,18 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import math
 import os
 import secrets
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, BinaryIO
 
 import mlx.core as mx
 import numpy as np
@@ -99,7 +100,26 @@ def list_snapshots(folder: str | os.PathLike) -> list[Path]:
 def write_snapshot(path: str | os.PathLike, snapshot: SessionSnapshot) -> int:
     """Write ``snapshot`` to ``path`` atomically (temp name, fsync, rename, fsync of the folder);
     returns the file's size in bytes. Its arrays must be evaluated ``mx.array`` (an export's)."""
-    path = Path(path)
+    arrays, metadata = _container(snapshot)
+    return _atomic_write(Path(path), lambda f: mx.save_safetensors(f, arrays, metadata=metadata))
+
+
+def encode_snapshot(snapshot: SessionSnapshot) -> bytes:
+    """The bytes :func:`write_snapshot` would write (to send a snapshot elsewhere: an RPC stream)."""
+    arrays, metadata = _container(snapshot)
+    buffer = io.BytesIO()
+    mx.save_safetensors(buffer, arrays, metadata=metadata)
+    return buffer.getvalue()
+
+
+def write_snapshot_bytes(path: str | os.PathLike, data: bytes) -> int:
+    """Write an encoded snapshot (from :func:`encode_snapshot`, e.g. received from an engine) to
+    ``path`` atomically, as is; returns its size. Nothing is checked here: a load checks everything."""
+    return _atomic_write(Path(path), lambda f: f.write(data))
+
+
+def _container(snapshot: SessionSnapshot) -> tuple[dict[str, mx.array], dict[str, str]]:
+    """(tensors, metadata with its checksum) of the safetensors file of ``snapshot``."""
     arrays = {"content": mx.array(np.asarray(snapshot.content, dtype=np.int32))}
     for name, array in snapshot.state.arrays.items():
         if name == "content" or not isinstance(array, mx.array):
@@ -118,10 +138,16 @@ def write_snapshot(path: str | os.PathLike, snapshot: SessionSnapshot) -> int:
     }
     metadata["checksum"] = _checksum(metadata, ((n, _CODES[a.dtype], tuple(a.shape), memoryview(a))
                                                 for n, a in sorted(arrays.items())))
+    return arrays, metadata
+
+
+def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> int:
+    """``write(file)`` into a temporary name next to ``path``, fsync, rename over ``path``, fsync the
+    folder; the temporary is removed on any failure. Returns the size written."""
     temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
     try:
         with open(temp, "wb") as f:
-            mx.save_safetensors(f, arrays, metadata=metadata)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         size = temp.stat().st_size
@@ -216,6 +242,13 @@ def read_snapshot(path: str | os.PathLike) -> SessionSnapshot:
         data = Path(path).read_bytes()
     except OSError as exc:
         raise SnapshotRefused(LoadRefusal.UNREADABLE, f"{path}: {exc.strerror or exc}") from None
+    return decode_snapshot(data, str(path))
+
+
+def decode_snapshot(data: bytes, source: str = "snapshot") -> SessionSnapshot:
+    """The snapshot encoded in ``data`` (a file's bytes), checked like :func:`read_snapshot`;
+    ``source`` names it in refusals."""
+    path = source
     metadata, tensors = _parse(path, data)
     fmt, version = metadata.get("format"), metadata.get("format_version")
     if fmt != FORMAT or version != str(FORMAT_VERSION):

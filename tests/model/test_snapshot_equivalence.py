@@ -6,6 +6,7 @@ resident. Tiny seeded model "FRFR", window 4 (as test_clone_equivalence).
 
 from __future__ import annotations
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -14,7 +15,7 @@ from engine_service.content import content_digest
 from engine_service.executors.embeddings import EmbeddingsExecutor
 from engine_service.executors.module import ModuleExecutor
 from engine_service.executors.prepared_input import EmbeddingsInput
-from engine_service.persistence.sessions import load_session, save_session
+from engine_service.persistence.sessions import encode_session, load_session, load_session_bytes, save_session
 from engine_service.persistence.snapshot import LoadRefusal, SaveRefusal, SessionSnapshot
 from engine_service.persistence.snapshot_file import read_snapshot, write_snapshot
 from engine_service.runtime.runner import Runner
@@ -111,8 +112,6 @@ def test_negative_control_a_resigned_scrambled_snapshot_differs_from_cold(engine
     arrays = dict(snap.state.arrays)
     for name in ("layers.1.keys", "layers.3.keys"):
         arrays[name] = np.roll(np.asarray(arrays[name]), 1, axis=1)
-    import mlx.core as mx
-
     arrays = {name: mx.array(a) for name, a in arrays.items()}
     mx.eval(list(arrays.values()))
     bad = SessionSnapshot(snap.fingerprint, snap.layout, SeqState(snap.positions, snap.state.written, arrays),
@@ -133,8 +132,6 @@ def flip_tensor_byte(path) -> None:
 
 
 def rewrite_version(path) -> None:
-    import mlx.core as mx
-
     arrays, meta = mx.load(str(path), return_metadata=True)
     mx.eval(list(arrays.values()))
     meta["format_version"] = "2"
@@ -198,8 +195,6 @@ def test_save_refusals(engine, tmp_path, tiny_model) -> None:
     runner, ex = engine("batched-sequence", cls=EmbeddingsExecutor)
     session = runner.open_session()
     model = ex.model
-    import mlx.core as mx
-
     generate(ex, session, EmbeddingsInput(model.embed(mx.array(PROMPT[:5], dtype=mx.int32))), 1)
     assert save_session(session, tmp_path).refusal == SaveRefusal.PREPARED_INPUT
     stopped, _ = engine("batched-sequence")
@@ -220,3 +215,26 @@ def test_a_dropped_import_future_never_leaks_a_session(engine, tmp_path, keep) -
     collect_and_flush(runner)
     assert runner.resident_sessions == (3 if keep else 0)
     assert ex.cache.used() == (3 * len(snap.content) if keep else 0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bytes_over_the_wire_load_like_the_file(engine, tmp_path, kind) -> None:
+    """What an export/import RPC pair carries: the file's bytes; damaged bytes are refused alike."""
+    runner, ex = engine(kind)
+    session = runner.open_session()
+    tokens, _ = generate(ex, session, PROMPT, 1)
+    encoded = encode_session(session, extra={"namespace": "ns"})
+    assert encoded.data is not None and encoded.positions == len(PROMPT)
+    assert encoded.content_digest == content_digest(PROMPT)
+    other, other_ex = engine(kind)
+    loaded = load_session_bytes(other, encoded.data, source="engine-a")
+    assert loaded.loaded and dict(loaded.extra) == {"namespace": "ns"} and loaded.file_bytes == len(encoded.data)
+    assert_same(generate(other_ex, loaded.session, SUFFIX, 4), cold(engine, kind, PROMPT + SUFFIX, 4))
+    bad = bytearray(encoded.data)
+    bad[-2] ^= 0x04
+    refused = load_session_bytes(other, bytes(bad), source="engine-a")
+    assert refused.refusal == LoadRefusal.CHECKSUM and "engine-a" in refused.detail
+    other.flush(10)
+    assert other.resident_sessions == 1
+    session.close()
+    assert encode_session(session).refusal == SaveRefusal.SOURCE_UNUSABLE

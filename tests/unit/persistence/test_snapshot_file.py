@@ -17,10 +17,14 @@ from engine_service.content import content_digest
 from engine_service.persistence import snapshot_file
 from engine_service.persistence.snapshot import FORMAT_VERSION, LoadRefusal, SessionSnapshot, SnapshotRefused
 from engine_service.persistence.snapshot_file import (
+    decode_snapshot,
+    encode_snapshot,
     list_snapshots,
+    peek_snapshot,
     read_snapshot,
     snapshot_name,
     write_snapshot,
+    write_snapshot_bytes,
 )
 
 LAYOUT = StateLayout("batched-sequence", "layers=full,sliding:4;max_write=3;kv_heads=2;head_dim=8;dtype=float32")
@@ -174,3 +178,33 @@ def test_a_writer_bug_in_the_content_is_refused_even_when_checksummed(tmp_path, 
     meta = mx.load(str(path), return_metadata=True)[1]
     assert json.loads(meta["extra"]) == {}
 
+
+
+def test_encoded_bytes_are_the_file_and_travel_as_is(tmp_path) -> None:
+    """What an RPC would stream: the file's bytes; written verbatim elsewhere they read back the same."""
+    snap = snapshot(extra={"namespace": "ns"})
+    write_snapshot(tmp_path / "a.safetensors", snap)
+    data = encode_snapshot(snap)
+    assert data == (tmp_path / "a.safetensors").read_bytes()
+    assert write_snapshot_bytes(tmp_path / "b.safetensors", data) == len(data)
+    got = read_snapshot(tmp_path / "b.safetensors")
+    assert got.content == CONTENT and dict(got.extra) == {"namespace": "ns"}
+    assert decode_snapshot(data).content_digest == snap.content_digest
+    with pytest.raises(SnapshotRefused) as caught:
+        decode_snapshot(data[:-1], "from engine X")
+    assert caught.value.reason == LoadRefusal.UNREADABLE and "from engine X" in caught.value.detail
+
+
+def test_peek_reads_the_header_only(tmp_path) -> None:
+    path = tmp_path / "a.safetensors"
+    write_snapshot(path, snapshot(extra={"namespace": "ns"}))
+    info = peek_snapshot(path)
+    assert (info.fingerprint, info.layout, info.positions) == ("f" * 32, LAYOUT, 7)
+    assert info.content_digest == content_digest(CONTENT).hex() and dict(info.extra) == {"namespace": "ns"}
+    assert info.file_bytes == path.stat().st_size
+    path.write_bytes(path.read_bytes()[:-10])  # a cut body: the header still reads (peek verifies nothing)
+    assert peek_snapshot(path).positions == 7
+    (tmp_path / "junk.safetensors").write_bytes(b"junk")
+    with pytest.raises(SnapshotRefused) as caught:
+        peek_snapshot(tmp_path / "junk.safetensors")
+    assert caught.value.reason == LoadRefusal.UNREADABLE
