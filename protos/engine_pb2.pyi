@@ -240,6 +240,58 @@ class DescribeRequest(_message.Message):
     session: str
     def __init__(self, session: _Optional[str] = ...) -> None: ...
 
+class ExportSessionRequest(_message.Message):
+    __slots__ = ("session", "extra")
+    class ExtraEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    extra: _containers.ScalarMap[str, str]
+    def __init__(self, session: _Optional[str] = ..., extra: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class SnapshotChunk(_message.Message):
+    __slots__ = ("data", "file_bytes", "positions", "content_digest", "refusal")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    FILE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    REFUSAL_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    file_bytes: int
+    positions: int
+    content_digest: bytes
+    refusal: str
+    def __init__(self, data: _Optional[bytes] = ..., file_bytes: _Optional[int] = ..., positions: _Optional[int] = ..., content_digest: _Optional[bytes] = ..., refusal: _Optional[str] = ...) -> None: ...
+
+class ImportSessionResponse(_message.Message):
+    __slots__ = ("session", "refusal", "detail", "positions", "content_digest", "extra")
+    class ExtraEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    REFUSAL_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    refusal: str
+    detail: str
+    positions: int
+    content_digest: bytes
+    extra: _containers.ScalarMap[str, str]
+    def __init__(self, session: _Optional[str] = ..., refusal: _Optional[str] = ..., detail: _Optional[str] = ..., positions: _Optional[int] = ..., content_digest: _Optional[bytes] = ..., extra: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
 class DescribeResponse(_message.Message):
     __slots__ = ("position", "generating", "content_digest")
     POSITION_FIELD_NUMBER: _ClassVar[int]

@@ -74,6 +74,16 @@ class EngineStub:
                 request_serializer=engine__pb2.DetokenizeRequest.SerializeToString,
                 response_deserializer=engine__pb2.DetokenizeResponse.FromString,
                 _registered_method=True)
+        self.ExportSession = channel.unary_stream(
+                '/forkline.engine.v1.Engine/ExportSession',
+                request_serializer=engine__pb2.ExportSessionRequest.SerializeToString,
+                response_deserializer=engine__pb2.SnapshotChunk.FromString,
+                _registered_method=True)
+        self.ImportSession = channel.stream_unary(
+                '/forkline.engine.v1.Engine/ImportSession',
+                request_serializer=engine__pb2.SnapshotChunk.SerializeToString,
+                response_deserializer=engine__pb2.ImportSessionResponse.FromString,
+                _registered_method=True)
 
 
 class EngineServicer:
@@ -139,6 +149,27 @@ class EngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportSession(self, request, context):
+        """A snapshot file of a session the caller owns (its committed positions: K/V, ring state with its
+        high-water mark, recorded content; format forkline-session-snapshot v1, a safetensors file),
+        streamed in chunks; the first chunk carries the header fields. A refusal (prepared input,
+        boundary gone, stopping) is one chunk with `refusal` set and no data. The session is unchanged.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportSession(self, request_iterator, context):
+        """Load a snapshot file (streamed as ExportSession sent it) into a new session owned by the caller.
+        The engine checks the container, format version, checksum, content, fingerprint, cache kind,
+        window geometry and shapes before anything enters its cache; a refusal is a normal response with
+        its reason. Persistent owners only (the prefix service restoring what it saved): a client could
+        otherwise forge K/V under tokens it does not hold (FAILED_PRECONDITION for other owners).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -181,6 +212,16 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.Detokenize,
                     request_deserializer=engine__pb2.DetokenizeRequest.FromString,
                     response_serializer=engine__pb2.DetokenizeResponse.SerializeToString,
+            ),
+            'ExportSession': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExportSession,
+                    request_deserializer=engine__pb2.ExportSessionRequest.FromString,
+                    response_serializer=engine__pb2.SnapshotChunk.SerializeToString,
+            ),
+            'ImportSession': grpc.stream_unary_rpc_method_handler(
+                    servicer.ImportSession,
+                    request_deserializer=engine__pb2.SnapshotChunk.FromString,
+                    response_serializer=engine__pb2.ImportSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -399,6 +440,60 @@ class Engine:
             '/forkline.engine.v1.Engine/Detokenize',
             engine__pb2.DetokenizeRequest.SerializeToString,
             engine__pb2.DetokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/forkline.engine.v1.Engine/ExportSession',
+            engine__pb2.ExportSessionRequest.SerializeToString,
+            engine__pb2.SnapshotChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportSession(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/forkline.engine.v1.Engine/ImportSession',
+            engine__pb2.SnapshotChunk.SerializeToString,
+            engine__pb2.ImportSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

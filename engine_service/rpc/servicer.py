@@ -30,7 +30,7 @@ from engine_service.errors import Cancelled, FailedPrecondition, InvalidArgument
 from engine_service.executors.base import ExecutorLimits
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.handles import NO_QUOTA, HandleRegistry, OwnerQuota
-from engine_service.rpc import convert
+from engine_service.rpc import convert, snapshot_calls
 from engine_service.rpc.errors import status_on_error
 from engine_service.rpc.generation_call import GenerationCall
 from engine_service.runtime.clone import CloneRefusal
@@ -287,6 +287,20 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             for r in released:
                 r.value.close()
             return pb.ReleaseOwnerResponse(released=len(released))
+
+    def ExportSession(self, request: pb.ExportSessionRequest, context: grpc.ServicerContext
+                      ) -> Iterator[pb.SnapshotChunk]:
+        with status_on_error(context):
+            self._serving()
+            owner = convert.owner_of(context.invocation_metadata())
+            yield from snapshot_calls.export_chunks(self.deps, request.session, owner, request.extra)
+
+    def ImportSession(self, request_iterator: Iterator[pb.SnapshotChunk], context: grpc.ServicerContext
+                      ) -> pb.ImportSessionResponse:
+        with status_on_error(context):
+            self._serving()
+            owner = convert.owner_of(context.invocation_metadata())
+            return snapshot_calls.import_chunks(self.deps, request_iterator, owner)
 
     def Describe(self, request: pb.DescribeRequest, context: grpc.ServicerContext) -> pb.DescribeResponse:
         with status_on_error(context):
