@@ -108,6 +108,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="PEM client certificate for an engine that requires mutual TLS (default: none)")
     p.add_argument("--engine_tls_key", metavar="FILE", default=None,
                    help="PEM private key of --engine_tls_cert (default: none)")
+    p.add_argument("--snapshot_dir", metavar="DIR", default=None,
+                   help="persist stored prompt snapshots as files in DIR (written behind the request path; "
+                        "restored into an engine on a lookup after an engine or service restart) "
+                        "(default: none, memory only)")
+    p.add_argument("--snapshot_max_mb", metavar="MB", type=int, default=4096,
+                   help="the files in --snapshot_dir hold at most this many MiB; over it, files are deleted "
+                        "in --policy order (default: %(default)s)")
+    p.add_argument("--snapshot_queue", metavar="N", type=int, default=32,
+                   help="snapshots waiting to be written at most; more are dropped and counted "
+                        "(default: %(default)s)")
+    p.add_argument("--snapshot_preload", metavar="N", type=int, default=0,
+                   help="restore the N most recently used files into each engine when it (re)joins; 0 restores "
+                        "only on demand, at the first lookup of a prompt (default: %(default)s)")
     add_serving_arguments(p, default_port=50052)
     add_auth_arguments(p)
     p.add_argument("--http_port", metavar="PORT", type=port_number, default=None,
@@ -124,6 +137,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.engine and not args.engines:
         parser.error("one of --engine HOST:PORT or --engines dns:///NAME:PORT is required")
+    for flag in ("snapshot_max_mb", "snapshot_queue", "snapshot_preload"):
+        if getattr(args, flag) < 0:
+            parser.error(f"--{flag} must be >= 0, got {getattr(args, flag)}")
     if args.route_imbalance_abs < 0:
         parser.error(f"--route_imbalance_abs must be >= 0, got {args.route_imbalance_abs}")
     if not args.route_imbalance_rel >= 1:
@@ -146,7 +162,13 @@ def connect_and_serve(args: argparse.Namespace):
     engine_security = ClientSecurity(token, args.engine_tls_ca, args.engine_tls_cert, args.engine_tls_key)
     routing = routing_policy(args.routing, imbalance_abs=args.route_imbalance_abs,
                              imbalance_rel=args.route_imbalance_rel)
-    fleet, pool = connect_fleet(engine_targets(args.engine, args.engines), policy=routing,
+    tier = None
+    if args.snapshot_dir:
+        from prefix_service.persistent_tier import PersistentTier
+
+        tier = PersistentTier.open(args.snapshot_dir, args.snapshot_max_mb << 20, args.policy,
+                                   queue_size=args.snapshot_queue, preload=args.snapshot_preload)
+    fleet, pool = connect_fleet(engine_targets(args.engine, args.engines), policy=routing, tier=tier,
                                 ready_timeout=args.engine_timeout, resolve_every_s=args.resolve_every,
                                 max_entries=args.max_entries, policy_name=args.policy, owner=args.owner,
                                 engine_security=engine_security, outage_wait_s=args.engine_outage_wait,
@@ -158,6 +180,8 @@ def connect_and_serve(args: argparse.Namespace):
         pool.stop()
         for member in fleet.members():
             member.close()
+        if tier is not None:
+            tier.stop()
         raise
     if args.http_port is not None:
         start_http(server, args, security.tokens)

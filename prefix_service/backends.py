@@ -19,7 +19,7 @@ Threading: ``clone`` blocks until the engine answers, so it must never run on th
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -159,6 +159,32 @@ class TakenClone:
 
     handle: str | None
     refusal: CloneRefusal | None = None
+
+
+@dataclass(frozen=True)
+class ImportedSnapshot:
+    """``SnapshotBackend.import_session``'s answer: the new ``handle`` (owned by the backend, adopted
+    with what the engine reported it holds), or None and the engine's ``refusal`` (a LoadRefusal name:
+    "checksum", "fingerprint", "no_room", ...) and its ``detail``."""
+
+    handle: str | None
+    refusal: str = ""
+    detail: str = ""
+    positions: int = 0
+    content_digest: bytes | None = None
+
+
+@runtime_checkable
+class SnapshotBackend(Protocol):
+    """An engine that exports and imports snapshot files (the persistent tier, ``snapshot_store.py``).
+
+    ``export_session(handle, extra)``: the file of a handle this backend owns, as chunks of bytes
+    (``extra``: strings stored in it), or None when the engine refused (prepared input, boundary).
+    ``import_session(chunks)``: load a file into a new session this backend owns."""
+
+    def export_session(self, handle: str, extra: Mapping[str, str]) -> Iterator[bytes] | None: ...
+
+    def import_session(self, chunks: Iterable[bytes]) -> ImportedSnapshot: ...
 
 
 @dataclass(frozen=True)

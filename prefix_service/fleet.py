@@ -46,7 +46,9 @@ from prefix_service.gateway import Gateway, GatewayEvent, GatewayRequest, Gatewa
 from prefix_service.gateway_stream import GatewayStream
 from prefix_service.index import token_key
 from prefix_service.outcomes import InsertOutcome, PrefixStats
+from prefix_service.persistent_tier import PersistentTier
 from prefix_service.routing import Candidate, Route, RouteReason, RoutingPolicy, routing_policy
+from prefix_service.snapshot_store import StoreStats
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +129,7 @@ class FleetStats:
     routing: str
     engines: tuple[EngineStatus, ...]
     routes: dict[str, int]
+    snapshot_dir: StoreStats | None = None  # the persistent tier, when there is one
 
 
 class RoutedStream:
@@ -173,6 +176,7 @@ class Fleet:
         self._members: dict[str, EngineMember] = {}
         self.fingerprint = ""
         self._routes: Counter[str] = Counter()
+        self.tier: PersistentTier | None = None  # the snapshot directory every engine's gateway shares
         for member in members:
             self.add(member)
 
@@ -300,7 +304,9 @@ class Fleet:
             for m in members)
         with self._lock:
             routes = dict(self._routes)
-        return FleetStats(_summed([e.stats for e in engines]), self.policy.name, engines, routes)
+        tier = self.tier
+        return FleetStats(_summed([e.stats for e in engines]), self.policy.name, engines, routes,
+                          tier.store.stats() if tier is not None else None)
 
     def clear(self) -> int:
         """Release every stored snapshot on every engine; returns how many."""

@@ -39,6 +39,11 @@ not help it). When the engine refuses the service a snapshot for its own quota a
 within its bounds, someone handed it clones it does not know: the gateway reclaims them
 (``GatewayBackend.reclaim``).
 
+Persistence (``--snapshot_dir``, ``persistent_tier.py``): every stored entry is also written to the
+snapshot directory behind the request path, and a lookup first restores the directory's longest
+prefix of the prompt into the engine when it beats what the engine's memory holds, so entries
+survive engine and prefix-service restarts.
+
 Errors are ``engine_service.errors`` types (bad input: InvalidArgument; engine failures as the
 backend raises them); the rpc layer maps them to status codes.
 """
@@ -58,7 +63,9 @@ from engine_service.stream_events import Done, Snapshot, Started, Tokens
 from prefix_service.backends import EngineGenerate, EngineInfo, EngineStream, GatewayBackend, TextPrompt
 from prefix_service.budget import DEFAULT_ENGINE_SHARE, Reservation
 from prefix_service.gateway_stream import GatewayStream
+from prefix_service.index import token_key
 from prefix_service.outcomes import QUOTA, InsertOutcome, InsertRefusal, LookupOutcome, Match, MissReason
+from prefix_service.persistent_tier import PersistentTier
 from prefix_service.prefix_cache import PrefixCache, PrefixStats
 from prefix_service.pressure import EnginePressure
 
@@ -124,7 +131,8 @@ class Gateway:
     control for tests)."""
 
     def __init__(self, cache: PrefixCache, backend: GatewayBackend, policy_name: str = "", *,
-                 engine_share: float = DEFAULT_ENGINE_SHARE, pressure_retry: bool = True) -> None:
+                 engine_share: float = DEFAULT_ENGINE_SHARE, pressure_retry: bool = True,
+                 tier: PersistentTier | None = None) -> None:
         if cache.backend is not backend:
             raise InvalidArgument("cache must use the given backend")
         self.cache = cache
@@ -137,6 +145,7 @@ class Gateway:
         self._vocab_size = 0  # the engine's (Info, refreshed by check_engine): token ids are checked
         self._max_session_tokens = 0  # likewise: a gateway prompt must fit one engine session
         self.last_info: EngineInfo | None = None  # the engine's Info as check_engine last read it
+        self.tier = tier  # the snapshot directory (--snapshot_dir), shared by every engine's gateway
 
     # -- calls -----------------------------------------------------------------------------------
     def check_engine(self) -> None:
@@ -157,6 +166,25 @@ class Gateway:
                 self.dropped_on_restart += dropped
                 self._restarted = True
                 log.warning("engine restarted (%s -> %s): dropped %d entries", previous, info.instance_id, dropped)
+            self.preload()
+
+    def preload(self) -> None:
+        """Restore the snapshot directory's most recent entries into this engine in the background
+        (``--snapshot_preload``; nothing without a directory or with 0)."""
+        tier = self.tier
+        if tier is None or tier.preload_entries <= 0:
+            return
+
+        def run() -> None:
+            try:
+                loaded = tier.preload(self.cache)
+                if loaded:
+                    self._restarted = False
+                    log.info("restored %d snapshots from the snapshot directory", loaded)
+            except Exception:  # noqa: BLE001 - a preload is an optimisation: lookups restore lazily
+                log.warning("snapshot preload failed", exc_info=True)
+
+        threading.Thread(target=run, name="forkline-snapshot-preload", daemon=True).start()
 
     def lookup(self, namespace: str, prompt: Prompt, owner: str,
                caller_active: Callable[[], bool] = lambda: True) -> PromptLookup:
@@ -292,6 +320,8 @@ class Gateway:
         return out
 
     def _lookup(self, namespace: str, tokens: Sequence[int], clone_owner: str) -> LookupOutcome:
+        if self.tier is not None and self.tier.restore(self.cache, namespace, token_key(tokens)):
+            self._restarted = False  # served from disk: not a restart miss
         with self.backend.cloning_for(clone_owner):
             outcome = self.cache.lookup_outcome(namespace, tokens)
         if self._restarted and outcome.reason in _RESTART_MASKS:
@@ -304,6 +334,8 @@ class Gateway:
                                             reservation=reservation)
         if outcome.stored:
             self._restarted = False
+            if self.tier is not None:
+                self.tier.persist(self.cache, namespace, tokens, handle, metadata)
         return outcome
 
     def _refused(self, reason: InsertRefusal) -> InsertOutcome:

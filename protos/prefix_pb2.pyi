@@ -110,7 +110,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("entries", "max_entries", "hits", "misses", "inserts", "dropped_on_restart", "engine_instance_id", "policy", "reused_positions", "refusals", "max_positions", "positions", "engine_share", "pressure_evictions", "pressure_retries", "reclaimed", "routing", "engines")
+    __slots__ = ("entries", "max_entries", "hits", "misses", "inserts", "dropped_on_restart", "engine_instance_id", "policy", "reused_positions", "refusals", "max_positions", "positions", "engine_share", "pressure_evictions", "pressure_retries", "reclaimed", "routing", "engines", "snapshot_dir")
     class RefusalsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +136,7 @@ class StatsResponse(_message.Message):
     RECLAIMED_FIELD_NUMBER: _ClassVar[int]
     ROUTING_FIELD_NUMBER: _ClassVar[int]
     ENGINES_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_DIR_FIELD_NUMBER: _ClassVar[int]
     entries: int
     max_entries: int
     hits: int
@@ -154,7 +155,32 @@ class StatsResponse(_message.Message):
     reclaimed: int
     routing: str
     engines: _containers.RepeatedCompositeFieldContainer[EngineStats]
-    def __init__(self, entries: _Optional[int] = ..., max_entries: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., inserts: _Optional[int] = ..., dropped_on_restart: _Optional[int] = ..., engine_instance_id: _Optional[str] = ..., policy: _Optional[str] = ..., reused_positions: _Optional[int] = ..., refusals: _Optional[_Mapping[str, int]] = ..., max_positions: _Optional[int] = ..., positions: _Optional[int] = ..., engine_share: _Optional[float] = ..., pressure_evictions: _Optional[int] = ..., pressure_retries: _Optional[int] = ..., reclaimed: _Optional[int] = ..., routing: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[EngineStats, _Mapping]]] = ...) -> None: ...
+    snapshot_dir: SnapshotDirStats
+    def __init__(self, entries: _Optional[int] = ..., max_entries: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., inserts: _Optional[int] = ..., dropped_on_restart: _Optional[int] = ..., engine_instance_id: _Optional[str] = ..., policy: _Optional[str] = ..., reused_positions: _Optional[int] = ..., refusals: _Optional[_Mapping[str, int]] = ..., max_positions: _Optional[int] = ..., positions: _Optional[int] = ..., engine_share: _Optional[float] = ..., pressure_evictions: _Optional[int] = ..., pressure_retries: _Optional[int] = ..., reclaimed: _Optional[int] = ..., routing: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[EngineStats, _Mapping]]] = ..., snapshot_dir: _Optional[_Union[SnapshotDirStats, _Mapping]] = ...) -> None: ...
+
+class SnapshotDirStats(_message.Message):
+    __slots__ = ("files", "bytes", "max_bytes", "written", "dropped", "failed", "restored", "refused", "evicted", "discarded")
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_FIELD_NUMBER: _ClassVar[int]
+    DISCARDED_FIELD_NUMBER: _ClassVar[int]
+    files: int
+    bytes: int
+    max_bytes: int
+    written: int
+    dropped: int
+    failed: int
+    restored: int
+    refused: int
+    evicted: int
+    discarded: int
+    def __init__(self, files: _Optional[int] = ..., bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., written: _Optional[int] = ..., dropped: _Optional[int] = ..., failed: _Optional[int] = ..., restored: _Optional[int] = ..., refused: _Optional[int] = ..., evicted: _Optional[int] = ..., discarded: _Optional[int] = ...) -> None: ...
 
 class EngineStats(_message.Message):
     __slots__ = ("engine", "instance_id", "fingerprint", "routable", "entries", "positions", "hits", "misses", "in_flight", "load", "routed", "load_guarded")

@@ -8,6 +8,8 @@ gateway's events for its client are engine ``GenerateEvent`` messages again.
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from engine_service.config import GenConfig
 from engine_service.errors import InvalidArgument
 from engine_service.rpc.convert import CLONE_REFUSALS, gen_config, started_event, tokens_event
@@ -99,6 +101,7 @@ def stats_response(fleet: FleetStats) -> pb.StatsResponse:
         reclaimed=stats.reclaimed,
         routing=fleet.routing,
         engines=[engine_stats(engine) for engine in fleet.engines],
+        snapshot_dir=pb.SnapshotDirStats(**asdict(fleet.snapshot_dir)) if fleet.snapshot_dir else None,
     )
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import grpc
@@ -36,13 +36,21 @@ from engine_service.rpc.auth import ClientSecurity, on_behalf_of
 from engine_service.rpc.convert import event_from_proto
 from engine_service.rpc.errors import from_rpc_error
 from engine_service.stream_events import Event
-from prefix_service.backends import Described, EngineGenerate, EngineInfo, TakenClone, TextPrompt
+from prefix_service.backends import (
+    Described,
+    EngineGenerate,
+    EngineInfo,
+    ImportedSnapshot,
+    TakenClone,
+    TextPrompt,
+)
 from prefix_service.rpc import convert
 from prefix_service.rpc.engine_watch import EngineWatch, call_timeout
 from protos import engine_pb2 as pb
 from protos import engine_pb2_grpc
 
 DEFAULT_OWNER = "prefix-service"
+SNAPSHOT_TIMEOUT_S = 120.0  # one snapshot file's export or import (off the request path)
 
 _clone_owner: contextvars.ContextVar[str | None] = contextvars.ContextVar("forkline_clone_owner", default=None)
 
@@ -232,3 +240,41 @@ class EngineBackend:
         """Handles this backend believes it holds."""
         with self._lock:
             return len(self._positions)
+
+    # -- snapshot files (the persistent tier) -------------------------------------------------------
+    def export_session(self, handle: str, extra: Mapping[str, str]) -> Iterator[bytes] | None:
+        """The snapshot file of ``handle`` as chunks (SnapshotBackend); None when the engine refused."""
+        call = self.stub.ExportSession(pb.ExportSessionRequest(session=handle, extra=dict(extra)),
+                                       metadata=self.metadata, timeout=SNAPSHOT_TIMEOUT_S)
+        try:
+            first = next(call, None)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        if first is None or first.refusal:
+            call.cancel()
+            return None
+
+        def chunks() -> Iterator[bytes]:
+            try:
+                yield first.data
+                for chunk in call:
+                    yield chunk.data
+            except grpc.RpcError as exc:
+                raise from_rpc_error(exc) from None
+            finally:
+                call.cancel()
+
+        return chunks()
+
+    def import_session(self, chunks: Iterable[bytes]) -> ImportedSnapshot:
+        """Load a snapshot file into a new session this backend owns and adopt it (SnapshotBackend)."""
+        requests = (pb.SnapshotChunk(data=data) for data in chunks)
+        try:
+            reply = self.stub.ImportSession(requests, metadata=self.metadata, **self.call_options(SNAPSHOT_TIMEOUT_S))
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        if not reply.session:
+            return ImportedSnapshot(None, reply.refusal, reply.detail)
+        digest = reply.content_digest or None
+        self.adopt(reply.session, reply.positions, digest)
+        return ImportedSnapshot(reply.session, positions=reply.positions, content_digest=digest)

@@ -29,6 +29,7 @@ from engine_service.rpc.service_main import GrpcServer, build_grpc_server
 from prefix_service.budget import DEFAULT_ENGINE_SHARE
 from prefix_service.fleet import EngineMember, Fleet
 from prefix_service.gateway import Gateway
+from prefix_service.persistent_tier import PersistentTier
 from prefix_service.prefix_cache import PrefixCache
 from prefix_service.routing import RoutingPolicy
 from prefix_service.rpc.engine_backend import DEFAULT_OWNER, EngineBackend
@@ -59,13 +60,15 @@ def connect_engine(
     engine_share: float = DEFAULT_ENGINE_SHARE,
     max_positions: int = 0,
     pressure_retry: bool = True,
+    tier: PersistentTier | None = None,
 ) -> tuple[Gateway, grpc.Channel]:
     """Connect to the engine, release this owner's leftovers there, and build the cache.
     ``engine_security``: this service's token for the engine and/or TLS to it (rpc/auth.py).
     ``outage_wait_s``: how long a call waits for the engine while it is down (engine_watch.py).
     ``engine_share``: the share of the engine's sessions and positions the cache may hold, within
     ``max_entries`` / ``max_positions`` (0: no own positions bound); see prefix_service/pressure.py.
-    ``pressure_retry`` False: a live request is never retried after evicting (tests' control)."""
+    ``pressure_retry`` False: a live request is never retried after evicting (tests' control).
+    ``tier``: the snapshot directory shared by every engine's gateway (``persistent_tier.py``)."""
     engine_security = engine_security or ClientSecurity()
     channel = engine_security.channel(engine_address, RECONNECT_OPTIONS)
     try:
@@ -85,8 +88,9 @@ def connect_engine(
     if released:
         log.info("released %d snapshots an earlier %s left in the engine", released, owner)
     cache = PrefixCache(backend, max_entries, policy, max_positions=max_positions)
-    gateway = Gateway(cache, backend, policy, engine_share=engine_share, pressure_retry=pressure_retry)
+    gateway = Gateway(cache, backend, policy, engine_share=engine_share, pressure_retry=pressure_retry, tier=tier)
     gateway.check_engine()  # the budget from the engine's limits, before the first call
+    gateway.preload()  # --snapshot_preload: restore recent snapshot files in the background
     return gateway, channel
 
 
@@ -107,15 +111,17 @@ def remote_member(gateway: Gateway, channel: grpc.Channel | None) -> RemoteMembe
 
 def connect_fleet(targets: Callable[[], set[str]], *, policy: RoutingPolicy | None = None, policy_name: str = "lru",
                   ready_timeout: float = 30.0, resolve_every_s: float = DEFAULT_RESOLVE_EVERY_S,
-                  **connect: Any) -> tuple[Fleet, EnginePool]:
+                  tier: PersistentTier | None = None, **connect: Any) -> tuple[Fleet, EnginePool]:
     """The engines ``targets()`` names (``rpc/engine_pool.engine_targets``) in a routed fleet: waits up
     to ``ready_timeout`` for at least one; the pool adds and removes engines from then on (started
     with the server). ``policy``: the routing policy; ``policy_name``: the retention policy of every
-    engine's cache. ``connect``: :func:`connect_engine`'s other keyword arguments for every engine."""
+    engine's cache; ``tier``: the snapshot directory they share. ``connect``: :func:`connect_engine`'s
+    other keyword arguments for every engine."""
     fleet = Fleet(policy=policy)
+    fleet.tier = tier
 
     def join(address: str, timeout: float) -> EngineMember:
-        gateway, channel = connect_engine(address, ready_timeout=timeout, policy=policy_name, **connect)
+        gateway, channel = connect_engine(address, ready_timeout=timeout, policy=policy_name, tier=tier, **connect)
         return remote_member(gateway, channel)
 
     pool = EnginePool(fleet, targets, join, resolve_every_s=resolve_every_s)
@@ -204,6 +210,10 @@ class PrefixServer(GrpcServer):
         def cleanup() -> None:
             if self.pool is not None:
                 self.pool.stop()
+            tier = self.fleet.tier
+            if tier is not None:  # what is queued is written first (the snapshots are still held)
+                tier.writer.flush(10.0 if grace is None else grace)
+                tier.stop()
             for member in self.fleet.members():
                 if release and not member.serving:
                     log.warning("engine %s down at shutdown: its restart or this service's next start releases "

@@ -1,0 +1,98 @@
+"""PersistentTier: the snapshot directory (``snapshot_store.py``) as the gateways use it.
+
+- :meth:`PersistentTier.persist`: an entry just stored in an engine's memory cache is queued for the
+  writer (``snapshot_writer.py``), off the request path.
+- :meth:`PersistentTier.restore`: before a lookup, when the folder holds a longer prefix of the prompt
+  than the engine's memory cache, the file is loaded into that engine (``ImportSession``: the engine
+  checks format, checksum, content, fingerprint and geometry before anything enters its cache) and
+  stored as a memory entry (the cache verifies its content digest against the key, as for any
+  insert); the lookup then finds it. So after an engine restart or a prefix-service restart the
+  first lookup of a prompt is served from disk. A file the engine refuses as damaged is deleted.
+- :meth:`PersistentTier.preload`: eagerly restore the most recently used files into an engine that
+  just (re)joined, up to ``preload`` entries (``--snapshot_preload``; 0: lazily only).
+
+Only engines that can export and import (``backends.SnapshotBackend``) take part.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+from engine_service.errors import ForklineError
+from prefix_service.backends import SnapshotBackend
+from prefix_service.prefix_cache import PrefixCache
+from prefix_service.snapshot_store import SnapshotStore
+from prefix_service.snapshot_writer import SnapshotWriter, WriteJob
+
+log = logging.getLogger(__name__)
+
+DAMAGED = frozenset({"unreadable", "checksum", "content", "format_version"})  # refusals that delete the file
+
+
+class PersistentTier:
+    """See the module docstring. :meth:`open` builds one over a folder."""
+
+    @classmethod
+    def open(cls, folder: str, max_bytes: int, policy: str = "lru", *, queue_size: int = 32,
+             preload: int = 0) -> PersistentTier:
+        """The tier over ``folder`` (created if missing; its files indexed, stale temporaries
+        deleted) with a byte budget, the retention ``policy``, the writer's queue bound."""
+        store = SnapshotStore(folder, max_bytes, policy)
+        return cls(store, SnapshotWriter(store, queue_size), preload)
+
+    def __init__(self, store: SnapshotStore, writer: SnapshotWriter, preload: int = 0) -> None:
+        self.store, self.writer, self.preload_entries = store, writer, preload
+
+    def persist(self, cache: PrefixCache, namespace: str, tokens: Sequence[int], handle: object,
+                metadata: Mapping[str, str]) -> None:
+        backend = cache.backend
+        if isinstance(backend, SnapshotBackend):
+            self.writer.submit(WriteJob(backend.fingerprint, namespace, tuple(tokens), dict(metadata), handle,
+                                        backend.export_session))
+
+    def restore(self, cache: PrefixCache, namespace: str, key: tuple[int, ...]) -> bool:
+        """Load the folder's longest stored prefix of ``key`` into ``cache``'s engine when it reuses
+        more than the memory cache can; True when an entry was added."""
+        backend = cache.backend
+        if not isinstance(backend, SnapshotBackend) or cache.max_entries == 0:
+            return False
+        found = self.store.match(backend.fingerprint, namespace, key)
+        if found is None or found.reusable <= cache.reusable(namespace, key):
+            return False
+        return self._load(cache, backend, found.entry)
+
+    def preload(self, cache: PrefixCache) -> int:
+        """Restore up to ``preload`` of the most recently used files into ``cache``'s engine; how many."""
+        backend = cache.backend
+        if not isinstance(backend, SnapshotBackend) or self.preload_entries <= 0:
+            return 0
+        loaded = 0
+        for entry in self.store.recent(backend.fingerprint, min(self.preload_entries, cache.max_entries)):
+            namespace = entry.namespace[1]
+            if cache.reusable(namespace, entry.tokens) >= len(entry.tokens) - 1:
+                continue  # already in memory
+            loaded += self._load(cache, backend, entry)
+        return loaded
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.writer.stop(timeout)
+
+    def _load(self, cache: PrefixCache, backend: SnapshotBackend, entry) -> bool:
+        try:
+            imported = backend.import_session(self.store.read(entry.snapshot))
+        except OSError:  # deleted meanwhile (evicted)
+            return False
+        except ForklineError as exc:  # e.g. the engine is down or full: a miss, the file stays
+            log.info("snapshot dir: %s not restored: %s", entry.snapshot, exc)
+            self.store.count("refused")
+            return False
+        if imported.handle is None:
+            self.store.count("refused")
+            log.info("snapshot dir: the engine refused %s: %s %s", entry.snapshot, imported.refusal, imported.detail)
+            if imported.refusal in DAMAGED:
+                self.store.discard(entry.snapshot)
+            return False
+        outcome = cache.insert_outcome(entry.namespace[1], entry.tokens, imported.handle, entry.metadata)
+        self.store.touch(entry, restored=True)
+        return outcome.stored

@@ -1,0 +1,260 @@
+"""SnapshotStore: the prefix service's persistent tier, one folder of snapshot files (``--snapshot_dir``).
+
+Each file is an engine's snapshot of a stored prompt (``engine_service/persistence``: safetensors,
+format version, fingerprint, window geometry, content digest and a checksum, checked by the engine on
+every load), written here by the prefix service from the engine's ExportSession stream: engines
+share nothing on disk, and a file saved from one engine loads into any engine of the same
+fingerprint. The file's ``extra`` strings carry the entry's key: ``forkline.namespace``,
+``forkline.tokens`` (a JSON list of ids) and ``forkline.metadata`` (a JSON object), so a restarted
+prefix service rebuilds its index from the folder (:meth:`SnapshotStore.scan`: headers only).
+
+- Keys are (fingerprint, namespace, tokens), as in the memory cache; :meth:`match` finds the longest
+  stored prefix of a prompt (a :class:`~prefix_service.index.TokenIndex`).
+- Writes are atomic: a temporary name in the folder, fsync, rename, fsync of the folder. A crash
+  leaves at most a temporary (``.*.tmp``), which :meth:`scan` deletes and nothing ever loads.
+- Budget: the files hold at most ``max_bytes`` together; over it, entries are deleted in the
+  retention policy's order (the same :class:`RetentionPolicy` as the memory cache; a file's use
+  counts when it is written or restored). A file that alone exceeds the budget is not kept.
+- A file the engine refuses as damaged (unreadable, checksum, content) is deleted (:meth:`discard`).
+
+Thread-safe. The prefix service's hot path only calls :meth:`match` (an index walk under a lock);
+writing and reading files happens on the writer thread and in restores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import os
+import secrets
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine_service.content import content_digest
+from engine_service.errors import InvalidArgument
+from engine_service.persistence.snapshot import SnapshotRefused
+from engine_service.persistence.snapshot_file import SUFFIX, TEMP_SUFFIX, peek_snapshot
+from prefix_service.index import TokenIndex, token_key
+from prefix_service.retention import Entry, RetentionPolicy, frozen_metadata, make_policy
+
+log = logging.getLogger(__name__)
+
+NAMESPACE_KEY = "forkline.namespace"
+TOKENS_KEY = "forkline.tokens"
+METADATA_KEY = "forkline.metadata"
+CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """The folder: ``files`` and their ``bytes`` (at most ``max_bytes``); files ``written``, writes
+    ``dropped`` (the writer's queue was full) or ``failed`` (the engine refused or the handle was
+    gone), ``restored`` into an engine, restores ``refused`` by the engine, ``evicted`` for the budget,
+    ``discarded`` as damaged."""
+
+    files: int
+    bytes: int
+    max_bytes: int
+    written: int = 0
+    dropped: int = 0
+    failed: int = 0
+    restored: int = 0
+    refused: int = 0
+    evicted: int = 0
+    discarded: int = 0
+
+
+@dataclass(frozen=True)
+class DiskMatch:
+    """The longest stored prefix of a prompt: the ``entry`` (its ``snapshot`` is the file name) and
+    the positions a restore would let a lookup reuse (``reusable``)."""
+
+    entry: Entry
+    reusable: int
+
+
+def extra_for(namespace: str, tokens: Sequence[int], metadata: Mapping[str, str]) -> dict[str, str]:
+    """The ``extra`` strings a snapshot file of this entry carries (its key, for a rescan)."""
+    return {NAMESPACE_KEY: namespace, TOKENS_KEY: json.dumps(list(tokens), separators=(",", ":")),
+            METADATA_KEY: json.dumps(dict(metadata), sort_keys=True)}
+
+
+class SnapshotStore:
+    """See the module docstring. ``policy``: the retention policy's name or instance."""
+
+    def __init__(self, folder: str | os.PathLike, max_bytes: int, policy: str | RetentionPolicy = "lru") -> None:
+        if max_bytes < 0:
+            raise InvalidArgument(f"max_bytes must be >= 0, got {max_bytes}")
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self.policy = make_policy(policy)
+        self._lock = threading.Lock()
+        self._index: TokenIndex[Entry] = TokenIndex()
+        self._sizes: dict[str, int] = {}  # file name -> bytes
+        self._entries: dict[str, Entry] = {}  # file name -> its entry
+        self._scopes: dict[str, tuple[str, str]] = {}  # file name -> (fingerprint, namespace)
+        self._clock = itertools.count(1)
+        self._counts = dict.fromkeys(("written", "dropped", "failed", "restored", "refused", "evicted",
+                                      "discarded"), 0)
+        self.scan()
+
+    # -- reading the folder ------------------------------------------------------------------------
+    def scan(self) -> int:
+        """Index every snapshot file in the folder (oldest first, so the retention order follows the
+        files' ages); delete stale temporaries and files that are not snapshots of this tier. Returns
+        the files indexed."""
+        for temp in self.folder.glob(f".*{TEMP_SUFFIX}"):
+            with contextlib.suppress(OSError):
+                temp.unlink()
+        paths = sorted((p for p in self.folder.glob(f"*{SUFFIX}") if not p.name.startswith(".")),
+                       key=lambda p: p.stat().st_mtime_ns)
+        for path in paths:
+            try:
+                info = peek_snapshot(path)
+                namespace = info.extra[NAMESPACE_KEY]
+                tokens = token_key(json.loads(info.extra[TOKENS_KEY]))
+                metadata = frozen_metadata(json.loads(info.extra[METADATA_KEY]))
+                if len(tokens) != info.positions or content_digest(tokens).hex() != info.content_digest:
+                    raise ValueError("its key does not match its content")
+            except (SnapshotRefused, KeyError, ValueError, TypeError, InvalidArgument) as exc:
+                log.warning("snapshot dir: deleting %s: %s", path.name, exc)
+                self._unlink(path.name)
+                continue
+            self._add(path.name, info.fingerprint, namespace, tokens, metadata, info.file_bytes)
+        self._evict_over_budget()
+        return len(self._entries)
+
+    def match(self, fingerprint: str, namespace: str, key: tuple[int, ...]) -> DiskMatch | None:
+        """The longest stored prefix of ``key`` (``token_key(tokens)``) under ``fingerprint`` and
+        ``namespace``, or None."""
+        if len(key) < 2:
+            return None
+        with self._lock:
+            best = next(iter(self._index.matches((fingerprint, namespace), key)), None)
+        return None if best is None else DiskMatch(best.value, min(best.common, len(key) - 1))
+
+    def holds(self, fingerprint: str, namespace: str, tokens: Sequence[int]) -> bool:
+        with self._lock:
+            return self._index.get((fingerprint, namespace), tuple(tokens)) is not None
+
+    def recent(self, fingerprint: str, n: int) -> list[Entry]:
+        """Up to ``n`` entries under ``fingerprint``, most recently used first."""
+        with self._lock:
+            mine = [e for name, e in self._entries.items() if self._scopes[name][0] == fingerprint]
+        return sorted(mine, key=lambda e: e.last_used, reverse=True)[:max(0, n)]
+
+    def read(self, name: str) -> Iterator[bytes]:
+        """The file's bytes in chunks (OSError when it is gone)."""
+        with open(self.folder / name, "rb") as f:
+            while data := f.read(CHUNK_BYTES):
+                yield data
+
+    # -- changing it -------------------------------------------------------------------------------
+    def write(self, fingerprint: str, namespace: str, tokens: Sequence[int], metadata: Mapping[str, str],
+              chunks: Iterable[bytes]) -> bool:
+        """Write the snapshot file of this entry from ``chunks`` atomically; True when it is kept (a
+        file larger than the whole budget is deleted again). Errors of ``chunks`` propagate, leaving
+        nothing behind."""
+        key = token_key(tokens)
+        name = f"{fingerprint[:16]}-{content_digest(key).hex()}{SUFFIX}"
+        path = self.folder / name
+        temp = self.folder / f".{name}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+        size = 0
+        try:
+            with open(temp, "wb") as f:
+                for data in chunks:
+                    f.write(data)
+                    size += len(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                temp.unlink()
+            raise
+        _fsync_folder(self.folder)
+        with self._lock:
+            self._counts["written"] += 1
+        self._add(name, fingerprint, namespace, key, frozen_metadata(metadata), size)
+        self._evict_over_budget()
+        with self._lock:
+            return name in self._entries
+
+    def touch(self, entry: Entry, *, restored: bool = False) -> None:
+        """Count a use of ``entry`` (a restore) for the retention order."""
+        with self._lock:
+            entry.last_used = next(self._clock)
+            entry.hits += 1
+            if restored:
+                self._counts["restored"] += 1
+
+    def discard(self, name: str) -> None:
+        """Delete a file the engine refused as damaged."""
+        with self._lock:
+            self._counts["discarded"] += 1
+        self._remove(name)
+
+    def count(self, what: str) -> None:
+        """Count a writer or restore event: ``dropped``, ``failed`` or ``refused``."""
+        with self._lock:
+            self._counts[what] += 1
+
+    def stats(self) -> StoreStats:
+        with self._lock:
+            return StoreStats(len(self._entries), sum(self._sizes.values()), self.max_bytes, **self._counts)
+
+    # -- internals ---------------------------------------------------------------------------------
+    def _add(self, name: str, fingerprint: str, namespace: str, tokens: tuple[int, ...],
+             metadata: Mapping[str, str], size: int) -> None:
+        with self._lock:
+            tick = next(self._clock)
+            entry = Entry((fingerprint, namespace), tokens, name, tick, tick, 0, metadata)
+            replaced = self._index.insert((fingerprint, namespace), tokens, entry, tick)
+            if replaced is not None and replaced.snapshot != name:
+                self._forget(replaced.snapshot)
+            self._entries[name], self._sizes[name] = entry, size
+            self._scopes[name] = (fingerprint, namespace)
+
+    def _evict_over_budget(self) -> None:
+        while True:
+            with self._lock:
+                if sum(self._sizes.values()) <= self.max_bytes or not self._entries:
+                    return
+                victim = min(self._entries.values(), key=self.policy.priority)
+                self._counts["evicted"] += 1
+            self._remove(victim.snapshot)
+
+    def _remove(self, name: str) -> None:
+        with self._lock:
+            self._forget(name)
+        self._unlink(name)
+
+    def _forget(self, name: str) -> None:
+        """Drop ``name`` from the index (lock held)."""
+        entry = self._entries.pop(name, None)
+        self._sizes.pop(name, None)
+        scope = self._scopes.pop(name, None)
+        if entry is not None and scope is not None and self._index.get(scope, entry.tokens) is entry:
+            self._index.remove(scope, entry.tokens)
+
+    def _unlink(self, name: str) -> None:
+        with contextlib.suppress(OSError):
+            (self.folder / name).unlink()
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
