@@ -6,6 +6,10 @@ prompt through the prefix service's gateway ``--rounds`` times, prints each roun
 36/37 prompt tokens"), the engine that served it, timing and text, then stops the services with
 SIGTERM (graceful drain) and exits 0 when every round completed and every round after the first
 reused all but the final prompt token (on the engine that holds it).
+
+``--restart_engine``: the prefix service keeps a snapshot directory (``--snapshot_dir``, a temporary
+folder); after the rounds the engine that served them is killed (SIGKILL: nothing saved on the way out) and
+restarted on the same port, and one more round runs: it reuses the prompt restored from disk.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from contextlib import ExitStack
@@ -61,6 +66,24 @@ class Service:
         return self.proc.returncode
 
 
+def restart(engine: Service, engine_argv: list[str]) -> Service:
+    """kill -9 ``engine`` and start it again on the same port (a new engine instance: every session of the
+    old one is gone)."""
+    port = engine.address.rsplit(":", 1)[1]
+    engine.proc.kill()
+    engine.proc.wait()
+    print(f"forkline-engine {engine.address} killed (SIGKILL); restarting it on port {port} ...", flush=True)
+    argv = list(engine_argv)
+    argv[argv.index("--port") + 1] = port
+    return Service("forkline-engine", argv)
+
+
+def client_stats_request():
+    from protos import prefix_pb2
+
+    return prefix_pb2.StatsRequest()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m clients.demo", description=__doc__.splitlines()[0])
     p.add_argument("prompt", nargs="?", default="What is the capital of France? Answer in one sentence.")
@@ -69,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max_new_tokens", type=int, default=64)
     p.add_argument("--no_chat", action="store_true", help="send the prompt as plain text (no chat template)")
     p.add_argument("--engines", type=int, default=1, help="engine processes behind the prefix service")
+    p.add_argument("--restart_engine", action="store_true",
+                   help="then kill -9 the engine, restart it and run one more round: served from the prefix "
+                        "service's snapshot directory")
     args = p.parse_args(argv)
     if args.engines < 1:
         p.error(f"--engines must be >= 1, got {args.engines}")
@@ -80,13 +106,17 @@ def main(argv: list[str] | None = None) -> int:
         engine_argv = ["engine_service", "--port", "0", "--max_sessions", "8", "--log_level", "WARNING"]
         if args.model:
             engine_argv += ["--model", args.model]
-        engines = []
-        for _ in range(args.engines):
-            engine = Service("forkline-engine", engine_argv)
-            stack.callback(lambda e=engine: print(f"forkline-engine {e.address} stopped (exit {e.stop()})", flush=True))
-            engines.append(engine)
-        prefix = Service("forkline-prefix", ["prefix_service", *(a for e in engines for a in ("--engine", e.address)),
-                                             "--port", "0", "--log_level", "WARNING"])
+        engines: list[Service] = []
+        for i in range(args.engines):
+            engines.append(Service("forkline-engine", engine_argv))
+            # stops whichever process serves engine i by then (a restarted one included)
+            stack.callback(lambda i=i: print(f"forkline-engine {engines[i].address} stopped (exit {engines[i].stop()})",
+                                             flush=True))
+        prefix_argv = ["prefix_service", *(a for e in engines for a in ("--engine", e.address)), "--port", "0",
+                       "--log_level", "WARNING"]
+        if args.restart_engine:
+            prefix_argv += ["--snapshot_dir", stack.enter_context(tempfile.TemporaryDirectory(prefix="forkline-snap-"))]
+        prefix = Service("forkline-prefix", prefix_argv)
         stack.callback(lambda: print(f"forkline-prefix stopped (exit {prefix.stop()})", flush=True))
         for engine in engines:
             info = EngineClient(engine.address).info()
@@ -96,7 +126,11 @@ def main(argv: list[str] | None = None) -> int:
         served = []
         client = PrefixClient(prefix.address, owner="demo")
         texts = []
-        for round_ in range(1, args.rounds + 1):
+        rounds = args.rounds + (1 if args.restart_engine else 0)
+        for round_ in range(1, rounds + 1):
+            if args.restart_engine and round_ == rounds:  # the engine that holds the prompt
+                i = next((i for i, e in enumerate(engines) if e.address == served[-1]), 0)
+                engines[i] = restart(engines[i], engine_argv)
             t0 = time.perf_counter()
             out = client.generate(text=args.prompt, chat=not args.no_chat, max_new_tokens=args.max_new_tokens,
                                   namespace="demo").collect()
@@ -115,9 +149,15 @@ def main(argv: list[str] | None = None) -> int:
         stats = client.stats()
         print(f"prefix cache: {stats.entries} entries, {stats.hits} hits, {stats.misses} misses, "
               f"{stats.reused_positions} positions reused", flush=True)
+        if args.restart_engine:
+            disk = client.stub.Stats(client_stats_request()).snapshot_dir
+            print(f"snapshot directory: {disk.files} files, {disk.bytes / 2**20:.1f} MiB, {disk.written} written, "
+                  f"{disk.restored} restored after the restart", flush=True)
+            ok &= disk.restored >= 1
         client.close_channel()
         ok &= len(set(texts)) == 1  # greedy: every round says the same
-        ok &= len(set(served)) == 1  # every round went to the engine holding the prompt
+        ok &= len(set(served[:args.rounds])) == 1  # every round went to the engine holding the prompt (after a
+        # restart another engine may serve: any engine of the same fingerprint loads the file)
     return 0 if ok else 1
 
 

@@ -50,4 +50,26 @@ def test_demo_runs_both_service_processes_and_stops_them() -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     reuse = re.findall(r"round \d: reused (\d+)/(\d+) prompt tokens", run.stdout)
     assert [(int(a), int(b)) for a, b in reuse] == [(0, int(reuse[0][1])), (int(reuse[0][1]) - 1, int(reuse[0][1]))]
-    assert "forkline-prefix stopped (exit 0)" in run.stdout and "forkline-engine stopped (exit 0)" in run.stdout
+    assert "forkline-prefix stopped (exit 0)" in run.stdout
+    assert re.search(r"forkline-engine \S+ stopped \(exit 0\)", run.stdout)
+
+
+@pytest.mark.slow
+def test_demo_with_two_engines_survives_a_killed_engine_from_disk() -> None:
+    """``--engines 2 --restart_engine``: the rounds go to one engine; it is killed (SIGKILL) and
+    restarted; the last round reuses the prompt restored from the prefix service's snapshot directory
+    (into the restarted engine or the other one: a file loads into any engine of the fingerprint)."""
+    import re
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "clients.demo", "--max_new_tokens", "8", "--engines", "2",
+                          "--restart_engine"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rounds = re.findall(r"round (\d): reused (\d+)/(\d+) prompt tokens on engine (\S+),", run.stdout)
+    assert len(rounds) == 3 and rounds[0][3] == rounds[1][3]
+    prompt = int(rounds[0][2])
+    assert [int(reused) for _, reused, _, _ in rounds] == [0, prompt - 1, prompt - 1]
+    assert "killed (SIGKILL)" in run.stdout
+    assert re.search(r"snapshot directory: 1 files, .* 1 restored after the restart", run.stdout)
+    assert run.stdout.count("stopped (exit 0)") == 3  # the prefix service and both (live) engines
