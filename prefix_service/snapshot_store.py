@@ -28,7 +28,6 @@ import itertools
 import json
 import logging
 import os
-import secrets
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from pathlib import Path
 from engine_service.content import content_digest
 from engine_service.errors import InvalidArgument
 from engine_service.persistence.snapshot import SnapshotRefused
-from engine_service.persistence.snapshot_file import SUFFIX, TEMP_SUFFIX, peek_snapshot
+from engine_service.persistence.snapshot_file import SUFFIX, TEMP_SUFFIX, peek_snapshot, write_snapshot_bytes
 from prefix_service.index import TokenIndex, token_key
 from prefix_service.retention import Entry, RetentionPolicy, frozen_metadata, make_policy
 
@@ -162,22 +161,7 @@ class SnapshotStore:
         nothing behind."""
         key = token_key(tokens)
         name = f"{fingerprint[:16]}-{content_digest(key).hex()}{SUFFIX}"
-        path = self.folder / name
-        temp = self.folder / f".{name}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
-        size = 0
-        try:
-            with open(temp, "wb") as f:
-                for data in chunks:
-                    f.write(data)
-                    size += len(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                temp.unlink()
-            raise
-        _fsync_folder(self.folder)
+        size = write_snapshot_bytes(self.folder / name, b"".join(chunks))  # atomic: temp, fsync, rename
         with self._lock:
             self._counts["written"] += 1
         self._add(name, fingerprint, namespace, key, frozen_metadata(metadata), size)
@@ -245,16 +229,3 @@ class SnapshotStore:
     def _unlink(self, name: str) -> None:
         with contextlib.suppress(OSError):
             (self.folder / name).unlink()
-
-
-def _fsync_folder(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
