@@ -28,11 +28,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import NoReturn, TextIO
 
-from clients.snapshot_dir import persist_entries, prune, restore_entries
+from clients.snapshot_dir import PersistentEntries
 from engine_service.config import GenConfig
 from engine_service.errors import ForklineError, InvalidArgument, ModelLoadError
 from engine_service.executors.module import ModuleExecutor
-from engine_service.persistence.snapshot_file import list_snapshots
 from engine_service.runtime.generation import GenerationHandle, GenerationResult, GenerationUpdate
 from engine_service.runtime.runner import Runner
 from prefix_service.backends import RunnerBackend
@@ -255,16 +254,6 @@ def start(n: int, prompt: list[int], seed: int, args, runner: Runner, cache: Pre
     return job
 
 
-def restore(folder: str, runner: Runner, cache: PrefixCache, out: TextIO) -> None:
-    """Load the entries a previous run left in ``folder`` (created when missing) and say what happened."""
-    os.makedirs(folder, exist_ok=True)
-    done = restore_entries(folder, runner, cache, NAMESPACE)
-    refused = ", ".join(f"{n} {reason}" for reason, n in sorted(done.refused.items()))
-    print(f"snapshots: loaded {done.stored} from {folder} ({done.positions} positions)"
-          + (f"; refused {refused}" if refused else "") + (f"; removed {done.removed} corrupt" if done.removed else ""),
-          file=out, flush=True)
-
-
 def report(job: Job, out: TextIO) -> None:
     result = job.result
     if result is None:
@@ -292,10 +281,11 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     runner = Runner(executor, max_decode_sequences=args.max_decode_sequences)
     cache = PrefixCache(RunnerBackend(runner), entries, policy=args.retention)
     stop_tokens = tuple(tokenizer.eos_token_ids)
+    store = PersistentEntries(args.snapshot_dir, runner, cache, NAMESPACE) if args.snapshot_dir else None
     completed = total = 0
     try:
-        if args.snapshot_dir is not None:
-            restore(args.snapshot_dir, runner, cache, out)
+        if store is not None:
+            store.restore(out)
         for round_ in range(args.prompt_rounds):
             jobs: list[Job] = []
             for i, prompt in enumerate(prompts):
@@ -319,13 +309,10 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
                 report(job, out)
                 total += 1
                 completed += job.result is not None and job.result.finish_reason in COMPLETED
-            if args.snapshot_dir is not None:
-                persist_entries(args.snapshot_dir, runner, cache, NAMESPACE)
-        if args.snapshot_dir is not None:
-            prune(args.snapshot_dir, runner, cache, NAMESPACE)
-            files = [p for p in list_snapshots(args.snapshot_dir) if p.name.startswith(runner.fingerprint[:16])]
-            print(f"snapshots: {len(files)} in {args.snapshot_dir} "
-                  f"({sum(p.stat().st_size for p in files) / 1e6:.1f} MB)", file=out, flush=True)
+            if store is not None:
+                store.persist()
+        if store is not None:
+            store.finish(out)
         print(f"{completed}/{total} generations completed", file=out, flush=True)
         if args.metrics:
             print("engine " + json.dumps(asdict(runner.metrics())), file=out)

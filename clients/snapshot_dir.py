@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from engine_service.content import content_digest
 from engine_service.persistence.sessions import load_session, save_session
@@ -102,3 +104,48 @@ def prune(folder: str | os.PathLike, runner: Runner, cache: PrefixCache, namespa
                 path.unlink()
                 removed += 1
     return removed
+
+
+class PersistentEntries:
+    """The CLI's use of the functions above: one folder, one runner, one cache, one namespace. A disk
+    problem (OSError) is a warning on ``err``: generations never fail for it."""
+
+    def __init__(self, folder: str, runner: Runner, cache: PrefixCache, namespace: str,
+                 err: TextIO | None = None) -> None:
+        self.folder, self._runner, self._cache, self._namespace = folder, runner, cache, namespace
+        self._err = err if err is not None else sys.stderr
+
+    def restore(self, out: TextIO) -> Restored | None:
+        """Load what a previous run left (the folder is created when missing); one line on ``out``."""
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+            done = restore_entries(self.folder, self._runner, self._cache, self._namespace)
+        except OSError as exc:
+            return self._warn(exc)
+        refused = ", ".join(f"{n} {reason}" for reason, n in sorted(done.refused.items()))
+        print(f"snapshots: loaded {done.stored} from {self.folder} ({done.positions} positions)"
+              + (f"; refused {refused}" if refused else "")
+              + (f"; removed {done.removed} corrupt" if done.removed else ""), file=out, flush=True)
+        return done
+
+    def persist(self) -> None:
+        """Write the entries that have no file yet (after a round)."""
+        try:
+            persist_entries(self.folder, self._runner, self._cache, self._namespace)
+        except OSError as exc:
+            self._warn(exc)
+
+    def finish(self, out: TextIO) -> None:
+        """Remove evicted entries' files; one line on ``out`` with what the folder holds for this engine."""
+        try:
+            prune(self.folder, self._runner, self._cache, self._namespace)
+            prefix = self._runner.fingerprint[:16] + "-"
+            files = [p for p in list_snapshots(self.folder) if p.name.startswith(prefix)]
+            size = sum(p.stat().st_size for p in files)
+        except OSError as exc:
+            self._warn(exc)
+            return
+        print(f"snapshots: {len(files)} in {self.folder} ({size / 1e6:.1f} MB)", file=out, flush=True)
+
+    def _warn(self, exc: OSError) -> None:
+        print(f"warning: --snapshot_dir: {exc}", file=self._err, flush=True)
