@@ -16,6 +16,9 @@
   ``_entries``, ``_positions``, ``_in_flight``, ``_load``, ``forkline_prefix_engine_hits_total``,
   ``_misses_total``, ``_routed_total``, ``_load_guarded_total``; and route decisions by reason,
   ``forkline_prefix_routes_total{reason}`` (``routing.RouteReason``; with several engines).
+- With ``--snapshot_dir``: ``forkline_prefix_snapshot_files`` / ``_bytes`` / ``_max_bytes`` and
+  ``forkline_prefix_snapshot_events_total{event}`` (written, dropped, failed, restored, refused,
+  evicted, discarded).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 
 from engine_service.rpc.rpc_metrics import ServiceMetrics
 from prefix_service.fleet import Fleet, FleetStats
+from prefix_service.snapshot_store import StoreStats
 from protos import prefix_pb2
 
 GENERATE_METHOD = f"/{prefix_pb2.DESCRIPTOR.services_by_name['PrefixCache'].full_name}/Generate"
@@ -82,6 +86,21 @@ class GatewayCollector:
             refusals.add_metric([str(reason)], count)
         yield refusals
         yield from _engine_metrics(fleet)
+        if fleet.snapshot_dir is not None:
+            yield from _snapshot_dir_metrics(fleet.snapshot_dir)
+
+
+def _snapshot_dir_metrics(d: StoreStats) -> Iterator[Metric]:
+    """The snapshot directory (--snapshot_dir): files, bytes and what happened to them."""
+    yield GaugeMetricFamily("forkline_prefix_snapshot_files", "Snapshot files in the directory", value=d.files)
+    yield GaugeMetricFamily("forkline_prefix_snapshot_bytes", "Bytes the snapshot files hold", value=d.bytes)
+    yield GaugeMetricFamily("forkline_prefix_snapshot_max_bytes", "The directory's byte budget", value=d.max_bytes)
+    events = CounterMetricFamily("forkline_prefix_snapshot_events", "Snapshot files written, dropped (queue "
+                                 "full), failed, restored into an engine, refused by one, evicted, discarded",
+                                 labels=("event",))
+    for event in ("written", "dropped", "failed", "restored", "refused", "evicted", "discarded"):
+        events.add_metric([event], getattr(d, event))
+    yield events
 
 
 def _engine_metrics(fleet: FleetStats) -> Iterator[Metric]:

@@ -17,6 +17,13 @@ from tests.service.conftest import start_engine
 from tests.service.helpers import in_process_tokens, wait_for
 
 NEW = 4
+
+
+def PrefixMetricsScrape(fleet):  # noqa: N802 - reads like the scrape it is
+    """The prefix service's metric families as a scrape would produce them."""
+    from prefix_service.rpc.metrics import GatewayCollector
+
+    return list(GatewayCollector(fleet).collect())
 OWNER = (("forkline-owner", "alice"),)
 
 
@@ -65,6 +72,11 @@ def test_an_engine_restart_is_served_from_disk_like_cold(engine_factory, tmp_pat
         assert tokens == in_process_tokens(longer, NEW)
         assert svc.disk().restored == 1
         assert svc.stub.Stats(prefix_pb2.StatsRequest()).dropped_on_restart == 1  # memory was lost
+        assert svc.tier.writer.flush(10)
+        metrics = {(m.name, tuple(sorted(s.labels.items()))): s.value
+                   for m in PrefixMetricsScrape(svc.fleet) for s in m.samples}
+        assert metrics["forkline_prefix_snapshot_events", (("event", "restored"),)] == 1
+        assert metrics["forkline_prefix_snapshot_files", ()] == 2  # the first prompt and the longer one
     finally:
         svc.stop()
         if restarted is not None:
