@@ -19,16 +19,18 @@ import sys, mlx.core as mx
 import engine_service
 from engine_service.cache.seq_state import SeqState, StateLayout
 from engine_service.persistence.snapshot import SessionSnapshot
-from engine_service.persistence.snapshot_file import write_snapshot
+from engine_service.persistence.snapshot_file import encode_snapshot, write_snapshot, write_snapshot_bytes
 arrays = {f"layers.{i}.{n}": mx.full((2, 4096, 64), float(i)) for i in range(8)
           for n in ("keys", "values")}  # 32 MiB: a write (with its fsync) takes a while
 mx.eval(list(arrays.values()))
 snap = SessionSnapshot("f" * 32, StateLayout("batched-sequence", "g"), SeqState(4096, 4096, arrays),
                        tuple(range(4096)))
+write_snapshot(f"{sys.argv[1]}/s0.safetensors", snap)
+data = encode_snapshot(snap)
 print("ready", flush=True)
-i = 0
-while True:
-    write_snapshot(f"{sys.argv[1]}/s{i % 3}.safetensors", snap)  # new files and replacements
+i = 1
+while True:  # nothing but atomic writes from here on: a kill lands inside one
+    write_snapshot_bytes(f"{sys.argv[1]}/s{i % 3}.safetensors", data)  # new files and replacements
     i += 1
 """
 
