@@ -196,5 +196,5 @@ def test_negative_control_round_robin_loses_the_prefix(engines) -> None:
     prompts = [[10 + i, 20, 30, 40, 50] for i in range(3)]
     first = {tuple(p): run(fleet, p).engine for p in prompts}
     later = [run(fleet, p + [60]) for p in prompts]
-    assert all(done.engine != first[tuple(p)] for p, done in zip(prompts, later))  # a b a, then b a b
+    assert all(done.engine != first[tuple(p)] for p, done in zip(prompts, later, strict=True))  # a b a, then b a b
     assert sum(done.reused_positions for done in later) == 0
