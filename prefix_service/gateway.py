@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -112,7 +113,8 @@ class GatewayRequest:
 class GatewayStats:
     """The cache's counters plus the service's: entries dropped on engine restarts, the engine
     instance the entries belong to, the retention policy's name, the share of the engine, entries
-    evicted and requests retried under pressure, unknown handles reclaimed."""
+    evicted and requests retried under pressure, unknown handles reclaimed, and lookup misses by
+    the reason the caller was told (``MissReason`` values; they add up to ``cache.misses``)."""
 
     cache: PrefixStats
     dropped_on_restart: int
@@ -122,6 +124,7 @@ class GatewayStats:
     pressure_evictions: int = 0
     pressure_retries: int = 0
     reclaimed: int = 0
+    misses_by_reason: dict[str, int] = field(default_factory=dict)
 
 
 class Gateway:
@@ -146,6 +149,7 @@ class Gateway:
         self._max_session_tokens = 0  # likewise: a gateway prompt must fit one engine session
         self.last_info: EngineInfo | None = None  # the engine's Info as check_engine last read it
         self.tier = tier  # the snapshot directory (--snapshot_dir), shared by every engine's gateway
+        self._misses: Counter[str] = Counter()  # lookup misses by the reason reported (under _lock)
 
     # -- calls -----------------------------------------------------------------------------------
     def check_engine(self) -> None:
@@ -263,7 +267,12 @@ class Gateway:
             pressure_evictions=self.pressure.pressure_evictions,
             pressure_retries=self.pressure.pressure_retries,
             reclaimed=self.pressure.reclaimed,
+            misses_by_reason=self._miss_counts(),
         )
+
+    def _miss_counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._misses)
 
     def clear(self) -> int:
         """Release every stored snapshot; returns how many."""
@@ -325,7 +334,10 @@ class Gateway:
         with self.backend.cloning_for(clone_owner):
             outcome = self.cache.lookup_outcome(namespace, tokens)
         if self._restarted and outcome.reason in _RESTART_MASKS:
-            return LookupOutcome.miss(MissReason.ENGINE_RESTARTED)
+            outcome = LookupOutcome.miss(MissReason.ENGINE_RESTARTED)
+        if outcome.reason is not None:
+            with self._lock:
+                self._misses[str(outcome.reason)] += 1
         return outcome
 
     def _insert(self, namespace: str, tokens: Sequence[int], handle: str, metadata: Mapping[str, str],

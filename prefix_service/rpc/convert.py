@@ -100,6 +100,7 @@ def stats_response(fleet: FleetStats) -> pb.StatsResponse:
         pressure_retries=stats.pressure_retries,
         reclaimed=stats.reclaimed,
         routing=fleet.routing,
+        misses_by_reason=stats.misses_by_reason,
         engines=[engine_stats(engine) for engine in fleet.engines],
         snapshot_dir=pb.SnapshotDirStats(**asdict(fleet.snapshot_dir)) if fleet.snapshot_dir else None,
     )

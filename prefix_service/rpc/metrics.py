@@ -5,7 +5,7 @@
   inter-token and end-to-end latency, prompt / reused / generated tokens of gateway ``Generate`` calls.
 - The cache, read from ``Gateway.stats()`` at scrape time (:class:`GatewayCollector`; every path
   counts: gRPC Lookup / Insert / Generate and the HTTP door alike): ``forkline_prefix_hits_total``,
-  ``forkline_prefix_misses_total``, ``forkline_prefix_reused_tokens_total`` (positions hits reused),
+  ``forkline_prefix_misses_total{reason}``, ``forkline_prefix_reused_tokens_total`` (positions hits reused),
   ``forkline_prefix_inserts_total``, ``forkline_prefix_refusals_total{reason}`` (inserts and clones
   turned down),
   ``forkline_prefix_evictions_total``, ``forkline_prefix_entries`` / ``_max_entries``,
@@ -69,7 +69,6 @@ class GatewayCollector:
             yield GaugeMetricFamily(name, doc, value=value)
         for name, doc, value in (
             ("forkline_prefix_hits", "Lookups that returned a snapshot clone", c.hits),
-            ("forkline_prefix_misses", "Lookups that returned none", c.misses),
             ("forkline_prefix_reused_tokens", "Prompt positions hits reused", c.reused_tokens),
             ("forkline_prefix_inserts", "Snapshots stored", c.inserts),
             ("forkline_prefix_evictions", "Entries the retention policy evicted", c.evictions),
@@ -80,6 +79,11 @@ class GatewayCollector:
             ("forkline_prefix_pressure_retries", "Live requests retried after such an eviction", s.pressure_retries),
         ):
             yield CounterMetricFamily(name, doc, value=value)
+        misses = CounterMetricFamily("forkline_prefix_misses", "Lookups that returned none, by the reason "
+                                     "reported (LookupResponse.reason)", labels=("reason",))
+        for reason, count in sorted(s.misses_by_reason.items()):
+            misses.add_metric([reason], count)
+        yield misses
         refusals = CounterMetricFamily("forkline_prefix_refusals", "Inserts and clones the cache turned down, "
                                        "by reason (as StatsResponse.refusals)", labels=("reason",))
         for reason, count in sorted(c.refusals.items()):

@@ -184,6 +184,11 @@ def test_prefix_misses_follow_lookups(services) -> None:
     assert [alice.lookup(PROMPT).reason for _ in range(3)] == ["empty"] * 3
     after = Scrape(port)
     assert delta(before, after, "forkline_prefix_misses_total") == 3
+    assert delta(before, after, "forkline_prefix_misses_total", reason="empty") == 3  # by the reason reported
+    assert delta(before, after, "forkline_prefix_misses_total", reason="diverged") == 0
+    assert prefix.server.fleet.stats().total.misses_by_reason["empty"] >= 3
+    assert alice.lookup([1]).reason == "too_short"
+    assert delta(before, Scrape(port), "forkline_prefix_misses_total", reason="too_short") == 1
     assert delta(before, after, "forkline_prefix_hits_total") == 0
     assert delta(before, after, "forkline_rpc_requests_total", method="Lookup", code="OK") == 3
 
