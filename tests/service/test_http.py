@@ -347,3 +347,26 @@ def test_the_real_model_answers_through_its_chat_template() -> None:
     finally:
         prefix.stop(0)
         server.stop(0, shutdown_runner=True)
+
+
+def test_the_door_routes_over_several_engines(engine_factory) -> None:
+    """One prefix service over two engines: a repeated chat reuses its prompt, and a new question goes to
+    the engine holding the longest shared prefix (the chat template's header) and reuses that."""
+    from prefix_service.rpc.server import connect_fleet, create_server
+
+    engines = [engine_factory(max_session_tokens=1024) for _ in range(2)]
+    fleet, pool = connect_fleet(lambda: {e.address for e in engines}, ready_timeout=10, resolve_every_s=60)
+    server, _ = create_server(fleet, "127.0.0.1:0", pool=pool)
+    try:
+        client = sdk(f"http://127.0.0.1:{server.start_http('127.0.0.1', 0, model_name=MODEL)}")
+        questions = [[{"role": "user", "content": f"{q} is the capital of France?"}] for q in ("What", "Which city")]
+        header = len("<|im_start|>user\n")  # what the two chats share (one token per character)
+        for i, messages in enumerate(questions):
+            first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
+            again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
+            assert first.usage.prompt_tokens_details.cached_tokens == (0 if i == 0 else header + 2)  # + "Wh"
+            assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+            assert again.choices[0].message.content == first.choices[0].message.content
+        assert sorted(e.stats.cache.entries for e in fleet.stats().engines) == [0, 2]  # both where the header is
+    finally:
+        server.stop(0)
