@@ -19,6 +19,7 @@ if _ext.built_with_mlx != mx.__version__:
     )
 
 q8_0_matmul = _ext.q8_0_matmul
+causal_attention = _ext.causal_attention
 q4_1_matmul = _ext.q4_1_matmul
 isa = _ext.isa
 best_isa = _ext.best_isa
@@ -30,6 +31,7 @@ built_with_mlx = _ext.built_with_mlx
 __all__ = [
     "best_isa",
     "built_with_mlx",
+    "causal_attention",
     "isa",
     "num_threads",
     "q4_1_matmul",

@@ -2,7 +2,9 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
 
+#include "attention.h"
 #include "pool.h"
 #include "qdot.h"
 #include "qmatmul.h"
@@ -24,6 +26,11 @@ NB_MODULE(_ext, m) {
   m.def("q4_1_matmul", &forkline::q4_1_matmul, "x"_a, "wq"_a, "scales"_a, "mins"_a, nb::kw_only(),
         "stream"_a = nb::none(),
         "x [..., K] @ W.T for q4_1 weights W (wq uint8 [N, Kp/2], scales/mins float32 [N, Kp/32])");
+
+  m.def("causal_attention", &forkline::causal_attention, "q"_a, "q_pos"_a, "keys"_a, "values"_a, "key_pos"_a,
+        nb::kw_only(), "scale"_a, "window"_a = 0, "chunk"_a = 64, "stream"_a = nb::none(),
+        "batch-invariant causal attention (see src/attention.h): q [n, Hq, D], q_pos int32 [n], lists of "
+        "keys/values [Hkv, S_i, D] and key_pos int32 [S_i] (-1: never read) -> float32 [n, Hq, D]");
 
   m.def("isa", [] { return std::string(forkline::isa_name(forkline::active_isa())); },
         "the instruction set the kernels use now: 'avx2' or 'scalar'");

@@ -59,7 +59,9 @@ void WorkerPool::run(const Job& job) {
 }
 
 void WorkerPool::worker_loop(int part) {
-  unsigned seen = generation_.load(std::memory_order_acquire);
+  // generation_ is 0 at construction: reading it here instead would miss a job posted before this
+  // thread first ran (the pool is created and used at once), and that run() would wait forever
+  unsigned seen = 0;
   for (;;) {
     int spins = 0;
     unsigned now;
