@@ -15,6 +15,11 @@ For each layer the model computes, for all packed rows,
 stores the new rows and returns :class:`KVView` groups covering every packed row exactly once. The
 model attends each group's query rows to that view's keys/values under its mask (grouped-query
 attention: q head ``h`` reads kv head ``h // (q_heads // kv_heads)``).
+
+Every view (and part) also carries ``positions``: the absolute position each key row holds for the
+view's sequence, -1 where the row is not the sequence's (another owner's cell, an unwritten slot). The
+mask is exactly "position in [row position - window + 1, row position]" over those positions, so the
+deterministic attention (``forkline_kernels.causal_attention``) reads them instead of the mask.
 """
 
 from __future__ import annotations
@@ -42,11 +47,13 @@ class Segment:
 @dataclass(frozen=True)
 class KVPart:
     """One contiguous piece of a multi-part view: keys, values [kv_heads, S_i, head_dim]; mask bool
-    [rows, S_i] (True = attend) or None (every key of the part visible to every row)."""
+    [rows, S_i] (True = attend) or None (every key of the part visible to every row); positions int32
+    [S_i] (see the module docstring)."""
 
     keys: mx.array
     values: mx.array
     mask: mx.array | None
+    positions: mx.array | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,8 @@ class KVView:
     parts: when set, the view is these pieces instead (keys/values/mask are None): the rows attend the
         union of the parts' keys under one softmax, exactly as if the parts were concatenated. Lets a
         cache hand out a few pool slices without gathering them into one copy.
+    positions: int32 [S], the absolute position of each key row for this view's sequence, -1 where the
+        row is not readable (None in a multi-part view: each part has its own).
     """
 
     rows: slice
@@ -66,6 +75,7 @@ class KVView:
     values: mx.array | None
     mask: mx.array | str | None
     parts: tuple[KVPart, ...] | None = None
+    positions: mx.array | None = None
 
     def __post_init__(self) -> None:
         if self.parts is None:

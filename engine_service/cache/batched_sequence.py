@@ -43,6 +43,7 @@ class SequenceStep:
         self._total = sum(p.length for p in parts)
         # ring masks depend only on (segment, window geometry): built once per step, shared by layers
         self._masks: dict[tuple[int, int], mx.array] = {}
+        self._positions: dict[tuple[int, int | None], mx.array] = {}  # (segment, ring slots or None)
 
     def views(self, layer: int, keys: mx.array, values: mx.array) -> list[KVView]:
         """keys, values: [T, kv_heads, head_dim] packed in segment order. One view per segment."""
@@ -66,7 +67,15 @@ class SequenceStep:
                 mask: mx.array | str | None = self._masks[key]
             else:
                 mask = None if part.length == 1 else "causal"
-            out.append(KVView(rows=rows, keys=k_view, values=v_view, mask=mask))
+            slots = part.cache.slots(layer)
+            if (i, slots) not in self._positions:  # flat: row p at index p; ring: the slots' positions
+                self._positions[(i, slots)] = (
+                    mx.arange(part.start + part.length, dtype=mx.int32)
+                    if slots is None
+                    else mx.array(part.cache.ring_positions(layer, part.start, part.length))
+                )
+            positions = self._positions[(i, slots)]
+            out.append(KVView(rows=rows, keys=k_view, values=v_view, mask=mask, positions=positions))
         return out
 
     def state(self) -> list[mx.array]:

@@ -146,6 +146,21 @@ class CellStep:
             offset += seg.length
         self._masks: dict[tuple[int, int | None], mx.array | str | None] = {}
         self._part_masks: dict[tuple[int, int | None], tuple[mx.array | None, ...]] = {}
+        self._positions: dict[int, tuple[mx.array, ...]] = {}
+
+    def _key_positions(self, i: int) -> tuple[mx.array, ...]:
+        """int32 positions of segment ``i``'s view cells (one array, or one per run): the cell's position
+        where the sequence owns it, else -1. The same for every layer (windows are the reader's)."""
+        if i not in self._positions:
+            read = self._reads[i]
+            owned = ((self._cache._owners[read.cells] >> np.uint64(read.seq)) & np.uint64(1)).astype(bool)
+            pos = np.where(owned, self._cache._cell_pos[read.cells], -1).astype(np.int32)
+            if read.runs:
+                edges = np.cumsum([0] + [hi - lo for lo, hi in read.runs])
+                self._positions[i] = tuple(mx.array(pos[a:b]) for a, b in zip(edges[:-1], edges[1:], strict=True))
+            else:
+                self._positions[i] = (mx.array(pos),)
+        return self._positions[i]
 
     def _np_mask(self, read: _SegmentRead, window: int | None) -> np.ndarray:
         """bool [n, U]: the sequence owns the cell, it holds a position <= the row's (and inside the
@@ -211,8 +226,8 @@ class CellStep:
             if read.runs:
                 masks = self._parts_mask(i, window)
                 parts = tuple(
-                    KVPart(pool_k[layer][:, lo:hi, :], pool_v[layer][:, lo:hi, :], m)
-                    for (lo, hi), m in zip(read.runs, masks, strict=True)
+                    KVPart(pool_k[layer][:, lo:hi, :], pool_v[layer][:, lo:hi, :], m, positions)
+                    for (lo, hi), m, positions in zip(read.runs, masks, self._key_positions(i), strict=True)
                 )
                 out.append(KVView(rows=read.rows, keys=None, values=None, mask=None, parts=parts))
                 continue
@@ -223,7 +238,15 @@ class CellStep:
             else:
                 k_view = mx.take(pool_k[layer], read.take, axis=1)  # [kv_heads, U, head_dim]
                 v_view = mx.take(pool_v[layer], read.take, axis=1)
-            out.append(KVView(rows=read.rows, keys=k_view, values=v_view, mask=self._mask(i, window)))
+            out.append(
+                KVView(
+                    rows=read.rows,
+                    keys=k_view,
+                    values=v_view,
+                    mask=self._mask(i, window),
+                    positions=self._key_positions(i)[0],
+                )
+            )
         return out
 
     def state(self) -> list[mx.array]:

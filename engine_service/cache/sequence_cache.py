@@ -176,6 +176,15 @@ class SequenceCache:
         self.stale_reads += int(np.count_nonzero(mask & stale[None, :]))
         return mask
 
+    def ring_positions(self, layer: int, start: int, n: int) -> np.ndarray:
+        """int32 [min(start + n, slots)]: the position slot ``j`` holds after a step writing ``start ..
+        start + n - 1`` (as :meth:`ring_mask` assumes), -1 for a slot never written."""
+        slots = self._slots[layer]
+        end = start + n
+        j = np.arange(min(end, slots), dtype=np.int64)
+        assumed = end - 1 - ((end - 1 - j) % slots)
+        return np.where(assumed >= 0, assumed, -1).astype(np.int32)
+
     def is_ring(self, layer: int) -> bool:
         return self._slots[layer] is not None
 

@@ -87,6 +87,31 @@ def view_attention(views: list[KVView], q: np.ndarray) -> np.ndarray:
     return out
 
 
+def position_attention(views: list[KVView], q: np.ndarray, qpos: np.ndarray, window: int | None) -> np.ndarray:
+    """As :func:`view_attention`, but each row reads the keys whose ``positions`` lie in its window
+    (what the deterministic attention does), ignoring the masks. qpos: [T] each row's position."""
+    out = np.full(q.shape, np.nan)
+    for view in views:
+        parts = view.parts if view.parts is not None else (view,)
+        assert all(p.positions is not None for p in parts), "every view / part carries positions"
+        keys = np.concatenate([np.array(p.keys, dtype=np.float64) for p in parts], axis=1)
+        values = np.concatenate([np.array(p.values, dtype=np.float64) for p in parts], axis=1)
+        pos = np.concatenate([np.array(p.positions) for p in parts])
+        assert pos.dtype == np.int32 and pos.shape == (keys.shape[1],)
+        valid = pos[pos >= 0]
+        assert len(np.unique(valid)) == len(valid), "a sequence holds each position once"
+        p = qpos[view.rows][:, None]
+        lo = 0 if window is None else p - window + 1
+        mask = (pos[None, :] >= 0) & (pos[None, :] <= p) & (pos[None, :] >= lo)
+        scores = np.einsum("nhd,hsd->nhs", q[view.rows].astype(np.float64), keys) / np.sqrt(q.shape[-1])
+        scores = np.where(mask[:, None, :], scores, -np.inf)
+        w = np.exp(scores - scores.max(axis=2, keepdims=True))
+        w /= w.sum(axis=2, keepdims=True)
+        out[view.rows] = np.einsum("nhs,hsd->nhd", w, values)
+    assert not np.isnan(out).any(), "views did not cover every packed row"
+    return out
+
+
 class Driver:
     """A cache plus the true per-sequence history, with one method per operation.
 
@@ -145,12 +170,15 @@ class Driver:
             self.history[seg.seq].extend(rows[offset : offset + seg.length])
             offset += seg.length
         worst = 0.0
+        qpos = np.concatenate([np.arange(seg.start, seg.start + seg.length) for seg in segs])
         self.last = np.zeros(shape)
         self.last_views: list[list[KVView]] = []  # per layer, what the cache returned
         for layer, spec in enumerate(cfg.layers):
             views = step.views(layer, mx.array(rows[:, layer, 0]), mx.array(rows[:, layer, 1]))
             self.last_views.append(list(views))
             got = view_attention(list(views), q[:, layer])
+            by_pos = position_attention(list(views), q[:, layer], qpos, spec.window)
+            worst = max(worst, float(np.abs(got - by_pos).max()))
             self.last[:, layer] = got
             offset = 0
             for seg in segs:
