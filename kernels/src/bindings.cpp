@@ -21,10 +21,10 @@ NB_MODULE(_ext, m) {
   m.attr("built_with_mlx") = FORKLINE_MLX_VERSION;
 
   m.def("q8_0_matmul", &forkline::q8_0_matmul, "x"_a, "wq"_a, "scales"_a, nb::kw_only(),
-        "stream"_a = nb::none(),
+        "quantize_x"_a = false, "stream"_a = nb::none(),
         "x [..., K] @ W.T for q8_0 weights W (wq int8 [N, Kp], scales float32 [N, Kp/32]) -> float32 [..., N]");
   m.def("q4_1_matmul", &forkline::q4_1_matmul, "x"_a, "wq"_a, "scales"_a, "mins"_a, nb::kw_only(),
-        "stream"_a = nb::none(),
+        "quantize_x"_a = false, "stream"_a = nb::none(),
         "x [..., K] @ W.T for q4_1 weights W (wq uint8 [N, Kp/2], scales/mins float32 [N, Kp/32])");
 
   m.def("causal_attention", &forkline::causal_attention, "q"_a, "q_pos"_a, "keys"_a, "values"_a, "key_pos"_a,

@@ -29,10 +29,16 @@ WorkerPool::WorkerPool(int threads) {
 WorkerPool::~WorkerPool() {
   stop_.store(true);
   generation_.fetch_add(1);
-  generation_.notify_all();
+  wake_all();
   for (auto& t : workers_) {
     t.join();
   }
+}
+
+void WorkerPool::wake_all() {
+  // Taking the mutex orders this after any worker's check-then-wait: no wakeup is lost.
+  { std::lock_guard<std::mutex> lock(sleep_mutex_); }
+  wake_.notify_all();
 }
 
 void WorkerPool::run(const Job& job) {
@@ -45,7 +51,7 @@ void WorkerPool::run(const Job& job) {
   job_ = &job;
   pending_.store(parts - 1, std::memory_order_relaxed);
   generation_.fetch_add(1, std::memory_order_release);
-  generation_.notify_all();
+  wake_all();
   job(0, parts);
   int spins = 0;
   while (pending_.load(std::memory_order_acquire) != 0) {
@@ -69,7 +75,8 @@ void WorkerPool::worker_loop(int part) {
       if (++spins < kSpin) {
         FORKLINE_PAUSE();
       } else {
-        generation_.wait(seen, std::memory_order_acquire);
+        std::unique_lock<std::mutex> lock(sleep_mutex_);
+        wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
       }
     }
     seen = now;

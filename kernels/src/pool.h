@@ -3,10 +3,11 @@
 // run(fn) calls fn(part, parts) once for each part in [0, parts) where parts is the pool size; the
 // calling thread takes part 0, so a pool of one thread runs everything inline. Workers spin briefly
 // after a job (decode issues ~150 kernel calls per step, microseconds apart) and then sleep on a futex
-// (std::atomic::wait), so an idle engine does not burn the cores.
+// (a condition variable), so an idle engine does not burn the cores.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -31,6 +32,7 @@ class WorkerPool {
 
  private:
   void worker_loop(int part);
+  void wake_all();
 
   std::vector<std::thread> workers_;
   std::mutex run_mutex_;  // one job at a time (several MLX streams may call in)
@@ -38,6 +40,8 @@ class WorkerPool {
   std::atomic<unsigned> generation_{0};  // bumped once per job; workers wait for a change
   std::atomic<int> pending_{0};  // workers still running the current job
   std::atomic<bool> stop_{false};
+  std::mutex sleep_mutex_;  // sleeping workers: generation_ is re-checked under it before waiting
+  std::condition_variable wake_;
 };
 
 // The process-wide pool, created on first use with default_threads() threads.

@@ -123,6 +123,66 @@ void q4_1_rows_scalar(const uint8_t* wq, const float* wd, const float* wm, int b
   }
 }
 
+// Widened weights of one block in element order; lanes as the AVX2 version: t_j over i = 0..3 of
+// w[8i + j] * x[8i + j], the first a product, the rest fused.
+inline void block_dot_lanes(const float* w, const float* x, float* t) {
+  for (int j = 0; j < 8; ++j) {
+    float v = w[j] * x[j];
+    for (int i = 1; i < 4; ++i) {
+      v = std::fma(w[8 * i + j], x[8 * i + j], v);
+    }
+    t[j] = v;
+  }
+}
+
+void q8_0_rows_f32_scalar(const int8_t* wq, const float* wd, int blocks, int n0, int n1, const float* x,
+                          int M, float* out, int64_t ldo) {
+  const int64_t K = static_cast<int64_t>(blocks) * 32;
+  float w[32], t[8];
+  for (int n = n0; n < n1; ++n) {
+    for (int m = 0; m < M; ++m) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int b = 0; b < blocks; ++b) {
+        for (int i = 0; i < 32; ++i) {
+          w[i] = static_cast<float>(wq[n * K + b * 32 + i]);
+        }
+        block_dot_lanes(w, x + m * K + b * 32, t);
+        const float d = wd[static_cast<int64_t>(n) * blocks + b];
+        for (int j = 0; j < 8; ++j) {
+          acc[j] = std::fma(d, t[j], acc[j]);
+        }
+      }
+      out[m * ldo + n] = reduce8(acc);
+    }
+  }
+}
+
+void q4_1_rows_f32_scalar(const uint8_t* wq, const float* wd, const float* wm, int blocks, int n0, int n1,
+                          const float* x, const float* xsum, int M, float* out, int64_t ldo) {
+  const int64_t K = static_cast<int64_t>(blocks) * 32;
+  float w[32], t[8];
+  for (int n = n0; n < n1; ++n) {
+    for (int m = 0; m < M; ++m) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      float offset = 0.0f;
+      for (int b = 0; b < blocks; ++b) {
+        const uint8_t* wb = wq + n * (K / 2) + b * 16;
+        for (int i = 0; i < 16; ++i) {
+          w[i] = static_cast<float>(wb[i] & 0x0F);
+          w[i + 16] = static_cast<float>(wb[i] >> 4);
+        }
+        block_dot_lanes(w, x + m * K + b * 32, t);
+        const int64_t nb = static_cast<int64_t>(n) * blocks + b;
+        for (int j = 0; j < 8; ++j) {
+          acc[j] = std::fma(wd[nb], t[j], acc[j]);
+        }
+        offset = std::fma(wm[nb], xsum[static_cast<int64_t>(m) * blocks + b], offset);
+      }
+      out[m * ldo + n] = reduce8(acc) + offset;
+    }
+  }
+}
+
 // ---------------------------------------------------------------- AVX2 + FMA
 
 #if FORKLINE_X86
@@ -297,6 +357,119 @@ AVX2_FN void q4_1_rows_avx2(const uint8_t* wq, const float* wd, const float* wm,
   }
 }
 
+// Float-activation tiles: one weight row, up to kXRows activation rows; the widened weight block is
+// shared by the rows.
+constexpr int kXRows = 4;
+
+AVX2_FN inline __m256 block_dot_avx2(const __m256* w, const float* x) {
+  __m256 t = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
+  t = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + 8), t);
+  t = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + 16), t);
+  return _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), t);
+}
+
+template <int R>
+AVX2_FN void q8_0_row_f32_avx2(const int8_t* w, const float* d, int blocks, const float* x, int64_t K,
+                               float* out, int64_t ldo) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+  }
+  for (int b = 0; b < blocks; ++b) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + b * 32));
+    const __m128i lo = _mm256_castsi256_si128(raw), hi = _mm256_extracti128_si256(raw, 1);
+    __m256 wf[4];
+    wf[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    wf[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    wf[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    wf[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+    const __m256 dv = _mm256_set1_ps(d[b]);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_fmadd_ps(dv, block_dot_avx2(wf, x + r * K + b * 32), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    out[r * ldo] = reduce8_avx2(acc[r]);
+  }
+}
+
+template <int R>
+AVX2_FN void q4_1_row_f32_avx2(const uint8_t* w, const float* d, const float* mn, int blocks, const float* x,
+                               const float* xsum, int64_t K, float* out, int64_t ldo) {
+  const __m128i low = _mm_set1_epi8(0x0F);
+  __m256 acc[R];
+  float offset[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    offset[r] = 0.0f;
+  }
+  for (int b = 0; b < blocks; ++b) {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + b * 16));
+    const __m128i lo = _mm_and_si128(packed, low);  // weights 0..15
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);  // weights 16..31
+    __m256 wf[4];
+    wf[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    wf[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    wf[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    wf[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+    const __m256 dv = _mm256_set1_ps(d[b]);
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_fmadd_ps(dv, block_dot_avx2(wf, x + r * K + b * 32), acc[r]);
+      offset[r] = std::fma(mn[b], xsum[r * blocks + b], offset[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    out[r * ldo] = reduce8_avx2(acc[r]) + offset[r];
+  }
+}
+
+AVX2_FN void q8_0_rows_f32_avx2(const int8_t* wq, const float* wd, int blocks, int n0, int n1, const float* x,
+                                int M, float* out, int64_t ldo) {
+  const int64_t K = static_cast<int64_t>(blocks) * 32;
+  for (int m0 = 0; m0 < M; m0 += kRowChunk) {
+    const int m1 = std::min(M, m0 + kRowChunk);
+    for (int n = n0; n < n1; ++n) {
+      const int8_t* w = wq + n * K;
+      const float* d = wd + static_cast<int64_t>(n) * blocks;
+      if (n + 1 < n1) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + K), _MM_HINT_T0);
+      }
+      int m = m0;
+      for (; m + kXRows <= m1; m += kXRows) {
+        q8_0_row_f32_avx2<kXRows>(w, d, blocks, x + m * K, K, out + m * ldo + n, ldo);
+      }
+      for (; m < m1; ++m) {
+        q8_0_row_f32_avx2<1>(w, d, blocks, x + m * K, K, out + m * ldo + n, ldo);
+      }
+    }
+  }
+}
+
+AVX2_FN void q4_1_rows_f32_avx2(const uint8_t* wq, const float* wd, const float* wm, int blocks, int n0,
+                                int n1, const float* x, const float* xsum, int M, float* out, int64_t ldo) {
+  const int64_t K = static_cast<int64_t>(blocks) * 32;
+  for (int m0 = 0; m0 < M; m0 += kRowChunk) {
+    const int m1 = std::min(M, m0 + kRowChunk);
+    for (int n = n0; n < n1; ++n) {
+      const uint8_t* w = wq + n * (K / 2);
+      const float* d = wd + static_cast<int64_t>(n) * blocks;
+      const float* mn = wm + static_cast<int64_t>(n) * blocks;
+      if (n + 1 < n1) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + K / 2), _MM_HINT_T0);
+      }
+      int m = m0;
+      for (; m + kXRows <= m1; m += kXRows) {
+        q4_1_row_f32_avx2<kXRows>(w, d, mn, blocks, x + m * K, xsum + static_cast<int64_t>(m) * blocks, K,
+                                  out + m * ldo + n, ldo);
+      }
+      for (; m < m1; ++m) {
+        q4_1_row_f32_avx2<1>(w, d, mn, blocks, x + m * K, xsum + static_cast<int64_t>(m) * blocks, K,
+                             out + m * ldo + n, ldo);
+      }
+    }
+  }
+}
+
 #endif  // FORKLINE_X86
 
 }  // namespace
@@ -369,6 +542,41 @@ void q4_1_rows(Isa isa, const uint8_t* wq, const float* wd, const float* wm, int
   }
 #endif
   q4_1_rows_scalar(wq, wd, wm, blocks, n0, n1, x, M, out, ldo);
+}
+
+void block_sums(const float* x, int blocks, int r0, int r1, float* xsum) {
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int b = 0; b < blocks; ++b) {
+      const float* v = x + (r * blocks + b) * 32;
+      float sum = 0.0f;
+      for (int i = 0; i < 32; ++i) {
+        sum += v[i];
+      }
+      xsum[r * blocks + b] = sum;
+    }
+  }
+}
+
+void q8_0_rows_f32(Isa isa, const int8_t* wq, const float* wd, int blocks, int n0, int n1, const float* x,
+                   int M, float* out, int64_t ldo) {
+#if FORKLINE_X86
+  if (isa == Isa::avx2) {
+    q8_0_rows_f32_avx2(wq, wd, blocks, n0, n1, x, M, out, ldo);
+    return;
+  }
+#endif
+  q8_0_rows_f32_scalar(wq, wd, blocks, n0, n1, x, M, out, ldo);
+}
+
+void q4_1_rows_f32(Isa isa, const uint8_t* wq, const float* wd, const float* wm, int blocks, int n0, int n1,
+                   const float* x, const float* xsum, int M, float* out, int64_t ldo) {
+#if FORKLINE_X86
+  if (isa == Isa::avx2) {
+    q4_1_rows_f32_avx2(wq, wd, wm, blocks, n0, n1, x, xsum, M, out, ldo);
+    return;
+  }
+#endif
+  q4_1_rows_f32_scalar(wq, wd, wm, blocks, n0, n1, x, xsum, M, out, ldo);
 }
 
 }  // namespace forkline

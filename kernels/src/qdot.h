@@ -4,11 +4,18 @@
 //   q8_0: wq int8 [N, K] in [-127, 127], wd float [N, K/32]; w = wd[b] * wq
 //   q4_1: wq uint8 [N, K/2], one 16-byte block per 32 weights: byte i holds weight i in its low nibble
 //         and weight i+16 in its high nibble; wd, wm float [N, K/32]; w = wd[b] * q + wm[b]
-// Activations are quantized per 32-block to int8 (xd[b] = amax/127, xq = rint(x * 127/amax)), so a block
-// dot product is exact in int32. Both versions accumulate each output in the same order: eight float
-// lanes, lane j += (wd*xd) * (int sum of elements 4j..4j+3), then a fixed pairwise sum of the lanes. So
-// the AVX2 result equals the scalar result bit for bit, and every output depends only on its own row
-// of x and of W: the same for any batch size, thread count or tile.
+// Two activation modes:
+// - float (the *_f32 kernels, what the engine uses): weights are widened to float in registers and
+//   multiplied with float32 activations; per block, lane j (j < 8) is t_j = w[j]x[j], then
+//   t_j = fma(w[8+i+j], x[8i+j], t_j) for i = 1..3, and acc_j = fma(wd[b], t_j, acc_j); for q4_1 the
+//   offset term sum_b fma(wm[b], xsum[b]) is added at the end. Only float rounding separates the result
+//   from float64 arithmetic on the dequantized weights (~1e-6 relative).
+// - int8 (the others): activations quantized per 32-block (xd[b] = amax/127, xq = rint(x * 127/amax)), so
+//   a block dot product is exact in int32; lane j += (wd*xd) * (int sum of elements 4j..4j+3). Faster at
+//   many rows, but costs ~1 logit of accuracy on SmolLM2 (its activations have outliers).
+// In both, the scalar and AVX2 versions follow the same order and end with the same fixed pairwise sum
+// of the eight lanes: they agree bit for bit, and every output depends only on its own row of x and of
+// W: the same for any batch size, thread count or tile.
 #pragma once
 
 #include <cstdint>
@@ -40,5 +47,13 @@ void q8_0_rows(Isa isa, const int8_t* wq, const float* wd, int blocks, int n0, i
                const QuantizedRows& x, int M, float* out, int64_t ldo);
 void q4_1_rows(Isa isa, const uint8_t* wq, const float* wd, const float* wm, int blocks, int n0, int n1,
                const QuantizedRows& x, int M, float* out, int64_t ldo);
+
+// Float activations: x [M, blocks * 32] row-major (zero-padded); xsum [M, blocks] = block sums of x in
+// index order (block_sums), used by q4_1 only. out[m * ldo + n] for m in [0, M), n in [n0, n1).
+void block_sums(const float* x, int blocks, int r0, int r1, float* xsum);
+void q8_0_rows_f32(Isa isa, const int8_t* wq, const float* wd, int blocks, int n0, int n1, const float* x,
+                   int M, float* out, int64_t ldo);
+void q4_1_rows_f32(Isa isa, const uint8_t* wq, const float* wd, const float* wm, int blocks, int n0, int n1,
+                   const float* x, const float* xsum, int M, float* out, int64_t ldo);
 
 }  // namespace forkline

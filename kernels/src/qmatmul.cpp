@@ -31,7 +31,7 @@ std::string shape_str(const mx::array& a) {
 }
 
 mx::array make_op(Format format, const char* op, const mx::array& x, std::vector<mx::array> weights,
-                  mx::StreamOrDevice s) {
+                  bool quantize_x, mx::StreamOrDevice s) {
   mx::Stream stream = mx::to_stream(s);
   if (stream.device != mx::Device::cpu) {
     bad(std::string(op) + ": CPU streams only (on a GPU use mlx.core.quantized_matmul)");
@@ -74,7 +74,7 @@ mx::array make_op(Format format, const char* op, const mx::array& x, std::vector
   std::vector<mx::array> inputs{x32};
   inputs.insert(inputs.end(), weights.begin(), weights.end());
   mx::array out(
-      {x32.shape(0), n}, mx::float32, std::make_shared<QuantizedMatmul>(stream, format, k), std::move(inputs));
+      {x32.shape(0), n}, mx::float32, std::make_shared<QuantizedMatmul>(stream, format, k, quantize_x), std::move(inputs));
   if (lead.size() != 1) {
     lead.push_back(n);
     out = mx::reshape(out, lead, stream);
@@ -84,13 +84,14 @@ mx::array make_op(Format format, const char* op, const mx::array& x, std::vector
 
 }  // namespace
 
-mx::array q8_0_matmul(const mx::array& x, const mx::array& wq, const mx::array& scales, mx::StreamOrDevice s) {
-  return make_op(Format::q8_0, "q8_0_matmul", x, {wq, scales}, s);
+mx::array q8_0_matmul(const mx::array& x, const mx::array& wq, const mx::array& scales, bool quantize_x,
+                      mx::StreamOrDevice s) {
+  return make_op(Format::q8_0, "q8_0_matmul", x, {wq, scales}, quantize_x, s);
 }
 
 mx::array q4_1_matmul(const mx::array& x, const mx::array& wq, const mx::array& scales, const mx::array& mins,
-                      mx::StreamOrDevice s) {
-  return make_op(Format::q4_1, "q4_1_matmul", x, {wq, scales, mins}, s);
+                      bool quantize_x, mx::StreamOrDevice s) {
+  return make_op(Format::q4_1, "q4_1_matmul", x, {wq, scales, mins}, quantize_x, s);
 }
 
 void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
@@ -103,7 +104,7 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& encoder = mx::cpu::get_command_encoder(stream());
   // The task holds its own references to the arrays until it has run.
-  encoder.dispatch([inputs, out, format = format_, k = k_]() mutable {
+  encoder.dispatch([inputs, out, format = format_, k = k_, quantize_x = quantize_x_]() mutable {
     const mx::array& x = inputs[0];
     const int m = x.shape(0);
     const int n = out.shape(1);
@@ -112,36 +113,69 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector
       return;
     }
     const Isa isa = active_isa();
-    // Per-thread scratch for the quantized activations, reused across calls.
-    thread_local std::vector<int8_t> q;
-    thread_local std::vector<float> d, s;
-    q.resize(static_cast<size_t>(m) * blocks * 32);
-    d.resize(static_cast<size_t>(m) * blocks);
-    s.resize(static_cast<size_t>(m) * blocks);
-    const QuantizedRows rows{q.data(), d.data(), s.data()};
+    WorkerPool& workers = pool();
+    float* y = out.data<float>();
     const float* xp = x.data<float>();
     const int64_t rs = x.strides()[0], cs = x.strides()[1];
-    WorkerPool& workers = pool();
-    if (static_cast<int64_t>(m) * k < kParallelQuantize || workers.size() == 1) {
-      quantize_rows(isa, xp, rs, cs, k, blocks, 0, m, rows);
+    // Per-thread scratch for prepared activations, reused across calls.
+    thread_local std::vector<int8_t> q;
+    thread_local std::vector<float> xf, d, s;
+    const size_t padded = static_cast<size_t>(m) * blocks * 32;
+    d.resize(static_cast<size_t>(m) * blocks);
+    s.resize(static_cast<size_t>(m) * blocks);
+    const float* xrows = xp;
+    QuantizedRows rows{nullptr, d.data(), s.data()};
+    if (quantize_x) {
+      q.resize(padded);
+      rows.q = q.data();
+      if (static_cast<int64_t>(m) * k < kParallelQuantize || workers.size() == 1) {
+        quantize_rows(isa, xp, rs, cs, k, blocks, 0, m, rows);
+      } else {
+        workers.run([&](int part, int parts) {
+          quantize_rows(isa, xp, rs, cs, k, blocks, m * part / parts, m * (part + 1) / parts, rows);
+        });
+      }
     } else {
-      workers.run([&](int part, int parts) {
-        quantize_rows(isa, xp, rs, cs, k, blocks, m * part / parts, m * (part + 1) / parts, rows);
-      });
+      if (!(cs == 1 && (rs == k || m == 1) && k == blocks * 32)) {  // copy to dense, zero-padded rows
+        xf.resize(padded);
+        for (int64_t r = 0; r < m; ++r) {
+          float* dst = xf.data() + r * blocks * 32;
+          for (int64_t i = 0; i < k; ++i) {
+            dst[i] = xp[r * rs + i * cs];
+          }
+          std::fill(dst + k, dst + blocks * 32, 0.0f);
+        }
+        xrows = xf.data();
+      }
+      if (format == Format::q4_1) {
+        block_sums(xrows, blocks, 0, m, s.data());
+      }
     }
-    float* y = out.data<float>();
-    // Output columns split in contiguous runs of whole 4-row tiles; the split never changes a value.
+    // Output columns split in contiguous runs; the split never changes a value. (The workers must not
+    // name the thread_local scratch: they would see their own, empty, copies.)
+    const float* xsum = s.data();
     auto columns = [&](int part, int parts) {
       const int chunk = ((n + parts - 1) / parts + 3) / 4 * 4;
       const int n0 = std::min(n, part * chunk), n1 = std::min(n, n0 + chunk);
       if (n0 >= n1) {
         return;
       }
+      const float* sc = inputs[2].data<float>();
       if (format == Format::q8_0) {
-        q8_0_rows(isa, inputs[1].data<int8_t>(), inputs[2].data<float>(), blocks, n0, n1, rows, m, y, n);
+        const int8_t* wq = inputs[1].data<int8_t>();
+        if (quantize_x) {
+          q8_0_rows(isa, wq, sc, blocks, n0, n1, rows, m, y, n);
+        } else {
+          q8_0_rows_f32(isa, wq, sc, blocks, n0, n1, xrows, m, y, n);
+        }
       } else {
-        q4_1_rows(isa, inputs[1].data<uint8_t>(), inputs[2].data<float>(), inputs[3].data<float>(), blocks,
-                  n0, n1, rows, m, y, n);
+        const uint8_t* wq = inputs[1].data<uint8_t>();
+        const float* mins = inputs[3].data<float>();
+        if (quantize_x) {
+          q4_1_rows(isa, wq, sc, mins, blocks, n0, n1, rows, m, y, n);
+        } else {
+          q4_1_rows_f32(isa, wq, sc, mins, blocks, n0, n1, xrows, xsum, m, y, n);
+        }
       }
     };
     workers.run(columns);
@@ -158,7 +192,7 @@ std::vector<mx::Shape> QuantizedMatmul::output_shapes(const std::vector<mx::arra
 
 bool QuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const QuantizedMatmul&>(other);
-  return format_ == o.format_ && k_ == o.k_;
+  return format_ == o.format_ && k_ == o.k_ && quantize_x_ == o.quantize_x_;
 }
 
 }  // namespace forkline

@@ -12,17 +12,18 @@ namespace forkline {
 enum class Format { q8_0 = 0, q4_1 = 1 };
 
 // x: float [..., K]; wq: int8 [N, Kp]; scales: float32 [N, Kp/32]; K <= Kp < K + 32.
-// Returns float32 [..., N].
-mx::array q8_0_matmul(const mx::array& x, const mx::array& wq, const mx::array& scales,
+// Returns float32 [..., N]. quantize_x: int8 activations (see qdot.h) instead of float.
+mx::array q8_0_matmul(const mx::array& x, const mx::array& wq, const mx::array& scales, bool quantize_x,
                       mx::StreamOrDevice s = {});
 
 // x: float [..., K]; wq: uint8 [N, Kp/2]; scales, mins: float32 [N, Kp/32]. Returns float32 [..., N].
 mx::array q4_1_matmul(const mx::array& x, const mx::array& wq, const mx::array& scales,
-                      const mx::array& mins, mx::StreamOrDevice s = {});
+                      const mx::array& mins, bool quantize_x, mx::StreamOrDevice s = {});
 
 class QuantizedMatmul : public mx::Primitive {
  public:
-  QuantizedMatmul(mx::Stream stream, Format format, int k) : mx::Primitive(stream), format_(format), k_(k) {}
+  QuantizedMatmul(mx::Stream stream, Format format, int k, bool quantize_x)
+      : mx::Primitive(stream), format_(format), k_(k), quantize_x_(quantize_x) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -35,6 +36,7 @@ class QuantizedMatmul : public mx::Primitive {
  private:
   Format format_;
   int k_;  // logical input width (x's last dimension); the weights are padded to a multiple of 32
+  bool quantize_x_;
 };
 
 }  // namespace forkline
