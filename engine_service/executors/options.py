@@ -24,12 +24,13 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="PATH", default=None,
                         help="a GGUF file or an MLX model folder (default: the packaged SmolLM2-135M-Instruct)")
     parser.add_argument("--weights_dtype", default="auto", choices=WEIGHTS_DTYPES,
-                        help="weights in memory; auto: quantized on a GPU, float32 on the CPU (default: %(default)s)")
+                        help="weights in memory; auto: quantized on a GPU; on the CPU q4_1 (4-bit sources) or q8_0 with the compiled kernels, float32 without (default: %(default)s)")
 
 
 def add_executor_options(parser: argparse.ArgumentParser, *, max_sessions: int | None) -> None:
     """``--cache_kind``, ``--max_sessions`` (unless ``max_sessions`` is None: the command sizes it
-    itself), ``--max_session_tokens``, ``--max_decode_sequences`` and ``--prefill_chunk``."""
+    itself), ``--max_session_tokens``, ``--max_decode_sequences``, ``--prefill_chunk`` and
+    ``--deterministic``."""
     from engine_service.cache.registry import cache_kinds
 
     parser.add_argument("--cache_kind", default="batched-sequence", choices=cache_kinds(),
@@ -41,3 +42,7 @@ def add_executor_options(parser: argparse.ArgumentParser, *, max_sessions: int |
                                  "(default: %(default)s)")
     for flag, default, text in _LIMITS:
         parser.add_argument(flag, metavar="N", type=int, default=default, help=f"{text} (default: %(default)s)")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="batch-invariant execution: a prefix hit, clone, chunked prefill or batched step gives "
+                             "bitwise the logits of a cold run alone (needs the compiled kernels and q8_0/q4_1 "
+                             "weights; fails at start otherwise)")

@@ -13,8 +13,10 @@ import mlx.core as mx
 
 from engine_service.blas import blas_status
 from engine_service.errors import ModelLoadError
+from engine_service.model.block_quant import BLOCK_FORMATS, natural_block_format
 from engine_service.model.chat import ChatFormatter
 from engine_service.model.config import ModelConfig
+from engine_service.model.cpu_kernels import kernel_status
 from engine_service.model.gguf import load_gguf
 from engine_service.model.mlx_folder import load_folder
 from engine_service.model.tokenizer import Tokenizer, tokenizer_from_file, tokenizer_from_gguf
@@ -75,6 +77,8 @@ def fingerprint(path: str, tokenizer: Tokenizer, weights_dtype: str) -> str:
         h.update(_file_identity(path))
     h.update(tokenizer.vocab_digest_source())
     h.update(weights_dtype.encode())
+    if weights_dtype in BLOCK_FORMATS:  # the kernels and MLX's fallback ops round differently
+        h.update(b"kernels" if kernel_status().available else b"mlx-ops")
     return h.hexdigest()
 
 
@@ -93,8 +97,9 @@ def _named_chat(tokenizer: Tokenizer, template: str | None) -> ChatFormatter:
 def load_model(path: str | None = None, weights_dtype: str = "auto") -> LoadedModel:
     """Load a GGUF file or an MLX model folder (None: the packaged SmolLM2-135M-Instruct GGUF).
 
-    ``weights_dtype``: ``auto`` keeps quantized weights on a GPU and dequantizes to float32 on the CPU;
-    ``float32`` / ``float16`` / ``bfloat16`` / ``quantized`` force a storage dtype. Activations are float32.
+    ``weights_dtype``: ``auto`` keeps quantized weights on a GPU; on the CPU, with the compiled kernels,
+    it picks ``q4_1`` for 4-bit sources (lossless) and ``q8_0`` for others, and float32 without them; ``float32`` / ``float16`` / ``bfloat16`` /
+    ``quantized`` / ``q8_0`` / ``q4_1`` force a storage format. Activations are float32.
     Raises ModelLoadError (one line: path and problem) for anything unreadable or unsupported.
     """
     path = default_model_path() if path is None else os.fspath(path)
@@ -119,16 +124,27 @@ def load_model(path: str | None = None, weights_dtype: str = "auto") -> LoadedMo
         raise ModelLoadError(
             path, f"tokenizer has {tokenizer.vocab_size} tokens, the model only {config.vocab_size}"
         )
+    if weights_dtype == "auto" and resolved in BLOCK_FORMATS:
+        resolved = natural_block_format(tensors)
     status = blas_status()
+    kernels = kernel_status()
     log.info(
-        "model %s: weights %s (asked %s, device %s); BLAS %s (%s)",
+        "model %s: weights %s (asked %s, device %s); BLAS %s (%s); %s",
         os.path.basename(path),
         resolved,
         weights_dtype,
         mx.default_device(),
         status.name,
         status.reason,
+        kernels.describe(),
     )
+    if resolved in BLOCK_FORMATS and not kernels.available and mx.default_device() == mx.cpu:
+        log.warning(
+            "weights %s without the compiled kernels run through MLX ops, several times slower than "
+            "float32; %s",
+            resolved,
+            kernels.reason,
+        )
     model = Transformer(config, tensors, resolved)
     del tensors
     mx.eval(model.parameters())

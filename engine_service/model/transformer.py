@@ -19,10 +19,17 @@ import mlx.nn as nn
 
 from engine_service.cache.batch_control import KVStep, KVView
 from engine_service.model import fast_math
+from engine_service.model.block_quant import (
+    BLOCK_FORMATS,
+    BlockQuantTensor,
+    block_matmul,
+    concat_block_rows,
+    to_block_format,
+)
 from engine_service.model.config import ModelConfig
 from engine_service.model.weights import QuantTensor, concat_rows, convert_matrix, gpu_available
 
-Tensor = mx.array | QuantTensor
+Tensor = mx.array | QuantTensor | BlockQuantTensor
 
 # query rows per view below which MLX's fused attention is used (see fast_math for why not above)
 _FUSED_SDPA_MAX_ROWS = 8
@@ -31,19 +38,49 @@ _DEQUANT_MIN_ROWS = 16
 _ON_CPU = not gpu_available()
 
 
+def convert(tensor: mx.array | QuantTensor, weights_dtype: str) -> Tensor:
+    """A matrix in the resolved ``weights_dtype``. The block formats (compiled CPU kernels) become
+    MLX's own 8-/4-bit quantization on a GPU, where its quantized_matmul is the fast path."""
+    if weights_dtype in BLOCK_FORMATS:
+        if not _ON_CPU:
+            bits = 8 if weights_dtype == "q8_0" else 4
+            if isinstance(tensor, QuantTensor) and (tensor.bits, tensor.group_size) == (bits, 32):
+                return tensor
+            w = tensor.dequantize() if isinstance(tensor, QuantTensor) else tensor.astype(mx.float32)
+            return QuantTensor(*mx.quantize(w, group_size=32, bits=bits), 32, bits)
+        return to_block_format(tensor, weights_dtype)
+    return convert_matrix(tensor, weights_dtype)
+
+
+def fuse_rows(parts: list[Tensor]) -> Tensor:
+    """One matrix of ``parts`` stacked along the output dimension (one matmul for q/k/v, gate/up)."""
+    if all(isinstance(p, BlockQuantTensor) for p in parts):
+        return concat_block_rows(parts)
+    return concat_rows(parts)
+
+
 class Projection(nn.Module):
-    """``y = x @ W.T`` for a float or affine-quantized W [out, in]."""
+    """``y = x @ W.T`` for a float, affine-quantized or block-quantized W [out, in]."""
 
     def __init__(self, tensor: Tensor) -> None:
         super().__init__()
         self.quantized = isinstance(tensor, QuantTensor)
-        if isinstance(tensor, QuantTensor):
+        self.block = isinstance(tensor, BlockQuantTensor)
+        if isinstance(tensor, BlockQuantTensor):
+            # the arrays as attributes (parameters() finds them), the tensor for calls: the same arrays
+            self.weight, self.scales = tensor.wq, tensor.scales
+            if tensor.mins is not None:
+                self.mins = tensor.mins
+            self.tensor = tensor
+        elif isinstance(tensor, QuantTensor):
             self.weight, self.scales, self.biases = tensor.weight, tensor.scales, tensor.biases
             self.group_size, self.bits = tensor.group_size, tensor.bits
         else:
             self.weight = tensor
 
     def __call__(self, x: mx.array) -> mx.array:
+        if self.block:
+            return block_matmul(x, self.tensor)
         if self.quantized:
             if x.shape[0] >= _DEQUANT_MIN_ROWS and _ON_CPU:
                 # MLX's CPU quantized matmul runs at ~2 GFLOP/s whatever the row count; for a prefill
@@ -63,6 +100,8 @@ class Projection(nn.Module):
 
     def rows(self, ids: mx.array) -> mx.array:
         """Rows ``ids`` of W as float32 (the embedding lookup of a tied head)."""
+        if self.block:
+            return self.tensor.rows(ids)
         if self.quantized:
             return mx.dequantize(
                 self.weight[ids], self.scales[ids], self.biases[ids], self.group_size, self.bits
@@ -81,20 +120,23 @@ class Block(nn.Module):
         self.index = index
         self.attn_norm = tensors[p + "attn_norm"].astype(mx.float32)
         self.mlp_norm = tensors[p + "mlp_norm"].astype(mx.float32)
-        conv = [convert_matrix(tensors[p + n], weights_dtype) for n in ("q", "k", "v")]
-        self.qkv = Projection(concat_rows(conv))
-        self.o = Projection(convert_matrix(tensors[p + "o"], weights_dtype))
-        self.gate_up = Projection(
-            concat_rows([convert_matrix(tensors[p + n], weights_dtype) for n in ("gate", "up")])
-        )
-        self.down = Projection(convert_matrix(tensors[p + "down"], weights_dtype))
+        conv = [convert(tensors[p + n], weights_dtype) for n in ("q", "k", "v")]
+        self.qkv = Projection(fuse_rows(conv))
+        self.o = Projection(convert(tensors[p + "o"], weights_dtype))
+        self.gate_up = Projection(fuse_rows([convert(tensors[p + n], weights_dtype) for n in ("gate", "up")]))
+        self.down = Projection(convert(tensors[p + "down"], weights_dtype))
         self._cfg = config
         self._split = (config.q_size, config.q_size + config.kv_size)
         self._scale = config.head_dim**-0.5
         self._norm = fast_math.rms_norm(config.rms_norm_eps)
+        self._window = config.layers[index].window if config.layers else None
+        self.deterministic = False  # batch-invariant attention (see engine_service.model.deterministic)
 
-    def __call__(self, h: mx.array, step: KVStep, rot: tuple[mx.array, mx.array]) -> mx.array:
-        """h: [T, hidden]; rot: the forward's RoPE tables (cos, sin), each [T, 1, head_dim]."""
+    def __call__(
+        self, h: mx.array, step: KVStep, rot: tuple[mx.array, mx.array], positions: mx.array | None = None
+    ) -> mx.array:
+        """h: [T, hidden]; rot: the forward's RoPE tables (cos, sin), each [T, 1, head_dim]; positions:
+        int32 [T] (deterministic mode reads keys by absolute position)."""
         cfg = self._cfg
         t = h.shape[0]
         x = self._norm(h, self.attn_norm)
@@ -106,7 +148,13 @@ class Block(nn.Module):
         k = qk[:, cfg.num_heads :]
         v = qkv[:, self._split[1] :].reshape(t, cfg.num_kv_heads, cfg.head_dim)
         views = step.views(self.index, k, v)
-        h = h + self.o(self._attend(q, views, t))
+        if self.deterministic:
+            from engine_service.model import deterministic
+
+            o = deterministic.attend(q[:, :, 0, :], views, positions, self._window, self._scale)
+        else:
+            o = self._attend(q, views, t)
+        h = h + self.o(o)
         x = self._norm(h, self.mlp_norm)
         g, u = mx.split(self.gate_up(x), 2, axis=-1)
         return h + self.down(fast_math.silu_mul(g, u))
@@ -158,21 +206,38 @@ class Transformer(nn.Module):
         super().__init__()
         if weights_dtype == "auto":
             raise ValueError(
-                "Transformer needs a resolved weights_dtype (float32/float16/bfloat16/quantized)"
+                "Transformer needs a resolved weights_dtype (float32/float16/bfloat16/quantized/q8_0/q4_1)"
             )
         self._config = config
         self.weights_dtype = weights_dtype
-        self.embed_tokens = Projection(convert_matrix(tensors["embed"], weights_dtype))
+        # the embedding (and a tied head) stays 8-bit under q4_1, as GGUF's 4-bit files keep it (4 bits
+        # there costs far more accuracy than in the layers)
+        head_dtype = "q8_0" if weights_dtype == "q4_1" else weights_dtype
+        self.embed_tokens = Projection(convert(tensors["embed"], head_dtype))
         self.layers = [Block(config, i, tensors, weights_dtype) for i in range(config.num_layers)]
         self.norm = tensors["norm"].astype(mx.float32)
         if config.tie_embeddings or "lm_head" not in tensors:
             self.lm_head = None
         else:
-            self.lm_head = Projection(convert_matrix(tensors["lm_head"], weights_dtype))
+            self.lm_head = Projection(convert(tensors["lm_head"], head_dtype))
 
     @property
     def config(self) -> ModelConfig:
         return self._config
+
+    @property
+    def deterministic(self) -> bool:
+        return self.layers[0].deterministic if self.layers else False
+
+    def set_deterministic(self, on: bool) -> None:
+        """Batch-invariant forwards (see :mod:`engine_service.model.deterministic`): FailedPrecondition
+        when the compiled kernels are missing or the weights are not block-quantized."""
+        if on:
+            from engine_service.model import deterministic
+
+            deterministic.require(self.weights_dtype)
+        for layer in self.layers:
+            layer.deterministic = on
 
     def embed(self, tokens: mx.array) -> mx.array:
         """tokens: int32 [T] -> float32 [T, hidden]."""
@@ -204,7 +269,7 @@ class Transformer(nn.Module):
             positions, self._config.head_dim, self._config.rope_theta, self._config.rope_traditional
         )
         for layer in self.layers:
-            h = layer(h, step, rot)
+            h = layer(h, step, rot, positions)
         if logit_rows is not None:
             h = h[logit_rows]
         h = fast_math.rms_norm(self._config.rms_norm_eps)(h, self.norm)

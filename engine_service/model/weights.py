@@ -13,10 +13,15 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from engine_service.errors import InvalidArgument, ModelLoadError
+from engine_service.model.cpu_kernels import kernel_status
 
 log = logging.getLogger(__name__)
 
-WEIGHTS_DTYPES = ("auto", "float32", "float16", "bfloat16", "quantized")
+# q8_0 / q4_1: block formats for the compiled CPU kernels (engine_service/model/block_quant.py)
+WEIGHTS_DTYPES = ("auto", "float32", "float16", "bfloat16", "quantized", "q8_0", "q4_1")
+# what auto picks on the CPU when the compiled kernels load (the loader then keeps 4-bit sources as
+# q4_1: block_quant.natural_block_format)
+CPU_KERNEL_DTYPE = "q8_0"
 _FLOAT_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
 # Quantization used when "quantized" is asked for a float matrix (tiny models, float folders).
@@ -131,13 +136,20 @@ def gpu_available() -> bool:
 
 
 def resolve_weights_dtype(weights_dtype: str) -> str:
-    """``auto`` -> ``quantized`` on a GPU, ``float32`` on the CPU (MLX's CPU quantized and half-precision
-    matmuls are 5-50x slower than OpenBLAS float32). Anything else is returned validated."""
+    """``auto`` -> ``quantized`` on a GPU; on the CPU ``q8_0`` when the compiled kernels load, else
+    ``float32`` (MLX's CPU quantized and half-precision matmuls are 5-50x slower than OpenBLAS float32).
+    Anything else is returned validated."""
     if weights_dtype not in WEIGHTS_DTYPES:
         raise InvalidArgument(f"weights_dtype must be one of {', '.join(WEIGHTS_DTYPES)}, got {weights_dtype!r}")
     if weights_dtype != "auto":
         return weights_dtype
-    return "quantized" if gpu_available() else "float32"
+    if gpu_available():
+        return "quantized"
+    status = kernel_status()
+    if status.available:
+        return CPU_KERNEL_DTYPE
+    log.warning("weights_dtype auto: float32 on the CPU, %s", status.describe())
+    return "float32"
 
 
 def convert_matrix(tensor: mx.array | QuantTensor, weights_dtype: str) -> mx.array | QuantTensor:

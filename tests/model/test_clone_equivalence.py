@@ -37,9 +37,10 @@ def recording(cls):
     return Recording
 
 
-@pytest.fixture
-def model(tiny_model):
-    return tiny_model("FRFR", window=4, tie_embeddings=False)
+@pytest.fixture(params=["float32", "q8_0"])
+def model(tiny_model, request):
+    """float32, and the compiled kernels' q8_0 (MLX ops without them): warm must equal cold on both."""
+    return tiny_model("FRFR", window=4, tie_embeddings=False, weights_dtype=request.param)
 
 
 @pytest.fixture
