@@ -35,6 +35,9 @@ Tensor = mx.array | QuantTensor | BlockQuantTensor
 _FUSED_SDPA_MAX_ROWS = 8
 # rows from which a quantized projection on the CPU dequantizes and uses BLAS instead
 _DEQUANT_MIN_ROWS = 16
+# rows up to which block-quantized weights go through the compiled kernels (batch-invariant: a row
+# alone, in a decode batch or in a short prefix-hit suffix gets the same bits); above, BLAS
+_KERNEL_MAX_ROWS = 64
 _ON_CPU = not gpu_available()
 
 
@@ -80,6 +83,10 @@ class Projection(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         if self.block:
+            if x.shape[0] > _KERNEL_MAX_ROWS and _ON_CPU:
+                # a long prefill block: float32 tiles through BLAS beat the kernel (bench_kernels.py:
+                # 512 rows ~2x faster), and dequantizing costs ~3% of the block
+                return x @ self.tensor.dequantize().T
             return block_matmul(x, self.tensor)
         if self.quantized:
             if x.shape[0] >= _DEQUANT_MIN_ROWS and _ON_CPU:
