@@ -69,6 +69,7 @@ class Projection(nn.Module):
         super().__init__()
         self.quantized = isinstance(tensor, QuantTensor)
         self.block = isinstance(tensor, BlockQuantTensor)
+        self.kernel_only = False  # deterministic mode: no BLAS switch for long blocks
         if isinstance(tensor, BlockQuantTensor):
             # the arrays as attributes (parameters() finds them), the tensor for calls: the same arrays
             self.weight, self.scales = tensor.wq, tensor.scales
@@ -83,7 +84,7 @@ class Projection(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         if self.block:
-            if x.shape[0] > _KERNEL_MAX_ROWS and _ON_CPU:
+            if x.shape[0] > _KERNEL_MAX_ROWS and _ON_CPU and not self.kernel_only:
                 # a long prefill block: float32 tiles through BLAS beat the kernel (bench_kernels.py:
                 # 512 rows ~2x faster), and dequantizing costs ~3% of the block
                 return x @ self.tensor.dequantize().T
@@ -245,6 +246,9 @@ class Transformer(nn.Module):
             deterministic.require(self.weights_dtype)
         for layer in self.layers:
             layer.deterministic = on
+        for proj in self.modules():
+            if isinstance(proj, Projection):
+                proj.kernel_only = on  # every row count through the batch-invariant kernel
 
     def embed(self, tokens: mx.array) -> mx.array:
         """tokens: int32 [T] -> float32 [T, hidden]."""
