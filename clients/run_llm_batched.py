@@ -276,7 +276,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     captured = min(count, entries)
     executor = ModuleExecutor.create(
         loaded, args.cache_kind, max_sessions=count + entries + captured, max_session_tokens=args.max_session_tokens,
-        prefill_chunk=args.prefill_chunk, model_fingerprint=fingerprint,
+        prefill_chunk=args.prefill_chunk, model_fingerprint=fingerprint, deterministic=args.deterministic,
     )
     runner = Runner(executor, max_decode_sequences=args.max_decode_sequences)
     cache = PrefixCache(RunnerBackend(runner), entries, policy=args.retention)

@@ -69,6 +69,10 @@ def start_engine(args: argparse.Namespace):
         args.max_sessions, args.max_session_tokens, owner_max_sessions=args.owner_max_sessions,
         owner_max_positions=args.owner_max_positions, persistent_owner_share=args.persistent_owner_share)
     loaded = load_model(args.model, args.weights_dtype)
+    if args.deterministic:  # FailedPrecondition (no kernels, float weights) before anything serves
+        from engine_service.model import deterministic
+
+        deterministic.enable(loaded)
     deps = EngineDeps.build(
         loaded,
         loaded.tokenizer,

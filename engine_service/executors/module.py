@@ -58,9 +58,14 @@ class ModuleExecutor(Executor):
         keep_logits: bool = False,
         weights_dtype: str | None = None,
         model_fingerprint: str | None = None,
+        deterministic: bool = False,
     ) -> None:
         # a LoadedModel carries the Transformer plus its identity
         self.model = getattr(model, "model", model)
+        if deterministic:  # FailedPrecondition when the kernels or block weights are missing
+            from engine_service.model import deterministic as det
+
+            det.enable(self.model)
         self.config = self.model.config
         self.cache = cache
         self.cache_kind = cache_kind
@@ -203,14 +208,21 @@ class ModuleExecutor(Executor):
     def resident_sessions(self) -> int:
         return len(self._sessions)
 
+    @property
+    def deterministic(self) -> bool:
+        """Whether the model runs batch-invariant (see :mod:`engine_service.model.deterministic`)."""
+        return bool(getattr(self.model, "deterministic", False))
+
     def fingerprint(self) -> str:
-        """Model identity + cache kind + kv dtype + window geometry + weights dtype (hex sha256 prefix)."""
+        """Model identity + cache kind + kv dtype + window geometry + weights dtype (+ deterministic mode:
+        its snapshots are computed differently, so the two never mix) (hex sha256 prefix)."""
         model_id = self._model_fingerprint or hashlib.sha256(repr(self.config).encode()).hexdigest()
         geometry = ",".join(f"{s.kind}:{s.window}" for s in self.config.layers)
-        text = "|".join(
-            (model_id, self.cache_kind, str(self.kv_dtype), geometry, f"max_write={self.max_write}",
-             str(self.weights_dtype))
-        )
+        parts = [model_id, self.cache_kind, str(self.kv_dtype), geometry, f"max_write={self.max_write}",
+                 str(self.weights_dtype)]
+        if self.deterministic:
+            parts.append("deterministic")
+        text = "|".join(parts)
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     # --- execution ------------------------------------------------------------------------------

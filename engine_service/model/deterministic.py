@@ -1,0 +1,90 @@
+"""Deterministic mode: every row's result independent of the batch it is computed in.
+
+With it, logits are bitwise equal between a cold run, a prefix hit or clone at any position, a prefill
+in chunks or in one piece, and a session alone or batched with others. What makes a row depend on its
+batch on MLX's CPU backend is BLAS (float32 matmul takes other blocking paths for other row counts) and
+attention reductions whose order follows the call's shape. So in this mode:
+
+- every linear goes through the compiled block-quantized kernels (``q8_0`` / ``q4_1`` with float
+  activations), whose outputs depend only on their own row, for every row count;
+- attention is ``forkline_kernels.causal_attention``: keys by absolute position (the views'
+  ``positions``), reduced in chunks aligned to absolute positions in a fixed order;
+- norms, RoPE, SwiGLU and sampling are row-local already (one elementwise or per-row op each).
+
+It needs the compiled kernels (with ``causal_attention``) on a CPU stream and block-quantized weights;
+:func:`problem` says what is missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+
+from engine_service.cache.batch_control import KVView
+from engine_service.errors import FailedPrecondition
+from engine_service.model.block_quant import BLOCK_FORMATS
+from engine_service.model.cpu_kernels import BUILD_HINT, kernel_status, kernels
+
+# key positions per online-softmax chunk (chunk boundaries at multiples of this, absolute)
+KEY_CHUNK = 64
+
+
+def problem(weights_dtype: str) -> str | None:
+    """Why deterministic mode cannot run with ``weights_dtype`` here, or None when it can."""
+    ext = kernels()
+    if ext is None:
+        return f"deterministic mode needs the compiled kernels: {kernel_status().reason}"
+    if not hasattr(ext, "causal_attention"):
+        return f"deterministic mode needs forkline_kernels with causal_attention (an older build is installed); {BUILD_HINT}"
+    if mx.default_device() != mx.cpu:
+        return "deterministic mode runs on the CPU only (the compiled kernels have no GPU version)"
+    if weights_dtype not in BLOCK_FORMATS:
+        return (
+            f"deterministic mode needs block-quantized weights ({' or '.join(BLOCK_FORMATS)}), got "
+            f"{weights_dtype!r}: float matmuls go through BLAS, whose results depend on the row count"
+        )
+    return None
+
+
+def require(weights_dtype: str) -> None:
+    """Raise FailedPrecondition when :func:`problem` finds one."""
+    why = problem(weights_dtype)
+    if why is not None:
+        raise FailedPrecondition(why)
+
+
+def enable(model: Any) -> None:
+    """Switch a Transformer (or a LoadedModel's) to deterministic mode; FailedPrecondition if it cannot."""
+    model = getattr(model, "model", model)
+    if not hasattr(model, "set_deterministic"):
+        raise FailedPrecondition(f"{type(model).__name__} has no deterministic mode")
+    model.set_deterministic(True)
+
+
+def attend(q: mx.array, views: Sequence[KVView], positions: mx.array, window: int | None, scale: float) -> mx.array:
+    """q: [T, q_heads, D] (RoPE applied); positions: int32 [T] each packed row's position; window: the
+    layer's sliding window (None: full). Returns [T, q_heads * D] in packed row order."""
+    ext = kernels()
+    t = q.shape[0]
+    outs = []
+    for view in sorted(views, key=lambda v: v.rows.start):
+        parts = view.parts if view.parts is not None else (view,)
+        if any(p.positions is None for p in parts):
+            raise FailedPrecondition("deterministic mode needs a cache whose views carry key positions")
+        o = ext.causal_attention(
+            q[view.rows],
+            positions[view.rows],
+            [p.keys for p in parts],
+            [p.values for p in parts],
+            [p.positions for p in parts],
+            scale=scale,
+            window=window or 0,
+            chunk=KEY_CHUNK,
+        )
+        outs.append(o.reshape(o.shape[0], -1))
+    out = outs[0] if len(outs) == 1 else mx.concatenate(outs)
+    if out.shape[0] != t:
+        raise ValueError(f"KV views cover {out.shape[0]} of {t} packed rows")
+    return out
