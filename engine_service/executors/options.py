@@ -45,4 +45,4 @@ def add_executor_options(parser: argparse.ArgumentParser, *, max_sessions: int |
     parser.add_argument("--deterministic", action="store_true",
                         help="batch-invariant execution: a prefix hit, clone, chunked prefill or batched step gives "
                              "bitwise the logits of a cold run alone (needs the compiled kernels and q8_0/q4_1 "
-                             "weights; fails at start otherwise)")
+                             "weights; fails at start otherwise; off by default)")
