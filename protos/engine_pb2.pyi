@@ -343,7 +343,7 @@ class OwnerUsage(_message.Message):
     def __init__(self, owner: _Optional[str] = ..., persistent: _Optional[bool] = ..., sessions: _Optional[int] = ..., positions: _Optional[int] = ..., max_sessions: _Optional[int] = ..., max_positions: _Optional[int] = ...) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model", "fingerprint", "limits", "cache_kind", "instance_id", "resident_sessions", "open_handles", "eos_token_ids", "caller", "active_generations", "queued_commands")
+    __slots__ = ("model", "fingerprint", "limits", "cache_kind", "instance_id", "resident_sessions", "open_handles", "eos_token_ids", "caller", "active_generations", "queued_commands", "compute_path", "slow_path")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
@@ -355,6 +355,8 @@ class InfoResponse(_message.Message):
     CALLER_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_GENERATIONS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_PATH_FIELD_NUMBER: _ClassVar[int]
+    SLOW_PATH_FIELD_NUMBER: _ClassVar[int]
     model: str
     fingerprint: str
     limits: Limits
@@ -366,7 +368,9 @@ class InfoResponse(_message.Message):
     caller: OwnerUsage
     active_generations: int
     queued_commands: int
-    def __init__(self, model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., cache_kind: _Optional[str] = ..., instance_id: _Optional[str] = ..., resident_sessions: _Optional[int] = ..., open_handles: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., caller: _Optional[_Union[OwnerUsage, _Mapping]] = ..., active_generations: _Optional[int] = ..., queued_commands: _Optional[int] = ...) -> None: ...
+    compute_path: str
+    slow_path: bool
+    def __init__(self, model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., cache_kind: _Optional[str] = ..., instance_id: _Optional[str] = ..., resident_sessions: _Optional[int] = ..., open_handles: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., caller: _Optional[_Union[OwnerUsage, _Mapping]] = ..., active_generations: _Optional[int] = ..., queued_commands: _Optional[int] = ..., compute_path: _Optional[str] = ..., slow_path: _Optional[bool] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("text",)
