@@ -68,6 +68,10 @@ class EngineInfo:
     open_handles: int
     eos_token_ids: tuple[int, ...]
     quota: OwnerQuota = field(default_factory=OwnerQuota)  # this client's owner in the engine
+    # the engine's compute path (e.g. "kernels q4_1 avx2 x2 threads, ..."); slow_path: far below the
+    # machine's best (the engine logged a WARNING saying how to fix it)
+    compute_path: str = ""
+    slow_path: bool = False
 
 
 class GenerationStream:
@@ -203,7 +207,8 @@ class EngineClient(ChannelClient):
                            limits.persistent_owner_max_sessions, limits.persistent_owner_max_positions)
         return EngineInfo(r.model, r.fingerprint, r.cache_kind, r.instance_id, limits.max_sessions,
                           limits.max_session_tokens, limits.vocab_size, limits.idle_session_timeout_s,
-                          r.resident_sessions, r.open_handles, tuple(r.eos_token_ids), quota)
+                          r.resident_sessions, r.open_handles, tuple(r.eos_token_ids), quota,
+                          r.compute_path, r.slow_path)
 
     def tokenize(self, text: str, *, chat: bool = False, system: str = "", add_special_tokens: bool = False) -> list[int]:
         msg = pb.TextInput(text=text, chat=chat, system=system, add_special_tokens=add_special_tokens)

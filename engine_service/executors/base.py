@@ -30,6 +30,7 @@ import mlx.core as mx
 from engine_service.cache.seq_state import SeqState, StateLayout
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.executors.sampling import SamplingParams
+from engine_service.model.compute_path import ComputePath, describe_compute_path
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,15 @@ class Executor(ABC):
     def fingerprint(self) -> str:
         """Identifies model + execution configuration; part of every prefix-cache key."""
         return type(self).__name__
+
+    def compute_path(self) -> ComputePath | None:
+        """The compute path the model runs on here (kernels / BLAS / MLX ops, and whether it is slow);
+        None when this executor runs no model. Default: described from the executor's ``weights_dtype``
+        and ``deterministic`` attributes when it has them (ModuleExecutor)."""
+        weights_dtype = getattr(self, "weights_dtype", None)
+        if not isinstance(weights_dtype, str):
+            return None
+        return describe_compute_path(weights_dtype, deterministic=bool(getattr(self, "deterministic", False)))
 
     # --- snapshots (default: unsupported) ---------------------------------------------------------
 

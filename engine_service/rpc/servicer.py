@@ -330,6 +330,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 caller=convert.owner_usage(d.registry.usage(owner)),
                 active_generations=load.active_generations,
                 queued_commands=load.queued_commands,
+                compute_path=d.runner.compute_path,
+                slow_path=d.runner.slow_path,
             )
 
     def Tokenize(self, request: pb.TokenizeRequest, context: grpc.ServicerContext) -> pb.TokenizeResponse:

@@ -25,6 +25,7 @@ import mlx.core as mx
 from engine_service.content import ContentLog
 from engine_service.errors import FailedPrecondition, GenerationError, ResourceExhausted
 from engine_service.executors.base import ExecOutput, Executor, ExecutorLimits
+from engine_service.model.compute_path import ComputePath
 from engine_service.runtime.clone import CloneRefusal
 from engine_service.runtime.commands import (
     BarrierCommand,
@@ -73,6 +74,7 @@ class EngineLoop:
         self.counts: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self.limits: ExecutorLimits | None = None
         self.fingerprint = ""
+        self.compute_path: ComputePath | None = None
         self.startup_error: BaseException | None = None
         self.ready = threading.Event()
         self.batch_observer: BatchObserver | None = None  # set by metrics; read once per batch
@@ -106,6 +108,7 @@ class EngineLoop:
         try:
             self.limits = self._executor.limits()
             self.fingerprint = self._executor.fingerprint()
+            self.compute_path = self._executor.compute_path()
         except BaseException as exc:  # reported to the constructor's thread
             self.startup_error = exc
             self.accepting = False

@@ -15,6 +15,7 @@ call, queued opens fail Unavailable) and closes every session.
 from __future__ import annotations
 
 import atexit
+import logging
 import threading
 import weakref
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from engine_service.config import GenConfig
 from engine_service.errors import FailedPrecondition, InvalidArgument, Unavailable
 from engine_service.executors.base import Executor, ExecutorLimits
 from engine_service.executors.prepared_input import PreparedInput
+from engine_service.model.compute_path import warn_if_slow
 from engine_service.persistence.snapshot import LoadRefusal, SaveRefusal, SessionSnapshot
 from engine_service.runtime.clone import CloneFuture, CloneRefusal
 from engine_service.runtime.commands import (
@@ -41,6 +43,8 @@ from engine_service.runtime.generation import GenerationHandle, GenerationUpdate
 from engine_service.runtime.session import Session
 from engine_service.runtime.snapshots import ExportCommand, ExportFuture, ImportCommand, ImportFuture
 from engine_service.runtime.state import ActiveGeneration
+
+log = logging.getLogger(__name__)
 
 # Runners whose engine thread may still be alive; stopped at interpreter exit (see below).
 _live_runners: weakref.WeakSet[Runner] = weakref.WeakSet()
@@ -104,6 +108,9 @@ class Runner:
         self._engine.ready.wait()
         if self._engine.startup_error is not None:
             raise self._engine.startup_error
+        if self._engine.compute_path is not None:
+            log.info("engine %r compute path: %s", name, self._engine.compute_path.path)
+            warn_if_slow(self._engine.compute_path, log, f"engine {name!r}")
 
     @property
     def engine_thread(self) -> threading.Thread:
@@ -122,6 +129,20 @@ class Runner:
     def fingerprint(self) -> str:
         """The executor's fingerprint (model + execution configuration): part of prefix-cache keys."""
         return self._engine.fingerprint
+
+    @property
+    def compute_path(self) -> str:
+        """The compute path the executor runs on, e.g. ``kernels q4_1 avx2 x2 threads, openblas float32
+        above 64 rows`` or ``reference BLAS float32`` ("" when the executor runs no model)."""
+        path = self._engine.compute_path
+        return path.path if path is not None else ""
+
+    @property
+    def slow_path(self) -> bool:
+        """Whether :attr:`compute_path` is far below this machine's best (a WARNING at start says how
+        to fix it)."""
+        path = self._engine.compute_path
+        return path is not None and path.slow
 
     @property
     def resident_sessions(self) -> int:
