@@ -187,3 +187,20 @@ def test_real_model_warm_equals_cold_at_every_step():
         assert got == want, (i, k)
         ex.close_session(sid)
         ex.close_session(donor)
+
+
+@pytest.mark.parametrize("module", ["engine_service", "clients.run_llm_batched"])
+def test_cli_flag_fails_at_start_without_the_kernels(module, tmp_path):
+    """--deterministic where the kernels do not load: exit 2 with the reason, before serving anything."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    args = ["--port", "0"] if module == "engine_service" else ["hello", "--out_prefix", str(tmp_path / "o")]
+    env = {**os.environ, "FORKLINE_KERNELS": "off"}
+    proc = subprocess.run([sys.executable, "-m", module, "--deterministic", *args], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "deterministic mode needs the compiled kernels" in proc.stderr, proc.stderr
