@@ -14,11 +14,7 @@
 #include "pool.h"
 #include "qdot.h"
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define FORKLINE_X86 1
-#define AVX2_FN __attribute__((target("avx2,fma")))
-#endif
+#include "common.h"
 
 namespace forkline {
 
@@ -42,16 +38,6 @@ constexpr float kC[8] = {1.0f, 1.0f, 0.5f, 1.0f / 6, 1.0f / 24, 1.0f / 120, 1.0f
 
 [[noreturn]] void bad(const std::string& what) {
   throw std::invalid_argument("causal_attention: " + what);
-}
-
-std::string shape_str(const mx::array& a) {
-  std::ostringstream os;
-  os << "[";
-  for (int i = 0; i < a.ndim(); ++i) {
-    os << (i ? ", " : "") << a.shape(i);
-  }
-  os << "]";
-  return os.str();
 }
 
 // The same operations as the AVX2 version, lane by lane (max/min keep _mm256_max_ps's operand order).
@@ -142,13 +128,6 @@ struct Scalar {
 };
 
 #if FORKLINE_X86
-
-AVX2_FN inline float reduce8_avx2(__m256 acc) {
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));  // t0..t3
-  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));  // t0+t2, t1+t3
-  __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-  return _mm_cvtss_f32(s1);
-}
 
 AVX2_FN inline __m256 exp_avx2(__m256 x) {
   const __m256 lo = _mm256_set1_ps(kExpLo);

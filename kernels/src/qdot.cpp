@@ -6,11 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define FORKLINE_X86 1
-#define AVX2_FN __attribute__((target("avx2,fma")))
-#endif
+#include "common.h"
 
 namespace forkline {
 
@@ -186,13 +182,6 @@ void q4_1_rows_f32_scalar(const uint8_t* wq, const float* wd, const float* wm, i
 // ---------------------------------------------------------------- AVX2 + FMA
 
 #if FORKLINE_X86
-
-AVX2_FN inline float reduce8_avx2(__m256 acc) {
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));  // t0..t3
-  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));  // t0+t2, t1+t3
-  __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-  return _mm_cvtss_f32(s1);
-}
 
 AVX2_FN void quantize_block_avx2(const float* v, int8_t* q, float* d, float* s) {
   const __m256 sign = _mm256_set1_ps(-0.0f);

@@ -6,6 +6,7 @@
 
 #include "mlx/backend/cpu/encoder.h"
 
+#include "common.h"
 #include "pool.h"
 #include "qdot.h"
 
@@ -18,16 +19,6 @@ constexpr int64_t kParallelQuantize = 1 << 14;
 
 [[noreturn]] void bad(const std::string& what) {
   throw std::invalid_argument(what);
-}
-
-std::string shape_str(const mx::array& a) {
-  std::ostringstream os;
-  os << "[";
-  for (int i = 0; i < a.ndim(); ++i) {
-    os << (i ? ", " : "") << a.shape(i);
-  }
-  os << "]";
-  return os.str();
 }
 
 mx::array make_op(Format format, const char* op, const mx::array& x, std::vector<mx::array> weights,

@@ -1,0 +1,41 @@
+// What the kernels' sources share: the x86 AVX2 function attribute (AVX2 code is compiled per function
+// and chosen at run time, so one binary runs on any x86-64), the fixed 8-lane reduction and a shape
+// formatter for error messages.
+#pragma once
+
+#include <sstream>
+#include <string>
+
+#include "mlx/array.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define FORKLINE_X86 1
+#define AVX2_FN __attribute__((target("avx2,fma")))
+#endif
+
+namespace forkline {
+
+// "[d0, d1, ...]" of an array's shape.
+inline std::string shape_str(const mlx::core::array& a) {
+  std::ostringstream os;
+  os << "[";
+  for (int i = 0; i < a.ndim(); ++i) {
+    os << (i ? ", " : "") << a.shape(i);
+  }
+  os << "]";
+  return os.str();
+}
+
+#if FORKLINE_X86
+// The 8 lanes summed in one fixed order: (t0 + t2) + (t1 + t3) of the halves' sums t = lo + hi. The
+// scalar fallbacks reproduce exactly this order, so both ISAs agree bit for bit.
+AVX2_FN inline float reduce8_avx2(__m256 acc) {
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));  // t0..t3
+  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));  // t0+t2, t1+t3
+  __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+  return _mm_cvtss_f32(s1);
+}
+#endif
+
+}  // namespace forkline
