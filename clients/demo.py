@@ -27,6 +27,7 @@ from contextlib import ExitStack
 
 from clients.engine_client import EngineClient
 from clients.prefix_client import PrefixClient
+from protos import prefix_pb2
 
 _LISTENING = re.compile(r"listening on (\S+:\d+)")
 
@@ -76,12 +77,6 @@ def restart(engine: Service, engine_argv: list[str]) -> Service:
     argv = list(engine_argv)
     argv[argv.index("--port") + 1] = port
     return Service("forkline-engine", argv)
-
-
-def client_stats_request():
-    from protos import prefix_pb2
-
-    return prefix_pb2.StatsRequest()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prefix cache: {stats.entries} entries, {stats.hits} hits, {stats.misses} misses, "
               f"{stats.reused_positions} positions reused", flush=True)
         if args.restart_engine:
-            disk = client.stub.Stats(client_stats_request()).snapshot_dir
+            disk = client.stub.Stats(prefix_pb2.StatsRequest()).snapshot_dir
             print(f"snapshot directory: {disk.files} files, {disk.bytes / 2**20:.1f} MiB, {disk.written} written, "
                   f"{disk.restored} restored after the restart", flush=True)
             ok &= disk.restored >= 1

@@ -37,18 +37,18 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 
 from engine_service.errors import ForklineError, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from engine_service.stream_events import Done
 from prefix_service.backends import TextPrompt
-from prefix_service.gateway import Gateway, GatewayEvent, GatewayRequest, GatewayStats, Prompt, PromptLookup
+from prefix_service.fleet_stats import EngineStatus, FleetStats, summed
+from prefix_service.gateway import Gateway, GatewayEvent, GatewayRequest, Prompt, PromptLookup
 from prefix_service.gateway_stream import GatewayStream
 from prefix_service.index import token_key
-from prefix_service.outcomes import InsertOutcome, PrefixStats
+from prefix_service.outcomes import InsertOutcome
 from prefix_service.persistent_tier import PersistentTier
 from prefix_service.routing import Candidate, Route, RouteReason, RoutingPolicy, routing_policy
-from prefix_service.snapshot_store import StoreStats
 
 log = logging.getLogger(__name__)
 
@@ -101,35 +101,6 @@ class EngineMember:
 
     def close(self) -> None:
         self._close()
-
-
-@dataclass(frozen=True)
-class EngineStatus:
-    """One engine in :class:`FleetStats`: its identity, whether requests are routed to it, its
-    gateway's stats and its routing counters."""
-
-    name: str
-    instance_id: str
-    fingerprint: str
-    routable: bool
-    stats: GatewayStats
-    in_flight: int
-    load: int
-    routed: int
-    load_guarded: int
-
-
-@dataclass(frozen=True)
-class FleetStats:
-    """``total``: the engines' gateway stats summed (instance id, policy and share: the first
-    engine's); ``routing``: the policy's name; ``engines``: each engine; ``routes``: route decisions
-    by reason (``routing.RouteReason`` values)."""
-
-    total: GatewayStats
-    routing: str
-    engines: tuple[EngineStatus, ...]
-    routes: dict[str, int]
-    snapshot_dir: StoreStats | None = None  # the persistent tier, when there is one
 
 
 class RoutedStream:
@@ -305,7 +276,7 @@ class Fleet:
         with self._lock:
             routes = dict(self._routes)
         tier = self.tier
-        return FleetStats(_summed([e.stats for e in engines]), self.policy.name, engines, routes,
+        return FleetStats(summed([e.stats for e in engines]), self.policy.name, engines, routes,
                           tier.store.stats() if tier is not None else None)
 
     def clear(self) -> int:
@@ -394,24 +365,3 @@ class Fleet:
                     raise
                 log.info("engine %s could not serve (%s): trying %s", member.name, exc, engines[i + 1].name)
         raise Unavailable("no engine to route to")
-
-
-def _summed(stats: Sequence[GatewayStats]) -> GatewayStats:
-    """Gateway stats added up over engines (identity fields: the first engine's)."""
-    if not stats:
-        empty = PrefixStats(0, 0, 0, 0, 0, 0, 0)
-        return GatewayStats(empty, 0, "", "")
-    if len(stats) == 1:
-        return stats[0]
-    refusals: Counter[str] = Counter()
-    misses: Counter[str] = Counter()
-    for s in stats:
-        refusals.update(s.cache.refusals)
-        misses.update(s.misses_by_reason)
-    cache = PrefixStats(**{f.name: sum(getattr(s.cache, f.name) for s in stats)
-                           for f in fields(PrefixStats) if f.name != "refusals"}, refusals=dict(refusals))
-    first = stats[0]
-    return replace(first, cache=cache, dropped_on_restart=sum(s.dropped_on_restart for s in stats),
-                   pressure_evictions=sum(s.pressure_evictions for s in stats),
-                   pressure_retries=sum(s.pressure_retries for s in stats),
-                   reclaimed=sum(s.reclaimed for s in stats), misses_by_reason=dict(misses))

@@ -175,20 +175,11 @@ class Gateway:
     def preload(self) -> None:
         """Restore the snapshot directory's most recent entries into this engine in the background
         (``--snapshot_preload``; nothing without a directory or with 0)."""
-        tier = self.tier
-        if tier is None or tier.preload_entries <= 0:
-            return
+        if self.tier is not None:
+            self.tier.preload_in_background(self.cache, on_loaded=self._restored_from_disk)
 
-        def run() -> None:
-            try:
-                loaded = tier.preload(self.cache)
-                if loaded:
-                    self._restarted = False
-                    log.info("restored %d snapshots from the snapshot directory", loaded)
-            except Exception:  # noqa: BLE001 - a preload is an optimisation: lookups restore lazily
-                log.warning("snapshot preload failed", exc_info=True)
-
-        threading.Thread(target=run, name="forkline-snapshot-preload", daemon=True).start()
+    def _restored_from_disk(self) -> None:
+        self._restarted = False  # entries are back: misses are no longer the restart's
 
     def lookup(self, namespace: str, prompt: Prompt, owner: str,
                caller_active: Callable[[], bool] = lambda: True) -> PromptLookup:

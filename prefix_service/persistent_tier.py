@@ -17,7 +17,8 @@ Only engines that can export and import (``backends.SnapshotBackend``) take part
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 
 from engine_service.errors import ForklineError
 from prefix_service.backends import SnapshotBackend
@@ -74,6 +75,24 @@ class PersistentTier:
                 continue  # already in memory
             loaded += self._load(cache, backend, entry)
         return loaded
+
+    def preload_in_background(self, cache: PrefixCache, on_loaded: Callable[[], None] = lambda: None) -> None:
+        """:meth:`preload` on a thread of its own (an optimisation: lookups restore lazily anyway);
+        ``on_loaded()`` runs when it restored something."""
+        if self.preload_entries <= 0:
+            return
+
+        def run() -> None:
+            try:
+                loaded = self.preload(cache)
+            except Exception:  # noqa: BLE001 - a failed preload leaves the lazy restore
+                log.warning("snapshot preload failed", exc_info=True)
+                return
+            if loaded:
+                log.info("restored %d snapshots from the snapshot directory", loaded)
+                on_loaded()
+
+        threading.Thread(target=run, name="forkline-snapshot-preload", daemon=True).start()
 
     def stop(self, timeout: float = 10.0) -> None:
         self.writer.stop(timeout)

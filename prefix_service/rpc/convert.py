@@ -16,7 +16,7 @@ from engine_service.rpc.convert import CLONE_REFUSALS, gen_config, started_event
 from engine_service.runtime.clone import CloneRefusal
 from engine_service.stream_events import Started, Tokens
 from prefix_service.backends import EngineGenerate, EngineInfo, TakenClone, TextPrompt
-from prefix_service.fleet import EngineStatus, FleetStats
+from prefix_service.fleet_stats import EngineStatus, FleetStats
 from prefix_service.gateway import GatewayEvent, GatewayRequest, Prompt, PromptLookup
 from prefix_service.outcomes import InsertOutcome, InsertRefusal, MissReason
 from protos import engine_pb2 as epb

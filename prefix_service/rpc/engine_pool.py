@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -123,18 +124,12 @@ class EnginePool:
     def start_serving(self, ready_timeout: float) -> None:
         """Connect the engines there are now; wait up to ``ready_timeout`` for at least one (Unavailable
         otherwise), then keep in step in the background."""
-        deadline = threading.Event()
-        timer = threading.Timer(ready_timeout, deadline.set)
-        timer.daemon = True
-        timer.start()
-        try:
-            while True:
-                self.sync(timeout=min(ready_timeout, JOIN_TIMEOUT_S) if self.fleet.members() else ready_timeout)
-                if self.fleet.members() or deadline.is_set() or self.refused is not None:
-                    break
-                deadline.wait(min(self.resolve_every_s, 0.5))
-        finally:
-            timer.cancel()
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            self.sync(timeout=max(0.1, deadline - time.monotonic()))
+            if self.fleet.members() or self.refused is not None or time.monotonic() >= deadline:
+                break
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
         if not self.fleet.members():
             if self.refused is not None:
                 raise self.refused

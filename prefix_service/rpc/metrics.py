@@ -28,7 +28,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from engine_service.rpc.rpc_metrics import ServiceMetrics
-from prefix_service.fleet import Fleet, FleetStats
+from prefix_service.fleet import Fleet
+from prefix_service.fleet_stats import FleetStats
 from prefix_service.snapshot_store import StoreStats
 from protos import prefix_pb2
 

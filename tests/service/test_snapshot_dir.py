@@ -19,7 +19,7 @@ from tests.service.helpers import in_process_tokens, wait_for
 NEW = 4
 
 
-def PrefixMetricsScrape(fleet):  # noqa: N802 - reads like the scrape it is
+def scraped_families(fleet):
     """The prefix service's metric families as a scrape would produce them."""
     from prefix_service.rpc.metrics import GatewayCollector
 
@@ -74,7 +74,7 @@ def test_an_engine_restart_is_served_from_disk_like_cold(engine_factory, tmp_pat
         assert svc.stub.Stats(prefix_pb2.StatsRequest()).dropped_on_restart == 1  # memory was lost
         assert svc.tier.writer.flush(10)
         metrics = {(m.name, tuple(sorted(s.labels.items()))): s.value
-                   for m in PrefixMetricsScrape(svc.fleet) for s in m.samples}
+                   for m in scraped_families(svc.fleet) for s in m.samples}
         assert metrics["forkline_prefix_snapshot_events", (("event", "restored"),)] == 1
         assert metrics["forkline_prefix_snapshot_files", ()] == 2  # the first prompt and the longer one
     finally:
