@@ -31,6 +31,8 @@ def _value(v) -> bytes:
     if isinstance(v, list):
         if all(isinstance(x, str) for x in v):
             return struct.pack("<IIQ", _ARR, _STR, len(v)) + b"".join(_string(x) for x in v)
+        if v and all(isinstance(x, float) for x in v):
+            return struct.pack("<IIQ", _ARR, _F32, len(v)) + struct.pack(f"<{len(v)}f", *v)
         return struct.pack("<IIQ", _ARR, _I32, len(v)) + struct.pack(f"<{len(v)}i", *v)
     raise TypeError(type(v))
 
