@@ -17,6 +17,7 @@ class CloneRefusal(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CLONE_REFUSAL_SOURCE_UNUSABLE: _ClassVar[CloneRefusal]
     CLONE_REFUSAL_STOPPING: _ClassVar[CloneRefusal]
     CLONE_REFUSAL_QUOTA: _ClassVar[CloneRefusal]
+    CLONE_REFUSAL_WINDOW: _ClassVar[CloneRefusal]
 CLONE_REFUSAL_UNSPECIFIED: CloneRefusal
 CLONE_REFUSAL_POSITION: CloneRefusal
 CLONE_REFUSAL_BOUNDARY: CloneRefusal
@@ -25,6 +26,7 @@ CLONE_REFUSAL_PREPARED_INPUT: CloneRefusal
 CLONE_REFUSAL_SOURCE_UNUSABLE: CloneRefusal
 CLONE_REFUSAL_STOPPING: CloneRefusal
 CLONE_REFUSAL_QUOTA: CloneRefusal
+CLONE_REFUSAL_WINDOW: CloneRefusal
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -342,8 +344,18 @@ class OwnerUsage(_message.Message):
     max_positions: int
     def __init__(self, owner: _Optional[str] = ..., persistent: _Optional[bool] = ..., sessions: _Optional[int] = ..., positions: _Optional[int] = ..., max_sessions: _Optional[int] = ..., max_positions: _Optional[int] = ...) -> None: ...
 
+class WindowGeometry(_message.Message):
+    __slots__ = ("sliding_window", "max_write", "evicts")
+    SLIDING_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    MAX_WRITE_FIELD_NUMBER: _ClassVar[int]
+    EVICTS_FIELD_NUMBER: _ClassVar[int]
+    sliding_window: int
+    max_write: int
+    evicts: bool
+    def __init__(self, sliding_window: _Optional[int] = ..., max_write: _Optional[int] = ..., evicts: _Optional[bool] = ...) -> None: ...
+
 class InfoResponse(_message.Message):
-    __slots__ = ("model", "fingerprint", "limits", "cache_kind", "instance_id", "resident_sessions", "open_handles", "eos_token_ids", "caller", "active_generations", "queued_commands", "compute_path", "slow_path")
+    __slots__ = ("model", "fingerprint", "limits", "cache_kind", "instance_id", "resident_sessions", "open_handles", "eos_token_ids", "caller", "active_generations", "queued_commands", "compute_path", "slow_path", "window")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
@@ -357,6 +369,7 @@ class InfoResponse(_message.Message):
     QUEUED_COMMANDS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_PATH_FIELD_NUMBER: _ClassVar[int]
     SLOW_PATH_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
     model: str
     fingerprint: str
     limits: Limits
@@ -370,7 +383,8 @@ class InfoResponse(_message.Message):
     queued_commands: int
     compute_path: str
     slow_path: bool
-    def __init__(self, model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., cache_kind: _Optional[str] = ..., instance_id: _Optional[str] = ..., resident_sessions: _Optional[int] = ..., open_handles: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., caller: _Optional[_Union[OwnerUsage, _Mapping]] = ..., active_generations: _Optional[int] = ..., queued_commands: _Optional[int] = ..., compute_path: _Optional[str] = ..., slow_path: _Optional[bool] = ...) -> None: ...
+    window: WindowGeometry
+    def __init__(self, model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., cache_kind: _Optional[str] = ..., instance_id: _Optional[str] = ..., resident_sessions: _Optional[int] = ..., open_handles: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., caller: _Optional[_Union[OwnerUsage, _Mapping]] = ..., active_generations: _Optional[int] = ..., queued_commands: _Optional[int] = ..., compute_path: _Optional[str] = ..., slow_path: _Optional[bool] = ..., window: _Optional[_Union[WindowGeometry, _Mapping]] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("text",)

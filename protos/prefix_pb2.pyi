@@ -17,6 +17,7 @@ class MissReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MISS_REASON_ENGINE_RESTARTED: _ClassVar[MissReason]
     MISS_REASON_TOO_SHORT: _ClassVar[MissReason]
     MISS_REASON_DISABLED: _ClassVar[MissReason]
+    MISS_REASON_WINDOW: _ClassVar[MissReason]
 
 class InsertRefusal(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -38,6 +39,7 @@ MISS_REASON_BOUNDARY_REFUSED: MissReason
 MISS_REASON_ENGINE_RESTARTED: MissReason
 MISS_REASON_TOO_SHORT: MissReason
 MISS_REASON_DISABLED: MissReason
+MISS_REASON_WINDOW: MissReason
 INSERT_REFUSAL_UNSPECIFIED: InsertRefusal
 INSERT_REFUSAL_DISABLED: InsertRefusal
 INSERT_REFUSAL_POSITION_MISMATCH: InsertRefusal

@@ -126,6 +126,10 @@ class BatchedSequenceCache(ConfiguredCache):
         self._seqs[sid] = dup
         return sid
 
+    def rewind_floor(self, seq: int) -> int:
+        """The lowest position a clone or rewind of ``seq`` may reach (its rings' floor; 0 without rings)."""
+        return self.sequence(seq).rewind_floor
+
     def seq_rm(self, seq: int) -> None:
         self._ids.release(seq)
         del self._seqs[seq]

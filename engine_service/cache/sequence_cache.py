@@ -69,6 +69,12 @@ class SequenceCache:
     def has_ring(self) -> bool:
         return bool(self._slot_pos)
 
+    @property
+    def rewind_floor(self) -> int:
+        """The lowest position a rewind or clone may reach: ``written - max_write`` with ring layers
+        (below it the rows are gone), 0 without."""
+        return max(0, self._written - self._cfg.max_write) if self.has_ring else 0
+
     def can_rewind(self, p: int) -> bool:
         """Whether ``length`` may become ``p``: refused past the length or below any ring's floor.
 
@@ -77,7 +83,7 @@ class SequenceCache:
         """
         if p < 0 or p > self._length:
             return False
-        return not (self.has_ring and p < self._written - self._cfg.max_write)
+        return p >= self.rewind_floor
 
     def rewind(self, p: int) -> bool:
         if not self.can_rewind(p):

@@ -86,6 +86,23 @@ class ExecutorLimits:
     vocab_size: int
 
 
+@dataclass(frozen=True)
+class WindowGeometry:
+    """What a clone of a sliding-window model can reach (published in the engine's Info).
+
+    sliding_window: the largest window of the model's sliding layers (0: none slide).
+    max_write: positions one forward writes per session at most.
+    evicts: the cache drops rows older than the window (``batched-sequence`` ring layers), so a clone
+        or rewind to ``p`` is refused when ``p < written - max_write`` (``written``: the session's
+        high-water mark; ``CloneRefusal.WINDOW``). False when every row stays (``batched-cell``:
+        sliding layers only mask) or nothing slides: a clone at any committed position works.
+    """
+
+    sliding_window: int = 0
+    max_write: int = 0
+    evicts: bool = False
+
+
 class Executor(ABC):
     """Turns batches of session inputs into predictions. Default: no clones, no prepared inputs."""
 
@@ -99,6 +116,15 @@ class Executor(ABC):
 
     def clone(self, sid: int, upto: int) -> int | None:
         """A new session holding exactly positions [0, upto) of ``sid``, or None. Never changes ``sid``."""
+        return None
+
+    def clone_floor(self, sid: int) -> int:
+        """The lowest position a clone of ``sid`` can reach (below it a sliding-window ring no longer
+        holds the rows; the runner reports such a refusal as ``CloneRefusal.WINDOW``). Default 0."""
+        return 0
+
+    def window_geometry(self) -> WindowGeometry | None:
+        """The sliding-window geometry clones obey (None: not described). Read once at start."""
         return None
 
     @abstractmethod

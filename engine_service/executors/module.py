@@ -32,7 +32,14 @@ import mlx.core as mx
 from engine_service.cache.batch_control import BatchControl, Segment
 from engine_service.cache.seq_state import SeqState, StateLayout, StateTransfer, geometry_text
 from engine_service.errors import NotFound
-from engine_service.executors.base import ExecInput, ExecOutput, Executor, ExecutorLimits, out_of_vocab
+from engine_service.executors.base import (
+    ExecInput,
+    ExecOutput,
+    Executor,
+    ExecutorLimits,
+    WindowGeometry,
+    out_of_vocab,
+)
 from engine_service.executors.cache_setup import build_session_cache, cache_config, positive
 from engine_service.executors.plan import PREPARED_TOKEN, InputError, Plan, SessionState
 from engine_service.executors.prepared_input import PreparedInput
@@ -165,6 +172,18 @@ class ModuleExecutor(Executor):
                     log.exception("releasing the failed clone's sequence %d failed", child)
             return None
         return self._register(SessionState(child, history=state.history[:upto]))
+
+    def clone_floor(self, sid: int) -> int:
+        """The session's ring floor (``written - max_write`` on ``batched-sequence`` with sliding
+        layers; 0 on a cache that keeps every row)."""
+        state = self._sessions.get(sid)
+        floor = getattr(self.cache, "rewind_floor", None)
+        return 0 if state is None or floor is None else int(floor(state.seq))
+
+    def window_geometry(self) -> WindowGeometry:
+        windows = [spec.window for spec in self.config.layers if spec.sliding and spec.window]
+        return WindowGeometry(max(windows, default=0), self.max_write,
+                              bool(windows) and hasattr(self.cache, "rewind_floor"))
 
     def state_layout(self) -> StateLayout | None:
         if not isinstance(self.cache, StateTransfer):

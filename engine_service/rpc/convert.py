@@ -15,7 +15,7 @@ import numpy as np
 from engine_service.auth import current_caller
 from engine_service.config import GenConfig
 from engine_service.errors import ForklineError, InvalidArgument
-from engine_service.executors.base import ExecutorLimits, out_of_vocab
+from engine_service.executors.base import ExecutorLimits, WindowGeometry, out_of_vocab
 from engine_service.executors.prepared_input import EmbeddingsInput, PreparedInput
 from engine_service.handles import NO_QUOTA, OwnerQuota, OwnerUsage
 from engine_service.runtime.clone import CloneRefusal
@@ -181,6 +181,8 @@ _CLONE_REFUSAL_TEXT = {
     CloneRefusal.SOURCE_UNUSABLE: "the session is closed or failed",
     CloneRefusal.STOPPING: "the engine is stopping",
     CloneRefusal.QUOTA: "the snapshot's owner has no room left in its quota",
+    CloneRefusal.WINDOW: "position {upto} is below the session's sliding-window floor (the ring no longer holds "
+                         "the rows)",
 }
 _WIRE_CLONE_REFUSALS = {value: reason for reason, value in CLONE_REFUSALS.items()}
 
@@ -223,6 +225,13 @@ def done_event(result: GenerationResult, reused: int, position: int) -> pb.Gener
             ),
         )
     )
+
+
+def window_message(window: WindowGeometry | None) -> pb.WindowGeometry | None:
+    """InfoResponse.window (None: the executor does not describe it)."""
+    if window is None:
+        return None
+    return pb.WindowGeometry(sliding_window=window.sliding_window, max_write=window.max_write, evicts=window.evicts)
 
 
 def limits_message(limits: ExecutorLimits, idle_timeout_s: float, quota: OwnerQuota = NO_QUOTA,

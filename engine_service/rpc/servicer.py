@@ -332,6 +332,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 queued_commands=load.queued_commands,
                 compute_path=d.runner.compute_path,
                 slow_path=d.runner.slow_path,
+                window=convert.window_message(d.runner.window_geometry),
             )
 
     def Tokenize(self, request: pb.TokenizeRequest, context: grpc.ServicerContext) -> pb.TokenizeResponse:

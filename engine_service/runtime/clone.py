@@ -15,7 +15,8 @@ class CloneRefusal(StrEnum):
     """Why a clone produced no session (the values are the wire names, lower case)."""
 
     POSITION = "position"  # upto is outside [0, committed position] when the engine runs the clone
-    BOUNDARY = "boundary"  # the executor refused: rows gone (sliding window), no free slot, or it raised
+    BOUNDARY = "boundary"  # the executor refused: no free slot, no room, or it raised
+    WINDOW = "window"  # upto is below the source's ring floor (sliding window): the rows are gone
     CONTENT_MISMATCH = "content_mismatch"  # [0, upto) does not hold the expected content
     PREPARED_INPUT = "prepared_input"  # an expected digest was given and [0, upto) holds a prepared input
     SOURCE_UNUSABLE = "source_unusable"  # the source is closed or failed

@@ -24,7 +24,7 @@ import mlx.core as mx
 
 from engine_service.content import ContentLog
 from engine_service.errors import FailedPrecondition, GenerationError, ResourceExhausted
-from engine_service.executors.base import ExecOutput, Executor, ExecutorLimits
+from engine_service.executors.base import ExecOutput, Executor, ExecutorLimits, WindowGeometry
 from engine_service.model.compute_path import ComputePath
 from engine_service.runtime.clone import CloneRefusal
 from engine_service.runtime.commands import (
@@ -75,6 +75,7 @@ class EngineLoop:
         self.limits: ExecutorLimits | None = None
         self.fingerprint = ""
         self.compute_path: ComputePath | None = None
+        self.window_geometry: WindowGeometry | None = None
         self.startup_error: BaseException | None = None
         self.ready = threading.Event()
         self.batch_observer: BatchObserver | None = None  # set by metrics; read once per batch
@@ -109,6 +110,7 @@ class EngineLoop:
             self.limits = self._executor.limits()
             self.fingerprint = self._executor.fingerprint()
             self.compute_path = self._executor.compute_path()
+            self.window_geometry = self._executor.window_geometry()
         except BaseException as exc:  # reported to the constructor's thread
             self.startup_error = exc
             self.accepting = False
@@ -313,12 +315,20 @@ class EngineLoop:
             if sid is not None:
                 child = self._adopt(sid, rec.content.prefix(cmd.upto))
             else:
-                refusal = CloneRefusal.BOUNDARY
+                refusal = CloneRefusal.WINDOW if cmd.upto < self._clone_floor(rec.sid) else CloneRefusal.BOUNDARY
         self.counts["clones_succeeded" if child is not None else "clones_refused"] += 1
         if child is None:
             future.refuse(refusal)
         else:
             future.set_result(child)
+
+    def _clone_floor(self, sid: int) -> int:
+        """The executor's floor for clones of ``sid`` (a ring's rewind floor; 0 when it cannot say)."""
+        try:
+            return self._executor.clone_floor(sid)
+        except Exception:  # a diagnostic only: the refusal stands either way
+            log.exception("executor.clone_floor(%d) failed", sid)
+            return 0
 
     @staticmethod
     def _clone_refusal(rec: SessionRecord | None, cmd: CloneCommand) -> CloneRefusal | None:

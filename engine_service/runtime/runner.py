@@ -26,7 +26,7 @@ import mlx.core as mx
 
 from engine_service.config import GenConfig
 from engine_service.errors import FailedPrecondition, InvalidArgument, Unavailable
-from engine_service.executors.base import Executor, ExecutorLimits
+from engine_service.executors.base import Executor, ExecutorLimits, WindowGeometry
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.model.compute_path import warn_if_slow
 from engine_service.persistence.snapshot import LoadRefusal, SaveRefusal, SessionSnapshot
@@ -136,6 +136,12 @@ class Runner:
         above 64 rows`` or ``reference BLAS float32`` ("" when the executor runs no model)."""
         path = self._engine.compute_path
         return path.path if path is not None else ""
+
+    @property
+    def window_geometry(self) -> WindowGeometry | None:
+        """What clones of this executor's sessions can reach on sliding-window layers
+        (``executors.base.WindowGeometry``; None when the executor does not say)."""
+        return self._engine.window_geometry
 
     @property
     def slow_path(self) -> bool:
