@@ -92,7 +92,7 @@ def _check(block: BlockType, data: np.ndarray, rows: int, cols: int) -> tuple[np
             f"{name} tensor [{rows}, {cols}]: expected {expected} bytes "
             f"({n_blocks} blocks of {block.nbytes} bytes for {block.elements} weights), got {data.size}"
         )
-    return data.reshape(n_blocks, block.nbytes), rows, cols
+    return np.ascontiguousarray(data).reshape(n_blocks, block.nbytes), rows, cols
 
 
 def _f16(b: np.ndarray, offset: int) -> np.ndarray:
