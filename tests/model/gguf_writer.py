@@ -171,9 +171,9 @@ def _k_affine(w: np.ndarray, levels: int) -> tuple[np.ndarray, ...]:
     d = _f16_up(span.max(axis=1, keepdims=True) / (levels * 63))
     sc = np.clip(np.ceil(_safe_div(span / levels, d.astype(np.float64))), 0, 63)
     step = d.astype(np.float64) * sc
-    q = np.clip(np.rint(_safe_div(b + low[:, :, None], step[:, :, None])), 0, levels)
-    values = step[:, :, None] * q - low[:, :, None]
-    return q.reshape(-1, 256).astype(np.uint8), d, dmin, sc.astype(np.uint8), mn.astype(np.uint8), values
+    q = np.clip(np.rint(_safe_div(b + low[:, :, None], step[:, :, None])), 0, levels).astype(np.uint8)
+    values = step[:, :, None] * q - low[:, :, None]  # from the stored integers (no -0.0 from rint)
+    return q.reshape(-1, 256), d, dmin, sc.astype(np.uint8), mn.astype(np.uint8), values
 
 
 def _k_scale_bytes(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
@@ -225,8 +225,8 @@ def quantize_q6_k(w: np.ndarray) -> BlockQuant:
     d = _f16_up(amax.max(axis=1, keepdims=True) / (31 * 127))
     sc = np.clip(np.ceil(_safe_div(amax / 31, d.astype(np.float64))), 0, 127)
     step = (d.astype(np.float64) * sc)[:, :, None]
-    qs = np.clip(np.rint(_safe_div(b, step)), -32, 31)
-    values = step * qs
+    qs = np.clip(np.rint(_safe_div(b, step)), -32, 31).astype(np.int8)
+    values = step * qs  # from the stored integers (no -0.0 from rint)
     q = (qs + 32).astype(np.uint8).reshape(-1, 256)
     n = q.shape[0]
     ql = np.zeros((n, 128), np.uint8)
