@@ -38,13 +38,19 @@ class BlockQuantTensor:
 
     def __post_init__(self) -> None:
         if self.format not in BLOCK_FORMATS:
-            raise InvalidArgument(f"BlockQuantTensor.format must be one of {BLOCK_FORMATS}, got {self.format!r}")
+            raise InvalidArgument(
+                f"BlockQuantTensor.format must be one of {BLOCK_FORMATS}, got {self.format!r}"
+            )
         n, blocks = self.scales.shape
         per_block = BLOCK if self.format == "q8_0" else BLOCK // 2
         if self.wq.shape != (n, blocks * per_block):
-            raise InvalidArgument(f"BlockQuantTensor.wq {self.wq.shape} does not match scales {self.scales.shape}")
+            raise InvalidArgument(
+                f"BlockQuantTensor.wq {self.wq.shape} does not match scales {self.scales.shape}"
+            )
         if not blocks * BLOCK - BLOCK < self.in_features <= blocks * BLOCK:
-            raise InvalidArgument(f"BlockQuantTensor.in_features {self.in_features} does not fit {blocks} blocks")
+            raise InvalidArgument(
+                f"BlockQuantTensor.in_features {self.in_features} does not fit {blocks} blocks"
+            )
         if (self.mins is None) != (self.format == "q8_0"):
             raise InvalidArgument("BlockQuantTensor.mins must be given for q4_1 only")
 
@@ -87,14 +93,10 @@ def _padded_blocks(w: mx.array) -> mx.array:
     return w.reshape(n, -1, BLOCK)
 
 
-def natural_block_format(tensors: dict[str, mx.array | QuantTensor]) -> str:
-    """The block format that keeps a model's layer weights as they are: ``q4_1`` when they are 4-bit,
-    group-32 affine (GGUF Q4_0/Q4_1: converted without loss, and the fastest), otherwise ``q8_0``
-    (requantizing 4-bit weights to q8_0 moves SmolLM2's logits by ~1; q4_1 by ~1e-4)."""
-    first = next((t for name, t in tensors.items() if name.startswith("layers.")), None)
-    if isinstance(first, QuantTensor) and first.bits == 4 and first.group_size == BLOCK:
-        return "q4_1"
-    return "q8_0"
+def is_block_dtype(weights_dtype: str) -> bool:
+    """Whether a resolved weights dtype is block formats only: ``q8_0``, ``q4_1`` or a mix such as
+    ``q4_1+q8_0`` (each matrix in its source's format)."""
+    return bool(weights_dtype) and all(part in BLOCK_FORMATS for part in weights_dtype.split("+"))
 
 
 def to_q8_0(tensor: mx.array | QuantTensor) -> BlockQuantTensor:
@@ -132,6 +134,21 @@ def to_q4_1(tensor: mx.array | QuantTensor) -> BlockQuantTensor:
     return BlockQuantTensor(
         "q4_1", wq.reshape(n, -1), scales.astype(mx.float32), mins.astype(mx.float32), in_features
     )
+
+
+def to_affine(t: BlockQuantTensor) -> QuantTensor:
+    """The same values as MLX affine quantization, group 32 (exact): q8_0 -> 8-bit (u = q + 128,
+    bias = -128 * scale), q4_1 -> 4-bit (scale, bias = min). K must be a multiple of 32."""
+    n, blocks = t.scales.shape
+    if t.in_features != blocks * BLOCK:
+        raise InvalidArgument(f"to_affine needs in_features a multiple of {BLOCK}, got {t.in_features}")
+    if t.format == "q8_0":
+        u = (t.wq.astype(mx.int16) + 128).astype(mx.uint8)  # [N, K]
+        return QuantTensor(u.view(mx.uint32), t.scales, t.scales * -128.0, BLOCK, 8)
+    packed = t.wq.reshape(n, blocks, BLOCK // 2)
+    q = mx.concatenate([packed & 0x0F, packed >> 4], axis=-1).reshape(n, -1, 2)  # weights in order
+    nibbles = (q[..., 0] | (q[..., 1] << 4)).astype(mx.uint8)  # byte k: weights 2k (low), 2k + 1
+    return QuantTensor(nibbles.reshape(n, -1).view(mx.uint32), t.scales, t.mins, BLOCK, 4)
 
 
 def to_block_format(tensor: mx.array | QuantTensor, fmt: str) -> BlockQuantTensor:

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 
 from engine_service.blas import BlasStatus, blas_status
-from engine_service.model.block_quant import BLOCK_FORMATS
+from engine_service.model.block_quant import is_block_dtype
 from engine_service.model.cpu_kernels import BUILD_HINT, kernel_status, kernels
 from engine_service.model.weights import gpu_available
 
@@ -45,20 +45,27 @@ def _blas_fix(status: BlasStatus) -> str:
     return OPENBLAS_HINT
 
 
-def describe_compute_path(weights_dtype: str, *, deterministic: bool = False, on_gpu: bool | None = None,
-                          blas: BlasStatus | None = None) -> ComputePath:
+def describe_compute_path(
+    weights_dtype: str,
+    *,
+    deterministic: bool = False,
+    on_gpu: bool | None = None,
+    blas: BlasStatus | None = None,
+) -> ComputePath:
     """The path a model with ``weights_dtype`` (resolved, as the loader reports it) runs on here."""
     if on_gpu if on_gpu is not None else gpu_available():
         return ComputePath(f"gpu {weights_dtype} (mlx ops)", False)
     blas = blas or blas_status()
     blas_name = "reference BLAS" if blas.name == "reference" else blas.name
     reference = blas.name == "reference"
-    if weights_dtype in BLOCK_FORMATS:
+    if is_block_dtype(weights_dtype):
         ext = kernels()
         if ext is None:
             return ComputePath(
-                f"mlx quantized ops {weights_dtype} (no compiled kernels: {kernel_status().reason})", True,
-                f"build the kernels: {BUILD_HINT}")
+                f"mlx quantized ops {weights_dtype} (no compiled kernels: {kernel_status().reason})",
+                True,
+                f"build the kernels: {BUILD_HINT}",
+            )
         isa, best = ext.isa(), ext.best_isa()
         path = f"kernels {weights_dtype} {isa} x{ext.num_threads()} threads"
         path += ", deterministic" if deterministic else f", {blas_name} float32 above 64 rows"
@@ -73,8 +80,11 @@ def describe_compute_path(weights_dtype: str, *, deterministic: bool = False, on
             fix += f"; build the kernels: {BUILD_HINT}"
         return ComputePath("mlx quantized ops (4-bit affine)", True, fix)
     if weights_dtype in ("float16", "bfloat16"):
-        return ComputePath(f"mlx {weights_dtype} matmul", True,
-                           "use weights_dtype auto or float32 (MLX's CPU half-precision matmul is slow)")
+        return ComputePath(
+            f"mlx {weights_dtype} matmul",
+            True,
+            "use weights_dtype auto or float32 (MLX's CPU half-precision matmul is slow)",
+        )
     path = f"{blas_name} {weights_dtype}"
     if reference:
         return ComputePath(path, True, _blas_fix(blas))

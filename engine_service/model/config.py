@@ -11,11 +11,15 @@ from engine_service.errors import InvalidArgument
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Hyper-parameters of a Llama-family decoder.
+    """Hyper-parameters of a decoder-only transformer.
 
     ``layers`` holds one LayerSpec per transformer layer (full history or a sliding window); the cache
     is built from it. ``rope_traditional`` selects MLX's RoPE pairing: True rotates adjacent pairs
-    (what GGUF's per-head-permuted Q/K rows expect), False rotates the two halves (Hugging Face layout).
+    (what GGUF's per-head-permuted Llama Q/K rows expect), False rotates the two halves (Hugging Face
+    layout, and every other GGUF architecture). ``architecture`` names the module of
+    :mod:`engine_service.model.arch` that builds the layers. ``rope_local_theta``: the RoPE base of the
+    sliding layers when it differs from ``rope_theta`` (Gemma 3: 10,000 local, 1,000,000 global).
+    ``attn_scale``: the attention's score scale (None: ``head_dim ** -0.5``).
     """
 
     vocab_size: int
@@ -34,6 +38,8 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     rope_traditional: bool = False
     architecture: str = "llama"
+    rope_local_theta: float | None = None
+    attn_scale: float | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -61,6 +67,10 @@ class ModelConfig:
             )
         if not self.rope_theta > 0:
             raise InvalidArgument(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta}")
+        if self.rope_local_theta is not None and not self.rope_local_theta > 0:
+            raise InvalidArgument(f"ModelConfig.rope_local_theta must be > 0, got {self.rope_local_theta}")
+        if self.attn_scale is not None and not self.attn_scale > 0:
+            raise InvalidArgument(f"ModelConfig.attn_scale must be > 0, got {self.attn_scale}")
         if not self.rms_norm_eps > 0:
             raise InvalidArgument(f"ModelConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps}")
         for tok in ((self.bos_token_id,) if self.bos_token_id is not None else ()) + tuple(
@@ -78,6 +88,12 @@ class ModelConfig:
     @property
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
+
+    def layer_rope_theta(self, index: int) -> float:
+        """The RoPE base of layer ``index``: ``rope_local_theta`` on sliding layers when set."""
+        if self.rope_local_theta is not None and self.layers[index].sliding:
+            return self.rope_local_theta
+        return self.rope_theta
 
 
 def parse_layer_pattern(pattern: str, window: int | None) -> tuple[LayerSpec, ...]:

@@ -24,7 +24,7 @@ import mlx.core as mx
 
 from engine_service.cache.batch_control import KVView
 from engine_service.errors import FailedPrecondition
-from engine_service.model.block_quant import BLOCK_FORMATS
+from engine_service.model.block_quant import BLOCK_FORMATS, is_block_dtype
 from engine_service.model.cpu_kernels import BUILD_HINT, kernel_status, kernels
 
 # key positions per online-softmax chunk (chunk boundaries at multiples of this, absolute)
@@ -40,7 +40,7 @@ def problem(weights_dtype: str) -> str | None:
         return f"deterministic mode needs forkline_kernels with causal_attention (an older build is installed); {BUILD_HINT}"
     if mx.default_device() != mx.cpu:
         return "deterministic mode runs on the CPU only (the compiled kernels have no GPU version)"
-    if weights_dtype not in BLOCK_FORMATS:
+    if not is_block_dtype(weights_dtype):
         return (
             f"deterministic mode needs block-quantized weights ({' or '.join(BLOCK_FORMATS)}), got "
             f"{weights_dtype!r}: float matmuls go through BLAS, whose results depend on the row count"
@@ -63,7 +63,9 @@ def enable(model: Any) -> None:
     model.set_deterministic(True)
 
 
-def attend(q: mx.array, views: Sequence[KVView], positions: mx.array, window: int | None, scale: float) -> mx.array:
+def attend(
+    q: mx.array, views: Sequence[KVView], positions: mx.array, window: int | None, scale: float
+) -> mx.array:
     """q: [T, q_heads, D] (RoPE applied); positions: int32 [T] each packed row's position; window: the
     layer's sliding window (None: full). Returns [T, q_heads * D] in packed row order."""
     ext = kernels()

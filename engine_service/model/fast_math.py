@@ -57,6 +57,16 @@ def _silu_mul(g: mx.array, u: mx.array) -> mx.array:
     return g * u / (1.0 + _exp(-g))
 
 
+# 2 * sqrt(2 / pi): 0.5 * (1 + tanh(y)) = sigmoid(2 y)
+_GELU_2C = 1.5957691216057308
+
+
+def _gelu_tanh_mul(g: mx.array, u: mx.array) -> mx.array:
+    """gelu_tanh(g) * u, GELU's tanh approximation (Gemma's ``gelu_pytorch_tanh``):
+    0.5 g (1 + tanh(c (g + 0.044715 g**3))) = g / (1 + e**(-2 c (g + 0.044715 g**3)))."""
+    return g * u / (1.0 + _exp(-_GELU_2C * (g + 0.044715 * g * g * g)))
+
+
 class _Fused:
     """``mx.compile(fn)``, falling back to ``fn`` for good if compilation fails (no C++ compiler)."""
 
@@ -86,6 +96,7 @@ def _rotate(x: mx.array, swapped: mx.array, cos: mx.array, sin: mx.array) -> mx.
 exp = _Fused(_exp)
 exp_sub = _Fused(_exp_sub)
 silu_mul = _Fused(_silu_mul)
+gelu_tanh_mul = _Fused(_gelu_tanh_mul)
 _rotate_fused = _Fused(_rotate)
 
 

@@ -1,8 +1,13 @@
-"""GGUF model files: hyper-parameters from ``llama.*`` metadata, tensors in canonical names.
+"""GGUF model files: the architecture's config from the metadata, tensors in canonical names.
 
-``mx.load(path, return_metadata=True)`` returns F32/F16 tensors as float arrays and Q4_0/Q4_1/Q8_0
-tensors as MLX affine quantization (``name.weight`` uint32, ``name.scales``, ``name.biases``, group
-size 32). Q/K rows stay in GGUF's per-head permuted order, so the config asks for traditional RoPE.
+The file is read by :class:`~engine_service.model.gguf_file.GGUFFile` (bounds-checked) and each tensor
+decoded by :mod:`engine_service.model.ggml_blocks`: float tensors (F32, F16, BF16) become float32
+arrays; block types with an exact 32-weight form (Q8_0, Q5_0 -> q8_0; Q4_0, Q4_1, Q4_K -> q4_1) become
+:class:`BlockQuantTensor` without loss; the others (Q5_1, Q5_K, Q6_K) are decoded to float32 and
+requantized by whatever ``weights_dtype`` asks (q8_0 under ``auto``: the loss is measured in
+tests/model/test_gemma3.py and stated in the README). Every tensor of the file must be one the
+architecture reads: an unknown one (e.g. Llama 3's ``rope_freqs``) would change the model's math, so
+the file is refused rather than run wrong.
 """
 
 from __future__ import annotations
@@ -11,136 +16,90 @@ from dataclasses import replace
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
-from engine_service.errors import ModelLoadError
-from engine_service.model.config import ModelConfig, layer_specs
-from engine_service.model.gguf_header import check_gguf
-from engine_service.model.weights import QuantTensor, named_tensor
+from engine_service.errors import InvalidArgument, ModelLoadError
+from engine_service.model import arch as registry
+from engine_service.model.arch.base import GGUF
+from engine_service.model.block_quant import BLOCK, BlockQuantTensor
+from engine_service.model.config import ModelConfig
+from engine_service.model.ggml_blocks import Blocks32, dequantize, exact_blocks32
+from engine_service.model.gguf_file import GGUFFile, TensorRecord
 
-SUPPORTED_ARCHITECTURES = ("llama",)
-
-_LAYER_NAMES = {
-    "attn_norm": "attn_norm",
-    "attn_q": "q",
-    "attn_k": "k",
-    "attn_v": "v",
-    "attn_output": "o",
-    "ffn_norm": "mlp_norm",
-    "ffn_gate": "gate",
-    "ffn_up": "up",
-    "ffn_down": "down",
-}
+Tensor = mx.array | BlockQuantTensor
 
 
-def scalar(value: Any) -> Any:
-    """Metadata scalars come back as 0-d mx.arrays; lists and strings as Python values."""
-    if isinstance(value, mx.array):
-        return value.item() if value.ndim == 0 else value.tolist()
-    return value
-
-
-def read_gguf(path: str) -> tuple[dict[str, mx.array], dict[str, Any]]:
-    """Validated ``mx.load`` of a GGUF: (raw tensors, metadata with Python scalars)."""
-    check_gguf(path)
-    try:
-        raw, metadata = mx.load(path, return_metadata=True)
-    except (RuntimeError, ValueError) as exc:
-        raise ModelLoadError(path, f"MLX cannot read it: {exc}") from None
-    return raw, {k: scalar(v) for k, v in metadata.items()}
+def read_metadata(path: str) -> dict[str, Any]:
+    """The metadata of a validated GGUF file (see :mod:`engine_service.model.gguf_file`)."""
+    with GGUFFile(path) as f:
+        return dict(f.metadata)
 
 
 def gguf_config(path: str, meta: dict[str, Any]) -> ModelConfig:
-    arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelLoadError(
-            path, f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+    return registry.for_gguf(meta.get("general.architecture"), path).config_from_gguf(meta, path)
+
+
+def block_tensor(blocks: Blocks32, cols: int) -> BlockQuantTensor:
+    """A kernel-format matrix of an exact 32-weight block form (q int8 -> q8_0, q in [0, 15] -> q4_1)."""
+    rows = blocks.q.shape[0]
+    if blocks.mins is None:
+        return BlockQuantTensor(
+            "q8_0", mx.array(blocks.q.astype(np.int8)), mx.array(blocks.scales), None, cols
         )
+    q = blocks.q.astype(np.uint8).reshape(rows, -1, BLOCK)
+    packed = (q[..., : BLOCK // 2] | (q[..., BLOCK // 2 :] << 4)).reshape(rows, -1)
+    return BlockQuantTensor("q4_1", mx.array(packed), mx.array(blocks.scales), mx.array(blocks.mins), cols)
 
-    def key(name: str, default: Any = None) -> Any:
-        value = meta.get(f"{arch}.{name}", default)
-        if value is None:
-            raise ModelLoadError(path, f"metadata key {arch}.{name} is missing")
-        return value
 
-    hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
-    n_layers = int(key("block_count"))
-    head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
-    vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or [])
-    eos = [meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in meta]
+def decode_tensor(f: GGUFFile, rec: TensorRecord, shape: tuple[int, ...]) -> Tensor:
+    """One tensor as the model wants it: ``shape`` is the canonical [out, in] or [n]."""
+    rows, cols = rec.rows_cols
+    data = f.tensor_bytes(rec.name)
     try:
-        return ModelConfig(
-            vocab_size=int(vocab),
-            hidden_size=hidden,
-            num_layers=n_layers,
-            num_heads=heads,
-            num_kv_heads=int(key("attention.head_count_kv", heads)),
-            head_dim=head_dim,
-            intermediate_size=int(key("feed_forward_length")),
-            rope_theta=float(key("rope.freq_base", 10000.0)),
-            rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
-            tie_embeddings=True,  # corrected by load_gguf once it knows whether output.weight exists
-            layers=layer_specs(n_layers, meta.get(f"{arch}.attention.sliding_window")),
-            context_length=int(key("context_length", 2048)),
-            bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-            eos_token_ids=tuple(dict.fromkeys(int(e) for e in eos)),
-            rope_traditional=True,
-            architecture=arch,
+        if len(shape) == 2:
+            exact = exact_blocks32(rec.block, data, rows, cols)
+            if exact is not None:
+                return block_tensor(exact, cols)
+        values = dequantize(rec.block, data, rows, cols)
+    except InvalidArgument as exc:
+        raise ModelLoadError(f.path, f"tensor {rec.name}: {exc}") from None
+    return mx.array(values.reshape(shape) if len(shape) == 1 else values)
+
+
+def gguf_tensors(f: GGUFFile, config: ModelConfig) -> dict[str, Tensor]:
+    """Canonical names (see :mod:`engine_service.model.layers`) from the file's names."""
+    arch = registry.architecture(config.architecture)
+    names, shapes = arch.tensor_names(config, GGUF), arch.shapes(config)
+    out: dict[str, Tensor] = {}
+    used = set()
+    for canon, name in names.items():
+        rec = f.tensors.get(name)
+        if rec is None:
+            if canon == "lm_head":
+                continue
+            raise ModelLoadError(f.path, f"tensor {name} is missing")
+        want = shapes[canon]
+        got = tuple(reversed(rec.shape))
+        if got != want:
+            raise ModelLoadError(f.path, f"tensor {name} has shape {got}, expected {want}")
+        out[canon] = decode_tensor(f, rec, want)
+        used.add(name)
+    extra = [n for n in f.tensors if n not in used]
+    if extra:
+        raise ModelLoadError(
+            f.path,
+            f"tensor {extra[0]} is not read by architecture {config.architecture!r} "
+            f"({len(extra)} such tensors); running without it would compute another model",
         )
-    except ValueError as exc:
-        raise ModelLoadError(path, f"bad hyper-parameters: {exc}") from None
-
-
-def gguf_tensors(
-    path: str, raw: dict[str, mx.array], config: ModelConfig
-) -> dict[str, mx.array | QuantTensor]:
-    """Canonical names (see transformer.py) from GGUF names; a missing tensor is a ModelLoadError."""
-
-    def get(name: str, optional: bool = False) -> mx.array | QuantTensor | None:
-        return named_tensor(path, raw, name, 32, optional)
-
-    out: dict[str, mx.array | QuantTensor] = {"embed": get("token_embd"), "norm": get("output_norm")}
-    head = get("output", optional=True)
-    if head is not None:
-        out["lm_head"] = head
-    for i in range(config.num_layers):
-        for gguf_name, name in _LAYER_NAMES.items():
-            out[f"layers.{i}.{name}"] = get(f"blk.{i}.{gguf_name}")
-    _check_shapes(path, out, config)
     return out
 
 
-def _check_shapes(path: str, tensors: dict[str, mx.array | QuantTensor], c: ModelConfig) -> None:
-    want = {
-        "embed": (c.vocab_size, c.hidden_size),
-        "norm": (c.hidden_size,),
-        "lm_head": (c.vocab_size, c.hidden_size),
-    }
-    for i in range(c.num_layers):
-        p = f"layers.{i}."
-        want.update(
-            {
-                p + "attn_norm": (c.hidden_size,),
-                p + "mlp_norm": (c.hidden_size,),
-                p + "q": (c.q_size, c.hidden_size),
-                p + "k": (c.kv_size, c.hidden_size),
-                p + "v": (c.kv_size, c.hidden_size),
-                p + "o": (c.hidden_size, c.q_size),
-                p + "gate": (c.intermediate_size, c.hidden_size),
-                p + "up": (c.intermediate_size, c.hidden_size),
-                p + "down": (c.hidden_size, c.intermediate_size),
-            }
-        )
-    for name, tensor in tensors.items():
-        if tuple(tensor.shape) != want[name]:
-            raise ModelLoadError(
-                path, f"tensor {name} has shape {tuple(tensor.shape)}, expected {want[name]}"
-            )
-
-
-def load_gguf(path: str) -> tuple[ModelConfig, dict[str, mx.array | QuantTensor], dict[str, Any]]:
-    """(config, canonical tensors, metadata) of a llama-architecture GGUF file."""
-    raw, meta = read_gguf(path)
-    config = gguf_config(path, meta)
-    if "output.weight" in raw:
-        config = replace(config, tie_embeddings=False)
-    return config, gguf_tensors(path, raw, config), meta
+def load_gguf(path: str) -> tuple[ModelConfig, dict[str, Tensor], dict[str, Any]]:
+    """(config, canonical tensors, metadata) of a GGUF file of any registered architecture."""
+    with GGUFFile(path) as f:
+        meta = dict(f.metadata)
+        config = gguf_config(path, meta)
+        if "output.weight" in f.tensors:
+            config = replace(config, tie_embeddings=False)
+        tensors = gguf_tensors(f, config)  # mx.array copies out of the memory map
+    return config, tensors, meta

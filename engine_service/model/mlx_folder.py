@@ -1,8 +1,12 @@
 """MLX-format model folders (the mlx-community layout): config.json + *.safetensors + tokenizer.json.
 
+config.json's ``model_type`` picks the architecture (:mod:`engine_service.model.arch`), which reads the
+hyper-parameters and names the tensors.
+
 Weights may be MLX-quantized (a ``"quantization": {"group_size", "bits"}`` entry in config.json; each
 quantized matrix has ``.weight`` uint32, ``.scales`` and ``.biases``). Q/K rows are in Hugging Face
-order, so RoPE is the default (non-traditional) one.
+order, so RoPE is the default (non-traditional) one. Gemma's norm weights are stored as ``w - 1``: the
+architecture's ``hf_norm_offset`` is added back.
 """
 
 from __future__ import annotations
@@ -16,22 +20,10 @@ from typing import Any
 import mlx.core as mx
 
 from engine_service.errors import ModelLoadError
-from engine_service.model.config import ModelConfig, layer_specs
+from engine_service.model import arch as registry
+from engine_service.model.arch.base import HF
+from engine_service.model.config import ModelConfig
 from engine_service.model.weights import QuantTensor, named_tensor
-
-SUPPORTED_MODEL_TYPES = ("llama", "mistral")
-
-_LAYER_NAMES = {
-    "input_layernorm": "attn_norm",
-    "self_attn.q_proj": "q",
-    "self_attn.k_proj": "k",
-    "self_attn.v_proj": "v",
-    "self_attn.o_proj": "o",
-    "post_attention_layernorm": "mlp_norm",
-    "mlp.gate_proj": "gate",
-    "mlp.up_proj": "up",
-    "mlp.down_proj": "down",
-}
 
 
 def read_json(path: str) -> dict[str, Any]:
@@ -45,52 +37,10 @@ def read_json(path: str) -> dict[str, Any]:
     return data
 
 
-def folder_config(path: str, cfg: dict[str, Any]) -> ModelConfig:
-    model_type = cfg.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ModelLoadError(
-            path, f"unsupported model_type {model_type!r} (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
-        )
-    scaling = cfg.get("rope_scaling")
-    if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
-        raise ModelLoadError(path, f"rope_scaling {scaling!r} is not supported")
-    try:
-        hidden, heads, n_layers = (
-            int(cfg["hidden_size"]),
-            int(cfg["num_attention_heads"]),
-            int(cfg["num_hidden_layers"]),
-        )
-        eos = cfg.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        return ModelConfig(
-            vocab_size=int(cfg["vocab_size"]),
-            hidden_size=hidden,
-            num_layers=n_layers,
-            num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            intermediate_size=int(cfg["intermediate_size"]),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            layers=layer_specs(
-                n_layers, cfg.get("sliding_window"), cfg.get("layer_types"), cfg.get("sliding_window_pattern")
-            ),
-            context_length=int(cfg.get("max_position_embeddings", 2048)),
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_ids=eos_ids,
-            rope_traditional=False,
-            architecture=model_type,
-        )
-    except KeyError as exc:
-        raise ModelLoadError(path, f"config.json lacks {exc.args[0]!r}") from None
-    except (TypeError, ValueError) as exc:
-        raise ModelLoadError(path, f"bad config.json: {exc}") from None
-
-
 def folder_tensors(
     path: str, config: ModelConfig, quant: dict[str, Any] | None
 ) -> dict[str, mx.array | QuantTensor]:
+    """Canonical tensors (see :mod:`engine_service.model.layers`) from the folder's safetensors."""
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise ModelLoadError(path, "no *.safetensors weight files in the folder")
@@ -101,20 +51,27 @@ def folder_tensors(
         except (RuntimeError, ValueError) as exc:
             raise ModelLoadError(f, f"cannot read safetensors: {exc}") from None
     group = int(quant.get("group_size", 64)) if quant else None
-
-    def get(name: str, optional: bool = False) -> mx.array | QuantTensor | None:
-        return named_tensor(path, raw, name, group, optional)
-
-    out: dict[str, mx.array | QuantTensor] = {"embed": get("model.embed_tokens"), "norm": get("model.norm")}
-    head = None if config.tie_embeddings else get("lm_head", optional=True)
-    if head is not None:
-        out["lm_head"] = head
-    for i in range(config.num_layers):
-        for hf_name, name in _LAYER_NAMES.items():
-            out[f"layers.{i}.{name}"] = get(f"model.layers.{i}.{hf_name}")
-    for name, tensor in out.items():
-        if name.endswith("norm") and tuple(tensor.shape) != (config.hidden_size,):
-            raise ModelLoadError(path, f"tensor {name} has shape {tuple(tensor.shape)}")
+    arch = registry.architecture(config.architecture)
+    shapes = arch.shapes(config)
+    out: dict[str, mx.array | QuantTensor] = {}
+    for canon, name in arch.tensor_names(config, HF).items():
+        if canon == "lm_head" and config.tie_embeddings:
+            continue
+        if canon.endswith("_bias"):
+            tensor = raw.get(name)
+            if tensor is None:
+                raise ModelLoadError(path, f"tensor {name} is missing")
+        else:
+            tensor = named_tensor(path, raw, name.removesuffix(".weight"), group, optional=canon == "lm_head")
+            if tensor is None:
+                continue
+        if tuple(tensor.shape) != shapes[canon]:
+            raise ModelLoadError(
+                path, f"tensor {canon} has shape {tuple(tensor.shape)}, expected {shapes[canon]}"
+            )
+        if arch.is_norm(canon) and arch.hf_norm_offset:
+            tensor = tensor.astype(mx.float32) + arch.hf_norm_offset
+        out[canon] = tensor
     return out
 
 
@@ -126,7 +83,7 @@ def load_folder(path: str) -> tuple[ModelConfig, dict[str, mx.array | QuantTenso
     if not os.path.isfile(os.path.join(path, "tokenizer.json")):
         raise ModelLoadError(path, "folder has no tokenizer.json")
     cfg = read_json(cfg_path)
-    config = folder_config(path, cfg)
+    config = registry.for_model_type(cfg.get("model_type"), path).config_from_hf(cfg, path)
     tensors = folder_tensors(path, config, cfg.get("quantization"))
     if "lm_head" not in tensors and not config.tie_embeddings:  # no separate head stored: it is tied
         config = replace(config, tie_embeddings=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from engine_service.model.arch import architecture
 from engine_service.model.config import ModelConfig, parse_layer_pattern
 from engine_service.model.transformer import Transformer
 
@@ -24,14 +25,19 @@ def tiny_config(
     intermediate: int = 128,
     rope_traditional: bool = False,
     tie_embeddings: bool = True,
+    architecture: str = "llama",
+    head_dim: int | None = None,
+    rope_local_theta: float | None = None,
+    attn_scale: float | None = None,
 ) -> ModelConfig:
+    """A tiny config of ``architecture`` (any registered one; the pattern says which layers slide)."""
     return ModelConfig(
         vocab_size=vocab,
         hidden_size=hidden,
         num_layers=len(layers),
         num_heads=heads,
         num_kv_heads=kv_heads,
-        head_dim=hidden // heads,
+        head_dim=head_dim or hidden // heads,
         intermediate_size=intermediate,
         rope_theta=10000.0,
         rms_norm_eps=1e-5,
@@ -41,42 +47,38 @@ def tiny_config(
         bos_token_id=1,
         eos_token_ids=(2,),
         rope_traditional=rope_traditional,
+        architecture=architecture,
+        rope_local_theta=rope_local_theta,
+        attn_scale=attn_scale,
     )
 
 
 def random_tensors(config: ModelConfig, seed: int = 0) -> dict[str, mx.array]:
-    """Canonical float32 tensors, scaled so activations stay O(1) and attention is far from uniform."""
+    """Canonical float32 tensors of the config's architecture (every tensor it reads), scaled so
+    activations stay O(1) and attention is far from uniform: norms ~1 + 0.1 N(0, 1), biases 0.1 N(0, 1),
+    matrices N(0, 1) / sqrt(in) (q and k twice that)."""
+    arch = architecture(config.architecture)
+    shapes = arch.shapes(config)
     key = mx.random.key(seed)
     keys = iter(mx.random.split(key, 16 + 16 * config.num_layers))
-    h, q, kv, inter = config.hidden_size, config.q_size, config.kv_size, config.intermediate_size
 
-    def mat(out: int, inp: int, gain: float = 1.0) -> mx.array:
-        return mx.random.normal((out, inp), key=next(keys)) * (gain / inp**0.5)
-
-    def norm() -> mx.array:
-        return 1.0 + 0.1 * mx.random.normal((h,), key=next(keys))
+    def make(name: str) -> mx.array:
+        shape = shapes[name]
+        if len(shape) == 1:
+            noise = mx.random.normal(shape, key=next(keys))
+            return 0.1 * noise if name.endswith("_bias") else 1.0 + 0.1 * noise
+        gain = 2.0 if name.rsplit(".", 1)[-1] in ("q", "k") else 1.0
+        return mx.random.normal(shape, key=next(keys)) * (gain / shape[1] ** 0.5)
 
     tensors: dict[str, mx.array] = {
-        "embed": mx.random.normal((config.vocab_size, h), key=next(keys)),
-        "norm": norm(),
+        "embed": mx.random.normal((config.vocab_size, config.hidden_size), key=next(keys)),
+        "norm": make("norm"),
     }
     for i in range(config.num_layers):
-        p = f"layers.{i}."
-        tensors.update(
-            {
-                p + "attn_norm": norm(),
-                p + "q": mat(q, h, 2.0),
-                p + "k": mat(kv, h, 2.0),
-                p + "v": mat(kv, h),
-                p + "o": mat(h, q),
-                p + "mlp_norm": norm(),
-                p + "gate": mat(config.intermediate_size, h),
-                p + "up": mat(inter, h),
-                p + "down": mat(h, inter),
-            }
-        )
+        for name in arch.layer_tensors:
+            tensors[f"layers.{i}.{name}"] = make(f"layers.{i}.{name}")
     if not config.tie_embeddings:
-        tensors["lm_head"] = mat(config.vocab_size, h)
+        tensors["lm_head"] = make("lm_head")
     mx.eval(tensors)
     return tensors
 

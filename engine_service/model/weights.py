@@ -19,9 +19,10 @@ log = logging.getLogger(__name__)
 
 # q8_0 / q4_1: block formats for the compiled CPU kernels (engine_service/model/block_quant.py)
 WEIGHTS_DTYPES = ("auto", "float32", "float16", "bfloat16", "quantized", "q8_0", "q4_1")
-# what auto picks on the CPU when the compiled kernels load (the loader then keeps 4-bit sources as
-# q4_1: block_quant.natural_block_format)
-CPU_KERNEL_DTYPE = "q8_0"
+# what auto picks on the CPU when the compiled kernels load: every matrix keeps its source's block
+# format where that is exact (q4_1 for 4-bit sources, q8_0 for 8-/5-bit symmetric ones) and q8_0
+# otherwise (engine_service.model.layers.convert)
+CPU_KERNEL_DTYPE = "native"
 _FLOAT_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
 # Quantization used when "quantized" is asked for a float matrix (tiny models, float folders).
@@ -136,11 +137,13 @@ def gpu_available() -> bool:
 
 
 def resolve_weights_dtype(weights_dtype: str) -> str:
-    """``auto`` -> ``quantized`` on a GPU; on the CPU ``q8_0`` when the compiled kernels load, else
+    """``auto`` -> ``quantized`` on a GPU; on the CPU ``native`` when the compiled kernels load, else
     ``float32`` (MLX's CPU quantized and half-precision matmuls are 5-50x slower than OpenBLAS float32).
     Anything else is returned validated."""
     if weights_dtype not in WEIGHTS_DTYPES:
-        raise InvalidArgument(f"weights_dtype must be one of {', '.join(WEIGHTS_DTYPES)}, got {weights_dtype!r}")
+        raise InvalidArgument(
+            f"weights_dtype must be one of {', '.join(WEIGHTS_DTYPES)}, got {weights_dtype!r}"
+        )
     if weights_dtype != "auto":
         return weights_dtype
     if gpu_available():
