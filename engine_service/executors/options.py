@@ -19,12 +19,24 @@ _LIMITS = (
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """``--model`` and ``--weights_dtype`` (what :func:`engine_service.model.loader.load_model` takes)."""
+    from engine_service.model.packaged import DEFAULT_MODEL, PACKAGED
     from engine_service.model.weights import WEIGHTS_DTYPES
 
-    parser.add_argument("--model", metavar="PATH", default=None,
-                        help="a GGUF file or an MLX model folder (default: the packaged SmolLM2-135M-Instruct)")
-    parser.add_argument("--weights_dtype", default="auto", choices=WEIGHTS_DTYPES,
-                        help="weights in memory; auto: quantized on a GPU; on the CPU q4_1 (4-bit sources) or q8_0 with the compiled kernels, float32 without (default: %(default)s)")
+    parser.add_argument(
+        "--model",
+        metavar="NAME|PATH",
+        default=None,
+        help=f"a packaged model ({', '.join(sorted(PACKAGED))}), a GGUF file or an MLX model "
+        f"folder (default: {DEFAULT_MODEL})",
+    )
+    parser.add_argument(
+        "--weights_dtype",
+        default="auto",
+        choices=WEIGHTS_DTYPES,
+        help="weights in memory; auto: quantized on a GPU; on the CPU with the compiled kernels "
+        "each matrix keeps its lossless block format (q4_1 for 4-bit sources, q8_0 for "
+        "8-/5-bit ones, q8_0 requantized otherwise), float32 without (default: %(default)s)",
+    )
 
 
 def add_executor_options(parser: argparse.ArgumentParser, *, max_sessions: int | None) -> None:
@@ -33,16 +45,30 @@ def add_executor_options(parser: argparse.ArgumentParser, *, max_sessions: int |
     ``--deterministic``."""
     from engine_service.cache.registry import cache_kinds
 
-    parser.add_argument("--cache_kind", default="batched-sequence", choices=cache_kinds(),
-                        help="KV cache: one buffer per sequence, or a shared pool of cells that clones share "
-                             "(default: %(default)s)")
+    parser.add_argument(
+        "--cache_kind",
+        default="batched-sequence",
+        choices=cache_kinds(),
+        help="KV cache: one buffer per sequence, or a shared pool of cells that clones share "
+        "(default: %(default)s)",
+    )
     if max_sessions is not None:
-        parser.add_argument("--max_sessions", metavar="N", type=int, default=max_sessions,
-                            help="resident sessions at most: requests, stored snapshots and clones in flight "
-                                 "(default: %(default)s)")
+        parser.add_argument(
+            "--max_sessions",
+            metavar="N",
+            type=int,
+            default=max_sessions,
+            help="resident sessions at most: requests, stored snapshots and clones in flight "
+            "(default: %(default)s)",
+        )
     for flag, default, text in _LIMITS:
-        parser.add_argument(flag, metavar="N", type=int, default=default, help=f"{text} (default: %(default)s)")
-    parser.add_argument("--deterministic", action="store_true",
-                        help="batch-invariant execution: a prefix hit, clone, chunked prefill or batched step gives "
-                             "bitwise the logits of a cold run alone (needs the compiled kernels and q8_0/q4_1 "
-                             "weights; fails at start otherwise; off by default)")
+        parser.add_argument(
+            flag, metavar="N", type=int, default=default, help=f"{text} (default: %(default)s)"
+        )
+    parser.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="batch-invariant execution: a prefix hit, clone, chunked prefill or batched step gives "
+        "bitwise the logits of a cold run alone (needs the compiled kernels and q8_0/q4_1 "
+        "weights; fails at start otherwise; off by default)",
+    )

@@ -62,8 +62,27 @@ class ChatFormatter:
         except TemplateError as exc:
             raise InvalidArgument(f"chat template does not parse: {exc}") from None
         self._bos, self._eos = bos_token, eos_token
+        self._missing: str | None = None
+
+    @classmethod
+    def missing(cls, model: str) -> ChatFormatter:
+        """The formatter of a model without a chat template (a base model): every ``format`` call is an
+        InvalidArgument saying to send plain text instead (guessing a template would prompt a base model
+        with markup it never saw)."""
+        formatter = cls(name="none")
+        formatter.name = "missing"
+        formatter._missing = (
+            f"{model} has no chat template (a base model): send the prompt as plain text (chat=false)"
+        )
+        return formatter
+
+    @property
+    def available(self) -> bool:
+        return self._missing is None
 
     def format(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
+        if self._missing is not None:
+            raise InvalidArgument(self._missing)
         for i, m in enumerate(messages):
             if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
                 raise InvalidArgument(f"messages[{i}] needs string 'role' and 'content'")

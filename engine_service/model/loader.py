@@ -67,7 +67,7 @@ def fingerprint(path: str, tokenizer: Tokenizer, weights_dtype: str) -> str:
     return h.hexdigest()
 
 
-def _named_chat(tokenizer: Tokenizer, template: str | None) -> ChatFormatter:
+def _named_chat(tokenizer: Tokenizer, template: str | None, model: str) -> ChatFormatter:
     bos = tokenizer.id_to_token(tokenizer.bos_token_id) if tokenizer.bos_token_id is not None else ""
     eos = tokenizer.id_to_token(tokenizer.eos_token_ids[0]) if tokenizer.eos_token_ids else ""
     if template:
@@ -75,8 +75,9 @@ def _named_chat(tokenizer: Tokenizer, template: str | None) -> ChatFormatter:
             return ChatFormatter(template, bos_token=bos or "", eos_token=eos or "")
         except ValueError as exc:
             log.warning("the model's chat template does not parse (%s); using chatml", exc)
-    name = "chatml" if tokenizer.token_to_id("<|im_start|>") is not None else "none"
-    return ChatFormatter(name=name, bos_token=bos or "", eos_token=eos or "")
+    if tokenizer.token_to_id("<|im_start|>") is not None:
+        return ChatFormatter(name="chatml", bos_token=bos or "", eos_token=eos or "")
+    return ChatFormatter.missing(model)
 
 
 def load_model(path: str | None = None, weights_dtype: str = "auto") -> LoadedModel:
@@ -137,7 +138,7 @@ def load_model(path: str | None = None, weights_dtype: str = "auto") -> LoadedMo
         model=model,
         tokenizer=tokenizer,
         config=config,
-        chat=_named_chat(tokenizer, template),
+        chat=_named_chat(tokenizer, template, os.path.basename(path)),
         weights_dtype=resolved,
         fingerprint=fingerprint(path, tokenizer, resolved),
         path=path,
