@@ -25,7 +25,7 @@ INSERT_REFUSALS = {value: name.removeprefix("INSERT_REFUSAL_").lower() for name,
 @dataclass(frozen=True)
 class LookupResult:
     """session: a handle holding tokens[:reused] (None on a miss); reason: "unspecified" on a hit,
-    else "empty" | "diverged" | "boundary_refused" | "engine_restarted" | "too_short" | "disabled"
+    else "empty" | "diverged" | "boundary_refused" | "window" | "engine_restarted" | "too_short" | "disabled"
     (``unknown_<n>`` for a reason this client does not know). engine: the engine holding ``session``
     (continue it with an EngineClient to that address); on a miss, the engine the service would
     route the prompt to."""

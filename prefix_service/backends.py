@@ -74,6 +74,26 @@ class CaptureBackend(SessionBackend, Protocol):
     def clone_async(self, handle: Handle, upto: int) -> Future: ...
 
 
+def clone_with_refusal(backend: SessionBackend, handle: Handle, upto: int) -> TakenClone:
+    """``backend.clone``, with the engine's reason when it refused: a backend that can say why
+    implements ``clone_or_refusal(handle, upto) -> TakenClone`` (the in-process and the remote
+    engine do); any other answers ``TakenClone(child)`` / ``TakenClone(None)``."""
+    says_why = getattr(backend, "clone_or_refusal", None)
+    if says_why is not None:
+        return says_why(handle, upto)
+    return TakenClone(backend.clone(handle, upto))
+
+
+def max_rewind(backend: SessionBackend) -> int | None:
+    """How far below a snapshot's own length a clone of it can reach on this backend's engine:
+    ``max_write`` when its cache evicts sliding-window rows (``batched-sequence`` with sliding layers:
+    the clone floor is the snapshot's high-water mark, at least its length, minus ``max_write``), None
+    when any committed position can be cloned (``batched-cell``, no sliding layers) or the backend
+    does not say (its optional ``max_rewind`` attribute)."""
+    value = getattr(backend, "max_rewind", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
 def handle_alive(backend: SessionBackend, handle: Handle) -> bool:
     """``backend.valid(handle)``; a failing engine call (e.g. the engine stopped) counts as dead."""
     try:
@@ -106,6 +126,18 @@ class RunnerBackend:
         if not handle.valid:  # a dead session (closed, or its runner stopped): no engine call
             return None
         return handle.clone_async(upto).result()
+
+    def clone_or_refusal(self, handle: Session, upto: int) -> TakenClone:
+        if not handle.valid:
+            return TakenClone(None, CloneRefusal.SOURCE_UNUSABLE)
+        future = handle.clone_async(upto)
+        child = future.result()
+        return TakenClone(child, None if child is not None else getattr(future, "refusal", None))
+
+    @property
+    def max_rewind(self) -> int | None:
+        window = self._runner.window_geometry
+        return window.max_write if window is not None and window.evicts else None
 
     def clone_async(self, handle: Session, upto: int) -> Future:
         return handle.clone_async(upto)
@@ -142,6 +174,15 @@ class EngineInfo:
     persistent: bool | None = None  # whether the engine treats the backend's owner as persistent (None: unsaid)
     active_generations: int = 0  # the engine's load, all callers: generations running and commands queued
     queued_commands: int = 0
+    cache_kind: str = ""
+    sliding_window: int = 0  # the largest sliding window of the model (0: none slide)
+    max_write: int = 0  # positions one forward writes per session
+    window_evicts: bool = False  # a ring drops rows: clones reach only max_write below a snapshot's length
+
+    @property
+    def max_rewind(self) -> int | None:
+        """``backends.max_rewind`` of this engine: ``max_write`` when its cache evicts window rows."""
+        return self.max_write if self.window_evicts else None
 
 
 @dataclass(frozen=True)
@@ -155,9 +196,10 @@ class Described:
 
 @dataclass(frozen=True)
 class TakenClone:
-    """``GatewayBackend.take_clone``'s answer: the new ``handle``, or None and why the engine refused."""
+    """``GatewayBackend.take_clone``'s (and ``clone_or_refusal``'s) answer: the new ``handle``, or None
+    and why the engine refused (None: it did not say)."""
 
-    handle: str | None
+    handle: Handle | None
     refusal: CloneRefusal | None = None
 
 

@@ -81,6 +81,7 @@ class MissReason(StrEnum):
     EMPTY = "empty"  # nothing stored under this namespace (and engine)
     DIVERGED = "diverged"  # entries exist, none shares even the first token
     BOUNDARY_REFUSED = "boundary_refused"  # a matching entry exists; the engine refused its clone
+    WINDOW = "window"  # matching entries exist, but a sliding-window ring no longer holds their rows there
     ENGINE_RESTARTED = "engine_restarted"  # the gateway dropped every entry; nothing cached since
 
 
@@ -89,8 +90,8 @@ class LookupOutcome:
     """One lookup's answer: a ``match``, or no match and the ``reason``.
 
     ``diverged_at``: where the request leaves the stored prefixes. On a hit, ``match.reused``; on a
-    ``BOUNDARY_REFUSED`` miss, the longest common prefix with a stored entry (where the refused clone
-    would have cut); otherwise 0.
+    ``BOUNDARY_REFUSED`` or ``WINDOW`` miss, the longest common prefix with a stored entry (where the
+    refused clone would have cut); otherwise 0.
     """
 
     match: Match | None

@@ -10,8 +10,18 @@ Contracts (DESIGN.md section 4):
   knows (``valid`` False, or the clone raises NotFound, e.g. an engine handle that expired) is dropped.
   A miss says why (``outcomes.MissReason``), decided by this lookup alone under the cache's lock:
   TOO_SHORT (empty and one-token requests), DISABLED, BOUNDARY_REFUSED (a matching entry's clone was
-  refused or failed), EMPTY (nothing stored under the namespace), DIVERGED (entries exist, none shares
-  the first token). ``lookup(namespace, tokens)`` is the same call answering ``Match | None``.
+  refused or failed), WINDOW (every matching entry's clone was refused because a sliding-window ring
+  no longer holds the rows there, and no checkpoint at or before the divergence exists), EMPTY
+  (nothing stored under the namespace), DIVERGED (entries exist, none shares the first token).
+  ``lookup(namespace, tokens)`` is the same call answering ``Match | None``.
+- Sliding windows: on an engine whose cache evicts window rows (``batched-sequence``, Info's
+  ``window.evicts``) a snapshot of ``n`` positions clones only at ``p >= written - max_write`` (its
+  high-water mark ``written >= n``): ``backends.max_rewind``. A candidate with ``n - reused >
+  max_write`` is passed over without a clone call (the engine would refuse it; counted as a window
+  refusal), so the walk reaches the checkpoints (``boundary="breakpoint"`` entries, shorter keys)
+  that can serve. With ``max_rewind`` None (``batched-cell``: sliding layers only mask, every cell
+  stays; or no sliding layers) every candidate is tried. The engine's refusal reason
+  (``CloneRefusal.WINDOW``) still decides when the estimate was optimistic.
 - ``insert(namespace, tokens, snapshot, metadata)`` takes ownership of ``snapshot``: it is stored or
   released, never leaked. Refused (and released): disabled cache (``max_entries == 0``), empty key,
   invalid (closed or dead) snapshot, ``position(snapshot) != len(tokens)``, a snapshot that does not
@@ -49,7 +59,16 @@ from engine_service.errors import (
     ResourceExhausted,
 )
 from engine_service.handles import quota_owner
-from prefix_service.backends import CaptureBackend, Handle, SessionBackend, handle_alive, release_handle
+from engine_service.runtime.clone import CloneRefusal
+from prefix_service.backends import (
+    CaptureBackend,
+    Handle,
+    SessionBackend,
+    clone_with_refusal,
+    handle_alive,
+    max_rewind,
+    release_handle,
+)
 from prefix_service.budget import Budget, Reservation
 from prefix_service.capture import PromptCapture
 from prefix_service.index import TokenIndex, token_key
@@ -74,8 +93,18 @@ from prefix_service.outcomes import (
 from prefix_service.retention import Entry, RetentionPolicy, frozen_metadata, make_policy
 
 DEFAULT_MAX_ATTEMPTS = 16
+_MAX_WINDOW_SKIPS = 1024  # candidates one lookup passes over without a clone call (below a ring's floor)
 
 _GONE = object()  # _clone's answer when the backend no longer knows the snapshot at all
+
+
+class _Refused:
+    """_clone's answer when the engine refused; ``window``: because a ring no longer holds the rows."""
+
+    __slots__ = ("window",)
+
+    def __init__(self, window: bool) -> None:
+        self.window = window
 
 
 class _OverQuota:
@@ -164,17 +193,24 @@ class PrefixCache:
     def reusable(self, namespace: str, key: tuple[int, ...]) -> int:
         """Positions a lookup of ``key`` (``index.token_key(tokens)``: validated once by the caller,
         which scores many caches with it) would reuse from the longest stored match, without cloning or
-        counting anything: min(common prefix, len(key) - 1), 0 when nothing matches. Exact (read from
-        the index, not guessed): what a router scores this cache's engine by. An entry whose handle
-        died since it was stored still counts until a lookup drops it."""
+        counting anything: min(common prefix, len(key) - 1), 0 when nothing matches; a match below a
+        ring's floor (see the module docstring) does not count. Exact (read from the index, not
+        guessed): what a router scores this cache's engine by. An entry whose handle died since it was
+        stored still counts until a lookup drops it."""
         if len(key) < 2:
             return 0
         scope = self._scope(namespace)
+        rewind = max_rewind(self._backend)
         with self._lock:
             if self._budget.max_entries == 0:
                 return 0
-            best = next(iter(self._index.matches(scope, key)), None)
-            return 0 if best is None else min(best.common, len(key) - 1)
+            for seen, candidate in enumerate(self._index.matches(scope, key)):
+                reused = min(candidate.common, len(key) - 1)
+                if rewind is None or len(candidate.value.tokens) - reused <= rewind:
+                    return reused
+                if seen >= _MAX_WINDOW_SKIPS:
+                    break
+            return 0
 
     def insert(self, namespace: str, tokens: Sequence[int], snapshot: Handle,
                metadata: Mapping[str, Any] | None = None, *, digest: bytes | None = None) -> bool:
@@ -336,14 +372,24 @@ class PrefixCache:
         dead: list[Entry] = []
         hit: Match | None = None
         refused_at = 0  # the longest common prefix whose clone was refused (0: none was)
-        attempts = 0
+        window_at = 0  # likewise, refused (or skipped) because a ring no longer holds the rows
+        other_refusal = False  # a refusal for another reason (e.g. room): BOUNDARY_REFUSED, not WINDOW
+        attempts = skipped = 0
         over_quota: _OverQuota | None = None
+        rewind = max_rewind(self._backend)
         for candidate in self._index.matches(scope, key):
             entry = candidate.value
+            reused = min(candidate.common, len(key) - 1)
+            if rewind is not None and len(entry.tokens) - reused > rewind:
+                # below the floor of a ring (>= its length - max_write): the engine would refuse
+                window_at = max(window_at, candidate.common)
+                skipped += 1
+                if skipped >= _MAX_WINDOW_SKIPS:
+                    break
+                continue
             if not handle_alive(self._backend, entry.snapshot):
                 dead.append(entry)  # its engine is gone: no clone call
                 continue
-            reused = min(candidate.common, len(key) - 1)
             child = self._clone(entry.snapshot, reused)
             if child is _GONE:  # e.g. the engine expired the handle: it can never serve again
                 dead.append(entry)
@@ -351,15 +397,20 @@ class PrefixCache:
             if isinstance(child, _OverQuota):  # the receiver has no room: no other entry would help
                 over_quota = child
                 break
-            if child is not None:
-                self._refresh(entry)
-                entry.hits += 1
-                hit = Match(child, reused)
-                break
-            refused_at = max(refused_at, candidate.common)
-            attempts += 1
-            if attempts >= self._max_attempts:
-                break
+            if isinstance(child, _Refused):
+                refused_at = max(refused_at, candidate.common)
+                if child.window:
+                    window_at = max(window_at, candidate.common)
+                else:
+                    other_refusal = True
+                attempts += 1
+                if attempts >= self._max_attempts:
+                    break
+                continue
+            self._refresh(entry)
+            entry.hits += 1
+            hit = Match(child, reused)
+            break
         for entry in dead:  # removed after the walk: the index must not change while iterating
             self._refusals[INVALID_SNAPSHOT] += 1
             self._drop(entry)
@@ -367,6 +418,8 @@ class PrefixCache:
             raise over_quota.error
         if hit is not None:
             return LookupOutcome.hit(hit)
+        if window_at and not other_refusal:
+            return LookupOutcome.miss(MissReason.WINDOW, window_at)
         if refused_at:
             return LookupOutcome.miss(MissReason.BOUNDARY_REFUSED, refused_at)
         if not self._index.holds(scope):
@@ -411,23 +464,24 @@ class PrefixCache:
     # Backend calls: an engine-side failure (ForklineError, e.g. the engine stopped) is a refusal.
 
     def _clone(self, snapshot: Handle, upto: int) -> Any:
-        """The clone, None when refused, or ``_GONE`` when the backend does not know the snapshot
+        """The clone, a :class:`_Refused`, or ``_GONE`` when the backend does not know the snapshot
         (NotFound: a permanent condition, unlike a refusal or a transient failure)."""
         try:
-            child = self._backend.clone(snapshot, upto)
+            taken = clone_with_refusal(self._backend, snapshot, upto)
         except NotFound:
             return _GONE
         except ResourceExhausted as exc:
             if quota_owner(str(exc)) is not None:  # the receiver's quota (the engine names it)
                 return _OverQuota(exc)
             self._refusals[CLONE_ERROR] += 1
-            return None
+            return _Refused(window=False)
         except ForklineError:
             self._refusals[CLONE_ERROR] += 1
-            return None
-        if child is None:
+            return _Refused(window=False)
+        if taken.handle is None:
             self._refusals[CLONE_REFUSED] += 1
-        return child
+            return _Refused(window=taken.refusal == CloneRefusal.WINDOW)
+        return taken.handle
 
     def _position(self, snapshot: Handle) -> int | None:
         try:

@@ -144,7 +144,9 @@ def engine_info(info: epb.InfoResponse) -> EngineInfo:
                       max_sessions=limits.max_sessions, resident_sessions=info.resident_sessions,
                       quota_sessions=info.caller.max_sessions, quota_positions=info.caller.max_positions,
                       persistent=info.caller.persistent if info.caller.owner else None,
-                      active_generations=info.active_generations, queued_commands=info.queued_commands)
+                      active_generations=info.active_generations, queued_commands=info.queued_commands,
+                      cache_kind=info.cache_kind, sliding_window=info.window.sliding_window,
+                      max_write=info.window.max_write, window_evicts=info.window.evicts)
 
 
 def text_input(text: TextPrompt) -> epb.TextInput:

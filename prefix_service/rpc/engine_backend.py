@@ -92,6 +92,7 @@ class EngineBackend:
         self._digests: dict[str, bytes | None] = {}  # what the engine said each adopted handle holds
         self.instance_id = ""
         self._fingerprint = ""
+        self.max_rewind: int | None = None  # backends.max_rewind, from Info's window geometry
 
     def call(self, method: Callable[..., Reply], request: Message, owner: str | None = None, *,
              release: bool = False) -> Reply:
@@ -129,6 +130,7 @@ class EngineBackend:
                 self._digests.clear()
             self.instance_id = info.instance_id
             self._fingerprint = info.fingerprint
+            self.max_rewind = info.max_rewind
         return info
 
     def release_owned(self) -> int:
@@ -199,13 +201,15 @@ class EngineBackend:
         return self._fingerprint
 
     def clone(self, handle: str, upto: int) -> str | None:
+        return self.clone_or_refusal(handle, upto).handle
+
+    def clone_or_refusal(self, handle: str, upto: int) -> TakenClone:
+        """:meth:`clone`, and why the engine refused (``CloneRefusal.WINDOW``: below a ring's floor)."""
         new_owner = _clone_owner.get() or self.owner
         reply = self.call(self.stub.Clone, pb.CloneRequest(session=handle, upto=upto, new_owner=new_owner))
-        if not reply.session:
-            return None
-        if new_owner == self.owner:
+        if reply.session and new_owner == self.owner:
             self.adopt(reply.session, reply.position, reply.content_digest or None)
-        return reply.session
+        return convert.taken_clone(reply)
 
     def close(self, handle: str) -> None:
         with self._lock:

@@ -66,14 +66,15 @@ def test_lookup_insert_stats_clear(engine, prefix_factory) -> None:
     assert wait_for(lambda: engine.runner.resident_sessions == 0)
 
 
-def test_boundary_refused_by_retention(engine, prefix_factory) -> None:
+def test_window_refused_by_retention(engine, prefix_factory) -> None:
     """Ring layers keep only the last window + 63 positions of a 90-token snapshot: a request that
-    diverges at 20 matches the entry, but the engine refuses the clone there."""
+    diverges at 20 matches the entry, but the rows are gone there (a ``window`` miss; no checkpoint:
+    the prompt is shorter than the checkpoint stride)."""
     prefix = prefix_factory(engine.address)
     gateway_round(prefix, max_new_tokens=1)
     alice = PrefixClient(prefix.address, owner="alice")
     refused = alice.lookup(PROMPT[:20] + [1, 2])
-    assert (refused.session, refused.reason) == (None, "boundary_refused")
+    assert (refused.session, refused.reason) == (None, "window")
     assert refused.diverged_at == 20  # where the request left the entry: the refused boundary
     assert alice.lookup(PROMPT[:40] + [1, 2]).reused == 40  # above the floor: a hit (control)
 
