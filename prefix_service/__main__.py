@@ -20,6 +20,10 @@ at most --max_entries entries, --max_positions positions), evicting by --policy 
 live gateway request that finds the engine full evicts one entry and retries once. Its snapshots in
 the engine never expire (the engine's --persistent_owner) and count against the engine's budget for
 that owner (--persistent_owner_share); gateway generations run as their caller, in the caller's quota.
+
+Sliding-window models on batched-sequence: a captured prompt also keeps checkpoints (--checkpoint_stride,
+message ends, at most --max_checkpoints), so a prompt diverging inside a stored one reuses an exact
+prefix instead of a `window` miss (prefix_service/checkpoints.py).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ def share(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     from engine_service.rpc.service_main import add_auth_arguments, add_serving_arguments, port_number
+    from prefix_service.checkpoints import DEFAULT_CHECKPOINT_STRIDE, DEFAULT_MAX_CHECKPOINTS
     from prefix_service.retention import policy_names
     from prefix_service.routing import DEFAULT_IMBALANCE_ABS, DEFAULT_IMBALANCE_REL, routing_names
 
@@ -92,6 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "snapshots, in (0, 1] (default: %(default)s)")
     p.add_argument("--policy", default="lru", choices=policy_names(),
                    help="which entry is evicted when the cache is full (default: %(default)s)")
+    p.add_argument("--checkpoint_stride", metavar="N", type=int, default=DEFAULT_CHECKPOINT_STRIDE,
+                   help="on an engine whose cache evicts sliding-window rows (batched-sequence with sliding "
+                        "layers), a captured prompt also keeps a snapshot every N positions and at the end of each "
+                        "chat message, so a prompt diverging inside it reuses an exact prefix; 0: no checkpoints "
+                        "(default: %(default)s)")
+    p.add_argument("--max_checkpoints", metavar="N", type=int, default=DEFAULT_MAX_CHECKPOINTS,
+                   help="checkpoints per captured prompt at most (message ends first, then stride points "
+                        "spread evenly); each is a cache entry weighing its positions (default: %(default)s)")
     p.add_argument("--owner", metavar="OWNER", default="prefix-service",
                    help="owner id of the snapshots in the engine (default: %(default)s)")
     p.add_argument("--engine_timeout", metavar="SECONDS", type=float, default=30.0,
@@ -137,7 +150,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.engine and not args.engines:
         parser.error("one of --engine HOST:PORT or --engines dns:///NAME:PORT is required")
-    for flag in ("snapshot_max_mb", "snapshot_queue", "snapshot_preload"):
+    for flag in ("snapshot_max_mb", "snapshot_queue", "snapshot_preload", "checkpoint_stride", "max_checkpoints"):
         if getattr(args, flag) < 0:
             parser.error(f"--{flag} must be >= 0, got {getattr(args, flag)}")
     if args.route_imbalance_abs < 0:
@@ -153,6 +166,7 @@ def connect_and_serve(args: argparse.Namespace):
     from engine_service.auth import read_token_file
     from engine_service.rpc.auth import ClientSecurity
     from engine_service.rpc.service_main import server_security
+    from prefix_service.checkpoints import CheckpointPlan
     from prefix_service.routing import routing_policy
     from prefix_service.rpc.engine_pool import engine_targets
     from prefix_service.rpc.server import connect_fleet, create_server
@@ -172,7 +186,8 @@ def connect_and_serve(args: argparse.Namespace):
                                 ready_timeout=args.engine_timeout, resolve_every_s=args.resolve_every,
                                 max_entries=args.max_entries, policy_name=args.policy, owner=args.owner,
                                 engine_security=engine_security, outage_wait_s=args.engine_outage_wait,
-                                engine_share=args.engine_share, max_positions=args.max_positions)
+                                engine_share=args.engine_share, max_positions=args.max_positions,
+                                checkpoints=CheckpointPlan(args.checkpoint_stride, args.max_checkpoints))
     try:
         server, port = create_server(fleet, f"{args.host}:{args.port}", pool=pool, security=security,
                                      metrics=args.metrics_port is not None)

@@ -255,7 +255,8 @@ class Fleet:
         tokens, route = self._route(request.namespace, request.prompt, owner)
         if not tokens:
             raise InvalidArgument("input is empty")
-        routed = replace(request, prompt=tokens)
+        text = request.prompt if isinstance(request.prompt, TextPrompt) else request.source
+        routed = replace(request, prompt=tokens, source=text)  # the text: its message ends are checkpoints
 
         def generate_on(member: EngineMember) -> RoutedStream:
             member.started()

@@ -54,21 +54,24 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine_service.config import GenConfig
 from engine_service.content import content_digest
 from engine_service.errors import Cancelled, ForklineError, InvalidArgument, ResourceExhausted
 from engine_service.runtime.clone import CloneRefusal
+from engine_service.snapshot_kinds import BREAKPOINT
 from engine_service.stream_events import Done, Snapshot, Started, Tokens
 from prefix_service.backends import EngineGenerate, EngineInfo, EngineStream, GatewayBackend, TextPrompt
 from prefix_service.budget import DEFAULT_ENGINE_SHARE, Reservation
+from prefix_service.checkpoints import CheckpointPlan, SnapshotRoom, checkpoint_positions, message_ends
 from prefix_service.gateway_stream import GatewayStream
 from prefix_service.index import token_key
 from prefix_service.outcomes import QUOTA, InsertOutcome, InsertRefusal, LookupOutcome, Match, MissReason
 from prefix_service.persistent_tier import PersistentTier
 from prefix_service.prefix_cache import PrefixCache, PrefixStats
 from prefix_service.pressure import EnginePressure
+from prefix_service.retention import BOUNDARY_KEY
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +102,9 @@ class PromptLookup:
 @dataclass(frozen=True)
 class GatewayRequest:
     """One gateway Generate: ``prompt`` under ``namespace``, sampled and stopped per ``config``
-    (``ignore_eos``: see :class:`EngineGenerate`). ``store_prompt``: insert the prompt snapshot."""
+    (``ignore_eos``: see :class:`EngineGenerate`). ``store_prompt``: insert the prompt snapshot (and
+    its checkpoints). ``source``: the text ``prompt`` was tokenized from when ``prompt`` is already
+    token ids (the fleet tokenizes to route): a chat prompt's message ends become checkpoints."""
 
     namespace: str
     prompt: Prompt
@@ -107,6 +112,7 @@ class GatewayRequest:
     ignore_eos: bool = False
     store_prompt: bool = True
     metadata: Mapping[str, str] = field(default_factory=dict)
+    source: TextPrompt | None = None
 
 
 @dataclass(frozen=True)
@@ -135,7 +141,7 @@ class Gateway:
 
     def __init__(self, cache: PrefixCache, backend: GatewayBackend, policy_name: str = "", *,
                  engine_share: float = DEFAULT_ENGINE_SHARE, pressure_retry: bool = True,
-                 tier: PersistentTier | None = None) -> None:
+                 tier: PersistentTier | None = None, checkpoints: CheckpointPlan | None = None) -> None:
         if cache.backend is not backend:
             raise InvalidArgument("cache must use the given backend")
         self.cache = cache
@@ -150,6 +156,7 @@ class Gateway:
         self.last_info: EngineInfo | None = None  # the engine's Info as check_engine last read it
         self.tier = tier  # the snapshot directory (--snapshot_dir), shared by every engine's gateway
         self._misses: Counter[str] = Counter()  # lookup misses by the reason reported (under _lock)
+        self.checkpoints = checkpoints if checkpoints is not None else CheckpointPlan()
 
     # -- calls -----------------------------------------------------------------------------------
     def check_engine(self) -> None:
@@ -272,39 +279,66 @@ class Gateway:
     # -- internals -------------------------------------------------------------------------------
     def _start(self, request: GatewayRequest, tokens: list[int], owner: str) -> GatewayStream:
         """One attempt of :meth:`generate`: reserve room for the prompt snapshot, look up (the clone
-        is the caller's), start the engine Generate as the caller and read its first event (where
-        the engine's refusal, e.g. RESOURCE_EXHAUSTED, arrives)."""
+        is the caller's), reserve room for the checkpoints past the match (``checkpoints.py``),
+        start the engine Generate as the caller and read its first event (where the engine's
+        refusal, e.g. RESOURCE_EXHAUSTED, arrives)."""
         # a disabled cache would only release the snapshot: do not clone it at all
-        reservation = None
-        if request.store_prompt and self.cache.max_entries > 0:
+        room = SnapshotRoom()
+        capture = request.store_prompt and self.cache.max_entries > 0
+        if capture:
             reserved = self.cache.reserve(request.namespace, tokens, request.metadata)
             if isinstance(reserved, Reservation):
-                reservation = reserved
-            else:  # no room the policy would give it: do not capture at all
+                room.add(len(tokens), reserved)
+            else:  # no room the policy would give it: no prompt snapshot
                 self.cache.record_refusal(reserved)
         match: Match | None = None
         stream: EngineStream | None = None
         try:
             match = self._lookup(request.namespace, tokens, owner).match
             reused = match.reused if match else 0
+            config = request.config
+            if capture:
+                breakpoints = self._reserve_checkpoints(request, tokens, reused, owner, room)
+                if breakpoints:
+                    config = replace(config, prefill_breakpoints=breakpoints)
             stream = self.backend.generate(EngineGenerate(
                 session=match.session if match else "",
                 tokens=tuple(tokens[reused:]),
-                config=request.config,
+                config=config,
                 ignore_eos=request.ignore_eos,
-                prompt_snapshot=reservation is not None,
+                prompt_snapshot=room.holds(len(tokens)),
                 owner=owner,
             ))
             first = next(stream, None)
         except BaseException:
-            if reservation is not None:
-                reservation.release()
+            room.release()
             if stream is not None:
                 stream.cancel()
             if match is not None:
                 self._close_quietly(match.session, owner)
             raise
-        return GatewayStream(self, stream, request, tokens, match, owner, first, reservation)
+        return GatewayStream(self, stream, request, tokens, match, owner, first, room)
+
+    def _reserve_checkpoints(self, request: GatewayRequest, tokens: Sequence[int], reused: int, owner: str,
+                             room: SnapshotRoom) -> tuple[int, ...]:
+        """The breakpoints to ask the engine for (``checkpoints.py``): only on an engine whose cache
+        evicts window rows, past ``reused``, each with room reserved (a checkpoint the policy gives
+        no room, or one already stored, is not asked for)."""
+        info = self.last_info
+        if not self.checkpoints.enabled or info is None or not info.window_evicts:
+            return ()
+        text = request.prompt if isinstance(request.prompt, TextPrompt) else request.source
+        ends = message_ends(text, tokens, reused, lambda part: self.backend.tokenize(part, owner)) if text else []
+        wanted = []
+        metadata = {**request.metadata, BOUNDARY_KEY: BREAKPOINT}
+        for position in checkpoint_positions(self.checkpoints, len(tokens), reused, ends):
+            reserved = self.cache.reserve(request.namespace, tokens[:position], metadata)
+            if isinstance(reserved, Reservation):
+                room.add(position, reserved)
+                wanted.append(position)
+            elif reserved is not InsertRefusal.DUPLICATE:
+                self.cache.record_refusal(reserved)
+        return tuple(wanted)
 
     def _tokens(self, prompt: Prompt, owner: str) -> list[int]:
         if isinstance(prompt, TextPrompt):
@@ -332,12 +366,16 @@ class Gateway:
         return outcome
 
     def _insert(self, namespace: str, tokens: Sequence[int], handle: str, metadata: Mapping[str, str],
-                digest: bytes | None = None, reservation: Reservation | None = None) -> InsertOutcome:
+                digest: bytes | None = None, reservation: Reservation | None = None, *,
+                persist: bool = True) -> InsertOutcome:
+        """Store ``handle`` under ``tokens``; a stored entry is also written to the snapshot directory
+        unless ``persist`` is False (checkpoints stay in memory: a file's restore picks the longest
+        common prefix, which a checkpoint never is when a fuller snapshot exists)."""
         outcome = self.cache.insert_outcome(namespace, tokens, handle, dict(metadata), digest=digest,
                                             reservation=reservation)
         if outcome.stored:
             self._restarted = False
-            if self.tier is not None:
+            if self.tier is not None and persist:
                 self.tier.persist(self.cache, namespace, tokens, handle, metadata)
         return outcome
 
@@ -347,13 +385,19 @@ class Gateway:
         return InsertOutcome(reason)
 
     def _take_snapshot(self, snapshot: Snapshot, request: GatewayRequest, tokens: Sequence[int],
-                       reservation: Reservation | None) -> None:
-        """Store a gateway call's prompt snapshot in its reservation: the cache verifies the content
-        the engine reported for it against ``tokens`` (and releases it when refused). A snapshot the
-        engine refused for the service's quota means unknown handles hold it: reclaim them."""
+                       room: SnapshotRoom) -> None:
+        """Store a gateway call's prompt snapshot or checkpoint (``tokens[:position]``, metadata
+        ``boundary="breakpoint"``) in its reservation: the cache verifies the content the engine
+        reported for it against those tokens (and releases it when refused). A snapshot the engine
+        refused for the service's quota means unknown handles hold it: reclaim them."""
+        reservation = room.take(snapshot.position)
         if snapshot.handle:
             self.backend.adopt(snapshot.handle, snapshot.position, snapshot.content_digest)
-            self._insert(request.namespace, tokens, snapshot.handle, request.metadata, reservation=reservation)
+            metadata, checkpoint = request.metadata, snapshot.kind == BREAKPOINT
+            if checkpoint:
+                metadata = {**metadata, BOUNDARY_KEY: BREAKPOINT}
+            self._insert(request.namespace, tokens[: snapshot.position], snapshot.handle, metadata,
+                         reservation=reservation, persist=not checkpoint)
             return
         if reservation is not None:
             reservation.release()
@@ -373,7 +417,7 @@ class Gateway:
         stream.cancel()
 
     def _drain(self, stream: EngineStream, request: GatewayRequest, tokens: Sequence[int],
-               reservation: Reservation | None) -> None:
+               room: SnapshotRoom) -> None:
         """Read what is left of an engine stream so no snapshot handle it carries is lost; a stream
         that does not end within DRAIN_TIMEOUT_S is cancelled."""
         timer = threading.Timer(DRAIN_TIMEOUT_S, stream.cancel)
@@ -382,7 +426,7 @@ class Gateway:
         try:
             for event in stream:
                 if isinstance(event, Snapshot):
-                    self._take_snapshot(event, request, tokens, reservation)
+                    self._take_snapshot(event, request, tokens, room)
         except ForklineError:
             pass  # cancelled or failed: nothing more will arrive
         except Exception:  # noqa: BLE001 - cleanup must not mask the call's own outcome

@@ -3,7 +3,7 @@
 Iterating yields the client's events (the engine's first event, already read by ``generate``, then the
 rest; ``Snapshot`` events are stored by the gateway, never passed on). When the client leaves,
 :meth:`GatewayStream.stop` ends the engine generation once (:class:`_StopOnce`). At the end, however
-the iteration ends, the engine stream is drained, the snapshot's reservation released and the matched
+the iteration ends, the engine stream is drained, the snapshots' reservations released and the matched
 clone closed, with the caller's credential (the caller current when the stream was made) whichever
 thread runs it.
 """
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from engine_service.auth import Caller, calling_as, current_caller
 from engine_service.stream_events import Event, Snapshot, Started
 from prefix_service.backends import EngineStream
-from prefix_service.budget import Reservation
+from prefix_service.checkpoints import SnapshotRoom
 from prefix_service.outcomes import Match
 
 if TYPE_CHECKING:  # the gateway imports this module
@@ -47,16 +47,17 @@ class GatewayStream:
     """One gateway Generate call in flight (made by :meth:`Gateway.generate`, which read ``first``).
 
     Iterate it once for the client's events; call :meth:`stop` (any thread, idempotent) when the
-    client leaves. The engine stream is always drained, the snapshot's reservation released and the
-    matched clone closed at the end. Calls for the caller (``owner``) carry its credential from any
+    client leaves. The engine stream is always drained, the snapshots' reservations (``room``: the
+    prompt end's and each checkpoint's) released and the matched clone closed at the end. Calls for the caller (``owner``) carry its credential from any
     thread (the caller current when the stream was made).
     """
 
     def __init__(self, gateway: Gateway, stream: EngineStream, request: GatewayRequest, tokens: Sequence[int],
                  match: Match | None, owner: str, first: Event | None = None,
-                 reservation: Reservation | None = None) -> None:
+                 room: SnapshotRoom | None = None) -> None:
         self._gateway, self._stream, self._request, self._tokens = gateway, stream, request, tokens
-        self._match, self._owner, self._first, self._reservation = match, owner, first, reservation
+        self._match, self._owner, self._first = match, owner, first
+        self._room = room if room is not None else SnapshotRoom()
         self._caller: Caller | None = current_caller()
         # The session to close when the client leaves: the match, or the fresh one `started` names.
         self._stop = _StopOnce(lambda engine_stream, session: gateway._stop_generation(engine_stream, session, owner),
@@ -76,7 +77,7 @@ class GatewayStream:
         try:
             for event in itertools.chain(first, self._stream):
                 if isinstance(event, Snapshot):
-                    gateway._take_snapshot(event, self._request, self._tokens, self._reservation)
+                    gateway._take_snapshot(event, self._request, self._tokens, self._room)
                     continue
                 if isinstance(event, Started):
                     self._stop.session = self._stop.session or event.session
@@ -87,8 +88,7 @@ class GatewayStream:
             with self._as_caller():
                 if not ended:
                     self._stop()
-                gateway._drain(self._stream, self._request, self._tokens, self._reservation)
-                if self._reservation is not None:
-                    self._reservation.release()  # no snapshot came (or it was refused)
+                gateway._drain(self._stream, self._request, self._tokens, self._room)
+                self._room.release()  # snapshots that never came (or were refused)
                 if self._match is not None:
                     gateway._close_quietly(self._match.session, self._owner)

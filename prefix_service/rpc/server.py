@@ -27,6 +27,7 @@ from engine_service.errors import FailedPrecondition, InvalidArgument, Unavailab
 from engine_service.rpc.auth import ClientSecurity, ServerSecurity
 from engine_service.rpc.service_main import GrpcServer, build_grpc_server
 from prefix_service.budget import DEFAULT_ENGINE_SHARE
+from prefix_service.checkpoints import CheckpointPlan
 from prefix_service.fleet import EngineMember, Fleet
 from prefix_service.gateway import Gateway
 from prefix_service.persistent_tier import PersistentTier
@@ -61,6 +62,7 @@ def connect_engine(
     max_positions: int = 0,
     pressure_retry: bool = True,
     tier: PersistentTier | None = None,
+    checkpoints: CheckpointPlan | None = None,
 ) -> tuple[Gateway, grpc.Channel]:
     """Connect to the engine, release this owner's leftovers there, and build the cache.
     ``engine_security``: this service's token for the engine and/or TLS to it (rpc/auth.py).
@@ -68,7 +70,9 @@ def connect_engine(
     ``engine_share``: the share of the engine's sessions and positions the cache may hold, within
     ``max_entries`` / ``max_positions`` (0: no own positions bound); see prefix_service/pressure.py.
     ``pressure_retry`` False: a live request is never retried after evicting (tests' control).
-    ``tier``: the snapshot directory shared by every engine's gateway (``persistent_tier.py``)."""
+    ``tier``: the snapshot directory shared by every engine's gateway (``persistent_tier.py``).
+    ``checkpoints``: where captures take checkpoints inside a prompt on a sliding-window engine
+    (``checkpoints.py``; default: every 256 positions and at message ends, at most 8)."""
     engine_security = engine_security or ClientSecurity()
     channel = engine_security.channel(engine_address, RECONNECT_OPTIONS)
     try:
@@ -88,7 +92,8 @@ def connect_engine(
     if released:
         log.info("released %d snapshots an earlier %s left in the engine", released, owner)
     cache = PrefixCache(backend, max_entries, policy, max_positions=max_positions)
-    gateway = Gateway(cache, backend, policy, engine_share=engine_share, pressure_retry=pressure_retry, tier=tier)
+    gateway = Gateway(cache, backend, policy, engine_share=engine_share, pressure_retry=pressure_retry, tier=tier,
+                      checkpoints=checkpoints)
     gateway.check_engine()  # the budget from the engine's limits, before the first call
     gateway.preload()  # --snapshot_preload: restore recent snapshot files in the background
     return gateway, channel

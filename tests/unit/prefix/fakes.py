@@ -10,6 +10,9 @@ capacity, fail the next clones, or die (every handle becomes invalid; no clone c
 ``clone_async`` either settles at once or, with ``deferred``, queues (as does ``close``) until
 ``run_pending()`` runs the queue in FIFO order, like the runner's command inbox.
 
+:class:`WindowBackend` is a FakeBackend that says why it refused (``clone_or_refusal``: ``WINDOW``
+below a floor) and publishes ``max_rewind`` like an engine whose ring evicts rows.
+
 :class:`FakeEngine` adds what the gateway needs (a GatewayBackend): engine identity, tokenizing,
 describing, and a scripted Generate stream (:class:`FakeStream`).
 """
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 from engine_service.content import PREPARED, content_digest
 from engine_service.errors import Cancelled, ResourceExhausted
 from engine_service.runtime.clone import CloneRefusal
-from engine_service.snapshot_kinds import PROMPT
+from engine_service.snapshot_kinds import BREAKPOINT, PROMPT
 from engine_service.stream_events import Done, Snapshot, Started, Tokens
 from prefix_service.backends import Described, EngineGenerate, EngineInfo, TakenClone, TextPrompt
 
@@ -152,6 +155,27 @@ class FakeBackend:
         return self.open(source.tokens[:upto], floor=min(source.floor, upto))
 
 
+class WindowBackend(FakeBackend):
+    """A FakeBackend whose refusals say why (``CloneRefusal.WINDOW`` below the source's floor) and
+    that publishes ``max_rewind`` (None: the cache tries every candidate, as on batched-cell). Use
+    :meth:`snapshot` for a snapshot as an engine's ring leaves it: floor ``n - max_write``."""
+
+    def __init__(self, max_write: int = 64, max_rewind: int | None = 64, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.max_write = max_write
+        self.max_rewind = max_rewind
+
+    def snapshot(self, tokens: tuple[int, ...] | list[int]) -> FakeSession:
+        return self.open(tokens, floor=max(0, len(tokens) - self.max_write))
+
+    def clone_or_refusal(self, handle: FakeSession, upto: int) -> TakenClone:
+        child = self.clone(handle, upto)
+        if child is not None:
+            return TakenClone(child)
+        below = self.valid(handle) and 0 <= upto <= handle.position and upto < handle.floor
+        return TakenClone(None, CloneRefusal.WINDOW if below else CloneRefusal.BOUNDARY)
+
+
 def fake_generate(
     backend: FakeBackend,
     session: FakeSession,
@@ -236,10 +260,35 @@ class FakeEngine(FakeBackend):
         self.reclaims = 0
         self.describe_content = True
         self.max_sessions = 0  # Info's limits (0: not reported: the gateway's budget is its own bounds)
+        self.window_evicts = False  # Info's window: True models batched-sequence with sliding layers
+        self.max_write = 64  # with window_evicts, a snapshot of n positions clones only at >= n - max_write
+        self.say_window = True  # clone_or_refusal names WINDOW refusals (False: an engine that cannot say)
 
     def info(self) -> EngineInfo:
         return EngineInfo(self.engine_instance, self.fingerprint, self.vocab_size, self.max_session_tokens,
-                          max_sessions=self.max_sessions, resident_sessions=len(self.live))
+                          max_sessions=self.max_sessions, resident_sessions=len(self.live),
+                          max_write=self.max_write, window_evicts=self.window_evicts)
+
+    @property
+    def max_rewind(self) -> int | None:
+        return self.max_write if self.window_evicts else None
+
+    def clone_or_refusal(self, handle: FakeSession, upto: int) -> TakenClone:
+        child = self.clone(handle, upto)
+        if child is not None:
+            return TakenClone(child)
+        below = self.valid(handle) and 0 <= upto <= handle.position and upto < handle.floor
+        return TakenClone(None, CloneRefusal.WINDOW if below and self.say_window else CloneRefusal.BOUNDARY)
+
+    def _snapshot(self, session: FakeSession, position: int, kind: str) -> Snapshot:
+        """A snapshot event at ``position`` as the engine's capture takes it (with ``window_evicts``
+        its floor is ``position - max_write``: the ring's, written == position)."""
+        snap = self._do_clone(session, position)
+        if snap is None:
+            return Snapshot(None, position, kind, refusal="refused", reason=str(CloneRefusal.BOUNDARY))
+        if self.window_evicts:
+            snap.floor = max(snap.floor, position - self.max_write)
+        return Snapshot(snap, position, kind, content_digest=digest_of(snap.tokens))
 
     def refresh(self) -> EngineInfo:
         self.instance_id = self.engine_instance
@@ -293,11 +342,16 @@ class FakeEngine(FakeBackend):
         self.requests.append(request)
         session = request.session or self.open(())
         start = session.position
-        session.extend(request.tokens)
         events: list = [Started(session, start, len(request.tokens))]
+        fed = 0
+        for point in request.config.prefill_breakpoints:  # prefill stops there; the engine clones
+            if start < point <= start + len(request.tokens):
+                session.extend(request.tokens[fed : point - start])
+                fed = point - start
+                events.append(self._snapshot(session, point, BREAKPOINT))
+        session.extend(request.tokens[fed:])
         if request.prompt_snapshot:
-            snap = self._do_clone(session, session.position)
-            events.append(Snapshot(snap, session.position, PROMPT, content_digest=digest_of(snap.tokens)))
+            events.append(self._snapshot(session, session.position, PROMPT))
         events += [Tokens((500,), "x"), done_event(len(request.tokens), start)]
         stream = FakeStream(events, self.hang_after)
         self.streams.append(stream)

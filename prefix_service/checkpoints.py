@@ -1,0 +1,177 @@
+"""Checkpoints: the snapshots a gateway capture takes *inside* a prompt, so that a later prompt
+diverging inside it still reuses an exact prefix on a sliding-window model.
+
+Why: on ``batched-sequence`` a sliding-window layer is a ring of ``window + max_write - 1`` rows, so a
+snapshot of ``n`` positions can only be cloned at ``p >= n - max_write`` (the engine refuses lower
+clones as ``CloneRefusal.WINDOW``: the rows are gone). A prompt that shares 864 tokens of a stored
+1,440-token prompt (window 512, ``max_write`` 512) would recompute everything. With checkpoints at
+prefill breakpoints the cache holds snapshots at earlier positions too, and the lookup's candidate
+walk (longest match first, a refused clone moves on) reuses the longest one it can clone: a
+checkpoint at ``c`` serves every divergence ``d >= c`` with ``c`` positions, and every ``d`` in
+``[c - max_write, c]`` with all ``d`` (a clone may rewind up to ``max_write`` below the checkpoint).
+So a stride of at most ``max_write`` (the engine's prefill chunk, 512 by default) reuses every shared
+position wherever a prompt diverges; a longer stride reuses the longest checkpoint at or before it.
+
+Where (:func:`checkpoint_positions`): every ``stride`` positions, and at the end of each chat message
+(:func:`message_ends`) of a prompt given as messages, when they fall in ``(reused, len(prompt))``:
+only positions the engine will actually compute (past what the lookup reused); the prompt end stays
+the ordinary prompt snapshot. At most ``max_checkpoints`` per capture: message ends first (a shared
+system prompt is the commonest divergence point), then stride points thinned evenly (every k-th
+multiple of the stride).
+
+When: only on an engine whose cache evicts window rows (Info's ``window.evicts``: ``batched-sequence``
+with sliding layers). ``batched-cell`` never evicts (its sliding layers only restrict the mask,
+``cell_cache.CellCache.seq_clone`` shares the source's cells below any ``upto <= length``), so the
+full prompt snapshot already clones at every earlier position and checkpoints would only cost
+entries; without sliding layers the same holds on both kinds.
+
+Cost: each checkpoint is an ordinary cache entry (``boundary="breakpoint"`` metadata) weighing its
+positions in the budget, evicted by the retention policy like any other (``priority`` keeps them
+longer than prompt snapshots). In the engine, on ``batched-sequence`` it is a resident session
+holding a full copy of its K/V: flat layers ``c`` rows, ring layers up to ``window + max_write - 1``
+slots (the same bytes as a prompt snapshot of ``c`` positions); on ``batched-cell`` it would share
+the source's cells (no K/V copied, only an owner bit per cell and a session slot) -- which is why it
+is not taken there. Each breakpoint also ends a prefill chunk early (one more forward per
+checkpoint). Message ends cost one Tokenize call per message whose end lies past the reused part
+(the engine renders the chat template; nothing else knows where a message ends in tokens).
+
+:class:`SnapshotRoom` holds one gateway call's budget reservations, one per snapshot position.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from engine_service.errors import ForklineError, InvalidArgument
+from prefix_service.backends import TextPrompt
+from prefix_service.budget import Reservation
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHECKPOINT_STRIDE = 256  # --checkpoint_stride
+DEFAULT_MAX_CHECKPOINTS = 8  # --max_checkpoints (llama.cpp's --ctx-checkpoints default is 8 as well)
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """``stride``: positions between stride checkpoints (0: no checkpoints at all, stride or message
+    ends); ``max_checkpoints``: at most this many per captured prompt (0: none)."""
+
+    stride: int = DEFAULT_CHECKPOINT_STRIDE
+    max_checkpoints: int = DEFAULT_MAX_CHECKPOINTS
+
+    def __post_init__(self) -> None:
+        for name in ("stride", "max_checkpoints"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidArgument(f"checkpoint {name} must be an int >= 0, got {value!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.stride > 0 and self.max_checkpoints > 0
+
+
+def checkpoint_positions(
+    plan: CheckpointPlan, prompt_length: int, reused: int, message_ends: Sequence[int] = ()
+) -> tuple[int, ...]:
+    """The checkpoints of one capture, ascending: message ends and multiples of ``plan.stride``
+    strictly between ``reused`` and ``prompt_length``, at most ``plan.max_checkpoints`` (see the
+    module docstring)."""
+    if not plan.enabled:
+        return ()
+    inside = range(reused + 1, prompt_length)
+    ends = sorted({p for p in message_ends if p in inside})[-plan.max_checkpoints :]
+    first = (reused // plan.stride + 1) * plan.stride
+    stride = [p for p in range(first, prompt_length, plan.stride) if p not in ends]
+    room = plan.max_checkpoints - len(ends)
+    if room <= 0:
+        stride = []
+    elif len(stride) > room:
+        step = -(-len(stride) // room)  # ceil: every step-th stride point, so they stay evenly spaced
+        stride = stride[step - 1 :: step]
+    return tuple(sorted((*ends, *stride)))
+
+
+def conversation(prompt: TextPrompt) -> tuple[tuple[str, str], ...]:
+    """The (role, content) messages a chat prompt renders ((): not a chat prompt)."""
+    if not prompt.chat:
+        return ()
+    if prompt.messages:
+        return tuple(prompt.messages)
+    return ((("system", prompt.system),) if prompt.system else ()) + (("user", prompt.text),)
+
+
+def message_ends(
+    prompt: TextPrompt, tokens: Sequence[int], reused: int, tokenize: Callable[[TextPrompt], list[int]]
+) -> list[int]:
+    """Where each message but the last ends in ``tokens`` (the engine's tokenization of ``prompt``),
+    for the messages ending past ``reused``; latest first. The engine renders the template, so each
+    end is found by tokenizing the conversation up to that message (``tokenize``: the engine's
+    Tokenize) and taking its common prefix with ``tokens``: the rendering with a generation prompt
+    shares exactly the messages (and whatever the template's turn opening has in common) with the
+    longer conversation; a BPE merge across the boundary only moves the checkpoint a token earlier,
+    and any position is an exact checkpoint. A template that refuses a partial conversation (e.g.
+    one that must end with a user turn) stops the search: no checkpoint is wrong, some are missing."""
+    messages = conversation(prompt)
+    ends: list[int] = []
+    for count in range(len(messages) - 1, 0, -1):
+        partial = TextPrompt(
+            "", chat=True, add_special_tokens=prompt.add_special_tokens, messages=messages[:count]
+        )
+        try:
+            ids = tokenize(partial)
+        except ForklineError as exc:
+            log.debug("message ends: the engine did not render %d messages: %s", count, exc)
+            break
+        end = _common_prefix(ids, tokens)
+        if end <= reused:
+            break  # earlier messages end earlier still
+        ends.append(end)
+    return ends
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class SnapshotRoom:
+    """One gateway call's reservations, by the snapshot position each was taken for (the prompt end
+    and every checkpoint). :meth:`take` hands one to the insert of its snapshot; :meth:`release` gives
+    back what is left (idempotent)."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, Reservation] = {}
+        self._lock = threading.Lock()
+
+    def add(self, position: int, reservation: Reservation) -> None:
+        with self._lock:
+            previous = self._held.pop(position, None)
+            self._held[position] = reservation
+        if previous is not None:
+            previous.release()
+
+    def holds(self, position: int) -> bool:
+        with self._lock:
+            return position in self._held
+
+    def positions(self) -> tuple[int, ...]:
+        with self._lock:
+            return tuple(sorted(self._held))
+
+    def take(self, position: int) -> Reservation | None:
+        with self._lock:
+            return self._held.pop(position, None)
+
+    def release(self) -> None:
+        with self._lock:
+            held, self._held = list(self._held.values()), {}
+        for reservation in held:
+            reservation.release()

@@ -1,0 +1,214 @@
+"""Sliding-window reuse beyond the window, over real gRPC servers (tiny FRFR model, window 4, prefill
+chunk 64 = max_write 64: a ring keeps 67 rows, so a snapshot of n positions clones only at >= n - 64).
+
+- the engine says why a clone below a ring's floor is refused (CLONE_REFUSAL_WINDOW) and publishes
+  its window geometry in Info;
+- a prompt diverging inside a stored 200-token prompt, past the window, reuses the longest checkpoint
+  at or before the divergence on batched-sequence, and its tokens equal a cold run's (an in-process
+  Runner, no gRPC, no prefix cache);
+- with checkpoints off the same request is a ``window`` miss (Lookup reason, Stats, metrics): the
+  negative control;
+- batched-cell needs no checkpoints: the stored prompt clones at the divergence itself;
+- a chat prompt's message end is a checkpoint: a new question after the same system prompt reuses
+  the system prompt exactly.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pytest
+
+from clients.engine_client import EngineClient
+from clients.prefix_client import PrefixClient
+from engine_service.config import GenConfig
+from engine_service.executors.module import ModuleExecutor
+from engine_service.model.chat import ChatFormatter
+from engine_service.model.random_init import random_model
+from engine_service.runtime.runner import Runner
+from prefix_service.checkpoints import CheckpointPlan
+from prefix_service.rpc.metrics import GatewayCollector
+from prefix_service.rpc.server import connect_engine
+from prefix_service.rpc.server import create_server as create_prefix_server
+from protos import engine_pb2 as epb
+from protos import prefix_pb2 as ppb
+from tests.service.conftest import Prefix
+from tests.service.helpers import wait_for
+
+A = [3 + (i * 37) % 120 for i in range(200)]  # a stored 200-token prompt
+DIVERGE = 120  # A[120] == 3; past the window and more than max_write below A's end (floor 136)
+B = A[:DIVERGE] + [100 + i % 20 for i in range(60)]  # shares exactly A's first 120 tokens
+SAMPLING = {"temperature": 10.0, "seed": 7, "ignore_eos": True}  # the tiny random model is very peaked
+NEW_TOKENS = 8
+
+
+@lru_cache(maxsize=8)
+def cold(prompt: tuple[int, ...], cache_kind: str) -> tuple[int, ...]:
+    """The independent reference: the same tiny model in a fresh in-process Runner, no prefix cache."""
+    executor = ModuleExecutor.create(random_model("FRFR", 4, 0), cache_kind, 2, 1024, prefill_chunk=64)
+    runner = Runner(executor)
+    try:
+        with runner.open_session() as session:
+            config = GenConfig(max_new_tokens=NEW_TOKENS, temperature=10.0, seed=7)
+            return session.generate_async(list(prompt), config).wait(60).tokens
+    finally:
+        runner.shutdown()
+
+
+@pytest.fixture
+def start_prefix():
+    started: list[Prefix] = []
+
+    def make(engine_address: str, checkpoints: CheckpointPlan) -> Prefix:
+        gateway, channel = connect_engine(engine_address, max_entries=16, checkpoints=checkpoints)
+        server, port = create_prefix_server(gateway, "127.0.0.1:0", channel=channel)
+        started.append(Prefix(server, port))
+        return started[-1]
+
+    yield make
+    for prefix in started:
+        prefix.stop(0, release=False)
+
+
+def gateway_round(prefix: Prefix, prompt, **kwargs):
+    client = PrefixClient(prefix.address, owner="alice")
+    return client.generate(prompt, max_new_tokens=NEW_TOKENS, **SAMPLING, **kwargs).collect()
+
+
+def stored(prefix: Prefix) -> dict[int, str]:
+    return {len(e.tokens): e.metadata.get("boundary", "prompt") for e in prefix.cache.entries()}
+
+
+def misses_by_reason(prefix: Prefix) -> dict[str, int]:
+    """StatsResponse.misses_by_reason, over gRPC."""
+    client = PrefixClient(prefix.address)
+    return dict(client._unary(client.stub.Stats, ppb.StatsRequest()).misses_by_reason)
+
+
+def misses_metric(prefix: Prefix) -> dict[str, float]:
+    family = next(
+        f for f in GatewayCollector(prefix.server.fleet).collect() if f.name == "forkline_prefix_misses"
+    )
+    return {s.labels["reason"]: s.value for s in family.samples if s.name.endswith("_total")}
+
+
+def test_the_engine_names_window_refusals_and_publishes_its_geometry(engine_factory) -> None:
+    for kind, evicts in (("batched-sequence", True), ("batched-cell", False)):
+        engine = engine_factory(cache_kind=kind, max_session_tokens=512)
+        client = EngineClient(engine.address, owner="alice")
+        info = client.stub.Info(epb.InfoRequest(), metadata=(("forkline-owner", "alice"),))
+        assert (info.cache_kind, info.window.sliding_window, info.window.max_write, info.window.evicts) == (
+            kind,
+            4,
+            64,
+            evicts,
+        )
+        snapshot = client.generate(A, max_new_tokens=1, prompt_snapshot=True).collect().snapshots[0].handle
+        below = client.clone_detailed(snapshot, DIVERGE)  # 120 < 200 - 64
+        above = client.clone_detailed(snapshot, 140)
+        assert above.session and above.reason == epb.CLONE_REFUSAL_UNSPECIFIED
+        if evicts:
+            assert (below.session, below.reason) == ("", epb.CLONE_REFUSAL_WINDOW)
+            assert "sliding-window floor" in below.refusal
+        else:  # every cell stays: a clone at any committed position works
+            assert below.session and below.position == DIVERGE
+
+
+def test_a_divergence_inside_a_stored_prompt_reuses_the_longest_checkpoint_before_it(
+    engine_factory, start_prefix
+) -> None:
+    engine = engine_factory(max_session_tokens=512)
+    prefix = start_prefix(engine.address, CheckpointPlan(stride=96))  # stride > max_write: gaps
+    first = gateway_round(prefix, A)
+    assert first.done.reused_positions == 0
+    assert stored(prefix) == {96: "breakpoint", 192: "breakpoint", 200: "prompt"}
+    second = gateway_round(prefix, B)
+    # 200 (floor 136) and 192 (floor 128) cannot clone at 120: the checkpoint at 96 serves
+    assert second.done.reused_positions == 96
+    assert second.tokens == list(cold(tuple(B), "batched-sequence"))
+    assert first.tokens == list(cold(tuple(A), "batched-sequence"))
+    assert misses_by_reason(prefix) == {"empty": 1} and PrefixClient(prefix.address).stats().hits == 1
+    # every session the engine still holds is a stored entry (A's three, B's prompt)
+    assert wait_for(lambda: engine.runner.resident_sessions == len(prefix.cache))
+
+
+def test_a_stride_within_max_write_reuses_every_shared_position(engine_factory, start_prefix) -> None:
+    engine = engine_factory(max_session_tokens=512, max_sessions=32)  # the cache's share: 16 entries
+    prefix = start_prefix(engine.address, CheckpointPlan(stride=32))
+    gateway_round(prefix, A)
+    assert set(stored(prefix)) == {32, 64, 96, 128, 160, 192, 200}
+    second = gateway_round(prefix, B)
+    assert second.done.reused_positions == DIVERGE  # a later checkpoint (160, floor 96) rewinds to 120
+    assert second.tokens == list(cold(tuple(B), "batched-sequence"))
+
+
+def test_without_checkpoints_the_divergence_is_a_window_miss(engine_factory, start_prefix) -> None:
+    engine = engine_factory(max_session_tokens=512)
+    prefix = start_prefix(engine.address, CheckpointPlan(stride=0))
+    gateway_round(prefix, A)
+    assert stored(prefix) == {200: "prompt"}
+    client = PrefixClient(prefix.address, owner="alice")
+    lookup = client.lookup(B)
+    assert (lookup.session, lookup.reason, lookup.diverged_at) == (None, "window", DIVERGE)
+    second = gateway_round(prefix, B)
+    assert second.done.reused_positions == 0  # computed from scratch, like llama.cpp's cache_n 0
+    assert second.tokens == list(cold(tuple(B), "batched-sequence"))
+    assert misses_by_reason(prefix) == {"empty": 1, "window": 2}
+    assert misses_metric(prefix) == {"empty": 1.0, "window": 2.0}
+    assert client.lookup(A[:150] + [5, 6]).reused == 150  # above the floor: a hit (control)
+
+
+def test_batched_cell_reuses_up_to_the_divergence_without_checkpoints(engine_factory, start_prefix) -> None:
+    engine = engine_factory(cache_kind="batched-cell", max_session_tokens=512)
+    prefix = start_prefix(engine.address, CheckpointPlan(stride=32))
+    first = gateway_round(prefix, A)
+    assert stored(prefix) == {200: "prompt"}  # Info says the cache keeps every row: none asked for
+    assert first.tokens == list(cold(tuple(A), "batched-cell"))
+    second = gateway_round(prefix, B)
+    assert second.done.reused_positions == DIVERGE
+    assert second.tokens == list(cold(tuple(B), "batched-cell"))
+
+
+def test_a_chat_message_end_is_a_checkpoint(engine_factory, start_prefix) -> None:
+    engine = engine_factory(max_session_tokens=512)
+    prefix = start_prefix(engine.address, CheckpointPlan())  # the defaults: stride 256, message ends
+    system = "You are a terse assistant. " * 4  # 108 characters: one token each
+    first = gateway_round(prefix, None, text="q" * 80, chat=True, system=system)
+    chat = ChatFormatter(name="chatml")
+    rendered = chat.format([{"role": "system", "content": system}, {"role": "user", "content": "q" * 80}])
+    assert first.done.prompt_positions == len(rendered) == 268  # also past the stride point 256
+    system_end = len(f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>")
+    assert stored(prefix) == {system_end: "breakpoint", 256: "breakpoint", len(rendered): "prompt"}
+    second = gateway_round(prefix, None, text="r" * 80, chat=True, system=system)
+    # the new question diverges 5 positions after the system message ("user\n"); the prompt (268)
+    # and the stride checkpoint (256) are more than max_write past it
+    assert second.done.reused_positions == system_end
+    again = chat.format([{"role": "system", "content": system}, {"role": "user", "content": "r" * 80}])
+    assert second.tokens == list(cold(tuple(ord(c) for c in again), "batched-sequence"))
+
+
+def test_checkpoints_are_entries_of_the_budget_and_the_retention_policy(engine_factory, start_prefix) -> None:
+    """8 engine sessions, a share of 0.5: the cache holds 4 entries. A's prompt snapshot and its first
+    three checkpoints fit; the rest are refused for room before the engine is asked for them. A new
+    prompt's snapshots then evict A's least recently used entries, which the engine releases."""
+    engine = engine_factory(max_session_tokens=512, max_sessions=8)
+    prefix = start_prefix(engine.address, CheckpointPlan(stride=32))
+    gateway_round(prefix, A)
+    assert stored(prefix) == {32: "breakpoint", 64: "breakpoint", 96: "breakpoint", 200: "prompt"}
+    stats = PrefixClient(prefix.address).stats()
+    assert (stats.max_entries, stats.positions) == (4, 32 + 64 + 96 + 200)
+    assert stats.refusals.get("over_budget") == 3  # 128, 160, 192: never asked for
+    assert wait_for(lambda: engine.runner.resident_sessions == 4)
+    C = [5 + i % 7 for i in range(70)]  # another prompt: its snapshot and checkpoints 32, 64
+    gateway_round(prefix, C)
+    assert stored(prefix) == {32: "breakpoint", 64: "breakpoint", 70: "prompt", 200: "prompt"}
+    assert {tuple(e.tokens) for e in prefix.cache.entries()} == {
+        tuple(A),
+        tuple(C),
+        tuple(C[:32]),
+        tuple(C[:64]),
+    }
+    assert prefix.cache.stats().evictions == 3  # A's checkpoints, least recently used first
+    assert wait_for(lambda: engine.runner.resident_sessions == 4)  # the evicted snapshots were released
+    # A's checkpoints are gone: the divergence inside A is a window miss again
+    assert PrefixClient(prefix.address, owner="alice").lookup(B).reason == "window"

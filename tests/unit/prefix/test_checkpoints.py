@@ -1,0 +1,280 @@
+"""Checkpoints inside a stored prompt on a sliding-window engine (``prefix_service/checkpoints.py``),
+against the fakes: where a capture asks for them, how a lookup diverging inside a stored prompt walks
+to the longest one it can clone, the ``window`` miss without them, and that they are ordinary entries
+of the budget and the retention policy.
+
+The fakes model ``batched-sequence`` rings: a snapshot of ``n`` positions clones only at
+``p >= n - max_write`` (``floor``); below, the engine refuses with ``CloneRefusal.WINDOW``."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_service.config import GenConfig
+from engine_service.errors import InvalidArgument
+from prefix_service.backends import TextPrompt
+from prefix_service.checkpoints import CheckpointPlan, checkpoint_positions, message_ends
+from prefix_service.gateway import Gateway, GatewayRequest
+from prefix_service.outcomes import LookupOutcome, MissReason
+from prefix_service.prefix_cache import PrefixCache
+from tests.unit.prefix.fakes import FakeEngine, WindowBackend
+
+NS = "app"
+LONG = tuple(range(10, 210))  # 200 tokens
+MAX_WRITE = 64
+
+
+def diverging(at: int, length: int = 200) -> tuple[int, ...]:
+    """A prompt sharing LONG's first ``at`` tokens, then different ones."""
+    return LONG[:at] + tuple(range(600, 600 + length - at))
+
+
+# -- where checkpoints go -----------------------------------------------------------------------
+
+
+def test_stride_positions_lie_strictly_between_the_reused_part_and_the_prompt_end():
+    plan = CheckpointPlan(stride=64, max_checkpoints=8)
+    assert checkpoint_positions(plan, 200, 0) == (64, 128, 192)
+    assert checkpoint_positions(plan, 192, 0) == (64, 128)  # the prompt end is the prompt snapshot
+    assert checkpoint_positions(plan, 200, 64) == (128, 192)  # reused positions are not computed again
+    assert checkpoint_positions(plan, 200, 130) == (192,)
+    assert checkpoint_positions(plan, 200, 199) == ()
+
+
+def test_message_ends_come_first_and_stride_points_are_thinned_evenly():
+    plan = CheckpointPlan(stride=10, max_checkpoints=4)
+    # 18 stride points in (0, 200) besides the end at 150; 2 message ends leave room for 2: every 9th
+    assert checkpoint_positions(plan, 200, 0, message_ends=(37, 150)) == (37, 90, 150, 190)
+    assert checkpoint_positions(plan, 200, 0, message_ends=(0, 37, 200, 250)) == (
+        37,
+        70,
+        140,
+    )  # outside: ignored
+    assert checkpoint_positions(CheckpointPlan(10, 2), 200, 0, message_ends=(5, 37, 150)) == (37, 150)
+
+
+def test_a_zero_stride_or_cap_turns_checkpoints_off():
+    assert checkpoint_positions(CheckpointPlan(0, 8), 2000, 0, message_ends=(37,)) == ()
+    assert checkpoint_positions(CheckpointPlan(64, 0), 2000, 0) == ()
+    with pytest.raises(InvalidArgument, match="stride"):
+        CheckpointPlan(-1)
+
+
+def render(messages, add_generation_prompt=True) -> str:
+    """A chatml-like template (what the engine renders)."""
+    text = "".join(f"<{role}>{content}</>" for role, content in messages)
+    return text + ("<assistant>" if add_generation_prompt else "")
+
+
+def char_tokenize(prompt: TextPrompt) -> list[int]:
+    return [ord(c) for c in render(prompt.messages)]
+
+
+def test_message_ends_are_where_the_rendered_prefix_stops_agreeing():
+    messages = (
+        ("system", "S" * 30),
+        ("user", "first question"),
+        ("assistant", "an answer"),
+        ("user", "next"),
+    )
+    prompt = TextPrompt("", chat=True, messages=messages)
+    tokens = char_tokenize(prompt)
+    expected = []
+    for count in (3, 2, 1):  # the independent answer: the rendered strings' common prefix
+        head, full = render(messages[:count]), render(messages)
+        expected.append(
+            next((i for i, (a, b) in enumerate(zip(head, full, strict=False)) if a != b), len(head))
+        )
+    assert message_ends(prompt, tokens, 0, char_tokenize) == expected
+    assert expected[-1] == len("<system>" + "S" * 30 + "</><")  # the system message and the shared "<"
+    assert expected[1] == len(render(messages[:2]))  # the next message is the assistant's: the whole turn
+    calls = []
+
+    def counting(part: TextPrompt) -> list[int]:
+        calls.append(len(part.messages))
+        return char_tokenize(part)
+
+    # messages ending inside the reused part are not tokenized
+    assert message_ends(prompt, tokens, expected[1], counting) == expected[:1]
+    assert calls == [3, 2]
+    plain = TextPrompt("hello", chat=True, system="be brief")
+    assert message_ends(
+        plain,
+        char_tokenize(TextPrompt("", True, messages=(("system", "be brief"), ("user", "hello")))),
+        0,
+        char_tokenize,
+    ) == [len("<system>be brief</><")]
+    assert message_ends(TextPrompt("no chat"), [1, 2, 3], 0, char_tokenize) == []
+
+
+# -- lookups diverging inside a stored prompt -------------------------------------------------------
+
+
+def store_long(cache: PrefixCache, backend: WindowBackend, checkpoints=(96, 192)) -> None:
+    assert cache.insert(NS, LONG, backend.snapshot(LONG))
+    for c in checkpoints:
+        assert cache.insert(NS, LONG[:c], backend.snapshot(LONG[:c]), {"boundary": "breakpoint"})
+
+
+@pytest.mark.parametrize("max_rewind", [MAX_WRITE, None])
+def test_a_divergence_past_the_window_reuses_the_longest_checkpoint_at_or_before_it(max_rewind):
+    backend = WindowBackend(max_write=MAX_WRITE, max_rewind=max_rewind)
+    cache = PrefixCache(backend, 16)
+    store_long(cache, backend)
+    outcome = cache.lookup_outcome(NS, diverging(120))
+    # 200 (floor 136) and 192 (floor 128) cannot clone at 120: checkpoint 96 serves
+    assert outcome.reused == 96 and outcome.session.tokens == LONG[:96]
+    clones = [upto for _, upto in backend.clone_calls]
+    if max_rewind is None:  # nothing known about the window: the engine refuses 192 and 200 first
+        assert clones == [120, 120, 96]
+    else:  # known: no clone call for a candidate below its ring's floor
+        assert clones == [96]
+
+
+def test_a_divergence_within_max_write_of_a_later_checkpoint_reuses_every_shared_position():
+    backend = WindowBackend(max_write=MAX_WRITE)
+    cache = PrefixCache(backend, 16)
+    store_long(cache, backend)
+    assert cache.lookup_outcome(NS, diverging(150)).reused == 150  # 192's floor is 128
+    assert cache.lookup_outcome(NS, diverging(60)).reused == 60  # 96's floor is 32
+
+
+@pytest.mark.parametrize("max_rewind", [MAX_WRITE, None])
+def test_without_checkpoints_a_divergence_past_the_window_is_a_window_miss(max_rewind):
+    backend = WindowBackend(max_write=MAX_WRITE, max_rewind=max_rewind)
+    cache = PrefixCache(backend, 16)
+    store_long(cache, backend, checkpoints=())
+    assert cache.lookup_outcome(NS, diverging(120)) == LookupOutcome.miss(MissReason.WINDOW, 120)
+    assert cache.reusable(NS, diverging(120)) == (0 if max_rewind else 120)  # what routing scores
+    assert cache.lookup_outcome(NS, diverging(150)).reused == 150  # above the floor: a hit (control)
+
+
+def test_a_refusal_for_room_is_boundary_refused_not_window():
+    """A refusal that evicting could cure must stay BOUNDARY_REFUSED (the gateway relieves pressure
+    for it), even when another candidate was refused for the window."""
+    backend = WindowBackend(max_write=MAX_WRITE, max_rewind=None)
+    cache = PrefixCache(backend, 16)
+    store_long(cache, backend, checkpoints=(96,))
+    backend.capacity = len(backend.live)  # the next clone finds the engine full
+    outcome = cache.lookup_outcome(NS, diverging(120))
+    assert outcome == LookupOutcome.miss(MissReason.BOUNDARY_REFUSED, 120)
+
+
+def test_an_engine_that_does_not_say_why_reports_boundary_refused():
+    engine = FakeEngine()
+    engine.say_window = False
+    cache = PrefixCache(engine, 8)
+    assert cache.insert(NS, LONG, engine.open(LONG, floor=136))
+    assert cache.lookup_outcome(NS, diverging(120)).reason is MissReason.BOUNDARY_REFUSED
+    engine.say_window = True
+    assert cache.lookup_outcome(NS, diverging(120)).reason is MissReason.WINDOW
+
+
+# -- the gateway asks for them --------------------------------------------------------------------
+
+
+def window_gateway(window_evicts=True, max_entries=16, policy="lru", **kwargs) -> tuple[FakeEngine, Gateway]:
+    engine = FakeEngine(max_session_tokens=1024)
+    engine.window_evicts, engine.max_write = window_evicts, MAX_WRITE
+    gateway = Gateway(
+        PrefixCache(engine, max_entries, policy, **kwargs),
+        engine,
+        policy,
+        checkpoints=CheckpointPlan(stride=96, max_checkpoints=8),
+    )
+    return engine, gateway
+
+
+def generate(gateway: Gateway, prompt, **kwargs) -> list:
+    return list(gateway.generate(GatewayRequest(NS, prompt, GenConfig(max_new_tokens=3), **kwargs), "alice"))
+
+
+def stored(gateway: Gateway) -> dict[int, str]:
+    return {len(e.tokens): e.metadata.get("boundary", "prompt") for e in gateway.cache.entries()}
+
+
+def test_the_gateway_asks_for_checkpoints_past_the_match_and_stores_them():
+    engine, gateway = window_gateway()
+    generate(gateway, LONG)
+    assert engine.requests[0].config.prefill_breakpoints == (96, 192)
+    assert stored(gateway) == {96: "breakpoint", 192: "breakpoint", 200: "prompt"}
+    done = generate(gateway, diverging(120, 260))[-1]
+    assert done.reused_positions == 96  # the longest checkpoint at or before the divergence
+    assert engine.requests[1].tokens == diverging(120, 260)[96:]
+    assert engine.requests[1].config.prefill_breakpoints == (192,)  # only what the engine computes
+    assert gateway.stats().misses_by_reason == {"empty": 1}
+
+
+def test_without_checkpoints_the_same_divergence_is_a_window_miss():
+    engine, gateway = window_gateway()
+    gateway.checkpoints = CheckpointPlan(stride=0)
+    generate(gateway, LONG)
+    assert engine.requests[0].config.prefill_breakpoints == () and stored(gateway) == {200: "prompt"}
+    assert generate(gateway, diverging(120, 260))[-1].reused_positions == 0
+    assert gateway.stats().misses_by_reason == {"empty": 1, "window": 1}
+
+
+def test_an_engine_that_keeps_every_row_gets_no_checkpoints():
+    """batched-cell (window.evicts False): the prompt snapshot clones at any earlier position."""
+    engine, gateway = window_gateway(window_evicts=False)
+    generate(gateway, LONG)
+    assert engine.requests[0].config.prefill_breakpoints == () and stored(gateway) == {200: "prompt"}
+    assert generate(gateway, diverging(120, 260))[-1].reused_positions == 120
+
+
+def test_chat_message_ends_become_checkpoints():
+    engine, gateway = window_gateway()
+    gateway.checkpoints = CheckpointPlan(stride=1000)  # message ends only
+    messages = (("system", "s" * 150), ("user", "q" * 100))
+    engine.tokenize = lambda text, owner: char_tokenize(text)  # what the engine renders
+    text = TextPrompt("", chat=True, messages=messages)
+    generate(gateway, text)
+    system_end = len("<system>" + "s" * 150 + "</><")
+    assert engine.requests[0].config.prefill_breakpoints == (system_end,)
+    # the fleet passes token ids and the text they came from
+    other = TextPrompt("", chat=True, messages=(messages[0], ("user", "r" * 90)))
+    done = generate(gateway, char_tokenize(other), source=other)[-1]
+    assert done.reused_positions == system_end
+
+
+# -- the budget and the retention policy ------------------------------------------------------------
+
+
+def test_checkpoints_weigh_their_positions_and_are_evicted_like_entries():
+    engine, gateway = window_gateway(max_entries=16, max_positions=550)
+    generate(gateway, LONG)  # 96 + 192 + 200 = 488 positions
+    assert gateway.cache.positions == 488 and len(gateway.cache) == 3
+    before = {e.snapshot for e in gateway.cache.entries()}
+    other = tuple(range(300, 390))  # 90 more (no checkpoint): the LRU victim is LONG's oldest entry, 96
+    generate(gateway, other)
+    assert gateway.cache.positions == 192 + 200 + 90 and gateway.cache.stats().evictions == 1
+    left = {e.tokens for e in gateway.cache.entries()}
+    assert left == {LONG[:192], LONG, other}
+    evicted = before - {e.snapshot for e in gateway.cache.entries()}
+    assert [s.tokens for s in evicted] == [LONG[:96]] and all(s.closed for s in evicted)  # released
+    # the evicted checkpoint no longer serves: the divergence at 120 inside LONG is a window miss now
+    assert gateway.lookup(NS, diverging(120, 260), "alice").outcome == LookupOutcome.miss(
+        MissReason.WINDOW, 120
+    )
+    assert gateway.stats().misses_by_reason.get("window") == 1
+
+
+def test_checkpoints_count_against_max_entries_and_the_priority_policy_keeps_them_longer():
+    engine, gateway = window_gateway(max_entries=3, policy="priority")
+    generate(gateway, LONG)
+    assert stored(gateway) == {96: "breakpoint", 192: "breakpoint", 200: "prompt"}
+    generate(gateway, tuple(range(300, 350)))  # one more entry: the prompt snapshot goes first
+    assert stored(gateway) == {96: "breakpoint", 192: "breakpoint", 50: "prompt"}
+    assert generate(gateway, diverging(120, 260))[-1].reused_positions == 96
+    engine, gateway = window_gateway(max_entries=3, policy="lru")
+    generate(gateway, LONG)
+    generate(gateway, tuple(range(300, 350)))
+    assert 96 not in stored(gateway)  # LRU: the oldest entry, a checkpoint, went first
+
+
+def test_a_prompt_extending_a_stored_one_gets_checkpoints_only_past_it():
+    engine, gateway = window_gateway()
+    generate(gateway, LONG)
+    done = generate(gateway, LONG + tuple(range(700, 800)))[-1]
+    assert done.reused_positions == 200
+    assert engine.requests[1].config.prefill_breakpoints == (288,)
