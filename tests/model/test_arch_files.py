@@ -427,12 +427,6 @@ def test_gguf_auto_keeps_block_formats(arch, gguf_files, models):
     assert 1e-3 < gap(got, want) < 0.5 * q6_k_own, (gap(got, want), q6_k_own)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ModelLoadError,
-    reason="engine bug: arch/phi3.py Phi3.gguf_extra refuses every file with "
-    "phi3.rope.scaling.original_context_length, which llama.cpp's converter writes for every Phi-3",
-)
 def test_phi3_gguf_as_llama_cpp_converts_the_4k_models_loads(tmp_path, models):
     """convert_hf_to_gguf.py's Phi3MiniModel writes ``phi3.rope.scaling.original_context_length``
     (original_max_position_embeddings, 4096) for every Phi-3, the 4k models included; LongRoPE files are
@@ -461,12 +455,6 @@ def test_phi3_longrope_gguf_is_refused(tmp_path, models):
         load_model(path, "float32")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="engine bug: arch/phi3.py Phi3.gguf_extra raises ModelLoadError with general.name as the path "
-    "(it is not given the file's path), so the one-line error names 'tiny-phi3', not the file",
-)
 def test_phi3_longrope_refusal_names_the_file(tmp_path, models):
     spec = SPECS["phi3"]
     meta = gguf_metadata(spec)

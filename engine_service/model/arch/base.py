@@ -125,14 +125,16 @@ class Architecture:
             rope_traditional=self.gguf_rope_traditional,
             architecture=self.name,
         )
-        fields.update(self.gguf_extra(meta, arch, fields))
+        fields.update(self.gguf_extra(meta, arch, fields, path))
         return _config(path, fields)
 
     def layer_pattern(self, n_layers: int, window: Any, meta: Mapping[str, Any], path: str) -> tuple:
         """Per-layer attention kinds from GGUF metadata (default: every layer slides when a window is set)."""
         return layer_specs(n_layers, int(window) if window else None)
 
-    def gguf_extra(self, meta: Mapping[str, Any], arch: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    def gguf_extra(
+        self, meta: Mapping[str, Any], arch: str, fields: Mapping[str, Any], path: str
+    ) -> dict[str, Any]:
         """Architecture-specific ModelConfig fields from GGUF metadata (default: none)."""
         return {}
 

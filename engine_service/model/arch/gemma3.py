@@ -63,7 +63,9 @@ class Gemma3(Architecture):
     def layer_pattern(self, n_layers: int, window: Any, meta: Mapping[str, Any], path: str) -> tuple:
         return layer_specs(n_layers, int(window) if window else None, sliding_window_pattern=GLOBAL_EVERY)
 
-    def gguf_extra(self, meta: Mapping[str, Any], arch: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+    def gguf_extra(
+        self, meta: Mapping[str, Any], arch: str, fields: Mapping[str, Any], path: str
+    ) -> dict[str, Any]:
         local = float(meta.get(f"{arch}.rope.freq_base_swa", LOCAL_ROPE_THETA))
         return {"rope_local_theta": local, "attn_scale": _scale(fields)}
 

@@ -22,11 +22,14 @@ class Phi3(Architecture):
     layer_tensors = ("attn_norm", "qkv", "o", "mlp_norm", "gate_up", "down")
     gguf_rope_traditional = False
 
-    def gguf_extra(self, meta: Mapping[str, Any], arch: str, fields: Mapping[str, Any]) -> dict[str, Any]:
-        if meta.get(f"{arch}.rope.scaling.attn_factor") is not None or meta.get(
-            f"{arch}.rope.scaling.original_context_length"
-        ):
-            raise ModelLoadError(str(meta.get("general.name", "phi3")), "Phi-3 LongRoPE is not supported")
+    def gguf_extra(
+        self, meta: Mapping[str, Any], arch: str, fields: Mapping[str, Any], path: str
+    ) -> dict[str, Any]:
+        # the converter writes rope.scaling.original_context_length for every Phi-3 (4096 in the 4k
+        # models); LongRoPE files also carry attn_factor and rope_factors_{long,short} tensors (those
+        # tensors are refused by the loader as unread)
+        if meta.get(f"{arch}.rope.scaling.attn_factor") is not None:
+            raise ModelLoadError(path, "Phi-3 LongRoPE (rope.scaling.attn_factor) is not supported")
         return {}
 
 
