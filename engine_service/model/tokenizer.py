@@ -1,19 +1,29 @@
-"""The tokenizer: built with ``tokenizers`` from GGUF metadata (byte-level BPE) or a tokenizer.json."""
+"""The tokenizer: built with ``tokenizers`` from GGUF metadata or a tokenizer.json.
+
+GGUF ``tokenizer.ggml.model``: ``gpt2`` (byte-level BPE from the file's merges) or ``llama``
+(SentencePiece BPE from the vocabulary and scores, byte fallback; :mod:`engine_service.model.spm_tokenizer`).
+Both follow llama.cpp for the token types: control (3) and unknown (2) tokens written in the text map
+to their ids and are special (``skip_special_tokens`` drops them); user-defined (4) tokens written in
+the text map to their ids too and decode to their text; unused (5) tokens are never matched in the
+text and decode to nothing (llama.cpp prints nothing for them); byte (6) and normal (1) tokens come
+from the model.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from engine_service.errors import InvalidArgument, ModelLoadError
+from engine_service.model.spm_tokenizer import build_spm_backend, spm_vocab
 
 # GGUF token_type values (llama.cpp's llama_token_type)
-_CONTROL, _USER_DEFINED = 3, 4
+_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED = 1, 2, 3, 4, 5
 
 # Pre-tokenizer splits by GGUF ``tokenizer.ggml.pre``; each ends in byte-level BPE without a prefix space.
 _LLAMA3_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -46,6 +56,7 @@ class Tokenizer:
         bos_token_id: int | None,
         eos_token_ids: Sequence[int],
         add_bos: bool = False,
+        hidden_ids: Iterable[int] = (),
     ) -> None:
         self._tok = backend
         self.bos_token_id = bos_token_id
@@ -54,6 +65,7 @@ class Tokenizer:
         self._special = frozenset(
             tid for tid, tok in backend.get_added_tokens_decoder().items() if tok.special
         )
+        self._hidden = frozenset(int(t) for t in hidden_ids)  # decoded as nothing (GGUF unused tokens)
 
     @property
     def vocab_size(self) -> int:
@@ -74,7 +86,9 @@ class Tokenizer:
         for t in ids:
             if not 0 <= int(t) < self.vocab_size:
                 raise InvalidArgument(f"token id {t} outside the vocabulary [0, {self.vocab_size})")
-        return self._tok.decode([int(t) for t in ids], skip_special_tokens=skip_special_tokens)
+        hidden = self._hidden
+        ids = [int(t) for t in ids if not hidden or int(t) not in hidden]
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
@@ -89,12 +103,69 @@ class Tokenizer:
 
 
 def tokenizer_from_gguf(path: str, meta: dict[str, Any]) -> Tokenizer:
-    """Byte-level BPE from ``tokenizer.ggml.{tokens,merges,token_type,pre,bos/eos_token_id}``."""
+    """The tokenizer described by ``tokenizer.ggml.*``: ``gpt2`` byte-level BPE (tokens, merges, pre)
+    or ``llama`` SentencePiece BPE (tokens, scores, add_space_prefix)."""
     kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ModelLoadError(path, f"unsupported tokenizer model {kind!r} (supported: gpt2 byte-level BPE)")
-    tokens, merges = meta.get("tokenizer.ggml.tokens"), meta.get("tokenizer.ggml.merges")
-    if not tokens or merges is None:
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if kind not in ("gpt2", "llama"):
+        raise ModelLoadError(
+            path,
+            f"unsupported tokenizer model {kind!r} (supported: gpt2 byte-level BPE, llama SentencePiece)",
+        )
+    if not tokens or not all(isinstance(t, str) for t in tokens):
+        raise ModelLoadError(path, "tokenizer.ggml.tokens missing or not a list of strings")
+    types = _per_token(path, meta, "tokenizer.ggml.token_type", len(tokens), int) or [_NORMAL] * len(tokens)
+    if kind == "gpt2":
+        backend = _byte_level_backend(path, meta, tokens)
+    else:
+        scores = _per_token(path, meta, "tokenizer.ggml.scores", len(tokens), (int, float))
+        unk = meta.get("tokenizer.ggml.unknown_token_id")
+        backend = build_spm_backend(
+            spm_vocab(tokens),
+            scores,
+            # llama.cpp: true for SentencePiece unless the file says otherwise
+            add_space_prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)),
+            unk_token=tokens[unk] if isinstance(unk, int) and 0 <= unk < len(tokens) else None,
+            never_merged={i for i, t in enumerate(types) if t in (_UNKNOWN, _CONTROL, _USER_DEFINED)},
+        )
+    special = [
+        AddedToken(tokens[i], special=True, normalized=False)
+        for i, t in enumerate(types)
+        if t in (_CONTROL, _UNKNOWN) and tokens[i]
+    ]
+    user = [
+        AddedToken(tokens[i], special=False, normalized=False)
+        for i, t in enumerate(types)
+        if t == _USER_DEFINED and tokens[i]
+    ]
+    backend.add_special_tokens(special)
+    if user:
+        backend.add_tokens(user)
+    eos = [meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in meta]
+    return Tokenizer(
+        backend,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=tuple(dict.fromkeys(int(e) for e in eos)),
+        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", kind == "llama")),
+        hidden_ids=[i for i, t in enumerate(types) if t == _UNUSED],
+    )
+
+
+def _per_token(
+    path: str, meta: dict[str, Any], key: str, n: int, kind: type | tuple[type, ...]
+) -> list | None:
+    """An optional per-token list (``token_type``, ``scores``): None when absent, checked otherwise."""
+    values = meta.get(key)
+    if values is None:
+        return None
+    if not isinstance(values, list) or len(values) < n or not all(isinstance(v, kind) for v in values[:n]):
+        raise ModelLoadError(path, f"{key} must be a list of {n} numbers, one per token")
+    return values[:n]
+
+
+def _byte_level_backend(path: str, meta: dict[str, Any], tokens: list[str]) -> HFTokenizer:
+    merges = meta.get("tokenizer.ggml.merges")
+    if merges is None:
         raise ModelLoadError(path, "tokenizer.ggml.tokens / tokenizer.ggml.merges missing")
     pre_name = meta.get("tokenizer.ggml.pre", "default")
     pre = _pre_tokenizer(pre_name)
@@ -112,25 +183,7 @@ def tokenizer_from_gguf(path: str, meta: dict[str, Any]) -> Tokenizer:
     backend = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
     backend.pre_tokenizer = pre
     backend.decoder = decoders.ByteLevel()
-    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    special = [
-        AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t == _CONTROL
-    ]
-    user = [
-        AddedToken(tokens[i], special=False, normalized=False)
-        for i, t in enumerate(types)
-        if t == _USER_DEFINED
-    ]
-    backend.add_special_tokens(special)
-    if user:
-        backend.add_tokens(user)
-    eos = [meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in meta]
-    return Tokenizer(
-        backend,
-        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-        eos_token_ids=tuple(dict.fromkeys(int(e) for e in eos)),
-        add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-    )
+    return backend
 
 
 def tokenizer_from_file(
