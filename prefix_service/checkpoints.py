@@ -15,9 +15,11 @@ position wherever a prompt diverges; a longer stride reuses the longest checkpoi
 Where (:func:`checkpoint_positions`): every ``stride`` positions, and at the end of each chat message
 (:func:`message_ends`) of a prompt given as messages, when they fall in ``(reused, len(prompt))``:
 only positions the engine will actually compute (past what the lookup reused); the prompt end stays
-the ordinary prompt snapshot. At most ``max_checkpoints`` per capture: message ends first (a shared
-system prompt is the commonest divergence point), then stride points thinned evenly (every k-th
-multiple of the stride).
+the ordinary prompt snapshot. At most ``max_checkpoints`` per capture, and fewer than half the
+cache's entries (with the prompt snapshot, one prompt never takes more than half the cache): message
+ends first (a shared system prompt is the commonest divergence point), then stride points thinned to
+evenly spaced multiples of the stride (the last one kept). Room is reserved for each in ascending
+order; one the budget cannot make room for is not asked for.
 
 When: only on an engine whose cache evicts window rows (Info's ``window.evicts``: ``batched-sequence``
 with sliding layers). ``batched-cell`` never evicts (its sliding layers only restrict the mask,
@@ -43,7 +45,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine_service.errors import ForklineError, InvalidArgument
 from prefix_service.backends import TextPrompt
@@ -73,6 +75,10 @@ class CheckpointPlan:
     def enabled(self) -> bool:
         return self.stride > 0 and self.max_checkpoints > 0
 
+    def limited(self, most: int) -> CheckpointPlan:
+        """This plan with at most ``most`` checkpoints (the gateway: fewer than half its cache)."""
+        return replace(self, max_checkpoints=max(0, min(self.max_checkpoints, most)))
+
 
 def checkpoint_positions(
     plan: CheckpointPlan, prompt_length: int, reused: int, message_ends: Sequence[int] = ()
@@ -89,9 +95,8 @@ def checkpoint_positions(
     room = plan.max_checkpoints - len(ends)
     if room <= 0:
         stride = []
-    elif len(stride) > room:
-        step = -(-len(stride) // room)  # ceil: every step-th stride point, so they stay evenly spaced
-        stride = stride[step - 1 :: step]
+    elif len(stride) > room:  # evenly spaced multiples of the stride, the last one kept
+        stride = [stride[(i + 1) * len(stride) // room - 1] for i in range(room)]
     return tuple(sorted((*ends, *stride)))
 
 

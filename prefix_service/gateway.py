@@ -322,16 +322,20 @@ class Gateway:
     def _reserve_checkpoints(self, request: GatewayRequest, tokens: Sequence[int], reused: int, owner: str,
                              room: SnapshotRoom) -> tuple[int, ...]:
         """The breakpoints to ask the engine for (``checkpoints.py``): only on an engine whose cache
-        evicts window rows, past ``reused``, each with room reserved (a checkpoint the policy gives
-        no room, or one already stored, is not asked for)."""
+        evicts window rows, past ``reused``, fewer than half the cache's entries, each with room
+        reserved (a checkpoint the policy gives no room, or one already stored, is not asked for)."""
         info = self.last_info
         if not self.checkpoints.enabled or info is None or not info.window_evicts:
+            return ()
+        # one prompt's snapshots take at most half the cache's entries: a long prompt never flushes it
+        plan = self.checkpoints.limited(self.cache.max_entries // 2 - 1)
+        if not plan.enabled:
             return ()
         text = request.prompt if isinstance(request.prompt, TextPrompt) else request.source
         ends = message_ends(text, tokens, reused, lambda part: self.backend.tokenize(part, owner)) if text else []
         wanted = []
         metadata = {**request.metadata, BOUNDARY_KEY: BREAKPOINT}
-        for position in checkpoint_positions(self.checkpoints, len(tokens), reused, ends):
+        for position in checkpoint_positions(plan, len(tokens), reused, ends):
             reserved = self.cache.reserve(request.namespace, tokens[:position], metadata)
             if isinstance(reserved, Reservation):
                 room.add(position, reserved)

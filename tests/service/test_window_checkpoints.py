@@ -117,7 +117,7 @@ def test_the_engine_names_window_refusals_and_publishes_its_geometry(engine_fact
 def test_a_divergence_inside_a_stored_prompt_reuses_the_longest_checkpoint_before_it(
     engine_factory, start_prefix
 ) -> None:
-    engine = engine_factory(max_session_tokens=512)
+    engine = engine_factory(max_session_tokens=512, max_sessions=32)  # the cache's share: 16 entries
     prefix = start_prefix(engine.address, CheckpointPlan(stride=96))  # stride > max_write: gaps
     first = gateway_round(prefix, A)
     assert first.done.reused_positions == 0
@@ -170,7 +170,7 @@ def test_batched_cell_reuses_up_to_the_divergence_without_checkpoints(engine_fac
 
 
 def test_a_chat_message_end_is_a_checkpoint(engine_factory, start_prefix) -> None:
-    engine = engine_factory(max_session_tokens=512)
+    engine = engine_factory(max_session_tokens=512, max_sessions=32)
     prefix = start_prefix(engine.address, CheckpointPlan())  # the defaults: stride 256, message ends
     system = "You are a terse assistant. " * 4  # 108 characters: one token each
     first = gateway_round(prefix, None, text="q" * 80, chat=True, system=system)
@@ -188,27 +188,24 @@ def test_a_chat_message_end_is_a_checkpoint(engine_factory, start_prefix) -> Non
 
 
 def test_checkpoints_are_entries_of_the_budget_and_the_retention_policy(engine_factory, start_prefix) -> None:
-    """8 engine sessions, a share of 0.5: the cache holds 4 entries. A's prompt snapshot and its first
-    three checkpoints fit; the rest are refused for room before the engine is asked for them. A new
-    prompt's snapshots then evict A's least recently used entries, which the engine releases."""
+    """8 engine sessions, a share of 0.5: the cache holds 4 entries, so one prompt gets one checkpoint
+    (with its prompt snapshot, half the cache): of the stride points 32 .. 192 the last. The least
+    recently used entry -- the checkpoint, stored before its prompt -- is evicted like any other and
+    released in the engine; the divergence it served becomes a window miss."""
     engine = engine_factory(max_session_tokens=512, max_sessions=8)
     prefix = start_prefix(engine.address, CheckpointPlan(stride=32))
     gateway_round(prefix, A)
-    assert stored(prefix) == {32: "breakpoint", 64: "breakpoint", 96: "breakpoint", 200: "prompt"}
+    assert stored(prefix) == {192: "breakpoint", 200: "prompt"}
     stats = PrefixClient(prefix.address).stats()
-    assert (stats.max_entries, stats.positions) == (4, 32 + 64 + 96 + 200)
-    assert stats.refusals.get("over_budget") == 3  # 128, 160, 192: never asked for
-    assert wait_for(lambda: engine.runner.resident_sessions == 4)
-    C = [5 + i % 7 for i in range(70)]  # another prompt: its snapshot and checkpoints 32, 64
-    gateway_round(prefix, C)
-    assert stored(prefix) == {32: "breakpoint", 64: "breakpoint", 70: "prompt", 200: "prompt"}
-    assert {tuple(e.tokens) for e in prefix.cache.entries()} == {
-        tuple(A),
-        tuple(C),
-        tuple(C[:32]),
-        tuple(C[:64]),
-    }
-    assert prefix.cache.stats().evictions == 3  # A's checkpoints, least recently used first
-    assert wait_for(lambda: engine.runner.resident_sessions == 4)  # the evicted snapshots were released
-    # A's checkpoints are gone: the divergence inside A is a window miss again
-    assert PrefixClient(prefix.address, owner="alice").lookup(B).reason == "window"
+    assert (stats.max_entries, stats.entries, stats.positions) == (4, 2, 192 + 200)
+    b130 = tuple(A[:130] + [100 + i % 20 for i in range(50)])  # 192's floor is 128, 200's 136
+    assert prefix.cache.reusable("", b130) == 130  # served by the checkpoint (no clone, no refresh)
+    gateway_round(prefix, [5 + i % 7 for i in range(70)])  # its snapshot and its checkpoint at 64
+    assert len(prefix.cache) == 4 and prefix.cache.stats().evictions == 0
+    gateway_round(prefix, [9 + i % 5 for i in range(30)])  # one more entry: the LRU one goes
+    assert prefix.cache.stats().evictions == 1
+    assert tuple(A[:192]) not in {e.tokens for e in prefix.cache.entries()}
+    assert tuple(A) in {e.tokens for e in prefix.cache.entries()}
+    assert wait_for(lambda: engine.runner.resident_sessions == 4)  # the evicted snapshot was released
+    lookup = PrefixClient(prefix.address, owner="alice").lookup(list(b130))
+    assert (lookup.reason, lookup.diverged_at) == ("window", 130)

@@ -45,11 +45,10 @@ def test_message_ends_come_first_and_stride_points_are_thinned_evenly():
     plan = CheckpointPlan(stride=10, max_checkpoints=4)
     # 18 stride points in (0, 200) besides the end at 150; 2 message ends leave room for 2: every 9th
     assert checkpoint_positions(plan, 200, 0, message_ends=(37, 150)) == (37, 90, 150, 190)
-    assert checkpoint_positions(plan, 200, 0, message_ends=(0, 37, 200, 250)) == (
-        37,
-        70,
-        140,
-    )  # outside: ignored
+    # outside (reused, prompt end): ignored; 19 stride points, room for 3: evenly spaced, the last kept
+    assert checkpoint_positions(plan, 200, 0, message_ends=(0, 37, 200, 250)) == (37, 60, 120, 190)
+    assert checkpoint_positions(CheckpointPlan(256, 2), 1440, 0) == (512, 1280)  # of 256 .. 1280
+    assert checkpoint_positions(CheckpointPlan(256, 1), 1440, 0) == (1280,)
     assert checkpoint_positions(CheckpointPlan(10, 2), 200, 0, message_ends=(5, 37, 150)) == (37, 150)
 
 
@@ -260,16 +259,31 @@ def test_checkpoints_weigh_their_positions_and_are_evicted_like_entries():
 
 
 def test_checkpoints_count_against_max_entries_and_the_priority_policy_keeps_them_longer():
-    engine, gateway = window_gateway(max_entries=3, policy="priority")
+    others = [tuple(range(start, start + 50)) for start in (300, 400, 500, 800)]  # prompts, no checkpoints
+    engine, gateway = window_gateway(max_entries=6, policy="priority")
     generate(gateway, LONG)
-    assert stored(gateway) == {96: "breakpoint", 192: "breakpoint", 200: "prompt"}
-    generate(gateway, tuple(range(300, 350)))  # one more entry: the prompt snapshot goes first
-    assert stored(gateway) == {96: "breakpoint", 192: "breakpoint", 50: "prompt"}
+    for other in others:
+        generate(gateway, other)
+    held = {e.tokens for e in gateway.cache.entries()}
+    # the 7th entry evicts the lowest priority: prompt snapshots before checkpoints, LRU among them
+    assert len(held) == 6 and LONG not in held and {LONG[:96], LONG[:192]} <= held
     assert generate(gateway, diverging(120, 260))[-1].reused_positions == 96
-    engine, gateway = window_gateway(max_entries=3, policy="lru")
+    engine, gateway = window_gateway(max_entries=6, policy="lru")
     generate(gateway, LONG)
-    generate(gateway, tuple(range(300, 350)))
-    assert 96 not in stored(gateway)  # LRU: the oldest entry, a checkpoint, went first
+    for other in others:
+        generate(gateway, other)
+    held = {e.tokens for e in gateway.cache.entries()}
+    assert LONG[:96] not in held and LONG in held  # LRU: the oldest entry, a checkpoint, went first
+
+
+def test_one_prompt_takes_at_most_half_the_cache():
+    engine, gateway = window_gateway(max_entries=4)  # one checkpoint at most (with the prompt: half)
+    generate(gateway, LONG)
+    assert engine.requests[0].config.prefill_breakpoints == (192,)
+    assert stored(gateway) == {192: "breakpoint", 200: "prompt"}
+    engine, gateway = window_gateway(max_entries=2)
+    generate(gateway, LONG)
+    assert engine.requests[0].config.prefill_breakpoints == () and stored(gateway) == {200: "prompt"}
 
 
 def test_a_prompt_extending_a_stored_one_gets_checkpoints_only_past_it():
