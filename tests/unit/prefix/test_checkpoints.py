@@ -292,3 +292,71 @@ def test_a_prompt_extending_a_stored_one_gets_checkpoints_only_past_it():
     done = generate(gateway, LONG + tuple(range(700, 800)))[-1]
     assert done.reused_positions == 200
     assert engine.requests[1].config.prefill_breakpoints == (288,)
+
+
+# -- in process: a real tiny model over a Runner (the CLI's embedded path) --------------------------
+
+
+@pytest.mark.parametrize("kind", ["batched-sequence", "batched-cell"])
+def test_in_process_checkpoints_on_a_real_ring(kind):
+    """A Runner over the tiny FRFR model (window 4, max_write 16): capture.observer clones at the
+    prefill breakpoints; a prompt diverging at 60 inside a stored 100-token prompt reuses the
+    checkpoint at 50 on batched-sequence (the prompt's floor is 84) and its logits equal a cold run's;
+    without the checkpoint the miss is ``window``. batched-cell clones the prompt at 60 itself."""
+    import numpy as np
+
+    from engine_service.config import GenConfig
+    from engine_service.executors.module import ModuleExecutor
+    from engine_service.model.random_init import random_model
+    from engine_service.runtime.runner import Runner
+    from prefix_service.backends import RunnerBackend
+
+    class Recording(ModuleExecutor):
+        """Keeps the logits behind every output token, in order."""
+
+        def execute(self, batch):
+            outs = super().execute(batch)
+            self.log.extend(np.array(o.logits) for o in outs if o.tokens)
+            return outs
+
+    def executor():
+        ex = Recording.create(random_model("FRFR", 4, 0), kind, 8, 256, prefill_chunk=16, keep_logits=True)
+        ex.log = []
+        return ex
+
+    stored_prompt = [3 + (i * 37) % 120 for i in range(100)]
+    query = stored_prompt[:60] + [100 + i % 20 for i in range(20)]
+    warm_ex, cold_ex = executor(), executor()
+    runner, cold_runner = Runner(warm_ex), Runner(cold_ex)
+    try:
+        backend = RunnerBackend(runner)
+        assert backend.max_rewind == (16 if kind == "batched-sequence" else None)
+        results = {}
+        for checkpoints in ((50,), ()):
+            cache = PrefixCache(backend, 8)
+            source = runner.open_session()
+            capture = cache.capture_prompt(source, stored_prompt)
+            config = GenConfig(max_new_tokens=2, prefill_breakpoints=checkpoints)
+            source.generate_async(stored_prompt, config, capture.wrap(None)).wait(30)
+            assert capture.collect(NS) == 1 + len(checkpoints)
+            source.close()
+            results[checkpoints] = cache.lookup_outcome(NS, query)
+            if results[checkpoints].match is not None:
+                hit = results[checkpoints].match
+                warm_ex.log.clear()
+                warm = hit.session.generate_async(query[hit.reused :], GenConfig(max_new_tokens=1)).wait(30)
+                with cold_runner.open_session() as cold_session:
+                    cold = cold_session.generate_async(query, GenConfig(max_new_tokens=1)).wait(30)
+                assert warm.tokens == cold.tokens
+                np.testing.assert_allclose(warm_ex.log[-1], cold_ex.log[-1], atol=1e-4)
+                cold_ex.log.clear()
+                hit.session.close()
+            cache.clear()
+        if kind == "batched-sequence":
+            assert results[(50,)].reused == 50
+            assert results[()] == LookupOutcome.miss(MissReason.WINDOW, 60)
+        else:
+            assert results[(50,)].reused == 60 and results[()].reused == 60
+    finally:
+        runner.shutdown(10)
+        cold_runner.shutdown(10)
