@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -181,6 +182,13 @@ def _byte_level_backend(path: str, meta: dict[str, Any], tokens: list[str]) -> H
             raise ModelLoadError(path, f"malformed merge {m!r}")
         pairs.append((left, right))
     backend = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+    # A byte with no token of its own (SmolLM2 lacks 0x04, 0x06, 0x13, 0x14, 0x16, 0x1d) is dropped by
+    # both, but llama.cpp drops it after merging, so its neighbours cannot merge across it, while the
+    # BPE model drops it first: isolating it as its own piece keeps the neighbours apart.
+    missing = "".join(sorted(c for c in pre_tokenizers.ByteLevel.alphabet() if c not in vocab))
+    if missing:
+        isolate = pre_tokenizers.Split(Regex("[" + re.escape(missing) + "]"), behavior="isolated")
+        pre = pre_tokenizers.Sequence([pre, isolate])
     backend.pre_tokenizer = pre
     backend.decoder = decoders.ByteLevel()
     return backend
