@@ -67,10 +67,12 @@ class Tokenizer:
             tid for tid, tok in backend.get_added_tokens_decoder().items() if tok.special
         )
         self._hidden = frozenset(int(t) for t in hidden_ids)  # decoded as nothing (GGUF unused tokens)
+        # counted once: with added tokens tokenizers recounts them per call (~0.3 ms for Gemma's 6k)
+        self._vocab_size = backend.get_vocab_size(with_added_tokens=True)
 
     @property
     def vocab_size(self) -> int:
-        return self._tok.get_vocab_size(with_added_tokens=True)
+        return self._vocab_size
 
     @property
     def special_ids(self) -> frozenset[int]:
@@ -84,9 +86,10 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        n = self._vocab_size
         for t in ids:
-            if not 0 <= int(t) < self.vocab_size:
-                raise InvalidArgument(f"token id {t} outside the vocabulary [0, {self.vocab_size})")
+            if not 0 <= int(t) < n:
+                raise InvalidArgument(f"token id {t} outside the vocabulary [0, {n})")
         hidden = self._hidden
         ids = [int(t) for t in ids if not hidden or int(t) not in hidden]
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
