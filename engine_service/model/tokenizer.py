@@ -6,7 +6,10 @@ Both follow llama.cpp for the token types: control (3) and unknown (2) tokens wr
 to their ids and are special (``skip_special_tokens`` drops them); user-defined (4) tokens written in
 the text map to their ids too and decode to their text; unused (5) tokens are never matched in the
 text and decode to nothing (llama.cpp prints nothing for them); byte (6) and normal (1) tokens come
-from the model.
+from the model. Control tokens in the text are always parsed: llama.cpp's ``parse_special=true``, the
+default of its server's ``/tokenize``. Token texts are found leftmost-longest (``tokenizers``), while
+llama.cpp cuts the longest texts out first; the two agree unless one special text overlaps another
+other than as a run of one character (none do in Gemma 3's 6,414 or SmolLM2's 17).
 """
 
 from __future__ import annotations
