@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from engine_service.errors import ForklineError
-from prefix_service.backends import SnapshotBackend
+from prefix_service.backends import SnapshotBackend, max_rewind
 from prefix_service.prefix_cache import PrefixCache
 from prefix_service.snapshot_store import SnapshotStore
 from prefix_service.snapshot_writer import SnapshotWriter, WriteJob
@@ -54,11 +54,13 @@ class PersistentTier:
 
     def restore(self, cache: PrefixCache, namespace: str, key: tuple[int, ...]) -> bool:
         """Load the folder's longest stored prefix of ``key`` into ``cache``'s engine when it reuses
-        more than the memory cache can; True when an entry was added."""
+        more than the memory cache can; True when an entry was added. On an engine whose ring evicts
+        window rows only a file that can be cloned at the divergence counts (as in the memory cache),
+        so a divergence below every floor does not import a file the clone would refuse."""
         backend = cache.backend
         if not isinstance(backend, SnapshotBackend) or cache.max_entries == 0:
             return False
-        found = self.store.match(backend.fingerprint, namespace, key)
+        found = self.store.match(backend.fingerprint, namespace, key, max_rewind(backend))
         if found is None or found.reusable <= cache.reusable(namespace, key):
             return False
         return self._load(cache, backend, found.entry)

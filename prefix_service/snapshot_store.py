@@ -46,6 +46,7 @@ NAMESPACE_KEY = "forkline.namespace"
 TOKENS_KEY = "forkline.tokens"
 METADATA_KEY = "forkline.metadata"
 CHUNK_BYTES = 1 << 20
+_MAX_WINDOW_SKIPS = 1024  # files one match passes over because a ring could not clone them there
 
 
 @dataclass(frozen=True)
@@ -128,14 +129,21 @@ class SnapshotStore:
         self._evict_over_budget()
         return len(self._entries)
 
-    def match(self, fingerprint: str, namespace: str, key: tuple[int, ...]) -> DiskMatch | None:
+    def match(self, fingerprint: str, namespace: str, key: tuple[int, ...],
+              max_rewind: int | None = None) -> DiskMatch | None:
         """The longest stored prefix of ``key`` (``token_key(tokens)``) under ``fingerprint`` and
-        ``namespace``, or None."""
+        ``namespace``, or None. ``max_rewind`` (``backends.max_rewind``: a ring evicts window rows):
+        only a file whose snapshot can be cloned there (at most that far below its length)."""
         if len(key) < 2:
             return None
         with self._lock:
-            best = next(iter(self._index.matches((fingerprint, namespace), key)), None)
-        return None if best is None else DiskMatch(best.value, min(best.common, len(key) - 1))
+            for seen, candidate in enumerate(self._index.matches((fingerprint, namespace), key)):
+                reusable = min(candidate.common, len(key) - 1)
+                if max_rewind is None or len(candidate.value.tokens) - reusable <= max_rewind:
+                    return DiskMatch(candidate.value, reusable)
+                if seen >= _MAX_WINDOW_SKIPS:
+                    break
+        return None
 
     def holds(self, fingerprint: str, namespace: str, tokens: Sequence[int]) -> bool:
         with self._lock:

@@ -27,6 +27,7 @@ from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
 from engine_service.runtime.runner import Runner
 from prefix_service.checkpoints import CheckpointPlan
+from prefix_service.persistent_tier import PersistentTier
 from prefix_service.rpc.metrics import GatewayCollector
 from prefix_service.rpc.server import connect_engine
 from prefix_service.rpc.server import create_server as create_prefix_server
@@ -59,8 +60,8 @@ def cold(prompt: tuple[int, ...], cache_kind: str) -> tuple[int, ...]:
 def start_prefix():
     started: list[Prefix] = []
 
-    def make(engine_address: str, checkpoints: CheckpointPlan) -> Prefix:
-        gateway, channel = connect_engine(engine_address, max_entries=16, checkpoints=checkpoints)
+    def make(engine_address: str, checkpoints: CheckpointPlan, tier=None) -> Prefix:
+        gateway, channel = connect_engine(engine_address, max_entries=16, checkpoints=checkpoints, tier=tier)
         server, port = create_prefix_server(gateway, "127.0.0.1:0", channel=channel)
         started.append(Prefix(server, port))
         return started[-1]
@@ -209,3 +210,23 @@ def test_checkpoints_are_entries_of_the_budget_and_the_retention_policy(engine_f
     assert wait_for(lambda: engine.runner.resident_sessions == 4)  # the evicted snapshot was released
     lookup = PrefixClient(prefix.address, owner="alice").lookup(list(b130))
     assert (lookup.reason, lookup.diverged_at) == ("window", 130)
+
+
+def test_a_window_divergence_imports_no_snapshot_file(engine_factory, start_prefix, tmp_path) -> None:
+    """With --snapshot_dir, a lookup first restores the folder's best prefix when memory cannot
+    reuse as much: a file the ring could not clone at the divergence either must not count, or every
+    such lookup would import A's file again (and drop it as a duplicate)."""
+    engine = engine_factory(max_session_tokens=512)
+    tier = PersistentTier.open(str(tmp_path), 1 << 30)
+    try:
+        prefix = start_prefix(engine.address, CheckpointPlan(stride=0), tier=tier)
+        gateway_round(prefix, A)
+        assert tier.writer.flush(10) and tier.store.stats().written == 1
+        client = PrefixClient(prefix.address, owner="alice")
+        assert client.lookup(B).reason == "window"
+        assert client.lookup(A[:150] + [5, 6]).reused == 150  # control: the memory entry serves
+        stats = tier.store.stats()
+        assert (stats.restored, stats.refused) == (0, 0)
+        assert engine.runner.metrics().clones_refused == 0  # the walk made no clone call it knew would fail
+    finally:
+        tier.stop()
