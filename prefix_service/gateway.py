@@ -26,7 +26,11 @@ drops every entry (their handles died with the old instance); lookups then repor
   passed on. When the client leaves, :meth:`GatewayStream.stop` ends the engine generation by closing
   its session (not by cancelling the engine call), so that snapshot events the engine already sent
   are still read (stored or released) by the drain, which cancels a stream that outlives
-  ``DRAIN_TIMEOUT_S``. The matched clone is closed at the end.
+  ``DRAIN_TIMEOUT_S``. The matched clone is closed at the end. On an engine whose ring evicts window
+  rows (Info's ``window.evicts``) the capture also asks for checkpoints inside the prompt, past the
+  match (``checkpoints.py``: a stride and chat message ends), each reserved and stored as an entry
+  with ``boundary="breakpoint"``, so a later prompt diverging inside this one still reuses an exact
+  prefix instead of a ``window`` miss.
 
 Budget (the prefix service never starves live traffic): :meth:`Gateway.check_engine` caps the cache at
 ``engine_share`` of the engine's resident sessions and positions (and at the engine's quota for the
