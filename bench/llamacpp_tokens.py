@@ -23,15 +23,13 @@ import json
 import os
 import random
 import re
-import socket
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "tests", "model", "fixtures")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llama_server import LlamaServer, server_version  # noqa: E402
 
 PROSE = (
     "In the early spring of 1887, the surveyors returned to the valley with new instruments and a "
@@ -91,26 +89,6 @@ STRINGS = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _request(url: str, body: dict | None = None, timeout: float = 30.0) -> dict:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read().decode("utf-8"))
-
-
-def server_version(binary: str) -> str:
-    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60)
-    text = (out.stdout + out.stderr).strip()
-    match = re.search(r"version: .*", text)
-    return match.group(0) if match else text.splitlines()[-1] if text else "unknown"
-
-
 def random_texts(tokens: list[str], n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     pieces = [t.replace("\u2581", " ").replace("\u0120", " ") for t in tokens if t.isprintable()]
@@ -135,56 +113,17 @@ def random_texts(tokens: list[str], n: int, seed: int = 0) -> list[str]:
 
 
 def record(binary: str, model: str, threads: int, startup_s: float, extra: list[str] = ()) -> dict:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    log_path = os.path.join(ROOT, "bench", "out", f"llama_server_tokens_{port}.log")
-    os.makedirs(os.path.dirname(log_path), exist_ok=True)
-    with open(log_path, "wb") as log:
-        cmd = [
-            binary,
-            "-m",
-            model,
-            "-t",
-            str(threads),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "-c",
-            "2048",
-        ]
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + startup_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {proc.returncode}; see {log_path}")
-            try:
-                if _request(base + "/health", timeout=5).get("status") == "ok":
-                    break
-            except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"llama-server not ready after {startup_s:.0f} s; see {log_path}")
-            time.sleep(0.5)
+    with LlamaServer(binary, model, threads=threads, startup_s=startup_s) as server:
         cases = []
         for text in STRINGS:
-            ids = _request(base + "/tokenize", {"content": text, "add_special": False, "parse_special": True})
+            ids = server.post("/tokenize", {"content": text, "add_special": False, "parse_special": True})
             ids = [int(t) for t in ids["tokens"]]
-            back = _request(base + "/detokenize", {"tokens": ids})["content"]
+            back = server.post("/detokenize", {"tokens": ids})["content"]
             cases.append({"text": text, "ids": ids, "detokenized": back})
         extra_cases = []
         for text in extra:
-            ids = _request(base + "/tokenize", {"content": text, "add_special": False, "parse_special": True})
+            ids = server.post("/tokenize", {"content": text, "add_special": False, "parse_special": True})
             extra_cases.append({"text": text, "ids": [int(t) for t in ids["tokens"]]})
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    os.unlink(log_path)
     return {
         "model": os.path.basename(model),
         "llama_cpp": server_version(binary),

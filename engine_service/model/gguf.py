@@ -18,8 +18,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+import engine_service.model.arch as registry
 from engine_service.errors import InvalidArgument, ModelLoadError
-from engine_service.model import arch as registry
 from engine_service.model.arch.base import GGUF
 from engine_service.model.block_quant import BLOCK, BlockQuantTensor
 from engine_service.model.config import ModelConfig

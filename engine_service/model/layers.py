@@ -19,8 +19,8 @@ from collections.abc import Mapping
 import mlx.core as mx
 import mlx.nn as nn
 
+import engine_service.model.fast_math as fast_math
 from engine_service.cache.batch_control import KVStep, KVView
-from engine_service.model import fast_math
 from engine_service.model.block_quant import (
     BLOCK_FORMATS,
     BlockQuantTensor,
@@ -285,7 +285,7 @@ class DecoderLayer(nn.Module):
         v = qkv[:, self._split[1] :].reshape(t, cfg.num_kv_heads, cfg.head_dim)
         views = step.views(self.index, k, v)
         if self.deterministic:
-            from engine_service.model import deterministic
+            import engine_service.model.deterministic as deterministic
 
             o = deterministic.attend(q[:, :, 0, :], views, positions, self._window, self._scale)
         else:

@@ -19,8 +19,8 @@ from typing import Any
 
 import mlx.core as mx
 
+import engine_service.model.arch as registry
 from engine_service.errors import ModelLoadError
-from engine_service.model import arch as registry
 from engine_service.model.arch.base import HF
 from engine_service.model.config import ModelConfig
 from engine_service.model.weights import QuantTensor, named_tensor

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 import mlx.core as mx
 import mlx.nn as nn
 
+import engine_service.model.fast_math as fast_math
 from engine_service.cache.batch_control import KVStep
-from engine_service.model import fast_math
 from engine_service.model.arch import architecture
 from engine_service.model.config import ModelConfig
 from engine_service.model.layers import NATIVE, Projection, Tensor, convert
@@ -71,7 +71,7 @@ class Transformer(nn.Module):
         """Batch-invariant forwards (see :mod:`engine_service.model.deterministic`): FailedPrecondition
         when the compiled kernels are missing or the weights are not block-quantized."""
         if on:
-            from engine_service.model import deterministic
+            import engine_service.model.deterministic as deterministic
 
             deterministic.require(self.weights_dtype)
         for layer in self.layers:
