@@ -23,6 +23,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import engine_service  # noqa: E402,F401  (loads OpenBLAS before mlx)
 
@@ -175,7 +176,7 @@ def main() -> None:
         "results": results,
     }
     if args.reuse:
-        from bench.sliding_reuse import run_reuse
+        from sliding_reuse import run_reuse
 
         report["sliding_window_reuse"] = run_reuse(args.llama_server, args.threads, quick=args.quick)
     png = os.path.join(ROOT, "bench", "out", "bench_models.png")
