@@ -30,6 +30,8 @@ from clients.prefix_client import PrefixClient
 from protos import prefix_pb2
 
 _LISTENING = re.compile(r"listening on (\S+:\d+)")
+CHAT_PROMPT = "What is the capital of France? Answer in one sentence."
+PLAIN_PROMPT = "The capital of France is"
 
 
 class Service:
@@ -81,8 +83,10 @@ def restart(engine: Service, engine_argv: list[str]) -> Service:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m clients.demo", description=__doc__.splitlines()[0])
-    p.add_argument("prompt", nargs="?", default="What is the capital of France? Answer in one sentence.")
-    p.add_argument("--model", default=None)
+    p.add_argument("prompt", nargs="?", default=None,
+                   help=f"default: {CHAT_PROMPT!r} as a chat, or {PLAIN_PROMPT!r} as plain text (--no_chat, or "
+                        "a base model without a chat template such as gemma-3-270m)")
+    p.add_argument("--model", default=None, help="a packaged model name (smollm2-135m, gemma-3-270m) or a path")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--max_new_tokens", type=int, default=64)
     p.add_argument("--no_chat", action="store_true", help="send the prompt as plain text (no chat template)")
@@ -113,10 +117,15 @@ def main(argv: list[str] | None = None) -> int:
             prefix_argv += ["--snapshot_dir", stack.enter_context(tempfile.TemporaryDirectory(prefix="forkline-snap-"))]
         prefix = Service("forkline-prefix", prefix_argv)
         stack.callback(lambda: print(f"forkline-prefix stopped (exit {prefix.stop()})", flush=True))
+        chat = not args.no_chat
         for engine in engines:
             info = EngineClient(engine.address).info()
-            print(f"engine {engine.address} ({os.path.basename(info.model)}, {info.cache_kind}, instance "
-                  f"{info.instance_id})", flush=True)
+            print(f"engine {engine.address} ({os.path.basename(info.model)}, {info.architecture}, {info.cache_kind}, "
+                  f"instance {info.instance_id})", flush=True)
+            if chat and not info.chat_template:
+                print("  the model has no chat template (a base model): prompts go as plain text", flush=True)
+                chat = False
+        prompt_text = args.prompt if args.prompt is not None else (CHAT_PROMPT if chat else PLAIN_PROMPT)
         print(f"prefix service {prefix.address}", flush=True)
         served = []
         client = PrefixClient(prefix.address, owner="demo")
@@ -127,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                 i = next((i for i, e in enumerate(engines) if e.address == served[-1]), 0)
                 engines[i] = restart(engines[i], engine_argv)
             t0 = time.perf_counter()
-            out = client.generate(text=args.prompt, chat=not args.no_chat, max_new_tokens=args.max_new_tokens,
+            out = client.generate(text=prompt_text, chat=chat, max_new_tokens=args.max_new_tokens,
                                   namespace="demo").collect()
             elapsed = time.perf_counter() - t0
             d = out.done

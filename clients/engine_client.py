@@ -72,6 +72,8 @@ class EngineInfo:
     # machine's best (the engine logged a WARNING saying how to fix it)
     compute_path: str = ""
     slow_path: bool = False
+    chat_template: bool = True  # False: a base model without one (send plain text)
+    architecture: str = ""
 
 
 class GenerationStream:
@@ -208,7 +210,7 @@ class EngineClient(ChannelClient):
         return EngineInfo(r.model, r.fingerprint, r.cache_kind, r.instance_id, limits.max_sessions,
                           limits.max_session_tokens, limits.vocab_size, limits.idle_session_timeout_s,
                           r.resident_sessions, r.open_handles, tuple(r.eos_token_ids), quota,
-                          r.compute_path, r.slow_path)
+                          r.compute_path, r.slow_path, r.chat_template, r.architecture)
 
     def tokenize(self, text: str, *, chat: bool = False, system: str = "", add_special_tokens: bool = False) -> list[int]:
         msg = pb.TextInput(text=text, chat=chat, system=system, add_special_tokens=add_special_tokens)

@@ -87,8 +87,12 @@ class PrefixClient(ChannelClient):
         self.stub = prefix_pb2_grpc.PrefixCacheStub(self.channel)
 
     def lookup(self, tokens: Sequence[int] | None = None, *, text: str | None = None, namespace: str = "",
-               chat: bool = False, system: str = "") -> LookupResult:
-        request = pb.LookupRequest(namespace=namespace, **input_fields(tokens, text, chat, system, False))
+               chat: bool = False, system: str = "", add_special_tokens: bool = True) -> LookupResult:
+        """``add_special_tokens``: plain text gets the model's own (BOS where it adds one, as Gemma's
+        tokenizer does), as the gateway's Generate does by default: a stored prompt always starts at
+        position 0."""
+        fields = input_fields(tokens, text, chat, system, add_special_tokens)
+        request = pb.LookupRequest(namespace=namespace, **fields)
         r = self._routed(self.stub.Lookup, request, namespace)
         reason = MISS_REASONS.get(r.reason, f"unknown_{r.reason}")  # a newer service's reason: no KeyError
         return LookupResult(r.session or None, r.reused, tuple(r.tokens), reason, r.diverged_at, r.engine)
@@ -128,15 +132,18 @@ class PrefixClient(ChannelClient):
         skip_insert: bool = False,
         metadata: Mapping[str, str] | None = None,
         timeout: float | None = None,
+        add_special_tokens: bool = True,
         **config_fields,
     ) -> GenerationStream:
-        """Gateway generation: lookup -> engine Generate (prompt captured) -> insert, one stream."""
+        """Gateway generation: lookup -> engine Generate (prompt captured) -> insert, one stream.
+        Plain ``text`` gets the tokenizer's special tokens (BOS where the model adds one) unless
+        ``add_special_tokens`` is False; chat prompts get what the template writes."""
         request = pb.GatewayGenerateRequest(
             namespace=namespace,
             config=generation_config(**config_fields),
             skip_insert=skip_insert,
             metadata=dict(metadata or {}),
-            **input_fields(tokens, text, chat, system, False),
+            **input_fields(tokens, text, chat, system, add_special_tokens),
         )
         metadata = (*self._metadata, (ROUTE_KEY_HEADER, namespace))
         return GenerationStream(self.stub.Generate(request, metadata=metadata, timeout=timeout))

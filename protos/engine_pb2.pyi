@@ -355,7 +355,7 @@ class WindowGeometry(_message.Message):
     def __init__(self, sliding_window: _Optional[int] = ..., max_write: _Optional[int] = ..., evicts: _Optional[bool] = ...) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model", "fingerprint", "limits", "cache_kind", "instance_id", "resident_sessions", "open_handles", "eos_token_ids", "caller", "active_generations", "queued_commands", "compute_path", "slow_path", "window")
+    __slots__ = ("model", "fingerprint", "limits", "cache_kind", "instance_id", "resident_sessions", "open_handles", "eos_token_ids", "caller", "active_generations", "queued_commands", "compute_path", "slow_path", "window", "chat_template", "architecture")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
@@ -370,6 +370,8 @@ class InfoResponse(_message.Message):
     COMPUTE_PATH_FIELD_NUMBER: _ClassVar[int]
     SLOW_PATH_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     model: str
     fingerprint: str
     limits: Limits
@@ -384,7 +386,9 @@ class InfoResponse(_message.Message):
     compute_path: str
     slow_path: bool
     window: WindowGeometry
-    def __init__(self, model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., cache_kind: _Optional[str] = ..., instance_id: _Optional[str] = ..., resident_sessions: _Optional[int] = ..., open_handles: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., caller: _Optional[_Union[OwnerUsage, _Mapping]] = ..., active_generations: _Optional[int] = ..., queued_commands: _Optional[int] = ..., compute_path: _Optional[str] = ..., slow_path: _Optional[bool] = ..., window: _Optional[_Union[WindowGeometry, _Mapping]] = ...) -> None: ...
+    chat_template: bool
+    architecture: str
+    def __init__(self, model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., cache_kind: _Optional[str] = ..., instance_id: _Optional[str] = ..., resident_sessions: _Optional[int] = ..., open_handles: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., caller: _Optional[_Union[OwnerUsage, _Mapping]] = ..., active_generations: _Optional[int] = ..., queued_commands: _Optional[int] = ..., compute_path: _Optional[str] = ..., slow_path: _Optional[bool] = ..., window: _Optional[_Union[WindowGeometry, _Mapping]] = ..., chat_template: _Optional[bool] = ..., architecture: _Optional[str] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("text",)

@@ -70,6 +70,7 @@ class EngineDeps:
     registry: HandleRegistry[Session] = field(default_factory=HandleRegistry)
     fingerprint: str | None = None
     hidden_size: int | None = None
+    architecture: str = ""
 
     @classmethod
     def build(
@@ -123,6 +124,7 @@ class EngineDeps:
             registry=HandleRegistry(idle_timeout_s=idle_timeout_s, persistent_owners=frozenset(persistent_owners),
                                     quota=quota, persistent_quota=persistent_quota),
             hidden_size=executor.config.hidden_size,
+            architecture=executor.config.architecture,
         )
 
     def __post_init__(self) -> None:
@@ -333,6 +335,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 compute_path=d.runner.compute_path,
                 slow_path=d.runner.slow_path,
                 window=convert.window_message(d.runner.window_geometry),
+                chat_template=d.chat is not None and d.chat.available,
+                architecture=d.architecture,
             )
 
     def Tokenize(self, request: pb.TokenizeRequest, context: grpc.ServicerContext) -> pb.TokenizeResponse:
