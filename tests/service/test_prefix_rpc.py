@@ -53,8 +53,11 @@ def test_lookup_insert_stats_clear(engine, prefix_factory) -> None:
     assert warm.tokens == in_process_tokens(PROMPT[:50] + [1, 2, 3], 6, temperature=10.0, seed=7)
     with pytest.raises(errors.NotFound):  # ...and to nobody else
         EngineClient(engine.address, owner="bob").describe(hit.session)
-    text_hit = alice.lookup(text="The quick brown fox jumps over the lazy dog. The")
-    assert text_hit.reused == len("The quick brown fox jumps over the lazy dog. The") - 1
+    # PROMPT was stored as ids without BOS: the text must be tokenized without it to match
+    text = "The quick brown fox jumps over the lazy dog. The"
+    text_hit = alice.lookup(text=text, add_special_tokens=False)
+    assert text_hit.reused == len(text) - 1
+    assert alice.lookup(text=text).reused == 0  # by default plain text gets BOS (position 0 differs)
     assert alice.lookup([9, 9, 9]).reason == "diverged"
     assert alice.lookup(PROMPT, namespace="other").reason == "empty"
     assert alice.lookup([PROMPT[0]]).reason == "too_short"
