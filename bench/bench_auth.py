@@ -69,15 +69,26 @@ class Setting:
         tls = write_test_pki(folder) if name == "tokens+tls" else None
         creds = server_credentials(tls.server_cert, tls.server_key) if tls else None
         security = ServerSecurity(TokenTable.load(tokens_path), creds) if secured else None
-        deps = EngineDeps.build(weights[0], weights[1], model_name="bench", chat=weights[2],
-                                cache_kind="batched-sequence", max_sessions=8, max_session_tokens=1024,
-                                prefill_chunk=256)
+        deps = EngineDeps.build(
+            weights[0],
+            weights[1],
+            model_name="bench",
+            chat=weights[2],
+            cache_kind="batched-sequence",
+            max_sessions=8,
+            max_session_tokens=1024,
+            prefill_chunk=256,
+        )
         self.engine, port = create_server(deps, "127.0.0.1:0", security=security)
         engine_security = ClientSecurity(SERVICE if secured else None, tls.ca if tls else None)
         gateway, channel = connect_engine(f"127.0.0.1:{port}", max_entries=8, engine_security=engine_security)
         self.prefix, port = create_prefix_server(gateway, "127.0.0.1:0", channel=channel, security=security)
-        self.client = PrefixClient(f"127.0.0.1:{port}", owner="client", token=CLIENT if secured else None,
-                                   tls_ca=tls.ca if tls else None)
+        self.client = PrefixClient(
+            f"127.0.0.1:{port}",
+            owner="client",
+            token=CLIENT if secured else None,
+            tls_ca=tls.ca if tls else None,
+        )
         self.client.generate(text=PROMPT, max_new_tokens=1).collect()  # cold: stores the prompt
 
     def hit_ttft(self) -> float:
@@ -110,9 +121,15 @@ def authenticate_us(entries: int, calls: int = 2000) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=("tiny", "real"), default="tiny",
-                   help="the tiny random model or the packaged SmolLM2 (default: %(default)s)")
-    p.add_argument("--requests", type=int, default=100, help="timed gateway hits per setting (default: %(default)s)")
+    p.add_argument(
+        "--model",
+        choices=("tiny", "real"),
+        default="tiny",
+        help="the tiny random model or the packaged SmolLM2 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--requests", type=int, default=100, help="timed gateway hits per setting (default: %(default)s)"
+    )
     args = p.parse_args()
     weights = model(args.model)
     samples: dict[str, list[float]] = {name: [] for name in SETTINGS}
@@ -128,11 +145,14 @@ def main() -> None:
             for setting in settings:
                 setting.stop()
     results = {name: statistics.median(values) for name, values in samples.items()}
-    report = {"model": args.model, "requests": args.requests,
-              "ttft_median_ms": {k: round(v * 1000, 3) for k, v in results.items()},
-              "ratio_tokens_vs_off": round(results["tokens"] / results["off"], 3),
-              "ratio_tokens_tls_vs_off": round(results["tokens+tls"] / results["off"], 3),
-              "token_check_us": {str(n): round(authenticate_us(n), 2) for n in (3, 100, 1000)}}
+    report = {
+        "model": args.model,
+        "requests": args.requests,
+        "ttft_median_ms": {k: round(v * 1000, 3) for k, v in results.items()},
+        "ratio_tokens_vs_off": round(results["tokens"] / results["off"], 3),
+        "ratio_tokens_tls_vs_off": round(results["tokens+tls"] / results["off"], 3),
+        "token_check_us": {str(n): round(authenticate_us(n), 2) for n in (3, 100, 1000)},
+    }
     print(json.dumps(report))
     os.makedirs(OUT, exist_ok=True)
     with open(os.path.join(OUT, "bench_auth.json"), "w", encoding="utf-8") as f:

@@ -47,7 +47,9 @@ def decode_s(ex: ModuleExecutor, prompts: list[list[int]], steps: int) -> float:
     toks = [o.tokens[-1] for o in outs]
     started = time.perf_counter()
     for _ in range(steps):
-        outs = ex.execute([ExecInput(s, ex.position(s), tokens=(t,)) for s, t in zip(sids, toks, strict=True)])
+        outs = ex.execute(
+            [ExecInput(s, ex.position(s), tokens=(t,)) for s, t in zip(sids, toks, strict=True)]
+        )
         toks = [o.tokens[-1] for o in outs]
     took = time.perf_counter() - started
     for s in sids:
@@ -57,12 +59,19 @@ def decode_s(ex: ModuleExecutor, prompts: list[list[int]], steps: int) -> float:
 
 def measure(loaded, prompt_len: int, steps: int, repeats: int) -> list[dict]:
     """Both modes, interleaved per repeat (other jobs on a shared machine load both alike)."""
-    ex = ModuleExecutor.create(loaded, "batched-sequence", max_sessions=8, max_session_tokens=prompt_len + steps + 8,
-                               prefill_chunk=prompt_len)
+    ex = ModuleExecutor.create(
+        loaded,
+        "batched-sequence",
+        max_sessions=8,
+        max_session_tokens=prompt_len + steps + 8,
+        prefill_chunk=prompt_len,
+    )
     rng = random.Random(7)
     vocab = loaded.model.config.vocab_size
     prompts = [[rng.randrange(vocab) for _ in range(prompt_len)] for _ in range(8)]
-    times: dict[bool, dict[str, list[float]]] = {det: {"prefill": [], "b1": [], "b8": []} for det in (False, True)}
+    times: dict[bool, dict[str, list[float]]] = {
+        det: {"prefill": [], "b1": [], "b8": []} for det in (False, True)
+    }
     rows = {}
     for det in (False, True):
         loaded.model.set_deterministic(det)
@@ -89,8 +98,11 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = {r["mode"]: r for r in result["rows"]}
-    keys = (("prefill_tok_s", f"prefill {result['prompt_tokens']} tok"), ("decode_b1_tok_s", "decode, 1 session"),
-            ("decode_b8_tok_s", "decode, 8 sessions"))
+    keys = (
+        ("prefill_tok_s", f"prefill {result['prompt_tokens']} tok"),
+        ("decode_b1_tok_s", "decode, 1 session"),
+        ("decode_b8_tok_s", "decode, 8 sessions"),
+    )
     fig, axes = plt.subplots(1, 3, figsize=(12, 4))
     for ax, (key, title) in zip(axes, keys, strict=True):
         values = [rows["ordinary"][key], rows["deterministic"][key]]

@@ -52,8 +52,14 @@ def grpc_run(prefix: PrefixClient, prompt: str, new_tokens: int) -> tuple[float,
 
 def http_run(http: httpx.Client, prompt: str, new_tokens: int) -> tuple[float, float, int]:
     """(ttft_s, total_s, tokens) through the HTTP door (tokens from the final usage chunk)."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": new_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": new_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     t0 = time.perf_counter()
     ttft, count = None, 0
     with http.stream("POST", "/v1/chat/completions", json=body) as response:
@@ -103,9 +109,15 @@ def main() -> None:
     args = p.parse_args()
 
     loaded = load_model()
-    deps = EngineDeps.build(loaded, loaded.tokenizer, model_name=MODEL, chat=loaded.chat,
-                            max_sessions=3 * args.clients + 4, max_session_tokens=1024,
-                            max_decode_sequences=args.clients)
+    deps = EngineDeps.build(
+        loaded,
+        loaded.tokenizer,
+        model_name=MODEL,
+        chat=loaded.chat,
+        max_sessions=3 * args.clients + 4,
+        max_session_tokens=1024,
+        max_decode_sequences=args.clients,
+    )
     server, port = create_server(deps, "127.0.0.1:0")
     gateway, channel = connect_engine(f"127.0.0.1:{port}", max_entries=2 * args.clients + 2)
     prefix_server, prefix_port = create_prefix_server(gateway, "127.0.0.1:0", channel=channel)
@@ -139,7 +151,9 @@ def main() -> None:
             # each pair ran back to back (same machine load): the median pair ratio is robust to a
             # neighbour's load changing between pairs
             "http_over_grpc_tokens_per_s": round(median_ratio(http_tps, grpc_tps), 3),
-            "grpc_over_http_ttft": round(median_ratio([g[0] for g in grpc_runs], [h[0] for h in http_runs]), 3),
+            "grpc_over_http_ttft": round(
+                median_ratio([g[0] for g in grpc_runs], [h[0] for h in http_runs]), 3
+            ),
             "grpc_runs_tokens_per_s": [round(x, 2) for x in grpc_tps],
             "http_runs_tokens_per_s": [round(x, 2) for x in http_tps],
         }
@@ -147,15 +161,20 @@ def main() -> None:
         prompts = [f"{PROMPT} Variant {i}." for i in range(args.clients)]
         for i in range(args.clients):  # store each client's prompt: every concurrent call is a hit
             grpc_run(prefix, prompts[i], 1)
-        grpc_clients = [PrefixClient(f"127.0.0.1:{prefix_port}", owner=f"bench-{i}") for i in range(args.clients)]
-        http_clients = [httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=300)
-                        for _ in range(args.clients)]
+        grpc_clients = [
+            PrefixClient(f"127.0.0.1:{prefix_port}", owner=f"bench-{i}") for i in range(args.clients)
+        ]
+        http_clients = [
+            httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=300) for _ in range(args.clients)
+        ]
         grpc_aggs, http_aggs = [], []
         for _ in range(3):  # pairs, as above
-            grpc_aggs.append(concurrent(lambda i: grpc_run(grpc_clients[i], prompts[i], args.new_tokens),
-                                        args.clients))
-            http_aggs.append(concurrent(lambda i: http_run(http_clients[i], prompts[i], args.new_tokens),
-                                        args.clients))
+            grpc_aggs.append(
+                concurrent(lambda i: grpc_run(grpc_clients[i], prompts[i], args.new_tokens), args.clients)
+            )
+            http_aggs.append(
+                concurrent(lambda i: http_run(http_clients[i], prompts[i], args.new_tokens), args.clients)
+            )
         results |= {
             "clients": args.clients,
             "grpc_aggregate_tokens_per_s": round(max(grpc_aggs), 2),
@@ -187,11 +206,16 @@ def plot(r: dict, path: str) -> None:
     axes[0].bar(["gRPC gateway", "HTTP SSE"], [r["grpc_tokens_per_s"], r["http_tokens_per_s"]], color=colors)
     axes[0].set_title(f"one client, {r['tokens']} tokens\nHTTP / gRPC = {r['http_over_grpc_tokens_per_s']}")
     axes[0].set_ylabel("tokens/s")
-    axes[1].bar(["gRPC gateway", "HTTP SSE"], [r["grpc_ttft_s"] * 1000, r["http_ttft_s"] * 1000], color=colors)
+    axes[1].bar(
+        ["gRPC gateway", "HTTP SSE"], [r["grpc_ttft_s"] * 1000, r["http_ttft_s"] * 1000], color=colors
+    )
     axes[1].set_title(f"time to first token (prefix hit)\ngRPC / HTTP = {r['grpc_over_http_ttft']}")
     axes[1].set_ylabel("ms")
-    axes[2].bar(["gRPC gateway", "HTTP SSE"],
-                [r["grpc_aggregate_tokens_per_s"], r["http_aggregate_tokens_per_s"]], color=colors)
+    axes[2].bar(
+        ["gRPC gateway", "HTTP SSE"],
+        [r["grpc_aggregate_tokens_per_s"], r["http_aggregate_tokens_per_s"]],
+        color=colors,
+    )
     axes[2].set_title(f"{r['clients']} concurrent clients\nHTTP / gRPC = {r['http_over_grpc_aggregate']}")
     axes[2].set_ylabel("aggregate tokens/s")
     fig.tight_layout()

@@ -90,8 +90,13 @@ def summary(rows: list[tuple[float, float]]) -> dict:
 
 
 def in_process(tokens: list[int], repeats: int) -> dict:
-    executor = ModuleExecutor.create(random_model("FFFF", 4, 0), "batched-sequence", max_sessions=repeats + 4,
-                                     max_session_tokens=len(tokens) + 64, prefill_chunk=512)
+    executor = ModuleExecutor.create(
+        random_model("FFFF", 4, 0),
+        "batched-sequence",
+        max_sessions=repeats + 4,
+        max_session_tokens=len(tokens) + 64,
+        prefill_chunk=512,
+    )
     runner = Runner(executor)
     cache = PrefixCache(RunnerBackend(runner), max_entries=repeats + 1)
     rows = []

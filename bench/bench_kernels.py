@@ -41,7 +41,13 @@ from engine_service.model.cpu_kernels import kernel_status  # noqa: E402
 
 FORMATS = ("float32", "q8_0", "q4_1")
 # (name, N, K) of SmolLM2-135M: hidden 576, 9 q heads + 3 kv heads of 64, intermediate 1536, vocab 49152
-SHAPES = (("qkv", 960, 576), ("o", 576, 576), ("gate_up", 3072, 576), ("down", 576, 1536), ("head", 49152, 576))
+SHAPES = (
+    ("qkv", 960, 576),
+    ("o", 576, 576),
+    ("gate_up", 3072, 576),
+    ("down", 576, 1536),
+    ("head", 49152, 576),
+)
 BYTES_PER_WEIGHT = {"float32": 4.0, "q8_0": 1.125, "q4_1": 0.75}
 
 
@@ -67,10 +73,18 @@ def bench_matmuls(reps: int) -> list[dict]:
             for fmt, t in weights.items():
                 fn = (lambda x=x, t=t: x @ t.T) if fmt == "float32" else (lambda x=x, t=t: block_matmul(x, t))
                 s = time_call(fn, reps)
-                rows.append({
-                    "shape": name, "n": n, "k": k, "m": m, "format": fmt, "seconds": s,
-                    "gflops": 2 * m * n * k / s / 1e9, "weight_gbps": n * k * BYTES_PER_WEIGHT[fmt] / s / 1e9,
-                })
+                rows.append(
+                    {
+                        "shape": name,
+                        "n": n,
+                        "k": k,
+                        "m": m,
+                        "format": fmt,
+                        "seconds": s,
+                        "gflops": 2 * m * n * k / s / 1e9,
+                        "weight_gbps": n * k * BYTES_PER_WEIGHT[fmt] / s / 1e9,
+                    }
+                )
     return rows
 
 
@@ -97,8 +111,10 @@ def _runner_decode(runner, n_seqs: int, steps: int) -> float:
     sessions = [runner.open_session() for _ in range(n_seqs)]
     handles = []
     for i, session in enumerate(sessions):
+
         def on_update(update, mine=stamps[i]) -> None:
             mine.extend([time.perf_counter()] * len(update.tokens))
+
         prompt = [(j * 31 + i * 101) % 4000 + 100 for j in range(32)]
         handles.append(session.generate_async(prompt, GenConfig(max_new_tokens=steps + 1), on_update))
     for handle in handles:
@@ -159,8 +175,12 @@ def bench_model(fmt: str, decode_steps: int, prefill_lengths: tuple[int, ...], r
             del cache
         prefill_tok_s[str(n)] = n / best
     hit_prompt = max(prefill_lengths)
-    runner = Runner(ModuleExecutor.create(loaded, "batched-sequence", max_sessions=10,
-                                          max_session_tokens=hit_prompt + 64), max_decode_sequences=8)
+    runner = Runner(
+        ModuleExecutor.create(
+            loaded, "batched-sequence", max_sessions=10, max_session_tokens=hit_prompt + 64
+        ),
+        max_decode_sequences=8,
+    )
     try:
         compute_path = runner.compute_path
         runner_1 = _runner_decode(runner, 1, decode_steps)
@@ -170,10 +190,18 @@ def bench_model(fmt: str, decode_steps: int, prefill_lengths: tuple[int, ...], r
         runner.shutdown()
     del runner, model, loaded
     gc.collect()
-    return {"format": fmt, "compute_path": compute_path, "decode_tok_s": decode,
-            "runner_decode_1_tok_s": runner_1, "runner_decode_8_tok_s": runner_8,
-            "prefill_tok_s": prefill_tok_s, "hit_prompt_tokens": hit_prompt, "hit_suffix_tokens": 16,
-            "hit_ttft_s": hit, "weight_bytes": weight_bytes}
+    return {
+        "format": fmt,
+        "compute_path": compute_path,
+        "decode_tok_s": decode,
+        "runner_decode_1_tok_s": runner_1,
+        "runner_decode_8_tok_s": runner_8,
+        "prefill_tok_s": prefill_tok_s,
+        "hit_prompt_tokens": hit_prompt,
+        "hit_suffix_tokens": 16,
+        "hit_ttft_s": hit,
+        "weight_bytes": weight_bytes,
+    }
 
 
 def bench_llama_cpp(steps: int) -> dict | None:
@@ -213,8 +241,11 @@ def plot(result: dict, path: str) -> None:
         for x, v in zip(xs, vals, strict=True):
             ax1.text(x, v, f"{v:.2f}", ha="center", va="bottom", fontsize=7)
     ax1.axhline(1.0, color="#888", lw=0.8)
-    ax1.set_xticks(range(len(metrics)), ["decode 1", "decode 8", "prefill 512", "prefill 1024",
-                                         "hit+16 TTFT"], fontsize=8)
+    ax1.set_xticks(
+        range(len(metrics)),
+        ["decode 1", "decode 8", "prefill 512", "prefill 1024", "hit+16 TTFT"],
+        fontsize=8,
+    )
     ax1.set_title("SmolLM2-135M, speed vs float32 OpenBLAS (x)")
     ax1.legend()
     names = [f"{name}\nM={m}" for name, _, _ in SHAPES for m in (1, 8)]
@@ -258,8 +289,9 @@ def main() -> None:
         for m in result["model"][1:]
     }
     if result["llama_cpp"] is not None:
-        result["llama_cpp"]["over"] = {m["format"]: result["llama_cpp"]["decode_tok_s"] / m["decode_tok_s"]
-                                       for m in result["model"]}
+        result["llama_cpp"]["over"] = {
+            m["format"]: result["llama_cpp"]["decode_tok_s"] / m["decode_tok_s"] for m in result["model"]
+        }
     out = os.path.join(ROOT, "bench", "out")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "bench_kernels.json"), "w") as f:

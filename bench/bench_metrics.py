@@ -63,22 +63,50 @@ SYSTEMS = [
     "You are a friendly astronomy guide for children. Use simple words, one comparison to everyday life, "
     "and end with a question that invites the child to look at the night sky.",
 ]
-QUESTIONS = ["What is the capital of France?", "Why is the sky blue?", "How do I boil an egg?",
-             "What is a comet?", "Where is Mount Kilimanjaro?", "How long should pasta cook?",
-             "Why does the Moon change shape?", "What is the largest desert?", "How do I make rice fluffy?",
-             "What is a black hole?", "Which river is the longest?", "How do I keep bread fresh?"]
-WORDS = ["Tell", "Explain", "Describe", "Imagine", "Compare", "Summarize", "List", "Translate", "Recall",
-         "Define", "Picture", "Outline", "Sketch", "Name", "Consider", "Suppose"]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Why is the sky blue?",
+    "How do I boil an egg?",
+    "What is a comet?",
+    "Where is Mount Kilimanjaro?",
+    "How long should pasta cook?",
+    "Why does the Moon change shape?",
+    "What is the largest desert?",
+    "How do I make rice fluffy?",
+    "What is a black hole?",
+    "Which river is the longest?",
+    "How do I keep bread fresh?",
+]
+WORDS = [
+    "Tell",
+    "Explain",
+    "Describe",
+    "Imagine",
+    "Compare",
+    "Summarize",
+    "List",
+    "Translate",
+    "Recall",
+    "Define",
+    "Picture",
+    "Outline",
+    "Sketch",
+    "Name",
+    "Consider",
+    "Suppose",
+]
 
 
 # ----------------------------------------------------------------------------------------- the cost
+
 
 def stream_decode(prefix: PrefixClient, prompt: str, new_tokens: int) -> tuple[int, float]:
     """(decoded tokens after the first, seconds from the first to the last token) of one generation."""
     first_at = last_at = 0.0
     first_count = count = 0
-    for event in prefix.generate(text=prompt, chat=True, max_new_tokens=new_tokens, temperature=0.0,
-                                 ignore_eos=True):
+    for event in prefix.generate(
+        text=prompt, chat=True, max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True
+    ):
         if isinstance(event, Tokens) and event.ids:
             now = time.perf_counter()
             if not count:
@@ -148,8 +176,10 @@ def hot_path_costs(deps: EngineDeps, events: int = 20000) -> dict:
     for _ in range(events):
         engine_metrics.observe_batch(4, 4, 0.05)
     observer_s = time.perf_counter() - t0
-    return {"watch_us_per_token_event": round((best_watched - best_plain) / events * 1e6, 2),
-            "batch_observer_us_per_forward": round(observer_s / events * 1e6, 2)}
+    return {
+        "watch_us_per_token_event": round((best_watched - best_plain) / events * 1e6, 2),
+        "batch_observer_us_per_forward": round(observer_s / events * 1e6, 2),
+    }
 
 
 # ------------------------------------------------------------------------------------ the scrapes
@@ -160,8 +190,11 @@ Samples = dict[tuple[str, frozenset], float]
 def scrape(port: int) -> Samples:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
         text = reply.read().decode()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def total(samples: Samples, name: str, **labels: str) -> float:
@@ -211,7 +244,10 @@ def panels(series: list[tuple[float, Samples, Samples]], window: int) -> dict[st
         (t0, e0, p0), (t1, e1, p1) = series[k - window], series[k]
         dt = t1 - t0
         out["t"].append(t1 - series[0][0])
-        hits, misses = rate(p0, p1, dt, "forkline_prefix_hits_total"), rate(p0, p1, dt, "forkline_prefix_misses_total")
+        hits, misses = (
+            rate(p0, p1, dt, "forkline_prefix_hits_total"),
+            rate(p0, p1, dt, "forkline_prefix_misses_total"),
+        )
         out["hit_rate"].append(hits / (hits + misses) if hits + misses else math.nan)
         prompt = rate(e0, e1, dt, "forkline_prompt_tokens_total", service=ENGINE)
         reused = rate(e0, e1, dt, "forkline_reused_positions_total", service=ENGINE)
@@ -220,9 +256,11 @@ def panels(series: list[tuple[float, Samples, Samples]], window: int) -> dict[st
             for svc, key in ((ENGINE, "engine"), (PREFIX, "gateway")):
                 samples = (e0, e1) if svc == ENGINE else (p0, p1)
                 out[f"ttft_{key}_p{round(q * 100)}"].append(
-                    quantile_over(*samples, q, "forkline_time_to_first_token_seconds_bucket", service=svc))
+                    quantile_over(*samples, q, "forkline_time_to_first_token_seconds_bucket", service=svc)
+                )
             out[f"itl_p{round(q * 100)}"].append(
-                quantile_over(e0, e1, q, "forkline_inter_token_latency_seconds_bucket", service=ENGINE))
+                quantile_over(e0, e1, q, "forkline_inter_token_latency_seconds_bucket", service=ENGINE)
+            )
         out["step_p50"].append(quantile_over(e0, e1, 0.5, "forkline_engine_step_seconds_bucket"))
         out["generated_tps"].append(rate(e0, e1, dt, "forkline_generated_tokens_total", service=ENGINE))
         out["prefill_tps"].append(rate(e0, e1, dt, "forkline_engine_prefill_positions_total"))
@@ -240,6 +278,7 @@ def panels(series: list[tuple[float, Samples, Samples]], window: int) -> dict[st
 
 
 # ------------------------------------------------------------------------------------ the traffic
+
 
 def traffic(prefix_address: str, seconds: float, clients: int, seed: int) -> dict[str, int]:
     """Mixed gateway traffic from ``clients`` threads for ``seconds``; returns what was sent."""
@@ -260,12 +299,20 @@ def traffic(prefix_address: str, seconds: float, clients: int, seed: int) -> dic
                     prefix.generate(text=question, chat=True, max_new_tokens=0).collect()
                 elif r < 0.3:
                     kind = "raw"
-                    prefix.generate(text=f"{rng.choice(WORDS)} {rng.randrange(10**6)}: {question}",
-                                    max_new_tokens=new_tokens, temperature=0.0).collect()
+                    prefix.generate(
+                        text=f"{rng.choice(WORDS)} {rng.randrange(10**6)}: {question}",
+                        max_new_tokens=new_tokens,
+                        temperature=0.0,
+                    ).collect()
                 else:
                     kind = "chat"
-                    prefix.generate(text=question, system=rng.choice(SYSTEMS), chat=True, max_new_tokens=new_tokens,
-                                    temperature=0.0).collect()
+                    prefix.generate(
+                        text=question,
+                        system=rng.choice(SYSTEMS),
+                        chat=True,
+                        max_new_tokens=new_tokens,
+                        temperature=0.0,
+                    ).collect()
             except ForklineError:
                 pass
             with lock:
@@ -301,9 +348,16 @@ def main() -> None:
 
     loaded = load_model()
     modes = ("on", "off", "off2")  # off2: a second unmetered pair, the A/A control (how noisy is a ratio?)
-    deps = EngineDeps.build(loaded, loaded.tokenizer, model_name=MODEL, chat=loaded.chat, max_sessions=48,
-                            max_session_tokens=1024, max_decode_sequences=max(args.clients, args.traffic_clients),
-                            persistent_owners=tuple(f"prefix-{mode}" for mode in modes))
+    deps = EngineDeps.build(
+        loaded,
+        loaded.tokenizer,
+        model_name=MODEL,
+        chat=loaded.chat,
+        max_sessions=48,
+        max_session_tokens=1024,
+        max_decode_sequences=max(args.clients, args.traffic_clients),
+        persistent_owners=tuple(f"prefix-{mode}" for mode in modes),
+    )
     costs = hot_path_costs(deps)
     servers: dict[str, tuple] = {}  # mode -> (engine server, prefix server, prefix port); kept referenced
     observer = None
@@ -312,33 +366,45 @@ def main() -> None:
         if mode == "on":
             observer = deps.runner.batch_observer  # the metered server's; the others run with None
         gateway, channel = connect_engine(f"127.0.0.1:{engine_port}", max_entries=12, owner=f"prefix-{mode}")
-        prefix, prefix_port = create_prefix_server(gateway, "127.0.0.1:0", channel=channel, metrics=mode == "on")
+        prefix, prefix_port = create_prefix_server(
+            gateway, "127.0.0.1:0", channel=channel, metrics=mode == "on"
+        )
         servers[mode] = (engine, prefix, prefix_port)
-    results: dict = {"model": os.path.basename(loaded.path), "new_tokens": args.new_tokens, "rounds": args.rounds}
+    results: dict = {
+        "model": os.path.basename(loaded.path),
+        "new_tokens": args.new_tokens,
+        "rounds": args.rounds,
+    }
     try:
         # 1. the cost, metrics on vs off (each prompt stored first: every measured call is a hit)
         prompts = [f"{PROMPT} Variant {i}." for i in range(args.clients)]
-        clients = {mode: [PrefixClient(f"127.0.0.1:{port}", owner=f"bench-{i}") for i in range(args.clients)]
-                   for mode, (_, _, port) in servers.items()}
+        clients = {
+            mode: [PrefixClient(f"127.0.0.1:{port}", owner=f"bench-{i}") for i in range(args.clients)]
+            for mode, (_, _, port) in servers.items()
+        }
         for mode in modes:
             for i in range(args.clients):
                 stream_decode(clients[mode][i], prompts[i], 2)
         rates: dict[tuple[str, int], list[float]] = defaultdict(list)
         for r in range(args.rounds):
             for streams in (1, args.clients):
-                for mode in modes[r % 3:] + modes[:r % 3]:  # the order rotates
+                for mode in modes[r % 3 :] + modes[: r % 3]:  # the order rotates
                     deps.runner.batch_observer = observer if mode == "on" else None
-                    rates[mode, streams].append(decode_rate(clients[mode][:streams], prompts[:streams],
-                                                            args.new_tokens))
+                    rates[mode, streams].append(
+                        decode_rate(clients[mode][:streams], prompts[:streams], args.new_tokens)
+                    )
         deps.runner.batch_observer = observer
         for streams in (1, args.clients):
             on, off, off2 = (rates[mode, streams] for mode in modes)
             results[f"decode_tokens_per_s_{streams}_streams"] = {
-                "on": round(statistics.median(on), 2), "off": round(statistics.median(off), 2),
+                "on": round(statistics.median(on), 2),
+                "off": round(statistics.median(off), 2),
                 "on_over_off": round(median_ratio(on, off), 4),
                 "off2_over_off": round(median_ratio(off2, off), 4),  # the A/A control: the noise
-                "runs_on": [round(x, 2) for x in on], "runs_off": [round(x, 2) for x in off],
-                "runs_off2": [round(x, 2) for x in off2]}
+                "runs_on": [round(x, 2) for x in on],
+                "runs_off": [round(x, 2) for x in off],
+                "runs_off2": [round(x, 2) for x in off2],
+            }
         results |= costs
         one = results["decode_tokens_per_s_1_streams"]["off"]
         # what the hot path adds per token of one stream: one watched event on each service + one forward
@@ -353,22 +419,39 @@ def main() -> None:
         ports = (engine_on.start_metrics("127.0.0.1", 0), prefix_on.start_metrics("127.0.0.1", 0))
         done = threading.Event()
         sent: dict = {}
-        worker = threading.Thread(target=lambda: (sent.update(traffic(f"127.0.0.1:{prefix_on_port}", args.duration,
-                                                                      args.traffic_clients, 7)), done.set()))
+        worker = threading.Thread(
+            target=lambda: (
+                sent.update(traffic(f"127.0.0.1:{prefix_on_port}", args.duration, args.traffic_clients, 7)),
+                done.set(),
+            )
+        )
         worker.start()
         series = scrape_while(lambda: not done.is_set(), ports, args.scrape_every)
         worker.join()
-        results["traffic"] = {"seconds": args.duration, "clients": args.traffic_clients, "sent": sent,
-                              "scrapes": len(series), "window_s": args.window * args.scrape_every}
+        results["traffic"] = {
+            "seconds": args.duration,
+            "clients": args.traffic_clients,
+            "sent": sent,
+            "scrapes": len(series),
+            "window_s": args.window * args.scrape_every,
+        }
         view = panels(series, args.window)
         last_e, last_p = series[-1][1], series[-1][2]
         results["traffic"] |= {
             "prefix_hits": total(last_p, "forkline_prefix_hits_total"),
             "prefix_misses": total(last_p, "forkline_prefix_misses_total"),
-            "ttft_engine_p50_s": round(quantile_over(series[0][1], last_e, 0.5,
-                                                     "forkline_time_to_first_token_seconds_bucket", service=ENGINE), 4),
-            "ttft_engine_p99_s": round(quantile_over(series[0][1], last_e, 0.99,
-                                                     "forkline_time_to_first_token_seconds_bucket", service=ENGINE), 4),
+            "ttft_engine_p50_s": round(
+                quantile_over(
+                    series[0][1], last_e, 0.5, "forkline_time_to_first_token_seconds_bucket", service=ENGINE
+                ),
+                4,
+            ),
+            "ttft_engine_p99_s": round(
+                quantile_over(
+                    series[0][1], last_e, 0.99, "forkline_time_to_first_token_seconds_bucket", service=ENGINE
+                ),
+                4,
+            ),
         }
     finally:
         for _, prefix, _ in servers.values():
@@ -431,9 +514,12 @@ def plot(view: dict[str, list], r: dict, path: str) -> None:
             ax.legend(fontsize=7)
             ax.grid(alpha=0.3)
     cost = r["decode_tokens_per_s_1_streams"]["on_over_off"]
-    fig.suptitle(f"forkline metrics from /metrics scrapes: {r['model']}, {r['traffic']['clients']} clients of mixed "
-                 f"gateway traffic, rates over {r['traffic']['window_s']:.0f} s windows "
-                 f"(metrics on/off decode tokens/s, one stream: {cost})", fontsize=10)
+    fig.suptitle(
+        f"forkline metrics from /metrics scrapes: {r['model']}, {r['traffic']['clients']} clients of mixed "
+        f"gateway traffic, rates over {r['traffic']['window_s']:.0f} s windows "
+        f"(metrics on/off decode tokens/s, one stream: {cost})",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 

@@ -52,23 +52,38 @@ def start_engines(n: int) -> list:
 
     engines = []
     for _ in range(n):
-        deps = EngineDeps.build(random_model("FRFR", 4, 0), char_tokenizer(), model_name="tiny-FRFR-seed0",
-                                chat=ChatFormatter(name="chatml"), max_sessions=64, max_session_tokens=1024,
-                                prefill_chunk=128)
+        deps = EngineDeps.build(
+            random_model("FRFR", 4, 0),
+            char_tokenizer(),
+            model_name="tiny-FRFR-seed0",
+            chat=ChatFormatter(name="chatml"),
+            max_sessions=64,
+            max_session_tokens=1024,
+            prefill_chunk=128,
+        )
         engines.append(create_engine_server(deps, "127.0.0.1:0"))  # (server, port)
     return engines
 
 
 def workload(args: argparse.Namespace) -> list[list[int]]:
     rng = random.Random(0)
-    systems = [[rng.randrange(32, 127) for _ in range(args.system_tokens)] for _ in range(args.system_prompts)]
-    return [systems[rng.randrange(len(systems))] + [rng.randrange(32, 127) for _ in range(args.user_tokens)]
-            for _ in range(args.requests)]
+    systems = [
+        [rng.randrange(32, 127) for _ in range(args.system_tokens)] for _ in range(args.system_prompts)
+    ]
+    return [
+        systems[rng.randrange(len(systems))] + [rng.randrange(32, 127) for _ in range(args.user_tokens)]
+        for _ in range(args.requests)
+    ]
 
 
 def run_policy(policy: str, addresses: list[str], prompts: list[list[int]], clients: int) -> dict:
-    fleet, pool = connect_fleet(lambda: set(addresses), policy=routing_policy(policy), max_entries=256,
-                                engine_share=1.0, resolve_every_s=60)
+    fleet, pool = connect_fleet(
+        lambda: set(addresses),
+        policy=routing_policy(policy),
+        max_entries=256,
+        engine_share=1.0,
+        resolve_every_s=60,
+    )
     server, port = create_server(fleet, "127.0.0.1:0", pool=pool)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = prefix_pb2_grpc.PrefixCacheStub(channel)
@@ -78,8 +93,10 @@ def run_policy(policy: str, addresses: list[str], prompts: list[list[int]], clie
 
     def one(prompt: list[int]) -> None:
         nonlocal reused, total
-        request = prefix_pb2.GatewayGenerateRequest(tokens=epb.TokenIds(ids=prompt), config=epb.GenerationConfig(
-            max_new_tokens=2, temperature=0.0, ignore_eos=True))
+        request = prefix_pb2.GatewayGenerateRequest(
+            tokens=epb.TokenIds(ids=prompt),
+            config=epb.GenerationConfig(max_new_tokens=2, temperature=0.0, ignore_eos=True),
+        )
         done = list(stub.Generate(request, metadata=OWNER, timeout=120))[-1].done
         with lock:
             served[done.engine] += 1
@@ -93,9 +110,13 @@ def run_policy(policy: str, addresses: list[str], prompts: list[list[int]], clie
     stats = stub.Stats(prefix_pb2.StatsRequest())
     channel.close()
     server.stop(0)  # releases its snapshots in the engines
-    return {"reused_fraction": round(reused / total, 4), "hit_rate": round(stats.hits / max(1, stats.hits + stats.misses), 4),
-            "entries": stats.entries, "requests_per_engine": sorted(served.values(), reverse=True),
-            "wall_s": round(wall, 2)}
+    return {
+        "reused_fraction": round(reused / total, 4),
+        "hit_rate": round(stats.hits / max(1, stats.hits + stats.misses), 4),
+        "entries": stats.entries,
+        "requests_per_engine": sorted(served.values(), reverse=True),
+        "wall_s": round(wall, 2),
+    }
 
 
 def lookup_throughput(addresses: list[str], threads: int, seconds: float, hits: bool) -> float:
@@ -105,8 +126,15 @@ def lookup_throughput(addresses: list[str], threads: int, seconds: float, hits: 
     stub = prefix_pb2_grpc.PrefixCacheStub(channel)
     prompt = [ord(c) for c in "a stored system prompt for the lookup benchmark, long enough to matter. "] * 4
     if hits:
-        list(stub.Generate(prefix_pb2.GatewayGenerateRequest(tokens=epb.TokenIds(ids=prompt), config=epb.GenerationConfig(
-            max_new_tokens=1, ignore_eos=True)), metadata=OWNER))
+        list(
+            stub.Generate(
+                prefix_pb2.GatewayGenerateRequest(
+                    tokens=epb.TokenIds(ids=prompt),
+                    config=epb.GenerationConfig(max_new_tokens=1, ignore_eos=True),
+                ),
+                metadata=OWNER,
+            )
+        )
     engine_channels = {a: grpc.insecure_channel(a) for a in addresses}
     engine_stubs = {a: engine_pb2_grpc.EngineStub(c) for a, c in engine_channels.items()}
     stop = time.perf_counter() + seconds
@@ -180,8 +208,10 @@ def decision_cost(engine_counts: list[int], entries: int, repeats: int = 2000) -
         start = time.perf_counter()
         for _ in range(repeats):
             key = token_key(prompt)  # as the fleet does: validated once, scored on every engine
-            candidates = [Candidate(str(i), cache.reusable("ns", key), 0, cache.positions)
-                          for i, (cache, _) in enumerate(caches)]
+            candidates = [
+                Candidate(str(i), cache.reusable("ns", key), 0, cache.positions)
+                for i, (cache, _) in enumerate(caches)
+            ]
             policy.route(candidates)
         out[n] = round((time.perf_counter() - start) / repeats * 1e6, 2)
     return out
@@ -210,7 +240,9 @@ def plot(results: dict, path: Path) -> None:
     ax.set_ylabel("us per routing decision")
     ax.set_title(f"routing decision, {results['decision_entries']} entries per engine")
     ax.grid(alpha=0.3)
-    fig.suptitle(f"forkline routing: Lookups/s through one prefix service: {results['lookups_per_s']}", fontsize=9)
+    fig.suptitle(
+        f"forkline routing: Lookups/s through one prefix service: {results['lookups_per_s']}", fontsize=9
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -229,16 +261,25 @@ def main() -> None:
 
     engines = start_engines(args.engines)
     addresses = [f"127.0.0.1:{port}" for _, port in engines]
-    results: dict = {"engines": args.engines, "requests": args.requests, "clients": args.clients,
-                     "system_prompts": args.system_prompts, "system_tokens": args.system_tokens,
-                     "user_tokens": args.user_tokens, "cpus": os.cpu_count(), "policies": {}}
+    results: dict = {
+        "engines": args.engines,
+        "requests": args.requests,
+        "clients": args.clients,
+        "system_prompts": args.system_prompts,
+        "system_tokens": args.system_tokens,
+        "user_tokens": args.user_tokens,
+        "cpus": os.cpu_count(),
+        "policies": {},
+    }
     try:
         prompts = workload(args)
         for policy in routing_names():
             results["policies"][policy] = run_policy(policy, addresses, prompts, args.clients)
         results["lookups_per_s"] = {
             f"{kind}_{threads}_threads": lookup_throughput(addresses, threads, args.seconds, kind == "hits")
-            for kind in ("misses", "hits") for threads in (args.clients, 4 * args.clients)}
+            for kind in ("misses", "hits")
+            for threads in (args.clients, 4 * args.clients)
+        }
     finally:
         for engine, _ in engines:
             engine.stop(0, shutdown_runner=True)
@@ -246,9 +287,11 @@ def main() -> None:
     results["decision_us_by_engines"] = decision_cost([2, 4, 8, 16], args.decision_entries)
     cache_aware = results["policies"]["cache_aware"]["reused_fraction"]
     results["reuse_cache_aware_over_round_robin"] = round(
-        cache_aware / max(1e-9, results["policies"]["round_robin"]["reused_fraction"]), 3)
-    results["median_request_s"] = {k: round(v["wall_s"] / args.requests * args.clients, 4)
-                                   for k, v in results["policies"].items()}
+        cache_aware / max(1e-9, results["policies"]["round_robin"]["reused_fraction"]), 3
+    )
+    results["median_request_s"] = {
+        k: round(v["wall_s"] / args.requests * args.clients, 4) for k, v in results["policies"].items()
+    }
     print(json.dumps(results, indent=2))
     OUT.mkdir(exist_ok=True)
     (OUT / "bench_routing.json").write_text(json.dumps(results, indent=2))

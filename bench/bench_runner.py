@@ -91,8 +91,9 @@ def concurrent_decode(runner: Runner, prompts: list[list[int]], new_tokens: int)
     }
 
 
-def single_generation(runner: Runner, prompt: list[int], new_tokens: int,
-                      stop: tuple[int, ...] = ()) -> tuple[list[int], float, float]:
+def single_generation(
+    runner: Runner, prompt: list[int], new_tokens: int, stop: tuple[int, ...] = ()
+) -> tuple[list[int], float, float]:
     with runner.open_session() as session:
         start = time.perf_counter()
         config = GenConfig(max_new_tokens=new_tokens, stop_tokens=stop)

@@ -40,8 +40,14 @@ OUT = Path(__file__).resolve().parent / "out"
 
 
 def engine_server(loaded, port: int = 0):
-    deps = EngineDeps.build(loaded, loaded.tokenizer, model_name=os.path.basename(loaded.path), chat=loaded.chat,
-                            max_sessions=16, max_session_tokens=4096)
+    deps = EngineDeps.build(
+        loaded,
+        loaded.tokenizer,
+        model_name=os.path.basename(loaded.path),
+        chat=loaded.chat,
+        max_sessions=16,
+        max_session_tokens=4096,
+    )
     return create_server(deps, f"127.0.0.1:{port}")
 
 
@@ -103,8 +109,12 @@ def main() -> None:
                 "restore_mb_per_s": round(per_file / 2**20 / max(1e-6, med["restored"] - med["hot"]), 1),
             }
         disk = tier.store.stats()
-        results["snapshot_dir"] = {"files": disk.files, "bytes": disk.bytes, "written": disk.written,
-                                   "restored": disk.restored}
+        results["snapshot_dir"] = {
+            "files": disk.files,
+            "bytes": disk.bytes,
+            "written": disk.written,
+            "restored": disk.restored,
+        }
         total_positions = sum(int(n) * args.repeats for n in results["lengths"])
         results["bytes_per_position"] = round(disk.bytes / max(1, total_positions))
     finally:

@@ -76,8 +76,9 @@ def engine(loaded, kind: str, length: int) -> Runner:
     return runner
 
 
-def measure(loaded, kind: str, length: int, repeats: int, cold_repeats: int, folder: Path,
-            rng: random.Random) -> dict:
+def measure(
+    loaded, kind: str, length: int, repeats: int, cold_repeats: int, folder: Path, rng: random.Random
+) -> dict:
     prompt = [rng.randrange(200, loaded.config.vocab_size) for _ in range(length)]
     runner = engine(loaded, kind, length)
     cold = []
@@ -159,22 +160,32 @@ def plot(result: dict, path: Path) -> None:
     labels = [f"{r['cache_kind'].split('-')[1]}\n{r['prompt_tokens']} tok" for r in rows]
     xs = range(len(rows))
     width = 0.27
-    for i, (key, name, color) in enumerate((("cold_ttft_s", "cold", "#888"),
-                                            ("restored_ttft_s", "restored from disk", "#37c"),
-                                            ("hot_hit_ttft_s", "hot hit", "#3a3"))):
+    for i, (key, name, color) in enumerate(
+        (
+            ("cold_ttft_s", "cold", "#888"),
+            ("restored_ttft_s", "restored from disk", "#37c"),
+            ("hot_hit_ttft_s", "hot hit", "#3a3"),
+        )
+    ):
         values = [r[key] for r in rows]
         ax.bar([x + (i - 1) * width for x in xs], values, width, label=name, color=color)
         if key == "restored_ttft_s":
             for x, r in zip(xs, rows, strict=True):
-                ax.text(x, r[key], f"{r['restored_over_cold']:.3f}x\ncold", ha="center", va="bottom", fontsize=8)
+                ax.text(
+                    x, r[key], f"{r['restored_over_cold']:.3f}x\ncold", ha="center", va="bottom", fontsize=8
+                )
     ax.set_yscale("log")
     ax.set_xticks(list(xs), labels)
     ax.set_ylabel("time to first token (s, log)")
     ax.set_title("TTFT of a repeated prompt (SmolLM2-135M, CPU)")
     ax.legend(loc="upper left", fontsize=8)
-    for i, (key, name, color) in enumerate((("save_mb_per_s", "save", "#c84"),
-                                            ("load_mb_per_s", "load (page cache dropped)", "#37c"),
-                                            ("load_page_cached_mb_per_s", "load (page cached)", "#9bd"))):
+    for i, (key, name, color) in enumerate(
+        (
+            ("save_mb_per_s", "save", "#c84"),
+            ("load_mb_per_s", "load (page cache dropped)", "#37c"),
+            ("load_page_cached_mb_per_s", "load (page cached)", "#9bd"),
+        )
+    ):
         bx.bar([x + (i - 1) * width for x in xs], [r[key] for r in rows], width, label=name, color=color)
     bx.set_xticks(list(xs), labels)
     bx.set_ylabel("MB/s")
@@ -201,8 +212,11 @@ def main() -> None:
     loaded = load_model()
     rng = random.Random(0)
     with tempfile.TemporaryDirectory(dir=args.folder) as folder:
-        rows = [measure(loaded, kind, length, args.repeats, args.cold_repeats, Path(folder), rng)
-                for kind in args.kinds for length in args.lengths]
+        rows = [
+            measure(loaded, kind, length, args.repeats, args.cold_repeats, Path(folder), rng)
+            for kind in args.kinds
+            for length in args.lengths
+        ]
     result = {"model": "SmolLM2-135M-Instruct (float32 on CPU)", "kv_dtype": "float32", "rows": rows}
     at_2048 = [r["restored_over_cold"] for r in rows if r["prompt_tokens"] == 2048]
     if at_2048:

@@ -23,9 +23,17 @@ class ChannelClient:
     tokens is told).
     """
 
-    def __init__(self, target: str | grpc.Channel, *, owner: str = "anonymous", timeout: float | None = 60.0,
-                 token: str | None = None, tls_ca: str | None = None, tls_cert: str | None = None,
-                 tls_key: str | None = None) -> None:
+    def __init__(
+        self,
+        target: str | grpc.Channel,
+        *,
+        owner: str = "anonymous",
+        timeout: float | None = 60.0,
+        token: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+    ) -> None:
         security = ClientSecurity(token, tls_ca, tls_cert, tls_key)
         self._own_channel = isinstance(target, str)
         self.channel = security.channel(target) if isinstance(target, str) else target

@@ -39,8 +39,12 @@ class Service:
 
     def __init__(self, name: str, argv: list[str], timeout: float = 180.0) -> None:
         self.name = name
-        self.proc = subprocess.Popen([sys.executable, "-m", *argv], stdout=subprocess.PIPE, text=True,
-                                     env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", *argv],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
         found = threading.Event()
         self.address = ""
 
@@ -83,17 +87,26 @@ def restart(engine: Service, engine_argv: list[str]) -> Service:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m clients.demo", description=__doc__.splitlines()[0])
-    p.add_argument("prompt", nargs="?", default=None,
-                   help=f"default: {CHAT_PROMPT!r} as a chat, or {PLAIN_PROMPT!r} as plain text (--no_chat, or "
-                        "a base model without a chat template such as gemma-3-270m)")
-    p.add_argument("--model", default=None, help="a packaged model name (smollm2-135m, gemma-3-270m) or a path")
+    p.add_argument(
+        "prompt",
+        nargs="?",
+        default=None,
+        help=f"default: {CHAT_PROMPT!r} as a chat, or {PLAIN_PROMPT!r} as plain text (--no_chat, or "
+        "a base model without a chat template such as gemma-3-270m)",
+    )
+    p.add_argument(
+        "--model", default=None, help="a packaged model name (smollm2-135m, gemma-3-270m) or a path"
+    )
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--max_new_tokens", type=int, default=64)
     p.add_argument("--no_chat", action="store_true", help="send the prompt as plain text (no chat template)")
     p.add_argument("--engines", type=int, default=1, help="engine processes behind the prefix service")
-    p.add_argument("--restart_engine", action="store_true",
-                   help="then kill -9 the engine, restart it and run one more round: served from the prefix "
-                        "service's snapshot directory")
+    p.add_argument(
+        "--restart_engine",
+        action="store_true",
+        help="then kill -9 the engine, restart it and run one more round: served from the prefix "
+        "service's snapshot directory",
+    )
     args = p.parse_args(argv)
     if args.engines < 1:
         p.error(f"--engines must be >= 1, got {args.engines}")
@@ -109,19 +122,34 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.engines):
             engines.append(Service("forkline-engine", engine_argv))
             # stops whichever process serves engine i by then (a restarted one included)
-            stack.callback(lambda i=i: print(f"forkline-engine {engines[i].address} stopped (exit {engines[i].stop()})",
-                                             flush=True))
-        prefix_argv = ["prefix_service", *(a for e in engines for a in ("--engine", e.address)), "--port", "0",
-                       "--log_level", "WARNING"]
+            stack.callback(
+                lambda i=i: print(
+                    f"forkline-engine {engines[i].address} stopped (exit {engines[i].stop()})", flush=True
+                )
+            )
+        prefix_argv = [
+            "prefix_service",
+            *(a for e in engines for a in ("--engine", e.address)),
+            "--port",
+            "0",
+            "--log_level",
+            "WARNING",
+        ]
         if args.restart_engine:
-            prefix_argv += ["--snapshot_dir", stack.enter_context(tempfile.TemporaryDirectory(prefix="forkline-snap-"))]
+            prefix_argv += [
+                "--snapshot_dir",
+                stack.enter_context(tempfile.TemporaryDirectory(prefix="forkline-snap-")),
+            ]
         prefix = Service("forkline-prefix", prefix_argv)
         stack.callback(lambda: print(f"forkline-prefix stopped (exit {prefix.stop()})", flush=True))
         chat = not args.no_chat
         for engine in engines:
             info = EngineClient(engine.address).info()
-            print(f"engine {engine.address} ({os.path.basename(info.model)}, {info.architecture}, {info.cache_kind}, "
-                  f"instance {info.instance_id})", flush=True)
+            print(
+                f"engine {engine.address} ({os.path.basename(info.model)}, {info.architecture}, {info.cache_kind}, "
+                f"instance {info.instance_id})",
+                flush=True,
+            )
             if chat and not info.chat_template:
                 print("  the model has no chat template (a base model): prompts go as plain text", flush=True)
                 chat = False
@@ -136,31 +164,43 @@ def main(argv: list[str] | None = None) -> int:
                 i = next((i for i, e in enumerate(engines) if e.address == served[-1]), 0)
                 engines[i] = restart(engines[i], engine_argv)
             t0 = time.perf_counter()
-            out = client.generate(text=prompt_text, chat=chat, max_new_tokens=args.max_new_tokens,
-                                  namespace="demo").collect()
+            out = client.generate(
+                text=prompt_text, chat=chat, max_new_tokens=args.max_new_tokens, namespace="demo"
+            ).collect()
             elapsed = time.perf_counter() - t0
             d = out.done
             prompt = d.prompt_positions + d.reused_positions
             served.append(d.engine)
-            print(f"round {round_}: reused {d.reused_positions}/{prompt} prompt tokens on engine {d.engine}, ttft "
-                  f"{d.time_to_first_token_s * 1000:.0f} ms, {d.generated_tokens} tokens at "
-                  f"{d.decode_tokens_per_s:.1f} tok/s, {elapsed:.2f} s, finish {d.finish_reason}", flush=True)
+            print(
+                f"round {round_}: reused {d.reused_positions}/{prompt} prompt tokens on engine {d.engine}, ttft "
+                f"{d.time_to_first_token_s * 1000:.0f} ms, {d.generated_tokens} tokens at "
+                f"{d.decode_tokens_per_s:.1f} tok/s, {elapsed:.2f} s, finish {d.finish_reason}",
+                flush=True,
+            )
             print(f"  {out.text.strip()}", flush=True)
             texts.append(out.text)
             ok &= d.finish_reason in ("stop", "length")
             if round_ > 1:
                 ok &= d.reused_positions == prompt - 1
         stats = client.stats()
-        print(f"prefix cache: {stats.entries} entries, {stats.hits} hits, {stats.misses} misses, "
-              f"{stats.reused_positions} positions reused", flush=True)
+        print(
+            f"prefix cache: {stats.entries} entries, {stats.hits} hits, {stats.misses} misses, "
+            f"{stats.reused_positions} positions reused",
+            flush=True,
+        )
         if args.restart_engine:
             disk = client.stub.Stats(prefix_pb2.StatsRequest()).snapshot_dir
-            print(f"snapshot directory: {disk.files} files, {disk.bytes / 2**20:.1f} MiB, {disk.written} written, "
-                  f"{disk.restored} restored after the restart", flush=True)
+            print(
+                f"snapshot directory: {disk.files} files, {disk.bytes / 2**20:.1f} MiB, {disk.written} written, "
+                f"{disk.restored} restored after the restart",
+                flush=True,
+            )
             ok &= disk.restored >= 1
         client.close_channel()
         ok &= len(set(texts)) == 1  # greedy: every round says the same
-        ok &= len(set(served[:args.rounds])) == 1  # every round went to the engine holding the prompt (after a
+        ok &= (
+            len(set(served[: args.rounds])) == 1
+        )  # every round went to the engine holding the prompt (after a
         # restart another engine may serve: any engine of the same fingerprint loads the file)
     return 0 if ok else 1
 

@@ -121,15 +121,22 @@ def generation_config(
 ) -> pb.GenerationConfig:
     """A GenerationConfig message; None leaves a field unset (engine default)."""
     cfg = pb.GenerationConfig(stop_tokens=list(stop_tokens), ignore_eos=ignore_eos)
-    for name, value in (("max_new_tokens", max_new_tokens), ("temperature", temperature), ("top_p", top_p),
-                        ("top_k", top_k), ("seed", seed), ("prefill_chunk", prefill_chunk)):
+    for name, value in (
+        ("max_new_tokens", max_new_tokens),
+        ("temperature", temperature),
+        ("top_p", top_p),
+        ("top_k", top_k),
+        ("seed", seed),
+        ("prefill_chunk", prefill_chunk),
+    ):
         if value is not None:
             setattr(cfg, name, value)
     return cfg
 
 
-def input_fields(tokens: Sequence[int] | None, text: str | None, chat: bool, system: str,
-                 add_special_tokens: bool) -> dict:
+def input_fields(
+    tokens: Sequence[int] | None, text: str | None, chat: bool, system: str, add_special_tokens: bool
+) -> dict:
     """The ``tokens`` / ``text`` oneof of a request (exactly one of tokens, text)."""
     if (tokens is None) == (text is None):
         raise InvalidArgument("pass exactly one of tokens / text")
@@ -141,11 +148,26 @@ def input_fields(tokens: Sequence[int] | None, text: str | None, chat: bool, sys
 class EngineClient(ChannelClient):
     """See the module docstring. ``target`` is ``host:port`` or an open channel."""
 
-    def __init__(self, target: str | grpc.Channel, *, owner: str = "anonymous", timeout: float | None = 60.0,
-                 token: str | None = None, tls_ca: str | None = None, tls_cert: str | None = None,
-                 tls_key: str | None = None) -> None:
-        super().__init__(target, owner=owner, timeout=timeout, token=token, tls_ca=tls_ca, tls_cert=tls_cert,
-                         tls_key=tls_key)
+    def __init__(
+        self,
+        target: str | grpc.Channel,
+        *,
+        owner: str = "anonymous",
+        timeout: float | None = 60.0,
+        token: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+    ) -> None:
+        super().__init__(
+            target,
+            owner=owner,
+            timeout=timeout,
+            token=token,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+        )
         self.stub = engine_pb2_grpc.EngineStub(self.channel)
 
     def generate(
@@ -204,15 +226,39 @@ class EngineClient(ChannelClient):
     def info(self) -> EngineInfo:
         r = self._unary(self.stub.Info, pb.InfoRequest())
         limits, caller = r.limits, r.caller
-        quota = OwnerQuota(caller.sessions, caller.positions, caller.max_sessions, caller.max_positions,
-                           caller.persistent, limits.owner_max_sessions, limits.owner_max_positions,
-                           limits.persistent_owner_max_sessions, limits.persistent_owner_max_positions)
-        return EngineInfo(r.model, r.fingerprint, r.cache_kind, r.instance_id, limits.max_sessions,
-                          limits.max_session_tokens, limits.vocab_size, limits.idle_session_timeout_s,
-                          r.resident_sessions, r.open_handles, tuple(r.eos_token_ids), quota,
-                          r.compute_path, r.slow_path, r.chat_template, r.architecture)
+        quota = OwnerQuota(
+            caller.sessions,
+            caller.positions,
+            caller.max_sessions,
+            caller.max_positions,
+            caller.persistent,
+            limits.owner_max_sessions,
+            limits.owner_max_positions,
+            limits.persistent_owner_max_sessions,
+            limits.persistent_owner_max_positions,
+        )
+        return EngineInfo(
+            r.model,
+            r.fingerprint,
+            r.cache_kind,
+            r.instance_id,
+            limits.max_sessions,
+            limits.max_session_tokens,
+            limits.vocab_size,
+            limits.idle_session_timeout_s,
+            r.resident_sessions,
+            r.open_handles,
+            tuple(r.eos_token_ids),
+            quota,
+            r.compute_path,
+            r.slow_path,
+            r.chat_template,
+            r.architecture,
+        )
 
-    def tokenize(self, text: str, *, chat: bool = False, system: str = "", add_special_tokens: bool = False) -> list[int]:
+    def tokenize(
+        self, text: str, *, chat: bool = False, system: str = "", add_special_tokens: bool = False
+    ) -> list[int]:
         msg = pb.TextInput(text=text, chat=chat, system=system, add_special_tokens=add_special_tokens)
         return list(self._unary(self.stub.Tokenize, pb.TokenizeRequest(text=msg)).ids)
 

@@ -19,7 +19,9 @@ from protos import prefix_pb2 as pb
 from protos import prefix_pb2_grpc
 
 MISS_REASONS = {value: name.removeprefix("MISS_REASON_").lower() for name, value in pb.MissReason.items()}
-INSERT_REFUSALS = {value: name.removeprefix("INSERT_REFUSAL_").lower() for name, value in pb.InsertRefusal.items()}
+INSERT_REFUSALS = {
+    value: name.removeprefix("INSERT_REFUSAL_").lower() for name, value in pb.InsertRefusal.items()
+}
 
 
 @dataclass(frozen=True)
@@ -79,15 +81,38 @@ class PrefixClient(ChannelClient):
     does the same hashing in the client.
     """
 
-    def __init__(self, target: str | grpc.Channel, *, owner: str = "anonymous", timeout: float | None = 60.0,
-                 token: str | None = None, tls_ca: str | None = None, tls_cert: str | None = None,
-                 tls_key: str | None = None) -> None:
-        super().__init__(target, owner=owner, timeout=timeout, token=token, tls_ca=tls_ca, tls_cert=tls_cert,
-                         tls_key=tls_key)
+    def __init__(
+        self,
+        target: str | grpc.Channel,
+        *,
+        owner: str = "anonymous",
+        timeout: float | None = 60.0,
+        token: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+    ) -> None:
+        super().__init__(
+            target,
+            owner=owner,
+            timeout=timeout,
+            token=token,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+        )
         self.stub = prefix_pb2_grpc.PrefixCacheStub(self.channel)
 
-    def lookup(self, tokens: Sequence[int] | None = None, *, text: str | None = None, namespace: str = "",
-               chat: bool = False, system: str = "", add_special_tokens: bool = True) -> LookupResult:
+    def lookup(
+        self,
+        tokens: Sequence[int] | None = None,
+        *,
+        text: str | None = None,
+        namespace: str = "",
+        chat: bool = False,
+        system: str = "",
+        add_special_tokens: bool = True,
+    ) -> LookupResult:
         """``add_special_tokens``: plain text gets the model's own (BOS where it adds one, as Gemma's
         tokenizer does), as the gateway's Generate does by default: a stored prompt always starts at
         position 0."""
@@ -97,26 +122,62 @@ class PrefixClient(ChannelClient):
         reason = MISS_REASONS.get(r.reason, f"unknown_{r.reason}")  # a newer service's reason: no KeyError
         return LookupResult(r.session or None, r.reused, tuple(r.tokens), reason, r.diverged_at, r.engine)
 
-    def insert(self, tokens: Sequence[int], session: str, *, namespace: str = "",
-               metadata: Mapping[str, str] | None = None, engine: str = "") -> bool:
+    def insert(
+        self,
+        tokens: Sequence[int],
+        session: str,
+        *,
+        namespace: str = "",
+        metadata: Mapping[str, str] | None = None,
+        engine: str = "",
+    ) -> bool:
         """Store a snapshot of ``session`` under ``tokens``; True when stored (see :meth:`insert_detailed`)."""
-        return self.insert_detailed(tokens, session, namespace=namespace, metadata=metadata, engine=engine).stored
+        return self.insert_detailed(
+            tokens, session, namespace=namespace, metadata=metadata, engine=engine
+        ).stored
 
-    def insert_detailed(self, tokens: Sequence[int], session: str, *, namespace: str = "",
-                        metadata: Mapping[str, str] | None = None, engine: str = "") -> InsertResult:
+    def insert_detailed(
+        self,
+        tokens: Sequence[int],
+        session: str,
+        *,
+        namespace: str = "",
+        metadata: Mapping[str, str] | None = None,
+        engine: str = "",
+    ) -> InsertResult:
         """Like :meth:`insert`, and a refusal says why (the service stores only a session the engine
         confirms holds exactly ``tokens``). ``engine``: the engine holding ``session`` (as
         ``LookupResult.engine`` names it); required when the service routes to several engines."""
-        request = pb.InsertRequest(namespace=namespace, tokens=list(tokens), session=session,
-                                   metadata=dict(metadata or {}), engine=engine)
+        request = pb.InsertRequest(
+            namespace=namespace,
+            tokens=list(tokens),
+            session=session,
+            metadata=dict(metadata or {}),
+            engine=engine,
+        )
         r = self._routed(self.stub.Insert, request, namespace)
         return InsertResult(r.stored, INSERT_REFUSALS.get(r.reason, f"unknown_{r.reason}"))
 
     def stats(self) -> PrefixStats:
         s = self._unary(self.stub.Stats, pb.StatsRequest())
-        return PrefixStats(s.entries, s.max_entries, s.hits, s.misses, s.inserts, s.dropped_on_restart,
-                           s.engine_instance_id, s.policy, s.reused_positions, dict(s.refusals), s.max_positions,
-                           s.positions, s.engine_share, s.pressure_evictions, s.pressure_retries, s.reclaimed)
+        return PrefixStats(
+            s.entries,
+            s.max_entries,
+            s.hits,
+            s.misses,
+            s.inserts,
+            s.dropped_on_restart,
+            s.engine_instance_id,
+            s.policy,
+            s.reused_positions,
+            dict(s.refusals),
+            s.max_positions,
+            s.positions,
+            s.engine_share,
+            s.pressure_evictions,
+            s.pressure_retries,
+            s.reclaimed,
+        )
 
     def clear(self) -> int:
         return self._unary(self.stub.Clear, pb.ClearRequest()).released
@@ -150,6 +211,7 @@ class PrefixClient(ChannelClient):
 
     def _routed(self, method, request, namespace: str):
         """A unary call that also carries the namespace as the route key (see the class docstring)."""
+
         def call(req, *, metadata, timeout):
             return method(req, metadata=(*metadata, (ROUTE_KEY_HEADER, namespace)), timeout=timeout)
 

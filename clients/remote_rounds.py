@@ -36,8 +36,14 @@ class RemoteJob:
 
 
 def _config(args: argparse.Namespace, seed: int) -> dict:
-    return {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
-            "top_k": args.top_k, "seed": seed, "prefill_chunk": args.prefill_chunk}
+    return {
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "seed": seed,
+        "prefill_chunk": args.prefill_chunk,
+    }
 
 
 def _run_job(job: RemoteJob, engine: EngineClient, prefix: PrefixClient | None, config: dict) -> None:
@@ -60,10 +66,13 @@ def report(job: RemoteJob, out: TextIO) -> bool:
         print(f"[{job.number}] failed: {job.error or 'stream ended without done'}", file=out, flush=True)
         return False
     prompt = done.prompt_positions + done.reused_positions
-    print(f"[{job.number}] prompt {prompt} positions, reused {done.reused_positions}/{prompt} prompt tokens, "
-          f"ttft {done.time_to_first_token_s:.3f} s, {done.generated_tokens} tokens at "
-          f"{done.decode_tokens_per_s:.1f} tok/s decode, finish {done.finish_reason} -> {job.path}",
-          file=out, flush=True)
+    print(
+        f"[{job.number}] prompt {prompt} positions, reused {done.reused_positions}/{prompt} prompt tokens, "
+        f"ttft {done.time_to_first_token_s:.3f} s, {done.generated_tokens} tokens at "
+        f"{done.decode_tokens_per_s:.1f} tok/s decode, finish {done.finish_reason} -> {job.path}",
+        file=out,
+        flush=True,
+    )
     return done.finish_reason in COMPLETED
 
 
@@ -76,13 +85,19 @@ def run_remote(args: argparse.Namespace, out: TextIO) -> int:
     prefix = PrefixClient(args.prefix, owner=owner, **credentials) if args.prefix else None
     try:
         engine.wait_ready()
-        prompts = [engine.tokenize(text, chat=args.chat, add_special_tokens=not args.chat) for text in args.prompts]
+        prompts = [
+            engine.tokenize(text, chat=args.chat, add_special_tokens=not args.chat) for text in args.prompts
+        ]
         completed = total = 0
         for round_ in range(args.prompt_rounds):
-            jobs = [RemoteJob(round_ * len(prompts) + i, p, f"{args.out_prefix}_{round_ * len(prompts) + i}.txt")
-                    for i, p in enumerate(prompts)]
-            threads = [threading.Thread(target=_run_job, args=(job, engine, prefix, _config(args, args.seed + i)))
-                       for i, job in enumerate(jobs)]
+            jobs = [
+                RemoteJob(round_ * len(prompts) + i, p, f"{args.out_prefix}_{round_ * len(prompts) + i}.txt")
+                for i, p in enumerate(prompts)
+            ]
+            threads = [
+                threading.Thread(target=_run_job, args=(job, engine, prefix, _config(args, args.seed + i)))
+                for i, job in enumerate(jobs)
+            ]
             for t in threads:
                 t.start()
             for t in threads:

@@ -85,8 +85,14 @@ class ReplicatedPrefixClient:
     channels the caller owns).
     """
 
-    def __init__(self, replicas: Sequence[str], *, vnodes: int = DEFAULT_VNODES,
-                 clients: Mapping[str, Any] | None = None, **client_kwargs: Any) -> None:
+    def __init__(
+        self,
+        replicas: Sequence[str],
+        *,
+        vnodes: int = DEFAULT_VNODES,
+        clients: Mapping[str, Any] | None = None,
+        **client_kwargs: Any,
+    ) -> None:
         from clients.prefix_client import PrefixClient
 
         self.ring = HashRing(replicas, vnodes=vnodes)
@@ -94,7 +100,9 @@ class ReplicatedPrefixClient:
         unknown = sorted(set(given) - set(self.ring.replicas))
         if unknown:
             raise ValueError(f"clients given for replicas not in the list: {', '.join(unknown)}")
-        self.clients = {r: given[r] if r in given else PrefixClient(r, **client_kwargs) for r in self.ring.replicas}
+        self.clients = {
+            r: given[r] if r in given else PrefixClient(r, **client_kwargs) for r in self.ring.replicas
+        }
         self._owned = [r for r in self.ring.replicas if r not in given]
 
     def replica_for(self, namespace: str = "") -> str:

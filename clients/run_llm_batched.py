@@ -55,64 +55,153 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from engine_service.executors.options import add_executor_options, add_model_options
 
-    p = _Parser(prog="mlx_run_llm_batched", description=__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(
+        prog="mlx_run_llm_batched", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("prompts", nargs="+", metavar="PROMPT", help="prompt texts, run concurrently")
     add_model_options(p)
-    p.add_argument("--tokenizer", metavar="PATH", default=None,
-                   help="a tokenizer.json, or a folder holding one (default: the model's own tokenizer)")
+    p.add_argument(
+        "--tokenizer",
+        metavar="PATH",
+        default=None,
+        help="a tokenizer.json, or a folder holding one (default: the model's own tokenizer)",
+    )
     add_executor_options(p, max_sessions=None)  # sized from the prompts and --prefix_cache_entries
-    p.add_argument("--prefix_cache_entries", metavar="N", type=int, default=0,
-                   help="prompt snapshots kept for reuse; 0: no reuse (default: %(default)s)")
-    p.add_argument("--retention", default="lru", choices=policy_names(),
-                   help="which snapshot the prefix cache evicts when full (default: %(default)s)")
-    p.add_argument("--prompt_rounds", metavar="N", type=int, default=1,
-                   help="times the whole prompt list runs (default: %(default)s)")
-    p.add_argument("--max_new_tokens", metavar="N", type=int, default=128,
-                   help="most tokens generated per prompt (default: %(default)s)")
-    p.add_argument("--temperature", metavar="T", type=float, default=0.0,
-                   help="sampling temperature; 0: greedy (default: %(default)s)")
-    p.add_argument("--top_p", metavar="P", type=float, default=1.0,
-                   help="nucleus sampling: keep the smallest set of tokens with this much probability; "
-                        "1: off (default: %(default)s)")
-    p.add_argument("--top_k", metavar="K", type=int, default=0,
-                   help="sample among the k most likely tokens only; 0: off (default: %(default)s)")
-    p.add_argument("--seed", metavar="SEED", type=int, default=42,
-                   help="sampling seed of prompt 0; prompt i uses seed + i (default: %(default)s)")
-    p.add_argument("--chat", action="store_true", help="apply the model's chat template to each prompt; off by default")
-    p.add_argument("--out_prefix", metavar="PREFIX", default="gen",
-                   help="each generation writes <out_prefix>_<n>.txt (default: %(default)s)")
-    p.add_argument("--flush_every", metavar="N", type=int, default=16,
-                   help="flush the output files every N tokens (default: %(default)s)")
-    p.add_argument("--metrics", action="store_true",
-                   help="print engine and prefix-cache counters at the end; off by default")
-    p.add_argument("--snapshot_dir", default=None, metavar="DIR",
-                   help="keep the prefix cache's entries in DIR between runs: load them at start (each file "
-                        "checked: format, checksum, model fingerprint, cache kind, window geometry), write new "
-                        "ones after every round, remove evicted ones at the end; created if missing; needs "
-                        "--prefix_cache_entries (default: none, entries live as long as the run)")
-    p.add_argument("--engine", default=None, metavar="ADDR",
-                   help="run through a forkline-engine at ADDR instead of in-process (default: in-process)")
-    p.add_argument("--prefix", default=None, metavar="ADDR",
-                   help="with --engine: go through the forkline-prefix gateway at ADDR, which reuses prompts "
-                        "across rounds (default: none, every generation runs cold on the engine)")
-    p.add_argument("--token_file", default=None, metavar="FILE",
-                   help="with --engine: a file holding the bearer token for services run with --auth_tokens "
-                        "(default: none, no token sent)")
-    p.add_argument("--tls_ca", default=None, metavar="FILE",
-                   help="with --engine: PEM CA that signed the services' certificates; connect with TLS "
-                        "(default: none, plaintext)")
-    p.add_argument("--tls_cert", default=None, metavar="FILE",
-                   help="with --tls_ca: PEM client certificate for services that require mutual TLS (default: none)")
-    p.add_argument("--tls_key", default=None, metavar="FILE",
-                   help="PEM private key of --tls_cert (default: none)")
+    p.add_argument(
+        "--prefix_cache_entries",
+        metavar="N",
+        type=int,
+        default=0,
+        help="prompt snapshots kept for reuse; 0: no reuse (default: %(default)s)",
+    )
+    p.add_argument(
+        "--retention",
+        default="lru",
+        choices=policy_names(),
+        help="which snapshot the prefix cache evicts when full (default: %(default)s)",
+    )
+    p.add_argument(
+        "--prompt_rounds",
+        metavar="N",
+        type=int,
+        default=1,
+        help="times the whole prompt list runs (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max_new_tokens",
+        metavar="N",
+        type=int,
+        default=128,
+        help="most tokens generated per prompt (default: %(default)s)",
+    )
+    p.add_argument(
+        "--temperature",
+        metavar="T",
+        type=float,
+        default=0.0,
+        help="sampling temperature; 0: greedy (default: %(default)s)",
+    )
+    p.add_argument(
+        "--top_p",
+        metavar="P",
+        type=float,
+        default=1.0,
+        help="nucleus sampling: keep the smallest set of tokens with this much probability; "
+        "1: off (default: %(default)s)",
+    )
+    p.add_argument(
+        "--top_k",
+        metavar="K",
+        type=int,
+        default=0,
+        help="sample among the k most likely tokens only; 0: off (default: %(default)s)",
+    )
+    p.add_argument(
+        "--seed",
+        metavar="SEED",
+        type=int,
+        default=42,
+        help="sampling seed of prompt 0; prompt i uses seed + i (default: %(default)s)",
+    )
+    p.add_argument(
+        "--chat", action="store_true", help="apply the model's chat template to each prompt; off by default"
+    )
+    p.add_argument(
+        "--out_prefix",
+        metavar="PREFIX",
+        default="gen",
+        help="each generation writes <out_prefix>_<n>.txt (default: %(default)s)",
+    )
+    p.add_argument(
+        "--flush_every",
+        metavar="N",
+        type=int,
+        default=16,
+        help="flush the output files every N tokens (default: %(default)s)",
+    )
+    p.add_argument(
+        "--metrics",
+        action="store_true",
+        help="print engine and prefix-cache counters at the end; off by default",
+    )
+    p.add_argument(
+        "--snapshot_dir",
+        default=None,
+        metavar="DIR",
+        help="keep the prefix cache's entries in DIR between runs: load them at start (each file "
+        "checked: format, checksum, model fingerprint, cache kind, window geometry), write new "
+        "ones after every round, remove evicted ones at the end; created if missing; needs "
+        "--prefix_cache_entries (default: none, entries live as long as the run)",
+    )
+    p.add_argument(
+        "--engine",
+        default=None,
+        metavar="ADDR",
+        help="run through a forkline-engine at ADDR instead of in-process (default: in-process)",
+    )
+    p.add_argument(
+        "--prefix",
+        default=None,
+        metavar="ADDR",
+        help="with --engine: go through the forkline-prefix gateway at ADDR, which reuses prompts "
+        "across rounds (default: none, every generation runs cold on the engine)",
+    )
+    p.add_argument(
+        "--token_file",
+        default=None,
+        metavar="FILE",
+        help="with --engine: a file holding the bearer token for services run with --auth_tokens "
+        "(default: none, no token sent)",
+    )
+    p.add_argument(
+        "--tls_ca",
+        default=None,
+        metavar="FILE",
+        help="with --engine: PEM CA that signed the services' certificates; connect with TLS "
+        "(default: none, plaintext)",
+    )
+    p.add_argument(
+        "--tls_cert",
+        default=None,
+        metavar="FILE",
+        help="with --tls_ca: PEM client certificate for services that require mutual TLS (default: none)",
+    )
+    p.add_argument(
+        "--tls_key", default=None, metavar="FILE", help="PEM private key of --tls_cert (default: none)"
+    )
     return p
 
 
 def validate(args: argparse.Namespace) -> None:
     """Argument checks that need no model; raises UsageError naming the flag."""
-    for name in ("prompt_rounds", "max_decode_sequences", "max_session_tokens", "max_new_tokens",
-                 "prefill_chunk", "flush_every"):
+    for name in (
+        "prompt_rounds",
+        "max_decode_sequences",
+        "max_session_tokens",
+        "max_new_tokens",
+        "prefill_chunk",
+        "flush_every",
+    ):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.prefix_cache_entries < 0:
@@ -128,8 +217,10 @@ def validate(args: argparse.Namespace) -> None:
     if args.engine and args.seed >= 2**63 - len(args.prompts):  # GenerationConfig.seed is an int64
         raise UsageError(f"--seed must be in [0, 2**63 - number of prompts) with --engine, got {args.seed}")
     if args.max_new_tokens >= args.max_session_tokens:
-        raise UsageError(f"--max_new_tokens ({args.max_new_tokens}) must be below --max_session_tokens "
-                         f"({args.max_session_tokens}) to leave room for the prompt")
+        raise UsageError(
+            f"--max_new_tokens ({args.max_new_tokens}) must be below --max_session_tokens "
+            f"({args.max_session_tokens}) to leave room for the prompt"
+        )
     if args.snapshot_dir is not None:
         if args.engine:
             raise UsageError("--snapshot_dir runs in-process only, not with --engine")
@@ -165,11 +256,13 @@ def load(args: argparse.Namespace):
         path = os.path.join(path, "tokenizer.json")
     if not os.path.isfile(path):
         raise ModelLoadError(args.tokenizer, "no tokenizer.json there")
-    tokenizer = tokenizer_from_file(path, bos_token_id=loaded.config.bos_token_id,
-                                    eos_token_ids=loaded.config.eos_token_ids)
+    tokenizer = tokenizer_from_file(
+        path, bos_token_id=loaded.config.bos_token_id, eos_token_ids=loaded.config.eos_token_ids
+    )
     if tokenizer.vocab_size > loaded.config.vocab_size:
-        raise ModelLoadError(path, f"tokenizer has {tokenizer.vocab_size} tokens, the model only "
-                                   f"{loaded.config.vocab_size}")
+        raise ModelLoadError(
+            path, f"tokenizer has {tokenizer.vocab_size} tokens, the model only {loaded.config.vocab_size}"
+        )
     digest = hashlib.sha256(loaded.fingerprint.encode() + tokenizer.vocab_digest_source()).hexdigest()
     return loaded, tokenizer, digest
 
@@ -184,8 +277,10 @@ def encode_prompts(args: argparse.Namespace, loaded, tokenizer) -> list[list[int
         if not ids:
             raise UsageError(f"prompt {i} encodes to no tokens")
         if len(ids) + args.max_new_tokens > args.max_session_tokens:
-            raise UsageError(f"prompt {i} has {len(ids)} tokens; with --max_new_tokens {args.max_new_tokens} it "
-                             f"exceeds --max_session_tokens {args.max_session_tokens}")
+            raise UsageError(
+                f"prompt {i} has {len(ids)} tokens; with --max_new_tokens {args.max_new_tokens} it "
+                f"exceeds --max_session_tokens {args.max_session_tokens}"
+            )
         prompts.append(ids)
     return prompts
 
@@ -238,8 +333,17 @@ class Job:
     error: str | None = None
 
 
-def start(n: int, prompt: list[int], seed: int, args, runner: Runner, cache: PrefixCache, tokenizer,
-          capture: bool, stop_tokens: tuple[int, ...]) -> Job:
+def start(
+    n: int,
+    prompt: list[int],
+    seed: int,
+    args,
+    runner: Runner,
+    cache: PrefixCache,
+    tokenizer,
+    capture: bool,
+    stop_tokens: tuple[int, ...],
+) -> Job:
     output = OutputFile(f"{args.out_prefix}_{n}.txt", tokenizer, args.flush_every)  # first: it may fail
     match = cache.lookup(NAMESPACE, prompt)
     session = match.session if match is not None else runner.open_session()
@@ -248,9 +352,16 @@ def start(n: int, prompt: list[int], seed: int, args, runner: Runner, cache: Pre
     if capture:
         job.capture = cache.capture_prompt(session, prompt)
         callback = job.capture.wrap(callback)
-    config = GenConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                       top_k=args.top_k, seed=seed, stop_tokens=stop_tokens, prefill_chunk=args.prefill_chunk)
-    job.handle = session.generate_async(prompt[job.reused:], config, callback)
+    config = GenConfig(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=seed,
+        stop_tokens=stop_tokens,
+        prefill_chunk=args.prefill_chunk,
+    )
+    job.handle = session.generate_async(prompt[job.reused :], config, callback)
     return job
 
 
@@ -261,9 +372,11 @@ def report(job: Job, out: TextIO) -> None:
         return
     m = result.metrics
     ttft = f"{m.time_to_first_token_s:.3f} s" if m.time_to_first_token_s is not None else "n/a"
-    line = (f"[{job.number}] prompt {len(job.prompt)} positions, reused {job.reused}/{len(job.prompt)} prompt "
-            f"tokens, ttft {ttft}, {m.generated_tokens} tokens at {m.decode_tokens_per_s:.1f} tok/s decode, "
-            f"finish {result.finish_reason} -> {job.output.path}")
+    line = (
+        f"[{job.number}] prompt {len(job.prompt)} positions, reused {job.reused}/{len(job.prompt)} prompt "
+        f"tokens, ttft {ttft}, {m.generated_tokens} tokens at {m.decode_tokens_per_s:.1f} tok/s decode, "
+        f"finish {result.finish_reason} -> {job.output.path}"
+    )
     if result.error:
         line += f" ({result.error})"
     print(line, file=out, flush=True)
@@ -275,8 +388,13 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     count, entries = len(prompts), args.prefix_cache_entries
     captured = min(count, entries)
     executor = ModuleExecutor.create(
-        loaded, args.cache_kind, max_sessions=count + entries + captured, max_session_tokens=args.max_session_tokens,
-        prefill_chunk=args.prefill_chunk, model_fingerprint=fingerprint, deterministic=args.deterministic,
+        loaded,
+        args.cache_kind,
+        max_sessions=count + entries + captured,
+        max_session_tokens=args.max_session_tokens,
+        prefill_chunk=args.prefill_chunk,
+        model_fingerprint=fingerprint,
+        deterministic=args.deterministic,
     )
     runner = Runner(executor, max_decode_sequences=args.max_decode_sequences)
     cache = PrefixCache(RunnerBackend(runner), entries, policy=args.retention)
@@ -291,10 +409,23 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             for i, prompt in enumerate(prompts):
                 n = round_ * count + i
                 try:
-                    jobs.append(start(n, prompt, args.seed + i, args, runner, cache, tokenizer, i < captured,
-                                      stop_tokens))
+                    jobs.append(
+                        start(
+                            n,
+                            prompt,
+                            args.seed + i,
+                            args,
+                            runner,
+                            cache,
+                            tokenizer,
+                            i < captured,
+                            stop_tokens,
+                        )
+                    )
                 except ForklineError as exc:
-                    job = Job(n, prompt, 0, OutputFile(f"{args.out_prefix}_{n}.txt", tokenizer, 1), error=str(exc))
+                    job = Job(
+                        n, prompt, 0, OutputFile(f"{args.out_prefix}_{n}.txt", tokenizer, 1), error=str(exc)
+                    )
                     job.output.close()
                     jobs.append(job)
             for job in jobs:  # every generation of the round runs concurrently; wait for all
@@ -352,4 +483,3 @@ def _main(argv: Sequence[str] | None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

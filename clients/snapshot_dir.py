@@ -45,7 +45,9 @@ class Restored:
     positions: int = 0
 
 
-def restore_entries(folder: str | os.PathLike, runner: Runner, cache: PrefixCache, namespace: str) -> Restored:
+def restore_entries(
+    folder: str | os.PathLike, runner: Runner, cache: PrefixCache, namespace: str
+) -> Restored:
     """Load this engine configuration's snapshots from ``folder`` into ``cache`` under ``namespace``
     (at most ``cache.max_entries``, most recent first)."""
     done = Restored()
@@ -79,7 +81,9 @@ def entry_name(runner: Runner, tokens) -> str:
     return snapshot_name(runner.fingerprint, content_digest(tokens))
 
 
-def persist_entries(folder: str | os.PathLike, runner: Runner, cache: PrefixCache, namespace: str) -> tuple[int, int]:
+def persist_entries(
+    folder: str | os.PathLike, runner: Runner, cache: PrefixCache, namespace: str
+) -> tuple[int, int]:
     """Write ``cache``'s entries under ``namespace`` that have no file yet; returns (files, bytes)."""
     written = size = 0
     for entry in cache.entries(namespace):
@@ -110,8 +114,9 @@ class PersistentEntries:
     """The CLI's use of the functions above: one folder, one runner, one cache, one namespace. A disk
     problem (OSError) is a warning on ``err``: generations never fail for it."""
 
-    def __init__(self, folder: str, runner: Runner, cache: PrefixCache, namespace: str,
-                 err: TextIO | None = None) -> None:
+    def __init__(
+        self, folder: str, runner: Runner, cache: PrefixCache, namespace: str, err: TextIO | None = None
+    ) -> None:
         self.folder, self._runner, self._cache, self._namespace = folder, runner, cache, namespace
         self._err = err if err is not None else sys.stderr
 
@@ -123,9 +128,13 @@ class PersistentEntries:
         except OSError as exc:
             return self._warn(exc)
         refused = ", ".join(f"{n} {reason}" for reason, n in sorted(done.refused.items()))
-        print(f"snapshots: loaded {done.stored} from {self.folder} ({done.positions} positions)"
-              + (f"; refused {refused}" if refused else "")
-              + (f"; removed {done.removed} corrupt" if done.removed else ""), file=out, flush=True)
+        print(
+            f"snapshots: loaded {done.stored} from {self.folder} ({done.positions} positions)"
+            + (f"; refused {refused}" if refused else "")
+            + (f"; removed {done.removed} corrupt" if done.removed else ""),
+            file=out,
+            flush=True,
+        )
         return done
 
     def persist(self) -> None:

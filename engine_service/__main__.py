@@ -26,27 +26,56 @@ def build_parser() -> argparse.ArgumentParser:
     from engine_service.executors.options import add_executor_options, add_model_options
     from engine_service.rpc.service_main import add_auth_arguments, add_serving_arguments
 
-    p = argparse.ArgumentParser(prog="forkline-engine", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="forkline-engine", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_model_options(p)
     add_executor_options(p, max_sessions=32)
-    p.add_argument("--idle_session_timeout", metavar="SECONDS", type=float, default=300.0,
-                   help="seconds after which an idle client session handle expires; 0: never (default: %(default)s)")
-    p.add_argument("--persistent_owner", action="append", default=None, metavar="OWNER",
-                   help="an owner whose handles never expire and who has the persistent budget instead of the "
-                        "client quota; repeatable (default: prefix-service)")
-    p.add_argument("--owner_max_sessions", metavar="N", type=int, default=None,
-                   help="resident sessions one client owner may hold, live or kept (clones and snapshots "
-                        "included); 0: no limit (default: a quarter of --max_sessions, at least 1)")
-    p.add_argument("--owner_max_positions", metavar="N", type=int, default=None,
-                   help="positions one client owner's sessions may hold together (a generation counts "
-                        "position + input + max_new_tokens while it runs); 0: no limit "
-                        "(default: owner_max_sessions * max_session_tokens / 2)")
-    p.add_argument("--persistent_owner_share", metavar="F", type=float, default=0.5,
-                   help="share of the engine's sessions and positions each persistent owner (the prefix "
-                        "service) may hold, in [0, 1]; 0: no limit (default: %(default)s)")
-    p.add_argument("--prepared_inputs", action="store_true",
-                   help="also accept prepared 'embeddings' inputs (EmbeddingsExecutor); off by default")
+    p.add_argument(
+        "--idle_session_timeout",
+        metavar="SECONDS",
+        type=float,
+        default=300.0,
+        help="seconds after which an idle client session handle expires; 0: never (default: %(default)s)",
+    )
+    p.add_argument(
+        "--persistent_owner",
+        action="append",
+        default=None,
+        metavar="OWNER",
+        help="an owner whose handles never expire and who has the persistent budget instead of the "
+        "client quota; repeatable (default: prefix-service)",
+    )
+    p.add_argument(
+        "--owner_max_sessions",
+        metavar="N",
+        type=int,
+        default=None,
+        help="resident sessions one client owner may hold, live or kept (clones and snapshots "
+        "included); 0: no limit (default: a quarter of --max_sessions, at least 1)",
+    )
+    p.add_argument(
+        "--owner_max_positions",
+        metavar="N",
+        type=int,
+        default=None,
+        help="positions one client owner's sessions may hold together (a generation counts "
+        "position + input + max_new_tokens while it runs); 0: no limit "
+        "(default: owner_max_sessions * max_session_tokens / 2)",
+    )
+    p.add_argument(
+        "--persistent_owner_share",
+        metavar="F",
+        type=float,
+        default=0.5,
+        help="share of the engine's sessions and positions each persistent owner (the prefix "
+        "service) may hold, in [0, 1]; 0: no limit (default: %(default)s)",
+    )
+    p.add_argument(
+        "--prepared_inputs",
+        action="store_true",
+        help="also accept prepared 'embeddings' inputs (EmbeddingsExecutor); off by default",
+    )
     add_serving_arguments(p, default_port=50051)
     add_auth_arguments(p)
     return p
@@ -66,8 +95,12 @@ def start_engine(args: argparse.Namespace):
 
     security = server_security(args)  # a bad token file or TLS flag fails before the model loads
     quota, persistent_quota = engine_quotas(  # bad quota flags fail before the model loads too
-        args.max_sessions, args.max_session_tokens, owner_max_sessions=args.owner_max_sessions,
-        owner_max_positions=args.owner_max_positions, persistent_owner_share=args.persistent_owner_share)
+        args.max_sessions,
+        args.max_session_tokens,
+        owner_max_sessions=args.owner_max_sessions,
+        owner_max_positions=args.owner_max_positions,
+        persistent_owner_share=args.persistent_owner_share,
+    )
     loaded = load_model(args.model, args.weights_dtype)
     if args.deterministic:  # FailedPrecondition (no kernels, float weights) before anything serves
         from engine_service.model import deterministic
@@ -89,16 +122,21 @@ def start_engine(args: argparse.Namespace):
         quota=quota,
         persistent_quota=persistent_quota,
     )
-    return create_server(deps, f"{args.host}:{args.port}", security=security,
-                         metrics=args.metrics_port is not None)
+    return create_server(
+        deps, f"{args.host}:{args.port}", security=security, metrics=args.metrics_port is not None
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     from engine_service.rpc.service_main import run_service
 
     # the engine thread stops with the server: the process is going away
-    return run_service("forkline-engine", parse_args(argv), start_engine,
-                       lambda server, args: server.stop(args.grace, shutdown_runner=True))
+    return run_service(
+        "forkline-engine",
+        parse_args(argv),
+        start_engine,
+        lambda server, args: server.stop(args.grace, shutdown_runner=True),
+    )
 
 
 if __name__ == "__main__":

@@ -68,9 +68,13 @@ def calling_as(caller: Caller) -> Iterator[None]:
 def check_token(token: str, what: str) -> str:
     """A token as a file or a header may carry it, else InvalidArgument naming ``what``."""
     if len(token) < MIN_TOKEN_LENGTH:
-        raise InvalidArgument(f"{what}: a token must be at least {MIN_TOKEN_LENGTH} characters, got {len(token)}")
+        raise InvalidArgument(
+            f"{what}: a token must be at least {MIN_TOKEN_LENGTH} characters, got {len(token)}"
+        )
     if len(token) > MAX_TOKEN_LENGTH:
-        raise InvalidArgument(f"{what}: a token must be at most {MAX_TOKEN_LENGTH} characters, got {len(token)}")
+        raise InvalidArgument(
+            f"{what}: a token must be at most {MAX_TOKEN_LENGTH} characters, got {len(token)}"
+        )
     if any(c.isspace() or not c.isprintable() for c in token):
         raise InvalidArgument(f"{what}: a token must not contain whitespace or control characters")
     return token
@@ -95,7 +99,9 @@ def parse_token_file(text: str, path: str) -> tuple[tuple[bytes, str], ...]:
         token, owner = fields
         check_token(token, where)
         if len(owner) > MAX_OWNER_LENGTH:
-            raise InvalidArgument(f"{where}: an owner must be 1..{MAX_OWNER_LENGTH} characters, got {len(owner)}")
+            raise InvalidArgument(
+                f"{where}: an owner must be 1..{MAX_OWNER_LENGTH} characters, got {len(owner)}"
+            )
         digest = _digest(token)
         if digest in first_line:
             raise InvalidArgument(f"{where}: this token is already listed on line {first_line[digest]}")
@@ -143,7 +149,9 @@ class TokenTable:
                 if not entries:
                     raise InvalidArgument(f"{self.path}: the token file lists no tokens")
             except InvalidArgument as exc:
-                log.error("token file not reloaded, keeping the previous %d tokens: %s", len(self._entries), exc)
+                log.error(
+                    "token file not reloaded, keeping the previous %d tokens: %s", len(self._entries), exc
+                )
                 return False
             self._entries = entries
         log.info("token file %s reloaded: %d tokens", self.path, len(entries))

@@ -56,7 +56,7 @@ def load_openblas() -> BlasStatus:
         _status = BlasStatus("reference", None, "mlx was imported before engine_service; OpenBLAS not loaded")
         return _status
     override = os.environ.get("FORKLINE_OPENBLAS")
-    for path in ((override,) if override else _CANDIDATES):
+    for path in (override,) if override else _CANDIDATES:
         if path and os.path.exists(path):
             try:
                 ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)

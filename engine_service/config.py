@@ -65,7 +65,11 @@ class GenConfig:
                 raise InvalidArgument(f"{name} must be an int, got {value!r}")
         if self.max_new_tokens < 1:
             raise InvalidArgument(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) or self.temperature < 0:
+        if (
+            not isinstance(self.temperature, (int, float))
+            or not math.isfinite(self.temperature)
+            or self.temperature < 0
+        ):
             raise InvalidArgument(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
             raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p!r}")

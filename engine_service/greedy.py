@@ -52,7 +52,9 @@ def new_cache(
     max_seqs: int = 1,
 ) -> BatchControl:
     """A cache for ``max_seqs`` sequences of ``max_tokens`` positions, as a ModuleExecutor builds it."""
-    config = cache_config(model.config, max_sessions=max_seqs, max_session_tokens=max_tokens, max_write=prefill_chunk)
+    config = cache_config(
+        model.config, max_sessions=max_seqs, max_session_tokens=max_tokens, max_write=prefill_chunk
+    )
     return build_session_cache(kind, config)
 
 
@@ -64,8 +66,11 @@ def prefill(
     InvalidArgument for an empty input or a token id outside the vocabulary."""
     bad = out_of_vocab(tokens, model.config.vocab_size)
     if not tokens or bad is not None:
-        raise InvalidArgument("no tokens to prefill" if not tokens else
-                              f"token id {tokens[bad]} outside the vocabulary [0, {model.config.vocab_size})")
+        raise InvalidArgument(
+            "no tokens to prefill"
+            if not tokens
+            else f"token id {tokens[bad]} outside the vocabulary [0, {model.config.vocab_size})"
+        )
     start = cache.pos(seq)
     for a in range(0, len(tokens), chunk):
         piece = tokens[a : a + chunk]
@@ -164,13 +169,25 @@ def stream_text(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m engine_service.greedy", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m engine_service.greedy",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_model_options(parser)
-    parser.add_argument("--max_new_tokens", metavar="N", type=int, default=128,
-                        help="most tokens to generate (default: %(default)s)")
-    parser.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
-                        help="format the prompt with the model's chat template (default: on)")
+    parser.add_argument(
+        "--max_new_tokens",
+        metavar="N",
+        type=int,
+        default=128,
+        help="most tokens to generate (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="format the prompt with the model's chat template (default: on)",
+    )
     parser.add_argument("prompt", nargs="+", help="the prompt; several words are joined with spaces")
     return parser
 

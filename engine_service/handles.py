@@ -70,9 +70,14 @@ NO_QUOTA = OwnerQuota()
 DEFAULT_PERSISTENT_SHARE = 0.5
 
 
-def engine_quotas(max_sessions: int, max_session_tokens: int, *, owner_max_sessions: int | None = None,
-                  owner_max_positions: int | None = None,
-                  persistent_owner_share: float = DEFAULT_PERSISTENT_SHARE) -> tuple[OwnerQuota, OwnerQuota]:
+def engine_quotas(
+    max_sessions: int,
+    max_session_tokens: int,
+    *,
+    owner_max_sessions: int | None = None,
+    owner_max_positions: int | None = None,
+    persistent_owner_share: float = DEFAULT_PERSISTENT_SHARE,
+) -> tuple[OwnerQuota, OwnerQuota]:
     """The engine's (client quota, persistent owners' budget) from its limits and the flags.
 
     Defaults: a client holds at most a quarter of the sessions (``max(1, max_sessions // 4)``) and half
@@ -89,7 +94,9 @@ def engine_quotas(max_sessions: int, max_session_tokens: int, *, owner_max_sessi
         return OwnerQuota(sessions, positions), NO_QUOTA
     shared = max(1, int(persistent_owner_share * max_sessions + 1e-9))
     return OwnerQuota(sessions, positions), OwnerQuota(
-        shared, max(max_session_tokens, int(persistent_owner_share * max_sessions * max_session_tokens + 1e-9)))
+        shared,
+        max(max_session_tokens, int(persistent_owner_share * max_sessions * max_session_tokens + 1e-9)),
+    )
 
 
 @dataclass(frozen=True)
@@ -113,8 +120,11 @@ class QuotaExceeded(ResourceExhausted):
         self.quota_name = name
 
 
-_QUOTA_RE = re.compile(r"^owner '(.*)' holds \d+ (?:sessions|positions)(?: and needs \d+ more)?, "
-                       r"(?:persistent_)?owner_max_(?:sessions|positions)=\d+$", re.DOTALL)
+_QUOTA_RE = re.compile(
+    r"^owner '(.*)' holds \d+ (?:sessions|positions)(?: and needs \d+ more)?, "
+    r"(?:persistent_)?owner_max_(?:sessions|positions)=\d+$",
+    re.DOTALL,
+)
 
 
 def quota_owner(message: str) -> str | None:
@@ -234,16 +244,19 @@ class HandleRegistry(Generic[T]):
         if sessions and quota.max_sessions and held + sessions > quota.max_sessions:
             raise QuotaExceeded(owner, held, "sessions", f"{prefix}owner_max_sessions", quota.max_sessions)
         if positions and quota.max_positions and weight + positions > quota.max_positions:
-            raise QuotaExceeded(owner, weight, "positions", f"{prefix}owner_max_positions", quota.max_positions,
-                                positions)
+            raise QuotaExceeded(
+                owner, weight, "positions", f"{prefix}owner_max_positions", quota.max_positions, positions
+            )
 
     def _entry(self, handle: str, owner: str) -> _Entry[T]:
         """The live entry (lock held) or NotFound with a message that leaks nothing about other owners."""
         entry = self._entries.get(handle) if isinstance(handle, str) else None
         if entry is None or entry.owner != owner or entry.pending:
             if isinstance(handle, str) and (inst := handle_instance(handle)) and inst != self.instance_id:
-                raise NotFound(f"session {handle!r} was issued by engine instance {inst}, "
-                               f"this is {self.instance_id} (the engine restarted)")
+                raise NotFound(
+                    f"session {handle!r} was issued by engine instance {inst}, "
+                    f"this is {self.instance_id} (the engine restarted)"
+                )
             raise NotFound(f"unknown session handle {handle!r}")
         return entry
 
@@ -288,7 +301,9 @@ class HandleRegistry(Generic[T]):
         in flight, and return them."""
         keep = frozenset(keep)
         with self._lock:
-            gone = [h for h, e in self._entries.items() if e.owner == owner and not e.pending and h not in keep]
+            gone = [
+                h for h, e in self._entries.items() if e.owner == owner and not e.pending and h not in keep
+            ]
             return [Released(h, owner, _value(self._entries.pop(h))) for h in gone]
 
     def release_all(self) -> list[Released[T]]:
@@ -307,7 +322,10 @@ class HandleRegistry(Generic[T]):
             gone = [
                 h
                 for h, e in self._entries.items()
-                if e.pins == 0 and not e.pending and e.last_used < deadline and e.owner not in self.persistent_owners
+                if e.pins == 0
+                and not e.pending
+                and e.last_used < deadline
+                and e.owner not in self.persistent_owners
             ]
             return [Released(h, self._entries[h].owner, self._entries.pop(h).value) for h in gone]
 

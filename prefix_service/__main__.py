@@ -68,80 +68,194 @@ def build_parser() -> argparse.ArgumentParser:
     from prefix_service.retention import policy_names
     from prefix_service.routing import DEFAULT_IMBALANCE_ABS, DEFAULT_IMBALANCE_REL, routing_names
 
-    p = argparse.ArgumentParser(prog="forkline-prefix", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--engine", action="append", metavar="HOST:PORT",
-                   help="address of a forkline-engine; repeat it for several (default: none; this or --engines is required)")
-    p.add_argument("--engines", metavar="dns:///NAME:PORT", default=None,
-                   help="every address NAME resolves to is an engine (a Kubernetes headless Service: one per pod), "
-                        "re-resolved every --resolve_every seconds (default: none)")
-    p.add_argument("--resolve_every", metavar="SECONDS", type=positive_seconds, default=5.0,
-                   help="seconds between resolutions of --engines: engines join and leave (default: %(default)s)")
-    p.add_argument("--routing", default="cache_aware", choices=routing_names(),
-                   help="which engine serves a request: cache_aware (the most reused positions unless overloaded), "
-                        "least_loaded, round_robin (default: %(default)s)")
-    p.add_argument("--route_imbalance_abs", metavar="N", type=int, default=DEFAULT_IMBALANCE_ABS,
-                   help="cache_aware: the best-matching engine is overloaded when its load exceeds the least "
-                        "loaded engine's by more than N requests and --route_imbalance_rel times "
-                        "(default: %(default)s)")
-    p.add_argument("--route_imbalance_rel", metavar="F", type=float, default=DEFAULT_IMBALANCE_REL,
-                   help="cache_aware: the factor of that guard, >= 1 (default: %(default)s)")
-    p.add_argument("--max_entries", metavar="N", type=int, default=64,
-                   help="stored prompt snapshots at most (also capped by --engine_share); 0 disables storing "
-                        "(default: %(default)s)")
-    p.add_argument("--max_positions", metavar="N", type=int, default=0,
-                   help="positions the stored snapshots may hold together (also capped by --engine_share); "
-                        "0: only the share bounds them (default: %(default)s)")
-    p.add_argument("--engine_share", metavar="F", type=share, default=0.5,
-                   help="share of the engine's resident sessions and positions this service may hold for its "
-                        "snapshots, in (0, 1] (default: %(default)s)")
-    p.add_argument("--policy", default="lru", choices=policy_names(),
-                   help="which entry is evicted when the cache is full (default: %(default)s)")
-    p.add_argument("--checkpoint_stride", metavar="N", type=int, default=DEFAULT_CHECKPOINT_STRIDE,
-                   help="on an engine whose cache evicts sliding-window rows (batched-sequence with sliding "
-                        "layers), a captured prompt also keeps a snapshot every N positions and at the end of each "
-                        "chat message, so a prompt diverging inside it reuses an exact prefix; 0: no checkpoints "
-                        "(default: %(default)s)")
-    p.add_argument("--max_checkpoints", metavar="N", type=int, default=DEFAULT_MAX_CHECKPOINTS,
-                   help="checkpoints per captured prompt at most (message ends first, then stride points "
-                        "spread evenly); each is a cache entry weighing its positions (default: %(default)s)")
-    p.add_argument("--owner", metavar="OWNER", default="prefix-service",
-                   help="owner id of the snapshots in the engine (default: %(default)s)")
-    p.add_argument("--engine_timeout", metavar="SECONDS", type=float, default=30.0,
-                   help="seconds to wait for the engine at start (default: %(default)s)")
-    p.add_argument("--engine_outage_wait", metavar="SECONDS", type=seconds, default=1.0,
-                   help="while the engine is down, seconds a call waits for it to come back before "
-                        "UNAVAILABLE; 0: fail at once (default: %(default)s)")
-    p.add_argument("--engine_token_file", metavar="FILE", default=None,
-                   help="file holding this service's bearer token for the engine; the engine's token file "
-                        "must map it to --owner (default: none, no token sent)")
-    p.add_argument("--engine_tls_ca", metavar="FILE", default=None,
-                   help="PEM CA that signed the engine's certificate: connect with TLS (default: none, plaintext)")
-    p.add_argument("--engine_tls_cert", metavar="FILE", default=None,
-                   help="PEM client certificate for an engine that requires mutual TLS (default: none)")
-    p.add_argument("--engine_tls_key", metavar="FILE", default=None,
-                   help="PEM private key of --engine_tls_cert (default: none)")
-    p.add_argument("--snapshot_dir", metavar="DIR", default=None,
-                   help="persist stored prompt snapshots as files in DIR (written behind the request path; "
-                        "restored into an engine on a lookup after an engine or service restart) "
-                        "(default: none, memory only)")
-    p.add_argument("--snapshot_max_mb", metavar="MB", type=int, default=4096,
-                   help="the files in --snapshot_dir hold at most this many MiB; over it, files are deleted "
-                        "in --policy order (default: %(default)s)")
-    p.add_argument("--snapshot_queue", metavar="N", type=int, default=32,
-                   help="snapshots waiting to be written at most; more are dropped and counted "
-                        "(default: %(default)s)")
-    p.add_argument("--snapshot_preload", metavar="N", type=int, default=0,
-                   help="restore the N most recently used files into each engine when it (re)joins; 0 restores "
-                        "only on demand, at the first lookup of a prompt (default: %(default)s)")
+    p = argparse.ArgumentParser(
+        prog="forkline-prefix", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--engine",
+        action="append",
+        metavar="HOST:PORT",
+        help="address of a forkline-engine; repeat it for several (default: none; this or --engines is required)",
+    )
+    p.add_argument(
+        "--engines",
+        metavar="dns:///NAME:PORT",
+        default=None,
+        help="every address NAME resolves to is an engine (a Kubernetes headless Service: one per pod), "
+        "re-resolved every --resolve_every seconds (default: none)",
+    )
+    p.add_argument(
+        "--resolve_every",
+        metavar="SECONDS",
+        type=positive_seconds,
+        default=5.0,
+        help="seconds between resolutions of --engines: engines join and leave (default: %(default)s)",
+    )
+    p.add_argument(
+        "--routing",
+        default="cache_aware",
+        choices=routing_names(),
+        help="which engine serves a request: cache_aware (the most reused positions unless overloaded), "
+        "least_loaded, round_robin (default: %(default)s)",
+    )
+    p.add_argument(
+        "--route_imbalance_abs",
+        metavar="N",
+        type=int,
+        default=DEFAULT_IMBALANCE_ABS,
+        help="cache_aware: the best-matching engine is overloaded when its load exceeds the least "
+        "loaded engine's by more than N requests and --route_imbalance_rel times "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--route_imbalance_rel",
+        metavar="F",
+        type=float,
+        default=DEFAULT_IMBALANCE_REL,
+        help="cache_aware: the factor of that guard, >= 1 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max_entries",
+        metavar="N",
+        type=int,
+        default=64,
+        help="stored prompt snapshots at most (also capped by --engine_share); 0 disables storing "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--max_positions",
+        metavar="N",
+        type=int,
+        default=0,
+        help="positions the stored snapshots may hold together (also capped by --engine_share); "
+        "0: only the share bounds them (default: %(default)s)",
+    )
+    p.add_argument(
+        "--engine_share",
+        metavar="F",
+        type=share,
+        default=0.5,
+        help="share of the engine's resident sessions and positions this service may hold for its "
+        "snapshots, in (0, 1] (default: %(default)s)",
+    )
+    p.add_argument(
+        "--policy",
+        default="lru",
+        choices=policy_names(),
+        help="which entry is evicted when the cache is full (default: %(default)s)",
+    )
+    p.add_argument(
+        "--checkpoint_stride",
+        metavar="N",
+        type=int,
+        default=DEFAULT_CHECKPOINT_STRIDE,
+        help="on an engine whose cache evicts sliding-window rows (batched-sequence with sliding "
+        "layers), a captured prompt also keeps a snapshot every N positions and at the end of each "
+        "chat message, so a prompt diverging inside it reuses an exact prefix; 0: no checkpoints "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--max_checkpoints",
+        metavar="N",
+        type=int,
+        default=DEFAULT_MAX_CHECKPOINTS,
+        help="checkpoints per captured prompt at most (message ends first, then stride points "
+        "spread evenly); each is a cache entry weighing its positions (default: %(default)s)",
+    )
+    p.add_argument(
+        "--owner",
+        metavar="OWNER",
+        default="prefix-service",
+        help="owner id of the snapshots in the engine (default: %(default)s)",
+    )
+    p.add_argument(
+        "--engine_timeout",
+        metavar="SECONDS",
+        type=float,
+        default=30.0,
+        help="seconds to wait for the engine at start (default: %(default)s)",
+    )
+    p.add_argument(
+        "--engine_outage_wait",
+        metavar="SECONDS",
+        type=seconds,
+        default=1.0,
+        help="while the engine is down, seconds a call waits for it to come back before "
+        "UNAVAILABLE; 0: fail at once (default: %(default)s)",
+    )
+    p.add_argument(
+        "--engine_token_file",
+        metavar="FILE",
+        default=None,
+        help="file holding this service's bearer token for the engine; the engine's token file "
+        "must map it to --owner (default: none, no token sent)",
+    )
+    p.add_argument(
+        "--engine_tls_ca",
+        metavar="FILE",
+        default=None,
+        help="PEM CA that signed the engine's certificate: connect with TLS (default: none, plaintext)",
+    )
+    p.add_argument(
+        "--engine_tls_cert",
+        metavar="FILE",
+        default=None,
+        help="PEM client certificate for an engine that requires mutual TLS (default: none)",
+    )
+    p.add_argument(
+        "--engine_tls_key",
+        metavar="FILE",
+        default=None,
+        help="PEM private key of --engine_tls_cert (default: none)",
+    )
+    p.add_argument(
+        "--snapshot_dir",
+        metavar="DIR",
+        default=None,
+        help="persist stored prompt snapshots as files in DIR (written behind the request path; "
+        "restored into an engine on a lookup after an engine or service restart) "
+        "(default: none, memory only)",
+    )
+    p.add_argument(
+        "--snapshot_max_mb",
+        metavar="MB",
+        type=int,
+        default=4096,
+        help="the files in --snapshot_dir hold at most this many MiB; over it, files are deleted "
+        "in --policy order (default: %(default)s)",
+    )
+    p.add_argument(
+        "--snapshot_queue",
+        metavar="N",
+        type=int,
+        default=32,
+        help="snapshots waiting to be written at most; more are dropped and counted (default: %(default)s)",
+    )
+    p.add_argument(
+        "--snapshot_preload",
+        metavar="N",
+        type=int,
+        default=0,
+        help="restore the N most recently used files into each engine when it (re)joins; 0 restores "
+        "only on demand, at the first lookup of a prompt (default: %(default)s)",
+    )
     add_serving_arguments(p, default_port=50052)
     add_auth_arguments(p)
-    p.add_argument("--http_port", metavar="PORT", type=port_number, default=None,
-                   help="also serve the OpenAI-compatible HTTP API (/v1/chat/completions, ...) on this port of "
-                        "--host, in this process, with the same tokens and TLS; 0 picks a free one "
-                        "(default: off)")
-    p.add_argument("--http_model_name", metavar="NAME", default="",
-                   help="the model id HTTP clients send (default: the engine's model file name)")
+    p.add_argument(
+        "--http_port",
+        metavar="PORT",
+        type=port_number,
+        default=None,
+        help="also serve the OpenAI-compatible HTTP API (/v1/chat/completions, ...) on this port of "
+        "--host, in this process, with the same tokens and TLS; 0 picks a free one "
+        "(default: off)",
+    )
+    p.add_argument(
+        "--http_model_name",
+        metavar="NAME",
+        default="",
+        help="the model id HTTP clients send (default: the engine's model file name)",
+    )
     return p
 
 
@@ -150,7 +264,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.engine and not args.engines:
         parser.error("one of --engine HOST:PORT or --engines dns:///NAME:PORT is required")
-    for flag in ("snapshot_max_mb", "snapshot_queue", "snapshot_preload", "checkpoint_stride", "max_checkpoints"):
+    for flag in (
+        "snapshot_max_mb",
+        "snapshot_queue",
+        "snapshot_preload",
+        "checkpoint_stride",
+        "max_checkpoints",
+    ):
         if getattr(args, flag) < 0:
             parser.error(f"--{flag} must be >= 0, got {getattr(args, flag)}")
     if args.route_imbalance_abs < 0:
@@ -174,23 +294,43 @@ def connect_and_serve(args: argparse.Namespace):
     security = server_security(args)
     token = read_token_file(args.engine_token_file, "--engine_token_file") if args.engine_token_file else None
     engine_security = ClientSecurity(token, args.engine_tls_ca, args.engine_tls_cert, args.engine_tls_key)
-    routing = routing_policy(args.routing, imbalance_abs=args.route_imbalance_abs,
-                             imbalance_rel=args.route_imbalance_rel)
+    routing = routing_policy(
+        args.routing, imbalance_abs=args.route_imbalance_abs, imbalance_rel=args.route_imbalance_rel
+    )
     tier = None
     if args.snapshot_dir:
         from prefix_service.persistent_tier import PersistentTier
 
-        tier = PersistentTier.open(args.snapshot_dir, args.snapshot_max_mb << 20, args.policy,
-                                   queue_size=args.snapshot_queue, preload=args.snapshot_preload)
-    fleet, pool = connect_fleet(engine_targets(args.engine, args.engines), policy=routing, tier=tier,
-                                ready_timeout=args.engine_timeout, resolve_every_s=args.resolve_every,
-                                max_entries=args.max_entries, policy_name=args.policy, owner=args.owner,
-                                engine_security=engine_security, outage_wait_s=args.engine_outage_wait,
-                                engine_share=args.engine_share, max_positions=args.max_positions,
-                                checkpoints=CheckpointPlan(args.checkpoint_stride, args.max_checkpoints))
+        tier = PersistentTier.open(
+            args.snapshot_dir,
+            args.snapshot_max_mb << 20,
+            args.policy,
+            queue_size=args.snapshot_queue,
+            preload=args.snapshot_preload,
+        )
+    fleet, pool = connect_fleet(
+        engine_targets(args.engine, args.engines),
+        policy=routing,
+        tier=tier,
+        ready_timeout=args.engine_timeout,
+        resolve_every_s=args.resolve_every,
+        max_entries=args.max_entries,
+        policy_name=args.policy,
+        owner=args.owner,
+        engine_security=engine_security,
+        outage_wait_s=args.engine_outage_wait,
+        engine_share=args.engine_share,
+        max_positions=args.max_positions,
+        checkpoints=CheckpointPlan(args.checkpoint_stride, args.max_checkpoints),
+    )
     try:
-        server, port = create_server(fleet, f"{args.host}:{args.port}", pool=pool, security=security,
-                                     metrics=args.metrics_port is not None)
+        server, port = create_server(
+            fleet,
+            f"{args.host}:{args.port}",
+            pool=pool,
+            security=security,
+            metrics=args.metrics_port is not None,
+        )
     except BaseException:
         pool.stop()
         for member in fleet.members():
@@ -207,8 +347,15 @@ def start_http(server, args: argparse.Namespace, tokens) -> None:
     """The OpenAI-compatible HTTP door (--http_port) in this process, over the same gateway, tokens and
     TLS as the gRPC server; prints "forkline-prefix HTTP listening on HOST:PORT"."""
     try:
-        port = server.start_http(args.host, args.http_port, model_name=args.http_model_name, auth=tokens,
-                                 tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca)
+        port = server.start_http(
+            args.host,
+            args.http_port,
+            model_name=args.http_model_name,
+            auth=tokens,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            tls_client_ca=args.tls_client_ca,
+        )
     except BaseException:
         server.stop(0, release=True)  # do not leave the gRPC server running behind a failed start
         raise
@@ -219,8 +366,12 @@ def main(argv: list[str] | None = None) -> int:
     from engine_service.rpc.service_main import run_service
 
     # a clean shutdown releases every stored snapshot in the engine (a killed one: its next start)
-    return run_service("forkline-prefix", parse_args(argv), connect_and_serve,
-                       lambda server, args: server.stop(args.grace, release=True))
+    return run_service(
+        "forkline-prefix",
+        parse_args(argv),
+        connect_and_serve,
+        lambda server, args: server.stop(args.grace, release=True),
+    )
 
 
 if __name__ == "__main__":

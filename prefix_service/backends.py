@@ -171,7 +171,9 @@ class EngineInfo:
     resident_sessions: int = 0
     quota_sessions: int = 0
     quota_positions: int = 0
-    persistent: bool | None = None  # whether the engine treats the backend's owner as persistent (None: unsaid)
+    persistent: bool | None = (
+        None  # whether the engine treats the backend's owner as persistent (None: unsaid)
+    )
     active_generations: int = 0  # the engine's load, all callers: generations running and commands queued
     queued_commands: int = 0
     cache_kind: str = ""
@@ -310,8 +312,9 @@ class GatewayBackend(SessionBackend, Protocol):
 
     def describe(self, session: str, owner: str) -> Described: ...
 
-    def take_clone(self, session: str, upto: int, owner: str,
-                   expected_digest: bytes | None = None) -> TakenClone: ...
+    def take_clone(
+        self, session: str, upto: int, owner: str, expected_digest: bytes | None = None
+    ) -> TakenClone: ...
 
     def close_as(self, session: str, owner: str | None = None) -> None: ...
 

@@ -33,8 +33,14 @@ class Budget:
     by the entries, ``reserved_*`` by reservations. Evictions take the retention policy's victim and
     hand it to ``drop`` (the cache unindexes it, calls :meth:`discard` and releases its snapshot)."""
 
-    def __init__(self, policy: RetentionPolicy, max_entries: int, max_positions: int,
-                 drop: Callable[[Entry], None], lock: threading.RLock) -> None:
+    def __init__(
+        self,
+        policy: RetentionPolicy,
+        max_entries: int,
+        max_positions: int,
+        drop: Callable[[Entry], None],
+        lock: threading.RLock,
+    ) -> None:
         self.policy = policy
         self._drop = drop
         self._lock = lock
@@ -158,8 +164,16 @@ def check_share(share: float, name: str = "engine_share") -> float:
     return float(share)
 
 
-def engine_budget(share: float, max_entries: int, max_positions: int, *, engine_max_sessions: int,
-                  engine_max_session_tokens: int, quota_sessions: int = 0, quota_positions: int = 0) -> tuple[int, int]:
+def engine_budget(
+    share: float,
+    max_entries: int,
+    max_positions: int,
+    *,
+    engine_max_sessions: int,
+    engine_max_session_tokens: int,
+    quota_sessions: int = 0,
+    quota_positions: int = 0,
+) -> tuple[int, int]:
     """The (entries, positions) a prefix service may hold in an engine: its configured bounds
     (``max_positions`` 0: none), capped by ``share`` of the engine's resident sessions and of their
     positions (``max_sessions * max_session_tokens``), and by the engine's quota for its owner

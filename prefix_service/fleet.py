@@ -61,8 +61,13 @@ class EngineMember:
     ``LookupResponse.engine``). ``serving()``: whether it reports SERVING now (the health watch).
     ``close()``: release its connection (called once it left the fleet)."""
 
-    def __init__(self, name: str, gateway: Gateway, serving: Callable[[], bool] = lambda: True,
-                 close: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        name: str,
+        gateway: Gateway,
+        serving: Callable[[], bool] = lambda: True,
+        close: Callable[[], None] = lambda: None,
+    ) -> None:
         self.name, self.gateway, self._serving, self._close = name, gateway, serving, close
         self._lock = threading.Lock()
         self.in_flight = 0  # gateway generations this service runs there now
@@ -160,8 +165,12 @@ class Fleet:
             self._members[member.name] = member
             self._elect()
             if member.fingerprint != self.fingerprint:
-                log.warning("engine %s has fingerprint %s, not the fleet's %s: held out of routing",
-                            member.name, member.fingerprint[:16], self.fingerprint[:16])
+                log.warning(
+                    "engine %s has fingerprint %s, not the fleet's %s: held out of routing",
+                    member.name,
+                    member.fingerprint[:16],
+                    self.fingerprint[:16],
+                )
         log.info("engine %s joined (instance %s)", member.name, member.gateway.backend.instance_id)
 
     def remove(self, name: str) -> int:
@@ -223,8 +232,9 @@ class Fleet:
         self._routable()
 
     # -- calls -----------------------------------------------------------------------------------
-    def lookup(self, namespace: str, prompt: Prompt, owner: str,
-               caller_active: Callable[[], bool] = lambda: True) -> PromptLookup:
+    def lookup(
+        self, namespace: str, prompt: Prompt, owner: str, caller_active: Callable[[], bool] = lambda: True
+    ) -> PromptLookup:
         """Route ``prompt`` and clone the chosen engine's best snapshot for ``owner`` (see
         :meth:`Gateway.lookup`); the answer names the engine."""
         tokens, route = self._route(namespace, prompt, owner)
@@ -235,16 +245,25 @@ class Fleet:
 
         return self._first_that_serves(route, lookup_on)
 
-    def insert(self, namespace: str, tokens: Sequence[int], session: str, metadata: Mapping[str, str],
-               owner: str, engine: str = "") -> InsertOutcome:
+    def insert(
+        self,
+        namespace: str,
+        tokens: Sequence[int],
+        session: str,
+        metadata: Mapping[str, str],
+        owner: str,
+        engine: str = "",
+    ) -> InsertOutcome:
         """Store a clone of ``owner``'s ``session``, held by ``engine`` ("" with a single engine)."""
         if engine:
             member = self.member(engine)
         else:
             members = self.members()
             if len(members) != 1:
-                raise InvalidArgument(f"engine is required: the service routes to {len(members)} engines "
-                                      "(LookupResponse.engine names the engine of a session)")
+                raise InvalidArgument(
+                    f"engine is required: the service routes to {len(members)} engines "
+                    "(LookupResponse.engine names the engine of a session)"
+                )
             member = members[0]
         return member.gateway.insert(namespace, tokens, session, metadata, owner)
 
@@ -271,14 +290,29 @@ class Fleet:
     def stats(self) -> FleetStats:
         members = self.members()
         engines = tuple(
-            EngineStatus(m.name, m.gateway.backend.instance_id, m.fingerprint, self._is_routable(m),
-                         m.gateway.stats(), m.in_flight, m.load, m.routed, m.load_guarded)
-            for m in members)
+            EngineStatus(
+                m.name,
+                m.gateway.backend.instance_id,
+                m.fingerprint,
+                self._is_routable(m),
+                m.gateway.stats(),
+                m.in_flight,
+                m.load,
+                m.routed,
+                m.load_guarded,
+            )
+            for m in members
+        )
         with self._lock:
             routes = dict(self._routes)
         tier = self.tier
-        return FleetStats(summed([e.stats for e in engines]), self.policy.name, engines, routes,
-                          tier.store.stats() if tier is not None else None)
+        return FleetStats(
+            summed([e.stats for e in engines]),
+            self.policy.name,
+            engines,
+            routes,
+            tier.store.stats() if tier is not None else None,
+        )
 
     def clear(self) -> int:
         """Release every stored snapshot on every engine; returns how many."""
@@ -322,8 +356,10 @@ class Fleet:
             self._count(members[0], None)
             return tokens, members
         key = token_key(tokens)  # validated once for every engine's index
-        candidates = [Candidate(m.name, m.gateway.cache.reusable(namespace, key), m.load, m.gateway.cache.positions)
-                      for m in members]
+        candidates = [
+            Candidate(m.name, m.gateway.cache.reusable(namespace, key), m.load, m.gateway.cache.positions)
+            for m in members
+        ]
         route = self.policy.route(candidates)
         named = {m.name: m for m in members}
         self._count(named[route.first.name], route)
@@ -354,8 +390,11 @@ class Fleet:
         return Fleet._first_that_serves(engines, tokenize_on, retry=(Unavailable,))
 
     @staticmethod
-    def _first_that_serves(engines: Sequence[EngineMember], call: Callable[[EngineMember], object],
-                           retry: tuple[type[ForklineError], ...] = _RETRY_ELSEWHERE):
+    def _first_that_serves(
+        engines: Sequence[EngineMember],
+        call: Callable[[EngineMember], object],
+        retry: tuple[type[ForklineError], ...] = _RETRY_ELSEWHERE,
+    ):
         """``call`` on each engine in turn until one does not fail with a ``retry`` error; the last
         engine's error propagates."""
         for i, member in enumerate(engines):

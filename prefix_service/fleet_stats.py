@@ -52,10 +52,21 @@ def summed(stats: Sequence[GatewayStats]) -> GatewayStats:
     for s in stats:
         refusals.update(s.cache.refusals)
         misses.update(s.misses_by_reason)
-    cache = PrefixStats(**{f.name: sum(getattr(s.cache, f.name) for s in stats)
-                           for f in fields(PrefixStats) if f.name != "refusals"}, refusals=dict(refusals))
+    cache = PrefixStats(
+        **{
+            f.name: sum(getattr(s.cache, f.name) for s in stats)
+            for f in fields(PrefixStats)
+            if f.name != "refusals"
+        },
+        refusals=dict(refusals),
+    )
     first = stats[0]
-    return replace(first, cache=cache, dropped_on_restart=sum(s.dropped_on_restart for s in stats),
-                   pressure_evictions=sum(s.pressure_evictions for s in stats),
-                   pressure_retries=sum(s.pressure_retries for s in stats),
-                   reclaimed=sum(s.reclaimed for s in stats), misses_by_reason=dict(misses))
+    return replace(
+        first,
+        cache=cache,
+        dropped_on_restart=sum(s.dropped_on_restart for s in stats),
+        pressure_evictions=sum(s.pressure_evictions for s in stats),
+        pressure_retries=sum(s.pressure_retries for s in stats),
+        reclaimed=sum(s.reclaimed for s in stats),
+        misses_by_reason=dict(misses),
+    )

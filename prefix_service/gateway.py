@@ -85,9 +85,11 @@ Prompt = Sequence[int] | TextPrompt  # token ids, or text the engine tokenizes
 GatewayEvent = Started | Tokens | Done  # what a gateway stream hands its client (snapshots stay here)
 
 # Engine clone refusals an insert reports as such (any other: CLONE_REFUSED).
-_CLONE_REFUSALS = {CloneRefusal.CONTENT_MISMATCH: InsertRefusal.CONTENT_MISMATCH,
-                   CloneRefusal.PREPARED_INPUT: InsertRefusal.PREPARED_INPUT,
-                   CloneRefusal.POSITION: InsertRefusal.POSITION_MISMATCH}
+_CLONE_REFUSALS = {
+    CloneRefusal.CONTENT_MISMATCH: InsertRefusal.CONTENT_MISMATCH,
+    CloneRefusal.PREPARED_INPUT: InsertRefusal.PREPARED_INPUT,
+    CloneRefusal.POSITION: InsertRefusal.POSITION_MISMATCH,
+}
 
 # Misses an engine restart explains better (a too-short request or a refused clone says more).
 _RESTART_MASKS = (MissReason.DISABLED, MissReason.EMPTY, MissReason.DIVERGED)
@@ -143,9 +145,17 @@ class Gateway:
     the engine. ``pressure_retry`` False: never evict and retry for a live request (a negative
     control for tests)."""
 
-    def __init__(self, cache: PrefixCache, backend: GatewayBackend, policy_name: str = "", *,
-                 engine_share: float = DEFAULT_ENGINE_SHARE, pressure_retry: bool = True,
-                 tier: PersistentTier | None = None, checkpoints: CheckpointPlan | None = None) -> None:
+    def __init__(
+        self,
+        cache: PrefixCache,
+        backend: GatewayBackend,
+        policy_name: str = "",
+        *,
+        engine_share: float = DEFAULT_ENGINE_SHARE,
+        pressure_retry: bool = True,
+        tier: PersistentTier | None = None,
+        checkpoints: CheckpointPlan | None = None,
+    ) -> None:
         if cache.backend is not backend:
             raise InvalidArgument("cache must use the given backend")
         self.cache = cache
@@ -180,7 +190,9 @@ class Gateway:
                 dropped = self.cache.clear()
                 self.dropped_on_restart += dropped
                 self._restarted = True
-                log.warning("engine restarted (%s -> %s): dropped %d entries", previous, info.instance_id, dropped)
+                log.warning(
+                    "engine restarted (%s -> %s): dropped %d entries", previous, info.instance_id, dropped
+                )
             self.preload()
 
     def preload(self) -> None:
@@ -192,22 +204,28 @@ class Gateway:
     def _restored_from_disk(self) -> None:
         self._restarted = False  # entries are back: misses are no longer the restart's
 
-    def lookup(self, namespace: str, prompt: Prompt, owner: str,
-               caller_active: Callable[[], bool] = lambda: True) -> PromptLookup:
+    def lookup(
+        self, namespace: str, prompt: Prompt, owner: str, caller_active: Callable[[], bool] = lambda: True
+    ) -> PromptLookup:
         """Clone the best stored snapshot of ``prompt`` for ``owner``, who owns the clone. When
         ``caller_active()`` is False after the lookup, the clone is closed and Cancelled raised."""
         self.check_engine()
         tokens = self._tokens(prompt, owner)
         outcome = self._lookup(namespace, tokens, owner)
-        if outcome.reason is MissReason.BOUNDARY_REFUSED and self.pressure.engine_full() and self.pressure.relieve():
+        if (
+            outcome.reason is MissReason.BOUNDARY_REFUSED
+            and self.pressure.engine_full()
+            and self.pressure.relieve()
+        ):
             outcome = self._lookup(namespace, tokens, owner)  # the clone may have been refused for room
         if outcome.match is not None and not caller_active():  # the caller left: nobody gets the clone
             self.backend.close_as(outcome.match.session, owner)
             raise Cancelled("the caller left before the lookup completed")
         return PromptLookup(tuple(tokens), outcome)
 
-    def insert(self, namespace: str, tokens: Sequence[int], session: str, metadata: Mapping[str, str],
-               owner: str) -> InsertOutcome:
+    def insert(
+        self, namespace: str, tokens: Sequence[int], session: str, metadata: Mapping[str, str], owner: str
+    ) -> InsertOutcome:
         """Store a clone of ``owner``'s ``session`` if it holds exactly ``tokens`` (see the module
         docstring). A session at another position, or a disabled cache, is refused without cloning;
         one holding other content (or a prepared input) is refused by the engine's clone."""
@@ -250,8 +268,10 @@ class Gateway:
             raise InvalidArgument("input is empty")
         # What the engine would refuse is refused before the lookup clones (and counts a hit).
         if self._max_session_tokens and len(tokens) > self._max_session_tokens:
-            raise InvalidArgument(f"input of {len(tokens)} positions exceeds the engine's "
-                                  f"max_session_tokens={self._max_session_tokens}")
+            raise InvalidArgument(
+                f"input of {len(tokens)} positions exceeds the engine's "
+                f"max_session_tokens={self._max_session_tokens}"
+            )
         try:
             return self._start(request, tokens, owner)
         except ResourceExhausted as exc:
@@ -305,14 +325,16 @@ class Gateway:
                 breakpoints = self._reserve_checkpoints(request, tokens, reused, owner, room)
                 if breakpoints:
                     config = replace(config, prefill_breakpoints=breakpoints)
-            stream = self.backend.generate(EngineGenerate(
-                session=match.session if match else "",
-                tokens=tuple(tokens[reused:]),
-                config=config,
-                ignore_eos=request.ignore_eos,
-                prompt_snapshot=room.holds(len(tokens)),
-                owner=owner,
-            ))
+            stream = self.backend.generate(
+                EngineGenerate(
+                    session=match.session if match else "",
+                    tokens=tuple(tokens[reused:]),
+                    config=config,
+                    ignore_eos=request.ignore_eos,
+                    prompt_snapshot=room.holds(len(tokens)),
+                    owner=owner,
+                )
+            )
             first = next(stream, None)
         except BaseException:
             room.release()
@@ -323,8 +345,9 @@ class Gateway:
             raise
         return GatewayStream(self, stream, request, tokens, match, owner, first, room)
 
-    def _reserve_checkpoints(self, request: GatewayRequest, tokens: Sequence[int], reused: int, owner: str,
-                             room: SnapshotRoom) -> tuple[int, ...]:
+    def _reserve_checkpoints(
+        self, request: GatewayRequest, tokens: Sequence[int], reused: int, owner: str, room: SnapshotRoom
+    ) -> tuple[int, ...]:
         """The breakpoints to ask the engine for (``checkpoints.py``): only on an engine whose cache
         evicts window rows, past ``reused``, fewer than half the cache's entries, each with room
         reserved (a checkpoint the policy gives no room, or one already stored, is not asked for)."""
@@ -336,7 +359,11 @@ class Gateway:
         if not plan.enabled:
             return ()
         text = request.prompt if isinstance(request.prompt, TextPrompt) else request.source
-        ends = message_ends(text, tokens, reused, lambda part: self.backend.tokenize(part, owner)) if text else []
+        ends = (
+            message_ends(text, tokens, reused, lambda part: self.backend.tokenize(part, owner))
+            if text
+            else []
+        )
         wanted = []
         metadata = {**request.metadata, BOUNDARY_KEY: BREAKPOINT}
         for position in checkpoint_positions(plan, len(tokens), reused, ends):
@@ -373,14 +400,23 @@ class Gateway:
                 self._misses[str(outcome.reason)] += 1
         return outcome
 
-    def _insert(self, namespace: str, tokens: Sequence[int], handle: str, metadata: Mapping[str, str],
-                digest: bytes | None = None, reservation: Reservation | None = None, *,
-                persist: bool = True) -> InsertOutcome:
+    def _insert(
+        self,
+        namespace: str,
+        tokens: Sequence[int],
+        handle: str,
+        metadata: Mapping[str, str],
+        digest: bytes | None = None,
+        reservation: Reservation | None = None,
+        *,
+        persist: bool = True,
+    ) -> InsertOutcome:
         """Store ``handle`` under ``tokens``; a stored entry is also written to the snapshot directory
         unless ``persist`` is False (checkpoints stay in memory: a file's restore picks the longest
         common prefix, which a checkpoint never is when a fuller snapshot exists)."""
-        outcome = self.cache.insert_outcome(namespace, tokens, handle, dict(metadata), digest=digest,
-                                            reservation=reservation)
+        outcome = self.cache.insert_outcome(
+            namespace, tokens, handle, dict(metadata), digest=digest, reservation=reservation
+        )
         if outcome.stored:
             self._restarted = False
             if self.tier is not None and persist:
@@ -392,8 +428,9 @@ class Gateway:
         self.cache.record_refusal(reason)
         return InsertOutcome(reason)
 
-    def _take_snapshot(self, snapshot: Snapshot, request: GatewayRequest, tokens: Sequence[int],
-                       room: SnapshotRoom) -> None:
+    def _take_snapshot(
+        self, snapshot: Snapshot, request: GatewayRequest, tokens: Sequence[int], room: SnapshotRoom
+    ) -> None:
         """Store a gateway call's prompt snapshot or checkpoint (``tokens[:position]``, metadata
         ``boundary="breakpoint"``) in its reservation: the cache verifies the content the engine
         reported for it against those tokens (and releases it when refused). A snapshot the engine
@@ -404,8 +441,14 @@ class Gateway:
             metadata, checkpoint = request.metadata, snapshot.kind == BREAKPOINT
             if checkpoint:
                 metadata = {**metadata, BOUNDARY_KEY: BREAKPOINT}
-            self._insert(request.namespace, tokens[: snapshot.position], snapshot.handle, metadata,
-                         reservation=reservation, persist=not checkpoint)
+            self._insert(
+                request.namespace,
+                tokens[: snapshot.position],
+                snapshot.handle,
+                metadata,
+                reservation=reservation,
+                persist=not checkpoint,
+            )
             return
         if reservation is not None:
             reservation.release()
@@ -424,8 +467,9 @@ class Gateway:
                 log.debug("could not close gateway session %s", session, exc_info=True)
         stream.cancel()
 
-    def _drain(self, stream: EngineStream, request: GatewayRequest, tokens: Sequence[int],
-               room: SnapshotRoom) -> None:
+    def _drain(
+        self, stream: EngineStream, request: GatewayRequest, tokens: Sequence[int], room: SnapshotRoom
+    ) -> None:
         """Read what is left of an engine stream so no snapshot handle it carries is lost; a stream
         that does not end within DRAIN_TIMEOUT_S is cancelled."""
         timer = threading.Timer(DRAIN_TIMEOUT_S, stream.cancel)

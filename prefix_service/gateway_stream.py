@@ -52,16 +52,27 @@ class GatewayStream:
     thread (the caller current when the stream was made).
     """
 
-    def __init__(self, gateway: Gateway, stream: EngineStream, request: GatewayRequest, tokens: Sequence[int],
-                 match: Match | None, owner: str, first: Event | None = None,
-                 room: SnapshotRoom | None = None) -> None:
+    def __init__(
+        self,
+        gateway: Gateway,
+        stream: EngineStream,
+        request: GatewayRequest,
+        tokens: Sequence[int],
+        match: Match | None,
+        owner: str,
+        first: Event | None = None,
+        room: SnapshotRoom | None = None,
+    ) -> None:
         self._gateway, self._stream, self._request, self._tokens = gateway, stream, request, tokens
         self._match, self._owner, self._first = match, owner, first
         self._room = room if room is not None else SnapshotRoom()
         self._caller: Caller | None = current_caller()
         # The session to close when the client leaves: the match, or the fresh one `started` names.
-        self._stop = _StopOnce(lambda engine_stream, session: gateway._stop_generation(engine_stream, session, owner),
-                               stream, match.session if match else "")
+        self._stop = _StopOnce(
+            lambda engine_stream, session: gateway._stop_generation(engine_stream, session, owner),
+            stream,
+            match.session if match else "",
+        )
 
     def _as_caller(self) -> contextlib.AbstractContextManager[None]:
         return calling_as(self._caller) if self._caller is not None else contextlib.nullcontext()

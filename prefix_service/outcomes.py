@@ -31,7 +31,9 @@ class InsertRefusal(StrEnum):
     CLONE_REFUSED = "clone_refused"  # the engine refused to clone the caller's session (Gateway.insert)
     DUPLICATE = "duplicate"  # an entry with these tokens exists: refreshed, the new snapshot released
     EVICTED = "evicted"  # stored, then chosen at once as the retention policy's victim
-    OVER_BUDGET = "over_budget"  # it cannot fit the budget (longer than max_positions, or inserts in flight hold it)
+    OVER_BUDGET = (
+        "over_budget"  # it cannot fit the budget (longer than max_positions, or inserts in flight hold it)
+    )
 
 
 # Refusal reasons counted in PrefixStats.refusals (the insert reasons, and those of clones).

@@ -35,8 +35,9 @@ class PersistentTier:
     """See the module docstring. :meth:`open` builds one over a folder."""
 
     @classmethod
-    def open(cls, folder: str, max_bytes: int, policy: str = "lru", *, queue_size: int = 32,
-             preload: int = 0) -> PersistentTier:
+    def open(
+        cls, folder: str, max_bytes: int, policy: str = "lru", *, queue_size: int = 32, preload: int = 0
+    ) -> PersistentTier:
         """The tier over ``folder`` (created if missing; its files indexed, stale temporaries
         deleted) with a byte budget, the retention ``policy``, the writer's queue bound."""
         store = SnapshotStore(folder, max_bytes, policy)
@@ -45,12 +46,26 @@ class PersistentTier:
     def __init__(self, store: SnapshotStore, writer: SnapshotWriter, preload: int = 0) -> None:
         self.store, self.writer, self.preload_entries = store, writer, preload
 
-    def persist(self, cache: PrefixCache, namespace: str, tokens: Sequence[int], handle: object,
-                metadata: Mapping[str, str]) -> None:
+    def persist(
+        self,
+        cache: PrefixCache,
+        namespace: str,
+        tokens: Sequence[int],
+        handle: object,
+        metadata: Mapping[str, str],
+    ) -> None:
         backend = cache.backend
         if isinstance(backend, SnapshotBackend):
-            self.writer.submit(WriteJob(backend.fingerprint, namespace, tuple(tokens), dict(metadata), handle,
-                                        backend.export_session))
+            self.writer.submit(
+                WriteJob(
+                    backend.fingerprint,
+                    namespace,
+                    tuple(tokens),
+                    dict(metadata),
+                    handle,
+                    backend.export_session,
+                )
+            )
 
     def restore(self, cache: PrefixCache, namespace: str, key: tuple[int, ...]) -> bool:
         """Load the folder's longest stored prefix of ``key`` into ``cache``'s engine when it reuses
@@ -110,7 +125,12 @@ class PersistentTier:
             return False
         if imported.handle is None:
             self.store.count("refused")
-            log.info("snapshot dir: the engine refused %s: %s %s", entry.snapshot, imported.refusal, imported.detail)
+            log.info(
+                "snapshot dir: the engine refused %s: %s %s",
+                entry.snapshot,
+                imported.refusal,
+                imported.detail,
+            )
             if imported.refusal in DAMAGED:
                 self.store.discard(entry.snapshot)
             return False

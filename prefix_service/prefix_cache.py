@@ -212,8 +212,15 @@ class PrefixCache:
                     break
             return 0
 
-    def insert(self, namespace: str, tokens: Sequence[int], snapshot: Handle,
-               metadata: Mapping[str, Any] | None = None, *, digest: bytes | None = None) -> bool:
+    def insert(
+        self,
+        namespace: str,
+        tokens: Sequence[int],
+        snapshot: Handle,
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        digest: bytes | None = None,
+    ) -> bool:
         """Store ``snapshot`` (holding exactly ``tokens``) or release it; True when it was stored.
         See :meth:`insert_outcome`."""
         return self.insert_outcome(namespace, tokens, snapshot, metadata, digest=digest).stored
@@ -291,8 +298,9 @@ class PrefixCache:
         request needs the room); returns how many were evicted."""
         return self._budget.evict(n)
 
-    def reserve(self, namespace: str, tokens: Sequence[int],
-                metadata: Mapping[str, Any] | None = None) -> Reservation | InsertRefusal:
+    def reserve(
+        self, namespace: str, tokens: Sequence[int], metadata: Mapping[str, Any] | None = None
+    ) -> Reservation | InsertRefusal:
         """Room for the entry ``tokens`` would make, evicting the policy's victims that rank below
         it; or why not (``budget.Budget.reserve``; DUPLICATE: a live entry holds these tokens, and
         is refreshed). Pass it to :meth:`insert_outcome`, or ``release()`` it."""
@@ -302,8 +310,9 @@ class PrefixCache:
             if existing is not None and handle_alive(self._backend, existing.snapshot):
                 self._refresh(existing)  # as a duplicate insert would: no room, no snapshot needed
                 return InsertRefusal.DUPLICATE
-            newcomer = Entry(scope, key or (0,), None, self._clock + 1, self._clock + 1,
-                             metadata=frozen_metadata(metadata))
+            newcomer = Entry(
+                scope, key or (0,), None, self._clock + 1, self._clock + 1, metadata=frozen_metadata(metadata)
+            )
             return self._budget.reserve(newcomer)
 
     def capture_prompt(self, session: Handle, prompt: Sequence[int]) -> PromptCapture:
@@ -446,7 +455,9 @@ class PrefixCache:
         self._release(snapshot)
         return InsertOutcome(reason)
 
-    def _content_refusal(self, snapshot: Handle, key: tuple[int, ...], digest: bytes | None) -> InsertRefusal | None:
+    def _content_refusal(
+        self, snapshot: Handle, key: tuple[int, ...], digest: bytes | None
+    ) -> InsertRefusal | None:
         """Why ``snapshot`` does not hold exactly ``key`` per the backend (the engine's record), or None."""
         try:
             held = self._backend.content_digest(snapshot)

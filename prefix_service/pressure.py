@@ -35,8 +35,9 @@ log = logging.getLogger(__name__)
 class EnginePressure:
     """See the module docstring. The cache's bounds as given are the configured ones."""
 
-    def __init__(self, cache: PrefixCache, backend: GatewayBackend, engine_share: float,
-                 pressure_retry: bool = True) -> None:
+    def __init__(
+        self, cache: PrefixCache, backend: GatewayBackend, engine_share: float, pressure_retry: bool = True
+    ) -> None:
         self.cache = cache
         self.backend = backend
         self.engine_share = check_share(engine_share)
@@ -47,13 +48,25 @@ class EnginePressure:
 
     def apply_budget(self, info: EngineInfo) -> None:
         """Cap the cache at its share of the engine; evicts when the bounds shrink."""
-        bounds = engine_budget(self.engine_share, *self._configured, engine_max_sessions=info.max_sessions,
-                               engine_max_session_tokens=info.max_session_tokens,
-                               quota_sessions=info.quota_sessions, quota_positions=info.quota_positions)
+        bounds = engine_budget(
+            self.engine_share,
+            *self._configured,
+            engine_max_sessions=info.max_sessions,
+            engine_max_session_tokens=info.max_session_tokens,
+            quota_sessions=info.quota_sessions,
+            quota_positions=info.quota_positions,
+        )
         if bounds != (self.cache.max_entries, self.cache.max_positions):
             evicted = self.cache.set_budget(*bounds)
-            log.info("prefix budget: %d entries, %d positions (share %.2f of %d sessions x %d positions); "
-                     "evicted %d", *bounds, self.engine_share, info.max_sessions, info.max_session_tokens, evicted)
+            log.info(
+                "prefix budget: %d entries, %d positions (share %.2f of %d sessions x %d positions); "
+                "evicted %d",
+                *bounds,
+                self.engine_share,
+                info.max_sessions,
+                info.max_session_tokens,
+                evicted,
+            )
 
     def engine_full(self) -> bool:
         """Whether the engine holds as many sessions as it can (one Info call)."""
@@ -98,6 +111,9 @@ class EnginePressure:
         with self._lock:
             self.reclaimed += released
         if released:
-            log.warning("released %d handles held under %s that this service did not know", released,
-                        self.backend.owner)
+            log.warning(
+                "released %d handles held under %s that this service did not know",
+                released,
+                self.backend.owner,
+            )
         return released

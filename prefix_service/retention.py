@@ -70,7 +70,9 @@ def frozen_metadata(metadata: Mapping[str, Any] | None) -> Mapping[str, str]:
     for name in metadata:
         if not isinstance(name, str):
             raise InvalidArgument(f"metadata keys must be strings, got {name!r}")
-    return MappingProxyType({name: str(value) for name, value in metadata.items()}) if metadata else NO_METADATA
+    return (
+        MappingProxyType({name: str(value) for name, value in metadata.items()}) if metadata else NO_METADATA
+    )
 
 
 class RetentionPolicy(ABC):

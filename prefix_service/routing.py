@@ -102,8 +102,9 @@ class CacheAware:
 
     name = "cache_aware"
 
-    def __init__(self, imbalance_abs: int = DEFAULT_IMBALANCE_ABS,
-                 imbalance_rel: float = DEFAULT_IMBALANCE_REL) -> None:
+    def __init__(
+        self, imbalance_abs: int = DEFAULT_IMBALANCE_ABS, imbalance_rel: float = DEFAULT_IMBALANCE_REL
+    ) -> None:
         if imbalance_abs < 0:
             raise InvalidArgument(f"imbalance_abs must be >= 0, got {imbalance_abs}")
         if not imbalance_rel >= 1:
@@ -158,8 +159,9 @@ def routing_names() -> list[str]:
     return list(_POLICIES)
 
 
-def routing_policy(name: str, *, imbalance_abs: int = DEFAULT_IMBALANCE_ABS,
-                   imbalance_rel: float = DEFAULT_IMBALANCE_REL) -> RoutingPolicy:
+def routing_policy(
+    name: str, *, imbalance_abs: int = DEFAULT_IMBALANCE_ABS, imbalance_rel: float = DEFAULT_IMBALANCE_REL
+) -> RoutingPolicy:
     """The policy called ``name`` (InvalidArgument naming the choices otherwise); the imbalance
     knobs apply to ``cache_aware``."""
     if name == CacheAware.name:

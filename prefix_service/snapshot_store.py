@@ -79,14 +79,19 @@ class DiskMatch:
 
 def extra_for(namespace: str, tokens: Sequence[int], metadata: Mapping[str, str]) -> dict[str, str]:
     """The ``extra`` strings a snapshot file of this entry carries (its key, for a rescan)."""
-    return {NAMESPACE_KEY: namespace, TOKENS_KEY: json.dumps(list(tokens), separators=(",", ":")),
-            METADATA_KEY: json.dumps(dict(metadata), sort_keys=True)}
+    return {
+        NAMESPACE_KEY: namespace,
+        TOKENS_KEY: json.dumps(list(tokens), separators=(",", ":")),
+        METADATA_KEY: json.dumps(dict(metadata), sort_keys=True),
+    }
 
 
 class SnapshotStore:
     """See the module docstring. ``policy``: the retention policy's name or instance."""
 
-    def __init__(self, folder: str | os.PathLike, max_bytes: int, policy: str | RetentionPolicy = "lru") -> None:
+    def __init__(
+        self, folder: str | os.PathLike, max_bytes: int, policy: str | RetentionPolicy = "lru"
+    ) -> None:
         if max_bytes < 0:
             raise InvalidArgument(f"max_bytes must be >= 0, got {max_bytes}")
         self.folder = Path(folder)
@@ -99,8 +104,9 @@ class SnapshotStore:
         self._entries: dict[str, Entry] = {}  # file name -> its entry
         self._scopes: dict[str, tuple[str, str]] = {}  # file name -> (fingerprint, namespace)
         self._clock = itertools.count(1)
-        self._counts = dict.fromkeys(("written", "dropped", "failed", "restored", "refused", "evicted",
-                                      "discarded"), 0)
+        self._counts = dict.fromkeys(
+            ("written", "dropped", "failed", "restored", "refused", "evicted", "discarded"), 0
+        )
         self.scan()
 
     # -- reading the folder ------------------------------------------------------------------------
@@ -111,8 +117,10 @@ class SnapshotStore:
         for temp in self.folder.glob(f".*{TEMP_SUFFIX}"):
             with contextlib.suppress(OSError):
                 temp.unlink()
-        paths = sorted((p for p in self.folder.glob(f"*{SUFFIX}") if not p.name.startswith(".")),
-                       key=lambda p: p.stat().st_mtime_ns)
+        paths = sorted(
+            (p for p in self.folder.glob(f"*{SUFFIX}") if not p.name.startswith(".")),
+            key=lambda p: p.stat().st_mtime_ns,
+        )
         for path in paths:
             try:
                 info = peek_snapshot(path)
@@ -129,8 +137,9 @@ class SnapshotStore:
         self._evict_over_budget()
         return len(self._entries)
 
-    def match(self, fingerprint: str, namespace: str, key: tuple[int, ...],
-              max_rewind: int | None = None) -> DiskMatch | None:
+    def match(
+        self, fingerprint: str, namespace: str, key: tuple[int, ...], max_rewind: int | None = None
+    ) -> DiskMatch | None:
         """The longest stored prefix of ``key`` (``token_key(tokens)``) under ``fingerprint`` and
         ``namespace``, or None. ``max_rewind`` (``backends.max_rewind``: a ring evicts window rows):
         only a file whose snapshot can be cloned there (at most that far below its length)."""
@@ -153,7 +162,7 @@ class SnapshotStore:
         """Up to ``n`` entries under ``fingerprint``, most recently used first."""
         with self._lock:
             mine = [e for name, e in self._entries.items() if self._scopes[name][0] == fingerprint]
-        return sorted(mine, key=lambda e: e.last_used, reverse=True)[:max(0, n)]
+        return sorted(mine, key=lambda e: e.last_used, reverse=True)[: max(0, n)]
 
     def read(self, name: str) -> Iterator[bytes]:
         """The file's bytes in chunks (OSError when it is gone)."""
@@ -162,8 +171,14 @@ class SnapshotStore:
                 yield data
 
     # -- changing it -------------------------------------------------------------------------------
-    def write(self, fingerprint: str, namespace: str, tokens: Sequence[int], metadata: Mapping[str, str],
-              chunks: Iterable[bytes]) -> bool:
+    def write(
+        self,
+        fingerprint: str,
+        namespace: str,
+        tokens: Sequence[int],
+        metadata: Mapping[str, str],
+        chunks: Iterable[bytes],
+    ) -> bool:
         """Write the snapshot file of this entry from ``chunks`` atomically; True when it is kept (a
         file larger than the whole budget is deleted again). Errors of ``chunks`` propagate, leaving
         nothing behind."""
@@ -201,8 +216,15 @@ class SnapshotStore:
             return StoreStats(len(self._entries), sum(self._sizes.values()), self.max_bytes, **self._counts)
 
     # -- internals ---------------------------------------------------------------------------------
-    def _add(self, name: str, fingerprint: str, namespace: str, tokens: tuple[int, ...],
-             metadata: Mapping[str, str], size: int) -> None:
+    def _add(
+        self,
+        name: str,
+        fingerprint: str,
+        namespace: str,
+        tokens: tuple[int, ...],
+        metadata: Mapping[str, str],
+        size: int,
+    ) -> None:
         with self._lock:
             tick = next(self._clock)
             entry = Entry((fingerprint, namespace), tokens, name, tick, tick, 0, metadata)

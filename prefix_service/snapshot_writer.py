@@ -100,8 +100,9 @@ class SnapshotWriter:
     def _write(self, job: WriteJob) -> None:
         try:
             chunks = job.export(job.handle, extra_for(job.namespace, job.tokens, job.metadata))
-            if chunks is None or not self.store.write(job.fingerprint, job.namespace, job.tokens, job.metadata,
-                                                      chunks):
+            if chunks is None or not self.store.write(
+                job.fingerprint, job.namespace, job.tokens, job.metadata, chunks
+            ):
                 self.store.count("failed")
         except (ForklineError, OSError) as exc:  # the handle is gone, the engine refused, the disk is full
             log.info("snapshot dir: not written (%s)", exc)

@@ -33,7 +33,11 @@ def _fix_imports(text: str, modules: set[str]) -> str:
 
     def repl(match: re.Match[str]) -> str:
         name = match.group(2)
-        return f"{match.group(1)}from protos import {name}{match.group(3)}" if name in modules else match.group(0)
+        return (
+            f"{match.group(1)}from protos import {name}{match.group(3)}"
+            if name in modules
+            else match.group(0)
+        )
 
     return re.sub(r"^(\s*)import (\w+_pb2)(\b.*)$", repl, text, flags=re.MULTILINE)
 

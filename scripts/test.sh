@@ -5,3 +5,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/python -m pytest -q "$@"
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .

@@ -13,8 +13,13 @@ SCRIPTS = sorted(BENCH.glob("bench_*.py"))
 
 
 def test_every_benchmark_is_listed() -> None:
-    assert {p.stem for p in SCRIPTS} >= {"bench_model", "bench_cache", "bench_runner", "bench_prefix",
-                                         "bench_services"}
+    assert {p.stem for p in SCRIPTS} >= {
+        "bench_model",
+        "bench_cache",
+        "bench_runner",
+        "bench_prefix",
+        "bench_services",
+    }
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)

@@ -44,7 +44,9 @@ def help_problems(parser: argparse.ArgumentParser) -> list[str]:
         if not action.option_strings or action.required:
             continue
         default = action.default
-        if default is None or isinstance(default, bool):  # said in words: "default: the model's", "off by default"
+        if default is None or isinstance(
+            default, bool
+        ):  # said in words: "default: the model's", "off by default"
             if "default" not in text:
                 problems.append(f"{name}: the help does not say what happens without the flag")
         elif f"default: {default}" not in text:
@@ -59,8 +61,9 @@ def test_every_option_has_help_and_its_default(module) -> None:
 
 @pytest.mark.parametrize("module", COMMANDS)
 def test_help_runs_and_lists_every_option(module) -> None:
-    proc = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert "``" not in proc.stdout
     for action in COMMANDS[module]()._actions:

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FORBIDDEN = ("grpc", "grpc_health", "grpc_reflection", "grpc_tools", "protos", "google.protobuf", "prometheus_client")
+FORBIDDEN = (
+    "grpc",
+    "grpc_health",
+    "grpc_reflection",
+    "grpc_tools",
+    "protos",
+    "google.protobuf",
+    "prometheus_client",
+)
 
 
 def forbidden_imports(source: str) -> list[str]:
@@ -65,6 +73,7 @@ def test_checker_catches_forbidden_imports(source: str, expected: list[str]) -> 
 
 
 # --------------------------------------------------------------------------- rooms and their walls
+
 
 def imported_modules(source: str, package: str) -> list[str]:
     """Absolute module names ``source`` imports (relative imports resolved against ``package``)."""
@@ -156,6 +165,7 @@ def folder_of(module: str) -> str:
 
 def circles_across_folders(graph: dict[str, set[str]]) -> list[list[str]]:
     """Groups of modules that import each other in a circle (strongly connected) and span folders."""
+
     def reach(start: str) -> set[str]:
         seen, todo = set(), [start]
         while todo:
@@ -164,6 +174,7 @@ def circles_across_folders(graph: dict[str, set[str]]) -> list[list[str]]:
                     seen.add(nxt)
                     todo.append(nxt)
         return seen
+
     reached = {m: reach(m) for m in graph}
     groups = {frozenset({m} | {n for n in reached[m] if m in reached.get(n, ())}) for m in graph}
     return sorted(sorted(g) for g in groups if len({folder_of(m) for m in g}) > 1)
@@ -175,8 +186,12 @@ def test_no_import_circle_between_folders() -> None:
 
 def test_circle_finder_sees_a_circle_across_folders() -> None:
     """Negative control: a circle across two folders is reported, one inside a folder is not."""
-    graph = {"engine_service.runtime.runner": {"engine_service.executors.base"},
-             "engine_service.executors.base": {"engine_service.runtime.runner"},
-             "engine_service.runtime.session": {"engine_service.runtime.state"},
-             "engine_service.runtime.state": {"engine_service.runtime.session"}}
-    assert circles_across_folders(graph) == [["engine_service.executors.base", "engine_service.runtime.runner"]]
+    graph = {
+        "engine_service.runtime.runner": {"engine_service.executors.base"},
+        "engine_service.executors.base": {"engine_service.runtime.runner"},
+        "engine_service.runtime.session": {"engine_service.runtime.state"},
+        "engine_service.runtime.state": {"engine_service.runtime.session"},
+    }
+    assert circles_across_folders(graph) == [
+        ["engine_service.executors.base", "engine_service.runtime.runner"]
+    ]

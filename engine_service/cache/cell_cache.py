@@ -116,7 +116,9 @@ class CellStep:
             sliced = 2 * len(own) >= hi - lo
             if not sliced and len(breaks) < MAX_PARTS:
                 edges = [0, *breaks.tolist(), len(own)]
-                runs = tuple((int(own[a]), int(own[b - 1]) + 1) for a, b in zip(edges[:-1], edges[1:], strict=True))
+                runs = tuple(
+                    (int(own[a]), int(own[b - 1]) + 1) for a, b in zip(edges[:-1], edges[1:], strict=True)
+                )
                 self._reads.append(
                     _SegmentRead(
                         seq=seg.seq,
@@ -157,7 +159,9 @@ class CellStep:
             pos = np.where(owned, self._cache._cell_pos[read.cells], -1).astype(np.int32)
             if read.runs:
                 edges = np.cumsum([0] + [hi - lo for lo, hi in read.runs])
-                self._positions[i] = tuple(mx.array(pos[a:b]) for a, b in zip(edges[:-1], edges[1:], strict=True))
+                self._positions[i] = tuple(
+                    mx.array(pos[a:b]) for a, b in zip(edges[:-1], edges[1:], strict=True)
+                )
             else:
                 self._positions[i] = (mx.array(pos),)
         return self._positions[i]
@@ -323,8 +327,12 @@ class CellCache(ConfiguredCache):
         for layer in range(len(self._cfg.layers)):
             for name, pool in (("keys", self._keys), ("values", self._values)):
                 arrays[f"layers.{layer}.{name}"] = (
-                    mx.zeros((self._cfg.kv_heads, 0, self._cfg.head_dim), dtype=self._cfg.dtype) if upto == 0
-                    else pool[layer][:, at, :] if isinstance(at, slice) else mx.take(pool[layer], at, axis=1))
+                    mx.zeros((self._cfg.kv_heads, 0, self._cfg.head_dim), dtype=self._cfg.dtype)
+                    if upto == 0
+                    else pool[layer][:, at, :]
+                    if isinstance(at, slice)
+                    else mx.take(pool[layer], at, axis=1)
+                )
         mx.eval(list(arrays.values()))
         return SeqState(upto, upto, arrays)
 
@@ -332,8 +340,10 @@ class CellCache(ConfiguredCache):
         """Why ``state`` cannot be imported into this pool's geometry (None: its layout fits)."""
         cfg = self._cfg
         shape = ((cfg.kv_heads, state.length, cfg.head_dim), cfg.dtype)
-        return layout_problem(state, {f"layers.{i}.{name}": shape for i in range(len(cfg.layers))
-                                      for name in ("keys", "values")})
+        return layout_problem(
+            state,
+            {f"layers.{i}.{name}": shape for i in range(len(cfg.layers)) for name in ("keys", "values")},
+        )
 
     def import_seq(self, state: SeqState) -> int | None:
         """A new sequence owning fresh cells that hold ``state`` (checked with :meth:`state_problem`

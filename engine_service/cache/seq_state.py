@@ -72,8 +72,10 @@ class StateLayout:
 def geometry_text(config: CacheConfig) -> str:
     """What an exported state's layout depends on, as one canonical line (recorded, then compared)."""
     layers = ",".join("full" if not spec.sliding else f"sliding:{spec.window}" for spec in config.layers)
-    return (f"layers={layers};max_write={config.max_write};kv_heads={config.kv_heads};"
-            f"head_dim={config.head_dim};dtype={dtype_name(config.dtype)}")
+    return (
+        f"layers={layers};max_write={config.max_write};kv_heads={config.kv_heads};"
+        f"head_dim={config.head_dim};dtype={dtype_name(config.dtype)}"
+    )
 
 
 def dtype_name(dtype: mx.Dtype) -> str:
@@ -90,6 +92,8 @@ def layout_problem(state: SeqState, expected: Mapping[str, tuple[tuple[int, ...]
     for name, (shape, dtype) in sorted(expected.items()):
         got = state.arrays[name]
         if tuple(got.shape) != tuple(shape) or got.dtype != dtype:
-            return (f"array {name} is {list(got.shape)} {dtype_name(got.dtype)}, expected {list(shape)} "
-                    f"{dtype_name(dtype)}")
+            return (
+                f"array {name} is {list(got.shape)} {dtype_name(got.dtype)}, expected {list(shape)} "
+                f"{dtype_name(dtype)}"
+            )
     return None

@@ -273,7 +273,9 @@ class SequenceCache:
         return SeqState(upto, self._written, arrays)
 
     @staticmethod
-    def state_layout(config: CacheConfig, length: int, written: int) -> dict[str, tuple[tuple[int, ...], mx.Dtype]]:
+    def state_layout(
+        config: CacheConfig, length: int, written: int
+    ) -> dict[str, tuple[tuple[int, ...], mx.Dtype]]:
         """name -> (shape, dtype) of the arrays an exported state of ``length`` / ``written`` holds."""
         layout = {}
         for layer, spec in enumerate(config.layers):
@@ -305,7 +307,9 @@ class SequenceCache:
                 continue
             limit = config.capacity if slots is None else slots
             headroom = min(limit, _round_up(rows, config.initial_capacity)) - rows
-            if headroom == 0:  # the state's arrays become the buffers (MLX copies one before writing if shared)
+            if (
+                headroom == 0
+            ):  # the state's arrays become the buffers (MLX copies one before writing if shared)
                 cache._keys[layer], cache._values[layer] = keys, values
                 continue
             pad = mx.zeros((config.kv_heads, headroom, config.head_dim), dtype=config.dtype)

@@ -45,7 +45,9 @@ def cache_config(
     positive("max_write", max_write)
     capacity = max_sessions * max_session_tokens
     if capacity > _INT32_MAX:
-        raise InvalidArgument(f"max_sessions * max_session_tokens = {capacity} overflows the cache's int32 positions")
+        raise InvalidArgument(
+            f"max_sessions * max_session_tokens = {capacity} overflows the cache's int32 positions"
+        )
     if max_session_tokens > model_config.context_length:
         raise InvalidArgument(
             f"max_session_tokens={max_session_tokens} exceeds the model's context_length={model_config.context_length}"
@@ -81,7 +83,9 @@ def build_session_cache(cache_kind: str, config: CacheConfig) -> BatchControl:
     except InvalidArgument as exc:  # a known kind refusing the geometry: its own limits
         raise ResourceExhausted(f"{limits}: the {cache_kind} backend refused: {exc}") from exc
     if cache.max_seqs < config.max_seqs:
-        raise ResourceExhausted(f"{limits}: exceeds the {cache_kind} backend's sequence limit {cache.max_seqs}")
+        raise ResourceExhausted(
+            f"{limits}: exceeds the {cache_kind} backend's sequence limit {cache.max_seqs}"
+        )
     if cache.capacity < config.capacity:
         raise ResourceExhausted(
             f"{limits}: {config.capacity} positions exceed the {cache_kind} backend's capacity {cache.capacity}"

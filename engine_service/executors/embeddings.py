@@ -25,11 +25,15 @@ class EmbeddingsExecutor(ModuleExecutor):
 
     def _check_prepared(self, prepared: PreparedInput) -> None:
         if not isinstance(prepared, EmbeddingsInput):  # its kind says embeddings; its class must agree
-            raise InputError(f"prepared input of kind {prepared.kind()!r} is a {type(prepared).__name__}, "
-                             "not an EmbeddingsInput")
+            raise InputError(
+                f"prepared input of kind {prepared.kind()!r} is a {type(prepared).__name__}, "
+                "not an EmbeddingsInput"
+            )
         hidden = self.config.hidden_size
         if prepared.hidden_size != hidden:
-            raise InputError(f"EmbeddingsInput hidden size {prepared.hidden_size} != model hidden_size {hidden}")
+            raise InputError(
+                f"EmbeddingsInput hidden size {prepared.hidden_size} != model hidden_size {hidden}"
+            )
         # A non-finite row must never be written: in the cell pool other sessions' views may cover its
         # cell under a mask, and a masked weight of 0 times NaN is still NaN.
         if not mx.all(mx.isfinite(prepared.embeddings())).item():

@@ -83,7 +83,9 @@ class ModuleExecutor(Executor):
         self.kv_dtype = kv_dtype
         self.keep_logits = keep_logits
         self.weights_dtype = (
-            weights_dtype or getattr(model, "weights_dtype", None) or getattr(self.model, "weights_dtype", "unknown")
+            weights_dtype
+            or getattr(model, "weights_dtype", None)
+            or getattr(self.model, "weights_dtype", "unknown")
         )
         self._model_fingerprint = model_fingerprint or getattr(model, "fingerprint", None)
         self._sessions: dict[int, SessionState] = {}
@@ -117,8 +119,13 @@ class ModuleExecutor(Executor):
         """
         prefill_chunk = positive("prefill_chunk", prefill_chunk)
         max_write = max_write if max_write is not None else prefill_chunk
-        config = cache_config(getattr(model, "model", model).config, max_sessions=max_sessions,
-                              max_session_tokens=max_session_tokens, kv_dtype=kv_dtype, max_write=max_write)
+        config = cache_config(
+            getattr(model, "model", model).config,
+            max_sessions=max_sessions,
+            max_session_tokens=max_session_tokens,
+            kv_dtype=kv_dtype,
+            max_write=max_write,
+        )
         cache = build_session_cache(cache_kind, config)
         return cls(
             model,
@@ -182,8 +189,9 @@ class ModuleExecutor(Executor):
 
     def window_geometry(self) -> WindowGeometry:
         windows = [spec.window for spec in self.config.layers if spec.sliding and spec.window]
-        return WindowGeometry(max(windows, default=0), self.max_write,
-                              bool(windows) and hasattr(self.cache, "rewind_floor"))
+        return WindowGeometry(
+            max(windows, default=0), self.max_write, bool(windows) and hasattr(self.cache, "rewind_floor")
+        )
 
     def state_layout(self) -> StateLayout | None:
         if not isinstance(self.cache, StateTransfer):
@@ -237,8 +245,14 @@ class ModuleExecutor(Executor):
         its snapshots are computed differently, so the two never mix) (hex sha256 prefix)."""
         model_id = self._model_fingerprint or hashlib.sha256(repr(self.config).encode()).hexdigest()
         geometry = ",".join(f"{s.kind}:{s.window}" for s in self.config.layers)
-        parts = [model_id, self.cache_kind, str(self.kv_dtype), geometry, f"max_write={self.max_write}",
-                 str(self.weights_dtype)]
+        parts = [
+            model_id,
+            self.cache_kind,
+            str(self.kv_dtype),
+            geometry,
+            f"max_write={self.max_write}",
+            str(self.weights_dtype),
+        ]
         if self.deterministic:
             parts.append("deterministic")
         text = "|".join(parts)
@@ -288,7 +302,9 @@ class ModuleExecutor(Executor):
             raise InputError(f"session {inp.sid} appears twice in one batch")
         if inp.prepared is not None:
             if not self.accepts(inp.prepared):
-                raise InputError(f"{type(self).__name__} does not accept prepared inputs of kind {inp.prepared.kind()!r}")
+                raise InputError(
+                    f"{type(self).__name__} does not accept prepared inputs of kind {inp.prepared.kind()!r}"
+                )
             self._check_prepared(inp.prepared)
             rows: tuple[int, ...] | PreparedInput = inp.prepared
         else:
@@ -303,9 +319,13 @@ class ModuleExecutor(Executor):
         self._add_drafts(plan)
         end = inp.start + plan.size
         if end > self.max_session_tokens:
-            raise InputError(f"session {inp.sid} would reach {end} positions > max_session_tokens={self.max_session_tokens}")
+            raise InputError(
+                f"session {inp.sid} would reach {end} positions > max_session_tokens={self.max_session_tokens}"
+            )
         if inp.start < pos and not self.cache.rewind(state.seq, inp.start):
-            raise InputError(f"session {inp.sid} cannot rewind from {pos} to {inp.start}: the rows it needs are gone")
+            raise InputError(
+                f"session {inp.sid} cannot rewind from {pos} to {inp.start}: the rows it needs are gone"
+            )
         return plan
 
     def _round(self, active: list[Plan], results: dict[int, tuple[list[int], mx.array | None]]) -> None:
@@ -366,8 +386,11 @@ class ModuleExecutor(Executor):
         sampled sessions draw from their own row with their own key.
         """
         greedy = mx.argmax(logits, axis=-1).astype(mx.int32)
-        sampled = [(plan, at) for plan, at in finishing if plan.state.sampler and not plan.state.sampler.greedy
-                   and plan.logit_count == 1]
+        sampled = [
+            (plan, at)
+            for plan, at in finishing
+            if plan.state.sampler and not plan.state.sampler.greedy and plan.logit_count == 1
+        ]
         if not sampled:
             return greedy, []
         parts, keys, cursor = [], [], 0

@@ -59,7 +59,9 @@ class EmbeddingsInput(PreparedInput):
 
     def __init__(self, embeddings: mx.array, *, _start: int = 0, _stop: int | None = None) -> None:
         if not isinstance(embeddings, mx.array) or embeddings.ndim != 2:
-            raise InvalidArgument("EmbeddingsInput.embeddings must be an mx.array of shape [positions, hidden]")
+            raise InvalidArgument(
+                "EmbeddingsInput.embeddings must be an mx.array of shape [positions, hidden]"
+            )
         if embeddings.shape[0] < 1:
             raise InvalidArgument("EmbeddingsInput.embeddings must have at least one position")
         stop = embeddings.shape[0] if _stop is None else _stop

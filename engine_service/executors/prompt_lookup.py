@@ -27,14 +27,20 @@ from engine_service.executors.plan import InputError, Plan
 class PromptLookupExecutor(ModuleExecutor):
     """ModuleExecutor + prompt-lookup drafts. Extra keywords: ``num_drafts``, ``ngram_max``, ``ngram_min``."""
 
-    def __init__(self, *args: Any, num_drafts: int = 6, ngram_max: int = 3, ngram_min: int = 1, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, num_drafts: int = 6, ngram_max: int = 3, ngram_min: int = 1, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         if not isinstance(num_drafts, int) or num_drafts < 1:
             raise InvalidArgument(f"num_drafts must be a positive int, got {num_drafts!r}")
         if num_drafts + 1 > self.max_write:
-            raise InvalidArgument(f"num_drafts + 1 = {num_drafts + 1} must be <= max_write = {self.max_write}")
+            raise InvalidArgument(
+                f"num_drafts + 1 = {num_drafts + 1} must be <= max_write = {self.max_write}"
+            )
         if not 1 <= ngram_min <= ngram_max:
-            raise InvalidArgument(f"need 1 <= ngram_min <= ngram_max, got ngram_min={ngram_min}, ngram_max={ngram_max}")
+            raise InvalidArgument(
+                f"need 1 <= ngram_min <= ngram_max, got ngram_min={ngram_min}, ngram_max={ngram_max}"
+            )
         self.num_drafts = num_drafts
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min

@@ -73,8 +73,14 @@ class LoadOutcome:
         return self.session is not None
 
 
-def save_session(session: Session, folder: str | os.PathLike, *, name: str | None = None,
-                 extra: Mapping[str, str] | None = None, timeout: float | None = None) -> SaveOutcome:
+def save_session(
+    session: Session,
+    folder: str | os.PathLike,
+    *,
+    name: str | None = None,
+    extra: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+) -> SaveOutcome:
     """Export ``session`` (its committed positions) and write it into ``folder`` atomically, named
     ``name`` or :func:`snapshot_name` (fingerprint and content digest). The session is unchanged.
     OSError when the file cannot be written (nothing is left under the name)."""
@@ -99,8 +105,9 @@ class EncodedSession:
     content_digest: bytes | None = None
 
 
-def encode_session(session: Session, *, extra: Mapping[str, str] | None = None,
-                   timeout: float | None = None) -> EncodedSession:
+def encode_session(
+    session: Session, *, extra: Mapping[str, str] | None = None, timeout: float | None = None
+) -> EncodedSession:
     """The bytes :func:`save_session` would write for ``session`` (for an RPC stream: the receiver
     writes them with ``write_snapshot_bytes`` and any engine loads them with :func:`load_session_bytes`)."""
     future = session.export_async()
@@ -123,8 +130,9 @@ def load_session(runner: Runner, path: str | os.PathLike, *, timeout: float | No
     return _import(runner, snapshot, os.path.getsize(path) if os.path.exists(path) else 0, timeout)
 
 
-def load_session_bytes(runner: Runner, data: bytes, *, source: str = "snapshot",
-                       timeout: float | None = None) -> LoadOutcome:
+def load_session_bytes(
+    runner: Runner, data: bytes, *, source: str = "snapshot", timeout: float | None = None
+) -> LoadOutcome:
     """:func:`load_session` of a snapshot file's bytes (received over an RPC); ``source`` names it in
     refusals."""
     try:

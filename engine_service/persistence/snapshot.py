@@ -96,30 +96,43 @@ class SessionSnapshot:
         """The same snapshot carrying ``extra`` (string keys and values)."""
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items()):
             raise ValueError("extra must map strings to strings")
-        return SessionSnapshot(self.fingerprint, self.layout, self.state, self.content,
-                               MappingProxyType(dict(extra)))
+        return SessionSnapshot(
+            self.fingerprint, self.layout, self.state, self.content, MappingProxyType(dict(extra))
+        )
 
 
-def header_refusal(snapshot: SessionSnapshot, fingerprint: str, layout: StateLayout | None,
-                   max_session_tokens: int) -> tuple[LoadRefusal, str] | None:
+def header_refusal(
+    snapshot: SessionSnapshot, fingerprint: str, layout: StateLayout | None, max_session_tokens: int
+) -> tuple[LoadRefusal, str] | None:
     """Why ``snapshot`` cannot be loaded into an engine with this fingerprint, layout and limit
     (None: its header fits; the arrays are checked by the executor before it allocates)."""
     if layout is None:
         return LoadRefusal.UNSUPPORTED, "this engine's executor does not import sessions"
     if snapshot.layout.cache_kind != layout.cache_kind:
-        return (LoadRefusal.CACHE_KIND,
-                f"taken under cache kind {snapshot.layout.cache_kind!r}, this engine runs {layout.cache_kind!r}")
+        return (
+            LoadRefusal.CACHE_KIND,
+            f"taken under cache kind {snapshot.layout.cache_kind!r}, this engine runs {layout.cache_kind!r}",
+        )
     if snapshot.layout.geometry != layout.geometry:
-        return (LoadRefusal.GEOMETRY,
-                f"taken under geometry {snapshot.layout.geometry!r}, this engine has {layout.geometry!r}")
+        return (
+            LoadRefusal.GEOMETRY,
+            f"taken under geometry {snapshot.layout.geometry!r}, this engine has {layout.geometry!r}",
+        )
     if snapshot.fingerprint != fingerprint:
-        return (LoadRefusal.FINGERPRINT,
-                f"taken under engine fingerprint {snapshot.fingerprint}, this engine is {fingerprint}")
+        return (
+            LoadRefusal.FINGERPRINT,
+            f"taken under engine fingerprint {snapshot.fingerprint}, this engine is {fingerprint}",
+        )
     if snapshot.positions > max_session_tokens:
-        return (LoadRefusal.TOO_LONG,
-                f"{snapshot.positions} positions exceed max_session_tokens={max_session_tokens}")
+        return (
+            LoadRefusal.TOO_LONG,
+            f"{snapshot.positions} positions exceed max_session_tokens={max_session_tokens}",
+        )
     if len(snapshot.content) != snapshot.positions or any(t < 0 for t in snapshot.content):
-        return LoadRefusal.CONTENT, f"content of {len(snapshot.content)} ids for {snapshot.positions} positions"
+        return (
+            LoadRefusal.CONTENT,
+            f"content of {len(snapshot.content)} ids for {snapshot.positions} positions",
+        )
     return None
 
 
@@ -127,5 +140,8 @@ def mlx_state(state: SeqState) -> SeqState:
     """``state`` with every array an ``mx.array`` (a snapshot built from numpy arrays is copied)."""
     if all(isinstance(a, mx.array) for a in state.arrays.values()):
         return state
-    return SeqState(state.length, state.written,
-                    {name: a if isinstance(a, mx.array) else mx.array(np.asarray(a)) for name, a in state.arrays.items()})
+    return SeqState(
+        state.length,
+        state.written,
+        {name: a if isinstance(a, mx.array) else mx.array(np.asarray(a)) for name, a in state.arrays.items()},
+    )

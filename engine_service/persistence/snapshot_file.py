@@ -60,16 +60,28 @@ from engine_service.persistence.snapshot import (
 SUFFIX = ".safetensors"
 TEMP_SUFFIX = ".tmp"
 _PERSON = b"forkline-snap-v1"
-_FIELDS = ("format", "format_version", "fingerprint", "cache_kind", "geometry", "positions", "written",
-           "content_digest", "extra", "checksum")
+_FIELDS = (
+    "format",
+    "format_version",
+    "fingerprint",
+    "cache_kind",
+    "geometry",
+    "positions",
+    "written",
+    "content_digest",
+    "extra",
+    "checksum",
+)
 # safetensors dtype code -> (numpy dtype holding the raw bytes, MLX dtype); bfloat16 travels as uint16
-_DTYPES: Mapping[str, tuple[np.dtype, mx.Dtype]] = MappingProxyType({
-    "F32": (np.dtype("<f4"), mx.float32),
-    "F16": (np.dtype("<f2"), mx.float16),
-    "BF16": (np.dtype("<u2"), mx.bfloat16),
-    "I32": (np.dtype("<i4"), mx.int32),
-    "I64": (np.dtype("<i8"), mx.int64),
-})
+_DTYPES: Mapping[str, tuple[np.dtype, mx.Dtype]] = MappingProxyType(
+    {
+        "F32": (np.dtype("<f4"), mx.float32),
+        "F16": (np.dtype("<f2"), mx.float16),
+        "BF16": (np.dtype("<u2"), mx.bfloat16),
+        "I32": (np.dtype("<i4"), mx.int32),
+        "I64": (np.dtype("<i8"), mx.int64),
+    }
+)
 _CODES = {mlx: code for code, (_, mlx) in _DTYPES.items()}
 
 
@@ -136,8 +148,9 @@ def _container(snapshot: SessionSnapshot) -> tuple[dict[str, mx.array], dict[str
         "content_digest": snapshot.content_digest.hex(),
         "extra": json.dumps(dict(snapshot.extra), sort_keys=True),
     }
-    metadata["checksum"] = _checksum(metadata, ((n, _CODES[a.dtype], tuple(a.shape), memoryview(a))
-                                                for n, a in sorted(arrays.items())))
+    metadata["checksum"] = _checksum(
+        metadata, ((n, _CODES[a.dtype], tuple(a.shape), memoryview(a)) for n, a in sorted(arrays.items()))
+    )
     return arrays, metadata
 
 
@@ -226,11 +239,19 @@ def peek_snapshot(path: str | os.PathLike) -> SnapshotInfo:
         file_bytes = path.stat().st_size
         meta = json.loads(header)["__metadata__"]
         if meta.get("format") != FORMAT or meta.get("format_version") != str(FORMAT_VERSION):
-            raise SnapshotRefused(LoadRefusal.FORMAT_VERSION, f"{path}: format {meta.get('format')!r} "
-                                                              f"version {meta.get('format_version')!r}")
-        return SnapshotInfo(path, file_bytes, meta["fingerprint"], StateLayout(meta["cache_kind"], meta["geometry"]),
-                            int(meta["positions"]), meta["content_digest"],
-                            MappingProxyType(dict(json.loads(meta["extra"]))))
+            raise SnapshotRefused(
+                LoadRefusal.FORMAT_VERSION,
+                f"{path}: format {meta.get('format')!r} version {meta.get('format_version')!r}",
+            )
+        return SnapshotInfo(
+            path,
+            file_bytes,
+            meta["fingerprint"],
+            StateLayout(meta["cache_kind"], meta["geometry"]),
+            int(meta["positions"]),
+            meta["content_digest"],
+            MappingProxyType(dict(json.loads(meta["extra"]))),
+        )
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise SnapshotRefused(LoadRefusal.UNREADABLE, f"{path}: not a snapshot header ({exc})") from None
 
@@ -252,16 +273,20 @@ def decode_snapshot(data: bytes, source: str = "snapshot") -> SessionSnapshot:
     metadata, tensors = _parse(path, data)
     fmt, version = metadata.get("format"), metadata.get("format_version")
     if fmt != FORMAT or version != str(FORMAT_VERSION):
-        raise SnapshotRefused(LoadRefusal.FORMAT_VERSION,
-                              f"{path}: format {fmt!r} version {version!r}, this engine reads {FORMAT!r} "
-                              f"version {FORMAT_VERSION}")
+        raise SnapshotRefused(
+            LoadRefusal.FORMAT_VERSION,
+            f"{path}: format {fmt!r} version {version!r}, this engine reads {FORMAT!r} "
+            f"version {FORMAT_VERSION}",
+        )
     missing = [name for name in _FIELDS if name not in metadata]
     if missing or "content" not in tensors:
         raise SnapshotRefused(LoadRefusal.UNREADABLE, f"{path}: missing {missing or ['content tensor']}")
     want = _checksum(metadata, ((n, _code(t.dtype), t.shape, t.data) for n, t in sorted(tensors.items())))
     if metadata["checksum"] != want:
-        raise SnapshotRefused(LoadRefusal.CHECKSUM, f"{path}: checksum {metadata['checksum'][:16]}... "
-                                                    f"does not match its bytes ({want[:16]}...)")
+        raise SnapshotRefused(
+            LoadRefusal.CHECKSUM,
+            f"{path}: checksum {metadata['checksum'][:16]}... does not match its bytes ({want[:16]}...)",
+        )
     try:  # the checksum vouches for the writer; a writer's bug still must not reach the engine
         positions, written = int(metadata["positions"]), int(metadata["written"])
         extra = json.loads(metadata["extra"])
@@ -271,10 +296,14 @@ def decode_snapshot(data: bytes, source: str = "snapshot") -> SessionSnapshot:
     except (ValueError, TypeError) as exc:
         raise SnapshotRefused(LoadRefusal.UNREADABLE, f"{path}: {exc}") from None
     if content.dtype != mx.int32 or len(ids) != positions:
-        raise SnapshotRefused(LoadRefusal.CONTENT, f"{path}: content of {len(ids)} ids for {positions} positions")
+        raise SnapshotRefused(
+            LoadRefusal.CONTENT, f"{path}: content of {len(ids)} ids for {positions} positions"
+        )
     if any(t < 0 for t in ids) or content_digest(ids).hex() != metadata["content_digest"]:
         raise SnapshotRefused(LoadRefusal.CONTENT, f"{path}: content does not match its digest")
-    if not isinstance(extra, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items()):
+    if not isinstance(extra, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in extra.items()
+    ):
         raise SnapshotRefused(LoadRefusal.UNREADABLE, f"{path}: extra must be a JSON object of strings")
     layout = StateLayout(metadata["cache_kind"], metadata["geometry"])
     return SessionSnapshot(metadata["fingerprint"], layout, state, ids, MappingProxyType(extra))
@@ -289,8 +318,10 @@ def _to_mlx(tensors: Mapping[str, FileTensor]) -> dict[str, mx.array]:
     names = sorted(tensors)
     with ThreadPoolExecutor(max_workers=_workers(len(names))) as pool:
         copies = list(pool.map(lambda name: mx.array(tensors[name].data.reshape(tensors[name].shape)), names))
-    arrays = {name: a.view(mx.bfloat16) if tensors[name].dtype == mx.bfloat16 else a
-              for name, a in zip(names, copies, strict=True)}
+    arrays = {
+        name: a.view(mx.bfloat16) if tensors[name].dtype == mx.bfloat16 else a
+        for name, a in zip(names, copies, strict=True)
+    }
     mx.eval(list(arrays.values()))
     return arrays
 
@@ -323,8 +354,11 @@ def _parse(path: Any, data: bytes) -> tuple[dict[str, str], dict[str, FileTensor
             dtype, mlx_dtype = _DTYPES[code]
         except (KeyError, TypeError, ValueError):
             raise bad(f"tensor {name!r} has a malformed or unsupported entry {info!r}") from None
-        if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi <= len(body)) or any(d < 0 for d in shape) \
-                or hi - lo != math.prod(shape) * dtype.itemsize:
+        if (
+            not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi <= len(body))
+            or any(d < 0 for d in shape)
+            or hi - lo != math.prod(shape) * dtype.itemsize
+        ):
             raise bad(f"tensor {name!r} has data offsets {[lo, hi]} that do not fit its shape or the file")
         tensors[name] = FileTensor(shape, mlx_dtype, np.frombuffer(body[lo:hi], dtype=dtype))
         spans.append((lo, hi))

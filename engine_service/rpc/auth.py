@@ -34,8 +34,11 @@ log = logging.getLogger(__name__)
 AUTHORIZATION_KEY = "authorization"
 BEARER = "bearer"
 # Open without a token: Kubernetes-style probes and tooling.
-OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
-                        "/grpc.reflection.v1.ServerReflection/")
+OPEN_METHOD_PREFIXES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
 
 
 def authenticate(table: TokenTable, metadata: Sequence[tuple[str, str | bytes]] | None) -> Caller:
@@ -79,11 +82,14 @@ def _iterate_as(caller: Caller, responses: Iterator[Any]) -> Iterator[Any]:
                 close()
 
 
-def rebuild_handler(handler: grpc.RpcMethodHandler,
-             wrap: Callable[[Callable[..., Any], bool], Callable[..., Any]]) -> grpc.RpcMethodHandler:
+def rebuild_handler(
+    handler: grpc.RpcMethodHandler, wrap: Callable[[Callable[..., Any], bool], Callable[..., Any]]
+) -> grpc.RpcMethodHandler:
     """``handler`` with its behaviour wrapped (``wrap(behaviour, streams_responses)``)."""
-    codec = {"request_deserializer": handler.request_deserializer,
-             "response_serializer": handler.response_serializer}
+    codec = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
     if handler.unary_unary is not None:
         return grpc.unary_unary_rpc_method_handler(wrap(handler.unary_unary, False), **codec)
     if handler.unary_stream is not None:
@@ -140,8 +146,11 @@ def server_credentials(cert: str, key: str, client_ca: str | None = None) -> grp
     """TLS server credentials from PEM files; with ``client_ca`` clients must present a certificate
     signed by it (mutual TLS)."""
     ca = _read_pem(client_ca, "--tls_client_ca") if client_ca else None
-    return grpc.ssl_server_credentials([(_read_pem(key, "--tls_key"), _read_pem(cert, "--tls_cert"))],
-                                       root_certificates=ca, require_client_auth=ca is not None)
+    return grpc.ssl_server_credentials(
+        [(_read_pem(key, "--tls_key"), _read_pem(cert, "--tls_cert"))],
+        root_certificates=ca,
+        require_client_auth=ca is not None,
+    )
 
 
 @dataclass(frozen=True)

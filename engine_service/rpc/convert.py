@@ -72,11 +72,16 @@ def text_tokens(msg: pb.TextInput, tokenizer: Tokenizer, chat: ChatFormatter | N
         if msg.messages and (msg.text or msg.system):
             raise InvalidArgument("text.messages replaces text.text and text.system: send one or the other")
         messages = [{"role": m.role, "content": m.content} for m in msg.messages] or (
-            ([{"role": "system", "content": msg.system}] if msg.system else []) + [{"role": "user", "content": msg.text}]
+            ([{"role": "system", "content": msg.system}] if msg.system else [])
+            + [{"role": "user", "content": msg.text}]
         )
-        return list(tokenizer.encode(chat.format(messages, add_generation_prompt=True), add_special_tokens=False))
+        return list(
+            tokenizer.encode(chat.format(messages, add_generation_prompt=True), add_special_tokens=False)
+        )
     if msg.system or msg.messages:
-        raise InvalidArgument(f"text.{'system' if msg.system else 'messages'} is only used with text.chat = true")
+        raise InvalidArgument(
+            f"text.{'system' if msg.system else 'messages'} is only used with text.chat = true"
+        )
     return list(tokenizer.encode(msg.text, add_special_tokens=msg.add_special_tokens))
 
 
@@ -97,7 +102,9 @@ def prepared_input(msg: pb.PreparedInput, hidden_size: int | None = None) -> Pre
             f"prepared.payload has {len(msg.payload)} bytes, shape {list(shape)} needs {4 * shape[0] * shape[1]}"
         )
     if hidden_size is not None and shape[1] != hidden_size:
-        raise InvalidArgument(f"prepared.shape[1] = {shape[1]} must equal the model's hidden size {hidden_size}")
+        raise InvalidArgument(
+            f"prepared.shape[1] = {shape[1]} must equal the model's hidden size {hidden_size}"
+        )
     import mlx.core as mx  # only for this kind; the array is built, never evaluated, here
 
     data = np.frombuffer(msg.payload, dtype="<f4").reshape(shape)
@@ -157,7 +164,9 @@ def check_fits(start: int, size: int, breakpoints: Sequence[int], limits: Execut
         )
     for b in breakpoints:
         if not start < b <= start + size:
-            raise InvalidArgument(f"capture.breakpoints: {b} is outside the input's positions ({start}, {start + size}]")
+            raise InvalidArgument(
+                f"capture.breakpoints: {b} is outside the input's positions ({start}, {start + size}]"
+            )
 
 
 def started_event(handle: str, position: int, input_positions: int) -> pb.GenerateEvent:
@@ -182,21 +191,33 @@ _CLONE_REFUSAL_TEXT = {
     CloneRefusal.STOPPING: "the engine is stopping",
     CloneRefusal.QUOTA: "the snapshot's owner has no room left in its quota",
     CloneRefusal.WINDOW: "position {upto} is below the session's sliding-window floor (the ring no longer holds "
-                         "the rows)",
+    "the rows)",
 }
 _WIRE_CLONE_REFUSALS = {value: reason for reason, value in CLONE_REFUSALS.items()}
 
 
-def snapshot_event(handle: str | None, position: int, kind: str, content_digest: bytes | None = None,
-                   refusal: CloneRefusal | None = None, text: str = "") -> pb.GenerateEvent:
+def snapshot_event(
+    handle: str | None,
+    position: int,
+    kind: str,
+    content_digest: bytes | None = None,
+    refusal: CloneRefusal | None = None,
+    text: str = "",
+) -> pb.GenerateEvent:
     """A snapshot event: ``handle`` holding ``[0, position)`` with ``content_digest`` (None: it holds a
     prepared input), or a refused clone (``handle`` None) and why (``text``: default the reason's)."""
     if handle:
-        msg = pb.SnapshotEvent(handle=handle, position=position, kind=kind, content_digest=content_digest or b"")
+        msg = pb.SnapshotEvent(
+            handle=handle, position=position, kind=kind, content_digest=content_digest or b""
+        )
     else:
         reason = refusal or CloneRefusal.BOUNDARY
-        msg = pb.SnapshotEvent(position=position, kind=kind, refusal=text or clone_refusal_text(reason, position),
-                               reason=CLONE_REFUSALS[reason])
+        msg = pb.SnapshotEvent(
+            position=position,
+            kind=kind,
+            refusal=text or clone_refusal_text(reason, position),
+            reason=CLONE_REFUSALS[reason],
+        )
     return pb.GenerateEvent(snapshot=msg)
 
 
@@ -231,11 +252,17 @@ def window_message(window: WindowGeometry | None) -> pb.WindowGeometry | None:
     """InfoResponse.window (None: the executor does not describe it)."""
     if window is None:
         return None
-    return pb.WindowGeometry(sliding_window=window.sliding_window, max_write=window.max_write, evicts=window.evicts)
+    return pb.WindowGeometry(
+        sliding_window=window.sliding_window, max_write=window.max_write, evicts=window.evicts
+    )
 
 
-def limits_message(limits: ExecutorLimits, idle_timeout_s: float, quota: OwnerQuota = NO_QUOTA,
-                   persistent_quota: OwnerQuota = NO_QUOTA) -> pb.Limits:
+def limits_message(
+    limits: ExecutorLimits,
+    idle_timeout_s: float,
+    quota: OwnerQuota = NO_QUOTA,
+    persistent_quota: OwnerQuota = NO_QUOTA,
+) -> pb.Limits:
     return pb.Limits(
         max_sessions=limits.max_sessions,
         max_session_tokens=limits.max_session_tokens,
@@ -249,9 +276,14 @@ def limits_message(limits: ExecutorLimits, idle_timeout_s: float, quota: OwnerQu
 
 
 def owner_usage(usage: OwnerUsage) -> pb.OwnerUsage:
-    return pb.OwnerUsage(owner=usage.owner, persistent=usage.persistent, sessions=usage.sessions,
-                         positions=usage.positions, max_sessions=usage.quota.max_sessions,
-                         max_positions=usage.quota.max_positions)
+    return pb.OwnerUsage(
+        owner=usage.owner,
+        persistent=usage.persistent,
+        sessions=usage.sessions,
+        positions=usage.positions,
+        max_sessions=usage.quota.max_sessions,
+        max_positions=usage.quota.max_positions,
+    )
 
 
 def event_from_proto(msg: pb.GenerateEvent) -> Event:
@@ -264,10 +296,25 @@ def event_from_proto(msg: pb.GenerateEvent) -> Event:
     if which == "snapshot":
         s = msg.snapshot
         reason = _WIRE_CLONE_REFUSALS.get(s.reason) if s.reason else None
-        return Snapshot(s.handle or None, s.position, s.kind, s.refusal, s.content_digest or None,
-                        None if reason is None else str(reason))
+        return Snapshot(
+            s.handle or None,
+            s.position,
+            s.kind,
+            s.refusal,
+            s.content_digest or None,
+            None if reason is None else str(reason),
+        )
     if which == "done":
         d, t = msg.done, msg.done.timings
-        return Done(d.finish_reason, d.prompt_positions, d.reused_positions, d.generated_tokens, d.position,
-                    t.time_to_first_token_s, t.decode_tokens_per_s, t.total_s, d.engine)
+        return Done(
+            d.finish_reason,
+            d.prompt_positions,
+            d.reused_positions,
+            d.generated_tokens,
+            d.position,
+            t.time_to_first_token_s,
+            t.decode_tokens_per_s,
+            t.total_s,
+            d.engine,
+        )
     raise ForklineError(f"unknown generate event {which!r}")

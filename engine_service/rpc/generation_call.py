@@ -170,8 +170,9 @@ class GenerationCall:
                     continue
             if isinstance(item, _Snapshot):
                 handle, digest = self._register(item)
-                yield convert.snapshot_event(handle, item.position, item.kind, digest, item.future.refusal,
-                                             item.refusal_text)
+                yield convert.snapshot_event(
+                    handle, item.position, item.kind, digest, item.future.refusal, item.refusal_text
+                )
                 self._unstreamed = None  # resumed: gRPC sent the event, the handle is the caller's
                 continue
             # Coalesce the updates already queued (a slow client gets fewer, larger messages); stop at
@@ -194,7 +195,11 @@ class GenerationCall:
         result = generation.wait()
         if result.finish_reason == "error":
             error = generation.error
-            raise error if isinstance(error, Exception) else GenerationError(result.error or "generation failed")
+            raise (
+                error
+                if isinstance(error, Exception)
+                else GenerationError(result.error or "generation failed")
+            )
         tail = text.flush()
         if tail:
             yield convert.tokens_event((), tail)
@@ -213,7 +218,11 @@ class GenerationCall:
             return None, None
         digest = child.content_digest()
         with self._lock:
-            if not self._closed and item.reservation is not None and self._registry.fill(item.reservation, child):
+            if (
+                not self._closed
+                and item.reservation is not None
+                and self._registry.fill(item.reservation, child)
+            ):
                 self._unstreamed = item.reservation
                 return self._unstreamed, digest
         if item.reservation is not None:

@@ -29,8 +29,25 @@ GENERATE_METHOD = f"/{engine_pb2.DESCRIPTOR.services_by_name['Engine'].full_name
 
 BATCH_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 BATCH_POSITIONS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-STEP_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0,
-                10.0)
+STEP_SECONDS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.03,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+)
 
 
 class EngineMetrics(ServiceMetrics):
@@ -39,12 +56,24 @@ class EngineMetrics(ServiceMetrics):
 
     def __init__(self, deps: EngineDeps) -> None:
         super().__init__((GENERATE_METHOD,))
-        self.batch_rows = Histogram("forkline_engine_batch_rows", "Inputs per forward (decode rows + prefill "
-                                    "chunks)", buckets=BATCH_ROWS, registry=self.registry)
-        self.batch_positions = Histogram("forkline_engine_batch_positions", "Positions fed per forward",
-                                         buckets=BATCH_POSITIONS, registry=self.registry)
-        self.step = Histogram("forkline_engine_step_seconds", "Wall time of one forward (executor.execute)",
-                              buckets=STEP_SECONDS, registry=self.registry)
+        self.batch_rows = Histogram(
+            "forkline_engine_batch_rows",
+            "Inputs per forward (decode rows + prefill chunks)",
+            buckets=BATCH_ROWS,
+            registry=self.registry,
+        )
+        self.batch_positions = Histogram(
+            "forkline_engine_batch_positions",
+            "Positions fed per forward",
+            buckets=BATCH_POSITIONS,
+            registry=self.registry,
+        )
+        self.step = Histogram(
+            "forkline_engine_step_seconds",
+            "Wall time of one forward (executor.execute)",
+            buckets=STEP_SECONDS,
+            registry=self.registry,
+        )
         self.registry.register(EngineCollector(deps))
         self._runner = deps.runner
         self._runner.batch_observer = self.observe_batch
@@ -74,16 +103,31 @@ class EngineCollector:
         d = self._deps
         m = d.runner.metrics()
         info = InfoMetricFamily("forkline_engine", "The model and cache this engine serves")
-        info.add_metric([], {"model": d.model_name, "cache_kind": d.cache_kind,
-                             "instance": d.registry.instance_id})
+        info.add_metric(
+            [], {"model": d.model_name, "cache_kind": d.cache_kind, "instance": d.registry.instance_id}
+        )
         yield info
         for name, doc, value in (
-            ("forkline_engine_resident_sessions", "Sessions the executor holds now (live, kept, snapshots)",
-             m.resident_sessions),
-            ("forkline_engine_max_sessions", "Resident sessions the executor can hold", d.limits.max_sessions),
-            ("forkline_engine_active_generations", "Generations the engine thread runs now", m.active_generations),
-            ("forkline_engine_queued_commands", "Commands (starts, opens, clones, closes) waiting for the engine "
-             "thread", m.queued_commands),
+            (
+                "forkline_engine_resident_sessions",
+                "Sessions the executor holds now (live, kept, snapshots)",
+                m.resident_sessions,
+            ),
+            (
+                "forkline_engine_max_sessions",
+                "Resident sessions the executor can hold",
+                d.limits.max_sessions,
+            ),
+            (
+                "forkline_engine_active_generations",
+                "Generations the engine thread runs now",
+                m.active_generations,
+            ),
+            (
+                "forkline_engine_queued_commands",
+                "Commands (starts, opens, clones, closes) waiting for the engine thread",
+                m.queued_commands,
+            ),
             ("forkline_engine_session_handles", "Session handles registered to clients", len(d.registry)),
         ):
             yield GaugeMetricFamily(name, doc, value=value)
@@ -92,11 +136,16 @@ class EngineCollector:
             ("forkline_engine_failed_batches", "Forwards that failed", m.failed_batches),
             ("forkline_engine_decoded_tokens", "Tokens returned to generations", m.tokens_decoded),
             ("forkline_engine_prefill_positions", "Prompt positions prefilled", m.prefill_positions),
-            ("forkline_engine_generations_started", "Generations the engine thread started", m.generations_started),
+            (
+                "forkline_engine_generations_started",
+                "Generations the engine thread started",
+                m.generations_started,
+            ),
         ):
             yield CounterMetricFamily(name, doc, value=value)
-        clones = CounterMetricFamily("forkline_engine_clones", "Clone requests the engine thread ran, by result",
-                                     labels=("result",))
+        clones = CounterMetricFamily(
+            "forkline_engine_clones", "Clone requests the engine thread ran, by result", labels=("result",)
+        )
         clones.add_metric(["succeeded"], m.clones_succeeded)
         clones.add_metric(["refused"], m.clones_refused)
         yield clones

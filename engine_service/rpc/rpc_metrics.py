@@ -32,9 +32,44 @@ log = logging.getLogger(__name__)
 # Fixed buckets (upper bounds, seconds). TTFT spans a cached hit on a tiny model (ms) to a cold
 # 2,000-token prefill on two CPU cores (~10 s); inter-token latency one decode step of one to many
 # sequences; end-to-end a whole generation.
-RPC_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-TTFT_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0)
+RPC_SECONDS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+TTFT_SECONDS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+)
 ITL_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 E2E_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -54,26 +89,63 @@ class RpcMetrics:
     def __init__(self, registry: CollectorRegistry, generate_methods: Iterable[str] = ()) -> None:
         self.generate_methods = frozenset(generate_methods)
         rpc = ("service", "method")
-        self.requests = Counter("forkline_rpc_requests_total", "RPCs handled, by method and status code",
-                                (*rpc, "code"), registry=registry)
-        self.duration = Histogram("forkline_rpc_duration_seconds", "RPC handling time (streams: until the last "
-                                  "message)", rpc, buckets=RPC_SECONDS, registry=registry)
+        self.requests = Counter(
+            "forkline_rpc_requests_total",
+            "RPCs handled, by method and status code",
+            (*rpc, "code"),
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "forkline_rpc_duration_seconds",
+            "RPC handling time (streams: until the last message)",
+            rpc,
+            buckets=RPC_SECONDS,
+            registry=registry,
+        )
         self.in_flight = Gauge("forkline_rpc_in_flight", "RPCs being handled now", rpc, registry=registry)
         gen = ("service",)
-        self.ttft = Histogram("forkline_time_to_first_token_seconds", "From a Generate call's arrival to its "
-                              "first token", gen, buckets=TTFT_SECONDS, registry=registry)
-        self.itl = Histogram("forkline_inter_token_latency_seconds", "Between consecutive token events of a "
-                             "generation", gen, buckets=ITL_SECONDS, registry=registry)
-        self.e2e = Histogram("forkline_e2e_request_latency_seconds", "From a Generate call's arrival to its done "
-                             "event", gen, buckets=E2E_SECONDS, registry=registry)
-        self.prompt_tokens = Counter("forkline_prompt_tokens_total", "Prompt positions of generations "
-                                     "(reused + prefilled)", gen, registry=registry)
-        self.reused_positions = Counter("forkline_reused_positions_total", "Prompt positions generations "
-                                        "reused instead of prefilling them", gen, registry=registry)
-        self.generated_tokens = Counter("forkline_generated_tokens_total", "Tokens generations streamed",
-                                        gen, registry=registry)
-        self.finished = Counter("forkline_generations_finished_total", "Generations that sent their done "
-                                "event, by finish reason", (*gen, "finish_reason"), registry=registry)
+        self.ttft = Histogram(
+            "forkline_time_to_first_token_seconds",
+            "From a Generate call's arrival to its first token",
+            gen,
+            buckets=TTFT_SECONDS,
+            registry=registry,
+        )
+        self.itl = Histogram(
+            "forkline_inter_token_latency_seconds",
+            "Between consecutive token events of a generation",
+            gen,
+            buckets=ITL_SECONDS,
+            registry=registry,
+        )
+        self.e2e = Histogram(
+            "forkline_e2e_request_latency_seconds",
+            "From a Generate call's arrival to its done event",
+            gen,
+            buckets=E2E_SECONDS,
+            registry=registry,
+        )
+        self.prompt_tokens = Counter(
+            "forkline_prompt_tokens_total",
+            "Prompt positions of generations (reused + prefilled)",
+            gen,
+            registry=registry,
+        )
+        self.reused_positions = Counter(
+            "forkline_reused_positions_total",
+            "Prompt positions generations reused instead of prefilling them",
+            gen,
+            registry=registry,
+        )
+        self.generated_tokens = Counter(
+            "forkline_generated_tokens_total", "Tokens generations streamed", gen, registry=registry
+        )
+        self.finished = Counter(
+            "forkline_generations_finished_total",
+            "Generations that sent their done event, by finish reason",
+            (*gen, "finish_reason"),
+            registry=registry,
+        )
 
 
 class _Method:
@@ -175,7 +247,9 @@ class MetricsInterceptor(grpc.ServerInterceptor):
         if method is None:
             with self._lock:
                 method = self._methods.setdefault(name, _Method(self.metrics, name))
-        return rebuild_handler(handler, lambda behaviour, streams: (_streaming if streams else _unary)(method, behaviour))
+        return rebuild_handler(
+            handler, lambda behaviour, streams: (_streaming if streams else _unary)(method, behaviour)
+        )
 
 
 def _unary(method: _Method, behaviour: Callable[..., Any]) -> Callable[..., Any]:
@@ -189,6 +263,7 @@ def _unary(method: _Method, behaviour: Callable[..., Any]) -> Callable[..., Any]
             return response
         finally:
             method.done(started, _ended_code(context, failed))
+
     return run
 
 
@@ -211,6 +286,7 @@ def _streaming(method: _Method, behaviour: Callable[..., Any]) -> Callable[..., 
             if close is not None:
                 close()
             method.done(started, _ended_code(context, failed))
+
     return run
 
 

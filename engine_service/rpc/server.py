@@ -45,7 +45,9 @@ class HandleSweeper:
     def sweep(self) -> int:
         expired = self._deps.registry.expire_idle()
         for r in expired:
-            log.info("session handle of %s expired after %.1f s idle", r.owner, self._deps.registry.idle_timeout_s)
+            log.info(
+                "session handle of %s expired after %.1f s idle", r.owner, self._deps.registry.idle_timeout_s
+            )
             r.value.close()
         return len(expired)
 
@@ -62,8 +64,14 @@ class EngineServer(GrpcServer):
 
     servicer: EngineServicer
 
-    def __init__(self, server: grpc.Server, servicer: EngineServicer, health_servicer: health.HealthServicer,
-                 sweeper: HandleSweeper, port: int) -> None:
+    def __init__(
+        self,
+        server: grpc.Server,
+        servicer: EngineServicer,
+        health_servicer: health.HealthServicer,
+        sweeper: HandleSweeper,
+        port: int,
+    ) -> None:
         super().__init__(server, servicer, health_servicer, port)
         self.sweeper = sweeper
 
@@ -85,8 +93,13 @@ class EngineServer(GrpcServer):
         self._drain(grace, before=self.servicer.drain, after=release)
 
 
-def create_server(deps: EngineDeps, address: str = "127.0.0.1:0", *,
-                  security: ServerSecurity | None = None, metrics: bool = False) -> tuple[EngineServer, int]:
+def create_server(
+    deps: EngineDeps,
+    address: str = "127.0.0.1:0",
+    *,
+    security: ServerSecurity | None = None,
+    metrics: bool = False,
+) -> tuple[EngineServer, int]:
     """Build, bind and start the engine server; returns it and the bound port. ``security``: TLS and/or
     bearer tokens (``engine_service/rpc/auth.py``; None: plaintext, self-declared owners). ``metrics``:
     collect Prometheus metrics (``server.metrics``; served by ``server.start_metrics``)."""
@@ -94,8 +107,13 @@ def create_server(deps: EngineDeps, address: str = "127.0.0.1:0", *,
     engine_metrics = EngineMetrics(deps) if metrics else None
     try:
         server, health_servicer, port = build_grpc_server(
-            engine_pb2_grpc.add_EngineServicer_to_server, servicer, SERVICE_NAME, address,
-            max_workers=MAX_WORKERS, thread_name_prefix="forkline-engine-rpc", security=security,
+            engine_pb2_grpc.add_EngineServicer_to_server,
+            servicer,
+            SERVICE_NAME,
+            address,
+            max_workers=MAX_WORKERS,
+            thread_name_prefix="forkline-engine-rpc",
+            security=security,
             interceptors=() if engine_metrics is None else (engine_metrics.interceptor,),
         )
     except BaseException:

@@ -48,32 +48,67 @@ def port_number(text: str) -> int:
 
 def add_serving_arguments(parser: argparse.ArgumentParser, *, default_port: int) -> None:
     """``--host``, ``--port``, ``--grace`` and ``--log_level``, as both services take them."""
-    parser.add_argument("--host", metavar="HOST", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    parser.add_argument("--port", metavar="PORT", type=port_number, default=default_port,
-                        help="port to listen on; 0 picks a free one (default: %(default)s)")
-    parser.add_argument("--grace", metavar="SECONDS", type=float, default=5.0,
-                        help="seconds the calls in flight get to finish at shutdown (default: %(default)s)")
-    parser.add_argument("--log_level", default="INFO", type=str.upper, choices=LOG_LEVELS,
-                        help="log messages at this level and above on stderr (default: %(default)s)")
-    parser.add_argument("--metrics_port", metavar="PORT", type=port_number, default=None,
-                        help="serve Prometheus metrics on http://HOST:PORT/metrics (plain HTTP, no token: keep it "
-                             "on a private network); 0 picks a free one (default: off)")
+    parser.add_argument(
+        "--host", metavar="HOST", default="127.0.0.1", help="address to listen on (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--port",
+        metavar="PORT",
+        type=port_number,
+        default=default_port,
+        help="port to listen on; 0 picks a free one (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--grace",
+        metavar="SECONDS",
+        type=float,
+        default=5.0,
+        help="seconds the calls in flight get to finish at shutdown (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--log_level",
+        default="INFO",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        help="log messages at this level and above on stderr (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--metrics_port",
+        metavar="PORT",
+        type=port_number,
+        default=None,
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (plain HTTP, no token: keep it "
+        "on a private network); 0 picks a free one (default: off)",
+    )
 
 
 def add_auth_arguments(parser: argparse.ArgumentParser) -> None:
     """``--auth_tokens``, ``--tls_cert``, ``--tls_key`` and ``--tls_client_ca``, as both services take
     them (read by ``rpc.auth.ServerSecurity.from_args``)."""
-    parser.add_argument("--auth_tokens", metavar="FILE", default=None,
-                        help="token file, one 'token owner' pair a line ('#' comments); every call but health "
-                             "and reflection needs 'authorization: Bearer <token>' and runs as the token's "
-                             "owner; re-read on SIGHUP (default: none, owners are self-declared)")
-    parser.add_argument("--tls_cert", metavar="FILE", default=None,
-                        help="PEM server certificate (chain); serve TLS with --tls_key (default: none, plaintext)")
-    parser.add_argument("--tls_key", metavar="FILE", default=None,
-                        help="PEM private key of --tls_cert (default: none)")
-    parser.add_argument("--tls_client_ca", metavar="FILE", default=None,
-                        help="PEM CA certificate(s): require client certificates signed by it, i.e. mutual TLS "
-                             "(default: none, no client certificate asked)")
+    parser.add_argument(
+        "--auth_tokens",
+        metavar="FILE",
+        default=None,
+        help="token file, one 'token owner' pair a line ('#' comments); every call but health "
+        "and reflection needs 'authorization: Bearer <token>' and runs as the token's "
+        "owner; re-read on SIGHUP (default: none, owners are self-declared)",
+    )
+    parser.add_argument(
+        "--tls_cert",
+        metavar="FILE",
+        default=None,
+        help="PEM server certificate (chain); serve TLS with --tls_key (default: none, plaintext)",
+    )
+    parser.add_argument(
+        "--tls_key", metavar="FILE", default=None, help="PEM private key of --tls_cert (default: none)"
+    )
+    parser.add_argument(
+        "--tls_client_ca",
+        metavar="FILE",
+        default=None,
+        help="PEM CA certificate(s): require client certificates signed by it, i.e. mutual TLS "
+        "(default: none, no client certificate asked)",
+    )
 
 
 def server_security(args: argparse.Namespace) -> ServerSecurity:
@@ -82,8 +117,9 @@ def server_security(args: argparse.Namespace) -> ServerSecurity:
     security = ServerSecurity.from_args(args)
     if security.tokens is not None:
         reload_on_sighup(security.tokens)
-        logging.getLogger(__name__).info("authentication on: %d tokens from %s", len(security.tokens),
-                                         security.tokens.path)
+        logging.getLogger(__name__).info(
+            "authentication on: %d tokens from %s", len(security.tokens), security.tokens.path
+        )
     return security
 
 
@@ -124,8 +160,12 @@ def build_grpc_server(
         raise OSError(f"could not bind {address}")
     host = address.rsplit(":", 1)[0]
     if not security.authenticates and not is_loopback(host):
-        log.warning("%s listens on %s without authentication: anyone who can reach it can act as any owner "
-                    "(see --auth_tokens)", service_name, address)
+        log.warning(
+            "%s listens on %s without authentication: anyone who can reach it can act as any owner "
+            "(see --auth_tokens)",
+            service_name,
+            address,
+        )
     server.start()
     return server, health_servicer, port
 
@@ -136,8 +176,9 @@ class GrpcServer:
 
     metrics: ServiceMetrics | None = None
 
-    def __init__(self, server: grpc.Server, servicer: Any, health_servicer: health.HealthServicer,
-                 port: int) -> None:
+    def __init__(
+        self, server: grpc.Server, servicer: Any, health_servicer: health.HealthServicer, port: int
+    ) -> None:
         self.grpc_server = server
         self.servicer = servicer
         self.health = health_servicer
@@ -145,8 +186,9 @@ class GrpcServer:
         self._stopped = threading.Event()
         self._lock = threading.Lock()
 
-    def _drain(self, grace: float | None, *, after: Callable[[], None],
-               before: Callable[[], None] | None = None) -> None:
+    def _drain(
+        self, grace: float | None, *, after: Callable[[], None], before: Callable[[], None] | None = None
+    ) -> None:
         """Once: ``before``, health NOT_SERVING, stop the server (calls in flight get ``grace``
         seconds, then are cancelled), ``after``. Later calls return at once."""
         with self._lock:
@@ -165,7 +207,9 @@ class GrpcServer:
         """Serve this server's metrics on ``http://host:port/metrics`` (0: a free port) until it stops;
         returns the bound port. FailedPrecondition when it was built without metrics."""
         if self.metrics is None:
-            raise FailedPrecondition("this server was created without metrics (create_server(..., metrics=True))")
+            raise FailedPrecondition(
+                "this server was created without metrics (create_server(..., metrics=True))"
+            )
         return self.metrics.serve(host, port)
 
     def wait_for_termination(self, timeout: float | None = None) -> bool:
@@ -182,8 +226,12 @@ def serve_until_signalled(name: str, host: str, port: int) -> None:
     stop.wait()
 
 
-def run_service(name: str, args: argparse.Namespace, start: Callable[[argparse.Namespace], tuple[S, int]],
-                stop: Callable[[S, argparse.Namespace], None]) -> int:
+def run_service(
+    name: str,
+    args: argparse.Namespace,
+    start: Callable[[argparse.Namespace], tuple[S, int]],
+    stop: Callable[[S, argparse.Namespace], None],
+) -> int:
     """A service's ``main`` after parsing (``args`` from :func:`add_serving_arguments`): configure
     logging, ``start(args)`` the server (built with metrics when ``--metrics_port`` is set) and its
     metrics endpoint (printing ``<name> metrics on http://HOST:PORT/metrics``); a ForklineError or

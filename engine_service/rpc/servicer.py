@@ -121,8 +121,12 @@ class EngineDeps:
             cache_kind=cache_kind,
             eos_token_ids=eos_token_ids,
             chat=chat,
-            registry=HandleRegistry(idle_timeout_s=idle_timeout_s, persistent_owners=frozenset(persistent_owners),
-                                    quota=quota, persistent_quota=persistent_quota),
+            registry=HandleRegistry(
+                idle_timeout_s=idle_timeout_s,
+                persistent_owners=frozenset(persistent_owners),
+                quota=quota,
+                persistent_quota=persistent_quota,
+            ),
             hidden_size=executor.config.hidden_size,
             architecture=executor.config.architecture,
         )
@@ -148,7 +152,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             raise Unavailable("the engine is shutting down")
 
     # -- generation ----------------------------------------------------------------------------
-    def Generate(self, request: pb.GenerateRequest, context: grpc.ServicerContext) -> Iterator[pb.GenerateEvent]:
+    def Generate(
+        self, request: pb.GenerateRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.GenerateEvent]:
         with status_on_error(context):
             self._serving()
             d = self.deps
@@ -232,8 +238,10 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         persistent = self.deps.registry.persistent_owners
         if owner not in persistent and receiver not in persistent:
             names = ", ".join(sorted(persistent)) or "none configured"
-            raise InvalidArgument(f"{field_name} {receiver!r}: only a persistent owner ({names}) can receive "
-                                  f"or give another owner's session")
+            raise InvalidArgument(
+                f"{field_name} {receiver!r}: only a persistent owner ({names}) can receive "
+                f"or give another owner's session"
+            )
         return receiver
 
     # -- sessions ------------------------------------------------------------------------------
@@ -248,8 +256,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             source = self.deps.registry.resolve(request.session, owner)
             position = source.position
             if request.upto > position:
-                return convert.clone_refused(CloneRefusal.POSITION, request.upto,
-                                             f"upto={request.upto} is outside [0, {position}]")
+                return convert.clone_refused(
+                    CloneRefusal.POSITION, request.upto, f"upto={request.upto} is outside [0, {position}]"
+                )
             registry = self.deps.registry
             handle = registry.reserve(new_owner, request.upto)  # the new owner's quota, before the clone
             try:
@@ -282,7 +291,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             self.deps.registry.remove(request.session, owner).close()
             return pb.CloseResponse()
 
-    def ReleaseOwner(self, request: pb.ReleaseOwnerRequest, context: grpc.ServicerContext) -> pb.ReleaseOwnerResponse:
+    def ReleaseOwner(
+        self, request: pb.ReleaseOwnerRequest, context: grpc.ServicerContext
+    ) -> pb.ReleaseOwnerResponse:
         with status_on_error(context):
             owner = convert.owner_of(context.invocation_metadata())
             released = self.deps.registry.release_owner(owner, keep=request.keep)
@@ -290,15 +301,17 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 r.value.close()
             return pb.ReleaseOwnerResponse(released=len(released))
 
-    def ExportSession(self, request: pb.ExportSessionRequest, context: grpc.ServicerContext
-                      ) -> Iterator[pb.SnapshotChunk]:
+    def ExportSession(
+        self, request: pb.ExportSessionRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.SnapshotChunk]:
         with status_on_error(context):
             self._serving()
             owner = convert.owner_of(context.invocation_metadata())
             yield from snapshot_calls.export_chunks(self.deps, request.session, owner, request.extra)
 
-    def ImportSession(self, request_iterator: Iterator[pb.SnapshotChunk], context: grpc.ServicerContext
-                      ) -> pb.ImportSessionResponse:
+    def ImportSession(
+        self, request_iterator: Iterator[pb.SnapshotChunk], context: grpc.ServicerContext
+    ) -> pb.ImportSessionResponse:
         with status_on_error(context):
             self._serving()
             owner = convert.owner_of(context.invocation_metadata())
@@ -310,8 +323,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             session = self.deps.registry.resolve(request.session, owner)
             generating = session.generating
             digest = None if generating else session.content_digest()  # changing while it generates
-            return pb.DescribeResponse(position=session.position, generating=generating,
-                                       content_digest=digest or b"")
+            return pb.DescribeResponse(
+                position=session.position, generating=generating, content_digest=digest or b""
+            )
 
     # -- model ---------------------------------------------------------------------------------
     def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoResponse:
@@ -322,8 +336,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             return pb.InfoResponse(
                 model=d.model_name,
                 fingerprint=d.fingerprint,
-                limits=convert.limits_message(d.limits, d.registry.idle_timeout_s, d.registry.quota,
-                                              d.registry.persistent_quota),
+                limits=convert.limits_message(
+                    d.limits, d.registry.idle_timeout_s, d.registry.quota, d.registry.persistent_quota
+                ),
                 cache_kind=d.cache_kind,
                 instance_id=d.registry.instance_id,
                 resident_sessions=d.runner.resident_sessions,
@@ -341,9 +356,13 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     def Tokenize(self, request: pb.TokenizeRequest, context: grpc.ServicerContext) -> pb.TokenizeResponse:
         with status_on_error(context):
-            return pb.TokenizeResponse(ids=convert.text_tokens(request.text, self.deps.tokenizer, self.deps.chat))
+            return pb.TokenizeResponse(
+                ids=convert.text_tokens(request.text, self.deps.tokenizer, self.deps.chat)
+            )
 
-    def Detokenize(self, request: pb.DetokenizeRequest, context: grpc.ServicerContext) -> pb.DetokenizeResponse:
+    def Detokenize(
+        self, request: pb.DetokenizeRequest, context: grpc.ServicerContext
+    ) -> pb.DetokenizeResponse:
         with status_on_error(context):
             ids = convert.token_ids(request.ids, self.deps.limits.vocab_size, field="ids")
             return pb.DetokenizeResponse(text=self.deps.tokenizer.decode(ids))

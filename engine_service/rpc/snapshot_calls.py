@@ -35,7 +35,9 @@ def max_snapshot_bytes(deps: EngineDeps) -> int:
     return HEADER_BYTES + deps.limits.max_session_tokens * BYTES_PER_POSITION_CAP
 
 
-def export_chunks(deps: EngineDeps, handle: str, owner: str, extra: Mapping[str, str]) -> Iterator[pb.SnapshotChunk]:
+def export_chunks(
+    deps: EngineDeps, handle: str, owner: str, extra: Mapping[str, str]
+) -> Iterator[pb.SnapshotChunk]:
     """The snapshot file of ``owner``'s session ``handle``, chunk by chunk (see the module docstring)."""
     for key, value in extra.items():
         if not key or len(key) > 128 or len(value) > 1 << 20:
@@ -46,18 +48,26 @@ def export_chunks(deps: EngineDeps, handle: str, owner: str, extra: Mapping[str,
         yield pb.SnapshotChunk(refusal=str(encoded.refusal.value if encoded.refusal else "unsupported"))
         return
     data = memoryview(encoded.data)
-    header = {"file_bytes": len(data), "positions": encoded.positions, "content_digest": encoded.content_digest or b""}
+    header = {
+        "file_bytes": len(data),
+        "positions": encoded.positions,
+        "content_digest": encoded.content_digest or b"",
+    }
     for start in range(0, len(data), CHUNK_BYTES):
-        yield pb.SnapshotChunk(data=bytes(data[start:start + CHUNK_BYTES]), **header)
+        yield pb.SnapshotChunk(data=bytes(data[start : start + CHUNK_BYTES]), **header)
         header = {}
 
 
-def import_chunks(deps: EngineDeps, chunks: Iterable[pb.SnapshotChunk], owner: str) -> pb.ImportSessionResponse:
+def import_chunks(
+    deps: EngineDeps, chunks: Iterable[pb.SnapshotChunk], owner: str
+) -> pb.ImportSessionResponse:
     """Load the streamed snapshot into a new session of ``owner`` (see the module docstring)."""
     persistent = deps.registry.persistent_owners
     if owner not in persistent:
-        raise FailedPrecondition(f"ImportSession is for persistent owners ({', '.join(sorted(persistent)) or 'none'}); "
-                                 f"owner {owner!r} is not one")
+        raise FailedPrecondition(
+            f"ImportSession is for persistent owners ({', '.join(sorted(persistent)) or 'none'}); "
+            f"owner {owner!r} is not one"
+        )
     limit = max_snapshot_bytes(deps)
     parts, size = [], 0
     for chunk in chunks:
@@ -65,7 +75,9 @@ def import_chunks(deps: EngineDeps, chunks: Iterable[pb.SnapshotChunk], owner: s
         if size > limit:
             raise InvalidArgument(f"snapshot larger than this engine's largest session ({limit} bytes)")
         parts.append(chunk.data)
-    outcome = load_session_bytes(deps.runner, b"".join(parts), source="ImportSession", timeout=EXPORT_TIMEOUT_S)
+    outcome = load_session_bytes(
+        deps.runner, b"".join(parts), source="ImportSession", timeout=EXPORT_TIMEOUT_S
+    )
     if not outcome.loaded:
         refusal = outcome.refusal.value if outcome.refusal else "unsupported"
         if refusal == "stopping":
@@ -77,5 +89,9 @@ def import_chunks(deps: EngineDeps, chunks: Iterable[pb.SnapshotChunk], owner: s
     except ResourceExhausted:
         session.close()
         raise
-    return pb.ImportSessionResponse(session=handle, positions=outcome.positions,
-                                    content_digest=session.content_digest() or b"", extra=dict(outcome.extra))
+    return pb.ImportSessionResponse(
+        session=handle,
+        positions=outcome.positions,
+        content_digest=session.content_digest() or b"",
+        extra=dict(outcome.extra),
+    )

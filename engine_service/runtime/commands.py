@@ -202,6 +202,8 @@ class CommandTable:
     def dispatch(self, command: object) -> None:
         handler = self._handlers.get(type(command))
         if handler is None:
-            raise TypeError(f"unknown command {type(command).__name__}; known: "
-                            f"{', '.join(sorted(t.__name__ for t in self._handlers))}")
+            raise TypeError(
+                f"unknown command {type(command).__name__}; known: "
+                f"{', '.join(sorted(t.__name__ for t in self._handlers))}"
+            )
         handler(command)

@@ -49,8 +49,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-COUNTERS = ("steps", "forward_batches", "failed_batches", "tokens_decoded", "prefill_positions",
-            "generations_started", "generations_finished", "clones_succeeded", "clones_refused")
+COUNTERS = (
+    "steps",
+    "forward_batches",
+    "failed_batches",
+    "tokens_decoded",
+    "prefill_positions",
+    "generations_started",
+    "generations_finished",
+    "clones_succeeded",
+    "clones_refused",
+)
 
 # Called on the engine thread after every forward with (rows, positions, seconds): the inputs in the
 # batch, the positions they fed, and the wall time of ``executor.execute``. Must be cheap and not raise.
@@ -82,16 +91,18 @@ class EngineLoop:
         self._active: list[ActiveGeneration] = []
         self._next_key = 0
         self._snapshots = SnapshotHandlers(self, executor, self._adopt)
-        self._table = CommandTable({
-            OpenCommand: self._on_open,
-            CloneCommand: self._on_clone,
-            CloseCommand: self._on_close,
-            StartCommand: self._on_start,
-            CancelCommand: self._on_cancel,
-            BarrierCommand: BarrierCommand.resolve,
-            ExportCommand: self._snapshots.on_export,
-            ImportCommand: self._snapshots.on_import,
-        })
+        self._table = CommandTable(
+            {
+                OpenCommand: self._on_open,
+                CloneCommand: self._on_clone,
+                CloseCommand: self._on_close,
+                StartCommand: self._on_start,
+                CancelCommand: self._on_cancel,
+                BarrierCommand: BarrierCommand.resolve,
+                ExportCommand: self._snapshots.on_export,
+                ImportCommand: self._snapshots.on_import,
+            }
+        )
         self._hooks = EngineHooks(self._finish, self._table.dispatch, self.counts)
 
     def put(self, command: object) -> bool:
@@ -171,8 +182,9 @@ class EngineLoop:
     def _step(self) -> None:
         # A method, not inline in the loop: the plan must not stay referenced while the engine idles
         # (it holds generation handles, which hold sessions that would then never be collected).
-        plan = plan_batch(self._active, self._max_decode, self._executor.preferred_batch_tokens(),
-                          self.counts["steps"])
+        plan = plan_batch(
+            self._active, self._max_decode, self._executor.preferred_batch_tokens(), self.counts["steps"]
+        )
         if plan.inputs:
             self._run_batch(plan)
 
@@ -182,14 +194,18 @@ class EngineLoop:
         try:
             outputs = self._executor.execute([p.input for p in plan.inputs])
             if len(outputs) != len(plan.inputs):
-                raise GenerationError(f"executor returned {len(outputs)} outputs for {len(plan.inputs)} inputs")
+                raise GenerationError(
+                    f"executor returned {len(outputs)} outputs for {len(plan.inputs)} inputs"
+                )
         except Exception as exc:
             # A failed batch poisons every session in it; other sessions and the engine carry on.
             self.counts["failed_batches"] += 1
             log.warning("batch of %d inputs failed: %s", len(plan.inputs), exc)
             for item in plan.inputs:
                 item.gen.record.poisoned = True
-                self._finish(item.gen, ERROR, GenerationError(f"executor failed: {type(exc).__name__}: {exc}"))
+                self._finish(
+                    item.gen, ERROR, GenerationError(f"executor failed: {type(exc).__name__}: {exc}")
+                )
             return
         observer = self.batch_observer
         if observer is not None:
@@ -249,8 +265,15 @@ class EngineLoop:
             gen.callback = None  # a raising callback is not called again, not even for the end
             self._finish(gen, ERROR, GenerationError(f"callback raised {type(exc).__name__}: {exc}"))
 
-    def _finish(self, gen: ActiveGeneration, reason: str, error: BaseException | None = None, *,
-                tokens: tuple[int, ...] = (), breakpoint: int | None = None) -> None:
+    def _finish(
+        self,
+        gen: ActiveGeneration,
+        reason: str,
+        error: BaseException | None = None,
+        *,
+        tokens: tuple[int, ...] = (),
+        breakpoint: int | None = None,
+    ) -> None:
         """End ``gen`` once: free its session for the next generation, send the terminal update, settle."""
         if gen.finished:
             return
@@ -265,8 +288,14 @@ class EngineLoop:
         result = gen.result(reason, error)
         position = rec.position if rec is not None else 0
         if gen.callback is not None:
-            update = GenerationUpdate(tokens, position, breakpoint=breakpoint, finished=True,
-                                      finish_reason=reason, error=result.error)
+            update = GenerationUpdate(
+                tokens,
+                position,
+                breakpoint=breakpoint,
+                finished=True,
+                finish_reason=reason,
+                error=result.error,
+            )
             try:
                 gen.callback(update)
             except Exception as exc:
@@ -287,8 +316,9 @@ class EngineLoop:
             return
         sid = self._executor.open_session()
         if sid is None:
-            cmd.future.set_exception(ResourceExhausted(
-                f"no free session slot (max_sessions={self.limits.max_sessions})"))
+            cmd.future.set_exception(
+                ResourceExhausted(f"no free session slot (max_sessions={self.limits.max_sessions})")
+            )
             return
         cmd.future.set_result(self._adopt(sid, ContentLog()))
 
@@ -310,12 +340,16 @@ class EngineLoop:
             try:
                 sid = self._executor.clone(rec.sid, cmd.upto)
             except Exception as exc:  # an exception inside clone is a refusal
-                log.warning("executor.clone(%d, %d) raised %s: %s", rec.sid, cmd.upto, type(exc).__name__, exc)
+                log.warning(
+                    "executor.clone(%d, %d) raised %s: %s", rec.sid, cmd.upto, type(exc).__name__, exc
+                )
                 sid = None
             if sid is not None:
                 child = self._adopt(sid, rec.content.prefix(cmd.upto))
             else:
-                refusal = CloneRefusal.WINDOW if cmd.upto < self._clone_floor(rec.sid) else CloneRefusal.BOUNDARY
+                refusal = (
+                    CloneRefusal.WINDOW if cmd.upto < self._clone_floor(rec.sid) else CloneRefusal.BOUNDARY
+                )
         self.counts["clones_succeeded" if child is not None else "clones_refused"] += 1
         if child is None:
             future.refuse(refusal)

@@ -96,10 +96,14 @@ class Runner:
     an exception there is raised by the constructor.
     """
 
-    def __init__(self, executor: Executor, *, max_decode_sequences: int = 8,
-                 name: str = "forkline-engine") -> None:
-        if isinstance(max_decode_sequences, bool) or not isinstance(max_decode_sequences, int) \
-                or max_decode_sequences < 1:
+    def __init__(
+        self, executor: Executor, *, max_decode_sequences: int = 8, name: str = "forkline-engine"
+    ) -> None:
+        if (
+            isinstance(max_decode_sequences, bool)
+            or not isinstance(max_decode_sequences, int)
+            or max_decode_sequences < 1
+        ):
             raise InvalidArgument(f"max_decode_sequences must be an int >= 1, got {max_decode_sequences!r}")
         self._engine = EngineLoop(self, executor, max_decode_sequences)
         self._thread = threading.Thread(target=self._engine.run, name=name, daemon=True)
@@ -157,8 +161,12 @@ class Runner:
 
     def metrics(self) -> RunnerMetrics:
         engine = self._engine
-        return RunnerMetrics(**engine.counts, resident_sessions=len(engine.records),
-                             active_generations=engine.active_generations, queued_commands=engine.inbox.qsize())
+        return RunnerMetrics(
+            **engine.counts,
+            resident_sessions=len(engine.records),
+            active_generations=engine.active_generations,
+            queued_commands=engine.inbox.qsize(),
+        )
 
     @property
     def batch_observer(self) -> BatchObserver | None:
@@ -215,8 +223,10 @@ class Runner:
 
     def _refuse_on_engine_thread(self, what: str) -> None:
         if threading.current_thread() is self._thread:
-            raise FailedPrecondition(f"{what} would wait for the engine thread itself; "
-                                     "queue work from a callback, never wait for it there")
+            raise FailedPrecondition(
+                f"{what} would wait for the engine thread itself; "
+                "queue work from a callback, never wait for it there"
+            )
 
     # ------------------------------------------------------------------ used by Session
 
@@ -231,8 +241,13 @@ class Runner:
                 raise Unavailable("runner is stopping")
             future.set_exception(Unavailable("runner is stopping"))
 
-    def _start(self, session: Session, input: tuple[int, ...] | PreparedInput, config: GenConfig,
-               callback: Callable[[GenerationUpdate], None] | None) -> GenerationHandle:
+    def _start(
+        self,
+        session: Session,
+        input: tuple[int, ...] | PreparedInput,
+        config: GenConfig,
+        callback: Callable[[GenerationUpdate], None] | None,
+    ) -> GenerationHandle:
         gen: ActiveGeneration | None = None
         inbox = self._engine.inbox
         handle = GenerationHandle(session, lambda: inbox.put(CancelCommand(gen)))

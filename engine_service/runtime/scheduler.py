@@ -29,8 +29,9 @@ class BatchPlan:
     inputs: tuple[PlannedInput, ...]
 
 
-def plan_batch(active: Sequence[ActiveGeneration], max_decode: int, preferred_tokens: int,
-               step: int) -> BatchPlan:
+def plan_batch(
+    active: Sequence[ActiveGeneration], max_decode: int, preferred_tokens: int, step: int
+) -> BatchPlan:
     """Pack one batch from the live generations (each appears at most once).
 
     Decode: up to ``max_decode`` generations past their prompt, least recently stepped first (fair
@@ -47,8 +48,7 @@ def plan_batch(active: Sequence[ActiveGeneration], max_decode: int, preferred_to
     for gen in decoders:
         rec = gen.record
         assert rec is not None and rec.pending is not None, "a decoding generation has a pending token"
-        planned.append(PlannedInput(gen, ExecInput(rec.sid, rec.position,
-                                                   tokens=(rec.pending,)), True, ()))
+        planned.append(PlannedInput(gen, ExecInput(rec.sid, rec.position, tokens=(rec.pending,)), True, ()))
         gen.last_step = step
         budget -= 1
     prefilled = False
@@ -74,8 +74,9 @@ def plan_batch(active: Sequence[ActiveGeneration], max_decode: int, preferred_to
     return BatchPlan(tuple(planned))
 
 
-def check_input(input: Segment, record: SessionRecord, limits: ExecutorLimits,
-                executor: Executor) -> InvalidArgument | None:
+def check_input(
+    input: Segment, record: SessionRecord, limits: ExecutorLimits, executor: Executor
+) -> InvalidArgument | None:
     """The reason ``input`` cannot run on ``record``, or None.
 
     Rejects an empty input, token ids outside ``[0, vocab_size)``, a prepared input the executor does
@@ -100,10 +101,13 @@ def check_input(input: Segment, record: SessionRecord, limits: ExecutorLimits,
         vocab = limits.vocab_size
         bad = out_of_vocab(input, vocab)
         if bad is not None:
-            return InvalidArgument(f"token id {input[bad]} at index {bad} is outside the vocabulary [0, {vocab})")
+            return InvalidArgument(
+                f"token id {input[bad]} at index {bad} is outside the vocabulary [0, {vocab})"
+            )
     needed = record.position + (record.pending is not None) + size
     if needed > limits.max_session_tokens:
         return InvalidArgument(
             f"input of {size} positions does not fit: session at {record.position}"
-            f"{' + 1 pending' if record.pending is not None else ''}, max_session_tokens={limits.max_session_tokens}")
+            f"{' + 1 pending' if record.pending is not None else ''}, max_session_tokens={limits.max_session_tokens}"
+        )
     return None

@@ -127,8 +127,9 @@ class Session:
             upto = operator.index(upto)
         except TypeError as exc:
             raise InvalidArgument(f"upto must be an int, got {upto!r}") from exc
-        if expected_digest is not None and (not isinstance(expected_digest, bytes)
-                                            or len(expected_digest) != DIGEST_SIZE):
+        if expected_digest is not None and (
+            not isinstance(expected_digest, bytes) or len(expected_digest) != DIGEST_SIZE
+        ):
             raise InvalidArgument(f"expected_digest must be {DIGEST_SIZE} bytes, got {expected_digest!r}")
         if self._closed or self._record.poisoned:
             return CloneFuture.refused(CloneRefusal.SOURCE_UNUSABLE)

@@ -120,8 +120,9 @@ class SnapshotHandlers:
     """The engine loop's handlers for the two commands (engine thread only). ``adopt(sid, content)``
     makes an executor session a runner Session (the loop's, shared with opens and clones)."""
 
-    def __init__(self, loop: EngineLoop, executor: Executor,
-                 adopt: Callable[[int, ContentLog], Session]) -> None:
+    def __init__(
+        self, loop: EngineLoop, executor: Executor, adopt: Callable[[int, ContentLog], Session]
+    ) -> None:
         self._loop = loop
         self._executor = executor
         self._adopt = adopt
@@ -146,8 +147,13 @@ class SnapshotHandlers:
         try:
             state = self._executor.export_session(rec.sid, rec.position)
         except Exception as exc:  # like a clone: a failure inside the executor is a refusal
-            log.warning("executor.export_session(%d, %d) raised %s: %s", rec.sid, rec.position,
-                        type(exc).__name__, exc)
+            log.warning(
+                "executor.export_session(%d, %d) raised %s: %s",
+                rec.sid,
+                rec.position,
+                type(exc).__name__,
+                exc,
+            )
             state = None
         if state is None or state.length != rec.position:
             future.refuse(SaveRefusal.BOUNDARY)
@@ -164,8 +170,9 @@ class SnapshotHandlers:
             return  # abandoned before it ran: nobody could own the session, so none is made
         loop = self._loop
         snapshot = cmd.snapshot
-        refusal = header_refusal(snapshot, loop.fingerprint, self._executor.state_layout(),
-                                 loop.limits.max_session_tokens)
+        refusal = header_refusal(
+            snapshot, loop.fingerprint, self._executor.state_layout(), loop.limits.max_session_tokens
+        )
         if refusal is not None:
             future.refuse(*refusal)
             return
@@ -176,6 +183,8 @@ class SnapshotHandlers:
             return
         sid = self._executor.import_session(state, snapshot.content)
         if sid is None:
-            future.refuse(LoadRefusal.NO_ROOM, f"no free session slot or room for {snapshot.positions} positions")
+            future.refuse(
+                LoadRefusal.NO_ROOM, f"no free session slot or room for {snapshot.positions} positions"
+            )
             return
         future.set_result(self._adopt(sid, ContentLog(array("i", snapshot.content))))

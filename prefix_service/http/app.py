@@ -69,7 +69,9 @@ def create_app(gateway: Fleet, *, model_name: str, auth: OwnerTable | None = Non
     return Starlette(routes=routes, exception_handlers={HTTPException: _on_http_exception})
 
 
-def _answering_errors(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+def _answering_errors(
+    handler: Callable[[Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
     """Every exception a handler raises becomes OpenAI's error JSON (``errors.py`` decides how)."""
 
     @functools.wraps(handler)
@@ -100,16 +102,28 @@ class _Door:
         body = await _parse(request, ChatCompletionRequest)
         self._check_model(body.model)
         convert.check_chat(body)
-        return await self._complete(request, body, convert.chat_prompt(body.messages), owner, caller,
-                                    ChatShape(self.model_name, self._fingerprint()))
+        return await self._complete(
+            request,
+            body,
+            convert.chat_prompt(body.messages),
+            owner,
+            caller,
+            ChatShape(self.model_name, self._fingerprint()),
+        )
 
     async def completions(self, request: Request) -> Response:
         owner, caller = self._authenticate(request)
         body = await _parse(request, CompletionRequest)
         self._check_model(body.model)
         convert.check_completion(body)
-        return await self._complete(request, body, convert.completion_prompt(body.prompt), owner, caller,
-                                    CompletionShape(self.model_name, self._fingerprint()))
+        return await self._complete(
+            request,
+            body,
+            convert.completion_prompt(body.prompt),
+            owner,
+            caller,
+            CompletionShape(self.model_name, self._fingerprint()),
+        )
 
     async def models(self, request: Request) -> Response:
         self._authenticate(request)
@@ -122,22 +136,32 @@ class _Door:
         return JSONResponse({"status": "ok"})
 
     # -- the generation ------------------------------------------------------------------------------
-    async def _complete(self, request: Request, body: ChatCompletionRequest | CompletionRequest, prompt: Prompt,
-                        owner: str, caller: Caller | None, shape: Shape) -> Response:
-        generation = Generation(self.gateway, convert.gateway_request(body, prompt), convert.stop_strings(body),
-                                owner, caller)
+    async def _complete(
+        self,
+        request: Request,
+        body: ChatCompletionRequest | CompletionRequest,
+        prompt: Prompt,
+        owner: str,
+        caller: Caller | None,
+        shape: Shape,
+    ) -> Response:
+        generation = Generation(
+            self.gateway, convert.gateway_request(body, prompt), convert.stop_strings(body), owner, caller
+        )
         try:
             await _until_disconnected(request, generation.start(), generation.close)
             if not body.stream:
                 text = await _until_disconnected(request, _collect(generation), generation.close)
-                return JSONResponse(shape.response(text, generation.finish_reason or "stop",
-                                                   generation.usage()).model_dump())
+                return JSONResponse(
+                    shape.response(text, generation.finish_reason or "stop", generation.usage()).model_dump()
+                )
         except BaseException:
             generation.close()
             raise
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_events(generation, shape, include_usage), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
+        return StreamingResponse(
+            _events(generation, shape, include_usage), media_type="text/event-stream", headers=SSE_HEADERS
+        )
 
     # -- checks --------------------------------------------------------------------------------------
     def _authenticate(self, request: Request) -> tuple[str, Caller | None]:
@@ -158,8 +182,12 @@ class _Door:
 
     def _check_model(self, model: str) -> None:
         if model != self.model_name:
-            raise ApiError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
-                           param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
 
     def _fingerprint(self) -> str:
         return f"fp_{self.gateway.fingerprint[:16]}"

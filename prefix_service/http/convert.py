@@ -68,7 +68,9 @@ def _content(message: ChatMessage, index: int) -> str:
     texts = []
     for j, part in enumerate(content):
         if part.type != "text" or part.text is None:
-            raise BadField(f"messages[{index}].content[{j}]", f"only text parts are supported, got {part.type!r}")
+            raise BadField(
+                f"messages[{index}].content[{j}]", f"only text parts are supported, got {part.type!r}"
+            )
         texts.append(part.text)
     return "\n".join(texts)
 

@@ -24,8 +24,9 @@ from prefix_service.http.stop_strings import StopMatcher
 
 
 class Generation:
-    def __init__(self, gateway: Fleet, request: GatewayRequest, stops: Sequence[str], owner: str,
-                 caller: Caller | None) -> None:
+    def __init__(
+        self, gateway: Fleet, request: GatewayRequest, stops: Sequence[str], owner: str, caller: Caller | None
+    ) -> None:
         self._bridge = GenerationBridge(gateway, request, owner, caller)
         self._stops = StopMatcher(stops)
         self._started: Started | None = None
@@ -55,7 +56,9 @@ class Generation:
                     return
             elif isinstance(event, Done):
                 if event.finish_reason not in FINISH_REASONS:
-                    raise Unavailable(f"the generation ended early ({event.finish_reason}): the engine is stopping")
+                    raise Unavailable(
+                        f"the generation ended early ({event.finish_reason}): the engine is stopping"
+                    )
                 tail = self._stops.flush()
                 if tail:
                     yield tail

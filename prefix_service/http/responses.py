@@ -55,7 +55,12 @@ class _Ids:
         self.fingerprint = fingerprint or None
 
     def common(self) -> dict:
-        return {"id": self.id, "created": self.created, "model": self.model, "system_fingerprint": self.fingerprint}
+        return {
+            "id": self.id,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.fingerprint,
+        }
 
 
 class ChatShape(_Ids):
@@ -79,7 +84,9 @@ class ChatShape(_Ids):
         return ChatCompletion(**self.common(), choices=[choice], usage=usage)
 
     def _chunk(self, delta: ChatDelta, finish_reason: str | None = None) -> ChatCompletionChunk:
-        return ChatCompletionChunk(**self.common(), choices=[ChatChunkChoice(delta=delta, finish_reason=finish_reason)])
+        return ChatCompletionChunk(
+            **self.common(), choices=[ChatChunkChoice(delta=delta, finish_reason=finish_reason)]
+        )
 
 
 class CompletionShape(_Ids):
@@ -99,5 +106,6 @@ class CompletionShape(_Ids):
         return Completion(**self.common(), choices=[], usage=usage)
 
     def response(self, text: str, finish_reason: str, usage: Usage) -> Completion:
-        return Completion(**self.common(), choices=[CompletionChoice(text=text, finish_reason=finish_reason)],
-                          usage=usage)
+        return Completion(
+            **self.common(), choices=[CompletionChoice(text=text, finish_reason=finish_reason)], usage=usage
+        )

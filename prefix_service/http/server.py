@@ -33,8 +33,16 @@ class HttpServer:
         self._stopped = False
 
     @classmethod
-    def start(cls, app: ASGIApp, host: str = "127.0.0.1", port: int = 0, *, tls_cert: str | None = None,
-              tls_key: str | None = None, tls_client_ca: str | None = None) -> HttpServer:
+    def start(
+        cls,
+        app: ASGIApp,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_client_ca: str | None = None,
+    ) -> HttpServer:
         """Serve ``app`` on ``host:port``; with ``tls_cert`` + ``tls_key`` over HTTPS (and with
         ``tls_client_ca``, clients must present a certificate it signed: the gRPC side's TLS flags)."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -53,11 +61,13 @@ class HttpServer:
         tls = {"ssl_certfile": tls_cert, "ssl_keyfile": tls_key} if tls_cert else {}
         if tls_client_ca:
             tls |= {"ssl_ca_certs": tls_client_ca, "ssl_cert_reqs": ssl.CERT_REQUIRED}
-        config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False,
-                                timeout_graceful_shutdown=None, **tls)
+        config = uvicorn.Config(
+            app, log_level="warning", lifespan="off", access_log=False, timeout_graceful_shutdown=None, **tls
+        )
         server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="forkline-http",
-                                  daemon=True)
+        thread = threading.Thread(
+            target=server.run, kwargs={"sockets": [sock]}, name="forkline-http", daemon=True
+        )
         thread.start()
         deadline = time.monotonic() + START_TIMEOUT_S
         while not server.started and thread.is_alive() and time.monotonic() < deadline:

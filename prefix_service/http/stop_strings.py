@@ -32,7 +32,7 @@ class StopMatcher:
             self._held, self.stopped = "", True
             return text[: min(hits)], True
         keep = self._partial_tail(text)
-        self._held = text[len(text) - keep:]
+        self._held = text[len(text) - keep :]
         return text[: len(text) - keep], False
 
     def flush(self) -> str:

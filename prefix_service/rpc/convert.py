@@ -108,10 +108,20 @@ def stats_response(fleet: FleetStats) -> pb.StatsResponse:
 
 def engine_stats(engine: EngineStatus) -> pb.EngineStats:
     c = engine.stats.cache
-    return pb.EngineStats(engine=engine.name, instance_id=engine.instance_id, fingerprint=engine.fingerprint,
-                          routable=engine.routable, entries=c.entries, positions=c.positions, hits=c.hits,
-                          misses=c.misses, in_flight=engine.in_flight, load=engine.load, routed=engine.routed,
-                          load_guarded=engine.load_guarded)
+    return pb.EngineStats(
+        engine=engine.name,
+        instance_id=engine.instance_id,
+        fingerprint=engine.fingerprint,
+        routable=engine.routable,
+        entries=c.entries,
+        positions=c.positions,
+        hits=c.hits,
+        misses=c.misses,
+        in_flight=engine.in_flight,
+        load=engine.load,
+        routed=engine.routed,
+        load_guarded=engine.load_guarded,
+    )
 
 
 def client_event(event: GatewayEvent) -> epb.GenerateEvent:
@@ -120,12 +130,22 @@ def client_event(event: GatewayEvent) -> epb.GenerateEvent:
         return started_event(event.session, event.position, event.input_positions)
     if isinstance(event, Tokens):
         return tokens_event(event.ids, event.text)
-    timings = epb.Timings(time_to_first_token_s=event.time_to_first_token_s,
-                          decode_tokens_per_s=event.decode_tokens_per_s, total_s=event.total_s)
-    return epb.GenerateEvent(done=epb.DoneEvent(
-        finish_reason=event.finish_reason, prompt_positions=event.prompt_positions,
-        reused_positions=event.reused_positions, generated_tokens=event.generated_tokens,
-        position=event.position, timings=timings, engine=event.engine))
+    timings = epb.Timings(
+        time_to_first_token_s=event.time_to_first_token_s,
+        decode_tokens_per_s=event.decode_tokens_per_s,
+        total_s=event.total_s,
+    )
+    return epb.GenerateEvent(
+        done=epb.DoneEvent(
+            finish_reason=event.finish_reason,
+            prompt_positions=event.prompt_positions,
+            reused_positions=event.reused_positions,
+            generated_tokens=event.generated_tokens,
+            position=event.position,
+            timings=timings,
+            engine=event.engine,
+        )
+    )
 
 
 # -- engine side ------------------------------------------------------------------------------
@@ -140,18 +160,33 @@ def taken_clone(reply: epb.CloneResponse) -> TakenClone:
 
 def engine_info(info: epb.InfoResponse) -> EngineInfo:
     limits = info.limits
-    return EngineInfo(info.instance_id, info.fingerprint, limits.vocab_size, limits.max_session_tokens,
-                      max_sessions=limits.max_sessions, resident_sessions=info.resident_sessions,
-                      quota_sessions=info.caller.max_sessions, quota_positions=info.caller.max_positions,
-                      persistent=info.caller.persistent if info.caller.owner else None,
-                      active_generations=info.active_generations, queued_commands=info.queued_commands,
-                      cache_kind=info.cache_kind, sliding_window=info.window.sliding_window,
-                      max_write=info.window.max_write, window_evicts=info.window.evicts)
+    return EngineInfo(
+        info.instance_id,
+        info.fingerprint,
+        limits.vocab_size,
+        limits.max_session_tokens,
+        max_sessions=limits.max_sessions,
+        resident_sessions=info.resident_sessions,
+        quota_sessions=info.caller.max_sessions,
+        quota_positions=info.caller.max_positions,
+        persistent=info.caller.persistent if info.caller.owner else None,
+        active_generations=info.active_generations,
+        queued_commands=info.queued_commands,
+        cache_kind=info.cache_kind,
+        sliding_window=info.window.sliding_window,
+        max_write=info.window.max_write,
+        window_evicts=info.window.evicts,
+    )
 
 
 def text_input(text: TextPrompt) -> epb.TextInput:
-    return epb.TextInput(text=text.text, chat=text.chat, system=text.system, add_special_tokens=text.add_special_tokens,
-                         messages=[epb.ChatMessage(role=role, content=content) for role, content in text.messages])
+    return epb.TextInput(
+        text=text.text,
+        chat=text.chat,
+        system=text.system,
+        add_special_tokens=text.add_special_tokens,
+        messages=[epb.ChatMessage(role=role, content=content) for role, content in text.messages],
+    )
 
 
 def generation_config(config: GenConfig, ignore_eos: bool) -> epb.GenerationConfig:
@@ -175,7 +210,8 @@ def engine_request(request: EngineGenerate, snapshot_owner: str = "") -> epb.Gen
         tokens=epb.TokenIds(ids=request.tokens),
         config=generation_config(request.config, request.ignore_eos),
         capture=epb.CaptureOptions(
-            prompt_snapshot=request.prompt_snapshot, breakpoints=request.config.prefill_breakpoints,
+            prompt_snapshot=request.prompt_snapshot,
+            breakpoints=request.config.prefill_breakpoints,
             snapshot_owner=snapshot_owner,
         ),
     )

@@ -52,7 +52,9 @@ from protos import engine_pb2_grpc
 DEFAULT_OWNER = "prefix-service"
 SNAPSHOT_TIMEOUT_S = 120.0  # one snapshot file's export or import (off the request path)
 
-_clone_owner: contextvars.ContextVar[str | None] = contextvars.ContextVar("forkline_clone_owner", default=None)
+_clone_owner: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "forkline_clone_owner", default=None
+)
 
 Reply = TypeVar("Reply", bound=Message)
 
@@ -80,8 +82,14 @@ class RemoteStream:
 class EngineBackend:
     """See the module docstring. ``refresh()`` reads the engine's identity (Info) and returns it."""
 
-    def __init__(self, channel: grpc.Channel, *, owner: str = DEFAULT_OWNER, timeout: float = 60.0,
-                 token: str | None = None) -> None:
+    def __init__(
+        self,
+        channel: grpc.Channel,
+        *,
+        owner: str = DEFAULT_OWNER,
+        timeout: float = 60.0,
+        token: str | None = None,
+    ) -> None:
         self.stub = engine_pb2_grpc.EngineStub(channel)
         self.owner = owner
         self.timeout = timeout
@@ -94,8 +102,14 @@ class EngineBackend:
         self._fingerprint = ""
         self.max_rewind: int | None = None  # backends.max_rewind, from Info's window geometry
 
-    def call(self, method: Callable[..., Reply], request: Message, owner: str | None = None, *,
-             release: bool = False) -> Reply:
+    def call(
+        self,
+        method: Callable[..., Reply],
+        request: Message,
+        owner: str | None = None,
+        *,
+        release: bool = False,
+    ) -> Reply:
         """A unary engine call as ``owner`` (default: this backend); errors as forkline errors. For a
         caller it forwards the caller's own credential when it authenticated here (rpc/auth.py).
 
@@ -159,17 +173,22 @@ class EngineBackend:
 
     # -- GatewayBackend: engine calls on behalf of a caller ------------------------------------
     def tokenize(self, text: TextPrompt, owner: str) -> list[int]:
-        return list(self.call(self.stub.Tokenize, pb.TokenizeRequest(text=convert.text_input(text)), owner).ids)
+        return list(
+            self.call(self.stub.Tokenize, pb.TokenizeRequest(text=convert.text_input(text)), owner).ids
+        )
 
     def describe(self, session: str, owner: str) -> Described:
         reply = self.call(self.stub.Describe, pb.DescribeRequest(session=session), owner)
         return Described(reply.position, reply.content_digest or None)
 
-    def take_clone(self, session: str, upto: int, owner: str, expected_digest: bytes | None = None) -> TakenClone:
+    def take_clone(
+        self, session: str, upto: int, owner: str, expected_digest: bytes | None = None
+    ) -> TakenClone:
         """Clone ``owner``'s session into one this backend owns (and adopts), only if it holds the
         ``expected_digest`` content when given (the engine checks); the refusal reason otherwise."""
-        request = pb.CloneRequest(session=session, upto=upto, new_owner=self.owner,
-                                  expected_content_digest=expected_digest or b"")
+        request = pb.CloneRequest(
+            session=session, upto=upto, new_owner=self.owner, expected_content_digest=expected_digest or b""
+        )
         reply = self.call(self.stub.Clone, request, owner)
         if reply.session:
             self.adopt(reply.session, reply.position, reply.content_digest or None)
@@ -248,8 +267,11 @@ class EngineBackend:
     # -- snapshot files (the persistent tier) -------------------------------------------------------
     def export_session(self, handle: str, extra: Mapping[str, str]) -> Iterator[bytes] | None:
         """The snapshot file of ``handle`` as chunks (SnapshotBackend); None when the engine refused."""
-        call = self.stub.ExportSession(pb.ExportSessionRequest(session=handle, extra=dict(extra)),
-                                       metadata=self.metadata, timeout=SNAPSHOT_TIMEOUT_S)
+        call = self.stub.ExportSession(
+            pb.ExportSessionRequest(session=handle, extra=dict(extra)),
+            metadata=self.metadata,
+            timeout=SNAPSHOT_TIMEOUT_S,
+        )
         try:
             first = next(call, None)
         except grpc.RpcError as exc:
@@ -274,7 +296,9 @@ class EngineBackend:
         """Load a snapshot file into a new session this backend owns and adopt it (SnapshotBackend)."""
         requests = (pb.SnapshotChunk(data=data) for data in chunks)
         try:
-            reply = self.stub.ImportSession(requests, metadata=self.metadata, **self.call_options(SNAPSHOT_TIMEOUT_S))
+            reply = self.stub.ImportSession(
+                requests, metadata=self.metadata, **self.call_options(SNAPSHOT_TIMEOUT_S)
+            )
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
         if not reply.session:

@@ -40,8 +40,12 @@ class RemoteMember(EngineMember):
     """An engine reached over gRPC: serving as its health watch says; ``close`` stops the watch and
     closes the channel."""
 
-    def __init__(self, name: str, gateway: Gateway, watch: EngineWatch | None, close: Callable[[], None]) -> None:
-        super().__init__(name, gateway, (lambda: watch.serving) if watch is not None else (lambda: True), close)
+    def __init__(
+        self, name: str, gateway: Gateway, watch: EngineWatch | None, close: Callable[[], None]
+    ) -> None:
+        super().__init__(
+            name, gateway, (lambda: watch.serving) if watch is not None else (lambda: True), close
+        )
         self.watch = watch
 
 
@@ -56,9 +60,11 @@ class DnsTarget:
     def parse(cls, target: str) -> DnsTarget:
         if not target.startswith(DNS_SCHEME):
             raise InvalidArgument(f"engines: expected {DNS_SCHEME}NAME:PORT, got {target!r}")
-        host, sep, port = target[len(DNS_SCHEME):].rpartition(":")
+        host, sep, port = target[len(DNS_SCHEME) :].rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise InvalidArgument(f"engines: expected {DNS_SCHEME}NAME:PORT with a port in 1..65535, got {target!r}")
+            raise InvalidArgument(
+                f"engines: expected {DNS_SCHEME}NAME:PORT with a port in 1..65535, got {target!r}"
+            )
         return cls(host.strip("[]"), int(port))
 
     def resolve(self) -> set[str]:
@@ -68,8 +74,10 @@ class DnsTarget:
         except OSError as exc:
             log.warning("could not resolve %s: %s", self.host, exc)
             return set()
-        return {f"[{info[4][0]}]:{self.port}" if info[0] == socket.AF_INET6 else f"{info[4][0]}:{self.port}"
-                for info in infos}
+        return {
+            f"[{info[4][0]}]:{self.port}" if info[0] == socket.AF_INET6 else f"{info[4][0]}:{self.port}"
+            for info in infos
+        }
 
 
 def engine_targets(engines: list[str] | None, dns: str | None) -> Callable[[], set[str]]:
@@ -89,9 +97,15 @@ class EnginePool:
     timeout)`` builds a member for a new engine (raising a ForklineError when it cannot: retried at
     the next resolve; FailedPrecondition, a misconfigured engine, is logged as an error)."""
 
-    def __init__(self, fleet: Fleet, targets: Callable[[], set[str]],
-                 connect: Callable[[str, float], EngineMember], *,
-                 resolve_every_s: float = DEFAULT_RESOLVE_EVERY_S, refresh_every_s: float = REFRESH_EVERY_S) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        targets: Callable[[], set[str]],
+        connect: Callable[[str, float], EngineMember],
+        *,
+        resolve_every_s: float = DEFAULT_RESOLVE_EVERY_S,
+        refresh_every_s: float = REFRESH_EVERY_S,
+    ) -> None:
         self.fleet, self._targets, self._connect = fleet, targets, connect
         self.resolve_every_s, self.refresh_every_s = resolve_every_s, refresh_every_s
         self._stopped = threading.Event()
@@ -116,7 +130,9 @@ class EnginePool:
                     self.refused = exc
                     log.error("engine %s refused: %s", address, exc)
                 except ForklineError as exc:
-                    log.info("engine %s not ready yet (%s): retrying in %.0f s", address, exc, self.resolve_every_s)
+                    log.info(
+                        "engine %s not ready yet (%s): retrying in %.0f s", address, exc, self.resolve_every_s
+                    )
                 else:
                     self.fleet.add(member)
                     self.on_join(member)

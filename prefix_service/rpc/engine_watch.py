@@ -66,7 +66,9 @@ class _CallBudget:
     outage_until: float | None = None  # set by the first wait for an unreachable engine
 
 
-_budget: contextvars.ContextVar[_CallBudget | None] = contextvars.ContextVar("forkline_engine_budget", default=None)
+_budget: contextvars.ContextVar[_CallBudget | None] = contextvars.ContextVar(
+    "forkline_engine_budget", default=None
+)
 
 
 @contextlib.contextmanager
@@ -94,8 +96,13 @@ class EngineWatch:
     """See the module docstring. Serving is assumed until the watch learns otherwise (the service
     checked the engine when it connected); :meth:`start` begins watching, :meth:`stop` ends it."""
 
-    def __init__(self, channel: grpc.Channel, *, service: str = ENGINE_SERVICE_NAME,
-                 outage_wait_s: float = OUTAGE_WAIT_S) -> None:
+    def __init__(
+        self,
+        channel: grpc.Channel,
+        *,
+        service: str = ENGINE_SERVICE_NAME,
+        outage_wait_s: float = OUTAGE_WAIT_S,
+    ) -> None:
         self.service = service
         self.outage_wait_s = outage_wait_s
         self._stub = health_pb2_grpc.HealthStub(channel)
@@ -131,8 +138,9 @@ class EngineWatch:
         if not self._serving.wait(wait):
             raise Unavailable(f"the engine is not serving (waited {wait:.1f} s for it to come back)")
 
-    def start(self, *, on_serving: Callable[[], None] | None = None,
-              on_change: Callable[[bool], None] | None = None) -> None:
+    def start(
+        self, *, on_serving: Callable[[], None] | None = None, on_change: Callable[[bool], None] | None = None
+    ) -> None:
         """Start the watch thread (once). ``on_serving()`` runs on it after each transition to SERVING,
         ``on_change(serving)`` after every transition; their exceptions are logged."""
         if self._thread is not None:

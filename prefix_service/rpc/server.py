@@ -87,13 +87,21 @@ def connect_engine(
         channel.close()
         raise FailedPrecondition(
             f"the engine does not treat owner {owner!r} as a persistent owner: its snapshots would expire and "
-            f"it could not hand lookup clones to its callers; start forkline-engine with --persistent_owner {owner}")
+            f"it could not hand lookup clones to its callers; start forkline-engine with --persistent_owner {owner}"
+        )
     released = backend.release_owned()
     if released:
         log.info("released %d snapshots an earlier %s left in the engine", released, owner)
     cache = PrefixCache(backend, max_entries, policy, max_positions=max_positions)
-    gateway = Gateway(cache, backend, policy, engine_share=engine_share, pressure_retry=pressure_retry, tier=tier,
-                      checkpoints=checkpoints)
+    gateway = Gateway(
+        cache,
+        backend,
+        policy,
+        engine_share=engine_share,
+        pressure_retry=pressure_retry,
+        tier=tier,
+        checkpoints=checkpoints,
+    )
     gateway.check_engine()  # the budget from the engine's limits, before the first call
     gateway.preload()  # --snapshot_preload: restore recent snapshot files in the background
     return gateway, channel
@@ -114,9 +122,16 @@ def remote_member(gateway: Gateway, channel: grpc.Channel | None) -> RemoteMembe
     return RemoteMember(name, gateway, watch, close)
 
 
-def connect_fleet(targets: Callable[[], set[str]], *, policy: RoutingPolicy | None = None, policy_name: str = "lru",
-                  ready_timeout: float = 30.0, resolve_every_s: float = DEFAULT_RESOLVE_EVERY_S,
-                  tier: PersistentTier | None = None, **connect: Any) -> tuple[Fleet, EnginePool]:
+def connect_fleet(
+    targets: Callable[[], set[str]],
+    *,
+    policy: RoutingPolicy | None = None,
+    policy_name: str = "lru",
+    ready_timeout: float = 30.0,
+    resolve_every_s: float = DEFAULT_RESOLVE_EVERY_S,
+    tier: PersistentTier | None = None,
+    **connect: Any,
+) -> tuple[Fleet, EnginePool]:
     """The engines ``targets()`` names (``rpc/engine_pool.engine_targets``) in a routed fleet: waits up
     to ``ready_timeout`` for at least one; the pool adds and removes engines from then on (started
     with the server). ``policy``: the routing policy; ``policy_name``: the retention policy of every
@@ -126,7 +141,9 @@ def connect_fleet(targets: Callable[[], set[str]], *, policy: RoutingPolicy | No
     fleet.tier = tier
 
     def join(address: str, timeout: float) -> EngineMember:
-        gateway, channel = connect_engine(address, ready_timeout=timeout, policy=policy_name, tier=tier, **connect)
+        gateway, channel = connect_engine(
+            address, ready_timeout=timeout, policy=policy_name, tier=tier, **connect
+        )
         return remote_member(gateway, channel)
 
     pool = EnginePool(fleet, targets, join, resolve_every_s=resolve_every_s)
@@ -139,8 +156,14 @@ class PrefixServer(GrpcServer):
 
     servicer: PrefixServicer
 
-    def __init__(self, server: grpc.Server, servicer: PrefixServicer, health_servicer: health.HealthServicer,
-                 port: int, pool: EnginePool | None) -> None:
+    def __init__(
+        self,
+        server: grpc.Server,
+        servicer: PrefixServicer,
+        health_servicer: health.HealthServicer,
+        port: int,
+        pool: EnginePool | None,
+    ) -> None:
         super().__init__(server, servicer, health_servicer, port)
         self.pool = pool  # keeps the fleet in step with its targets; stopped with this server
 
@@ -157,9 +180,17 @@ class PrefixServer(GrpcServer):
 
     http: HttpServer | None = None  # the OpenAI-compatible HTTP door, when started
 
-    def start_http(self, host: str, port: int, *, model_name: str = "", auth: OwnerTable | None = None,
-                   tls_cert: str | None = None, tls_key: str | None = None,
-                   tls_client_ca: str | None = None) -> int:
+    def start_http(
+        self,
+        host: str,
+        port: int,
+        *,
+        model_name: str = "",
+        auth: OwnerTable | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        tls_client_ca: str | None = None,
+    ) -> int:
         """Serve the OpenAI-compatible HTTP door (``prefix_service/http``) in this process over this
         server's fleet; returns its bound port. ``model_name`` "": the engines' model file name.
         ``auth``: bearer tokens -> owners (as the gRPC side's token table). It stops with this server."""
@@ -173,7 +204,9 @@ class PrefixServer(GrpcServer):
                 raise InvalidArgument("model_name is required for a gateway without a remote engine")
             model_name = served_model_name(backend.call(backend.stub.Info, engine_pb2.InfoRequest()).model)
         app = create_app(self.fleet, model_name=model_name, auth=auth)
-        self.http = HttpServer.start(app, host, port, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca)
+        self.http = HttpServer.start(
+            app, host, port, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca
+        )
         return self.http.port
 
     @property
@@ -221,8 +254,11 @@ class PrefixServer(GrpcServer):
                 tier.stop()
             for member in self.fleet.members():
                 if release and not member.serving:
-                    log.warning("engine %s down at shutdown: its restart or this service's next start releases "
-                                "the snapshots", member.name)
+                    log.warning(
+                        "engine %s down at shutdown: its restart or this service's next start releases "
+                        "the snapshots",
+                        member.name,
+                    )
                 elif release:
                     try:
                         member.gateway.clear()
@@ -233,9 +269,15 @@ class PrefixServer(GrpcServer):
         self._drain(grace, after=cleanup)
 
 
-def create_server(gateway: Gateway | Fleet, address: str = "127.0.0.1:0", *, channel: grpc.Channel | None = None,
-                  pool: EnginePool | None = None, security: ServerSecurity | None = None,
-                  metrics: bool = False) -> tuple[PrefixServer, int]:
+def create_server(
+    gateway: Gateway | Fleet,
+    address: str = "127.0.0.1:0",
+    *,
+    channel: grpc.Channel | None = None,
+    pool: EnginePool | None = None,
+    security: ServerSecurity | None = None,
+    metrics: bool = False,
+) -> tuple[PrefixServer, int]:
     """Build, bind and start the prefix server; returns it and the bound port. ``gateway``: one
     engine's gateway (``connect_engine``; its ``channel`` is closed when the server stops) or a fleet
     (``connect_fleet``, with its ``pool``). ``security``: TLS and/or bearer tokens for this service's
@@ -247,13 +289,22 @@ def create_server(gateway: Gateway | Fleet, address: str = "127.0.0.1:0", *, cha
     servicer = PrefixServicer(fleet)
     prefix_metrics = PrefixMetrics(fleet) if metrics else None
     server, health_servicer, port = build_grpc_server(
-        prefix_pb2_grpc.add_PrefixCacheServicer_to_server, servicer, SERVICE_NAME, address,
-        max_workers=MAX_WORKERS, thread_name_prefix="forkline-prefix-rpc", security=security,
+        prefix_pb2_grpc.add_PrefixCacheServicer_to_server,
+        servicer,
+        SERVICE_NAME,
+        address,
+        max_workers=MAX_WORKERS,
+        thread_name_prefix="forkline-prefix-rpc",
+        security=security,
         interceptors=() if prefix_metrics is None else (prefix_metrics.interceptor,),
     )
-    log.info("prefix cache serving %s on port %d (engines: %s; routing %s)", SERVICE_NAME, port,
-             ", ".join(f"{m.name} instance {m.gateway.backend.instance_id}" for m in fleet.members()),
-             fleet.policy.name)
+    log.info(
+        "prefix cache serving %s on port %d (engines: %s; routing %s)",
+        SERVICE_NAME,
+        port,
+        ", ".join(f"{m.name} instance {m.gateway.backend.instance_id}" for m in fleet.members()),
+        fleet.policy.name,
+    )
     prefix_server = PrefixServer(server, servicer, health_servicer, port, pool)
     prefix_server.metrics = prefix_metrics
     prefix_server.watch_engines()

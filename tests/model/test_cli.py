@@ -12,7 +12,9 @@ import pytest
 from clients.run_llm_batched import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-REUSE = re.compile(r"^\[(\d+)\] prompt (\d+) positions, reused (\d+)/(\d+) prompt tokens, ttft .* finish (\w+)")
+REUSE = re.compile(
+    r"^\[(\d+)\] prompt (\d+) positions, reused (\d+)/(\d+) prompt tokens, ttft .* finish (\w+)"
+)
 
 
 @pytest.mark.parametrize(
@@ -48,14 +50,26 @@ def test_argument_errors_exit_2_with_one_line(argv, flag, capsys):
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     """A separate process: checks the exit status of a full run, exit-time teardown included."""
-    return subprocess.run([sys.executable, "-m", "clients.run_llm_batched", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "clients.run_llm_batched", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
 def test_prompt_longer_than_the_session_exits_2(tmp_path):
-    proc = run_cli("--max_session_tokens", "20", "--max_new_tokens", "16", "--out_prefix", str(tmp_path / "g"),
-                   "a prompt that is long enough to need more than four tokens")
+    proc = run_cli(
+        "--max_session_tokens",
+        "20",
+        "--max_new_tokens",
+        "16",
+        "--out_prefix",
+        str(tmp_path / "g"),
+        "a prompt that is long enough to need more than four tokens",
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "max_session_tokens" in proc.stderr
 
@@ -64,9 +78,22 @@ def test_prompt_longer_than_the_session_exits_2(tmp_path):
 @pytest.mark.parametrize("kind", ["batched-sequence", "batched-cell"])
 def test_second_round_reuses_all_but_the_final_prompt_token(tmp_path, kind):
     out = tmp_path / "cached"
-    proc = run_cli("--prefix_cache_entries", "4", "--prompt_rounds", "2", "--temperature", "0",
-                   "--max_new_tokens", "16", "--cache_kind", kind, "--out_prefix", str(out), "--chat",
-                   "Write one sentence about the sea.")
+    proc = run_cli(
+        "--prefix_cache_entries",
+        "4",
+        "--prompt_rounds",
+        "2",
+        "--temperature",
+        "0",
+        "--max_new_tokens",
+        "16",
+        "--cache_kind",
+        kind,
+        "--out_prefix",
+        str(out),
+        "--chat",
+        "Write one sentence about the sea.",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [m for m in map(REUSE.match, proc.stdout.splitlines()) if m]
     assert [int(m.group(1)) for m in lines] == [0, 1]

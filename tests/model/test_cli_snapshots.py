@@ -30,11 +30,33 @@ def tiny_gguf(tmp_path_factory):
 
 
 def run(model: str, folder, out, *extra: str) -> subprocess.CompletedProcess:
-    argv = ["--model", model, "--weights_dtype", "float32", "--prefix_cache_entries", "2", "--snapshot_dir",
-            str(folder), "--max_new_tokens", "6", "--prefill_chunk", "4", "--max_session_tokens", "128",
-            "--out_prefix", str(out), *extra, *PROMPTS]
-    proc = subprocess.run([sys.executable, "-m", "clients.run_llm_batched", *argv], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    argv = [
+        "--model",
+        model,
+        "--weights_dtype",
+        "float32",
+        "--prefix_cache_entries",
+        "2",
+        "--snapshot_dir",
+        str(folder),
+        "--max_new_tokens",
+        "6",
+        "--prefill_chunk",
+        "4",
+        "--max_session_tokens",
+        "128",
+        "--out_prefix",
+        str(out),
+        *extra,
+        *PROMPTS,
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "clients.run_llm_batched", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
 
@@ -63,7 +85,9 @@ def test_second_invocation_reuses_the_first_ones_prompts_from_disk(tiny_gguf, tm
         assert text and text == (tmp_path / f"b_{i}.txt").read_text()
 
 
-def test_a_damaged_file_is_refused_and_removed_and_another_kind_leaves_the_files_alone(tiny_gguf, tmp_path) -> None:
+def test_a_damaged_file_is_refused_and_removed_and_another_kind_leaves_the_files_alone(
+    tiny_gguf, tmp_path
+) -> None:
     folder = tmp_path / "snapshots"
     first = run(tiny_gguf, folder, tmp_path / "a")
     files = sorted(folder.glob("*.safetensors"))
@@ -80,7 +104,9 @@ def test_a_damaged_file_is_refused_and_removed_and_another_kind_leaves_the_files
     assert sorted(r == n - 1 for r, n in reused(again)) == [False, True]  # the damaged prompt ran cold
     for i in range(2):
         assert (tmp_path / f"a_{i}.txt").read_text() == (tmp_path / f"b_{i}.txt").read_text()
-    assert len([p for p in folder.glob("*.safetensors") if p.name[:16] == files[0].name[:16]]) == 2  # re-saved
+    assert (
+        len([p for p in folder.glob("*.safetensors") if p.name[:16] == files[0].name[:16]]) == 2
+    )  # re-saved
     assert reused(first) and loaded(first)[0] == 0
 
 
@@ -89,7 +115,10 @@ def test_a_damaged_file_is_refused_and_removed_and_another_kind_leaves_the_files
     [
         (["--snapshot_dir", "d", "hi"], "--prefix_cache_entries"),
         (["--snapshot_dir", "d", "--prefix_cache_entries", "2", "--engine", "127.0.0.1:1", "hi"], "--engine"),
-        (["--snapshot_dir", ROOT + "/pyproject.toml", "--prefix_cache_entries", "2", "hi"], "not a directory"),
+        (
+            ["--snapshot_dir", ROOT + "/pyproject.toml", "--prefix_cache_entries", "2", "hi"],
+            "not a directory",
+        ),
     ],
 )
 def test_snapshot_dir_argument_errors(argv, flag, capsys) -> None:

@@ -49,8 +49,15 @@ def engine(model, request):
     runners = []
 
     def make(kind: str, cls=ModuleExecutor, prefill_chunk: int = 4, **kw):
-        ex = recording(cls).create(model, kind, max_sessions=6, max_session_tokens=128, prefill_chunk=prefill_chunk,
-                                   keep_logits=True, **kw)
+        ex = recording(cls).create(
+            model,
+            kind,
+            max_sessions=6,
+            max_session_tokens=128,
+            prefill_chunk=prefill_chunk,
+            keep_logits=True,
+            **kw,
+        )
         ex.log = []
         runner = Runner(ex, max_decode_sequences=4)
         runners.append(runner)
@@ -110,8 +117,9 @@ def test_clones_from_prefill_callbacks_across_ring_wraps(engine, kind) -> None:
             futures[update.breakpoint] = src.clone_async(update.breakpoint)  # never wait in a callback
 
     breakpoints = (5, 13, 18)
-    src.generate_async(PROMPT, GenConfig(max_new_tokens=8, prefill_chunk=4, prefill_breakpoints=breakpoints),
-                       observer).wait(timeout=60)
+    src.generate_async(
+        PROMPT, GenConfig(max_new_tokens=8, prefill_chunk=4, prefill_breakpoints=breakpoints), observer
+    ).wait(timeout=60)
     assert sorted(futures) == list(breakpoints)
     for k, future in sorted(futures.items()):
         child = future.result(timeout=30)

@@ -49,8 +49,10 @@ def test_this_machine_reports_the_kernel_path(fmt):
     path = describe_compute_path(fmt, on_gpu=False)
     assert path.path == f"kernels {fmt} {isa} x{threads} threads, {blas} float32 above 64 rows"
     assert path.slow == (blas_status().name == "reference" or isa != forkline_kernels.best_isa())
-    assert describe_compute_path(fmt, on_gpu=False, deterministic=True).path == \
-        f"kernels {fmt} {isa} x{threads} threads, deterministic"
+    assert (
+        describe_compute_path(fmt, on_gpu=False, deterministic=True).path
+        == f"kernels {fmt} {isa} x{threads} threads, deterministic"
+    )
 
 
 def test_float32_paths_by_blas():
@@ -108,7 +110,11 @@ def test_runner_on_mlx_ops_warns_how_to_fix(tiny_model, no_kernels, caplog):
     runner = _runner(tiny_model, "q8_0")
     try:
         assert runner.slow_path and runner.compute_path.startswith("mlx quantized ops q8_0")
-        warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "slow compute path" in r.getMessage()]
+        warnings = [
+            r
+            for r in caplog.records
+            if r.levelno == logging.WARNING and "slow compute path" in r.getMessage()
+        ]
         assert len(warnings) == 1
         assert "mlx quantized ops q8_0" in warnings[0].getMessage()
         assert "scripts/setup.sh" in warnings[0].getMessage()
@@ -131,15 +137,24 @@ runner.shutdown()
 """
 
 
-@pytest.mark.parametrize(("case", "dtype", "env", "path", "fix"), [
-    ("mlx-first", "float32", {}, "reference BLAS float32", "import engine_service before mlx.core"),
-    ("plain", "q4_1", {"FORKLINE_KERNELS": "off"}, "mlx quantized ops q4_1", "scripts/setup.sh"),
-])
+@pytest.mark.parametrize(
+    ("case", "dtype", "env", "path", "fix"),
+    [
+        ("mlx-first", "float32", {}, "reference BLAS float32", "import engine_service before mlx.core"),
+        ("plain", "q4_1", {"FORKLINE_KERNELS": "off"}, "mlx quantized ops q4_1", "scripts/setup.sh"),
+    ],
+)
 def test_a_process_on_a_slow_path_says_so(case, dtype, env, path, fix):
     """The two ways to lose the fast path in a real process: importing mlx.core first, and the kernels
     not loading (FORKLINE_KERNELS=off stands for a machine without a compiler)."""
-    proc = subprocess.run([sys.executable, "-c", _PROBE, case, dtype], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, **env})
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE, case, dtype],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
     assert proc.returncode == 0, proc.stderr
     line = next(t for t in proc.stdout.splitlines() if t.startswith("PATH "))
     assert line.startswith(f"PATH {path}") and line.endswith("| True"), line

@@ -32,7 +32,12 @@ def test_rope_agrees_with_mlx_fast_rope(traditional):
     cos, sin = fast_math.rope_tables(mx.array(pos, dtype=mx.int32), 32, 500.0, traditional)
     got = fast_math.rope(x, cos, sin, traditional)
     want = mx.fast.rope(
-        x[:, :, None, :], 32, traditional=traditional, base=500.0, scale=1.0, offset=mx.array(pos, dtype=mx.int32)
+        x[:, :, None, :],
+        32,
+        traditional=traditional,
+        base=500.0,
+        scale=1.0,
+        offset=mx.array(pos, dtype=mx.int32),
     )[:, :, 0, :]
     assert mx.abs(got - want).max().item() < 1e-3
 

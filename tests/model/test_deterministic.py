@@ -40,8 +40,9 @@ def model(request):
 
 def executor(model, kind: str, det: bool, chunk: int = 512, sessions: int = 10) -> ModuleExecutor:
     model.set_deterministic(det)
-    return ModuleExecutor.create(model, kind, max_sessions=sessions, max_session_tokens=256, prefill_chunk=chunk,
-                                 keep_logits=True)
+    return ModuleExecutor.create(
+        model, kind, max_sessions=sessions, max_session_tokens=256, prefill_chunk=chunk, keep_logits=True
+    )
 
 
 def decode(ex: ModuleExecutor, sids: list[int], outs: list, steps: int = STEPS) -> list[list[bytes]]:
@@ -128,7 +129,9 @@ def test_fingerprint_separates_the_modes(model):
 def test_float_weights_refuse_the_mode():
     m = random_model("FF", 4, 0, weights_dtype="float32")
     with pytest.raises(FailedPrecondition, match="block-quantized"):
-        ModuleExecutor.create(m, "batched-sequence", max_sessions=2, max_session_tokens=64, deterministic=True)
+        ModuleExecutor.create(
+            m, "batched-sequence", max_sessions=2, max_session_tokens=64, deterministic=True
+        )
     assert not m.deterministic
 
 
@@ -164,17 +167,39 @@ def test_real_model_warm_equals_cold_at_every_step():
 
     loaded = load_model(None, "q8_0")
     tok = loaded.tokenizer
-    questions = ["What is the capital of France?", "Name three primary colors.", "Why is the sky blue?",
-                 "Write a haiku about rain.", "What is 12 times 7?", "Who wrote Hamlet?",
-                 "Describe a cat in one sentence.", "What is photosynthesis?", "List two prime numbers.",
-                 "How many legs does a spider have?", "What is the boiling point of water?",
-                 "Give a synonym for happy.", "What language is spoken in Brazil?", "Define gravity briefly.",
-                 "What is the largest planet?", "Translate 'hello' to Spanish."]
+    questions = [
+        "What is the capital of France?",
+        "Name three primary colors.",
+        "Why is the sky blue?",
+        "Write a haiku about rain.",
+        "What is 12 times 7?",
+        "Who wrote Hamlet?",
+        "Describe a cat in one sentence.",
+        "What is photosynthesis?",
+        "List two prime numbers.",
+        "How many legs does a spider have?",
+        "What is the boiling point of water?",
+        "Give a synonym for happy.",
+        "What language is spoken in Brazil?",
+        "Define gravity briefly.",
+        "What is the largest planet?",
+        "Translate 'hello' to Spanish.",
+    ]
     system = "You are a concise assistant. Answer in one short sentence."
-    ps = [tok.encode(loaded.chat.format([{"role": "system", "content": system}, {"role": "user", "content": q}]))
-          for q in questions]
-    ex = ModuleExecutor.create(loaded, "batched-sequence", max_sessions=4, max_session_tokens=256,
-                               keep_logits=True, deterministic=True)
+    ps = [
+        tok.encode(
+            loaded.chat.format([{"role": "system", "content": system}, {"role": "user", "content": q}])
+        )
+        for q in questions
+    ]
+    ex = ModuleExecutor.create(
+        loaded,
+        "batched-sequence",
+        max_sessions=4,
+        max_session_tokens=256,
+        keep_logits=True,
+        deterministic=True,
+    )
     for i, p in enumerate(ps):
         sid = ex.open_session()
         want = decode(ex, [sid], [ex.execute([ExecInput(sid, 0, tokens=tuple(p))])[0]], steps=4)
@@ -200,7 +225,13 @@ def test_cli_flag_fails_at_start_without_the_kernels(module, tmp_path):
     root = Path(__file__).resolve().parents[2]
     args = ["--port", "0"] if module == "engine_service" else ["hello", "--out_prefix", str(tmp_path / "o")]
     env = {**os.environ, "FORKLINE_KERNELS": "off"}
-    proc = subprocess.run([sys.executable, "-m", module, "--deterministic", *args], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--deterministic", *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "deterministic mode needs the compiled kernels" in proc.stderr, proc.stderr

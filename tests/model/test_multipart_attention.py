@@ -50,7 +50,9 @@ def test_attention_parts_equals_naive_and_gathered(n, sizes) -> None:
     got = np.array(fast_math.attention_parts(mx.array(q), parts, scale))
     want = _naive(q, keys, values, mask, scale)
     np.testing.assert_allclose(got, want, atol=2e-5)
-    gathered = np.array(fast_math.attention(mx.array(q), mx.array(keys), mx.array(values), scale, mx.array(mask)))
+    gathered = np.array(
+        fast_math.attention(mx.array(q), mx.array(keys), mx.array(values), scale, mx.array(mask))
+    )
     np.testing.assert_allclose(got, gathered, atol=2e-5)
     # negative control: hiding the one key every row sees (in the last part) changes the answer
     k0, v0, _ = parts[-1]

@@ -51,9 +51,12 @@ def _perplexity(loaded, ids: list[int], chunk: int) -> float:
     for a in range(0, len(ids) - 1, chunk):
         piece = ids[a : a + chunk]
         step = cache.begin_step([Segment(seq, a, len(piece))])
-        logits = model(step, mx.arange(a, a + len(piece), dtype=mx.int32),
-                       tokens=mx.array(piece, dtype=mx.int32),
-                       logit_rows=mx.arange(len(piece), dtype=mx.int32)).astype(mx.float32)
+        logits = model(
+            step,
+            mx.arange(a, a + len(piece), dtype=mx.int32),
+            tokens=mx.array(piece, dtype=mx.int32),
+            logit_rows=mx.arange(len(piece), dtype=mx.int32),
+        ).astype(mx.float32)
         targets = ids[a + 1 : a + 1 + len(piece)]  # the last chunk's final row has no next token
         logits = logits[: len(targets)]
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)

@@ -66,8 +66,9 @@ def engine(tiny_model, request):
     kind, chunk = request.param
     model = tiny_model("FRFR", window=4, seed=3)
     recorder = LogitRecorder(
-        ModuleExecutor.create(model, kind, max_sessions=8, max_session_tokens=128, keep_logits=True,
-                              prefill_chunk=chunk)
+        ModuleExecutor.create(
+            model, kind, max_sessions=8, max_session_tokens=128, keep_logits=True, prefill_chunk=chunk
+        )
     )
     runner = Runner(recorder, max_decode_sequences=4)
     yield runner, recorder, model
@@ -222,7 +223,9 @@ def test_capture_queued_before_the_callback_closes_the_source_succeeds(engine):
         if update.tokens:
             session.close()
 
-    result = session.generate_async(prompt, GenConfig(max_new_tokens=NEW), capture.wrap(close_source)).wait(TIMEOUT)
+    result = session.generate_async(prompt, GenConfig(max_new_tokens=NEW), capture.wrap(close_source)).wait(
+        TIMEOUT
+    )
     assert result.finish_reason == "cancelled"
     assert capture.collect(NS) == 1
     match = cache.lookup(NS, prompt)

@@ -31,13 +31,27 @@ def engine(tiny_model):
     runners = []
     models = {}
 
-    def make(kind: str, *, window: int = 4, prefill_chunk: int = 4, model_id: str = MODEL_ID,
-             max_sessions: int = 4, max_session_tokens: int = 128, cls=ModuleExecutor):
+    def make(
+        kind: str,
+        *,
+        window: int = 4,
+        prefill_chunk: int = 4,
+        model_id: str = MODEL_ID,
+        max_sessions: int = 4,
+        max_session_tokens: int = 128,
+        cls=ModuleExecutor,
+    ):
         if window not in models:
             models[window] = tiny_model("FRFR", window=window, tie_embeddings=False)
-        ex = recording(cls).create(models[window], kind, max_sessions=max_sessions,
-                                   max_session_tokens=max_session_tokens, prefill_chunk=prefill_chunk,
-                                   keep_logits=True, model_fingerprint=model_id)
+        ex = recording(cls).create(
+            models[window],
+            kind,
+            max_sessions=max_sessions,
+            max_session_tokens=max_session_tokens,
+            prefill_chunk=prefill_chunk,
+            keep_logits=True,
+            model_fingerprint=model_id,
+        )
         ex.log = []
         runner = Runner(ex, max_decode_sequences=4)
         runners.append(runner)
@@ -89,8 +103,10 @@ def test_loaded_snapshot_continues_like_cold(engine, tmp_path, kind, chunk, deco
     assert child is not None
     got = generate(ex, session, SUFFIX, 6)
     assert_same(got, cold(engine, kind, content + SUFFIX, 6, prefill_chunk=chunk))
-    assert_same(generate(ex, child, content[-1:] + SUFFIX, 4),
-                cold(engine, kind, content + SUFFIX, 4, prefill_chunk=chunk))
+    assert_same(
+        generate(ex, child, content[-1:] + SUFFIX, 4),
+        cold(engine, kind, content + SUFFIX, 4, prefill_chunk=chunk),
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -114,8 +130,9 @@ def test_negative_control_a_resigned_scrambled_snapshot_differs_from_cold(engine
         arrays[name] = np.roll(np.asarray(arrays[name]), 1, axis=1)
     arrays = {name: mx.array(a) for name, a in arrays.items()}
     mx.eval(list(arrays.values()))
-    bad = SessionSnapshot(snap.fingerprint, snap.layout, SeqState(snap.positions, snap.state.written, arrays),
-                          snap.content)
+    bad = SessionSnapshot(
+        snap.fingerprint, snap.layout, SeqState(snap.positions, snap.state.written, arrays), snap.content
+    )
     write_snapshot(tmp_path / "scrambled.safetensors", bad)
     runner, ex = engine(kind)
     loaded = load_session(runner, tmp_path / "scrambled.safetensors")
@@ -154,7 +171,9 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_snapshot_that_does_not_fit_is_refused_with_its_reason_and_nothing_leaks(engine, tmp_path, case) -> None:
+def test_a_snapshot_that_does_not_fit_is_refused_with_its_reason_and_nothing_leaks(
+    engine, tmp_path, case
+) -> None:
     differs, damage, reason = CASES[case]
     outcome, content = saved(engine, tmp_path, "batched-sequence")
     if damage is not None:
@@ -228,7 +247,9 @@ def test_bytes_over_the_wire_load_like_the_file(engine, tmp_path, kind) -> None:
     assert encoded.content_digest == content_digest(PROMPT)
     other, other_ex = engine(kind)
     loaded = load_session_bytes(other, encoded.data, source="engine-a")
-    assert loaded.loaded and dict(loaded.extra) == {"namespace": "ns"} and loaded.file_bytes == len(encoded.data)
+    assert (
+        loaded.loaded and dict(loaded.extra) == {"namespace": "ns"} and loaded.file_bytes == len(encoded.data)
+    )
     assert_same(generate(other_ex, loaded.session, SUFFIX, 4), cold(engine, kind, PROMPT + SUFFIX, 4))
     bad = bytearray(encoded.data)
     bad[-2] ^= 0x04

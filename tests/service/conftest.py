@@ -134,8 +134,14 @@ class Prefix:
         self.server.stop(grace, release=release)
 
 
-def start_prefix(engine_address: str, *, max_entries: int = 16, policy: str = "lru", port: int = 0,
-                 owner: str = "prefix-service") -> Prefix:
+def start_prefix(
+    engine_address: str,
+    *,
+    max_entries: int = 16,
+    policy: str = "lru",
+    port: int = 0,
+    owner: str = "prefix-service",
+) -> Prefix:
     deps, channel = connect_engine(engine_address, max_entries=max_entries, policy=policy, owner=owner)
     server, bound = create_prefix_server(deps, f"127.0.0.1:{port}", channel=channel)
     return Prefix(server, bound)

@@ -15,8 +15,12 @@ SAMPLED = {"temperature": 10.0, "seed": 7, "ignore_eos": True}  # the tiny rando
 
 
 @lru_cache(maxsize=64)
-def _reference(prompt: tuple[int, ...], max_new_tokens: int, temperature: float, seed: int) -> tuple[int, ...]:
-    executor = ModuleExecutor.create(random_model("FRFR", 4, 0), "batched-sequence", 2, 4096, prefill_chunk=64)
+def _reference(
+    prompt: tuple[int, ...], max_new_tokens: int, temperature: float, seed: int
+) -> tuple[int, ...]:
+    executor = ModuleExecutor.create(
+        random_model("FRFR", 4, 0), "batched-sequence", 2, 4096, prefill_chunk=64
+    )
     runner = Runner(executor)
     try:
         with runner.open_session() as session:
@@ -26,7 +30,9 @@ def _reference(prompt: tuple[int, ...], max_new_tokens: int, temperature: float,
         runner.shutdown()
 
 
-def in_process_tokens(prompt: list[int], max_new_tokens: int, *, temperature: float = 0.0, seed: int = 0) -> list[int]:
+def in_process_tokens(
+    prompt: list[int], max_new_tokens: int, *, temperature: float = 0.0, seed: int = 0
+) -> list[int]:
     """Independent reference: the same tiny model (seed 0, FRFR) in a fresh Runner in this process."""
     return list(_reference(tuple(prompt), max_new_tokens, temperature, seed))
 

@@ -31,12 +31,20 @@ def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
-def _cert(subject: str, key, issuer_name: x509.Name, issuer_key, *, ca: bool = False, san=None) -> x509.Certificate:
+def _cert(
+    subject: str, key, issuer_name: x509.Name, issuer_key, *, ca: bool = False, san=None
+) -> x509.Certificate:
     now = datetime.datetime.now(datetime.timezone.utc)
-    builder = (x509.CertificateBuilder().subject_name(_name(subject)).issuer_name(issuer_name)
-               .public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(issuer_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
     if san is not None:
         builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
     return builder.sign(issuer_key, hashes.SHA256())
@@ -45,8 +53,11 @@ def _cert(subject: str, key, issuer_name: x509.Name, issuer_key, *, ca: bool = F
 def _write_pair(folder: Path, stem: str, cert: x509.Certificate, key) -> tuple[str, str]:
     cert_path, key_path = folder / f"{stem}.crt", folder / f"{stem}.key"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
     return str(cert_path), str(key_path)
 
 
@@ -56,13 +67,22 @@ def write_test_pki(folder: str | Path) -> Pki:
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = _cert("forkline test CA", ca_key, _name("forkline test CA"), ca_key, ca=True)
     server_key = ec.generate_private_key(ec.SECP256R1())
-    server = _cert("localhost", server_key, ca.subject, ca_key,
-                   san=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    server = _cert(
+        "localhost",
+        server_key,
+        ca.subject,
+        ca_key,
+        san=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+    )
     client_key = ec.generate_private_key(ec.SECP256R1())
     client = _cert("forkline test client", client_key, ca.subject, ca_key)
     other_key = ec.generate_private_key(ec.SECP256R1())
     other = _cert("unrelated CA", other_key, _name("unrelated CA"), other_key, ca=True)
     ca_path, _ = _write_pair(folder, "ca", ca, ca_key)
     other_path, _ = _write_pair(folder, "other", other, other_key)
-    return Pki(ca_path, *_write_pair(folder, "server", server, server_key),
-               *_write_pair(folder, "client", client, client_key), other_path)
+    return Pki(
+        ca_path,
+        *_write_pair(folder, "server", server, server_key),
+        *_write_pair(folder, "client", client, client_key),
+        other_path,
+    )

@@ -61,18 +61,29 @@ def servers():
     class Make:
         @staticmethod
         def engine(security: ServerSecurity | None = None, host: str = "127.0.0.1") -> Running:
-            deps = EngineDeps.build(random_model("FRFR", 4, 0), char_tokenizer(), model_name="tiny-auth",
-                                    chat=ChatFormatter(name="chatml"), cache_kind="batched-sequence",
-                                    max_sessions=8, max_session_tokens=256, prefill_chunk=64)
+            deps = EngineDeps.build(
+                random_model("FRFR", 4, 0),
+                char_tokenizer(),
+                model_name="tiny-auth",
+                chat=ChatFormatter(name="chatml"),
+                cache_kind="batched-sequence",
+                max_sessions=8,
+                max_session_tokens=256,
+                prefill_chunk=64,
+            )
             server, port = create_server(deps, f"{host}:0", security=security)
             started.append(lambda: server.stop(0, shutdown_runner=True))
             return Running(server, port)
 
         @staticmethod
-        def prefix(engine: Running, engine_security: ClientSecurity | None = None,
-                   security: ServerSecurity | None = None) -> Running:
-            gateway, channel = connect_engine(engine.address, max_entries=8, engine_security=engine_security,
-                                              ready_timeout=10)
+        def prefix(
+            engine: Running,
+            engine_security: ClientSecurity | None = None,
+            security: ServerSecurity | None = None,
+        ) -> Running:
+            gateway, channel = connect_engine(
+                engine.address, max_entries=8, engine_security=engine_security, ready_timeout=10
+            )
             server, port = create_prefix_server(gateway, "127.0.0.1:0", channel=channel, security=security)
             started.append(lambda: server.stop(0, release=False))
             return Running(server, port)
@@ -89,8 +100,9 @@ def engine_tokens(tmp_path) -> TokenTable:
 
 def raw_describe(address: str, session: str, metadata) -> pb.DescribeResponse:
     with grpc.insecure_channel(address) as channel:
-        return engine_pb2_grpc.EngineStub(channel).Describe(pb.DescribeRequest(session=session),
-                                                            metadata=metadata, timeout=10)
+        return engine_pb2_grpc.EngineStub(channel).Describe(
+            pb.DescribeRequest(session=session), metadata=metadata, timeout=10
+        )
 
 
 def kept_session(client: EngineClient) -> str:
@@ -101,8 +113,11 @@ def kept_session(client: EngineClient) -> str:
 # -- the engine -----------------------------------------------------------------------------------
 def test_engine_refuses_calls_without_a_valid_token(servers, engine_tokens) -> None:
     engine = servers.engine(ServerSecurity(tokens=engine_tokens))
-    for client in (EngineClient(engine.address), EngineClient(engine.address, owner="alice"),
-                   EngineClient(engine.address, token="wrong-0123456789abcdefgh")):
+    for client in (
+        EngineClient(engine.address),
+        EngineClient(engine.address, owner="alice"),
+        EngineClient(engine.address, token="wrong-0123456789abcdefgh"),
+    ):
         with client:
             with pytest.raises(Unauthenticated):
                 client.info()
@@ -113,8 +128,13 @@ def test_engine_refuses_calls_without_a_valid_token(servers, engine_tokens) -> N
         raw_describe(engine.address, "x", owner_only)
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert "forkline-owner alone is not a credential" in info.value.details()
-    for bad in ((("authorization", ALICE),), (("authorization", f"Basic {ALICE}"),), (("authorization", "Bearer"),),
-                (("authorization", "Bearer short"),), (("authorization", f"Bearer {ALICE}"), ("authorization", f"Bearer {ALICE}"))):
+    for bad in (
+        (("authorization", ALICE),),
+        (("authorization", f"Basic {ALICE}"),),
+        (("authorization", "Bearer"),),
+        (("authorization", "Bearer short"),),
+        (("authorization", f"Bearer {ALICE}"), ("authorization", f"Bearer {ALICE}")),
+    ):
         with pytest.raises(grpc.RpcError) as info:
             raw_describe(engine.address, "x", bad)
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED, bad
@@ -123,8 +143,10 @@ def test_engine_refuses_calls_without_a_valid_token(servers, engine_tokens) -> N
 def test_engine_owner_comes_from_the_token(servers, engine_tokens) -> None:
     engine = servers.engine(ServerSecurity(tokens=engine_tokens))
     # alice declares herself "bob": the header is ignored, the token decides
-    with EngineClient(engine.address, owner="bob", token=ALICE) as alice, \
-            EngineClient(engine.address, owner="alice", token=BOB) as bob:
+    with (
+        EngineClient(engine.address, owner="bob", token=ALICE) as alice,
+        EngineClient(engine.address, owner="alice", token=BOB) as bob,
+    ):
         session = kept_session(alice)
         assert alice.describe(session)[0] > 0
         assert raw_describe(engine.address, session, (("authorization", f"bearer {ALICE}"),)).position > 0
@@ -149,21 +171,33 @@ def test_health_and_reflection_need_no_token(servers, engine_tokens) -> None:
 
     with grpc.insecure_channel(engine.address) as channel:
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-        replies = list(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]),
-                                                 timeout=10))
+        replies = list(
+            stub.ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10
+            )
+        )
     assert "forkline.engine.v1.Engine" in {s.name for s in replies[0].list_services_response.service}
 
 
 def test_auth_off_is_as_before(servers) -> None:
     engine = servers.engine()
-    with EngineClient(engine.address, owner="alice") as alice, EngineClient(engine.address, owner="bob") as bob:
+    with (
+        EngineClient(engine.address, owner="alice") as alice,
+        EngineClient(engine.address, owner="bob") as bob,
+    ):
         session = kept_session(alice)
         assert alice.describe(session)[0] > 0
         with pytest.raises(NotFound):
             bob.describe(session)
     # a token sent to a server without tokens is not read: the header decides
-    assert raw_describe(engine.address, session, (("forkline-owner", "alice"),
-                                                  ("authorization", "Bearer whatever-0123456789"))).position > 0
+    assert (
+        raw_describe(
+            engine.address,
+            session,
+            (("forkline-owner", "alice"), ("authorization", "Bearer whatever-0123456789")),
+        ).position
+        > 0
+    )
 
 
 def test_warning_for_a_non_loopback_server_without_auth(servers, engine_tokens, caplog) -> None:
@@ -189,23 +223,34 @@ def secured_pair(servers, tmp_path, engine_tokens):
 
 def test_prefix_service_refuses_calls_without_a_valid_token(secured_pair) -> None:
     _, prefix = secured_pair
-    for client in (PrefixClient(prefix.address), PrefixClient(prefix.address, owner="prefix-service"),
-                   PrefixClient(prefix.address, token="wrong-0123456789abcdefgh"),
-                   PrefixClient(prefix.address, token=PREFIX)):  # not a client token here
+    for client in (
+        PrefixClient(prefix.address),
+        PrefixClient(prefix.address, owner="prefix-service"),
+        PrefixClient(prefix.address, token="wrong-0123456789abcdefgh"),
+        PrefixClient(prefix.address, token=PREFIX),
+    ):  # not a client token here
         with client:
             with pytest.raises(Unauthenticated):
                 client.lookup(PROMPT)
             with pytest.raises(Unauthenticated):
                 client.generate(PROMPT, max_new_tokens=1).collect()
     with PrefixClient(prefix.address) as anonymous:
-        assert anonymous._unary(health_pb2_grpc.HealthStub(anonymous.channel).Check,
-                                health_pb2.HealthCheckRequest()).status == health_pb2.HealthCheckResponse.SERVING
+        assert (
+            anonymous._unary(
+                health_pb2_grpc.HealthStub(anonymous.channel).Check, health_pb2.HealthCheckRequest()
+            ).status
+            == health_pb2.HealthCheckResponse.SERVING
+        )
 
 
 def test_gateway_end_to_end_with_auth(secured_pair) -> None:
     engine, prefix = secured_pair
-    with PrefixClient(prefix.address, token=ALICE) as alice, EngineClient(engine.address, token=ALICE) as alice_e, \
-            EngineClient(engine.address, token=BOB) as bob_e, PrefixClient(prefix.address, token=BOB) as bob:
+    with (
+        PrefixClient(prefix.address, token=ALICE) as alice,
+        EngineClient(engine.address, token=ALICE) as alice_e,
+        EngineClient(engine.address, token=BOB) as bob_e,
+        PrefixClient(prefix.address, token=BOB) as bob,
+    ):
         first = alice.generate(text="Once upon a time", max_new_tokens=3).collect()
         second = bob.generate(text="Once upon a time", max_new_tokens=3).collect()
         assert first.done.reused_positions == 0 and second.done.reused_positions > 0
@@ -247,8 +292,11 @@ def test_engine_must_list_the_forwarded_client_tokens(servers, tmp_path) -> None
     """Calls the prefix service makes for a caller carry the caller's token: an engine whose token file
     lists only the prefix service refuses them (UNAUTHENTICATED reaches the caller)."""
     engine = servers.engine(ServerSecurity(tokens=token_file(tmp_path, "e", {PREFIX: "prefix-service"})))
-    prefix = servers.prefix(engine, ClientSecurity(token=PREFIX),
-                            ServerSecurity(tokens=token_file(tmp_path, "p", {ALICE: "alice"})))
+    prefix = servers.prefix(
+        engine,
+        ClientSecurity(token=PREFIX),
+        ServerSecurity(tokens=token_file(tmp_path, "p", {ALICE: "alice"})),
+    )
     with PrefixClient(prefix.address, token=ALICE) as alice:
         assert alice.lookup(PROMPT).session is None  # token ids: no engine call as alice
         with pytest.raises(Unauthenticated):
@@ -275,8 +323,10 @@ def test_tls_round_trip(servers, pki) -> None:
         session = kept_session(alice)
         assert alice.describe(session)[0] > 0
         assert alice.health() == "SERVING"
-    for client in (EngineClient(engine.address, timeout=5),                       # plaintext to a TLS port
-                   EngineClient(engine.address, tls_ca=pki.other_ca, timeout=5)):  # a CA that did not sign it
+    for client in (
+        EngineClient(engine.address, timeout=5),  # plaintext to a TLS port
+        EngineClient(engine.address, tls_ca=pki.other_ca, timeout=5),
+    ):  # a CA that did not sign it
         with pytest.raises(Unavailable), client:
             client.info()
 
@@ -284,16 +334,26 @@ def test_tls_round_trip(servers, pki) -> None:
 def test_mutual_tls_with_tokens_and_the_prefix_service(servers, pki, engine_tokens, tmp_path) -> None:
     creds = server_credentials(pki.server_cert, pki.server_key, client_ca=pki.ca)
     engine = servers.engine(ServerSecurity(tokens=engine_tokens, credentials=creds))
-    with EngineClient(engine.address, tls_ca=pki.ca, token=ALICE, timeout=5) as no_cert, pytest.raises(Unavailable):
+    with (
+        EngineClient(engine.address, tls_ca=pki.ca, token=ALICE, timeout=5) as no_cert,
+        pytest.raises(Unavailable),
+    ):
         no_cert.info()
     tls = {"tls_ca": pki.ca, "tls_cert": pki.client_cert, "tls_key": pki.client_key}
     with EngineClient(engine.address, timeout=10, **tls) as no_token, pytest.raises(Unauthenticated):
         no_token.info()
-    prefix = servers.prefix(engine, ClientSecurity(token=PREFIX, **tls),
-                            ServerSecurity(tokens=token_file(tmp_path, "p", {ALICE: "alice"}),
-                                           credentials=server_credentials(pki.server_cert, pki.server_key)))
-    with PrefixClient(prefix.address, token=ALICE, tls_ca=pki.ca, timeout=10) as alice, \
-            EngineClient(engine.address, token=ALICE, timeout=10, **tls) as alice_e:
+    prefix = servers.prefix(
+        engine,
+        ClientSecurity(token=PREFIX, **tls),
+        ServerSecurity(
+            tokens=token_file(tmp_path, "p", {ALICE: "alice"}),
+            credentials=server_credentials(pki.server_cert, pki.server_key),
+        ),
+    )
+    with (
+        PrefixClient(prefix.address, token=ALICE, tls_ca=pki.ca, timeout=10) as alice,
+        EngineClient(engine.address, token=ALICE, timeout=10, **tls) as alice_e,
+    ):
         alice.generate(PROMPT, max_new_tokens=2).collect()
         hit = alice.lookup(PROMPT)
         assert hit.session is not None and alice_e.describe(hit.session)[0] == hit.reused

@@ -41,11 +41,18 @@ def services(engine_factory) -> Iterator[Callable[..., tuple[Engine, Prefix]]]:
     started: list[Prefix] = []
 
     def make(*, quotas: bool, engine_share: float, pressure_retry: bool) -> tuple[Engine, Prefix]:
-        quota, persistent = engine_quotas(MAX_SESSIONS, MAX_SESSION_TOKENS) if quotas else (NO_QUOTA, NO_QUOTA)
-        engine = engine_factory(max_sessions=MAX_SESSIONS, max_session_tokens=MAX_SESSION_TOKENS, quota=quota,
-                                persistent_quota=persistent)
-        gateway, channel = connect_engine(engine.address, max_entries=64, engine_share=engine_share,
-                                          pressure_retry=pressure_retry)
+        quota, persistent = (
+            engine_quotas(MAX_SESSIONS, MAX_SESSION_TOKENS) if quotas else (NO_QUOTA, NO_QUOTA)
+        )
+        engine = engine_factory(
+            max_sessions=MAX_SESSIONS,
+            max_session_tokens=MAX_SESSION_TOKENS,
+            quota=quota,
+            persistent_quota=persistent,
+        )
+        gateway, channel = connect_engine(
+            engine.address, max_entries=64, engine_share=engine_share, pressure_retry=pressure_retry
+        )
         prefix = Prefix(*create_prefix_server(gateway, "127.0.0.1:0", channel=channel))
         started.append(prefix)
         return engine, prefix
@@ -70,7 +77,9 @@ class Tally:
         self.calls += 1
 
 
-def live_clients(engine: Engine, prefix: Prefix, stop: threading.Event) -> tuple[list[threading.Thread], dict]:
+def live_clients(
+    engine: Engine, prefix: Prefix, stop: threading.Event
+) -> tuple[list[threading.Thread], dict]:
     """Three clients that keep generating until ``stop``: one on the engine (fresh sessions), one on the
     engine keeping its session and continuing it, one through the gateway (a prompt cached after its
     first call)."""
@@ -99,9 +108,11 @@ def live_clients(engine: Engine, prefix: Prefix, stop: threading.Event) -> tuple
     return [threading.Thread(target=loop, args=(name,), daemon=True) for name in rounds], tallies
 
 
-def load(engine: Engine, prefix: Prefix,
-         enough: Callable[[dict[str, Tally], Tally], bool] = lambda tallies, loader: False,
-         ) -> tuple[dict[str, Tally], Tally]:
+def load(
+    engine: Engine,
+    prefix: Prefix,
+    enough: Callable[[dict[str, Tally], Tally], bool] = lambda tallies, loader: False,
+) -> tuple[dict[str, Tally], Tally]:
     """DISTINCT_PROMPTS prompts through the gateway while the three clients keep generating (stops
     early once ``enough(tallies, loader)``)."""
     stop = threading.Event()
@@ -161,8 +172,10 @@ def test_a_cached_prompt_on_a_full_engine_evicts_and_succeeds(services) -> None:
         for i in range(6):
             client.generate(prompt(i), max_new_tokens=1).collect()
         hog = EngineClient(engine.address, owner="hog")
-        held = [hog.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
-                for _ in range(MAX_SESSIONS - 6)]
+        held = [
+            hog.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+            for _ in range(MAX_SESSIONS - 6)
+        ]
         assert engine.runner.resident_sessions == MAX_SESSIONS
         if retry:
             out = client.generate(prompt(5), max_new_tokens=1).collect()

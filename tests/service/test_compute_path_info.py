@@ -25,9 +25,15 @@ def test_info_reports_a_slow_path(monkeypatch) -> None:
     """q8_0 weights without the compiled kernels run on MLX's own ops: Info says slow."""
     monkeypatch.setattr(cpu_kernels, "_status", KernelStatus(False, "none", 0, "FORKLINE_KERNELS=off"))
     monkeypatch.setattr(cpu_kernels, "_module", None)
-    deps = EngineDeps.build(random_model("FRFR", 4, 0, weights_dtype="q8_0"), char_tokenizer(),
-                            model_name="tiny-q8_0", chat=ChatFormatter(name="chatml"), max_sessions=2,
-                            max_session_tokens=64, prefill_chunk=64)
+    deps = EngineDeps.build(
+        random_model("FRFR", 4, 0, weights_dtype="q8_0"),
+        char_tokenizer(),
+        model_name="tiny-q8_0",
+        chat=ChatFormatter(name="chatml"),
+        max_sessions=2,
+        max_session_tokens=64,
+        prefill_chunk=64,
+    )
     server, port = create_server(deps, "127.0.0.1:0")
     try:
         info = EngineClient(f"127.0.0.1:{port}", owner="alice").info()

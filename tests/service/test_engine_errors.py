@@ -75,7 +75,9 @@ def test_bad_inputs_map_to_codes_beside_a_healthy_stream(engine) -> None:
     # unknown, forged (right instance, random bits), stale-instance and another owner's handles
     expect_code(NOT_FOUND, gen(stub, meta, session="nope", tokens=tokens))
     expect_code(NOT_FOUND, gen(stub, meta, session=f"{instance}.{'0' * 32}", tokens=tokens))
-    assert "restarted" in expect_code(NOT_FOUND, gen(stub, meta, session=f"{'f' * 16}.{'0' * 32}", tokens=tokens))
+    assert "restarted" in expect_code(
+        NOT_FOUND, gen(stub, meta, session=f"{'f' * 16}.{'0' * 32}", tokens=tokens)
+    )
     _, bob_meta, _ = stub_and_meta(engine.address, "bob")
     expect_code(NOT_FOUND, gen(stub, bob_meta, session=own, tokens=tokens))
     expect_code(NOT_FOUND, lambda: stub.Clone(pb.CloneRequest(session=own, upto=1), metadata=bob_meta))
@@ -87,7 +89,9 @@ def test_bad_inputs_map_to_codes_beside_a_healthy_stream(engine) -> None:
     expect_code(INVALID, gen(stub, meta, tokens=pb.TokenIds(ids=[])))
     expect_code(INVALID, gen(stub, meta))
     expect_code(INVALID, gen(stub, meta, prepared=pb.PreparedInput(kind="pixels", payload=b"")))
-    expect_code(INVALID, gen(stub, meta, prepared=pb.PreparedInput(kind="embeddings", payload=b"12", shape=[1, 64])))
+    expect_code(
+        INVALID, gen(stub, meta, prepared=pb.PreparedInput(kind="embeddings", payload=b"12", shape=[1, 64]))
+    )
     # a registered kind this engine's executor does not accept (raw-token ModuleExecutor)
     zeros = pb.PreparedInput(kind="embeddings", payload=bytes(4 * 3 * 64), shape=[3, 64])
     assert "not supported" in expect_code(INVALID, gen(stub, meta, prepared=zeros))
@@ -96,7 +100,10 @@ def test_bad_inputs_map_to_codes_beside_a_healthy_stream(engine) -> None:
     expect_code(INVALID, gen(stub, meta, tokens=tokens, capture=pb.CaptureOptions(breakpoints=[5])))
     expect_code(INVALID, gen(stub, meta, session=own, tokens=tokens, keep_session=True))
     expect_code(INVALID, lambda: stub.Detokenize(pb.DetokenizeRequest(ids=[999]), metadata=meta))
-    expect_code(INVALID, lambda: stub.Describe(pb.DescribeRequest(session=own), metadata=((OWNER_METADATA_KEY, "x" * 500),)))
+    expect_code(
+        INVALID,
+        lambda: stub.Describe(pb.DescribeRequest(session=own), metadata=((OWNER_METADATA_KEY, "x" * 500),)),
+    )
     # a prompt over the session limit (256 positions)
     assert "max_session_tokens" in expect_code(INVALID, gen(stub, meta, tokens=pb.TokenIds(ids=[65] * 257)))
     expect_code(INVALID, gen(stub, meta, session=own, tokens=pb.TokenIds(ids=[65] * 200)))
@@ -111,7 +118,10 @@ def test_bad_inputs_map_to_codes_beside_a_healthy_stream(engine) -> None:
 def test_engine_full_is_resource_exhausted(engine_factory) -> None:
     engine = engine_factory(max_sessions=3)
     alice = EngineClient(engine.address, owner="alice")
-    held = [alice.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session for _ in range(2)]
+    held = [
+        alice.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+        for _ in range(2)
+    ]
     healthy = HealthyStream(engine.address)  # the third and last slot
     assert healthy.started.wait(30)
     stub, meta, channel = stub_and_meta(engine.address)
@@ -144,7 +154,9 @@ def test_stopping_engine_is_unavailable_while_streams_finish(engine) -> None:
     engine.server.servicer.drain()  # what SIGTERM does first
     stub, meta, channel = stub_and_meta(engine.address)
     expect_code(grpc.StatusCode.UNAVAILABLE, gen(stub, meta, tokens=pb.TokenIds(ids=[65, 66])))
-    expect_code(grpc.StatusCode.UNAVAILABLE, lambda: stub.Clone(pb.CloneRequest(session="x", upto=0), metadata=meta))
+    expect_code(
+        grpc.StatusCode.UNAVAILABLE, lambda: stub.Clone(pb.CloneRequest(session="x", upto=0), metadata=meta)
+    )
     healthy.check()  # the stream in flight completes
     engine.stop(grace=5)
     expect_code(grpc.StatusCode.UNAVAILABLE, lambda: stub.Info(pb.InfoRequest(), metadata=meta, timeout=2))
@@ -178,8 +190,10 @@ def test_clone_new_owner_is_validated_like_the_owner_metadata(engine) -> None:
     own = alice.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
     resident = engine.runner.resident_sessions
     stub, meta, channel = stub_and_meta(engine.address)
-    details = expect_code(grpc.StatusCode.INVALID_ARGUMENT,
-                          lambda: stub.Clone(pb.CloneRequest(session=own, upto=3, new_owner="x" * 129), metadata=meta))
+    details = expect_code(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        lambda: stub.Clone(pb.CloneRequest(session=own, upto=3, new_owner="x" * 129), metadata=meta),
+    )
     assert "new_owner" in details
     assert engine.runner.resident_sessions == resident and len(engine.deps.registry) == 1
     # the longest valid owner passes the length check; a client may hand a clone only to a persistent owner
@@ -202,11 +216,17 @@ def test_prepared_input_that_cannot_fit_the_model_is_invalid_argument(engine_fac
     hidden = random_model("FRFR", 4, 0).config.hidden_size  # the engine's model (conftest)
 
     def prepared(payload: bytes, shape: list[int]):
-        return gen(stub, meta, prepared=pb.PreparedInput(kind="embeddings", payload=payload, shape=shape),
-                   config=pb.GenerationConfig(max_new_tokens=1))
+        return gen(
+            stub,
+            meta,
+            prepared=pb.PreparedInput(kind="embeddings", payload=payload, shape=shape),
+            config=pb.GenerationConfig(max_new_tokens=1),
+        )
 
     wrong = hidden + 3
-    assert "prepared.shape" in expect_code(grpc.StatusCode.INVALID_ARGUMENT, prepared(bytes(4 * 2 * wrong), [2, wrong]))
+    assert "prepared.shape" in expect_code(
+        grpc.StatusCode.INVALID_ARGUMENT, prepared(bytes(4 * 2 * wrong), [2, wrong])
+    )
     nan = struct.pack("<f", math.nan) + bytes(4 * (2 * hidden - 1))
     assert "prepared.payload" in expect_code(grpc.StatusCode.INVALID_ARGUMENT, prepared(nan, [2, hidden]))
     inf = struct.pack("<f", -math.inf) * (2 * hidden)
@@ -227,10 +247,14 @@ def test_clone_that_does_not_settle_in_time_is_unavailable_not_internal(engine, 
     alice = EngineClient(engine.address, owner="alice")
     own = alice.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
     monkeypatch.setattr(servicer, "CLONE_TIMEOUT_S", 0.2)
-    monkeypatch.setattr(Session, "clone_async", lambda self, upto, expected=None: Future())  # a stalled engine
+    monkeypatch.setattr(
+        Session, "clone_async", lambda self, upto, expected=None: Future()
+    )  # a stalled engine
     stub, meta, channel = stub_and_meta(engine.address)
-    details = expect_code(grpc.StatusCode.UNAVAILABLE,
-                          lambda: stub.Clone(pb.CloneRequest(session=own, upto=len(PROMPT)), metadata=meta))
+    details = expect_code(
+        grpc.StatusCode.UNAVAILABLE,
+        lambda: stub.Clone(pb.CloneRequest(session=own, upto=len(PROMPT)), metadata=meta),
+    )
     assert "clone" in details
     channel.close()
 
@@ -256,11 +280,15 @@ def test_clone_whose_caller_gave_up_is_not_registered(engine, monkeypatch) -> No
 
     monkeypatch.setattr(Session, "clone_async", late_clone)
     stub, meta, channel = stub_and_meta(engine.address)
-    expect_code(grpc.StatusCode.DEADLINE_EXCEEDED,
-                lambda: stub.Clone(pb.CloneRequest(session=own, upto=len(PROMPT)), metadata=meta, timeout=0.2))
+    expect_code(
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        lambda: stub.Clone(pb.CloneRequest(session=own, upto=len(PROMPT)), metadata=meta, timeout=0.2),
+    )
     monkeypatch.undo()
-    assert wait_for(lambda: engine.runner.resident_sessions == resident and len(engine.deps.registry) == handles,
-                    timeout=5), (engine.runner.resident_sessions, len(engine.deps.registry))
+    assert wait_for(
+        lambda: engine.runner.resident_sessions == resident and len(engine.deps.registry) == handles,
+        timeout=5,
+    ), (engine.runner.resident_sessions, len(engine.deps.registry))
     channel.close()
 
 
@@ -271,7 +299,9 @@ def test_clone_upto_and_content_digest_are_validated_naming_the_field(engine) ->
     base = engine.runner.resident_sessions
     stub, meta, channel = stub_and_meta(engine.address)
     for upto in (-1, -(2**40)):
-        details = expect_code(INVALID, lambda u=upto: stub.Clone(pb.CloneRequest(session=own, upto=u), metadata=meta))
+        details = expect_code(
+            INVALID, lambda u=upto: stub.Clone(pb.CloneRequest(session=own, upto=u), metadata=meta)
+        )
         assert details == f"upto must be >= 0, got {upto}"
     for size in (1, 15, 17, 32):
         request = pb.CloneRequest(session=own, upto=3, expected_content_digest=b"x" * size)

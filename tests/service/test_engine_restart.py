@@ -51,8 +51,12 @@ class ServiceProcess:
     its own gRPC channels, as in a deployment (channels in one process share their connections)."""
 
     def __init__(self, module: str, *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", module, *args, "--log_level", "WARNING"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module, *args, "--log_level", "WARNING"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
     def listening(self, timeout: float = 60.0) -> str:
         """Wait for the "listening on HOST:PORT" line; returns HOST:PORT."""
@@ -64,7 +68,9 @@ class ServiceProcess:
             for line in self.proc.stdout:
                 lines.append(line)
                 if " listening on " in line:
-                    threading.Thread(target=self.proc.stdout.read, daemon=True).start()  # keep the pipe drained
+                    threading.Thread(
+                        target=self.proc.stdout.read, daemon=True
+                    ).start()  # keep the pipe drained
                     return line.rsplit(" ", 1)[1].strip()
         finally:
             timer.cancel()
@@ -81,7 +87,9 @@ class EngineProcess(ServiceProcess):
     """The engine (the packaged model) on a fixed port, so that a restart comes back at the same address."""
 
     def __init__(self, port: int) -> None:
-        super().__init__("engine_service", "--port", str(port), "--max_sessions", "8", "--max_session_tokens", "256")
+        super().__init__(
+            "engine_service", "--port", str(port), "--max_sessions", "8", "--max_session_tokens", "256"
+        )
         self.port = port
 
     @property
@@ -94,7 +102,8 @@ def serving(address: str) -> bool:
     with grpc.insecure_channel(address) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=ENGINE_SERVICE), timeout=0.2)
+                health_pb2.HealthCheckRequest(service=ENGINE_SERVICE), timeout=0.2
+            )
         except grpc.RpcError:
             return False
     return reply.status == health_pb2.HealthCheckResponse.SERVING
@@ -151,8 +160,9 @@ class LookupLoop:
         return self.attempts
 
 
-def restart_and_measure(engine: EngineProcess, prefix_address: str,
-                        outage_s: float) -> tuple[EngineProcess, float, float]:
+def restart_and_measure(
+    engine: EngineProcess, prefix_address: str, outage_s: float
+) -> tuple[EngineProcess, float, float]:
     """Kill the engine, keep it down ``outage_s`` (plus its load time) while the loop keeps sending
     Lookups, restart it on the same port; returns the new engine, the moment it reported SERVING and
     the seconds from then to the end of the first Lookup sent after it, which must succeed as a
@@ -164,7 +174,9 @@ def restart_and_measure(engine: EngineProcess, prefix_address: str,
     try:
         first = PrefixClient(prefix_address, owner="bob", timeout=10.0).lookup(text=TEXT)
     except errors.ForklineError as exc:
-        raise AssertionError(f"the first Lookup {time.monotonic() - back:.2f} s after SERVING failed: {exc!r}") from None
+        raise AssertionError(
+            f"the first Lookup {time.monotonic() - back:.2f} s after SERVING failed: {exc!r}"
+        ) from None
     recovery = time.monotonic() - back
     assert (first.session, first.reason) == (None, "engine_restarted")
     return engine, back, recovery
@@ -198,10 +210,16 @@ def test_lookups_recover_within_a_second_after_an_engine_restart() -> None:
         attempts = loop.stop()
         kills.append(time.monotonic())
         assert all(r < RECOVERY_S for r in recoveries), recoveries
-        assert sum(a.error.startswith("Unavailable") for a in attempts) > 0  # the loop did run into the outages
-        for back, next_kill in zip(backs, kills[1:], strict=True):  # the loop's view: after SERVING nothing failed
+        assert (
+            sum(a.error.startswith("Unavailable") for a in attempts) > 0
+        )  # the loop did run into the outages
+        for back, next_kill in zip(
+            backs, kills[1:], strict=True
+        ):  # the loop's view: after SERVING nothing failed
             after = [a for a in attempts if back <= a.sent and a.ended < next_kill]
-            assert after and after[0].ended - back < RECOVERY_S and after[0].reason == "engine_restarted", after[:3]
+            assert after and after[0].ended - back < RECOVERY_S and after[0].reason == "engine_restarted", (
+                after[:3]
+            )
             assert not [a for a in after if a.error], [a for a in after if a.error][:3]
         stats = gateway.stats()
         assert stats.dropped_on_restart == 2 and stats.entries == 1
@@ -224,6 +242,7 @@ def wait_for_attempt(loop: LookupLoop, start: int, reason: str, timeout: float =
 
 
 # --------------------------------------------------------------------------- in-process, fast
+
 
 def test_old_channel_settings_stay_down_after_the_engine_is_back(engine_factory) -> None:
     """Negative control at the channel level: two channels to one engine, both failing for 3.4 s while
@@ -292,7 +311,9 @@ def test_engine_outage_seen_by_the_watch(engine_factory, prefix_factory) -> None
 
 def prefix_health(address: str, service: str = PREFIX_SERVICE) -> str:
     with grpc.insecure_channel(address) as channel:
-        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=5
+        )
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 

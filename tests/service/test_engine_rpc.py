@@ -25,7 +25,11 @@ def test_generate_matches_in_process_and_streams_in_order(engine) -> None:
     assert out.started.position == 0 and out.started.input_positions == len(PROMPT)
     d = out.done
     assert (d.finish_reason, d.prompt_positions, d.reused_positions, d.generated_tokens) == (
-        "length", len(PROMPT), 0, 12)
+        "length",
+        len(PROMPT),
+        0,
+        12,
+    )
     assert d.position == len(PROMPT) + 11  # the last token is pending, not committed
     (snap,) = out.snapshots
     assert snap.kind == "prompt" and snap.position == len(PROMPT) and snap.handle
@@ -46,8 +50,11 @@ def test_continuing_from_a_snapshot_equals_a_cold_run(engine) -> None:
 def test_breakpoint_snapshots(engine) -> None:
     client = EngineClient(engine.address, owner="alice")
     out = client.generate(PROMPT, max_new_tokens=2, breakpoints=[10, 40], prompt_snapshot=True).collect()
-    assert [(s.kind, s.position) for s in out.snapshots] == [("breakpoint", 10), ("breakpoint", 40),
-                                                             ("prompt", len(PROMPT))]
+    assert [(s.kind, s.position) for s in out.snapshots] == [
+        ("breakpoint", 10),
+        ("breakpoint", 40),
+        ("prompt", len(PROMPT)),
+    ]
     for s in out.snapshots:
         assert client.describe(s.handle)[0] == s.position
 
@@ -104,13 +111,18 @@ def test_info_tokenize_detokenize_health_reflection(engine) -> None:
     assert client.tokenize("Hi!") == [72, 105, 33]
     assert client.tokenize("Hi", add_special_tokens=True) == [1, 72, 105]
     chat = client.tokenize("Hi", chat=True, system="Be brief")
-    assert client.detokenize(chat) == "<|im_start|>system\nBe brief<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        client.detokenize(chat)
+        == "<|im_start|>system\nBe brief<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert client.detokenize([72, 105]) == "Hi"
     text_run = client.generate(text="Hi", chat=True, max_new_tokens=2).collect()
     assert text_run.started.input_positions == len(client.tokenize("Hi", chat=True)) < len(chat)
     assert client.health() == "SERVING" and client.health("forkline.engine.v1.Engine") == "SERVING"
     stub = reflection_pb2_grpc.ServerReflectionStub(client.channel)
-    replies = list(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
+    replies = list(
+        stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+    )
     names = {s.name for s in replies[0].list_services_response.service}
     assert {"forkline.engine.v1.Engine", "grpc.health.v1.Health"} <= names
 
@@ -194,17 +206,22 @@ def test_snapshot_of_a_call_cancelled_before_it_is_streamed_is_released(engine_f
     assert isinstance(next(events), Started)
     assert entered.wait(10)
     stream.cancel()
-    assert wait_for(lambda: engine.runner.metrics().generations_finished == 1)  # the cancel reached the engine
+    assert wait_for(
+        lambda: engine.runner.metrics().generations_finished == 1
+    )  # the cancel reached the engine
     cancelled.set()
     assert wait_for(lambda: engine.runner.resident_sessions == 0 and len(engine.deps.registry) == 0), (
-        engine.runner.resident_sessions, len(engine.deps.registry))
+        engine.runner.resident_sessions,
+        len(engine.deps.registry),
+    )
 
 
 def _clone(client: EngineClient, session: str, upto: int, expected: bytes = b""):
     from protos import engine_pb2 as pb
 
-    return client._unary(client.stub.Clone, pb.CloneRequest(session=session, upto=upto,
-                                                            expected_content_digest=expected))
+    return client._unary(
+        client.stub.Clone, pb.CloneRequest(session=session, upto=upto, expected_content_digest=expected)
+    )
 
 
 def _described_digest(client: EngineClient, session: str) -> bytes:
@@ -226,12 +243,20 @@ def test_content_digests_on_snapshots_clones_and_describe(engine_factory) -> Non
     assert _described_digest(client, session) == content_digest(committed)
     base = client.info().resident_sessions
     ok = _clone(client, session, len(PROMPT), content_digest(PROMPT))
-    assert ok.session and ok.reason == pb.CLONE_REFUSAL_UNSPECIFIED and ok.content_digest == content_digest(PROMPT)
+    assert (
+        ok.session
+        and ok.reason == pb.CLONE_REFUSAL_UNSPECIFIED
+        and ok.content_digest == content_digest(PROMPT)
+    )
     plain = _clone(client, session, 10)
     assert plain.session and plain.content_digest == content_digest(PROMPT[:10])
     italy = [ord(c) for c in "What is the capital of Italy?"]
     wrong = _clone(client, session, len(italy), content_digest(italy))
-    assert not wrong.session and wrong.reason == pb.CLONE_REFUSAL_CONTENT_MISMATCH and "expected" in wrong.refusal
+    assert (
+        not wrong.session
+        and wrong.reason == pb.CLONE_REFUSAL_CONTENT_MISMATCH
+        and "expected" in wrong.refusal
+    )
     assert client.info().resident_sessions == base + 2  # the refusal made no session
     assert _described_digest(client, session) == content_digest(committed)  # nor changed the source
 
@@ -248,7 +273,9 @@ def test_a_session_holding_a_prepared_input_has_no_content_digest(engine_factory
     client = EngineClient(engine.address, owner="alice")
     embeddings = np.array(random_model("FFFF", 4, 0).embed(mx.array(PROMPT, dtype=mx.int32)), dtype="<f4")
     prepared = pb.PreparedInput(kind="embeddings", payload=embeddings.tobytes(), shape=list(embeddings.shape))
-    out = client.generate(prepared=prepared, max_new_tokens=2, prompt_snapshot=True, keep_session=True).collect()
+    out = client.generate(
+        prepared=prepared, max_new_tokens=2, prompt_snapshot=True, keep_session=True
+    ).collect()
     (snap,) = out.snapshots
     assert snap.handle and snap.content_digest is None
     assert _described_digest(client, out.started.session) == b""

@@ -22,16 +22,23 @@ OWNER = (("forkline-owner", "alice"),)
 class FleetService:
     def __init__(self, targets, routing: str = "cache_aware") -> None:
         self.targets = targets
-        self.fleet, self.pool = connect_fleet(lambda: set(self.targets), policy=routing_policy(routing),
-                                              ready_timeout=10, max_entries=16, resolve_every_s=60)
+        self.fleet, self.pool = connect_fleet(
+            lambda: set(self.targets),
+            policy=routing_policy(routing),
+            ready_timeout=10,
+            max_entries=16,
+            resolve_every_s=60,
+        )
         self.server, port = create_server(self.fleet, "127.0.0.1:0", pool=self.pool)
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         self.stub = prefix_pb2_grpc.PrefixCacheStub(self.channel)
 
     def generate(self, prompt: list[int], namespace: str = "ns") -> tuple[list[int], epb.DoneEvent]:
         request = prefix_pb2.GatewayGenerateRequest(
-            namespace=namespace, tokens=epb.TokenIds(ids=prompt),
-            config=epb.GenerationConfig(max_new_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True))
+            namespace=namespace,
+            tokens=epb.TokenIds(ids=prompt),
+            config=epb.GenerationConfig(max_new_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True),
+        )
         tokens: list[int] = []
         done = None
         for event in self.stub.Generate(request, metadata=OWNER, timeout=30):
@@ -98,14 +105,22 @@ def test_negative_control_round_robin_recomputes(two_engines) -> None:
 def test_lookup_names_the_engine_and_its_session_continues_there(service) -> None:
     p = prompts(1)[0]
     _, done = service.generate(p)
-    reply = service.stub.Lookup(prefix_pb2.LookupRequest(namespace="ns", tokens=epb.TokenIds(ids=p + [65])),
-                                metadata=OWNER)
+    reply = service.stub.Lookup(
+        prefix_pb2.LookupRequest(namespace="ns", tokens=epb.TokenIds(ids=p + [65])), metadata=OWNER
+    )
     assert reply.engine == done.engine and reply.reused == len(p)
     with grpc.insecure_channel(reply.engine) as channel:  # the engine it names holds the session
         engine = engine_pb2_grpc.EngineStub(channel)
-        events = list(engine.Generate(epb.GenerateRequest(
-            session=reply.session, tokens=epb.TokenIds(ids=[65]),
-            config=epb.GenerationConfig(max_new_tokens=NEW_TOKENS, ignore_eos=True)), metadata=OWNER))
+        events = list(
+            engine.Generate(
+                epb.GenerateRequest(
+                    session=reply.session,
+                    tokens=epb.TokenIds(ids=[65]),
+                    config=epb.GenerationConfig(max_new_tokens=NEW_TOKENS, ignore_eos=True),
+                ),
+                metadata=OWNER,
+            )
+        )
         got = [t for e in events if e.HasField("tokens") for t in e.tokens.ids]
         engine.Close(epb.CloseRequest(session=reply.session), metadata=OWNER)
     assert got == in_process_tokens(p + [65], NEW_TOKENS)
@@ -116,16 +131,25 @@ def test_insert_names_its_engine(service, two_engines) -> None:
     p = prompts(1)[0]
     with grpc.insecure_channel(engine.address) as channel:
         stub = engine_pb2_grpc.EngineStub(channel)
-        events = list(stub.Generate(epb.GenerateRequest(tokens=epb.TokenIds(ids=p), keep_session=True,
-                                                        config=epb.GenerationConfig(max_new_tokens=1)),
-                                    metadata=OWNER))
+        events = list(
+            stub.Generate(
+                epb.GenerateRequest(
+                    tokens=epb.TokenIds(ids=p),
+                    keep_session=True,
+                    config=epb.GenerationConfig(max_new_tokens=1),
+                ),
+                metadata=OWNER,
+            )
+        )
         session, done = events[0].started.session, events[-1].done
         generated = [t for e in events if e.HasField("tokens") for t in e.tokens.ids]
-        p = p + generated[:done.position - len(p)]  # what the session holds
+        p = p + generated[: done.position - len(p)]  # what the session holds
         insert = prefix_pb2.InsertRequest(namespace="ns", tokens=p, session=session)
         with pytest.raises(grpc.RpcError) as missing:
             service.stub.Insert(insert, metadata=OWNER)
-        assert missing.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "engine" in missing.value.details()
+        assert (
+            missing.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "engine" in missing.value.details()
+        )
         insert.engine = "127.0.0.1:1"
         with pytest.raises(grpc.RpcError) as unknown:
             service.stub.Insert(insert, metadata=OWNER)
@@ -193,4 +217,3 @@ def test_dns_targets_resolve_every_address() -> None:
         with pytest.raises(ValueError, match="engines"):
             DnsTarget.parse(bad)
     assert DnsTarget("no-such-host.invalid", 1).resolve() == set()
-

@@ -28,8 +28,14 @@ def services():
         loaded = load_model("gemma-3-270m")
     except ModelLoadError as exc:
         pytest.skip(f"gemma-3-270m unavailable: {exc}")
-    deps = EngineDeps.build(loaded, loaded.tokenizer, model_name="gemma-3-270m", chat=loaded.chat, max_sessions=32,
-                            max_session_tokens=2048)
+    deps = EngineDeps.build(
+        loaded,
+        loaded.tokenizer,
+        model_name="gemma-3-270m",
+        chat=loaded.chat,
+        max_sessions=32,
+        max_session_tokens=2048,
+    )
     server, port = create_server(deps, "127.0.0.1:0")
     prefix = start_prefix(f"127.0.0.1:{port}", max_entries=16)
     client = PrefixClient(prefix.address, owner="slow", timeout=600)
@@ -80,8 +86,12 @@ def test_the_main_job_runs_on_gemma_with_plain_text() -> None:
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-m", "clients.demo", "--model", "gemma-3-270m", "--max_new_tokens", "8"],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "clients.demo", "--model", "gemma-3-270m", "--max_new_tokens", "8"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "gemma3" in run.stdout and "prompts go as plain text" in run.stdout
     reuse = re.findall(r"round \d: reused (\d+)/(\d+) prompt tokens", run.stdout)

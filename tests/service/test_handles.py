@@ -80,7 +80,9 @@ def test_idle_expiry_respects_pins_and_use() -> None:
 
 def test_persistent_owner_never_expires() -> None:
     clock = FakeClock()
-    reg: HandleRegistry[str] = HandleRegistry(idle_timeout_s=1.0, clock=clock, persistent_owners=frozenset({"svc"}))
+    reg: HandleRegistry[str] = HandleRegistry(
+        idle_timeout_s=1.0, clock=clock, persistent_owners=frozenset({"svc"})
+    )
     reg.register("kept", "svc")
     reg.register("client", "c")
     clock.now += 5
@@ -96,8 +98,9 @@ def test_zero_timeout_never_expires() -> None:
     assert reg.expire_idle() == [] and len(reg) == 1
 
 
-@pytest.mark.parametrize(("field", "kwargs"), [("instance_id", {"instance_id": "xyz"}),
-                                               ("idle_timeout_s", {"idle_timeout_s": -1})])
+@pytest.mark.parametrize(
+    ("field", "kwargs"), [("instance_id", {"instance_id": "xyz"}), ("idle_timeout_s", {"idle_timeout_s": -1})]
+)
 def test_validation(field: str, kwargs: dict) -> None:
     with pytest.raises(InvalidArgument, match=field):
         HandleRegistry(**kwargs)

@@ -57,12 +57,14 @@ def client(door) -> openai.OpenAI:
 
 def post(base: str, path: str, body, **kw) -> httpx.Response:
     content = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    return httpx.post(base + path, content=content, headers={"content-type": "application/json"}, timeout=30, **kw)
+    return httpx.post(
+        base + path, content=content, headers={"content-type": "application/json"}, timeout=30, **kw
+    )
 
 
 def sse_events(response: httpx.Response) -> list:
     """The ``data:`` payloads of an event stream, parsed (``[DONE]`` kept as the string)."""
-    lines = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+    lines = [line[len("data: ") :] for line in response.iter_lines() if line.startswith("data: ")]
     return [line if line == "[DONE]" else json.loads(line) for line in lines]
 
 
@@ -86,7 +88,10 @@ def test_chat_non_streaming_and_the_second_call_reuses_the_prompt(door, client) 
     # chatml around the question, one token per character
     prompt = len("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
     assert (first.usage.prompt_tokens, first.usage.completion_tokens, first.usage.total_tokens) == (
-        prompt, 6, prompt + 6)
+        prompt,
+        6,
+        prompt + 6,
+    )
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert second.usage.prompt_tokens_details.cached_tokens == second.usage.prompt_tokens - 1
     assert wait_for(lambda: engine_idle(engine, held=1))  # only the stored prompt snapshot
@@ -94,8 +99,11 @@ def test_chat_non_streaming_and_the_second_call_reuses_the_prompt(door, client) 
 
 def test_chat_streaming_matches_non_streaming(client) -> None:
     whole = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=0)
-    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=0,
-                                                 stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=QUESTION, max_tokens=12, temperature=0, stream=True
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks)
     assert text == whole.choices[0].message.content
@@ -108,8 +116,14 @@ def test_completions_text_tokens_and_stream(client) -> None:
     whole = client.completions.create(model=MODEL, prompt="The quick brown fox", max_tokens=8, temperature=0)
     assert whole.object == "text_completion" and whole.choices[0].finish_reason == "length"
     assert whole.usage.prompt_tokens == len("The quick brown fox") + 1  # + BOS (special tokens on)
-    streamed = client.completions.create(model=MODEL, prompt="The quick brown fox", max_tokens=8, temperature=0,
-                                         stream=True, stream_options={"include_usage": True})
+    streamed = client.completions.create(
+        model=MODEL,
+        prompt="The quick brown fox",
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(streamed)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
@@ -126,8 +140,7 @@ def test_multi_turn_chat_reuses_the_earlier_turns(door, client) -> None:
     first = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4, temperature=0)
     answer = first.choices[0].message.content
     conversation = QUESTION + [{"role": "assistant", "content": answer}, {"role": "user", "content": "Why?"}]
-    second = client.chat.completions.create(model=MODEL, messages=conversation, max_tokens=4,
-                                            temperature=0)
+    second = client.chat.completions.create(model=MODEL, messages=conversation, max_tokens=4, temperature=0)
     rendered = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in conversation)
     assert second.usage.prompt_tokens == len(rendered + "<|im_start|>assistant\n")
     assert second.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens
@@ -146,10 +159,13 @@ def test_messages_travel_through_the_engine_api(door) -> None:
     with grpc.insecure_channel(engine.address) as channel:
         stub = engine_pb2_grpc.EngineStub(channel)
         ids = stub.Tokenize(pb.TokenizeRequest(text=pb.TextInput(chat=True, messages=turns))).ids
-        assert "".join(map(chr, ids)) == ("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nYo<|im_end|>\n"
-                                          "<|im_start|>assistant\n")
-        for bad, field in ((pb.TextInput(chat=True, text="x", messages=turns), "text.messages"),
-                           (pb.TextInput(messages=turns), "text.messages")):
+        assert "".join(map(chr, ids)) == (
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nYo<|im_end|>\n<|im_start|>assistant\n"
+        )
+        for bad, field in (
+            (pb.TextInput(chat=True, text="x", messages=turns), "text.messages"),
+            (pb.TextInput(messages=turns), "text.messages"),
+        ):
             with pytest.raises(grpc.RpcError) as info:
                 stub.Tokenize(pb.TokenizeRequest(text=bad))
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in info.value.details()
@@ -173,14 +189,17 @@ def test_responses_are_not_held_back_by_nagle() -> None:
         http.stop(0)
 
 
-@pytest.mark.parametrize(("kwargs", "exception", "param"), [
-    ({"n": 2}, openai.BadRequestError, "n"),
-    ({"model": "gpt-4o"}, openai.NotFoundError, "model"),
-    ({"temperature": 3.0}, openai.BadRequestError, "temperature"),
-    ({"stop": ""}, openai.BadRequestError, "stop"),
-    ({"logprobs": True}, openai.BadRequestError, "logprobs"),
-    ({"messages": [{"role": "user", "content": "x" * 2000}]}, openai.BadRequestError, None),  # too long
-])
+@pytest.mark.parametrize(
+    ("kwargs", "exception", "param"),
+    [
+        ({"n": 2}, openai.BadRequestError, "n"),
+        ({"model": "gpt-4o"}, openai.NotFoundError, "model"),
+        ({"temperature": 3.0}, openai.BadRequestError, "temperature"),
+        ({"stop": ""}, openai.BadRequestError, "stop"),
+        ({"logprobs": True}, openai.BadRequestError, "logprobs"),
+        ({"messages": [{"role": "user", "content": "x" * 2000}]}, openai.BadRequestError, None),  # too long
+    ],
+)
 def test_errors_surface_as_the_sdks_exceptions(shared_base, kwargs, exception, param) -> None:
     request = {"model": MODEL, "messages": QUESTION, "max_tokens": 2} | kwargs
     with pytest.raises(exception) as info:
@@ -191,24 +210,30 @@ def test_errors_surface_as_the_sdks_exceptions(shared_base, kwargs, exception, p
 # -- raw HTTP ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("body", "param", "says"), [
-    (b"{", None, "not valid JSON"),
-    (b"", None, "empty"),
-    (b"[1, 2]", None, "JSON object"),
-    ({"model": MODEL}, "messages", "required"),
-    ({"messages": QUESTION}, "model", "required"),
-    ({"model": MODEL, "messages": "hi"}, "messages", "array"),
-    ({"model": MODEL, "messages": []}, "messages", "at least 1"),
-    ({"model": MODEL, "messages": [{"role": "user"}], "max_tokens": "3"}, "max_tokens", "integer"),
-    ({"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "system"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": 5}]}, "messages[0].content", "string"),
-    ({"model": MODEL, "messages": QUESTION, "stream": "yes"}, "stream", "boolean"),
-    ({"model": MODEL, "messages": QUESTION, "stop": ["a", 1]}, "stop", "string"),
-    ({"model": MODEL, "messages": QUESTION, "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-     "messages[0].content[0]", "text parts"),
-    ({"model": MODEL, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "tool"),
-])
+@pytest.mark.parametrize(
+    ("body", "param", "says"),
+    [
+        (b"{", None, "not valid JSON"),
+        (b"", None, "empty"),
+        (b"[1, 2]", None, "JSON object"),
+        ({"model": MODEL}, "messages", "required"),
+        ({"messages": QUESTION}, "model", "required"),
+        ({"model": MODEL, "messages": "hi"}, "messages", "array"),
+        ({"model": MODEL, "messages": []}, "messages", "at least 1"),
+        ({"model": MODEL, "messages": [{"role": "user"}], "max_tokens": "3"}, "max_tokens", "integer"),
+        ({"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "system"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": 5}]}, "messages[0].content", "string"),
+        ({"model": MODEL, "messages": QUESTION, "stream": "yes"}, "stream", "boolean"),
+        ({"model": MODEL, "messages": QUESTION, "stop": ["a", 1]}, "stop", "string"),
+        ({"model": MODEL, "messages": QUESTION, "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "messages[0].content[0]",
+            "text parts",
+        ),
+        ({"model": MODEL, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "tool"),
+    ],
+)
 def test_malformed_chat_bodies_are_400_naming_the_field(shared_base, body, param, says) -> None:
     response = post(shared_base, "/v1/chat/completions", body)
     assert response.status_code == 400, response.text
@@ -233,14 +258,16 @@ def test_stop_strings_cut_the_text_and_end_the_generation(door) -> None:
     reference = post(base, "/v1/chat/completions", request).json()["choices"][0]["message"]["content"]
     # two different characters (two tokens, matched on the text) that do not open the answer
     k = next(i for i in range(1, len(reference) - 1) if reference[i] != reference[i + 1])
-    stop = reference[k:k + 2]
+    stop = reference[k : k + 2]
     cut = reference.index(stop)
     assert cut > 0, reference
     stopped = post(base, "/v1/chat/completions", request | {"stop": ["never", stop]}).json()
     assert stopped["choices"][0]["message"]["content"] == reference[:cut]
     assert stopped["choices"][0]["finish_reason"] == "stop"
     assert stopped["usage"]["completion_tokens"] == cut + len(stop)  # no token past the stop string
-    with httpx.stream("POST", base + "/v1/chat/completions", json=request | {"stop": stop, "stream": True}) as s:
+    with httpx.stream(
+        "POST", base + "/v1/chat/completions", json=request | {"stop": stop, "stream": True}
+    ) as s:
         events = sse_events(s)
     assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "stop"
     assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1]) == reference[:cut]
@@ -248,8 +275,13 @@ def test_stop_strings_cut_the_text_and_end_the_generation(door) -> None:
 
 
 def test_include_usage_adds_one_final_usage_chunk(door) -> None:
-    body = {"model": MODEL, "messages": QUESTION, "max_tokens": 3, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "messages": QUESTION,
+        "max_tokens": 3,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with httpx.stream("POST", door[2] + "/v1/chat/completions", json=body) as s:
         assert s.headers["content-type"].startswith("text/event-stream")
         events = sse_events(s)
@@ -301,9 +333,14 @@ def test_engine_down_is_503(door) -> None:
 
 def test_stopping_the_prefix_service_stops_its_http_door(door) -> None:
     engine, prefix, base = door
-    with httpx.Client(timeout=30) as http, http.stream(
-            "POST", base + "/v1/completions", json={"model": MODEL, "prompt": "a", "max_tokens": 900,
-                                                   "stream": True}) as s:
+    with (
+        httpx.Client(timeout=30) as http,
+        http.stream(
+            "POST",
+            base + "/v1/completions",
+            json={"model": MODEL, "prompt": "a", "max_tokens": 900, "stream": True},
+        ) as s,
+    ):
         assert next(line for line in s.iter_lines() if line.startswith("data: "))
         prefix.stop(0.2, release=True)
     with pytest.raises(httpx.ConnectError):
@@ -323,8 +360,14 @@ def test_the_real_model_answers_through_its_chat_template() -> None:
     from engine_service.rpc.servicer import EngineDeps
 
     loaded = load_model()
-    deps = EngineDeps.build(loaded, loaded.tokenizer, model_name=loaded.path, chat=loaded.chat, max_sessions=4,
-                            max_session_tokens=512)
+    deps = EngineDeps.build(
+        loaded,
+        loaded.tokenizer,
+        model_name=loaded.path,
+        chat=loaded.chat,
+        max_sessions=4,
+        max_session_tokens=512,
+    )
     server, port = create_server(deps, "127.0.0.1:0")
     prefix = start_prefix(f"127.0.0.1:{port}")
     try:
@@ -333,15 +376,18 @@ def test_the_real_model_answers_through_its_chat_template() -> None:
         model = client.models.list().data[0].id
         assert model == "SmolLM2-135M-Instruct.Q4_1"  # the README's example uses this id
         messages = [{"role": "system", "content": "You are a helpful assistant."}, QUESTION[0]]
-        answers = [client.chat.completions.create(model=model, messages=messages, max_tokens=16, temperature=0)
-                   for _ in range(2)]
+        answers = [
+            client.chat.completions.create(model=model, messages=messages, max_tokens=16, temperature=0)
+            for _ in range(2)
+        ]
         prompt = loaded.tokenizer.encode(loaded.chat.format(messages))
         assert [a.usage.prompt_tokens for a in answers] == [len(prompt)] * 2
         assert [a.usage.prompt_tokens_details.cached_tokens for a in answers] == [0, len(prompt) - 1]
         assert "Paris" in answers[0].choices[0].message.content
         assert answers[1].choices[0].message.content == answers[0].choices[0].message.content
-        streamed = client.chat.completions.create(model=model, messages=messages, max_tokens=16, temperature=0,
-                                                  stream=True, stop=["Paris"])
+        streamed = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=16, temperature=0, stream=True, stop=["Paris"]
+        )
         text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
         assert text == answers[0].choices[0].message.content.split("Paris")[0]
     finally:
@@ -359,14 +405,23 @@ def test_the_door_routes_over_several_engines(engine_factory) -> None:
     server, _ = create_server(fleet, "127.0.0.1:0", pool=pool)
     try:
         client = sdk(f"http://127.0.0.1:{server.start_http('127.0.0.1', 0, model_name=MODEL)}")
-        questions = [[{"role": "user", "content": f"{q} is the capital of France?"}] for q in ("What", "Which city")]
+        questions = [
+            [{"role": "user", "content": f"{q} is the capital of France?"}] for q in ("What", "Which city")
+        ]
         header = len("<|im_start|>user\n")  # what the two chats share (one token per character)
         for i, messages in enumerate(questions):
-            first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
-            again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
+            first = client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=4, temperature=0
+            )
+            again = client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=4, temperature=0
+            )
             assert first.usage.prompt_tokens_details.cached_tokens == (0 if i == 0 else header + 2)  # + "Wh"
             assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
             assert again.choices[0].message.content == first.choices[0].message.content
-        assert sorted(e.stats.cache.entries for e in fleet.stats().engines) == [0, 2]  # both where the header is
+        assert sorted(e.stats.cache.entries for e in fleet.stats().engines) == [
+            0,
+            2,
+        ]  # both where the header is
     finally:
         server.stop(0)

@@ -63,21 +63,32 @@ def test_real_tokens_are_forwarded_and_https_uses_the_grpc_certificate(tmp_path)
     prefix_tokens = table("prefix.txt", {TOKEN: "alice", carol: "carol"})
     engine_security = ServerSecurity(table("engine.txt", {TOKEN: "alice", service_token: "prefix-service"}))
     pki = write_test_pki(tmp_path)
-    deps = EngineDeps.build(random_model("FRFR", 4, 0), char_tokenizer(), model_name="tiny",
-                            chat=ChatFormatter(name="chatml"), max_sessions=8, max_session_tokens=256,
-                            prefill_chunk=64)
+    deps = EngineDeps.build(
+        random_model("FRFR", 4, 0),
+        char_tokenizer(),
+        model_name="tiny",
+        chat=ChatFormatter(name="chatml"),
+        max_sessions=8,
+        max_session_tokens=256,
+        prefill_chunk=64,
+    )
     engine, engine_port = create_server(deps, "127.0.0.1:0", security=engine_security)
-    gateway, channel = connect_engine(f"127.0.0.1:{engine_port}", engine_security=ClientSecurity(service_token))
-    prefix, _ = create_prefix_server(gateway, "127.0.0.1:0", channel=channel,
-                                     security=ServerSecurity(prefix_tokens))
+    gateway, channel = connect_engine(
+        f"127.0.0.1:{engine_port}", engine_security=ClientSecurity(service_token)
+    )
+    prefix, _ = create_prefix_server(
+        gateway, "127.0.0.1:0", channel=channel, security=ServerSecurity(prefix_tokens)
+    )
     try:
-        port = prefix.start_http("127.0.0.1", 0, auth=prefix_tokens, tls_cert=pki.server_cert,
-                                 tls_key=pki.server_key)
+        port = prefix.start_http(
+            "127.0.0.1", 0, auth=prefix_tokens, tls_cert=pki.server_cert, tls_key=pki.server_key
+        )
 
         def client(token: str) -> openai.OpenAI:
             https = httpx.Client(verify=ssl.create_default_context(cafile=pki.ca))
-            return openai.OpenAI(base_url=f"https://127.0.0.1:{port}/v1", api_key=token, max_retries=0,
-                                 http_client=https)
+            return openai.OpenAI(
+                base_url=f"https://127.0.0.1:{port}/v1", api_key=token, max_retries=0, http_client=https
+            )
 
         answer = client(TOKEN).chat.completions.create(model="tiny", messages=QUESTION, max_tokens=2)
         assert answer.usage.completion_tokens == 2

@@ -91,7 +91,9 @@ def tokenize(stub):
 
 
 @pytest.mark.parametrize("bug", [KeyError, IndexError, ValueError])
-def test_a_builtin_error_in_a_unary_call_is_internal_and_logged_once(engine, stub, caplog, monkeypatch, bug) -> None:
+def test_a_builtin_error_in_a_unary_call_is_internal_and_logged_once(
+    engine, stub, caplog, monkeypatch, bug
+) -> None:
     caplog.set_level(logging.ERROR)
     monkeypatch.setattr(engine.deps.tokenizer, "encode", raising(bug(SECRET)))
     check_internal(caplog, failed_call(tokenize(stub)), bug)
@@ -101,10 +103,14 @@ def test_a_keyerror_in_a_handle_lookup_is_internal_not_not_found(engine, stub, c
     # The registry is where a NOT_FOUND is expected; a KeyError bug there must not pass for one.
     caplog.set_level(logging.ERROR)
     monkeypatch.setattr(engine.deps.registry, "resolve", raising(KeyError(SECRET)))
-    check_internal(caplog, failed_call(lambda: stub.Describe(pb.DescribeRequest(session="x"), metadata=META)), KeyError)
+    check_internal(
+        caplog, failed_call(lambda: stub.Describe(pb.DescribeRequest(session="x"), metadata=META)), KeyError
+    )
 
 
-def test_a_keyerror_in_a_streamed_generate_is_internal_and_releases_the_session(engine, stub, caplog, monkeypatch) -> None:
+def test_a_keyerror_in_a_streamed_generate_is_internal_and_releases_the_session(
+    engine, stub, caplog, monkeypatch
+) -> None:
     # The bug strikes after the stream started (detokenizing the first tokens): the client has its
     # started event, then INTERNAL; the fresh session is closed all the same.
     caplog.set_level(logging.ERROR)
@@ -112,7 +118,9 @@ def test_a_keyerror_in_a_streamed_generate_is_internal_and_releases_the_session(
     received = []
 
     def generate():
-        request = pb.GenerateRequest(tokens=pb.TokenIds(ids=PROMPT), config=pb.GenerationConfig(max_new_tokens=4))
+        request = pb.GenerateRequest(
+            tokens=pb.TokenIds(ids=PROMPT), config=pb.GenerationConfig(max_new_tokens=4)
+        )
         for event in stub.Generate(request, metadata=META):
             received.append(event.WhichOneof("event"))
 
@@ -124,8 +132,9 @@ def test_a_keyerror_in_a_streamed_generate_is_internal_and_releases_the_session(
 def test_a_builtin_error_from_a_clone_future_is_internal(engine, stub, caplog, monkeypatch) -> None:
     from concurrent.futures import Future
 
-    request = pb.GenerateRequest(tokens=pb.TokenIds(ids=PROMPT), keep_session=True,
-                                 config=pb.GenerationConfig(max_new_tokens=1))
+    request = pb.GenerateRequest(
+        tokens=pb.TokenIds(ids=PROMPT), keep_session=True, config=pb.GenerationConfig(max_new_tokens=1)
+    )
     session = list(stub.Generate(request, metadata=META))[0].started.session  # kept: the stream completed
     broken: Future = Future()
     broken.set_exception(IndexError(SECRET))  # what a bug on the engine thread settles the future with
@@ -144,7 +153,9 @@ def test_a_builtin_error_from_a_clone_future_is_internal(engine, stub, caplog, m
     ],
     ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else str(v),
 )
-def test_forkline_errors_keep_their_code_and_message_and_log_nothing(engine, stub, caplog, monkeypatch, error, code) -> None:
+def test_forkline_errors_keep_their_code_and_message_and_log_nothing(
+    engine, stub, caplog, monkeypatch, error, code
+) -> None:
     """Negative control: the same injection with a deliberate error is an answer, not a bug."""
     caplog.set_level(logging.ERROR)
     monkeypatch.setattr(engine.deps.tokenizer, "encode", raising(error))
@@ -157,7 +168,9 @@ def test_forkline_errors_keep_their_code_and_message_and_log_nothing(engine, stu
 def test_an_input_error_from_domain_validation_is_invalid_argument(engine, stub, caplog) -> None:
     """Validation in domain code raises forkline's InvalidArgument (GenConfig, SamplingParams, ...)."""
     caplog.set_level(logging.ERROR)
-    request = pb.GenerateRequest(tokens=pb.TokenIds(ids=PROMPT), config=pb.GenerationConfig(temperature=float("nan")))
+    request = pb.GenerateRequest(
+        tokens=pb.TokenIds(ids=PROMPT), config=pb.GenerationConfig(temperature=float("nan"))
+    )
     rpc_error = failed_call(lambda: list(stub.Generate(request, metadata=META)))
     assert rpc_error.code() == grpc.StatusCode.INVALID_ARGUMENT and "temperature" in rpc_error.details()
     assert logged_tracebacks(caplog) == []
@@ -179,10 +192,22 @@ def _domain_validators():
         "SamplingParams.top_k": (lambda: SamplingParams(top_k=-1), "top_k"),
         "LayerSpec.kind": (lambda: LayerSpec(kind="diagonal"), "kind"),
         "CacheConfig.capacity": (
-            lambda: CacheConfig(capacity=0, max_seqs=1, layers=full, kv_heads=1, head_dim=8), "capacity"),
-        "ModelConfig.head_dim": (lambda: ModelConfig(vocab_size=8, hidden_size=8, num_layers=1, num_heads=1,
-                                                     num_kv_heads=1, head_dim=3, intermediate_size=8, layers=full),
-                                 "head_dim"),
+            lambda: CacheConfig(capacity=0, max_seqs=1, layers=full, kv_heads=1, head_dim=8),
+            "capacity",
+        ),
+        "ModelConfig.head_dim": (
+            lambda: ModelConfig(
+                vocab_size=8,
+                hidden_size=8,
+                num_layers=1,
+                num_heads=1,
+                num_kv_heads=1,
+                head_dim=3,
+                intermediate_size=8,
+                layers=full,
+            ),
+            "head_dim",
+        ),
         "layer pattern": (lambda: parse_layer_pattern("FX", 4), "layer pattern"),
         "chat format name": (lambda: ChatFormatter(name="no-such-format"), "chat format"),
         "chat messages": (lambda: ChatFormatter(name="chatml").format([{"role": "user"}]), "messages[0]"),

@@ -39,9 +39,16 @@ FIXED = {"max_new_tokens": NEW_TOKENS, "temperature": 10.0, "seed": 7, "ignore_e
 
 
 def engine_deps() -> EngineDeps:
-    return EngineDeps.build(random_model("FRFR", 4, 0), char_tokenizer(), model_name="tiny-FRFR-seed0",
-                            chat=ChatFormatter(name="chatml"), cache_kind="batched-sequence", max_sessions=8,
-                            max_session_tokens=256, prefill_chunk=64)
+    return EngineDeps.build(
+        random_model("FRFR", 4, 0),
+        char_tokenizer(),
+        model_name="tiny-FRFR-seed0",
+        chat=ChatFormatter(name="chatml"),
+        cache_kind="batched-sequence",
+        max_sessions=8,
+        max_session_tokens=256,
+        prefill_chunk=64,
+    )
 
 
 @pytest.fixture
@@ -67,22 +74,34 @@ class Scrape:
         families = list(text_string_to_metric_families(text))
         self.samples = [s for family in families for s in family.samples]
         # every name a query may use: families (also those without samples yet) and their series
-        self.names = {s.name for s in self.samples} | {f.name for f in families} | {
-            f"{f.name}_total" for f in families if f.type == "counter"}
+        self.names = (
+            {s.name for s in self.samples}
+            | {f.name for f in families}
+            | {f"{f.name}_total" for f in families if f.type == "counter"}
+        )
 
     def value(self, name: str, **labels: str) -> float:
-        return sum(s.value for s in self.samples
-                   if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+        return sum(
+            s.value
+            for s in self.samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+        )
 
     def has(self, name: str, **labels: str) -> bool:
-        return any(s.name == name and all(s.labels.get(k) == v for k, v in labels.items()) for s in self.samples)
+        return any(
+            s.name == name and all(s.labels.get(k) == v for k, v in labels.items()) for s in self.samples
+        )
 
 
 def dashboard_metrics() -> set[str]:
     """The metric names the Grafana dashboard's queries use."""
     panels = json.loads(DASHBOARD.read_text())["panels"]
-    return {name for panel in panels for target in panel["targets"]
-            for name in re.findall(r"\bforkline_[a-z0-9_]+", target["expr"])}
+    return {
+        name
+        for panel in panels
+        for target in panel["targets"]
+        for name in re.findall(r"\bforkline_[a-z0-9_]+", target["expr"])
+    }
 
 
 def delta(before: Scrape, after: Scrape, name: str, **labels: str) -> float:
@@ -106,13 +125,26 @@ def test_counters_move_with_the_traffic_on_both_services(services) -> None:
     assert during.value("forkline_engine_active_generations") == 1
     assert delta(e0, during, "forkline_time_to_first_token_seconds_count", service=ENGINE) == 1
     stream.cancel()
-    assert wait_for(lambda: Scrape(e_port).value("forkline_rpc_in_flight", service=ENGINE, method="Generate") == 0)
+    assert wait_for(
+        lambda: Scrape(e_port).value("forkline_rpc_in_flight", service=ENGINE, method="Generate") == 0
+    )
     e1 = Scrape(e_port)
-    assert delta(e0, e1, "forkline_rpc_requests_total", service=ENGINE, method="Generate", code="CANCELLED") == 1
+    assert (
+        delta(e0, e1, "forkline_rpc_requests_total", service=ENGINE, method="Generate", code="CANCELLED") == 1
+    )
     with pytest.raises(errors.NotFound):  # an error's status code is its label
         client.close("0123456789abcdef.00000000000000000000000000000000")
-    assert delta(e1, Scrape(e_port), "forkline_rpc_requests_total", service=ENGINE, method="Close",
-                 code="NOT_FOUND") == 1
+    assert (
+        delta(
+            e1,
+            Scrape(e_port),
+            "forkline_rpc_requests_total",
+            service=ENGINE,
+            method="Close",
+            code="NOT_FOUND",
+        )
+        == 1
+    )
 
     direct = [client.generate(PROMPT, **FIXED).collect() for _ in range(3)]
     rounds = [gateway.generate(PROMPT, **FIXED).collect() for _ in range(2)]  # a miss, then a hit
@@ -140,7 +172,9 @@ def test_counters_move_with_the_traffic_on_both_services(services) -> None:
     assert delta(e1, e2, "forkline_engine_decoded_tokens_total") == 5 * NEW_TOKENS
     # fed positions: the prompts, then each token but the last of every generation
     assert delta(e1, e2, "forkline_engine_batch_positions_sum") == prefilled + 5 * (NEW_TOKENS - 1)
-    assert e2.value("forkline_engine_resident_sessions") == engine.runner.resident_sessions == 1  # the snapshot
+    assert (
+        e2.value("forkline_engine_resident_sessions") == engine.runner.resident_sessions == 1
+    )  # the snapshot
     assert e2.value("forkline_engine_max_sessions") == 8
     assert e2.has("forkline_engine_info", cache_kind="batched-sequence", model="tiny-FRFR-seed0")
 
@@ -150,8 +184,11 @@ def test_counters_move_with_the_traffic_on_both_services(services) -> None:
     assert delta(p0, p2, "forkline_reused_positions_total", service=PREFIX) == len(PROMPT) - 1
     assert delta(p0, p2, "forkline_time_to_first_token_seconds_count", service=PREFIX) == 2
     stats = gateway.stats()  # a Stats RPC: counted too, after this scrape
-    assert (p2.value("forkline_prefix_hits_total"), p2.value("forkline_prefix_misses_total")) == (stats.hits,
-                                                                                                  stats.misses) == (1, 1)
+    assert (
+        (p2.value("forkline_prefix_hits_total"), p2.value("forkline_prefix_misses_total"))
+        == (stats.hits, stats.misses)
+        == (1, 1)
+    )
     assert p2.value("forkline_prefix_entries") == stats.entries == 1
     assert p2.value("forkline_prefix_inserts_total") == stats.inserts == 1
     assert p2.value("forkline_prefix_reused_tokens_total") == stats.reused_positions == len(PROMPT) - 1
@@ -240,8 +277,9 @@ def test_metrics_port_flag_serves_until_the_service_stops(capsys) -> None:
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     threading.Thread(target=scrape_then_terminate, daemon=True).start()
     try:
-        code = run_service("forkline-engine", args, start,
-                           lambda server, a: server.stop(0, shutdown_runner=True))
+        code = run_service(
+            "forkline-engine", args, start, lambda server, a: server.stop(0, shutdown_runner=True)
+        )
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)

@@ -46,7 +46,9 @@ def test_mallory_cannot_store_italy_under_france(engine, prefix_factory) -> None
     result = mallory.insert_detailed(FRANCE, italy)
     assert (result.stored, result.reason) == (False, "content_mismatch")
     # her clone was never made (or was released): the engine holds what it held before
-    assert wait_for(lambda: (engine.runner.resident_sessions, len(engine.deps.registry)) == (resident, handles))
+    assert wait_for(
+        lambda: (engine.runner.resident_sessions, len(engine.deps.registry)) == (resident, handles)
+    )
     assert mallory_engine.describe(italy) == (len(ITALY), False)  # her own session is untouched
     stats = mallory.stats()
     assert stats.entries == 0 and stats.refusals == {"content_mismatch": 1}
@@ -56,7 +58,9 @@ def test_mallory_cannot_store_italy_under_france(engine, prefix_factory) -> None
     out = bob.generate(FRANCE, max_new_tokens=N, **SAMPLED).collect()
     assert out.done.reused_positions == 0 and out.tokens == cold(FRANCE)
     # a snapshot Mallory got from the engine's capture is refused the same way
-    snap = mallory_engine.generate(ITALY, max_new_tokens=2, prompt_snapshot=True).collect().snapshots[0].handle
+    snap = (
+        mallory_engine.generate(ITALY, max_new_tokens=2, prompt_snapshot=True).collect().snapshots[0].handle
+    )
     assert mallory.insert_detailed(FRANCE, snap, namespace="other").reason == "content_mismatch"
     assert PrefixClient(prefix.address, owner="bob").lookup(FRANCE, namespace="other").reason == "empty"
 
@@ -75,7 +79,9 @@ def test_negative_control_honest_inserts_are_stored_and_reused(engine, prefix_fa
     assert out.done.reused_positions == len(ITALY) - 1 and out.tokens == cold(ITALY)
     # and the France question: Bob's cold run is stored by the gateway, then reused by Carol
     first = bob.generate(FRANCE, max_new_tokens=N, **SAMPLED).collect()
-    second = PrefixClient(prefix.address, owner="carol").generate(FRANCE, max_new_tokens=N, **SAMPLED).collect()
+    second = (
+        PrefixClient(prefix.address, owner="carol").generate(FRANCE, max_new_tokens=N, **SAMPLED).collect()
+    )
     assert first.done.reused_positions == 0 and second.done.reused_positions == len(FRANCE) - 1
     assert first.tokens == second.tokens == cold(FRANCE)
     assert mallory.stats().refusals.get("content_mismatch", 0) == 0
@@ -94,7 +100,9 @@ def test_a_session_holding_a_prepared_input_is_never_stored(engine_factory, pref
     # the embeddings of the France tokens: the same computation, but not token ids the engine fed
     rows = np.array(random_model("FRFR", 4, 0).embed(mx.array(FRANCE, dtype=mx.int32)), dtype="<f4")
     prepared = pb.PreparedInput(kind="embeddings", payload=rows.tobytes(), shape=list(rows.shape))
-    session = client.generate(prepared=prepared, max_new_tokens=1, keep_session=True).collect().started.session
+    session = (
+        client.generate(prepared=prepared, max_new_tokens=1, keep_session=True).collect().started.session
+    )
     resident = engine.runner.resident_sessions
     result = PrefixClient(prefix.address, owner="mallory").insert_detailed(FRANCE, session)
     assert (result.stored, result.reason) == (False, "prepared_input")

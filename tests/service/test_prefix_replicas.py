@@ -19,15 +19,17 @@ NEW_TOKENS = 3
 class Replica:
     def __init__(self, owner: str, engines: list[str]) -> None:
         args = [a for address in engines for a in ("--engine", address)]
-        self.process = ServiceProcess("prefix_service", *args, "--owner", owner, "--port", "0",
-                                      "--engine_share", "0.4")
+        self.process = ServiceProcess(
+            "prefix_service", *args, "--owner", owner, "--port", "0", "--engine_share", "0.4"
+        )
         self.channel = grpc.insecure_channel(self.process.listening())
         self.stub = prefix_pb2_grpc.PrefixCacheStub(self.channel)
 
     def generate(self, prompt: list[int]) -> tuple[list[int], epb.DoneEvent]:
         request = prefix_pb2.GatewayGenerateRequest(
             tokens=epb.TokenIds(ids=prompt),
-            config=epb.GenerationConfig(max_new_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True))
+            config=epb.GenerationConfig(max_new_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True),
+        )
         events = list(self.stub.Generate(request, metadata=(("forkline-owner", "client"),), timeout=30))
         return [t for e in events if e.HasField("tokens") for t in e.tokens.ids], events[-1].done
 

@@ -12,7 +12,11 @@ from tests.service.helpers import PROMPT, SAMPLED, in_process_tokens, wait_for
 
 
 def gateway_round(prefix, prompt=PROMPT, max_new_tokens=10, **kw):
-    return PrefixClient(prefix.address, owner="alice").generate(prompt, max_new_tokens=max_new_tokens, **kw).collect()
+    return (
+        PrefixClient(prefix.address, owner="alice")
+        .generate(prompt, max_new_tokens=max_new_tokens, **kw)
+        .collect()
+    )
 
 
 def test_two_gateway_rounds_reuse_all_but_the_last_token(engine, prefix_factory) -> None:
@@ -27,7 +31,12 @@ def test_two_gateway_rounds_reuse_all_but_the_last_token(engine, prefix_factory)
     assert first.started.session == ""  # the service's session is not handed out
     stats = PrefixClient(prefix.address).stats()
     assert (stats.entries, stats.hits, stats.misses, stats.inserts, stats.reused_positions) == (
-        1, 1, 1, 1, len(PROMPT) - 1)
+        1,
+        1,
+        1,
+        1,
+        len(PROMPT) - 1,
+    )
     # resident: only the stored snapshot (generation sessions and lookup clones were closed)
     assert wait_for(lambda: engine.runner.resident_sessions == 1)
     # an extended prompt reuses the stored prefix
@@ -62,7 +71,12 @@ def test_lookup_insert_stats_clear(engine, prefix_factory) -> None:
     assert alice.lookup(PROMPT, namespace="other").reason == "empty"
     assert alice.lookup([PROMPT[0]]).reason == "too_short"
     stats = alice.stats()
-    assert (stats.entries, stats.hits, stats.inserts, stats.policy) == (1, 2, 1, "lru") and stats.engine_instance_id
+    assert (stats.entries, stats.hits, stats.inserts, stats.policy) == (
+        1,
+        2,
+        1,
+        "lru",
+    ) and stats.engine_instance_id
     assert alice.clear() == 1
     assert alice.lookup(PROMPT).reason == "empty"
     alice_engine.release_owner()
@@ -92,7 +106,10 @@ def test_disabled_cache(engine, prefix_factory) -> None:
     # a disabled cache stores nothing, so it clones nothing: neither the gateway's prompt capture...
     assert engine.runner.metrics().clones_succeeded == 0
     # ...nor an Insert (refused, the caller's session untouched), which still checks the handle
-    alice_engine, alice = EngineClient(engine.address, owner="alice"), PrefixClient(prefix.address, owner="alice")
+    alice_engine, alice = (
+        EngineClient(engine.address, owner="alice"),
+        PrefixClient(prefix.address, owner="alice"),
+    )
     own = alice_engine.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
     assert not alice.insert(PROMPT, own)
     assert engine.runner.metrics().clones_succeeded == 0 and alice_engine.describe(own)[0] == len(PROMPT)
@@ -107,7 +124,9 @@ def test_killed_prefix_service_is_cleaned_up_by_its_restart(engine, prefix_facto
         gateway_round(prefix, PROMPT[i:], max_new_tokens=2)
     assert wait_for(lambda: engine.runner.resident_sessions == base + 3)
     # a client is mid-stream when the service dies without releasing anything
-    stream = PrefixClient(prefix.address, owner="alice").generate(PROMPT, max_new_tokens=3000, ignore_eos=True)
+    stream = PrefixClient(prefix.address, owner="alice").generate(
+        PROMPT, max_new_tokens=3000, ignore_eos=True
+    )
     events = iter(stream)
     next(events)
     prefix.stop(grace=0, release=False)
@@ -116,7 +135,9 @@ def test_killed_prefix_service_is_cleaned_up_by_its_restart(engine, prefix_facto
             pass
     # the 3 snapshots are orphaned in the engine, possibly with the clone the dead stream ran on and
     # that stream's duplicate prompt snapshot (killed before it could release them)
-    assert wait_for(lambda: base + 3 <= engine.runner.resident_sessions <= base + 5), engine.runner.resident_sessions
+    assert wait_for(lambda: base + 3 <= engine.runner.resident_sessions <= base + 5), (
+        engine.runner.resident_sessions
+    )
     restarted = prefix_factory(engine.address)  # same owner id: releases what the first one left
     assert wait_for(lambda: engine.runner.resident_sessions == base), engine.runner.resident_sessions
     # ...and caches again
@@ -148,7 +169,9 @@ def test_gateway_client_disconnect_frees_the_generation(engine_factory, prefix_f
     prefix = prefix_factory(engine.address)
     gateway_round(prefix, max_new_tokens=1)  # one stored snapshot
     assert wait_for(lambda: engine.runner.resident_sessions == 1)
-    stream = PrefixClient(prefix.address, owner="alice").generate(PROMPT, max_new_tokens=3000, ignore_eos=True)
+    stream = PrefixClient(prefix.address, owner="alice").generate(
+        PROMPT, max_new_tokens=3000, ignore_eos=True
+    )
     events = iter(stream)
     assert isinstance(next(events), Started)
     assert isinstance(next(events), Tokens)
@@ -164,8 +187,21 @@ def test_cli_rounds_through_the_services(engine, prefix_factory, tmp_path, capsy
 
     prefix = prefix_factory(engine.address)
     prompt = "The quick brown fox jumps over the lazy dog."
-    argv = ["--engine", engine.address, "--prefix", prefix.address, "--prompt_rounds", "2", "--max_new_tokens", "6",
-            "--max_session_tokens", "256", "--out_prefix", str(tmp_path / "gen"), prompt]
+    argv = [
+        "--engine",
+        engine.address,
+        "--prefix",
+        prefix.address,
+        "--prompt_rounds",
+        "2",
+        "--max_new_tokens",
+        "6",
+        "--max_session_tokens",
+        "256",
+        "--out_prefix",
+        str(tmp_path / "gen"),
+        prompt,
+    ]
     assert _main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     n = len(prompt) + 1  # one token per character, plus BOS
@@ -287,7 +323,9 @@ class _GatedStub:
         return Gated()
 
 
-def test_gateway_client_gone_while_its_snapshot_is_in_flight_leaks_nothing(engine_factory, prefix_factory) -> None:
+def test_gateway_client_gone_while_its_snapshot_is_in_flight_leaks_nothing(
+    engine_factory, prefix_factory
+) -> None:
     # The engine has sent the prompt snapshot (a prefix-service handle) but the gateway has not read
     # it yet when its client disconnects. Whatever the gateway does, the engine must end up holding
     # exactly the snapshots the cache stores.
@@ -298,17 +336,22 @@ def test_gateway_client_gone_while_its_snapshot_is_in_flight_leaks_nothing(engin
     gate = threading.Event()
     backend = prefix.server.deps.backend
     backend.stub = _GatedStub(backend.stub, gate)
-    stream = PrefixClient(prefix.address, owner="alice").generate(PROMPT, max_new_tokens=3000, ignore_eos=True)
+    stream = PrefixClient(prefix.address, owner="alice").generate(
+        PROMPT, max_new_tokens=3000, ignore_eos=True
+    )
     events = iter(stream)
     assert isinstance(next(events), Started)
     # the generating session (the caller's: it runs as alice) and the snapshot (the service's), both sent
-    assert wait_for(lambda: (engine.deps.registry.count("alice"), engine.deps.registry.count("prefix-service"))
-                    == (1, 1))
+    assert wait_for(
+        lambda: (engine.deps.registry.count("alice"), engine.deps.registry.count("prefix-service")) == (1, 1)
+    )
     stream.cancel()
     assert wait_for(lambda: engine.runner.metrics().generations_finished == 1)  # the engine saw the client go
     gate.set()
-    settled = lambda: (engine.deps.registry.count("prefix-service"), engine.runner.resident_sessions,  # noqa: E731
-                       backend.held())
+
+    def settled():
+        return (engine.deps.registry.count("prefix-service"), engine.runner.resident_sessions, backend.held())
+
     assert wait_for(lambda: settled() == (prefix.cache.size,) * 3), (settled(), prefix.cache.size)
 
 
@@ -325,7 +368,11 @@ def test_gateway_refuses_bad_requests_before_its_lookup(engine, prefix_factory) 
     with pytest.raises(errors.InvalidArgument, match="max_session_tokens"):
         alice.generate(PROMPT + [65] * 200, max_new_tokens=1).collect()  # 290 > 256 positions
     after = alice.stats()
-    assert (after.hits, after.misses, after.reused_positions) == (before.hits, before.misses, before.reused_positions)
+    assert (after.hits, after.misses, after.reused_positions) == (
+        before.hits,
+        before.misses,
+        before.reused_positions,
+    )
     assert engine.runner.metrics().clones_succeeded == clones
     # control: a valid request hits
     assert alice.generate(PROMPT + [65], max_new_tokens=1).collect().done.reused_positions == len(PROMPT)
@@ -351,5 +398,7 @@ def test_lookup_whose_caller_gave_up_releases_its_clone(engine, prefix_factory) 
     with pytest.raises(errors.Unavailable):  # DEADLINE_EXCEEDED
         slow.lookup(PROMPT)
     assert wait_for(lambda: cache.stats().hits == 1)  # the lookup did clone for alice
-    assert wait_for(lambda: engine.deps.registry.count("alice") == 0, timeout=5), engine.deps.registry.count("alice")
+    assert wait_for(lambda: engine.deps.registry.count("alice") == 0, timeout=5), engine.deps.registry.count(
+        "alice"
+    )
     assert wait_for(lambda: engine.runner.resident_sessions == 1)  # only the stored snapshot

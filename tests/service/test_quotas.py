@@ -29,7 +29,9 @@ from tests.service.helpers import PROMPT, wait_for
 
 MAX_SESSIONS = 8
 MAX_SESSION_TOKENS = 256
-QUOTA, PERSISTENT = engine_quotas(MAX_SESSIONS, MAX_SESSION_TOKENS)  # the CLI's defaults: 2 sessions, 256 positions
+QUOTA, PERSISTENT = engine_quotas(
+    MAX_SESSIONS, MAX_SESSION_TOKENS
+)  # the CLI's defaults: 2 sessions, 256 positions
 
 
 def hog(engine, owner: str = "mallory", rounds: int = 12) -> tuple[list[str], list[str]]:
@@ -53,7 +55,10 @@ def test_defaults_leave_room_for_others() -> None:
     assert engine_quotas(MAX_SESSIONS, MAX_SESSION_TOKENS) == (OwnerQuota(2, 256), OwnerQuota(4, 1024))
     assert engine_quotas(32, 2048) == (OwnerQuota(8, 8192), OwnerQuota(16, 32768))
     assert engine_quotas(2, 64) == (OwnerQuota(1, 32), OwnerQuota(1, 64))  # at least one session each
-    assert engine_quotas(8, 64, owner_max_sessions=0, persistent_owner_share=0) == (OwnerQuota(0, 0), NO_QUOTA)
+    assert engine_quotas(8, 64, owner_max_sessions=0, persistent_owner_share=0) == (
+        OwnerQuota(0, 0),
+        NO_QUOTA,
+    )
     with pytest.raises(InvalidArgument, match="persistent_owner_share"):
         engine_quotas(8, 64, persistent_owner_share=1.5)
 
@@ -98,14 +103,21 @@ def test_a_live_generation_counts_and_the_positions_quota_is_named(engine_factor
 
     engine = engine_factory(max_sessions=MAX_SESSIONS, quota=QUOTA)  # 256 positions
     mallory = EngineClient(engine.address, owner="mallory")
-    kept = mallory.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session  # 90 positions
+    kept = (
+        mallory.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    )  # 90 positions
     # a generation reserves input + max_new_tokens: 90 + 150 = 240 would fit alone, not with 90 held
-    with pytest.raises(ResourceExhausted, match=r"owner 'mallory' holds 90 positions and needs 240 more, "
-                                                r"owner_max_positions=256"):
+    with pytest.raises(
+        ResourceExhausted,
+        match=r"owner 'mallory' holds 90 positions and needs 240 more, "
+        r"owner_max_positions=256",
+    ):
         mallory.generate(PROMPT, max_new_tokens=150).collect()
     short = mallory.generate(PROMPT[:20], max_new_tokens=1, keep_session=True).collect().started.session
     # continuing a held session reserves its position + the pending token + input + max_new_tokens
-    with pytest.raises(ResourceExhausted, match=r"holds 110 positions and needs 166 more, owner_max_positions=256"):
+    with pytest.raises(
+        ResourceExhausted, match=r"holds 110 positions and needs 166 more, owner_max_positions=256"
+    ):
         mallory.generate([65, 66], session=kept, max_new_tokens=163).collect()
     assert mallory.generate([65, 66], session=kept, max_new_tokens=20).collect().done is not None
     held = mallory.describe(kept)[0] + mallory.describe(short)[0]
@@ -118,8 +130,9 @@ def test_clones_go_to_another_owner_only_through_a_persistent_owner(engine_facto
     session = mallory.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
     with pytest.raises(InvalidArgument, match="new_owner 'bob'"):  # parking sessions under another client
         mallory.clone(session, 40, new_owner="bob")
-    request = pb.GenerateRequest(tokens=pb.TokenIds(ids=PROMPT), capture=pb.CaptureOptions(
-        prompt_snapshot=True, snapshot_owner="bob"))
+    request = pb.GenerateRequest(
+        tokens=pb.TokenIds(ids=PROMPT), capture=pb.CaptureOptions(prompt_snapshot=True, snapshot_owner="bob")
+    )
     with pytest.raises(grpc.RpcError) as refused:
         list(mallory.stub.Generate(request, metadata=((OWNER_METADATA_KEY, "mallory"),)))
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -127,8 +140,9 @@ def test_clones_go_to_another_owner_only_through_a_persistent_owner(engine_facto
     # handing clones to the prefix service counts against its budget (4 sessions), not mallory's quota
     gifts = [mallory.clone(session, 40 + i, new_owner="prefix-service") for i in range(4)]
     assert all(gifts) and engine.deps.registry.count("prefix-service") == 4
-    with pytest.raises(ResourceExhausted, match="owner 'prefix-service' holds 4 sessions, "
-                                                "persistent_owner_max_sessions=4"):
+    with pytest.raises(
+        ResourceExhausted, match="owner 'prefix-service' holds 4 sessions, persistent_owner_max_sessions=4"
+    ):
         mallory.clone(session, 50, new_owner="prefix-service")
 
 
@@ -159,18 +173,23 @@ def test_the_prefix_service_reclaims_clones_handed_to_it(engine_factory, prefix_
     assert bob.stats().reclaimed == 7 and engine.deps.registry.count("prefix-service") == 2
 
 
-def test_a_prefix_service_whose_owner_the_engine_does_not_keep_refuses_to_start(engine, prefix_factory) -> None:
+def test_a_prefix_service_whose_owner_the_engine_does_not_keep_refuses_to_start(
+    engine, prefix_factory
+) -> None:
     with pytest.raises(FailedPrecondition, match="--persistent_owner short-lived"):
         prefix_factory(engine.address, owner="short-lived")
 
 
 def test_registry_reservations_count_and_never_resolve() -> None:
-    registry: HandleRegistry[str] = HandleRegistry(quota=OwnerQuota(2, 100), persistent_owners=frozenset({"svc"}),
-                                                   persistent_quota=OwnerQuota(1, 0))
+    registry: HandleRegistry[str] = HandleRegistry(
+        quota=OwnerQuota(2, 100), persistent_owners=frozenset({"svc"}), persistent_quota=OwnerQuota(1, 0)
+    )
     pending = registry.reserve("alice", 60)
     with pytest.raises(NotFound):
         registry.resolve(pending, "alice")
-    with pytest.raises(QuotaExceeded, match="owner 'alice' holds 60 positions and needs 50 more, owner_max_positions=100"):
+    with pytest.raises(
+        QuotaExceeded, match="owner 'alice' holds 60 positions and needs 50 more, owner_max_positions=100"
+    ):
         registry.register("v", "alice", 50)
     assert registry.fill(pending, "value") and registry.resolve(pending, "alice") == "value"
     registry.register("w", "alice", 40)
@@ -191,14 +210,18 @@ def test_registry_reservations_count_and_never_resolve() -> None:
     assert not registry.fill(late, "x")  # shutdown dropped the reservation: its caller closes the value
 
 
-def test_a_caller_over_its_quota_is_refused_by_the_gateway_and_evicts_nothing(engine_factory, prefix_factory) -> None:
+def test_a_caller_over_its_quota_is_refused_by_the_gateway_and_evicts_nothing(
+    engine_factory, prefix_factory
+) -> None:
     engine = engine_factory(max_sessions=MAX_SESSIONS, quota=QUOTA, persistent_quota=PERSISTENT)
     prefix = prefix_factory(engine.address)
     alice = PrefixClient(prefix.address, owner="alice")
     alice.generate(PROMPT, max_new_tokens=1).collect()  # cached
     bob_engine, bob = EngineClient(engine.address, owner="bob"), PrefixClient(prefix.address, owner="bob")
-    held = [bob_engine.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
-            for _ in range(2)]
+    held = [
+        bob_engine.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+        for _ in range(2)
+    ]
     with pytest.raises(ResourceExhausted, match="owner 'bob' holds 2 sessions, owner_max_sessions=2"):
         bob.lookup(PROMPT)  # the clone would be bob's
     with pytest.raises(ResourceExhausted, match="owner 'bob' holds 2 sessions, owner_max_sessions=2"):

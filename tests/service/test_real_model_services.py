@@ -16,8 +16,14 @@ def test_two_gateway_rounds_on_the_real_model() -> None:
     from engine_service.model.loader import load_model
 
     loaded = load_model()
-    deps = EngineDeps.build(loaded, loaded.tokenizer, model_name="smollm2", chat=loaded.chat, max_sessions=4,
-                            max_session_tokens=512)
+    deps = EngineDeps.build(
+        loaded,
+        loaded.tokenizer,
+        model_name="smollm2",
+        chat=loaded.chat,
+        max_sessions=4,
+        max_session_tokens=512,
+    )
     server, port = create_server(deps, "127.0.0.1:0")
     prefix = start_prefix(f"127.0.0.1:{port}")
     try:
@@ -45,11 +51,18 @@ def test_demo_runs_both_service_processes_and_stops_them() -> None:
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-m", "clients.demo", "--max_new_tokens", "8"], capture_output=True,
-                         text=True, timeout=240)
+    run = subprocess.run(
+        [sys.executable, "-m", "clients.demo", "--max_new_tokens", "8"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     reuse = re.findall(r"round \d: reused (\d+)/(\d+) prompt tokens", run.stdout)
-    assert [(int(a), int(b)) for a, b in reuse] == [(0, int(reuse[0][1])), (int(reuse[0][1]) - 1, int(reuse[0][1]))]
+    assert [(int(a), int(b)) for a, b in reuse] == [
+        (0, int(reuse[0][1])),
+        (int(reuse[0][1]) - 1, int(reuse[0][1])),
+    ]
     assert "forkline-prefix stopped (exit 0)" in run.stdout
     assert re.search(r"forkline-engine \S+ stopped \(exit 0\)", run.stdout)
 
@@ -63,8 +76,12 @@ def test_demo_with_two_engines_survives_a_killed_engine_from_disk() -> None:
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-m", "clients.demo", "--max_new_tokens", "8", "--engines", "2",
-                          "--restart_engine"], capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "clients.demo", "--max_new_tokens", "8", "--engines", "2", "--restart_engine"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     rounds = re.findall(r"round (\d): reused (\d+)/(\d+) prompt tokens on engine (\S+),", run.stdout)
     assert len(rounds) == 3 and rounds[0][3] == rounds[1][3]

@@ -24,24 +24,34 @@ def scraped_families(fleet):
     from prefix_service.rpc.metrics import GatewayCollector
 
     return list(GatewayCollector(fleet).collect())
+
+
 OWNER = (("forkline-owner", "alice"),)
 
 
 class Service:
     """A prefix service over ``addresses`` with a snapshot directory."""
 
-    def __init__(self, addresses, folder, *, max_bytes: int = 1 << 30, queue_size: int = 32, preload: int = 0):
-        self.tier = (PersistentTier.open(str(folder), max_bytes, queue_size=queue_size, preload=preload)
-                     if folder is not None else None)
-        self.fleet, pool = connect_fleet(lambda: set(addresses), ready_timeout=10, max_entries=16, tier=self.tier,
-                                         resolve_every_s=60)
+    def __init__(
+        self, addresses, folder, *, max_bytes: int = 1 << 30, queue_size: int = 32, preload: int = 0
+    ):
+        self.tier = (
+            PersistentTier.open(str(folder), max_bytes, queue_size=queue_size, preload=preload)
+            if folder is not None
+            else None
+        )
+        self.fleet, pool = connect_fleet(
+            lambda: set(addresses), ready_timeout=10, max_entries=16, tier=self.tier, resolve_every_s=60
+        )
         self.server, port = create_server(self.fleet, "127.0.0.1:0", pool=pool)
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         self.stub = prefix_pb2_grpc.PrefixCacheStub(self.channel)
 
     def generate(self, prompt: list[int]) -> tuple[list[int], epb.DoneEvent]:
-        request = prefix_pb2.GatewayGenerateRequest(tokens=epb.TokenIds(ids=prompt), config=epb.GenerationConfig(
-            max_new_tokens=NEW, temperature=0.0, ignore_eos=True))
+        request = prefix_pb2.GatewayGenerateRequest(
+            tokens=epb.TokenIds(ids=prompt),
+            config=epb.GenerationConfig(max_new_tokens=NEW, temperature=0.0, ignore_eos=True),
+        )
         events = list(self.stub.Generate(request, metadata=OWNER, timeout=30))
         return [t for e in events if e.HasField("tokens") for t in e.tokens.ids], events[-1].done
 
@@ -73,8 +83,11 @@ def test_an_engine_restart_is_served_from_disk_like_cold(engine_factory, tmp_pat
         assert svc.disk().restored == 1
         assert svc.stub.Stats(prefix_pb2.StatsRequest()).dropped_on_restart == 1  # memory was lost
         assert svc.tier.writer.flush(10)
-        metrics = {(m.name, tuple(sorted(s.labels.items()))): s.value
-                   for m in scraped_families(svc.fleet) for s in m.samples}
+        metrics = {
+            (m.name, tuple(sorted(s.labels.items()))): s.value
+            for m in scraped_families(svc.fleet)
+            for s in m.samples
+        }
         assert metrics["forkline_prefix_snapshot_events", (("event", "restored"),)] == 1
         assert metrics["forkline_prefix_snapshot_files", ()] == 2  # the first prompt and the longer one
     finally:
@@ -143,7 +156,9 @@ def test_damaged_and_partial_files_are_never_loaded(engine_factory, tmp_path) ->
     flipped = bytearray(files[0].read_bytes())
     flipped[-64] ^= 0x10  # a K/V byte: the header still reads, the checksum does not
     files[0].write_bytes(bytes(flipped))
-    (tmp_path / f".{files[1].name}.123.abcd.tmp").write_bytes(files[1].read_bytes()[:1000])  # a crash mid-write
+    (tmp_path / f".{files[1].name}.123.abcd.tmp").write_bytes(
+        files[1].read_bytes()[:1000]
+    )  # a crash mid-write
     second = Service([engine.address], tmp_path)
     try:
         assert not list(tmp_path.glob(".*.tmp"))  # the partial write is gone

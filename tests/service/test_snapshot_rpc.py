@@ -22,18 +22,30 @@ def stub(engine) -> engine_pb2_grpc.EngineStub:
 
 def kept_session(engine_stub, tokens: list[int], metadata) -> tuple[str, list[int]]:
     """A session holding ``tokens`` + the first generated token fed back: returns (handle, tokens held)."""
-    events = list(engine_stub.Generate(epb.GenerateRequest(
-        tokens=epb.TokenIds(ids=tokens), keep_session=True,
-        config=epb.GenerationConfig(max_new_tokens=1, ignore_eos=True)), metadata=metadata))
+    events = list(
+        engine_stub.Generate(
+            epb.GenerateRequest(
+                tokens=epb.TokenIds(ids=tokens),
+                keep_session=True,
+                config=epb.GenerationConfig(max_new_tokens=1, ignore_eos=True),
+            ),
+            metadata=metadata,
+        )
+    )
     done = events[-1].done
     generated = [t for e in events if e.HasField("tokens") for t in e.tokens.ids]
-    return events[0].started.session, (tokens + generated)[:done.position]
+    return events[0].started.session, (tokens + generated)[: done.position]
 
 
 def continue_on(engine_stub, session: str, tokens: list[int], metadata) -> list[int]:
-    events = engine_stub.Generate(epb.GenerateRequest(session=session, tokens=epb.TokenIds(ids=tokens),
-                                                      config=epb.GenerationConfig(max_new_tokens=NEW, ignore_eos=True)),
-                                  metadata=metadata)
+    events = engine_stub.Generate(
+        epb.GenerateRequest(
+            session=session,
+            tokens=epb.TokenIds(ids=tokens),
+            config=epb.GenerationConfig(max_new_tokens=NEW, ignore_eos=True),
+        ),
+        metadata=metadata,
+    )
     return [t for e in events if e.HasField("tokens") for t in e.tokens.ids]
 
 
@@ -41,10 +53,16 @@ def test_export_then_import_on_another_engine_continues_like_cold(engine_factory
     a, b = engine_factory(), engine_factory()
     sa, sb = stub(a), stub(b)
     session, held = kept_session(sa, PROMPT, SERVICE)
-    chunks = list(sa.ExportSession(epb.ExportSessionRequest(session=session, extra={"namespace": "ns"}),
-                                   metadata=SERVICE))
-    assert chunks[0].positions == len(held) and not chunks[0].refusal and chunks[0].file_bytes == sum(
-        len(c.data) for c in chunks)
+    chunks = list(
+        sa.ExportSession(
+            epb.ExportSessionRequest(session=session, extra={"namespace": "ns"}), metadata=SERVICE
+        )
+    )
+    assert (
+        chunks[0].positions == len(held)
+        and not chunks[0].refusal
+        and chunks[0].file_bytes == sum(len(c.data) for c in chunks)
+    )
     reply = sb.ImportSession(iter(chunks), metadata=SERVICE)
     assert reply.session and reply.positions == len(held) and reply.extra["namespace"] == "ns"
     assert reply.content_digest == chunks[0].content_digest
@@ -57,10 +75,15 @@ def test_only_persistent_owners_import(engine_factory) -> None:
     a = engine_factory()
     sa = stub(a)
     session, _ = kept_session(sa, PROMPT, CLIENT)
-    chunks = list(sa.ExportSession(epb.ExportSessionRequest(session=session), metadata=CLIENT))  # own session: ok
+    chunks = list(
+        sa.ExportSession(epb.ExportSessionRequest(session=session), metadata=CLIENT)
+    )  # own session: ok
     with pytest.raises(grpc.RpcError) as refused:
         sa.ImportSession(iter(chunks), metadata=CLIENT)
-    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "persistent" in refused.value.details()
+    assert (
+        refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        and "persistent" in refused.value.details()
+    )
     assert a.deps.registry.usage("alice").sessions == 1  # only the kept session
 
 
@@ -69,7 +92,11 @@ def test_another_callers_session_is_not_exported(engine_factory) -> None:
     sa = stub(a)
     session, _ = kept_session(sa, PROMPT, CLIENT)
     with pytest.raises(grpc.RpcError) as missing:
-        list(sa.ExportSession(epb.ExportSessionRequest(session=session), metadata=(("forkline-owner", "mallory"),)))
+        list(
+            sa.ExportSession(
+                epb.ExportSessionRequest(session=session), metadata=(("forkline-owner", "mallory"),)
+            )
+        )
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
 
 
@@ -82,7 +109,7 @@ def test_a_damaged_stream_is_refused_and_nothing_is_left(engine_factory, damage)
     if damage == "flip":
         data[len(data) - 100] ^= 0x01  # inside the last tensor
     else:
-        del data[len(data) // 2:]
+        del data[len(data) // 2 :]
     resident = b.runner.resident_sessions
     reply = stub(b).ImportSession(iter([epb.SnapshotChunk(data=bytes(data))]), metadata=SERVICE)
     assert not reply.session and reply.refusal == ("checksum" if damage == "flip" else "unreadable")

@@ -37,16 +37,19 @@ def test_an_owner_may_have_several_tokens(tmp_path) -> None:
     assert table.owner_for(ALICE) == table.owner_for(BOB) == "alice"
 
 
-@pytest.mark.parametrize("text, message", [
-    (f"{ALICE} alice\n{ALICE}\n", "t:2: expected 'token owner', got 1 field(s)"),
-    (f"\n{ALICE} alice extra\n", "t:2: expected 'token owner', got 3 field(s)"),
-    ("short alice\n", "t:1: a token must be at least 16 characters, got 5"),
-    (f"{'x' * 600} alice\n", "t:1: a token must be at most 512 characters, got 600"),
-    (f"{ALICE} {'o' * 129}\n", f"t:1: an owner must be 1..{MAX_OWNER_LENGTH} characters, got 129"),
-    (f"{ALICE} alice\n# c\n{ALICE} bob\n", "t:3: this token is already listed on line 1"),
-    (f"{ALICE}\x07x alice\n", "t:1: a token must not contain whitespace or control characters"),
-    ("# only comments\n\n", "t: the token file lists no tokens"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (f"{ALICE} alice\n{ALICE}\n", "t:2: expected 'token owner', got 1 field(s)"),
+        (f"\n{ALICE} alice extra\n", "t:2: expected 'token owner', got 3 field(s)"),
+        ("short alice\n", "t:1: a token must be at least 16 characters, got 5"),
+        (f"{'x' * 600} alice\n", "t:1: a token must be at most 512 characters, got 600"),
+        (f"{ALICE} {'o' * 129}\n", f"t:1: an owner must be 1..{MAX_OWNER_LENGTH} characters, got 129"),
+        (f"{ALICE} alice\n# c\n{ALICE} bob\n", "t:3: this token is already listed on line 1"),
+        (f"{ALICE}\x07x alice\n", "t:1: a token must not contain whitespace or control characters"),
+        ("# only comments\n\n", "t: the token file lists no tokens"),
+    ],
+)
 def test_bad_files_name_the_line(tmp_path, text, message) -> None:
     path = write(tmp_path / "t", text)
     with pytest.raises(InvalidArgument) as info:
@@ -74,8 +77,10 @@ def test_reload_swaps_the_table_and_keeps_the_old_one_when_bad(tmp_path, caplog)
     with caplog.at_level("ERROR"):
         assert table.reload() is False
     assert table.owner_for(BOB) == "bob" and table.owner_for(ALICE) is None  # the old table stays
-    assert any(f"{path}:2" in r.getMessage() and "keeping the previous 1 tokens" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        f"{path}:2" in r.getMessage() and "keeping the previous 1 tokens" in r.getMessage()
+        for r in caplog.records
+    )
     path.unlink()
     assert table.reload() is False and table.owner_for(BOB) == "bob"
 
@@ -115,10 +120,13 @@ class RecordingCompare:
 def test_compare_digest_decides_and_every_entry_is_compared(tmp_path, monkeypatch) -> None:
     tokens = [f"token-{i:02d}-0123456789abcdef" for i in range(8)]
     table = TokenTable.load(write(tmp_path / "t", "".join(f"{t} owner{i}\n" for i, t in enumerate(tokens))))
-    for answer, presented, expected in ((None, tokens[0], "owner0"), (None, tokens[7], "owner7"),
-                                        (None, "unknown-0123456789abcdef", None),
-                                        (False, tokens[3], None),         # a valid token, refused
-                                        (True, "unknown-0123456789abcdef", "owner0")):  # accepted
+    for answer, presented, expected in (
+        (None, tokens[0], "owner0"),
+        (None, tokens[7], "owner7"),
+        (None, "unknown-0123456789abcdef", None),
+        (False, tokens[3], None),  # a valid token, refused
+        (True, "unknown-0123456789abcdef", "owner0"),
+    ):  # accepted
         fake = RecordingCompare(answer)
         monkeypatch.setattr(auth.hmac, "compare_digest", fake)
         assert table.owner_for(presented) == expected
@@ -136,8 +144,19 @@ def test_read_token_file(tmp_path) -> None:
         read_token_file(write(tmp_path / "two", f"{ALICE} {BOB}\n"))
 
 
-@pytest.mark.parametrize("host, loopback", [("127.0.0.1", True), ("127.1.2.3", True), ("::1", True),
-                                            ("[::1]", True), ("localhost", True), ("0.0.0.0", False),
-                                            ("[::]", False), ("10.0.0.5", False), ("example.com", False)])
+@pytest.mark.parametrize(
+    "host, loopback",
+    [
+        ("127.0.0.1", True),
+        ("127.1.2.3", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("[::]", False),
+        ("10.0.0.5", False),
+        ("example.com", False),
+    ],
+)
 def test_is_loopback(host, loopback) -> None:
     assert is_loopback(host) is loopback

@@ -87,7 +87,9 @@ def view_attention(views: list[KVView], q: np.ndarray) -> np.ndarray:
     return out
 
 
-def position_attention(views: list[KVView], q: np.ndarray, qpos: np.ndarray, window: int | None) -> np.ndarray:
+def position_attention(
+    views: list[KVView], q: np.ndarray, qpos: np.ndarray, window: int | None
+) -> np.ndarray:
     """As :func:`view_attention`, but each row reads the keys whose ``positions`` lie in its window
     (what the deterministic attention does), ignoring the masks. qpos: [T] each row's position."""
     out = np.full(q.shape, np.nan)

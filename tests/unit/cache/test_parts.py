@@ -101,7 +101,9 @@ def test_dropping_a_part_or_misaligning_a_mask_is_noticed() -> None:
         assert _noticed(dropped, q[:1, layer], good)
     # the sliding layer's masked part, its mask shifted by one key
     (view,) = d.last_views[1]
-    i = next(k for k, p in enumerate(view.parts) if p.mask is not None and 0 < np.array(p.mask).sum() < p.mask.size)
+    i = next(
+        k for k, p in enumerate(view.parts) if p.mask is not None and 0 < np.array(p.mask).sum() < p.mask.size
+    )
     part = view.parts[i]
     shifted = dataclasses.replace(part, mask=mx.array(np.roll(np.array(part.mask), 1, axis=1)))
     wrong = KVView(view.rows, None, None, None, parts=(*view.parts[:i], shifted, *view.parts[i + 1 :]))

@@ -108,16 +108,24 @@ def test_state_of_another_geometry_is_described_not_imported(kind) -> None:
             assert geometry_text(other) != geometry_text(geometry(3))  # the snapshot header tells them apart
             continue
         assert problem is not None and "layers." in problem, (other, problem)
-    missing = SeqState(state.length, state.written, {k: v for k, v in state.arrays.items() if k != "layers.0.keys"})
+    missing = SeqState(
+        state.length, state.written, {k: v for k, v in state.arrays.items() if k != "layers.0.keys"}
+    )
     assert "missing ['layers.0.keys']" in Driver(kind, geometry(3)).cache.state_problem(missing)
     cast = {k: v.astype(mx.float16) for k, v in state.arrays.items()}
     assert "float16" in Driver(kind, geometry(3)).cache.state_problem(SeqState(21, state.written, cast))
 
 
 def replace_heads(config: CacheConfig) -> CacheConfig:
-    return CacheConfig(capacity=config.capacity, max_seqs=config.max_seqs, layers=config.layers, kv_heads=1,
-                       head_dim=config.head_dim, initial_capacity=config.initial_capacity,
-                       max_write=config.max_write)
+    return CacheConfig(
+        capacity=config.capacity,
+        max_seqs=config.max_seqs,
+        layers=config.layers,
+        kv_heads=1,
+        head_dim=config.head_dim,
+        initial_capacity=config.initial_capacity,
+        max_write=config.max_write,
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)

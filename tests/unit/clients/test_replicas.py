@@ -35,11 +35,21 @@ def mapping(ring: HashRing) -> dict[str, str]:
 
 def test_same_mapping_in_another_process_with_another_hash_seed() -> None:
     keys = KEYS[:300] + ["", "ünïcode", "a" * 1000]
-    script = ("import json, sys; from clients.replicas import HashRing; keys = json.load(sys.stdin); "
-              f"r = HashRing({REPLICAS!r}); print(json.dumps([r.replica_for(k) for k in keys]))")
+    script = (
+        "import json, sys; from clients.replicas import HashRing; keys = json.load(sys.stdin); "
+        f"r = HashRing({REPLICAS!r}); print(json.dumps([r.replica_for(k) for k in keys]))"
+    )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    out = subprocess.run([sys.executable, "-c", script], input=json.dumps(keys), capture_output=True, text=True,
-                         cwd=ROOT, env=env, check=True, timeout=60).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        input=json.dumps(keys),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=60,
+    ).stdout
     ring = HashRing(REPLICAS)
     assert json.loads(out) == [ring.replica_for(k) for k in keys]
 
@@ -54,7 +64,16 @@ def test_pinned_values_never_change() -> None:
     assert ring_hash("") == 6337639261352260557
     assert ring_hash("tenant-1") == 3844322475425807551
     ring = HashRing(["a:1", "b:1", "c:1"])
-    assert [ring.replica_for(f"ns{i}") for i in range(8)] == ["c:1", "a:1", "c:1", "a:1", "c:1", "a:1", "b:1", "a:1"]
+    assert [ring.replica_for(f"ns{i}") for i in range(8)] == [
+        "c:1",
+        "a:1",
+        "c:1",
+        "a:1",
+        "c:1",
+        "a:1",
+        "b:1",
+        "a:1",
+    ]
 
 
 def test_keys_spread_evenly() -> None:
@@ -169,9 +188,13 @@ def test_prefix_client_sends_the_route_key_with_namespaced_calls(fake_replicas) 
         client.lookup([1])  # the default namespace is a route key too: ""
         client.stats()
     by_rpc = [(rpc, ns, md.get(ROUTE_KEY_HEADER), md.get("forkline-owner")) for rpc, ns, md in fake.calls]
-    assert by_rpc == [("Lookup", "team-a", "team-a", "alice"), ("Insert", "team-b", "team-b", "alice"),
-                      ("Generate", "team-c", "team-c", "alice"), ("Lookup", "", "", "alice"),
-                      ("Stats", "", None, "alice")]
+    assert by_rpc == [
+        ("Lookup", "team-a", "team-a", "alice"),
+        ("Insert", "team-b", "team-b", "alice"),
+        ("Generate", "team-c", "team-c", "alice"),
+        ("Lookup", "", "", "alice"),
+        ("Stats", "", None, "alice"),
+    ]
 
 
 def test_replicated_client_sends_each_namespace_to_its_ring_replica(fake_replicas) -> None:

@@ -22,7 +22,9 @@ def model(tiny_model):
 
 
 def make(model, kind="batched-sequence", **kw):
-    return EmbeddingsExecutor.create(model, kind, max_sessions=4, max_session_tokens=128, keep_logits=True, **kw)
+    return EmbeddingsExecutor.create(
+        model, kind, max_sessions=4, max_session_tokens=128, keep_logits=True, **kw
+    )
 
 
 def embedded(model, tokens) -> EmbeddingsInput:
@@ -45,7 +47,9 @@ def test_mixed_batch_is_one_forward(model, kind) -> None:
     counting = CountingModel(model)
     ex = make(counting, kind)
     a, b = ex.open_session(), ex.open_session()
-    outs = ex.execute([ExecInput(a, 0, tokens=tuple(PROMPT)), ExecInput(b, 0, prepared=embedded(model, OTHER))])
+    outs = ex.execute(
+        [ExecInput(a, 0, tokens=tuple(PROMPT)), ExecInput(b, 0, prepared=embedded(model, OTHER))]
+    )
     assert counting.calls == [len(PROMPT) + len(OTHER)]
     assert outs[0].tokens[0] == reference_greedy(model, PROMPT, 1)[0][0]
     assert outs[1].tokens[0] == reference_greedy(model, OTHER, 1)[0][0]
@@ -74,11 +78,13 @@ def test_wrong_embedding_shape_or_kind_fails_only_that_input(model) -> None:
     ex = make(model)
     a, b, c = ex.open_session(), ex.open_session(), ex.open_session()
     assert ex.accepts(embedded(model, OTHER)) and not ex.accepts(Other())
-    outs = ex.execute([
-        ExecInput(a, 0, prepared=EmbeddingsInput(mx.zeros((3, 32)))),
-        ExecInput(b, 0, prepared=Other()),
-        ExecInput(c, 0, tokens=tuple(OTHER)),
-    ])
+    outs = ex.execute(
+        [
+            ExecInput(a, 0, prepared=EmbeddingsInput(mx.zeros((3, 32)))),
+            ExecInput(b, 0, prepared=Other()),
+            ExecInput(c, 0, tokens=tuple(OTHER)),
+        ]
+    )
     assert "hidden" in outs[0].error and "does not accept" in outs[1].error
     assert outs[2].tokens[0] == reference_greedy(model, OTHER, 1)[0][0]
     assert ex.position(a) == ex.position(b) == 0
@@ -89,7 +95,9 @@ def test_a_different_embedding_changes_the_output(model) -> None:
     ex = make(model)
     a, b = ex.open_session(), ex.open_session()
     emb = model.embed(mx.array(PROMPT, dtype=mx.int32))
-    outs = ex.execute([ExecInput(a, 0, prepared=EmbeddingsInput(emb)), ExecInput(b, 0, prepared=EmbeddingsInput(emb * 0.5))])
+    outs = ex.execute(
+        [ExecInput(a, 0, prepared=EmbeddingsInput(emb)), ExecInput(b, 0, prepared=EmbeddingsInput(emb * 0.5))]
+    )
     assert not np.allclose(np.array(outs[0].logits), np.array(outs[1].logits), atol=1e-3)
 
 

@@ -49,17 +49,21 @@ def test_batch_is_one_forward_with_per_session_results(model, kind) -> None:
     counting = CountingModel(model)
     ex = make(counting, kind)
     a, b, c = ex.open_session(), ex.open_session(), ex.open_session()
-    outs = ex.execute([
-        ExecInput(a, 0, tokens=tuple(PROMPT)),
-        ExecInput(b, 0, tokens=tuple(OTHER)),
-        ExecInput(c, 0, tokens=tuple(OTHER[:4]), want_output=False),
-    ])
+    outs = ex.execute(
+        [
+            ExecInput(a, 0, tokens=tuple(PROMPT)),
+            ExecInput(b, 0, tokens=tuple(OTHER)),
+            ExecInput(c, 0, tokens=tuple(OTHER[:4]), want_output=False),
+        ]
+    )
     assert counting.calls == [len(PROMPT) + len(OTHER) + 4]
     assert outs[2].tokens == () and ex.position(c) == 4
     ta, tb = [outs[0].tokens[0]], [outs[1].tokens[0]]
     for _ in range(5):  # decode a and b together: one forward of 2 rows per step
         counting.calls.clear()
-        o = ex.execute([ExecInput(a, ex.position(a), tokens=(ta[-1],)), ExecInput(b, ex.position(b), tokens=(tb[-1],))])
+        o = ex.execute(
+            [ExecInput(a, ex.position(a), tokens=(ta[-1],)), ExecInput(b, ex.position(b), tokens=(tb[-1],))]
+        )
         assert counting.calls == [2]
         ta.append(o[0].tokens[0])
         tb.append(o[1].tokens[0])
@@ -112,13 +116,15 @@ def test_rewind_past_evicted_ring_rows_fails_the_input(model) -> None:
 def test_bad_inputs_fail_alone(model) -> None:
     ex = make(model)
     a, b, c = ex.open_session(), ex.open_session(), ex.open_session()
-    outs = ex.execute([
-        ExecInput(a, 0, tokens=(1, 500)),
-        ExecInput(999, 0, tokens=(1,)),
-        ExecInput(b, 0, tokens=(1, 2)),
-        ExecInput(b, 2, tokens=(3,)),
-        ExecInput(c, 0, prepared=EmbeddingsInput(mx.zeros((2, 64)))),
-    ])
+    outs = ex.execute(
+        [
+            ExecInput(a, 0, tokens=(1, 500)),
+            ExecInput(999, 0, tokens=(1,)),
+            ExecInput(b, 0, tokens=(1, 2)),
+            ExecInput(b, 2, tokens=(3,)),
+            ExecInput(c, 0, prepared=EmbeddingsInput(mx.zeros((2, 64)))),
+        ]
+    )
     assert "vocabulary" in outs[0].error
     assert "unknown session" in outs[1].error
     assert outs[2].error is None and len(outs[2].tokens) == 1
@@ -185,7 +191,12 @@ def test_sampling_is_seeded_per_session_and_leaves_greedy_neighbours_alone(model
         outs = ex.execute([ExecInput(s, 0, tokens=tuple(PROMPT)), ExecInput(g, 0, tokens=tuple(PROMPT))])
         ts, tg = [outs[0].tokens[0]], [outs[1].tokens[0]]
         for _ in range(11):
-            o = ex.execute([ExecInput(s, ex.position(s), tokens=(ts[-1],)), ExecInput(g, ex.position(g), tokens=(tg[-1],))])
+            o = ex.execute(
+                [
+                    ExecInput(s, ex.position(s), tokens=(ts[-1],)),
+                    ExecInput(g, ex.position(g), tokens=(tg[-1],)),
+                ]
+            )
             ts.append(o[0].tokens[0])
             tg.append(o[1].tokens[0])
         return ts, tg

@@ -25,7 +25,11 @@ def make(cls, model, kind, **kw):
 
 def test_lookup_takes_the_latest_longest_match(tiny_model) -> None:
     ex = make(PromptLookupExecutor, tiny_model(), "batched-sequence", num_drafts=3)
-    assert ex.lookup([1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3], 3) == (7, 8, 5)  # no trigram (5,2,3) match; latest bigram (2,3)
+    assert ex.lookup([1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3], 3) == (
+        7,
+        8,
+        5,
+    )  # no trigram (5,2,3) match; latest bigram (2,3)
     assert ex.lookup([1, 2, 3, 4, 5, 1, 2, 3], 3) == (4, 5, 1)  # trigram match
     assert ex.lookup([1, 2, 3, 4, 5, 6], 3) == ()  # no match at all
     assert ex.lookup([5, 6, 5], 2) == (6, 5)  # unigram
@@ -114,11 +118,26 @@ def test_drafts_are_dropped_when_the_cache_has_no_room(tiny_model) -> None:
 
     def executor(capacity: int) -> PromptLookupExecutor:
         cfg = model.config
-        cache = build_cache("batched-sequence", CacheConfig(capacity=capacity, max_seqs=4, layers=cfg.layers,
-                                                            kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                                                            max_write=8))
-        return PromptLookupExecutor(model, cache, cache_kind="batched-sequence", max_sessions=4,
-                                    max_session_tokens=128, max_write=8, num_drafts=4)
+        cache = build_cache(
+            "batched-sequence",
+            CacheConfig(
+                capacity=capacity,
+                max_seqs=4,
+                layers=cfg.layers,
+                kv_heads=cfg.num_kv_heads,
+                head_dim=cfg.head_dim,
+                max_write=8,
+            ),
+        )
+        return PromptLookupExecutor(
+            model,
+            cache,
+            cache_kind="batched-sequence",
+            max_sessions=4,
+            max_session_tokens=128,
+            max_write=8,
+            num_drafts=4,
+        )
 
     for capacity, room in ((37, False), (200, True)):  # 2 x 18 rows leave room for the pending row only
         spec = executor(capacity)

@@ -40,8 +40,13 @@ def test_files_listed_after_a_kill_mid_write_are_whole(tmp_path) -> None:
     for n, delay in enumerate((0.05, 0.3, 0.8)):  # the writer writes without pause: a kill lands mid-write
         folder = tmp_path / str(n)
         folder.mkdir()
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(folder)], cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(folder)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
             time.sleep(delay)

@@ -27,7 +27,9 @@ from engine_service.persistence.snapshot_file import (
     write_snapshot_bytes,
 )
 
-LAYOUT = StateLayout("batched-sequence", "layers=full,sliding:4;max_write=3;kv_heads=2;head_dim=8;dtype=float32")
+LAYOUT = StateLayout(
+    "batched-sequence", "layers=full,sliding:4;max_write=3;kv_heads=2;head_dim=8;dtype=float32"
+)
 CONTENT = (5, 17, 99, 3, 42, 42, 7)
 
 
@@ -59,7 +61,11 @@ def test_round_trip_keeps_every_field_and_byte(tmp_path, dtype) -> None:
     assert size == path.stat().st_size
     got = read_snapshot(path)
     assert got.fingerprint == snap.fingerprint and got.layout == LAYOUT and got.content == CONTENT
-    assert got.positions == 7 and got.state.written == 9 and dict(got.extra) == {"namespace": "ns", "priority": "high"}
+    assert (
+        got.positions == 7
+        and got.state.written == 9
+        and dict(got.extra) == {"namespace": "ns", "priority": "high"}
+    )
     assert got.content_digest == content_digest(CONTENT)
     assert set(got.state.arrays) == set(snap.state.arrays)
     for name, want in snap.state.arrays.items():
@@ -143,7 +149,9 @@ def test_another_format_version_is_refused_as_such(tmp_path) -> None:
 def test_a_changed_metadata_field_fails_the_checksum(tmp_path, field) -> None:
     path = tmp_path / "a.safetensors"
     write_snapshot(path, snapshot())
-    value = {"fingerprint": "0" * 32, "positions": "6", "cache_kind": "batched-cell", "extra": '{"a": "b"}'}[field]
+    value = {"fingerprint": "0" * 32, "positions": "6", "cache_kind": "batched-cell", "extra": '{"a": "b"}'}[
+        field
+    ]
     rewrite_metadata(path, **{field: value})
     assert refusal(path) == LoadRefusal.CHECKSUM
 
@@ -177,7 +185,6 @@ def test_a_writer_bug_in_the_content_is_refused_even_when_checksummed(tmp_path, 
     assert refusal(path) == LoadRefusal.CONTENT
     meta = mx.load(str(path), return_metadata=True)[1]
     assert json.loads(meta["extra"]) == {}
-
 
 
 def test_encoded_bytes_are_the_file_and_travel_as_is(tmp_path) -> None:

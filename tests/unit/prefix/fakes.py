@@ -265,9 +265,16 @@ class FakeEngine(FakeBackend):
         self.say_window = True  # clone_or_refusal names WINDOW refusals (False: an engine that cannot say)
 
     def info(self) -> EngineInfo:
-        return EngineInfo(self.engine_instance, self.fingerprint, self.vocab_size, self.max_session_tokens,
-                          max_sessions=self.max_sessions, resident_sessions=len(self.live),
-                          max_write=self.max_write, window_evicts=self.window_evicts)
+        return EngineInfo(
+            self.engine_instance,
+            self.fingerprint,
+            self.vocab_size,
+            self.max_session_tokens,
+            max_sessions=self.max_sessions,
+            resident_sessions=len(self.live),
+            max_write=self.max_write,
+            window_evicts=self.window_evicts,
+        )
 
     @property
     def max_rewind(self) -> int | None:
@@ -316,8 +323,9 @@ class FakeEngine(FakeBackend):
         """As the engine: no content digest while generating (``describe_content`` False)."""
         return Described(session.position, digest_of(session.tokens) if self.describe_content else None)
 
-    def take_clone(self, session: FakeSession, upto: int, owner: str,
-                   expected_digest: bytes | None = None) -> TakenClone:
+    def take_clone(
+        self, session: FakeSession, upto: int, owner: str, expected_digest: bytes | None = None
+    ) -> TakenClone:
         """Like the engine: with ``expected_digest`` the clone happens only if [0, upto) holds it."""
         self.take_clone_digests.append(expected_digest)
         if expected_digest is not None and upto <= session.position:

@@ -100,10 +100,23 @@ def test_engine_budget_is_the_smallest_of_config_share_and_quota() -> None:
     # share 0.5 of an engine of 32 sessions x 2048 positions: 16 entries, 32768 positions
     assert engine_budget(0.5, 64, 0, engine_max_sessions=32, engine_max_session_tokens=2048) == (16, 32768)
     assert engine_budget(0.5, 8, 1000, engine_max_sessions=32, engine_max_session_tokens=2048) == (8, 1000)
-    assert engine_budget(0.25, 64, 0, engine_max_sessions=12, engine_max_session_tokens=256,
-                         quota_sessions=2, quota_positions=300) == (2, 300)
-    assert engine_budget(1.0, 64, 0, engine_max_sessions=0, engine_max_session_tokens=0) == (64, 0)  # no limits said
-    assert engine_budget(0.5, 64, 0, engine_max_sessions=1, engine_max_session_tokens=64) == (0, 32)  # no room
+    assert engine_budget(
+        0.25,
+        64,
+        0,
+        engine_max_sessions=12,
+        engine_max_session_tokens=256,
+        quota_sessions=2,
+        quota_positions=300,
+    ) == (2, 300)
+    assert engine_budget(1.0, 64, 0, engine_max_sessions=0, engine_max_session_tokens=0) == (
+        64,
+        0,
+    )  # no limits said
+    assert engine_budget(0.5, 64, 0, engine_max_sessions=1, engine_max_session_tokens=64) == (
+        0,
+        32,
+    )  # no room
 
 
 # -- the gateway ---------------------------------------------------------------------------------------
@@ -199,9 +212,14 @@ def test_a_snapshot_refused_for_the_services_quota_reclaims_unknown_handles() ->
         def generate(self, request):
             self.requests.append(request)
             session = self.open(request.tokens)
-            return FakeStream([Started(session, 0, len(request.tokens)),
-                               Snapshot(None, len(request.tokens), PROMPT_KIND, "quota", reason=CloneRefusal.QUOTA),
-                               Tokens((500,), "x"), done_event(len(request.tokens), 0)])
+            return FakeStream(
+                [
+                    Started(session, 0, len(request.tokens)),
+                    Snapshot(None, len(request.tokens), PROMPT_KIND, "quota", reason=CloneRefusal.QUOTA),
+                    Tokens((500,), "x"),
+                    done_event(len(request.tokens), 0),
+                ]
+            )
 
     engine = QuotaEngine()
     gateway = Gateway(PrefixCache(engine, max_entries=8), engine)

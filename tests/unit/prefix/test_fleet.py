@@ -115,7 +115,9 @@ def test_no_retry_after_the_first_event(engines) -> None:
     stream = fleet.generate(GatewayRequest("ns", [1, 2, 3], CONFIG), "alice")
     served = stream.engine
     stream.stop()
-    with pytest.raises(Cancelled):  # the engine stream ends cancelled: the client sees it, no other engine runs
+    with pytest.raises(
+        Cancelled
+    ):  # the engine stream ends cancelled: the client sees it, no other engine runs
         list(stream)
     assert len(engines[served].requests) == 1
     other = "b" if served == "a" else "a"
@@ -163,8 +165,10 @@ def test_insert_names_its_engine_with_several(fleet, engines) -> None:
 
 
 def test_load_guard_sends_a_hit_elsewhere_when_its_engine_is_busy(engines) -> None:
-    fleet = Fleet([member("a", engines["a"]), member("b", engines["b"])],
-                  routing_policy("cache_aware", imbalance_abs=2, imbalance_rel=1.5))
+    fleet = Fleet(
+        [member("a", engines["a"]), member("b", engines["b"])],
+        routing_policy("cache_aware", imbalance_abs=2, imbalance_rel=1.5),
+    )
     holder = run(fleet, [3, 3, 3, 3]).engine
     busy = fleet.member(holder)
     for _ in range(3):
@@ -196,5 +200,7 @@ def test_negative_control_round_robin_loses_the_prefix(engines) -> None:
     prompts = [[10 + i, 20, 30, 40, 50] for i in range(3)]
     first = {tuple(p): run(fleet, p).engine for p in prompts}
     later = [run(fleet, p + [60]) for p in prompts]
-    assert all(done.engine != first[tuple(p)] for p, done in zip(prompts, later, strict=True))  # a b a, then b a b
+    assert all(
+        done.engine != first[tuple(p)] for p, done in zip(prompts, later, strict=True)
+    )  # a b a, then b a b
     assert sum(done.reused_positions for done in later) == 0

@@ -85,7 +85,10 @@ def test_engine_restart_drops_every_entry_until_something_is_cached_again(engine
     engine.engine_instance = "instance-2"
     lookup = gateway.lookup(NS, PROMPT, "alice")
     assert (lookup.outcome.reason, gateway.cache.size, gateway.dropped_on_restart) == (
-        MissReason.ENGINE_RESTARTED, 0, 1)
+        MissReason.ENGINE_RESTARTED,
+        0,
+        1,
+    )
     assert gateway.stats().engine_instance_id == "instance-2"
     assert gateway.lookup(NS, PROMPT[:1], "alice").outcome.reason == MissReason.TOO_SHORT  # says more
     assert gateway.lookup(NS, (5, 6), "alice").outcome.reason == MissReason.ENGINE_RESTARTED

@@ -10,14 +10,17 @@ from prefix_service.http.errors import error_body, field_path
 from prefix_service.http.stop_strings import StopMatcher
 
 
-@pytest.mark.parametrize(("stops", "deltas", "emitted", "stopped"), [
-    (["END"], ["ab", "cE", "N", "Dxyz"], "abc", True),  # across three deltas
-    (["END"], ["ab", "cE", "Nx"], "abcENx", False),  # a partial match is released
-    (["xx", "b"], ["axxb"], "a", True),  # the earliest match wins
-    (["b", "ab"], ["cab"], "c", True),  # ...whichever stop string it is
-    ([], ["abc"], "abc", False),
-    (["\n\n"], ["line\n", "\nmore"], "line", True),
-])
+@pytest.mark.parametrize(
+    ("stops", "deltas", "emitted", "stopped"),
+    [
+        (["END"], ["ab", "cE", "N", "Dxyz"], "abc", True),  # across three deltas
+        (["END"], ["ab", "cE", "Nx"], "abcENx", False),  # a partial match is released
+        (["xx", "b"], ["axxb"], "a", True),  # the earliest match wins
+        (["b", "ab"], ["cab"], "c", True),  # ...whichever stop string it is
+        ([], ["abc"], "abc", False),
+        (["\n\n"], ["line\n", "\nmore"], "line", True),
+    ],
+)
 def test_stop_matcher(stops, deltas, emitted, stopped) -> None:
     matcher = StopMatcher(stops)
     out, done = "", False
@@ -31,34 +34,43 @@ def test_stop_matcher(stops, deltas, emitted, stopped) -> None:
     assert (out, done) == (emitted, stopped)
 
 
-@pytest.mark.parametrize(("exc", "status", "kind"), [
-    (errors.InvalidArgument("x must be > 0"), 400, "invalid_request_error"),
-    (errors.ResourceExhausted("no free session"), 429, "rate_limit_error"),
-    (errors.Unavailable("engine stopping"), 503, "service_unavailable"),
-    (errors.NotFound("unknown handle"), 503, "service_unavailable"),
-    (errors.GenerationError("executor failed"), 500, "server_error"),
-    (KeyError("secret internals"), 500, "server_error"),
-])
+@pytest.mark.parametrize(
+    ("exc", "status", "kind"),
+    [
+        (errors.InvalidArgument("x must be > 0"), 400, "invalid_request_error"),
+        (errors.ResourceExhausted("no free session"), 429, "rate_limit_error"),
+        (errors.Unavailable("engine stopping"), 503, "service_unavailable"),
+        (errors.NotFound("unknown handle"), 503, "service_unavailable"),
+        (errors.GenerationError("executor failed"), 500, "server_error"),
+        (KeyError("secret internals"), 500, "server_error"),
+    ],
+)
 def test_error_mapping(exc, status, kind) -> None:
     code, body = error_body(exc)
     assert (code, body.error.type) == (status, kind)
     assert ("secret" not in body.error.message) and body.error.message
 
 
-@pytest.mark.parametrize(("engine_model", "served"), [
-    ("/x/SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct.Q4_1"),
-    ("/models/llama-mlx/", "llama-mlx"),
-    ("tiny-FRFR-seed0", "tiny-FRFR-seed0"),
-])
+@pytest.mark.parametrize(
+    ("engine_model", "served"),
+    [
+        ("/x/SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct.Q4_1"),
+        ("/models/llama-mlx/", "llama-mlx"),
+        ("tiny-FRFR-seed0", "tiny-FRFR-seed0"),
+    ],
+)
 def test_served_model_name(engine_model, served) -> None:
     assert served_model_name(engine_model) == served
 
 
-@pytest.mark.parametrize(("loc", "spelled"), [
-    (("messages", 0, "content"), "messages[0].content"),
-    (("messages", 0, "content", "list[TextPart]", 1, "type"), "messages[0].content[1].type"),
-    (("stop", "str"), "stop"),
-    ((), ""),
-])
+@pytest.mark.parametrize(
+    ("loc", "spelled"),
+    [
+        (("messages", 0, "content"), "messages[0].content"),
+        (("messages", 0, "content", "list[TextPart]", 1, "type"), "messages[0].content[1].type"),
+        (("stop", "str"), "stop"),
+        ((), ""),
+    ],
+)
 def test_field_path(loc, spelled) -> None:
     assert field_path(loc) == spelled

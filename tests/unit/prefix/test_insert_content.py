@@ -35,7 +35,9 @@ def count_hashes(monkeypatch) -> list[int]:
     calls: list[int] = []
     for module in (gateway_module, cache_module):
         real = module.content_digest
-        monkeypatch.setattr(module, "content_digest", lambda ids, real=real: calls.append(len(ids)) or real(ids))
+        monkeypatch.setattr(
+            module, "content_digest", lambda ids, real=real: calls.append(len(ids)) or real(ids)
+        )
     return calls
 
 
@@ -142,8 +144,13 @@ def test_a_captured_snapshot_whose_engine_content_differs_is_not_stored(engine, 
     def lying_generate(request):  # the engine captured a session that holds ITALY
         snap = engine.open(ITALY)
         started = Started(engine.open(()), 0, len(request.tokens))
-        return FakeStream([started, Snapshot(snap, len(ITALY), PROMPT_KIND, content_digest=content_digest(ITALY)),
-                           done_event(len(request.tokens), 0)])
+        return FakeStream(
+            [
+                started,
+                Snapshot(snap, len(ITALY), PROMPT_KIND, content_digest=content_digest(ITALY)),
+                done_event(len(request.tokens), 0),
+            ]
+        )
 
     monkeypatch.setattr(engine, "generate", lying_generate)
     ask(gateway, FRANCE)

@@ -20,7 +20,9 @@ from tests.unit.prefix.fakes import FakeBackend
 
 
 def entry(name: str, last_used: int, hits: int = 0, **metadata: str) -> Entry:
-    return Entry("ns", (1,), name, created=0, last_used=last_used, hits=hits, metadata=MappingProxyType(metadata))
+    return Entry(
+        "ns", (1,), name, created=0, last_used=last_used, hits=hits, metadata=MappingProxyType(metadata)
+    )
 
 
 def eviction_order(policy: RetentionPolicy, entries: list[Entry]) -> list[str]:

@@ -20,7 +20,9 @@ def test_cache_aware_goes_where_the_longest_prefix_is() -> None:
 
 
 def test_cache_aware_miss_goes_to_the_least_loaded_then_the_emptiest_cache() -> None:
-    route = CacheAware().route([Candidate("a", 0, 3), Candidate("b", 0, 1, held=500), Candidate("c", 0, 1, held=20)])
+    route = CacheAware().route(
+        [Candidate("a", 0, 3), Candidate("b", 0, 1, held=500), Candidate("c", 0, 1, held=20)]
+    )
     assert route.reason is RouteReason.MISS
     assert names(route) == ["c", "b", "a"]
 
@@ -30,15 +32,19 @@ def test_equal_matches_break_ties_by_load() -> None:
     assert names(route)[0] == "b"
 
 
-@pytest.mark.parametrize(("best_load", "least_load", "guarded"), [
-    (5, 0, True),    # 5 ahead (> 4) and 5 > 1.5 * 0
-    (4, 0, False),   # only 4 ahead
-    (12, 7, True),   # 5 ahead and 12 > 10.5
-    (30, 21, False),  # 9 ahead, but 30 <= 31.5: the relative condition alone keeps the match
-])
+@pytest.mark.parametrize(
+    ("best_load", "least_load", "guarded"),
+    [
+        (5, 0, True),  # 5 ahead (> 4) and 5 > 1.5 * 0
+        (4, 0, False),  # only 4 ahead
+        (12, 7, True),  # 5 ahead and 12 > 10.5
+        (30, 21, False),  # 9 ahead, but 30 <= 31.5: the relative condition alone keeps the match
+    ],
+)
 def test_cache_aware_load_guard_needs_both_conditions(best_load, least_load, guarded) -> None:
     route = CacheAware(imbalance_abs=4, imbalance_rel=1.5).route(
-        [Candidate("hot", 100, best_load), Candidate("cold", 0, least_load)])
+        [Candidate("hot", 100, best_load), Candidate("cold", 0, least_load)]
+    )
     assert (route.reason is RouteReason.LOAD_GUARD) == guarded
     assert names(route) == (["cold", "hot"] if guarded else ["hot", "cold"])
 

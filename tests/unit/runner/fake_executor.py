@@ -85,9 +85,17 @@ class FakeSeq:
 
 
 class FakeExecutor(Executor):
-    def __init__(self, *, vocab_size: int = 97, max_sessions: int = 16, max_session_tokens: int = 256,
-                 preferred_batch_tokens: int = 512, clones: bool = True, speculative: bool = False,
-                 accepts: tuple[PreparedKind, ...] = (FakePrepared.KIND,)) -> None:
+    def __init__(
+        self,
+        *,
+        vocab_size: int = 97,
+        max_sessions: int = 16,
+        max_session_tokens: int = 256,
+        preferred_batch_tokens: int = 512,
+        clones: bool = True,
+        speculative: bool = False,
+        accepts: tuple[PreparedKind, ...] = (FakePrepared.KIND,),
+    ) -> None:
         self.vocab_size = vocab_size
         self.max_sessions = max_sessions
         self.max_session_tokens = max_session_tokens
@@ -190,7 +198,7 @@ class FakeExecutor(Executor):
             return ExecOutput(inp.sid, error="fake input failure")
         if inp.start > len(seq.history):
             return ExecOutput(inp.sid, error=f"gap: start {inp.start} > length {len(seq.history)}")
-        del seq.history[inp.start:]  # a start below the length rewinds
+        del seq.history[inp.start :]  # a start below the length rewinds
         values = inp.tokens if inp.tokens is not None else inp.prepared.history_values()
         seq.history.extend(values)
         seq.written = max(seq.written, len(seq.history))

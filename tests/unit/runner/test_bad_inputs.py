@@ -39,8 +39,9 @@ def test_bad_input_fails_alone(make_runner, case):
         fake.error_for_sids.add(bad._record.sid)
     healthy_updates = []
     with engine_paused(runner, fake):  # both starts are drained together, then run side by side
-        h = healthy.generate_async(HEALTHY, GenConfig(max_new_tokens=8, prefill_chunk=2, seed=5),
-                                   healthy_updates.append)
+        h = healthy.generate_async(
+            HEALTHY, GenConfig(max_new_tokens=8, prefill_chunk=2, seed=5), healthy_updates.append
+        )
         b = bad.generate_async(bad_input, GenConfig(max_new_tokens=8, prefill_chunk=2), callback)
     bad_result = b.wait(10)
     assert bad_result.finish_reason == "error"
@@ -81,7 +82,8 @@ def test_failed_batch_poisons_its_sessions_and_engine_keeps_running(make_runner)
     assert a.clone_async(0).result(10) is None
     c = runner.open_session()
     assert c.generate_async([5], GenConfig(max_new_tokens=2)).wait(10).tokens == tuple(
-        reference([5], 0, 2, VOCAB))
+        reference([5], 0, 2, VOCAB)
+    )
     assert runner.metrics().failed_batches == 1
 
 

@@ -165,6 +165,7 @@ def test_speculative_rows_past_the_accepted_position_cannot_be_cloned(make_runne
     # Negative control: the executor alone would have cloned the speculative row.
     bare = FakeExecutor(vocab_size=VOCAB, speculative=True)
     from engine_service.executors.base import ExecInput
+
     sid = bare.open_session()
     bare.set_sampling(sid, GenConfig().sampling(), 0)
     bare.execute([ExecInput(sid, 0, tokens=tuple(prompt))])
@@ -347,8 +348,11 @@ def test_close_child_when_done_closes_only_a_child_nobody_will_receive(runner, f
     runner.flush(10)
     assert closed == [done.result()] and runner.resident_sessions == baseline
     # A refusal, a failure or a cancellation has nothing to close.
-    for settle in (lambda f: f.set_result(None), lambda f: f.set_exception(ResourceExhausted("no")),
-                   lambda f: f.cancel()):
+    for settle in (
+        lambda f: f.set_result(None),
+        lambda f: f.set_exception(ResourceExhausted("no")),
+        lambda f: f.cancel(),
+    ):
         future = Future()
         close_child_when_done(future, closed.append)
         settle(future)

@@ -65,14 +65,18 @@ def settle(command, how: str, engine: Engine) -> None:
         command.settle_unrun(engine.hooks)
 
 
-@pytest.mark.parametrize(("make", "how", "expected"), [
-    (lambda f: OpenCommand(f), "fail", "ValueError: boom"),
-    (lambda f: OpenCommand(f), "abandon", "Unavailable: engine thread stopped: SystemExit"),
-    (lambda f: OpenCommand(f), "unrun", "Unavailable: runner is stopping"),
-    (lambda f: BarrierCommand(f), "fail", "ValueError: boom"),
-    (lambda f: BarrierCommand(f), "abandon", None),
-    (lambda f: BarrierCommand(f), "unrun", None),
-], ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize(
+    ("make", "how", "expected"),
+    [
+        (lambda f: OpenCommand(f), "fail", "ValueError: boom"),
+        (lambda f: OpenCommand(f), "abandon", "Unavailable: engine thread stopped: SystemExit"),
+        (lambda f: OpenCommand(f), "unrun", "Unavailable: runner is stopping"),
+        (lambda f: BarrierCommand(f), "fail", "ValueError: boom"),
+        (lambda f: BarrierCommand(f), "abandon", None),
+        (lambda f: BarrierCommand(f), "unrun", None),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
 def test_a_command_with_a_future_settles_it(make, how, expected):
     future: Future = Future()
     engine = Engine()
@@ -82,8 +86,10 @@ def test_a_command_with_a_future_settles_it(make, how, expected):
     assert engine.finished == engine.ran == [] and engine.counts["clones_refused"] == 0
 
 
-@pytest.mark.parametrize(("how", "expected", "refused"), [
-    ("fail", "ValueError: boom", 0), ("abandon", None, 0), ("unrun", None, 1)])
+@pytest.mark.parametrize(
+    ("how", "expected", "refused"),
+    [("fail", "ValueError: boom", 0), ("abandon", None, 0), ("unrun", None, 1)],
+)
 def test_a_clone_settles_its_future_while_the_caller_holds_it(how, expected, refused):
     future = CloneFuture()
     engine = Engine()
@@ -110,14 +116,18 @@ def test_a_clone_whose_future_was_dropped_or_settled_is_left_alone(how):
         assert done.result() == "kept"
 
 
-@pytest.mark.parametrize(("cls", "how", "expected"), [
-    (StartCommand, "fail", ("error", "GenerationError: ValueError: boom")),
-    (StartCommand, "abandon", ("error", "GenerationError: engine thread stopped: SystemExit")),
-    (StartCommand, "unrun", ("cancelled", None)),
-    (CancelCommand, "fail", ("error", "GenerationError: ValueError: boom")),
-    (CancelCommand, "abandon", None),
-    (CancelCommand, "unrun", None),
-], ids=lambda v: v.__name__ if isinstance(v, type) else v if isinstance(v, str) else None)
+@pytest.mark.parametrize(
+    ("cls", "how", "expected"),
+    [
+        (StartCommand, "fail", ("error", "GenerationError: ValueError: boom")),
+        (StartCommand, "abandon", ("error", "GenerationError: engine thread stopped: SystemExit")),
+        (StartCommand, "unrun", ("cancelled", None)),
+        (CancelCommand, "fail", ("error", "GenerationError: ValueError: boom")),
+        (CancelCommand, "abandon", None),
+        (CancelCommand, "unrun", None),
+    ],
+    ids=lambda v: v.__name__ if isinstance(v, type) else v if isinstance(v, str) else None,
+)
 def test_a_generation_command_ends_its_generation(cls, how, expected):
     gen = generation()
     engine = Engine()

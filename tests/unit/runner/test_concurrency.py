@@ -31,6 +31,7 @@ def test_four_generations_with_clones_and_cancels_return_to_baseline(make_runner
                 handles[2].cancel()
             elif i == 3 and update.finished:
                 kept.append((i, update.position, s.clone_async(update.position)))
+
         return observe
 
     recorders = [Recorder(runner, make_observer(i)) for i in range(4)]

@@ -34,7 +34,7 @@ def history(fake: FakeExecutor, session) -> list[int]:
 
 def other(tokens: list[int], at: int) -> list[int]:
     """``tokens`` with the id at ``at`` changed (same length)."""
-    return tokens[:at] + [(tokens[at] + 1) % VOCAB] + tokens[at + 1:]
+    return tokens[:at] + [(tokens[at] + 1) % VOCAB] + tokens[at + 1 :]
 
 
 # -- the digest ---------------------------------------------------------------------------------
@@ -75,8 +75,12 @@ def test_content_log_rewinds_copies_and_has_no_digest_over_a_prepared_input() ->
 def test_content_follows_chunked_prefill_decode_and_a_continuation(runner, fake) -> None:
     s = runner.open_session()
     seen: list[bool] = []
-    recorder = Recorder(runner, then=lambda u: seen.append(
-        s.content_digest() == content_digest(history(fake, s)) and s.position == u.position))
+    recorder = Recorder(
+        runner,
+        then=lambda u: seen.append(
+            s.content_digest() == content_digest(history(fake, s)) and s.position == u.position
+        ),
+    )
     first = s.generate_async(PROMPT, GenConfig(max_new_tokens=6, prefill_chunk=3), recorder).wait(10)
     assert len(recorder.updates) > 6 and all(seen)  # every prefill chunk and decode step
     assert s.content_digest() == content_digest(PROMPT + list(first.tokens[:-1]))
@@ -92,7 +96,11 @@ def test_speculative_drafts_are_content_and_a_cut_rewinds_it(make_runner) -> Non
     runner = make_runner(fake)
     s = runner.open_session()
     out = s.generate_async(PROMPT, GenConfig(max_new_tokens=7)).wait(10)
-    assert s.content_digest() == content_digest(PROMPT + list(out.tokens[:-1])) == content_digest(history(fake, s))
+    assert (
+        s.content_digest()
+        == content_digest(PROMPT + list(out.tokens[:-1]))
+        == content_digest(history(fake, s))
+    )
     # max_new_tokens=1 cuts the accepted draft: it becomes pending, the committed position falls back
     t = runner.open_session()
     cut = t.generate_async(PROMPT, GenConfig(max_new_tokens=1)).wait(10)
@@ -105,8 +113,9 @@ def test_speculative_drafts_are_content_and_a_cut_rewinds_it(make_runner) -> Non
 
 def test_prompt_lookup_speculation_records_exactly_the_committed_tokens(tiny_model) -> None:
     repetitive = [17, 4, 99, 23, 56, 8, 71, 30] * 3
-    executor = PromptLookupExecutor.create(tiny_model("FFFF"), "batched-sequence", 4, 256, prefill_chunk=8,
-                                           num_drafts=4)  # full layers: every position can be cloned
+    executor = PromptLookupExecutor.create(
+        tiny_model("FFFF"), "batched-sequence", 4, 256, prefill_chunk=8, num_drafts=4
+    )  # full layers: every position can be cloned
     runner = Runner(executor)
     try:
         with runner.open_session() as s:
@@ -129,7 +138,9 @@ def test_clone_at_every_position_checks_the_expected_content(runner, fake) -> No
     for upto in range(len(committed) + 1):
         child = s.clone_async(upto, content_digest(committed[:upto])).result(10)
         assert child is not None and child.position == upto
-        assert child.content_digest() == content_digest(committed[:upto]) == content_digest(history(fake, child))
+        assert (
+            child.content_digest() == content_digest(committed[:upto]) == content_digest(history(fake, child))
+        )
         child.close()
         if upto:
             wrong = s.clone_async(upto, content_digest(other(committed, upto - 1)[:upto]))

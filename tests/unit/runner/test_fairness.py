@@ -77,13 +77,15 @@ def test_every_decoding_session_advances_through_a_runner(make_runner, monkeypat
     runner = make_runner(fake, max_decode_sequences=max_decode)
     sessions = [runner.open_session() for _ in range(n)]
     with engine_paused(runner, fake):  # every start is drained before the next forward: one prefill
-        handles = [s.generate_async([3 + i], GenConfig(max_new_tokens=new_tokens)) for i, s in enumerate(sessions)]
+        handles = [
+            s.generate_async([3 + i], GenConfig(max_new_tokens=new_tokens)) for i, s in enumerate(sessions)
+        ]
     results = [h.wait(10) for h in handles]
     assert all(r.finish_reason == "length" and len(r.tokens) == new_tokens for r in results)
     sids = [s._record.sid for s in sessions]
     with fake.lock:
         rounds = [{inp.sid for inp in batch} & set(sids) for batch in fake.batches]
-    rounds = rounds[next(i for i, r in enumerate(rounds) if r):]  # from the batch that prefills them
+    rounds = rounds[next(i for i, r in enumerate(rounds) if r) :]  # from the batch that prefills them
     assert rounds[0] == set(sids), "the prompts were not prefilled together"
     assert all(len(r) <= max_decode for r in rounds[1:])
     # A generation ends on its last batch: count its waits up to there.

@@ -139,7 +139,9 @@ def test_decode_steps_of_several_sessions_share_one_forward(make_runner):
     runner = make_runner(fake, max_decode_sequences=2)
     sessions = [runner.open_session() for _ in range(3)]
     with engine_paused(runner, fake):
-        handles = [s.generate_async([i + 1], GenConfig(max_new_tokens=6, seed=i)) for i, s in enumerate(sessions)]
+        handles = [
+            s.generate_async([i + 1], GenConfig(max_new_tokens=6, seed=i)) for i, s in enumerate(sessions)
+        ]
     for i, h in enumerate(handles):
         assert h.wait(10).tokens == tuple(reference([i + 1], i, 6, VOCAB))
     # batches[0]: the pause's blocker; [1]: the three 1-token prompts; then decode steps only.
@@ -166,8 +168,12 @@ def test_second_concurrent_generation_fails_with_failed_precondition(runner, fak
 def test_terminal_callback_may_start_the_next_generation(runner):
     s = runner.open_session()
     handles = []
-    rec = Recorder(runner, lambda u: u.finished and not handles and handles.append(
-        s.generate_async([9], GenConfig(max_new_tokens=2))))
+    rec = Recorder(
+        runner,
+        lambda u: (
+            u.finished and not handles and handles.append(s.generate_async([9], GenConfig(max_new_tokens=2)))
+        ),
+    )
     first = s.generate_async(PROMPT, GenConfig(max_new_tokens=2), rec).wait(10)
     second = handles[0].wait(10)
     assert second.tokens == tuple(reference(PROMPT + list(first.tokens) + [9], 0, 2, VOCAB))
@@ -261,8 +267,9 @@ def test_prefill_is_not_starved_when_decoders_fill_the_preferred_batch(make_runn
     decoders = [runner.open_session() for _ in range(3)]
     first_tokens = [threading.Event() for _ in decoders]
     handles = [
-        s.generate_async([5 + i], GenConfig(max_new_tokens=200),
-                         lambda u, ev=ev: ev.set() if u.tokens else None)
+        s.generate_async(
+            [5 + i], GenConfig(max_new_tokens=200), lambda u, ev=ev: ev.set() if u.tokens else None
+        )
         for i, (s, ev) in enumerate(zip(decoders, first_tokens, strict=True))
     ]
     for ev in first_tokens:

@@ -40,7 +40,9 @@ def test_session_dropped_on_the_engine_thread_closes_without_deadlock(runner, fa
     s = runner.open_session()
     # The open future is dropped inside the callback: the new session dies on the engine thread and
     # its finalizer queues the close from there.
-    s.generate_async([1, 2], GenConfig(max_new_tokens=3), lambda u: u.finished and runner.open_session_async()).wait(10)
+    s.generate_async(
+        [1, 2], GenConfig(max_new_tokens=3), lambda u: u.finished and runner.open_session_async()
+    ).wait(10)
     collect_and_flush(runner)
     assert len(fake.calls_named("open")) == 2
     assert runner.resident_sessions == 1
@@ -162,7 +164,9 @@ def test_runner_rejects_an_unknown_command_without_queueing_it(runner):
     assert runner.running
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the engine dies on purpose
+@pytest.mark.filterwarnings(
+    "ignore::pytest.PytestUnhandledThreadExceptionWarning"
+)  # the engine dies on purpose
 def test_an_engine_killing_error_still_settles_the_command_or_generation_it_hit(make_runner):
     # SystemExit is not an Exception: the engine thread does not survive it, but the caller it was
     # serving must not wait forever (teardown only settles what is still queued or active).
