@@ -33,10 +33,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import engine_service  # noqa: F401  (OpenBLAS before mlx)
-from engine_service import content as content_module
-from engine_service.config import GenConfig
+from engine_service.api import content as content_module
+from engine_service.api.config import GenConfig
 from engine_service.executors.module import ModuleExecutor
 from engine_service.model.random_init import random_model
+from engine_service.runtime.content_log import ContentLog
 from engine_service.runtime.runner import Runner
 from prefix_service import gateway as gateway_module
 from prefix_service import prefix_cache as cache_module
@@ -69,7 +70,7 @@ class HashTimer:
     def __enter__(self) -> HashTimer:
         self.wrap(gateway_module, "content_digest")  # the gateway's one hash of the tokens
         self.wrap(cache_module, "content_digest")  # the cache's, when no digest was passed
-        self.wrap(content_module.ContentLog, "digest")  # the engine's record (clone check, snapshot digest)
+        self.wrap(ContentLog, "digest")  # the engine's record (clone check, snapshot digest)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -90,7 +90,7 @@ def bench_matmuls(reps: int) -> list[dict]:
 
 def _first_token_s(session, tokens, started: float) -> float:
     """Seconds from ``started`` to the first token's callback of a 1-token generation on ``session``."""
-    from engine_service.config import GenConfig
+    from engine_service.api.config import GenConfig
 
     stamp: list[float] = []
 
@@ -105,7 +105,7 @@ def _first_token_s(session, tokens, started: float) -> float:
 
 def _runner_decode(runner, n_seqs: int, steps: int) -> float:
     """Aggregate tok/s of ``n_seqs`` sessions decoding together (the window where all of them decode)."""
-    from engine_service.config import GenConfig
+    from engine_service.api.config import GenConfig
 
     stamps: list[list[float]] = [[] for _ in range(n_seqs)]
     sessions = [runner.open_session() for _ in range(n_seqs)]
@@ -129,7 +129,7 @@ def _runner_decode(runner, n_seqs: int, steps: int) -> float:
 def _hit_ttft(runner, vocab: int, prompt_tokens: int, suffix: int, repeats: int) -> float:
     """Median seconds from a clone at the end of a stored ``prompt_tokens`` prompt to the first token
     after feeding ``suffix`` new tokens to the clone."""
-    from engine_service.config import GenConfig
+    from engine_service.api.config import GenConfig
 
     source = runner.open_session()
     prompt = [(j * 53) % (vocab - 200) + 100 for j in range(prompt_tokens)]

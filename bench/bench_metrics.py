@@ -40,7 +40,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import engine_service  # noqa: F401  (loads OpenBLAS before mlx)
 from clients.engine_client import Tokens
 from clients.prefix_client import PrefixClient
-from engine_service.errors import ForklineError
+from engine_service.api.errors import ForklineError
 from engine_service.model.loader import load_model
 from engine_service.rpc.metrics import EngineMetrics
 from engine_service.rpc.rpc_metrics import MetricsInterceptor

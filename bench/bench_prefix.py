@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import engine_service  # noqa: F401  (OpenBLAS before mlx)
-from engine_service.config import GenConfig
+from engine_service.api.config import GenConfig
 from engine_service.executors.module import ModuleExecutor
 from engine_service.runtime.runner import Runner
 from prefix_service.backends import RunnerBackend

@@ -166,7 +166,7 @@ def lookup_throughput(addresses: list[str], threads: int, seconds: float, hits: 
 def decision_cost(engine_counts: list[int], entries: int, repeats: int = 2000) -> dict:
     """Microseconds per routing decision: each engine's index scored for the prompt (a real
     PrefixCache walk over ``entries`` stored keys) + the cache_aware policy."""
-    from engine_service.content import content_digest
+    from engine_service.api.content import content_digest
     from prefix_service.index import token_key
     from prefix_service.prefix_cache import PrefixCache
 

@@ -22,7 +22,7 @@ import threading
 import time
 
 import engine_service  # noqa: F401  (loads OpenBLAS before mlx)
-from engine_service.config import GenConfig
+from engine_service.api.config import GenConfig
 from engine_service.executors.module import ModuleExecutor
 from engine_service.executors.prompt_lookup import PromptLookupExecutor
 from engine_service.model.loader import load_model

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import engine_service  # noqa: F401  (OpenBLAS before mlx)
-from engine_service.config import GenConfig
+from engine_service.api.config import GenConfig
 from engine_service.executors.module import ModuleExecutor
 from engine_service.persistence.sessions import load_session, save_session
 from engine_service.persistence.snapshot_file import read_snapshot

@@ -3,10 +3,10 @@
 Every call sends the client's owner id (metadata ``forkline-owner``) and, with ``token=``, the bearer
 token a server with authentication requires (it then runs the call as the token's owner); ``tls_ca=``
 opens a TLS channel (``clients/channel_client.py``). Failed calls raise the
-``engine_service.errors`` type of their status (NOT_FOUND -> NotFound, RESOURCE_EXHAUSTED ->
+``engine_service.api.errors`` type of their status (NOT_FOUND -> NotFound, RESOURCE_EXHAUSTED ->
 ResourceExhausted, ...). ``generate`` returns a :class:`GenerationStream`: iterate it for typed events,
 ``cancel()`` it to stop the generation, or ``collect()`` it into a :class:`GenerationOutcome`. The
-events are the engine's own stream event types (:mod:`engine_service.stream_events`), re-exported here.
+events are the engine's own stream event types (:mod:`engine_service.api.stream_events`), re-exported here.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.channel_client import ChannelClient
-from engine_service.errors import InvalidArgument
+from engine_service.api.errors import InvalidArgument
+from engine_service.api.stream_events import Done, Event, Snapshot, Started, Tokens
 from engine_service.rpc.convert import event_from_proto
 from engine_service.rpc.errors import from_rpc_error
-from engine_service.stream_events import Done, Event, Snapshot, Started, Tokens
 from protos import engine_pb2 as pb
 from protos import engine_pb2_grpc
 
@@ -276,6 +276,6 @@ class EngineClient(ChannelClient):
         try:
             grpc.channel_ready_future(self.channel).result(timeout=timeout)
         except grpc.FutureTimeoutError:
-            from engine_service.errors import Unavailable
+            from engine_service.api.errors import Unavailable
 
             raise Unavailable(f"engine not reachable within {timeout} s") from None

@@ -1,7 +1,7 @@
 """PrefixClient: a typed Python wrapper over the ``forkline.prefix.v1.PrefixCache`` stub.
 
 Like :class:`clients.engine_client.EngineClient`, every call sends the owner id and failed calls raise
-``engine_service.errors`` types. A Lookup hit returns an engine session handle owned by this owner:
+``engine_service.api.errors`` types. A Lookup hit returns an engine session handle owned by this owner:
 use it with an EngineClient of the same owner (``engine.generate(tokens[reused:], session=...)``).
 """
 

@@ -19,8 +19,8 @@ from typing import TextIO
 
 from clients.engine_client import EngineClient, GenerationOutcome
 from clients.prefix_client import PrefixClient
+from engine_service.api.errors import ForklineError
 from engine_service.auth import read_token_file
-from engine_service.errors import ForklineError
 
 NAMESPACE = "mlx_run_llm_batched"
 COMPLETED = ("stop", "length")

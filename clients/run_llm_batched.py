@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass
 from typing import NoReturn, TextIO
 
 from clients.snapshot_dir import PersistentEntries
-from engine_service.config import GenConfig
-from engine_service.errors import ForklineError, InvalidArgument, ModelLoadError
+from engine_service.api.config import GenConfig
+from engine_service.api.errors import ForklineError, InvalidArgument, ModelLoadError
 from engine_service.executors.module import ModuleExecutor
 from engine_service.runtime.generation import GenerationHandle, GenerationResult, GenerationUpdate
 from engine_service.runtime.runner import Runner

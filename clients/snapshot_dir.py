@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from engine_service.content import content_digest
+from engine_service.api.content import content_digest
 from engine_service.persistence.sessions import load_session, save_session
 from engine_service.persistence.snapshot import LoadRefusal
 from engine_service.persistence.snapshot_file import list_snapshots, snapshot_name

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine_service.errors import InvalidArgument
+from engine_service.api.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from engine_service.api.errors import ForklineError, InvalidArgument
 from engine_service.cache.batch_control import BatchControl, Segment
-from engine_service.errors import ForklineError, InvalidArgument
 from engine_service.executors.base import out_of_vocab
 from engine_service.executors.cache_setup import build_session_cache, cache_config
 from engine_service.executors.options import add_model_options

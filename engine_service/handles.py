@@ -32,7 +32,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar, cast
 
-from engine_service.errors import InvalidArgument, NotFound, ResourceExhausted
+from engine_service.api.errors import InvalidArgument, NotFound, ResourceExhausted
 
 T = TypeVar("T")
 

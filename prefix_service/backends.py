@@ -9,7 +9,7 @@ the engine ``fingerprint`` so cache keys never cross models or execution configu
 The gateway (``gateway.py``) needs more of a remote engine: :class:`GatewayBackend` adds its identity
 (:class:`EngineInfo`), tokenizing, describing and closing sessions on behalf of a caller, and a
 Generate call (:class:`EngineGenerate`) answered by a cancellable :class:`EngineStream` of the
-engine's stream events (``engine_service/stream_events.py``). These are domain types: the rpc layer
+engine's stream events (``engine_service/api/stream_events.py``). These are domain types: the rpc layer
 converts them to and from protos.
 
 Threading: ``clone`` blocks until the engine answers, so it must never run on the engine thread
@@ -24,12 +24,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from engine_service.errors import ForklineError
+from engine_service.api.errors import ForklineError
+from engine_service.api.stream_events import Event
 from engine_service.runtime.clone import CloneRefusal
-from engine_service.stream_events import Event
 
 if TYPE_CHECKING:  # runtime import would tie the prefix cache to the engine package layout
-    from engine_service.config import GenConfig
+    from engine_service.api.config import GenConfig
     from engine_service.runtime.runner import Runner
     from engine_service.runtime.session import Session
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from engine_service.errors import InvalidArgument
+from engine_service.api.errors import InvalidArgument
 from prefix_service.outcomes import InsertRefusal
 from prefix_service.retention import Entry, RetentionPolicy
 

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import CancelledError, Future
 from typing import TYPE_CHECKING, Any
 
-from engine_service.errors import ForklineError
+from engine_service.api.errors import ForklineError
 from engine_service.runtime.session import close_child_when_done
 from engine_service.snapshot_kinds import BREAKPOINT, PROMPT
 from prefix_service.backends import CaptureBackend, Handle, handle_alive, release_handle

@@ -47,7 +47,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from engine_service.errors import ForklineError, InvalidArgument
+from engine_service.api.errors import ForklineError, InvalidArgument
 from prefix_service.backends import TextPrompt
 from prefix_service.budget import Reservation
 

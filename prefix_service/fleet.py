@@ -39,8 +39,8 @@ from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from engine_service.errors import ForklineError, InvalidArgument, NotFound, ResourceExhausted, Unavailable
-from engine_service.stream_events import Done
+from engine_service.api.errors import ForklineError, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from engine_service.api.stream_events import Done
 from prefix_service.backends import TextPrompt
 from prefix_service.fleet_stats import EngineStatus, FleetStats, summed
 from prefix_service.gateway import Gateway, GatewayEvent, GatewayRequest, Prompt, PromptLookup

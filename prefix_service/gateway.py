@@ -48,7 +48,7 @@ snapshot directory behind the request path, and a lookup first restores the dire
 prefix of the prompt into the engine when it beats what the engine's memory holds, so entries
 survive engine and prefix-service restarts.
 
-Errors are ``engine_service.errors`` types (bad input: InvalidArgument; engine failures as the
+Errors are ``engine_service.api.errors`` types (bad input: InvalidArgument; engine failures as the
 backend raises them); the rpc layer maps them to status codes.
 """
 
@@ -60,12 +60,12 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from engine_service.config import GenConfig
-from engine_service.content import content_digest
-from engine_service.errors import Cancelled, ForklineError, InvalidArgument, ResourceExhausted
+from engine_service.api.config import GenConfig
+from engine_service.api.content import content_digest
+from engine_service.api.errors import Cancelled, ForklineError, InvalidArgument, ResourceExhausted
+from engine_service.api.stream_events import Done, Snapshot, Started, Tokens
 from engine_service.runtime.clone import CloneRefusal
 from engine_service.snapshot_kinds import BREAKPOINT
-from engine_service.stream_events import Done, Snapshot, Started, Tokens
 from prefix_service.backends import EngineGenerate, EngineInfo, EngineStream, GatewayBackend, TextPrompt
 from prefix_service.budget import DEFAULT_ENGINE_SHARE, Reservation
 from prefix_service.checkpoints import CheckpointPlan, SnapshotRoom, checkpoint_positions, message_ends

@@ -17,8 +17,8 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from engine_service.api.stream_events import Event, Snapshot, Started
 from engine_service.auth import Caller, calling_as, current_caller
-from engine_service.stream_events import Event, Snapshot, Started
 from prefix_service.backends import EngineStream
 from prefix_service.checkpoints import SnapshotRoom
 from prefix_service.outcomes import Match

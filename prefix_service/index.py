@@ -25,7 +25,7 @@ from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from engine_service.errors import InvalidArgument
+from engine_service.api.errors import InvalidArgument
 
 V = TypeVar("V")
 

@@ -20,7 +20,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from engine_service.errors import ForklineError
+from engine_service.api.errors import ForklineError
 from prefix_service.backends import SnapshotBackend, max_rewind
 from prefix_service.prefix_cache import PrefixCache
 from prefix_service.snapshot_store import SnapshotStore

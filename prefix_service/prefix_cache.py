@@ -50,8 +50,8 @@ from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-from engine_service.content import content_digest
-from engine_service.errors import (
+from engine_service.api.content import content_digest
+from engine_service.api.errors import (
     FailedPrecondition,
     ForklineError,
     InvalidArgument,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from engine_service.errors import ForklineError, ResourceExhausted
+from engine_service.api.errors import ForklineError, ResourceExhausted
 from engine_service.handles import quota_owner
 from prefix_service.backends import EngineInfo, GatewayBackend, TakenClone
 from prefix_service.budget import check_share, engine_budget

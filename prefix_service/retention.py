@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from engine_service.errors import InvalidArgument
+from engine_service.api.errors import InvalidArgument
 from engine_service.snapshot_kinds import BREAKPOINT
 
 BOUNDARY_KEY = "boundary"  # metadata naming the snapshot kind (engine_service/snapshot_kinds.py)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from engine_service.errors import InvalidArgument
+from engine_service.api.errors import InvalidArgument
 
 DEFAULT_IMBALANCE_ABS = 4
 DEFAULT_IMBALANCE_REL = 1.5

@@ -33,8 +33,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine_service.content import content_digest
-from engine_service.errors import InvalidArgument
+from engine_service.api.content import content_digest
+from engine_service.api.errors import InvalidArgument
 from engine_service.persistence.snapshot import SnapshotRefused
 from engine_service.persistence.snapshot_file import SUFFIX, TEMP_SUFFIX, peek_snapshot, write_snapshot_bytes
 from prefix_service.index import TokenIndex, token_key

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from engine_service.errors import ForklineError
+from engine_service.api.errors import ForklineError
 from prefix_service.snapshot_store import SnapshotStore, extra_for
 
 log = logging.getLogger(__name__)

@@ -63,7 +63,7 @@ def test_domain_module_does_not_import_grpc_or_protos(path: Path) -> None:
         ("from google.protobuf import message", ["google.protobuf"]),
         ("from prometheus_client import Counter", ["prometheus_client"]),
         ("import grpcio_like_name", []),
-        ("from engine_service.errors import NotFound", []),
+        ("from engine_service.api.errors import NotFound", []),
         ("from . import rpc", []),
     ],
 )

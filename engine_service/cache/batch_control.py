@@ -109,7 +109,7 @@ class BatchControl(Protocol):
     """Sequence lifetime and admission, driven by the executor (engine thread only).
 
     Refusals return None/False and leave every sequence exactly as before. Misuse (unknown ids,
-    bad positions) raises :class:`engine_service.errors.CacheError` or ``NotFound``.
+    bad positions) raises :class:`engine_service.api.errors.CacheError` or ``NotFound``.
     """
 
     @property

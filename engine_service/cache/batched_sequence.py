@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from engine_service.api.errors import CacheError
 from engine_service.cache.batch_control import KVView, Segment
 from engine_service.cache.config import CacheConfig, ConfiguredCache
 from engine_service.cache.seq_ids import SeqIdPool, check_position, check_segments
 from engine_service.cache.seq_state import SeqState, layout_problem
 from engine_service.cache.sequence_cache import SequenceCache
-from engine_service.errors import CacheError
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,12 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from engine_service.api.errors import CacheError, InvalidArgument
 from engine_service.cache.batch_control import KVPart, KVView, Segment
 from engine_service.cache.cell_allocator import CellAllocator
 from engine_service.cache.config import CacheConfig, ConfiguredCache
 from engine_service.cache.seq_ids import SeqIdPool, check_position, check_segments
 from engine_service.cache.seq_state import SeqState, layout_problem
-from engine_service.errors import CacheError, InvalidArgument
 
 MAX_OWNERS = 64  # owner bits per cell (uint64)
 # a sequence whose cells form at most this many runs is read as that many pool slices (one attention

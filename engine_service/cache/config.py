@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engine_service.errors import InvalidArgument
+from engine_service.api.errors import InvalidArgument
 
 FULL = "full"
 SLIDING = "sliding"

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
+from engine_service.api.errors import InvalidArgument
 from engine_service.cache.batch_control import BatchControl
 from engine_service.cache.batched_sequence import BatchedSequenceCache
 from engine_service.cache.cell_cache import CellCache
 from engine_service.cache.config import CacheConfig
-from engine_service.errors import InvalidArgument
 
 _BUILDERS: Mapping[str, Callable[[CacheConfig], BatchControl]] = MappingProxyType(
     {

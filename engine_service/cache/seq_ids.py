@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from engine_service.api.errors import CacheError, NotFound
 from engine_service.cache.batch_control import Segment
-from engine_service.errors import CacheError, NotFound
 
 
 class SeqIdPool:

@@ -24,9 +24,9 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from engine_service.api.errors import CacheError
 from engine_service.cache.config import CacheConfig
 from engine_service.cache.seq_state import SeqState
-from engine_service.errors import CacheError
 
 
 def _round_up(n: int, step: int) -> int:

@@ -11,9 +11,9 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine_service.api.errors import InvalidArgument, ResourceExhausted
 from engine_service.cache.batch_control import BatchControl
 from engine_service.cache.config import CacheConfig
-from engine_service.errors import InvalidArgument, ResourceExhausted
 
 _INT32_MAX = 2**31 - 1
 _PREALLOCATE = 256  # rows a flat layer allocates per step for a sequence

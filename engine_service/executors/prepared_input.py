@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import mlx.core as mx
 
-from engine_service.errors import InvalidArgument
+from engine_service.api.errors import InvalidArgument
 
 
 class PreparedKind:

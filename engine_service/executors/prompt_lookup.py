@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from engine_service.errors import InvalidArgument
+from engine_service.api.errors import InvalidArgument
 from engine_service.executors.module import ModuleExecutor
 from engine_service.executors.plan import InputError, Plan
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engine_service.errors import InvalidArgument
+from engine_service.api.config import GenConfig
+from engine_service.api.errors import InvalidArgument
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,11 @@ class SamplingParams:
             raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise InvalidArgument(f"top_k must be >= 0, got {self.top_k}")
+
+    @classmethod
+    def of(cls, config: GenConfig) -> SamplingParams:
+        """The sampling parameters of one generation's config."""
+        return cls(temperature=float(config.temperature), top_p=float(config.top_p), top_k=config.top_k)
 
     @property
     def greedy(self) -> bool:

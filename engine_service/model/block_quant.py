@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engine_service.errors import InvalidArgument
+from engine_service.api.errors import InvalidArgument
 from engine_service.model.cpu_kernels import kernels
 from engine_service.model.weights import QuantTensor
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from engine_service.errors import InvalidArgument
+from engine_service.api.errors import InvalidArgument
 
 NAMED_FORMATS = {
     "chatml": (

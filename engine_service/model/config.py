@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engine_service.api.errors import InvalidArgument
 from engine_service.cache.config import FULL, SLIDING, LayerSpec
-from engine_service.errors import InvalidArgument
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine_service.api.errors import FailedPrecondition
 from engine_service.cache.batch_control import KVView
-from engine_service.errors import FailedPrecondition
 from engine_service.model.block_quant import BLOCK_FORMATS, is_block_dtype
 from engine_service.model.cpu_kernels import BUILD_HINT, kernel_status, kernels
 

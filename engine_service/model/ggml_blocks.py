@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine_service.errors import InvalidArgument
+from engine_service.api.errors import InvalidArgument
 
 
 @dataclass(frozen=True)

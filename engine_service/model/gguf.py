@@ -19,7 +19,7 @@ import mlx.core as mx
 import numpy as np
 
 import engine_service.model.arch as registry
-from engine_service.errors import InvalidArgument, ModelLoadError
+from engine_service.api.errors import InvalidArgument, ModelLoadError
 from engine_service.model.arch.base import GGUF
 from engine_service.model.block_quant import BLOCK, BlockQuantTensor
 from engine_service.model.config import ModelConfig

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from engine_service.errors import ModelLoadError
+from engine_service.api.errors import ModelLoadError
 from engine_service.model.ggml_blocks import BLOCK_TYPES, BlockType
 
 # metadata value type -> struct format of a scalar (8 = string, 9 = array handled apart)

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from engine_service.api.errors import ModelLoadError
 from engine_service.blas import blas_status
-from engine_service.errors import ModelLoadError
 from engine_service.model.block_quant import is_block_dtype
 from engine_service.model.chat import ChatFormatter
 from engine_service.model.config import ModelConfig

@@ -20,7 +20,7 @@ from typing import Any
 import mlx.core as mx
 
 import engine_service.model.arch as registry
-from engine_service.errors import ModelLoadError
+from engine_service.api.errors import ModelLoadError
 from engine_service.model.arch.base import HF
 from engine_service.model.config import ModelConfig
 from engine_service.model.weights import QuantTensor, named_tensor

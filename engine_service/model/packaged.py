@@ -18,7 +18,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from engine_service.errors import ModelLoadError
+from engine_service.api.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine_service.errors import InvalidArgument, ModelLoadError
+from engine_service.api.errors import InvalidArgument, ModelLoadError
 from engine_service.model.spm_tokenizer import build_spm_backend, spm_vocab
 
 # GGUF token_type values (llama.cpp's llama_token_type)

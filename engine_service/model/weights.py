@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engine_service.errors import InvalidArgument, ModelLoadError
+from engine_service.api.errors import InvalidArgument, ModelLoadError
 from engine_service.model.cpu_kernels import kernel_status
 
 log = logging.getLogger(__name__)

@@ -17,9 +17,9 @@ from types import MappingProxyType
 import mlx.core as mx
 import numpy as np
 
+from engine_service.api.content import content_digest
+from engine_service.api.errors import FailedPrecondition
 from engine_service.cache.seq_state import SeqState, StateLayout
-from engine_service.content import content_digest
-from engine_service.errors import FailedPrecondition
 
 FORMAT = "forkline-session-snapshot"
 FORMAT_VERSION = 1

@@ -47,8 +47,8 @@ from typing import Any, BinaryIO
 import mlx.core as mx
 import numpy as np
 
+from engine_service.api.content import content_digest
 from engine_service.cache.seq_state import SeqState, StateLayout
-from engine_service.content import content_digest
 from engine_service.persistence.snapshot import (
     FORMAT,
     FORMAT_VERSION,

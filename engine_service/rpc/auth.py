@@ -24,8 +24,8 @@ from typing import Any
 
 import grpc
 
+from engine_service.api.errors import InvalidArgument, Unauthenticated
 from engine_service.auth import Caller, TokenTable, calling_as, check_token, current_caller
-from engine_service.errors import InvalidArgument, Unauthenticated
 from engine_service.rpc.convert import OWNER_METADATA_KEY
 from engine_service.rpc.errors import status_on_error
 

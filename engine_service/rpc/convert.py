@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from engine_service.api.config import GenConfig
+from engine_service.api.errors import ForklineError, InvalidArgument
+from engine_service.api.stream_events import Done, Event, Snapshot, Started, Tokens
 from engine_service.auth import current_caller
-from engine_service.config import GenConfig
-from engine_service.errors import ForklineError, InvalidArgument
 from engine_service.executors.base import ExecutorLimits, WindowGeometry, out_of_vocab
 from engine_service.executors.prepared_input import EmbeddingsInput, PreparedInput
 from engine_service.handles import NO_QUOTA, OwnerQuota, OwnerUsage
 from engine_service.runtime.clone import CloneRefusal
 from engine_service.runtime.generation import GenerationResult
-from engine_service.stream_events import Done, Event, Snapshot, Started, Tokens
 from protos import engine_pb2 as pb
 
 if TYPE_CHECKING:  # only annotations: the prefix service imports this module without the model code

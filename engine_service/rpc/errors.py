@@ -1,7 +1,7 @@
 """The one place that maps forkline errors to gRPC status codes, and back (for clients).
 
 Servicers wrap their bodies in :func:`status_on_error` and raise (never call ``context.abort``). Only
-forkline's own error types (:mod:`engine_service.errors`) are answers to the client: they abort the
+forkline's own error types (:mod:`engine_service.api.errors`) are answers to the client: they abort the
 call with the mapped code and the error's message. Input problems are never INTERNAL, so validation
 raises those types (``InvalidArgument``, ``NotFound``, ...), never a builtin ``ValueError`` /
 ``KeyError``. Anything else -- a builtin ``KeyError``, ``IndexError``, ``ValueError``, ... escaping a
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import grpc
 
-from engine_service import errors as e
+from engine_service.api import errors as e
 
 log = logging.getLogger(__name__)
 

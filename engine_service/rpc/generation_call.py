@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine_service.config import GenConfig
-from engine_service.errors import GenerationError, ResourceExhausted
+from engine_service.api.config import GenConfig
+from engine_service.api.errors import GenerationError, ResourceExhausted
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.handles import HandleRegistry
 from engine_service.model.detokenizer import StreamDecoder

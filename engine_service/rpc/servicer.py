@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from engine_service.config import GenConfig
-from engine_service.content import check_digest
-from engine_service.errors import Cancelled, FailedPrecondition, InvalidArgument, Unavailable
+from engine_service.api.config import GenConfig
+from engine_service.api.content import check_digest
+from engine_service.api.errors import Cancelled, FailedPrecondition, InvalidArgument, Unavailable
 from engine_service.executors.base import ExecutorLimits
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.handles import NO_QUOTA, HandleRegistry, OwnerQuota

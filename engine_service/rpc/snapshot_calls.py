@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from engine_service.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
+from engine_service.api.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
 from engine_service.persistence.sessions import encode_session, load_session_bytes
 from protos import engine_pb2 as pb
 

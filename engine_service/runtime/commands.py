@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine_service.errors import GenerationError, Unavailable
+from engine_service.api.errors import GenerationError, Unavailable
 from engine_service.runtime.clone import CloneFuture, CloneRefusal
 from engine_service.runtime.generation import CANCELLED, ERROR
 

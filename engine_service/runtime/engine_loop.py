@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from engine_service.content import ContentLog
-from engine_service.errors import FailedPrecondition, GenerationError, ResourceExhausted
+from engine_service.api.errors import FailedPrecondition, GenerationError, ResourceExhausted
 from engine_service.executors.base import ExecOutput, Executor, ExecutorLimits, WindowGeometry
+from engine_service.executors.sampling import SamplingParams
 from engine_service.model.compute_path import ComputePath
 from engine_service.runtime.clone import CloneRefusal
 from engine_service.runtime.commands import (
@@ -38,6 +38,7 @@ from engine_service.runtime.commands import (
     OpenCommand,
     StartCommand,
 )
+from engine_service.runtime.content_log import ContentLog
 from engine_service.runtime.generation import GenerationUpdate
 from engine_service.runtime.scheduler import BatchPlan, PlannedInput, check_input, plan_batch
 from engine_service.runtime.session import Session
@@ -415,7 +416,7 @@ class EngineLoop:
             self._finish(gen, ERROR, problem)
             return
         try:
-            self._executor.set_sampling(rec.sid, gen.config.sampling(), gen.config.seed)
+            self._executor.set_sampling(rec.sid, SamplingParams.of(gen.config), gen.config.seed)
         except Exception as exc:
             self._finish(gen, ERROR, GenerationError(f"set_sampling failed: {type(exc).__name__}: {exc}"))
             return

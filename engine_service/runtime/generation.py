@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine_service.errors import FailedPrecondition
+from engine_service.api.errors import FailedPrecondition
 
 if TYPE_CHECKING:
     from engine_service.runtime.session import Session

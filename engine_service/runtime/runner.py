@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engine_service.config import GenConfig
-from engine_service.errors import FailedPrecondition, InvalidArgument, Unavailable
+from engine_service.api.config import GenConfig
+from engine_service.api.errors import FailedPrecondition, InvalidArgument, Unavailable
 from engine_service.executors.base import Executor, ExecutorLimits, WindowGeometry
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.model.compute_path import warn_if_slow

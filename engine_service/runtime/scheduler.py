@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine_service.errors import InvalidArgument
+from engine_service.api.errors import InvalidArgument
 from engine_service.executors.base import ExecInput, Executor, ExecutorLimits, out_of_vocab
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.runtime.state import ActiveGeneration, Segment, SessionRecord

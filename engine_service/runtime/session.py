@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from engine_service.config import GenConfig, int_tuple
-from engine_service.content import DIGEST_SIZE
-from engine_service.errors import FailedPrecondition, InvalidArgument
+from engine_service.api.config import GenConfig, int_tuple
+from engine_service.api.content import DIGEST_SIZE
+from engine_service.api.errors import FailedPrecondition, InvalidArgument
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.persistence.snapshot import SaveRefusal
 from engine_service.runtime.clone import CloneFuture, CloneRefusal

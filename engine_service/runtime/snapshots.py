@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from engine_service.content import ContentLog
 from engine_service.executors.base import Executor
 from engine_service.persistence.snapshot import (
     LoadRefusal,
@@ -37,6 +36,7 @@ from engine_service.persistence.snapshot import (
     mlx_state,
 )
 from engine_service.runtime.commands import Command, EngineHooks
+from engine_service.runtime.content_log import ContentLog
 
 if TYPE_CHECKING:
     from engine_service.runtime.engine_loop import EngineLoop

@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine_service.config import GenConfig
-from engine_service.content import ContentLog
+from engine_service.api.config import GenConfig
 from engine_service.executors.prepared_input import PreparedInput
+from engine_service.runtime.content_log import ContentLog
 from engine_service.runtime.generation import (
     CANCELLED,
     ERROR,

@@ -29,8 +29,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from engine_service.api.errors import InvalidArgument
 from engine_service.auth import Caller, check_token
-from engine_service.errors import InvalidArgument
 from prefix_service.fleet import Fleet
 from prefix_service.gateway import Prompt
 from prefix_service.http import convert

@@ -25,8 +25,8 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 
-from engine_service.config import GenConfig
-from engine_service.stream_events import Started
+from engine_service.api.config import GenConfig
+from engine_service.api.stream_events import Started
 from prefix_service.backends import TextPrompt
 from prefix_service.gateway import GatewayRequest, Prompt
 from prefix_service.http.errors import BadField

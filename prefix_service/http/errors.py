@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
-from engine_service import errors as e
+from engine_service.api import errors as e
 from prefix_service.http.protocol import ErrorBody, ErrorDetail
 
 log = logging.getLogger(__name__)

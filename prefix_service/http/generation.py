@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 
+from engine_service.api.errors import Unavailable
+from engine_service.api.stream_events import Done, Started, Tokens
 from engine_service.auth import Caller
-from engine_service.errors import Unavailable
-from engine_service.stream_events import Done, Started, Tokens
 from prefix_service.fleet import Fleet
 from prefix_service.gateway import GatewayRequest
 from prefix_service.http.bridge import GenerationBridge

@@ -18,7 +18,7 @@ import time
 import uvicorn
 from starlette.types import ASGIApp
 
-from engine_service.errors import InvalidArgument, Unavailable
+from engine_service.api.errors import InvalidArgument, Unavailable
 
 log = logging.getLogger(__name__)
 

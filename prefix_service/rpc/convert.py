@@ -2,7 +2,7 @@
 
 Client requests (``prefix_pb2``) become gateway values (:class:`Prompt`, :class:`GatewayRequest`);
 gateway results become responses. Engine messages (``engine_pb2``) become the backend's domain
-values (:class:`EngineInfo`, the stream events of ``engine_service/stream_events.py``) and back: the
+values (:class:`EngineInfo`, the stream events of ``engine_service/api/stream_events.py``) and back: the
 gateway's events for its client are engine ``GenerateEvent`` messages again.
 """
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from engine_service.config import GenConfig
-from engine_service.errors import InvalidArgument
+from engine_service.api.config import GenConfig
+from engine_service.api.errors import InvalidArgument
+from engine_service.api.stream_events import Started, Tokens
 from engine_service.rpc.convert import CLONE_REFUSALS, gen_config, started_event, tokens_event
 from engine_service.runtime.clone import CloneRefusal
-from engine_service.stream_events import Started, Tokens
 from prefix_service.backends import EngineGenerate, EngineInfo, TakenClone, TextPrompt
 from prefix_service.fleet_stats import EngineStatus, FleetStats
 from prefix_service.gateway import GatewayEvent, GatewayRequest, Prompt, PromptLookup

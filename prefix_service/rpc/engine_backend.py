@@ -9,7 +9,7 @@ itself otherwise.
 It remembers the positions of the handles it holds (snapshot events and clones say them), so
 ``position`` and ``valid`` usually cost no call. ``valid`` is False for a handle issued by another
 engine instance: after an engine restart every stored handle is dead without asking the engine.
-Engine errors arrive as ``engine_service.errors`` types (the PrefixCache treats them as refusals),
+Engine errors arrive as ``engine_service.api.errors`` types (the PrefixCache treats them as refusals),
 also from an engine Generate stream (:class:`RemoteStream`, whose events are domain values:
 ``prefix_service/rpc/convert.py`` converts).
 
@@ -30,12 +30,12 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from engine_service.errors import NotFound
+from engine_service.api.errors import NotFound
+from engine_service.api.stream_events import Event
 from engine_service.handles import handle_instance
 from engine_service.rpc.auth import ClientSecurity, on_behalf_of
 from engine_service.rpc.convert import event_from_proto
 from engine_service.rpc.errors import from_rpc_error
-from engine_service.stream_events import Event
 from prefix_service.backends import (
     Described,
     EngineGenerate,

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine_service.errors import FailedPrecondition, ForklineError, InvalidArgument, Unavailable
+from engine_service.api.errors import FailedPrecondition, ForklineError, InvalidArgument, Unavailable
 from prefix_service.fleet import EngineMember, Fleet
 from prefix_service.gateway import Gateway
 from prefix_service.rpc.engine_watch import EngineWatch

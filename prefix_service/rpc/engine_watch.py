@@ -42,7 +42,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from engine_service.errors import Unavailable
+from engine_service.api.errors import Unavailable
 from protos import engine_pb2
 
 log = logging.getLogger(__name__)

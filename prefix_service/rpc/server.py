@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from grpc_health.v1 import health, health_pb2
 
-from engine_service.errors import FailedPrecondition, InvalidArgument, Unavailable
+from engine_service.api.errors import FailedPrecondition, InvalidArgument, Unavailable
 from engine_service.rpc.auth import ClientSecurity, ServerSecurity
 from engine_service.rpc.service_main import GrpcServer, build_grpc_server
 from prefix_service.budget import DEFAULT_ENGINE_SHARE

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine_service.errors import ModelLoadError
+from engine_service.api.errors import ModelLoadError
 from engine_service.model import arch as registry
 from engine_service.model.random_init import random_tensors, tiny_config
 from engine_service.model.transformer import Transformer

@@ -35,8 +35,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, pre_tokenizers
 from tokenizers import models as tokenizer_models
 
+from engine_service.api.errors import ModelLoadError
 from engine_service.cache.config import FULL, SLIDING, LayerSpec
-from engine_service.errors import ModelLoadError
 from engine_service.model import load_model
 from engine_service.model.config import ModelConfig
 from engine_service.model.layers import SplitProjection

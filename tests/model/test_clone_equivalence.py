@@ -13,7 +13,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine_service.config import GenConfig
+from engine_service.api.config import GenConfig
 from engine_service.executors.embeddings import EmbeddingsExecutor
 from engine_service.executors.module import ModuleExecutor
 from engine_service.executors.prepared_input import EmbeddingsInput

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine_service.errors import FailedPrecondition
+from engine_service.api.errors import FailedPrecondition
 from engine_service.executors.base import ExecInput
 from engine_service.executors.module import ModuleExecutor
 from engine_service.model import deterministic

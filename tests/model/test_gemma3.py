@@ -13,9 +13,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from engine_service.api.config import GenConfig
+from engine_service.api.errors import ModelLoadError
 from engine_service.cache.sequence_cache import SequenceCache
-from engine_service.config import GenConfig
-from engine_service.errors import ModelLoadError
 from engine_service.executors.module import ModuleExecutor
 from engine_service.model import load_model
 from engine_service.model.block_quant import BlockQuantTensor

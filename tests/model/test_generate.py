@@ -8,7 +8,7 @@ import sys
 import mlx.core as mx
 import pytest
 
-from engine_service.errors import InvalidArgument
+from engine_service.api.errors import InvalidArgument
 from engine_service.greedy import greedy_tokens, new_cache
 from engine_service.model import load_model
 from engine_service.model.random_init import random_tensors, tiny_config

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from engine_service.errors import InvalidArgument
+from engine_service.api.errors import InvalidArgument
 from engine_service.model.ggml_blocks import (
     BLOCK_BY_NAME,
     BLOCK_TYPES,

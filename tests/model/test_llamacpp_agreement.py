@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 
-from engine_service.errors import ModelLoadError
+from engine_service.api.errors import ModelLoadError
 from engine_service.model import load_model
 from engine_service.model.packaged import resolve_model
 from tests.model.test_transformer import cold

@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
-from engine_service.errors import ModelLoadError
+from engine_service.api.errors import ModelLoadError
 from engine_service.model import load_model
 from engine_service.model.chat import NAMED_FORMATS
 from engine_service.model.random_init import random_tensors, tiny_config

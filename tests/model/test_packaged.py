@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from engine_service.errors import ModelLoadError
+from engine_service.api.errors import ModelLoadError
 from engine_service.model import load_model
 from engine_service.model.packaged import CACHE_ENV, PACKAGED, packaged_path, resolve_model
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from engine_service.config import GenConfig
+from engine_service.api.config import GenConfig
 from engine_service.executors.base import Executor
 from engine_service.executors.module import ModuleExecutor
 from engine_service.runtime.runner import Runner

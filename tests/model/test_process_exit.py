@@ -9,7 +9,7 @@ import textwrap
 SCRIPT = textwrap.dedent(
     """
     import engine_service
-    from engine_service.config import GenConfig
+    from engine_service.api.config import GenConfig
     from engine_service.model.random_init import random_model
     from engine_service.executors.module import ModuleExecutor
     from engine_service.runtime.runner import Runner

@@ -10,8 +10,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from engine_service.api.content import content_digest
 from engine_service.cache.seq_state import SeqState
-from engine_service.content import content_digest
 from engine_service.executors.embeddings import EmbeddingsExecutor
 from engine_service.executors.module import ModuleExecutor
 from engine_service.executors.prepared_input import EmbeddingsInput

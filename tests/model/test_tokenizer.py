@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from engine_service.errors import ModelLoadError
+from engine_service.api.errors import ModelLoadError
 from engine_service.model.chat import ChatFormatter
 from engine_service.model.detokenizer import StreamDecoder
 from engine_service.model.gguf_file import read_metadata

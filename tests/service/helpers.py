@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from functools import lru_cache
 
-from engine_service.config import GenConfig
+from engine_service.api.config import GenConfig
 from engine_service.executors.module import ModuleExecutor
 from engine_service.model.random_init import random_model
 from engine_service.runtime.runner import Runner

@@ -8,8 +8,8 @@ import grpc
 import pytest
 
 from clients.engine_client import EngineClient
-from engine_service import errors
-from engine_service.errors import InvalidArgument
+from engine_service.api import errors
+from engine_service.api.errors import InvalidArgument
 from engine_service.rpc.convert import OWNER_METADATA_KEY
 from engine_service.rpc.errors import code_for, error_for
 from protos import engine_pb2 as pb

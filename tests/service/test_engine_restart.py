@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.engine_client import EngineClient
 from clients.prefix_client import PrefixClient
-from engine_service import errors
+from engine_service.api import errors
 from engine_service.rpc.server import SERVICE_NAME as ENGINE_SERVICE
 from prefix_service.rpc.engine_watch import (
     OUTAGE_WAIT_S,

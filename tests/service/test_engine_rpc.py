@@ -8,8 +8,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from clients.engine_client import Done, EngineClient, Snapshot, Started, Tokens
-from engine_service import errors
-from engine_service.errors import NotFound
+from engine_service.api import errors
+from engine_service.api.errors import NotFound
 from tests.service.helpers import PROMPT, SAMPLED, in_process_tokens, wait_for
 
 
@@ -231,7 +231,7 @@ def _described_digest(client: EngineClient, session: str) -> bytes:
 
 
 def test_content_digests_on_snapshots_clones_and_describe(engine_factory) -> None:
-    from engine_service.content import content_digest
+    from engine_service.api.content import content_digest
     from protos import engine_pb2 as pb
 
     engine = engine_factory(layers="FFFF")  # full-history layers: every boundary can be cloned
@@ -265,7 +265,7 @@ def test_a_session_holding_a_prepared_input_has_no_content_digest(engine_factory
     import mlx.core as mx
     import numpy as np
 
-    from engine_service.content import content_digest
+    from engine_service.api.content import content_digest
     from engine_service.model.random_init import random_model
     from protos import engine_pb2 as pb
 

@@ -10,8 +10,8 @@ import random
 import pytest
 
 from clients.prefix_client import PrefixClient
-from engine_service.config import GenConfig
-from engine_service.errors import InvalidArgument
+from engine_service.api.config import GenConfig
+from engine_service.api.errors import InvalidArgument
 from engine_service.rpc.server import create_server
 from engine_service.rpc.servicer import EngineDeps
 from tests.service.conftest import start_prefix
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def services():
-    from engine_service.errors import ModelLoadError
+    from engine_service.api.errors import ModelLoadError
     from engine_service.model.loader import load_model
 
     try:

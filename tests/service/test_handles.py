@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_service.errors import InvalidArgument, NotFound
+from engine_service.api.errors import InvalidArgument, NotFound
 from engine_service.handles import HandleRegistry, handle_instance, new_instance_id
 
 

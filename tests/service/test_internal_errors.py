@@ -14,7 +14,7 @@ import logging
 import grpc
 import pytest
 
-from engine_service import errors
+from engine_service.api import errors
 from engine_service.rpc.convert import OWNER_METADATA_KEY
 from engine_service.rpc.errors import INTERNAL_DETAILS, code_for
 from engine_service.runtime.session import Session
@@ -178,8 +178,8 @@ def test_an_input_error_from_domain_validation_is_invalid_argument(engine, stub,
 
 def _domain_validators():
     """Callers' mistakes caught by domain code, each of which must raise a forkline type."""
+    from engine_service.api.config import GenConfig
     from engine_service.cache.config import CacheConfig, LayerSpec
-    from engine_service.config import GenConfig
     from engine_service.executors.sampling import SamplingParams
     from engine_service.model.chat import ChatFormatter
     from engine_service.model.config import ModelConfig, parse_layer_pattern

@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from clients.engine_client import EngineClient, Tokens
 from clients.prefix_client import PrefixClient
-from engine_service import errors
 from engine_service.__main__ import parse_args as engine_args
+from engine_service.api import errors
 from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
 from engine_service.rpc.server import SERVICE_NAME as ENGINE

@@ -6,7 +6,7 @@ import pytest
 
 from clients.engine_client import EngineClient, Started, Tokens
 from clients.prefix_client import PrefixClient
-from engine_service import errors
+from engine_service.api import errors
 from tests.service.conftest import char_tokenizer
 from tests.service.helpers import PROMPT, SAMPLED, in_process_tokens, wait_for
 

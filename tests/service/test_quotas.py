@@ -14,7 +14,7 @@ import pytest
 
 from clients.engine_client import EngineClient, Started
 from clients.prefix_client import PrefixClient
-from engine_service.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from engine_service.api.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from engine_service.handles import (
     NO_QUOTA,
     HandleRegistry,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from clients.prefix_client import PrefixClient
-from engine_service.config import GenConfig
+from engine_service.api.config import GenConfig
 from engine_service.rpc.server import create_server
 from engine_service.rpc.servicer import EngineDeps
 from tests.service.conftest import start_prefix

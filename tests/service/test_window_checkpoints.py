@@ -21,7 +21,7 @@ import pytest
 
 from clients.engine_client import EngineClient
 from clients.prefix_client import PrefixClient
-from engine_service.config import GenConfig
+from engine_service.api.config import GenConfig
 from engine_service.executors.module import ModuleExecutor
 from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from engine_service import auth
+from engine_service.api.errors import InvalidArgument
 from engine_service.auth import TokenTable, is_loopback, parse_token_file, read_token_file
-from engine_service.errors import InvalidArgument
 from engine_service.rpc.convert import MAX_OWNER_LENGTH
 
 ALICE = "alice-token-0123456789abcdef"

@@ -8,7 +8,7 @@ differs from the Llama defaults in :mod:`engine_service.model.arch.base`) and on
 
 from __future__ import annotations
 
-from engine_service.errors import ModelLoadError
+from engine_service.api.errors import ModelLoadError
 from engine_service.model.arch import gemma3, llama, phi3, qwen
 from engine_service.model.arch.base import Architecture
 

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import mlx.core as mx
 
-from engine_service.errors import ModelLoadError
+from engine_service.api.errors import ModelLoadError
 from engine_service.model.config import ModelConfig, layer_specs
 from engine_service.model.layers import DecoderLayer, Tensor
 

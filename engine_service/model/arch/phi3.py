@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engine_service.errors import ModelLoadError
+from engine_service.api.errors import ModelLoadError
 from engine_service.model.arch.base import Architecture
 
 

@@ -9,10 +9,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from engine_service.api.errors import CacheError, InvalidArgument, NotFound
 from engine_service.cache.batch_control import BatchControl, KVStep, Segment
 from engine_service.cache.config import CacheConfig, LayerSpec
 from engine_service.cache.registry import build_cache, cache_kinds
-from engine_service.errors import CacheError, InvalidArgument, NotFound
 from tests.unit.cache.harness import TOL, Driver, geometry
 
 KINDS = ["batched-sequence", "batched-cell"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from engine_service.errors import InvalidArgument, ResourceExhausted
+from engine_service.api.errors import InvalidArgument, ResourceExhausted
 from engine_service.executors.base import out_of_vocab
 from engine_service.executors.cache_setup import build_session_cache, cache_config
 from engine_service.executors.module import ModuleExecutor

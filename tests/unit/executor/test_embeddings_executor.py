@@ -102,7 +102,7 @@ def test_a_different_embedding_changes_the_output(model) -> None:
 
 
 def test_module_executor_runner_fails_only_the_prepared_generation(model) -> None:
-    from engine_service.config import GenConfig
+    from engine_service.api.config import GenConfig
     from engine_service.executors.module import ModuleExecutor
     from engine_service.runtime.runner import Runner
 

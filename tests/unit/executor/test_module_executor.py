@@ -6,7 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine_service.errors import InvalidArgument, NotFound, ResourceExhausted
+from engine_service.api.errors import InvalidArgument, NotFound, ResourceExhausted
 from engine_service.executors.base import ExecInput
 from engine_service.executors.module import ModuleExecutor
 from engine_service.executors.prepared_input import EmbeddingsInput

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from engine_service.api.errors import InvalidArgument
 from engine_service.cache.config import CacheConfig
 from engine_service.cache.registry import build_cache
-from engine_service.errors import InvalidArgument
 from engine_service.executors.base import ExecInput
 from engine_service.executors.module import ModuleExecutor
 from engine_service.executors.prompt_lookup import PromptLookupExecutor

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import engine_service  # noqa: F401  (OpenBLAS before mlx)
+from engine_service.api.content import content_digest
 from engine_service.cache.seq_state import SeqState, StateLayout
-from engine_service.content import content_digest
 from engine_service.persistence import snapshot_file
 from engine_service.persistence.snapshot import FORMAT_VERSION, LoadRefusal, SessionSnapshot, SnapshotRefused
 from engine_service.persistence.snapshot_file import (

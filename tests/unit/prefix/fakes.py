@@ -25,11 +25,11 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from engine_service.content import PREPARED, content_digest
-from engine_service.errors import Cancelled, ResourceExhausted
+from engine_service.api.content import PREPARED, content_digest
+from engine_service.api.errors import Cancelled, ResourceExhausted
+from engine_service.api.stream_events import Done, Snapshot, Started, Tokens
 from engine_service.runtime.clone import CloneRefusal
 from engine_service.snapshot_kinds import BREAKPOINT, PROMPT
-from engine_service.stream_events import Done, Snapshot, Started, Tokens
 from prefix_service.backends import Described, EngineGenerate, EngineInfo, TakenClone, TextPrompt
 
 

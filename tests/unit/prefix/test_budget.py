@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from engine_service.config import GenConfig
-from engine_service.errors import InvalidArgument, ResourceExhausted
+from engine_service.api.config import GenConfig
+from engine_service.api.errors import InvalidArgument, ResourceExhausted
+from engine_service.api.stream_events import Snapshot, Started, Tokens
 from engine_service.handles import QuotaExceeded
 from engine_service.runtime.clone import CloneRefusal
 from engine_service.snapshot_kinds import PROMPT as PROMPT_KIND
-from engine_service.stream_events import Snapshot, Started, Tokens
 from prefix_service.budget import Reservation, engine_budget
 from prefix_service.gateway import Gateway, GatewayRequest
 from prefix_service.outcomes import InsertRefusal, MissReason

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine_service.config import GenConfig
-from engine_service.errors import InvalidArgument
+from engine_service.api.config import GenConfig
+from engine_service.api.errors import InvalidArgument
 from prefix_service.backends import TextPrompt
 from prefix_service.checkpoints import CheckpointPlan, checkpoint_positions, message_ends
 from prefix_service.gateway import Gateway, GatewayRequest
@@ -305,7 +305,7 @@ def test_in_process_checkpoints_on_a_real_ring(kind):
     without the checkpoint the miss is ``window``. batched-cell clones the prompt at 60 itself."""
     import numpy as np
 
-    from engine_service.config import GenConfig
+    from engine_service.api.config import GenConfig
     from engine_service.executors.module import ModuleExecutor
     from engine_service.model.random_init import random_model
     from engine_service.runtime.runner import Runner

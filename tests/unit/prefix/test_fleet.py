@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine_service.config import GenConfig
-from engine_service.errors import Cancelled, InvalidArgument, NotFound, ResourceExhausted, Unavailable
-from engine_service.stream_events import Done, Tokens
+from engine_service.api.config import GenConfig
+from engine_service.api.errors import Cancelled, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from engine_service.api.stream_events import Done, Tokens
 from prefix_service.backends import EngineGenerate, TextPrompt
 from prefix_service.fleet import EngineMember, Fleet
 from prefix_service.gateway import Gateway, GatewayRequest

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from engine_service.config import GenConfig
-from engine_service.errors import Cancelled, InvalidArgument
-from engine_service.stream_events import Started, Tokens
+from engine_service.api.config import GenConfig
+from engine_service.api.errors import Cancelled, InvalidArgument
+from engine_service.api.stream_events import Started, Tokens
 from prefix_service import gateway as gateway_module
 from prefix_service.backends import TextPrompt
 from prefix_service.gateway import Gateway, GatewayRequest

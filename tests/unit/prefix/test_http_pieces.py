@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_service import errors
+from engine_service.api import errors
 from prefix_service.http.app import served_model_name
 from prefix_service.http.errors import error_body, field_path
 from prefix_service.http.stop_strings import StopMatcher

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_service.errors import InvalidArgument
+from engine_service.api.errors import InvalidArgument
 from prefix_service.index import TokenIndex, token_key
 
 

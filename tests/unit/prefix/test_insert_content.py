@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from engine_service.config import GenConfig
-from engine_service.content import PREPARED, content_digest
-from engine_service.errors import NotFound
+from engine_service.api.config import GenConfig
+from engine_service.api.content import PREPARED, content_digest
+from engine_service.api.errors import NotFound
+from engine_service.api.stream_events import Snapshot, Started
 from engine_service.runtime.runner import Runner
 from engine_service.snapshot_kinds import PROMPT as PROMPT_KIND
-from engine_service.stream_events import Snapshot, Started
 from prefix_service import gateway as gateway_module
 from prefix_service import prefix_cache as cache_module
 from prefix_service.backends import RunnerBackend

@@ -6,7 +6,7 @@ from types import MappingProxyType
 
 import pytest
 
-from engine_service.errors import InvalidArgument
+from engine_service.api.errors import InvalidArgument
 from prefix_service.prefix_cache import PrefixCache
 from prefix_service.retention import (
     Entry,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_service.errors import InvalidArgument
+from engine_service.api.errors import InvalidArgument
 from prefix_service.routing import CacheAware, Candidate, RouteReason, routing_names, routing_policy
 
 

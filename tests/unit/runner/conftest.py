@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from engine_service.config import GenConfig
+from engine_service.api.config import GenConfig
 from engine_service.runtime.runner import Runner
 from tests.unit.runner.fake_executor import FakeExecutor
 

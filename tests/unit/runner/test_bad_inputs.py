@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine_service.config import GenConfig
-from engine_service.errors import FailedPrecondition, GenerationError, InvalidArgument
+from engine_service.api.config import GenConfig
+from engine_service.api.errors import FailedPrecondition, GenerationError, InvalidArgument
 from tests.unit.runner.conftest import VOCAB, engine_paused
 from tests.unit.runner.fake_executor import FakeExecutor, FakePrepared, OtherPrepared, reference
 

@@ -8,8 +8,8 @@ from concurrent.futures import Future
 
 import pytest
 
-from engine_service.config import GenConfig
-from engine_service.errors import ResourceExhausted
+from engine_service.api.config import GenConfig
+from engine_service.api.errors import ResourceExhausted
 from engine_service.runtime.session import close_child_when_done
 from tests.unit.runner.conftest import VOCAB, Recorder, collect_and_flush, engine_paused
 from tests.unit.runner.fake_executor import FakeExecutor, reference
@@ -165,9 +165,10 @@ def test_speculative_rows_past_the_accepted_position_cannot_be_cloned(make_runne
     # Negative control: the executor alone would have cloned the speculative row.
     bare = FakeExecutor(vocab_size=VOCAB, speculative=True)
     from engine_service.executors.base import ExecInput
+    from engine_service.executors.sampling import SamplingParams
 
     sid = bare.open_session()
-    bare.set_sampling(sid, GenConfig().sampling(), 0)
+    bare.set_sampling(sid, SamplingParams.of(GenConfig()), 0)
     bare.execute([ExecInput(sid, 0, tokens=tuple(prompt))])
     assert bare.clone(sid, 7) is not None
 

@@ -11,8 +11,8 @@ from concurrent.futures import Future
 
 import pytest
 
-from engine_service.config import GenConfig
-from engine_service.errors import ResourceExhausted, Unavailable
+from engine_service.api.config import GenConfig
+from engine_service.api.errors import ResourceExhausted, Unavailable
 from engine_service.runtime.clone import CloneFuture, CloneRefusal
 from engine_service.runtime.commands import (
     BarrierCommand,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import threading
 
-from engine_service.config import GenConfig
+from engine_service.api.config import GenConfig
 from tests.unit.runner.conftest import VOCAB, Recorder, collect_and_flush, engine_paused
 from tests.unit.runner.fake_executor import FakeExecutor, reference
 

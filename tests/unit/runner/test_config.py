@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
-from engine_service.config import GenConfig
-from engine_service.errors import InvalidArgument
+from engine_service.api.config import GenConfig
+from engine_service.api.errors import InvalidArgument
+from engine_service.executors.sampling import SamplingParams
 from engine_service.runtime.generation import GenerationMetrics, GenerationResult, GenerationUpdate
 
 BAD = [
@@ -56,7 +57,7 @@ def test_defaults_and_normalisation():
     )
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.seed = 1
-    params = GenConfig(temperature=0.7, top_p=0.9, top_k=5).sampling()
+    params = SamplingParams.of(GenConfig(temperature=0.7, top_p=0.9, top_k=5))
     assert (params.temperature, params.top_p, params.top_k) == (0.7, 0.9, 5)
 
 

@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 
 import pytest
 
-from engine_service.config import GenConfig
+from engine_service.api.config import GenConfig
 from engine_service.runtime import scheduler
 from engine_service.runtime.scheduler import plan_batch
 from engine_service.runtime.state import ActiveGeneration, SessionRecord

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from engine_service.config import GenConfig
-from engine_service.errors import FailedPrecondition
+from engine_service.api.config import GenConfig
+from engine_service.api.errors import FailedPrecondition
 from tests.unit.runner.conftest import VOCAB, Recorder, engine_paused
 from tests.unit.runner.fake_executor import FakeExecutor, FakePrepared, reference
 

@@ -8,8 +8,8 @@ from concurrent.futures import Future
 
 import pytest
 
-from engine_service.config import GenConfig
-from engine_service.errors import FailedPrecondition, Unavailable
+from engine_service.api.config import GenConfig
+from engine_service.api.errors import FailedPrecondition, Unavailable
 from engine_service.runtime.commands import BarrierCommand, CloseCommand, CommandTable, OpenCommand
 from engine_service.runtime.runner import Runner
 from tests.unit.runner.conftest import VOCAB, collect_and_flush

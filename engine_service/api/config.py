@@ -7,8 +7,7 @@ import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from engine_service.errors import InvalidArgument
-from engine_service.executors.sampling import SamplingParams
+from engine_service.api.errors import InvalidArgument
 
 _MAX_SEED = 2**64
 
@@ -88,7 +87,3 @@ class GenConfig:
         # Frozen dataclass: normalise through object.__setattr__ (lists in, tuples stored).
         object.__setattr__(self, "stop_tokens", stops)
         object.__setattr__(self, "prefill_breakpoints", tuple(sorted(set(breakpoints))))
-
-    def sampling(self) -> SamplingParams:
-        """The executor-facing sampling parameters of this config."""
-        return SamplingParams(temperature=float(self.temperature), top_p=float(self.top_p), top_k=self.top_k)

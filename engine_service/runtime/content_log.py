@@ -1,0 +1,65 @@
+"""ContentLog: one session's record of what its committed positions hold, kept by the engine thread
+(``SessionRecord.content``): ``len(log) == position`` always, rewinds truncate it, clones copy a prefix.
+Values are token ids, or ``api.content.PREPARED`` for a position fed by a prepared input.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+
+import numpy as np
+
+from engine_service.api.content import INT32, PREPARED, content_digest
+from engine_service.api.errors import InvalidArgument
+
+
+class ContentLog:
+    """The values of a session's committed positions: token ids, :data:`PREPARED` for prepared ones.
+
+    Written only by the engine thread. Readers on other threads get consistent copies: each read
+    copies the array in one step (atomic under the GIL), so it sees the log before or after an
+    update, never half of one.
+    """
+
+    __slots__ = ("_ids",)
+
+    def __init__(self, ids: array | None = None) -> None:
+        self._ids = ids if ids is not None else array(INT32)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def commit(self, start: int, tokens: Sequence[int] | None, size: int) -> None:
+        """Positions ``[start, start + size)`` now hold ``tokens`` (None: a prepared input). A start
+        below the end rewinds first (what the executor does)."""
+        del self._ids[start:]
+        if tokens is None:
+            self._ids.extend(array(INT32, (PREPARED,)) * size)
+        else:
+            self._ids.extend(tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append committed tokens (accepted speculative drafts)."""
+        self._ids.extend(tokens)
+
+    def prefix(self, upto: int) -> ContentLog:
+        """A copy of positions ``[0, upto)`` (a clone's content)."""
+        return ContentLog(self._ids[:upto])
+
+    def values(self, upto: int | None = None) -> tuple[int, ...]:
+        """The values of ``[0, upto)`` (all when None)."""
+        return tuple(self._ids[:upto])
+
+    def digest(self, upto: int | None = None) -> bytes | None:
+        """The content digest of ``[0, upto)`` (all when None); None when a prepared input lies in
+        that range. InvalidArgument when ``upto`` is outside ``[0, len)``."""
+        data = self._ids[:] if upto is None else self._ids[:upto]  # one atomic copy
+        if upto is not None and (upto < 0 or len(data) != upto):
+            raise InvalidArgument(f"upto={upto} is outside [0, {len(self._ids)}]")
+        if data and int(np.frombuffer(data, dtype=np.int32).min()) < 0:
+            return None
+        return content_digest(data)
+
+    def __repr__(self) -> str:
+        return f"ContentLog({len(self._ids)} positions)"
