@@ -26,6 +26,8 @@ best_isa = _ext.best_isa
 set_isa = _ext.set_isa
 set_num_threads = _ext.set_num_threads
 num_threads = _ext.num_threads
+pool_tuning = _ext.pool_tuning
+set_pool_tuning = _ext.set_pool_tuning
 built_with_mlx = _ext.built_with_mlx
 
 __all__ = [
@@ -34,8 +36,10 @@ __all__ = [
     "causal_attention",
     "isa",
     "num_threads",
+    "pool_tuning",
     "q4_1_matmul",
     "q8_0_matmul",
     "set_isa",
     "set_num_threads",
+    "set_pool_tuning",
 ]

@@ -478,18 +478,11 @@ void CausalAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector
       attend_items(isa, P, 0, items, w);
       return;
     }
-    // items claimed in small blocks from a shared counter: the split never changes a value
-    std::atomic<int> next{0};
+    // items claimed in small blocks by the pool's threads: the split never changes a value
     const int block = std::max(1, items / (workers.size() * 8));
-    workers.run([&](int, int) {
-      Scratch w;
-      for (;;) {
-        const int a = next.fetch_add(block);
-        if (a >= items) {
-          return;
-        }
-        attend_items(isa, P, a, std::min(items, a + block), w);
-      }
+    workers.run((items + block - 1) / block, [&](int task) {
+      thread_local Scratch w;  // the running thread's own
+      attend_items(isa, P, task * block, std::min(items, (task + 1) * block), w);
     });
   });
 }

@@ -1,5 +1,6 @@
 // Python bindings: only argument conversion; the work is in qmatmul.cpp and qdot.cpp.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
@@ -49,4 +50,30 @@ NB_MODULE(_ext, m) {
   m.def("set_num_threads", &forkline::set_num_threads, "n"_a,
         "resize the worker pool (n < 1: FORKLINE_KERNEL_THREADS or all CPUs); not while kernels run");
   m.def("num_threads", &forkline::num_threads, "threads in the worker pool");
+  m.def(
+      "pool_tuning",
+      [] {
+        const forkline::PoolTuning t = forkline::pool_tuning();
+        nb::dict d;
+        d["spin_us"] = t.spin_us;
+        d["yield_"] = t.yield;
+        d["wake_us"] = t.wake_us;
+        d["parallel_us"] = t.parallel_us;
+        return d;
+      },
+      "the worker pool's idle / wake policy (see src/pool.h)");
+  m.def(
+      "set_pool_tuning",
+      [](std::optional<double> spin_us, std::optional<bool> yield_, std::optional<double> wake_us,
+         std::optional<double> parallel_us) {
+        forkline::PoolTuning t = forkline::pool_tuning();
+        t.spin_us = spin_us.value_or(t.spin_us);
+        t.yield = yield_.value_or(t.yield);
+        t.wake_us = wake_us.value_or(t.wake_us);
+        t.parallel_us = parallel_us.value_or(t.parallel_us);
+        forkline::set_pool_tuning(t);
+      },
+      nb::kw_only(), "spin_us"_a = nb::none(), "yield_"_a = nb::none(), "wake_us"_a = nb::none(),
+      "parallel_us"_a = nb::none(),
+      "change the worker pool's policy (for benchmarks; values never depend on it)");
 }

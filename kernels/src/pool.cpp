@@ -2,7 +2,9 @@
 
 #include <sched.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -15,76 +17,135 @@
 namespace forkline {
 
 namespace {
-// Spin iterations before a worker sleeps: ~10-100 us (a pause costs 10-140 cycles by CPU), longer
-// than the gap between two kernel calls of one decode step, far shorter than an idle engine's gaps.
-constexpr int kSpin = 2000;
+
+double env_double(const char* name, double fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atof(v) : fallback;
+}
+
+PoolTuning initial_tuning() {
+  PoolTuning t;
+  t.spin_us = env_double("FORKLINE_KERNEL_SPIN_US", t.spin_us);
+  t.yield = env_double("FORKLINE_KERNEL_YIELD", t.yield ? 1.0 : 0.0) != 0.0;
+  return t;
+}
+
+std::atomic<double> g_spin_us{initial_tuning().spin_us};
+std::atomic<bool> g_yield{initial_tuning().yield};
+std::atomic<double> g_wake_us{PoolTuning{}.wake_us};
+std::atomic<double> g_parallel_us{PoolTuning{}.parallel_us};
+
 }  // namespace
 
 WorkerPool::WorkerPool(int threads) {
   for (int part = 1; part < threads; ++part) {
-    workers_.emplace_back([this, part] { worker_loop(part); });
+    workers_.emplace_back([this] { worker_loop(); });
   }
 }
 
 WorkerPool::~WorkerPool() {
   stop_.store(true);
   generation_.fetch_add(1);
-  wake_all();
+  { std::lock_guard<std::mutex> lock(sleep_mutex_); }
+  wake_.notify_all();
   for (auto& t : workers_) {
     t.join();
   }
 }
 
-void WorkerPool::wake_all() {
-  // Taking the mutex orders this after any worker's check-then-wait: no wakeup is lost.
-  { std::lock_guard<std::mutex> lock(sleep_mutex_); }
-  wake_.notify_all();
+void WorkerPool::drain(Job& job) {
+  for (;;) {
+    const int i = job.next.fetch_add(1, std::memory_order_relaxed);
+    if (i >= job.tasks) {
+      return;
+    }
+    (*job.task)(i);
+  }
 }
 
-void WorkerPool::run(const Job& job) {
-  std::lock_guard<std::mutex> lock(run_mutex_);
-  const int parts = size();
-  if (parts == 1) {
-    job(0, 1);
+void WorkerPool::run(int tasks, const Task& task, bool wake) {
+  if (tasks <= 0) {
     return;
   }
-  job_ = &job;
-  pending_.store(parts - 1, std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_release);
-  wake_all();
-  job(0, parts);
+  if (workers_.empty() || tasks == 1) {
+    for (int i = 0; i < tasks; ++i) {
+      task(i);
+    }
+    return;
+  }
+  std::lock_guard<std::mutex> lock(run_mutex_);
+  Job job{&task, tasks};
+  current_.store(&job);
+  generation_.fetch_add(1);
+  // seq_cst with the worker's sleepers_ increment then generation_ check: either it sees the new
+  // generation and does not sleep, or this sees it asleep (and waking it is up to `wake`)
+  if (wake && sleepers_.load() > 0) {
+    { std::lock_guard<std::mutex> l(sleep_mutex_); }  // orders this after a sleeper's check-then-wait
+    wake_.notify_all();
+  }
+  drain(job);
+  // A worker enters (inside_++) before it reads current_: after this store either it reads null, or
+  // its entry is seen below and waited for. Only workers already in a task are waited for.
+  current_.store(nullptr);
   int spins = 0;
-  while (pending_.load(std::memory_order_acquire) != 0) {
-    if (++spins < kSpin) {
+  while (inside_.load() != 0) {
+    if (++spins < 4096) {
       FORKLINE_PAUSE();
     } else {
-      std::this_thread::yield();
+      sched_yield();
     }
   }
-  job_ = nullptr;
 }
 
-void WorkerPool::worker_loop(int part) {
+void WorkerPool::run_estimated(int tasks, double est_us, const Task& task) {
+  if (workers_.empty() || est_us < g_parallel_us.load(std::memory_order_relaxed)) {
+    for (int i = 0; i < tasks; ++i) {
+      task(i);
+    }
+    return;
+  }
+  run(tasks, task, est_us >= g_wake_us.load(std::memory_order_relaxed));
+}
+
+void WorkerPool::worker_loop() {
+  using clock = std::chrono::steady_clock;
   // generation_ is 0 at construction: reading it here instead would miss a job posted before this
-  // thread first ran (the pool is created and used at once), and that run() would wait forever
+  // thread first ran
   unsigned seen = 0;
   for (;;) {
-    int spins = 0;
-    unsigned now;
-    while ((now = generation_.load(std::memory_order_acquire)) == seen) {
-      if (++spins < kSpin) {
-        FORKLINE_PAUSE();
-      } else {
-        std::unique_lock<std::mutex> lock(sleep_mutex_);
-        wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+    unsigned now = generation_.load(std::memory_order_acquire);
+    if (now == seen) {
+      const auto spin = std::chrono::duration<double, std::micro>(g_spin_us.load(std::memory_order_relaxed));
+      const bool yield = g_yield.load(std::memory_order_relaxed);
+      const auto start = clock::now();
+      for (int it = 1; (now = generation_.load(std::memory_order_acquire)) == seen; ++it) {
+        if (it % 16 == 0 && clock::now() - start > spin) {
+          break;
+        }
+        if (yield) {
+          sched_yield();
+        } else {
+          FORKLINE_PAUSE();
+        }
+      }
+      if (now == seen) {
+        sleepers_.fetch_add(1);
+        {
+          std::unique_lock<std::mutex> lock(sleep_mutex_);
+          wake_.wait(lock, [&] { return (now = generation_.load()) != seen; });
+        }
+        sleepers_.fetch_sub(1);
       }
     }
     seen = now;
     if (stop_.load()) {
       return;
     }
-    (*job_)(part, size());
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    inside_.fetch_add(1);
+    if (Job* job = current_.load()) {
+      drain(*job);
+    }
+    inside_.fetch_sub(1);
   }
 }
 
@@ -106,6 +167,22 @@ int default_threads() {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
+PoolTuning pool_tuning() {
+  PoolTuning t;
+  t.spin_us = g_spin_us.load();
+  t.yield = g_yield.load();
+  t.wake_us = g_wake_us.load();
+  t.parallel_us = g_parallel_us.load();
+  return t;
+}
+
+void set_pool_tuning(const PoolTuning& t) {
+  g_spin_us.store(t.spin_us);
+  g_yield.store(t.yield);
+  g_wake_us.store(t.wake_us);
+  g_parallel_us.store(t.parallel_us);
+}
+
 namespace {
 std::mutex g_pool_mutex;
 std::unique_ptr<WorkerPool> g_pool;
@@ -121,6 +198,7 @@ WorkerPool& pool() {
 
 void set_num_threads(int n) {
   std::lock_guard<std::mutex> lock(g_pool_mutex);
+  g_pool.reset();  // join the old workers before starting new ones
   g_pool = std::make_unique<WorkerPool>(n > 0 ? n : default_threads());
 }
 

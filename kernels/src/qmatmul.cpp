@@ -17,6 +17,28 @@ namespace {
 // Below this many activation elements one thread quantizes them (a pool round trip costs more).
 constexpr int64_t kParallelQuantize = 1 << 14;
 
+// One thread's speed, for the pool's policy (measured on the 2-core EPYC of DESIGN.md section 8, at
+// the SmolLM2 shapes): weight bytes per microsecond at one row, multiply-adds per microsecond at many.
+constexpr double kBytesPerUs = 9000.0;
+constexpr double kMacsPerUs = 20000.0;
+// A task's target length: long enough that claiming it (an atomic add) is noise, short enough that
+// the caller rarely waits long at the end for a worker's last task.
+constexpr double kTaskUs = 6.0;
+
+struct Split {
+  int cols;  // output columns per task (a multiple of 16)
+  double est_us;  // the whole call on one thread
+};
+
+Split plan_split(Format format, int m, int n, int blocks) {
+  const double per_weight = format == Format::q8_0 ? 1.125 : 0.75;
+  const double weights = static_cast<double>(n) * blocks * 32;
+  const double est = std::max(weights * per_weight / kBytesPerUs, weights * m / kMacsPerUs);
+  const int tasks = static_cast<int>(std::max(1.0, std::min(est / kTaskUs, n / 16.0)));
+  const int cols = ((n + tasks - 1) / tasks + 15) / 16 * 16;
+  return {cols, est};
+}
+
 [[noreturn]] void bad(const std::string& what) {
   throw std::invalid_argument(what);
 }
@@ -122,9 +144,7 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector
       if (static_cast<int64_t>(m) * k < kParallelQuantize || workers.size() == 1) {
         quantize_rows(isa, xp, rs, cs, k, blocks, 0, m, rows);
       } else {
-        workers.run([&](int part, int parts) {
-          quantize_rows(isa, xp, rs, cs, k, blocks, m * part / parts, m * (part + 1) / parts, rows);
-        });
+        workers.run(m, [&](int r) { quantize_rows(isa, xp, rs, cs, k, blocks, r, r + 1, rows); });
       }
     } else {
       if (!(cs == 1 && (rs == k || m == 1) && k == blocks * 32)) {  // copy to dense, zero-padded rows
@@ -142,15 +162,13 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector
         block_sums(xrows, blocks, 0, m, s.data());
       }
     }
-    // Output columns split in contiguous runs; the split never changes a value. (The workers must not
-    // name the thread_local scratch: they would see their own, empty, copies.)
+    // Output columns in runs of `cols` (tasks shared by the pool); the split never changes a value.
+    // (The workers must not name the thread_local scratch: they would see their own, empty, copies.)
     const float* xsum = s.data();
-    auto columns = [&](int part, int parts) {
-      const int chunk = ((n + parts - 1) / parts + 3) / 4 * 4;
-      const int n0 = std::min(n, part * chunk), n1 = std::min(n, n0 + chunk);
-      if (n0 >= n1) {
-        return;
-      }
+    const Split split = plan_split(format, m, n, blocks);
+    const int cols = split.cols;
+    auto columns = [&](int task) {
+      const int n0 = task * cols, n1 = std::min(n, n0 + cols);
       const float* sc = inputs[2].data<float>();
       if (format == Format::q8_0) {
         const int8_t* wq = inputs[1].data<int8_t>();
@@ -169,7 +187,7 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector
         }
       }
     };
-    workers.run(columns);
+    workers.run_estimated((n + cols - 1) / cols, split.est_us, columns);
   });
 }
 

@@ -136,6 +136,61 @@ def test_scalar_fallback_and_thread_count_give_identical_bits(fmt, quantize_x):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+def test_pool_policy_never_changes_a_value(fmt):
+    """Any thread count and idle / wake policy (caller alone, workers spinning or asleep, tasks shared
+    from the first microsecond) gives the same bits, for one row and many."""
+    make, op = FORMATS[fmt]
+    rng = np.random.default_rng(9)
+    arrays, _, _ = make(rng, 3072, 576)
+    x = mx.array(rng.standard_normal((16, 576)).astype(np.float32))
+    want = [np.array(op(x[:m], *arrays)) for m in (1, 3, 16)]
+    threads, tuning = fk.num_threads(), fk.pool_tuning()
+    policies = [
+        dict(parallel_us=0.0, wake_us=0.0, spin_us=0.0),
+        dict(parallel_us=0.0, wake_us=1e9, spin_us=1e4, yield_=False),
+        dict(parallel_us=1e9),
+    ]
+    try:
+        for n in (1, 2, 3):
+            fk.set_num_threads(n)
+            for policy in policies:
+                fk.set_pool_tuning(**{**tuning, **policy})
+                for _ in range(3):
+                    got = [np.array(op(x[:m], *arrays)) for m in (1, 3, 16)]
+                    assert all(a.tobytes() == b.tobytes() for a, b in zip(got, want, strict=True))
+    finally:
+        fk.set_pool_tuning(**tuning)
+        fk.set_num_threads(threads)
+
+
+def test_concurrent_streams_share_the_pool():
+    """Two Python threads, each on its own MLX CPU stream, calling kernels of many sizes at once: every
+    result is the one computed alone (the pool serializes jobs; tasks never leak between them)."""
+    import threading
+
+    rng = np.random.default_rng(10)
+    arrays, _, _ = q8_0_weights(rng, 1000, 192)
+    xs = [mx.array(rng.standard_normal((m, 192)).astype(np.float32)) for m in (1, 2, 7, 40)]
+    want = [np.array(fk.q8_0_matmul(x, *arrays)) for x in xs]
+    errors = []
+
+    def worker(seed):
+        stream = mx.new_stream(mx.cpu)
+        order = np.random.default_rng(seed).integers(0, len(xs), 200)
+        for i in order:
+            got = np.array(fk.q8_0_matmul(xs[i], *arrays, stream=stream))
+            if got.tobytes() != want[i].tobytes():
+                errors.append(i)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_non_contiguous_batched_and_half_inputs(fmt):
     make, op = FORMATS[fmt]
     rng = np.random.default_rng(5)
