@@ -27,6 +27,7 @@ from contextlib import ExitStack
 
 from clients.engine_client import EngineClient
 from clients.prefix_client import PrefixClient
+from engine_service.api.stream_events import FinishReason
 from protos import prefix_pb2
 
 _LISTENING = re.compile(r"listening on (\S+:\d+)")
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"  {out.text.strip()}", flush=True)
             texts.append(out.text)
-            ok &= d.finish_reason in ("stop", "length")
+            ok &= d.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
             if round_ > 1:
                 ok &= d.reused_positions == prompt - 1
         stats = client.stats()

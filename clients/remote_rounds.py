@@ -20,10 +20,11 @@ from typing import TextIO
 from clients.engine_client import EngineClient, GenerationOutcome
 from clients.prefix_client import PrefixClient
 from engine_service.api.errors import ForklineError
+from engine_service.api.stream_events import FinishReason
 from engine_service.auth import read_token_file
 
 NAMESPACE = "mlx_run_llm_batched"
-COMPLETED = ("stop", "length")
+COMPLETED = (FinishReason.STOP, FinishReason.LENGTH)
 
 
 @dataclass

@@ -31,6 +31,7 @@ from typing import NoReturn, TextIO
 from clients.snapshot_dir import PersistentEntries
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import ForklineError, InvalidArgument, ModelLoadError
+from engine_service.api.stream_events import FinishReason
 from engine_service.executors.module import ModuleExecutor
 from engine_service.runtime.generation import GenerationHandle, GenerationResult, GenerationUpdate
 from engine_service.runtime.runner import Runner
@@ -40,7 +41,7 @@ from prefix_service.prefix_cache import PrefixCache
 from prefix_service.retention import policy_names
 
 NAMESPACE = "mlx_run_llm_batched"
-COMPLETED = ("stop", "length")
+COMPLETED = (FinishReason.STOP, FinishReason.LENGTH)
 
 
 class UsageError(Exception):

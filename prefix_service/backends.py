@@ -24,9 +24,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from engine_service.api.clones import CloneRefusal, TakenClone
 from engine_service.api.errors import ForklineError
 from engine_service.api.stream_events import Event
-from engine_service.runtime.clone import CloneRefusal
 
 if TYPE_CHECKING:  # runtime import would tie the prefix cache to the engine package layout
     from engine_service.api.config import GenConfig
@@ -194,15 +194,6 @@ class Described:
 
     position: int
     content_digest: bytes | None = None
-
-
-@dataclass(frozen=True)
-class TakenClone:
-    """``GatewayBackend.take_clone``'s (and ``clone_or_refusal``'s) answer: the new ``handle``, or None
-    and why the engine refused (None: it did not say)."""
-
-    handle: Handle | None
-    refusal: CloneRefusal | None = None
 
 
 @dataclass(frozen=True)

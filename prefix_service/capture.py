@@ -35,8 +35,8 @@ from concurrent.futures import CancelledError, Future
 from typing import TYPE_CHECKING, Any
 
 from engine_service.api.errors import ForklineError
+from engine_service.api.stream_events import SnapshotKind
 from engine_service.runtime.session import close_child_when_done
-from engine_service.snapshot_kinds import BREAKPOINT, PROMPT
 from prefix_service.backends import CaptureBackend, Handle, handle_alive, release_handle
 from prefix_service.index import token_key
 from prefix_service.outcomes import CAPTURE_REFUSED
@@ -88,7 +88,7 @@ class PromptCapture:
             self._on_breakpoint(update)
             if update.tokens and not self._prompt_requested:
                 self._prompt_requested = True
-                self._request(len(self._prompt), PROMPT)
+                self._request(len(self._prompt), SnapshotKind.PROMPT)
             if callback is not None:
                 callback(update)
 
@@ -122,10 +122,10 @@ class PromptCapture:
                 self._cache.record_refusal(CAPTURE_REFUSED)
                 continue
             tags = dict(metadata or {})
-            if boundary == BREAKPOINT:
-                tags[BOUNDARY_KEY] = BREAKPOINT
+            if boundary == SnapshotKind.BREAKPOINT:
+                tags[BOUNDARY_KEY] = SnapshotKind.BREAKPOINT
             else:
-                tags.setdefault(BOUNDARY_KEY, PROMPT)
+                tags.setdefault(BOUNDARY_KEY, SnapshotKind.PROMPT)
             if self._cache.insert(namespace, self._prompt[:position], handle, tags):
                 stored += 1
         return stored
@@ -146,7 +146,7 @@ class PromptCapture:
     def _on_breakpoint(self, update: Update) -> None:
         position = getattr(update, "breakpoint", None)
         if position is not None:
-            self._request(position, BREAKPOINT)
+            self._request(position, SnapshotKind.BREAKPOINT)
 
     def _request(self, position: int, boundary: str) -> None:
         """Queue one clone at ``position`` (never waits: this runs on the engine thread)."""

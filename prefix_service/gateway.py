@@ -60,12 +60,11 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from engine_service.api.clones import CloneRefusal
 from engine_service.api.config import GenConfig
 from engine_service.api.content import content_digest
 from engine_service.api.errors import Cancelled, ForklineError, InvalidArgument, ResourceExhausted
-from engine_service.api.stream_events import Done, Snapshot, Started, Tokens
-from engine_service.runtime.clone import CloneRefusal
-from engine_service.snapshot_kinds import BREAKPOINT
+from engine_service.api.stream_events import Done, Snapshot, SnapshotKind, Started, Tokens
 from prefix_service.backends import EngineGenerate, EngineInfo, EngineStream, GatewayBackend, TextPrompt
 from prefix_service.budget import DEFAULT_ENGINE_SHARE, Reservation
 from prefix_service.checkpoints import CheckpointPlan, SnapshotRoom, checkpoint_positions, message_ends
@@ -365,7 +364,7 @@ class Gateway:
             else []
         )
         wanted = []
-        metadata = {**request.metadata, BOUNDARY_KEY: BREAKPOINT}
+        metadata = {**request.metadata, BOUNDARY_KEY: SnapshotKind.BREAKPOINT}
         for position in checkpoint_positions(plan, len(tokens), reused, ends):
             reserved = self.cache.reserve(request.namespace, tokens[:position], metadata)
             if isinstance(reserved, Reservation):
@@ -438,9 +437,9 @@ class Gateway:
         reservation = room.take(snapshot.position)
         if snapshot.handle:
             self.backend.adopt(snapshot.handle, snapshot.position, snapshot.content_digest)
-            metadata, checkpoint = request.metadata, snapshot.kind == BREAKPOINT
+            metadata, checkpoint = request.metadata, snapshot.kind == SnapshotKind.BREAKPOINT
             if checkpoint:
-                metadata = {**metadata, BOUNDARY_KEY: BREAKPOINT}
+                metadata = {**metadata, BOUNDARY_KEY: SnapshotKind.BREAKPOINT}
             self._insert(
                 request.namespace,
                 tokens[: snapshot.position],

@@ -50,6 +50,7 @@ from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
+from engine_service.api.clones import CloneRefusal
 from engine_service.api.content import content_digest
 from engine_service.api.errors import (
     FailedPrecondition,
@@ -59,7 +60,6 @@ from engine_service.api.errors import (
     ResourceExhausted,
 )
 from engine_service.handles import quota_owner
-from engine_service.runtime.clone import CloneRefusal
 from prefix_service.backends import (
     CaptureBackend,
     Handle,

@@ -23,9 +23,10 @@ from __future__ import annotations
 import logging
 import threading
 
+from engine_service.api.clones import TakenClone
 from engine_service.api.errors import ForklineError, ResourceExhausted
 from engine_service.handles import quota_owner
-from prefix_service.backends import EngineInfo, GatewayBackend, TakenClone
+from prefix_service.backends import EngineInfo, GatewayBackend
 from prefix_service.budget import check_share, engine_budget
 from prefix_service.prefix_cache import PrefixCache
 

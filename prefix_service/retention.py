@@ -25,9 +25,11 @@ from types import MappingProxyType
 from typing import Any
 
 from engine_service.api.errors import InvalidArgument
-from engine_service.snapshot_kinds import BREAKPOINT
+from engine_service.api.stream_events import SnapshotKind
 
-BOUNDARY_KEY = "boundary"  # metadata naming the snapshot kind (engine_service/snapshot_kinds.py)
+BOUNDARY_KEY = (
+    "boundary"  # metadata naming the snapshot kind (engine_service/api/stream_events.py SnapshotKind)
+)
 PRIORITY_KEY = "priority"
 NO_METADATA: Mapping[str, str] = MappingProxyType({})
 
@@ -112,7 +114,7 @@ class PriorityPolicy(RetentionPolicy):
     name = "priority"
 
     def priority(self, entry: Entry) -> tuple[Any, ...]:
-        checkpoint = 1 if entry.metadata.get(BOUNDARY_KEY) == BREAKPOINT else 0
+        checkpoint = 1 if entry.metadata.get(BOUNDARY_KEY) == SnapshotKind.BREAKPOINT else 0
         return (_metadata_priority(entry.metadata), checkpoint, entry.last_used)
 
 

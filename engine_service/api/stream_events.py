@@ -1,15 +1,32 @@
-"""The events of an engine Generate stream as domain values (no protos), in the order they come.
+"""The events of an engine Generate stream, in the order they come: :class:`Started`, then
+:class:`Tokens` and :class:`Snapshot` events, then :class:`Done` (a failed generation ends with an
+error instead). ``serving/engine_wire.py`` converts them to and from ``GenerateEvent`` messages.
 
-:class:`Started` first, then :class:`Tokens` and :class:`Snapshot` events, then :class:`Done` (a
-failed generation ends with an error instead). The rpc layer converts them to and from
-``GenerateEvent`` messages; clients and the prefix gateway read these types.
-
-A snapshot's ``kind`` says why it was taken where it was (``engine_service/snapshot_kinds.py``).
+:class:`FinishReason` and :class:`SnapshotKind` values are the wire strings.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
+
+from engine_service.api.clones import CloneRefusal
+
+
+class FinishReason(StrEnum):
+    """Why a generation ended."""
+
+    STOP = "stop"  # a stop token (returned, and kept by the session as its pending token)
+    LENGTH = "length"  # max_new_tokens returned, or the session is full
+    CANCELLED = "cancelled"  # the caller cancelled (or left), or the engine stopped it
+    ERROR = "error"  # it failed (the stream ends with an error)
+
+
+class SnapshotKind(StrEnum):
+    """Why a snapshot was taken where it was; the prefix cache stores it as an entry's ``boundary``."""
+
+    PROMPT = "prompt"  # at the end of the prompt: the whole prompt is reusable
+    BREAKPOINT = "breakpoint"  # at a prefill breakpoint inside the prompt: a shared checkpoint
 
 
 @dataclass(frozen=True)
@@ -33,24 +50,28 @@ class Tokens:
 @dataclass(frozen=True)
 class Snapshot:
     """A session holding ``[0, position)`` cloned for the caller (``handle`` None: refused, see
-    ``refusal``). ``kind``: ``snapshot_kinds.PROMPT`` or ``BREAKPOINT``. ``content_digest``: the
-    engine's ``content.content_digest`` of what the session holds (None when refused, or when it
-    holds a prepared input). ``reason``: why it was refused (a ``runtime.clone.CloneRefusal`` value;
-    None when it was not)."""
+    ``refusal``, in words). ``content_digest``: the engine's ``content.content_digest`` of what the
+    session holds (None when refused, or when it holds a prepared input). ``reason``: why it was
+    refused (None when it was not)."""
 
     handle: str | None
     position: int
-    kind: str
+    kind: SnapshotKind
     refusal: str = ""
     content_digest: bytes | None = None
-    reason: str | None = None
+    reason: CloneRefusal | None = None
+
+    def __post_init__(self) -> None:  # wire strings in, enums stored (ValueError for an unknown one)
+        object.__setattr__(self, "kind", SnapshotKind(self.kind))
+        if self.reason is not None:
+            object.__setattr__(self, "reason", CloneRefusal(self.reason))
 
 
 @dataclass(frozen=True)
 class Done:
     """The last event: why the generation finished, what it processed, and its timings."""
 
-    finish_reason: str
+    finish_reason: FinishReason
     prompt_positions: int
     reused_positions: int
     generated_tokens: int
@@ -59,6 +80,9 @@ class Done:
     decode_tokens_per_s: float
     total_s: float
     engine: str = ""  # set by the prefix service's gateway: the engine that served (its name there)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "finish_reason", FinishReason(self.finish_reason))
 
 
 Event = Started | Tokens | Snapshot | Done

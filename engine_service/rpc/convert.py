@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from engine_service.api.clones import CloneRefusal
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import ForklineError, InvalidArgument
 from engine_service.api.stream_events import Done, Event, Snapshot, Started, Tokens
@@ -19,7 +20,6 @@ from engine_service.auth import current_caller
 from engine_service.executors.base import ExecutorLimits, WindowGeometry, out_of_vocab
 from engine_service.executors.prepared_input import EmbeddingsInput, PreparedInput
 from engine_service.handles import NO_QUOTA, OwnerQuota, OwnerUsage
-from engine_service.runtime.clone import CloneRefusal
 from engine_service.runtime.generation import GenerationResult
 from protos import engine_pb2 as pb
 
@@ -293,28 +293,24 @@ def event_from_proto(msg: pb.GenerateEvent) -> Event:
         return Started(msg.started.session, msg.started.position, msg.started.input_positions)
     if which == "tokens":
         return Tokens(tuple(msg.tokens.ids), msg.tokens.text)
-    if which == "snapshot":
-        s = msg.snapshot
-        reason = _WIRE_CLONE_REFUSALS.get(s.reason) if s.reason else None
-        return Snapshot(
-            s.handle or None,
-            s.position,
-            s.kind,
-            s.refusal,
-            s.content_digest or None,
-            None if reason is None else str(reason),
-        )
-    if which == "done":
-        d, t = msg.done, msg.done.timings
-        return Done(
-            d.finish_reason,
-            d.prompt_positions,
-            d.reused_positions,
-            d.generated_tokens,
-            d.position,
-            t.time_to_first_token_s,
-            t.decode_tokens_per_s,
-            t.total_s,
-            d.engine,
-        )
+    try:
+        if which == "snapshot":
+            s = msg.snapshot
+            reason = _WIRE_CLONE_REFUSALS.get(s.reason) if s.reason else None
+            return Snapshot(s.handle or None, s.position, s.kind, s.refusal, s.content_digest or None, reason)
+        if which == "done":
+            d, t = msg.done, msg.done.timings
+            return Done(
+                d.finish_reason,
+                d.prompt_positions,
+                d.reused_positions,
+                d.generated_tokens,
+                d.position,
+                t.time_to_first_token_s,
+                t.decode_tokens_per_s,
+                t.total_s,
+                d.engine,
+            )
+    except ValueError as exc:  # a kind or finish reason this side does not know
+        raise ForklineError(f"unknown {which} event value: {exc}") from None
     raise ForklineError(f"unknown generate event {which!r}")

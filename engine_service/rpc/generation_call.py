@@ -25,16 +25,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from engine_service.api.clones import CloneRefusal
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import GenerationError, ResourceExhausted
+from engine_service.api.stream_events import FinishReason, SnapshotKind
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.handles import HandleRegistry
 from engine_service.model.detokenizer import StreamDecoder
 from engine_service.rpc import convert
-from engine_service.runtime.clone import CloneFuture, CloneRefusal
-from engine_service.runtime.generation import CANCELLED, GenerationHandle, GenerationUpdate
+from engine_service.runtime.clone import CloneFuture
+from engine_service.runtime.generation import GenerationHandle, GenerationUpdate
 from engine_service.runtime.session import close_child_when_done
-from engine_service.snapshot_kinds import BREAKPOINT, PROMPT
 from protos import engine_pb2 as pb
 
 if TYPE_CHECKING:
@@ -100,9 +101,9 @@ class GenerationCall:
         """Reserve every snapshot this call may take in its owner's quota (before the generation
         starts; see the module docstring). The caller releases them (:meth:`release_reservations`)
         when the call does not start."""
-        wanted = [(BREAKPOINT, p) for p in sorted(self._breakpoints)]
+        wanted = [(SnapshotKind.BREAKPOINT, p) for p in sorted(self._breakpoints)]
         if self._prompt_snapshot:
-            wanted.append((PROMPT, prompt_end))
+            wanted.append((SnapshotKind.PROMPT, prompt_end))
         for kind, position in wanted:
             try:
                 self._reserved[(kind, position)] = self._registry.reserve(self._snapshot_owner, position)
@@ -131,16 +132,16 @@ class GenerationCall:
         """Runner callback (engine thread): queue clones for captures, then hand the update over."""
         with self._lock:
             # the terminal update may carry the only tokens (max_new_tokens 1): capture there too
-            if not self._closed and update.finish_reason != "error":
+            if not self._closed and update.finish_reason != FinishReason.ERROR:
                 if update.breakpoint is not None and update.breakpoint in self._breakpoints:
-                    self._queue.put(self._clone(BREAKPOINT, update.breakpoint))
+                    self._queue.put(self._clone(SnapshotKind.BREAKPOINT, update.breakpoint))
                 if (
                     self._prompt_snapshot
                     and not self._captured_prompt
                     and (update.tokens or update.position >= self._prompt_end)
                 ):
                     self._captured_prompt = True
-                    self._queue.put(self._clone(PROMPT, self._prompt_end))
+                    self._queue.put(self._clone(SnapshotKind.PROMPT, self._prompt_end))
         self._queue.put(_Update(update))
 
     # -- gRPC thread ---------------------------------------------------------------------------
@@ -193,7 +194,7 @@ class GenerationCall:
             if finished:
                 break
         result = generation.wait()
-        if result.finish_reason == "error":
+        if result.finish_reason == FinishReason.ERROR:
             error = generation.error
             raise (
                 error
@@ -203,7 +204,7 @@ class GenerationCall:
         tail = text.flush()
         if tail:
             yield convert.tokens_event((), tail)
-        if result.finish_reason != CANCELLED:
+        if result.finish_reason != FinishReason.CANCELLED:
             self._finished_cleanly = True
         yield convert.done_event(result, start, self._session.position)
 

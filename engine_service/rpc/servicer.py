@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from engine_service.api.clones import CloneRefusal
 from engine_service.api.config import GenConfig
 from engine_service.api.content import check_digest
 from engine_service.api.errors import Cancelled, FailedPrecondition, InvalidArgument, Unavailable
@@ -33,7 +34,6 @@ from engine_service.handles import NO_QUOTA, HandleRegistry, OwnerQuota
 from engine_service.rpc import convert, snapshot_calls
 from engine_service.rpc.errors import status_on_error
 from engine_service.rpc.generation_call import GenerationCall
-from engine_service.runtime.clone import CloneRefusal
 from engine_service.runtime.session import close_child_when_done
 from protos import engine_pb2 as pb
 from protos import engine_pb2_grpc

@@ -24,9 +24,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from engine_service.api.clones import CloneRefusal
 from engine_service.api.errors import GenerationError, Unavailable
-from engine_service.runtime.clone import CloneFuture, CloneRefusal
-from engine_service.runtime.generation import CANCELLED, ERROR
+from engine_service.api.stream_events import FinishReason
+from engine_service.runtime.clone import CloneFuture
 
 if TYPE_CHECKING:
     from engine_service.runtime.state import ActiveGeneration
@@ -148,13 +149,13 @@ class StartCommand(Command):
     generation: ActiveGeneration
 
     def fail(self, exc: Exception, hooks: EngineHooks) -> None:
-        hooks.finish(self.generation, ERROR, GenerationError(f"{type(exc).__name__}: {exc}"))
+        hooks.finish(self.generation, FinishReason.ERROR, GenerationError(f"{type(exc).__name__}: {exc}"))
 
     def abandon(self, exc: BaseException, hooks: EngineHooks) -> None:
-        hooks.finish(self.generation, ERROR, GenerationError(_stopped(exc)))
+        hooks.finish(self.generation, FinishReason.ERROR, GenerationError(_stopped(exc)))
 
     def settle_unrun(self, hooks: EngineHooks) -> None:
-        hooks.finish(self.generation, CANCELLED, None)
+        hooks.finish(self.generation, FinishReason.CANCELLED, None)
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ class CancelCommand(Command):
     generation: ActiveGeneration
 
     def fail(self, exc: Exception, hooks: EngineHooks) -> None:
-        hooks.finish(self.generation, ERROR, GenerationError(f"{type(exc).__name__}: {exc}"))
+        hooks.finish(self.generation, FinishReason.ERROR, GenerationError(f"{type(exc).__name__}: {exc}"))
 
 
 @dataclass(frozen=True)

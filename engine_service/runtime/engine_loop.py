@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
+from engine_service.api.clones import CloneRefusal
 from engine_service.api.errors import FailedPrecondition, GenerationError, ResourceExhausted
+from engine_service.api.stream_events import FinishReason
 from engine_service.executors.base import ExecOutput, Executor, ExecutorLimits, WindowGeometry
 from engine_service.executors.sampling import SamplingParams
 from engine_service.model.compute_path import ComputePath
-from engine_service.runtime.clone import CloneRefusal
 from engine_service.runtime.commands import (
     BarrierCommand,
     CancelCommand,
@@ -43,7 +44,7 @@ from engine_service.runtime.generation import GenerationUpdate
 from engine_service.runtime.scheduler import BatchPlan, PlannedInput, check_input, plan_batch
 from engine_service.runtime.session import Session
 from engine_service.runtime.snapshots import ExportCommand, ImportCommand, SnapshotHandlers
-from engine_service.runtime.state import CANCELLED, ERROR, LENGTH, ActiveGeneration, SessionRecord
+from engine_service.runtime.state import ActiveGeneration, SessionRecord
 
 if TYPE_CHECKING:
     from engine_service.runtime.runner import Runner
@@ -178,7 +179,7 @@ class EngineLoop:
 
     def _reap_cancelled(self) -> None:
         for gen in [g for g in self._active if g.cancel_requested]:
-            self._finish(gen, CANCELLED)
+            self._finish(gen, FinishReason.CANCELLED)
 
     def _step(self) -> None:
         # A method, not inline in the loop: the plan must not stay referenced while the engine idles
@@ -205,7 +206,9 @@ class EngineLoop:
             for item in plan.inputs:
                 item.gen.record.poisoned = True
                 self._finish(
-                    item.gen, ERROR, GenerationError(f"executor failed: {type(exc).__name__}: {exc}")
+                    item.gen,
+                    FinishReason.ERROR,
+                    GenerationError(f"executor failed: {type(exc).__name__}: {exc}"),
                 )
             return
         observer = self.batch_observer
@@ -226,7 +229,9 @@ class EngineLoop:
         gen, rec = item.gen, item.gen.record
         if out.error is not None or (item.input.want_output and not out.tokens):
             rec.poisoned = True
-            self._finish(gen, ERROR, GenerationError(out.error or "executor returned no prediction"))
+            self._finish(
+                gen, FinishReason.ERROR, GenerationError(out.error or "executor returned no prediction")
+            )
             return
         # The input is committed; a continuing generation's pending token was its first position.
         rec.content.commit(item.input.start, item.input.tokens, item.input.size())
@@ -251,7 +256,7 @@ class EngineLoop:
                 return
             breakpoint = None
         if reason is None and rec.position >= self.limits.max_session_tokens:
-            reason = LENGTH  # the pending token has no room left in the session
+            reason = FinishReason.LENGTH  # the pending token has no room left in the session
         if reason is not None:
             self._finish(gen, reason, tokens=tokens, breakpoint=breakpoint)
         else:
@@ -264,12 +269,14 @@ class EngineLoop:
             gen.callback(update)
         except Exception as exc:
             gen.callback = None  # a raising callback is not called again, not even for the end
-            self._finish(gen, ERROR, GenerationError(f"callback raised {type(exc).__name__}: {exc}"))
+            self._finish(
+                gen, FinishReason.ERROR, GenerationError(f"callback raised {type(exc).__name__}: {exc}")
+            )
 
     def _finish(
         self,
         gen: ActiveGeneration,
-        reason: str,
+        reason: FinishReason,
         error: BaseException | None = None,
         *,
         tokens: tuple[int, ...] = (),
@@ -301,10 +308,10 @@ class EngineLoop:
                 gen.callback(update)
             except Exception as exc:
                 error = GenerationError(f"callback raised {type(exc).__name__}: {exc}")
-                result = gen.result(ERROR, error)
+                result = gen.result(FinishReason.ERROR, error)
             except BaseException as exc:  # the engine thread dies of it: settle the caller first
                 error = GenerationError(f"callback raised {type(exc).__name__}: {exc}")
-                gen.handle._settle(gen.result(ERROR, error), error)
+                gen.handle._settle(gen.result(FinishReason.ERROR, error), error)
                 raise
         gen.handle._settle(result, error)
         gen.callback = None  # the caller's handle keeps ``gen``; drop what it no longer needs
@@ -389,7 +396,7 @@ class EngineLoop:
             return
         rec.closed = True
         if rec.generation is not None:
-            self._finish(rec.generation, CANCELLED)
+            self._finish(rec.generation, FinishReason.CANCELLED)
         del self.records[cmd.key]
         try:
             self._executor.close_session(rec.sid)
@@ -401,11 +408,11 @@ class EngineLoop:
         rec = self.records.get(cmd.key)
         self.counts["generations_started"] += 1
         if rec is None or rec.closed:
-            self._finish(gen, ERROR, FailedPrecondition(f"session {cmd.key} is closed"))
+            self._finish(gen, FinishReason.ERROR, FailedPrecondition(f"session {cmd.key} is closed"))
             return
         if rec.poisoned or rec.generation is not None:
             state = "failed earlier" if rec.poisoned else "already generating"
-            self._finish(gen, ERROR, FailedPrecondition(f"session {cmd.key} is {state}"))
+            self._finish(gen, FinishReason.ERROR, FailedPrecondition(f"session {cmd.key} is {state}"))
             return
         gen.record = rec
         rec.generation = gen
@@ -413,12 +420,14 @@ class EngineLoop:
         gen.started_at = time.perf_counter()
         problem = check_input(gen.input, rec, self.limits, self._executor)
         if problem is not None:
-            self._finish(gen, ERROR, problem)
+            self._finish(gen, FinishReason.ERROR, problem)
             return
         try:
             self._executor.set_sampling(rec.sid, SamplingParams.of(gen.config), gen.config.seed)
         except Exception as exc:
-            self._finish(gen, ERROR, GenerationError(f"set_sampling failed: {type(exc).__name__}: {exc}"))
+            self._finish(
+                gen, FinishReason.ERROR, GenerationError(f"set_sampling failed: {type(exc).__name__}: {exc}")
+            )
             return
         gen.segments = ([(rec.pending,)] if rec.pending is not None else []) + [gen.input]
         self._active.append(gen)
@@ -432,7 +441,7 @@ class EngineLoop:
         with self.submit_lock:
             self.accepting = False  # from here on no future can be queued unsettled
         for gen in list(self._active):
-            self._finish(gen, CANCELLED)
+            self._finish(gen, FinishReason.CANCELLED)
         while True:
             try:
                 command = self.inbox.get_nowait()

@@ -8,15 +8,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine_service.api.errors import FailedPrecondition
+from engine_service.api.stream_events import FinishReason
 
 if TYPE_CHECKING:
     from engine_service.runtime.session import Session
 
-STOP = "stop"
-LENGTH = "length"
-CANCELLED = "cancelled"
-ERROR = "error"
-FINISH_REASONS = (STOP, LENGTH, CANCELLED, ERROR)
+
+def _finish_reason(value: str) -> FinishReason:
+    try:
+        return FinishReason(value)
+    except ValueError:
+        raise ValueError(
+            f"finish_reason must be one of {[r.value for r in FinishReason]}, got {value!r}"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,7 @@ class GenerationUpdate:
     position: int
     breakpoint: int | None = None
     finished: bool = False
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     error: str | None = None
 
     def __post_init__(self) -> None:
@@ -42,8 +46,8 @@ class GenerationUpdate:
             raise ValueError(f"position must be >= 0, got {self.position}")
         if self.finished != (self.finish_reason is not None):
             raise ValueError("finish_reason must be set exactly when finished")
-        if self.finish_reason is not None and self.finish_reason not in FINISH_REASONS:
-            raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
+        if self.finish_reason is not None:
+            object.__setattr__(self, "finish_reason", _finish_reason(self.finish_reason))
         if self.breakpoint is not None and self.breakpoint != self.position:
             raise ValueError(f"breakpoint {self.breakpoint} must equal position {self.position}")
 
@@ -73,14 +77,13 @@ class GenerationResult:
     """The final state of a generation: every returned token, why it ended, and its metrics."""
 
     tokens: tuple[int, ...]
-    finish_reason: str
+    finish_reason: FinishReason
     error: str | None
     metrics: GenerationMetrics
 
     def __post_init__(self) -> None:
-        if self.finish_reason not in FINISH_REASONS:
-            raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
-        if (self.finish_reason == ERROR) != (self.error is not None):
+        object.__setattr__(self, "finish_reason", _finish_reason(self.finish_reason))
+        if (self.finish_reason == FinishReason.ERROR) != (self.error is not None):
             raise ValueError("error must be set exactly when finish_reason is 'error'")
 
 
@@ -88,7 +91,7 @@ class GenerationHandle:
     """The caller's view of one generation. Thread-safe; settled once by the engine thread.
 
     ``wait`` returns the :class:`GenerationResult` (errors travel as values: ``finish_reason ==
-    "error"`` and :attr:`error` holds the exception, e.g. an ``InvalidArgument`` for a bad input).
+    FinishReason.ERROR`` and :attr:`error` holds the exception, e.g. an ``InvalidArgument`` for a bad input).
     The handle keeps its session alive, so a session nobody else holds is not closed mid-generation.
     """
 
@@ -124,7 +127,7 @@ class GenerationHandle:
         return self._done.is_set()
 
     @property
-    def finish_reason(self) -> str | None:
+    def finish_reason(self) -> FinishReason | None:
         return self._result.finish_reason if self._result is not None else None
 
     @property

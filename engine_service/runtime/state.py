@@ -12,13 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine_service.api.config import GenConfig
+from engine_service.api.stream_events import FinishReason
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.runtime.content_log import ContentLog
 from engine_service.runtime.generation import (
-    CANCELLED,
-    ERROR,
-    LENGTH,
-    STOP,
     GenerationHandle,
     GenerationMetrics,
     GenerationResult,
@@ -115,20 +112,20 @@ class ActiveGeneration:
         Returns (accepted tokens, finish reason or None, new committed position, new pending token).
         """
         accepted: list[int] = []
-        reason: str | None = None
+        reason: FinishReason | None = None
         stops = self.config.stop_tokens
         for tok in predicted:
             accepted.append(tok)
             if tok in stops:
-                reason = STOP  # checked first: a stop token beats the token budget
+                reason = FinishReason.STOP  # checked first: a stop token beats the token budget
                 break
             if len(self.tokens) + len(accepted) >= self.config.max_new_tokens:
-                reason = LENGTH
+                reason = FinishReason.LENGTH
                 break
         self.tokens.extend(accepted)
         return tuple(accepted), reason, base + len(accepted) - 1, accepted[-1]
 
-    def result(self, reason: str, error: BaseException | None) -> GenerationResult:
+    def result(self, reason: FinishReason, error: BaseException | None) -> GenerationResult:
         now = time.perf_counter()
         total = now - self.started_at if self.started_at else 0.0
         tps = 0.0
@@ -142,9 +139,6 @@ class ActiveGeneration:
             total_s=total,
         )
         message = None
-        if reason == ERROR:
+        if reason == FinishReason.ERROR:
             message = str(error) if error is not None else "generation failed"
         return GenerationResult(tuple(self.tokens), reason, message, metrics)
-
-
-__all__ = ["SessionRecord", "ActiveGeneration", "STOP", "LENGTH", "CANCELLED", "ERROR"]

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from engine_service.api.clones import CloneRefusal, TakenClone
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument
 from engine_service.api.stream_events import Started, Tokens
 from engine_service.rpc.convert import CLONE_REFUSALS, gen_config, started_event, tokens_event
-from engine_service.runtime.clone import CloneRefusal
-from prefix_service.backends import EngineGenerate, EngineInfo, TakenClone, TextPrompt
+from prefix_service.backends import EngineGenerate, EngineInfo, TextPrompt
 from prefix_service.fleet_stats import EngineStatus, FleetStats
 from prefix_service.gateway import GatewayEvent, GatewayRequest, Prompt, PromptLookup
 from prefix_service.outcomes import InsertOutcome, InsertRefusal, MissReason

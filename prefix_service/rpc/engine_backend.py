@@ -30,20 +30,14 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
+from engine_service.api.clones import TakenClone
 from engine_service.api.errors import NotFound
 from engine_service.api.stream_events import Event
 from engine_service.handles import handle_instance
 from engine_service.rpc.auth import ClientSecurity, on_behalf_of
 from engine_service.rpc.convert import event_from_proto
 from engine_service.rpc.errors import from_rpc_error
-from prefix_service.backends import (
-    Described,
-    EngineGenerate,
-    EngineInfo,
-    ImportedSnapshot,
-    TakenClone,
-    TextPrompt,
-)
+from prefix_service.backends import Described, EngineGenerate, EngineInfo, ImportedSnapshot, TextPrompt
 from prefix_service.rpc import convert
 from prefix_service.rpc.engine_watch import EngineWatch, call_timeout
 from protos import engine_pb2 as pb

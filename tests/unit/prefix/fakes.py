@@ -25,12 +25,11 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from engine_service.api.clones import CloneRefusal, TakenClone
 from engine_service.api.content import PREPARED, content_digest
 from engine_service.api.errors import Cancelled, ResourceExhausted
-from engine_service.api.stream_events import Done, Snapshot, Started, Tokens
-from engine_service.runtime.clone import CloneRefusal
-from engine_service.snapshot_kinds import BREAKPOINT, PROMPT
-from prefix_service.backends import Described, EngineGenerate, EngineInfo, TakenClone, TextPrompt
+from engine_service.api.stream_events import Done, Snapshot, SnapshotKind, Started, Tokens
+from prefix_service.backends import Described, EngineGenerate, EngineInfo, TextPrompt
 
 
 @dataclass(frozen=True)
@@ -356,10 +355,10 @@ class FakeEngine(FakeBackend):
             if start < point <= start + len(request.tokens):
                 session.extend(request.tokens[fed : point - start])
                 fed = point - start
-                events.append(self._snapshot(session, point, BREAKPOINT))
+                events.append(self._snapshot(session, point, SnapshotKind.BREAKPOINT))
         session.extend(request.tokens[fed:])
         if request.prompt_snapshot:
-            events.append(self._snapshot(session, session.position, PROMPT))
+            events.append(self._snapshot(session, session.position, SnapshotKind.PROMPT))
         events += [Tokens((500,), "x"), done_event(len(request.tokens), start)]
         stream = FakeStream(events, self.hang_after)
         self.streams.append(stream)

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from engine_service.api.clones import CloneRefusal
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument, ResourceExhausted
-from engine_service.api.stream_events import Snapshot, Started, Tokens
+from engine_service.api.stream_events import Snapshot, SnapshotKind, Started, Tokens
 from engine_service.handles import QuotaExceeded
-from engine_service.runtime.clone import CloneRefusal
-from engine_service.snapshot_kinds import PROMPT as PROMPT_KIND
 from prefix_service.budget import Reservation, engine_budget
 from prefix_service.gateway import Gateway, GatewayRequest
 from prefix_service.outcomes import InsertRefusal, MissReason
@@ -215,7 +214,9 @@ def test_a_snapshot_refused_for_the_services_quota_reclaims_unknown_handles() ->
             return FakeStream(
                 [
                     Started(session, 0, len(request.tokens)),
-                    Snapshot(None, len(request.tokens), PROMPT_KIND, "quota", reason=CloneRefusal.QUOTA),
+                    Snapshot(
+                        None, len(request.tokens), SnapshotKind.PROMPT, "quota", reason=CloneRefusal.QUOTA
+                    ),
                     Tokens((500,), "x"),
                     done_event(len(request.tokens), 0),
                 ]

@@ -12,9 +12,8 @@ import pytest
 from engine_service.api.config import GenConfig
 from engine_service.api.content import PREPARED, content_digest
 from engine_service.api.errors import NotFound
-from engine_service.api.stream_events import Snapshot, Started
+from engine_service.api.stream_events import Snapshot, SnapshotKind, Started
 from engine_service.runtime.runner import Runner
-from engine_service.snapshot_kinds import PROMPT as PROMPT_KIND
 from prefix_service import gateway as gateway_module
 from prefix_service import prefix_cache as cache_module
 from prefix_service.backends import RunnerBackend
@@ -147,7 +146,7 @@ def test_a_captured_snapshot_whose_engine_content_differs_is_not_stored(engine, 
         return FakeStream(
             [
                 started,
-                Snapshot(snap, len(ITALY), PROMPT_KIND, content_digest=content_digest(ITALY)),
+                Snapshot(snap, len(ITALY), SnapshotKind.PROMPT, content_digest=content_digest(ITALY)),
                 done_event(len(request.tokens), 0),
             ]
         )

@@ -11,9 +11,10 @@ from concurrent.futures import Future
 
 import pytest
 
+from engine_service.api.clones import CloneRefusal
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import ResourceExhausted, Unavailable
-from engine_service.runtime.clone import CloneFuture, CloneRefusal
+from engine_service.runtime.clone import CloneFuture
 from engine_service.runtime.commands import (
     BarrierCommand,
     CancelCommand,

@@ -14,12 +14,12 @@ from array import array
 
 import pytest
 
+from engine_service.api.clones import CloneRefusal
 from engine_service.api.config import GenConfig
 from engine_service.api.content import PREPARED, check_digest, content_digest
 from engine_service.api.errors import InvalidArgument
 from engine_service.executors.module import ModuleExecutor
 from engine_service.executors.prompt_lookup import PromptLookupExecutor
-from engine_service.runtime.clone import CloneRefusal
 from engine_service.runtime.content_log import ContentLog
 from engine_service.runtime.runner import Runner
 from tests.unit.runner.conftest import VOCAB, Recorder
