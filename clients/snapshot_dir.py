@@ -25,9 +25,8 @@ from pathlib import Path
 from typing import TextIO
 
 from engine_service.api.content import content_digest
+from engine_service.api.snapshot_files import LoadRefusal, list_snapshots, snapshot_name
 from engine_service.persistence.sessions import load_session, save_session
-from engine_service.persistence.snapshot import LoadRefusal
-from engine_service.persistence.snapshot_file import list_snapshots, snapshot_name
 from engine_service.runtime.runner import Runner
 from prefix_service.prefix_cache import PrefixCache
 

@@ -35,8 +35,13 @@ from pathlib import Path
 
 from engine_service.api.content import content_digest
 from engine_service.api.errors import InvalidArgument
-from engine_service.persistence.snapshot import SnapshotRefused
-from engine_service.persistence.snapshot_file import SUFFIX, TEMP_SUFFIX, peek_snapshot, write_snapshot_bytes
+from engine_service.api.snapshot_files import (
+    SUFFIX,
+    TEMP_SUFFIX,
+    SnapshotRefused,
+    peek_snapshot,
+    write_snapshot_bytes,
+)
 from prefix_service.index import TokenIndex, token_key
 from prefix_service.retention import Entry, RetentionPolicy, frozen_metadata, make_policy
 

@@ -61,14 +61,6 @@ class StateTransfer(Protocol):
         ...
 
 
-@dataclass(frozen=True)
-class StateLayout:
-    """The layout of an executor's exported sessions: its cache kind and :func:`geometry_text`."""
-
-    cache_kind: str
-    geometry: str
-
-
 def geometry_text(config: CacheConfig) -> str:
     """What an exported state's layout depends on, as one canonical line (recorded, then compared)."""
     layers = ",".join("full" if not spec.sliding else f"sliding:{spec.window}" for spec in config.layers)

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engine_service.cache.seq_state import SeqState, StateLayout
+from engine_service.api.snapshot_files import StateLayout
+from engine_service.cache.seq_state import SeqState
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.executors.sampling import SamplingParams
 from engine_service.model.compute_path import ComputePath, describe_compute_path

@@ -30,8 +30,9 @@ from typing import Any
 import mlx.core as mx
 
 from engine_service.api.errors import NotFound
+from engine_service.api.snapshot_files import StateLayout
 from engine_service.cache.batch_control import BatchControl, Segment
-from engine_service.cache.seq_state import SeqState, StateLayout, StateTransfer, geometry_text
+from engine_service.cache.seq_state import SeqState, StateTransfer, geometry_text
 from engine_service.executors.base import (
     ExecInput,
     ExecOutput,

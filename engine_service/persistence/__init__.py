@@ -2,10 +2,10 @@
 anything enters a cache.
 
 - :mod:`.snapshot`: :class:`~.snapshot.SessionSnapshot` (a session taken out of the engine: its cache
-  kind's arrays, what its positions hold, the fingerprint and layout it was taken under), the refusal
-  reasons, and the header checks a load makes against the engine that would hold it;
-- :mod:`.snapshot_file`: the file format (safetensors, one file per snapshot, written atomically) and
-  its reader, which refuses anything it cannot vouch for;
+  kind's arrays, what its positions hold, the fingerprint and layout it was taken under) and the
+  header checks a load makes against the engine that would hold it;
+- :mod:`.snapshot_file`: the file's tensors and checksum, and its reader, which refuses anything it
+  cannot vouch for (names, header, atomic writes and refusal reasons: ``api/snapshot_files.py``);
 - :mod:`.sessions`: ``save_session`` / ``load_session``, the two calls a caller needs (they drive the
   runner's snapshot commands, :mod:`engine_service.runtime.snapshots`).
 

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from engine_service.persistence.snapshot import LoadRefusal, SaveRefusal, SessionSnapshot, SnapshotRefused
+from engine_service.api.snapshot_files import LoadRefusal, SaveRefusal, SnapshotRefused, snapshot_name
+from engine_service.persistence.snapshot import SessionSnapshot
 from engine_service.persistence.snapshot_file import (
     decode_snapshot,
     encode_snapshot,
     read_snapshot,
-    snapshot_name,
     write_snapshot,
 )
 from engine_service.runtime.runner import Runner

@@ -1,5 +1,5 @@
-"""A session taken out of the engine (:class:`SessionSnapshot`), why a save or a load is refused, and
-the checks a load makes against the engine that would hold the session (:func:`header_refusal`).
+"""A session taken out of the engine (:class:`SessionSnapshot`) and the checks a load makes against
+the engine that would hold it (:func:`header_refusal`; the reasons are ``api.snapshot_files``').
 
 A snapshot is valid for exactly one engine configuration: the executor's fingerprint (weights,
 tokenizer, weights dtype, cache kind, K/V dtype, window geometry) and its :class:`StateLayout`. A load
@@ -11,55 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from types import MappingProxyType
 
 import mlx.core as mx
 import numpy as np
 
 from engine_service.api.content import content_digest
-from engine_service.api.errors import FailedPrecondition
-from engine_service.cache.seq_state import SeqState, StateLayout
-
-FORMAT = "forkline-session-snapshot"
-FORMAT_VERSION = 1
-
-
-class LoadRefusal(StrEnum):
-    """Why a snapshot was not loaded (the values are the wire names, lower case). A refused load
-    leaves the engine exactly as before: no session, no cache rows."""
-
-    UNREADABLE = "unreadable"  # missing, truncated, not a safetensors file, or a field is missing
-    FORMAT_VERSION = "format_version"  # another format or format version
-    CHECKSUM = "checksum"  # the bytes differ from what was written (a flipped byte, a partial write)
-    CONTENT = "content"  # the recorded content disagrees with its digest or with the positions
-    CACHE_KIND = "cache_kind"  # taken under another cache kind
-    GEOMETRY = "geometry"  # taken under another window geometry / K/V row shape / dtype / max_write
-    FINGERPRINT = "fingerprint"  # taken under another model, tokenizer or weights dtype
-    SHAPE = "shape"  # its arrays do not fit this engine's layout
-    TOO_LONG = "too_long"  # more positions than the engine's max_session_tokens
-    NO_ROOM = "no_room"  # no free session slot or cache capacity now
-    UNSUPPORTED = "unsupported"  # this executor does not import sessions
-    STOPPING = "stopping"  # the runner is stopping
-
-
-class SaveRefusal(StrEnum):
-    """Why a session was not exported (the values are the wire names, lower case)."""
-
-    SOURCE_UNUSABLE = "source_unusable"  # closed or failed
-    PREPARED_INPUT = "prepared_input"  # a position holds a prepared input: no token content to record
-    BOUNDARY = "boundary"  # the executor refused: the rows its committed positions need are gone
-    UNSUPPORTED = "unsupported"  # this executor does not export sessions
-    STOPPING = "stopping"  # the runner is stopping
-
-
-class SnapshotRefused(FailedPrecondition):
-    """A snapshot file or object was refused; ``reason`` says why, ``str()`` adds the detail."""
-
-    def __init__(self, reason: LoadRefusal, detail: str) -> None:
-        super().__init__(f"{reason.value}: {detail}")
-        self.reason = reason
-        self.detail = detail
+from engine_service.api.snapshot_files import LoadRefusal, StateLayout
+from engine_service.cache.seq_state import SeqState
 
 
 @dataclass(frozen=True, eq=False)

@@ -29,36 +29,34 @@ already evaluated arrays to ``mx.save_safetensors``.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
 import math
 import os
-import secrets
 import struct
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, BinaryIO
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
 from engine_service.api.content import content_digest
-from engine_service.cache.seq_state import SeqState, StateLayout
-from engine_service.persistence.snapshot import (
+from engine_service.api.snapshot_files import (
     FORMAT,
     FORMAT_VERSION,
     LoadRefusal,
-    SessionSnapshot,
     SnapshotRefused,
+    StateLayout,
+    atomic_write,
 )
+from engine_service.cache.seq_state import SeqState
+from engine_service.persistence.snapshot import SessionSnapshot
 
-SUFFIX = ".safetensors"
-TEMP_SUFFIX = ".tmp"
 _PERSON = b"forkline-snap-v1"
 _FIELDS = (
     "format",
@@ -94,18 +92,6 @@ class FileTensor:
     data: np.ndarray  # the numpy view of the bytes (uint16 for bfloat16)
 
 
-def snapshot_name(fingerprint: str, digest: bytes) -> str:
-    """The file name of a snapshot of content ``digest`` under engine ``fingerprint``: one file per
-    (configuration, content), so saving the same prompt twice writes the same name."""
-    return f"{fingerprint[:16]}-{digest.hex()}{SUFFIX}"
-
-
-def list_snapshots(folder: str | os.PathLike) -> list[Path]:
-    """The snapshot files in ``folder`` (temporaries excluded), most recently written first."""
-    paths = [p for p in Path(folder).iterdir() if p.name.endswith(SUFFIX) and not p.name.startswith(".")]
-    return sorted(paths, key=lambda p: p.stat().st_mtime_ns, reverse=True)
-
-
 # ------------------------------------------------------------------------------------------ writing
 
 
@@ -113,7 +99,7 @@ def write_snapshot(path: str | os.PathLike, snapshot: SessionSnapshot) -> int:
     """Write ``snapshot`` to ``path`` atomically (temp name, fsync, rename, fsync of the folder);
     returns the file's size in bytes. Its arrays must be evaluated ``mx.array`` (an export's)."""
     arrays, metadata = _container(snapshot)
-    return _atomic_write(Path(path), lambda f: mx.save_safetensors(f, arrays, metadata=metadata))
+    return atomic_write(Path(path), lambda f: mx.save_safetensors(f, arrays, metadata=metadata))
 
 
 def encode_snapshot(snapshot: SessionSnapshot) -> bytes:
@@ -122,12 +108,6 @@ def encode_snapshot(snapshot: SessionSnapshot) -> bytes:
     buffer = io.BytesIO()
     mx.save_safetensors(buffer, arrays, metadata=metadata)
     return buffer.getvalue()
-
-
-def write_snapshot_bytes(path: str | os.PathLike, data: bytes) -> int:
-    """Write an encoded snapshot (from :func:`encode_snapshot`, e.g. received from an engine) to
-    ``path`` atomically, as is; returns its size. Nothing is checked here: a load checks everything."""
-    return _atomic_write(Path(path), lambda f: f.write(data))
 
 
 def _container(snapshot: SessionSnapshot) -> tuple[dict[str, mx.array], dict[str, str]]:
@@ -154,39 +134,6 @@ def _container(snapshot: SessionSnapshot) -> tuple[dict[str, mx.array], dict[str
     return arrays, metadata
 
 
-def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> int:
-    """``write(file)`` into a temporary name next to ``path``, fsync, rename over ``path``, fsync the
-    folder; the temporary is removed on any failure. Returns the size written."""
-    temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
-    try:
-        with open(temp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        size = temp.stat().st_size
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            temp.unlink()
-        raise
-    _fsync_folder(path.parent)
-    return size
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Make the rename durable (where the platform lets a folder be opened)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _checksum(metadata: Mapping[str, str], tensors: Iterator[tuple[str, str, tuple[int, ...], Any]]) -> str:
     """Hex BLAKE2b-256 of the metadata (checksum excluded) and of each tensor's name, dtype, shape and
     the digest of its raw bytes (name order). The tensors' digests are computed on a few threads
@@ -211,49 +158,6 @@ def _workers(n: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------ reading
-
-
-@dataclass(frozen=True)
-class SnapshotInfo:
-    """A snapshot file's header, read without its tensors and NOT verified (the checksum needs every
-    byte): enough to choose which files to load (:func:`read_snapshot` still checks everything)."""
-
-    path: Path
-    file_bytes: int
-    fingerprint: str
-    layout: StateLayout
-    positions: int
-    content_digest: str
-    extra: Mapping[str, str]
-
-
-def peek_snapshot(path: str | os.PathLike) -> SnapshotInfo:
-    """The header of the snapshot in ``path``; SnapshotRefused UNREADABLE / FORMAT_VERSION when it is
-    not one (reads only the header's bytes)."""
-    path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-            size = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
-            header = f.read(size) if 0 <= size <= 100_000_000 else b""
-        file_bytes = path.stat().st_size
-        meta = json.loads(header)["__metadata__"]
-        if meta.get("format") != FORMAT or meta.get("format_version") != str(FORMAT_VERSION):
-            raise SnapshotRefused(
-                LoadRefusal.FORMAT_VERSION,
-                f"{path}: format {meta.get('format')!r} version {meta.get('format_version')!r}",
-            )
-        return SnapshotInfo(
-            path,
-            file_bytes,
-            meta["fingerprint"],
-            StateLayout(meta["cache_kind"], meta["geometry"]),
-            int(meta["positions"]),
-            meta["content_digest"],
-            MappingProxyType(dict(json.loads(meta["extra"]))),
-        )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise SnapshotRefused(LoadRefusal.UNREADABLE, f"{path}: not a snapshot header ({exc})") from None
 
 
 def read_snapshot(path: str | os.PathLike) -> SessionSnapshot:

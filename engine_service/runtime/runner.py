@@ -27,10 +27,11 @@ import mlx.core as mx
 from engine_service.api.clones import CloneRefusal
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import FailedPrecondition, InvalidArgument, Unavailable
+from engine_service.api.snapshot_files import LoadRefusal, SaveRefusal
 from engine_service.executors.base import Executor, ExecutorLimits, WindowGeometry
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.model.compute_path import warn_if_slow
-from engine_service.persistence.snapshot import LoadRefusal, SaveRefusal, SessionSnapshot
+from engine_service.persistence.snapshot import SessionSnapshot
 from engine_service.runtime.clone import CloneFuture
 from engine_service.runtime.commands import (
     BarrierCommand,

@@ -19,8 +19,8 @@ from engine_service.api.clones import CloneRefusal
 from engine_service.api.config import GenConfig, int_tuple
 from engine_service.api.content import DIGEST_SIZE
 from engine_service.api.errors import FailedPrecondition, InvalidArgument
+from engine_service.api.snapshot_files import SaveRefusal
 from engine_service.executors.prepared_input import PreparedInput
-from engine_service.persistence.snapshot import SaveRefusal
 from engine_service.runtime.clone import CloneFuture
 from engine_service.runtime.commands import CloseCommand
 from engine_service.runtime.generation import GenerationHandle, GenerationUpdate

@@ -27,14 +27,9 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
+from engine_service.api.snapshot_files import LoadRefusal, SaveRefusal
 from engine_service.executors.base import Executor
-from engine_service.persistence.snapshot import (
-    LoadRefusal,
-    SaveRefusal,
-    SessionSnapshot,
-    header_refusal,
-    mlx_state,
-)
+from engine_service.persistence.snapshot import SessionSnapshot, header_refusal, mlx_state
 from engine_service.runtime.commands import Command, EngineHooks
 from engine_service.runtime.content_log import ContentLog
 

@@ -36,6 +36,8 @@ def q4_1_weights(rng, n: int, k: int):
 
 
 FORMATS = {"q8_0": (q8_0_weights, fk.q8_0_matmul), "q4_1": (q4_1_weights, fk.q4_1_matmul)}
+LEVELS = ["scalar", "avx2", "avx512"]
+ISAS = LEVELS[: LEVELS.index(fk.best_isa()) + 1]  # the ones this CPU runs
 SHAPES = [(1, 1, 32), (1, 5, 40), (3, 7, 96), (8, 130, 576), (64, 33, 100), (2, 1728, 576), (5, 9, 1536)]
 
 
@@ -43,6 +45,7 @@ SHAPES = [(1, 1, 32), (1, 5, 40), (3, 7, 96), (8, 130, 576), (64, 33, 100), (2, 
 def _restore_isa():
     yield
     fk.set_isa(fk.best_isa())
+    fk._ext._set_f32_tile(0, 0)
 
 
 def float_bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -123,8 +126,9 @@ def test_scalar_fallback_and_thread_count_give_identical_bits(fmt, quantize_x):
     arrays, _, _ = make(rng, 203, 200)
     x = mx.array(rng.standard_normal((9, 200)).astype(np.float32))
     fast = np.array(op(x, *arrays, quantize_x=quantize_x))
-    assert fk.set_isa("scalar") == "scalar"
-    scalar = np.array(op(x, *arrays, quantize_x=quantize_x))
+    for isa in ISAS:
+        assert fk.set_isa(isa) == isa
+        assert np.array(op(x, *arrays, quantize_x=quantize_x)).tobytes() == fast.tobytes(), isa
     fk.set_isa(fk.best_isa())
     threads = fk.num_threads()
     try:
@@ -132,7 +136,28 @@ def test_scalar_fallback_and_thread_count_give_identical_bits(fmt, quantize_x):
         single = np.array(op(x, *arrays, quantize_x=quantize_x))
     finally:
         fk.set_num_threads(threads)
-    assert np.array_equal(fast, scalar) and np.array_equal(fast, single)
+    assert np.array_equal(fast, single)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_tile_shape_and_isa_gives_identical_bits(fmt):
+    """The float kernels' register tiles (1..6 activation rows x 1..4 weight rows, on 16 and on 32 vector
+    registers) share loads between outputs but never change an output's operations: every shape, every
+    row count and the scalar reference agree bit for bit (what batch invariance rests on)."""
+    make, op = FORMATS[fmt]
+    rng = np.random.default_rng(11)
+    arrays, _, _ = make(rng, 71, 200)  # 71 outputs: every weight-row tile leaves a tail
+    x = mx.array(rng.standard_normal((13, 200)).astype(np.float32) * 3)
+    fk.set_isa("scalar")
+    want = np.array(op(x, *arrays))
+    for isa in ISAS[1:]:
+        fk.set_isa(isa)
+        for rows in range(7):
+            for cols in range(5):
+                fk._ext._set_f32_tile(rows, cols)
+                for m in (1, 2, 5, 13):
+                    got = np.array(op(x[:m], *arrays))
+                    assert got.tobytes() == want[:m].tobytes(), (isa, rows, cols, m)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -234,4 +259,4 @@ def test_bad_arguments_raise_value_error():
     with pytest.raises(ValueError, match="scales"):
         fk.q8_0_matmul(mx.zeros((1, 64)), wq, scales[:, :1])
     with pytest.raises(ValueError, match="isa"):
-        fk.set_isa("avx512")
+        fk.set_isa("avx1024")

@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 
 from engine_service.api.content import content_digest
+from engine_service.api.snapshot_files import LoadRefusal, SaveRefusal
 from engine_service.cache.seq_state import SeqState
 from engine_service.executors.embeddings import EmbeddingsExecutor
 from engine_service.executors.module import ModuleExecutor
 from engine_service.executors.prepared_input import EmbeddingsInput
 from engine_service.persistence.sessions import encode_session, load_session, load_session_bytes, save_session
-from engine_service.persistence.snapshot import LoadRefusal, SaveRefusal, SessionSnapshot
+from engine_service.persistence.snapshot import SessionSnapshot
 from engine_service.persistence.snapshot_file import read_snapshot, write_snapshot
 from engine_service.runtime.runner import Runner
 from tests.model.test_clone_equivalence import KINDS, PROMPT, SUFFIX, assert_same, generate, recording

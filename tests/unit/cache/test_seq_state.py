@@ -11,8 +11,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from engine_service.api.snapshot_files import StateLayout
 from engine_service.cache.config import CacheConfig, LayerSpec
-from engine_service.cache.seq_state import SeqState, StateLayout, StateTransfer, geometry_text
+from engine_service.cache.seq_state import SeqState, StateTransfer, geometry_text
 from tests.unit.cache.harness import TOL, Driver, geometry
 
 KINDS = ["batched-sequence", "batched-cell"]

@@ -10,16 +10,19 @@ import sys
 import time
 from pathlib import Path
 
-from engine_service.persistence.snapshot_file import TEMP_SUFFIX, list_snapshots, read_snapshot
+from engine_service.api.snapshot_files import TEMP_SUFFIX, list_snapshots
+from engine_service.persistence.snapshot_file import read_snapshot
 
 ROOT = Path(__file__).resolve().parents[3]
 
 WRITER = """
 import sys, mlx.core as mx
 import engine_service
-from engine_service.cache.seq_state import SeqState, StateLayout
+from engine_service.cache.seq_state import SeqState
+from engine_service.api.snapshot_files import StateLayout
 from engine_service.persistence.snapshot import SessionSnapshot
-from engine_service.persistence.snapshot_file import encode_snapshot, write_snapshot, write_snapshot_bytes
+from engine_service.persistence.snapshot_file import encode_snapshot, write_snapshot
+from engine_service.api.snapshot_files import write_snapshot_bytes
 arrays = {f"layers.{i}.{n}": mx.full((2, 4096, 64), float(i)) for i in range(8)
           for n in ("keys", "values")}  # 32 MiB: a write (with its fsync) takes a while
 mx.eval(list(arrays.values()))

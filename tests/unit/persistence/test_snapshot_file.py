@@ -13,18 +13,24 @@ import pytest
 
 import engine_service  # noqa: F401  (OpenBLAS before mlx)
 from engine_service.api.content import content_digest
-from engine_service.cache.seq_state import SeqState, StateLayout
+from engine_service.api.snapshot_files import (
+    FORMAT_VERSION,
+    LoadRefusal,
+    SnapshotRefused,
+    StateLayout,
+    list_snapshots,
+    peek_snapshot,
+    snapshot_name,
+    write_snapshot_bytes,
+)
+from engine_service.cache.seq_state import SeqState
 from engine_service.persistence import snapshot_file
-from engine_service.persistence.snapshot import FORMAT_VERSION, LoadRefusal, SessionSnapshot, SnapshotRefused
+from engine_service.persistence.snapshot import SessionSnapshot
 from engine_service.persistence.snapshot_file import (
     decode_snapshot,
     encode_snapshot,
-    list_snapshots,
-    peek_snapshot,
     read_snapshot,
-    snapshot_name,
     write_snapshot,
-    write_snapshot_bytes,
 )
 
 LAYOUT = StateLayout(

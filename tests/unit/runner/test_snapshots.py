@@ -6,8 +6,9 @@ from __future__ import annotations
 import mlx.core as mx
 
 from engine_service.api.config import GenConfig
-from engine_service.cache.seq_state import SeqState, StateLayout
-from engine_service.persistence.snapshot import LoadRefusal, SaveRefusal, SessionSnapshot
+from engine_service.api.snapshot_files import LoadRefusal, SaveRefusal, StateLayout
+from engine_service.cache.seq_state import SeqState
+from engine_service.persistence.snapshot import SessionSnapshot
 from engine_service.runtime.snapshots import ImportFuture
 from tests.unit.runner.conftest import engine_paused
 
