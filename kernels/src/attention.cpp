@@ -319,7 +319,7 @@ void attend_items(Isa isa, const Plan& P, int a, int b, Scratch& w) {
   for (int item = a; item < b; ++item) {
     const int i = item / P.hkv, g = item % P.hkv;
 #if FORKLINE_X86
-    if (isa == Isa::avx2) {
+    if (isa != Isa::scalar) {
       attend<Avx2>(P, i, g, w);
       continue;
     }

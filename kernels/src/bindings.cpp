@@ -34,22 +34,25 @@ NB_MODULE(_ext, m) {
         "keys/values [Hkv, S_i, D] and key_pos int32 [S_i] (-1: never read) -> float32 [n, Hq, D]");
 
   m.def("isa", [] { return std::string(forkline::isa_name(forkline::active_isa())); },
-        "the instruction set the kernels use now: 'avx2' or 'scalar'");
+        "the instruction set the kernels use now: 'avx512', 'avx2' or 'scalar'");
   m.def("best_isa", [] { return std::string(forkline::isa_name(forkline::best_isa())); },
         "the best instruction set this CPU supports");
   m.def(
       "set_isa",
       [](const std::string& name) {
-        if (name != "avx2" && name != "scalar") {
-          throw std::invalid_argument("isa must be 'avx2' or 'scalar', got '" + name + "'");
+        forkline::Isa isa;
+        if (!forkline::parse_isa(name.c_str(), isa)) {
+          throw std::invalid_argument("isa must be 'avx512', 'avx2' or 'scalar', got '" + name + "'");
         }
-        forkline::set_isa(name == "avx2" ? forkline::Isa::avx2 : forkline::Isa::scalar);
+        forkline::set_isa(isa);
         return std::string(forkline::isa_name(forkline::active_isa()));
       },
-      "name"_a, "use 'scalar' or 'avx2' (kept scalar without CPU support); returns the one in use");
+      "name"_a, "use 'scalar', 'avx2' or 'avx512' (at most best_isa()); returns the one in use");
   m.def("set_num_threads", &forkline::set_num_threads, "n"_a,
         "resize the worker pool (n < 1: FORKLINE_KERNEL_THREADS or all CPUs); not while kernels run");
   m.def("num_threads", &forkline::num_threads, "threads in the worker pool");
+  m.def("_set_f32_tile", &forkline::set_f32_tile, "rows"_a, "cols"_a, "chunk"_a = 0,
+        "force the float kernels' tile (1..6 rows x 1..4 weight rows; 0: built-in); speed only, for tests");
   m.def(
       "pool_tuning",
       [] {

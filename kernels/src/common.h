@@ -12,6 +12,10 @@
 #include <immintrin.h>
 #define FORKLINE_X86 1
 #define AVX2_FN __attribute__((target("avx2,fma")))
+// The same AVX2 arithmetic compiled with AVX-512VL's 32 vector registers (EVEX encodings of the same
+// 256-bit operations: bitwise equal results, fewer reloads in register-hungry tiles).
+#define AVX512_FN __attribute__((target("avx2,fma,avx512f,avx512vl")))
+#define FORKLINE_INLINE inline __attribute__((always_inline))
 #endif
 
 namespace forkline {
@@ -30,7 +34,7 @@ inline std::string shape_str(const mlx::core::array& a) {
 #if FORKLINE_X86
 // The 8 lanes summed in one fixed order: (t0 + t2) + (t1 + t3) of the halves' sums t = lo + hi. The
 // scalar fallbacks reproduce exactly this order, so both ISAs agree bit for bit.
-AVX2_FN inline float reduce8_avx2(__m256 acc) {
+AVX2_FN FORKLINE_INLINE float reduce8_avx2(__m256 acc) {
   __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));  // t0..t3
   __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));  // t0+t2, t1+t3
   __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));

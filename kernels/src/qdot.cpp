@@ -1,10 +1,12 @@
 #include "qdot.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "common.h"
 
@@ -17,6 +19,34 @@ namespace {
 constexpr int kTile = 4;
 // Activation rows per pass over a weight tile: those rows' quantized blocks stay in L1/L2.
 constexpr int kRowChunk = 64;
+// Float tiles: at most kMaxRows activation rows x kMaxCols weight rows; weight rows per pass over all
+// activation rows (their blocks stay in L2 while every row tile reads them).
+constexpr int kMaxRows = 6, kMaxCols = 4;
+constexpr int kColChunk = 128;
+// A forced float tile shape (rows x outputs; 0: the built-in choice). Only speed depends on it.
+std::atomic<int> g_tile_rows{0}, g_tile_cols{0}, g_col_chunk{kColChunk};
+
+struct TileShape {
+  int rows, cols;
+};
+
+// The tile for the next `left` rows. AVX2's 16 registers hold 4 x 2 accumulators with room to load;
+// AVX-512VL's 32 hold 4 x 4 (measured by bench/bench_kernels_matmul.py). A row count the tile does
+// not divide ends with one shorter tile of the remaining rows.
+TileShape f32_tile_shape(int left, bool wide) {
+  TileShape t{std::min(left, 4), left == 1 ? 4 : wide ? 4 : 2};
+  if (left == 5 || left == 6) {  // 5 = 5 x 3, 6 = 6 x 2 or 3 x 4 twice: one tile, no 1-row tail
+    t = wide ? TileShape{left, 3} : TileShape{3, 2};
+  }
+  const int r = g_tile_rows.load(std::memory_order_relaxed), c = g_tile_cols.load(std::memory_order_relaxed);
+  if (r > 0) {
+    t.rows = std::min(r, left);
+  }
+  if (c > 0) {
+    t.cols = c;
+  }
+  return t;
+}
 
 // The fixed lane reduction both versions use: (a0+a4 + a2+a6) + (a1+a5 + a3+a7).
 inline float reduce8(const float* a) {
@@ -28,6 +58,9 @@ Isa detect() {
 #if FORKLINE_X86
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) {
+      return Isa::avx512;
+    }
     return Isa::avx2;
   }
 #endif
@@ -35,11 +68,13 @@ Isa detect() {
 }
 
 Isa initial_isa() {
+  const Isa best = detect();
+  Isa want;
   const char* env = std::getenv("FORKLINE_KERNEL_ISA");
-  if (env != nullptr && std::strcmp(env, "scalar") == 0) {
-    return Isa::scalar;
+  if (env != nullptr && parse_isa(env, want) && want < best) {
+    return want;
   }
-  return detect();
+  return best;
 }
 
 std::atomic<int> g_isa{static_cast<int>(initial_isa())};
@@ -154,7 +189,7 @@ void q8_0_rows_f32_scalar(const int8_t* wq, const float* wd, int blocks, int n0,
 }
 
 void q4_1_rows_f32_scalar(const uint8_t* wq, const float* wd, const float* wm, int blocks, int n0, int n1,
-                          const float* x, const float* xsum, int M, float* out, int64_t ldo) {
+                          const float* x, const float* xsum_t, int64_t ldx, int M, float* out, int64_t ldo) {
   const int64_t K = static_cast<int64_t>(blocks) * 32;
   float w[32], t[8];
   for (int n = n0; n < n1; ++n) {
@@ -172,7 +207,7 @@ void q4_1_rows_f32_scalar(const uint8_t* wq, const float* wd, const float* wm, i
         for (int j = 0; j < 8; ++j) {
           acc[j] = std::fma(wd[nb], t[j], acc[j]);
         }
-        offset = std::fma(wm[nb], xsum[static_cast<int64_t>(m) * blocks + b], offset);
+        offset = std::fma(wm[nb], xsum_t[b * ldx + m], offset);
       }
       out[m * ldo + n] = reduce8(acc) + offset;
     }
@@ -346,115 +381,149 @@ AVX2_FN void q4_1_rows_avx2(const uint8_t* wq, const float* wd, const float* wm,
   }
 }
 
-// Float-activation tiles: one weight row, up to kXRows activation rows; the widened weight block is
-// shared by the rows.
-constexpr int kXRows = 4;
-
-AVX2_FN inline __m256 block_dot_avx2(const __m256* w, const float* x) {
+// Float-activation tiles: RM activation rows x RN weight rows, one accumulator per (row, output). Each
+// weight block is widened once and used by the RM rows; each activation block is loaded once per
+// weight row from L1. Every output's operations are the one-row kernel's, in its order, whatever the
+// tile: the tile shape only decides which outputs share loads.
+AVX2_FN FORKLINE_INLINE __m256 block_dot_avx2(const __m256* w, const float* x) {
   __m256 t = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
   t = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + 8), t);
   t = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + 16), t);
   return _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), t);
 }
 
-template <int R>
-AVX2_FN void q8_0_row_f32_avx2(const int8_t* w, const float* d, int blocks, const float* x, int64_t K,
-                               float* out, int64_t ldo) {
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) {
-    acc[r] = _mm256_setzero_ps();
+AVX2_FN FORKLINE_INLINE void widen_q8_0(const int8_t* w, __m256* wf) {
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 8 * i));
+    wf[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+  }
+}
+
+// 16 bytes: weights 0..15 in the low nibbles, 16..31 in the high ones.
+AVX2_FN FORKLINE_INLINE void widen_q4_1(const uint8_t* w, __m256* wf) {
+  const __m256i low = _mm256_set1_epi32(0x0F);
+  const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w)));
+  const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 8)));
+  wf[0] = _mm256_cvtepi32_ps(_mm256_and_si256(b0, low));
+  wf[1] = _mm256_cvtepi32_ps(_mm256_and_si256(b1, low));
+  wf[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4));
+  wf[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4));
+}
+
+// Outputs (m, n) for m < RM, n < RN: x rows from x (stride K), weight rows from wq's first; xsum_t
+// points at row 0's column (q4_1 only). Inlined into one wrapper per register file below.
+template <bool Q41, int RM, int RN>
+AVX2_FN FORKLINE_INLINE void f32_tile_body(const void* wq, const float* wd, const float* wm, int blocks,
+                                           const float* x, const float* xsum_t, int64_t ldx, float* out,
+                                           int64_t ldo) {
+  const int64_t K = static_cast<int64_t>(blocks) * 32;
+  const int64_t row_bytes = Q41 ? K / 2 : K;
+  const uint8_t* w = static_cast<const uint8_t*>(wq);
+  __m256 acc[RM][RN];
+  __m256 off[RN];
+#pragma GCC unroll 8
+  for (int n = 0; n < RN; ++n) {
+    off[n] = _mm256_setzero_ps();
+#pragma GCC unroll 8
+    for (int m = 0; m < RM; ++m) {
+      acc[m][n] = _mm256_setzero_ps();
+    }
   }
   for (int b = 0; b < blocks; ++b) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + b * 32));
-    const __m128i lo = _mm256_castsi256_si128(raw), hi = _mm256_extracti128_si256(raw, 1);
-    __m256 wf[4];
-    wf[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
-    wf[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
-    wf[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
-    wf[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
-    const __m256 dv = _mm256_set1_ps(d[b]);
-    for (int r = 0; r < R; ++r) {
-      acc[r] = _mm256_fmadd_ps(dv, block_dot_avx2(wf, x + r * K + b * 32), acc[r]);
+    __m256 xs = _mm256_setzero_ps();
+    if constexpr (Q41) {
+      xs = _mm256_loadu_ps(xsum_t + b * ldx);  // lane m: row m's block sum
+    }
+#pragma GCC unroll 8
+    for (int n = 0; n < RN; ++n) {
+      __m256 wf[4];
+      if constexpr (Q41) {
+        widen_q4_1(w + n * row_bytes + b * 16, wf);
+      } else {
+        widen_q8_0(reinterpret_cast<const int8_t*>(w) + n * row_bytes + b * 32, wf);
+      }
+      const __m256 dv = _mm256_broadcast_ss(wd + n * blocks + b);
+#pragma GCC unroll 8
+      for (int m = 0; m < RM; ++m) {
+        acc[m][n] = _mm256_fmadd_ps(dv, block_dot_avx2(wf, x + m * K + b * 32), acc[m][n]);
+      }
+      if constexpr (Q41) {
+        off[n] = _mm256_fmadd_ps(_mm256_broadcast_ss(wm + n * blocks + b), xs, off[n]);
+      }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    out[r * ldo] = reduce8_avx2(acc[r]);
+#pragma GCC unroll 8
+  for (int n = 0; n < RN; ++n) {
+    alignas(32) float o[8];
+    _mm256_store_ps(o, off[n]);
+#pragma GCC unroll 8
+    for (int m = 0; m < RM; ++m) {
+      const float dot = reduce8_avx2(acc[m][n]);
+      out[m * ldo + n] = Q41 ? dot + o[m] : dot;
+    }
   }
 }
 
-template <int R>
-AVX2_FN void q4_1_row_f32_avx2(const uint8_t* w, const float* d, const float* mn, int blocks, const float* x,
-                               const float* xsum, int64_t K, float* out, int64_t ldo) {
-  const __m128i low = _mm_set1_epi8(0x0F);
-  __m256 acc[R];
-  float offset[R];
-  for (int r = 0; r < R; ++r) {
-    acc[r] = _mm256_setzero_ps();
-    offset[r] = 0.0f;
-  }
-  for (int b = 0; b < blocks; ++b) {
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + b * 16));
-    const __m128i lo = _mm_and_si128(packed, low);  // weights 0..15
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);  // weights 16..31
-    __m256 wf[4];
-    wf[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-    wf[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-    wf[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-    wf[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
-    const __m256 dv = _mm256_set1_ps(d[b]);
-    for (int r = 0; r < R; ++r) {
-      acc[r] = _mm256_fmadd_ps(dv, block_dot_avx2(wf, x + r * K + b * 32), acc[r]);
-      offset[r] = std::fma(mn[b], xsum[r * blocks + b], offset[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    out[r * ldo] = reduce8_avx2(acc[r]) + offset[r];
+template <bool Q41, int RM, int RN>
+AVX2_FN void f32_tile_avx2(const void* wq, const float* wd, const float* wm, int blocks, const float* x,
+                           const float* xsum_t, int64_t ldx, float* out, int64_t ldo) {
+  f32_tile_body<Q41, RM, RN>(wq, wd, wm, blocks, x, xsum_t, ldx, out, ldo);
+}
+
+template <bool Q41, int RM, int RN>
+AVX512_FN void f32_tile_avx512(const void* wq, const float* wd, const float* wm, int blocks, const float* x,
+                               const float* xsum_t, int64_t ldx, float* out, int64_t ldo) {
+  f32_tile_body<Q41, RM, RN>(wq, wd, wm, blocks, x, xsum_t, ldx, out, ldo);
+}
+
+using F32Tile = void (*)(const void*, const float*, const float*, int, const float*, const float*, int64_t,
+                         float*, int64_t);
+using TileTable = std::array<std::array<F32Tile, kMaxCols>, kMaxRows>;  // [rows - 1][cols - 1]
+
+template <bool Q41, bool Wide, int RM, int... RN>
+constexpr std::array<F32Tile, kMaxCols> tile_row(std::integer_sequence<int, RN...>) {
+  if constexpr (Wide) {
+    return {&f32_tile_avx512<Q41, RM, RN + 1>...};
+  } else {
+    return {&f32_tile_avx2<Q41, RM, RN + 1>...};
   }
 }
 
-AVX2_FN void q8_0_rows_f32_avx2(const int8_t* wq, const float* wd, int blocks, int n0, int n1, const float* x,
-                                int M, float* out, int64_t ldo) {
+template <bool Q41, bool Wide, int... RM>
+constexpr TileTable tile_table(std::integer_sequence<int, RM...>) {
+  return {tile_row<Q41, Wide, RM + 1>(std::make_integer_sequence<int, kMaxCols>())...};
+}
+
+constexpr TileTable kTiles[2][2] = {
+    {tile_table<false, false>(std::make_integer_sequence<int, kMaxRows>()),
+     tile_table<false, true>(std::make_integer_sequence<int, kMaxRows>())},
+    {tile_table<true, false>(std::make_integer_sequence<int, kMaxRows>()),
+     tile_table<true, true>(std::make_integer_sequence<int, kMaxRows>())},
+};
+
+// Weight rows [n0, n1) for all M rows: chunks of kColChunk weight rows (kept in L2) x row tiles x
+// weight-row tiles.
+template <bool Q41>
+void rows_f32_tiled(Isa isa, const void* wq, const float* wd, const float* wm, int blocks, int n0, int n1,
+                    const float* x, const float* xsum_t, int64_t ldx, int M, float* out, int64_t ldo) {
   const int64_t K = static_cast<int64_t>(blocks) * 32;
-  for (int m0 = 0; m0 < M; m0 += kRowChunk) {
-    const int m1 = std::min(M, m0 + kRowChunk);
-    for (int n = n0; n < n1; ++n) {
-      const int8_t* w = wq + n * K;
-      const float* d = wd + static_cast<int64_t>(n) * blocks;
-      if (n + 1 < n1) {
-        _mm_prefetch(reinterpret_cast<const char*>(w + K), _MM_HINT_T0);
+  const int64_t row_bytes = Q41 ? K / 2 : K;
+  const bool wide = isa == Isa::avx512;
+  const TileTable& table = kTiles[Q41][wide];
+  const uint8_t* w = static_cast<const uint8_t*>(wq);
+  const int chunk = g_col_chunk.load(std::memory_order_relaxed);
+  for (int nc = n0; nc < n1; nc += chunk) {
+    const int nce = std::min(n1, nc + chunk);
+    for (int m = 0; m < M;) {
+      const TileShape shape = f32_tile_shape(M - m, wide);
+      for (int n = nc; n < nce; n += shape.cols) {
+        const int rn = std::min(shape.cols, nce - n);
+        table[shape.rows - 1][rn - 1](w + n * row_bytes, wd + static_cast<int64_t>(n) * blocks,
+                                      Q41 ? wm + static_cast<int64_t>(n) * blocks : nullptr, blocks, x + m * K,
+                                      Q41 ? xsum_t + m : nullptr, ldx, out + m * ldo + n, ldo);
       }
-      int m = m0;
-      for (; m + kXRows <= m1; m += kXRows) {
-        q8_0_row_f32_avx2<kXRows>(w, d, blocks, x + m * K, K, out + m * ldo + n, ldo);
-      }
-      for (; m < m1; ++m) {
-        q8_0_row_f32_avx2<1>(w, d, blocks, x + m * K, K, out + m * ldo + n, ldo);
-      }
-    }
-  }
-}
-
-AVX2_FN void q4_1_rows_f32_avx2(const uint8_t* wq, const float* wd, const float* wm, int blocks, int n0,
-                                int n1, const float* x, const float* xsum, int M, float* out, int64_t ldo) {
-  const int64_t K = static_cast<int64_t>(blocks) * 32;
-  for (int m0 = 0; m0 < M; m0 += kRowChunk) {
-    const int m1 = std::min(M, m0 + kRowChunk);
-    for (int n = n0; n < n1; ++n) {
-      const uint8_t* w = wq + n * (K / 2);
-      const float* d = wd + static_cast<int64_t>(n) * blocks;
-      const float* mn = wm + static_cast<int64_t>(n) * blocks;
-      if (n + 1 < n1) {
-        _mm_prefetch(reinterpret_cast<const char*>(w + K / 2), _MM_HINT_T0);
-      }
-      int m = m0;
-      for (; m + kXRows <= m1; m += kXRows) {
-        q4_1_row_f32_avx2<kXRows>(w, d, mn, blocks, x + m * K, xsum + static_cast<int64_t>(m) * blocks, K,
-                                  out + m * ldo + n, ldo);
-      }
-      for (; m < m1; ++m) {
-        q4_1_row_f32_avx2<1>(w, d, mn, blocks, x + m * K, xsum + static_cast<int64_t>(m) * blocks, K,
-                             out + m * ldo + n, ldo);
-      }
+      m += shape.rows;
     }
   }
 }
@@ -473,14 +542,21 @@ Isa active_isa() {
 }
 
 void set_isa(Isa isa) {
-  if (isa == Isa::avx2 && best_isa() != Isa::avx2) {
-    isa = Isa::scalar;
-  }
-  g_isa.store(static_cast<int>(isa));
+  g_isa.store(static_cast<int>(std::min(isa, best_isa())));
 }
 
 const char* isa_name(Isa isa) {
-  return isa == Isa::avx2 ? "avx2" : "scalar";
+  return isa == Isa::avx512 ? "avx512" : isa == Isa::avx2 ? "avx2" : "scalar";
+}
+
+bool parse_isa(const char* name, Isa& isa) {
+  for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512}) {
+    if (std::strcmp(name, isa_name(i)) == 0) {
+      isa = i;
+      return true;
+    }
+  }
+  return false;
 }
 
 void quantize_rows(Isa isa, const float* x, int64_t row_stride, int64_t col_stride, int K, int blocks,
@@ -501,7 +577,7 @@ void quantize_rows(Isa isa, const float* x, int64_t row_stride, int64_t col_stri
       float* d = out.d + static_cast<int64_t>(r) * blocks + b;
       float* s = out.s + static_cast<int64_t>(r) * blocks + b;
 #if FORKLINE_X86
-      if (isa == Isa::avx2) {
+      if (isa != Isa::scalar) {
         quantize_block_avx2(tmp, q, d, s);
         continue;
       }
@@ -514,7 +590,7 @@ void quantize_rows(Isa isa, const float* x, int64_t row_stride, int64_t col_stri
 void q8_0_rows(Isa isa, const int8_t* wq, const float* wd, int blocks, int n0, int n1,
                const QuantizedRows& x, int M, float* out, int64_t ldo) {
 #if FORKLINE_X86
-  if (isa == Isa::avx2) {
+  if (isa != Isa::scalar) {
     q8_0_rows_avx2(wq, wd, blocks, n0, n1, x, M, out, ldo);
     return;
   }
@@ -525,7 +601,7 @@ void q8_0_rows(Isa isa, const int8_t* wq, const float* wd, int blocks, int n0, i
 void q4_1_rows(Isa isa, const uint8_t* wq, const float* wd, const float* wm, int blocks, int n0, int n1,
                const QuantizedRows& x, int M, float* out, int64_t ldo) {
 #if FORKLINE_X86
-  if (isa == Isa::avx2) {
+  if (isa != Isa::scalar) {
     q4_1_rows_avx2(wq, wd, wm, blocks, n0, n1, x, M, out, ldo);
     return;
   }
@@ -533,24 +609,31 @@ void q4_1_rows(Isa isa, const uint8_t* wq, const float* wd, const float* wm, int
   q4_1_rows_scalar(wq, wd, wm, blocks, n0, n1, x, M, out, ldo);
 }
 
-void block_sums(const float* x, int blocks, int r0, int r1, float* xsum) {
-  for (int64_t r = r0; r < r1; ++r) {
+void block_sums(const float* x, int blocks, int M, float* xsum_t, int64_t ldx) {
+  std::fill(xsum_t, xsum_t + blocks * ldx, 0.0f);
+  for (int64_t r = 0; r < M; ++r) {
     for (int b = 0; b < blocks; ++b) {
       const float* v = x + (r * blocks + b) * 32;
       float sum = 0.0f;
       for (int i = 0; i < 32; ++i) {
         sum += v[i];
       }
-      xsum[r * blocks + b] = sum;
+      xsum_t[b * ldx + r] = sum;
     }
   }
+}
+
+void set_f32_tile(int rows, int cols, int chunk) {
+  g_col_chunk.store(chunk > 0 ? chunk : kColChunk);
+  g_tile_rows.store(std::clamp(rows, 0, kMaxRows));
+  g_tile_cols.store(std::clamp(cols, 0, kMaxCols));
 }
 
 void q8_0_rows_f32(Isa isa, const int8_t* wq, const float* wd, int blocks, int n0, int n1, const float* x,
                    int M, float* out, int64_t ldo) {
 #if FORKLINE_X86
-  if (isa == Isa::avx2) {
-    q8_0_rows_f32_avx2(wq, wd, blocks, n0, n1, x, M, out, ldo);
+  if (isa != Isa::scalar) {
+    rows_f32_tiled<false>(isa, wq, wd, nullptr, blocks, n0, n1, x, nullptr, 0, M, out, ldo);
     return;
   }
 #endif
@@ -558,14 +641,14 @@ void q8_0_rows_f32(Isa isa, const int8_t* wq, const float* wd, int blocks, int n
 }
 
 void q4_1_rows_f32(Isa isa, const uint8_t* wq, const float* wd, const float* wm, int blocks, int n0, int n1,
-                   const float* x, const float* xsum, int M, float* out, int64_t ldo) {
+                   const float* x, const float* xsum_t, int64_t ldx, int M, float* out, int64_t ldo) {
 #if FORKLINE_X86
-  if (isa == Isa::avx2) {
-    q4_1_rows_f32_avx2(wq, wd, wm, blocks, n0, n1, x, xsum, M, out, ldo);
+  if (isa != Isa::scalar) {
+    rows_f32_tiled<true>(isa, wq, wd, wm, blocks, n0, n1, x, xsum_t, ldx, M, out, ldo);
     return;
   }
 #endif
-  q4_1_rows_f32_scalar(wq, wd, wm, blocks, n0, n1, x, xsum, M, out, ldo);
+  q4_1_rows_f32_scalar(wq, wd, wm, blocks, n0, n1, x, xsum_t, ldx, M, out, ldo);
 }
 
 }  // namespace forkline

@@ -15,21 +15,28 @@
 //   many rows, but costs ~1 logit of accuracy on SmolLM2 (its activations have outliers).
 // In both, the scalar and AVX2 versions follow the same order and end with the same fixed pairwise sum
 // of the eight lanes: they agree bit for bit, and every output depends only on its own row of x and of
-// W: the same for any batch size, thread count or tile.
+// W: the same for any batch size, thread count or tile. The float kernels run register tiles of up to
+// 6 rows of x x 4 rows of W (each widened weight block serves the tile's rows, each x block its weight
+// rows; 4 x 2 on AVX2's 16 registers, 4 x 4 with AVX-512VL's 32): one accumulator per output, so a
+// tile changes which loads are shared, never an output's operations.
 #pragma once
 
 #include <cstdint>
 
 namespace forkline {
 
-enum class Isa { scalar = 0, avx2 = 1 };
+// avx512: the AVX2 kernels, with the register-hungry float tiles compiled for AVX-512VL's 32 vector
+// registers (same operations, same bits; wider tiles). Ordered: a higher level needs the lower ones.
+enum class Isa { scalar = 0, avx2 = 1, avx512 = 2 };
 
 // The best ISA this CPU supports (runtime check), and the one kernels use (FORKLINE_KERNEL_ISA=scalar
-// or set_isa() forces the fallback; asking for avx2 on a CPU without it keeps scalar).
+// or avx2, or set_isa(), picks a lower one; asking for more than the CPU has gives best_isa()).
 Isa best_isa();
 Isa active_isa();
 void set_isa(Isa isa);
 const char* isa_name(Isa isa);
+// "scalar" / "avx2" / "avx512" -> isa; false for another name.
+bool parse_isa(const char* name, Isa& isa);
 
 // Quantized activations of `rows` rows of K floats (blocks = ceil(K/32); the tail is zero-padded).
 struct QuantizedRows {
@@ -48,12 +55,15 @@ void q8_0_rows(Isa isa, const int8_t* wq, const float* wd, int blocks, int n0, i
 void q4_1_rows(Isa isa, const uint8_t* wq, const float* wd, const float* wm, int blocks, int n0, int n1,
                const QuantizedRows& x, int M, float* out, int64_t ldo);
 
-// Float activations: x [M, blocks * 32] row-major (zero-padded); xsum [M, blocks] = block sums of x in
-// index order (block_sums), used by q4_1 only. out[m * ldo + n] for m in [0, M), n in [n0, n1).
-void block_sums(const float* x, int blocks, int r0, int r1, float* xsum);
+// Float activations: x [M, blocks * 32] row-major (zero-padded); xsum_t [blocks, ldx] (ldx >= M + 8)
+// = block sums of x in index order, transposed (xsum_t[b * ldx + m]; block_sums writes it, zeroing
+// the padding), used by q4_1 only. out[m * ldo + n] for m in [0, M), n in [n0, n1).
+void block_sums(const float* x, int blocks, int M, float* xsum_t, int64_t ldx);
 void q8_0_rows_f32(Isa isa, const int8_t* wq, const float* wd, int blocks, int n0, int n1, const float* x,
                    int M, float* out, int64_t ldo);
 void q4_1_rows_f32(Isa isa, const uint8_t* wq, const float* wd, const float* wm, int blocks, int n0, int n1,
-                   const float* x, const float* xsum, int M, float* out, int64_t ldo);
+                   const float* x, const float* xsum_t, int64_t ldx, int M, float* out, int64_t ldo);
+// The float kernels' tile (activation rows 1..6 x weight rows 1..4; 0: built-in). Speed only.
+void set_f32_tile(int rows, int cols, int chunk = 0);
 
 }  // namespace forkline

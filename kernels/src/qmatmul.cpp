@@ -159,7 +159,8 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector
         xrows = xf.data();
       }
       if (format == Format::q4_1) {
-        block_sums(xrows, blocks, 0, m, s.data());
+        s.resize(static_cast<size_t>(blocks) * (m + 8));
+        block_sums(xrows, blocks, m, s.data(), m + 8);
       }
     }
     // Output columns in runs of `cols` (tasks shared by the pool); the split never changes a value.
@@ -183,7 +184,7 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector
         if (quantize_x) {
           q4_1_rows(isa, wq, sc, mins, blocks, n0, n1, rows, m, y, n);
         } else {
-          q4_1_rows_f32(isa, wq, sc, mins, blocks, n0, n1, xrows, xsum, m, y, n);
+          q4_1_rows_f32(isa, wq, sc, mins, blocks, n0, n1, xrows, xsum, m + 8, m, y, n);
         }
       }
     };
