@@ -8,6 +8,7 @@ from typing import Any
 
 import grpc
 
+from engine_service.api.owners import DEFAULT_OWNER
 from engine_service.rpc.auth import ClientSecurity
 from engine_service.rpc.errors import from_rpc_error
 
@@ -27,7 +28,7 @@ class ChannelClient:
         self,
         target: str | grpc.Channel,
         *,
-        owner: str = "anonymous",
+        owner: str = DEFAULT_OWNER,
         timeout: float | None = 60.0,
         token: str | None = None,
         tls_ca: str | None = None,

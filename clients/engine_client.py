@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.channel_client import ChannelClient
 from engine_service.api.errors import InvalidArgument
+from engine_service.api.owners import DEFAULT_OWNER
 from engine_service.api.stream_events import Done, Event, Snapshot, Started, Tokens
 from engine_service.rpc.convert import event_from_proto
 from engine_service.rpc.errors import from_rpc_error
@@ -152,7 +153,7 @@ class EngineClient(ChannelClient):
         self,
         target: str | grpc.Channel,
         *,
-        owner: str = "anonymous",
+        owner: str = DEFAULT_OWNER,
         timeout: float | None = 60.0,
         token: str | None = None,
         tls_ca: str | None = None,

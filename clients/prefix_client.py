@@ -15,6 +15,7 @@ import grpc
 from clients.channel_client import ChannelClient
 from clients.engine_client import GenerationStream, generation_config, input_fields
 from clients.replicas import ROUTE_KEY_HEADER
+from engine_service.api.owners import DEFAULT_OWNER
 from protos import prefix_pb2 as pb
 from protos import prefix_pb2_grpc
 
@@ -85,7 +86,7 @@ class PrefixClient(ChannelClient):
         self,
         target: str | grpc.Channel,
         *,
-        owner: str = "anonymous",
+        owner: str = DEFAULT_OWNER,
         timeout: float | None = 60.0,
         token: str | None = None,
         tls_ca: str | None = None,

@@ -23,6 +23,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from engine_service.api.owners import PERSISTENT_OWNER
     from engine_service.executors.options import add_executor_options, add_model_options
     from engine_service.rpc.service_main import add_auth_arguments, add_serving_arguments
 
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="OWNER",
         help="an owner whose handles never expire and who has the persistent budget instead of the "
-        "client quota; repeatable (default: prefix-service)",
+        f"client quota; repeatable (default: {PERSISTENT_OWNER})",
     )
     p.add_argument(
         "--owner_max_sessions",
@@ -87,6 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def start_engine(args: argparse.Namespace):
     """Load the model, start the engine thread and the gRPC server: (EngineServer, bound port)."""
+    from engine_service.api.owners import PERSISTENT_OWNER
     from engine_service.handles import engine_quotas
     from engine_service.model.loader import load_model
     from engine_service.rpc.server import create_server
@@ -117,7 +119,7 @@ def start_engine(args: argparse.Namespace):
         max_decode_sequences=args.max_decode_sequences,
         prefill_chunk=args.prefill_chunk,
         idle_timeout_s=args.idle_session_timeout,
-        persistent_owners=tuple(args.persistent_owner or ("prefix-service",)),
+        persistent_owners=tuple(args.persistent_owner or (PERSISTENT_OWNER,)),
         prepared_inputs=args.prepared_inputs,
         quota=quota,
         persistent_quota=persistent_quota,

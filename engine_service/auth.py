@@ -31,12 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine_service.api.errors import InvalidArgument
+from engine_service.api.owners import MAX_OWNER_LENGTH
 
 log = logging.getLogger(__name__)
 
 MIN_TOKEN_LENGTH = 16
 MAX_TOKEN_LENGTH = 512
-MAX_OWNER_LENGTH = 128  # the same bound as engine_service.rpc.convert.MAX_OWNER_LENGTH
 
 
 @dataclass(frozen=True)

@@ -24,49 +24,19 @@ The registry is thread-safe and holds arbitrary values; it knows nothing about s
 
 from __future__ import annotations
 
-import re
-import secrets
 import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar, cast
 
-from engine_service.api.errors import InvalidArgument, NotFound, ResourceExhausted
+from engine_service.api.errors import InvalidArgument, NotFound, QuotaExceeded
+from engine_service.api.handle_names import handle_instance, is_instance_id, new_handle, new_instance_id
+from engine_service.api.owners import NO_QUOTA, OwnerQuota, OwnerUsage
 
 T = TypeVar("T")
 
-HANDLE_RANDOM_BITS = 128
-_INSTANCE_RE = re.compile(r"^[0-9a-f]{16}$")
-_HANDLE_RE = re.compile(r"^([0-9a-f]{16})\.([0-9a-f]{32})$")
 
-
-def new_instance_id() -> str:
-    """A fresh random engine instance id: 64 bits as 16 lowercase hex digits."""
-    return secrets.token_hex(8)
-
-
-def handle_instance(handle: str) -> str | None:
-    """The instance id a well-formed handle carries, or None for a malformed one."""
-    match = _HANDLE_RE.match(handle)
-    return match.group(1) if match else None
-
-
-@dataclass(frozen=True)
-class OwnerQuota:
-    """What one owner may hold at most: resident sessions and positions (0: unlimited)."""
-
-    max_sessions: int = 0
-    max_positions: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("max_sessions", "max_positions"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise InvalidArgument(f"{name} must be an int >= 0, got {value!r}")
-
-
-NO_QUOTA = OwnerQuota()
 DEFAULT_PERSISTENT_SHARE = 0.5
 
 
@@ -97,41 +67,6 @@ def engine_quotas(
         shared,
         max(max_session_tokens, int(persistent_owner_share * max_sessions * max_session_tokens + 1e-9)),
     )
-
-
-@dataclass(frozen=True)
-class OwnerUsage:
-    """What ``owner`` holds now (reservations included) and its quota."""
-
-    owner: str
-    persistent: bool
-    sessions: int
-    positions: int
-    quota: OwnerQuota
-
-
-class QuotaExceeded(ResourceExhausted):
-    """An owner's quota has no room for what a call needs; the message names the quota (the flag)."""
-
-    def __init__(self, owner: str, held: int, unit: str, name: str, limit: int, need: int = 1) -> None:
-        more = f" and needs {need} more" if unit == "positions" else ""
-        super().__init__(f"owner '{owner}' holds {held} {unit}{more}, {name}={limit}")
-        self.owner = owner
-        self.quota_name = name
-
-
-_QUOTA_RE = re.compile(
-    r"^owner '(.*)' holds \d+ (?:sessions|positions)(?: and needs \d+ more)?, "
-    r"(?:persistent_)?owner_max_(?:sessions|positions)=\d+$",
-    re.DOTALL,
-)
-
-
-def quota_owner(message: str) -> str | None:
-    """The owner a :class:`QuotaExceeded` message is about (e.g. as a RESOURCE_EXHAUSTED status's
-    details came over the wire), or None for any other message."""
-    match = _QUOTA_RE.match(message)
-    return match.group(1) if match else None
 
 
 @dataclass
@@ -173,7 +108,7 @@ class HandleRegistry(Generic[T]):
     persistent_quota: OwnerQuota = NO_QUOTA  # each persistent owner's
 
     def __post_init__(self) -> None:
-        if not _INSTANCE_RE.match(self.instance_id):
+        if not is_instance_id(self.instance_id):
             raise InvalidArgument(f"instance_id must be 16 lowercase hex digits, got {self.instance_id!r}")
         if not self.idle_timeout_s >= 0:
             raise InvalidArgument(f"idle_timeout_s must be >= 0, got {self.idle_timeout_s}")
@@ -193,7 +128,7 @@ class HandleRegistry(Generic[T]):
         counts against ``owner``'s quota now (QuotaExceeded when there is no room)."""
         if not owner:
             raise InvalidArgument("owner must be a non-empty string")
-        handle = f"{self.instance_id}.{secrets.token_hex(HANDLE_RANDOM_BITS // 8)}"
+        handle = new_handle(self.instance_id)
         with self._lock:
             self._check(owner, 1, positions)
             self._entries[handle] = _Entry(None, owner, self.clock(), positions=positions, pending=True)

@@ -63,6 +63,7 @@ def share(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from engine_service.api.owners import PERSISTENT_OWNER
     from engine_service.rpc.service_main import add_auth_arguments, add_serving_arguments, port_number
     from prefix_service.checkpoints import DEFAULT_CHECKPOINT_STRIDE, DEFAULT_MAX_CHECKPOINTS
     from prefix_service.retention import policy_names
@@ -165,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--owner",
         metavar="OWNER",
-        default="prefix-service",
+        default=PERSISTENT_OWNER,
         help="owner id of the snapshots in the engine (default: %(default)s)",
     )
     p.add_argument(

@@ -57,9 +57,9 @@ from engine_service.api.errors import (
     ForklineError,
     InvalidArgument,
     NotFound,
+    QuotaExceeded,
     ResourceExhausted,
 )
-from engine_service.handles import quota_owner
 from prefix_service.backends import (
     CaptureBackend,
     Handle,
@@ -481,11 +481,8 @@ class PrefixCache:
             taken = clone_with_refusal(self._backend, snapshot, upto)
         except NotFound:
             return _GONE
-        except ResourceExhausted as exc:
-            if quota_owner(str(exc)) is not None:  # the receiver's quota (the engine names it)
-                return _OverQuota(exc)
-            self._refusals[CLONE_ERROR] += 1
-            return _Refused(window=False)
+        except QuotaExceeded as exc:  # the receiver's quota
+            return _OverQuota(exc)
         except ForklineError:
             self._refusals[CLONE_ERROR] += 1
             return _Refused(window=False)

@@ -24,8 +24,7 @@ import logging
 import threading
 
 from engine_service.api.clones import TakenClone
-from engine_service.api.errors import ForklineError, ResourceExhausted
-from engine_service.handles import quota_owner
+from engine_service.api.errors import ForklineError, QuotaExceeded, ResourceExhausted
 from prefix_service.backends import EngineInfo, GatewayBackend
 from prefix_service.budget import check_share, engine_budget
 from prefix_service.prefix_cache import PrefixCache
@@ -79,7 +78,7 @@ class EnginePressure:
 
     def relieve(self, exc: ResourceExhausted | None = None) -> bool:
         """Pressure from a live request: evict one entry by the policy and say whether to retry."""
-        who = None if exc is None else quota_owner(str(exc))
+        who = exc.owner if isinstance(exc, QuotaExceeded) else None
         if not self.pressure_retry or (who is not None and who != self.backend.owner):
             return False
         evicted = self.cache.evict(1)
@@ -96,7 +95,7 @@ class EnginePressure:
             try:
                 return self.backend.take_clone(session, upto, owner, digest)
             except ResourceExhausted as exc:
-                if quota_owner(str(exc)) != self.backend.owner:
+                if not (isinstance(exc, QuotaExceeded) and exc.owner == self.backend.owner):
                     raise
             if attempt or not self.reclaim():
                 break

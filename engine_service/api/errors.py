@@ -1,36 +1,48 @@
-"""Every error forkline raises on purpose, in one place.
+"""Every error forkline raises on purpose, and the machine-readable reasons its refusals carry.
 
-Each class carries the gRPC-independent *category* the rpc layer maps to a status code
-(``rpc/errors.py`` is the only place that knows the codes):
+Each class is a category that ``serving/errors.py`` maps to one status code: InvalidArgument ->
+INVALID_ARGUMENT, NotFound -> NOT_FOUND, ResourceExhausted -> RESOURCE_EXHAUSTED, FailedPrecondition
+and CacheError -> FAILED_PRECONDITION, Unavailable -> UNAVAILABLE, Unauthenticated -> UNAUTHENTICATED,
+Cancelled -> CANCELLED, GenerationError -> ABORTED. A builtin exception (ValueError, KeyError, ...)
+is a broken internal contract: services log it and answer INTERNAL without its text. Messages name
+the offending field or file and are for people.
 
-=====================  =====================
-category               gRPC status
-=====================  =====================
-InvalidArgument        INVALID_ARGUMENT
-NotFound               NOT_FOUND
-ResourceExhausted      RESOURCE_EXHAUSTED
-FailedPrecondition     FAILED_PRECONDITION
-Unavailable            UNAVAILABLE
-Unauthenticated        UNAUTHENTICATED
-Cancelled              CANCELLED
-CacheError             FAILED_PRECONDITION
-GenerationError        ABORTED
-=====================  =====================
-
-Only these types are answers. Validation of anything a caller supplies (a request field, a config
-value, a model file) raises one of them -- ``InvalidArgument`` stays a ``ValueError`` and ``NotFound``
-a ``LookupError`` for code that catches the builtins. A builtin exception (``ValueError``,
-``KeyError``, ``IndexError``, ...) means a broken internal contract: a service logs it with its
-traceback and answers INTERNAL without its text.
-
-Messages name the offending field or file (``"max_new_tokens must be > 0, got -1"``).
+A refusal a program acts on is a subclass with a :class:`ErrorReason` and typed fields
+(:class:`QuotaExceeded`, :class:`EngineFull`, :class:`Stopping`). On the wire it travels as a
+``google.rpc.ErrorInfo`` (reason, domain :data:`ERROR_DOMAIN`, metadata = :meth:`ForklineError.details`)
+and :func:`from_details` rebuilds the same type, fields included, on the other side.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from enum import StrEnum
+
+ERROR_DOMAIN = "forkline.engine.v1"
+
+
+class ErrorReason(StrEnum):
+    """``ErrorInfo.reason`` of a refusal a program acts on."""
+
+    OWNER_SESSIONS_QUOTA = "OWNER_SESSIONS_QUOTA"  # the owner holds its quota's sessions
+    OWNER_POSITIONS_QUOTA = "OWNER_POSITIONS_QUOTA"  # ... or positions
+    ENGINE_FULL = "ENGINE_FULL"  # the engine has no free session slot (max_sessions)
+    STOPPING = "STOPPING"  # the engine or service is shutting down
+
 
 class ForklineError(Exception):
-    """Base of every deliberate forkline error."""
+    """Base of every deliberate forkline error. ``reason``: set by refusals a program acts on."""
+
+    reason: ErrorReason | None = None
+
+    def details(self) -> dict[str, str]:
+        """The typed fields as ``ErrorInfo`` metadata (strings)."""
+        return {}
+
+    @classmethod
+    def from_details(cls, message: str, details: Mapping[str, str]) -> ForklineError:
+        """The error as the other side of the wire raised it (``message`` kept as sent)."""
+        return cls(message)
 
 
 class InvalidArgument(ForklineError, ValueError):
@@ -48,12 +60,87 @@ class ResourceExhausted(ForklineError):
     """No room: session slots, token capacity, cache entries."""
 
 
+class QuotaExceeded(ResourceExhausted):
+    """``owner``'s quota has no room for what a call needs: it holds ``held`` ``unit`` ("sessions" or
+    "positions") and needs ``needed`` more; ``quota`` names the limit (the engine flag, e.g.
+    ``owner_max_sessions`` or ``persistent_owner_max_positions``), whose value is ``limit``."""
+
+    def __init__(
+        self,
+        owner: str,
+        held: int,
+        unit: str,
+        quota: str,
+        limit: int,
+        needed: int = 1,
+        *,
+        message: str | None = None,
+    ) -> None:
+        if unit not in ("sessions", "positions"):
+            raise ValueError(f"unit must be 'sessions' or 'positions', got {unit!r}")
+        more = f" and needs {needed} more" if unit == "positions" else ""
+        super().__init__(message or f"owner '{owner}' holds {held} {unit}{more}, {quota}={limit}")
+        self.owner, self.held, self.unit, self.quota = owner, held, unit, quota
+        self.limit, self.needed = limit, needed
+
+    @property
+    def reason(self) -> ErrorReason:
+        return (
+            ErrorReason.OWNER_SESSIONS_QUOTA if self.unit == "sessions" else ErrorReason.OWNER_POSITIONS_QUOTA
+        )
+
+    def details(self) -> dict[str, str]:
+        return {
+            "owner": self.owner,
+            "unit": self.unit,
+            "held": str(self.held),
+            "needed": str(self.needed),
+            "limit": str(self.limit),
+            "quota": self.quota,
+        }
+
+    @classmethod
+    def from_details(cls, message: str, details: Mapping[str, str]) -> QuotaExceeded:
+        return cls(
+            details["owner"],
+            int(details["held"]),
+            details["unit"],
+            details["quota"],
+            int(details["limit"]),
+            int(details["needed"]),
+            message=message,
+        )
+
+
+class EngineFull(ResourceExhausted):
+    """The engine holds ``max_sessions`` resident sessions: none is free for a new one."""
+
+    reason = ErrorReason.ENGINE_FULL
+
+    def __init__(self, max_sessions: int, *, message: str | None = None) -> None:
+        super().__init__(message or f"no free session slot (max_sessions={max_sessions})")
+        self.max_sessions = max_sessions
+
+    def details(self) -> dict[str, str]:
+        return {"limit": str(self.max_sessions)}
+
+    @classmethod
+    def from_details(cls, message: str, details: Mapping[str, str]) -> EngineFull:
+        return cls(int(details["limit"]), message=message)
+
+
 class FailedPrecondition(ForklineError):
     """The object is in the wrong state (poisoned session, session already generating, ...)."""
 
 
 class Unavailable(ForklineError):
     """The engine or service is stopping or unreachable."""
+
+
+class Stopping(Unavailable):
+    """The engine or service is shutting down: it takes no new work (try another, or later)."""
+
+    reason = ErrorReason.STOPPING
 
 
 class Unauthenticated(ForklineError):
@@ -82,3 +169,29 @@ class GenerationError(ForklineError):
 
 class Cancelled(ForklineError):
     """The operation was cancelled (by the caller or by shutdown)."""
+
+
+_BY_REASON: dict[ErrorReason, type[ForklineError]] = {
+    ErrorReason.OWNER_SESSIONS_QUOTA: QuotaExceeded,
+    ErrorReason.OWNER_POSITIONS_QUOTA: QuotaExceeded,
+    ErrorReason.ENGINE_FULL: EngineFull,
+    ErrorReason.STOPPING: Stopping,
+}
+
+
+def from_details(
+    category: type[ForklineError], message: str, reason: str, details: Mapping[str, str]
+) -> ForklineError:
+    """The error a status of ``category`` (its code's class) carrying ``reason`` and ``details`` stands
+    for: the typed refusal when the reason is known, belongs to that category and its fields parse,
+    else ``category(message)`` (a newer peer's reason, a malformed detail)."""
+    try:
+        kind = _BY_REASON.get(ErrorReason(reason))
+    except ValueError:
+        kind = None
+    if kind is None or not issubclass(kind, category):
+        return category(message)
+    try:
+        return kind.from_details(message, details)
+    except (KeyError, ValueError):
+        return category(message)

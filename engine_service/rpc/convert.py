@@ -15,11 +15,11 @@ import numpy as np
 from engine_service.api.clones import CloneRefusal
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import ForklineError, InvalidArgument
+from engine_service.api.owners import DEFAULT_OWNER, NO_QUOTA, OwnerQuota, OwnerUsage, check_owner
 from engine_service.api.stream_events import Done, Event, Snapshot, Started, Tokens
 from engine_service.auth import current_caller
 from engine_service.executors.base import ExecutorLimits, WindowGeometry, out_of_vocab
 from engine_service.executors.prepared_input import EmbeddingsInput, PreparedInput
-from engine_service.handles import NO_QUOTA, OwnerQuota, OwnerUsage
 from engine_service.runtime.generation import GenerationResult
 from protos import engine_pb2 as pb
 
@@ -28,8 +28,6 @@ if TYPE_CHECKING:  # only annotations: the prefix service imports this module wi
     from engine_service.model.tokenizer import Tokenizer
 
 OWNER_METADATA_KEY = "forkline-owner"
-DEFAULT_OWNER = "anonymous"
-MAX_OWNER_LENGTH = 128
 
 DEFAULTS = GenConfig()
 
@@ -45,13 +43,6 @@ def owner_of(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
         if key == OWNER_METADATA_KEY:
             return check_owner(value.decode() if isinstance(value, bytes) else str(value), OWNER_METADATA_KEY)
     return DEFAULT_OWNER
-
-
-def check_owner(owner: str, field: str) -> str:
-    """An owner id as the metadata can carry it (1..MAX_OWNER_LENGTH characters), else InvalidArgument."""
-    if not owner or len(owner) > MAX_OWNER_LENGTH:
-        raise InvalidArgument(f"{field} must be 1..{MAX_OWNER_LENGTH} characters, got {len(owner)}")
-    return owner
 
 
 def token_ids(ids: Sequence[int], vocab_size: int, field: str = "tokens") -> list[int]:

@@ -1,13 +1,12 @@
 """The one place that maps forkline errors to gRPC status codes, and back (for clients).
 
 Servicers wrap their bodies in :func:`status_on_error` and raise (never call ``context.abort``). Only
-forkline's own error types (:mod:`engine_service.api.errors`) are answers to the client: they abort the
-call with the mapped code and the error's message. Input problems are never INTERNAL, so validation
-raises those types (``InvalidArgument``, ``NotFound``, ...), never a builtin ``ValueError`` /
-``KeyError``. Anything else -- a builtin ``KeyError``, ``IndexError``, ``ValueError``, ... escaping a
-servicer -- is a bug: it is logged once with its traceback and the call ends INTERNAL with a generic
-message (the exception text can carry server internals and is not sent). A failed outgoing call (the
-prefix service calling the engine) keeps the engine's status code.
+forkline's own error types (:mod:`engine_service.api.errors`) are answers: the call ends with the
+mapped code and the error's message; an error with a ``reason`` also sends a ``google.rpc.Status``
+detail, an ``ErrorInfo`` (reason, domain ``forkline.engine.v1``, metadata = its typed fields), which
+:func:`from_rpc_error` turns back into the same type with its fields. Anything else escaping a
+servicer is a bug: logged with its traceback, answered INTERNAL with a generic message. A failed
+outgoing call (the prefix service calling the engine) is passed on with its code and detail.
 """
 
 from __future__ import annotations
@@ -17,6 +16,9 @@ import logging
 from collections.abc import Iterator
 
 import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
 from engine_service.api import errors as e
 
@@ -60,16 +62,51 @@ def code_for(exc: BaseException) -> grpc.StatusCode | None:
     return None
 
 
-def error_for(code: grpc.StatusCode, details: str) -> e.ForklineError:
-    """The forkline error a client raises for a failed call (unknown codes: ForklineError)."""
-    return _FROM_CODE.get(code, e.ForklineError)(details)
+def error_for(
+    code: grpc.StatusCode, message: str, info: error_details_pb2.ErrorInfo | None = None
+) -> e.ForklineError:
+    """The forkline error a client raises for a failed call (unknown codes: ForklineError); with an
+    ``ErrorInfo`` of forkline's domain, the typed refusal it names."""
+    category = _FROM_CODE.get(code, e.ForklineError)
+    if info is None or info.domain != e.ERROR_DOMAIN:
+        return category(message)
+    return e.from_details(category, message, info.reason, dict(info.metadata))
+
+
+def error_info(exc: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
+    """The ``ErrorInfo`` detail a failed call's status carries, or None."""
+    if not hasattr(exc, "trailing_metadata"):
+        return None
+    try:
+        status = rpc_status.from_call(exc)
+    except ValueError:  # a status detail that disagrees with the call's code or message
+        return None
+    for detail in status.details if status is not None else ():
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            return info
+    return None
 
 
 def from_rpc_error(exc: grpc.RpcError) -> e.ForklineError:
     """Convert a failed call (``grpc.RpcError`` that is also a ``grpc.Call``) to a forkline error."""
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = exc.details() if hasattr(exc, "details") else str(exc)
-    return error_for(code, details or code.name)
+    return error_for(code, details or code.name, error_info(exc))
+
+
+def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, error: e.ForklineError) -> None:
+    """End the call with ``code`` and ``error``'s message, and its ErrorInfo when it has a reason."""
+    message = str(error) or type(error).__name__
+    if error.reason is None:
+        context.abort(code, message)
+    detail = any_pb2.Any()
+    detail.Pack(
+        error_details_pb2.ErrorInfo(reason=error.reason, domain=e.ERROR_DOMAIN, metadata=error.details())
+    )
+    status = status_pb2.Status(code=code.value[0], message=message, details=[detail])
+    context.abort_with_status(rpc_status.to_status(status))
 
 
 @contextlib.contextmanager
@@ -79,10 +116,10 @@ def status_on_error(context: grpc.ServicerContext) -> Iterator[None]:
         yield
     except grpc.RpcError as exc:  # a call this servicer made to another service failed: pass it on
         mapped = from_rpc_error(exc)
-        context.abort(code_for(mapped) or grpc.StatusCode.UNKNOWN, str(mapped))
+        _abort(context, code_for(mapped) or grpc.StatusCode.UNKNOWN, mapped)
     except Exception as exc:
         code = code_for(exc)
-        if code is None:  # a bug: the traceback goes to the log, never to the client
+        if code is None or not isinstance(exc, e.ForklineError):  # a bug: the traceback goes to the log
             log.exception("internal error in an RPC handler (%s)", type(exc).__name__)
             context.abort(grpc.StatusCode.INTERNAL, INTERNAL_DETAILS)
-        context.abort(code, str(exc) or type(exc).__name__)
+        _abort(context, code, exc)

@@ -27,10 +27,11 @@ import grpc
 from engine_service.api.clones import CloneRefusal
 from engine_service.api.config import GenConfig
 from engine_service.api.content import check_digest
-from engine_service.api.errors import Cancelled, FailedPrecondition, InvalidArgument, Unavailable
+from engine_service.api.errors import Cancelled, FailedPrecondition, InvalidArgument, Stopping, Unavailable
+from engine_service.api.owners import NO_QUOTA, PERSISTENT_OWNER, OwnerQuota
 from engine_service.executors.base import ExecutorLimits
 from engine_service.executors.prepared_input import PreparedInput
-from engine_service.handles import NO_QUOTA, HandleRegistry, OwnerQuota
+from engine_service.handles import HandleRegistry
 from engine_service.rpc import convert, snapshot_calls
 from engine_service.rpc.errors import status_on_error
 from engine_service.rpc.generation_call import GenerationCall
@@ -86,7 +87,7 @@ class EngineDeps:
         max_decode_sequences: int = 8,
         prefill_chunk: int = 512,
         idle_timeout_s: float = 0.0,
-        persistent_owners: tuple[str, ...] = ("prefix-service",),
+        persistent_owners: tuple[str, ...] = (PERSISTENT_OWNER,),
         eos_token_ids: tuple[int, ...] | None = None,
         prepared_inputs: bool = False,
         quota: OwnerQuota = NO_QUOTA,
@@ -149,7 +150,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     def _serving(self) -> None:
         if self._draining.is_set():
-            raise Unavailable("the engine is shutting down")
+            raise Stopping("the engine is shutting down")
 
     # -- generation ----------------------------------------------------------------------------
     def Generate(
@@ -192,7 +193,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
                 raise
             if not d.registry.fill(handle, session):
                 session.close()
-                raise Unavailable("the engine is shutting down")
+                raise Stopping("the engine is shutting down")
             d.registry.pin(handle, owner)
         call: GenerationCall | None = None
         try:
@@ -282,7 +283,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             digest = expected if expected is not None else child.content_digest()
             if not registry.fill(handle, child):
                 child.close()
-                raise Unavailable("the engine is shutting down")
+                raise Stopping("the engine is shutting down")
             return pb.CloneResponse(session=handle, position=request.upto, content_digest=digest or b"")
 
     def Close(self, request: pb.CloseRequest, context: grpc.ServicerContext) -> pb.CloseResponse:

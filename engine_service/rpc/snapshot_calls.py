@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from engine_service.api.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
+from engine_service.api.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Stopping
 from engine_service.persistence.sessions import encode_session, load_session_bytes
 from protos import engine_pb2 as pb
 
@@ -81,7 +81,7 @@ def import_chunks(
     if not outcome.loaded:
         refusal = outcome.refusal.value if outcome.refusal else "unsupported"
         if refusal == "stopping":
-            raise Unavailable("the engine is shutting down")
+            raise Stopping("the engine is shutting down")
         return pb.ImportSessionResponse(refusal=refusal, detail=outcome.detail)
     session = outcome.session
     try:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine_service.api.clones import CloneRefusal
-from engine_service.api.errors import GenerationError, Unavailable
+from engine_service.api.errors import GenerationError, Stopping
 from engine_service.api.stream_events import FinishReason
 from engine_service.runtime.clone import CloneFuture
 
@@ -90,11 +90,11 @@ class OpenCommand(Command):
 
     def abandon(self, exc: BaseException, hooks: EngineHooks) -> None:
         if not self.future.done():
-            self.future.set_exception(Unavailable(_stopped(exc)))
+            self.future.set_exception(Stopping(_stopped(exc)))
 
     def settle_unrun(self, hooks: EngineHooks) -> None:
         if self.future.set_running_or_notify_cancel():
-            self.future.set_exception(Unavailable("runner is stopping"))
+            self.future.set_exception(Stopping("runner is stopping"))
 
 
 @dataclass(frozen=True)

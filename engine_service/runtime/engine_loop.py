@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 
 from engine_service.api.clones import CloneRefusal
-from engine_service.api.errors import FailedPrecondition, GenerationError, ResourceExhausted
+from engine_service.api.errors import EngineFull, FailedPrecondition, GenerationError
 from engine_service.api.stream_events import FinishReason
 from engine_service.executors.base import ExecOutput, Executor, ExecutorLimits, WindowGeometry
 from engine_service.executors.sampling import SamplingParams
@@ -324,9 +324,7 @@ class EngineLoop:
             return
         sid = self._executor.open_session()
         if sid is None:
-            cmd.future.set_exception(
-                ResourceExhausted(f"no free session slot (max_sessions={self.limits.max_sessions})")
-            )
+            cmd.future.set_exception(EngineFull(self.limits.max_sessions))
             return
         cmd.future.set_result(self._adopt(sid, ContentLog()))
 

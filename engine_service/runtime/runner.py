@@ -26,7 +26,7 @@ import mlx.core as mx
 
 from engine_service.api.clones import CloneRefusal
 from engine_service.api.config import GenConfig
-from engine_service.api.errors import FailedPrecondition, InvalidArgument, Unavailable
+from engine_service.api.errors import FailedPrecondition, InvalidArgument, Stopping
 from engine_service.api.snapshot_files import LoadRefusal, SaveRefusal
 from engine_service.executors.base import Executor, ExecutorLimits, WindowGeometry
 from engine_service.executors.prepared_input import PreparedInput
@@ -185,7 +185,7 @@ class Runner:
         """A future of a new empty session; fails ResourceExhausted (no slot) or Unavailable (stopping)."""
         future: Future[Session] = Future()
         if not self._engine.put(OpenCommand(future)):
-            future.set_exception(Unavailable("runner is stopping"))
+            future.set_exception(Stopping("runner is stopping"))
         return future
 
     def open_session(self, timeout: float | None = None) -> Session:
@@ -240,8 +240,8 @@ class Runner:
         """Queue ``command``; when stopping, fail ``future`` (or raise Unavailable without one)."""
         if not self._engine.put(command):
             if future is None:
-                raise Unavailable("runner is stopping")
-            future.set_exception(Unavailable("runner is stopping"))
+                raise Stopping("runner is stopping")
+            future.set_exception(Stopping("runner is stopping"))
 
     def _start(
         self,

@@ -9,7 +9,7 @@ gateway (``generation.py``); every error becomes OpenAI's error JSON in ``errors
 Auth: with a token table (anything with ``owner_for(token) -> owner | None``, e.g.
 ``engine_service.auth.TokenTable``), every route but ``/health`` needs ``Authorization: Bearer
 <token>`` and the request runs as the token's owner, as on gRPC; without one, as
-:data:`ANONYMOUS` (the gRPC default owner). A client that disconnects ends its generation.
+``api.owners.DEFAULT_OWNER`` (the gRPC default owner). A client that disconnects ends its generation.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engine_service.api.errors import InvalidArgument
+from engine_service.api.owners import DEFAULT_OWNER
 from engine_service.auth import Caller, check_token
 from prefix_service.fleet import Fleet
 from prefix_service.gateway import Prompt
@@ -39,7 +40,6 @@ from prefix_service.http.generation import Generation
 from prefix_service.http.protocol import ChatCompletionRequest, CompletionRequest, Model, ModelList
 from prefix_service.http.responses import DONE_EVENT, ChatShape, CompletionShape, Shape, event
 
-ANONYMOUS = "anonymous"  # the owner of requests without auth (the gRPC default owner too)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 Body = TypeVar("Body", bound=BaseModel)
@@ -167,7 +167,7 @@ class _Door:
     def _authenticate(self, request: Request) -> tuple[str, Caller | None]:
         """The caller's owner (and credential, forwarded to the engine); 401 without a valid token."""
         if self.auth is None:
-            return ANONYMOUS, None
+            return DEFAULT_OWNER, None
         value = request.headers.get("authorization", "")
         scheme, _, token = value.strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():

@@ -32,8 +32,9 @@ from google.protobuf.message import Message
 
 from engine_service.api.clones import TakenClone
 from engine_service.api.errors import NotFound
+from engine_service.api.handle_names import handle_instance
+from engine_service.api.owners import PERSISTENT_OWNER
 from engine_service.api.stream_events import Event
-from engine_service.handles import handle_instance
 from engine_service.rpc.auth import ClientSecurity, on_behalf_of
 from engine_service.rpc.convert import event_from_proto
 from engine_service.rpc.errors import from_rpc_error
@@ -43,7 +44,6 @@ from prefix_service.rpc.engine_watch import EngineWatch, call_timeout
 from protos import engine_pb2 as pb
 from protos import engine_pb2_grpc
 
-DEFAULT_OWNER = "prefix-service"
 SNAPSHOT_TIMEOUT_S = 120.0  # one snapshot file's export or import (off the request path)
 
 _clone_owner: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -80,7 +80,7 @@ class EngineBackend:
         self,
         channel: grpc.Channel,
         *,
-        owner: str = DEFAULT_OWNER,
+        owner: str = PERSISTENT_OWNER,
         timeout: float = 60.0,
         token: str | None = None,
     ) -> None:

@@ -24,6 +24,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2
 
 from engine_service.api.errors import FailedPrecondition, InvalidArgument, Unavailable
+from engine_service.api.owners import PERSISTENT_OWNER
 from engine_service.rpc.auth import ClientSecurity, ServerSecurity
 from engine_service.rpc.service_main import GrpcServer, build_grpc_server
 from prefix_service.budget import DEFAULT_ENGINE_SHARE
@@ -33,7 +34,7 @@ from prefix_service.gateway import Gateway
 from prefix_service.persistent_tier import PersistentTier
 from prefix_service.prefix_cache import PrefixCache
 from prefix_service.routing import RoutingPolicy
-from prefix_service.rpc.engine_backend import DEFAULT_OWNER, EngineBackend
+from prefix_service.rpc.engine_backend import EngineBackend
 from prefix_service.rpc.engine_pool import DEFAULT_RESOLVE_EVERY_S, EnginePool, RemoteMember
 from prefix_service.rpc.engine_watch import OUTAGE_WAIT_S, RECONNECT_OPTIONS, EngineWatch
 from prefix_service.rpc.servicer import PrefixServicer
@@ -54,7 +55,7 @@ def connect_engine(
     *,
     max_entries: int = 64,
     policy: str = "lru",
-    owner: str = DEFAULT_OWNER,
+    owner: str = PERSISTENT_OWNER,
     ready_timeout: float = 30.0,
     engine_security: ClientSecurity | None = None,
     outage_wait_s: float = OUTAGE_WAIT_S,

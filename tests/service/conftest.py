@@ -15,7 +15,7 @@ from tokenizers import Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 import engine_service  # noqa: F401  (OpenBLAS before mlx)
-from engine_service.handles import NO_QUOTA, OwnerQuota
+from engine_service.api.owners import NO_QUOTA, OwnerQuota
 from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
 from engine_service.model.tokenizer import Tokenizer

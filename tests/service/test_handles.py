@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engine_service.api.errors import InvalidArgument, NotFound
-from engine_service.handles import HandleRegistry, handle_instance, new_instance_id
+from engine_service.api.handle_names import handle_instance, new_instance_id
+from engine_service.handles import HandleRegistry
 
 
 class FakeClock:

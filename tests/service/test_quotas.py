@@ -14,15 +14,15 @@ import pytest
 
 from clients.engine_client import EngineClient, Started
 from clients.prefix_client import PrefixClient
-from engine_service.api.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
-from engine_service.handles import (
-    NO_QUOTA,
-    HandleRegistry,
-    OwnerQuota,
+from engine_service.api.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
     QuotaExceeded,
-    engine_quotas,
-    quota_owner,
+    ResourceExhausted,
 )
+from engine_service.api.owners import NO_QUOTA, OwnerQuota
+from engine_service.handles import HandleRegistry, engine_quotas
 from engine_service.rpc.convert import OWNER_METADATA_KEY
 from protos import engine_pb2 as pb
 from tests.service.helpers import PROMPT, wait_for
@@ -34,9 +34,9 @@ QUOTA, PERSISTENT = engine_quotas(
 )  # the CLI's defaults: 2 sessions, 256 positions
 
 
-def hog(engine, owner: str = "mallory", rounds: int = 12) -> tuple[list[str], list[str]]:
+def hog(engine, owner: str = "mallory", rounds: int = 12) -> tuple[list[str], list[ResourceExhausted]]:
     """Open sessions in a loop as ``owner``: a kept generation, then a clone of it, ``rounds`` times
-    (bounded). Returns (handles held, refusal messages)."""
+    (bounded). Returns (handles held, refusals)."""
     client = EngineClient(engine.address, owner=owner)
     held, refusals = [], []
     for _ in range(rounds):
@@ -47,7 +47,7 @@ def hog(engine, owner: str = "mallory", rounds: int = 12) -> tuple[list[str], li
             if clone is not None:
                 held.append(clone)
         except ResourceExhausted as exc:
-            refusals.append(str(exc))
+            refusals.append(exc)
     return held, refusals
 
 
@@ -67,8 +67,13 @@ def test_one_owner_opening_sessions_in_a_loop_cannot_make_another_fail(engine_fa
     engine = engine_factory(max_sessions=MAX_SESSIONS, quota=QUOTA, persistent_quota=PERSISTENT)
     held, refusals = hog(engine)
     assert len(held) == 2 and len(refusals) >= 10
-    assert all(r == "owner 'mallory' holds 2 sessions, owner_max_sessions=2" for r in refusals), refusals
-    assert all(quota_owner(r) == "mallory" for r in refusals)
+    assert all(str(r) == "owner 'mallory' holds 2 sessions, owner_max_sessions=2" for r in refusals), refusals
+    # typed over the wire (an ErrorInfo detail), not parsed from the message
+    assert all(
+        isinstance(r, QuotaExceeded)
+        and (r.owner, r.unit, r.held, r.limit, r.quota) == ("mallory", "sessions", 2, 2, "owner_max_sessions")
+        for r in refusals
+    )
     assert engine.deps.registry.count("mallory") == 2 and engine.runner.resident_sessions == 2
     bob = EngineClient(engine.address, owner="bob")
     assert bob.generate(PROMPT, max_new_tokens=2).collect().done.finish_reason == "length"

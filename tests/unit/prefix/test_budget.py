@@ -8,9 +8,8 @@ import pytest
 
 from engine_service.api.clones import CloneRefusal
 from engine_service.api.config import GenConfig
-from engine_service.api.errors import InvalidArgument, ResourceExhausted
+from engine_service.api.errors import InvalidArgument, QuotaExceeded, ResourceExhausted
 from engine_service.api.stream_events import Snapshot, SnapshotKind, Started, Tokens
-from engine_service.handles import QuotaExceeded
 from prefix_service.budget import Reservation, engine_budget
 from prefix_service.gateway import Gateway, GatewayRequest
 from prefix_service.outcomes import InsertRefusal, MissReason

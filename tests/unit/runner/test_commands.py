@@ -70,8 +70,12 @@ def settle(command, how: str, engine: Engine) -> None:
     ("make", "how", "expected"),
     [
         (lambda f: OpenCommand(f), "fail", "ValueError: boom"),
-        (lambda f: OpenCommand(f), "abandon", "Unavailable: engine thread stopped: SystemExit"),
-        (lambda f: OpenCommand(f), "unrun", "Unavailable: runner is stopping"),
+        (
+            lambda f: OpenCommand(f),
+            "abandon",
+            "Stopping: engine thread stopped: SystemExit",
+        ),  # an Unavailable
+        (lambda f: OpenCommand(f), "unrun", "Stopping: runner is stopping"),
         (lambda f: BarrierCommand(f), "fail", "ValueError: boom"),
         (lambda f: BarrierCommand(f), "abandon", None),
         (lambda f: BarrierCommand(f), "unrun", None),
