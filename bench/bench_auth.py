@@ -28,10 +28,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import engine_service  # noqa: E402,F401  (loads OpenBLAS before mlx)
 from clients.engine_client import Tokens  # noqa: E402
 from clients.prefix_client import PrefixClient  # noqa: E402
-from engine_service.auth import TokenTable  # noqa: E402
-from engine_service.rpc.auth import ClientSecurity, ServerSecurity, authenticate, server_credentials  # noqa: E402
 from engine_service.rpc.server import create_server  # noqa: E402
 from engine_service.rpc.servicer import EngineDeps  # noqa: E402
+from engine_service.serving.auth import ClientSecurity, ServerSecurity, authenticate, server_credentials  # noqa: E402
+from engine_service.serving.tokens import TokenTable  # noqa: E402
 from prefix_service.rpc.server import connect_engine  # noqa: E402
 from prefix_service.rpc.server import create_server as create_prefix_server  # noqa: E402
 from tests.service.pki import write_test_pki  # noqa: E402

@@ -43,10 +43,10 @@ from clients.prefix_client import PrefixClient
 from engine_service.api.errors import ForklineError
 from engine_service.model.loader import load_model
 from engine_service.rpc.metrics import EngineMetrics
-from engine_service.rpc.rpc_metrics import MetricsInterceptor
 from engine_service.rpc.server import SERVICE_NAME as ENGINE
 from engine_service.rpc.server import create_server
 from engine_service.rpc.servicer import EngineDeps
+from engine_service.serving.rpc_metrics import MetricsInterceptor
 from prefix_service.rpc.server import SERVICE_NAME as PREFIX
 from prefix_service.rpc.server import connect_engine
 from prefix_service.rpc.server import create_server as create_prefix_server

@@ -9,8 +9,8 @@ from typing import Any
 import grpc
 
 from engine_service.api.owners import DEFAULT_OWNER
-from engine_service.rpc.auth import ClientSecurity
-from engine_service.rpc.errors import from_rpc_error
+from engine_service.serving.auth import ClientSecurity
+from engine_service.serving.errors import from_rpc_error
 
 
 class ChannelClient:

@@ -21,8 +21,8 @@ from clients.channel_client import ChannelClient
 from engine_service.api.errors import InvalidArgument
 from engine_service.api.owners import DEFAULT_OWNER
 from engine_service.api.stream_events import Done, Event, Snapshot, Started, Tokens
-from engine_service.rpc.convert import event_from_proto
-from engine_service.rpc.errors import from_rpc_error
+from engine_service.serving.engine_wire import event_from_proto
+from engine_service.serving.errors import from_rpc_error
 from protos import engine_pb2 as pb
 from protos import engine_pb2_grpc
 

@@ -21,7 +21,7 @@ from clients.engine_client import EngineClient, GenerationOutcome
 from clients.prefix_client import PrefixClient
 from engine_service.api.errors import ForklineError
 from engine_service.api.stream_events import FinishReason
-from engine_service.auth import read_token_file
+from engine_service.serving.tokens import read_token_file
 
 NAMESPACE = "mlx_run_llm_batched"
 COMPLETED = (FinishReason.STOP, FinishReason.LENGTH)

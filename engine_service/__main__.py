@@ -25,7 +25,7 @@ import sys
 def build_parser() -> argparse.ArgumentParser:
     from engine_service.api.owners import PERSISTENT_OWNER
     from engine_service.executors.options import add_executor_options, add_model_options
-    from engine_service.rpc.service_main import add_auth_arguments, add_serving_arguments
+    from engine_service.serving.service_main import add_auth_arguments, add_serving_arguments
 
     p = argparse.ArgumentParser(
         prog="forkline-engine", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -92,8 +92,8 @@ def start_engine(args: argparse.Namespace):
     from engine_service.handles import engine_quotas
     from engine_service.model.loader import load_model
     from engine_service.rpc.server import create_server
-    from engine_service.rpc.service_main import server_security
     from engine_service.rpc.servicer import EngineDeps
+    from engine_service.serving.service_main import server_security
 
     security = server_security(args)  # a bad token file or TLS flag fails before the model loads
     quota, persistent_quota = engine_quotas(  # bad quota flags fail before the model loads too
@@ -130,7 +130,7 @@ def start_engine(args: argparse.Namespace):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engine_service.rpc.service_main import run_service
+    from engine_service.serving.service_main import run_service
 
     # the engine thread stops with the server: the process is going away
     return run_service(

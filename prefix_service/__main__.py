@@ -64,7 +64,7 @@ def share(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     from engine_service.api.owners import PERSISTENT_OWNER
-    from engine_service.rpc.service_main import add_auth_arguments, add_serving_arguments, port_number
+    from engine_service.serving.service_main import add_auth_arguments, add_serving_arguments, port_number
     from prefix_service.checkpoints import DEFAULT_CHECKPOINT_STRIDE, DEFAULT_MAX_CHECKPOINTS
     from prefix_service.retention import policy_names
     from prefix_service.routing import DEFAULT_IMBALANCE_ABS, DEFAULT_IMBALANCE_REL, routing_names
@@ -284,9 +284,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def connect_and_serve(args: argparse.Namespace):
     """Connect to the engine (releasing what an earlier instance left there) and start the gRPC server:
     (PrefixServer, bound port)."""
-    from engine_service.auth import read_token_file
-    from engine_service.rpc.auth import ClientSecurity
-    from engine_service.rpc.service_main import server_security
+    from engine_service.serving.auth import ClientSecurity
+    from engine_service.serving.service_main import server_security
+    from engine_service.serving.tokens import read_token_file
     from prefix_service.checkpoints import CheckpointPlan
     from prefix_service.routing import routing_policy
     from prefix_service.rpc.engine_pool import engine_targets
@@ -364,7 +364,7 @@ def start_http(server, args: argparse.Namespace, tokens) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engine_service.rpc.service_main import run_service
+    from engine_service.serving.service_main import run_service
 
     # a clean shutdown releases every stored snapshot in the engine (a killed one: its next start)
     return run_service(

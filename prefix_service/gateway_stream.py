@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from engine_service.api.stream_events import Event, Snapshot, Started
-from engine_service.auth import Caller, calling_as, current_caller
+from engine_service.serving.tokens import Caller, calling_as, current_caller
 from prefix_service.backends import EngineStream
 from prefix_service.checkpoints import SnapshotRoom
 from prefix_service.outcomes import Match

@@ -30,3 +30,21 @@ class TakenClone:
 
     handle: Any | None
     refusal: CloneRefusal | None = None
+
+
+_REFUSAL_TEXT = {
+    CloneRefusal.POSITION: "upto={upto} is past the session's committed position",
+    CloneRefusal.BOUNDARY: "the engine refused to clone at position {upto} (boundary unavailable or no room)",
+    CloneRefusal.CONTENT_MISMATCH: "[0, {upto}) does not hold the content expected_content_digest names",
+    CloneRefusal.PREPARED_INPUT: "[0, {upto}) holds a prepared input, which has no token content digest",
+    CloneRefusal.SOURCE_UNUSABLE: "the session is closed or failed",
+    CloneRefusal.STOPPING: "the engine is stopping",
+    CloneRefusal.QUOTA: "the snapshot's owner has no room left in its quota",
+    CloneRefusal.WINDOW: "position {upto} is below the session's sliding-window floor (the ring no longer holds "
+    "the rows)",
+}
+
+
+def refusal_text(reason: CloneRefusal, upto: int) -> str:
+    """``reason`` in words, for a clone at ``upto``."""
+    return _REFUSAL_TEXT[reason].format(upto=upto)

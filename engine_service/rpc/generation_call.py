@@ -25,18 +25,25 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine_service.api.clones import CloneRefusal
+from engine_service.api.clones import CloneRefusal, refusal_text
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import GenerationError, ResourceExhausted
-from engine_service.api.stream_events import FinishReason, SnapshotKind
+from engine_service.api.stream_events import (
+    Done,
+    Event,
+    FinishReason,
+    Snapshot,
+    SnapshotKind,
+    Started,
+    Tokens,
+)
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.handles import HandleRegistry
 from engine_service.model.detokenizer import StreamDecoder
 from engine_service.rpc import convert
 from engine_service.runtime.clone import CloneFuture
-from engine_service.runtime.generation import GenerationHandle, GenerationUpdate
+from engine_service.runtime.generation import GenerationHandle, GenerationResult, GenerationUpdate
 from engine_service.runtime.session import close_child_when_done
-from protos import engine_pb2 as pb
 
 if TYPE_CHECKING:
     from engine_service.model.tokenizer import Tokenizer
@@ -147,15 +154,15 @@ class GenerationCall:
     # -- gRPC thread ---------------------------------------------------------------------------
     def events(
         self, input: list[int] | PreparedInput, config: GenConfig, is_active: Callable[[], bool]
-    ) -> Iterator[pb.GenerateEvent]:
-        """Start the generation and yield engine_pb2 events until done. ``is_active()`` is False once
+    ) -> Iterator[Event]:
+        """Start the generation and yield its stream events until done. ``is_active()`` is False once
         the client has gone; the generation is then cancelled and the loop ends without done."""
         start = self._session.position
         # a pending prediction from the session's last generation is fed first, before the input
         size = convert.input_size(input) + (1 if self._session.has_pending else 0)
         self._prompt_end = start + size
         generation = self._generation = self._session.generate_async(input, config, self._on_update)
-        yield convert.started_event(self._handle, start, size)
+        yield Started(self._handle, start, size)
         text = StreamDecoder(self._tokenizer, skip_special_tokens=True)
         held: _Snapshot | None = None  # a snapshot taken while coalescing, handled next
         item: _Snapshot | _Update
@@ -171,9 +178,7 @@ class GenerationCall:
                     continue
             if isinstance(item, _Snapshot):
                 handle, digest = self._register(item)
-                yield convert.snapshot_event(
-                    handle, item.position, item.kind, digest, item.future.refusal, item.refusal_text
-                )
+                yield _snapshot_event(item, handle, digest)
                 self._unstreamed = None  # resumed: gRPC sent the event, the handle is the caller's
                 continue
             # Coalesce the updates already queued (a slow client gets fewer, larger messages); stop at
@@ -190,7 +195,7 @@ class GenerationCall:
                 tokens += nxt.update.tokens
                 finished = nxt.update.finished
             if tokens:
-                yield convert.tokens_event(tokens, text.push_many(tokens))
+                yield Tokens(tuple(tokens), text.push_many(tokens))
             if finished:
                 break
         result = generation.wait()
@@ -203,10 +208,10 @@ class GenerationCall:
             )
         tail = text.flush()
         if tail:
-            yield convert.tokens_event((), tail)
+            yield Tokens((), tail)
         if result.finish_reason != FinishReason.CANCELLED:
             self._finished_cleanly = True
-        yield convert.done_event(result, start, self._session.position)
+        yield _done_event(result, start, self._session.position)
 
     def _register(self, item: _Snapshot) -> tuple[str | None, bytes | None]:
         """Register a snapshot for its owner in its reservation, unless the call already ended (then
@@ -267,3 +272,26 @@ class GenerationCall:
             self._session.close()
         elif not release:
             self._registry.weigh(self._handle, self._session.position)  # held: it weighs what it holds
+
+
+def _snapshot_event(item: _Snapshot, handle: str | None, digest: bytes | None) -> Snapshot:
+    """The event of a snapshot: its handle holding ``[0, position)`` with ``digest``, or why not."""
+    if handle:
+        return Snapshot(handle, item.position, item.kind, content_digest=digest)
+    reason = item.future.refusal or CloneRefusal.BOUNDARY
+    text = item.refusal_text or refusal_text(reason, item.position)
+    return Snapshot(None, item.position, item.kind, text, reason=reason)
+
+
+def _done_event(result: GenerationResult, reused: int, position: int) -> Done:
+    m = result.metrics
+    return Done(
+        result.finish_reason,
+        m.prompt_positions,
+        reused,
+        m.generated_tokens,
+        position,
+        m.time_to_first_token_s or 0.0,
+        m.decode_tokens_per_s,
+        m.total_s,
+    )

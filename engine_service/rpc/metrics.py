@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from prometheus_client import Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
-from engine_service.rpc.rpc_metrics import ServiceMetrics
 from engine_service.rpc.servicer import EngineDeps
+from engine_service.serving.rpc_metrics import ServiceMetrics
 from protos import engine_pb2
 
 GENERATE_METHOD = f"/{engine_pb2.DESCRIPTOR.services_by_name['Engine'].full_name}/Generate"

@@ -16,10 +16,10 @@ import threading
 import grpc
 from grpc_health.v1 import health
 
-from engine_service.rpc.auth import ServerSecurity
 from engine_service.rpc.metrics import EngineMetrics
-from engine_service.rpc.service_main import GrpcServer, build_grpc_server
 from engine_service.rpc.servicer import EngineDeps, EngineServicer
+from engine_service.serving.auth import ServerSecurity
+from engine_service.serving.service_main import GrpcServer, build_grpc_server
 from protos import engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def create_server(
     metrics: bool = False,
 ) -> tuple[EngineServer, int]:
     """Build, bind and start the engine server; returns it and the bound port. ``security``: TLS and/or
-    bearer tokens (``engine_service/rpc/auth.py``; None: plaintext, self-declared owners). ``metrics``:
+    bearer tokens (``engine_service/serving/auth.py``; None: plaintext, self-declared owners). ``metrics``:
     collect Prometheus metrics (``server.metrics``; served by ``server.start_metrics``)."""
     servicer = EngineServicer(deps)
     engine_metrics = EngineMetrics(deps) if metrics else None

@@ -28,14 +28,16 @@ from engine_service.api.clones import CloneRefusal
 from engine_service.api.config import GenConfig
 from engine_service.api.content import check_digest
 from engine_service.api.errors import Cancelled, FailedPrecondition, InvalidArgument, Stopping, Unavailable
-from engine_service.api.owners import NO_QUOTA, PERSISTENT_OWNER, OwnerQuota
+from engine_service.api.owners import NO_QUOTA, PERSISTENT_OWNER, OwnerQuota, check_owner
 from engine_service.executors.base import ExecutorLimits
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.handles import HandleRegistry
 from engine_service.rpc import convert, snapshot_calls
-from engine_service.rpc.errors import status_on_error
 from engine_service.rpc.generation_call import GenerationCall
 from engine_service.runtime.session import close_child_when_done
+from engine_service.serving import engine_wire
+from engine_service.serving.auth import owner_of
+from engine_service.serving.errors import status_on_error
 from protos import engine_pb2 as pb
 from protos import engine_pb2_grpc
 
@@ -159,14 +161,15 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         with status_on_error(context):
             self._serving()
             d = self.deps
-            owner = convert.owner_of(context.invocation_metadata())
+            owner = owner_of(context.invocation_metadata())
             value = convert.generate_input(request, d.tokenizer, d.chat, d.limits.vocab_size, d.hidden_size)
             breakpoints = tuple(request.capture.breakpoints)
-            config = convert.gen_config(request.config, d.eos_token_ids, breakpoints)
+            config = engine_wire.gen_config(request.config, d.eos_token_ids, breakpoints)
             call = self._open_call(request, owner, value, config)
             context.add_callback(call.finish)
             try:
-                yield from call.events(value, config, context.is_active)
+                for event in call.events(value, config, context.is_active):
+                    yield engine_wire.event_message(event)
             finally:
                 call.finish()
 
@@ -235,7 +238,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         service a clone to its caller); any other hand-over is INVALID_ARGUMENT."""
         if not requested or requested == owner:
             return owner
-        receiver = convert.check_owner(requested, field_name)
+        receiver = check_owner(requested, field_name)
         persistent = self.deps.registry.persistent_owners
         if owner not in persistent and receiver not in persistent:
             names = ", ".join(sorted(persistent)) or "none configured"
@@ -249,7 +252,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     def Clone(self, request: pb.CloneRequest, context: grpc.ServicerContext) -> pb.CloneResponse:
         with status_on_error(context):
             self._serving()
-            owner = convert.owner_of(context.invocation_metadata())
+            owner = owner_of(context.invocation_metadata())
             new_owner = self._receiver(owner, request.new_owner, "new_owner")
             if request.upto < 0:
                 raise InvalidArgument(f"upto must be >= 0, got {request.upto}")
@@ -288,7 +291,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     def Close(self, request: pb.CloseRequest, context: grpc.ServicerContext) -> pb.CloseResponse:
         with status_on_error(context):
-            owner = convert.owner_of(context.invocation_metadata())
+            owner = owner_of(context.invocation_metadata())
             self.deps.registry.remove(request.session, owner).close()
             return pb.CloseResponse()
 
@@ -296,7 +299,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         self, request: pb.ReleaseOwnerRequest, context: grpc.ServicerContext
     ) -> pb.ReleaseOwnerResponse:
         with status_on_error(context):
-            owner = convert.owner_of(context.invocation_metadata())
+            owner = owner_of(context.invocation_metadata())
             released = self.deps.registry.release_owner(owner, keep=request.keep)
             for r in released:
                 r.value.close()
@@ -307,7 +310,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     ) -> Iterator[pb.SnapshotChunk]:
         with status_on_error(context):
             self._serving()
-            owner = convert.owner_of(context.invocation_metadata())
+            owner = owner_of(context.invocation_metadata())
             yield from snapshot_calls.export_chunks(self.deps, request.session, owner, request.extra)
 
     def ImportSession(
@@ -315,12 +318,12 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     ) -> pb.ImportSessionResponse:
         with status_on_error(context):
             self._serving()
-            owner = convert.owner_of(context.invocation_metadata())
+            owner = owner_of(context.invocation_metadata())
             return snapshot_calls.import_chunks(self.deps, request_iterator, owner)
 
     def Describe(self, request: pb.DescribeRequest, context: grpc.ServicerContext) -> pb.DescribeResponse:
         with status_on_error(context):
-            owner = convert.owner_of(context.invocation_metadata())
+            owner = owner_of(context.invocation_metadata())
             session = self.deps.registry.resolve(request.session, owner)
             generating = session.generating
             digest = None if generating else session.content_digest()  # changing while it generates
@@ -332,7 +335,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoResponse:
         with status_on_error(context):
             d = self.deps
-            owner = convert.owner_of(context.invocation_metadata())
+            owner = owner_of(context.invocation_metadata())
             load = d.runner.metrics()
             return pb.InfoResponse(
                 model=d.model_name,

@@ -7,7 +7,7 @@ parse (``protocol.py``), check and convert (``convert.py``), and run the generat
 gateway (``generation.py``); every error becomes OpenAI's error JSON in ``errors.py``.
 
 Auth: with a token table (anything with ``owner_for(token) -> owner | None``, e.g.
-``engine_service.auth.TokenTable``), every route but ``/health`` needs ``Authorization: Bearer
+``engine_service.serving.tokens.TokenTable``), every route but ``/health`` needs ``Authorization: Bearer
 <token>`` and the request runs as the token's owner, as on gRPC; without one, as
 ``api.owners.DEFAULT_OWNER`` (the gRPC default owner). A client that disconnects ends its generation.
 """
@@ -31,7 +31,7 @@ from starlette.routing import Route
 
 from engine_service.api.errors import InvalidArgument
 from engine_service.api.owners import DEFAULT_OWNER
-from engine_service.auth import Caller, check_token
+from engine_service.serving.tokens import Caller, check_token
 from prefix_service.fleet import Fleet
 from prefix_service.gateway import Prompt
 from prefix_service.http import convert

@@ -7,7 +7,7 @@ blocking iterator, so both run on a thread of their own; each event is handed to
 a stop string that matched, a server that is shutting down -- ends the engine generation at once
 (``GatewayStream.stop()``) and makes the worker close the gateway stream, whose cleanup drains the
 engine stream (storing the prompt snapshot) and closes the matched clone: no engine session outlives
-the request. The worker runs as the authenticated caller (``engine_service.auth.calling_as``), so the
+the request. The worker runs as the authenticated caller (``engine_service.serving.tokens.calling_as``), so the
 gateway forwards the caller's credential to the engine like the gRPC door does.
 """
 
@@ -19,7 +19,7 @@ import logging
 import threading
 from typing import Any
 
-from engine_service.auth import Caller, calling_as
+from engine_service.serving.tokens import Caller, calling_as
 from prefix_service.fleet import Fleet, RoutedStream
 from prefix_service.gateway import GatewayEvent, GatewayRequest
 

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from engine_service.api.errors import Unavailable
 from engine_service.api.stream_events import Done, Started, Tokens
-from engine_service.auth import Caller
+from engine_service.serving.tokens import Caller
 from prefix_service.fleet import Fleet
 from prefix_service.gateway import GatewayRequest
 from prefix_service.http.bridge import GenerationBridge

@@ -13,8 +13,7 @@ from dataclasses import asdict
 from engine_service.api.clones import CloneRefusal, TakenClone
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument
-from engine_service.api.stream_events import Started, Tokens
-from engine_service.rpc.convert import CLONE_REFUSALS, gen_config, started_event, tokens_event
+from engine_service.serving.engine_wire import CLONE_REFUSALS, event_message, gen_config
 from prefix_service.backends import EngineGenerate, EngineInfo, TextPrompt
 from prefix_service.fleet_stats import EngineStatus, FleetStats
 from prefix_service.gateway import GatewayEvent, GatewayRequest, Prompt, PromptLookup
@@ -126,26 +125,7 @@ def engine_stats(engine: EngineStatus) -> pb.EngineStats:
 
 def client_event(event: GatewayEvent) -> epb.GenerateEvent:
     """A gateway event as the engine event its client reads."""
-    if isinstance(event, Started):
-        return started_event(event.session, event.position, event.input_positions)
-    if isinstance(event, Tokens):
-        return tokens_event(event.ids, event.text)
-    timings = epb.Timings(
-        time_to_first_token_s=event.time_to_first_token_s,
-        decode_tokens_per_s=event.decode_tokens_per_s,
-        total_s=event.total_s,
-    )
-    return epb.GenerateEvent(
-        done=epb.DoneEvent(
-            finish_reason=event.finish_reason,
-            prompt_positions=event.prompt_positions,
-            reused_positions=event.reused_positions,
-            generated_tokens=event.generated_tokens,
-            position=event.position,
-            timings=timings,
-            engine=event.engine,
-        )
-    )
+    return event_message(event)
 
 
 # -- engine side ------------------------------------------------------------------------------

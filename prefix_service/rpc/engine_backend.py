@@ -35,9 +35,9 @@ from engine_service.api.errors import NotFound
 from engine_service.api.handle_names import handle_instance
 from engine_service.api.owners import PERSISTENT_OWNER
 from engine_service.api.stream_events import Event
-from engine_service.rpc.auth import ClientSecurity, on_behalf_of
-from engine_service.rpc.convert import event_from_proto
-from engine_service.rpc.errors import from_rpc_error
+from engine_service.serving.auth import ClientSecurity, on_behalf_of
+from engine_service.serving.engine_wire import event_from_proto
+from engine_service.serving.errors import from_rpc_error
 from prefix_service.backends import Described, EngineGenerate, EngineInfo, ImportedSnapshot, TextPrompt
 from prefix_service.rpc import convert
 from prefix_service.rpc.engine_watch import EngineWatch, call_timeout

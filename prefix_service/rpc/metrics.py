@@ -1,6 +1,6 @@
 """The prefix service's Prometheus metrics, all defined here.
 
-- RPCs and gateway generation streams (``engine_service.rpc.rpc_metrics.RpcMetrics``, label
+- RPCs and gateway generation streams (``engine_service.serving.rpc_metrics.RpcMetrics``, label
   ``service="forkline.prefix.v1.PrefixCache"``): requests by method and code, their duration, TTFT,
   inter-token and end-to-end latency, prompt / reused / generated tokens of gateway ``Generate`` calls.
 - The cache, read from ``Gateway.stats()`` at scrape time (:class:`GatewayCollector`; every path
@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
-from engine_service.rpc.rpc_metrics import ServiceMetrics
+from engine_service.serving.rpc_metrics import ServiceMetrics
 from prefix_service.fleet import Fleet
 from prefix_service.fleet_stats import FleetStats
 from prefix_service.snapshot_store import StoreStats

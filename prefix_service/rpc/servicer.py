@@ -4,7 +4,7 @@ Thin: each RPC reads the caller's owner id from the metadata, converts the reque
 (``prefix_service/rpc/convert.py``), delegates to the fleet (``prefix_service/fleet.py``: routing to an
 engine) and its gateways (``prefix_service/gateway.py``, where every flow decision lives:
 engine-restart handling, lookup, insert, the gateway Generate with its stop and drain) and converts the answer back. Errors map to status codes in
-``engine_service/rpc/errors.py``. Engine calls made for an RPC carry its deadline (``caller_deadline``).
+``engine_service/serving/errors.py``. Engine calls made for an RPC carry its deadline (``caller_deadline``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import grpc
 
-from engine_service.rpc.convert import owner_of
-from engine_service.rpc.errors import status_on_error
+from engine_service.serving.auth import owner_of
+from engine_service.serving.errors import status_on_error
 from prefix_service.fleet import Fleet
 from prefix_service.rpc import convert
 from prefix_service.rpc.engine_watch import caller_deadline

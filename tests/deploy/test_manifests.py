@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from engine_service import __main__ as engine_main
-from engine_service.auth import TokenTable, read_token_file
+from engine_service.serving.tokens import TokenTable, read_token_file
 from prefix_service import __main__ as prefix_main
 from protos import engine_pb2, prefix_pb2
 

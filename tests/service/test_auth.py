@@ -18,12 +18,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from clients.engine_client import EngineClient
 from clients.prefix_client import PrefixClient
 from engine_service.api.errors import InvalidArgument, NotFound, Unauthenticated, Unavailable
-from engine_service.auth import TokenTable
 from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
-from engine_service.rpc.auth import ClientSecurity, ServerSecurity, server_credentials
 from engine_service.rpc.server import create_server
 from engine_service.rpc.servicer import EngineDeps
+from engine_service.serving.auth import ClientSecurity, ServerSecurity, server_credentials
+from engine_service.serving.tokens import TokenTable
 from prefix_service.rpc.server import connect_engine
 from prefix_service.rpc.server import create_server as create_prefix_server
 from protos import engine_pb2 as pb
@@ -201,11 +201,11 @@ def test_auth_off_is_as_before(servers) -> None:
 
 
 def test_warning_for_a_non_loopback_server_without_auth(servers, engine_tokens, caplog) -> None:
-    with caplog.at_level(logging.WARNING, logger="engine_service.rpc.service_main"):
+    with caplog.at_level(logging.WARNING, logger="engine_service.serving.service_main"):
         servers.engine(host="0.0.0.0")
     assert any("without authentication" in r.getMessage() for r in caplog.records)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="engine_service.rpc.service_main"):
+    with caplog.at_level(logging.WARNING, logger="engine_service.serving.service_main"):
         servers.engine(ServerSecurity(tokens=engine_tokens), host="0.0.0.0")
         servers.engine()
     assert not [r for r in caplog.records if "without authentication" in r.getMessage()]

@@ -10,8 +10,8 @@ import pytest
 from clients.engine_client import EngineClient
 from engine_service.api import errors
 from engine_service.api.errors import InvalidArgument
-from engine_service.rpc.convert import OWNER_METADATA_KEY
-from engine_service.rpc.errors import code_for, error_for
+from engine_service.serving.auth import OWNER_METADATA_KEY
+from engine_service.serving.errors import code_for, error_for
 from protos import engine_pb2 as pb
 from protos import engine_pb2_grpc
 from tests.service.helpers import PROMPT, in_process_tokens, wait_for

@@ -16,8 +16,8 @@ from clients.prefix_client import PrefixClient
 from engine_service import handles
 from engine_service.api import errors as e
 from engine_service.api.owners import OwnerQuota
-from engine_service.rpc.convert import OWNER_METADATA_KEY
-from engine_service.rpc.errors import error_for
+from engine_service.serving.auth import OWNER_METADATA_KEY
+from engine_service.serving.errors import error_for
 from protos import engine_pb2 as pb
 from protos import engine_pb2_grpc
 from tests.service.helpers import PROMPT

@@ -44,12 +44,12 @@ def test_real_tokens_are_forwarded_and_https_uses_the_grpc_certificate(tmp_path)
     with the gRPC side's certificate."""
     import ssl
 
-    from engine_service.auth import TokenTable
     from engine_service.model.chat import ChatFormatter
     from engine_service.model.random_init import random_model
-    from engine_service.rpc.auth import ClientSecurity, ServerSecurity
     from engine_service.rpc.server import create_server
     from engine_service.rpc.servicer import EngineDeps
+    from engine_service.serving.auth import ClientSecurity, ServerSecurity
+    from engine_service.serving.tokens import TokenTable
     from prefix_service.rpc.server import connect_engine
     from prefix_service.rpc.server import create_server as create_prefix_server
     from tests.service.conftest import char_tokenizer

@@ -15,9 +15,9 @@ import grpc
 import pytest
 
 from engine_service.api import errors
-from engine_service.rpc.convert import OWNER_METADATA_KEY
-from engine_service.rpc.errors import INTERNAL_DETAILS, code_for
 from engine_service.runtime.session import Session
+from engine_service.serving.auth import OWNER_METADATA_KEY
+from engine_service.serving.errors import INTERNAL_DETAILS, code_for
 from protos import engine_pb2 as pb
 from protos import engine_pb2_grpc
 from tests.service.helpers import PROMPT, wait_for

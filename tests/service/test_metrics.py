@@ -25,8 +25,8 @@ from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
 from engine_service.rpc.server import SERVICE_NAME as ENGINE
 from engine_service.rpc.server import create_server
-from engine_service.rpc.service_main import run_service
 from engine_service.rpc.servicer import EngineDeps
+from engine_service.serving.service_main import run_service
 from prefix_service.rpc.server import SERVICE_NAME as PREFIX
 from prefix_service.rpc.server import connect_engine
 from prefix_service.rpc.server import create_server as create_prefix_server

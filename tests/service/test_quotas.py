@@ -23,7 +23,7 @@ from engine_service.api.errors import (
 )
 from engine_service.api.owners import NO_QUOTA, OwnerQuota
 from engine_service.handles import HandleRegistry, engine_quotas
-from engine_service.rpc.convert import OWNER_METADATA_KEY
+from engine_service.serving.auth import OWNER_METADATA_KEY
 from protos import engine_pb2 as pb
 from tests.service.helpers import PROMPT, wait_for
 

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from engine_service import auth
+from engine_service.serving import tokens as auth
 from engine_service.api.errors import InvalidArgument
 from engine_service.api.owners import MAX_OWNER_LENGTH
-from engine_service.auth import TokenTable, is_loopback, parse_token_file, read_token_file
+from engine_service.serving.tokens import TokenTable, is_loopback, parse_token_file, read_token_file
 
 ALICE = "alice-token-0123456789abcdef"
 BOB = "bob-token-0123456789abcdef"

@@ -10,7 +10,7 @@ SHA-256 digest of the presented token is compared with ``hmac.compare_digest`` a
 digest (no early exit, equal lengths), so the time does not depend on which entry matched or how
 much of a token was right.
 
-The rpc layer (``engine_service/rpc/auth.py``) authenticates each call and runs its handler inside
+The rpc layer (``engine_service/serving/auth.py``) authenticates each call and runs its handler inside
 :func:`calling_as`; :func:`current_caller` then says who is calling (``rpc.convert.owner_of`` prefers
 it over the self-declared ``forkline-owner`` header) and which credential it presented (the prefix
 service forwards it to the engine when it acts on the caller's behalf).

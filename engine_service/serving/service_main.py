@@ -23,9 +23,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from engine_service.api.errors import FailedPrecondition, ForklineError
-from engine_service.auth import is_loopback, reload_on_sighup
-from engine_service.rpc.auth import ServerSecurity
-from engine_service.rpc.rpc_metrics import ServiceMetrics
+from engine_service.serving.auth import ServerSecurity
+from engine_service.serving.rpc_metrics import ServiceMetrics
+from engine_service.serving.tokens import is_loopback, reload_on_sighup
 
 log = logging.getLogger(__name__)
 

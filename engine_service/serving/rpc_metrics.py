@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import start_http_server
 from prometheus_client.process_collector import ProcessCollector
 
-from engine_service.rpc.auth import rebuild_handler
+from engine_service.serving.auth import rebuild_handler
 
 log = logging.getLogger(__name__)
 

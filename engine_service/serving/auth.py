@@ -5,7 +5,7 @@ With a token table (``--auth_tokens``) every call except gRPC health checking an
 ``authorization: Bearer <token>``; a missing, malformed or unknown token ends the call UNAUTHENTICATED
 before its handler runs, also when a ``forkline-owner`` header is present (a self-declared owner is
 never a credential). An authenticated call's handler runs inside
-:func:`engine_service.auth.calling_as`, so ``rpc.convert.owner_of`` answers the token's owner; a
+:func:`engine_service.serving.tokens.calling_as`, so :func:`owner_of` answers the token's owner; a
 ``forkline-owner`` header next to a valid token is ignored. Without a table nothing is intercepted:
 owners come from the header as before.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,12 +25,13 @@ from typing import Any
 import grpc
 
 from engine_service.api.errors import InvalidArgument, Unauthenticated
-from engine_service.auth import Caller, TokenTable, calling_as, check_token, current_caller
-from engine_service.rpc.convert import OWNER_METADATA_KEY
-from engine_service.rpc.errors import status_on_error
+from engine_service.api.owners import DEFAULT_OWNER, check_owner
+from engine_service.serving.errors import status_on_error
+from engine_service.serving.tokens import Caller, TokenTable, calling_as, check_token, current_caller
 
 log = logging.getLogger(__name__)
 
+OWNER_METADATA_KEY = "forkline-owner"
 AUTHORIZATION_KEY = "authorization"
 BEARER = "bearer"
 # Open without a token: Kubernetes-style probes and tooling.
@@ -39,6 +40,19 @@ OPEN_METHOD_PREFIXES = (
     "/grpc.reflection.v1alpha.ServerReflection/",
     "/grpc.reflection.v1.ServerReflection/",
 )
+
+
+def owner_of(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
+    """The caller's owner id: the authenticated owner when the call carried a valid token (auth on,
+    see ``engine_service/serving/tokens.py``; the header is then ignored), else the request metadata's
+    ``forkline-owner``; absent -> ``anonymous``."""
+    caller = current_caller()
+    if caller is not None:
+        return caller.owner
+    for key, value in metadata or ():
+        if key == OWNER_METADATA_KEY:
+            return check_owner(value.decode() if isinstance(value, bytes) else str(value), OWNER_METADATA_KEY)
+    return DEFAULT_OWNER
 
 
 def authenticate(table: TokenTable, metadata: Sequence[tuple[str, str | bytes]] | None) -> Caller:

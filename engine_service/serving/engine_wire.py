@@ -1,0 +1,119 @@
+"""The engine's messages as ``api`` values and back, for both ends of the engine wire: the engine's
+servicer, its clients and the prefix service (whose gateway streams engine events to its own clients).
+
+Pure functions. Unset optional ``GenerationConfig`` fields take :class:`GenConfig`'s defaults; enums
+travel as their proto enums (``CloneRefusal``) or their wire strings (``FinishReason``, ``SnapshotKind``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine_service.api.clones import CloneRefusal
+from engine_service.api.config import GenConfig
+from engine_service.api.errors import ForklineError
+from engine_service.api.stream_events import Done, Event, Snapshot, Started, Tokens
+from protos import engine_pb2 as pb
+
+DEFAULTS = GenConfig()
+
+CLONE_REFUSALS: dict[CloneRefusal, pb.CloneRefusal.ValueType] = {
+    reason: pb.CloneRefusal.Value(f"CLONE_REFUSAL_{reason.name}") for reason in CloneRefusal
+}
+_WIRE_CLONE_REFUSALS = {value: reason for reason, value in CLONE_REFUSALS.items()}
+
+
+def clone_refusal(value: int) -> CloneRefusal | None:
+    """A wire ``CloneRefusal`` as the enum (None: unspecified, or one this side does not know)."""
+    return _WIRE_CLONE_REFUSALS.get(value) if value else None
+
+
+def gen_config(
+    msg: pb.GenerationConfig, eos_token_ids: Sequence[int], breakpoints: Sequence[int] = ()
+) -> GenConfig:
+    """A GenConfig from the request; unset fields take GenConfig's defaults. Stops default to EOS."""
+    stops = tuple(msg.stop_tokens) or (() if msg.ignore_eos else tuple(eos_token_ids))
+    return GenConfig(
+        max_new_tokens=msg.max_new_tokens if msg.HasField("max_new_tokens") else DEFAULTS.max_new_tokens,
+        temperature=msg.temperature if msg.HasField("temperature") else DEFAULTS.temperature,
+        top_p=msg.top_p if msg.HasField("top_p") else DEFAULTS.top_p,
+        top_k=msg.top_k if msg.HasField("top_k") else DEFAULTS.top_k,
+        seed=msg.seed if msg.HasField("seed") else DEFAULTS.seed,
+        stop_tokens=stops,
+        prefill_chunk=msg.prefill_chunk if msg.HasField("prefill_chunk") else DEFAULTS.prefill_chunk,
+        prefill_breakpoints=tuple(breakpoints),
+    )
+
+
+def event_message(event: Event) -> pb.GenerateEvent:
+    """A stream event as the ``GenerateEvent`` that carries it."""
+    if isinstance(event, Started):
+        return pb.GenerateEvent(
+            started=pb.StartedEvent(
+                session=event.session, position=event.position, input_positions=event.input_positions
+            )
+        )
+    if isinstance(event, Tokens):
+        return pb.GenerateEvent(tokens=pb.TokensEvent(ids=list(event.ids), text=event.text))
+    if isinstance(event, Snapshot):
+        snapshot = pb.SnapshotEvent(
+            handle=event.handle or "",
+            position=event.position,
+            kind=event.kind,
+            refusal=event.refusal,
+            content_digest=event.content_digest or b"",
+            reason=CLONE_REFUSALS[event.reason] if event.reason is not None else 0,
+        )
+        return pb.GenerateEvent(snapshot=snapshot)
+    timings = pb.Timings(
+        time_to_first_token_s=event.time_to_first_token_s,
+        decode_tokens_per_s=event.decode_tokens_per_s,
+        total_s=event.total_s,
+    )
+    return pb.GenerateEvent(
+        done=pb.DoneEvent(
+            finish_reason=event.finish_reason,
+            prompt_positions=event.prompt_positions,
+            reused_positions=event.reused_positions,
+            generated_tokens=event.generated_tokens,
+            position=event.position,
+            timings=timings,
+            engine=event.engine,
+        )
+    )
+
+
+def event_from_proto(msg: pb.GenerateEvent) -> Event:
+    """A ``GenerateEvent`` as a stream event (an event or value this side does not know: ForklineError)."""
+    which = msg.WhichOneof("event")
+    if which == "started":
+        return Started(msg.started.session, msg.started.position, msg.started.input_positions)
+    if which == "tokens":
+        return Tokens(tuple(msg.tokens.ids), msg.tokens.text)
+    try:
+        if which == "snapshot":
+            s = msg.snapshot
+            return Snapshot(
+                s.handle or None,
+                s.position,
+                s.kind,
+                s.refusal,
+                s.content_digest or None,
+                clone_refusal(s.reason),
+            )
+        if which == "done":
+            d, t = msg.done, msg.done.timings
+            return Done(
+                d.finish_reason,
+                d.prompt_positions,
+                d.reused_positions,
+                d.generated_tokens,
+                d.position,
+                t.time_to_first_token_s,
+                t.decode_tokens_per_s,
+                t.total_s,
+                d.engine,
+            )
+    except ValueError as exc:  # a kind or finish reason this side does not know
+        raise ForklineError(f"unknown {which} event value: {exc}") from None
+    raise ForklineError(f"unknown generate event {which!r}")
