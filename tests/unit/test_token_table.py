@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from engine_service.serving import tokens as auth
 from engine_service.api.errors import InvalidArgument
 from engine_service.api.owners import MAX_OWNER_LENGTH
+from engine_service.serving import tokens as auth
 from engine_service.serving.tokens import TokenTable, is_loopback, parse_token_file, read_token_file
 
 ALICE = "alice-token-0123456789abcdef"
