@@ -20,11 +20,18 @@ namespace forkline {
 
 namespace {
 
-// Below this many multiply-adds (rows x keys x head_dim) one thread runs the call (a pool round trip
-// costs more).
-constexpr int64_t kParallelWork = 1 << 16;
 // Most q heads per kv head scored together (they share each key and value load).
 constexpr int kMaxGroup = 8;
+// One thread's speed, for the pool's policy: multiply-adds (q heads x keys x head_dim) and key/value
+// bytes per microsecond.
+constexpr double kMacsPerUs = 4000.0;
+constexpr double kBytesPerUs = 9000.0;
+// Work split: whole units (row x kv head x group of q heads) when there are at least this many per
+// thread, else (decode) each unit's chunks in about kRunsPerThread runs per thread; calls shorter than
+// kSplitUs always go by units.
+constexpr int kUnitsPerThread = 4;
+constexpr int kRunsPerThread = 4;
+constexpr double kSplitUs = 20.0;
 
 // e**x as 2**n * e**r (n = round(x / ln 2), Cody-Waite reduction, degree-7 Taylor polynomial): only
 // multiplies, adds and bit operations, so the scalar and AVX2 versions agree bit for bit. x < -87
@@ -64,29 +71,74 @@ inline float reduce8(const float* a) {
   return (t0 + t2) + (t1 + t3);
 }
 
+// ---------------------------------------------------------------- key / value element types
+//
+// Keys and values are read in their stored type and widened to float on load (exactly: every float16
+// and bfloat16 value is a float32 value), so a half-precision cache costs half the bytes and gives the
+// bits of the float32 kernel run on the upcast values.
+
+struct F16 {
+  uint16_t bits;
+};
+struct BF16 {
+  uint16_t bits;
+};
+
+inline float bits_float(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof(f));
+  return f;
+}
+
+inline float to_float(float v) {
+  return v;
+}
+inline float to_float(BF16 v) {
+  return bits_float(static_cast<uint32_t>(v.bits) << 16);
+}
+// IEEE half -> single, as F16C's vcvtph2ps: exact; subnormals normalized; a NaN keeps its payload
+// and comes out quiet.
+inline float to_float(F16 v) {
+  const uint32_t sign = static_cast<uint32_t>(v.bits & 0x8000) << 16;
+  const uint32_t exp = (v.bits >> 10) & 0x1F, mant = v.bits & 0x3FF;
+  if (exp == 0x1F) {
+    return bits_float(sign | 0x7F800000u | (mant << 13) | (mant != 0 ? 0x400000u : 0u));
+  }
+  if (exp == 0) {  // zero or subnormal: mant * 2**-24, exact in float
+    const float mag = static_cast<float>(mant) * 5.9604644775390625e-8f;
+    return bits_float(sign | [&] {
+      uint32_t b;
+      std::memcpy(&b, &mag, sizeof(b));
+      return b;
+    }());
+  }
+  return bits_float(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
 // ---------------------------------------------------------------- kernels
 //
 // scores: s[r * ld + t] = scale * (q_r . k_t) for r < R, t < L. The dot product: lane j sums elements
 //   d = 8b + j over blocks b in order (fma), reduce8, then the D % 8 tail elements in order (fma).
 // exp_sum: e[t] = exp(s[t] - mx) for t < L, 0 for L <= t < ld; returns the sum: lane j adds e[8b + j]
 //   over blocks b in order, then reduce8.
-// pv: o_r = o_r * alpha_r, then o_r = fma(e_r[t], v_t, o_r) for t in order (element-wise).
+// pv: o_r = sum over t in order of e_r[t] * v_t (element-wise fma from 0).
 
 struct Scalar {
-  static void scores(const float* const* q, int R, const float* const* k, int L, int D, float scale,
-                     float* s, int ld) {
+  template <class T>
+  static void scores(const float* const* q, int R, const T* const* k, int L, int D, float scale, float* s,
+                     int ld) {
     const int D8 = D / 8 * 8;
     for (int t = 0; t < L; ++t) {
       for (int r = 0; r < R; ++r) {
         float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         for (int b = 0; b < D8; b += 8) {
           for (int j = 0; j < 8; ++j) {
-            acc[j] = std::fma(q[r][b + j], k[t][b + j], acc[j]);
+            acc[j] = std::fma(q[r][b + j], to_float(k[t][b + j]), acc[j]);
           }
         }
         float sum = reduce8(acc);
         for (int i = D8; i < D; ++i) {
-          sum = std::fma(q[r][i], k[t][i], sum);
+          sum = std::fma(q[r][i], to_float(k[t][i]), sum);
         }
         s[r * ld + t] = sum * scale;
       }
@@ -107,20 +159,37 @@ struct Scalar {
     return reduce8(acc);
   }
 
-  static void pv(float* o, int R, int D, const float* alpha, const float* e, int ld, const float* const* v,
-                 int L) {
-    for (int r = 0; r < R; ++r) {
-      float* orow = o + static_cast<int64_t>(r) * D;
-      for (int i = 0; i < D; ++i) {
-        orow[i] = orow[i] * alpha[r];
+  // max of s[0..ld) (ld % 8 == 0): lane j takes s[8b + j] over blocks b (x > m ? x : m), then the
+  // lanes pair as reduce8 does.
+  static float max8(const float* s, int ld) {
+    float a[8];
+    std::fill(a, a + 8, -std::numeric_limits<float>::infinity());
+    for (int b = 0; b < ld; b += 8) {
+      for (int j = 0; j < 8; ++j) {
+        a[j] = s[b + j] > a[j] ? s[b + j] : a[j];
       }
     }
+    auto mx2 = [](float x, float y) { return x > y ? x : y; };
+    const float t0 = mx2(a[0], a[4]), t1 = mx2(a[1], a[5]), t2 = mx2(a[2], a[6]), t3 = mx2(a[3], a[7]);
+    return mx2(mx2(t0, t2), mx2(t1, t3));
+  }
+
+  // O = fma(o, b, O * a) element-wise
+  static void rescale_add(float* O, const float* o, int D, float a, float b) {
+    for (int x = 0; x < D; ++x) {
+      O[x] = std::fma(o[x], b, O[x] * a);
+    }
+  }
+
+  template <class T>
+  static void pv(float* o, int R, int D, const float* e, int ld, const T* const* v, int L) {
+    std::fill(o, o + static_cast<int64_t>(R) * D, 0.0f);
     for (int t = 0; t < L; ++t) {
       for (int r = 0; r < R; ++r) {
         float* orow = o + static_cast<int64_t>(r) * D;
         const float w = e[r * ld + t];
         for (int i = 0; i < D; ++i) {
-          orow[i] = std::fma(w, v[t][i], orow[i]);
+          orow[i] = std::fma(w, to_float(v[t][i]), orow[i]);
         }
       }
     }
@@ -129,7 +198,20 @@ struct Scalar {
 
 #if FORKLINE_X86
 
-AVX2_FN inline __m256 exp_avx2(__m256 x) {
+#define ATTN_FN __attribute__((target("avx2,fma,f16c")))
+
+ATTN_FN FORKLINE_INLINE __m256 load8(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+ATTN_FN FORKLINE_INLINE __m256 load8(const F16* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+ATTN_FN FORKLINE_INLINE __m256 load8(const BF16* p) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+ATTN_FN inline __m256 exp_avx2(__m256 x) {
   const __m256 lo = _mm256_set1_ps(kExpLo);
   const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
   __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(kExpHi));
@@ -146,33 +228,168 @@ AVX2_FN inline __m256 exp_avx2(__m256 x) {
   return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
 }
 
-struct Avx2 {
-  AVX2_FN static void scores(const float* const* q, int R, const float* const* k, int L, int D, float scale,
-                             float* s, int ld) {
-    const int D8 = D / 8 * 8;
-    for (int t = 0; t < L; ++t) {
-      const float* kt = k[t];
-      __m256 acc[kMaxGroup];
+// Kernels specialized on R (q heads sharing each key / value load) so their accumulators live in
+// registers: scores takes two keys at a time (each q load serves both), pv holds B blocks of 8 output
+// elements per head across the chunk's keys.
+template <int R, class T>
+ATTN_FN void scores_r(const float* const* q, const T* const* k, int L, int D, float scale, float* s, int ld) {
+  const int D8 = D / 8 * 8;
+  constexpr int KT = R <= 4 ? 2 : 1;
+  auto tail = [&](const T* kt, int r, float sum) {
+    for (int i = D8; i < D; ++i) {
+      sum = std::fma(q[r][i], to_float(kt[i]), sum);
+    }
+    return sum * scale;
+  };
+  int t = 0;
+  for (; t + KT <= L; t += KT) {
+    __m256 acc[KT][R];
+#pragma GCC unroll 8
+    for (int x = 0; x < KT; ++x) {
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        acc[r] = _mm256_setzero_ps();
+        acc[x][r] = _mm256_setzero_ps();
       }
-      for (int b = 0; b < D8; b += 8) {
-        const __m256 kv = _mm256_loadu_ps(kt + b);
-        for (int r = 0; r < R; ++r) {
-          acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + b), kv, acc[r]);
+    }
+    for (int b = 0; b < D8; b += 8) {
+      __m256 kv[KT];
+#pragma GCC unroll 8
+      for (int x = 0; x < KT; ++x) {
+        kv[x] = load8(k[t + x] + b);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m256 qv = _mm256_loadu_ps(q[r] + b);
+#pragma GCC unroll 8
+        for (int x = 0; x < KT; ++x) {
+          acc[x][r] = _mm256_fmadd_ps(qv, kv[x], acc[x][r]);
         }
       }
+    }
+#pragma GCC unroll 8
+    for (int x = 0; x < KT; ++x) {
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        float sum = reduce8_avx2(acc[r]);
-        for (int i = D8; i < D; ++i) {
-          sum = std::fma(q[r][i], kt[i], sum);
-        }
-        s[r * ld + t] = sum * scale;
+        s[r * ld + t + x] = tail(k[t + x], r, reduce8_avx2(acc[x][r]));
       }
     }
   }
+  for (; t < L; ++t) {
+    __m256 acc[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm256_setzero_ps();
+    }
+    for (int b = 0; b < D8; b += 8) {
+      const __m256 kv = load8(k[t] + b);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(q[r] + b), kv, acc[r]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      s[r * ld + t] = tail(k[t], r, reduce8_avx2(acc[r]));
+    }
+  }
+}
 
-  AVX2_FN static float exp_sum(const float* s, int L, float mx_, float* e, int ld) {
+template <int R, int B, class T>
+ATTN_FN FORKLINE_INLINE void pv_blocks(float* o, int D, const float* e, int ld, const T* const* v, int L, int i) {
+  __m256 acc[R][B];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int x = 0; x < B; ++x) {
+      acc[r][x] = _mm256_setzero_ps();
+    }
+  }
+  for (int t = 0; t < L; ++t) {
+    __m256 vv[B];
+#pragma GCC unroll 4
+    for (int x = 0; x < B; ++x) {
+      vv[x] = load8(v[t] + i + 8 * x);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 ev = _mm256_broadcast_ss(e + r * ld + t);
+#pragma GCC unroll 4
+      for (int x = 0; x < B; ++x) {
+        acc[r][x] = _mm256_fmadd_ps(ev, vv[x], acc[r][x]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int x = 0; x < B; ++x) {
+      _mm256_storeu_ps(o + static_cast<int64_t>(r) * D + i + 8 * x, acc[r][x]);
+    }
+  }
+}
+
+template <int R, class T>
+ATTN_FN void pv_r(float* o, int D, const float* e, int ld, const T* const* v, int L) {
+  constexpr int B = R <= 2 ? 4 : R <= 4 ? 3 : R <= 6 ? 2 : 1;  // R * B <= 12 accumulators
+  const int D8 = D / 8 * 8;
+  int i = 0;
+  for (; i + 8 * B <= D8; i += 8 * B) {
+    pv_blocks<R, B>(o, D, e, ld, v, L, i);
+  }
+  for (; i < D8; i += 8) {
+    pv_blocks<R, 1>(o, D, e, ld, v, L, i);
+  }
+  for (int r = 0; r < R; ++r) {
+    std::fill(o + static_cast<int64_t>(r) * D + D8, o + static_cast<int64_t>(r + 1) * D, 0.0f);
+  }
+  for (int x = D8; x < D; ++x) {
+    for (int t = 0; t < L; ++t) {
+      for (int r = 0; r < R; ++r) {
+        float& y = o[static_cast<int64_t>(r) * D + x];
+        y = std::fma(e[r * ld + t], to_float(v[t][x]), y);
+      }
+    }
+  }
+}
+
+struct Avx2 {
+  template <class T>
+  static void scores(const float* const* q, int R, const T* const* k, int L, int D, float scale, float* s,
+                     int ld) {
+    switch (R) {
+      case 1: return scores_r<1>(q, k, L, D, scale, s, ld);
+      case 2: return scores_r<2>(q, k, L, D, scale, s, ld);
+      case 3: return scores_r<3>(q, k, L, D, scale, s, ld);
+      case 4: return scores_r<4>(q, k, L, D, scale, s, ld);
+      case 5: return scores_r<5>(q, k, L, D, scale, s, ld);
+      case 6: return scores_r<6>(q, k, L, D, scale, s, ld);
+      case 7: return scores_r<7>(q, k, L, D, scale, s, ld);
+      default: return scores_r<8>(q, k, L, D, scale, s, ld);
+    }
+  }
+
+  ATTN_FN static float max8(const float* s, int ld) {
+    __m256 a = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int b = 0; b < ld; b += 8) {
+      a = _mm256_max_ps(_mm256_loadu_ps(s + b), a);  // s > a ? s : a
+    }
+    __m128 t = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));  // t_j = max(a_j, a_j+4)
+    t = _mm_max_ps(t, _mm_movehl_ps(t, t));  // max(t0, t2), max(t1, t3)
+    return _mm_cvtss_f32(_mm_max_ss(t, _mm_shuffle_ps(t, t, 1)));
+  }
+
+  ATTN_FN static void rescale_add(float* O, const float* o, int D, float a, float b) {
+    const __m256 av = _mm256_set1_ps(a), bv = _mm256_set1_ps(b);
+    int x = 0;
+    for (; x + 8 <= D; x += 8) {
+      _mm256_storeu_ps(O + x, _mm256_fmadd_ps(_mm256_loadu_ps(o + x), bv, _mm256_mul_ps(_mm256_loadu_ps(O + x), av)));
+    }
+    for (; x < D; ++x) {
+      O[x] = std::fma(o[x], b, O[x] * a);
+    }
+  }
+
+  ATTN_FN static float exp_sum(const float* s, int L, float mx_, float* e, int ld) {
     const __m256 m = _mm256_set1_ps(mx_);
     int t = 0;
     for (; t + 8 <= L; t += 8) {
@@ -192,43 +409,17 @@ struct Avx2 {
     return reduce8_avx2(acc);
   }
 
-  AVX2_FN static void pv(float* o, int R, int D, const float* alpha, const float* e, int ld,
-                         const float* const* v, int L) {
-    const int D8 = D / 8 * 8;
-    for (int r = 0; r < R; ++r) {
-      float* orow = o + static_cast<int64_t>(r) * D;
-      const __m256 a = _mm256_set1_ps(alpha[r]);
-      int i = 0;
-      for (; i < D8; i += 8) {
-        _mm256_storeu_ps(orow + i, _mm256_mul_ps(_mm256_loadu_ps(orow + i), a));
-      }
-      for (; i < D; ++i) {
-        orow[i] = orow[i] * alpha[r];
-      }
-    }
-    // blocks of 8 output elements held in registers across all keys; each value load serves R rows
-    for (int i = 0; i < D8; i += 8) {
-      __m256 acc[kMaxGroup];
-      for (int r = 0; r < R; ++r) {
-        acc[r] = _mm256_loadu_ps(o + static_cast<int64_t>(r) * D + i);
-      }
-      for (int t = 0; t < L; ++t) {
-        const __m256 vv = _mm256_loadu_ps(v[t] + i);
-        for (int r = 0; r < R; ++r) {
-          acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(e[r * ld + t]), vv, acc[r]);
-        }
-      }
-      for (int r = 0; r < R; ++r) {
-        _mm256_storeu_ps(o + static_cast<int64_t>(r) * D + i, acc[r]);
-      }
-    }
-    for (int i = D8; i < D; ++i) {
-      for (int t = 0; t < L; ++t) {
-        for (int r = 0; r < R; ++r) {
-          float& x = o[static_cast<int64_t>(r) * D + i];
-          x = std::fma(e[r * ld + t], v[t][i], x);
-        }
-      }
+  template <class T>
+  static void pv(float* o, int R, int D, const float* e, int ld, const T* const* v, int L) {
+    switch (R) {
+      case 1: return pv_r<1>(o, D, e, ld, v, L);
+      case 2: return pv_r<2>(o, D, e, ld, v, L);
+      case 3: return pv_r<3>(o, D, e, ld, v, L);
+      case 4: return pv_r<4>(o, D, e, ld, v, L);
+      case 5: return pv_r<5>(o, D, e, ld, v, L);
+      case 6: return pv_r<6>(o, D, e, ld, v, L);
+      case 7: return pv_r<7>(o, D, e, ld, v, L);
+      default: return pv_r<8>(o, D, e, ld, v, L);
     }
   }
 };
@@ -243,112 +434,180 @@ struct Plan {
   int64_t qs0 = 0, qs1 = 0;  // q(i, h, :) = q + i * qs0 + h * qs1
   std::vector<int32_t> qpos;  // [n]
   std::vector<int32_t> pos;  // sorted positions of the readable keys
-  std::vector<const float*> k0, v0;  // per sorted key: its row at kv head 0
-  std::vector<int64_t> khs, vhs;  // per sorted key: its part's kv-head stride
+  struct Row {
+    const char* k;  // the key's row at kv head 0 (stored type)
+    const char* v;
+    int part;  // for the kv-head strides
+  };
+  std::vector<Row> rows;  // per sorted key
+  std::vector<int64_t> khs, vhs;  // per part: kv-head stride (elements)
   float* out = nullptr;  // [n, hq, d]
+
+  int groups() const {
+    return (rep + kMaxGroup - 1) / kMaxGroup;
+  }
+  // The sorted keys query row i sees: [j0, j1).
+  void visible(int i, int& j0, int& j1) const {
+    const int p = qpos[i];
+    const int lo = window > 0 ? std::max(0, p - window + 1) : 0;
+    const int total = static_cast<int>(pos.size());
+    j0 = p < 0 ? 0 : static_cast<int>(std::lower_bound(pos.data(), pos.data() + total, lo) - pos.data());
+    j1 = p < 0 ? 0 : static_cast<int>(std::upper_bound(pos.data(), pos.data() + total, p) - pos.data());
+  }
+  // The end of the chunk (absolute positions [c * chunk, (c + 1) * chunk)) holding sorted key j < j1.
+  int chunk_end(int j, int j1) const {
+    const int64_t boundary = (static_cast<int64_t>(pos[j]) / chunk + 1) * chunk;
+    if (boundary > std::numeric_limits<int32_t>::max()) {
+      return j1;
+    }
+    return static_cast<int>(std::lower_bound(pos.data() + j, pos.data() + j1, static_cast<int32_t>(boundary)) -
+                            pos.data());
+  }
 };
+
+// One unit of work: query row i, kv head g, its q heads g * rep + h0 .. + R - 1.
+struct Unit {
+  int i, g, h0, R;
+};
+
+Unit unit_of(const Plan& P, int u) {
+  const int groups = P.groups();
+  const int gi = u % groups, ig = u / groups;
+  const int h0 = gi * kMaxGroup;
+  return {ig / P.hkv, ig % P.hkv, h0, std::min(kMaxGroup, P.rep - h0)};
+}
 
 struct Scratch {
-  std::vector<const float*> kp, vp;
-  std::vector<float> s, e, o;
+  std::vector<const void*> kp, vp;
+  std::vector<float> s, e, o, acc;
 };
 
-// Query row i, kv head g: the q heads g * rep .. g * rep + rep - 1 (in groups of kMaxGroup).
+// A chunk's partial softmax for R q heads over sorted keys [j, je): m[r] = max score, l[r] = sum of
+// e = exp(score - m[r]), o[r * D ..] = sum of e * v (the kernels' orders).
+template <class K, class T>
+void chunk_partial(const Plan& P, const Unit& u, int j, int je, Scratch& w, float* m, float* l, float* o) {
+  const int D = P.d, R = u.R, L = je - j;
+  const int ld = (L + 7) / 8 * 8;
+  const float* q[kMaxGroup];
+  for (int r = 0; r < R; ++r) {
+    q[r] = P.q + u.i * P.qs0 + static_cast<int64_t>(u.g * P.rep + u.h0 + r) * P.qs1;
+  }
+  w.kp.resize(L);
+  w.vp.resize(L);
+  for (int t = 0; t < L; ++t) {
+    const Plan::Row& row = P.rows[j + t];
+    w.kp[t] = reinterpret_cast<const T*>(row.k) + u.g * P.khs[row.part];
+    w.vp[t] = reinterpret_cast<const T*>(row.v) + u.g * P.vhs[row.part];
+  }
+  w.s.resize(static_cast<size_t>(R) * ld);
+  w.e.resize(static_cast<size_t>(R) * ld);
+  K::scores(q, R, reinterpret_cast<const T* const*>(w.kp.data()), L, D, P.scale, w.s.data(), ld);
+  for (int r = 0; r < R; ++r) {
+    float* s = w.s.data() + r * ld;
+    std::fill(s + L, s + ld, -std::numeric_limits<float>::infinity());
+    m[r] = K::max8(s, ld);
+    l[r] = K::exp_sum(s, L, m[r], w.e.data() + r * ld, ld);
+  }
+  K::pv(o, R, D, w.e.data(), ld, reinterpret_cast<const T* const*>(w.vp.data()), L);
+}
+
+// Merges a chunk's partial into the running (M, Lsum, O) of R q heads: the canonical fold, in
+// ascending chunk order whoever computed the partials. M starts at -inf, Lsum and O at 0 (the first
+// chunk's partial then comes out exactly).
 template <class K>
-void attend(const Plan& P, int i, int g, Scratch& w) {
-  const int p = P.qpos[i];
-  const int lo = P.window > 0 ? std::max(0, p - P.window + 1) : 0;
-  const int32_t* pos = P.pos.data();
-  const int total = static_cast<int>(P.pos.size());
-  const int j0 = p < 0 ? 0 : static_cast<int>(std::lower_bound(pos, pos + total, lo) - pos);
-  const int j1 = p < 0 ? 0 : static_cast<int>(std::upper_bound(pos, pos + total, p) - pos);
+void fold(int R, int D, float* M, float* Lsum, float* O, const float* m, const float* l, const float* o) {
+  for (int r = 0; r < R; ++r) {
+    const float mn = m[r] > M[r] ? m[r] : M[r];
+    const float a = exp_scalar(M[r] - mn), b = exp_scalar(m[r] - mn);
+    M[r] = mn;
+    Lsum[r] = std::fma(l[r], b, Lsum[r] * a);
+    K::rescale_add(O + static_cast<int64_t>(r) * D, o + static_cast<int64_t>(r) * D, D, a, b);
+  }
+}
+
+void finish(const Plan& P, const Unit& u, const float* Lsum, const float* O) {
   const int D = P.d;
-  for (int h0 = 0; h0 < P.rep; h0 += kMaxGroup) {
-    const int R = std::min(kMaxGroup, P.rep - h0);
-    const float* q[kMaxGroup];
-    float m[kMaxGroup], l[kMaxGroup], alpha[kMaxGroup];
-    for (int r = 0; r < R; ++r) {
-      q[r] = P.q + i * P.qs0 + static_cast<int64_t>(g * P.rep + h0 + r) * P.qs1;
-      m[r] = -std::numeric_limits<float>::infinity();
-      l[r] = 0.0f;
-    }
-    w.o.assign(static_cast<size_t>(R) * D, 0.0f);
-    for (int j = j0; j < j1;) {
-      // the chunk of absolute positions [c * chunk, (c + 1) * chunk) holding key j
-      const int64_t boundary = (static_cast<int64_t>(pos[j]) / P.chunk + 1) * P.chunk;
-      const int je = boundary > std::numeric_limits<int32_t>::max()
-                         ? j1
-                         : static_cast<int>(std::lower_bound(pos + j, pos + j1, static_cast<int32_t>(boundary)) - pos);
-      const int L = je - j;
-      const int ld = (L + 7) / 8 * 8;
-      w.kp.resize(L);
-      w.vp.resize(L);
-      for (int t = 0; t < L; ++t) {
-        w.kp[t] = P.k0[j + t] + g * P.khs[j + t];
-        w.vp[t] = P.v0[j + t] + g * P.vhs[j + t];
-      }
-      w.s.resize(static_cast<size_t>(R) * ld);
-      w.e.resize(static_cast<size_t>(R) * ld);
-      K::scores(q, R, w.kp.data(), L, D, P.scale, w.s.data(), ld);
-      for (int r = 0; r < R; ++r) {
-        const float* s = w.s.data() + r * ld;
-        float cm = s[0];
-        for (int t = 1; t < L; ++t) {
-          cm = s[t] > cm ? s[t] : cm;
-        }
-        const float mn = cm > m[r] ? cm : m[r];
-        alpha[r] = exp_scalar(m[r] - mn);  // 0 for the first chunk (m = -inf)
-        const float lc = K::exp_sum(s, L, mn, w.e.data() + r * ld, ld);
-        l[r] = l[r] * alpha[r] + lc;
-        m[r] = mn;
-      }
-      K::pv(w.o.data(), R, D, alpha, w.e.data(), ld, w.vp.data(), L);
-      j = je;
-    }
-    for (int r = 0; r < R; ++r) {
-      float* dst = P.out + (static_cast<int64_t>(i) * P.hq + g * P.rep + h0 + r) * D;
-      const float* src = w.o.data() + static_cast<int64_t>(r) * D;
-      for (int x = 0; x < D; ++x) {
-        dst[x] = src[x] / l[r];  // no key: 0 / 0 = NaN
-      }
+  for (int r = 0; r < u.R; ++r) {
+    float* dst = P.out + (static_cast<int64_t>(u.i) * P.hq + u.g * P.rep + u.h0 + r) * D;
+    const float* src = O + static_cast<int64_t>(r) * D;
+    for (int x = 0; x < D; ++x) {
+      dst[x] = src[x] / Lsum[r];  // no key: 0 / 0 = NaN
     }
   }
 }
 
-void attend_items(Isa isa, const Plan& P, int a, int b, Scratch& w) {
-  for (int item = a; item < b; ++item) {
-    const int i = item / P.hkv, g = item % P.hkv;
+// A whole unit on one thread: each chunk's partial folded in as it is computed.
+template <class K, class T>
+void attend_unit(const Plan& P, const Unit& u, Scratch& w) {
+  int j0, j1;
+  P.visible(u.i, j0, j1);
+  const int D = P.d, R = u.R;
+  float M[kMaxGroup], Lsum[kMaxGroup], m[kMaxGroup], l[kMaxGroup];
+  std::fill(M, M + R, -std::numeric_limits<float>::infinity());
+  std::fill(Lsum, Lsum + R, 0.0f);
+  w.acc.assign(static_cast<size_t>(R) * D, 0.0f);
+  w.o.resize(static_cast<size_t>(R) * D);
+  for (int j = j0; j < j1;) {
+    const int je = P.chunk_end(j, j1);
+    chunk_partial<K, T>(P, u, j, je, w, m, l, w.o.data());
+    fold<K>(R, D, M, Lsum, w.acc.data(), m, l, w.o.data());
+    j = je;
+  }
+  finish(P, u, Lsum, w.acc.data());
+}
+
+// The kernels for an ISA and a key/value type.
+struct Kernels {
+  void (*unit)(const Plan&, const Unit&, Scratch&);
+  void (*partial)(const Plan&, const Unit&, int, int, Scratch&, float*, float*, float*);
+  void (*fold)(int, int, float*, float*, float*, const float*, const float*, const float*);
+};
+
+template <class K, class T>
+constexpr Kernels kernels_for() {
+  return {&attend_unit<K, T>, &chunk_partial<K, T>, &fold<K>};
+}
+
+Kernels pick(Isa isa, mx::Dtype kv) {
+  const int t = kv == mx::float16 ? 1 : kv == mx::bfloat16 ? 2 : 0;
 #if FORKLINE_X86
-    if (isa != Isa::scalar) {
-      attend<Avx2>(P, i, g, w);
-      continue;
-    }
-#endif
-    attend<Scalar>(P, i, g, w);
+  if (isa != Isa::scalar) {
+    return t == 1 ? kernels_for<Avx2, F16>() : t == 2 ? kernels_for<Avx2, BF16>() : kernels_for<Avx2, float>();
   }
+#endif
+  return t == 1 ? kernels_for<Scalar, F16>() : t == 2 ? kernels_for<Scalar, BF16>() : kernels_for<Scalar, float>();
 }
 
-// A float array with a unit last stride: the array itself or a dense copy held in `copy`.
-const float* dense3(const mx::array& a, std::vector<float>& copy, int64_t& s0, int64_t& s1) {
+// A [A, B, C] array with a unit last stride: the array itself or a dense copy held in `copy`.
+template <class T>
+const void* dense3(const mx::array& a, std::vector<char>& copy, int64_t& s0, int64_t& s1) {
   const auto& st = a.strides();
+  const T* src = a.data<T>();
   if (st[2] == 1) {
     s0 = st[0];
     s1 = st[1];
-    return a.data<float>();
+    return src;
   }
   const int64_t A = a.shape(0), B = a.shape(1), C = a.shape(2);
-  copy.resize(static_cast<size_t>(A * B * C));
-  const float* src = a.data<float>();
+  copy.resize(static_cast<size_t>(A * B * C) * sizeof(T));
+  T* dst = reinterpret_cast<T*>(copy.data());
   for (int64_t x = 0; x < A; ++x) {
     for (int64_t y = 0; y < B; ++y) {
       for (int64_t z = 0; z < C; ++z) {
-        copy[(x * B + y) * C + z] = src[x * st[0] + y * st[1] + z * st[2]];
+        dst[(x * B + y) * C + z] = src[x * st[0] + y * st[1] + z * st[2]];
       }
     }
   }
   s0 = B * C;
   s1 = C;
-  return copy.data();
+  return dst;
+}
+
+const void* dense3_any(const mx::array& a, std::vector<char>& copy, int64_t& s0, int64_t& s1) {
+  if (a.dtype() == mx::float32) {
+    return dense3<float>(a, copy, s0, s1);
+  }
+  return dense3<uint16_t>(a, copy, s0, s1);  // float16 / bfloat16: moved as 16-bit words
 }
 
 }  // namespace
@@ -380,6 +639,17 @@ mx::array causal_attention(const mx::array& q, const mx::array& q_pos, const std
   if (hkv < 1 || hq % hkv != 0) {
     bad("q heads (" + std::to_string(hq) + ") must be a multiple of kv heads, keys " + shape_str(keys[0]));
   }
+  // Keys and values are read in their own type when every part has the same one of float32 / float16
+  // / bfloat16; otherwise (mixed or other types) all are converted to float32 first.
+  mx::Dtype kv = keys[0].dtype();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i].dtype() != kv || values[i].dtype() != kv) {
+      kv = mx::float32;
+    }
+  }
+  if (kv != mx::float16 && kv != mx::bfloat16) {
+    kv = mx::float32;
+  }
   std::vector<mx::array> inputs{mx::astype(q, mx::float32, stream), mx::astype(q_pos, mx::int32, stream)};
   for (size_t i = 0; i < keys.size(); ++i) {
     const mx::array &k = keys[i], &v = values[i], &kp = key_pos[i];
@@ -394,8 +664,8 @@ mx::array causal_attention(const mx::array& q, const mx::array& q_pos, const std
       bad("key_pos must be an int array [" + std::to_string(k.shape(1)) + "], got " + shape_str(kp));
     }
     inputs.push_back(mx::astype(kp, mx::int32, stream));
-    inputs.push_back(mx::astype(k, mx::float32, stream));
-    inputs.push_back(mx::astype(v, mx::float32, stream));
+    inputs.push_back(mx::astype(k, kv, stream));  // no copy when k already has that type
+    inputs.push_back(mx::astype(v, kv, stream));
   }
   return mx::array({n, hq, d}, mx::float32, std::make_shared<CausalAttention>(stream, scale, window, chunk),
                    std::move(inputs));
@@ -421,8 +691,8 @@ void CausalAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector
     if (P.n == 0 || P.hq == 0 || P.d == 0) {
       return;
     }
-    std::vector<float> qcopy;
-    P.q = dense3(q, qcopy, P.qs0, P.qs1);
+    std::vector<char> qcopy;
+    P.q = static_cast<const float*>(dense3<float>(q, qcopy, P.qs0, P.qs1));
     const int32_t* qp = inputs[1].data<int32_t>();
     P.qpos.resize(P.n);
     for (int i = 0; i < P.n; ++i) {
@@ -431,59 +701,127 @@ void CausalAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector
     // every readable key (position >= 0) of every part, then sorted by position (stable: a caller's
     // duplicate positions at least keep one order)
     const size_t parts = (inputs.size() - 2) / 3;
-    std::vector<std::vector<float>> copies(2 * parts);
-    struct Key {
-      int32_t pos;
-      const float* k;
-      const float* v;
-      int64_t khs, vhs;
-    };
-    std::vector<Key> found;
+    const mx::Dtype kv = inputs[3].dtype();
+    const int64_t elem = kv == mx::float32 ? 4 : 2;
+    std::vector<std::vector<char>> copies(2 * parts);
+    P.khs.resize(parts);
+    P.vhs.resize(parts);
+    size_t total = 0;
+    for (size_t part = 0; part < parts; ++part) {
+      total += inputs[2 + 3 * part].shape(0);
+    }
+    P.pos.reserve(total);
+    P.rows.reserve(total);
     for (size_t part = 0; part < parts; ++part) {
       const mx::array& kp = inputs[2 + 3 * part];
-      int64_t ks0, ks1, vs0, vs1;
-      const float* kb = dense3(inputs[3 + 3 * part], copies[2 * part], ks0, ks1);
-      const float* vb = dense3(inputs[4 + 3 * part], copies[2 * part + 1], vs0, vs1);
+      int64_t ks1, vs1;
+      const char* kb = static_cast<const char*>(dense3_any(inputs[3 + 3 * part], copies[2 * part], P.khs[part], ks1));
+      const char* vb =
+          static_cast<const char*>(dense3_any(inputs[4 + 3 * part], copies[2 * part + 1], P.vhs[part], vs1));
       const int32_t* kpp = kp.data<int32_t>();
       const int64_t kst = kp.strides()[0];
       for (int row = 0; row < kp.shape(0); ++row) {
         const int32_t p = kpp[row * kst];
         if (p >= 0) {
-          found.push_back({p, kb + row * ks1, vb + row * vs1, ks0, vs0});
+          P.pos.push_back(p);
+          P.rows.push_back({kb + row * ks1 * elem, vb + row * vs1 * elem, static_cast<int>(part)});
         }
       }
     }
-    const bool sorted = std::is_sorted(found.begin(), found.end(), [](const Key& a, const Key& b) { return a.pos < b.pos; });
-    if (!sorted) {
-      std::stable_sort(found.begin(), found.end(), [](const Key& a, const Key& b) { return a.pos < b.pos; });
+    if (!std::is_sorted(P.pos.begin(), P.pos.end())) {
+      std::vector<int> order(P.pos.size());
+      for (size_t j = 0; j < order.size(); ++j) {
+        order[j] = static_cast<int>(j);
+      }
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return P.pos[a] < P.pos[b]; });
+      std::vector<int32_t> pos(order.size());
+      std::vector<Plan::Row> rows(order.size());
+      for (size_t j = 0; j < order.size(); ++j) {
+        pos[j] = P.pos[order[j]];
+        rows[j] = P.rows[order[j]];
+      }
+      P.pos.swap(pos);
+      P.rows.swap(rows);
     }
-    P.pos.resize(found.size());
-    P.k0.resize(found.size());
-    P.v0.resize(found.size());
-    P.khs.resize(found.size());
-    P.vhs.resize(found.size());
-    for (size_t j = 0; j < found.size(); ++j) {
-      P.pos[j] = found[j].pos;
-      P.k0[j] = found[j].k;
-      P.v0[j] = found[j].v;
-      P.khs[j] = found[j].khs;
-      P.vhs[j] = found[j].vhs;
-    }
-    const Isa isa = active_isa();
-    const int items = P.n * P.hkv;
+    const Kernels K = pick(active_isa(), kv);
+    const int units = P.n * P.hkv * P.groups();
     WorkerPool& workers = pool();
-    const int64_t work = static_cast<int64_t>(P.n) * P.hq * P.d * std::max<int64_t>(1, static_cast<int64_t>(found.size()));
-    if (workers.size() == 1 || items == 1 || work < kParallelWork) {
-      Scratch w;
-      attend_items(isa, P, 0, items, w);
+    // the keys each row reads, for the work estimate and the split
+    std::vector<int> j0(P.n), j1(P.n);
+    int64_t keys_read = 0;
+    for (int i = 0; i < P.n; ++i) {
+      P.visible(i, j0[i], j1[i]);
+      keys_read += j1[i] - j0[i];
+    }
+    const double est_us = static_cast<double>(keys_read) * P.hq * P.d / kMacsPerUs +
+                          static_cast<double>(keys_read) * P.hkv * P.d * 2 * elem / kBytesPerUs;
+    if (workers.size() == 1 || est_us < kSplitUs || units >= kUnitsPerThread * workers.size()) {
+      // whole units (each folds its chunks as it goes), shared out in small blocks
+      const int block = std::max(1, units / (workers.size() * 8));
+      workers.run_estimated((units + block - 1) / block, est_us, [&](int task) {
+        thread_local Scratch w;  // the running thread's own
+        for (int u = task * block; u < std::min(units, (task + 1) * block); ++u) {
+          K.unit(P, unit_of(P, u), w);
+        }
+      });
       return;
     }
-    // items claimed in small blocks by the pool's threads: the split never changes a value
-    const int block = std::max(1, items / (workers.size() * 8));
-    workers.run((items + block - 1) / block, [&](int task) {
-      thread_local Scratch w;  // the running thread's own
-      attend_items(isa, P, task * block, std::min(items, (task + 1) * block), w);
+    // Few units (decode): every unit's chunks are split into runs that any thread computes, each
+    // chunk's partial stored; then each unit folds its partials in ascending chunk order -- the same
+    // operations as a whole unit on one thread.
+    struct Run {
+      int unit, first, j, je;  // first: the run's first chunk index in its unit
+    };
+    std::vector<int> bounds;  // per unit: its chunks' start keys then the end key, flattened
+    std::vector<int> unit_chunk0(units + 1);  // unit u's chunks: [unit_chunk0[u], unit_chunk0[u + 1])
+    std::vector<int> starts;
+    for (int u = 0; u < units; ++u) {
+      const Unit un = unit_of(P, u);
+      unit_chunk0[u] = static_cast<int>(starts.size());
+      for (int j = j0[un.i]; j < j1[un.i]; j = P.chunk_end(j, j1[un.i])) {
+        starts.push_back(j);
+      }
+    }
+    unit_chunk0[units] = static_cast<int>(starts.size());
+    const int chunks = unit_chunk0[units];
+    const int per = std::max(1, chunks / (workers.size() * kRunsPerThread));
+    std::vector<Run> runs;
+    for (int u = 0; u < units; ++u) {
+      const int i = unit_of(P, u).i;
+      for (int c = unit_chunk0[u]; c < unit_chunk0[u + 1]; c += per) {
+        const int ce = std::min(unit_chunk0[u + 1], c + per);
+        runs.push_back({u, c, starts[c], ce < unit_chunk0[u + 1] ? starts[ce] : j1[i]});
+      }
+    }
+    const int D = P.d;
+    const int stride = kMaxGroup * (D + 2);  // one chunk's partial: m[R], l[R], o[R * D]
+    std::vector<float> partials(static_cast<size_t>(chunks) * stride);
+    workers.run_estimated(static_cast<int>(runs.size()), est_us, [&](int task) {
+      thread_local Scratch w;
+      const Run& run = runs[task];
+      const Unit u = unit_of(P, run.unit);
+      const int i = u.i;
+      int c = run.first;
+      for (int j = run.j; j < run.je; ++c) {
+        const int je = P.chunk_end(j, j1[i]);
+        float* part = partials.data() + static_cast<size_t>(c) * stride;
+        K.partial(P, u, j, je, w, part, part + kMaxGroup, part + 2 * kMaxGroup);
+        j = je;
+      }
     });
+    std::vector<float> O(static_cast<size_t>(kMaxGroup) * D);
+    for (int u = 0; u < units; ++u) {
+      const Unit un = unit_of(P, u);
+      float M[kMaxGroup], Lsum[kMaxGroup];
+      std::fill(M, M + un.R, -std::numeric_limits<float>::infinity());
+      std::fill(Lsum, Lsum + un.R, 0.0f);
+      std::fill(O.begin(), O.end(), 0.0f);
+      for (int c = unit_chunk0[u]; c < unit_chunk0[u + 1]; ++c) {
+        const float* part = partials.data() + static_cast<size_t>(c) * stride;
+        K.fold(un.R, D, M, Lsum, O.data(), part, part + kMaxGroup, part + 2 * kMaxGroup);
+      }
+      finish(P, un, Lsum, O.data());
+    }
   });
 }
 

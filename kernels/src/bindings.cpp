@@ -31,7 +31,8 @@ NB_MODULE(_ext, m) {
   m.def("causal_attention", &forkline::causal_attention, "q"_a, "q_pos"_a, "keys"_a, "values"_a, "key_pos"_a,
         nb::kw_only(), "scale"_a, "window"_a = 0, "chunk"_a = 64, "stream"_a = nb::none(),
         "batch-invariant causal attention (see src/attention.h): q [n, Hq, D], q_pos int32 [n], lists of "
-        "keys/values [Hkv, S_i, D] and key_pos int32 [S_i] (-1: never read) -> float32 [n, Hq, D]");
+        "keys/values [Hkv, S_i, D] (float32, float16 or bfloat16, read as stored) and key_pos int32 [S_i] "
+        "(-1: never read) -> float32 [n, Hq, D]");
 
   m.def("isa", [] { return std::string(forkline::isa_name(forkline::active_isa())); },
         "the instruction set the kernels use now: 'avx512', 'avx2' or 'scalar'");

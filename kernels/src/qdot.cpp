@@ -30,12 +30,16 @@ struct TileShape {
   int rows, cols;
 };
 
-// The tile for the next `left` rows. AVX2's 16 registers hold 4 x 2 accumulators with room to load;
-// AVX-512VL's 32 hold 4 x 4 (measured by bench/bench_kernels_matmul.py). A row count the tile does
-// not divide ends with one shorter tile of the remaining rows.
-TileShape f32_tile_shape(int left, bool wide) {
-  TileShape t{std::min(left, 4), left == 1 ? 4 : wide ? 4 : 2};
-  if (left == 5 || left == 6) {  // 5 = 5 x 3, 6 = 6 x 2 or 3 x 4 twice: one tile, no 1-row tail
+// The tile for the next `left` rows (measured by bench/bench_kernels_matmul.py with a model's worth
+// of distinct weights, so they stream from memory as in decode). One or two rows are memory-bound:
+// rows of W one at a time stream best, except q4_1's short rows (<= 384 bytes), read 4 at a time.
+// More rows are compute-bound: AVX2's 16 registers hold 4 x 2 accumulators with room to load,
+// AVX-512VL's 32 hold 4 x 4. A row count the tile does not divide ends with one shorter tile.
+TileShape f32_tile_shape(int left, bool wide, bool q41, int64_t row_bytes) {
+  TileShape t{std::min(left, 4), wide ? 4 : 2};
+  if (left <= 2) {
+    t = {left, q41 && row_bytes <= 384 ? 4 : 1};
+  } else if (left == 5 || left == 6) {  // one tile, no 1-row tail: 5 x 3, 6 x 3 (or 3 x 2 twice)
     t = wide ? TileShape{left, 3} : TileShape{3, 2};
   }
   const int r = g_tile_rows.load(std::memory_order_relaxed), c = g_tile_cols.load(std::memory_order_relaxed);
@@ -430,10 +434,32 @@ AVX2_FN FORKLINE_INLINE void f32_tile_body(const void* wq, const float* wd, cons
       acc[m][n] = _mm256_setzero_ps();
     }
   }
+  // The next RN weight rows (the next tile's, when this tile is the last row tile of its column
+  // run) are prefetched a line per row every 64 bytes of blocks: interleaved rows defeat the hardware
+  // stream prefetcher (a 1 x 4 q8_0 tile streaming from memory ran at 0.4x the one-row speed without
+  // it, 0.6x with it: hence one-row q8_0 tiles at one or two rows).
+  constexpr int kBlocksPerLine = Q41 ? 4 : 2;
+  constexpr int ahead = RN;
+  const uint8_t* next = w + ahead * row_bytes;
+#pragma GCC unroll 4
+  for (int n = 0; n < RN; ++n) {
+    _mm_prefetch(reinterpret_cast<const char*>(wd + (ahead + n) * blocks), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wd + (ahead + n) * blocks) + 64, _MM_HINT_T0);
+    if constexpr (Q41) {
+      _mm_prefetch(reinterpret_cast<const char*>(wm + (ahead + n) * blocks), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wm + (ahead + n) * blocks) + 64, _MM_HINT_T0);
+    }
+  }
   for (int b = 0; b < blocks; ++b) {
     __m256 xs = _mm256_setzero_ps();
     if constexpr (Q41) {
       xs = _mm256_loadu_ps(xsum_t + b * ldx);  // lane m: row m's block sum
+    }
+    if (b % kBlocksPerLine == 0) {
+#pragma GCC unroll 4
+      for (int n = 0; n < RN; ++n) {
+        _mm_prefetch(reinterpret_cast<const char*>(next + n * row_bytes + b * (Q41 ? 16 : 32)), _MM_HINT_T0);
+      }
     }
 #pragma GCC unroll 8
     for (int n = 0; n < RN; ++n) {
@@ -516,7 +542,7 @@ void rows_f32_tiled(Isa isa, const void* wq, const float* wd, const float* wm, i
   for (int nc = n0; nc < n1; nc += chunk) {
     const int nce = std::min(n1, nc + chunk);
     for (int m = 0; m < M;) {
-      const TileShape shape = f32_tile_shape(M - m, wide);
+      const TileShape shape = f32_tile_shape(M - m, wide, Q41, row_bytes);
       for (int n = nc; n < nce; n += shape.cols) {
         const int rn = std::min(shape.cols, nce - n);
         table[shape.rows - 1][rn - 1](w + n * row_bytes, wd + static_cast<int64_t>(n) * blocks,

@@ -17,8 +17,9 @@
 // of the eight lanes: they agree bit for bit, and every output depends only on its own row of x and of
 // W: the same for any batch size, thread count or tile. The float kernels run register tiles of up to
 // 6 rows of x x 4 rows of W (each widened weight block serves the tile's rows, each x block its weight
-// rows; 4 x 2 on AVX2's 16 registers, 4 x 4 with AVX-512VL's 32): one accumulator per output, so a
-// tile changes which loads are shared, never an output's operations.
+// rows; 4 x 2 on AVX2's 16 registers, 4 x 4 with AVX-512VL's 32, one or two rows x 1 or 4 rows of W
+// when memory-bound): one accumulator per output, so a tile changes which loads are shared, never an
+// output's operations.
 #pragma once
 
 #include <cstdint>
