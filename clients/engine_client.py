@@ -18,10 +18,11 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.channel_client import ChannelClient
+from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import InvalidArgument
 from engine_service.api.owners import DEFAULT_OWNER
 from engine_service.api.stream_events import Done, Event, Snapshot, Started, Tokens
-from engine_service.serving.engine_wire import event_from_proto
+from engine_service.serving.engine_wire import engine_info, event_from_proto
 from engine_service.serving.errors import from_rpc_error
 from protos import engine_pb2 as pb
 from protos import engine_pb2_grpc
@@ -37,44 +38,6 @@ class GenerationOutcome:
     snapshots: list[Snapshot] = field(default_factory=list)
     done: Done | None = None
     events: list[Event] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class OwnerQuota:
-    """What this client's owner holds in the engine (sessions, positions: live and held, reservations
-    included) and may hold (0: unlimited); the engine's client quota and persistent budget."""
-
-    sessions: int = 0
-    positions: int = 0
-    max_sessions: int = 0
-    max_positions: int = 0
-    persistent: bool = False
-    owner_max_sessions: int = 0
-    owner_max_positions: int = 0
-    persistent_owner_max_sessions: int = 0
-    persistent_owner_max_positions: int = 0
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    model: str
-    fingerprint: str
-    cache_kind: str
-    instance_id: str
-    max_sessions: int
-    max_session_tokens: int
-    vocab_size: int
-    idle_session_timeout_s: float
-    resident_sessions: int
-    open_handles: int
-    eos_token_ids: tuple[int, ...]
-    quota: OwnerQuota = field(default_factory=OwnerQuota)  # this client's owner in the engine
-    # the engine's compute path (e.g. "kernels q4_1 avx2 x2 threads, ..."); slow_path: far below the
-    # machine's best (the engine logged a WARNING saying how to fix it)
-    compute_path: str = ""
-    slow_path: bool = False
-    chat_template: bool = True  # False: a base model without one (send plain text)
-    architecture: str = ""
 
 
 class GenerationStream:
@@ -225,37 +188,7 @@ class EngineClient(ChannelClient):
         return reply.position, reply.generating
 
     def info(self) -> EngineInfo:
-        r = self._unary(self.stub.Info, pb.InfoRequest())
-        limits, caller = r.limits, r.caller
-        quota = OwnerQuota(
-            caller.sessions,
-            caller.positions,
-            caller.max_sessions,
-            caller.max_positions,
-            caller.persistent,
-            limits.owner_max_sessions,
-            limits.owner_max_positions,
-            limits.persistent_owner_max_sessions,
-            limits.persistent_owner_max_positions,
-        )
-        return EngineInfo(
-            r.model,
-            r.fingerprint,
-            r.cache_kind,
-            r.instance_id,
-            limits.max_sessions,
-            limits.max_session_tokens,
-            limits.vocab_size,
-            limits.idle_session_timeout_s,
-            r.resident_sessions,
-            r.open_handles,
-            tuple(r.eos_token_ids),
-            quota,
-            r.compute_path,
-            r.slow_path,
-            r.chat_template,
-            r.architecture,
-        )
+        return engine_info(self._unary(self.stub.Info, pb.InfoRequest()))
 
     def tokenize(
         self, text: str, *, chat: bool = False, system: str = "", add_special_tokens: bool = False

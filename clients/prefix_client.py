@@ -53,7 +53,10 @@ class InsertResult:
 
 
 @dataclass(frozen=True)
-class PrefixStats:
+class PrefixServiceStats:
+    """The service's Stats answer: its cache's counters over every engine it routes to, and its own
+    (``prefix_service.outcomes.PrefixStats`` is one cache's)."""
+
     entries: int
     max_entries: int
     hits: int
@@ -159,9 +162,9 @@ class PrefixClient(ChannelClient):
         r = self._routed(self.stub.Insert, request, namespace)
         return InsertResult(r.stored, INSERT_REFUSALS.get(r.reason, f"unknown_{r.reason}"))
 
-    def stats(self) -> PrefixStats:
+    def stats(self) -> PrefixServiceStats:
         s = self._unary(self.stub.Stats, pb.StatsRequest())
-        return PrefixStats(
+        return PrefixServiceStats(
             s.entries,
             s.max_entries,
             s.hits,

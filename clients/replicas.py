@@ -125,7 +125,7 @@ class ReplicatedPrefixClient:
         return self.client_for(namespace).generate(tokens, namespace=namespace, **kwargs)
 
     def stats(self) -> dict[str, Any]:
-        """Each replica's PrefixStats, by address."""
+        """Each replica's PrefixServiceStats, by address."""
         return {r: c.stats() for r, c in self.clients.items()}
 
     def clear(self) -> int:

@@ -7,7 +7,7 @@ a :class:`SessionBackend`. The in-process adapter (:class:`RunnerBackend`) uses
 the engine ``fingerprint`` so cache keys never cross models or execution configurations.
 
 The gateway (``gateway.py``) needs more of a remote engine: :class:`GatewayBackend` adds its identity
-(:class:`EngineInfo`), tokenizing, describing and closing sessions on behalf of a caller, and a
+(``api.engine_info.EngineInfo``), tokenizing, describing and closing sessions on behalf of a caller, and a
 Generate call (:class:`EngineGenerate`) answered by a cancellable :class:`EngineStream` of the
 engine's stream events (``engine_service/api/stream_events.py``). These are domain types: the rpc layer
 converts them to and from protos.
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from engine_service.api.clones import CloneRefusal, TakenClone
+from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import ForklineError
 from engine_service.api.stream_events import Event
 
@@ -156,35 +157,6 @@ class RunnerBackend:
 
 
 # -- the gateway's engine ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    """The engine's identity, the limits the gateway checks requests against and its budget derives
-    from, and (``quota_*``, 0: unlimited) what the backend's own owner may hold there."""
-
-    instance_id: str  # changes when the engine restarts: every handle of the old instance is dead
-    fingerprint: str
-    vocab_size: int
-    max_session_tokens: int
-    max_sessions: int = 0  # 0: not reported
-    resident_sessions: int = 0
-    quota_sessions: int = 0
-    quota_positions: int = 0
-    persistent: bool | None = (
-        None  # whether the engine treats the backend's owner as persistent (None: unsaid)
-    )
-    active_generations: int = 0  # the engine's load, all callers: generations running and commands queued
-    queued_commands: int = 0
-    cache_kind: str = ""
-    sliding_window: int = 0  # the largest sliding window of the model (0: none slide)
-    max_write: int = 0  # positions one forward writes per session
-    window_evicts: bool = False  # a ring drops rows: clones reach only max_write below a snapshot's length
-
-    @property
-    def max_rewind(self) -> int | None:
-        """``backends.max_rewind`` of this engine: ``max_write`` when its cache evicts window rows."""
-        return self.max_write if self.window_evicts else None
 
 
 @dataclass(frozen=True)

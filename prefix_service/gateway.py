@@ -63,9 +63,10 @@ from dataclasses import dataclass, field, replace
 from engine_service.api.clones import CloneRefusal
 from engine_service.api.config import GenConfig
 from engine_service.api.content import content_digest
+from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import Cancelled, ForklineError, InvalidArgument, ResourceExhausted
 from engine_service.api.stream_events import Done, Snapshot, SnapshotKind, Started, Tokens
-from prefix_service.backends import EngineGenerate, EngineInfo, EngineStream, GatewayBackend, TextPrompt
+from prefix_service.backends import EngineGenerate, EngineStream, GatewayBackend, TextPrompt
 from prefix_service.budget import DEFAULT_ENGINE_SHARE, Reservation
 from prefix_service.checkpoints import CheckpointPlan, SnapshotRoom, checkpoint_positions, message_ends
 from prefix_service.gateway_stream import GatewayStream
@@ -351,7 +352,7 @@ class Gateway:
         evicts window rows, past ``reused``, fewer than half the cache's entries, each with room
         reserved (a checkpoint the policy gives no room, or one already stored, is not asked for)."""
         info = self.last_info
-        if not self.checkpoints.enabled or info is None or not info.window_evicts:
+        if not self.checkpoints.enabled or info is None or not info.window.evicts:
             return ()
         # one prompt's snapshots take at most half the cache's entries: a long prompt never flushes it
         plan = self.checkpoints.limited(self.cache.max_entries // 2 - 1)

@@ -24,8 +24,9 @@ import logging
 import threading
 
 from engine_service.api.clones import TakenClone
+from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import ForklineError, QuotaExceeded, ResourceExhausted
-from prefix_service.backends import EngineInfo, GatewayBackend
+from prefix_service.backends import GatewayBackend
 from prefix_service.budget import check_share, engine_budget
 from prefix_service.prefix_cache import PrefixCache
 
@@ -53,8 +54,8 @@ class EnginePressure:
             *self._configured,
             engine_max_sessions=info.max_sessions,
             engine_max_session_tokens=info.max_session_tokens,
-            quota_sessions=info.quota_sessions,
-            quota_positions=info.quota_positions,
+            quota_sessions=info.caller_quota.max_sessions,
+            quota_positions=info.caller_quota.max_positions,
         )
         if bounds != (self.cache.max_entries, self.cache.max_positions):
             evicted = self.cache.set_budget(*bounds)

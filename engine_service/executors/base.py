@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from engine_service.api.engine_info import WindowGeometry
 from engine_service.api.snapshot_files import StateLayout
 from engine_service.cache.seq_state import SeqState
 from engine_service.executors.prepared_input import PreparedInput
@@ -85,23 +86,6 @@ class ExecutorLimits:
     max_sessions: int
     max_session_tokens: int
     vocab_size: int
-
-
-@dataclass(frozen=True)
-class WindowGeometry:
-    """What a clone of a sliding-window model can reach (published in the engine's Info).
-
-    sliding_window: the largest window of the model's sliding layers (0: none slide).
-    max_write: positions one forward writes per session at most.
-    evicts: the cache drops rows older than the window (``batched-sequence`` ring layers), so a clone
-        or rewind to ``p`` is refused when ``p < written - max_write`` (``written``: the session's
-        high-water mark; ``CloneRefusal.WINDOW``). False when every row stays (``batched-cell``:
-        sliding layers only mask) or nothing slides: a clone at any committed position works.
-    """
-
-    sliding_window: int = 0
-    max_write: int = 0
-    evicts: bool = False
 
 
 class Executor(ABC):

@@ -29,18 +29,12 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine_service.api.engine_info import WindowGeometry
 from engine_service.api.errors import NotFound
 from engine_service.api.snapshot_files import StateLayout
 from engine_service.cache.batch_control import BatchControl, Segment
 from engine_service.cache.seq_state import SeqState, StateTransfer, geometry_text
-from engine_service.executors.base import (
-    ExecInput,
-    ExecOutput,
-    Executor,
-    ExecutorLimits,
-    WindowGeometry,
-    out_of_vocab,
-)
+from engine_service.executors.base import ExecInput, ExecOutput, Executor, ExecutorLimits, out_of_vocab
 from engine_service.executors.cache_setup import build_session_cache, cache_config, positive
 from engine_service.executors.plan import PREPARED_TOKEN, InputError, Plan, SessionState
 from engine_service.executors.prepared_input import PreparedInput

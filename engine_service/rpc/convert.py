@@ -14,8 +14,7 @@ import numpy as np
 
 from engine_service.api.clones import CloneRefusal, refusal_text
 from engine_service.api.errors import InvalidArgument
-from engine_service.api.owners import NO_QUOTA, OwnerQuota, OwnerUsage
-from engine_service.executors.base import ExecutorLimits, WindowGeometry, out_of_vocab
+from engine_service.executors.base import ExecutorLimits, out_of_vocab
 from engine_service.executors.prepared_input import EmbeddingsInput, PreparedInput
 from engine_service.serving.engine_wire import CLONE_REFUSALS
 from protos import engine_pb2 as pb
@@ -126,41 +125,3 @@ def check_fits(start: int, size: int, breakpoints: Sequence[int], limits: Execut
 def clone_refused(reason: CloneRefusal, upto: int, text: str | None = None) -> pb.CloneResponse:
     """A refused Clone: its reason and, in words, ``text`` (default: the reason's)."""
     return pb.CloneResponse(refusal=text or refusal_text(reason, upto), reason=CLONE_REFUSALS[reason])
-
-
-def window_message(window: WindowGeometry | None) -> pb.WindowGeometry | None:
-    """InfoResponse.window (None: the executor does not describe it)."""
-    if window is None:
-        return None
-    return pb.WindowGeometry(
-        sliding_window=window.sliding_window, max_write=window.max_write, evicts=window.evicts
-    )
-
-
-def limits_message(
-    limits: ExecutorLimits,
-    idle_timeout_s: float,
-    quota: OwnerQuota = NO_QUOTA,
-    persistent_quota: OwnerQuota = NO_QUOTA,
-) -> pb.Limits:
-    return pb.Limits(
-        max_sessions=limits.max_sessions,
-        max_session_tokens=limits.max_session_tokens,
-        vocab_size=limits.vocab_size,
-        idle_session_timeout_s=idle_timeout_s,
-        owner_max_sessions=quota.max_sessions,
-        owner_max_positions=quota.max_positions,
-        persistent_owner_max_sessions=persistent_quota.max_sessions,
-        persistent_owner_max_positions=persistent_quota.max_positions,
-    )
-
-
-def owner_usage(usage: OwnerUsage) -> pb.OwnerUsage:
-    return pb.OwnerUsage(
-        owner=usage.owner,
-        persistent=usage.persistent,
-        sessions=usage.sessions,
-        positions=usage.positions,
-        max_sessions=usage.quota.max_sessions,
-        max_positions=usage.quota.max_positions,
-    )

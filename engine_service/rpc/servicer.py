@@ -27,6 +27,7 @@ import grpc
 from engine_service.api.clones import CloneRefusal
 from engine_service.api.config import GenConfig
 from engine_service.api.content import check_digest
+from engine_service.api.engine_info import NO_WINDOW, EngineInfo
 from engine_service.api.errors import Cancelled, FailedPrecondition, InvalidArgument, Stopping, Unavailable
 from engine_service.api.owners import NO_QUOTA, PERSISTENT_OWNER, OwnerQuota, check_owner
 from engine_service.executors.base import ExecutorLimits
@@ -337,25 +338,30 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             d = self.deps
             owner = owner_of(context.invocation_metadata())
             load = d.runner.metrics()
-            return pb.InfoResponse(
-                model=d.model_name,
-                fingerprint=d.fingerprint,
-                limits=convert.limits_message(
-                    d.limits, d.registry.idle_timeout_s, d.registry.quota, d.registry.persistent_quota
-                ),
-                cache_kind=d.cache_kind,
-                instance_id=d.registry.instance_id,
-                resident_sessions=d.runner.resident_sessions,
-                open_handles=len(d.registry),
-                eos_token_ids=list(d.eos_token_ids),
-                caller=convert.owner_usage(d.registry.usage(owner)),
-                active_generations=load.active_generations,
-                queued_commands=load.queued_commands,
-                compute_path=d.runner.compute_path,
-                slow_path=d.runner.slow_path,
-                window=convert.window_message(d.runner.window_geometry),
-                chat_template=d.chat is not None and d.chat.available,
-                architecture=d.architecture,
+            return engine_wire.info_message(
+                EngineInfo(
+                    instance_id=d.registry.instance_id,
+                    fingerprint=d.fingerprint,
+                    vocab_size=d.limits.vocab_size,
+                    max_session_tokens=d.limits.max_session_tokens,
+                    max_sessions=d.limits.max_sessions,
+                    model=d.model_name,
+                    cache_kind=d.cache_kind,
+                    architecture=d.architecture,
+                    eos_token_ids=d.eos_token_ids,
+                    chat_template=d.chat is not None and d.chat.available,
+                    idle_session_timeout_s=d.registry.idle_timeout_s,
+                    client_quota=d.registry.quota,
+                    persistent_quota=d.registry.persistent_quota,
+                    caller=d.registry.usage(owner),
+                    resident_sessions=d.runner.resident_sessions,
+                    open_handles=len(d.registry),
+                    active_generations=load.active_generations,
+                    queued_commands=load.queued_commands,
+                    window=d.runner.window_geometry or NO_WINDOW,
+                    compute_path=d.runner.compute_path,
+                    slow_path=d.runner.slow_path,
+                )
             )
 
     def Tokenize(self, request: pb.TokenizeRequest, context: grpc.ServicerContext) -> pb.TokenizeResponse:

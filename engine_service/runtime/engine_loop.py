@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 
 from engine_service.api.clones import CloneRefusal
+from engine_service.api.engine_info import WindowGeometry
 from engine_service.api.errors import EngineFull, FailedPrecondition, GenerationError
 from engine_service.api.stream_events import FinishReason
-from engine_service.executors.base import ExecOutput, Executor, ExecutorLimits, WindowGeometry
+from engine_service.executors.base import ExecOutput, Executor, ExecutorLimits
 from engine_service.executors.sampling import SamplingParams
 from engine_service.model.compute_path import ComputePath
 from engine_service.runtime.commands import (

@@ -26,9 +26,10 @@ import mlx.core as mx
 
 from engine_service.api.clones import CloneRefusal
 from engine_service.api.config import GenConfig
+from engine_service.api.engine_info import WindowGeometry
 from engine_service.api.errors import FailedPrecondition, InvalidArgument, Stopping
 from engine_service.api.snapshot_files import LoadRefusal, SaveRefusal
-from engine_service.executors.base import Executor, ExecutorLimits, WindowGeometry
+from engine_service.executors.base import Executor, ExecutorLimits
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.model.compute_path import warn_if_slow
 from engine_service.persistence.snapshot import SessionSnapshot

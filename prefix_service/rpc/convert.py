@@ -14,7 +14,7 @@ from engine_service.api.clones import CloneRefusal, TakenClone
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument
 from engine_service.serving.engine_wire import CLONE_REFUSALS, event_message, gen_config
-from prefix_service.backends import EngineGenerate, EngineInfo, TextPrompt
+from prefix_service.backends import EngineGenerate, TextPrompt
 from prefix_service.fleet_stats import EngineStatus, FleetStats
 from prefix_service.gateway import GatewayEvent, GatewayRequest, Prompt, PromptLookup
 from prefix_service.outcomes import InsertOutcome, InsertRefusal, MissReason
@@ -136,27 +136,6 @@ def taken_clone(reply: epb.CloneResponse) -> TakenClone:
     if reply.session:
         return TakenClone(reply.session)
     return TakenClone(None, _CLONE_REFUSALS.get(reply.reason, CloneRefusal.BOUNDARY))
-
-
-def engine_info(info: epb.InfoResponse) -> EngineInfo:
-    limits = info.limits
-    return EngineInfo(
-        info.instance_id,
-        info.fingerprint,
-        limits.vocab_size,
-        limits.max_session_tokens,
-        max_sessions=limits.max_sessions,
-        resident_sessions=info.resident_sessions,
-        quota_sessions=info.caller.max_sessions,
-        quota_positions=info.caller.max_positions,
-        persistent=info.caller.persistent if info.caller.owner else None,
-        active_generations=info.active_generations,
-        queued_commands=info.queued_commands,
-        cache_kind=info.cache_kind,
-        sliding_window=info.window.sliding_window,
-        max_write=info.window.max_write,
-        window_evicts=info.window.evicts,
-    )
 
 
 def text_input(text: TextPrompt) -> epb.TextInput:

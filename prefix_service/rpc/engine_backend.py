@@ -31,14 +31,15 @@ import grpc
 from google.protobuf.message import Message
 
 from engine_service.api.clones import TakenClone
+from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import NotFound
 from engine_service.api.handle_names import handle_instance
 from engine_service.api.owners import PERSISTENT_OWNER
 from engine_service.api.stream_events import Event
 from engine_service.serving.auth import ClientSecurity, on_behalf_of
-from engine_service.serving.engine_wire import event_from_proto
+from engine_service.serving.engine_wire import engine_info, event_from_proto
 from engine_service.serving.errors import from_rpc_error
-from prefix_service.backends import Described, EngineGenerate, EngineInfo, ImportedSnapshot, TextPrompt
+from prefix_service.backends import Described, EngineGenerate, ImportedSnapshot, TextPrompt
 from prefix_service.rpc import convert
 from prefix_service.rpc.engine_watch import EngineWatch, call_timeout
 from protos import engine_pb2 as pb
@@ -127,7 +128,7 @@ class EngineBackend:
         return {"timeout": timeout, "wait_for_ready": timeout is not None}
 
     def info(self) -> EngineInfo:
-        return convert.engine_info(self.call(self.stub.Info, pb.InfoRequest()))
+        return engine_info(self.call(self.stub.Info, pb.InfoRequest()))
 
     def refresh(self) -> EngineInfo:
         """Read Info and adopt the engine's instance id and fingerprint."""

@@ -84,7 +84,7 @@ def connect_engine(
     backend = EngineBackend(channel, owner=owner, token=engine_security.token)
     backend.address = engine_address
     backend.watch = EngineWatch(channel, outage_wait_s=outage_wait_s)  # started by create_server
-    if backend.refresh().persistent is False:
+    if (caller := backend.refresh().caller) is not None and not caller.persistent:
         channel.close()
         raise FailedPrecondition(
             f"the engine does not treat owner {owner!r} as a persistent owner: its snapshots would expire and "

@@ -80,8 +80,8 @@ def test_one_owner_opening_sessions_in_a_loop_cannot_make_another_fail(engine_fa
     kept = bob.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
     assert bob.clone(kept, 40) is not None  # bob has his own quota
     info = bob.info()
-    assert (info.quota.sessions, info.quota.max_sessions, info.quota.owner_max_sessions) == (2, 2, 2)
-    assert info.quota.persistent_owner_max_sessions == 4 and not info.quota.persistent
+    assert (info.caller.sessions, info.caller.quota.max_sessions, info.client_quota.max_sessions) == (2, 2, 2)
+    assert info.persistent_quota.max_sessions == 4 and not info.caller.persistent
 
 
 def test_negative_control_without_quotas_the_loop_takes_every_slot(engine_factory) -> None:

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 
 from engine_service.api.clones import CloneRefusal, TakenClone
 from engine_service.api.content import PREPARED, content_digest
+from engine_service.api.engine_info import EngineInfo, WindowGeometry
 from engine_service.api.errors import Cancelled, ResourceExhausted
 from engine_service.api.stream_events import Done, Snapshot, SnapshotKind, Started, Tokens
-from prefix_service.backends import Described, EngineGenerate, EngineInfo, TextPrompt
+from prefix_service.backends import Described, EngineGenerate, TextPrompt
 
 
 @dataclass(frozen=True)
@@ -271,8 +272,7 @@ class FakeEngine(FakeBackend):
             self.max_session_tokens,
             max_sessions=self.max_sessions,
             resident_sessions=len(self.live),
-            max_write=self.max_write,
-            window_evicts=self.window_evicts,
+            window=WindowGeometry(max_write=self.max_write, evicts=self.window_evicts),
         )
 
     @property

@@ -1,0 +1,71 @@
+"""EngineInfo: what an engine says about itself (its ``Info`` answer), as every reader of it sees it.
+
+Identity (``instance_id`` changes when the engine restarts; ``fingerprint`` is part of every prefix
+cache key), the limits requests are checked against, the quotas, what the asking owner holds
+(``caller``; None when the answer did not say), the load, the sliding-window geometry and the
+compute path. Counts of 0 mean "not reported" where a limit is concerned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine_service.api.owners import NO_QUOTA, OwnerQuota, OwnerUsage
+
+
+@dataclass(frozen=True)
+class WindowGeometry:
+    """What a clone of a sliding-window model can reach.
+
+    sliding_window: the largest window of the model's sliding layers (0: none slide).
+    max_write: positions one forward writes per session at most.
+    evicts: the cache drops rows older than the window (``batched-sequence`` ring layers), so a clone
+        or rewind to ``p`` is refused when ``p < written - max_write`` (``written``: the session's
+        high-water mark; ``CloneRefusal.WINDOW``). False when every row stays (``batched-cell``:
+        sliding layers only mask) or nothing slides: a clone at any committed position works.
+    """
+
+    sliding_window: int = 0
+    max_write: int = 0
+    evicts: bool = False
+
+
+NO_WINDOW = WindowGeometry()
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """See the module docstring."""
+
+    instance_id: str
+    fingerprint: str
+    vocab_size: int
+    max_session_tokens: int
+    max_sessions: int = 0
+    model: str = ""
+    cache_kind: str = ""
+    architecture: str = ""
+    eos_token_ids: tuple[int, ...] = ()
+    chat_template: bool = True  # False: a base model without one (send plain text)
+    idle_session_timeout_s: float = 0.0
+    client_quota: OwnerQuota = NO_QUOTA  # what each client owner may hold
+    persistent_quota: OwnerQuota = NO_QUOTA  # what each persistent owner may hold
+    caller: OwnerUsage | None = None  # the asking owner: what it holds and may hold
+    resident_sessions: int = 0
+    open_handles: int = 0
+    active_generations: int = 0  # the load, all callers: generations running, commands queued
+    queued_commands: int = 0
+    window: WindowGeometry = NO_WINDOW
+    compute_path: str = ""  # e.g. "kernels q4_1 avx2 x2 threads, ..."
+    slow_path: bool = False  # far below the machine's best (the engine logged how to fix it)
+
+    @property
+    def caller_quota(self) -> OwnerQuota:
+        """The asking owner's quota (none when the answer did not say)."""
+        return self.caller.quota if self.caller is not None else NO_QUOTA
+
+    @property
+    def max_rewind(self) -> int | None:
+        """How far below a snapshot's length a clone can reach: ``max_write`` when the cache evicts
+        window rows, else None (any committed position)."""
+        return self.window.max_write if self.window.evicts else None
