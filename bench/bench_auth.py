@@ -29,9 +29,9 @@ import engine_service  # noqa: E402,F401  (loads OpenBLAS before mlx)
 from clients.engine_client import Tokens  # noqa: E402
 from clients.prefix_client import PrefixClient  # noqa: E402
 from engine_service.rpc.server import create_server  # noqa: E402
-from engine_service.rpc.servicer import EngineDeps  # noqa: E402
 from engine_service.serving.auth import ClientSecurity, ServerSecurity, authenticate, server_credentials  # noqa: E402
 from engine_service.serving.tokens import TokenTable  # noqa: E402
+from engine_service.sessions.engine import EngineSessions  # noqa: E402
 from prefix_service.rpc.server import connect_engine  # noqa: E402
 from prefix_service.rpc.server import create_server as create_prefix_server  # noqa: E402
 from tests.service.pki import write_test_pki  # noqa: E402
@@ -69,7 +69,7 @@ class Setting:
         tls = write_test_pki(folder) if name == "tokens+tls" else None
         creds = server_credentials(tls.server_cert, tls.server_key) if tls else None
         security = ServerSecurity(TokenTable.load(tokens_path), creds) if secured else None
-        deps = EngineDeps.build(
+        deps = EngineSessions.build(
             weights[0],
             weights[1],
             model_name="bench",

@@ -30,7 +30,7 @@ from clients.engine_client import Tokens
 from clients.prefix_client import PrefixClient
 from engine_service.model.loader import load_model
 from engine_service.rpc.server import create_server
-from engine_service.rpc.servicer import EngineDeps
+from engine_service.sessions.engine import EngineSessions
 from prefix_service.rpc.server import connect_engine
 from prefix_service.rpc.server import create_server as create_prefix_server
 
@@ -109,7 +109,7 @@ def main() -> None:
     args = p.parse_args()
 
     loaded = load_model()
-    deps = EngineDeps.build(
+    deps = EngineSessions.build(
         loaded,
         loaded.tokenizer,
         model_name=MODEL,

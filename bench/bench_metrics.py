@@ -45,8 +45,8 @@ from engine_service.model.loader import load_model
 from engine_service.rpc.metrics import EngineMetrics
 from engine_service.rpc.server import SERVICE_NAME as ENGINE
 from engine_service.rpc.server import create_server
-from engine_service.rpc.servicer import EngineDeps
 from engine_service.serving.rpc_metrics import MetricsInterceptor
+from engine_service.sessions.engine import EngineSessions
 from prefix_service.rpc.server import SERVICE_NAME as PREFIX
 from prefix_service.rpc.server import connect_engine
 from prefix_service.rpc.server import create_server as create_prefix_server
@@ -150,7 +150,7 @@ class _Context:
         return None
 
 
-def hot_path_costs(deps: EngineDeps, events: int = 20000) -> dict:
+def hot_path_costs(deps: EngineSessions, events: int = 20000) -> dict:
     """Microseconds per streamed token event through the interceptor's Generate wrapper (vs the bare
     stream) and per forward in the batch observer, on throwaway metrics (call before serving ``deps``)."""
     import grpc
@@ -348,7 +348,7 @@ def main() -> None:
 
     loaded = load_model()
     modes = ("on", "off", "off2")  # off2: a second unmetered pair, the A/A control (how noisy is a ratio?)
-    deps = EngineDeps.build(
+    deps = EngineSessions.build(
         loaded,
         loaded.tokenizer,
         model_name=MODEL,

@@ -36,7 +36,7 @@ import engine_service  # noqa: F401  (OpenBLAS before mlx)
 from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
 from engine_service.rpc.server import create_server as create_engine_server
-from engine_service.rpc.servicer import EngineDeps
+from engine_service.sessions.engine import EngineSessions
 from prefix_service.routing import Candidate, routing_names, routing_policy
 from prefix_service.rpc.server import connect_fleet, create_server
 from protos import engine_pb2 as epb
@@ -52,7 +52,7 @@ def start_engines(n: int) -> list:
 
     engines = []
     for _ in range(n):
-        deps = EngineDeps.build(
+        deps = EngineSessions.build(
             random_model("FRFR", 4, 0),
             char_tokenizer(),
             model_name="tiny-FRFR-seed0",

@@ -26,7 +26,7 @@ from clients.prefix_client import PrefixClient
 from engine_service.api.config import GenConfig
 from engine_service.model.loader import load_model
 from engine_service.rpc.server import create_server
-from engine_service.rpc.servicer import EngineDeps
+from engine_service.sessions.engine import EngineSessions
 from prefix_service.rpc.server import connect_engine
 from prefix_service.rpc.server import create_server as create_prefix_server
 
@@ -75,7 +75,7 @@ def main() -> None:
 
     loaded = load_model()
     tok = loaded.tokenizer
-    deps = EngineDeps.build(
+    deps = EngineSessions.build(
         loaded,
         tok,
         model_name="smollm2",

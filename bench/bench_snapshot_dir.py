@@ -31,7 +31,7 @@ import engine_service  # noqa: F401  (loads OpenBLAS before mlx)
 from clients.prefix_client import PrefixClient
 from engine_service.model.loader import load_model
 from engine_service.rpc.server import create_server
-from engine_service.rpc.servicer import EngineDeps
+from engine_service.sessions.engine import EngineSessions
 from prefix_service.persistent_tier import PersistentTier
 from prefix_service.rpc.server import connect_engine
 from prefix_service.rpc.server import create_server as create_prefix_server
@@ -40,7 +40,7 @@ OUT = Path(__file__).resolve().parent / "out"
 
 
 def engine_server(loaded, port: int = 0):
-    deps = EngineDeps.build(
+    deps = EngineSessions.build(
         loaded,
         loaded.tokenizer,
         model_name=os.path.basename(loaded.path),

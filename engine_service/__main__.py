@@ -89,11 +89,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def start_engine(args: argparse.Namespace):
     """Load the model, start the engine thread and the gRPC server: (EngineServer, bound port)."""
     from engine_service.api.owners import PERSISTENT_OWNER
-    from engine_service.handles import engine_quotas
     from engine_service.model.loader import load_model
     from engine_service.rpc.server import create_server
-    from engine_service.rpc.servicer import EngineDeps
     from engine_service.serving.service_main import server_security
+    from engine_service.sessions.engine import EngineSessions
+    from engine_service.sessions.handles import engine_quotas
 
     security = server_security(args)  # a bad token file or TLS flag fails before the model loads
     quota, persistent_quota = engine_quotas(  # bad quota flags fail before the model loads too
@@ -108,7 +108,7 @@ def start_engine(args: argparse.Namespace):
         from engine_service.model import deterministic
 
         deterministic.enable(loaded)
-    deps = EngineDeps.build(
+    deps = EngineSessions.build(
         loaded,
         loaded.tokenizer,
         model_name=loaded.path,

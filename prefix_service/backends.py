@@ -24,9 +24,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from engine_service.api.clones import CloneRefusal, TakenClone
+from engine_service.api.answers import CloneRefusal, Described, ImportedSnapshot, TakenClone
 from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import ForklineError
+from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Event
 
 if TYPE_CHECKING:  # runtime import would tie the prefix cache to the engine package layout
@@ -159,28 +160,6 @@ class RunnerBackend:
 # -- the gateway's engine ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Described:
-    """A caller's session as the engine describes it: its committed ``position`` and the digest of
-    what it holds (None while it generates, or when it holds a prepared input)."""
-
-    position: int
-    content_digest: bytes | None = None
-
-
-@dataclass(frozen=True)
-class ImportedSnapshot:
-    """``SnapshotBackend.import_session``'s answer: the new ``handle`` (owned by the backend, adopted
-    with what the engine reported it holds), or None and the engine's ``refusal`` (a LoadRefusal name:
-    "checksum", "fingerprint", "no_room", ...) and its ``detail``."""
-
-    handle: str | None
-    refusal: str = ""
-    detail: str = ""
-    positions: int = 0
-    content_digest: bytes | None = None
-
-
 @runtime_checkable
 class SnapshotBackend(Protocol):
     """An engine that exports and imports snapshot files (the persistent tier, ``snapshot_store.py``).
@@ -192,18 +171,6 @@ class SnapshotBackend(Protocol):
     def export_session(self, handle: str, extra: Mapping[str, str]) -> Iterator[bytes] | None: ...
 
     def import_session(self, chunks: Iterable[bytes]) -> ImportedSnapshot: ...
-
-
-@dataclass(frozen=True)
-class TextPrompt:
-    """A prompt as text; the engine tokenizes it (chat-formatted first when ``chat``: [system] + user
-    ``text``, or, when ``messages`` holds (role, content) pairs, that whole conversation)."""
-
-    text: str
-    chat: bool = False
-    system: str = ""
-    add_special_tokens: bool = False
-    messages: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from engine_service.api.errors import ForklineError, InvalidArgument
-from prefix_service.backends import TextPrompt
+from engine_service.api.prompts import TextPrompt
 from prefix_service.budget import Reservation
 
 log = logging.getLogger(__name__)

@@ -40,8 +40,8 @@ from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from engine_service.api.errors import ForklineError, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Done
-from prefix_service.backends import TextPrompt
 from prefix_service.fleet_stats import EngineStatus, FleetStats, summed
 from prefix_service.gateway import Gateway, GatewayEvent, GatewayRequest, Prompt, PromptLookup
 from prefix_service.gateway_stream import GatewayStream

@@ -60,13 +60,14 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from engine_service.api.clones import CloneRefusal
+from engine_service.api.answers import CloneRefusal
 from engine_service.api.config import GenConfig
 from engine_service.api.content import content_digest
 from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import Cancelled, ForklineError, InvalidArgument, ResourceExhausted
+from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Done, Snapshot, SnapshotKind, Started, Tokens
-from prefix_service.backends import EngineGenerate, EngineStream, GatewayBackend, TextPrompt
+from prefix_service.backends import EngineGenerate, EngineStream, GatewayBackend
 from prefix_service.budget import DEFAULT_ENGINE_SHARE, Reservation
 from prefix_service.checkpoints import CheckpointPlan, SnapshotRoom, checkpoint_positions, message_ends
 from prefix_service.gateway_stream import GatewayStream

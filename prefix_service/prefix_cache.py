@@ -50,7 +50,7 @@ from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-from engine_service.api.clones import CloneRefusal
+from engine_service.api.answers import CloneRefusal
 from engine_service.api.content import content_digest
 from engine_service.api.errors import (
     FailedPrecondition,

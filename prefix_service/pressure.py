@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from engine_service.api.clones import TakenClone
+from engine_service.api.answers import TakenClone
 from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import ForklineError, QuotaExceeded, ResourceExhausted
 from prefix_service.backends import GatewayBackend

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from engine_service.api.clones import CloneRefusal
+from engine_service.api.answers import CloneRefusal
 
 
 class FinishReason(StrEnum):

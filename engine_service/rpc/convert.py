@@ -1,58 +1,31 @@
-"""Proto <-> domain conversion for the engine service. Pure functions, no state, no engine calls.
-
-Requests become domain values (token lists, :class:`PreparedInput`, :class:`GenConfig`) and are checked
-against the engine's published limits on the way in, so malformed input is refused with
-INVALID_ARGUMENT before any session is touched. Domain results become ``engine_pb2`` messages.
+"""Proto <-> domain conversion for the engine servicer: requests become ``sessions`` requests and
+``api`` values (checked later, against the engine's limits, by the sessions facade), answers become
+``engine_pb2`` messages. Pure functions; messages shared with the engine's clients are
+``serving/engine_wire.py``'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from engine_service.api.clones import CloneRefusal, refusal_text
+from engine_service.api.answers import CloneRefusal, Described, ImportedSnapshot, TakenClone, refusal_text
 from engine_service.api.errors import InvalidArgument
-from engine_service.executors.base import ExecutorLimits, out_of_vocab
+from engine_service.api.prompts import TextPrompt
 from engine_service.executors.prepared_input import EmbeddingsInput, PreparedInput
-from engine_service.serving.engine_wire import CLONE_REFUSALS
+from engine_service.persistence.sessions import EncodedSession
+from engine_service.serving.engine_wire import CLONE_REFUSALS, gen_config
+from engine_service.sessions.engine import GenerationRequest
+from engine_service.sessions.inputs import Input
 from protos import engine_pb2 as pb
 
-if TYPE_CHECKING:  # only annotations: the prefix service imports this module without the model code
-    from engine_service.model.chat import ChatFormatter
-    from engine_service.model.tokenizer import Tokenizer
+CHUNK_BYTES = 1 << 20  # 1 MiB: well under gRPC's 4 MiB message limit
 
 
-def token_ids(ids: Sequence[int], vocab_size: int, field: str = "tokens") -> list[int]:
-    """Token ids checked against the vocabulary: InvalidArgument naming ``field`` for a bad id."""
-    out = list(ids)
-    bad = out_of_vocab(out, vocab_size)
-    if bad is not None:
-        raise InvalidArgument(f"{field}[{bad}] = {out[bad]} is outside the vocabulary [0, {vocab_size})")
-    return out
-
-
-def text_tokens(msg: pb.TextInput, tokenizer: Tokenizer, chat: ChatFormatter | None) -> list[int]:
-    """Tokenize a TextInput (chat-formatted first when ``msg.chat``: [system] + user(text), or the
-    whole conversation in ``msg.messages``)."""
-    if msg.chat:
-        if chat is None:
-            raise InvalidArgument("text.chat: this model has no chat template")
-        if msg.messages and (msg.text or msg.system):
-            raise InvalidArgument("text.messages replaces text.text and text.system: send one or the other")
-        messages = [{"role": m.role, "content": m.content} for m in msg.messages] or (
-            ([{"role": "system", "content": msg.system}] if msg.system else [])
-            + [{"role": "user", "content": msg.text}]
-        )
-        return list(
-            tokenizer.encode(chat.format(messages, add_generation_prompt=True), add_special_tokens=False)
-        )
-    if msg.system or msg.messages:
-        raise InvalidArgument(
-            f"text.{'system' if msg.system else 'messages'} is only used with text.chat = true"
-        )
-    return list(tokenizer.encode(msg.text, add_special_tokens=msg.add_special_tokens))
+def text_prompt(msg: pb.TextInput) -> TextPrompt:
+    messages = tuple((m.role, m.content) for m in msg.messages)
+    return TextPrompt(msg.text, msg.chat, msg.system, msg.add_special_tokens, messages)
 
 
 def prepared_input(msg: pb.PreparedInput, hidden_size: int | None = None) -> PreparedInput:
@@ -83,45 +56,72 @@ def prepared_input(msg: pb.PreparedInput, hidden_size: int | None = None) -> Pre
     return EmbeddingsInput(mx.array(data))
 
 
-def generate_input(
-    request: pb.GenerateRequest,
-    tokenizer: Tokenizer,
-    chat: ChatFormatter | None,
-    vocab_size: int,
-    hidden_size: int | None = None,
-) -> list[int] | PreparedInput:
-    """The request's input as a token list or a PreparedInput; InvalidArgument when absent or empty."""
+def generation_request(
+    request: pb.GenerateRequest, eos_token_ids: Sequence[int], hidden_size: int | None
+) -> GenerationRequest:
+    """The Generate request as a domain request; InvalidArgument when it names no input."""
     which = request.WhichOneof("input")
+    value: Input
     if which == "tokens":
-        ids = token_ids(request.tokens.ids, vocab_size)
+        value = list(request.tokens.ids)
     elif which == "text":
-        ids = text_tokens(request.text, tokenizer, chat)
+        value = text_prompt(request.text)
     elif which == "prepared":
-        return prepared_input(request.prepared, hidden_size)
+        value = prepared_input(request.prepared, hidden_size)
     else:
         raise InvalidArgument("input is required: one of tokens, text, prepared")
-    if not ids:
-        raise InvalidArgument(f"input.{which} is empty")
-    return ids
+    capture = request.capture
+    return GenerationRequest(
+        input=value,
+        config=gen_config(request.config, eos_token_ids, tuple(capture.breakpoints)),
+        session=request.session,
+        keep_session=request.keep_session,
+        prompt_snapshot=capture.prompt_snapshot,
+        snapshot_owner=capture.snapshot_owner,
+    )
 
 
-def input_size(value: list[int] | PreparedInput) -> int:
-    return value.size() if isinstance(value, PreparedInput) else len(value)
-
-
-def check_fits(start: int, size: int, breakpoints: Sequence[int], limits: ExecutorLimits) -> None:
-    """The input must fit the session and breakpoints must lie inside it: (start, start + size]."""
-    if start + size > limits.max_session_tokens:
-        raise InvalidArgument(
-            f"input of {size} positions at position {start} exceeds max_session_tokens={limits.max_session_tokens}"
+def clone_response(taken: TakenClone, upto: int) -> pb.CloneResponse:
+    """A Clone's answer: the new session, or its refusal's reason and words."""
+    if taken.handle is not None:
+        return pb.CloneResponse(
+            session=taken.handle, position=upto, content_digest=taken.content_digest or b""
         )
-    for b in breakpoints:
-        if not start < b <= start + size:
-            raise InvalidArgument(
-                f"capture.breakpoints: {b} is outside the input's positions ({start}, {start + size}]"
-            )
+    reason = taken.refusal or CloneRefusal.BOUNDARY
+    return pb.CloneResponse(refusal=taken.detail or refusal_text(reason, upto), reason=CLONE_REFUSALS[reason])
 
 
-def clone_refused(reason: CloneRefusal, upto: int, text: str | None = None) -> pb.CloneResponse:
-    """A refused Clone: its reason and, in words, ``text`` (default: the reason's)."""
-    return pb.CloneResponse(refusal=text or refusal_text(reason, upto), reason=CLONE_REFUSALS[reason])
+def describe_response(described: Described) -> pb.DescribeResponse:
+    return pb.DescribeResponse(
+        position=described.position,
+        generating=described.generating,
+        content_digest=described.content_digest or b"",
+    )
+
+
+def snapshot_chunks(encoded: EncodedSession) -> Iterator[pb.SnapshotChunk]:
+    """An exported file in ``CHUNK_BYTES`` chunks, the first carrying the header fields; a refusal is
+    one chunk naming it."""
+    if encoded.data is None:
+        yield pb.SnapshotChunk(refusal=str(encoded.refusal.value if encoded.refusal else "unsupported"))
+        return
+    data = memoryview(encoded.data)
+    header = {
+        "file_bytes": len(data),
+        "positions": encoded.positions,
+        "content_digest": encoded.content_digest or b"",
+    }
+    for start in range(0, len(data), CHUNK_BYTES):
+        yield pb.SnapshotChunk(data=bytes(data[start : start + CHUNK_BYTES]), **header)
+        header = {}
+
+
+def import_response(imported: ImportedSnapshot) -> pb.ImportSessionResponse:
+    if imported.handle is None:
+        return pb.ImportSessionResponse(refusal=imported.refusal, detail=imported.detail)
+    return pb.ImportSessionResponse(
+        session=imported.handle,
+        positions=imported.positions,
+        content_digest=imported.content_digest or b"",
+        extra=dict(imported.extra),
+    )

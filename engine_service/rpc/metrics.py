@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from prometheus_client import Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
-from engine_service.rpc.servicer import EngineDeps
 from engine_service.serving.rpc_metrics import ServiceMetrics
+from engine_service.sessions.engine import EngineSessions
 from protos import engine_pb2
 
 GENERATE_METHOD = f"/{engine_pb2.DESCRIPTOR.services_by_name['Engine'].full_name}/Generate"
@@ -54,7 +54,7 @@ class EngineMetrics(ServiceMetrics):
     """The engine's metrics over ``deps``; installs itself as the runner's batch observer until
     :meth:`close` (the runner may outlive the server)."""
 
-    def __init__(self, deps: EngineDeps) -> None:
+    def __init__(self, deps: EngineSessions) -> None:
         super().__init__((GENERATE_METHOD,))
         self.batch_rows = Histogram(
             "forkline_engine_batch_rows",
@@ -93,7 +93,7 @@ class EngineMetrics(ServiceMetrics):
 class EngineCollector:
     """Engine state read at scrape time: ``Runner.metrics()``, the handle registry and the limits."""
 
-    def __init__(self, deps: EngineDeps) -> None:
+    def __init__(self, deps: EngineSessions) -> None:
         self._deps = deps
 
     def describe(self) -> list[Metric]:

@@ -1,7 +1,7 @@
 """The engine gRPC server: servicer + health checking + reflection + idle-handle sweeper.
 
-``create_server(deps, address) -> (server, port)`` binds (``127.0.0.1:0`` picks a free port), starts
-serving and returns an :class:`EngineServer`. ``server.stop(grace)`` drains: new calls get
+``create_server(sessions, address) -> (server, port)`` binds (``127.0.0.1:0`` picks a free port),
+starts serving and returns an :class:`EngineServer`. ``server.stop(grace)`` drains: new calls get
 UNAVAILABLE and health reports NOT_SERVING, in-flight streams get ``grace`` seconds to finish, then
 the remaining ones are cancelled and every handle still registered is closed. The runner belongs to
 the caller (``python -m engine_service`` shuts it down after the server). ``metrics=True`` collects
@@ -11,52 +11,22 @@ Prometheus metrics (``rpc/metrics.py``); ``server.start_metrics(host, port)`` se
 from __future__ import annotations
 
 import logging
-import threading
 
 import grpc
 from grpc_health.v1 import health
 
 from engine_service.rpc.metrics import EngineMetrics
-from engine_service.rpc.servicer import EngineDeps, EngineServicer
+from engine_service.rpc.servicer import EngineServicer
 from engine_service.serving.auth import ServerSecurity
 from engine_service.serving.service_main import GrpcServer, build_grpc_server
+from engine_service.sessions.engine import EngineSessions
+from engine_service.sessions.sweeper import HandleSweeper
 from protos import engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
 MAX_WORKERS = 64  # each streaming Generate holds a worker thread for its duration
-
-
-class HandleSweeper:
-    """Closes sessions whose handles were idle longer than the registry's timeout."""
-
-    def __init__(self, deps: EngineDeps) -> None:
-        self._deps = deps
-        self._stop = threading.Event()
-        timeout = deps.registry.idle_timeout_s
-        self._interval = min(1.0, timeout / 4) if timeout > 0 else 0.0
-        self._thread = threading.Thread(target=self._run, name="forkline-handle-sweeper", daemon=True)
-
-    def start(self) -> None:
-        if self._interval > 0:
-            self._thread.start()
-
-    def sweep(self) -> int:
-        expired = self._deps.registry.expire_idle()
-        for r in expired:
-            log.info(
-                "session handle of %s expired after %.1f s idle", r.owner, self._deps.registry.idle_timeout_s
-            )
-            r.value.close()
-        return len(expired)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            self.sweep()
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 class EngineServer(GrpcServer):
@@ -76,8 +46,9 @@ class EngineServer(GrpcServer):
         self.sweeper = sweeper
 
     @property
-    def deps(self) -> EngineDeps:
-        return self.servicer.deps
+    def deps(self) -> EngineSessions:
+        """The sessions this server serves."""
+        return self.servicer.sessions
 
     def stop(self, grace: float | None = 2.0, *, shutdown_runner: bool = False) -> None:
         """Drain and stop (idempotent); returns once the server has stopped and handles are closed.
@@ -85,16 +56,15 @@ class EngineServer(GrpcServer):
 
         def release() -> None:
             self.sweeper.stop()
-            for r in self.deps.registry.release_all():
-                r.value.close()
+            self.deps.release_all()
             if shutdown_runner:
                 self.deps.runner.shutdown()
 
-        self._drain(grace, before=self.servicer.drain, after=release)
+        self._drain(grace, before=self.deps.drain, after=release)
 
 
 def create_server(
-    deps: EngineDeps,
+    sessions: EngineSessions,
     address: str = "127.0.0.1:0",
     *,
     security: ServerSecurity | None = None,
@@ -103,8 +73,8 @@ def create_server(
     """Build, bind and start the engine server; returns it and the bound port. ``security``: TLS and/or
     bearer tokens (``engine_service/serving/auth.py``; None: plaintext, self-declared owners). ``metrics``:
     collect Prometheus metrics (``server.metrics``; served by ``server.start_metrics``)."""
-    servicer = EngineServicer(deps)
-    engine_metrics = EngineMetrics(deps) if metrics else None
+    servicer = EngineServicer(sessions)
+    engine_metrics = EngineMetrics(sessions) if metrics else None
     try:
         server, health_servicer, port = build_grpc_server(
             engine_pb2_grpc.add_EngineServicer_to_server,
@@ -120,9 +90,9 @@ def create_server(
         if engine_metrics is not None:
             engine_metrics.close()  # detach the runner's batch observer
         raise
-    sweeper = HandleSweeper(deps)
+    sweeper = HandleSweeper(sessions.registry)
     sweeper.start()
-    log.info("engine serving %s on port %d (instance %s)", SERVICE_NAME, port, deps.registry.instance_id)
+    log.info("engine serving %s on port %d (instance %s)", SERVICE_NAME, port, sessions.registry.instance_id)
     engine_server = EngineServer(server, servicer, health_servicer, sweeper, port)
     engine_server.metrics = engine_metrics
     return engine_server, port

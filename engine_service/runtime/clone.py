@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
-from engine_service.api.clones import CloneRefusal
+from engine_service.api.answers import CloneRefusal
 
 
 class CloneFuture(Future):

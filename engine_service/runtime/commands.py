@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine_service.api.clones import CloneRefusal
+from engine_service.api.answers import CloneRefusal
 from engine_service.api.errors import GenerationError, Stopping
 from engine_service.api.stream_events import FinishReason
 from engine_service.runtime.clone import CloneFuture

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from engine_service.api.clones import CloneRefusal
+from engine_service.api.answers import CloneRefusal
 from engine_service.api.engine_info import WindowGeometry
 from engine_service.api.errors import EngineFull, FailedPrecondition, GenerationError
 from engine_service.api.stream_events import FinishReason

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engine_service.api.clones import CloneRefusal
+from engine_service.api.answers import CloneRefusal
 from engine_service.api.config import GenConfig
 from engine_service.api.engine_info import WindowGeometry
 from engine_service.api.errors import FailedPrecondition, InvalidArgument, Stopping

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from engine_service.api.clones import CloneRefusal
+from engine_service.api.answers import CloneRefusal
 from engine_service.api.config import GenConfig, int_tuple
 from engine_service.api.content import DIGEST_SIZE
 from engine_service.api.errors import FailedPrecondition, InvalidArgument

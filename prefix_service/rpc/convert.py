@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from engine_service.api.clones import CloneRefusal, TakenClone
+from engine_service.api.answers import CloneRefusal, TakenClone
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument
+from engine_service.api.prompts import TextPrompt
 from engine_service.serving.engine_wire import CLONE_REFUSALS, event_message, gen_config
-from prefix_service.backends import EngineGenerate, TextPrompt
+from prefix_service.backends import EngineGenerate
 from prefix_service.fleet_stats import EngineStatus, FleetStats
 from prefix_service.gateway import GatewayEvent, GatewayRequest, Prompt, PromptLookup
 from prefix_service.outcomes import InsertOutcome, InsertRefusal, MissReason

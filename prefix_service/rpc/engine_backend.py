@@ -30,16 +30,17 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from engine_service.api.clones import TakenClone
+from engine_service.api.answers import Described, ImportedSnapshot, TakenClone
 from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import NotFound
 from engine_service.api.handle_names import handle_instance
 from engine_service.api.owners import PERSISTENT_OWNER
+from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Event
 from engine_service.serving.auth import ClientSecurity, on_behalf_of
 from engine_service.serving.engine_wire import engine_info, event_from_proto
 from engine_service.serving.errors import from_rpc_error
-from prefix_service.backends import Described, EngineGenerate, ImportedSnapshot, TextPrompt
+from prefix_service.backends import EngineGenerate
 from prefix_service.rpc import convert
 from prefix_service.rpc.engine_watch import EngineWatch, call_timeout
 from protos import engine_pb2 as pb

@@ -20,7 +20,7 @@ from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
 from engine_service.model.tokenizer import Tokenizer
 from engine_service.rpc.server import EngineServer, create_server
-from engine_service.rpc.servicer import EngineDeps
+from engine_service.sessions.engine import EngineSessions
 from prefix_service.rpc.server import PrefixServer, connect_engine
 from prefix_service.rpc.server import create_server as create_prefix_server
 
@@ -48,7 +48,7 @@ class Engine:
         return f"127.0.0.1:{self.port}"
 
     @property
-    def deps(self) -> EngineDeps:
+    def deps(self) -> EngineSessions:
         return self.server.deps
 
     @property
@@ -74,9 +74,9 @@ def start_engine(
     persistent_owners: tuple[str, ...] = ("prefix-service",),
 ) -> Engine:
     """``quota`` / ``persistent_quota``: the engine's per-owner quotas (default: none; the CLI's
-    defaults are ``engine_service.handles.engine_quotas``)."""
+    defaults are ``engine_service.sessions.handles.engine_quotas``)."""
     tokenizer = char_tokenizer()
-    deps = EngineDeps.build(
+    deps = EngineSessions.build(
         random_model(layers, 4, seed),
         tokenizer,
         model_name=f"tiny-{layers}-seed{seed}",

@@ -21,9 +21,9 @@ from engine_service.api.errors import InvalidArgument, NotFound, Unauthenticated
 from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
 from engine_service.rpc.server import create_server
-from engine_service.rpc.servicer import EngineDeps
 from engine_service.serving.auth import ClientSecurity, ServerSecurity, server_credentials
 from engine_service.serving.tokens import TokenTable
+from engine_service.sessions.engine import EngineSessions
 from prefix_service.rpc.server import connect_engine
 from prefix_service.rpc.server import create_server as create_prefix_server
 from protos import engine_pb2 as pb
@@ -61,7 +61,7 @@ def servers():
     class Make:
         @staticmethod
         def engine(security: ServerSecurity | None = None, host: str = "127.0.0.1") -> Running:
-            deps = EngineDeps.build(
+            deps = EngineSessions.build(
                 random_model("FRFR", 4, 0),
                 char_tokenizer(),
                 model_name="tiny-auth",

@@ -20,7 +20,7 @@ from clients.engine_client import EngineClient
 from clients.prefix_client import PrefixClient
 from engine_service.api.errors import ForklineError, ResourceExhausted
 from engine_service.api.owners import NO_QUOTA
-from engine_service.handles import engine_quotas
+from engine_service.sessions.handles import engine_quotas
 from prefix_service.rpc.server import connect_engine
 from prefix_service.rpc.server import create_server as create_prefix_server
 from tests.service.conftest import Engine, Prefix

@@ -9,7 +9,7 @@ from engine_service.model.chat import ChatFormatter
 from engine_service.model.cpu_kernels import KernelStatus
 from engine_service.model.random_init import random_model
 from engine_service.rpc.server import create_server
-from engine_service.rpc.servicer import EngineDeps
+from engine_service.sessions.engine import EngineSessions
 from tests.service.conftest import char_tokenizer
 
 
@@ -25,7 +25,7 @@ def test_info_reports_a_slow_path(monkeypatch) -> None:
     """q8_0 weights without the compiled kernels run on MLX's own ops: Info says slow."""
     monkeypatch.setattr(cpu_kernels, "_status", KernelStatus(False, "none", 0, "FORKLINE_KERNELS=off"))
     monkeypatch.setattr(cpu_kernels, "_module", None)
-    deps = EngineDeps.build(
+    deps = EngineSessions.build(
         random_model("FRFR", 4, 0, weights_dtype="q8_0"),
         char_tokenizer(),
         model_name="tiny-q8_0",

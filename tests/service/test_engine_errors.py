@@ -151,7 +151,7 @@ def test_session_already_generating_is_failed_precondition(engine_factory) -> No
 def test_stopping_engine_is_unavailable_while_streams_finish(engine) -> None:
     healthy = HealthyStream(engine.address)
     assert healthy.started.wait(30)
-    engine.server.servicer.drain()  # what SIGTERM does first
+    engine.server.deps.drain()  # what SIGTERM does first
     stub, meta, channel = stub_and_meta(engine.address)
     expect_code(grpc.StatusCode.UNAVAILABLE, gen(stub, meta, tokens=pb.TokenIds(ids=[65, 66])))
     expect_code(
@@ -241,12 +241,12 @@ def test_prepared_input_that_cannot_fit_the_model_is_invalid_argument(engine_fac
 def test_clone_that_does_not_settle_in_time_is_unavailable_not_internal(engine, monkeypatch) -> None:
     from concurrent.futures import Future
 
-    from engine_service.rpc import servicer
     from engine_service.runtime.session import Session
+    from engine_service.sessions import engine as sessions_engine
 
     alice = EngineClient(engine.address, owner="alice")
     own = alice.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
-    monkeypatch.setattr(servicer, "CLONE_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(sessions_engine, "CLONE_TIMEOUT_S", 0.2)
     monkeypatch.setattr(
         Session, "clone_async", lambda self, upto, expected=None: Future()
     )  # a stalled engine

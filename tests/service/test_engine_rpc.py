@@ -188,7 +188,7 @@ def test_snapshot_of_a_call_cancelled_before_it_is_streamed_is_released(engine_f
     # owner such as the prefix service would otherwise hold it forever).
     import threading
 
-    from engine_service.rpc.generation_call import GenerationCall
+    from engine_service.sessions.generation_call import GenerationCall
 
     entered, cancelled = threading.Event(), threading.Event()
     original = GenerationCall._register

@@ -13,11 +13,11 @@ from grpc_status import rpc_status
 
 from clients.engine_client import EngineClient
 from clients.prefix_client import PrefixClient
-from engine_service import handles
 from engine_service.api import errors as e
 from engine_service.api.owners import OwnerQuota
 from engine_service.serving.auth import OWNER_METADATA_KEY
 from engine_service.serving.errors import error_for
+from engine_service.sessions import handles
 from protos import engine_pb2 as pb
 from protos import engine_pb2_grpc
 from tests.service.helpers import PROMPT
@@ -87,7 +87,7 @@ def test_a_full_engine_and_a_stopping_engine_are_typed_too(engine_factory) -> No
     with pytest.raises(e.EngineFull) as full:
         client.generate(PROMPT, max_new_tokens=1).collect()
     assert full.value.reason == e.ErrorReason.ENGINE_FULL and full.value.max_sessions == 2
-    engine.server.servicer.drain()
+    engine.server.deps.drain()
     with pytest.raises(e.Stopping) as stopping:
         client.generate(PROMPT, max_new_tokens=1).collect()
     assert stopping.value.reason == e.ErrorReason.STOPPING and isinstance(stopping.value, e.Unavailable)

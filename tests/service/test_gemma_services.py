@@ -13,7 +13,7 @@ from clients.prefix_client import PrefixClient
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument
 from engine_service.rpc.server import create_server
-from engine_service.rpc.servicer import EngineDeps
+from engine_service.sessions.engine import EngineSessions
 from tests.service.conftest import start_prefix
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ def services():
         loaded = load_model("gemma-3-270m")
     except ModelLoadError as exc:
         pytest.skip(f"gemma-3-270m unavailable: {exc}")
-    deps = EngineDeps.build(
+    deps = EngineSessions.build(
         loaded,
         loaded.tokenizer,
         model_name="gemma-3-270m",

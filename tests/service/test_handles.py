@@ -6,7 +6,7 @@ import pytest
 
 from engine_service.api.errors import InvalidArgument, NotFound
 from engine_service.api.handle_names import handle_instance, new_instance_id
-from engine_service.handles import HandleRegistry
+from engine_service.sessions.handles import HandleRegistry
 
 
 class FakeClock:

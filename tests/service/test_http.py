@@ -357,10 +357,10 @@ def test_the_real_model_answers_through_its_chat_template() -> None:
     and the second call reusing all but the last prompt token."""
     from engine_service.model.loader import load_model
     from engine_service.rpc.server import create_server
-    from engine_service.rpc.servicer import EngineDeps
+    from engine_service.sessions.engine import EngineSessions
 
     loaded = load_model()
-    deps = EngineDeps.build(
+    deps = EngineSessions.build(
         loaded,
         loaded.tokenizer,
         model_name=loaded.path,

@@ -47,9 +47,9 @@ def test_real_tokens_are_forwarded_and_https_uses_the_grpc_certificate(tmp_path)
     from engine_service.model.chat import ChatFormatter
     from engine_service.model.random_init import random_model
     from engine_service.rpc.server import create_server
-    from engine_service.rpc.servicer import EngineDeps
     from engine_service.serving.auth import ClientSecurity, ServerSecurity
     from engine_service.serving.tokens import TokenTable
+    from engine_service.sessions.engine import EngineSessions
     from prefix_service.rpc.server import connect_engine
     from prefix_service.rpc.server import create_server as create_prefix_server
     from tests.service.conftest import char_tokenizer
@@ -63,7 +63,7 @@ def test_real_tokens_are_forwarded_and_https_uses_the_grpc_certificate(tmp_path)
     prefix_tokens = table("prefix.txt", {TOKEN: "alice", carol: "carol"})
     engine_security = ServerSecurity(table("engine.txt", {TOKEN: "alice", service_token: "prefix-service"}))
     pki = write_test_pki(tmp_path)
-    deps = EngineDeps.build(
+    deps = EngineSessions.build(
         random_model("FRFR", 4, 0),
         char_tokenizer(),
         model_name="tiny",

@@ -25,8 +25,8 @@ from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
 from engine_service.rpc.server import SERVICE_NAME as ENGINE
 from engine_service.rpc.server import create_server
-from engine_service.rpc.servicer import EngineDeps
 from engine_service.serving.service_main import run_service
+from engine_service.sessions.engine import EngineSessions
 from prefix_service.rpc.server import SERVICE_NAME as PREFIX
 from prefix_service.rpc.server import connect_engine
 from prefix_service.rpc.server import create_server as create_prefix_server
@@ -38,8 +38,8 @@ NEW_TOKENS = 5
 FIXED = {"max_new_tokens": NEW_TOKENS, "temperature": 10.0, "seed": 7, "ignore_eos": True}  # exactly 5 tokens
 
 
-def engine_deps() -> EngineDeps:
-    return EngineDeps.build(
+def engine_deps() -> EngineSessions:
+    return EngineSessions.build(
         random_model("FRFR", 4, 0),
         char_tokenizer(),
         model_name="tiny-FRFR-seed0",

@@ -22,8 +22,8 @@ from engine_service.api.errors import (
     ResourceExhausted,
 )
 from engine_service.api.owners import NO_QUOTA, OwnerQuota
-from engine_service.handles import HandleRegistry, engine_quotas
 from engine_service.serving.auth import OWNER_METADATA_KEY
+from engine_service.sessions.handles import HandleRegistry, engine_quotas
 from protos import engine_pb2 as pb
 from tests.service.helpers import PROMPT, wait_for
 

@@ -7,7 +7,7 @@ import pytest
 from clients.prefix_client import PrefixClient
 from engine_service.api.config import GenConfig
 from engine_service.rpc.server import create_server
-from engine_service.rpc.servicer import EngineDeps
+from engine_service.sessions.engine import EngineSessions
 from tests.service.conftest import start_prefix
 
 
@@ -16,7 +16,7 @@ def test_two_gateway_rounds_on_the_real_model() -> None:
     from engine_service.model.loader import load_model
 
     loaded = load_model()
-    deps = EngineDeps.build(
+    deps = EngineSessions.build(
         loaded,
         loaded.tokenizer,
         model_name="smollm2",

@@ -25,12 +25,13 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from engine_service.api.clones import CloneRefusal, TakenClone
+from engine_service.api.answers import CloneRefusal, Described, TakenClone
 from engine_service.api.content import PREPARED, content_digest
 from engine_service.api.engine_info import EngineInfo, WindowGeometry
 from engine_service.api.errors import Cancelled, ResourceExhausted
+from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Done, Snapshot, SnapshotKind, Started, Tokens
-from prefix_service.backends import Described, EngineGenerate, TextPrompt
+from prefix_service.backends import EngineGenerate
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_service.api.clones import CloneRefusal
+from engine_service.api.answers import CloneRefusal
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument, QuotaExceeded, ResourceExhausted
 from engine_service.api.stream_events import Snapshot, SnapshotKind, Started, Tokens

@@ -12,7 +12,7 @@ import pytest
 
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument
-from prefix_service.backends import TextPrompt
+from engine_service.api.prompts import TextPrompt
 from prefix_service.checkpoints import CheckpointPlan, checkpoint_positions, message_ends
 from prefix_service.gateway import Gateway, GatewayRequest
 from prefix_service.outcomes import LookupOutcome, MissReason

@@ -9,8 +9,9 @@ import pytest
 
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import Cancelled, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Done, Tokens
-from prefix_service.backends import EngineGenerate, TextPrompt
+from prefix_service.backends import EngineGenerate
 from prefix_service.fleet import EngineMember, Fleet
 from prefix_service.gateway import Gateway, GatewayRequest
 from prefix_service.prefix_cache import PrefixCache

@@ -11,7 +11,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from engine_service.api.clones import CloneRefusal
+from engine_service.api.answers import CloneRefusal
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import ResourceExhausted, Unavailable
 from engine_service.runtime.clone import CloneFuture

@@ -14,7 +14,7 @@ from array import array
 
 import pytest
 
-from engine_service.api.clones import CloneRefusal
+from engine_service.api.answers import CloneRefusal
 from engine_service.api.config import GenConfig
 from engine_service.api.content import PREPARED, check_digest, content_digest
 from engine_service.api.errors import InvalidArgument

@@ -1,20 +1,14 @@
-"""One streamed Generate call: a generation on a session, its capture clones, and its cleanup.
+"""One streamed generation for a caller: a generation on a session, its snapshots, its cleanup.
 
-The runner delivers updates on the engine thread; :meth:`GenerationCall.events` runs on the gRPC
-thread and turns them into events. The engine-thread callback only puts items on a queue and, for
-capture options, *queues* a clone (``clone_async``) before the next forward: it never waits. The gRPC
-thread waits for clone futures, registers the snapshot handles for the caller and detokenizes.
+The runner delivers updates on the engine thread: the callback only queues them and, through the
+capture rule (``capture.py``), queues snapshot clones; it never waits. :meth:`GenerationCall.events`
+runs on the caller's thread: it waits for clone futures, registers snapshot handles and detokenizes,
+yielding ``api.stream_events`` (Started, Tokens / Snapshot, Done).
 
-Ownership: a session this call opened is registered to the caller for the duration of the call and
-closed at the end unless ``keep_session`` (a cancelled or failed call closes it regardless). Snapshot
-handles that were streamed belong to the caller, or to ``snapshot_owner`` (a persistent owner the
-caller hands them to). When the call ends early (client cancel or disconnect, server drain),
-:meth:`abort` cancels the generation and releases every clone the caller never received.
-
-Quotas: :meth:`GenerationCall.reserve_snapshots` reserves every snapshot in its owner's quota before
-the generation starts (a snapshot for the caller that does not fit fails the call; one handed to
-another owner that does not fit is refused with ``CloneRefusal.QUOTA`` when its time comes, and the
-generation goes on). The session's weight returns to its position when the call ends.
+Ownership: a fresh session is registered to the caller for the call and closed at its end unless
+``keep_session`` (a cancelled or failed call closes it regardless). Streamed snapshot handles belong
+to the capture's owner. :meth:`finish` (however the call ends) cancels the generation, releases every
+clone the caller never received and returns a held session's weight to its position.
 """
 
 from __future__ import annotations
@@ -25,40 +19,23 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine_service.api.clones import CloneRefusal, refusal_text
+from engine_service.api.answers import CloneRefusal, refusal_text
 from engine_service.api.config import GenConfig
-from engine_service.api.errors import GenerationError, ResourceExhausted
-from engine_service.api.stream_events import (
-    Done,
-    Event,
-    FinishReason,
-    Snapshot,
-    SnapshotKind,
-    Started,
-    Tokens,
-)
+from engine_service.api.errors import GenerationError
+from engine_service.api.stream_events import Done, Event, FinishReason, Snapshot, Started, Tokens
 from engine_service.executors.prepared_input import PreparedInput
-from engine_service.handles import HandleRegistry
 from engine_service.model.detokenizer import StreamDecoder
-from engine_service.rpc import convert
-from engine_service.runtime.clone import CloneFuture
 from engine_service.runtime.generation import GenerationHandle, GenerationResult, GenerationUpdate
 from engine_service.runtime.session import close_child_when_done
+from engine_service.sessions.capture import PendingSnapshot, SnapshotCapture
+from engine_service.sessions.handles import HandleRegistry
+from engine_service.sessions.inputs import input_size
 
 if TYPE_CHECKING:
     from engine_service.model.tokenizer import Tokenizer
     from engine_service.runtime.session import Session
 
-_POLL_S = 0.25  # how often a waiting stream re-checks that its client is still there
-
-
-@dataclass(frozen=True)
-class _Snapshot:
-    future: CloneFuture
-    position: int
-    kind: str
-    reservation: str | None = None  # the handle reserved for the child
-    refusal_text: str = ""  # why it was refused before any clone (the quota)
+_POLL_S = 0.25  # how often a waiting stream re-checks that its caller is still there
 
 
 @dataclass(frozen=True)
@@ -67,105 +44,61 @@ class _Update:
 
 
 class GenerationCall:
-    """See the module docstring. ``session`` is resolved (and pinned under ``handle``) by the caller."""
+    """See the module docstring. ``session`` is resolved (and pinned under ``handle``) by the caller,
+    and ``capture``'s snapshots reserved."""
 
     def __init__(
         self,
         *,
         registry: HandleRegistry[Session],
-        owner: str,
         handle: str,
         session: Session,
         fresh: bool,
         keep_session: bool,
         tokenizer: Tokenizer,
-        prompt_snapshot: bool,
-        breakpoints: tuple[int, ...],
-        snapshot_owner: str | None = None,
+        input: list[int] | PreparedInput,
+        config: GenConfig,
+        capture: SnapshotCapture,
     ) -> None:
         self._registry = registry
-        self._owner = owner
         self._handle = handle
         self._session = session
         self._fresh = fresh
         self._keep = keep_session
         self._tokenizer = tokenizer
-        self._prompt_snapshot = prompt_snapshot
-        self._breakpoints = frozenset(breakpoints)
-        self._queue: queue.SimpleQueue[_Snapshot | _Update] = queue.SimpleQueue()
+        self._input = input
+        self._config = config
+        self._capture = capture
+        self._queue: queue.SimpleQueue[PendingSnapshot | _Update] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
-        self._captured_prompt = False
-        self._prompt_end = 0
         self._generation: GenerationHandle | None = None
         self._finished_cleanly = False
         self._unstreamed: str | None = None  # a snapshot handle registered but not yet sent
-        self._snapshot_owner = snapshot_owner or owner
-        # (kind, position) -> the handle reserved for that snapshot, or why it has no room
-        self._reserved: dict[tuple[str, int], str | ResourceExhausted] = {}
-
-    def reserve_snapshots(self, prompt_end: int) -> None:
-        """Reserve every snapshot this call may take in its owner's quota (before the generation
-        starts; see the module docstring). The caller releases them (:meth:`release_reservations`)
-        when the call does not start."""
-        wanted = [(SnapshotKind.BREAKPOINT, p) for p in sorted(self._breakpoints)]
-        if self._prompt_snapshot:
-            wanted.append((SnapshotKind.PROMPT, prompt_end))
-        for kind, position in wanted:
-            try:
-                self._reserved[(kind, position)] = self._registry.reserve(self._snapshot_owner, position)
-            except ResourceExhausted as exc:
-                if self._snapshot_owner == self._owner:
-                    raise
-                self._reserved[(kind, position)] = exc
-
-    def release_reservations(self) -> None:
-        """Give back the snapshot reservations nothing used."""
-        with self._lock:
-            left, self._reserved = list(self._reserved.values()), {}
-        for reservation in left:
-            if isinstance(reservation, str):
-                self._registry.discard(reservation)
-
-    def _clone(self, kind: str, position: int) -> _Snapshot:
-        """Queue the snapshot clone (engine thread, lock held) into its reservation, or its refusal."""
-        reservation = self._reserved.pop((kind, position), None)
-        if isinstance(reservation, ResourceExhausted):
-            return _Snapshot(CloneFuture.refused(CloneRefusal.QUOTA), position, kind, None, str(reservation))
-        return _Snapshot(self._session.clone_async(position), position, kind, reservation)
 
     # -- engine thread -------------------------------------------------------------------------
     def _on_update(self, update: GenerationUpdate) -> None:
-        """Runner callback (engine thread): queue clones for captures, then hand the update over."""
-        with self._lock:
-            # the terminal update may carry the only tokens (max_new_tokens 1): capture there too
+        """Runner callback (engine thread): queue the snapshots it calls for, then hand it over."""
+        with self._lock:  # finish() closes under this lock, then drains: nothing queued is missed
             if not self._closed and update.finish_reason != FinishReason.ERROR:
-                if update.breakpoint is not None and update.breakpoint in self._breakpoints:
-                    self._queue.put(self._clone(SnapshotKind.BREAKPOINT, update.breakpoint))
-                if (
-                    self._prompt_snapshot
-                    and not self._captured_prompt
-                    and (update.tokens or update.position >= self._prompt_end)
-                ):
-                    self._captured_prompt = True
-                    self._queue.put(self._clone(SnapshotKind.PROMPT, self._prompt_end))
+                for snapshot in self._capture.due(update):
+                    self._queue.put(snapshot)
         self._queue.put(_Update(update))
 
-    # -- gRPC thread ---------------------------------------------------------------------------
-    def events(
-        self, input: list[int] | PreparedInput, config: GenConfig, is_active: Callable[[], bool]
-    ) -> Iterator[Event]:
+    # -- caller's thread -----------------------------------------------------------------------
+    def events(self, is_active: Callable[[], bool]) -> Iterator[Event]:
         """Start the generation and yield its stream events until done. ``is_active()`` is False once
         the client has gone; the generation is then cancelled and the loop ends without done."""
         start = self._session.position
         # a pending prediction from the session's last generation is fed first, before the input
-        size = convert.input_size(input) + (1 if self._session.has_pending else 0)
-        self._prompt_end = start + size
-        generation = self._generation = self._session.generate_async(input, config, self._on_update)
+        size = input_size(self._input) + (1 if self._session.has_pending else 0)
+        generation = self._generation = self._session.generate_async(
+            self._input, self._config, self._on_update
+        )
         yield Started(self._handle, start, size)
         text = StreamDecoder(self._tokenizer, skip_special_tokens=True)
-        held: _Snapshot | None = None  # a snapshot taken while coalescing, handled next
-        item: _Snapshot | _Update
+        held: PendingSnapshot | None = None  # a snapshot taken while coalescing, handled next
+        item: PendingSnapshot | _Update
         while True:
             if held is not None:
                 item, held = held, None
@@ -176,7 +109,7 @@ class GenerationCall:
                     if not is_active():
                         return
                     continue
-            if isinstance(item, _Snapshot):
+            if isinstance(item, PendingSnapshot):
                 handle, digest = self._register(item)
                 yield _snapshot_event(item, handle, digest)
                 self._unstreamed = None  # resumed: gRPC sent the event, the handle is the caller's
@@ -189,7 +122,7 @@ class GenerationCall:
                     nxt = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if isinstance(nxt, _Snapshot):
+                if isinstance(nxt, PendingSnapshot):
                     held = nxt
                     break
                 tokens += nxt.update.tokens
@@ -213,7 +146,7 @@ class GenerationCall:
             self._finished_cleanly = True
         yield _done_event(result, start, self._session.position)
 
-    def _register(self, item: _Snapshot) -> tuple[str | None, bytes | None]:
+    def _register(self, item: PendingSnapshot) -> tuple[str | None, bytes | None]:
         """Register a snapshot for its owner in its reservation, unless the call already ended (then
         release it); its handle and content digest (the child is idle and nobody else holds it yet:
         safe to read)."""
@@ -258,11 +191,11 @@ class GenerationCall:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(item, _Snapshot):
+            if isinstance(item, PendingSnapshot):
                 close_child_when_done(item.future)
                 if item.reservation is not None:
                     self._registry.discard(item.reservation)
-        self.release_reservations()  # snapshots the generation never reached
+        self._capture.release()  # snapshots the generation never reached
         unstreamed, self._unstreamed = self._unstreamed, None
         if unstreamed is not None and (child := self._registry.discard(unstreamed)) is not None:
             child.close()  # registered, but the stream ended before the event was sent
@@ -274,7 +207,7 @@ class GenerationCall:
             self._registry.weigh(self._handle, self._session.position)  # held: it weighs what it holds
 
 
-def _snapshot_event(item: _Snapshot, handle: str | None, digest: bytes | None) -> Snapshot:
+def _snapshot_event(item: PendingSnapshot, handle: str | None, digest: bytes | None) -> Snapshot:
     """The event of a snapshot: its handle holding ``[0, position)`` with ``digest``, or why not."""
     if handle:
         return Snapshot(handle, item.position, item.kind, content_digest=digest)

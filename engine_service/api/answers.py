@@ -1,11 +1,14 @@
-"""A clone's answer: the new session handle, or why the engine refused (:class:`CloneRefusal`).
+"""The engine's answers about one session, as values: a clone (:class:`TakenClone`, or why not:
+:class:`CloneRefusal`), a description (:class:`Described`) and an import (:class:`ImportedSnapshot`).
 
-The enum values are the wire names (``CLONE_REFUSAL_<NAME>`` in ``engine.proto``), lower case.
+Handles are opaque to readers: an engine session handle string over the wire, or an in-process
+Session. The enum values are the wire names (``CLONE_REFUSAL_<NAME>`` in ``engine.proto``), lower case.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -25,11 +28,38 @@ class CloneRefusal(StrEnum):
 
 @dataclass(frozen=True)
 class TakenClone:
-    """A clone's answer: the new ``handle`` (a backend's opaque handle: an engine session handle string,
-    or an in-process Session), or None and why the engine refused (``refusal`` None: it did not say)."""
+    """A clone's answer: the new ``handle`` and the digest of what it holds (None: a prepared input,
+    or not reported), or None and why the engine refused (``refusal`` None: it did not say;
+    ``detail``: in words, when more specific than :func:`refusal_text`)."""
 
     handle: Any | None
     refusal: CloneRefusal | None = None
+    content_digest: bytes | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Described:
+    """A session as the engine describes it: its committed ``position``, whether it is generating,
+    and the digest of what it holds (None while it generates, or when it holds a prepared input)."""
+
+    position: int
+    content_digest: bytes | None = None
+    generating: bool = False
+
+
+@dataclass(frozen=True)
+class ImportedSnapshot:
+    """An imported snapshot file: the new ``handle`` (owned by the importer) holding ``positions`` with
+    ``content_digest``, and the ``extra`` strings the file carried; or None and the engine's
+    ``refusal`` (a ``LoadRefusal`` value: "checksum", "fingerprint", "no_room", ...) and ``detail``."""
+
+    handle: str | None
+    refusal: str = ""
+    detail: str = ""
+    positions: int = 0
+    content_digest: bytes | None = None
+    extra: Mapping[str, str] = field(default_factory=dict)
 
 
 _REFUSAL_TEXT = {

@@ -1,0 +1,18 @@
+"""TextPrompt: a prompt as text, which the engine tokenizes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TextPrompt:
+    """Plain ``text`` (with the tokenizer's special tokens when ``add_special_tokens``), or with
+    ``chat`` the chat template's rendering of [``system``] + user ``text`` -- or, when ``messages``
+    holds (role, content) pairs, of that whole conversation -- with the generation prompt."""
+
+    text: str
+    chat: bool = False
+    system: str = ""
+    add_special_tokens: bool = False
+    messages: tuple[tuple[str, str], ...] = ()

@@ -1,0 +1,113 @@
+"""The capture rule: which snapshots one generation takes, where, and the quota room they hold.
+
+A generation asked for a prompt snapshot clones its session at the end of the prompt on the first
+update that carries tokens or reaches that end (the terminal update may carry the only tokens); asked
+for breakpoints, it clones at each breakpoint update (``GenerationUpdate.breakpoint``). Clones are
+*queued* on the engine thread before the next forward, so a sliding window has not moved yet.
+
+Quotas: :meth:`SnapshotCapture.reserve` holds every snapshot's room in its owner's quota before the
+generation starts. A snapshot for the caller that does not fit fails the call; one handed to another
+owner (a persistent owner) that does not fit is refused with ``CloneRefusal.QUOTA`` when its time
+comes, and the generation goes on.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from engine_service.api.answers import CloneRefusal
+from engine_service.api.errors import ResourceExhausted
+from engine_service.api.stream_events import SnapshotKind
+from engine_service.runtime.clone import CloneFuture
+from engine_service.runtime.generation import GenerationUpdate
+from engine_service.sessions.handles import HandleRegistry
+
+if TYPE_CHECKING:
+    from engine_service.runtime.session import Session
+
+
+@dataclass(frozen=True)
+class PendingSnapshot:
+    """A snapshot clone on its way: its future, where and why, the handle reserved for the child
+    (None: refused before any clone) and, then, why in words."""
+
+    future: CloneFuture
+    position: int
+    kind: SnapshotKind
+    reservation: str | None = None
+    refusal_text: str = ""
+
+
+class SnapshotCapture:
+    """The snapshots one generation on ``session`` takes for ``owner`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        registry: HandleRegistry[Session],
+        session: Session,
+        owner: str,
+        *,
+        prompt_snapshot: bool,
+        breakpoints: tuple[int, ...],
+    ) -> None:
+        self._registry = registry
+        self._session = session
+        self.owner = owner
+        self._prompt_snapshot = prompt_snapshot
+        self._breakpoints = frozenset(breakpoints)
+        self._prompt_end = 0
+        self._captured_prompt = False
+        self._lock = threading.Lock()
+        # (kind, position) -> the handle reserved for that snapshot, or why it has no room
+        self._reserved: dict[tuple[SnapshotKind, int], str | ResourceExhausted] = {}
+
+    def reserve(self, prompt_end: int, caller: str) -> None:
+        """Reserve every snapshot the generation may take (the prompt ends at ``prompt_end``); a
+        snapshot for ``caller`` itself that does not fit raises. The caller :meth:`release`\\ s them
+        when the generation does not start."""
+        self._prompt_end = prompt_end
+        wanted = [(SnapshotKind.BREAKPOINT, p) for p in sorted(self._breakpoints)]
+        if self._prompt_snapshot:
+            wanted.append((SnapshotKind.PROMPT, prompt_end))
+        for kind, position in wanted:
+            try:
+                reservation: str | ResourceExhausted = self._registry.reserve(self.owner, position)
+            except ResourceExhausted as exc:
+                if self.owner == caller:
+                    raise
+                reservation = exc
+            with self._lock:
+                self._reserved[(kind, position)] = reservation
+
+    def release(self) -> None:
+        """Give back the reservations nothing used."""
+        with self._lock:
+            left, self._reserved = list(self._reserved.values()), {}
+        for reservation in left:
+            if isinstance(reservation, str):
+                self._registry.discard(reservation)
+
+    def due(self, update: GenerationUpdate) -> list[PendingSnapshot]:
+        """The snapshots ``update`` calls for, their clones queued (engine thread, never waits)."""
+        due: list[PendingSnapshot] = []
+        if update.breakpoint is not None and update.breakpoint in self._breakpoints:
+            due.append(self._clone(SnapshotKind.BREAKPOINT, update.breakpoint))
+        if (
+            self._prompt_snapshot
+            and not self._captured_prompt
+            and (update.tokens or update.position >= self._prompt_end)
+        ):
+            self._captured_prompt = True
+            due.append(self._clone(SnapshotKind.PROMPT, self._prompt_end))
+        return due
+
+    def _clone(self, kind: SnapshotKind, position: int) -> PendingSnapshot:
+        with self._lock:
+            reservation = self._reserved.pop((kind, position), None)
+        if isinstance(reservation, ResourceExhausted):
+            return PendingSnapshot(
+                CloneFuture.refused(CloneRefusal.QUOTA), position, kind, None, str(reservation)
+            )
+        return PendingSnapshot(self._session.clone_async(position), position, kind, reservation)

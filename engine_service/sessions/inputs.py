@@ -1,0 +1,81 @@
+"""What a generation is fed, checked against the engine before any session is touched: token ids
+inside the vocabulary, text tokenized (chat-formatted first when asked), and an input that fits its
+session with its breakpoints inside it. Every problem is InvalidArgument naming the field."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from engine_service.api.errors import InvalidArgument
+from engine_service.api.prompts import TextPrompt
+from engine_service.executors.base import ExecutorLimits, out_of_vocab
+from engine_service.executors.prepared_input import PreparedInput
+
+if TYPE_CHECKING:
+    from engine_service.model.chat import ChatFormatter
+    from engine_service.model.tokenizer import Tokenizer
+
+Input = Sequence[int] | TextPrompt | PreparedInput  # what a caller sends
+Fed = list[int] | PreparedInput  # what the runner is given
+
+
+def token_ids(ids: Sequence[int], vocab_size: int, field: str = "tokens") -> list[int]:
+    """Token ids checked against the vocabulary: InvalidArgument naming ``field`` for a bad id."""
+    out = list(ids)
+    bad = out_of_vocab(out, vocab_size)
+    if bad is not None:
+        raise InvalidArgument(f"{field}[{bad}] = {out[bad]} is outside the vocabulary [0, {vocab_size})")
+    return out
+
+
+def text_tokens(prompt: TextPrompt, tokenizer: Tokenizer, chat: ChatFormatter | None) -> list[int]:
+    """``prompt`` tokenized (see :class:`TextPrompt`)."""
+    if prompt.chat:
+        if chat is None:
+            raise InvalidArgument("text.chat: this model has no chat template")
+        if prompt.messages and (prompt.text or prompt.system):
+            raise InvalidArgument("text.messages replaces text.text and text.system: send one or the other")
+        messages = [{"role": role, "content": content} for role, content in prompt.messages] or (
+            ([{"role": "system", "content": prompt.system}] if prompt.system else [])
+            + [{"role": "user", "content": prompt.text}]
+        )
+        return list(
+            tokenizer.encode(chat.format(messages, add_generation_prompt=True), add_special_tokens=False)
+        )
+    if prompt.system or prompt.messages:
+        raise InvalidArgument(
+            f"text.{'system' if prompt.system else 'messages'} is only used with text.chat = true"
+        )
+    return list(tokenizer.encode(prompt.text, add_special_tokens=prompt.add_special_tokens))
+
+
+def fed_input(value: Input, tokenizer: Tokenizer, chat: ChatFormatter | None, vocab_size: int) -> Fed:
+    """What the runner is fed for ``value``: InvalidArgument when it is empty or a token is unknown."""
+    if isinstance(value, PreparedInput):
+        return value
+    if isinstance(value, TextPrompt):
+        ids, which = text_tokens(value, tokenizer, chat), "text"
+    else:
+        ids, which = token_ids(value, vocab_size), "tokens"
+    if not ids:
+        raise InvalidArgument(f"input.{which} is empty")
+    return ids
+
+
+def input_size(value: Fed) -> int:
+    """Positions ``value`` fills."""
+    return value.size() if isinstance(value, PreparedInput) else len(value)
+
+
+def check_fits(start: int, size: int, breakpoints: Sequence[int], limits: ExecutorLimits) -> None:
+    """The input must fit the session and breakpoints must lie inside it: (start, start + size]."""
+    if start + size > limits.max_session_tokens:
+        raise InvalidArgument(
+            f"input of {size} positions at position {start} exceeds max_session_tokens={limits.max_session_tokens}"
+        )
+    for b in breakpoints:
+        if not start < b <= start + size:
+            raise InvalidArgument(
+                f"capture.breakpoints: {b} is outside the input's positions ({start}, {start + size}]"
+            )
