@@ -9,10 +9,12 @@ load (os.getloadavg) it ran under: compare ratios, not absolute times.
 - ``per_call``: SmolLM2-135M's projections (q4_1: qkv [960x576], o [576x576], gate_up [3072x576],
   down [576x1536]) and the tied head (q8_0 [49152x576]) at 1 row, with 30 distinct copies of each
   projection called in turn so the weights stream from memory as in decode. Variants: ``t1`` (one
-  thread), ``t2_always`` (two threads, every call shared and sleeping workers always woken: the old
-  pool's behaviour), ``t2_policy`` (two threads, the default policy: the caller alone below
-  parallel_us, sleepers woken from wake_us), and ``baseline`` (another build's _ext, e.g. the previous
-  commit's, at two threads) when given.
+  thread), ``t2_always`` (two threads, every call shared and sleeping workers always woken),
+  ``t2_policy`` (two threads, the default policy: the caller alone below parallel_us, sleepers woken
+  from wake_us), and ``baseline`` (another build's _ext, e.g. the previous commit's, at two threads)
+  when given. ``us``: one mx.eval per call, in a decode step's order (includes ``eval_overhead_us``;
+  median, with ``p99_us`` and ``max_us``: a worker descheduled inside a task stalls its call);
+  ``chained_us``: the same calls queued back to back in one evaluation, per call.
 - ``rows``: GFLOP/s at 1-64 rows on one thread (the kernels' own speed, streaming weights), this build
   vs the baseline build; ``ratio_16`` is the 16-row ratio.
 - ``model`` (the packaged SmolLM2 q4_1, when it loads): greedy decode tok/s after a 16-token prompt
@@ -127,6 +129,7 @@ def bench_per_call(rng, vs: dict[str, Variant], rounds: int, default_tuning: dic
     mx.eval(*xs.values())
     null = [one_eval_us(lambda: [xs[576] + 1.0]) for _ in range(200)]
     times: dict[tuple[str, str], list[float]] = {}
+    chained: dict[tuple[str, str], list[float]] = {}
     started = load()
     for _ in range(rounds):
         for vname, v in vs.items():
@@ -140,6 +143,10 @@ def bench_per_call(rng, vs: dict[str, Variant], rounds: int, default_tuning: dic
                         us = one_eval_us(lambda op=op, w=w, x=x: [op(x, *w)])
                         if sweep:
                             times.setdefault((name, vname), []).append(us)
+            for name, _n, k, fmt in SHAPES:  # the same calls queued back to back in one evaluation
+                op, ws, x = op_of(v.mod, fmt), mats[name] * (3 if name == "head" else 1), xs[k]
+                us = timed(lambda op=op, ws=ws, x=x: [op(x, *w) for w in ws], 1) / len(ws) * 1e6
+                chained.setdefault((name, vname), []).append(us)
     out = {
         "load_before": started,
         "load_after": load(),
@@ -148,16 +155,26 @@ def bench_per_call(rng, vs: dict[str, Variant], rounds: int, default_tuning: dic
     }
     for name, n, k, fmt in SHAPES:
         row = {vname: statistics.median(times[(name, vname)]) for vname in vs}
+        chain = {vname: statistics.median(chained[(name, vname)]) for vname in vs}
         per_weight = 1.125 if fmt == "q8_0" else 0.75
         out["shapes"][name] = {
             "n": n,
             "k": k,
             "format": fmt,
-            "us": {v: round(t, 1) for v, t in row.items()},
-            "weight_gbps": {v: round(n * k * per_weight / t / 1e3, 2) for v, t in row.items()},
+            "us": {v: round(t, 1) for v, t in row.items()},  # one mx.eval per call (includes its overhead)
+            "p99_us": {v: round(float(np.percentile(times[(name, v)], 99)), 1) for v in vs},
+            "max_us": {v: round(max(times[(name, v)]), 1) for v in vs},
+            "chained_us": {v: round(t, 1) for v, t in chain.items()},  # per call, queued in one eval
+            "chained_weight_gbps": {v: round(n * k * per_weight / t / 1e3, 2) for v, t in chain.items()},
             "t2_policy_over_t1": round(row["t1"] / row["t2_policy"], 3),
             "t2_policy_over_t2_always": round(row["t2_always"] / row["t2_policy"], 3),
+            "chained_t2_policy_over_t1": round(chain["t1"] / chain["t2_policy"], 3),
         }
+        if "baseline" in vs:
+            out["shapes"][name]["t2_policy_over_baseline"] = round(row["baseline"] / row["t2_policy"], 3)
+            out["shapes"][name]["chained_t2_policy_over_baseline"] = round(
+                chain["baseline"] / chain["t2_policy"], 3
+            )
     return out
 
 
