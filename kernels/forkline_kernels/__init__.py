@@ -1,9 +1,13 @@
-"""Quantized matmul kernels for MLX's CPU backend (a compiled MLX extension).
+"""Quantized matmul and attention kernels for MLX's CPU backend (a compiled MLX extension).
 
 ``q8_0_matmul(x, wq, scales)`` and ``q4_1_matmul(x, wq, scales, mins)`` compute ``x @ W.T`` for
-block-quantized W (formats in ``src/qdot.h``) as one MLX op. Importing raises ImportError when the
-extension is missing or was built against another mlx version than the one installed (MLX's C++ ABI
-changes between releases); callers fall back to float32.
+block-quantized W (formats in ``src/qdot.h``) as one MLX op; ``causal_attention(q, q_pos, keys,
+values, key_pos, scale=...)`` is batch-invariant attention over any number of cache parts, float32 /
+float16 / bfloat16 K/V read as stored (``src/attention.h``). Every result is bitwise independent of the
+ISA (``isa()``: avx512 / avx2 / scalar), the thread count and the pool policy (``set_pool_tuning``,
+``src/pool.h``). Importing raises ImportError when the extension is missing or was built against
+another mlx version than the one installed (MLX's C++ ABI changes between releases); callers fall
+back to float32.
 """
 
 from __future__ import annotations
