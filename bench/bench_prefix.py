@@ -30,7 +30,7 @@ import engine_service  # noqa: F401  (OpenBLAS before mlx)
 from engine_service.api.config import GenConfig
 from engine_service.executors.module import ModuleExecutor
 from engine_service.runtime.runner import Runner
-from prefix_service.backends import RunnerBackend
+from engine_service.sessions.local_backend import RunnerBackend
 from prefix_service.prefix_cache import PrefixCache
 
 OUT = Path(__file__).resolve().parent / "out"

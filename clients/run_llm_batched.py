@@ -35,7 +35,7 @@ from engine_service.api.stream_events import FinishReason
 from engine_service.executors.module import ModuleExecutor
 from engine_service.runtime.generation import GenerationHandle, GenerationResult, GenerationUpdate
 from engine_service.runtime.runner import Runner
-from prefix_service.backends import RunnerBackend
+from engine_service.sessions.local_backend import RunnerBackend
 from prefix_service.capture import PromptCapture
 from prefix_service.prefix_cache import PrefixCache
 from prefix_service.retention import policy_names

@@ -1,3 +1,4 @@
-"""forkline prefix cache: prompt snapshots as opaque session handles, with pluggable retention."""
+"""forkline prefix cache: prompt snapshots as opaque session handles, with pluggable retention.
 
-import engine_service as _engine_service  # noqa: F401  (loads OpenBLAS before anything imports mlx)
+It imports only the engine's ``engine_service.api`` and ``engine_service.serving`` (whose package loads
+OpenBLAS before anything imports mlx)."""

@@ -1,8 +1,8 @@
-"""Backends: what the prefix cache and its gateway need from an engine, and the in-process adapter.
+"""Backends: what the prefix cache and its gateway need from an engine.
 
 The prefix cache treats snapshot handles as opaque: it only clones, closes and inspects them through
-a :class:`SessionBackend`. The in-process adapter (:class:`RunnerBackend`) uses
-:class:`engine_service.runtime.session.Session` objects as handles; the remote adapter
+a :class:`SessionBackend`. The in-process adapter (``engine_service/sessions/local_backend.py``, which
+the CLI wires in) uses engine Session objects as handles; the remote adapter
 (``prefix_service/rpc/engine_backend.py``) uses engine session handle strings over gRPC. Both publish
 the engine ``fingerprint`` so cache keys never cross models or execution configurations.
 
@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from engine_service.api.answers import CloneRefusal, Described, ImportedSnapshot, TakenClone
+from engine_service.api.answers import Described, ImportedSnapshot, TakenClone
 from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import ForklineError
 from engine_service.api.prompts import TextPrompt
@@ -32,8 +32,6 @@ from engine_service.api.stream_events import Event
 
 if TYPE_CHECKING:  # runtime import would tie the prefix cache to the engine package layout
     from engine_service.api.config import GenConfig
-    from engine_service.runtime.runner import Runner
-    from engine_service.runtime.session import Session
 
 Handle = Any
 
@@ -108,53 +106,6 @@ def release_handle(backend: SessionBackend, handle: Handle) -> None:
     """Close ``handle``; one already gone with its engine has nothing left to release."""
     with contextlib.suppress(ForklineError):
         backend.close(handle)
-
-
-class RunnerBackend:
-    """In-process backend: handles are :class:`Session` objects of one :class:`Runner`."""
-
-    def __init__(self, runner: Runner) -> None:
-        self._runner = runner
-
-    @property
-    def runner(self) -> Runner:
-        return self._runner
-
-    @property
-    def fingerprint(self) -> str:
-        return self._runner.fingerprint
-
-    def clone(self, handle: Session, upto: int) -> Session | None:
-        if not handle.valid:  # a dead session (closed, or its runner stopped): no engine call
-            return None
-        return handle.clone_async(upto).result()
-
-    def clone_or_refusal(self, handle: Session, upto: int) -> TakenClone:
-        if not handle.valid:
-            return TakenClone(None, CloneRefusal.SOURCE_UNUSABLE)
-        future = handle.clone_async(upto)
-        child = future.result()
-        return TakenClone(child, None if child is not None else getattr(future, "refusal", None))
-
-    @property
-    def max_rewind(self) -> int | None:
-        window = self._runner.window_geometry
-        return window.max_write if window is not None and window.evicts else None
-
-    def clone_async(self, handle: Session, upto: int) -> Future:
-        return handle.clone_async(upto)
-
-    def close(self, handle: Session) -> None:
-        handle.close()
-
-    def position(self, handle: Session) -> int:
-        return handle.position
-
-    def valid(self, handle: Session) -> bool:
-        return handle.valid
-
-    def content_digest(self, handle: Session) -> bytes | None:
-        return handle.content_digest()  # read from the runner's record of the (idle) snapshot
 
 
 # -- the gateway's engine ----------------------------------------------------------------------

@@ -34,9 +34,9 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import CancelledError, Future
 from typing import TYPE_CHECKING, Any
 
+from engine_service.api.answers import close_child_when_done
 from engine_service.api.errors import ForklineError
 from engine_service.api.stream_events import SnapshotKind
-from engine_service.runtime.session import close_child_when_done
 from prefix_service.backends import CaptureBackend, Handle, handle_alive, release_handle
 from prefix_service.index import token_key
 from prefix_service.outcomes import CAPTURE_REFUSED
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 _ACTIVE, _INACTIVE, _COLLECTED, _DISCARDED = "active", "inactive", "collected", "discarded"
 
-Update = Any  # engine_service.runtime.session.GenerationUpdate (tokens, position, breakpoint, finished, ...)
+Update = Any  # the engine's GenerationUpdate (tokens, position, breakpoint, finished, ...)
 
 
 def _release_when_done(backend: CaptureBackend, future: Future) -> None:

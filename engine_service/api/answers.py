@@ -7,7 +7,8 @@ Session. The enum values are the wire names (``CLONE_REFUSAL_<NAME>`` in ``engin
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -78,3 +79,25 @@ _REFUSAL_TEXT = {
 def refusal_text(reason: CloneRefusal, upto: int) -> str:
     """``reason`` in words, for a clone at ``upto``."""
     return _REFUSAL_TEXT[reason].format(upto=upto)
+
+
+def close_child_when_done(future: Future, close: Callable[[Any], object] | None = None) -> None:
+    """Close the child a clone future produces once the future settles (now, if it already has).
+
+    For a clone future nobody will receive (its caller gave up or timed out): a refusal (None), a
+    failure or a cancellation leaves nothing to close. ``close(child)`` closes it; the default is
+    ``child.close()`` (an engine Session); a backend passes its own for the handles it hands out.
+    """
+
+    def on_done(done: Future) -> None:
+        if done.cancelled() or done.exception() is not None:
+            return
+        child = done.result()
+        if child is None:
+            return
+        if close is None:
+            child.close()
+        else:
+            close(child)
+
+    future.add_done_callback(on_done)

@@ -12,8 +12,7 @@ import operator
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from engine_service.api.answers import CloneRefusal
 from engine_service.api.config import GenConfig, int_tuple
@@ -172,25 +171,3 @@ class Session:
     def __repr__(self) -> str:
         state = "open" if self.valid else "closed"
         return f"Session(key={self.key}, position={self.position}, {state})"
-
-
-def close_child_when_done(future: Future, close: Callable[[Any], object] | None = None) -> None:
-    """Close the child a clone future produces once the future settles (now, if it already has).
-
-    For a clone future nobody will receive (its caller gave up or timed out): a refusal (None), a
-    failure or a cancellation leaves nothing to close. ``close(child)`` closes it; the default is
-    ``child.close()`` (a :class:`Session`); a backend passes its own for the handles it hands out.
-    """
-
-    def on_done(done: Future) -> None:
-        if done.cancelled() or done.exception() is not None:
-            return
-        child = done.result()
-        if child is None:
-            return
-        if close is None:
-            child.close()
-        else:
-            close(child)
-
-    future.add_done_callback(on_done)

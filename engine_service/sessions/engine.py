@@ -16,7 +16,13 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine_service.api.answers import CloneRefusal, Described, ImportedSnapshot, TakenClone
+from engine_service.api.answers import (
+    CloneRefusal,
+    Described,
+    ImportedSnapshot,
+    TakenClone,
+    close_child_when_done,
+)
 from engine_service.api.config import GenConfig
 from engine_service.api.content import check_digest
 from engine_service.api.engine_info import NO_WINDOW, EngineInfo
@@ -25,7 +31,6 @@ from engine_service.api.owners import NO_QUOTA, PERSISTENT_OWNER, OwnerQuota, ch
 from engine_service.api.prompts import TextPrompt
 from engine_service.executors.base import ExecutorLimits
 from engine_service.persistence.sessions import EncodedSession
-from engine_service.runtime.session import close_child_when_done
 from engine_service.sessions.capture import SnapshotCapture
 from engine_service.sessions.generation_call import GenerationCall
 from engine_service.sessions.handles import HandleRegistry

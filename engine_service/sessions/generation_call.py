@@ -19,14 +19,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine_service.api.answers import CloneRefusal, refusal_text
+from engine_service.api.answers import CloneRefusal, close_child_when_done, refusal_text
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import GenerationError
 from engine_service.api.stream_events import Done, Event, FinishReason, Snapshot, Started, Tokens
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.model.detokenizer import StreamDecoder
 from engine_service.runtime.generation import GenerationHandle, GenerationResult, GenerationUpdate
-from engine_service.runtime.session import close_child_when_done
 from engine_service.sessions.capture import PendingSnapshot, SnapshotCapture
 from engine_service.sessions.handles import HandleRegistry
 from engine_service.sessions.inputs import input_size

@@ -16,7 +16,8 @@ from engine_service.api.config import GenConfig
 from engine_service.executors.base import Executor
 from engine_service.executors.module import ModuleExecutor
 from engine_service.runtime.runner import Runner
-from prefix_service.backends import RunnerBackend
+from engine_service.sessions.local_backend import RunnerBackend
+from prefix_service.backends import CaptureBackend, SessionBackend
 from prefix_service.prefix_cache import PrefixCache
 from tests.unit.executor.helpers import reference_greedy
 
@@ -183,6 +184,17 @@ def test_cache_and_sessions_outlive_the_runner(engine):
     assert runner.metrics().clones_succeeded + runner.metrics().clones_refused == before
     assert cache.size == 0
     cache.clear()
+
+
+@pytest.mark.parametrize("engine", [("batched-sequence", 4)], indirect=True)
+def test_the_local_backend_is_a_capture_backend(engine):
+    # engine_service never imports prefix_service: the protocol is met structurally, checked here
+    runner, _, _ = engine
+    backend = RunnerBackend(runner)
+    assert isinstance(backend, CaptureBackend) and isinstance(backend, SessionBackend)
+    missing = [name for name in ("clone_or_refusal", "max_rewind") if not hasattr(backend, name)]
+    assert missing == []  # the optional parts the cache asks for by name
+    assert not isinstance(object(), SessionBackend)  # negative control: the check can fail
 
 
 @pytest.mark.parametrize("engine", [("batched-sequence", 4)], indirect=True)

@@ -309,7 +309,7 @@ def test_in_process_checkpoints_on_a_real_ring(kind):
     from engine_service.executors.module import ModuleExecutor
     from engine_service.model.random_init import random_model
     from engine_service.runtime.runner import Runner
-    from prefix_service.backends import RunnerBackend
+    from engine_service.sessions.local_backend import RunnerBackend
 
     class Recording(ModuleExecutor):
         """Keeps the logits behind every output token, in order."""

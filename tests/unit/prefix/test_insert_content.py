@@ -14,9 +14,9 @@ from engine_service.api.content import PREPARED, content_digest
 from engine_service.api.errors import NotFound
 from engine_service.api.stream_events import Snapshot, SnapshotKind, Started
 from engine_service.runtime.runner import Runner
+from engine_service.sessions.local_backend import RunnerBackend
 from prefix_service import gateway as gateway_module
 from prefix_service import prefix_cache as cache_module
-from prefix_service.backends import RunnerBackend
 from prefix_service.gateway import Gateway, GatewayRequest
 from prefix_service.outcomes import InsertRefusal
 from prefix_service.prefix_cache import PrefixCache

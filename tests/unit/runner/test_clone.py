@@ -8,9 +8,9 @@ from concurrent.futures import Future
 
 import pytest
 
+from engine_service.api.answers import close_child_when_done
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import ResourceExhausted
-from engine_service.runtime.session import close_child_when_done
 from tests.unit.runner.conftest import VOCAB, Recorder, collect_and_flush, engine_paused
 from tests.unit.runner.fake_executor import FakeExecutor, reference
 
