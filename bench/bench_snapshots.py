@@ -38,9 +38,9 @@ from pathlib import Path
 import engine_service  # noqa: F401  (OpenBLAS before mlx)
 from engine_service.api.config import GenConfig
 from engine_service.executors.module import ModuleExecutor
-from engine_service.persistence.sessions import load_session, save_session
 from engine_service.persistence.snapshot_file import read_snapshot
 from engine_service.runtime.runner import Runner
+from engine_service.sessions.session_files import load_session, save_session
 
 OUT = Path(__file__).resolve().parent / "out"
 KINDS = ("batched-sequence", "batched-cell")

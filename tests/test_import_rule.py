@@ -142,6 +142,107 @@ def test_wall_checker_sees_a_crossing() -> None:
     assert crossings("engine_service/runtime", "engine_service.executors")
 
 
+# (folder, the only engine_service modules it may import): the prefix service sees the engine through
+# its api and the shared serving kit; api is the floor (it imports nothing else of the engine); the
+# serving kit knows the api and nothing of the engine's rooms.
+ENGINE_DOORS = [
+    ("prefix_service", ("engine_service.api", "engine_service.serving")),
+    ("engine_service/api", ("engine_service.api",)),
+    ("engine_service/serving", ("engine_service.api", "engine_service.serving")),
+]
+
+
+def engine_imports_outside(source: str, package: str, allowed: tuple[str, ...]) -> list[str]:
+    """The engine_service modules ``source`` imports that are not under an ``allowed`` prefix."""
+    return [
+        name
+        for name in imported_modules(source, package)
+        if (name == "engine_service" or name.startswith("engine_service."))
+        and not any(name == a or name.startswith(a + ".") for a in allowed)
+    ]
+
+
+def door_crossings(folder: str, allowed: tuple[str, ...]) -> list[str]:
+    bad = []
+    for path in modules_under(folder):
+        package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+        bad += [
+            f"{path.relative_to(ROOT)} imports {n}"
+            for n in engine_imports_outside(path.read_text(), package, allowed)
+        ]
+    return bad
+
+
+@pytest.mark.parametrize(("folder", "allowed"), ENGINE_DOORS, ids=[f for f, _ in ENGINE_DOORS])
+def test_folder_imports_the_engine_only_through_its_doors(folder: str, allowed: tuple[str, ...]) -> None:
+    assert modules_under(folder), f"{folder} holds no modules"
+    assert door_crossings(folder, allowed) == []
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("from engine_service.api.errors import NotFound", []),
+        ("from engine_service.serving import engine_wire", []),
+        ("import engine_service", ["engine_service"]),  # the package: not a door
+        ("from engine_service import errors", ["engine_service", "engine_service.errors"]),
+        (
+            "from engine_service.runtime.runner import Runner",
+            ["engine_service.runtime.runner", "engine_service.runtime.runner.Runner"],
+        ),
+        (
+            "from engine_service.sessions.handles import HandleRegistry",
+            ["engine_service.sessions.handles", "engine_service.sessions.handles.HandleRegistry"],
+        ),
+        ("import engine_service.rpc.convert", ["engine_service.rpc.convert"]),
+        ("from protos import engine_pb2", []),
+    ],
+)
+def test_door_checker_sees_every_way_in(source: str, expected: list[str]) -> None:
+    """Negative control: each form of reaching past the doors is flagged, the doors are not."""
+    allowed = ("engine_service.api", "engine_service.serving")
+    assert engine_imports_outside(source, "prefix_service", allowed) == expected
+
+
+def rpc_importers() -> list[str]:
+    """Modules of the services, outside the engine's rpc/ and its __main__, that import engine_service.rpc."""
+    bad = []
+    for package in ("engine_service", "prefix_service"):
+        for path in modules_under(package):
+            rel = path.relative_to(ROOT)
+            if rel.parts[:2] == ("engine_service", "rpc") or rel == Path("engine_service/__main__.py"):
+                continue
+            pkg = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+            names = imported_modules(path.read_text(), pkg)
+            bad += [
+                f"{rel} imports {n}"
+                for n in names
+                if n == "engine_service.rpc" or n.startswith("engine_service.rpc.")
+            ]
+    return bad
+
+
+def test_only_the_engine_main_imports_the_engine_adapter() -> None:
+    """``engine_service/rpc`` is the engine's gRPC adapter: its __main__ (and clients and tests, which are
+    not services) build a server from it; no other service code reaches into it."""
+    assert rpc_importers() == []
+
+
+def test_rpc_importer_check_sees_an_import(tmp_path, monkeypatch) -> None:
+    """Negative control: the same check over a tree where sessions/ imports the adapter flags it."""
+    (tmp_path / "engine_service" / "sessions").mkdir(parents=True)
+    (tmp_path / "engine_service" / "sessions" / "x.py").write_text("from engine_service.rpc import convert\n")
+    (tmp_path / "engine_service" / "__main__.py").write_text(
+        "from engine_service.rpc.server import create_server\n"
+    )
+    (tmp_path / "prefix_service").mkdir()
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    assert rpc_importers() == [
+        "engine_service/sessions/x.py imports engine_service.rpc",
+        "engine_service/sessions/x.py imports engine_service.rpc.convert",
+    ]
+
+
 def module_graph() -> dict[str, set[str]]:
     """Module -> the project modules it imports (module-level, function-level and TYPE_CHECKING alike)."""
     known = {module_name(p) for pkg in ("engine_service", "prefix_service") for p in modules_under(pkg)}
@@ -195,4 +296,67 @@ def test_circle_finder_sees_a_circle_across_folders() -> None:
     }
     assert circles_across_folders(graph) == [
         ["engine_service.executors.base", "engine_service.runtime.runner"]
+    ]
+
+
+def room_of(module: str) -> str | None:
+    """The engine room a module lives in (``engine_service.runtime`` for ``...runtime.runner``; a
+    room's subfolders belong to it), None for the package's own modules (``__main__``, ``blas``, ...)."""
+    parts = module.split(".")
+    if parts[0] != "engine_service" or len(parts) < 2 or not (ROOT / parts[0] / parts[1]).is_dir():
+        return None
+    return ".".join(parts[:2])
+
+
+def room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    rooms: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        for name in imported:
+            a, b = room_of(module), room_of(name)
+            if a is not None and b is not None and a != b:
+                rooms.setdefault(a, set()).add(b)
+    return rooms
+
+
+def room_circles(rooms: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(a, b) for each room a importing a room b that reaches a back: an arrow that runs back up."""
+
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in rooms.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    return sorted((a, b) for a, targets in rooms.items() for b in targets if a in reach(b))
+
+
+def test_the_engine_rooms_stand_in_floors() -> None:
+    """No engine room imports a room that imports it back, through any files: api at the bottom, then
+    cache, model, executors, persistence, runtime, sessions; serving beside them; rpc on top."""
+    rooms = room_graph(module_graph())
+    seen = set(rooms).union(*rooms.values())
+    assert {
+        "engine_service.api",
+        "engine_service.serving",
+        "engine_service.sessions",
+        "engine_service.rpc",
+    } <= seen
+    assert room_circles(rooms) == []
+
+
+def test_room_circle_finder_sees_two_files_that_close_a_circle() -> None:
+    """Negative control: runtime.a -> persistence.b and persistence.c -> runtime.d is no circle of
+    files, yet the rooms import each other: reported."""
+    graph = {
+        "engine_service.runtime.runner": {"engine_service.persistence.snapshot"},
+        "engine_service.persistence.sessions": {"engine_service.runtime.session"},
+        "engine_service.__main__": {"engine_service.rpc.server"},
+    }
+    assert circles_across_folders(graph) == []
+    assert room_circles(room_graph(graph)) == [
+        ("engine_service.persistence", "engine_service.runtime"),
+        ("engine_service.runtime", "engine_service.persistence"),
     ]

@@ -5,11 +5,8 @@ anything enters a cache.
   kind's arrays, what its positions hold, the fingerprint and layout it was taken under) and the
   header checks a load makes against the engine that would hold it;
 - :mod:`.snapshot_file`: the file's tensors and checksum, and its reader, which refuses anything it
-  cannot vouch for (names, header, atomic writes and refusal reasons: ``api/snapshot_files.py``);
-- :mod:`.sessions`: ``save_session`` / ``load_session``, the two calls a caller needs (they drive the
-  runner's snapshot commands, :mod:`engine_service.runtime.snapshots`).
+  cannot vouch for (names, header, atomic writes and refusal reasons: ``api/snapshot_files.py``).
 
-Nothing in the engine loop waits on a disk: the engine thread only exports (a copy of the session's
-arrays) and imports (arrays already read, verified and copied into MLX); files are written, read and
-hashed on the caller's thread.
+``sessions/session_files.py`` drives the runner to save and load them. Nothing in the engine loop
+waits on a disk: files are written, read and hashed on the caller's thread.
 """

@@ -14,10 +14,10 @@ from engine_service.api.answers import CloneRefusal, Described, ImportedSnapshot
 from engine_service.api.errors import InvalidArgument
 from engine_service.api.prompts import TextPrompt
 from engine_service.executors.prepared_input import EmbeddingsInput, PreparedInput
-from engine_service.persistence.sessions import EncodedSession
 from engine_service.serving.engine_wire import CLONE_REFUSALS, gen_config
 from engine_service.sessions.engine import GenerationRequest
 from engine_service.sessions.inputs import Input
+from engine_service.sessions.session_files import EncodedSession
 from protos import engine_pb2 as pb
 
 CHUNK_BYTES = 1 << 20  # 1 MiB: well under gRPC's 4 MiB message limit

@@ -200,7 +200,7 @@ class Runner:
         that do not fit, more positions than ``max_session_tokens``, no room, or stopping. Everything
         is checked on the engine thread before the executor allocates anything; a refusal leaves the
         engine as it was. Dropping the future before it runs skips the import. Usable from callbacks
-        (never wait on it there). Reading a file: :func:`engine_service.persistence.sessions.load_session`.
+        (never wait on it there). Reading a file: :func:`engine_service.sessions.session_files.load_session`.
         """
         if not isinstance(snapshot, SessionSnapshot):
             raise InvalidArgument(f"snapshot must be a SessionSnapshot, got {type(snapshot).__name__}")

@@ -140,7 +140,7 @@ class Session:
         committed positions (the pending prediction excluded), taken on the engine thread between two
         forwards, or of None with ``refusal`` set (closed or failed, a prepared input in range, rows
         gone, unsupported, stopping). The session is unchanged. Writing it to a file:
-        :func:`engine_service.persistence.sessions.save_session`.
+        :func:`engine_service.sessions.session_files.save_session`.
         """
         if self._closed or self._record.poisoned:
             future = ExportFuture()

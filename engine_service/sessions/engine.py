@@ -30,11 +30,11 @@ from engine_service.api.errors import Cancelled, FailedPrecondition, InvalidArgu
 from engine_service.api.owners import NO_QUOTA, PERSISTENT_OWNER, OwnerQuota, check_owner
 from engine_service.api.prompts import TextPrompt
 from engine_service.executors.base import ExecutorLimits
-from engine_service.persistence.sessions import EncodedSession
 from engine_service.sessions.capture import SnapshotCapture
 from engine_service.sessions.generation_call import GenerationCall
 from engine_service.sessions.handles import HandleRegistry
 from engine_service.sessions.inputs import Input, check_fits, fed_input, input_size, text_tokens, token_ids
+from engine_service.sessions.session_files import EncodedSession
 from engine_service.sessions.transfer import SessionTransfer
 
 if TYPE_CHECKING:  # annotations only: the model, tokenizer and runner are built by whoever builds these

@@ -2,7 +2,7 @@
 serve, so whoever persists snapshots (the prefix service's directory) holds the disk and engines share
 nothing on disk.
 
-- Export: the owner's session is encoded (``persistence.sessions.encode_session``: the engine thread
+- Export: the owner's session is encoded (``session_files.encode_session``: the engine thread
   exports its committed positions; the bytes are built on the caller's thread), or refused.
 - Import: persistent owners only (a client could otherwise forge K/V under tokens it does not hold and
   store it through an Insert). At most :meth:`SessionTransfer.max_bytes` are read; every check runs
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from engine_service.api.answers import ImportedSnapshot
 from engine_service.api.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Stopping
-from engine_service.persistence.sessions import EncodedSession, encode_session, load_session_bytes
 from engine_service.sessions.handles import HandleRegistry
+from engine_service.sessions.session_files import EncodedSession, encode_session, load_session_bytes
 
 if TYPE_CHECKING:
     from engine_service.runtime.runner import Runner

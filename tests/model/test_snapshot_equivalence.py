@@ -16,10 +16,15 @@ from engine_service.cache.seq_state import SeqState
 from engine_service.executors.embeddings import EmbeddingsExecutor
 from engine_service.executors.module import ModuleExecutor
 from engine_service.executors.prepared_input import EmbeddingsInput
-from engine_service.persistence.sessions import encode_session, load_session, load_session_bytes, save_session
 from engine_service.persistence.snapshot import SessionSnapshot
 from engine_service.persistence.snapshot_file import read_snapshot, write_snapshot
 from engine_service.runtime.runner import Runner
+from engine_service.sessions.session_files import (
+    encode_session,
+    load_session,
+    load_session_bytes,
+    save_session,
+)
 from tests.model.test_clone_equivalence import KINDS, PROMPT, SUFFIX, assert_same, generate, recording
 from tests.unit.runner.conftest import collect_and_flush
 

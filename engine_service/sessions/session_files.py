@@ -11,7 +11,7 @@ content record (so ``Session.content_digest`` and digest-checked clones work on 
 session's pending prediction is not part of it: feed the next token as the caller would after a clone.
 
 Over an RPC (an engine's K/V to a prefix service's disk and back): ``encode_session`` gives the file's
-bytes, the receiver writes them with ``snapshot_file.write_snapshot_bytes``, and ``load_session_bytes``
+bytes, the receiver writes them with ``api.snapshot_files.write_snapshot_bytes``, and ``load_session_bytes``
 imports bytes with the same checks as a file.
 """
 
