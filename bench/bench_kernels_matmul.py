@@ -199,7 +199,7 @@ def bench_rows(rng, baseline, rounds: int, row_counts: tuple[int, ...]) -> dict:
                     _, n, k, _ = next(s for s in shapes if s[0] == name)
                     op, x = op_of(mod, fmt), xs[k]
                     # one eval over the 30 copies: each reads weights the others evicted
-                    s = timed(lambda op=op, ws=ws, x=x: [op(x, *w) for w in ws], 2) / len(ws)
+                    s = timed(lambda op=op, ws=ws, x=x: [op(x, *w) for w in ws], 3) / len(ws)
                     gflops.setdefault((name, fmt, m, mname), []).append(2 * m * n * k / s / 1e9)
     out = {"load_before": started, "load_after": load(), "threads": 1, "gflops": {}}
     for (name, fmt), _ in mats.items():
@@ -278,7 +278,7 @@ def main() -> None:
     if "per_call" in sections:
         result["per_call"] = bench_per_call(rng, vs, rounds, default_tuning)
     if "rows" in sections:
-        result["rows"] = bench_rows(rng, baseline, max(2, rounds // 2), (1, 2, 4, 8, 16, 32, 64))
+        result["rows"] = bench_rows(rng, baseline, rounds, (1, 2, 4, 8, 16, 32, 64))
     if "model" in sections and not args.no_model:
         result["model"] = bench_model(vs, rounds, 24 if args.quick else 48, default_tuning)
     fk.set_pool_tuning(**default_tuning)
