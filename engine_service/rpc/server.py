@@ -18,7 +18,7 @@ from grpc_health.v1 import health
 from engine_service.rpc.metrics import EngineMetrics
 from engine_service.rpc.servicer import EngineServicer
 from engine_service.serving.auth import ServerSecurity
-from engine_service.serving.service_main import GrpcServer, build_grpc_server
+from engine_service.serving.grpc_server import GrpcServer, build_grpc_server
 from engine_service.sessions.engine import EngineSessions
 from engine_service.sessions.sweeper import HandleSweeper
 from protos import engine_pb2, engine_pb2_grpc

@@ -1,10 +1,6 @@
-"""What both services (``forkline-engine``, ``forkline-prefix``) share: the serving and auth flags, a
-gRPC server with health checking, reflection and optional TLS / bearer tokens, draining it once,
-Prometheus metrics on ``--metrics_port``, and serving until SIGTERM / SIGINT.
-
-:func:`build_grpc_server` binds and starts one service; :class:`GrpcServer` is the base of both
-servers' handles (``stop`` drains once, then stops the metrics endpoint); :func:`run_service` is the
-body of both ``main``s.
+"""The ``main`` both services (``forkline-engine``, ``forkline-prefix``) share: the serving and auth
+flags, Prometheus metrics on ``--metrics_port``, and serving until SIGTERM / SIGINT
+(:func:`run_service`); the server itself is ``grpc_server.py``'s.
 """
 
 from __future__ import annotations
@@ -14,24 +10,19 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
-from concurrent import futures
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
-import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
-
-from engine_service.api.errors import FailedPrecondition, ForklineError
+from engine_service.api.errors import ForklineError
 from engine_service.serving.auth import ServerSecurity
-from engine_service.serving.rpc_metrics import ServiceMetrics
-from engine_service.serving.tokens import is_loopback, reload_on_sighup
+from engine_service.serving.grpc_server import GrpcServer
+from engine_service.serving.tokens import reload_on_sighup
 
 log = logging.getLogger(__name__)
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
-S = TypeVar("S", bound="GrpcServer")
+S = TypeVar("S", bound=GrpcServer)
 
 
 def port_number(text: str) -> int:
@@ -121,99 +112,6 @@ def server_security(args: argparse.Namespace) -> ServerSecurity:
             "authentication on: %d tokens from %s", len(security.tokens), security.tokens.path
         )
     return security
-
-
-def build_grpc_server(
-    add_servicer: Callable[[Any, grpc.Server], None],
-    servicer: Any,
-    service_name: str,
-    address: str,
-    *,
-    max_workers: int,
-    thread_name_prefix: str,
-    security: ServerSecurity | None = None,
-    interceptors: Sequence[grpc.ServerInterceptor] = (),
-) -> tuple[grpc.Server, health.HealthServicer, int]:
-    """A started server for ``servicer`` (registered with its generated ``add_servicer``), gRPC health
-    checking (SERVING for "" and ``service_name``) and reflection; returns it, its health servicer and
-    the bound port. ``address`` ``host:0`` picks a free port; OSError when it cannot be bound.
-    ``security``: TLS credentials and/or the token interceptor (None: plaintext, owners self-declared;
-    a warning is logged when such a server listens on a non-loopback address). ``interceptors`` run
-    before the security ones (the metrics interceptor, which also counts refused calls)."""
-    security = security or ServerSecurity()
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=thread_name_prefix),
-        options=[("grpc.so_reuseport", 0)],
-        interceptors=(*interceptors, *security.interceptors()),
-    )
-    add_servicer(servicer, server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for name in ("", service_name):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection((service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    if security.credentials is None:
-        port = server.add_insecure_port(address)
-    else:
-        port = server.add_secure_port(address, security.credentials)
-    if port == 0:
-        raise OSError(f"could not bind {address}")
-    host = address.rsplit(":", 1)[0]
-    if not security.authenticates and not is_loopback(host):
-        log.warning(
-            "%s listens on %s without authentication: anyone who can reach it can act as any owner "
-            "(see --auth_tokens)",
-            service_name,
-            address,
-        )
-    server.start()
-    return server, health_servicer, port
-
-
-class GrpcServer:
-    """A running service built by :func:`build_grpc_server`. ``port`` is the bound port. ``metrics``:
-    its Prometheus metrics when built with them (their interceptor installed), else None."""
-
-    metrics: ServiceMetrics | None = None
-
-    def __init__(
-        self, server: grpc.Server, servicer: Any, health_servicer: health.HealthServicer, port: int
-    ) -> None:
-        self.grpc_server = server
-        self.servicer = servicer
-        self.health = health_servicer
-        self.port = port
-        self._stopped = threading.Event()
-        self._lock = threading.Lock()
-
-    def _drain(
-        self, grace: float | None, *, after: Callable[[], None], before: Callable[[], None] | None = None
-    ) -> None:
-        """Once: ``before``, health NOT_SERVING, stop the server (calls in flight get ``grace``
-        seconds, then are cancelled), ``after``. Later calls return at once."""
-        with self._lock:
-            if self._stopped.is_set():
-                return
-            if before is not None:
-                before()
-            self.health.enter_graceful_shutdown()
-            self.grpc_server.stop(grace).wait()
-            after()
-            if self.metrics is not None:
-                self.metrics.close()
-            self._stopped.set()
-
-    def start_metrics(self, host: str, port: int) -> int:
-        """Serve this server's metrics on ``http://host:port/metrics`` (0: a free port) until it stops;
-        returns the bound port. FailedPrecondition when it was built without metrics."""
-        if self.metrics is None:
-            raise FailedPrecondition(
-                "this server was created without metrics (create_server(..., metrics=True))"
-            )
-        return self.metrics.serve(host, port)
-
-    def wait_for_termination(self, timeout: float | None = None) -> bool:
-        return self._stopped.wait(timeout)
 
 
 def serve_until_signalled(name: str, host: str, port: int) -> None:

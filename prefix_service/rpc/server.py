@@ -26,7 +26,7 @@ from grpc_health.v1 import health, health_pb2
 from engine_service.api.errors import FailedPrecondition, InvalidArgument, Unavailable
 from engine_service.api.owners import PERSISTENT_OWNER
 from engine_service.serving.auth import ClientSecurity, ServerSecurity
-from engine_service.serving.service_main import GrpcServer, build_grpc_server
+from engine_service.serving.grpc_server import GrpcServer, build_grpc_server
 from prefix_service.budget import DEFAULT_ENGINE_SHARE
 from prefix_service.checkpoints import CheckpointPlan
 from prefix_service.fleet import EngineMember, Fleet

@@ -201,11 +201,11 @@ def test_auth_off_is_as_before(servers) -> None:
 
 
 def test_warning_for_a_non_loopback_server_without_auth(servers, engine_tokens, caplog) -> None:
-    with caplog.at_level(logging.WARNING, logger="engine_service.serving.service_main"):
+    with caplog.at_level(logging.WARNING, logger="engine_service.serving.grpc_server"):
         servers.engine(host="0.0.0.0")
     assert any("without authentication" in r.getMessage() for r in caplog.records)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="engine_service.serving.service_main"):
+    with caplog.at_level(logging.WARNING, logger="engine_service.serving.grpc_server"):
         servers.engine(ServerSecurity(tokens=engine_tokens), host="0.0.0.0")
         servers.engine()
     assert not [r for r in caplog.records if "without authentication" in r.getMessage()]
