@@ -1,30 +1,15 @@
-"""The snapshot file: one safetensors file per :class:`SessionSnapshot`, written atomically, and a reader
-that refuses what it cannot vouch for before anything reaches an engine.
+"""The snapshot file's tensors and checksum, and the reader that refuses what it cannot vouch for before
+anything reaches an engine (names, header, atomic writes: ``api/snapshot_files.py``).
 
-Layout (format ``forkline-session-snapshot``, version 1), written by ``mx.save_safetensors``:
+- tensors: ``content`` (int32 [positions], the token ids) and the cache kind's arrays
+  (``layers.{i}.keys`` / ``layers.{i}.values``: [kv_heads, rows, head_dim] in the K/V dtype; ``SeqState``);
+- metadata: the header's fields and ``written`` (the ring high-water mark);
+- ``checksum``: hex BLAKE2b-256 (person ``forkline-snap-v1``) of the other metadata as sorted JSON, then
+  of every tensor in name order as ``name:dtype:shape;`` and the BLAKE2b-256 of its raw bytes.
 
-- tensors: ``content`` (int32 [positions], the token ids), and the cache kind's arrays
-  (``layers.{i}.keys`` / ``layers.{i}.values``: [kv_heads, rows, head_dim] in the K/V dtype; see
-  :class:`~engine_service.cache.seq_state.SeqState`);
-- metadata (strings): ``format``, ``format_version``, ``fingerprint``, ``cache_kind``, ``geometry``,
-  ``positions``, ``written`` (the ring high-water mark), ``content_digest`` (hex of
-  ``content.content_digest``), ``extra`` (a JSON object of application strings) and ``checksum``.
-
-``checksum`` is the hex BLAKE2b-256 (personalized ``forkline-snap-v1``) of the other metadata as sorted
-JSON, then of every tensor in name order as ``name:dtype:shape;`` followed by the BLAKE2b-256 of its raw
-bytes (a two-level tree, so the tensors are hashed in parallel). A file whose bytes changed in any
-tensor or metadata value fails it.
-
-Writes go to a temporary name in the destination folder (``.<name>.<pid>.<random>.tmp``), are fsynced,
-renamed over the final name and the folder is fsynced: a crash leaves the old file or the new one,
-never a partial file under a snapshot's name (a stale temporary at most, which no listing returns).
-
-The reader parses the safetensors container itself with numpy (the header's offsets must tile the
-data exactly, so a truncated or extended file is unreadable) and checks, in order: the container, the
-format and its version, the checksum, then the content against its digest. Only then are the tensors
-copied into ``mx.array`` (on the reading thread: a constructor, no computation on the engine's
-arrays), so the engine thread's part of a load is the import alone. The writing thread only hands
-already evaluated arrays to ``mx.save_safetensors``.
+The reader parses the container with numpy (the offsets must tile the data exactly) and checks, in
+order: container, format and version, checksum, content against its digest. Only then are tensors
+copied into ``mx.array``, on the reading thread: the engine thread's part of a load is the import.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
-"""Authentication on the wire: the bearer-token server interceptor, TLS credentials for servers and
-channels, and the metadata a client (or the prefix service calling the engine) sends.
+"""Authentication on the wire: who a call is (:func:`owner_of`), the bearer-token interceptor, TLS
+credentials for servers and channels, and the metadata a client (or the prefix service calling the
+engine on a caller's behalf) sends.
 
-With a token table (``--auth_tokens``) every call except gRPC health checking and reflection must carry
-``authorization: Bearer <token>``; a missing, malformed or unknown token ends the call UNAUTHENTICATED
-before its handler runs, also when a ``forkline-owner`` header is present (a self-declared owner is
-never a credential). An authenticated call's handler runs inside
-:func:`engine_service.serving.tokens.calling_as`, so :func:`owner_of` answers the token's owner; a
-``forkline-owner`` header next to a valid token is ignored. Without a table nothing is intercepted:
-owners come from the header as before.
-
-TLS (``--tls_cert`` / ``--tls_key``, optionally ``--tls_client_ca`` to require client certificates)
-only protects the connection; owners still come from tokens (or, without a table, the header).
+With a token table every call but health checking and reflection needs ``authorization: Bearer
+<token>``: missing, malformed or unknown is UNAUTHENTICATED before the handler runs (a
+``forkline-owner`` header is never a credential; next to a valid token it is ignored). Without a table
+owners come from the header. TLS only protects the connection.
 """
 
 from __future__ import annotations

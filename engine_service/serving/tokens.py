@@ -1,19 +1,11 @@
-"""Bearer-token authentication as domain code (no grpc): the token table, the caller of the current call,
-single-token files and the loopback test.
+"""Bearer tokens as plain code (no grpc): the token table, who the current call is, single-token files.
 
-A token file maps tokens to owners, one ``token owner`` pair a line; ``#`` starts a comment, blank
-lines are skipped. Tokens are at least :data:`MIN_TOKEN_LENGTH` characters without whitespace, each
-listed once; an owner may have several tokens (rotation). :class:`TokenTable` loads it (a problem
-raises InvalidArgument naming the file and line), :meth:`TokenTable.reload` re-reads it and keeps the
-old table when the new file is bad, and :meth:`TokenTable.owner_for` compares in constant time: the
-SHA-256 digest of the presented token is compared with ``hmac.compare_digest`` against every entry's
-digest (no early exit, equal lengths), so the time does not depend on which entry matched or how
-much of a token was right.
-
-The rpc layer (``engine_service/serving/auth.py``) authenticates each call and runs its handler inside
-:func:`calling_as`; :func:`current_caller` then says who is calling (``rpc.convert.owner_of`` prefers
-it over the self-declared ``forkline-owner`` header) and which credential it presented (the prefix
-service forwards it to the engine when it acts on the caller's behalf).
+A token file holds one ``token owner`` pair a line (``#`` comments, blank lines skipped); a token is
+:data:`MIN_TOKEN_LENGTH`..:data:`MAX_TOKEN_LENGTH` characters without whitespace, listed once; an owner
+may have several (rotation). :meth:`TokenTable.reload` keeps the old table when the new file is bad;
+:meth:`TokenTable.owner_for` takes constant time (the token's SHA-256 against every entry with
+``hmac.compare_digest``, no early exit). ``serving/auth.py`` runs each authenticated handler inside
+:func:`calling_as`; :func:`current_caller` then names its owner and the credential it presented.
 """
 
 from __future__ import annotations

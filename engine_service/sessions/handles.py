@@ -1,25 +1,14 @@
-"""Session handles: opaque, unguessable names for engine sessions held by remote clients.
+"""HandleRegistry: opaque, unguessable handles (``api.handle_names``) for sessions held by remote
+callers, per owner, with idle expiry and quotas. Thread-safe; holds arbitrary values.
 
-A handle is ``"<instance id>.<32 hex digits>"``: 128 random bits from :mod:`secrets` after the id of
-the engine instance that issued it. Every handle belongs to one owner (a client-chosen string such as
-``"prefix-service"``); only that owner can resolve or remove it, and everything an owner holds can be
-released at once. A handle that is unknown, malformed, issued by another engine instance, owned by
-someone else, expired or removed raises :class:`NotFound`: callers cannot tell these apart, so a
-handle cannot be probed for existence.
-
-Idle expiry: each resolve refreshes a handle's last-use time; :meth:`HandleRegistry.expire_idle`
-removes handles idle for longer than ``idle_timeout_s`` and returns their values so the caller can
-close them. A *pinned* handle (e.g. its session is generating) never expires; expiry counts from the
-unpin.
-
-Quotas (``OwnerQuota``): every entry weighs one session and a number of positions (its caller says how
-many: a held session its position, a generation what it may reach). An owner's entries together stay
-within its quota -- ``quota`` for clients, ``persistent_quota`` for each persistent owner -- or the
-call that would exceed it raises :class:`QuotaExceeded` (a ResourceExhausted naming the quota) before
-anything is allocated: :meth:`HandleRegistry.reserve` counts a handle whose value is still being made
-(a *pending* entry: unresolvable, never expired), :meth:`HandleRegistry.fill` gives it its value.
-
-The registry is thread-safe and holds arbitrary values; it knows nothing about sessions or gRPC.
+- Only a handle's owner resolves or removes it; unknown, malformed, foreign, another instance's,
+  expired and removed handles all raise the same NotFound (a handle cannot be probed).
+- Each resolve refreshes its idle time; :meth:`HandleRegistry.expire_idle` removes unpinned client
+  handles idle past ``idle_timeout_s`` (persistent owners' never expire) and returns them to close.
+- Quotas: an entry weighs one session and the positions its caller says; an owner's entries stay
+  within ``quota`` (clients) or ``persistent_quota`` (each persistent owner), or the call raises
+  ``QuotaExceeded`` before anything is allocated. :meth:`HandleRegistry.reserve` counts a *pending*
+  entry (unresolvable, never expired) that :meth:`HandleRegistry.fill` gives its value.
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ class EngineBackend:
         release: bool = False,
     ) -> Reply:
         """A unary engine call as ``owner`` (default: this backend); errors as forkline errors. For a
-        caller it forwards the caller's own credential when it authenticated here (rpc/auth.py).
+        caller it forwards the caller's own credential when it authenticated here (engine_service/serving/auth.py).
 
         ``release``: a Close that cleans up after the caller (e.g. the clone of a lookup whose caller
         already left) runs on the backend's own timeout, not the caller's spent deadline, and does not

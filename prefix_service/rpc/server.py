@@ -66,7 +66,7 @@ def connect_engine(
     checkpoints: CheckpointPlan | None = None,
 ) -> tuple[Gateway, grpc.Channel]:
     """Connect to the engine, release this owner's leftovers there, and build the cache.
-    ``engine_security``: this service's token for the engine and/or TLS to it (rpc/auth.py).
+    ``engine_security``: this service's token for the engine and/or TLS to it (engine_service/serving/auth.py).
     ``outage_wait_s``: how long a call waits for the engine while it is down (engine_watch.py).
     ``engine_share``: the share of the engine's sessions and positions the cache may hold, within
     ``max_entries`` / ``max_positions`` (0: no own positions bound); see prefix_service/pressure.py.
