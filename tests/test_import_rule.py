@@ -265,19 +265,21 @@ def folder_of(module: str) -> str:
     return module if path.is_dir() else module.rpartition(".")[0]
 
 
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every node ``start`` reaches through ``graph``'s arrows."""
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
 def circles_across_folders(graph: dict[str, set[str]]) -> list[list[str]]:
     """Groups of modules that import each other in a circle (strongly connected) and span folders."""
 
-    def reach(start: str) -> set[str]:
-        seen, todo = set(), [start]
-        while todo:
-            for nxt in graph.get(todo.pop(), ()):
-                if nxt not in seen:
-                    seen.add(nxt)
-                    todo.append(nxt)
-        return seen
-
-    reached = {m: reach(m) for m in graph}
+    reached = {m: reachable(graph, m) for m in graph}
     groups = {frozenset({m} | {n for n in reached[m] if m in reached.get(n, ())}) for m in graph}
     return sorted(sorted(g) for g in groups if len({folder_of(m) for m in g}) > 1)
 
@@ -321,16 +323,7 @@ def room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 def room_circles(rooms: dict[str, set[str]]) -> list[tuple[str, str]]:
     """(a, b) for each room a importing a room b that reaches a back: an arrow that runs back up."""
 
-    def reach(start: str) -> set[str]:
-        seen, todo = set(), [start]
-        while todo:
-            for nxt in rooms.get(todo.pop(), ()):
-                if nxt not in seen:
-                    seen.add(nxt)
-                    todo.append(nxt)
-        return seen
-
-    return sorted((a, b) for a, targets in rooms.items() for b in targets if a in reach(b))
+    return sorted((a, b) for a, targets in rooms.items() for b in targets if a in reachable(rooms, b))
 
 
 def test_the_engine_rooms_stand_in_floors() -> None:

@@ -127,13 +127,17 @@ def reworded(request, monkeypatch) -> bool:
     return request.param
 
 
-def test_a_caller_over_its_quota_evicts_nothing_however_the_message_reads(
-    reworded, engine_factory, prefix_factory
-) -> None:
+@pytest.fixture
+def services(engine_factory, prefix_factory):
+    """An engine whose clients hold 2 sessions and whose prefix service 4, and that prefix service."""
+    engine = engine_factory(quota=QUOTA, persistent_quota=OwnerQuota(4, 0))
+    return engine, prefix_factory(engine.address)
+
+
+def test_a_caller_over_its_quota_evicts_nothing_however_the_message_reads(reworded, services) -> None:
     # Pressure handling acts on the typed owner: bob's own quota is no reason to evict (the freed room
     # would not be his). Parsing the English message, a rewording made it evict and retry.
-    engine = engine_factory(quota=QUOTA, persistent_quota=OwnerQuota(4, 0))
-    prefix = prefix_factory(engine.address)
+    engine, prefix = services
     alice = PrefixClient(prefix.address, owner="alice")
     alice.generate(PROMPT, max_new_tokens=1).collect()  # cached
     bob_engine, bob = EngineClient(engine.address, owner="bob"), PrefixClient(prefix.address, owner="bob")
@@ -150,13 +154,10 @@ def test_a_caller_over_its_quota_evicts_nothing_however_the_message_reads(
     assert bob.generate(PROMPT, max_new_tokens=1).collect().done.reused_positions == len(PROMPT) - 1
 
 
-def test_the_service_reclaims_its_own_quota_however_the_message_reads(
-    reworded, engine_factory, prefix_factory
-) -> None:
+def test_the_service_reclaims_its_own_quota_however_the_message_reads(reworded, services) -> None:
     # The service's own persistent budget is full of clones it never heard of: it reclaims them
     # (its owner, read from the detail) and stores. Parsing the message, a rewording made it give up.
-    engine = engine_factory(quota=QUOTA, persistent_quota=OwnerQuota(4, 0))
-    prefix = prefix_factory(engine.address)
+    engine, prefix = services
     mallory = EngineClient(engine.address, owner="mallory")
     session = mallory.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
     for i in range(4):
