@@ -19,6 +19,7 @@ from collections.abc import Mapping
 import mlx.core as mx
 import mlx.nn as nn
 
+import engine_service.model.deterministic as deterministic
 import engine_service.model.fast_math as fast_math
 from engine_service.cache.batch_control import KVStep, KVView
 from engine_service.model.block_quant import (
@@ -30,6 +31,7 @@ from engine_service.model.block_quant import (
     to_block_format,
 )
 from engine_service.model.config import ModelConfig
+from engine_service.model.cpu_kernels import kernels
 from engine_service.model.weights import QuantTensor, concat_rows, convert_matrix, gpu_available
 
 Tensor = mx.array | QuantTensor | BlockQuantTensor
@@ -189,8 +191,22 @@ def _cumsum(sizes: list[int]) -> list[int]:
     return out
 
 
+def kernel_attention_usable(views: list[KVView]) -> bool:
+    """Whether ``forkline_kernels.causal_attention`` can run these views here: the kernels load (with
+    the attention op), the stream is the CPU's, and every view or part says its keys' positions."""
+    ext = kernels()
+    if ext is None or not hasattr(ext, "causal_attention") or mx.default_device() != mx.cpu:
+        return False
+    return all(
+        all(p.positions is not None for p in (view.parts if view.parts is not None else (view,)))
+        for view in views
+    )
+
+
 def attend(q: mx.array, views: list[KVView], t: int, scale: float, layer: int) -> mx.array:
-    """q: [T, q_heads, 1, D]; each view's rows attend its keys/values [kv_heads, S, D]. -> [T, q_heads * D]."""
+    """q: [T, q_heads, 1, D]; each view's rows attend its keys/values [kv_heads, S, D] (any float dtype:
+    computed in float32). -> [T, q_heads * D]. The MLX path, where the compiled kernel cannot run."""
+    views = [_float32_view(v) for v in views]
     ordered = sorted(views, key=lambda view: view.rows.start)
     outs = []
     covered = 0
@@ -223,6 +239,24 @@ def attend(q: mx.array, views: list[KVView], t: int, scale: float, layer: int) -
     if covered != t:
         raise ValueError(f"layer {layer}: KV views cover {covered} of {t} packed rows")
     return outs[0] if len(outs) == 1 else mx.concatenate(outs)
+
+
+def _float32_view(view: KVView) -> KVView:
+    """A view whose keys/values are float32 (a half-precision cache on the MLX path: one upcast)."""
+    from dataclasses import replace
+
+    def up(x: mx.array | None) -> mx.array | None:
+        return x if x is None or x.dtype == mx.float32 else x.astype(mx.float32)
+
+    if view.parts is not None:
+        if all(p.keys.dtype == mx.float32 for p in view.parts):
+            return view
+        return replace(
+            view, parts=tuple(replace(p, keys=up(p.keys), values=up(p.values)) for p in view.parts)
+        )
+    if view.keys.dtype == mx.float32:
+        return view
+    return replace(view, keys=up(view.keys), values=up(view.values))
 
 
 ACTIVATIONS = {"silu": fast_math.silu_mul, "gelu_tanh": fast_math.gelu_tanh_mul}
@@ -284,9 +318,9 @@ class DecoderLayer(nn.Module):
         k = qk[:, cfg.num_heads :]
         v = qkv[:, self._split[1] :].reshape(t, cfg.num_kv_heads, cfg.head_dim)
         views = step.views(self.index, k, v)
-        if self.deterministic:
-            import engine_service.model.deterministic as deterministic
-
+        if self.deterministic or (positions is not None and kernel_attention_usable(views)):
+            # the compiled kernel: keys read by position from every part, half-precision K/V as stored,
+            # batch-invariant (deterministic mode requires it; elsewhere it is the fastest path)
             o = deterministic.attend(q[:, :, 0, :], views, positions, self._window, self._scale)
         else:
             o = attend(q, views, t, self._scale, self.index)
