@@ -1,5 +1,6 @@
 """The engine's answers about one session, as values: a clone (:class:`TakenClone`, or why not:
-:class:`CloneRefusal`), a description (:class:`Described`) and an import (:class:`ImportedSnapshot`).
+:class:`CloneRefusal`), a description (:class:`Described`) and an import (:class:`ImportedSnapshot`);
+:func:`close_child_when_done` releases a clone nobody will receive.
 
 Handles are opaque to readers: an engine session handle string over the wire, or an in-process
 Session. The enum values are the wire names (``CLONE_REFUSAL_<NAME>`` in ``engine.proto``), lower case.
