@@ -393,6 +393,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         args.cache_kind,
         max_sessions=count + entries + captured,
         max_session_tokens=args.max_session_tokens,
+        kv_dtype=args.kv_dtype,
         prefill_chunk=args.prefill_chunk,
         model_fingerprint=fingerprint,
         deterministic=args.deterministic,

@@ -118,6 +118,7 @@ def start_engine(args: argparse.Namespace):
         max_session_tokens=args.max_session_tokens,
         max_decode_sequences=args.max_decode_sequences,
         prefill_chunk=args.prefill_chunk,
+        kv_dtype=args.kv_dtype,
         idle_timeout_s=args.idle_session_timeout,
         persistent_owners=tuple(args.persistent_owner or (PERSISTENT_OWNER,)),
         prepared_inputs=args.prepared_inputs,

@@ -50,10 +50,15 @@ def new_cache(
     kind: str = "batched-sequence",
     prefill_chunk: int = 512,
     max_seqs: int = 1,
+    kv_dtype: str = "float32",
 ) -> BatchControl:
     """A cache for ``max_seqs`` sequences of ``max_tokens`` positions, as a ModuleExecutor builds it."""
     config = cache_config(
-        model.config, max_sessions=max_seqs, max_session_tokens=max_tokens, max_write=prefill_chunk
+        model.config,
+        max_sessions=max_seqs,
+        max_session_tokens=max_tokens,
+        max_write=prefill_chunk,
+        kv_dtype=kv_dtype,
     )
     return build_session_cache(kind, config)
 

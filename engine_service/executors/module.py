@@ -35,7 +35,7 @@ from engine_service.api.snapshot_files import StateLayout
 from engine_service.cache.batch_control import BatchControl, Segment
 from engine_service.cache.seq_state import SeqState, StateTransfer, geometry_text
 from engine_service.executors.base import ExecInput, ExecOutput, Executor, ExecutorLimits, out_of_vocab
-from engine_service.executors.cache_setup import build_session_cache, cache_config, positive
+from engine_service.executors.cache_setup import build_session_cache, cache_config, positive, resolve_kv_dtype
 from engine_service.executors.plan import PREPARED_TOKEN, InputError, Plan, SessionState
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.executors.sampling import Sampler, SamplingParams
@@ -93,7 +93,7 @@ class ModuleExecutor(Executor):
         cache_kind: str = "batched-sequence",
         max_sessions: int = 8,
         max_session_tokens: int = 2048,
-        kv_dtype: mx.Dtype = mx.float32,
+        kv_dtype: str | mx.Dtype = mx.float32,
         *,
         prefill_chunk: int = 512,
         keep_logits: bool = False,
@@ -108,12 +108,14 @@ class ModuleExecutor(Executor):
         max_write: positions one forward may write per session (ring layers keep ``window + max_write
         - 1`` slots); default ``prefill_chunk``. Raises InvalidArgument for malformed limits and
         ResourceExhausted when the backend cannot hold ``max_sessions`` sessions of
-        ``max_session_tokens`` each (see :mod:`.cache_setup`). ``kwargs`` go to the subclass
+        ``max_session_tokens`` each (see :mod:`.cache_setup`). ``kv_dtype``: the K/V storage dtype
+        (``auto``: :func:`.cache_setup.resolve_kv_dtype`). ``kwargs`` go to the subclass
         constructor. How many decode steps share a forward is the Runner's setting
         (``max_decode_sequences``): any number of inputs runs as one forward here.
         """
         prefill_chunk = positive("prefill_chunk", prefill_chunk)
         max_write = max_write if max_write is not None else prefill_chunk
+        kv_dtype = resolve_kv_dtype(kv_dtype)
         config = cache_config(
             getattr(model, "model", model).config,
             max_sessions=max_sessions,

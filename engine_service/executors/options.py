@@ -41,9 +41,10 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 def add_executor_options(parser: argparse.ArgumentParser, *, max_sessions: int | None) -> None:
     """``--cache_kind``, ``--max_sessions`` (unless ``max_sessions`` is None: the command sizes it
-    itself), ``--max_session_tokens``, ``--max_decode_sequences``, ``--prefill_chunk`` and
+    itself), ``--max_session_tokens``, ``--max_decode_sequences``, ``--prefill_chunk``, ``--kv_dtype`` and
     ``--deterministic``."""
     from engine_service.cache.registry import cache_kinds
+    from engine_service.executors.cache_setup import KV_DTYPES
 
     parser.add_argument(
         "--cache_kind",
@@ -65,6 +66,13 @@ def add_executor_options(parser: argparse.ArgumentParser, *, max_sessions: int |
         parser.add_argument(
             flag, metavar="N", type=int, default=default, help=f"{text} (default: %(default)s)"
         )
+    parser.add_argument(
+        "--kv_dtype",
+        default="auto",
+        choices=KV_DTYPES,
+        help="K/V cache storage (snapshots and files too); auto: float16 where attention reads it as stored "
+        "(the compiled CPU kernel, a GPU), float32 otherwise (default: %(default)s)",
+    )
     parser.add_argument(
         "--deterministic",
         action="store_true",

@@ -96,6 +96,7 @@ class EngineSessions:
         max_session_tokens: int = 2048,
         max_decode_sequences: int = 8,
         prefill_chunk: int = 512,
+        kv_dtype: str = "float32",
         idle_timeout_s: float = 0.0,
         persistent_owners: tuple[str, ...] = (PERSISTENT_OWNER,),
         eos_token_ids: tuple[int, ...] | None = None,
@@ -113,7 +114,7 @@ class EngineSessions:
 
         executor_cls = EmbeddingsExecutor if prepared_inputs else ModuleExecutor
         executor = executor_cls.create(
-            model, cache_kind, max_sessions, max_session_tokens, prefill_chunk=prefill_chunk
+            model, cache_kind, max_sessions, max_session_tokens, kv_dtype, prefill_chunk=prefill_chunk
         )
         runner = Runner(executor, max_decode_sequences=max_decode_sequences)
         return cls(
