@@ -57,18 +57,20 @@ def measure(name: str, quick: bool) -> dict:
         "prefill": {},
         "decode": {},
     }
-    warm = new_cache(model, 65)  # the first forward JIT-compiles the fused kernels: not timed
+    warm = new_cache(
+        model, 65, kv_dtype="auto"
+    )  # the first forward JIT-compiles the fused kernels: not timed
     mx.eval(prefill(model, warm, warm.seq_new(), prompt[:64]))
     for n in sizes:
         best = float("inf")
         for _ in range(reps):
-            cache = new_cache(model, n + 1)
+            cache = new_cache(model, n + 1, kv_dtype="auto")
             t0 = time.perf_counter()
             mx.eval(prefill(model, cache, cache.seq_new(), prompt[:n]))
             best = min(best, time.perf_counter() - t0)
         out["prefill"][str(n)] = round(n / best, 1)
     for depth in depths:
-        cache = new_cache(model, depth + steps + 2)
+        cache = new_cache(model, depth + steps + 2, kv_dtype="auto")
         stats = GenerationStats()
         for _ in greedy_tokens(model, cache, cache.seq_new(), prompt[:depth], steps, stats=stats):
             pass

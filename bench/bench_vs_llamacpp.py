@@ -52,19 +52,19 @@ def raw(name: str, quick: bool) -> dict:
     depths = DEPTHS[:2] if quick else DEPTHS
     prompt = [1000 + (i * 7919) % 29000 for i in range(max(depths) + 1100)]
     out = {"weights_dtype": loaded.weights_dtype, "prefill": {}, "decode": {}}
-    warm = new_cache(model, 65)
+    warm = new_cache(model, 65, kv_dtype="auto")
     mx.eval(prefill(model, warm, warm.seq_new(), prompt[:64]))
     for n in (512,) if quick else (512, 1024):
         times = []
         for _ in range(2):
-            cache = new_cache(model, n + 1)
+            cache = new_cache(model, n + 1, kv_dtype="auto")
             t0 = time.perf_counter()
             mx.eval(prefill(model, cache, cache.seq_new(), prompt[:n]))
             times.append(time.perf_counter() - t0)
         out["prefill"][str(n)] = round(n / min(times), 1)
     steps = 16 if quick else 48
     for depth in depths:
-        cache = new_cache(model, depth + steps + 2)
+        cache = new_cache(model, depth + steps + 2, kv_dtype="auto")
         stats = GenerationStats()
         for _ in greedy_tokens(model, cache, cache.seq_new(), prompt[:depth], steps, stats=stats):
             pass
@@ -80,7 +80,9 @@ def batched(name: str, quick: bool) -> dict:
     from engine_service.runtime.runner import Runner
 
     loaded = load_model(name)
-    executor = ModuleExecutor.create(loaded, "batched-sequence", max_sessions=9, max_session_tokens=512)
+    executor = ModuleExecutor.create(
+        loaded, "batched-sequence", max_sessions=9, max_session_tokens=512, kv_dtype="auto"
+    )
     runner = Runner(executor, max_decode_sequences=8)
     try:
         prompts = [[1000 + (i * 131 + j * 7919) % 29000 for j in range(64)] for i in range(8)]
