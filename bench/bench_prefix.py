@@ -31,7 +31,7 @@ from engine_service.api.config import GenConfig
 from engine_service.executors.module import ModuleExecutor
 from engine_service.runtime.runner import Runner
 from engine_service.sessions.local_backend import RunnerBackend
-from prefix_service.prefix_cache import PrefixCache
+from prefix_service.cache.prefix_cache import PrefixCache
 
 OUT = Path(__file__).resolve().parent / "out"
 NS = "bench"

@@ -167,8 +167,8 @@ def decision_cost(engine_counts: list[int], entries: int, repeats: int = 2000) -
     """Microseconds per routing decision: each engine's index scored for the prompt (a real
     PrefixCache walk over ``entries`` stored keys) + the cache_aware policy."""
     from engine_service.api.content import content_digest
-    from prefix_service.index import token_key
-    from prefix_service.prefix_cache import PrefixCache
+    from prefix_service.cache.index import token_key
+    from prefix_service.cache.prefix_cache import PrefixCache
 
     class Handles:  # a backend whose handles are ints: inserts need only position / validity / digest
         fingerprint = "bench"

@@ -55,7 +55,7 @@ class InsertResult:
 @dataclass(frozen=True)
 class PrefixServiceStats:
     """The service's Stats answer: its cache's counters over every engine it routes to, and its own
-    (``prefix_service.outcomes.PrefixStats`` is one cache's)."""
+    (``prefix_service.cache.outcomes.PrefixStats`` is one cache's)."""
 
     entries: int
     max_entries: int

@@ -36,9 +36,9 @@ from engine_service.executors.module import ModuleExecutor
 from engine_service.runtime.generation import GenerationHandle, GenerationResult, GenerationUpdate
 from engine_service.runtime.runner import Runner
 from engine_service.sessions.local_backend import RunnerBackend
-from prefix_service.capture import PromptCapture
-from prefix_service.prefix_cache import PrefixCache
-from prefix_service.retention import policy_names
+from prefix_service.cache.capture import PromptCapture
+from prefix_service.cache.prefix_cache import PrefixCache
+from prefix_service.cache.retention import policy_names
 
 NAMESPACE = "mlx_run_llm_batched"
 COMPLETED = (FinishReason.STOP, FinishReason.LENGTH)

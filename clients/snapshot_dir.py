@@ -28,7 +28,7 @@ from engine_service.api.content import content_digest
 from engine_service.api.snapshot_files import LoadRefusal, list_snapshots, snapshot_name
 from engine_service.runtime.runner import Runner
 from engine_service.sessions.session_files import load_session, save_session
-from prefix_service.prefix_cache import PrefixCache
+from prefix_service.cache.prefix_cache import PrefixCache
 
 # refusals of a file no engine will ever load: it is removed
 _CORRUPT = (LoadRefusal.UNREADABLE, LoadRefusal.CHECKSUM, LoadRefusal.CONTENT, LoadRefusal.FORMAT_VERSION)

@@ -23,7 +23,7 @@ that owner (--persistent_owner_share); gateway generations run as their caller, 
 
 Sliding-window models on batched-sequence: a captured prompt also keeps checkpoints (--checkpoint_stride,
 message ends, at most --max_checkpoints), so a prompt diverging inside a stored one reuses an exact
-prefix instead of a `window` miss (prefix_service/checkpoints.py).
+prefix instead of a `window` miss (prefix_service/cache/checkpoints.py).
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ def share(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     from engine_service.api.owners import PERSISTENT_OWNER
     from engine_service.serving.service_main import add_auth_arguments, add_serving_arguments, port_number
-    from prefix_service.checkpoints import DEFAULT_CHECKPOINT_STRIDE, DEFAULT_MAX_CHECKPOINTS
-    from prefix_service.retention import policy_names
+    from prefix_service.cache.checkpoints import DEFAULT_CHECKPOINT_STRIDE, DEFAULT_MAX_CHECKPOINTS
+    from prefix_service.cache.retention import policy_names
     from prefix_service.routing import DEFAULT_IMBALANCE_ABS, DEFAULT_IMBALANCE_REL, routing_names
 
     p = argparse.ArgumentParser(
@@ -287,7 +287,7 @@ def connect_and_serve(args: argparse.Namespace):
     from engine_service.serving.auth import ClientSecurity
     from engine_service.serving.service_main import server_security
     from engine_service.serving.tokens import read_token_file
-    from prefix_service.checkpoints import CheckpointPlan
+    from prefix_service.cache.checkpoints import CheckpointPlan
     from prefix_service.routing import routing_policy
     from prefix_service.rpc.engine_pool import engine_targets
     from prefix_service.rpc.server import connect_fleet, create_server

@@ -42,11 +42,11 @@ from dataclasses import replace
 from engine_service.api.errors import ForklineError, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Done
+from prefix_service.cache.index import token_key
+from prefix_service.cache.outcomes import InsertOutcome
 from prefix_service.fleet_stats import EngineStatus, FleetStats, summed
 from prefix_service.gateway import Gateway, GatewayEvent, GatewayRequest, Prompt, PromptLookup
 from prefix_service.gateway_stream import GatewayStream
-from prefix_service.index import token_key
-from prefix_service.outcomes import InsertOutcome
 from prefix_service.persistent_tier import PersistentTier
 from prefix_service.routing import Candidate, Route, RouteReason, RoutingPolicy, routing_policy
 

@@ -6,8 +6,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 
+from prefix_service.cache.outcomes import PrefixStats
 from prefix_service.gateway import GatewayStats
-from prefix_service.outcomes import PrefixStats
 from prefix_service.snapshot_store import StoreStats
 
 

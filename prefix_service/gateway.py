@@ -68,15 +68,22 @@ from engine_service.api.errors import Cancelled, ForklineError, InvalidArgument,
 from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Done, Snapshot, SnapshotKind, Started, Tokens
 from prefix_service.backends import EngineGenerate, EngineStream, GatewayBackend
-from prefix_service.budget import DEFAULT_ENGINE_SHARE, Reservation
-from prefix_service.checkpoints import CheckpointPlan, SnapshotRoom, checkpoint_positions, message_ends
+from prefix_service.cache.budget import DEFAULT_ENGINE_SHARE, Reservation
+from prefix_service.cache.checkpoints import CheckpointPlan, SnapshotRoom, checkpoint_positions, message_ends
+from prefix_service.cache.index import token_key
+from prefix_service.cache.outcomes import (
+    QUOTA,
+    InsertOutcome,
+    InsertRefusal,
+    LookupOutcome,
+    Match,
+    MissReason,
+)
+from prefix_service.cache.prefix_cache import PrefixCache, PrefixStats
+from prefix_service.cache.retention import BOUNDARY_KEY
 from prefix_service.gateway_stream import GatewayStream
-from prefix_service.index import token_key
-from prefix_service.outcomes import QUOTA, InsertOutcome, InsertRefusal, LookupOutcome, Match, MissReason
 from prefix_service.persistent_tier import PersistentTier
-from prefix_service.prefix_cache import PrefixCache, PrefixStats
 from prefix_service.pressure import EnginePressure
-from prefix_service.retention import BOUNDARY_KEY
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 from engine_service.api.stream_events import Event, Snapshot, Started
 from engine_service.serving.tokens import Caller, calling_as, current_caller
 from prefix_service.backends import EngineStream
-from prefix_service.checkpoints import SnapshotRoom
-from prefix_service.outcomes import Match
+from prefix_service.cache.checkpoints import SnapshotRoom
+from prefix_service.cache.outcomes import Match
 
 if TYPE_CHECKING:  # the gateway imports this module
     from prefix_service.gateway import Gateway, GatewayEvent, GatewayRequest

@@ -21,8 +21,9 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from engine_service.api.errors import ForklineError
-from prefix_service.backends import SnapshotBackend, max_rewind
-from prefix_service.prefix_cache import PrefixCache
+from prefix_service.backends import SnapshotBackend
+from prefix_service.cache.prefix_cache import PrefixCache
+from prefix_service.cache.session_backend import max_rewind
 from prefix_service.snapshot_store import SnapshotStore
 from prefix_service.snapshot_writer import SnapshotWriter, WriteJob
 

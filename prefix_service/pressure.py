@@ -27,8 +27,8 @@ from engine_service.api.answers import TakenClone
 from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import ForklineError, QuotaExceeded, ResourceExhausted
 from prefix_service.backends import GatewayBackend
-from prefix_service.budget import check_share, engine_budget
-from prefix_service.prefix_cache import PrefixCache
+from prefix_service.cache.budget import check_share, engine_budget
+from prefix_service.cache.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ fingerprint. The file's ``extra`` strings carry the entry's key: ``forkline.name
 prefix service rebuilds its index from the folder (:meth:`SnapshotStore.scan`: headers only).
 
 - Keys are (fingerprint, namespace, tokens), as in the memory cache; :meth:`match` finds the longest
-  stored prefix of a prompt (a :class:`~prefix_service.index.TokenIndex`).
+  stored prefix of a prompt (a :class:`~prefix_service.cache.index.TokenIndex`).
 - Writes are atomic: a temporary name in the folder, fsync, rename, fsync of the folder. A crash
   leaves at most a temporary (``.*.tmp``), which :meth:`scan` deletes and nothing ever loads.
 - Budget: the files hold at most ``max_bytes`` together; over it, entries are deleted in the
@@ -42,8 +42,8 @@ from engine_service.api.snapshot_files import (
     peek_snapshot,
     write_snapshot_bytes,
 )
-from prefix_service.index import TokenIndex, token_key
-from prefix_service.retention import Entry, RetentionPolicy, frozen_metadata, make_policy
+from prefix_service.cache.index import TokenIndex, token_key
+from prefix_service.cache.retention import Entry, RetentionPolicy, frozen_metadata, make_policy
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class SnapshotStore:
         self, fingerprint: str, namespace: str, key: tuple[int, ...], max_rewind: int | None = None
     ) -> DiskMatch | None:
         """The longest stored prefix of ``key`` (``token_key(tokens)``) under ``fingerprint`` and
-        ``namespace``, or None. ``max_rewind`` (``backends.max_rewind``: a ring evicts window rows):
+        ``namespace``, or None. ``max_rewind`` (``session_backend.max_rewind``: a ring evicts window rows):
         only a file whose snapshot can be cloned there (at most that far below its length)."""
         if len(key) < 2:
             return None

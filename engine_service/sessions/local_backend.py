@@ -1,7 +1,7 @@
 """RunnerBackend: the prefix cache's backend over a local Runner (the CLI's embedded prefix cache).
 
-It implements ``prefix_service.backends.CaptureBackend`` structurally (the engine never imports the
-prefix service; a test holds the two together): handles are the Runner's :class:`Session` objects,
+It implements ``prefix_service.cache.session_backend.CaptureBackend`` structurally (the engine never
+imports the prefix service; a test holds the two together): handles are the Runner's :class:`Session` objects,
 ``clone`` waits for the engine (never call it from a generation callback), ``clone_async`` only queues.
 """
 

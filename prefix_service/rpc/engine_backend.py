@@ -96,7 +96,7 @@ class EngineBackend:
         self._digests: dict[str, bytes | None] = {}  # what the engine said each adopted handle holds
         self.instance_id = ""
         self._fingerprint = ""
-        self.max_rewind: int | None = None  # backends.max_rewind, from Info's window geometry
+        self.max_rewind: int | None = None  # session_backend.max_rewind, from Info's window geometry
 
     def call(
         self,

@@ -27,12 +27,12 @@ from engine_service.api.errors import FailedPrecondition, InvalidArgument, Unava
 from engine_service.api.owners import PERSISTENT_OWNER
 from engine_service.serving.auth import ClientSecurity, ServerSecurity
 from engine_service.serving.grpc_server import GrpcServer, build_grpc_server
-from prefix_service.budget import DEFAULT_ENGINE_SHARE
-from prefix_service.checkpoints import CheckpointPlan
+from prefix_service.cache.budget import DEFAULT_ENGINE_SHARE
+from prefix_service.cache.checkpoints import CheckpointPlan
+from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.fleet import EngineMember, Fleet
 from prefix_service.gateway import Gateway
 from prefix_service.persistent_tier import PersistentTier
-from prefix_service.prefix_cache import PrefixCache
 from prefix_service.routing import RoutingPolicy
 from prefix_service.rpc.engine_backend import EngineBackend
 from prefix_service.rpc.engine_pool import DEFAULT_RESOLVE_EVERY_S, EnginePool, RemoteMember

@@ -17,8 +17,8 @@ from engine_service.executors.base import Executor
 from engine_service.executors.module import ModuleExecutor
 from engine_service.runtime.runner import Runner
 from engine_service.sessions.local_backend import RunnerBackend
-from prefix_service.backends import CaptureBackend, SessionBackend
-from prefix_service.prefix_cache import PrefixCache
+from prefix_service.cache.prefix_cache import PrefixCache
+from prefix_service.cache.session_backend import CaptureBackend, SessionBackend
 from tests.unit.executor.helpers import reference_greedy
 
 NS = "test"

@@ -26,7 +26,7 @@ from engine_service.executors.module import ModuleExecutor
 from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
 from engine_service.runtime.runner import Runner
-from prefix_service.checkpoints import CheckpointPlan
+from prefix_service.cache.checkpoints import CheckpointPlan
 from prefix_service.persistent_tier import PersistentTier
 from prefix_service.rpc.metrics import GatewayCollector
 from prefix_service.rpc.server import connect_engine

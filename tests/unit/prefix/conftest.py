@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.gateway import Gateway
-from prefix_service.prefix_cache import PrefixCache
 from tests.unit.prefix.fakes import FakeBackend, FakeEngine
 
 

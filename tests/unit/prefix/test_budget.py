@@ -10,10 +10,10 @@ from engine_service.api.answers import CloneRefusal
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument, QuotaExceeded, ResourceExhausted
 from engine_service.api.stream_events import Snapshot, SnapshotKind, Started, Tokens
-from prefix_service.budget import Reservation, engine_budget
+from prefix_service.cache.budget import Reservation, engine_budget
+from prefix_service.cache.outcomes import InsertRefusal, MissReason
+from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.gateway import Gateway, GatewayRequest
-from prefix_service.outcomes import InsertRefusal, MissReason
-from prefix_service.prefix_cache import PrefixCache
 from tests.unit.prefix.fakes import FakeEngine, FakeStream, done_event
 
 NS = "app"

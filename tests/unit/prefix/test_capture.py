@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine_service.api.errors import FailedPrecondition
-from prefix_service.prefix_cache import PrefixCache
+from prefix_service.cache.prefix_cache import PrefixCache
 from tests.unit.prefix.fakes import FakeBackend, FakeUpdate, fake_generate
 
 NS = "app"

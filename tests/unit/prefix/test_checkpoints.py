@@ -1,4 +1,4 @@
-"""Checkpoints inside a stored prompt on a sliding-window engine (``prefix_service/checkpoints.py``),
+"""Checkpoints inside a stored prompt on a sliding-window engine (``prefix_service/cache/checkpoints.py``),
 against the fakes: where a capture asks for them, how a lookup diverging inside a stored prompt walks
 to the longest one it can clone, the ``window`` miss without them, and that they are ordinary entries
 of the budget and the retention policy.
@@ -13,10 +13,10 @@ import pytest
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument
 from engine_service.api.prompts import TextPrompt
-from prefix_service.checkpoints import CheckpointPlan, checkpoint_positions, message_ends
+from prefix_service.cache.checkpoints import CheckpointPlan, checkpoint_positions, message_ends
+from prefix_service.cache.outcomes import LookupOutcome, MissReason
+from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.gateway import Gateway, GatewayRequest
-from prefix_service.outcomes import LookupOutcome, MissReason
-from prefix_service.prefix_cache import PrefixCache
 from tests.unit.prefix.fakes import FakeEngine, WindowBackend
 
 NS = "app"

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine_service.api.errors import InvalidArgument
-from prefix_service.index import TokenIndex, token_key
+from prefix_service.cache.index import TokenIndex, token_key
 
 
 def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:

@@ -13,8 +13,8 @@ import threading
 
 import pytest
 
-from prefix_service.outcomes import CLONE_REFUSED, LookupOutcome, Match, MissReason
-from prefix_service.prefix_cache import PrefixCache
+from prefix_service.cache.outcomes import CLONE_REFUSED, LookupOutcome, Match, MissReason
+from prefix_service.cache.prefix_cache import PrefixCache
 from tests.unit.prefix.fakes import FakeBackend
 
 NS = "app"

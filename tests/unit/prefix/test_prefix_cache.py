@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from engine_service.api.errors import InvalidArgument
-from prefix_service.prefix_cache import Match, PrefixCache
-from prefix_service.retention import make_policy
+from prefix_service.cache.prefix_cache import Match, PrefixCache
+from prefix_service.cache.retention import make_policy
 from tests.unit.prefix.fakes import FakeBackend
 
 NS = "app"

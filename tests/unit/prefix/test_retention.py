@@ -7,8 +7,8 @@ from types import MappingProxyType
 import pytest
 
 from engine_service.api.errors import InvalidArgument
-from prefix_service.prefix_cache import PrefixCache
-from prefix_service.retention import (
+from prefix_service.cache.prefix_cache import PrefixCache
+from prefix_service.cache.retention import (
     Entry,
     LRUPolicy,
     RetentionPolicy,

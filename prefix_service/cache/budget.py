@@ -1,4 +1,4 @@
-"""Budget: how much a :class:`~prefix_service.prefix_cache.PrefixCache` may hold, and room held for
+"""Budget: how much a :class:`~prefix_service.cache.prefix_cache.PrefixCache` may hold, and room held for
 snapshots on their way.
 
 A prefix cache holds engine sessions, so its bound is in the engine's units: entries (one resident
@@ -17,8 +17,8 @@ import threading
 from collections.abc import Callable
 
 from engine_service.api.errors import InvalidArgument
-from prefix_service.outcomes import InsertRefusal
-from prefix_service.retention import Entry, RetentionPolicy
+from prefix_service.cache.outcomes import InsertRefusal
+from prefix_service.cache.retention import Entry, RetentionPolicy
 
 
 def check_bound(value: int, name: str) -> int:

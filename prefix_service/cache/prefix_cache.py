@@ -16,7 +16,7 @@ Contracts (DESIGN.md section 4):
   ``lookup(namespace, tokens)`` is the same call answering ``Match | None``.
 - Sliding windows: on an engine whose cache evicts window rows (``batched-sequence``, Info's
   ``window.evicts``) a snapshot of ``n`` positions clones only at ``p >= written - max_write`` (its
-  high-water mark ``written >= n``): ``backends.max_rewind``. A candidate with ``n - reused >
+  high-water mark ``written >= n``): ``session_backend.max_rewind``. A candidate with ``n - reused >
   max_write`` is passed over without a clone call (the engine would refuse it; counted as a window
   refusal), so the walk reaches the checkpoints (``boundary="breakpoint"`` entries, shorter keys)
   that can serve. With ``max_rewind`` None (``batched-cell``: sliding layers only mask, every cell
@@ -29,7 +29,7 @@ Contracts (DESIGN.md section 4):
   the session holds -- differs from ``content.content_digest(tokens)``; ``PREPARED_INPUT``: its prefix
   holds a prepared input, which no token key can name), duplicate key (the existing entry is
   refreshed instead). Over the budget -- ``max_entries`` entries and ``max_positions`` positions
-  (``prefix_service/budget.py``) -- the retention policy picks victims until both fit; their
+  (``prefix_service/cache/budget.py``) -- the retention policy picks victims until both fit; their
   snapshots are released. ``insert_outcome`` says which (:class:`InsertOutcome`). The tokens are
   hashed once per insert (not at all when the caller passes their digest), never per lookup.
 - Budget: ``set_budget`` changes the bounds (the gateway derives them from the engine's limits) and
@@ -60,19 +60,10 @@ from engine_service.api.errors import (
     QuotaExceeded,
     ResourceExhausted,
 )
-from prefix_service.backends import (
-    CaptureBackend,
-    Handle,
-    SessionBackend,
-    clone_with_refusal,
-    handle_alive,
-    max_rewind,
-    release_handle,
-)
-from prefix_service.budget import Budget, Reservation
-from prefix_service.capture import PromptCapture
-from prefix_service.index import TokenIndex, token_key
-from prefix_service.outcomes import (
+from prefix_service.cache.budget import Budget, Reservation
+from prefix_service.cache.capture import PromptCapture
+from prefix_service.cache.index import TokenIndex, token_key
+from prefix_service.cache.outcomes import (
     CLONE_ERROR,
     CLONE_REFUSED,
     CONTENT_MISMATCH,
@@ -90,7 +81,16 @@ from prefix_service.outcomes import (
     MissReason,
     PrefixStats,
 )
-from prefix_service.retention import Entry, RetentionPolicy, frozen_metadata, make_policy
+from prefix_service.cache.retention import Entry, RetentionPolicy, frozen_metadata, make_policy
+from prefix_service.cache.session_backend import (
+    CaptureBackend,
+    Handle,
+    SessionBackend,
+    clone_with_refusal,
+    handle_alive,
+    max_rewind,
+    release_handle,
+)
 
 DEFAULT_MAX_ATTEMPTS = 16
 _MAX_WINDOW_SKIPS = 1024  # candidates one lookup passes over without a clone call (below a ring's floor)

@@ -49,7 +49,7 @@ from dataclasses import dataclass, replace
 
 from engine_service.api.errors import ForklineError, InvalidArgument
 from engine_service.api.prompts import TextPrompt
-from prefix_service.budget import Reservation
+from prefix_service.cache.budget import Reservation
 
 log = logging.getLogger(__name__)
 

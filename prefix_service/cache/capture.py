@@ -37,13 +37,13 @@ from typing import TYPE_CHECKING, Any
 from engine_service.api.answers import close_child_when_done
 from engine_service.api.errors import ForklineError
 from engine_service.api.stream_events import SnapshotKind
-from prefix_service.backends import CaptureBackend, Handle, handle_alive, release_handle
-from prefix_service.index import token_key
-from prefix_service.outcomes import CAPTURE_REFUSED
-from prefix_service.retention import BOUNDARY_KEY
+from prefix_service.cache.index import token_key
+from prefix_service.cache.outcomes import CAPTURE_REFUSED
+from prefix_service.cache.retention import BOUNDARY_KEY
+from prefix_service.cache.session_backend import CaptureBackend, Handle, handle_alive, release_handle
 
 if TYPE_CHECKING:
-    from prefix_service.prefix_cache import PrefixCache
+    from prefix_service.cache.prefix_cache import PrefixCache
 
 _ACTIVE, _INACTIVE, _COLLECTED, _DISCARDED = "active", "inactive", "collected", "discarded"
 
