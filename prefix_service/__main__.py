@@ -300,7 +300,7 @@ def connect_and_serve(args: argparse.Namespace):
     )
     tier = None
     if args.snapshot_dir:
-        from prefix_service.persistent_tier import PersistentTier
+        from prefix_service.tier.persistent_tier import PersistentTier
 
         tier = PersistentTier.open(
             args.snapshot_dir,

@@ -1,14 +1,14 @@
-"""What the gateway and the persistent tier need from an engine, beyond the cache's
+"""What the gateway needs from an engine, beyond the cache's
 :class:`~prefix_service.cache.session_backend.SessionBackend`."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from engine_service.api.answers import Described, ImportedSnapshot, TakenClone
+from engine_service.api.answers import Described, TakenClone
 from engine_service.api.engine_info import EngineInfo
 from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Event
@@ -16,19 +16,6 @@ from prefix_service.cache.session_backend import SessionBackend
 
 if TYPE_CHECKING:
     from engine_service.api.config import GenConfig
-
-
-@runtime_checkable
-class SnapshotBackend(Protocol):
-    """An engine that exports and imports snapshot files (the persistent tier, ``snapshot_store.py``).
-
-    ``export_session(handle, extra)``: the file of a handle this backend owns, as chunks of bytes
-    (``extra``: strings stored in it), or None when the engine refused (prepared input, boundary).
-    ``import_session(chunks)``: load a file into a new session this backend owns."""
-
-    def export_session(self, handle: str, extra: Mapping[str, str]) -> Iterator[bytes] | None: ...
-
-    def import_session(self, chunks: Iterable[bytes]) -> ImportedSnapshot: ...
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,8 @@ from prefix_service.cache.outcomes import InsertOutcome
 from prefix_service.fleet_stats import EngineStatus, FleetStats, summed
 from prefix_service.gateway import Gateway, GatewayEvent, GatewayRequest, Prompt, PromptLookup
 from prefix_service.gateway_stream import GatewayStream
-from prefix_service.persistent_tier import PersistentTier
 from prefix_service.routing import Candidate, Route, RouteReason, RoutingPolicy, routing_policy
+from prefix_service.tier.persistent_tier import PersistentTier
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields, replace
 
 from prefix_service.cache.outcomes import PrefixStats
 from prefix_service.gateway import GatewayStats
-from prefix_service.snapshot_store import StoreStats
+from prefix_service.tier.snapshot_store import StoreStats
 
 
 @dataclass(frozen=True)

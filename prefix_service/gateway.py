@@ -82,8 +82,8 @@ from prefix_service.cache.outcomes import (
 from prefix_service.cache.prefix_cache import PrefixCache, PrefixStats
 from prefix_service.cache.retention import BOUNDARY_KEY
 from prefix_service.gateway_stream import GatewayStream
-from prefix_service.persistent_tier import PersistentTier
 from prefix_service.pressure import EnginePressure
+from prefix_service.tier.persistent_tier import PersistentTier
 
 log = logging.getLogger(__name__)
 

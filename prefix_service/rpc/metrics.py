@@ -30,7 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from engine_service.serving.rpc_metrics import ServiceMetrics
 from prefix_service.fleet import Fleet
 from prefix_service.fleet_stats import FleetStats
-from prefix_service.snapshot_store import StoreStats
+from prefix_service.tier.snapshot_store import StoreStats
 from protos import prefix_pb2
 
 GENERATE_METHOD = f"/{prefix_pb2.DESCRIPTOR.services_by_name['PrefixCache'].full_name}/Generate"

@@ -32,12 +32,12 @@ from prefix_service.cache.checkpoints import CheckpointPlan
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.fleet import EngineMember, Fleet
 from prefix_service.gateway import Gateway
-from prefix_service.persistent_tier import PersistentTier
 from prefix_service.routing import RoutingPolicy
 from prefix_service.rpc.engine_backend import EngineBackend
 from prefix_service.rpc.engine_pool import DEFAULT_RESOLVE_EVERY_S, EnginePool, RemoteMember
 from prefix_service.rpc.engine_watch import OUTAGE_WAIT_S, RECONNECT_OPTIONS, EngineWatch
 from prefix_service.rpc.servicer import PrefixServicer
+from prefix_service.tier.persistent_tier import PersistentTier
 from protos import engine_pb2, prefix_pb2, prefix_pb2_grpc
 
 if TYPE_CHECKING:  # the HTTP door is imported only when started

@@ -9,8 +9,8 @@ import time
 
 import grpc
 
-from prefix_service.persistent_tier import PersistentTier
 from prefix_service.rpc.server import connect_fleet, create_server
+from prefix_service.tier.persistent_tier import PersistentTier
 from protos import engine_pb2 as epb
 from protos import prefix_pb2, prefix_pb2_grpc
 from tests.service.conftest import start_engine

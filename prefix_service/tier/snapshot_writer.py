@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from engine_service.api.errors import ForklineError
-from prefix_service.snapshot_store import SnapshotStore, extra_for
+from prefix_service.tier.snapshot_store import SnapshotStore, extra_for
 
 log = logging.getLogger(__name__)
 

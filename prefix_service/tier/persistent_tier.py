@@ -11,7 +11,7 @@
 - :meth:`PersistentTier.preload`: eagerly restore the most recently used files into an engine that
   just (re)joined, up to ``preload`` entries (``--snapshot_preload``; 0: lazily only).
 
-Only engines that can export and import (``backends.SnapshotBackend``) take part.
+Only engines that can export and import (``snapshot_backend.SnapshotBackend``) take part.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from engine_service.api.errors import ForklineError
-from prefix_service.backends import SnapshotBackend
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.cache.session_backend import max_rewind
-from prefix_service.snapshot_store import SnapshotStore
-from prefix_service.snapshot_writer import SnapshotWriter, WriteJob
+from prefix_service.tier.snapshot_backend import SnapshotBackend
+from prefix_service.tier.snapshot_store import SnapshotStore
+from prefix_service.tier.snapshot_writer import SnapshotWriter, WriteJob
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,21 @@
+"""What the persistent tier needs from an engine: export and import snapshot files."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Protocol, runtime_checkable
+
+from engine_service.api.answers import ImportedSnapshot
+
+
+@runtime_checkable
+class SnapshotBackend(Protocol):
+    """An engine that exports and imports snapshot files (``snapshot_store.py`` keeps them).
+
+    ``export_session(handle, extra)``: the file of a handle this backend owns, as chunks of bytes
+    (``extra``: strings stored in it), or None when the engine refused (prepared input, boundary).
+    ``import_session(chunks)``: load a file into a new session this backend owns."""
+
+    def export_session(self, handle: str, extra: Mapping[str, str]) -> Iterator[bytes] | None: ...
+
+    def import_session(self, chunks: Iterable[bytes]) -> ImportedSnapshot: ...
