@@ -15,10 +15,10 @@ from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument
 from engine_service.api.prompts import TextPrompt
 from engine_service.serving.engine_wire import CLONE_REFUSALS, event_message, gen_config
-from prefix_service.backends import EngineGenerate
 from prefix_service.cache.outcomes import InsertOutcome, InsertRefusal, MissReason
 from prefix_service.fleet_stats import EngineStatus, FleetStats
-from prefix_service.gateway import GatewayEvent, GatewayRequest, Prompt, PromptLookup
+from prefix_service.gateway.gateway import GatewayEvent, GatewayRequest, Prompt, PromptLookup
+from prefix_service.gateway.gateway_backend import EngineGenerate
 from protos import engine_pb2 as epb
 from protos import prefix_pb2 as pb
 

@@ -40,7 +40,7 @@ from engine_service.api.stream_events import Event
 from engine_service.serving.auth import ClientSecurity, on_behalf_of
 from engine_service.serving.engine_wire import engine_info, event_from_proto
 from engine_service.serving.errors import from_rpc_error
-from prefix_service.backends import EngineGenerate
+from prefix_service.gateway.gateway_backend import EngineGenerate
 from prefix_service.rpc import convert
 from prefix_service.rpc.engine_watch import EngineWatch, call_timeout
 from protos import engine_pb2 as pb
@@ -56,7 +56,7 @@ Reply = TypeVar("Reply", bound=Message)
 
 
 class RemoteStream:
-    """An engine Generate call as an :class:`~prefix_service.backends.EngineStream`: domain events,
+    """An engine Generate call as an :class:`~prefix_service.gateway.gateway_backend.EngineStream`: domain events,
     forkline errors (a cancelled call raises Cancelled)."""
 
     def __init__(self, call: Iterator[pb.GenerateEvent]) -> None:

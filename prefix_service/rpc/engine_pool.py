@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from engine_service.api.errors import FailedPrecondition, ForklineError, InvalidArgument, Unavailable
 from prefix_service.fleet import EngineMember, Fleet
-from prefix_service.gateway import Gateway
+from prefix_service.gateway.gateway import Gateway
 from prefix_service.rpc.engine_watch import EngineWatch
 
 log = logging.getLogger(__name__)

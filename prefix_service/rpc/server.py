@@ -31,7 +31,7 @@ from prefix_service.cache.budget import DEFAULT_ENGINE_SHARE
 from prefix_service.cache.checkpoints import CheckpointPlan
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.fleet import EngineMember, Fleet
-from prefix_service.gateway import Gateway
+from prefix_service.gateway.gateway import Gateway
 from prefix_service.routing import RoutingPolicy
 from prefix_service.rpc.engine_backend import EngineBackend
 from prefix_service.rpc.engine_pool import DEFAULT_RESOLVE_EVERY_S, EnginePool, RemoteMember
@@ -69,7 +69,7 @@ def connect_engine(
     ``engine_security``: this service's token for the engine and/or TLS to it (engine_service/serving/auth.py).
     ``outage_wait_s``: how long a call waits for the engine while it is down (engine_watch.py).
     ``engine_share``: the share of the engine's sessions and positions the cache may hold, within
-    ``max_entries`` / ``max_positions`` (0: no own positions bound); see prefix_service/pressure.py.
+    ``max_entries`` / ``max_positions`` (0: no own positions bound); see prefix_service/gateway/pressure.py.
     ``pressure_retry`` False: a live request is never retried after evicting (tests' control).
     ``tier``: the snapshot directory shared by every engine's gateway (``persistent_tier.py``).
     ``checkpoints``: where captures take checkpoints inside a prompt on a sliding-window engine

@@ -2,7 +2,7 @@
 
 Thin: each RPC reads the caller's owner id from the metadata, converts the request to domain values
 (``prefix_service/rpc/convert.py``), delegates to the fleet (``prefix_service/fleet.py``: routing to an
-engine) and its gateways (``prefix_service/gateway.py``, where every flow decision lives:
+engine) and its gateways (``prefix_service/gateway/gateway.py``, where every flow decision lives:
 engine-restart handling, lookup, insert, the gateway Generate with its stop and drain) and converts the answer back. Errors map to status codes in
 ``engine_service/serving/errors.py``. Engine calls made for an RPC carry its deadline (``caller_deadline``).
 """

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from prefix_service.cache.prefix_cache import PrefixCache
-from prefix_service.gateway import Gateway
+from prefix_service.gateway.gateway import Gateway
 from tests.unit.prefix.fakes import FakeBackend, FakeEngine
 
 

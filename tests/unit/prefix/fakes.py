@@ -31,7 +31,7 @@ from engine_service.api.engine_info import EngineInfo, WindowGeometry
 from engine_service.api.errors import Cancelled, ResourceExhausted
 from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Done, Snapshot, SnapshotKind, Started, Tokens
-from prefix_service.backends import EngineGenerate
+from prefix_service.gateway.gateway_backend import EngineGenerate
 
 
 @dataclass(frozen=True)

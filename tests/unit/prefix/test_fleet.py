@@ -11,10 +11,10 @@ from engine_service.api.config import GenConfig
 from engine_service.api.errors import Cancelled, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Done, Tokens
-from prefix_service.backends import EngineGenerate
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.fleet import EngineMember, Fleet
-from prefix_service.gateway import Gateway, GatewayRequest
+from prefix_service.gateway.gateway import Gateway, GatewayRequest
+from prefix_service.gateway.gateway_backend import EngineGenerate
 from prefix_service.routing import routing_policy
 from tests.unit.prefix.fakes import FakeEngine
 

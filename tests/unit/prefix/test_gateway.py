@@ -12,10 +12,10 @@ from engine_service.api.config import GenConfig
 from engine_service.api.errors import Cancelled, InvalidArgument
 from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Started, Tokens
-from prefix_service import gateway as gateway_module
 from prefix_service.cache.outcomes import InsertRefusal, MissReason
 from prefix_service.cache.prefix_cache import PrefixCache
-from prefix_service.gateway import Gateway, GatewayRequest
+from prefix_service.gateway import gateway as gateway_module
+from prefix_service.gateway.gateway import Gateway, GatewayRequest
 from tests.unit.prefix.fakes import FakeEngine, done_event
 
 NS = "app"

@@ -15,11 +15,11 @@ from engine_service.api.errors import NotFound
 from engine_service.api.stream_events import Snapshot, SnapshotKind, Started
 from engine_service.runtime.runner import Runner
 from engine_service.sessions.local_backend import RunnerBackend
-from prefix_service import gateway as gateway_module
 from prefix_service.cache import prefix_cache as cache_module
 from prefix_service.cache.outcomes import InsertRefusal
 from prefix_service.cache.prefix_cache import PrefixCache
-from prefix_service.gateway import Gateway, GatewayRequest
+from prefix_service.gateway import gateway as gateway_module
+from prefix_service.gateway.gateway import Gateway, GatewayRequest
 from tests.unit.prefix.fakes import FakeStream, done_event
 from tests.unit.runner.fake_executor import FakeExecutor, FakePrepared
 

@@ -26,9 +26,9 @@ import threading
 from engine_service.api.answers import TakenClone
 from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import ForklineError, QuotaExceeded, ResourceExhausted
-from prefix_service.backends import GatewayBackend
 from prefix_service.cache.budget import check_share, engine_budget
 from prefix_service.cache.prefix_cache import PrefixCache
+from prefix_service.gateway.gateway_backend import GatewayBackend
 
 log = logging.getLogger(__name__)
 

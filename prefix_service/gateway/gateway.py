@@ -67,7 +67,6 @@ from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import Cancelled, ForklineError, InvalidArgument, ResourceExhausted
 from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Done, Snapshot, SnapshotKind, Started, Tokens
-from prefix_service.backends import EngineGenerate, EngineStream, GatewayBackend
 from prefix_service.cache.budget import DEFAULT_ENGINE_SHARE, Reservation
 from prefix_service.cache.checkpoints import CheckpointPlan, SnapshotRoom, checkpoint_positions, message_ends
 from prefix_service.cache.index import token_key
@@ -81,8 +80,9 @@ from prefix_service.cache.outcomes import (
 )
 from prefix_service.cache.prefix_cache import PrefixCache, PrefixStats
 from prefix_service.cache.retention import BOUNDARY_KEY
-from prefix_service.gateway_stream import GatewayStream
-from prefix_service.pressure import EnginePressure
+from prefix_service.gateway.gateway_backend import EngineGenerate, EngineStream, GatewayBackend
+from prefix_service.gateway.pressure import EnginePressure
+from prefix_service.gateway.stream import GatewayStream
 from prefix_service.tier.persistent_tier import PersistentTier
 
 log = logging.getLogger(__name__)

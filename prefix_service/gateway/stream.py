@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING
 
 from engine_service.api.stream_events import Event, Snapshot, Started
 from engine_service.serving.tokens import Caller, calling_as, current_caller
-from prefix_service.backends import EngineStream
 from prefix_service.cache.checkpoints import SnapshotRoom
 from prefix_service.cache.outcomes import Match
+from prefix_service.gateway.gateway_backend import EngineStream
 
 if TYPE_CHECKING:  # the gateway imports this module
-    from prefix_service.gateway import Gateway, GatewayEvent, GatewayRequest
+    from prefix_service.gateway.gateway import Gateway, GatewayEvent, GatewayRequest
 
 
 class _StopOnce:
