@@ -9,7 +9,8 @@ import time
 
 import grpc
 
-from prefix_service.rpc.server import connect_fleet, create_server
+from prefix_service.engines.connect import connect_fleet
+from prefix_service.rpc.server import create_server
 from prefix_service.tier.persistent_tier import PersistentTier
 from protos import engine_pb2 as epb
 from protos import prefix_pb2, prefix_pb2_grpc
@@ -125,6 +126,7 @@ def test_a_prefix_service_restart_rebuilds_its_index_from_the_folder(engine_fact
             q = prompt(i) + [ord("?")]
             tokens, done = second.generate(q)
             assert done.reused_positions == len(prompt(i)) and tokens == in_process_tokens(q, NEW)
+        assert second.tier.writer.flush(10)  # the files are written behind the request path
         assert second.disk().restored == 3 and second.disk().written == 3  # the longer prompts, stored anew
     finally:
         second.stop()
