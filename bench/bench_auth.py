@@ -32,7 +32,7 @@ from engine_service.rpc.server import create_server  # noqa: E402
 from engine_service.serving.auth import ClientSecurity, ServerSecurity, authenticate, server_credentials  # noqa: E402
 from engine_service.serving.tokens import TokenTable  # noqa: E402
 from engine_service.sessions.engine import EngineSessions  # noqa: E402
-from prefix_service.rpc.server import connect_engine  # noqa: E402
+from prefix_service.engines.connect import connect_engine  # noqa: E402
 from prefix_service.rpc.server import create_server as create_prefix_server  # noqa: E402
 from tests.service.pki import write_test_pki  # noqa: E402
 

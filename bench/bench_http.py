@@ -31,7 +31,7 @@ from clients.prefix_client import PrefixClient
 from engine_service.model.loader import load_model
 from engine_service.rpc.server import create_server
 from engine_service.sessions.engine import EngineSessions
-from prefix_service.rpc.server import connect_engine
+from prefix_service.engines.connect import connect_engine
 from prefix_service.rpc.server import create_server as create_prefix_server
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")

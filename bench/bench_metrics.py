@@ -47,8 +47,8 @@ from engine_service.rpc.server import SERVICE_NAME as ENGINE
 from engine_service.rpc.server import create_server
 from engine_service.serving.rpc_metrics import MetricsInterceptor
 from engine_service.sessions.engine import EngineSessions
+from prefix_service.engines.connect import connect_engine
 from prefix_service.rpc.server import SERVICE_NAME as PREFIX
-from prefix_service.rpc.server import connect_engine
 from prefix_service.rpc.server import create_server as create_prefix_server
 from protos import engine_pb2
 

@@ -37,8 +37,9 @@ from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
 from engine_service.rpc.server import create_server as create_engine_server
 from engine_service.sessions.engine import EngineSessions
-from prefix_service.routing import Candidate, routing_names, routing_policy
-from prefix_service.rpc.server import connect_fleet, create_server
+from prefix_service.engines.connect import connect_fleet
+from prefix_service.fleet.routing import Candidate, routing_names, routing_policy
+from prefix_service.rpc.server import create_server
 from protos import engine_pb2 as epb
 from protos import engine_pb2_grpc, prefix_pb2, prefix_pb2_grpc
 

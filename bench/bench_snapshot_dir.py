@@ -32,7 +32,7 @@ from clients.prefix_client import PrefixClient
 from engine_service.model.loader import load_model
 from engine_service.rpc.server import create_server
 from engine_service.sessions.engine import EngineSessions
-from prefix_service.rpc.server import connect_engine
+from prefix_service.engines.connect import connect_engine
 from prefix_service.rpc.server import create_server as create_prefix_server
 from prefix_service.tier.persistent_tier import PersistentTier
 

@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     from engine_service.serving.service_main import add_auth_arguments, add_serving_arguments, port_number
     from prefix_service.cache.checkpoints import DEFAULT_CHECKPOINT_STRIDE, DEFAULT_MAX_CHECKPOINTS
     from prefix_service.cache.retention import policy_names
-    from prefix_service.routing import DEFAULT_IMBALANCE_ABS, DEFAULT_IMBALANCE_REL, routing_names
+    from prefix_service.fleet.routing import DEFAULT_IMBALANCE_ABS, DEFAULT_IMBALANCE_REL, routing_names
 
     p = argparse.ArgumentParser(
         prog="forkline-prefix", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -288,9 +288,10 @@ def connect_and_serve(args: argparse.Namespace):
     from engine_service.serving.service_main import server_security
     from engine_service.serving.tokens import read_token_file
     from prefix_service.cache.checkpoints import CheckpointPlan
-    from prefix_service.routing import routing_policy
-    from prefix_service.rpc.engine_pool import engine_targets
-    from prefix_service.rpc.server import connect_fleet, create_server
+    from prefix_service.engines.connect import connect_fleet
+    from prefix_service.engines.engine_pool import engine_targets
+    from prefix_service.fleet.routing import routing_policy
+    from prefix_service.rpc.server import create_server
 
     security = server_security(args)
     token = read_token_file(args.engine_token_file, "--engine_token_file") if args.engine_token_file else None

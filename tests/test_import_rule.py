@@ -1,6 +1,7 @@
 """Domain code never imports grpc, the generated protos or prometheus_client: only ``*/rpc/`` modules,
-the shared gRPC kit ``engine_service/serving/`` (and ``clients/``) do; metrics are read from the domain
-(counters, stats) by collectors in ``rpc/``."""
+the shared gRPC kit ``engine_service/serving/``, the prefix service's engine clients
+``prefix_service/engines/`` (and ``clients/``) do; metrics are read from the domain (counters, stats)
+by collectors in ``rpc/``."""
 
 from __future__ import annotations
 
@@ -35,12 +36,15 @@ def forbidden_imports(source: str) -> list[str]:
     return found
 
 
+# The folders of each package that speak gRPC: its adapter, the shared kit, the engine clients.
+GRPC_FOLDERS = {"engine_service": ("rpc", "serving"), "prefix_service": ("rpc", "engines")}
+
+
 def domain_modules() -> list[Path]:
     files = []
-    for package in ("engine_service", "prefix_service"):
+    for package, grpc_folders in GRPC_FOLDERS.items():
         for path in sorted((ROOT / package).rglob("*.py")):
-            rel = path.relative_to(ROOT / package)
-            if not (rel.parts[0] == "rpc" or (package == "engine_service" and rel.parts[0] == "serving")):
+            if path.relative_to(ROOT / package).parts[0] not in grpc_folders:
                 files.append(path)
     return files
 

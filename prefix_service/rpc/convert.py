@@ -1,24 +1,17 @@
-"""Proto <-> domain conversion for the prefix service. Pure functions: no state, no engine calls.
-
-Client requests (``prefix_pb2``) become gateway values (:class:`Prompt`, :class:`GatewayRequest`);
-gateway results become responses. Engine messages (``engine_pb2``) become the backend's domain
-values (:class:`EngineInfo`, the stream events of ``engine_service/api/stream_events.py``) and back: the
-gateway's events for its client are engine ``GenerateEvent`` messages again.
-"""
+"""The prefix service's requests (``prefix_pb2``) <-> gateway values, and gateway answers -> responses.
+Pure functions. The gateway's events for its client are engine ``GenerateEvent`` messages; the engine
+calls' own messages are ``engines/engine_wire.py``'s."""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 
-from engine_service.api.answers import CloneRefusal, TakenClone
-from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument
 from engine_service.api.prompts import TextPrompt
-from engine_service.serving.engine_wire import CLONE_REFUSALS, event_message, gen_config
+from engine_service.serving.engine_wire import event_message, gen_config
 from prefix_service.cache.outcomes import InsertOutcome, InsertRefusal, MissReason
-from prefix_service.fleet_stats import EngineStatus, FleetStats
+from prefix_service.fleet.stats import EngineStatus, FleetStats
 from prefix_service.gateway.gateway import GatewayEvent, GatewayRequest, Prompt, PromptLookup
-from prefix_service.gateway.gateway_backend import EngineGenerate
 from protos import engine_pb2 as epb
 from protos import prefix_pb2 as pb
 
@@ -30,9 +23,6 @@ INSERT_REFUSALS: dict[InsertRefusal | None, pb.InsertRefusal.ValueType] = {
     None: pb.INSERT_REFUSAL_UNSPECIFIED,
     **{reason: pb.InsertRefusal.Value(f"INSERT_REFUSAL_{reason.name}") for reason in InsertRefusal},
 }
-_CLONE_REFUSALS = {value: reason for reason, value in CLONE_REFUSALS.items()}  # engine wire -> domain
-
-# -- client side ------------------------------------------------------------------------------
 
 
 def prompt(request: pb.LookupRequest | pb.GatewayGenerateRequest) -> Prompt:
@@ -127,51 +117,3 @@ def engine_stats(engine: EngineStatus) -> pb.EngineStats:
 def client_event(event: GatewayEvent) -> epb.GenerateEvent:
     """A gateway event as the engine event its client reads."""
     return event_message(event)
-
-
-# -- engine side ------------------------------------------------------------------------------
-
-
-def taken_clone(reply: epb.CloneResponse) -> TakenClone:
-    """A Clone reply as ``GatewayBackend.take_clone`` answers it."""
-    if reply.session:
-        return TakenClone(reply.session)
-    return TakenClone(None, _CLONE_REFUSALS.get(reply.reason, CloneRefusal.BOUNDARY))
-
-
-def text_input(text: TextPrompt) -> epb.TextInput:
-    return epb.TextInput(
-        text=text.text,
-        chat=text.chat,
-        system=text.system,
-        add_special_tokens=text.add_special_tokens,
-        messages=[epb.ChatMessage(role=role, content=content) for role, content in text.messages],
-    )
-
-
-def generation_config(config: GenConfig, ignore_eos: bool) -> epb.GenerationConfig:
-    """The engine request's config: every field set, so the engine builds the same GenConfig."""
-    return epb.GenerationConfig(
-        max_new_tokens=config.max_new_tokens,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        top_k=config.top_k,
-        seed=config.seed,
-        stop_tokens=config.stop_tokens,
-        ignore_eos=ignore_eos,
-        prefill_chunk=config.prefill_chunk,
-    )
-
-
-def engine_request(request: EngineGenerate, snapshot_owner: str = "") -> epb.GenerateRequest:
-    """The engine Generate; ``snapshot_owner``: who receives the snapshots ("": the caller)."""
-    return epb.GenerateRequest(
-        session=request.session,
-        tokens=epb.TokenIds(ids=request.tokens),
-        config=generation_config(request.config, request.ignore_eos),
-        capture=epb.CaptureOptions(
-            prompt_snapshot=request.prompt_snapshot,
-            breakpoints=request.config.prefill_breakpoints,
-            snapshot_owner=snapshot_owner,
-        ),
-    )

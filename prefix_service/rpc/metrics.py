@@ -28,8 +28,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from engine_service.serving.rpc_metrics import ServiceMetrics
-from prefix_service.fleet import Fleet
-from prefix_service.fleet_stats import FleetStats
+from prefix_service.fleet.fleet import Fleet
+from prefix_service.fleet.stats import FleetStats
 from prefix_service.tier.snapshot_store import StoreStats
 from protos import prefix_pb2
 

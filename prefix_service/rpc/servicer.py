@@ -1,7 +1,7 @@
 """PrefixServicer: ``forkline.prefix.v1.PrefixCache`` over a :class:`Fleet` of engine gateways.
 
 Thin: each RPC reads the caller's owner id from the metadata, converts the request to domain values
-(``prefix_service/rpc/convert.py``), delegates to the fleet (``prefix_service/fleet.py``: routing to an
+(``prefix_service/rpc/convert.py``), delegates to the fleet (``prefix_service/fleet/fleet.py``: routing to an
 engine) and its gateways (``prefix_service/gateway/gateway.py``, where every flow decision lives:
 engine-restart handling, lookup, insert, the gateway Generate with its stop and drain) and converts the answer back. Errors map to status codes in
 ``engine_service/serving/errors.py``. Engine calls made for an RPC carry its deadline (``caller_deadline``).
@@ -16,9 +16,9 @@ import grpc
 
 from engine_service.serving.auth import owner_of
 from engine_service.serving.errors import status_on_error
-from prefix_service.fleet import Fleet
+from prefix_service.engines.engine_watch import caller_deadline
+from prefix_service.fleet.fleet import Fleet
 from prefix_service.rpc import convert
-from prefix_service.rpc.engine_watch import caller_deadline
 from protos import engine_pb2 as epb
 from protos import prefix_pb2 as pb
 from protos import prefix_pb2_grpc

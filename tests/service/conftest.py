@@ -21,7 +21,8 @@ from engine_service.model.random_init import random_model
 from engine_service.model.tokenizer import Tokenizer
 from engine_service.rpc.server import EngineServer, create_server
 from engine_service.sessions.engine import EngineSessions
-from prefix_service.rpc.server import PrefixServer, connect_engine
+from prefix_service.engines.connect import connect_engine
+from prefix_service.rpc.server import PrefixServer
 from prefix_service.rpc.server import create_server as create_prefix_server
 
 SPECIALS = {"<unk>": 0, "<bos>": 1, "<eos>": 2}

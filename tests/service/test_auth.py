@@ -24,7 +24,7 @@ from engine_service.rpc.server import create_server
 from engine_service.serving.auth import ClientSecurity, ServerSecurity, server_credentials
 from engine_service.serving.tokens import TokenTable
 from engine_service.sessions.engine import EngineSessions
-from prefix_service.rpc.server import connect_engine
+from prefix_service.engines.connect import connect_engine
 from prefix_service.rpc.server import create_server as create_prefix_server
 from protos import engine_pb2 as pb
 from protos import engine_pb2_grpc

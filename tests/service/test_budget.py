@@ -21,7 +21,7 @@ from clients.prefix_client import PrefixClient
 from engine_service.api.errors import ForklineError, ResourceExhausted
 from engine_service.api.owners import NO_QUOTA
 from engine_service.sessions.handles import engine_quotas
-from prefix_service.rpc.server import connect_engine
+from prefix_service.engines.connect import connect_engine
 from prefix_service.rpc.server import create_server as create_prefix_server
 from tests.service.conftest import Engine, Prefix
 from tests.service.helpers import PROMPT

@@ -25,7 +25,7 @@ from clients.engine_client import EngineClient
 from clients.prefix_client import PrefixClient
 from engine_service.api import errors
 from engine_service.rpc.server import SERVICE_NAME as ENGINE_SERVICE
-from prefix_service.rpc.engine_watch import (
+from prefix_service.engines.engine_watch import (
     OUTAGE_WAIT_S,
     RECONNECT_OPTIONS,
     EngineWatch,

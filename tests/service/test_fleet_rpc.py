@@ -8,9 +8,10 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from prefix_service.routing import routing_policy
-from prefix_service.rpc.engine_pool import DnsTarget, engine_targets
-from prefix_service.rpc.server import connect_fleet, create_server
+from prefix_service.engines.connect import connect_fleet
+from prefix_service.engines.engine_pool import DnsTarget, engine_targets
+from prefix_service.fleet.routing import routing_policy
+from prefix_service.rpc.server import create_server
 from protos import engine_pb2 as epb
 from protos import engine_pb2_grpc, prefix_pb2, prefix_pb2_grpc
 from tests.service.helpers import in_process_tokens, wait_for

@@ -398,7 +398,8 @@ def test_the_real_model_answers_through_its_chat_template() -> None:
 def test_the_door_routes_over_several_engines(engine_factory) -> None:
     """One prefix service over two engines: a repeated chat reuses its prompt, and a new question goes to
     the engine holding the longest shared prefix (the chat template's header) and reuses that."""
-    from prefix_service.rpc.server import connect_fleet, create_server
+    from prefix_service.engines.connect import connect_fleet
+    from prefix_service.rpc.server import create_server
 
     engines = [engine_factory(max_session_tokens=1024) for _ in range(2)]
     fleet, pool = connect_fleet(lambda: {e.address for e in engines}, ready_timeout=10, resolve_every_s=60)

@@ -50,7 +50,7 @@ def test_real_tokens_are_forwarded_and_https_uses_the_grpc_certificate(tmp_path)
     from engine_service.serving.auth import ClientSecurity, ServerSecurity
     from engine_service.serving.tokens import TokenTable
     from engine_service.sessions.engine import EngineSessions
-    from prefix_service.rpc.server import connect_engine
+    from prefix_service.engines.connect import connect_engine
     from prefix_service.rpc.server import create_server as create_prefix_server
     from tests.service.conftest import char_tokenizer
     from tests.service.pki import write_test_pki

@@ -27,8 +27,8 @@ from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
 from engine_service.runtime.runner import Runner
 from prefix_service.cache.checkpoints import CheckpointPlan
+from prefix_service.engines.connect import connect_engine
 from prefix_service.rpc.metrics import GatewayCollector
-from prefix_service.rpc.server import connect_engine
 from prefix_service.rpc.server import create_server as create_prefix_server
 from prefix_service.tier.persistent_tier import PersistentTier
 from protos import engine_pb2 as epb

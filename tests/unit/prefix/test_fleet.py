@@ -12,10 +12,10 @@ from engine_service.api.errors import Cancelled, InvalidArgument, NotFound, Reso
 from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Done, Tokens
 from prefix_service.cache.prefix_cache import PrefixCache
-from prefix_service.fleet import EngineMember, Fleet
+from prefix_service.fleet.fleet import EngineMember, Fleet
+from prefix_service.fleet.routing import routing_policy
 from prefix_service.gateway.gateway import Gateway, GatewayRequest
 from prefix_service.gateway.gateway_backend import EngineGenerate
-from prefix_service.routing import routing_policy
 from tests.unit.prefix.fakes import FakeEngine
 
 CONFIG = GenConfig(max_new_tokens=1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine_service.api.errors import InvalidArgument
-from prefix_service.routing import CacheAware, Candidate, RouteReason, routing_names, routing_policy
+from prefix_service.fleet.routing import CacheAware, Candidate, RouteReason, routing_names, routing_policy
 
 
 def names(route) -> list[str]:

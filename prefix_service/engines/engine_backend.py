@@ -11,12 +11,12 @@ It remembers the positions of the handles it holds (snapshot events and clones s
 engine instance: after an engine restart every stored handle is dead without asking the engine.
 Engine errors arrive as ``engine_service.api.errors`` types (the PrefixCache treats them as refusals),
 also from an engine Generate stream (:class:`RemoteStream`, whose events are domain values:
-``prefix_service/rpc/convert.py`` converts).
+``engines/engine_wire.py`` converts).
 
 Every engine call uses ``wait_for_ready`` with the deadline of the RPC it serves (capped by
 ``timeout``; a Generate stream: the caller's deadline only) and, while the engine is down (``watch``,
 set by ``connect_engine``), waits a bounded time for it before Unavailable: see
-``prefix_service/rpc/engine_watch.py``.
+``prefix_service/engines/engine_watch.py``.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from engine_service.api.stream_events import Event
 from engine_service.serving.auth import ClientSecurity, on_behalf_of
 from engine_service.serving.engine_wire import engine_info, event_from_proto
 from engine_service.serving.errors import from_rpc_error
+from prefix_service.engines import engine_wire
+from prefix_service.engines.engine_watch import EngineWatch, call_timeout
 from prefix_service.gateway.gateway_backend import EngineGenerate
-from prefix_service.rpc import convert
-from prefix_service.rpc.engine_watch import EngineWatch, call_timeout
 from protos import engine_pb2 as pb
 from protos import engine_pb2_grpc
 
@@ -170,7 +170,7 @@ class EngineBackend:
     # -- GatewayBackend: engine calls on behalf of a caller ------------------------------------
     def tokenize(self, text: TextPrompt, owner: str) -> list[int]:
         return list(
-            self.call(self.stub.Tokenize, pb.TokenizeRequest(text=convert.text_input(text)), owner).ids
+            self.call(self.stub.Tokenize, pb.TokenizeRequest(text=engine_wire.text_input(text)), owner).ids
         )
 
     def describe(self, session: str, owner: str) -> Described:
@@ -188,7 +188,7 @@ class EngineBackend:
         reply = self.call(self.stub.Clone, request, owner)
         if reply.session:
             self.adopt(reply.session, reply.position, reply.content_digest or None)
-        return convert.taken_clone(reply)
+        return engine_wire.taken_clone(reply)
 
     def close_as(self, session: str, owner: str | None = None) -> None:
         self.call(self.stub.Close, pb.CloseRequest(session=session), owner, release=True)
@@ -198,7 +198,7 @@ class EngineBackend:
         caller's quota), its prompt snapshot handed to this backend's owner."""
         owner = request.owner if request.owner and request.owner != self.owner else None
         metadata = self.metadata if owner is None else on_behalf_of(owner)
-        message = convert.engine_request(request, snapshot_owner=self.owner if owner else "")
+        message = engine_wire.engine_request(request, snapshot_owner=self.owner if owner else "")
         return RemoteStream(self.stub.Generate(message, metadata=metadata, **self.call_options(None)))
 
     def reclaim(self) -> int:
@@ -224,7 +224,7 @@ class EngineBackend:
         reply = self.call(self.stub.Clone, pb.CloneRequest(session=handle, upto=upto, new_owner=new_owner))
         if reply.session and new_owner == self.owner:
             self.adopt(reply.session, reply.position, reply.content_digest or None)
-        return convert.taken_clone(reply)
+        return engine_wire.taken_clone(reply)
 
     def close(self, handle: str) -> None:
         with self._lock:

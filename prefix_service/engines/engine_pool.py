@@ -1,5 +1,5 @@
 """The prefix service's engines over gRPC: who they are (static addresses or a DNS name re-resolved
-every few seconds) and their connections, kept in a :class:`~prefix_service.fleet.Fleet`.
+every few seconds) and their connections, kept in a :class:`~prefix_service.fleet.fleet.Fleet`.
 
 - Targets: ``--engine HOST:PORT`` (repeatable) names engines one by one; ``--engines
   dns:///NAME:PORT`` names every address ``NAME`` resolves to (a Kubernetes headless Service gives
@@ -24,9 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine_service.api.errors import FailedPrecondition, ForklineError, InvalidArgument, Unavailable
-from prefix_service.fleet import EngineMember, Fleet
+from prefix_service.engines.engine_watch import EngineWatch
+from prefix_service.fleet.fleet import EngineMember, Fleet
 from prefix_service.gateway.gateway import Gateway
-from prefix_service.rpc.engine_watch import EngineWatch
 
 log = logging.getLogger(__name__)
 

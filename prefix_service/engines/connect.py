@@ -1,0 +1,131 @@
+"""How the prefix service reaches its engines: ``connect_engine(address, ...)`` builds one engine's
+:class:`Gateway` (a channel that reconnects with a capped backoff, an :class:`EngineBackend` that first
+releases what an earlier instance of this service left in the engine, the :class:`PrefixCache`, the
+engine's health watch); ``connect_fleet(targets, ...)`` does so for every engine the targets name, now
+and as they come and go (``engine_pool.py``), in a routed :class:`Fleet`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from engine_service.api.errors import FailedPrecondition, Unavailable
+from engine_service.api.owners import PERSISTENT_OWNER
+from engine_service.serving.auth import ClientSecurity
+from prefix_service.cache.budget import DEFAULT_ENGINE_SHARE
+from prefix_service.cache.checkpoints import CheckpointPlan
+from prefix_service.cache.prefix_cache import PrefixCache
+from prefix_service.engines.engine_backend import EngineBackend
+from prefix_service.engines.engine_pool import DEFAULT_RESOLVE_EVERY_S, EnginePool, RemoteMember
+from prefix_service.engines.engine_watch import OUTAGE_WAIT_S, RECONNECT_OPTIONS, EngineWatch
+from prefix_service.fleet.fleet import EngineMember, Fleet
+from prefix_service.fleet.routing import RoutingPolicy
+from prefix_service.gateway.gateway import Gateway
+from prefix_service.tier.persistent_tier import PersistentTier
+
+log = logging.getLogger(__name__)
+
+
+def connect_engine(
+    engine_address: str,
+    *,
+    max_entries: int = 64,
+    policy: str = "lru",
+    owner: str = PERSISTENT_OWNER,
+    ready_timeout: float = 30.0,
+    engine_security: ClientSecurity | None = None,
+    outage_wait_s: float = OUTAGE_WAIT_S,
+    engine_share: float = DEFAULT_ENGINE_SHARE,
+    max_positions: int = 0,
+    pressure_retry: bool = True,
+    tier: PersistentTier | None = None,
+    checkpoints: CheckpointPlan | None = None,
+) -> tuple[Gateway, grpc.Channel]:
+    """Connect to the engine, release this owner's leftovers there, and build the cache.
+    ``engine_security``: this service's token for the engine and/or TLS to it (engine_service/serving/auth.py).
+    ``outage_wait_s``: how long a call waits for the engine while it is down (engine_watch.py).
+    ``engine_share``: the share of the engine's sessions and positions the cache may hold, within
+    ``max_entries`` / ``max_positions`` (0: no own positions bound); see prefix_service/gateway/pressure.py.
+    ``pressure_retry`` False: a live request is never retried after evicting (tests' control).
+    ``tier``: the snapshot directory shared by every engine's gateway (``persistent_tier.py``).
+    ``checkpoints``: where captures take checkpoints inside a prompt on a sliding-window engine
+    (``checkpoints.py``; default: every 256 positions and at message ends, at most 8)."""
+    engine_security = engine_security or ClientSecurity()
+    channel = engine_security.channel(engine_address, RECONNECT_OPTIONS)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=ready_timeout)
+    except grpc.FutureTimeoutError:
+        channel.close()
+        raise Unavailable(f"engine at {engine_address} not reachable within {ready_timeout} s") from None
+    backend = EngineBackend(channel, owner=owner, token=engine_security.token)
+    backend.address = engine_address
+    backend.watch = EngineWatch(channel, outage_wait_s=outage_wait_s)  # started by create_server
+    if (caller := backend.refresh().caller) is not None and not caller.persistent:
+        channel.close()
+        raise FailedPrecondition(
+            f"the engine does not treat owner {owner!r} as a persistent owner: its snapshots would expire and "
+            f"it could not hand lookup clones to its callers; start forkline-engine with --persistent_owner {owner}"
+        )
+    released = backend.release_owned()
+    if released:
+        log.info("released %d snapshots an earlier %s left in the engine", released, owner)
+    cache = PrefixCache(backend, max_entries, policy, max_positions=max_positions)
+    gateway = Gateway(
+        cache,
+        backend,
+        policy,
+        engine_share=engine_share,
+        pressure_retry=pressure_retry,
+        tier=tier,
+        checkpoints=checkpoints,
+    )
+    gateway.check_engine()  # the budget from the engine's limits, before the first call
+    gateway.preload()  # --snapshot_preload: restore recent snapshot files in the background
+    return gateway, channel
+
+
+def remote_member(gateway: Gateway, channel: grpc.Channel | None) -> RemoteMember:
+    """A fleet member over ``connect_engine``'s gateway; leaving the fleet closes its watch and channel."""
+    backend = gateway.backend
+    watch = backend.watch if isinstance(backend, EngineBackend) else None
+    name = getattr(backend, "address", "") or "engine"
+
+    def close() -> None:
+        if watch is not None:
+            watch.stop()
+        if channel is not None:
+            channel.close()
+
+    return RemoteMember(name, gateway, watch, close)
+
+
+def connect_fleet(
+    targets: Callable[[], set[str]],
+    *,
+    policy: RoutingPolicy | None = None,
+    policy_name: str = "lru",
+    ready_timeout: float = 30.0,
+    resolve_every_s: float = DEFAULT_RESOLVE_EVERY_S,
+    tier: PersistentTier | None = None,
+    **connect: Any,
+) -> tuple[Fleet, EnginePool]:
+    """The engines ``targets()`` names (``rpc/engine_pool.engine_targets``) in a routed fleet: waits up
+    to ``ready_timeout`` for at least one; the pool adds and removes engines from then on (started
+    with the server). ``policy``: the routing policy; ``policy_name``: the retention policy of every
+    engine's cache; ``tier``: the snapshot directory they share. ``connect``: :func:`connect_engine`'s
+    other keyword arguments for every engine."""
+    fleet = Fleet(policy=policy)
+    fleet.tier = tier
+
+    def join(address: str, timeout: float) -> EngineMember:
+        gateway, channel = connect_engine(
+            address, ready_timeout=timeout, policy=policy_name, tier=tier, **connect
+        )
+        return remote_member(gateway, channel)
+
+    pool = EnginePool(fleet, targets, join, resolve_every_s=resolve_every_s)
+    pool.start_serving(ready_timeout)
+    return fleet, pool
