@@ -60,8 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         type=int,
         default=None,
-        help="positions one client owner's sessions may hold together (a generation counts "
-        "position + input + max_new_tokens while it runs); 0: no limit "
+        help="positions one client owner's sessions may hold together (a generation reserves "
+        "position + input + min(max_new_tokens, G) and grows by G as it runs, ending with finish "
+        "reason 'length' when no more fits; G = 256, or max_session_tokens / 8 when smaller); "
+        "0: no limit "
         "(default: owner_max_sessions * max_session_tokens / 2)",
     )
     p.add_argument(

@@ -17,7 +17,7 @@ class FinishReason(StrEnum):
     """Why a generation ended."""
 
     STOP = "stop"  # a stop token (returned, and kept by the session as its pending token)
-    LENGTH = "length"  # max_new_tokens returned, or the session is full
+    LENGTH = "length"  # max_new_tokens returned, the session is full, or its owner's quota is
     CANCELLED = "cancelled"  # the caller cancelled (or left), or the engine stopped it
     ERROR = "error"  # it failed (the stream ends with an error)
 

@@ -3,9 +3,10 @@ what the gRPC servicer delegates to (no grpc, no protos, no MLX here).
 
 Handles resolve in the :class:`HandleRegistry` with the caller's owner id. Quotas: every resident
 session an owner has counts against its quota -- a fresh session for its call (kept: afterwards too),
-held sessions, clones and snapshots -- reserved before anything is allocated. A generation weighs what
-it may reach (``position + input + max_new_tokens``, at most ``max_session_tokens``), a held session
-its position. A clone or snapshot may go to another owner only to or from a persistent owner, and
+held sessions, clones and snapshots -- reserved before anything is allocated. A generation reserves
+``position + input + min(max_new_tokens, growth)`` (at most ``max_session_tokens``) and grows it as it
+produces tokens, ending with ``length`` when its owner's quota has no room left (``reservation.py``);
+a held session weighs its position. A clone or snapshot may go to another owner only to or from a persistent owner, and
 counts against the owner receiving it. After :meth:`EngineSessions.drain` new work is ``Stopping``.
 """
 
@@ -34,6 +35,7 @@ from engine_service.sessions.capture import SnapshotCapture
 from engine_service.sessions.generation_call import GenerationCall
 from engine_service.sessions.handles import HandleRegistry
 from engine_service.sessions.inputs import Input, check_fits, fed_input, input_size, text_tokens, token_ids
+from engine_service.sessions.reservation import STEP_ROOM, GrowingReservation, default_growth
 from engine_service.sessions.session_files import EncodedSession
 from engine_service.sessions.transfer import SessionTransfer
 
@@ -68,7 +70,8 @@ class EngineSessions:
 
     limits: the executor's (published in Info, checked on input). registry: session handles (its
     instance id is the engine's). fingerprint: default the runner's. hidden_size: what prepared
-    ``embeddings`` inputs must match (None: unchecked).
+    ``embeddings`` inputs must match (None: unchecked). reservation_growth: the positions a generation
+    reserves beyond its input and adds as it grows (None: ``reservation.default_growth``).
     """
 
     runner: Runner
@@ -82,6 +85,7 @@ class EngineSessions:
     fingerprint: str | None = None
     hidden_size: int | None = None
     architecture: str = ""
+    reservation_growth: int | None = None
 
     @classmethod
     def build(
@@ -138,6 +142,12 @@ class EngineSessions:
     def __post_init__(self) -> None:
         if self.fingerprint is None:
             self.fingerprint = str(self.runner.fingerprint)
+        if self.reservation_growth is None:
+            self.reservation_growth = default_growth(self.limits.max_session_tokens)
+        if self.reservation_growth < 2 * STEP_ROOM:
+            raise InvalidArgument(
+                f"reservation_growth must be >= {2 * STEP_ROOM}, got {self.reservation_growth}"
+            )
         self.eos_token_ids = tuple(int(t) for t in self.eos_token_ids)
         self.transfer = SessionTransfer(self.runner, self.registry, self.limits.max_session_tokens)
         self._draining = threading.Event()
@@ -165,7 +175,7 @@ class EngineSessions:
             handle, fresh, session = request.session, False, registry.pin(request.session, owner)
         else:
             check_fits(0, size, config.prefill_breakpoints, self.limits)  # before anything is reserved
-            handle, fresh = registry.reserve(owner, self._weight(0, size, config)), True
+            handle, fresh = registry.reserve(owner, self._reservation("", 0, size, config).initial), True
             session = self._open(handle, owner)
         capture = SnapshotCapture(
             registry,
@@ -179,7 +189,8 @@ class EngineSessions:
                 raise FailedPrecondition(f"session {handle} is already generating")
             start = session.position + (1 if session.has_pending else 0)
             check_fits(start, size, config.prefill_breakpoints, self.limits)
-            registry.weigh(handle, self._weight(start, size, config), check=True)
+            reservation = self._reservation(handle, start, size, config)
+            registry.weigh(handle, reservation.initial, check=True)
             capture.reserve(start + size, owner)
         except BaseException:
             capture.release()
@@ -198,6 +209,7 @@ class EngineSessions:
             input=value,
             config=config,
             capture=capture,
+            reservation=reservation,
         )
 
     def _open(self, handle: str, owner: str) -> Session:
@@ -213,9 +225,17 @@ class EngineSessions:
         self.registry.pin(handle, owner)
         return session
 
-    def _weight(self, start: int, size: int, config: GenConfig) -> int:
-        """The positions a generation may reach: what its session weighs in its owner's quota."""
-        return min(start + size + config.max_new_tokens, self.limits.max_session_tokens)
+    def _reservation(self, handle: str, start: int, size: int, config: GenConfig) -> GrowingReservation:
+        """What a generation of ``size`` input positions from ``start`` weighs in its owner's quota."""
+        return GrowingReservation(
+            self.registry,
+            handle,
+            start=start,
+            size=size,
+            max_new_tokens=config.max_new_tokens,
+            max_session_tokens=self.limits.max_session_tokens,
+            growth=self.reservation_growth or default_growth(self.limits.max_session_tokens),
+        )
 
     def _receiver(self, owner: str, requested: str, field_name: str) -> str:
         """Who receives a clone or snapshot: the caller, or another owner when one of the two is a

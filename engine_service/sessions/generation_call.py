@@ -9,6 +9,9 @@ Ownership: a fresh session is registered to the caller for the call and closed a
 ``keep_session`` (a cancelled or failed call closes it regardless). Streamed snapshot handles belong
 to the capture's owner. :meth:`finish` (however the call ends) cancels the generation, releases every
 clone the caller never received and returns a held session's weight to its position.
+
+Quota: the session's weight grows with the generation (``reservation.py``); when its owner's quota
+has no room for the next step, the generation is stopped there and its done event says ``length``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from engine_service.runtime.generation import GenerationHandle, GenerationResult
 from engine_service.sessions.capture import PendingSnapshot, SnapshotCapture
 from engine_service.sessions.handles import HandleRegistry
 from engine_service.sessions.inputs import input_size
+from engine_service.sessions.reservation import GrowingReservation
 
 if TYPE_CHECKING:
     from engine_service.model.tokenizer import Tokenizer
@@ -44,7 +48,7 @@ class _Update:
 
 class GenerationCall:
     """See the module docstring. ``session`` is resolved (and pinned under ``handle``) by the caller,
-    and ``capture``'s snapshots reserved."""
+    ``capture``'s snapshots reserved, and ``handle`` weighs ``reservation.initial``."""
 
     def __init__(
         self,
@@ -58,6 +62,7 @@ class GenerationCall:
         input: list[int] | PreparedInput,
         config: GenConfig,
         capture: SnapshotCapture,
+        reservation: GrowingReservation,
     ) -> None:
         self._registry = registry
         self._handle = handle
@@ -68,6 +73,8 @@ class GenerationCall:
         self._input = input
         self._config = config
         self._capture = capture
+        self._reservation = reservation
+        self._out_of_room = False  # stopped because the owner's quota had no room for the next step
         self._queue: queue.SimpleQueue[PendingSnapshot | _Update] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
@@ -77,12 +84,24 @@ class GenerationCall:
 
     # -- engine thread -------------------------------------------------------------------------
     def _on_update(self, update: GenerationUpdate) -> None:
-        """Runner callback (engine thread): queue the snapshots it calls for, then hand it over."""
+        """Runner callback (engine thread): queue the snapshots it calls for, grow the reservation
+        (or stop the generation when it cannot grow), then hand the update over."""
+        stop: GenerationHandle | None = None
         with self._lock:  # finish() closes under this lock, then drains: nothing queued is missed
             if not self._closed and update.finish_reason != FinishReason.ERROR:
                 for snapshot in self._capture.due(update):
                     self._queue.put(snapshot)
+            if (
+                not self._closed
+                and not update.finished
+                and not self._out_of_room
+                and not self._reservation.room_for_next_step(update.position)
+            ):
+                self._out_of_room = True
+                stop = self._generation  # None until events() has it: it cancels then
         self._queue.put(_Update(update))
+        if stop is not None:
+            stop.cancel()  # handled before the next forward: the session grows no further
 
     # -- caller's thread -----------------------------------------------------------------------
     def events(self, is_active: Callable[[], bool]) -> Iterator[Event]:
@@ -91,9 +110,11 @@ class GenerationCall:
         start = self._session.position
         # a pending prediction from the session's last generation is fed first, before the input
         size = input_size(self._input) + (1 if self._session.has_pending else 0)
-        generation = self._generation = self._session.generate_async(
-            self._input, self._config, self._on_update
-        )
+        generation = self._session.generate_async(self._input, self._config, self._on_update)
+        with self._lock:
+            self._generation, stop = generation, self._out_of_room
+        if stop:
+            generation.cancel()
         yield Started(self._handle, start, size)
         text = StreamDecoder(self._tokenizer, skip_special_tokens=True)
         held: PendingSnapshot | None = None  # a snapshot taken while coalescing, handled next
@@ -141,9 +162,12 @@ class GenerationCall:
         tail = text.flush()
         if tail:
             yield Tokens((), tail)
-        if result.finish_reason != FinishReason.CANCELLED:
+        reason = result.finish_reason
+        if reason == FinishReason.CANCELLED and self._out_of_room:
+            reason = FinishReason.LENGTH  # stopped at its owner's quota: a complete, truncated answer
+        if reason != FinishReason.CANCELLED:
             self._finished_cleanly = True
-        yield _done_event(result, start, self._session.position)
+        yield _done_event(result, reason, start, self._session.position)
 
     def _register(self, item: PendingSnapshot) -> tuple[str | None, bytes | None]:
         """Register a snapshot for its owner in its reservation, unless the call already ended (then
@@ -215,10 +239,10 @@ def _snapshot_event(item: PendingSnapshot, handle: str | None, digest: bytes | N
     return Snapshot(None, item.position, item.kind, text, reason=reason)
 
 
-def _done_event(result: GenerationResult, reused: int, position: int) -> Done:
+def _done_event(result: GenerationResult, reason: FinishReason, reused: int, position: int) -> Done:
     m = result.metrics
     return Done(
-        result.finish_reason,
+        reason,
         m.prompt_positions,
         reused,
         m.generated_tokens,

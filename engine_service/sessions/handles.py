@@ -8,7 +8,8 @@ callers, per owner, with idle expiry and quotas. Thread-safe; holds arbitrary va
 - Quotas: an entry weighs one session and the positions its caller says; an owner's entries stay
   within ``quota`` (clients) or ``persistent_quota`` (each persistent owner), or the call raises
   ``QuotaExceeded`` before anything is allocated. :meth:`HandleRegistry.reserve` counts a *pending*
-  entry (unresolvable, never expired) that :meth:`HandleRegistry.fill` gives its value.
+  entry (unresolvable, never expired) that :meth:`HandleRegistry.fill` gives its value;
+  :meth:`HandleRegistry.extend` grows an entry's weight by what still fits (a generation's reservation).
 """
 
 from __future__ import annotations
@@ -144,6 +145,23 @@ class HandleRegistry(Generic[T]):
             if check and positions > entry.positions:
                 self._check(entry.owner, 0, positions - entry.positions)
             entry.positions = positions
+
+    def extend(self, handle: str, positions: int) -> int | None:
+        """Raise the handle's weight toward ``positions`` by as much as its owner's quota has room for
+        (a generation's reservation growing as it produces tokens); never lowers it. Returns the new
+        weight, None when the handle is gone."""
+        with self._lock:
+            entry = self._entries.get(handle)
+            if entry is None:
+                return None
+            if positions > entry.positions:
+                entry.positions += min(positions - entry.positions, self._room(entry.owner))
+            return entry.positions
+
+    def _room(self, owner: str) -> int:
+        """Positions ``owner`` may still add (lock held); a very large number without a positions quota."""
+        limit = self.quota_for(owner).max_positions
+        return max(0, limit - self._held(owner)[1]) if limit else 1 << 62
 
     def quota_for(self, owner: str) -> OwnerQuota:
         return self.persistent_quota if owner in self.persistent_owners else self.quota

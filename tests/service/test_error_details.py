@@ -67,7 +67,7 @@ def test_the_client_raises_the_typed_refusal_with_its_fields(engine_factory) -> 
     client = EngineClient(engine.address, owner="alice")
     session = client.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
     with pytest.raises(e.QuotaExceeded) as caught:
-        client.generate(PROMPT, max_new_tokens=500).collect()  # the positions it may reach
+        client.generate(PROMPT, max_new_tokens=500).collect()  # input + 256 (the first reservation)
     refusal = caught.value
     assert refusal.reason == e.ErrorReason.OWNER_POSITIONS_QUOTA
     assert (refusal.owner, refusal.unit, refusal.quota, refusal.limit) == (
@@ -76,7 +76,7 @@ def test_the_client_raises_the_typed_refusal_with_its_fields(engine_factory) -> 
         "owner_max_positions",
         300,
     )
-    assert refusal.held == len(PROMPT) and refusal.needed == len(PROMPT) + 500
+    assert refusal.held == len(PROMPT) and refusal.needed == len(PROMPT) + 256
     client.close(session)
 
 

@@ -111,19 +111,23 @@ def test_a_live_generation_counts_and_the_positions_quota_is_named(engine_factor
     kept = (
         mallory.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
     )  # 90 positions
-    # a generation reserves input + max_new_tokens: 90 + 150 = 240 would fit alone, not with 90 held
+    # a generation reserves input + min(max_new_tokens, growth) when it starts (growth: 32 positions
+    # on 256-position sessions; it grows later, tests/service/test_reservations.py): 170 + 32 = 202
+    # would fit alone, not with 90 held
+    longer = (PROMPT * 2)[:170]
     with pytest.raises(
         ResourceExhausted,
-        match=r"owner 'mallory' holds 90 positions and needs 240 more, "
+        match=r"owner 'mallory' holds 90 positions and needs 202 more, "
         r"owner_max_positions=256",
     ):
-        mallory.generate(PROMPT, max_new_tokens=150).collect()
+        mallory.generate(longer, max_new_tokens=150).collect()
     short = mallory.generate(PROMPT[:20], max_new_tokens=1, keep_session=True).collect().started.session
-    # continuing a held session reserves its position + the pending token + input + max_new_tokens
+    # continuing a held session reserves its position + the pending token + input + min(max_new_tokens,
+    # growth), at most the session: 91 + 150 + 32 > 256, 166 more than the 90 it weighs
     with pytest.raises(
         ResourceExhausted, match=r"holds 110 positions and needs 166 more, owner_max_positions=256"
     ):
-        mallory.generate([65, 66], session=kept, max_new_tokens=163).collect()
+        mallory.generate(longer[:150], session=kept, max_new_tokens=163).collect()
     assert mallory.generate([65, 66], session=kept, max_new_tokens=20).collect().done is not None
     held = mallory.describe(kept)[0] + mallory.describe(short)[0]
     assert engine.deps.registry.usage("mallory").positions == held  # held sessions weigh their positions
