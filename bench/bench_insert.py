@@ -4,7 +4,7 @@ that the snapshot holds the tokens (content digests), measured in one run.
 Both paths store a snapshot of a session holding 2,000 prompt tokens (tiny seeded model: the model's
 size does not change an insert, which never runs a forward):
 
-1. in-process: ``PrefixCache.insert_outcome`` over ``RunnerBackend`` of a clone taken beforehand (the
+1. in-process: ``PrefixCache.insert`` over ``RunnerBackend`` of a clone taken beforehand (the
    CLI's ``capture.collect`` path: the capture clones during the generation, so the clone is not part
    of the insert). Verification: hashing the key's tokens + the runner's digest of the snapshot's
    recorded content.
@@ -109,7 +109,7 @@ def in_process(tokens: list[int], repeats: int) -> dict:
             runner.flush(60)  # the engine thread idle again: the insert alone is timed
             with HashTimer() as timer:
                 start = time.perf_counter()
-                outcome = cache.insert_outcome(f"ns{i}", tokens, snapshot)
+                outcome = cache.insert(f"ns{i}", tokens, snapshot)
                 total = time.perf_counter() - start
             assert outcome.stored, outcome
             rows.append((total, timer.spent))

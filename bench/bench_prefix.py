@@ -87,7 +87,7 @@ def ttft(loaded, kind: str, lengths: list[int], repeats: int, rng: random.Random
                         colds.append(timed_first_token(session, request, now()))
                         session.close()
                     started = now()
-                    match = cache.lookup(NS, request)
+                    match = cache.lookup(NS, request).match
                     lookups.append(time.perf_counter() - started[0])
                     assert match is not None and match.reused == length
                     hits.append(timed_first_token(match.session, request[match.reused :], started))
@@ -161,7 +161,7 @@ def lookup_latency(systems: int, per_system: int, key_len: int, samples: int, rn
     cache = PrefixCache(backend, max_entries=len(keys))
     started = time.perf_counter()
     for key in keys:
-        assert cache.insert(NS, key, FreeBackend.Handle(len(key)))
+        assert cache.insert(NS, key, FreeBackend.Handle(len(key))).stored
     insert_s = time.perf_counter() - started
     # Settle the heap after the bulk load, as a long-running service would be: the first full
     # collection untracks the 20M-int key tuples (they hold no containers), so later automatic
@@ -196,7 +196,7 @@ def lookup_latency(systems: int, per_system: int, key_len: int, samples: int, rn
         for _ in range(samples):
             request, reused = make()
             t0, c0 = time.perf_counter(), time.thread_time()
-            match = cache.lookup(NS, request)
+            match = cache.lookup(NS, request).match
             cpu.append(time.thread_time() - c0)
             times.append(time.perf_counter() - t0)
             assert (match.reused if match else None) == reused

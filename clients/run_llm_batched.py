@@ -346,7 +346,7 @@ def start(
     stop_tokens: tuple[int, ...],
 ) -> Job:
     output = OutputFile(f"{args.out_prefix}_{n}.txt", tokenizer, args.flush_every)  # first: it may fail
-    match = cache.lookup(NAMESPACE, prompt)
+    match = cache.lookup(NAMESPACE, prompt).match
     session = match.session if match is not None else runner.open_session()
     job = Job(n, prompt, match.reused if match is not None else 0, output)
     callback = output.on_update

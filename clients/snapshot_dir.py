@@ -68,7 +68,7 @@ def restore_entries(
             outcome.session.close()
             done.refused["namespace"] += 1
             continue
-        if cache.insert(namespace, outcome.content, outcome.session, {"source": "disk"}):
+        if cache.insert(namespace, outcome.content, outcome.session, {"source": "disk"}).stored:
             done.stored += 1
             done.positions += outcome.positions
         else:

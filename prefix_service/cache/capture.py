@@ -1,30 +1,20 @@
 """PromptCapture: snapshot a session at its prompt boundary while it generates, then store it.
 
-Why a capture and not "clone after the generation": on a sliding-window layer, decode overwrites the
-ring rows the prompt boundary needs, so a clone at ``len(prompt)`` taken after decode is refused. The
-capture queues the clone from the generation callback on the engine thread; the runner runs commands
-queued by a callback before the next forward, so the snapshot exists before decode writes anything.
-
-Lifecycle::
+The clones are queued from the generation callback on the engine thread, which runs them before the
+next forward: the snapshot exists before decode overwrites the sliding-window rows it needs.
 
     capture = cache.capture_prompt(session, prompt)          # copies `prompt`
     handle = session.generate_async(suffix, config, capture.wrap(user_callback))
     handle.wait()
     stored = capture.collect(namespace)                      # caller thread, after generation
 
-- ``wrap(callback)`` returns a callback that, on the first update carrying tokens, queues a clone at
-  ``len(prompt)`` (at most once; empty updates do not use it up) and then calls ``callback`` (which
-  may be None). An exception from ``callback`` propagates, so the generation fails with its message.
-- ``observer`` is a callback that queues a clone at each prefill breakpoint update
-  (``update.breakpoint``, an absolute position <= ``len(prompt)``), once per position. The wrapped
-  callback does this too, so one callback serves both.
-- ``collect(namespace, metadata)`` waits for the queued clones and inserts them: the prompt snapshot
-  with ``metadata`` (``boundary="prompt"`` unless given), checkpoints with ``boundary="breakpoint"``.
-  Best effort: a refused clone is counted (``capture_refused``), never raised. It returns how many were stored; a second
-  collect returns 0.
-- ``discard()`` releases whatever was or will be cloned; the wrapped callback keeps forwarding.
-
-A capture of a session that is already closed is inactive: it forwards updates and clones nothing.
+- ``wrap(callback)``: on the first update carrying tokens, clone at ``len(prompt)`` (at most once),
+  then call ``callback`` (may be None; its exception fails the generation). ``observer`` clones at
+  each prefill breakpoint (``update.breakpoint <= len(prompt)``, once per position); ``wrap`` does too.
+- ``collect(namespace, metadata)``: wait for the clones and insert them (``boundary="prompt"`` unless
+  given, checkpoints ``boundary="breakpoint"``); a refused clone is counted, never raised; how many
+  were stored (a second collect: 0). ``discard()`` releases them all.
+- A capture of a closed session forwards updates and clones nothing.
 """
 
 from __future__ import annotations
@@ -32,22 +22,33 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import CancelledError, Future
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from engine_service.api.answers import close_child_when_done
 from engine_service.api.errors import ForklineError
 from engine_service.api.stream_events import SnapshotKind
 from prefix_service.cache.index import token_key
-from prefix_service.cache.outcomes import CAPTURE_REFUSED
+from prefix_service.cache.outcomes import CAPTURE_REFUSED, InsertOutcome
 from prefix_service.cache.retention import BOUNDARY_KEY
 from prefix_service.cache.session_backend import CaptureBackend, Handle, handle_alive, release_handle
-
-if TYPE_CHECKING:
-    from prefix_service.cache.prefix_cache import PrefixCache
 
 _ACTIVE, _INACTIVE, _COLLECTED, _DISCARDED = "active", "inactive", "collected", "discarded"
 
 Update = Any  # the engine's GenerationUpdate (tokens, position, breakpoint, finished, ...)
+
+
+class CaptureStore(Protocol):
+    """Where a capture stores its snapshots (a :class:`~prefix_service.cache.prefix_cache.PrefixCache`)."""
+
+    def insert(
+        self,
+        namespace: str,
+        tokens: Sequence[int],
+        snapshot: Handle,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> InsertOutcome: ...
+
+    def record_refusal(self, reason: str) -> None: ...
 
 
 def _release_when_done(backend: CaptureBackend, future: Future) -> None:
@@ -58,7 +59,9 @@ def _release_when_done(backend: CaptureBackend, future: Future) -> None:
 class PromptCapture:
     """See the module docstring. Created by :meth:`PrefixCache.capture_prompt`."""
 
-    def __init__(self, cache: PrefixCache, backend: CaptureBackend, session: Handle, prompt: Sequence[int]):
+    def __init__(
+        self, cache: CaptureStore, backend: CaptureBackend, session: Handle, prompt: Sequence[int]
+    ) -> None:
         self._cache = cache
         self._backend = backend
         self._session = session  # held: the capture keeps the original session's identity
@@ -126,7 +129,7 @@ class PromptCapture:
                 tags[BOUNDARY_KEY] = SnapshotKind.BREAKPOINT
             else:
                 tags.setdefault(BOUNDARY_KEY, SnapshotKind.PROMPT)
-            if self._cache.insert(namespace, self._prompt[:position], handle, tags):
+            if self._cache.insert(namespace, self._prompt[:position], handle, tags).stored:
                 stored += 1
         return stored
 

@@ -1,46 +1,20 @@
 """PrefixCache: stored prompt snapshots (opaque session handles) found by shared token prefix.
 
-Contracts (DESIGN.md section 4):
+Keys are ``(engine fingerprint, namespace, tokens)``. One lock serializes the calls; ``lookup`` waits
+for the engine: never call it from a generation callback.
 
-- ``lookup_outcome(namespace, tokens) -> LookupOutcome`` clones a stored snapshot at
-  ``reused = min(common prefix, len - 1)`` (the final token is always replayed so the caller gets
-  logits) and hands the clone to the caller, who owns it. Candidates go longest match first, then most
-  recently used; a refused clone moves to the next candidate (a token match never proves K/V
-  residency: the clone decides); a hit refreshes recency. An entry whose snapshot the backend no longer
-  knows (``valid`` False, or the clone raises NotFound, e.g. an engine handle that expired) is dropped.
-  A miss says why (``outcomes.MissReason``), decided by this lookup alone under the cache's lock:
-  TOO_SHORT (empty and one-token requests), DISABLED, BOUNDARY_REFUSED (a matching entry's clone was
-  refused or failed), WINDOW (every matching entry's clone was refused because a sliding-window ring
-  no longer holds the rows there, and no checkpoint at or before the divergence exists), EMPTY
-  (nothing stored under the namespace), DIVERGED (entries exist, none shares the first token).
-  ``lookup(namespace, tokens)`` is the same call answering ``Match | None``.
-- Sliding windows: on an engine whose cache evicts window rows (``batched-sequence``, Info's
-  ``window.evicts``) a snapshot of ``n`` positions clones only at ``p >= written - max_write`` (its
-  high-water mark ``written >= n``): ``session_backend.max_rewind``. A candidate with ``n - reused >
-  max_write`` is passed over without a clone call (the engine would refuse it; counted as a window
-  refusal), so the walk reaches the checkpoints (``boundary="breakpoint"`` entries, shorter keys)
-  that can serve. With ``max_rewind`` None (``batched-cell``: sliding layers only mask, every cell
-  stays; or no sliding layers) every candidate is tried. The engine's refusal reason
-  (``CloneRefusal.WINDOW``) still decides when the estimate was optimistic.
-- ``insert(namespace, tokens, snapshot, metadata)`` takes ownership of ``snapshot``: it is stored or
-  released, never leaked. Refused (and released): disabled cache (``max_entries == 0``), empty key,
-  invalid (closed or dead) snapshot, ``position(snapshot) != len(tokens)``, a snapshot that does not
-  hold ``tokens`` (``CONTENT_MISMATCH``: the backend's ``content_digest`` -- the engine's record of what
-  the session holds -- differs from ``content.content_digest(tokens)``; ``PREPARED_INPUT``: its prefix
-  holds a prepared input, which no token key can name), duplicate key (the existing entry is
-  refreshed instead). Over the budget -- ``max_entries`` entries and ``max_positions`` positions
-  (``prefix_service/cache/budget.py``) -- the retention policy picks victims until both fit; their
-  snapshots are released. ``insert_outcome`` says which (:class:`InsertOutcome`). The tokens are
-  hashed once per insert (not at all when the caller passes their digest), never per lookup.
-- Budget: ``set_budget`` changes the bounds (the gateway derives them from the engine's limits) and
-  evicts to fit; ``evict(n)`` evicts by the policy (pressure from live traffic); ``reserve(positions)``
-  takes room for a snapshot on its way (evicting to make it), consumed by the insert it is passed to.
-- Keys are ``(engine fingerprint, namespace, tokens)``: the backend's fingerprint (weights, tokenizer,
-  cache kind, kv dtype, window geometry, weights dtype) is part of every key, so a snapshot is never
-  reused across models or execution configurations.
-
-Threading: calls are serialized by an internal lock. ``lookup`` and ``collect`` wait for the engine,
-so never call them from a generation callback (the engine thread would wait on itself).
+- ``lookup(namespace, tokens) -> LookupOutcome``: a clone, owned by the caller, of the best snapshot at
+  ``reused = min(common prefix, len(tokens) - 1)``. Candidates: longest match, then most recent; a
+  refused clone moves on (at most ``max_attempts``), a hit refreshes recency, an entry the backend no
+  longer knows is dropped. With the backend's ``max_rewind`` (a ring that evicts window rows) a
+  candidate more than that far past ``reused`` is passed over without a clone call. A miss says why
+  (``MissReason``), decided by this lookup alone.
+- ``insert(namespace, tokens, snapshot, metadata) -> InsertOutcome`` owns ``snapshot``: stored or
+  released. Refused: disabled, empty key, dead snapshot, ``position != len(tokens)``, content other
+  than ``tokens`` by the engine's digest or a prepared input, a duplicate (refreshed instead). Over
+  ``max_entries`` / ``max_positions`` the retention policy evicts until both fit.
+- ``set_budget`` (new bounds), ``evict(n)`` (pressure), ``reserve`` (room for a snapshot on its way,
+  consumed by the insert it is passed to).
 """
 
 from __future__ import annotations
@@ -164,21 +138,15 @@ class PrefixCache:
         """Positions the entries hold."""
         return self._budget.positions
 
-    @property
-    def size(self) -> int:
-        return len(self._budget.entries)
-
     def __len__(self) -> int:
+        """Stored entries."""
         return len(self._budget.entries)
 
     # -- operations --------------------------------------------------------------------------
 
-    def lookup(self, namespace: str, tokens: Sequence[int]) -> Match | None:
-        """Clone the best stored snapshot for ``tokens``; None on a miss. See the module docstring."""
-        return self.lookup_outcome(namespace, tokens).match
-
-    def lookup_outcome(self, namespace: str, tokens: Sequence[int]) -> LookupOutcome:
-        """Like :meth:`lookup`, and a miss says why (see the module docstring)."""
+    def lookup(self, namespace: str, tokens: Sequence[int]) -> LookupOutcome:
+        """Clone the best stored snapshot for ``tokens`` (the caller owns the clone), or say why not;
+        see the module docstring."""
         key = token_key(tokens)
         scope = self._scope(namespace)
         with self._lock:
@@ -220,22 +188,10 @@ class PrefixCache:
         metadata: Mapping[str, Any] | None = None,
         *,
         digest: bytes | None = None,
-    ) -> bool:
-        """Store ``snapshot`` (holding exactly ``tokens``) or release it; True when it was stored.
-        See :meth:`insert_outcome`."""
-        return self.insert_outcome(namespace, tokens, snapshot, metadata, digest=digest).stored
-
-    def insert_outcome(
-        self,
-        namespace: str,
-        tokens: Sequence[int],
-        snapshot: Handle,
-        metadata: Mapping[str, Any] | None = None,
-        *,
-        digest: bytes | None = None,
         reservation: Reservation | None = None,
     ) -> InsertOutcome:
-        """Like :meth:`insert`, and a refusal says why (see the module docstring).
+        """Store ``snapshot`` (holding exactly ``tokens``) or release it; the outcome says which, and
+        why not (see the module docstring).
 
         ``digest``: ``content.content_digest(tokens)`` when the caller already computed it (so the
         tokens are hashed once per insert); it must be the digest of these very tokens.
@@ -303,7 +259,7 @@ class PrefixCache:
     ) -> Reservation | InsertRefusal:
         """Room for the entry ``tokens`` would make, evicting the policy's victims that rank below
         it; or why not (``budget.Budget.reserve``; DUPLICATE: a live entry holds these tokens, and
-        is refreshed). Pass it to :meth:`insert_outcome`, or ``release()`` it."""
+        is refreshed). Pass it to :meth:`insert`, or ``release()`` it."""
         with self._lock:
             scope, key = self._scope(namespace), token_key(tokens)
             existing = self._index.get(scope, key) if key else None
@@ -332,8 +288,6 @@ class PrefixCache:
             for entry in entries:
                 self._release(entry.snapshot)
             return len(entries)
-
-    close = clear
 
     def __enter__(self) -> PrefixCache:
         return self

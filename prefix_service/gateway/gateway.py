@@ -400,7 +400,7 @@ class Gateway:
         if self.tier is not None and self.tier.restore(self.cache, namespace, token_key(tokens)):
             self._restarted = False  # served from disk: not a restart miss
         with self.backend.cloning_for(clone_owner):
-            outcome = self.cache.lookup_outcome(namespace, tokens)
+            outcome = self.cache.lookup(namespace, tokens)
         if self._restarted and outcome.reason in _RESTART_MASKS:
             outcome = LookupOutcome.miss(MissReason.ENGINE_RESTARTED)
         if outcome.reason is not None:
@@ -422,7 +422,7 @@ class Gateway:
         """Store ``handle`` under ``tokens``; a stored entry is also written to the snapshot directory
         unless ``persist`` is False (checkpoints stay in memory: a file's restore picks the longest
         common prefix, which a checkpoint never is when a fuller snapshot exists)."""
-        outcome = self.cache.insert_outcome(
+        outcome = self.cache.insert(
             namespace, tokens, handle, dict(metadata), digest=digest, reservation=reservation
         )
         if outcome.stored:

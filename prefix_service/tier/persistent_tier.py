@@ -135,6 +135,6 @@ class PersistentTier:
             if imported.refusal in DAMAGED:
                 self.store.discard(entry.snapshot)
             return False
-        outcome = cache.insert_outcome(entry.namespace[1], entry.tokens, imported.handle, entry.metadata)
+        outcome = cache.insert(entry.namespace[1], entry.tokens, imported.handle, entry.metadata)
         self.store.touch(entry, restored=True)
         return outcome.stored

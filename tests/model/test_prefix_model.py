@@ -109,7 +109,7 @@ def test_suffix_run_after_hit_equals_cold_run(engine, extra):
     prompt = prompt_of(14, seed=1)
     cache = cached(runner, recorder, prompt)
     request = prompt + prompt_of(extra, seed=2)
-    match = cache.lookup(NS, request)
+    match = cache.lookup(NS, request).match
     assert match is not None and match.reused == min(len(prompt), len(request) - 1)
     assert match.session.position == match.reused
     warm_tokens, warm_logits = generate(match.session, request[match.reused :], recorder)
@@ -121,7 +121,7 @@ def test_suffix_run_after_hit_equals_cold_run(engine, extra):
     # Negative control: the same suffix on a snapshot of another prompt of the same length differs.
     other = prompt_of(len(prompt), seed=9)
     other_cache = cached(runner, recorder, other)
-    wrong = other_cache.lookup(NS, other + request[len(prompt) :])
+    wrong = other_cache.lookup(NS, other + request[len(prompt) :]).match
     _, wrong_logits = generate(wrong.session, request[wrong.reused :], recorder)
     assert not np.allclose(wrong_logits, cold_logits, atol=1e-2)
 
@@ -142,7 +142,7 @@ def test_breakpoint_checkpoint_serves_prompt_sharing_only_the_system_part(engine
     }
     second = system + prompt_of(7, seed=6)
     assert second[len(system)] != first[len(system)]
-    match = cache.lookup(NS, second)
+    match = cache.lookup(NS, second).match
     assert match.reused == len(system)
     warm_tokens, warm_logits = generate(match.session, second[len(system) :], recorder)
     cold_tokens, cold_logits = generate(runner.open_session(), second, recorder)
@@ -163,7 +163,7 @@ def test_sliding_window_snapshot_from_wrap_survives_decode(engine):
     assert source.clone_async(len(prompt)).result(TIMEOUT) is None
     assert capture.collect(NS) == 1
     request = prompt + [5, 6, 7]
-    match = cache.lookup(NS, request)
+    match = cache.lookup(NS, request).match
     assert match.reused == len(prompt)
     warm_tokens, warm_logits = generate(match.session, request[len(prompt) :], recorder)
     cold_tokens, cold_logits = generate(runner.open_session(), request, recorder)
@@ -176,13 +176,13 @@ def test_cache_and_sessions_outlive_the_runner(engine):
     runner, recorder, _ = engine
     prompt = prompt_of(8, seed=8)
     cache = cached(runner, recorder, prompt)
-    handed_out = cache.lookup(NS, prompt).session
+    handed_out = cache.lookup(NS, prompt).match.session
     before = runner.metrics().clones_succeeded + runner.metrics().clones_refused
     runner.shutdown()
     assert not handed_out.valid
-    assert cache.lookup(NS, prompt) is None
+    assert cache.lookup(NS, prompt).match is None
     assert runner.metrics().clones_succeeded + runner.metrics().clones_refused == before
-    assert cache.size == 0
+    assert len(cache) == 0
     cache.clear()
 
 
@@ -240,7 +240,7 @@ def test_capture_queued_before_the_callback_closes_the_source_succeeds(engine):
     )
     assert result.finish_reason == "cancelled"
     assert capture.collect(NS) == 1
-    match = cache.lookup(NS, prompt)
+    match = cache.lookup(NS, prompt).match
     warm_tokens, _ = generate(match.session, prompt[match.reused :], recorder)
     cold_tokens, _ = generate(runner.open_session(), prompt, recorder)
     assert warm_tokens == cold_tokens

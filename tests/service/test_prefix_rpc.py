@@ -252,7 +252,7 @@ def test_snapshot_the_engine_no_longer_holds_is_dropped_not_kept(engine_factory,
     engine = engine_factory(idle_timeout_s=0.3)
     prefix = prefix_factory(engine.address)
     gateway_round(prefix, max_new_tokens=2)
-    assert prefix.cache.size == 1
+    assert len(prefix.cache) == 1
     for released in engine.deps.registry.release_owner("prefix-service"):
         released.value.close()
     alice = PrefixClient(prefix.address, owner="alice")
@@ -352,7 +352,7 @@ def test_gateway_client_gone_while_its_snapshot_is_in_flight_leaks_nothing(
     def settled():
         return (engine.deps.registry.count("prefix-service"), engine.runner.resident_sessions, backend.held())
 
-    assert wait_for(lambda: settled() == (prefix.cache.size,) * 3), (settled(), prefix.cache.size)
+    assert wait_for(lambda: settled() == (len(prefix.cache),) * 3), (settled(), len(prefix.cache))
 
 
 def test_gateway_refuses_bad_requests_before_its_lookup(engine, prefix_factory) -> None:
@@ -386,14 +386,14 @@ def test_lookup_whose_caller_gave_up_releases_its_clone(engine, prefix_factory) 
     prefix = prefix_factory(engine.address)
     alice = PrefixClient(prefix.address, owner="alice")
     alice.generate(PROMPT, max_new_tokens=1).collect()
-    cache, real_lookup = prefix.cache, prefix.cache.lookup_outcome  # what the gateway calls
+    cache, real_lookup = prefix.cache, prefix.cache.lookup  # what the gateway calls
 
     def slow_lookup(namespace, tokens):
         outcome = real_lookup(namespace, tokens)
         time.sleep(0.5)
         return outcome
 
-    cache.lookup_outcome = slow_lookup
+    cache.lookup = slow_lookup
     slow = PrefixClient(prefix.address, owner="alice", timeout=0.2)
     with pytest.raises(errors.Unavailable):  # DEADLINE_EXCEEDED
         slow.lookup(PROMPT)

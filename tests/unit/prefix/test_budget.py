@@ -24,7 +24,7 @@ def tokens(start: int, n: int) -> tuple[int, ...]:
 
 
 def store(backend, cache: PrefixCache, key, **kwargs) -> None:
-    assert cache.insert(NS, key, backend.open(key), **kwargs)
+    assert cache.insert(NS, key, backend.open(key), **kwargs).stored
 
 
 # -- the cache's budget ------------------------------------------------------------------------------
@@ -46,8 +46,8 @@ def test_an_entry_longer_than_the_positions_bound_is_refused_and_released(backen
     cache = PrefixCache(backend, max_entries=4, max_positions=50)
     store(backend, cache, tokens(10, 20))
     snapshot = backend.open(tokens(100, 51))
-    assert cache.insert_outcome(NS, tokens(100, 51), snapshot).reason is InsertRefusal.OVER_BUDGET
-    assert snapshot.closed and cache.size == 1 and cache.stats().refusals == {"over_budget": 1}
+    assert cache.insert(NS, tokens(100, 51), snapshot).reason is InsertRefusal.OVER_BUDGET
+    assert snapshot.closed and len(cache) == 1 and cache.stats().refusals == {"over_budget": 1}
 
 
 def test_set_budget_and_evict_follow_the_policy(backend) -> None:
@@ -60,7 +60,7 @@ def test_set_budget_and_evict_follow_the_policy(backend) -> None:
     assert cache.evict(1) == 1 and [e.tokens[0] for e in cache.entries()] == [100, 500, 600]
     assert cache.set_budget(4, 10) == 1  # 15 positions > 10
     assert cache.positions == 10 and cache.max_entries == 4
-    assert cache.evict(5) == 2 and cache.size == 0 and cache.evict(1) == 0
+    assert cache.evict(5) == 2 and len(cache) == 0 and cache.evict(1) == 0
     with pytest.raises(InvalidArgument, match="max_positions"):
         cache.set_budget(4, -1)
 
@@ -73,13 +73,13 @@ def test_a_reservation_makes_room_before_the_snapshot_exists(backend) -> None:
     assert isinstance(room, Reservation) and [e.tokens[0] for e in cache.entries()] == [200]  # LRU evicted
     # the reservation counts like an entry: a second one evicts the last entry, a third finds no room
     second = cache.reserve(NS, tokens(400, 15))
-    assert isinstance(second, Reservation) and cache.size == 0
+    assert isinstance(second, Reservation) and len(cache) == 0
     assert cache.reserve(NS, tokens(500, 5)) is InsertRefusal.OVER_BUDGET
-    assert cache.insert_outcome(NS, tokens(300, 10), backend.open(tokens(300, 10)), reservation=room).stored
+    assert cache.insert(NS, tokens(300, 10), backend.open(tokens(300, 10)), reservation=room).stored
     second.release()
     second.release()  # idempotent
     store(backend, cache, tokens(600, 20))  # 10 + 20 = 30 positions: fits without evicting
-    assert cache.size == 2 and cache.stats().evictions == 2
+    assert len(cache) == 2 and cache.stats().evictions == 2
     assert cache.reserve(NS, tokens(700, 31)) is InsertRefusal.OVER_BUDGET  # can never fit
     assert PrefixCache(backend, 0).reserve(NS, tokens(1, 3)) is InsertRefusal.DISABLED
 
@@ -91,7 +91,7 @@ def test_reserving_never_evicts_for_a_newcomer_the_policy_ranks_lower_or_a_dupli
     assert cache.reserve(NS, tokens(100, 10)) is InsertRefusal.DUPLICATE  # refreshed, no room taken
     assert [e.tokens[0] for e in cache.entries()] == [100]
     assert isinstance(cache.reserve(NS, tokens(300, 10), {"priority": "9"}), Reservation)
-    assert cache.size == 0  # a higher-priority newcomer takes the room
+    assert len(cache) == 0  # a higher-priority newcomer takes the room
 
 
 def test_engine_budget_is_the_smallest_of_config_share_and_quota() -> None:
@@ -180,7 +180,7 @@ def test_a_caller_over_its_own_quota_evicts_nothing() -> None:
     engine.refusals = 1
     with pytest.raises(ResourceExhausted, match="owner 'bob' holds 2 sessions, owner_max_sessions=2"):
         gateway.generate(request(tokens(100, 20)), "bob")
-    assert gateway.stats().pressure_evictions == 0 and gateway.cache.size == 3
+    assert gateway.stats().pressure_evictions == 0 and len(gateway.cache) == 3
 
 
 def test_negative_control_without_the_retry_the_full_engine_fails_the_request() -> None:
@@ -189,7 +189,7 @@ def test_negative_control_without_the_retry_the_full_engine_fails_the_request() 
     engine.refusals = 1
     with pytest.raises(ResourceExhausted):
         gateway.generate(request(tokens(100, 20)), "bob")
-    assert gateway.cache.size == 3
+    assert len(gateway.cache) == 3
 
 
 def test_a_lookup_refused_for_room_on_a_full_engine_evicts_and_retries() -> None:

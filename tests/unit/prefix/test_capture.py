@@ -33,7 +33,7 @@ def test_capture_happens_before_decode_destroys_retention(backend, cache):
     # Negative control: after decode, the source itself can no longer be cloned at the prompt length.
     assert backend.clone(source, len(PROMPT)) is None
     assert capture.collect(NS) == 1
-    match = cache.lookup(NS, PROMPT)
+    match = cache.lookup(NS, PROMPT).match
     assert match.reused == len(PROMPT) - 1 and match.session.tokens == PROMPT[:-1]
     assert cache.entries()[0].metadata["boundary"] == "prompt"
 
@@ -77,7 +77,7 @@ def test_refusal_during_capture_collects_nothing_twice(backend, cache, failure):
     fake_generate(backend, source, PROMPT, capture.wrap(None))
     assert capture.collect(NS) == 0
     assert capture.collect(NS) == 0
-    assert prompt == list(PROMPT) and cache.size == 0
+    assert prompt == list(PROMPT) and len(cache) == 0
     assert backend.live == {source}
     assert cache.stats().refusals["capture_refused"] == 1
 
@@ -126,7 +126,7 @@ def test_capture_queued_before_user_closes_source_still_succeeds(backend, cache)
     assert source.closed
     assert recorder.updates[-1].finish_reason == "cancelled"
     assert capture.collect(NS) == 1
-    assert cache.lookup(NS, PROMPT).session.tokens == PROMPT[:-1]
+    assert cache.lookup(NS, PROMPT).match.session.tokens == PROMPT[:-1]
 
 
 def test_copied_callbacks_capture_once_and_collect_once(backend, cache):
@@ -139,7 +139,7 @@ def test_copied_callbacks_capture_once_and_collect_once(backend, cache):
     assert len(backend.clone_calls) == 1
     assert capture.collect(NS) == 1
     assert capture.collect(NS) == 0
-    assert cache.size == 1
+    assert len(cache) == 1
 
 
 def test_capture_keeps_the_original_session_after_reassignment(backend, cache):
@@ -179,7 +179,7 @@ def test_discarded_capture_releases_its_clone_and_keeps_forwarding(backend, cach
     wrapped(FakeUpdate(tokens=(2,), position=len(PROMPT) + 1))
     assert len(recorder.updates) == 2
     assert backend.live == {source}
-    assert capture.collect(NS) == 0 and cache.size == 0
+    assert capture.collect(NS) == 0 and len(cache) == 0
 
 
 def test_breakpoint_checkpoint_serves_a_prompt_sharing_only_the_system_part(backend, cache):
@@ -193,7 +193,7 @@ def test_breakpoint_checkpoint_serves_a_prompt_sharing_only_the_system_part(back
     boundaries = {entry.tokens: entry.metadata["boundary"] for entry in cache.entries()}
     assert boundaries == {system: "breakpoint", PROMPT: "prompt"}
     other = system + (7, 7, 7)
-    match = cache.lookup(NS, other)
+    match = cache.lookup(NS, other).match
     assert match.reused == len(system) and match.session.tokens == system
 
 

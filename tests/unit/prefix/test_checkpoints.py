@@ -110,9 +110,9 @@ def test_message_ends_are_where_the_rendered_prefix_stops_agreeing():
 
 
 def store_long(cache: PrefixCache, backend: WindowBackend, checkpoints=(96, 192)) -> None:
-    assert cache.insert(NS, LONG, backend.snapshot(LONG))
+    assert cache.insert(NS, LONG, backend.snapshot(LONG)).stored
     for c in checkpoints:
-        assert cache.insert(NS, LONG[:c], backend.snapshot(LONG[:c]), {"boundary": "breakpoint"})
+        assert cache.insert(NS, LONG[:c], backend.snapshot(LONG[:c]), {"boundary": "breakpoint"}).stored
 
 
 @pytest.mark.parametrize("max_rewind", [MAX_WRITE, None])
@@ -120,7 +120,7 @@ def test_a_divergence_past_the_window_reuses_the_longest_checkpoint_at_or_before
     backend = WindowBackend(max_write=MAX_WRITE, max_rewind=max_rewind)
     cache = PrefixCache(backend, 16)
     store_long(cache, backend)
-    outcome = cache.lookup_outcome(NS, diverging(120))
+    outcome = cache.lookup(NS, diverging(120))
     # 200 (floor 136) and 192 (floor 128) cannot clone at 120: checkpoint 96 serves
     assert outcome.reused == 96 and outcome.session.tokens == LONG[:96]
     clones = [upto for _, upto in backend.clone_calls]
@@ -134,8 +134,8 @@ def test_a_divergence_within_max_write_of_a_later_checkpoint_reuses_every_shared
     backend = WindowBackend(max_write=MAX_WRITE)
     cache = PrefixCache(backend, 16)
     store_long(cache, backend)
-    assert cache.lookup_outcome(NS, diverging(150)).reused == 150  # 192's floor is 128
-    assert cache.lookup_outcome(NS, diverging(60)).reused == 60  # 96's floor is 32
+    assert cache.lookup(NS, diverging(150)).reused == 150  # 192's floor is 128
+    assert cache.lookup(NS, diverging(60)).reused == 60  # 96's floor is 32
 
 
 @pytest.mark.parametrize("max_rewind", [MAX_WRITE, None])
@@ -143,9 +143,9 @@ def test_without_checkpoints_a_divergence_past_the_window_is_a_window_miss(max_r
     backend = WindowBackend(max_write=MAX_WRITE, max_rewind=max_rewind)
     cache = PrefixCache(backend, 16)
     store_long(cache, backend, checkpoints=())
-    assert cache.lookup_outcome(NS, diverging(120)) == LookupOutcome.miss(MissReason.WINDOW, 120)
+    assert cache.lookup(NS, diverging(120)) == LookupOutcome.miss(MissReason.WINDOW, 120)
     assert cache.reusable(NS, diverging(120)) == (0 if max_rewind else 120)  # what routing scores
-    assert cache.lookup_outcome(NS, diverging(150)).reused == 150  # above the floor: a hit (control)
+    assert cache.lookup(NS, diverging(150)).reused == 150  # above the floor: a hit (control)
 
 
 def test_a_refusal_for_room_is_boundary_refused_not_window():
@@ -155,7 +155,7 @@ def test_a_refusal_for_room_is_boundary_refused_not_window():
     cache = PrefixCache(backend, 16)
     store_long(cache, backend, checkpoints=(96,))
     backend.capacity = len(backend.live)  # the next clone finds the engine full
-    outcome = cache.lookup_outcome(NS, diverging(120))
+    outcome = cache.lookup(NS, diverging(120))
     assert outcome == LookupOutcome.miss(MissReason.BOUNDARY_REFUSED, 120)
 
 
@@ -163,10 +163,10 @@ def test_an_engine_that_does_not_say_why_reports_boundary_refused():
     engine = FakeEngine()
     engine.say_window = False
     cache = PrefixCache(engine, 8)
-    assert cache.insert(NS, LONG, engine.open(LONG, floor=136))
-    assert cache.lookup_outcome(NS, diverging(120)).reason is MissReason.BOUNDARY_REFUSED
+    assert cache.insert(NS, LONG, engine.open(LONG, floor=136)).stored
+    assert cache.lookup(NS, diverging(120)).reason is MissReason.BOUNDARY_REFUSED
     engine.say_window = True
-    assert cache.lookup_outcome(NS, diverging(120)).reason is MissReason.WINDOW
+    assert cache.lookup(NS, diverging(120)).reason is MissReason.WINDOW
 
 
 # -- the gateway asks for them --------------------------------------------------------------------
@@ -340,7 +340,7 @@ def test_in_process_checkpoints_on_a_real_ring(kind):
             source.generate_async(stored_prompt, config, capture.wrap(None)).wait(30)
             assert capture.collect(NS) == 1 + len(checkpoints)
             source.close()
-            results[checkpoints] = cache.lookup_outcome(NS, query)
+            results[checkpoints] = cache.lookup(NS, query)
             if results[checkpoints].match is not None:
                 hit = results[checkpoints].match
                 warm_ex.log.clear()

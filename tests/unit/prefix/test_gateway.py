@@ -51,7 +51,7 @@ def test_skip_insert_and_a_disabled_cache_capture_nothing(engine):
     run(Gateway(PrefixCache(engine, 0), engine), store_prompt=True)
     gateway = Gateway(PrefixCache(engine, 8), engine)
     run(gateway, store_prompt=False)
-    assert [r.prompt_snapshot for r in engine.requests] == [False, False] and gateway.cache.size == 0
+    assert [r.prompt_snapshot for r in engine.requests] == [False, False] and len(gateway.cache) == 0
 
 
 def test_a_client_that_leaves_stops_the_generation_once_and_the_drain_stores_the_snapshot(engine, gateway):
@@ -63,7 +63,7 @@ def test_a_client_that_leaves_stops_the_generation_once_and_the_drain_stores_the
     events.close()
     [(generating, owner)] = engine.closed_as  # the fresh session `started` named, as its caller
     assert generating.tokens == PROMPT and owner == "alice"
-    assert gateway.cache.size == 1  # the snapshot event it never yielded was read and stored
+    assert len(gateway.cache) == 1  # the snapshot event it never yielded was read and stored
     assert engine.streams[0].cancelled.is_set()
 
 
@@ -77,14 +77,14 @@ def test_a_stream_that_does_not_end_is_cancelled_after_the_drain_timeout(engine,
     started = time.monotonic()
     events.close()  # the drain waits DRAIN_TIMEOUT_S, then cancels the call
     assert time.monotonic() - started < 5 and engine.streams[0].cancelled.is_set()
-    assert gateway.cache.size == 0
+    assert len(gateway.cache) == 0
 
 
 def test_engine_restart_drops_every_entry_until_something_is_cached_again(engine, gateway):
     run(gateway)
     engine.engine_instance = "instance-2"
     lookup = gateway.lookup(NS, PROMPT, "alice")
-    assert (lookup.outcome.reason, gateway.cache.size, gateway.dropped_on_restart) == (
+    assert (lookup.outcome.reason, len(gateway.cache), gateway.dropped_on_restart) == (
         MissReason.ENGINE_RESTARTED,
         0,
         1,

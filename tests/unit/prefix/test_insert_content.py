@@ -45,40 +45,40 @@ def count_hashes(monkeypatch) -> list[int]:
 
 def test_a_snapshot_holding_other_tokens_is_refused_released_and_never_reused(backend, cache):
     italy = backend.open(ITALY)
-    outcome = cache.insert_outcome(NS, FRANCE, italy)
+    outcome = cache.insert(NS, FRANCE, italy)
     assert outcome.reason == InsertRefusal.CONTENT_MISMATCH and not outcome.stored
-    assert italy.closed and cache.size == 0 and cache.stats().refusals == {"content_mismatch": 1}
-    assert cache.lookup(NS, FRANCE + (1,)) is None
+    assert italy.closed and len(cache) == 0 and cache.stats().refusals == {"content_mismatch": 1}
+    assert cache.lookup(NS, FRANCE + (1,)).match is None
     # control: the snapshot that does hold FRANCE is stored and reused
-    assert cache.insert_outcome(NS, FRANCE, backend.open(FRANCE)).stored
-    match = cache.lookup(NS, FRANCE + (1,))
+    assert cache.insert(NS, FRANCE, backend.open(FRANCE)).stored
+    match = cache.lookup(NS, FRANCE + (1,)).match
     assert match is not None and match.session.tokens == FRANCE
 
 
 def test_other_content_under_a_stored_key_is_a_mismatch_not_a_duplicate(backend, cache):
     france = backend.open(FRANCE)
-    assert cache.insert(NS, FRANCE, france)
-    assert cache.insert_outcome(NS, FRANCE, backend.open(ITALY)).reason == InsertRefusal.CONTENT_MISMATCH
-    assert cache.insert_outcome(NS, FRANCE, backend.open(FRANCE)).reason == InsertRefusal.DUPLICATE
+    assert cache.insert(NS, FRANCE, france).stored
+    assert cache.insert(NS, FRANCE, backend.open(ITALY)).reason == InsertRefusal.CONTENT_MISMATCH
+    assert cache.insert(NS, FRANCE, backend.open(FRANCE)).reason == InsertRefusal.DUPLICATE
     assert [e.snapshot for e in cache.entries()] == [france]
 
 
 def test_a_prepared_input_in_the_prefix_is_never_stored(backend, cache):
     tokens = (1, 2, 3, 4)
-    outcome = cache.insert_outcome(NS, tokens, snapshot := backend.open((1, 2, PREPARED, 4)))
+    outcome = cache.insert(NS, tokens, snapshot := backend.open((1, 2, PREPARED, 4)))
     assert outcome.reason == InsertRefusal.PREPARED_INPUT and snapshot.closed
     assert cache.stats().refusals == {"prepared_input": 1}
-    assert cache.insert(NS, tokens, backend.open(tokens))  # control
+    assert cache.insert(NS, tokens, backend.open(tokens)).stored  # control
 
 
 def test_the_tokens_are_hashed_once_and_not_at_all_with_their_digest(backend, cache, monkeypatch):
     calls = count_hashes(monkeypatch)
-    assert cache.insert(NS, FRANCE, backend.open(FRANCE))
+    assert cache.insert(NS, FRANCE, backend.open(FRANCE)).stored
     assert calls == [len(FRANCE)] and backend.digest_calls == 1
-    assert cache.insert(NS, ITALY, backend.open(ITALY), digest=content_digest(ITALY))
+    assert cache.insert(NS, ITALY, backend.open(ITALY), digest=content_digest(ITALY)).stored
     assert calls == [len(FRANCE)] and backend.digest_calls == 2
     for _ in range(3):  # lookups verify nothing: the entries were verified when stored
-        assert cache.lookup(NS, FRANCE) is not None
+        assert cache.lookup(NS, FRANCE).match is not None
     assert calls == [len(FRANCE)] and backend.digest_calls == 2
 
 
@@ -87,14 +87,14 @@ def test_a_snapshot_that_cannot_say_what_it_holds_is_not_stored(backend, cache, 
         raise NotFound("gone")
 
     monkeypatch.setattr(backend, "content_digest", unknown)
-    outcome = cache.insert_outcome(NS, FRANCE, snapshot := backend.open(FRANCE))
+    outcome = cache.insert(NS, FRANCE, snapshot := backend.open(FRANCE))
     assert outcome.reason == InsertRefusal.INVALID_SNAPSHOT and snapshot.closed
 
 
 def test_an_entry_evicted_at_once_says_so(backend):
     cache = PrefixCache(backend, max_entries=1, policy="priority")
-    assert cache.insert(NS, FRANCE, backend.open(FRANCE), {"priority": "5"})
-    low = cache.insert_outcome(NS, ITALY, backend.open(ITALY), {"priority": "1"})
+    assert cache.insert(NS, FRANCE, backend.open(FRANCE), {"priority": "5"}).stored
+    low = cache.insert(NS, ITALY, backend.open(ITALY), {"priority": "1"})
     assert low.reason == InsertRefusal.EVICTED and cache.stats().evictions == 1
 
 
@@ -121,7 +121,7 @@ def test_mallory_cannot_store_italy_under_france_and_bob_is_not_served_it(engine
     engine.describe_content = True
     calls.clear()
     assert len(engine.live) == live and not mallory.closed  # no clone kept; her session is hers
-    assert gateway.cache.size == 0 and gateway.stats().cache.refusals == {"content_mismatch": 2}
+    assert len(gateway.cache) == 0 and gateway.stats().cache.refusals == {"content_mismatch": 2}
     events = ask(gateway, FRANCE)
     assert engine.requests[-1].session == "" and events[-1].reused_positions == 0  # a cold run
     assert [entry.tokens for entry in gateway.cache.entries()] == [FRANCE]  # bob's own verified capture
@@ -136,7 +136,7 @@ def test_mallory_cannot_store_italy_under_france_and_bob_is_not_served_it(engine
 def test_gateway_insert_of_a_session_holding_a_prepared_input_is_refused(engine, gateway):
     session = engine.open((1, 2, PREPARED, 4))
     assert gateway.insert(NS, (1, 2, 3, 4), session, {}, "alice").reason == InsertRefusal.PREPARED_INPUT
-    assert gateway.cache.size == 0
+    assert len(gateway.cache) == 0
 
 
 def test_a_captured_snapshot_whose_engine_content_differs_is_not_stored(engine, gateway, monkeypatch):
@@ -153,7 +153,7 @@ def test_a_captured_snapshot_whose_engine_content_differs_is_not_stored(engine, 
 
     monkeypatch.setattr(engine, "generate", lying_generate)
     ask(gateway, FRANCE)
-    assert gateway.cache.size == 0 and gateway.stats().cache.refusals == {"content_mismatch": 1}
+    assert len(gateway.cache) == 0 and gateway.stats().cache.refusals == {"content_mismatch": 1}
     monkeypatch.undo()
     ask(gateway, FRANCE)  # control: the real capture is stored
     assert [entry.tokens for entry in gateway.cache.entries()] == [FRANCE]
@@ -174,14 +174,14 @@ def test_in_process_inserts_are_verified_against_the_runner_record(runner):
     italy = runner.open_session()
     italy.generate_async(list(ITALY), GenConfig(max_new_tokens=1)).wait(10)
     snapshot = italy.clone_async(len(ITALY)).result(10)
-    assert cache.insert_outcome(NS, FRANCE, snapshot).reason == InsertRefusal.CONTENT_MISMATCH
+    assert cache.insert(NS, FRANCE, snapshot).reason == InsertRefusal.CONTENT_MISMATCH
     runner.flush(10)
     assert not snapshot.valid
     # the CLI path: capture at the prompt boundary, collect after the generation
     france = runner.open_session()
     capture = cache.capture_prompt(france, FRANCE)
     france.generate_async(list(FRANCE), GenConfig(max_new_tokens=3), capture.wrap(None)).wait(10)
-    assert capture.collect(NS) == 1 and cache.lookup(NS, FRANCE) is not None
+    assert capture.collect(NS) == 1 and cache.lookup(NS, FRANCE).match is not None
 
 
 def test_in_process_capture_after_a_prepared_input_is_refused(runner):

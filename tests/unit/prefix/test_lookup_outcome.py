@@ -23,10 +23,10 @@ PROMPT = tuple(range(10, 20))  # 10 tokens
 
 def test_a_hit_reports_its_match_and_where_the_request_leaves_it(backend, cache):
     cache.insert(NS, PROMPT, backend.open(PROMPT))
-    outcome = cache.lookup_outcome(NS, PROMPT[:4] + (77, 78))
+    outcome = cache.lookup(NS, PROMPT[:4] + (77, 78))
     assert outcome.reason is None and outcome.reused == outcome.diverged_at == 4
     assert outcome.session.tokens == PROMPT[:4]
-    assert cache.lookup(NS, PROMPT[:4] + (77, 78)).reused == 4  # lookup: the same call, Match | None
+    assert cache.lookup(NS, PROMPT[:4] + (77, 78)).match.reused == 4  # lookup: the same call, Match | None
 
 
 @pytest.mark.parametrize(
@@ -40,13 +40,13 @@ def test_a_hit_reports_its_match_and_where_the_request_leaves_it(backend, cache)
 )
 def test_miss_reasons(backend, cache, request_tokens, namespace, reason):
     cache.insert(NS, PROMPT, backend.open(PROMPT))
-    assert cache.lookup_outcome(namespace, request_tokens) == LookupOutcome.miss(reason)
+    assert cache.lookup(namespace, request_tokens) == LookupOutcome.miss(reason)
     assert cache.stats().misses == 1
 
 
 def test_disabled_and_empty(backend):
-    assert PrefixCache(backend, 0).lookup_outcome(NS, PROMPT).reason == MissReason.DISABLED
-    assert PrefixCache(backend, 4).lookup_outcome(NS, PROMPT).reason == MissReason.EMPTY
+    assert PrefixCache(backend, 0).lookup(NS, PROMPT).reason == MissReason.DISABLED
+    assert PrefixCache(backend, 4).lookup(NS, PROMPT).reason == MissReason.EMPTY
 
 
 @pytest.mark.parametrize("failure", ["refused", "error"])
@@ -54,16 +54,16 @@ def test_a_refused_or_failed_clone_is_boundary_refused_where_the_match_ends(back
     floor = 8 if failure == "refused" else 0  # rows below 8 are gone: a clone at 5 is refused
     cache.insert(NS, PROMPT, backend.open(PROMPT, floor=floor))
     backend.fail_next = 1 if failure == "error" else 0
-    outcome = cache.lookup_outcome(NS, PROMPT[:5] + (1, 2))
+    outcome = cache.lookup(NS, PROMPT[:5] + (1, 2))
     assert outcome == LookupOutcome.miss(MissReason.BOUNDARY_REFUSED, 5)
-    assert cache.lookup_outcome(NS, PROMPT + (1,)).reused == 10  # above the floor: a hit (control)
+    assert cache.lookup(NS, PROMPT + (1,)).reused == 10  # above the floor: a hit (control)
 
 
 def test_an_entry_dropped_as_dead_leaves_the_namespace_empty(backend, cache):
     snapshot = backend.open(PROMPT)
     cache.insert(NS, PROMPT, snapshot)
     snapshot.closed = True  # e.g. the engine expired it
-    assert cache.lookup_outcome(NS, PROMPT).reason == MissReason.EMPTY and cache.size == 0
+    assert cache.lookup(NS, PROMPT).reason == MissReason.EMPTY and len(cache) == 0
 
 
 def test_outcome_is_a_hit_or_a_miss_never_both():
@@ -105,13 +105,13 @@ class HandshakeBackend(FakeBackend):
 
 
 def reason_from_the_cache(cache: PrefixCache, tokens: tuple[int, ...]) -> MissReason | None:
-    return cache.lookup_outcome(NS, tokens).reason
+    return cache.lookup(NS, tokens).reason
 
 
 def reason_from_the_refusal_counter(cache: PrefixCache, tokens: tuple[int, ...]) -> MissReason | None:
     """The old servicer's way: a refusal counted anywhere during the lookup makes it "refused"."""
     before = cache.stats().refusals.get(CLONE_REFUSED, 0)
-    if cache.lookup(NS, tokens) is not None:
+    if cache.lookup(NS, tokens).match is not None:
         return None
     if cache.stats().refusals.get(CLONE_REFUSED, 0) > before:
         return MissReason.BOUNDARY_REFUSED
@@ -121,7 +121,7 @@ def reason_from_the_refusal_counter(cache: PrefixCache, tokens: tuple[int, ...])
 def concurrent_reasons(derive) -> dict[str, list[MissReason | None]]:
     backend = HandshakeBackend()
     cache = PrefixCache(backend, max_entries=8)
-    assert cache.insert(NS, PROMPT, backend.open(PROMPT, floor=8))
+    assert cache.insert(NS, PROMPT, backend.open(PROMPT, floor=8)).stored
     reasons: dict[str, list[MissReason | None]] = {"refused": [], "diverged": []}
     failures: list[BaseException] = []
 

@@ -20,7 +20,7 @@ PROMPT = tuple(range(10, 20))  # 10 tokens
 def stored(backend: FakeBackend, cache: PrefixCache, tokens, **kwargs) -> object:
     """Insert a fresh snapshot holding ``tokens``; returns the snapshot handle."""
     snapshot = backend.open(tokens)
-    assert cache.insert(NS, tokens, snapshot, **kwargs)
+    assert cache.insert(NS, tokens, snapshot, **kwargs).stored
     return snapshot
 
 
@@ -42,23 +42,23 @@ def assert_hit(match: Match | None, request, reused: int) -> None:
 )
 def test_reused_is_common_prefix_capped_at_len_minus_one(backend, cache, request_tokens, reused):
     stored(backend, cache, PROMPT)
-    assert_hit(cache.lookup(NS, request_tokens), request_tokens, reused)
+    assert_hit(cache.lookup(NS, request_tokens).match, request_tokens, reused)
 
 
 @pytest.mark.parametrize("request_tokens", [(), (10,), (11, 12, 13), (10 + 2**32,)])
 def test_empty_one_token_and_first_token_mismatch_miss(backend, cache, request_tokens):
     stored(backend, cache, PROMPT)
-    assert cache.lookup(NS, request_tokens) is None
+    assert cache.lookup(NS, request_tokens).match is None
     assert cache.stats().misses == 1 and cache.stats().hits == 0
 
 
 def test_lookup_returns_independent_session_owned_by_caller(backend, cache):
     snapshot = stored(backend, cache, PROMPT)
-    match = cache.lookup(NS, PROMPT + (1,))
+    match = cache.lookup(NS, PROMPT + (1,)).match
     match.session.extend((55, 56))  # the caller's generation
     cache.backend.close(match.session)
     assert snapshot.tokens == PROMPT and backend.valid(snapshot)
-    assert_hit(cache.lookup(NS, PROMPT + (1,)), PROMPT + (1,), 10)
+    assert_hit(cache.lookup(NS, PROMPT + (1,)).match, PROMPT + (1,), 10)
 
 
 def test_branches_survive_source_closure_and_snapshot_eviction(backend):
@@ -66,8 +66,8 @@ def test_branches_survive_source_closure_and_snapshot_eviction(backend):
     source = backend.open(PROMPT + (1, 2))
     snapshot = backend.clone(source, len(PROMPT))
     backend.close(source)
-    assert cache.insert(NS, PROMPT, snapshot)
-    branch = cache.lookup(NS, PROMPT + (5,)).session
+    assert cache.insert(NS, PROMPT, snapshot).stored
+    branch = cache.lookup(NS, PROMPT + (5,)).match.session
     stored(backend, cache, (1, 2, 3))  # evicts the PROMPT snapshot
     assert snapshot.closed
     assert backend.valid(branch) and branch.tokens == PROMPT
@@ -77,7 +77,7 @@ def test_branches_survive_source_closure_and_snapshot_eviction(backend):
 def test_longest_prefix_beats_more_recent_shorter(backend, cache):
     stored(backend, cache, PROMPT[:8])
     stored(backend, cache, PROMPT[:4])  # more recent, shorter
-    assert_hit(cache.lookup(NS, PROMPT), PROMPT, 8)
+    assert_hit(cache.lookup(NS, PROMPT).match, PROMPT, 8)
 
 
 def test_equal_lengths_prefer_most_recently_used_and_hits_refresh(backend, cache):
@@ -96,7 +96,7 @@ def test_hit_refreshes_recency_before_eviction(backend):
     cache = PrefixCache(backend, max_entries=2)
     a = stored(backend, cache, (1, 2, 3))
     b = stored(backend, cache, (4, 5, 6))
-    assert cache.lookup(NS, (1, 2, 3, 4)) is not None  # a is now the most recent
+    assert cache.lookup(NS, (1, 2, 3, 4)).match is not None  # a is now the most recent
     stored(backend, cache, (7, 8, 9))
     assert b.closed and not a.closed
     assert cache.stats().evictions == 1
@@ -107,8 +107,8 @@ def test_duplicate_insert_refreshes_and_releases_new_snapshot(backend):
     first = stored(backend, cache, (1, 2, 3))
     stored(backend, cache, (4, 5, 6))
     again = backend.open((1, 2, 3))
-    assert not cache.insert(NS, (1, 2, 3), again)
-    assert again.closed and not first.closed and cache.size == 2
+    assert not cache.insert(NS, (1, 2, 3), again).stored
+    assert again.closed and not first.closed and len(cache) == 2
     assert cache.stats().refusals["duplicate"] == 1
     stored(backend, cache, (7, 8, 9))  # (4,5,6) is now the oldest
     assert not first.closed
@@ -118,9 +118,9 @@ def test_duplicate_insert_refreshes_and_releases_new_snapshot(backend):
 def test_disabled_cache_releases_without_cloning(backend):
     cache = PrefixCache(backend, max_entries=0)
     snapshot = backend.open(PROMPT)
-    assert not cache.insert(NS, PROMPT, snapshot)
-    assert snapshot.closed and backend.clone_calls == [] and cache.size == 0
-    assert cache.lookup(NS, PROMPT) is None
+    assert not cache.insert(NS, PROMPT, snapshot).stored
+    assert snapshot.closed and backend.clone_calls == [] and len(cache) == 0
+    assert cache.lookup(NS, PROMPT).match is None
 
 
 @pytest.mark.parametrize("case", ["closed", "empty", "position_short", "position_long"])
@@ -135,17 +135,17 @@ def test_invalid_inserts_release_and_keep_existing_entries(backend, cache, case)
         snapshot, tokens = backend.open(PROMPT[:9]), PROMPT
     else:
         snapshot, tokens = backend.open(PROMPT + (1,)), PROMPT
-    assert not cache.insert(NS, tokens, snapshot)
+    assert not cache.insert(NS, tokens, snapshot).stored
     assert snapshot.closed and snapshot not in backend.live
-    assert cache.size == 1 and not keep.closed
-    assert_hit(cache.lookup(NS, (1, 2, 3, 4)), (1, 2, 3, 4), 3)
+    assert len(cache) == 1 and not keep.closed
+    assert_hit(cache.lookup(NS, (1, 2, 3, 4)).match, (1, 2, 3, 4), 3)
 
 
 def test_malformed_insert_releases_and_raises(backend, cache):
     snapshot = backend.open((1, 2))
     with pytest.raises(InvalidArgument, match="tokens"):
         cache.insert(NS, (1, -2), snapshot)
-    assert snapshot.closed and cache.size == 0
+    assert snapshot.closed and len(cache) == 0
     other = backend.open((1, 2))
     with pytest.raises(InvalidArgument, match="namespace"):
         cache.insert(7, (1, 2), other)
@@ -153,8 +153,8 @@ def test_malformed_insert_releases_and_raises(backend, cache):
     third = backend.open((1, 2))
     with pytest.raises(InvalidArgument, match="metadata"):
         cache.insert(NS, (1, 2), third, metadata=["priority"])
-    assert third.closed and cache.size == 0
-    assert cache.insert(NS, (1, 2), backend.open((1, 2)), {"priority": 3})
+    assert third.closed and len(cache) == 0
+    assert cache.insert(NS, (1, 2), backend.open((1, 2)), {"priority": 3}).stored
     assert cache.entries()[0].metadata == {"priority": "3"}
 
 
@@ -163,24 +163,24 @@ def test_token_ids_no_session_can_hold_are_never_stored(backend, cache):
     # digest is over int32 ids, as an engine records them: no snapshot matches such a key.
     high = (2**64 - 1, 2**63, 5)
     snapshot = backend.open((7, 8, 5))
-    assert cache.insert_outcome(NS, high, snapshot).reason == "content_mismatch"
-    assert snapshot.closed and cache.size == 0 and cache.lookup(NS, high + (6,)) is None
+    assert cache.insert(NS, high, snapshot).reason == "content_mismatch"
+    assert snapshot.closed and len(cache) == 0 and cache.lookup(NS, high + (6,)).match is None
 
 
 def test_retention_refusal_keeps_entry_and_full_prefix_request_hits(backend, cache):
     snapshot = backend.open(PROMPT, floor=7)  # rows below 7 are gone (sliding window)
-    assert cache.insert(NS, PROMPT, snapshot)
-    assert cache.lookup(NS, PROMPT[:5] + (0, 0)) is None  # needs a clone at 5 < floor
-    assert cache.size == 1 and cache.stats().refusals["clone_refused"] == 1
-    assert_hit(cache.lookup(NS, PROMPT + (0,)), PROMPT + (0,), 10)
+    assert cache.insert(NS, PROMPT, snapshot).stored
+    assert cache.lookup(NS, PROMPT[:5] + (0, 0)).match is None  # needs a clone at 5 < floor
+    assert len(cache) == 1 and cache.stats().refusals["clone_refused"] == 1
+    assert_hit(cache.lookup(NS, PROMPT + (0,)).match, PROMPT + (0,), 10)
 
 
 def test_older_snapshot_serves_a_match_the_newer_one_refuses(backend, cache):
     older = stored(backend, cache, PROMPT[:6] + (1, 1))
     newer = backend.open(PROMPT[:6] + (2, 2), floor=7)
-    assert cache.insert(NS, PROMPT[:6] + (2, 2), newer)
+    assert cache.insert(NS, PROMPT[:6] + (2, 2), newer).stored
     request = PROMPT[:6] + (3,)
-    assert_hit(cache.lookup(NS, request), request, 6)
+    assert_hit(cache.lookup(NS, request).match, request, 6)
     assert [source for source, _ in backend.clone_calls] == [newer.id, older.id]
 
 
@@ -188,49 +188,49 @@ def test_capacity_refusal_neither_leaks_nor_evicts(backend, cache):
     snapshot = stored(backend, cache, PROMPT)
     backend.capacity = len(backend.live)  # no room for a clone
     live_before = set(backend.live)
-    assert cache.lookup(NS, PROMPT) is None
-    assert backend.live == live_before and cache.size == 1 and not snapshot.closed
+    assert cache.lookup(NS, PROMPT).match is None
+    assert backend.live == live_before and len(cache) == 1 and not snapshot.closed
     backend.capacity = 100
-    assert_hit(cache.lookup(NS, PROMPT), PROMPT, 9)
+    assert_hit(cache.lookup(NS, PROMPT).match, PROMPT, 9)
 
 
 def test_clone_allocation_failure_is_a_miss_and_backend_stays_usable(backend, cache):
     stored(backend, cache, PROMPT)
     backend.fail_next = 1
-    assert cache.lookup(NS, PROMPT) is None
+    assert cache.lookup(NS, PROMPT).match is None
     assert cache.stats().refusals["clone_error"] == 1
-    assert_hit(cache.lookup(NS, PROMPT), PROMPT, 9)
+    assert_hit(cache.lookup(NS, PROMPT).match, PROMPT, 9)
 
 
 def test_clear_releases_only_owned_snapshots(backend, cache):
     owned = [stored(backend, cache, (i, i + 1)) for i in range(3)]
-    handed_out = cache.lookup(NS, (0, 1, 2)).session
+    handed_out = cache.lookup(NS, (0, 1, 2)).match.session
     bystander = backend.open((9, 9))
     assert cache.clear() == 3
     assert all(s.closed and s.close_calls == 1 for s in owned)
     assert not handed_out.closed and not bystander.closed
-    assert cache.size == 0 and cache.lookup(NS, (0, 1, 2)) is None
+    assert len(cache) == 0 and cache.lookup(NS, (0, 1, 2)).match is None
 
 
 def test_cache_outlives_its_engine_without_clone_calls(backend, cache):
     stored(backend, cache, PROMPT)
-    handed_out = cache.lookup(NS, PROMPT).session
+    handed_out = cache.lookup(NS, PROMPT).match.session
     calls = len(backend.clone_calls)
     backend.dead = True  # the runner shut down: every handle is invalid
-    assert cache.lookup(NS, PROMPT) is None
+    assert cache.lookup(NS, PROMPT).match is None
     assert len(backend.clone_calls) == calls
     assert not backend.valid(handed_out)
-    assert cache.size == 0  # dead entries are dropped
+    assert len(cache) == 0  # dead entries are dropped
     cache.clear()
 
 
 def test_fingerprint_is_part_of_every_key(backend, cache):
     stored(backend, cache, PROMPT)
     backend.fingerprint = "other-model"
-    assert cache.lookup(NS, PROMPT) is None
+    assert cache.lookup(NS, PROMPT).match is None
     backend.fingerprint = "fake-model"
-    assert cache.lookup(NS, PROMPT) is not None
-    assert cache.lookup("other-namespace", PROMPT) is None
+    assert cache.lookup(NS, PROMPT).match is not None
+    assert cache.lookup("other-namespace", PROMPT).match is None
 
 
 def test_eviction_follows_the_policy_and_reports_when_new_entry_is_victim(backend):
@@ -238,10 +238,10 @@ def test_eviction_follows_the_policy_and_reports_when_new_entry_is_victim(backen
     high = stored(backend, cache, (1, 2), metadata={"priority": 5})
     mid = stored(backend, cache, (3, 4), metadata={"priority": 1})
     low = backend.open((5, 6))
-    assert not cache.insert(NS, (5, 6), low, {"priority": 0})  # stored, then evicted at once
+    assert not cache.insert(NS, (5, 6), low, {"priority": 0}).stored  # stored, then evicted at once
     assert low.closed and not high.closed and not mid.closed
     top = backend.open((7, 8))
-    assert cache.insert(NS, (7, 8), top, {"priority": 9})
+    assert cache.insert(NS, (7, 8), top, {"priority": 9}).stored
     assert mid.closed and not high.closed
 
 
@@ -249,7 +249,7 @@ def test_lookup_gives_up_after_max_attempts(backend):
     cache = PrefixCache(backend, max_entries=50, max_attempts=3)
     for i in range(10):
         cache.insert(NS, (1, 2, 100 + i), backend.open((1, 2, 100 + i), floor=3))
-    assert cache.lookup(NS, (1, 2, 7)) is None  # every clone at 2 is below a floor
+    assert cache.lookup(NS, (1, 2, 7)).match is None  # every clone at 2 is below a floor
     assert len(backend.clone_calls) == 3
 
 

@@ -94,4 +94,4 @@ def test_default_lru_does_not_protect_early_snapshots():
     cache.insert("ns", (1, 2), early, {"boundary": "breakpoint"})
     for i in range(3):
         cache.insert("ns", (5, i), backend.open((5, i)))
-    assert early.closed and cache.size == 3
+    assert early.closed and len(cache) == 3
