@@ -46,7 +46,8 @@ from prefix_service.cache.index import token_key
 from prefix_service.cache.outcomes import InsertOutcome
 from prefix_service.fleet.routing import Candidate, Route, RouteReason, RoutingPolicy, routing_policy
 from prefix_service.fleet.stats import EngineStatus, FleetStats, summed
-from prefix_service.gateway.gateway import Gateway, GatewayEvent, GatewayRequest, Prompt, PromptLookup
+from prefix_service.gateway.calls import GatewayEvent, GatewayRequest, Prompt, PromptLookup
+from prefix_service.gateway.gateway import Gateway
 from prefix_service.gateway.stream import GatewayStream
 from prefix_service.tier.persistent_tier import PersistentTier
 

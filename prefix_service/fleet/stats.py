@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 
 from prefix_service.cache.outcomes import PrefixStats
-from prefix_service.gateway.gateway import GatewayStats
+from prefix_service.gateway.calls import GatewayStats
 from prefix_service.tier.snapshot_store import StoreStats
 
 

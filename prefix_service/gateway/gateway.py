@@ -1,55 +1,23 @@
-"""Gateway: the prefix service's flows as domain code (no gRPC), over a :class:`GatewayBackend`.
+"""Gateway: the prefix service's flows over one engine as domain code (no gRPC), over a GatewayBackend.
 
-:class:`Gateway` owns the service's :class:`PrefixCache` (and its retention policy); the cache's
-snapshots are engine handles held under the backend's owner id. Every call first runs
-:meth:`Gateway.check_engine` (one Info call): it refreshes the vocabulary size and
-``max_session_tokens`` requests are checked against, and when the engine's instance id changed it
-drops every entry (their handles died with the old instance); lookups then report
-``MissReason.ENGINE_RESTARTED`` until something is cached again.
+It owns the engine's :class:`PrefixCache`, whose snapshots are engine handles held under the backend's
+owner id. :meth:`Gateway.check_engine` reads the engine's Info: the limits requests are checked
+against, the budget (``engine_share`` of the engine's sessions and positions, within the service's
+quota there), and a new instance id drops every entry (lookups then miss with ENGINE_RESTARTED until
+something is cached again).
 
-- :meth:`Gateway.lookup`: tokenize (text) or check (ids) the prompt, and clone the best stored
-  snapshot for the caller (the clone belongs to the caller). A caller that left meanwhile gets
-  nothing: its clone is closed and the call raises Cancelled.
-- :meth:`Gateway.insert`: the caller keeps its session; the service stores its own clone of it, made
-  only if the engine confirms the session holds exactly the tokens (the clone carries their content
-  digest, checked by the engine; the cache checks the clone's reported digest again). So no caller
-  can store one prompt's snapshot under another prompt's tokens. A session the engine describes as
-  holding other content is refused before any clone; a live entry with these tokens answers
-  DUPLICATE (refreshed) without a clone; room is reserved in the budget before the clone. The
-  answer is an :class:`InsertOutcome` (stored, or the :class:`InsertRefusal`).
-- :meth:`Gateway.generate`: lookup -> engine Generate continuing the match with the prompt's rest,
-  capturing the prompt snapshot -> insert. The match is cloned for the caller and the engine
-  Generate runs as the caller, so the live session counts against the caller's engine quota; only
-  the prompt snapshot is handed to the service's owner. It returns a :class:`GatewayStream`:
-  iterating it yields the engine's events for the client (``Started`` with the session blanked: the
-  gateway manages that session; ``Tokens``; ``Done``); ``Snapshot`` events are stored here, not
-  passed on. When the client leaves, :meth:`GatewayStream.stop` ends the engine generation by closing
-  its session (not by cancelling the engine call), so that snapshot events the engine already sent
-  are still read (stored or released) by the drain, which cancels a stream that outlives
-  ``DRAIN_TIMEOUT_S``. The matched clone is closed at the end. On an engine whose ring evicts window
-  rows (Info's ``window.evicts``) the capture also asks for checkpoints inside the prompt, past the
-  match (``checkpoints.py``: a stride and chat message ends), each reserved and stored as an entry
-  with ``boundary="breakpoint"``, so a later prompt diverging inside this one still reuses an exact
-  prefix instead of a ``window`` miss.
+- ``lookup(namespace, prompt, owner)``: the prompt's tokens and a clone of the best snapshot, owned by
+  ``owner`` (closed, and Cancelled raised, when the caller left meanwhile).
+- ``insert(namespace, tokens, session, metadata, owner)``: store the service's own clone of the
+  caller's session, made only if the engine confirms it holds exactly ``tokens``; room is reserved first.
+- ``generate(request, owner) -> GatewayStream``: lookup, then an engine Generate as the caller that
+  continues the match and captures, for the service, the prompt snapshot (and on an engine whose ring
+  evicts window rows checkpoints inside the prompt: ``cache/checkpoints.py``), stored as they arrive.
+- Pressure (``pressure.py``): a live request that finds the engine full evicts one entry and retries
+  once. Persistence (``tier/``): stored entries are also written to the snapshot directory, and a
+  lookup first restores the directory's longer prefix of the prompt.
 
-Budget (the prefix service never starves live traffic): :meth:`Gateway.check_engine` caps the cache at
-``engine_share`` of the engine's resident sessions and positions (and at the engine's quota for the
-service's owner; ``budget.engine_budget``). Room for a snapshot is reserved before the engine is asked
-for it (a prompt capture, an Insert's clone), so the service's sessions in the engine never exceed
-the cache's bounds. When a live request meets RESOURCE_EXHAUSTED from a full engine (its Generate, or
-a lookup whose clone was refused while the engine is full), the gateway evicts one entry by its policy
-and retries once before answering; a caller over its own quota gets the error at once (evicting would
-not help it). When the engine refuses the service a snapshot for its own quota although the cache is
-within its bounds, someone handed it clones it does not know: the gateway reclaims them
-(``GatewayBackend.reclaim``).
-
-Persistence (``--snapshot_dir``, ``persistent_tier.py``): every stored entry is also written to the
-snapshot directory behind the request path, and a lookup first restores the directory's longest
-prefix of the prompt into the engine when it beats what the engine's memory holds, so entries
-survive engine and prefix-service restarts.
-
-Errors are ``engine_service.api.errors`` types (bad input: InvalidArgument; engine failures as the
-backend raises them); the rpc layer maps them to status codes.
+Errors are ``engine_service.api.errors`` types; the doors map them.
 """
 
 from __future__ import annotations
@@ -58,15 +26,14 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from engine_service.api.answers import CloneRefusal
-from engine_service.api.config import GenConfig
 from engine_service.api.content import content_digest
 from engine_service.api.engine_info import EngineInfo
-from engine_service.api.errors import Cancelled, ForklineError, InvalidArgument, ResourceExhausted
+from engine_service.api.errors import Cancelled, InvalidArgument, ResourceExhausted
 from engine_service.api.prompts import TextPrompt
-from engine_service.api.stream_events import Done, Snapshot, SnapshotKind, Started, Tokens
+from engine_service.api.stream_events import Snapshot, SnapshotKind
 from prefix_service.cache.budget import DEFAULT_ENGINE_SHARE, Reservation
 from prefix_service.cache.checkpoints import CheckpointPlan, SnapshotRoom, checkpoint_positions, message_ends
 from prefix_service.cache.index import token_key
@@ -78,19 +45,15 @@ from prefix_service.cache.outcomes import (
     Match,
     MissReason,
 )
-from prefix_service.cache.prefix_cache import PrefixCache, PrefixStats
+from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.cache.retention import BOUNDARY_KEY
+from prefix_service.gateway.calls import GatewayRequest, GatewayStats, Prompt, PromptLookup
 from prefix_service.gateway.gateway_backend import EngineGenerate, EngineStream, GatewayBackend
 from prefix_service.gateway.pressure import EnginePressure
 from prefix_service.gateway.stream import GatewayStream
 from prefix_service.tier.persistent_tier import PersistentTier
 
 log = logging.getLogger(__name__)
-
-DRAIN_TIMEOUT_S = 10.0  # how long a gateway call whose client left waits for the engine stream to end
-
-Prompt = Sequence[int] | TextPrompt  # token ids, or text the engine tokenizes
-GatewayEvent = Started | Tokens | Done  # what a gateway stream hands its client (snapshots stay here)
 
 # Engine clone refusals an insert reports as such (any other: CLONE_REFUSED).
 _CLONE_REFUSALS = {
@@ -101,50 +64,6 @@ _CLONE_REFUSALS = {
 
 # Misses an engine restart explains better (a too-short request or a refused clone says more).
 _RESTART_MASKS = (MissReason.DISABLED, MissReason.EMPTY, MissReason.DIVERGED)
-
-
-@dataclass(frozen=True)
-class PromptLookup:
-    """A lookup's answer: the prompt's ``tokens`` (the text's tokenization) and the ``outcome``;
-    ``engine``: the engine that holds the match (set by the fleet, ``fleet.py``)."""
-
-    tokens: tuple[int, ...]
-    outcome: LookupOutcome
-    engine: str = ""
-
-
-@dataclass(frozen=True)
-class GatewayRequest:
-    """One gateway Generate: ``prompt`` under ``namespace``, sampled and stopped per ``config``
-    (``ignore_eos``: see :class:`EngineGenerate`). ``store_prompt``: insert the prompt snapshot (and
-    its checkpoints). ``source``: the text ``prompt`` was tokenized from when ``prompt`` is already
-    token ids (the fleet tokenizes to route): a chat prompt's message ends become checkpoints."""
-
-    namespace: str
-    prompt: Prompt
-    config: GenConfig
-    ignore_eos: bool = False
-    store_prompt: bool = True
-    metadata: Mapping[str, str] = field(default_factory=dict)
-    source: TextPrompt | None = None
-
-
-@dataclass(frozen=True)
-class GatewayStats:
-    """The cache's counters plus the service's: entries dropped on engine restarts, the engine
-    instance the entries belong to, the retention policy's name, the share of the engine, entries
-    evicted and requests retried under pressure, unknown handles reclaimed, and lookup misses by
-    the reason the caller was told (``MissReason`` values; they add up to ``cache.misses``)."""
-
-    cache: PrefixStats
-    dropped_on_restart: int
-    engine_instance_id: str
-    policy: str
-    engine_share: float = DEFAULT_ENGINE_SHARE
-    pressure_evictions: int = 0
-    pressure_retries: int = 0
-    reclaimed: int = 0
-    misses_by_reason: dict[str, int] = field(default_factory=dict)
 
 
 class Gateway:
@@ -349,7 +268,7 @@ class Gateway:
             if stream is not None:
                 stream.cancel()
             if match is not None:
-                self._close_quietly(match.session, owner)
+                self.close_session(match.session, owner)
             raise
         return GatewayStream(self, stream, request, tokens, match, owner, first, room)
 
@@ -436,7 +355,8 @@ class Gateway:
         self.cache.record_refusal(reason)
         return InsertOutcome(reason)
 
-    def _take_snapshot(
+    # -- the stream's host (stream.StreamHost) --------------------------------------------------------
+    def store_snapshot(
         self, snapshot: Snapshot, request: GatewayRequest, tokens: Sequence[int], room: SnapshotRoom
     ) -> None:
         """Store a gateway call's prompt snapshot or checkpoint (``tokens[:position]``, metadata
@@ -464,40 +384,12 @@ class Gateway:
             self.cache.record_refusal(QUOTA)
             self.pressure.reclaim()
 
-    def _stop_generation(self, stream: EngineStream, session: str, owner: str) -> None:
-        """End a gateway call's engine generation (its session is ``owner``'s); its stream then ends
-        on its own (see _drain)."""
-        if session:
-            try:
-                self.backend.close_as(session, owner)
-                return
-            except Exception:  # noqa: BLE001 - e.g. the engine is gone: cancelling is all that is left
-                log.debug("could not close gateway session %s", session, exc_info=True)
-        stream.cancel()
-
-    def _drain(
-        self, stream: EngineStream, request: GatewayRequest, tokens: Sequence[int], room: SnapshotRoom
-    ) -> None:
-        """Read what is left of an engine stream so no snapshot handle it carries is lost; a stream
-        that does not end within DRAIN_TIMEOUT_S is cancelled."""
-        timer = threading.Timer(DRAIN_TIMEOUT_S, stream.cancel)
-        timer.daemon = True
-        timer.start()
-        try:
-            for event in stream:
-                if isinstance(event, Snapshot):
-                    self._take_snapshot(event, request, tokens, room)
-        except ForklineError:
-            pass  # cancelled or failed: nothing more will arrive
-        except Exception:  # noqa: BLE001 - cleanup must not mask the call's own outcome
-            log.warning("could not drain a gateway engine stream", exc_info=True)
-        finally:
-            timer.cancel()
-            stream.cancel()
-
-    def _close_quietly(self, session: str, owner: str) -> None:
+    def close_session(self, session: str, owner: str) -> bool:
+        """Close ``owner``'s session (a gateway call's); False when the engine could not be told."""
         try:
             self.backend.close_as(session, owner)
         except Exception:  # noqa: BLE001 - e.g. the service stopped and closed its channel;
             # its next start releases what this owner left in the engine
             log.debug("could not close gateway session %s", session, exc_info=True)
+            return False
+        return True

@@ -1,37 +1,54 @@
 """GatewayStream: one gateway Generate call in flight, as :meth:`Gateway.generate` returns it.
 
-Iterating yields the client's events (the engine's first event, already read by ``generate``, then the
-rest; ``Snapshot`` events are stored by the gateway, never passed on). When the client leaves,
-:meth:`GatewayStream.stop` ends the engine generation once (:class:`_StopOnce`). At the end, however
-the iteration ends, the engine stream is drained, the snapshots' reservations released and the matched
-clone closed, with the caller's credential (the caller current when the stream was made) whichever
-thread runs it.
+Iterating yields the client's events: the engine's first event (already read by ``generate``), then
+the rest; ``Snapshot`` events go to the gateway (:class:`StreamHost`), never to the client. When the
+client leaves, :meth:`GatewayStream.stop` ends the engine generation once, by closing its session, so
+the snapshots the engine already sent are still read. However the iteration ends, the engine stream is
+drained (cancelled after ``DRAIN_TIMEOUT_S``), the snapshots' reservations released and the matched
+clone closed, with the caller's credential (the caller current when the stream was made).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import threading
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from engine_service.api.errors import ForklineError
 from engine_service.api.stream_events import Event, Snapshot, Started
 from engine_service.serving.tokens import Caller, calling_as, current_caller
 from prefix_service.cache.checkpoints import SnapshotRoom
 from prefix_service.cache.outcomes import Match
+from prefix_service.gateway.calls import GatewayEvent, GatewayRequest
 from prefix_service.gateway.gateway_backend import EngineStream
 
-if TYPE_CHECKING:  # the gateway imports this module
-    from prefix_service.gateway.gateway import Gateway, GatewayEvent, GatewayRequest
+log = logging.getLogger(__name__)
+
+DRAIN_TIMEOUT_S = 10.0  # how long a gateway call whose client left waits for the engine stream to end
+
+
+class StreamHost(Protocol):
+    """What a gateway stream asks of the gateway that started it."""
+
+    def store_snapshot(
+        self, snapshot: Snapshot, request: GatewayRequest, tokens: Sequence[int], room: SnapshotRoom
+    ) -> None:
+        """Store (or release) a snapshot event of this call, in its reservation from ``room``."""
+
+    def close_session(self, session: str, owner: str) -> bool:
+        """Close ``owner``'s session; False when the engine could not be told (logged, never raised)."""
 
 
 class _StopOnce:
-    """Calls ``stop(stream, session)`` at most once, with the session known by then."""
+    """Ends the engine generation at most once: closes ``session`` (known by then), or cancels the
+    engine call when there is none or it cannot be closed."""
 
-    def __init__(self, stop: Callable[[EngineStream, str], None], stream: EngineStream, session: str) -> None:
-        self._stop, self._stream, self.session = stop, stream, session
+    def __init__(self, host: StreamHost, stream: EngineStream, session: str, owner: str) -> None:
+        self._host, self._stream, self.session, self._owner = host, stream, session, owner
         self._lock = threading.Lock()
         self._done = False
 
@@ -40,21 +57,20 @@ class _StopOnce:
             if self._done:
                 return
             self._done = True
-        self._stop(self._stream, self.session)
+        if not (self.session and self._host.close_session(self.session, self._owner)):
+            self._stream.cancel()
 
 
 class GatewayStream:
     """One gateway Generate call in flight (made by :meth:`Gateway.generate`, which read ``first``).
 
     Iterate it once for the client's events; call :meth:`stop` (any thread, idempotent) when the
-    client leaves. The engine stream is always drained, the snapshots' reservations (``room``: the
-    prompt end's and each checkpoint's) released and the matched clone closed at the end. Calls for the caller (``owner``) carry its credential from any
-    thread (the caller current when the stream was made).
-    """
+    client leaves. ``room``: the reservations of the call's snapshots (the prompt end's and each
+    checkpoint's)."""
 
     def __init__(
         self,
-        gateway: Gateway,
+        host: StreamHost,
         stream: EngineStream,
         request: GatewayRequest,
         tokens: Sequence[int],
@@ -63,16 +79,12 @@ class GatewayStream:
         first: Event | None = None,
         room: SnapshotRoom | None = None,
     ) -> None:
-        self._gateway, self._stream, self._request, self._tokens = gateway, stream, request, tokens
+        self._host, self._stream, self._request, self._tokens = host, stream, request, tokens
         self._match, self._owner, self._first = match, owner, first
         self._room = room if room is not None else SnapshotRoom()
         self._caller: Caller | None = current_caller()
-        # The session to close when the client leaves: the match, or the fresh one `started` names.
-        self._stop = _StopOnce(
-            lambda engine_stream, session: gateway._stop_generation(engine_stream, session, owner),
-            stream,
-            match.session if match else "",
-        )
+        # the session to close when the client leaves: the match, or the fresh one `started` names
+        self._stop = _StopOnce(host, stream, match.session if match else "", owner)
 
     def _as_caller(self) -> contextlib.AbstractContextManager[None]:
         return calling_as(self._caller) if self._caller is not None else contextlib.nullcontext()
@@ -83,12 +95,12 @@ class GatewayStream:
             self._stop()
 
     def __iter__(self) -> Generator[GatewayEvent, None, None]:
-        gateway, ended = self._gateway, False
+        ended = False
         first = [self._first] if self._first is not None else []
         try:
             for event in itertools.chain(first, self._stream):
                 if isinstance(event, Snapshot):
-                    gateway._take_snapshot(event, self._request, self._tokens, self._room)
+                    self._host.store_snapshot(event, self._request, self._tokens, self._room)
                     continue
                 if isinstance(event, Started):
                     self._stop.session = self._stop.session or event.session
@@ -99,7 +111,26 @@ class GatewayStream:
             with self._as_caller():
                 if not ended:
                     self._stop()
-                gateway._drain(self._stream, self._request, self._tokens, self._room)
+                self._drain()
                 self._room.release()  # snapshots that never came (or were refused)
                 if self._match is not None:
-                    gateway._close_quietly(self._match.session, self._owner)
+                    self._host.close_session(self._match.session, self._owner)
+
+    def _drain(self) -> None:
+        """Read what is left of the engine stream so no snapshot handle it carries is lost; a stream
+        that does not end within DRAIN_TIMEOUT_S is cancelled."""
+        stream = self._stream
+        timer = threading.Timer(DRAIN_TIMEOUT_S, stream.cancel)
+        timer.daemon = True
+        timer.start()
+        try:
+            for event in stream:
+                if isinstance(event, Snapshot):
+                    self._host.store_snapshot(event, self._request, self._tokens, self._room)
+        except ForklineError:
+            pass  # cancelled or failed: nothing more will arrive
+        except Exception:  # noqa: BLE001 - cleanup must not mask the call's own outcome
+            log.warning("could not drain a gateway engine stream", exc_info=True)
+        finally:
+            timer.cancel()
+            stream.cancel()

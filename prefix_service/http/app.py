@@ -33,7 +33,7 @@ from engine_service.api.errors import InvalidArgument
 from engine_service.api.owners import DEFAULT_OWNER
 from engine_service.serving.tokens import Caller, check_token
 from prefix_service.fleet.fleet import Fleet
-from prefix_service.gateway.gateway import Prompt
+from prefix_service.gateway.calls import Prompt
 from prefix_service.http import convert
 from prefix_service.http.errors import ApiError, error_event, error_response
 from prefix_service.http.generation import Generation

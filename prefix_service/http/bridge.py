@@ -21,7 +21,7 @@ from typing import Any
 
 from engine_service.serving.tokens import Caller, calling_as
 from prefix_service.fleet.fleet import Fleet, RoutedStream
-from prefix_service.gateway.gateway import GatewayEvent, GatewayRequest
+from prefix_service.gateway.calls import GatewayEvent, GatewayRequest
 
 log = logging.getLogger(__name__)
 

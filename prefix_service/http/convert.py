@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from engine_service.api.config import GenConfig
 from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Started
-from prefix_service.gateway.gateway import GatewayRequest, Prompt
+from prefix_service.gateway.calls import GatewayRequest, Prompt
 from prefix_service.http.errors import BadField
 from prefix_service.http.protocol import (
     ChatCompletionRequest,

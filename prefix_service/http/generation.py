@@ -16,7 +16,7 @@ from engine_service.api.errors import Unavailable
 from engine_service.api.stream_events import Done, Started, Tokens
 from engine_service.serving.tokens import Caller
 from prefix_service.fleet.fleet import Fleet
-from prefix_service.gateway.gateway import GatewayRequest
+from prefix_service.gateway.calls import GatewayRequest
 from prefix_service.http.bridge import GenerationBridge
 from prefix_service.http.convert import FINISH_REASONS, usage
 from prefix_service.http.protocol import Usage

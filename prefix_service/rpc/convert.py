@@ -11,7 +11,7 @@ from engine_service.api.prompts import TextPrompt
 from engine_service.serving.engine_wire import event_message, gen_config
 from prefix_service.cache.outcomes import InsertOutcome, InsertRefusal, MissReason
 from prefix_service.fleet.stats import EngineStatus, FleetStats
-from prefix_service.gateway.gateway import GatewayEvent, GatewayRequest, Prompt, PromptLookup
+from prefix_service.gateway.calls import GatewayEvent, GatewayRequest, Prompt, PromptLookup
 from protos import engine_pb2 as epb
 from protos import prefix_pb2 as pb
 

@@ -13,7 +13,8 @@ from engine_service.api.stream_events import Snapshot, SnapshotKind, Started, To
 from prefix_service.cache.budget import Reservation, engine_budget
 from prefix_service.cache.outcomes import InsertRefusal, MissReason
 from prefix_service.cache.prefix_cache import PrefixCache
-from prefix_service.gateway.gateway import Gateway, GatewayRequest
+from prefix_service.gateway.calls import GatewayRequest
+from prefix_service.gateway.gateway import Gateway
 from tests.unit.prefix.fakes import FakeEngine, FakeStream, done_event
 
 NS = "app"

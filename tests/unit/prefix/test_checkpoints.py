@@ -16,7 +16,8 @@ from engine_service.api.prompts import TextPrompt
 from prefix_service.cache.checkpoints import CheckpointPlan, checkpoint_positions, message_ends
 from prefix_service.cache.outcomes import LookupOutcome, MissReason
 from prefix_service.cache.prefix_cache import PrefixCache
-from prefix_service.gateway.gateway import Gateway, GatewayRequest
+from prefix_service.gateway.calls import GatewayRequest
+from prefix_service.gateway.gateway import Gateway
 from tests.unit.prefix.fakes import FakeEngine, WindowBackend
 
 NS = "app"

@@ -14,7 +14,8 @@ from engine_service.api.stream_events import Done, Tokens
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.fleet.fleet import EngineMember, Fleet
 from prefix_service.fleet.routing import routing_policy
-from prefix_service.gateway.gateway import Gateway, GatewayRequest
+from prefix_service.gateway.calls import GatewayRequest
+from prefix_service.gateway.gateway import Gateway
 from prefix_service.gateway.gateway_backend import EngineGenerate
 from tests.unit.prefix.fakes import FakeEngine
 

@@ -14,8 +14,9 @@ from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Started, Tokens
 from prefix_service.cache.outcomes import InsertRefusal, MissReason
 from prefix_service.cache.prefix_cache import PrefixCache
-from prefix_service.gateway import gateway as gateway_module
-from prefix_service.gateway.gateway import Gateway, GatewayRequest
+from prefix_service.gateway import stream as stream_module
+from prefix_service.gateway.calls import GatewayRequest
+from prefix_service.gateway.gateway import Gateway
 from tests.unit.prefix.fakes import FakeEngine, done_event
 
 NS = "app"
@@ -68,7 +69,7 @@ def test_a_client_that_leaves_stops_the_generation_once_and_the_drain_stores_the
 
 
 def test_a_stream_that_does_not_end_is_cancelled_after_the_drain_timeout(engine, gateway, monkeypatch):
-    monkeypatch.setattr(gateway_module, "DRAIN_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(stream_module, "DRAIN_TIMEOUT_S", 0.05)
     engine.hang_after = 1  # closing the session does not end this engine stream
     stream = gateway.generate(request(), "alice")
     events = iter(stream)

@@ -19,7 +19,8 @@ from prefix_service.cache import prefix_cache as cache_module
 from prefix_service.cache.outcomes import InsertRefusal
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.gateway import gateway as gateway_module
-from prefix_service.gateway.gateway import Gateway, GatewayRequest
+from prefix_service.gateway.calls import GatewayRequest
+from prefix_service.gateway.gateway import Gateway
 from tests.unit.prefix.fakes import FakeStream, done_event
 from tests.unit.runner.fake_executor import FakeExecutor, FakePrepared
 
