@@ -33,6 +33,7 @@ from engine_service.api.config import GenConfig
 from engine_service.api.errors import ForklineError, InvalidArgument, ModelLoadError
 from engine_service.api.stream_events import FinishReason
 from engine_service.executors.module import ModuleExecutor
+from engine_service.persistence.snapshot_key import read_snapshot_key
 from engine_service.runtime.generation import GenerationHandle, GenerationResult, GenerationUpdate
 from engine_service.runtime.runner import Runner
 from engine_service.sessions.local_backend import RunnerBackend
@@ -155,6 +156,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--prefix_cache_entries (default: none, entries live as long as the run)",
     )
     p.add_argument(
+        "--snapshot_key",
+        default=None,
+        metavar="FILE",
+        help="sign the --snapshot_dir files with the secret in FILE (at least 32 bytes, mode 600 or "
+        "640; a keyed MAC) and load only files it verifies: unsigned or forged ones are refused "
+        "and removed (default: none, files are checksummed only, so the folder must be writable "
+        "by you alone)",
+    )
+    p.add_argument(
         "--engine",
         default=None,
         metavar="ADDR",
@@ -229,6 +239,8 @@ def validate(args: argparse.Namespace) -> None:
             raise UsageError("--snapshot_dir needs --prefix_cache_entries >= 1")
         if os.path.exists(args.snapshot_dir) and not os.path.isdir(args.snapshot_dir):
             raise UsageError(f"--snapshot_dir: {args.snapshot_dir!r} is not a directory")
+    elif args.snapshot_key is not None:
+        raise UsageError("--snapshot_key needs --snapshot_dir")
     for flag in ("token_file", "tls_ca", "tls_cert", "tls_key"):
         if getattr(args, flag) and not args.engine:
             raise UsageError(f"--{flag} needs --engine")
@@ -384,6 +396,7 @@ def report(job: Job, out: TextIO) -> None:
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
+    key = read_snapshot_key(args.snapshot_key) if args.snapshot_key else None  # before the model loads
     loaded, tokenizer, fingerprint = load(args)
     prompts = encode_prompts(args, loaded, tokenizer)
     count, entries = len(prompts), args.prefix_cache_entries
@@ -401,7 +414,9 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     runner = Runner(executor, max_decode_sequences=args.max_decode_sequences)
     cache = PrefixCache(RunnerBackend(runner), entries, policy=args.retention)
     stop_tokens = tuple(tokenizer.eos_token_ids)
-    store = PersistentEntries(args.snapshot_dir, runner, cache, NAMESPACE) if args.snapshot_dir else None
+    store = (
+        PersistentEntries(args.snapshot_dir, runner, cache, NAMESPACE, key=key) if args.snapshot_dir else None
+    )
     completed = total = 0
     try:
         if store is not None:

@@ -7,9 +7,11 @@ tokens its engine record holds (the cache verifies them as it verifies any inser
 configuration, named by both, written atomically) and, at the end, :func:`prune` removes this
 configuration's files whose entries the cache no longer holds, so the folder mirrors the cache.
 
-Every file is checked before it enters the engine (format version, checksum, content, cache kind,
-geometry, fingerprint, shapes, room). A file that can never load (unreadable, a failed checksum or
-content check) is removed; one taken under another configuration is left for the engine it belongs
+Every file is checked before it enters the engine (format version, signature, checksum, content,
+cache kind, geometry, fingerprint, shapes, room). With ``--snapshot_key`` files are written signed and
+a file the key does not verify (``unsigned``, ``bad_signature``) is refused. A file that can never
+load here (unreadable, unsigned or badly signed, a failed checksum or content check) is removed, and
+its prompt is written again; one taken under another configuration is left for the engine it belongs
 to. One folder serves one CLI run at a time (a second run pruning concurrently may remove the first
 run's newest files; nothing worse: every load is checked).
 """
@@ -26,12 +28,20 @@ from typing import TextIO
 
 from engine_service.api.content import content_digest
 from engine_service.api.snapshot_files import LoadRefusal, list_snapshots, snapshot_name
+from engine_service.persistence.snapshot_key import SnapshotKey
 from engine_service.runtime.runner import Runner
 from engine_service.sessions.session_files import load_session, save_session
 from prefix_service.cache.prefix_cache import PrefixCache
 
 # refusals of a file no engine will ever load: it is removed
-_CORRUPT = (LoadRefusal.UNREADABLE, LoadRefusal.CHECKSUM, LoadRefusal.CONTENT, LoadRefusal.FORMAT_VERSION)
+_CORRUPT = (
+    LoadRefusal.UNREADABLE,
+    LoadRefusal.CHECKSUM,
+    LoadRefusal.CONTENT,
+    LoadRefusal.FORMAT_VERSION,
+    LoadRefusal.UNSIGNED,
+    LoadRefusal.BAD_SIGNATURE,
+)
 
 
 @dataclass
@@ -45,10 +55,15 @@ class Restored:
 
 
 def restore_entries(
-    folder: str | os.PathLike, runner: Runner, cache: PrefixCache, namespace: str
+    folder: str | os.PathLike,
+    runner: Runner,
+    cache: PrefixCache,
+    namespace: str,
+    *,
+    key: SnapshotKey | None = None,
 ) -> Restored:
     """Load this engine configuration's snapshots from ``folder`` into ``cache`` under ``namespace``
-    (at most ``cache.max_entries``, most recent first)."""
+    (at most ``cache.max_entries``, most recent first), verified with ``key`` when given."""
     done = Restored()
     prefix = runner.fingerprint[:16] + "-"
     for path in list_snapshots(folder):
@@ -56,7 +71,7 @@ def restore_entries(
             break
         if not path.name.startswith(prefix):
             continue  # another engine configuration's file (its name says so): not read at all
-        outcome = load_session(runner, path)
+        outcome = load_session(runner, path, key=key)
         if not outcome.loaded:
             done.refused[outcome.refusal.value] += 1
             if outcome.refusal in _CORRUPT:
@@ -81,15 +96,21 @@ def entry_name(runner: Runner, tokens) -> str:
 
 
 def persist_entries(
-    folder: str | os.PathLike, runner: Runner, cache: PrefixCache, namespace: str
+    folder: str | os.PathLike,
+    runner: Runner,
+    cache: PrefixCache,
+    namespace: str,
+    *,
+    key: SnapshotKey | None = None,
 ) -> tuple[int, int]:
-    """Write ``cache``'s entries under ``namespace`` that have no file yet; returns (files, bytes)."""
+    """Write ``cache``'s entries under ``namespace`` that have no file yet (signed with ``key`` when
+    given); returns (files, bytes)."""
     written = size = 0
     for entry in cache.entries(namespace):
         name = entry_name(runner, entry.tokens)
         if (Path(folder) / name).exists():
             continue  # the same content under the same configuration: the file already holds it
-        outcome = save_session(entry.snapshot, folder, name=name, extra={"namespace": namespace})
+        outcome = save_session(entry.snapshot, folder, name=name, extra={"namespace": namespace}, key=key)
         if outcome.saved:
             written += 1
             size += outcome.file_bytes
@@ -111,19 +132,28 @@ def prune(folder: str | os.PathLike, runner: Runner, cache: PrefixCache, namespa
 
 class PersistentEntries:
     """The CLI's use of the functions above: one folder, one runner, one cache, one namespace. A disk
-    problem (OSError) is a warning on ``err``: generations never fail for it."""
+    problem (OSError) is a warning on ``err``: generations never fail for it. ``key`` signs and
+    verifies the files (``--snapshot_key``)."""
 
     def __init__(
-        self, folder: str, runner: Runner, cache: PrefixCache, namespace: str, err: TextIO | None = None
+        self,
+        folder: str,
+        runner: Runner,
+        cache: PrefixCache,
+        namespace: str,
+        err: TextIO | None = None,
+        *,
+        key: SnapshotKey | None = None,
     ) -> None:
         self.folder, self._runner, self._cache, self._namespace = folder, runner, cache, namespace
         self._err = err if err is not None else sys.stderr
+        self._key = key
 
     def restore(self, out: TextIO) -> Restored | None:
         """Load what a previous run left (the folder is created when missing); one line on ``out``."""
         try:
             os.makedirs(self.folder, exist_ok=True)
-            done = restore_entries(self.folder, self._runner, self._cache, self._namespace)
+            done = restore_entries(self.folder, self._runner, self._cache, self._namespace, key=self._key)
         except OSError as exc:
             return self._warn(exc)
         refused = ", ".join(f"{n} {reason}" for reason, n in sorted(done.refused.items()))
@@ -139,7 +169,7 @@ class PersistentEntries:
     def persist(self) -> None:
         """Write the entries that have no file yet (after a round)."""
         try:
-            persist_entries(self.folder, self._runner, self._cache, self._namespace)
+            persist_entries(self.folder, self._runner, self._cache, self._namespace, key=self._key)
         except OSError as exc:
             self._warn(exc)
 

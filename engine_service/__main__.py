@@ -14,11 +14,17 @@ count, as do kept sessions, clones and snapshots) and --owner_max_positions posi
 --persistent_owner (the prefix service) has --persistent_owner_share of the engine's sessions and
 positions instead. Over quota is RESOURCE_EXHAUSTED naming the quota. Idle client handles expire
 after --idle_session_timeout; a persistent owner's never do.
+
+Snapshot files (ExportSession / ImportSession, the prefix service's --snapshot_dir): with
+--snapshot_key FILE they are signed with a keyed MAC, and a file the key does not verify is refused
+(unsigned, bad_signature) before any tensor is read; without it, whoever can write the folder can
+make the engine load any K/V under any prompt.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 
@@ -75,6 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
         "service) may hold, in [0, 1]; 0: no limit (default: %(default)s)",
     )
     p.add_argument(
+        "--snapshot_key",
+        metavar="FILE",
+        default=None,
+        help="a secret (at least 32 bytes; mode 600 or 640) that signs exported snapshot files with "
+        "a keyed MAC; imports must carry a valid MAC (default: none, files are checksummed only)",
+    )
+    p.add_argument(
         "--prepared_inputs",
         action="store_true",
         help="also accept prepared 'embeddings' inputs (EmbeddingsExecutor); off by default",
@@ -92,6 +105,7 @@ def start_engine(args: argparse.Namespace):
     """Load the model, start the engine thread and the gRPC server: (EngineServer, bound port)."""
     from engine_service.api.owners import PERSISTENT_OWNER
     from engine_service.model.loader import load_model
+    from engine_service.persistence.snapshot_key import read_snapshot_key
     from engine_service.rpc.server import create_server
     from engine_service.serving.service_main import server_security
     from engine_service.sessions.engine import EngineSessions
@@ -105,6 +119,11 @@ def start_engine(args: argparse.Namespace):
         owner_max_positions=args.owner_max_positions,
         persistent_owner_share=args.persistent_owner_share,
     )
+    snapshot_key = read_snapshot_key(args.snapshot_key) if args.snapshot_key else None  # before the model
+    if snapshot_key is not None:
+        logging.getLogger("forkline-engine").info(
+            "snapshot files signed with the key in %s", args.snapshot_key
+        )
     loaded = load_model(args.model, args.weights_dtype)
     if args.deterministic:  # FailedPrecondition (no kernels, float weights) before anything serves
         from engine_service.model import deterministic
@@ -126,6 +145,7 @@ def start_engine(args: argparse.Namespace):
         prepared_inputs=args.prepared_inputs,
         quota=quota,
         persistent_quota=persistent_quota,
+        snapshot_key=snapshot_key,
     )
     return create_server(
         deps, f"{args.host}:{args.port}", security=security, metrics=args.metrics_port is not None

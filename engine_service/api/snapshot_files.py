@@ -4,7 +4,8 @@ the engine's arrays (``persistence/snapshot_file.py`` reads and writes the tenso
 
 A snapshot file is safetensors, format :data:`FORMAT` version :data:`FORMAT_VERSION`; its metadata
 carries ``fingerprint``, ``cache_kind``, ``geometry``, ``positions``, ``content_digest`` (hex),
-``extra`` (a JSON object of strings) and a ``checksum`` over everything. :func:`peek_snapshot` reads
+``extra`` (a JSON object of strings) and a ``checksum`` over everything, a keyed MAC when the engine
+that wrote it has a ``--snapshot_key`` (then ``mac`` names the algorithm). :func:`peek_snapshot` reads
 the header alone and verifies nothing. Writes are atomic: a temporary name (``.<name>.<pid>.<rand>``
 + :data:`TEMP_SUFFIX`) in the destination folder, fsync, rename, fsync of the folder.
 """
@@ -38,6 +39,9 @@ class LoadRefusal(StrEnum):
     UNREADABLE = "unreadable"  # missing, truncated, not a safetensors file, or a field is missing
     FORMAT_VERSION = "format_version"  # another format or format version
     CHECKSUM = "checksum"  # the bytes differ from what was written (a flipped byte, a partial write)
+    UNSIGNED = "unsigned"  # no MAC, and this engine loads only files signed with its --snapshot_key
+    BAD_SIGNATURE = "bad_signature"  # a MAC that does not verify under this engine's key (forged,
+    # damaged, another key's), or a signed file and this engine has no key
     CONTENT = "content"  # the recorded content disagrees with its digest or with the positions
     CACHE_KIND = "cache_kind"  # taken under another cache kind
     GEOMETRY = "geometry"  # taken under another window geometry / K/V row shape / dtype / max_write
@@ -88,6 +92,7 @@ class SnapshotInfo:
     positions: int
     content_digest: str
     extra: Mapping[str, str]
+    signed: bool = False  # the header claims a MAC (only an engine with the key can tell it is one)
 
 
 def peek_snapshot(path: str | os.PathLike) -> SnapshotInfo:
@@ -114,6 +119,7 @@ def peek_snapshot(path: str | os.PathLike) -> SnapshotInfo:
             int(meta["positions"]),
             meta["content_digest"],
             MappingProxyType(dict(json.loads(meta["extra"]))),
+            "mac" in meta,
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise SnapshotRefused(LoadRefusal.UNREADABLE, f"{path}: not a snapshot header ({exc})") from None

@@ -6,15 +6,21 @@ anything reaches an engine (names, header, atomic writes: ``api/snapshot_files.p
 - metadata: the header's fields and ``written`` (the ring high-water mark);
 - ``checksum``: hex BLAKE2b-256 (person ``forkline-snap-v1``) of the other metadata as sorted JSON, then
   of every tensor in name order as ``name:dtype:shape;`` and the BLAKE2b-256 of its raw bytes.
+- signed (written with a :class:`SnapshotKey`): metadata ``mac`` = ``blake2b-256-keyed`` (covered too),
+  and ``checksum`` is the same digest *keyed* (BLAKE2b's own keyed mode under the key derived from the
+  secret): a MAC, which nobody without the secret can compute for other bytes.
 
 The reader parses the container with numpy (the offsets must tile the data exactly) and checks, in
-order: container, format and version, checksum, content against its digest. Only then are tensors
+order: container, format and version, the signature rule (with a key, a file without ``mac`` is
+``unsigned``; a signed file is ``bad_signature`` without the key or when its MAC does not match, compared
+in constant time and never echoed), checksum, content against its digest. Only then are tensors
 copied into ``mx.array``, on the reading thread: the engine thread's part of a load is the import.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import io
 import json
 import math
@@ -41,6 +47,7 @@ from engine_service.api.snapshot_files import (
 )
 from engine_service.cache.seq_state import SeqState
 from engine_service.persistence.snapshot import SessionSnapshot
+from engine_service.persistence.snapshot_key import MAC_ALGORITHM, SnapshotKey
 
 _PERSON = b"forkline-snap-v1"
 _FIELDS = (
@@ -80,23 +87,28 @@ class FileTensor:
 # ------------------------------------------------------------------------------------------ writing
 
 
-def write_snapshot(path: str | os.PathLike, snapshot: SessionSnapshot) -> int:
-    """Write ``snapshot`` to ``path`` atomically (temp name, fsync, rename, fsync of the folder);
-    returns the file's size in bytes. Its arrays must be evaluated ``mx.array`` (an export's)."""
-    arrays, metadata = _container(snapshot)
+def write_snapshot(
+    path: str | os.PathLike, snapshot: SessionSnapshot, *, key: SnapshotKey | None = None
+) -> int:
+    """Write ``snapshot`` to ``path`` atomically (temp name, fsync, rename, fsync of the folder), signed
+    with ``key`` when given; returns the file's size in bytes. Its arrays must be evaluated ``mx.array``
+    (an export's)."""
+    arrays, metadata = _container(snapshot, key)
     return atomic_write(Path(path), lambda f: mx.save_safetensors(f, arrays, metadata=metadata))
 
 
-def encode_snapshot(snapshot: SessionSnapshot) -> bytes:
+def encode_snapshot(snapshot: SessionSnapshot, *, key: SnapshotKey | None = None) -> bytes:
     """The bytes :func:`write_snapshot` would write (to send a snapshot elsewhere: an RPC stream)."""
-    arrays, metadata = _container(snapshot)
+    arrays, metadata = _container(snapshot, key)
     buffer = io.BytesIO()
     mx.save_safetensors(buffer, arrays, metadata=metadata)
     return buffer.getvalue()
 
 
-def _container(snapshot: SessionSnapshot) -> tuple[dict[str, mx.array], dict[str, str]]:
-    """(tensors, metadata with its checksum) of the safetensors file of ``snapshot``."""
+def _container(
+    snapshot: SessionSnapshot, key: SnapshotKey | None
+) -> tuple[dict[str, mx.array], dict[str, str]]:
+    """(tensors, metadata with its checksum or MAC) of the safetensors file of ``snapshot``."""
     arrays = {"content": mx.array(np.asarray(snapshot.content, dtype=np.int32))}
     for name, array in snapshot.state.arrays.items():
         if name == "content" or not isinstance(array, mx.array):
@@ -113,20 +125,29 @@ def _container(snapshot: SessionSnapshot) -> tuple[dict[str, mx.array], dict[str
         "content_digest": snapshot.content_digest.hex(),
         "extra": json.dumps(dict(snapshot.extra), sort_keys=True),
     }
+    if key is not None:
+        metadata["mac"] = MAC_ALGORITHM
     metadata["checksum"] = _checksum(
-        metadata, ((n, _CODES[a.dtype], tuple(a.shape), memoryview(a)) for n, a in sorted(arrays.items()))
+        metadata,
+        ((n, _CODES[a.dtype], tuple(a.shape), memoryview(a)) for n, a in sorted(arrays.items())),
+        key,
     )
     return arrays, metadata
 
 
-def _checksum(metadata: Mapping[str, str], tensors: Iterator[tuple[str, str, tuple[int, ...], Any]]) -> str:
+def _checksum(
+    metadata: Mapping[str, str],
+    tensors: Iterator[tuple[str, str, tuple[int, ...], Any]],
+    key: SnapshotKey | None = None,
+) -> str:
     """Hex BLAKE2b-256 of the metadata (checksum excluded) and of each tensor's name, dtype, shape and
-    the digest of its raw bytes (name order). The tensors' digests are computed on a few threads
-    (hashlib releases the GIL on large buffers)."""
+    the digest of its raw bytes (name order), keyed with ``key`` when given (a MAC: the tensors' own
+    digests are plain BLAKE2b-256, collision resistant, so the MAC covers every byte). The tensors'
+    digests are computed on a few threads (hashlib releases the GIL on large buffers)."""
     items = list(tensors)
     with ThreadPoolExecutor(max_workers=_workers(len(items))) as pool:
         digests = list(pool.map(_digest, (data for _, _, _, data in items)))
-    h = hashlib.blake2b(digest_size=32, person=_PERSON)
+    h = hashlib.blake2b(digest_size=32, person=_PERSON) if key is None else key.hasher(_PERSON)
     h.update(json.dumps({k: v for k, v in metadata.items() if k != "checksum"}, sort_keys=True).encode())
     for (name, code, shape, _), digest in zip(items, digests, strict=True):
         h.update(f"{name}:{code}:{list(shape)};".encode())
@@ -145,17 +166,20 @@ def _workers(n: int) -> int:
 # ------------------------------------------------------------------------------------------ reading
 
 
-def read_snapshot(path: str | os.PathLike) -> SessionSnapshot:
+def read_snapshot(path: str | os.PathLike, *, key: SnapshotKey | None = None) -> SessionSnapshot:
     """The snapshot in ``path``, or SnapshotRefused: UNREADABLE (missing, truncated, malformed, a field
-    missing), FORMAT_VERSION, CHECKSUM, CONTENT (see the module docstring for the order)."""
+    missing), FORMAT_VERSION, UNSIGNED / BAD_SIGNATURE (``key``: this engine's, None when it signs
+    nothing), CHECKSUM, CONTENT (see the module docstring for the order)."""
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
         raise SnapshotRefused(LoadRefusal.UNREADABLE, f"{path}: {exc.strerror or exc}") from None
-    return decode_snapshot(data, str(path))
+    return decode_snapshot(data, str(path), key=key)
 
 
-def decode_snapshot(data: bytes, source: str = "snapshot") -> SessionSnapshot:
+def decode_snapshot(
+    data: bytes, source: str = "snapshot", *, key: SnapshotKey | None = None
+) -> SessionSnapshot:
     """The snapshot encoded in ``data`` (a file's bytes), checked like :func:`read_snapshot`;
     ``source`` names it in refusals."""
     path = source
@@ -170,8 +194,17 @@ def decode_snapshot(data: bytes, source: str = "snapshot") -> SessionSnapshot:
     missing = [name for name in _FIELDS if name not in metadata]
     if missing or "content" not in tensors:
         raise SnapshotRefused(LoadRefusal.UNREADABLE, f"{path}: missing {missing or ['content tensor']}")
-    want = _checksum(metadata, ((n, _code(t.dtype), t.shape, t.data) for n, t in sorted(tensors.items())))
-    if metadata["checksum"] != want:
+    signed = _signature_rule(path, metadata, key)
+    want = _checksum(
+        metadata,
+        ((n, _code(t.dtype), t.shape, t.data) for n, t in sorted(tensors.items())),
+        key if signed else None,
+    )
+    if not hmac.compare_digest(metadata["checksum"].encode(), want.encode()):
+        if signed:  # a forgery, another key's file or damage: the right MAC is never shown
+            raise SnapshotRefused(
+                LoadRefusal.BAD_SIGNATURE, f"{path}: its MAC does not match its bytes under this engine's key"
+            )
         raise SnapshotRefused(
             LoadRefusal.CHECKSUM,
             f"{path}: checksum {metadata['checksum'][:16]}... does not match its bytes ({want[:16]}...)",
@@ -196,6 +229,31 @@ def decode_snapshot(data: bytes, source: str = "snapshot") -> SessionSnapshot:
         raise SnapshotRefused(LoadRefusal.UNREADABLE, f"{path}: extra must be a JSON object of strings")
     layout = StateLayout(metadata["cache_kind"], metadata["geometry"])
     return SessionSnapshot(metadata["fingerprint"], layout, state, ids, MappingProxyType(extra))
+
+
+def _signature_rule(path: str, metadata: Mapping[str, str], key: SnapshotKey | None) -> bool:
+    """Whether the file's checksum is a MAC to verify with ``key``; UNSIGNED / BAD_SIGNATURE when the
+    file and the engine disagree about signing (before any byte is hashed)."""
+    mac = metadata.get("mac")
+    if mac is None:
+        if key is not None:
+            raise SnapshotRefused(
+                LoadRefusal.UNSIGNED,
+                f"{path}: the file is not signed, and this engine loads only files signed with its "
+                f"--snapshot_key",
+            )
+        return False
+    if mac != MAC_ALGORITHM:
+        raise SnapshotRefused(
+            LoadRefusal.BAD_SIGNATURE,
+            f"{path}: MAC algorithm {mac[:40]!r}, this engine verifies {MAC_ALGORITHM!r}",
+        )
+    if key is None:
+        raise SnapshotRefused(
+            LoadRefusal.BAD_SIGNATURE,
+            f"{path}: the file is signed (a keyed MAC) and this engine has no --snapshot_key to verify it",
+        )
+    return True
 
 
 def _code(dtype: mx.Dtype) -> str:

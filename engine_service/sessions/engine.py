@@ -31,6 +31,7 @@ from engine_service.api.errors import Cancelled, FailedPrecondition, InvalidArgu
 from engine_service.api.owners import NO_QUOTA, PERSISTENT_OWNER, OwnerQuota, check_owner
 from engine_service.api.prompts import TextPrompt
 from engine_service.executors.base import ExecutorLimits
+from engine_service.persistence.snapshot_key import SnapshotKey
 from engine_service.sessions.capture import SnapshotCapture
 from engine_service.sessions.generation_call import GenerationCall
 from engine_service.sessions.handles import HandleRegistry
@@ -72,6 +73,7 @@ class EngineSessions:
     instance id is the engine's). fingerprint: default the runner's. hidden_size: what prepared
     ``embeddings`` inputs must match (None: unchecked). reservation_growth: the positions a generation
     reserves beyond its input and adds as it grows (None: ``reservation.default_growth``).
+    snapshot_key: signs exported snapshot files and verifies imported ones (None: unsigned files).
     """
 
     runner: Runner
@@ -86,6 +88,7 @@ class EngineSessions:
     hidden_size: int | None = None
     architecture: str = ""
     reservation_growth: int | None = None
+    snapshot_key: SnapshotKey | None = field(default=None, repr=False)
 
     @classmethod
     def build(
@@ -107,11 +110,12 @@ class EngineSessions:
         prepared_inputs: bool = False,
         quota: OwnerQuota = NO_QUOTA,
         persistent_quota: OwnerQuota = NO_QUOTA,
+        snapshot_key: SnapshotKey | None = None,
     ) -> EngineSessions:
         """An executor over ``model`` and a started Runner. ``prepared_inputs``: an EmbeddingsExecutor
         (also accepts ``embeddings`` inputs) instead of the raw-token ModuleExecutor. ``quota`` /
         ``persistent_quota``: what each client / persistent owner may hold (default: unlimited; the
-        CLI's defaults: ``handles.engine_quotas``)."""
+        CLI's defaults: ``handles.engine_quotas``). ``snapshot_key``: signs and verifies snapshot files."""
         from engine_service.executors.embeddings import EmbeddingsExecutor
         from engine_service.executors.module import ModuleExecutor
         from engine_service.runtime.runner import Runner
@@ -137,6 +141,7 @@ class EngineSessions:
             ),
             hidden_size=executor.config.hidden_size,
             architecture=executor.config.architecture,
+            snapshot_key=snapshot_key,
         )
 
     def __post_init__(self) -> None:
@@ -149,7 +154,9 @@ class EngineSessions:
                 f"reservation_growth must be >= {2 * STEP_ROOM}, got {self.reservation_growth}"
             )
         self.eos_token_ids = tuple(int(t) for t in self.eos_token_ids)
-        self.transfer = SessionTransfer(self.runner, self.registry, self.limits.max_session_tokens)
+        self.transfer = SessionTransfer(
+            self.runner, self.registry, self.limits.max_session_tokens, key=self.snapshot_key
+        )
         self._draining = threading.Event()
 
     def drain(self) -> None:

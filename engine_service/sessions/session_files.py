@@ -13,6 +13,10 @@ session's pending prediction is not part of it: feed the next token as the calle
 Over an RPC (an engine's K/V to a prefix service's disk and back): ``encode_session`` gives the file's
 bytes, the receiver writes them with ``api.snapshot_files.write_snapshot_bytes``, and ``load_session_bytes``
 imports bytes with the same checks as a file.
+
+``key`` (every call): the engine's :class:`SnapshotKey` (``--snapshot_key``): saves are signed with it,
+and loads refuse what it does not verify (``unsigned``, ``bad_signature``); None signs nothing and
+loads unsigned files only.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from engine_service.persistence.snapshot_file import (
     read_snapshot,
     write_snapshot,
 )
+from engine_service.persistence.snapshot_key import SnapshotKey
 from engine_service.runtime.runner import Runner
 from engine_service.runtime.session import Session
 
@@ -80,6 +85,7 @@ def save_session(
     name: str | None = None,
     extra: Mapping[str, str] | None = None,
     timeout: float | None = None,
+    key: SnapshotKey | None = None,
 ) -> SaveOutcome:
     """Export ``session`` (its committed positions) and write it into ``folder`` atomically, named
     ``name`` or :func:`snapshot_name` (fingerprint and content digest). The session is unchanged.
@@ -91,7 +97,7 @@ def save_session(
     if extra:
         snapshot = snapshot.with_extra(extra)
     path = Path(folder) / (name or snapshot_name(snapshot.fingerprint, snapshot.content_digest))
-    size = write_snapshot(path, snapshot)
+    size = write_snapshot(path, snapshot, key=key)
     return SaveOutcome(path, None, snapshot.positions, size, snapshot.nbytes, snapshot.content_digest)
 
 
@@ -106,7 +112,11 @@ class EncodedSession:
 
 
 def encode_session(
-    session: Session, *, extra: Mapping[str, str] | None = None, timeout: float | None = None
+    session: Session,
+    *,
+    extra: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+    key: SnapshotKey | None = None,
 ) -> EncodedSession:
     """The bytes :func:`save_session` would write for ``session`` (for an RPC stream: the receiver
     writes them with ``write_snapshot_bytes`` and any engine loads them with :func:`load_session_bytes`)."""
@@ -116,27 +126,40 @@ def encode_session(
         return EncodedSession(None, future.refusal)
     if extra:
         snapshot = snapshot.with_extra(extra)
-    return EncodedSession(encode_snapshot(snapshot), None, snapshot.positions, snapshot.content_digest)
+    return EncodedSession(
+        encode_snapshot(snapshot, key=key), None, snapshot.positions, snapshot.content_digest
+    )
 
 
-def load_session(runner: Runner, path: str | os.PathLike, *, timeout: float | None = None) -> LoadOutcome:
-    """Read and verify the snapshot in ``path`` (container, format version, checksum, content), then
+def load_session(
+    runner: Runner,
+    path: str | os.PathLike,
+    *,
+    timeout: float | None = None,
+    key: SnapshotKey | None = None,
+) -> LoadOutcome:
+    """Read and verify the snapshot in ``path`` (container, format version, signature, checksum, content), then
     import it into ``runner`` (cache kind, geometry, fingerprint, limits and array shapes checked on
     the engine thread before anything is allocated). Never raises for a bad file: a refusal says why."""
     try:
-        snapshot = read_snapshot(path)
+        snapshot = read_snapshot(path, key=key)
     except SnapshotRefused as refused:
         return LoadOutcome(None, refused.reason, refused.detail)
     return _import(runner, snapshot, os.path.getsize(path) if os.path.exists(path) else 0, timeout)
 
 
 def load_session_bytes(
-    runner: Runner, data: bytes, *, source: str = "snapshot", timeout: float | None = None
+    runner: Runner,
+    data: bytes,
+    *,
+    source: str = "snapshot",
+    timeout: float | None = None,
+    key: SnapshotKey | None = None,
 ) -> LoadOutcome:
     """:func:`load_session` of a snapshot file's bytes (received over an RPC); ``source`` names it in
     refusals."""
     try:
-        snapshot = decode_snapshot(data, source)
+        snapshot = decode_snapshot(data, source, key=key)
     except SnapshotRefused as refused:
         return LoadOutcome(None, refused.reason, refused.detail)
     return _import(runner, snapshot, len(data), timeout)

@@ -7,6 +7,8 @@ nothing on disk.
 - Import: persistent owners only (a client could otherwise forge K/V under tokens it does not hold and
   store it through an Insert). At most :meth:`SessionTransfer.max_bytes` are read; every check runs
   before anything enters the cache; the new session weighs its positions in the owner's quota.
+- ``key`` (``--snapshot_key``): exports are signed with it; imports it does not verify are refused
+  (``unsigned``, ``bad_signature``: the refusal reason of the answer) before any tensor is read.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from engine_service.api.answers import ImportedSnapshot
 from engine_service.api.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Stopping
+from engine_service.persistence.snapshot_key import SnapshotKey
 from engine_service.sessions.handles import HandleRegistry
 from engine_service.sessions.session_files import EncodedSession, encode_session, load_session_bytes
 
@@ -32,10 +35,17 @@ MAX_EXTRA_KEY, MAX_EXTRA_VALUE = 128, 1 << 20
 class SessionTransfer:
     """Exports and imports the sessions of ``registry`` over ``runner`` (see the module docstring)."""
 
-    def __init__(self, runner: Runner, registry: HandleRegistry[Session], max_session_tokens: int) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        registry: HandleRegistry[Session],
+        max_session_tokens: int,
+        key: SnapshotKey | None = None,
+    ) -> None:
         self._runner = runner
         self._registry = registry
         self._max_session_tokens = max_session_tokens
+        self._key = key
 
     def max_bytes(self) -> int:
         """The largest import accepted: a full session of this engine with a generous per-position
@@ -50,7 +60,7 @@ class SessionTransfer:
                     f"extra[{key[:32]!r}]: keys must be 1-{MAX_EXTRA_KEY} characters, values at most 1 MiB"
                 )
         session = self._registry.resolve(handle, owner)
-        return encode_session(session, extra=dict(extra), timeout=EXPORT_TIMEOUT_S)
+        return encode_session(session, extra=dict(extra), timeout=EXPORT_TIMEOUT_S, key=self._key)
 
     def import_(self, owner: str, chunks: Iterable[bytes]) -> ImportedSnapshot:
         """Load the file streamed in ``chunks`` into a new session of ``owner``."""
@@ -68,7 +78,7 @@ class SessionTransfer:
                 raise InvalidArgument(f"snapshot larger than this engine's largest session ({limit} bytes)")
             parts.append(chunk)
         outcome = load_session_bytes(
-            self._runner, b"".join(parts), source="ImportSession", timeout=EXPORT_TIMEOUT_S
+            self._runner, b"".join(parts), source="ImportSession", timeout=EXPORT_TIMEOUT_S, key=self._key
         )
         if not outcome.loaded:
             refusal = outcome.refusal.value if outcome.refusal else "unsupported"
