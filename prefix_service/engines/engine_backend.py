@@ -128,6 +128,10 @@ class EngineBackend:
             self.watch.await_serving(timeout)
         return {"timeout": timeout, "wait_for_ready": timeout is not None}
 
+    def await_serving(self) -> None:
+        """Wait while the engine is down, as an engine call would (no call is made)."""
+        self.call_options(self.timeout)
+
     def info(self) -> EngineInfo:
         return engine_info(self.call(self.stub.Info, pb.InfoRequest()))
 

@@ -1,31 +1,17 @@
-"""How the prefix service follows the engine's availability, so that it serves again within a second of
-an engine restart (DESIGN.md section 5; before this, Lookups arriving during an outage drove the
-engine channel into gRPC's growing reconnect backoff and kept failing for up to minutes after the
-engine was back).
+"""The engine's availability as the prefix service follows it: it serves again within a second of an
+engine restart.
 
-- :data:`RECONNECT_OPTIONS`: the engine channel reconnects after 100 ms at first, then at most every
-  300 ms (+-20 % jitter) while the engine is unreachable (gRPC's defaults: 1 s, growing x1.6 up to
-  120 s). ``grpc.min_reconnect_backoff_ms`` is gRPC's *minimum connect timeout*, not a backoff: it
-  stays at 5 s so that a slow handshake (TLS, a remote engine) still completes. No client keepalive
-  pings: a gRPC server (the engine's included) answers pings more often than every 5 minutes on a
-  quiet connection with GOAWAY "too_many_pings"; a killed or restarted engine closes its connections,
-  which ends the health watch at once.
-- :func:`caller_deadline`: the servicer runs each RPC inside it, so that engine calls made for it
-  (:func:`call_timeout`) carry the caller's deadline, capped by the backend's own timeout, and use
-  ``wait_for_ready``: a call that meets a reconnecting channel waits for the connection instead of
-  failing at once.
-- :class:`EngineWatch`: a background thread on the standard ``grpc.health.v1`` Health.Watch stream
-  for the engine's service name, re-subscribing with a short capped backoff when the stream breaks.
-  It knows whether the engine is SERVING now; a transition to SERVING calls ``on_serving`` (the
-  gateway's restart check, which drops the entries of a previous engine instance), and every
-  transition calls ``on_change`` (the prefix service reports its own service NOT_SERVING while the
-  engine is down; the server-wide "" status stays SERVING: the process itself is alive).
-
-**During an outage** an engine call first waits for the watch to report SERVING, at most
-``outage_wait_s`` (default 1 s) per incoming RPC (all its engine calls together) and never past the
-caller's deadline, then raises Unavailable: a Lookup during an outage answers UNAVAILABLE after about
-a second instead of holding a worker thread until its deadline, and one that arrives just as the
-engine comes back is served.
+- :data:`RECONNECT_OPTIONS`: the engine channel reconnects after 100 ms, then at most every 300 ms
+  while the engine is unreachable (``grpc.min_reconnect_backoff_ms`` is gRPC's minimum connect
+  timeout: 5 s, for slow handshakes). No keepalive pings: servers answer frequent ones with GOAWAY.
+- :func:`caller_deadline`: engine calls made for an RPC (:func:`call_timeout`) carry its deadline,
+  capped by the backend's timeout, and wait for a reconnecting channel (``wait_for_ready``).
+- :class:`EngineWatch`: a thread on the engine's ``grpc.health.v1`` Health.Watch stream,
+  re-subscribing with a capped backoff. A transition to SERVING first runs ``on_serving`` (the
+  gateway's restart check), then releases the calls waiting for the engine; every transition calls
+  ``on_change``.
+- During an outage an engine call waits for SERVING at most ``outage_wait_s`` per incoming RPC (all
+  its engine calls together), never past its deadline, then raises Unavailable.
 """
 
 from __future__ import annotations
@@ -124,8 +110,8 @@ class EngineWatch:
     def await_serving(self, timeout: float | None) -> None:
         """Return once the engine is SERVING; raise Unavailable when it is not within this RPC's outage
         allowance (``outage_wait_s``, shared by all its engine calls) or ``timeout`` seconds."""
-        if self._serving.is_set():
-            return
+        if self._serving.is_set() or threading.current_thread() is self._thread:
+            return  # the watch's own calls (its restart check) run as it sees the engine serve
         now = time.monotonic()
         budget = _budget.get()
         if budget is None:
@@ -204,14 +190,15 @@ class EngineWatch:
             return
         self.transitions += 1
         if up:
+            # the restart check first: the calls waiting for the engine go on only after it, so none
+            # of them meets a dead instance's handles (requests read no Info of their own)
+            self._notify(self._on_serving)
             self._serving.set()
             log.info("engine is serving again")
         else:
             self._serving.clear()
             log.warning("engine is not serving; engine calls wait up to %.1f s for it", self.outage_wait_s)
         self._notify(lambda: self._on_change(up))
-        if up:
-            self._notify(self._on_serving)
 
     @staticmethod
     def _notify(callback: Callable[[], None]) -> None:

@@ -92,27 +92,25 @@ class Gateway:
         self.dropped_on_restart = 0
         self._lock = threading.Lock()
         self._restarted = False  # entries were dropped on an engine restart; nothing cached since
-        self._vocab_size = 0  # the engine's (Info, refreshed by check_engine): token ids are checked
-        self._max_session_tokens = 0  # likewise: a gateway prompt must fit one engine session
         self.last_info: EngineInfo | None = None  # the engine's Info as check_engine last read it
         self.tier = tier  # the snapshot directory (--snapshot_dir), shared by every engine's gateway
         self._misses: Counter[str] = Counter()  # lookup misses by the reason reported (under _lock)
         self.checkpoints = checkpoints if checkpoints is not None else CheckpointPlan()
 
-    # -- calls -----------------------------------------------------------------------------------
-    def check_engine(self) -> None:
-        """Refresh the engine's limits; drop every entry when its instance id changed."""
+    # -- the engine ------------------------------------------------------------------------------
+    def check_engine(self) -> EngineInfo:
+        """Read the engine's Info (one call) and adopt it: the limits requests are checked against,
+        the budget, and when its instance id changed, every entry dropped. Not per request: the
+        engine pool runs it about once a second and the health watch whenever the engine serves
+        again (``engines/``); a request reads :attr:`engine`."""
         backend = self.backend
         with self._lock:
             previous = backend.instance_id
-            info = backend.info()
+            info = backend.refresh()
             self.last_info = info
-            self._vocab_size = info.vocab_size
-            self._max_session_tokens = info.max_session_tokens
             self.pressure.apply_budget(info)
             if info.instance_id == previous:
-                return
-            backend.refresh()
+                return info
             if previous:
                 dropped = self.cache.clear()
                 self.dropped_on_restart += dropped
@@ -121,6 +119,19 @@ class Gateway:
                     "engine restarted (%s -> %s): dropped %d entries", previous, info.instance_id, dropped
                 )
             self.preload()
+            return info
+
+    @property
+    def engine(self) -> EngineInfo:
+        """The engine's Info as :meth:`check_engine` last read it (read now if it never was)."""
+        info = self.last_info
+        return info if info is not None else self.check_engine()
+
+    def _serving(self) -> EngineInfo:
+        """A request's first step: wait while the engine is down (Unavailable when it stays down, as
+        the request's first engine call would; no call is made), then its Info as last read."""
+        self.backend.await_serving()
+        return self.engine
 
     def preload(self) -> None:
         """Restore the snapshot directory's most recent entries into this engine in the background
@@ -136,7 +147,7 @@ class Gateway:
     ) -> PromptLookup:
         """Clone the best stored snapshot of ``prompt`` for ``owner``, who owns the clone. When
         ``caller_active()`` is False after the lookup, the clone is closed and Cancelled raised."""
-        self.check_engine()
+        self._serving()
         tokens = self._tokens(prompt, owner)
         outcome = self._lookup(namespace, tokens, owner)
         if (
@@ -156,7 +167,7 @@ class Gateway:
         """Store a clone of ``owner``'s ``session`` if it holds exactly ``tokens`` (see the module
         docstring). A session at another position, or a disabled cache, is refused without cloning;
         one holding other content (or a prepared input) is refused by the engine's clone."""
-        self.check_engine()
+        self._serving()
         if not tokens:
             raise InvalidArgument("tokens must not be empty")
         self._checked(tokens, "tokens")
@@ -189,15 +200,14 @@ class Gateway:
     def generate(self, request: GatewayRequest, owner: str) -> GatewayStream:
         """Look up, start the engine generation and return its stream once the engine started it
         (see the module docstring; a full engine: evict one entry and retry once)."""
-        self.check_engine()
+        most = self._serving().max_session_tokens
         tokens = self._tokens(request.prompt, owner)
         if not tokens:
             raise InvalidArgument("input is empty")
         # What the engine would refuse is refused before the lookup clones (and counts a hit).
-        if self._max_session_tokens and len(tokens) > self._max_session_tokens:
+        if most and len(tokens) > most:
             raise InvalidArgument(
-                f"input of {len(tokens)} positions exceeds the engine's "
-                f"max_session_tokens={self._max_session_tokens}"
+                f"input of {len(tokens)} positions exceeds the engine's max_session_tokens={most}"
             )
         try:
             return self._start(request, tokens, owner)
@@ -278,13 +288,12 @@ class Gateway:
         """The breakpoints to ask the engine for (``checkpoints.py``): only on an engine whose cache
         evicts window rows, past ``reused``, fewer than half the cache's entries, each with room
         reserved (a checkpoint the policy gives no room, or one already stored, is not asked for)."""
-        info = self.last_info
-        if not self.checkpoints.enabled or info is None or not info.window.evicts:
+        if not self.checkpoints.enabled or not self.engine.window.evicts:
             return ()
         # one prompt's snapshots take at most half the cache's entries: a long prompt never flushes it
         plan = self.checkpoints.limited(self.cache.max_entries // 2 - 1)
-        if not plan.enabled:
-            return ()
+        if not plan.enabled or len(tokens) - reused < 2:
+            return ()  # nothing lies strictly between the match and the prompt end: no Tokenize either
         text = request.prompt if isinstance(request.prompt, TextPrompt) else request.source
         ends = (
             message_ends(text, tokens, reused, lambda part: self.backend.tokenize(part, owner))
@@ -309,7 +318,7 @@ class Gateway:
 
     def _checked(self, ids: Sequence[int], field_name: str) -> list[int]:
         """Token ids inside the engine's vocabulary (InvalidArgument naming ``field_name`` otherwise)."""
-        out, vocab = list(ids), self._vocab_size
+        out, vocab = list(ids), self.engine.vocab_size
         bad = next((i for i, t in enumerate(out) if not 0 <= t < vocab), None) if vocab else None
         if bad is not None:
             raise InvalidArgument(f"{field_name}[{bad}] = {out[bad]} is outside the vocabulary [0, {vocab})")

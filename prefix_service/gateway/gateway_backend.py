@@ -56,7 +56,9 @@ class GatewayBackend(SessionBackend, Protocol):
     ``owner``: this backend's owner id in the engine (it holds the stored snapshots).
     ``instance_id``: the engine instance its handles belong to (as of the last ``refresh``).
     ``info()``: the engine's current identity and limits; ``refresh()`` also adopts them (a new
-    instance forgets every handle of the old one). ``cloning_for(owner)``: within the block,
+    instance forgets every handle of the old one). ``await_serving()``: return once the engine serves
+    (at once while it does), Unavailable when it stays down longer than the current call may wait;
+    no engine call. ``cloning_for(owner)``: within the block,
     ``clone`` gives new sessions to ``owner`` (a lookup clones for its caller).
     ``adopt(handle, position, content_digest)``: record a handle this backend owns (a snapshot
     event's) with what the engine reported it holds (``content_digest`` answers it afterwards).
@@ -78,6 +80,8 @@ class GatewayBackend(SessionBackend, Protocol):
     def info(self) -> EngineInfo: ...
 
     def refresh(self) -> EngineInfo: ...
+
+    def await_serving(self) -> None: ...
 
     def cloning_for(self, owner: str) -> contextlib.AbstractContextManager[None]: ...
 

@@ -53,12 +53,16 @@ class _StopOnce:
         self._done = False
 
     def __call__(self) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
+        if self.settle():
+            return
         if not (self.session and self._host.close_session(self.session, self._owner)):
             self._stream.cancel()
+
+    def settle(self) -> bool:
+        """From now on do nothing (the generation ended); whether that was so already."""
+        with self._lock:
+            done, self._done = self._done, True
+        return done
 
 
 class GatewayStream:
@@ -109,7 +113,9 @@ class GatewayStream:
             ended = True
         finally:
             with self._as_caller():
-                if not ended:
+                if ended:
+                    self._stop.settle()  # a stop after the end (gRPC's callback) has nothing to end
+                else:
                     self._stop()
                 self._drain()
                 self._room.release()  # snapshots that never came (or were refused)

@@ -1,7 +1,7 @@
 """One gateway generation driven from asyncio: the blocking gateway on a worker thread, its events
 delivered to the event loop.
 
-:meth:`Fleet.generate` blocks (engine Info, tokenize, the lookup's clone) and its stream is a
+:meth:`Fleet.generate` blocks (tokenize, the lookup's clone, the engine's first event) and its stream is a
 blocking iterator, so both run on a thread of their own; each event is handed to the event loop with
 ``call_soon_threadsafe`` (no polling). :meth:`GenerationBridge.stop` -- a client that disconnected,
 a stop string that matched, a server that is shutting down -- ends the engine generation at once

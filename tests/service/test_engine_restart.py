@@ -348,3 +348,30 @@ def test_one_rpc_waits_for_a_down_engine_once() -> None:
     threading.Timer(0.1, watch._set, (True,)).start()
     watch.await_serving(None)  # a new allowance: it comes back within it
     assert watch.serving and watch.transitions == 2
+
+
+def test_the_restart_check_runs_before_the_waiting_calls_go_on() -> None:
+    """Requests read no Info of their own, so a call that waited out an outage must find the restart
+    check done: a transition to SERVING runs ``on_serving`` first, then releases the waiting calls.
+    (Released first, a waiting call would have gone on while the check was still running.)"""
+    watch = EngineWatch(grpc.insecure_channel("127.0.0.1:1"), outage_wait_s=5.0)
+    watch._set(False)
+    released = threading.Event()
+
+    def waiting_call() -> None:
+        watch.await_serving(None)
+        released.set()
+
+    seen_during_check: list[bool] = []
+
+    def restart_check() -> None:
+        time.sleep(0.2)  # an Info call to the engine
+        seen_during_check.append(released.is_set())
+
+    watch._on_serving = restart_check
+    caller = threading.Thread(target=waiting_call)
+    caller.start()
+    time.sleep(0.05)
+    watch._set(True)
+    caller.join(5)
+    assert seen_during_check == [False] and released.is_set()

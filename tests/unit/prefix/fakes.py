@@ -264,8 +264,10 @@ class FakeEngine(FakeBackend):
         self.window_evicts = False  # Info's window: True models batched-sequence with sliding layers
         self.max_write = 64  # with window_evicts, a snapshot of n positions clones only at >= n - max_write
         self.say_window = True  # clone_or_refusal names WINDOW refusals (False: an engine that cannot say)
+        self.info_calls = 0
 
     def info(self) -> EngineInfo:
+        self.info_calls += 1
         return EngineInfo(
             self.engine_instance,
             self.fingerprint,
@@ -300,6 +302,9 @@ class FakeEngine(FakeBackend):
     def refresh(self) -> EngineInfo:
         self.instance_id = self.engine_instance
         return self.info()
+
+    def await_serving(self) -> None:
+        """The fake engine always serves."""
 
     @contextlib.contextmanager
     def cloning_for(self, owner: str):

@@ -237,6 +237,20 @@ def test_chat_message_ends_become_checkpoints():
     assert done.reused_positions == system_end
 
 
+def test_a_full_hit_asks_the_engine_for_no_message_ends():
+    """When the match leaves only the final token to compute, no checkpoint can lie past it: the
+    message ends are not looked for (one Tokenize fewer per hit)."""
+    engine, gateway = window_gateway()
+    calls: list[TextPrompt] = []
+    engine.tokenize = lambda text, owner: calls.append(text) or char_tokenize(text)
+    text = TextPrompt("", chat=True, messages=(("system", "s" * 150), ("user", "q" * 100)))
+    generate(gateway, text)
+    calls.clear()
+    done = generate(gateway, text)[-1]
+    assert done.reused_positions == len(char_tokenize(text)) - 1
+    assert calls == [text]  # the prompt's own tokenization, and nothing for its message ends
+
+
 # -- the budget and the retention policy ------------------------------------------------------------
 
 

@@ -68,6 +68,17 @@ def test_a_client_that_leaves_stops_the_generation_once_and_the_drain_stores_the
     assert engine.streams[0].cancelled.is_set()
 
 
+def test_a_stop_after_the_stream_ended_ends_nothing(engine, gateway):
+    """gRPC runs the stop callback when the RPC ends, however it ends: after a stream that ended on
+    its own it must not close the (already closed) session a second time."""
+    run(gateway)
+    stream = gateway.generate(request(), "alice")
+    list(stream)
+    closes = len(engine.closed_as)
+    stream.stop()
+    assert len(engine.closed_as) == closes
+
+
 def test_a_stream_that_does_not_end_is_cancelled_after_the_drain_timeout(engine, gateway, monkeypatch):
     monkeypatch.setattr(stream_module, "DRAIN_TIMEOUT_S", 0.05)
     engine.hang_after = 1  # closing the session does not end this engine stream
@@ -84,6 +95,7 @@ def test_a_stream_that_does_not_end_is_cancelled_after_the_drain_timeout(engine,
 def test_engine_restart_drops_every_entry_until_something_is_cached_again(engine, gateway):
     run(gateway)
     engine.engine_instance = "instance-2"
+    gateway.check_engine()  # the engine pool's refresh or the health watch (no request reads Info)
     lookup = gateway.lookup(NS, PROMPT, "alice")
     assert (lookup.outcome.reason, len(gateway.cache), gateway.dropped_on_restart) == (
         MissReason.ENGINE_RESTARTED,
@@ -96,6 +108,22 @@ def test_engine_restart_drops_every_entry_until_something_is_cached_again(engine
     run(gateway)  # caches again
     assert gateway.lookup(NS, (5, 6), "alice").outcome.reason == MissReason.DIVERGED
     assert gateway.lookup(NS, PROMPT, "alice").outcome.reused == len(PROMPT) - 1
+
+
+def test_requests_read_the_engine_info_the_last_check_read(engine, gateway):
+    """Info is read by check_engine (the pool, about once a second; the health watch), never per
+    request: a lookup, an insert and gateway Generates make no Info call once it was read."""
+    run(gateway)  # the first call reads it: nothing was read yet
+    assert engine.info_calls == 1
+    run(gateway)
+    gateway.lookup(NS, PROMPT, "alice")
+    gateway.insert(NS, PROMPT, engine.open(PROMPT), {}, "alice")
+    assert engine.info_calls == 1
+    engine.vocab_size = 20  # the engine's limits as the next check reads them
+    gateway.check_engine()
+    assert engine.info_calls == 2
+    with pytest.raises(InvalidArgument, match="outside the vocabulary"):
+        gateway.lookup(NS, PROMPT, "alice")
 
 
 def test_lookup_clones_for_the_caller_and_a_caller_that_left_gets_nothing(engine, gateway):
