@@ -148,10 +148,13 @@ class EngineClient(ChannelClient):
         prompt_snapshot: bool = False,
         breakpoints: Sequence[int] = (),
         keep_session: bool = False,
+        close_session: bool = False,
         timeout: float | None = None,
         **config_fields,
     ) -> GenerationStream:
-        """Start a generation (``config`` or keyword fields of :func:`generation_config`)."""
+        """Start a generation (``config`` or keyword fields of :func:`generation_config`).
+        ``keep_session``: keep the fresh session after done; ``close_session``: close the given
+        ``session`` when the call ends (no Close needed)."""
         if prepared is not None:
             if tokens is not None or text is not None:
                 raise InvalidArgument("pass exactly one of tokens / text / prepared")
@@ -163,6 +166,7 @@ class EngineClient(ChannelClient):
             config=config if config is not None else generation_config(**config_fields),
             capture=pb.CaptureOptions(prompt_snapshot=prompt_snapshot, breakpoints=list(breakpoints)),
             keep_session=keep_session,
+            close_session=close_session,
             **fields,
         )
         return GenerationStream(self.stub.Generate(request, metadata=self._metadata, timeout=timeout))

@@ -97,7 +97,7 @@ class CaptureOptions(_message.Message):
     def __init__(self, prompt_snapshot: _Optional[bool] = ..., breakpoints: _Optional[_Iterable[int]] = ..., snapshot_owner: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("session", "tokens", "text", "prepared", "config", "capture", "keep_session")
+    __slots__ = ("session", "tokens", "text", "prepared", "config", "capture", "keep_session", "close_session")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +105,7 @@ class GenerateRequest(_message.Message):
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     CAPTURE_FIELD_NUMBER: _ClassVar[int]
     KEEP_SESSION_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_SESSION_FIELD_NUMBER: _ClassVar[int]
     session: str
     tokens: TokenIds
     text: TextInput
@@ -112,7 +113,8 @@ class GenerateRequest(_message.Message):
     config: GenerationConfig
     capture: CaptureOptions
     keep_session: bool
-    def __init__(self, session: _Optional[str] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., text: _Optional[_Union[TextInput, _Mapping]] = ..., prepared: _Optional[_Union[PreparedInput, _Mapping]] = ..., config: _Optional[_Union[GenerationConfig, _Mapping]] = ..., capture: _Optional[_Union[CaptureOptions, _Mapping]] = ..., keep_session: _Optional[bool] = ...) -> None: ...
+    close_session: bool
+    def __init__(self, session: _Optional[str] = ..., tokens: _Optional[_Union[TokenIds, _Mapping]] = ..., text: _Optional[_Union[TextInput, _Mapping]] = ..., prepared: _Optional[_Union[PreparedInput, _Mapping]] = ..., config: _Optional[_Union[GenerationConfig, _Mapping]] = ..., capture: _Optional[_Union[CaptureOptions, _Mapping]] = ..., keep_session: _Optional[bool] = ..., close_session: _Optional[bool] = ...) -> None: ...
 
 class StartedEvent(_message.Message):
     __slots__ = ("session", "position", "input_positions")

@@ -76,6 +76,7 @@ def generation_request(
         config=gen_config(request.config, eos_token_ids, tuple(capture.breakpoints)),
         session=request.session,
         keep_session=request.keep_session,
+        close_session=request.close_session,
         prompt_snapshot=capture.prompt_snapshot,
         snapshot_owner=capture.snapshot_owner,
     )

@@ -54,13 +54,15 @@ CLONE_TIMEOUT_S = 60.0
 @dataclass(frozen=True)
 class GenerationRequest:
     """One generation: ``input`` fed to ``session`` ("": a fresh one, closed after the call unless
-    ``keep_session``), sampling and breakpoints from ``config``; ``prompt_snapshot`` and the
-    breakpoints are snapshots owned by ``snapshot_owner`` ("": the caller)."""
+    ``keep_session``; a given one is closed after it with ``close_session``), sampling and
+    breakpoints from ``config``; ``prompt_snapshot`` and the breakpoints are snapshots owned by
+    ``snapshot_owner`` ("": the caller)."""
 
     input: Input
     config: GenConfig
     session: str = ""
     keep_session: bool = False
+    close_session: bool = False
     prompt_snapshot: bool = False
     snapshot_owner: str = ""
 
@@ -176,6 +178,8 @@ class EngineSessions:
         config, size = request.config, input_size(value)
         snapshot_owner = self._receiver(owner, request.snapshot_owner, "capture.snapshot_owner")
         registry = self.registry
+        if request.close_session and not request.session:
+            raise InvalidArgument("close_session only applies to a given session (session is empty)")
         if request.session:
             if request.keep_session:
                 raise InvalidArgument("keep_session only applies to a fresh session (session is set)")
@@ -212,6 +216,7 @@ class EngineSessions:
             session=session,
             fresh=fresh,
             keep_session=request.keep_session,
+            close_session=request.close_session,
             tokenizer=self.tokenizer,
             input=value,
             config=config,

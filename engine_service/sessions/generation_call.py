@@ -6,7 +6,8 @@ runs on the caller's thread: it waits for clone futures, registers snapshot hand
 yielding ``api.stream_events`` (Started, Tokens / Snapshot, Done).
 
 Ownership: a fresh session is registered to the caller for the call and closed at its end unless
-``keep_session`` (a cancelled or failed call closes it regardless). Streamed snapshot handles belong
+``keep_session`` (a cancelled or failed call closes it regardless); a given session is closed at the
+end with ``close_session``. Streamed snapshot handles belong
 to the capture's owner. :meth:`finish` (however the call ends) cancels the generation, releases every
 clone the caller never received and returns a held session's weight to its position.
 
@@ -58,6 +59,7 @@ class GenerationCall:
         session: Session,
         fresh: bool,
         keep_session: bool,
+        close_session: bool = False,
         tokenizer: Tokenizer,
         input: list[int] | PreparedInput,
         config: GenConfig,
@@ -69,6 +71,7 @@ class GenerationCall:
         self._session = session
         self._fresh = fresh
         self._keep = keep_session
+        self._close = close_session
         self._tokenizer = tokenizer
         self._input = input
         self._config = config
@@ -200,7 +203,7 @@ class GenerationCall:
 
     def finish(self) -> None:
         """Release what the caller does not own: undelivered clones (queued, or registered but never
-        sent), and a fresh session unless kept.
+        sent), a fresh session unless kept, a given one with ``close_session``.
 
         Idempotent; runs when the stream ends, however it ends.
         """
@@ -223,7 +226,7 @@ class GenerationCall:
         if unstreamed is not None and (child := self._registry.discard(unstreamed)) is not None:
             child.close()  # registered, but the stream ended before the event was sent
         self._registry.unpin(self._handle)
-        release = self._fresh and not (self._keep and self._finished_cleanly)
+        release = self._close or (self._fresh and not (self._keep and self._finished_cleanly))
         if release and self._registry.discard(self._handle) is not None:
             self._session.close()
         elif not release:

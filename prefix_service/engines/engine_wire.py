@@ -54,4 +54,5 @@ def engine_request(request: EngineGenerate, snapshot_owner: str = "") -> epb.Gen
             breakpoints=request.config.prefill_breakpoints,
             snapshot_owner=snapshot_owner,
         ),
+        close_session=request.close_session,
     )

@@ -270,6 +270,7 @@ class Gateway:
                     ignore_eos=request.ignore_eos,
                     prompt_snapshot=room.holds(len(tokens)),
                     owner=owner,
+                    close_session=match is not None,  # the match is the call's: the engine closes it
                 )
             )
             first = next(stream, None)

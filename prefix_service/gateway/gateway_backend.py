@@ -26,6 +26,8 @@ class EngineGenerate:
     ``ignore_eos``. ``prompt_snapshot``: the engine clones the session at the end of the prompt and
     sends the handle (owned by the backend's owner) as a ``Snapshot`` event. ``owner``: the caller
     the generation runs for (its session counts against that owner's engine quota; "": the backend).
+    ``close_session``: the engine closes ``session`` when the call ends, however it ends (a refused
+    call leaves it).
     """
 
     session: str
@@ -34,6 +36,7 @@ class EngineGenerate:
     ignore_eos: bool = False
     prompt_snapshot: bool = False
     owner: str = ""
+    close_session: bool = False
 
 
 class EngineStream(Protocol):

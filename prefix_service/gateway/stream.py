@@ -4,8 +4,9 @@ Iterating yields the client's events: the engine's first event (already read by 
 the rest; ``Snapshot`` events go to the gateway (:class:`StreamHost`), never to the client. When the
 client leaves, :meth:`GatewayStream.stop` ends the engine generation once, by closing its session, so
 the snapshots the engine already sent are still read. However the iteration ends, the engine stream is
-drained (cancelled after ``DRAIN_TIMEOUT_S``), the snapshots' reservations released and the matched
-clone closed, with the caller's credential (the caller current when the stream was made).
+drained (cancelled after ``DRAIN_TIMEOUT_S``) and the snapshots' reservations released, with the
+caller's credential (the caller current when the stream was made). The matched clone is the engine
+call's (``EngineGenerate.close_session``): the engine closes it as the call ends.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class GatewayStream:
         room: SnapshotRoom | None = None,
     ) -> None:
         self._host, self._stream, self._request, self._tokens = host, stream, request, tokens
-        self._match, self._owner, self._first = match, owner, first
+        self._owner, self._first = owner, first
         self._room = room if room is not None else SnapshotRoom()
         self._caller: Caller | None = current_caller()
         # the session to close when the client leaves: the match, or the fresh one `started` names
@@ -119,8 +120,6 @@ class GatewayStream:
                     self._stop()
                 self._drain()
                 self._room.release()  # snapshots that never came (or were refused)
-                if self._match is not None:
-                    self._host.close_session(self._match.session, self._owner)
 
     def _drain(self) -> None:
         """Read what is left of the engine stream so no snapshot handle it carries is lost; a stream

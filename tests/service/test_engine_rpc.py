@@ -101,6 +101,45 @@ def test_keep_session_continues_with_pending_token(engine) -> None:
     assert more.tokens == expected
 
 
+@pytest.mark.parametrize("ending", ["done", "cancelled"])
+def test_close_session_closes_the_given_session_when_the_call_ends(engine_factory, ending) -> None:
+    """close_session: the session handed to the call is closed as it ends, however it ends (the
+    prefix service's lookup clone needs no Close after its Generate); without it the session stays."""
+    engine = engine_factory(max_session_tokens=4096)
+    client = EngineClient(engine.address, owner="alice")
+    base = client.info().resident_sessions
+    kept = client.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    control = client.clone(kept, len(PROMPT))
+    client.generate([ord("!")], session=control, max_new_tokens=2).collect()
+    assert client.describe(control)[0] > len(PROMPT)  # without close_session: still there
+    given = client.clone(kept, len(PROMPT))
+    stream = client.generate(
+        [ord("!")], session=given, close_session=True, max_new_tokens=2000, ignore_eos=True
+    )
+    if ending == "done":
+        stream.collect()
+    else:
+        events = iter(stream)
+        next(events), next(events)  # started, first tokens: the generation runs
+        stream.cancel()
+    assert wait_for(lambda: client.info().open_handles == 2)  # kept and control
+    with pytest.raises(NotFound):
+        client.describe(given)
+    for session in (kept, control):
+        client.close(session)
+    assert wait_for(lambda: client.info().resident_sessions == base)
+
+
+def test_a_refused_close_session_call_leaves_the_session(engine) -> None:
+    client = EngineClient(engine.address, owner="alice")
+    kept = client.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    with pytest.raises(errors.InvalidArgument, match="max_new_tokens"):
+        client.generate([ord("!")], session=kept, close_session=True, max_new_tokens=0).collect()
+    assert client.describe(kept)[0] == len(PROMPT)
+    with pytest.raises(errors.InvalidArgument, match="close_session only applies to a given session"):
+        client.generate(PROMPT, close_session=True, max_new_tokens=1).collect()
+
+
 def test_info_tokenize_detokenize_health_reflection(engine) -> None:
     client = EngineClient(engine.address, owner="alice")
     info = client.info()

@@ -216,13 +216,15 @@ def done_event(prompt_positions: int, reused: int) -> Done:
 class FakeStream:
     """A scripted engine Generate stream: ``events`` in order; after ``cancel()`` it raises Cancelled,
     as a cancelled gRPC call does. With ``hang_after`` it hangs (until cancelled) after that many
-    events, like an engine stream that does not end."""
+    events, like an engine stream that does not end. ``on_end()`` runs once when the call ends (its
+    last event read, or cancelled), as the engine's cleanup does."""
 
-    def __init__(self, events: list, hang_after: int | None = None) -> None:
+    def __init__(self, events: list, hang_after: int | None = None, on_end=lambda: None) -> None:
         self.events = list(events)
         self.hang_after = hang_after
         self.sent = 0
         self.cancelled = threading.Event()
+        self._on_end = on_end
 
     def __iter__(self) -> FakeStream:
         return self
@@ -231,14 +233,21 @@ class FakeStream:
         if self.hang_after is not None and self.sent >= self.hang_after:
             self.cancelled.wait(10)
         if self.cancelled.is_set():
+            self._end()
             raise Cancelled("the engine call was cancelled")
         if not self.events:
+            self._end()
             raise StopIteration
         self.sent += 1
         return self.events.pop(0)
 
     def cancel(self) -> None:
         self.cancelled.set()
+        self._end()
+
+    def _end(self) -> None:
+        on_end, self._on_end = self._on_end, lambda: None
+        on_end()
 
 
 class FakeEngine(FakeBackend):
@@ -366,6 +375,11 @@ class FakeEngine(FakeBackend):
         if request.prompt_snapshot:
             events.append(self._snapshot(session, session.position, SnapshotKind.PROMPT))
         events += [Tokens((500,), "x"), done_event(len(request.tokens), start)]
-        stream = FakeStream(events, self.hang_after)
+        assert request.session or not request.close_session  # the engine refuses it for a fresh one
+        # a fresh session is closed as the call ends (not kept); a given one with close_session
+        closes = not request.session or request.close_session
+        stream = FakeStream(
+            events, self.hang_after, (lambda: self._do_close(session)) if closes else lambda: None
+        )
         self.streams.append(stream)
         return stream
