@@ -14,7 +14,8 @@ capacity, fail the next clones, or die (every handle becomes invalid; no clone c
 below a floor) and publishes ``max_rewind`` like an engine whose ring evicts rows.
 
 :class:`FakeEngine` adds what the gateway needs (a GatewayBackend): engine identity, tokenizing,
-describing, and a scripted Generate stream (:class:`FakeStream`).
+describing, and a scripted Generate stream (:class:`FakeStream`). It follows the real backend, member
+by member and situation by situation: ``tests/service/test_fake_engine_conformance.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from engine_service.api.answers import CloneRefusal, Described, TakenClone
 from engine_service.api.content import PREPARED, content_digest
 from engine_service.api.engine_info import EngineInfo, WindowGeometry
-from engine_service.api.errors import Cancelled, ResourceExhausted
+from engine_service.api.errors import Cancelled, InvalidArgument, NotFound, ResourceExhausted
 from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Done, Snapshot, SnapshotKind, Started, Tokens
 from prefix_service.gateway.gateway_backend import EngineGenerate
@@ -295,6 +296,8 @@ class FakeEngine(FakeBackend):
         child = self.clone(handle, upto)
         if child is not None:
             return TakenClone(child)
+        if self.valid(handle) and upto > handle.position:
+            return TakenClone(None, CloneRefusal.POSITION)
         below = self.valid(handle) and 0 <= upto <= handle.position and upto < handle.floor
         return TakenClone(None, CloneRefusal.WINDOW if below and self.say_window else CloneRefusal.BOUNDARY)
 
@@ -335,6 +338,7 @@ class FakeEngine(FakeBackend):
 
     def describe(self, session: FakeSession, owner: str) -> Described:
         """As the engine: no content digest while generating (``describe_content`` False)."""
+        self._known(session)
         return Described(session.position, digest_of(session.tokens) if self.describe_content else None)
 
     def take_clone(
@@ -342,7 +346,10 @@ class FakeEngine(FakeBackend):
     ) -> TakenClone:
         """Like the engine: with ``expected_digest`` the clone happens only if [0, upto) holds it."""
         self.take_clone_digests.append(expected_digest)
-        if expected_digest is not None and upto <= session.position:
+        self._known(session)
+        if upto > session.position:
+            return TakenClone(None, CloneRefusal.POSITION)
+        if expected_digest is not None:
             held = digest_of(session.tokens[:upto])
             if held is None:
                 return TakenClone(None, CloneRefusal.PREPARED_INPUT)
@@ -352,8 +359,15 @@ class FakeEngine(FakeBackend):
         return TakenClone(child) if child is not None else TakenClone(None, CloneRefusal.BOUNDARY)
 
     def close_as(self, session: FakeSession, owner: str | None = None) -> None:
+        self._known(session)
         self.closed_as.append((session, owner))
         self._do_close(session)
+
+    @staticmethod
+    def _known(session: FakeSession) -> None:
+        """As the engine: a closed session's handle is unknown (NotFound)."""
+        if session.closed:
+            raise NotFound(f"unknown session handle {session!r}")
 
     def reclaim(self) -> int:
         """The fake knows every session it made: nothing is unknown."""
@@ -361,6 +375,8 @@ class FakeEngine(FakeBackend):
         return 0
 
     def generate(self, request: EngineGenerate) -> FakeStream:
+        if request.close_session and not request.session:
+            raise InvalidArgument("close_session only applies to a given session (session is empty)")
         self.requests.append(request)
         session = request.session or self.open(())
         start = session.position
@@ -375,7 +391,6 @@ class FakeEngine(FakeBackend):
         if request.prompt_snapshot:
             events.append(self._snapshot(session, session.position, SnapshotKind.PROMPT))
         events += [Tokens((500,), "x"), done_event(len(request.tokens), start)]
-        assert request.session or not request.close_session  # the engine refuses it for a fresh one
         # a fresh session is closed as the call ends (not kept); a given one with close_session
         closes = not request.session or request.close_session
         stream = FakeStream(
