@@ -125,6 +125,18 @@ WALLS = [
 ]
 
 
+# The prefix service's rooms: the cache is the bottom room (it imports no other room of the service);
+# the gateway is domain code below both doors.
+PREFIX_WALLS = [
+    *[
+        ("prefix_service/cache", f"prefix_service.{room}")
+        for room in ("gateway", "fleet", "tier", "engines", "rpc", "http")
+    ],
+    ("prefix_service/gateway", "prefix_service.rpc"),
+    ("prefix_service/gateway", "prefix_service.http"),
+]
+
+
 def crossings(folder: str, forbidden: str) -> list[str]:
     bad = []
     for path in modules_under(folder):
@@ -144,6 +156,31 @@ def test_folder_does_not_import_across_its_wall(folder: str, forbidden: str) -> 
 def test_wall_checker_sees_a_crossing() -> None:
     """Negative control: the runtime does import the executors' interface, so a wall there is seen."""
     assert crossings("engine_service/runtime", "engine_service.executors")
+
+
+@pytest.mark.parametrize(("folder", "forbidden"), PREFIX_WALLS, ids=[f"{f}!->{x}" for f, x in PREFIX_WALLS])
+def test_prefix_room_does_not_import_across_its_wall(folder: str, forbidden: str) -> None:
+    assert modules_under(folder), f"{folder} holds no modules"
+    assert crossings(folder, forbidden) == []
+
+
+@pytest.mark.parametrize(("folder", "forbidden"), PREFIX_WALLS, ids=[f"{f}!->{x}" for f, x in PREFIX_WALLS])
+def test_prefix_wall_checker_sees_a_crossing(folder: str, forbidden: str, tmp_path, monkeypatch) -> None:
+    """Negative control, one per wall: a module of ``folder`` importing the forbidden room (absolute,
+    from-import, relative, or only under TYPE_CHECKING) is flagged."""
+    room = forbidden.rpartition(".")[2]
+    (tmp_path / folder).mkdir(parents=True)
+    sources = {
+        "a.py": f"import {forbidden}.x\n",
+        "b.py": f"from {forbidden} import x\n",
+        "c.py": f"from ..{room} import x\n",
+        "d.py": f"from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from {forbidden}.x import Y\n",
+    }
+    for name, source in sources.items():
+        (tmp_path / folder / name).write_text(source)
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    flagged = {line.split(" imports ")[0].rpartition("/")[2] for line in crossings(folder, forbidden)}
+    assert flagged == set(sources)
 
 
 # (folder, the only engine_service modules it may import): the prefix service sees the engine through
@@ -305,20 +342,21 @@ def test_circle_finder_sees_a_circle_across_folders() -> None:
     ]
 
 
-def room_of(module: str) -> str | None:
-    """The engine room a module lives in (``engine_service.runtime`` for ``...runtime.runner``; a
-    room's subfolders belong to it), None for the package's own modules (``__main__``, ``blas``, ...)."""
+def room_of(module: str, package: str = "engine_service") -> str | None:
+    """The room of ``package`` a module lives in (``engine_service.runtime`` for ``...runtime.runner``;
+    a room's subfolders belong to it), None for the package's own modules (``__main__``, ``blas``, ...)
+    and for other packages' modules."""
     parts = module.split(".")
-    if parts[0] != "engine_service" or len(parts) < 2 or not (ROOT / parts[0] / parts[1]).is_dir():
+    if parts[0] != package or len(parts) < 2 or not (ROOT / parts[0] / parts[1]).is_dir():
         return None
     return ".".join(parts[:2])
 
 
-def room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+def room_graph(graph: dict[str, set[str]], package: str = "engine_service") -> dict[str, set[str]]:
     rooms: dict[str, set[str]] = {}
     for module, imported in graph.items():
         for name in imported:
-            a, b = room_of(module), room_of(name)
+            a, b = room_of(module, package), room_of(name, package)
             if a is not None and b is not None and a != b:
                 rooms.setdefault(a, set()).add(b)
     return rooms
@@ -356,4 +394,36 @@ def test_room_circle_finder_sees_two_files_that_close_a_circle() -> None:
     assert room_circles(room_graph(graph)) == [
         ("engine_service.persistence", "engine_service.runtime"),
         ("engine_service.runtime", "engine_service.persistence"),
+    ]
+
+
+def test_the_prefix_rooms_stand_in_floors() -> None:
+    """No room of the prefix service imports a room that imports it back, through any files: cache at
+    the bottom, then tier, gateway, fleet, engines; http and rpc on top (no file circle spans two of
+    its folders either: test_no_import_circle_between_folders)."""
+    rooms = room_graph(module_graph(), "prefix_service")
+    seen = set(rooms).union(*rooms.values())
+    assert {
+        f"prefix_service.{room}" for room in ("cache", "tier", "gateway", "fleet", "engines", "rpc", "http")
+    } <= seen
+    assert room_circles(rooms) == []
+
+
+def test_prefix_circle_finders_see_a_circle_of_files_and_of_rooms() -> None:
+    """Negative control: two prefix files of different folders importing each other are a circle
+    across folders; gateway.a -> tier.b and tier.c -> gateway.d is no circle of files, yet the rooms
+    import each other."""
+    files = {
+        "prefix_service.gateway.stream": {"prefix_service.fleet.fleet"},
+        "prefix_service.fleet.fleet": {"prefix_service.gateway.stream"},
+    }
+    assert circles_across_folders(files) == [["prefix_service.fleet.fleet", "prefix_service.gateway.stream"]]
+    rooms = {
+        "prefix_service.gateway.gateway": {"prefix_service.tier.persistent_tier"},
+        "prefix_service.tier.snapshot_store": {"prefix_service.gateway.calls"},
+    }
+    assert circles_across_folders(rooms) == []
+    assert room_circles(room_graph(rooms, "prefix_service")) == [
+        ("prefix_service.gateway", "prefix_service.tier"),
+        ("prefix_service.tier", "prefix_service.gateway"),
     ]
