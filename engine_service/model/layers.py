@@ -48,6 +48,9 @@ _DEQUANT_MIN_ROWS = 16
 # alone, in a decode batch or in a short prefix-hit suffix gets the same bits); above, BLAS
 _KERNEL_MAX_ROWS = 64
 _ON_CPU = not gpu_available()
+# whether layers run their fused ops where they can (DecoderLayer.fuses); off: the unfused MLX ops,
+# for comparisons (benchmarks, tests)
+FUSED_OPS = True
 
 
 def convert(tensor: Tensor, weights_dtype: str) -> Tensor:
@@ -120,7 +123,15 @@ class Projection(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         y = self._matmul(x)
-        return y + self.bias if "bias" in self else y
+        bias = self.get("bias")
+        return y if bias is None else y + bias
+
+    def fused_args(self) -> tuple[mx.array, mx.array, mx.array | None] | None:
+        """(wq, scales, mins) for ``forkline_kernels.fused_linear`` / ``fused_qkv``, None when this
+        projection's weights are not block-quantized."""
+        if not self.block:
+            return None
+        return self.tensor.wq, self.tensor.scales, self.tensor.mins
 
     def _matmul(self, x: mx.array) -> mx.array:
         if self.block:
@@ -296,7 +307,85 @@ class DecoderLayer(nn.Module):
         self._window = spec.window
         self.rope_theta = config.layer_rope_theta(index)
         self._act = ACTIVATIONS[activation]
+        self._activation = activation
         self.deterministic = False  # batch-invariant attention (see engine_service.model.deterministic)
+        self._fusion = _fusion(self)
+        # the K/V dtype the cache stores (learned from the first views it returns; shared by the model's
+        # layers): the fused q/k/v op writes k and v in it, so the cache needs no cast
+        self.kv_hint: list[mx.Dtype] = [mx.float32]
+
+    def fuses(self, rows: int) -> bool:
+        """Whether a forward of ``rows`` packed rows runs the fused ops (:meth:`fused`): the compiled
+        kernels with ``fused_linear`` on a CPU stream, block-quantized q/k/v, o, gate/up and down in one
+        format each, and at most ``_KERNEL_MAX_ROWS`` rows -- any row count in deterministic mode, so
+        every row of a model takes the same path whatever its forward's shape."""
+        return (
+            FUSED_OPS
+            and self._fusion is not None
+            and (rows <= _KERNEL_MAX_ROWS or self.deterministic)
+            and mx.default_device() == mx.cpu
+        )
+
+    def fused(self, h: mx.array, step: KVStep, rotations: Rotations, positions: mx.array) -> mx.array:
+        """The layer as five fused ops (``forkline_kernels.fused_qkv`` / ``fused_linear``, the attention
+        kernel between): ``h += post_attn_norm?(o(attn(attn_norm(h))))``, then
+        ``h += post_mlp_norm?(down(act(gate(x)) * up(x)))`` with ``x = mlp_norm(h)``; the optional norms
+        are those the layer has (Llama: none, Gemma 3: both). Row-local like the unfused ops, so the
+        same batch invariance."""
+        ext, eps = self._fusion, self._norm.eps
+        cfg = self._cfg
+        t = h.shape[0]
+        qkv, o, gate_up, down = self.qkv, self.o, self.gate_up, self.down
+        cos, sin = rotations[self.rope_theta]
+        q, k, v = ext.fused_qkv(
+            h,
+            *qkv.fused_args(),
+            q_heads=cfg.num_heads,
+            kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            norm=self.attn_norm,
+            eps=eps,
+            bias=qkv.get("bias"),
+            q_norm=self.get("q_norm"),
+            k_norm=self.get("k_norm"),
+            qk_eps=eps,
+            cos=cos,
+            sin=sin,
+            traditional=cfg.rope_traditional,
+            kv_dtype=self.kv_hint[0],
+        )
+        views = step.views(self.index, k, v)
+        first = views[0].parts[0] if views[0].parts is not None else views[0]
+        if first.keys.dtype != self.kv_hint[0]:
+            self.kv_hint[0] = first.keys.dtype
+        if self.deterministic or (positions is not None and kernel_attention_usable(views)):
+            a = deterministic.attend(q, views, positions, self._window, self._scale)
+        else:
+            a = attend(q[:, :, None, :], views, t, self._scale, self.index)
+        h = ext.fused_linear(
+            a,
+            *o.fused_args(),
+            bias=o.get("bias"),
+            post_norm=self.get("post_attn_norm"),
+            post_eps=eps,
+            residual=h,
+        )
+        m = ext.fused_linear(
+            h,
+            *gate_up.fused_args(),
+            norm=self.mlp_norm,
+            eps=eps,
+            bias=gate_up.get("bias"),
+            act=self._activation,
+        )
+        return ext.fused_linear(
+            m,
+            *down.fused_args(),
+            bias=down.get("bias"),
+            post_norm=self.get("post_mlp_norm"),
+            post_eps=eps,
+            residual=h,
+        )
 
     def norm(self, x: mx.array, weight: mx.array) -> mx.array:
         return self._norm(x, weight)
@@ -330,6 +419,17 @@ class DecoderLayer(nn.Module):
         """x: [T, hidden] (normed) -> [T, hidden]."""
         g, u = mx.split(self.gate_up(x), 2, axis=-1)
         return self.down(self._act(g, u))
+
+
+def _fusion(layer: DecoderLayer):
+    """The kernels module when ``layer`` can run :meth:`DecoderLayer.fused` here, else None."""
+    ext = kernels()
+    if ext is None or not _ON_CPU or not hasattr(ext, "fused_qkv") or "attn_norm" not in layer:
+        return None
+    projections = (layer.qkv, layer.o, layer.gate_up, layer.down)
+    if not all(isinstance(p, Projection) and p.block for p in projections):
+        return None
+    return ext
 
 
 def _fused(

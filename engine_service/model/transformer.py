@@ -42,6 +42,9 @@ class Transformer(nn.Module):
         head_dtype = "q8_0" if weights_dtype == "q4_1" else weights_dtype
         self.embed_tokens = Projection(convert(tensors["embed"], head_dtype))
         self.layers = [arch.layer(config, i, tensors, weights_dtype) for i in range(config.num_layers)]
+        kv_hint = [mx.float32]
+        for layer in self.layers:
+            layer.kv_hint = kv_hint  # one learned cache dtype for every layer
         self.norm = tensors["norm"].astype(mx.float32)
         self._embed_scale = arch.embed_scale(config)
         self._thetas = tuple(sorted({config.layer_rope_theta(i) for i in range(config.num_layers)}))
@@ -116,6 +119,10 @@ class Transformer(nn.Module):
             h = layer(h, step, rotations, positions)
         if logit_rows is not None:
             h = h[logit_rows]
-        h = fast_math.rms_norm(self._config.rms_norm_eps)(h, self.norm)
         head = self.lm_head if self.lm_head is not None else self.embed_tokens
+        if self.layers and self.layers[0].fuses(h.shape[0]) and head.fused_args() is not None:
+            # the final norm inside the head's kernel, as every layer's pre-norm (one op, same rows)
+            eps = self._config.rms_norm_eps
+            return self.layers[0]._fusion.fused_linear(h, *head.fused_args(), norm=self.norm, eps=eps)
+        h = fast_math.rms_norm(self._config.rms_norm_eps)(h, self.norm)
         return head(h).astype(mx.float32)

@@ -15,6 +15,7 @@
 #include "qdot.h"
 
 #include "common.h"
+#include "vmath.h"
 
 namespace forkline {
 
@@ -33,37 +34,12 @@ constexpr int kUnitsPerThread = 4;
 constexpr int kRunsPerThread = 4;
 constexpr double kSplitUs = 20.0;
 
-// e**x as 2**n * e**r (n = round(x / ln 2), Cody-Waite reduction, degree-7 Taylor polynomial): only
-// multiplies, adds and bit operations, so the scalar and AVX2 versions agree bit for bit. x < -87
-// gives exactly 0 (masked or negligible weights; also e**-inf), x is clamped at 88.
-constexpr float kLog2e = 1.44269504088896341f;
-constexpr float kRound = 12582912.0f;  // 1.5 * 2**23: (v + kRound) - kRound rounds v to an integer
-constexpr float kLn2Hi = 0.693359375f;  // n * kLn2Hi is exact for |n| <= 127
-constexpr float kLn2Lo = -2.12194440e-4f;
-constexpr float kExpLo = -87.0f, kExpHi = 88.0f;
-constexpr float kC[8] = {1.0f, 1.0f, 0.5f, 1.0f / 6, 1.0f / 24, 1.0f / 120, 1.0f / 720, 1.0f / 5040};
-
 [[noreturn]] void bad(const std::string& what) {
   throw std::invalid_argument("causal_attention: " + what);
 }
 
-// The same operations as the AVX2 version, lane by lane (max/min keep _mm256_max_ps's operand order).
-inline float exp_scalar(float x) {
-  const bool under = x < kExpLo;
-  float xc = x > kExpLo ? x : kExpLo;
-  xc = xc < kExpHi ? xc : kExpHi;
-  const float t = xc * kLog2e;
-  const float n = (t + kRound) - kRound;
-  const float r = (xc - n * kLn2Hi) - n * kLn2Lo;
-  float p = kC[7];
-  for (int i = 6; i >= 0; --i) {
-    p = p * r + kC[i];
-  }
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return under ? 0.0f : p * scale;
-}
+using vmath::bits_float;
+using vmath::exp_scalar;
 
 // The fixed lane reduction both versions use: (a0+a4 + a2+a6) + (a1+a5 + a3+a7).
 inline float reduce8(const float* a) {
@@ -83,12 +59,6 @@ struct F16 {
 struct BF16 {
   uint16_t bits;
 };
-
-inline float bits_float(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, sizeof(f));
-  return f;
-}
 
 inline float to_float(float v) {
   return v;
@@ -211,22 +181,7 @@ ATTN_FN FORKLINE_INLINE __m256 load8(const BF16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
 
-ATTN_FN inline __m256 exp_avx2(__m256 x) {
-  const __m256 lo = _mm256_set1_ps(kExpLo);
-  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(kExpHi));
-  const __m256 t = _mm256_mul_ps(xc, _mm256_set1_ps(kLog2e));
-  const __m256 rnd = _mm256_set1_ps(kRound);
-  const __m256 n = _mm256_sub_ps(_mm256_add_ps(t, rnd), rnd);
-  const __m256 r = _mm256_sub_ps(_mm256_sub_ps(xc, _mm256_mul_ps(n, _mm256_set1_ps(kLn2Hi))),
-                                 _mm256_mul_ps(n, _mm256_set1_ps(kLn2Lo)));
-  __m256 p = _mm256_set1_ps(kC[7]);
-  for (int i = 6; i >= 0; --i) {
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(kC[i]));
-  }
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
-}
+using vmath::exp_avx2;
 
 // Kernels specialized on R (q heads sharing each key / value load) so their accumulators live in
 // registers: scores takes two keys at a time (each q load serves both), pv holds B blocks of 8 output

@@ -1,11 +1,13 @@
 // Python bindings: only argument conversion; the work is in qmatmul.cpp and qdot.cpp.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
 #include "attention.h"
+#include "fused.h"
 #include "pool.h"
 #include "qdot.h"
 #include "qmatmul.h"
@@ -27,6 +29,20 @@ NB_MODULE(_ext, m) {
   m.def("q4_1_matmul", &forkline::q4_1_matmul, "x"_a, "wq"_a, "scales"_a, "mins"_a, nb::kw_only(),
         "quantize_x"_a = false, "stream"_a = nb::none(),
         "x [..., K] @ W.T for q4_1 weights W (wq uint8 [N, Kp/2], scales/mins float32 [N, Kp/32])");
+
+  m.def("fused_linear", &forkline::fused_linear, "x"_a, "wq"_a, "scales"_a, "mins"_a = nb::none(), nb::kw_only(),
+        "norm"_a = nb::none(), "eps"_a = 0.0f, "bias"_a = nb::none(), "act"_a = "", "post_norm"_a = nb::none(),
+        "post_eps"_a = 0.0f, "residual"_a = nb::none(), "stream"_a = nb::none(),
+        "x [..., K] @ W.T for q8_0 (int8 wq) / q4_1 (uint8 wq, mins) weights with the layer's elementwise work "
+        "fused (see src/fused.h): rms_norm(x) * norm first; then + bias, act(gate) * up ('silu' / "
+        "'gelu_tanh': the first half of the outputs gates the second), rms_norm(.) * post_norm, residual + .");
+  m.def("fused_qkv", &forkline::fused_qkv, "x"_a, "wq"_a, "scales"_a, "mins"_a = nb::none(), nb::kw_only(),
+        "q_heads"_a, "kv_heads"_a, "head_dim"_a, "norm"_a = nb::none(), "eps"_a = 0.0f, "bias"_a = nb::none(),
+        "q_norm"_a = nb::none(), "k_norm"_a = nb::none(), "qk_eps"_a = 0.0f, "cos"_a = nb::none(),
+        "sin"_a = nb::none(), "traditional"_a = false, "kv_dtype"_a = mx::float32, "stream"_a = nb::none(),
+        "the fused q/k/v projection (see src/fused.h) -> (q float32 [..., q_heads, head_dim], k, v [..., "
+        "kv_heads, head_dim] in kv_dtype): rms_norm(x) * norm, x @ W.T (+ bias), per-head QK-norm, RoPE "
+        "by the tables cos / sin [rows, head_dim] (out = x * cos + swap(x) * sin)");
 
   m.def("causal_attention", &forkline::causal_attention, "q"_a, "q_pos"_a, "keys"_a, "values"_a, "key_pos"_a,
         nb::kw_only(), "scale"_a, "window"_a = 0, "chunk"_a = 64, "stream"_a = nb::none(),

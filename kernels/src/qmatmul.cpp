@@ -97,6 +97,32 @@ mx::array make_op(Format format, const char* op, const mx::array& x, std::vector
 
 }  // namespace
 
+void float_rows_matmul(Format format, const float* x, int m, int blocks, int n, const void* wq,
+                       const float* scales, const float* mins, float* y, int64_t ldy) {
+  if (m == 0 || n == 0) {
+    return;
+  }
+  const Isa isa = active_isa();
+  thread_local std::vector<float> sums;
+  const float* xsum = nullptr;
+  if (format == Format::q4_1) {
+    sums.resize(static_cast<size_t>(blocks) * (m + 8));
+    block_sums(x, blocks, m, sums.data(), m + 8);
+    xsum = sums.data();
+  }
+  const Split split = plan_split(format, m, n, blocks);
+  const int cols = split.cols;
+  pool().run_estimated((n + cols - 1) / cols, split.est_us, [&](int task) {
+    const int n0 = task * cols, n1 = std::min(n, n0 + cols);
+    if (format == Format::q8_0) {
+      q8_0_rows_f32(isa, static_cast<const int8_t*>(wq), scales, blocks, n0, n1, x, m, y, ldy);
+    } else {
+      q4_1_rows_f32(isa, static_cast<const uint8_t*>(wq), scales, mins, blocks, n0, n1, x, xsum, m + 8, m, y,
+                    ldy);
+    }
+  });
+}
+
 mx::array q8_0_matmul(const mx::array& x, const mx::array& wq, const mx::array& scales, bool quantize_x,
                       mx::StreamOrDevice s) {
   return make_op(Format::q8_0, "q8_0_matmul", x, {wq, scales}, quantize_x, s);

@@ -20,6 +20,12 @@ mx::array q8_0_matmul(const mx::array& x, const mx::array& wq, const mx::array& 
 mx::array q4_1_matmul(const mx::array& x, const mx::array& wq, const mx::array& scales,
                       const mx::array& mins, bool quantize_x, mx::StreamOrDevice s = {});
 
+// y[m * ldy + j] = x_m . W_j for m < M, j < N: float rows x [M, blocks * 32] (dense, zero-padded) times
+// a q8_0 (wq int8) or q4_1 (wq uint8, mins) matrix [N, blocks * 32], over the worker pool; the float
+// kernels of qdot.h, so every output is the one a q8_0_matmul / q4_1_matmul call gives.
+void float_rows_matmul(Format format, const float* x, int M, int blocks, int N, const void* wq,
+                       const float* scales, const float* mins, float* y, int64_t ldy);
+
 class QuantizedMatmul : public mx::Primitive {
  public:
   QuantizedMatmul(mx::Stream stream, Format format, int k, bool quantize_x)

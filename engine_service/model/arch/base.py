@@ -52,6 +52,8 @@ class LlamaLayer(DecoderLayer):
     """Pre-norm attention and MLP: h += attn(norm(h)); h += mlp(norm(h))."""
 
     def __call__(self, h: mx.array, step: Any, rotations: Any, positions: mx.array) -> mx.array:
+        if self.fuses(h.shape[0]):
+            return self.fused(h, step, rotations, positions)
         h = h + self.attention(self.norm(h, self.attn_norm), step, rotations, positions)
         return h + self.mlp(self.norm(h, self.mlp_norm))
 

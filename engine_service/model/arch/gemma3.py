@@ -40,6 +40,8 @@ class Gemma3Layer(DecoderLayer):
     """Sandwich norms around attention and MLP (module docstring)."""
 
     def __call__(self, h: mx.array, step: Any, rotations: Any, positions: mx.array) -> mx.array:
+        if self.fuses(h.shape[0]):
+            return self.fused(h, step, rotations, positions)
         a = self.attention(self.norm(h, self.attn_norm), step, rotations, positions)
         h = h + self.norm(a, self.post_attn_norm)
         m = self.mlp(self.norm(h, self.mlp_norm))
