@@ -1,43 +1,12 @@
-"""Checkpoints: the snapshots a gateway capture takes *inside* a prompt, so that a later prompt
-diverging inside it still reuses an exact prefix on a sliding-window model.
+"""Checkpoints: the snapshots a gateway capture takes inside a prompt, so that a later prompt diverging
+inside it still reuses an exact prefix on an engine whose ring evicts window rows (README: "Sliding-window
+models"). A checkpoint at ``c`` serves every divergence ``d >= c`` with ``c`` positions (and ``d`` in
+``[c - max_write, c]`` with all ``d``); each is an ordinary cache entry (``boundary="breakpoint"``).
 
-Why: on ``batched-sequence`` a sliding-window layer is a ring of ``window + max_write - 1`` rows, so a
-snapshot of ``n`` positions can only be cloned at ``p >= n - max_write`` (the engine refuses lower
-clones as ``CloneRefusal.WINDOW``: the rows are gone). A prompt that shares 864 tokens of a stored
-1,440-token prompt (window 512, ``max_write`` 512) would recompute everything. With checkpoints at
-prefill breakpoints the cache holds snapshots at earlier positions too, and the lookup's candidate
-walk (longest match first, a refused clone moves on) reuses the longest one it can clone: a
-checkpoint at ``c`` serves every divergence ``d >= c`` with ``c`` positions, and every ``d`` in
-``[c - max_write, c]`` with all ``d`` (a clone may rewind up to ``max_write`` below the checkpoint).
-So a stride of at most ``max_write`` (the engine's prefill chunk, 512 by default) reuses every shared
-position wherever a prompt diverges; a longer stride reuses the longest checkpoint at or before it.
-
-Where (:func:`checkpoint_positions`): every ``stride`` positions, and at the end of each chat message
-(:func:`message_ends`) of a prompt given as messages, when they fall in ``(reused, len(prompt))``:
-only positions the engine will actually compute (past what the lookup reused); the prompt end stays
-the ordinary prompt snapshot. At most ``max_checkpoints`` per capture, and fewer than half the
-cache's entries (with the prompt snapshot, one prompt never takes more than half the cache): message
-ends first (a shared system prompt is the commonest divergence point), then stride points thinned to
-evenly spaced multiples of the stride (the last one kept). Room is reserved for each in ascending
-order; one the budget cannot make room for is not asked for.
-
-When: only on an engine whose cache evicts window rows (Info's ``window.evicts``: ``batched-sequence``
-with sliding layers). ``batched-cell`` never evicts (its sliding layers only restrict the mask,
-``cell_cache.CellCache.seq_clone`` shares the source's cells below any ``upto <= length``), so the
-full prompt snapshot already clones at every earlier position and checkpoints would only cost
-entries; without sliding layers the same holds on both kinds.
-
-Cost: each checkpoint is an ordinary cache entry (``boundary="breakpoint"`` metadata) weighing its
-positions in the budget, evicted by the retention policy like any other (``priority`` keeps them
-longer than prompt snapshots). In the engine, on ``batched-sequence`` it is a resident session
-holding a full copy of its K/V: flat layers ``c`` rows, ring layers up to ``window + max_write - 1``
-slots (the same bytes as a prompt snapshot of ``c`` positions); on ``batched-cell`` it would share
-the source's cells (no K/V copied, only an owner bit per cell and a session slot) -- which is why it
-is not taken there. Each breakpoint also ends a prefill chunk early (one more forward per
-checkpoint). Message ends cost one Tokenize call per message whose end lies past the reused part
-(the engine renders the chat template; nothing else knows where a message ends in tokens).
-
-:class:`SnapshotRoom` holds one gateway call's budget reservations, one per snapshot position.
+- :func:`checkpoint_positions`: message ends (:func:`message_ends`: one Tokenize per message ending past
+  the reused part) and multiples of ``stride``, strictly between the reused part and the prompt end;
+  at most ``max_checkpoints``, message ends first, stride points thinned evenly (the last kept).
+- :class:`SnapshotRoom`: one gateway call's budget reservations, one per snapshot position.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
-"""EngineBackend: the prefix cache's SessionBackend and the gateway's GatewayBackend over a remote
-engine (the engine gRPC stub).
+"""EngineBackend: the cache's SessionBackend, the gateway's GatewayBackend and the tier's SnapshotBackend
+over one remote engine (its gRPC stub).
 
-Handles are the engine's opaque session handle strings. The backend holds its snapshots in the engine
-under its own owner id (``owner``, default ``prefix-service``); :meth:`clone` gives the new session to
-``clone_owner`` when one is set for the current call (a Lookup hands the clone to its caller) and to
-itself otherwise.
-
-It remembers the positions of the handles it holds (snapshot events and clones say them), so
-``position`` and ``valid`` usually cost no call. ``valid`` is False for a handle issued by another
-engine instance: after an engine restart every stored handle is dead without asking the engine.
-Engine errors arrive as ``engine_service.api.errors`` types (the PrefixCache treats them as refusals),
-also from an engine Generate stream (:class:`RemoteStream`, whose events are domain values:
-``engines/engine_wire.py`` converts).
-
-Every engine call uses ``wait_for_ready`` with the deadline of the RPC it serves (capped by
-``timeout``; a Generate stream: the caller's deadline only) and, while the engine is down (``watch``,
-set by ``connect_engine``), waits a bounded time for it before Unavailable: see
-``prefix_service/engines/engine_watch.py``.
+Handles are the engine's session handle strings. Snapshots are held under the backend's own owner id
+(``owner``); :meth:`clone` gives the new session to the ``cloning_for`` owner of the current call (a
+lookup's caller), else to itself. It remembers the positions and content digests of the handles it
+holds, so ``position``, ``valid`` and ``content_digest`` usually make no call; a handle of another
+engine instance is invalid without asking. Engine errors arrive as ``engine_service.api.errors``
+types, also from a Generate stream (:class:`RemoteStream`). Every call carries the deadline of the RPC
+it serves (capped by ``timeout``) and, while the engine is down, first waits for it (``engine_watch.py``).
 """
 
 from __future__ import annotations

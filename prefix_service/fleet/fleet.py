@@ -1,33 +1,19 @@
 """Fleet: one prefix service in front of many engines, routing each request by exact cache placement.
 
-Each engine is an :class:`EngineMember`: its own :class:`Gateway` (its own :class:`PrefixCache` of
-snapshots held in that engine, its own budget there, its restart handling) plus what routing needs
-(whether it serves now, the generations this service runs there, the engine's load as last read).
-A snapshot can only be continued by the engine that holds it, so caches are per engine and a
-request goes where its prefix is: :class:`Fleet` scores every routable engine by the positions its
-cache can reuse for the prompt (exact, from the index) and its load, and the routing policy
-(``routing.py``) orders them.
+Each engine is an :class:`EngineMember`: its own :class:`Gateway` (cache, budget, restart handling) and
+what routing needs (serving now, this service's generations there, the engine's load as last read). A
+snapshot continues only on the engine that holds it, so a request goes where its prefix is: every
+routable engine is scored by the positions its cache can reuse (``PrefixCache.reusable``) and its
+load, and the routing policy (``routing.py``) orders them.
 
-- Routable: the engine reports SERVING and has the fleet's fingerprint: the one most engines have
-  (ties keep the current one; the first engine sets it), re-elected as engines join, leave, restart
-  or are upgraded. Engines with another fingerprint (another model, dtype, cache kind or window
-  geometry) never share keys with the fleet: they are held out of routing (and logged), their
-  entries kept apart in their own cache.
-- Lookup: tokenize once (on the least-loaded engine: every routable engine has the same tokenizer),
-  route, clone on the chosen engine; the answer names the engine (``PromptLookup.engine``). On a
-  miss it names the engine the policy would send the prompt to.
-- Insert: the caller names the engine holding its session (optional with one engine).
-- Generate: route, and try the engines in the route's order: an engine that is down
-  (UNAVAILABLE) or full (RESOURCE_EXHAUSTED, after its gateway's own evict-and-retry) before the
-  first event is left for the next one, so the client sees no error while another engine can serve.
-  Once the stream has started the engine is fixed: nothing is retried after a token was sent. The
-  done event names the engine (``Done.engine``).
-- Membership: :meth:`add` / :meth:`remove` (the rpc layer's resolver calls them as engines join and
-  leave); removing an engine drops its entries (their handles are released when the engine still
-  answers) and closes its connection. A restarted engine drops its own entries (its gateway notices
-  the new instance id); :meth:`refresh` (periodic) reads every engine's Info for that and for load.
-
-With a single engine the fleet behaves as that engine's gateway did: errors propagate unchanged.
+- Routable: SERVING, with the fleet's fingerprint (the one most engines have; the others are held out
+  of routing, their entries kept apart).
+- Lookup: tokenize once, route, clone on the chosen engine (``PromptLookup.engine`` names it).
+  Insert: on the engine the caller names (optional with one engine).
+- Generate: the engines in the route's order; one that is down or full before the first event passes
+  the request on. Once the stream started the engine is fixed; ``Done.engine`` names it.
+- :meth:`add` / :meth:`remove` as engines join and leave (removing drops the engine's entries);
+  :meth:`refresh` (periodic) reads every engine's Info. With one engine errors propagate unchanged.
 """
 
 from __future__ import annotations

@@ -1,28 +1,16 @@
 """Routing policies: which engine serves a request, scored on exact cache placement and load.
 
-The prefix service holds the handles of every stored snapshot, so for each engine it knows exactly
-how many positions of a prompt that engine could reuse (``PrefixCache.reusable``): routers of other
-engines guess this from request history, here it is read from the index. A policy gets one
-:class:`Candidate` per routable engine and returns a :class:`Route`: the engines in the order to try
-them (the first serves; the rest are the fallbacks tried when it fails before the first token) and
-why the first was chosen.
+A policy gets one :class:`Candidate` per routable engine (the positions its cache can reuse, its load:
+this service's generations there plus the engine's own count as last read, the positions it holds)
+and returns a :class:`Route`: every engine in the order to try them and why the first was chosen.
+Chosen by name (``--routing``):
 
-Policies (pluggable by name like the retention policies, ``--routing``):
+- ``cache_aware`` (default): the most reuse (ties: the least loaded), unless nothing is reused (a miss:
+  the least loaded) or it is overloaded: its load exceeds the least loaded engine's by more than
+  ``imbalance_abs`` and by a factor of more than ``imbalance_rel`` (SGLang's and vLLM's two-sided guard).
+- ``least_loaded``: the least loaded (ties: the most reuse). ``round_robin``: in turn (a baseline).
 
-- ``cache_aware`` (default): the engine that reuses the most positions (ties: the least loaded),
-  unless it reuses nothing (a miss: the least-loaded engine) or it is overloaded: its load exceeds the
-  least-loaded engine's by more than ``imbalance_abs`` requests *and* by a factor of more than
-  ``imbalance_rel`` (SGLang's and vLLM's routers use the same two-sided guard, at 64 and 1.5x; an
-  engine here runs a few dozen generations at most, hence the lower default of 4). Recomputing a
-  prefix on an idle engine then beats queueing behind a busy one.
-- ``least_loaded``: the least-loaded engine (ties: the most reuse), ignoring reuse otherwise.
-
-Ties in load go to the engine whose cache holds the fewest positions, so that misses spread new
-prefixes over the engines instead of piling them on the first.
-- ``round_robin``: engines in turn, ignoring reuse and load (a baseline for benchmarks).
-
-Load is what the prefix service knows of an engine's generations: those it runs there now plus the
-rest of the engine's own count (other replicas' traffic) as last read from its Info.
+Ties in load go to the engine holding the fewest positions, so misses spread new prefixes.
 """
 
 from __future__ import annotations

@@ -1,23 +1,18 @@
 """Gateway: the prefix service's flows over one engine as domain code (no gRPC), over a GatewayBackend.
 
-It owns the engine's :class:`PrefixCache`, whose snapshots are engine handles held under the backend's
-owner id. :meth:`Gateway.check_engine` reads the engine's Info: the limits requests are checked
-against, the budget (``engine_share`` of the engine's sessions and positions, within the service's
-quota there), and a new instance id drops every entry (lookups then miss with ENGINE_RESTARTED until
-something is cached again).
+It owns the engine's :class:`PrefixCache` (engine handles held under the backend's owner id).
+:meth:`Gateway.check_engine` reads the engine's Info: the limits requests are checked against, the
+budget (``pressure.py``), and a new instance id drops every entry (then misses say ENGINE_RESTARTED).
 
 - ``lookup(namespace, prompt, owner)``: the prompt's tokens and a clone of the best snapshot, owned by
   ``owner`` (closed, and Cancelled raised, when the caller left meanwhile).
 - ``insert(namespace, tokens, session, metadata, owner)``: store the service's own clone of the
-  caller's session, made only if the engine confirms it holds exactly ``tokens``; room is reserved first.
+  caller's session, made only if the engine confirms it holds exactly ``tokens``; room reserved first.
 - ``generate(request, owner) -> GatewayStream``: lookup, then an engine Generate as the caller that
-  continues the match and captures, for the service, the prompt snapshot (and on an engine whose ring
-  evicts window rows checkpoints inside the prompt: ``cache/checkpoints.py``), stored as they arrive.
-- Pressure (``pressure.py``): a live request that finds the engine full evicts one entry and retries
-  once. Persistence (``tier/``): stored entries are also written to the snapshot directory, and a
-  lookup first restores the directory's longer prefix of the prompt.
-
-Errors are ``engine_service.api.errors`` types; the doors map them.
+  continues the match and captures for the service the prompt snapshot (and checkpoints inside it,
+  ``cache/checkpoints.py``), stored as they arrive; a full engine: evict one entry, retry once.
+- With a tier (``tier/``) stored entries are also written to the snapshot directory, and a lookup
+  first restores the directory's longer prefix of the prompt. Errors are ``engine_service.api.errors``.
 """
 
 from __future__ import annotations

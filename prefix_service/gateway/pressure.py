@@ -1,21 +1,12 @@
-"""EnginePressure: how the gateway keeps its prefix cache within its share of the engine, and what it
-does when a live request finds the engine full.
+"""EnginePressure: how the gateway keeps its cache within its share of the engine, and what it does when
+a live request finds the engine full (the prefix service never starves live traffic).
 
-The prefix service holds its snapshots as engine sessions, next to the clients' live sessions. It
-must never starve them (DESIGN.md section 4):
-
-- :meth:`EnginePressure.apply_budget` caps the cache at ``engine_share`` of the engine's resident
-  sessions and positions, and at the engine's quota for the service's owner (``budget.engine_budget``,
-  from the engine's Info); a shrinking cap evicts by the retention policy.
-- :meth:`EnginePressure.relieve`: a live request met RESOURCE_EXHAUSTED (a full engine): evict one
-  entry by the policy, and the caller retries once. Not when the request's owner is over its own
-  engine quota (the freed room would not be its); not with ``pressure_retry`` False (a test's negative
-  control).
-- :meth:`EnginePressure.reclaim`: the engine refused the service room for its own quota although the
-  cache is within its bounds, so the service's owner holds handles the service does not know (clones
-  a client handed to it with ``CloneRequest.new_owner`` and never inserted): release them.
-
-Counters (``pressure_evictions``, ``pressure_retries``, ``reclaimed``) feed the service's Stats.
+- :meth:`apply_budget`: cap the cache at ``engine_share`` of the engine's sessions and positions and
+  at the engine's quota for the service's owner (``budget.engine_budget``); a shrinking cap evicts.
+- :meth:`relieve`: a live request met a full engine: evict one entry, the caller retries once (not
+  when the request's owner is over its own quota, nor with ``pressure_retry`` False).
+- :meth:`reclaim`: the engine refused the service room for its own quota although the cache is within
+  its bounds: release the handles the service's owner holds and the service does not know.
 """
 
 from __future__ import annotations

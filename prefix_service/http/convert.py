@@ -1,23 +1,15 @@
-"""OpenAI request bodies -> gateway requests, and gateway events -> usage. Pure functions.
+"""OpenAI request bodies -> gateway requests, and gateway events -> usage. Pure functions. Where OpenAI's
+API and forkline differ (the README's "OpenAI-compatible HTTP" repeats them):
 
-Decisions where OpenAI's API and forkline differ (the README repeats them):
-
-- ``messages`` (the whole conversation, any number of turns) go through the model's chat template in
-  the engine (the engine owns the tokenizer and template). ``developer`` is a system message; content
-  parts must be ``text`` parts (joined with newlines); ``tool`` messages and ``tools`` are refused.
-- ``max_tokens`` / ``max_completion_tokens`` absent: generate until end-of-sequence or until the
-  engine session is full (OpenAI's "up to the context length"). ``temperature`` absent: 1.0 and
-  ``top_p`` 1.0, OpenAI's defaults. ``seed`` absent: a fresh random seed per request.
-- ``stop``: up to :data:`MAX_STOP_STRINGS` non-empty strings, matched on the detokenized text
-  (``stop_strings.py``); the engine's end-of-sequence tokens stop as well.
-- ``user`` is accepted and ignored: every HTTP request uses the prefix namespace :data:`NAMESPACE`,
-  the gRPC gateway's default, so one system prompt is computed once for every user and for gRPC and
-  HTTP callers alike (the point of a prefix cache); isolating tenants is what separate namespaces on
-  the gRPC API are for.
-- ``n`` other than 1, ``logprobs``, ``echo``, ``best_of`` > 1, ``suffix``, non-zero penalties,
-  ``logit_bias`` and non-text ``response_format`` are refused (400 naming the field), never ignored.
-- ``prompt`` (completions): a string, token ids, or a one-element list of either. Text is tokenized
-  with the tokenizer's special tokens (e.g. BOS), as a bare prompt to a base model expects.
+- ``messages`` go through the model's chat template in the engine; ``developer`` is a system message;
+  content parts must be ``text`` parts (joined with newlines); ``tool`` messages and ``tools`` are refused.
+- ``max_tokens`` / ``max_completion_tokens`` absent: until end-of-sequence or a full session.
+  ``temperature`` / ``top_p`` absent: 1.0. ``seed`` absent: a fresh random seed.
+- ``stop``: up to :data:`MAX_STOP_STRINGS` non-empty strings, matched on the text (``stop_strings.py``).
+- ``user`` is ignored: every HTTP request uses the namespace :data:`NAMESPACE`.
+- ``n`` other than 1, ``logprobs``, ``echo``, ``best_of`` > 1, ``suffix``, penalties, ``logit_bias``
+  and non-text ``response_format`` are refused (400 naming the field), never ignored.
+- ``prompt`` (completions): a string (tokenized with special tokens), token ids, or one of either.
 """
 
 from __future__ import annotations

@@ -1,24 +1,16 @@
 """The prefix service's Prometheus metrics, all defined here.
 
-- RPCs and gateway generation streams (``engine_service.serving.rpc_metrics.RpcMetrics``, label
-  ``service="forkline.prefix.v1.PrefixCache"``): requests by method and code, their duration, TTFT,
-  inter-token and end-to-end latency, prompt / reused / generated tokens of gateway ``Generate`` calls.
-- The cache, read from ``Gateway.stats()`` at scrape time (:class:`GatewayCollector`; every path
-  counts: gRPC Lookup / Insert / Generate and the HTTP door alike): ``forkline_prefix_hits_total``,
-  ``forkline_prefix_misses_total{reason}``, ``forkline_prefix_reused_tokens_total`` (positions hits reused),
-  ``forkline_prefix_inserts_total``, ``forkline_prefix_refusals_total{reason}`` (inserts and clones
-  turned down),
-  ``forkline_prefix_evictions_total``, ``forkline_prefix_entries`` / ``_max_entries``,
-  ``forkline_prefix_positions`` / ``_max_positions``, entries dropped on engine restarts, pressure
-  evictions and retries.
-
-- Per engine (label ``engine``: its address as the service names it): ``forkline_prefix_engine_routable``,
-  ``_entries``, ``_positions``, ``_in_flight``, ``_load``, ``forkline_prefix_engine_hits_total``,
-  ``_misses_total``, ``_routed_total``, ``_load_guarded_total``; and route decisions by reason,
-  ``forkline_prefix_routes_total{reason}`` (``routing.RouteReason``; with several engines).
-- With ``--snapshot_dir``: ``forkline_prefix_snapshot_files`` / ``_bytes`` / ``_max_bytes`` and
-  ``forkline_prefix_snapshot_events_total{event}`` (written, dropped, failed, restored, refused,
-  evicted, discarded).
+- RPCs and gateway Generate streams (``serving.rpc_metrics``, ``service="forkline.prefix.v1.PrefixCache"``):
+  requests by method and code, durations, TTFT, inter-token and end-to-end latency, tokens.
+- The cache, read from ``Fleet.stats()`` at scrape time (every door counts): ``forkline_prefix_hits_total``,
+  ``_misses_total{reason}``, ``_reused_tokens_total``, ``_inserts_total``, ``_refusals_total{reason}``,
+  ``_evictions_total``, ``_entries`` / ``_max_entries``, ``_positions`` / ``_max_positions``,
+  ``_dropped_on_restart_total``, ``_pressure_evictions_total``, ``_pressure_retries_total``.
+- Per engine (label ``engine``): ``forkline_prefix_engine_routable``, ``_entries``, ``_positions``,
+  ``_in_flight``, ``_load``, ``_hits_total``, ``_misses_total``, ``_routed_total``, ``_load_guarded_total``;
+  ``forkline_prefix_routes_total{reason}``.
+- With ``--snapshot_dir``: ``forkline_prefix_snapshot_files`` / ``_bytes`` / ``_max_bytes``,
+  ``forkline_prefix_snapshot_events_total{event}``.
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
-"""SnapshotStore: the prefix service's persistent tier, one folder of snapshot files (``--snapshot_dir``).
+"""SnapshotStore: the persistent tier's folder of snapshot files (``--snapshot_dir``), indexed by key.
 
-Each file is an engine's snapshot of a stored prompt (``engine_service/persistence``: safetensors,
-format version, fingerprint, window geometry, content digest and a checksum, checked by the engine on
-every load), written here by the prefix service from the engine's ExportSession stream: engines
-share nothing on disk, and a file saved from one engine loads into any engine of the same
-fingerprint. The file's ``extra`` strings carry the entry's key: ``forkline.namespace``,
-``forkline.tokens`` (a JSON list of ids) and ``forkline.metadata`` (a JSON object), so a restarted
-prefix service rebuilds its index from the folder (:meth:`SnapshotStore.scan`: headers only).
-
-- Keys are (fingerprint, namespace, tokens), as in the memory cache; :meth:`match` finds the longest
-  stored prefix of a prompt (a :class:`~prefix_service.cache.index.TokenIndex`).
-- Writes are atomic: a temporary name in the folder, fsync, rename, fsync of the folder. A crash
-  leaves at most a temporary (``.*.tmp``), which :meth:`scan` deletes and nothing ever loads.
-- Budget: the files hold at most ``max_bytes`` together; over it, entries are deleted in the
-  retention policy's order (the same :class:`RetentionPolicy` as the memory cache; a file's use
-  counts when it is written or restored). A file that alone exceeds the budget is not kept.
-- A file the engine refuses as damaged (unreadable, checksum, content) is deleted (:meth:`discard`).
-
-Thread-safe. The prefix service's hot path only calls :meth:`match` (an index walk under a lock);
-writing and reading files happens on the writer thread and in restores.
+Each file is an engine's snapshot (format, fingerprint, geometry, content digest, checksum: the
+engine checks them on every load) whose ``extra`` strings carry the entry's key (``forkline.namespace``,
+``forkline.tokens``, ``forkline.metadata``): a restarted service rebuilds its index from the headers
+(:meth:`SnapshotStore.scan`). Keys are (fingerprint, namespace, tokens); :meth:`match` finds the longest
+stored prefix of a prompt. Writes are atomic (temporary name, fsync, rename; ``scan`` deletes stale
+temporaries). The files hold at most ``max_bytes``, deleted in the retention policy's order over it; a
+file the engine refuses as damaged is deleted (:meth:`discard`). Thread-safe; the request path only
+calls :meth:`match`.
 """
 
 from __future__ import annotations
