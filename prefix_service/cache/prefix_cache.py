@@ -24,22 +24,17 @@ from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-from engine_service.api.answers import CloneRefusal
 from engine_service.api.content import content_digest
 from engine_service.api.errors import (
     FailedPrecondition,
     ForklineError,
     InvalidArgument,
-    NotFound,
-    QuotaExceeded,
-    ResourceExhausted,
 )
 from prefix_service.cache.budget import Budget, Reservation
+from prefix_service.cache.candidate_walk import first_within_rewind, walk
 from prefix_service.cache.capture import PromptCapture
 from prefix_service.cache.index import TokenIndex, token_key
 from prefix_service.cache.outcomes import (
-    CLONE_ERROR,
-    CLONE_REFUSED,
     CONTENT_MISMATCH,
     DISABLED,
     DUPLICATE,
@@ -60,32 +55,12 @@ from prefix_service.cache.session_backend import (
     CaptureBackend,
     Handle,
     SessionBackend,
-    clone_with_refusal,
     handle_alive,
     max_rewind,
     release_handle,
 )
 
 DEFAULT_MAX_ATTEMPTS = 16
-_MAX_WINDOW_SKIPS = 1024  # candidates one lookup passes over without a clone call (below a ring's floor)
-
-_GONE = object()  # _clone's answer when the backend no longer knows the snapshot at all
-
-
-class _Refused:
-    """_clone's answer when the engine refused; ``window``: because a ring no longer holds the rows."""
-
-    __slots__ = ("window",)
-
-    def __init__(self, window: bool) -> None:
-        self.window = window
-
-
-class _OverQuota:
-    """_clone's answer when the clone's receiver is over its engine quota: the lookup fails with it."""
-
-    def __init__(self, error: ResourceExhausted) -> None:
-        self.error = error
 
 
 class PrefixCache:
@@ -168,17 +143,11 @@ class PrefixCache:
         if len(key) < 2:
             return 0
         scope = self._scope(namespace)
-        rewind = max_rewind(self._backend)
         with self._lock:
             if self._budget.max_entries == 0:
                 return 0
-            for seen, candidate in enumerate(self._index.matches(scope, key)):
-                reused = min(candidate.common, len(key) - 1)
-                if rewind is None or len(candidate.value.tokens) - reused <= rewind:
-                    return reused
-                if seen >= _MAX_WINDOW_SKIPS:
-                    break
-            return 0
+            found = first_within_rewind(self._index.matches(scope, key), len(key), max_rewind(self._backend))
+            return 0 if found is None else found[1]
 
     def insert(
         self,
@@ -332,59 +301,22 @@ class PrefixCache:
             return LookupOutcome.miss(MissReason.TOO_SHORT)
         if self._budget.max_entries == 0:
             return LookupOutcome.miss(MissReason.DISABLED)
-        dead: list[Entry] = []
-        hit: Match | None = None
-        refused_at = 0  # the longest common prefix whose clone was refused (0: none was)
-        window_at = 0  # likewise, refused (or skipped) because a ring no longer holds the rows
-        other_refusal = False  # a refusal for another reason (e.g. room): BOUNDARY_REFUSED, not WINDOW
-        attempts = skipped = 0
-        over_quota: _OverQuota | None = None
-        rewind = max_rewind(self._backend)
-        for candidate in self._index.matches(scope, key):
-            entry = candidate.value
-            reused = min(candidate.common, len(key) - 1)
-            if rewind is not None and len(entry.tokens) - reused > rewind:
-                # below the floor of a ring (>= its length - max_write): the engine would refuse
-                window_at = max(window_at, candidate.common)
-                skipped += 1
-                if skipped >= _MAX_WINDOW_SKIPS:
-                    break
-                continue
-            if not handle_alive(self._backend, entry.snapshot):
-                dead.append(entry)  # its engine is gone: no clone call
-                continue
-            child = self._clone(entry.snapshot, reused)
-            if child is _GONE:  # e.g. the engine expired the handle: it can never serve again
-                dead.append(entry)
-                continue
-            if isinstance(child, _OverQuota):  # the receiver has no room: no other entry would help
-                over_quota = child
-                break
-            if isinstance(child, _Refused):
-                refused_at = max(refused_at, candidate.common)
-                if child.window:
-                    window_at = max(window_at, candidate.common)
-                else:
-                    other_refusal = True
-                attempts += 1
-                if attempts >= self._max_attempts:
-                    break
-                continue
-            self._refresh(entry)
-            entry.hits += 1
-            hit = Match(child, reused)
-            break
-        for entry in dead:  # removed after the walk: the index must not change while iterating
+        found = walk(
+            self._backend, self._index.matches(scope, key), len(key), self._max_attempts, self._refusals
+        )
+        for entry in found.dead:  # removed after the walk: the index must not change while iterating
             self._refusals[INVALID_SNAPSHOT] += 1
             self._drop(entry)
-        if over_quota is not None:
-            raise over_quota.error
-        if hit is not None:
-            return LookupOutcome.hit(hit)
-        if window_at and not other_refusal:
-            return LookupOutcome.miss(MissReason.WINDOW, window_at)
-        if refused_at:
-            return LookupOutcome.miss(MissReason.BOUNDARY_REFUSED, refused_at)
+        if found.over_quota is not None:
+            raise found.over_quota
+        if found.hit is not None:
+            entry, child, reused = found.hit
+            self._refresh(entry)
+            entry.hits += 1
+            return LookupOutcome.hit(Match(child, reused))
+        refusal = found.refusal()
+        if refusal is not None:
+            return LookupOutcome.miss(*refusal)
         if not self._index.holds(scope):
             return LookupOutcome.miss(MissReason.EMPTY)
         return LookupOutcome.miss(MissReason.DIVERGED)  # every live entry differs at the first token
@@ -425,25 +357,6 @@ class PrefixCache:
             except InvalidArgument:
                 return CONTENT_MISMATCH  # ids past int32 are no session's content
         return None if held == digest else CONTENT_MISMATCH
-
-    # Backend calls: an engine-side failure (ForklineError, e.g. the engine stopped) is a refusal.
-
-    def _clone(self, snapshot: Handle, upto: int) -> Any:
-        """The clone, a :class:`_Refused`, or ``_GONE`` when the backend does not know the snapshot
-        (NotFound: a permanent condition, unlike a refusal or a transient failure)."""
-        try:
-            taken = clone_with_refusal(self._backend, snapshot, upto)
-        except NotFound:
-            return _GONE
-        except QuotaExceeded as exc:  # the receiver's quota
-            return _OverQuota(exc)
-        except ForklineError:
-            self._refusals[CLONE_ERROR] += 1
-            return _Refused(window=False)
-        if taken.handle is None:
-            self._refusals[CLONE_REFUSED] += 1
-            return _Refused(window=taken.refusal == CloneRefusal.WINDOW)
-        return taken.handle
 
     def _position(self, snapshot: Handle) -> int | None:
         try:

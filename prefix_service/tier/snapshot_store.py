@@ -29,8 +29,10 @@ from engine_service.api.snapshot_files import (
     TEMP_SUFFIX,
     SnapshotRefused,
     peek_snapshot,
+    snapshot_name,
     write_snapshot_bytes,
 )
+from prefix_service.cache.candidate_walk import first_within_rewind
 from prefix_service.cache.index import TokenIndex, token_key
 from prefix_service.cache.retention import Entry, RetentionPolicy, frozen_metadata, make_policy
 
@@ -40,7 +42,6 @@ NAMESPACE_KEY = "forkline.namespace"
 TOKENS_KEY = "forkline.tokens"
 METADATA_KEY = "forkline.metadata"
 CHUNK_BYTES = 1 << 20
-_MAX_WINDOW_SKIPS = 1024  # files one match passes over because a ring could not clone them there
 
 
 @dataclass(frozen=True)
@@ -140,13 +141,10 @@ class SnapshotStore:
         if len(key) < 2:
             return None
         with self._lock:
-            for seen, candidate in enumerate(self._index.matches((fingerprint, namespace), key)):
-                reusable = min(candidate.common, len(key) - 1)
-                if max_rewind is None or len(candidate.value.tokens) - reusable <= max_rewind:
-                    return DiskMatch(candidate.value, reusable)
-                if seen >= _MAX_WINDOW_SKIPS:
-                    break
-        return None
+            found = first_within_rewind(
+                self._index.matches((fingerprint, namespace), key), len(key), max_rewind
+            )
+        return None if found is None else DiskMatch(found[0].value, found[1])
 
     def holds(self, fingerprint: str, namespace: str, tokens: Sequence[int]) -> bool:
         with self._lock:
@@ -177,7 +175,7 @@ class SnapshotStore:
         file larger than the whole budget is deleted again). Errors of ``chunks`` propagate, leaving
         nothing behind."""
         key = token_key(tokens)
-        name = f"{fingerprint[:16]}-{content_digest(key).hex()}{SUFFIX}"
+        name = snapshot_name(fingerprint, content_digest(key))
         size = write_snapshot_bytes(self.folder / name, b"".join(chunks))  # atomic: temp, fsync, rename
         with self._lock:
             self._counts["written"] += 1

@@ -1,0 +1,153 @@
+"""The candidates of one lookup: which stored snapshot the engine clones for a request.
+
+The index yields the stored entries sharing a prefix with the request, longest common prefix first,
+then most recent; a clone of one holds ``reused = min(common, len(request) - 1)`` positions. On an
+engine whose ring evicts window rows (``max_rewind``) a candidate more than ``max_rewind`` past
+``reused`` cannot be cloned there: it is passed over without a clone call (at most
+``MAX_WINDOW_SKIPS`` of them).
+
+- :func:`first_within_rewind`: the first candidate that could be cloned, and its ``reused`` (no call).
+- :func:`walk`: clone candidates in turn until one succeeds; a refusal moves on (at most
+  ``max_attempts``), an entry whose snapshot is dead or unknown to the engine is set aside to be
+  dropped, a receiver over its quota ends the walk. It changes nothing of the cache: the :class:`Walk`
+  says what happened.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine_service.api.answers import CloneRefusal
+from engine_service.api.errors import ForklineError, NotFound, QuotaExceeded
+from prefix_service.cache.index import IndexMatch
+from prefix_service.cache.outcomes import CLONE_ERROR, CLONE_REFUSED, MissReason
+from prefix_service.cache.retention import Entry
+from prefix_service.cache.session_backend import (
+    Handle,
+    SessionBackend,
+    clone_with_refusal,
+    handle_alive,
+    max_rewind,
+)
+
+MAX_WINDOW_SKIPS = 1024  # candidates one walk passes over without a clone call (below a ring's floor)
+
+
+def _beyond_rewind(entry: Entry, reused: int, rewind: int | None) -> bool:
+    return rewind is not None and len(entry.tokens) - reused > rewind
+
+
+def first_within_rewind(
+    matches: Iterable[IndexMatch[Entry]], request_length: int, rewind: int | None
+) -> tuple[IndexMatch[Entry], int] | None:
+    """The first match a clone could reach (``rewind``: ``session_backend.max_rewind``, None: every
+    one) and the positions it would reuse; None when none does."""
+    for seen, candidate in enumerate(matches):
+        reused = min(candidate.common, request_length - 1)
+        if not _beyond_rewind(candidate.value, reused, rewind):
+            return candidate, reused
+        if seen >= MAX_WINDOW_SKIPS:
+            break
+    return None
+
+
+@dataclass
+class Walk:
+    """What one walk came to: a ``hit`` (the entry, the clone the caller owns, the positions it
+    holds) or why not. ``refused_at`` / ``window_at``: the longest common prefix whose clone was
+    refused (for any reason / because a ring no longer holds the rows there, or passed over for it);
+    ``other_refusal``: some refusal was for another reason (e.g. room); ``dead``: entries to drop;
+    ``over_quota``: the receiver's quota ended the walk."""
+
+    hit: tuple[Entry, Handle, int] | None = None
+    dead: list[Entry] = field(default_factory=list)
+    refused_at: int = 0
+    window_at: int = 0
+    other_refusal: bool = False
+    over_quota: QuotaExceeded | None = None
+
+    def refusal(self) -> tuple[MissReason, int] | None:
+        """The miss a refusal explains (WINDOW when only rings refused), and where; None otherwise."""
+        if self.window_at and not self.other_refusal:
+            return MissReason.WINDOW, self.window_at
+        if self.refused_at:
+            return MissReason.BOUNDARY_REFUSED, self.refused_at
+        return None
+
+
+def walk(
+    backend: SessionBackend,
+    matches: Iterable[IndexMatch[Entry]],
+    request_length: int,
+    max_attempts: int,
+    refusals: Counter[str],
+) -> Walk:
+    """Clone the best candidate (see the module docstring); ``refusals`` counts the clones refused."""
+    found = Walk()
+    attempts = skipped = 0
+    rewind = max_rewind(backend)
+    for candidate in matches:
+        entry = candidate.value
+        reused = min(candidate.common, request_length - 1)
+        if _beyond_rewind(entry, reused, rewind):  # below a ring's floor: the engine would refuse
+            found.window_at = max(found.window_at, candidate.common)
+            skipped += 1
+            if skipped >= MAX_WINDOW_SKIPS:
+                break
+            continue
+        if not handle_alive(backend, entry.snapshot):
+            found.dead.append(entry)  # its engine is gone: no clone call
+            continue
+        child = _clone(backend, entry.snapshot, reused, refusals)
+        if child is _GONE:  # e.g. the engine expired the handle: it can never serve again
+            found.dead.append(entry)
+            continue
+        if isinstance(child, QuotaExceeded):  # the receiver has no room: no other entry would help
+            found.over_quota = child
+            break
+        if isinstance(child, _Refused):
+            found.refused_at = max(found.refused_at, candidate.common)
+            if child.window:
+                found.window_at = max(found.window_at, candidate.common)
+            else:
+                found.other_refusal = True
+            attempts += 1
+            if attempts >= max_attempts:
+                break
+            continue
+        found.hit = (entry, child, reused)
+        break
+    return found
+
+
+_GONE = object()  # _clone's answer when the backend no longer knows the snapshot at all
+
+
+class _Refused:
+    """_clone's answer when the engine refused; ``window``: because a ring no longer holds the rows."""
+
+    __slots__ = ("window",)
+
+    def __init__(self, window: bool) -> None:
+        self.window = window
+
+
+def _clone(backend: SessionBackend, snapshot: Handle, upto: int, refusals: Counter[str]) -> Any:
+    """The clone, a :class:`_Refused` (an engine-side failure is one too), the receiver's
+    QuotaExceeded, or ``_GONE`` when the backend does not know the snapshot (NotFound: permanent)."""
+    try:
+        taken = clone_with_refusal(backend, snapshot, upto)
+    except NotFound:
+        return _GONE
+    except QuotaExceeded as exc:  # the receiver's quota
+        return exc
+    except ForklineError:
+        refusals[CLONE_ERROR] += 1
+        return _Refused(window=False)
+    if taken.handle is None:
+        refusals[CLONE_REFUSED] += 1
+        return _Refused(window=taken.refusal == CloneRefusal.WINDOW)
+    return taken.handle
