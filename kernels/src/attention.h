@@ -14,7 +14,8 @@
 // (m = max score, l = sum of e = exp(score - m), o = sum of e * v), and the partials are folded in
 // ascending chunk order: M' = max(M, m), a = exp(M - M'), b = exp(m - M'), L = fma(l, b, L * a),
 // O = fma(o, b, O * a); out = O / L. Every dot product, exponential and sum has a fixed order (a
-// scalar reference and AVX2 versions, bitwise equal). A query's output is the same whether computed
+// scalar reference, AVX2 and AVX-512 versions, bitwise equal: the AVX-512 one only shares more loads,
+// sums four keys' lanes at once with the same pairs, and holds values in 16-float registers). A query's output is the same whether computed
 // alone, in a batch, in a prefill split anywhere, or with its chunks spread over threads (decode rows
 // with few kv heads are: each thread computes some chunks' partials, the fold runs in order after).
 // Two visible keys with one position are a caller error (both are read, in part then row order).

@@ -79,10 +79,16 @@ CASES = [  # (rows, keys, Hq, Hkv, D, window, chunk)
     (20, 130, 18, 2, 32, 0, 16),  # 9 q heads per kv head: more than one group of 8
     (40, 200, 6, 3, 64, 17, 8),
     (5, 90, 2, 1, 12, 1, 64),
+    (3, 150, 8, 2, 256, 0, 64),  # Gemma 3's head_dim, 4 q heads per kv head
+    (2, 70, 5, 1, 40, 0, 64),  # 5 per kv head; head_dim 40 (a 16-float tail of 8)
 ]
 
 
-@pytest.mark.parametrize("isa", ["avx2", "scalar"])
+LEVELS = ["scalar", "avx2", "avx512"]
+ISAS = LEVELS[: LEVELS.index(fk.best_isa()) + 1]  # the ones this CPU runs
+
+
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("rows,s,hq,hkv,d,window,chunk", CASES)
 def test_matches_float64_attention(isa, rows, s, hq, hkv, d, window, chunk):
     fk.set_isa(isa)
@@ -93,10 +99,6 @@ def test_matches_float64_attention(isa, rows, s, hq, hkv, d, window, chunk):
     got = run(q[s - rows :], q_pos, [(k, v, kp)], d**-0.5, window, chunk)
     want = reference(q[s - rows :], q_pos, k, v, kp, d**-0.5, window)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(v).max())
-
-
-LEVELS = ["scalar", "avx2", "avx512"]
-ISAS = LEVELS[: LEVELS.index(fk.best_isa()) + 1]  # the ones this CPU runs
 
 
 def test_scalar_and_avx2_are_bitwise_equal():
