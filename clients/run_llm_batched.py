@@ -412,11 +412,9 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         deterministic=args.deterministic,
     )
     runner = Runner(executor, max_decode_sequences=args.max_decode_sequences)
-    cache = PrefixCache(RunnerBackend(runner), entries, policy=args.retention)
+    cache = PrefixCache(RunnerBackend(runner, key=key), entries, policy=args.retention)
     stop_tokens = tuple(tokenizer.eos_token_ids)
-    store = (
-        PersistentEntries(args.snapshot_dir, runner, cache, NAMESPACE, key=key) if args.snapshot_dir else None
-    )
+    store = PersistentEntries(args.snapshot_dir, cache, NAMESPACE) if args.snapshot_dir else None
     completed = total = 0
     try:
         if store is not None:

@@ -1,18 +1,23 @@
 """RunnerBackend: the prefix cache's backend over a local Runner (the CLI's embedded prefix cache).
 
-It implements ``prefix_service.cache.session_backend.CaptureBackend`` structurally (the engine never
-imports the prefix service; a test holds the two together): handles are the Runner's :class:`Session` objects,
+It implements ``prefix_service.cache.session_backend.CaptureBackend`` and the persistent tier's
+``prefix_service.tier.snapshot_backend.SnapshotBackend`` structurally (the engine never imports the
+prefix service; a test holds them together): handles are the Runner's :class:`Session` objects,
 ``clone`` waits for the engine (never call it from a generation callback), ``clone_async`` only queues.
+Snapshot files are signed and verified with ``key`` when given (``--snapshot_key``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
-from engine_service.api.answers import CloneRefusal, TakenClone
+from engine_service.api.answers import CloneRefusal, ImportedSnapshot, TakenClone
+from engine_service.sessions.session_files import encode_session, load_session_bytes
 
 if TYPE_CHECKING:
+    from engine_service.persistence.snapshot_key import SnapshotKey
     from engine_service.runtime.runner import Runner
     from engine_service.runtime.session import Session
 
@@ -20,8 +25,9 @@ if TYPE_CHECKING:
 class RunnerBackend:
     """See the module docstring."""
 
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: Runner, *, key: SnapshotKey | None = None) -> None:
         self._runner = runner
+        self._key = key
 
     @property
     def runner(self) -> Runner:
@@ -62,3 +68,22 @@ class RunnerBackend:
 
     def content_digest(self, handle: Session) -> bytes | None:
         return handle.content_digest()  # read from the runner's record of the (idle) snapshot
+
+    # -- snapshot files (the persistent tier's SnapshotBackend) ---------------------------------------
+    def export_session(self, handle: Session, extra: Mapping[str, str]) -> Iterator[bytes] | None:
+        """The snapshot file of ``handle`` (``extra``: strings stored in it); None when refused."""
+        encoded = encode_session(handle, extra=extra, key=self._key)
+        return None if encoded.data is None else iter((encoded.data,))
+
+    def import_session(self, chunks: Iterable[bytes]) -> ImportedSnapshot:
+        """Load a snapshot file into a new session of this runner (every check of ``load_session``)."""
+        outcome = load_session_bytes(self._runner, b"".join(chunks), key=self._key)
+        if outcome.session is None:
+            refusal = outcome.refusal.value if outcome.refusal is not None else ""
+            return ImportedSnapshot(None, refusal, outcome.detail)
+        return ImportedSnapshot(
+            outcome.session,  # type: ignore[arg-type]  (a local handle is the Session itself)
+            positions=outcome.positions,
+            content_digest=outcome.session.content_digest(),
+            extra=dict(outcome.extra),
+        )

@@ -1,4 +1,5 @@
-"""PersistentTier: the snapshot directory (``snapshot_store.py``) as the gateways use it.
+"""PersistentTier: the snapshot directory (``snapshot_store.py``) as the gateways use it (and the CLI's
+``clients/snapshot_dir.py``, over an in-process engine).
 
 - :meth:`PersistentTier.persist`: an entry just stored in an engine's memory cache is queued for the
   writer (``snapshot_writer.py``), off the request path.
@@ -9,7 +10,8 @@
   insert); the lookup then finds it. So after an engine restart or a prefix-service restart the
   first lookup of a prompt is served from disk. A file the engine refuses as damaged is deleted.
 - :meth:`PersistentTier.preload`: eagerly restore the most recently used files into an engine that
-  just (re)joined, up to ``preload`` entries (``--snapshot_preload``; 0: lazily only).
+  just (re)joined, up to ``preload`` entries (``--snapshot_preload``; 0: lazily only); it says what
+  came of each (:class:`Restored`).
 
 Only engines that can export and import (``snapshot_backend.SnapshotBackend``) take part.
 """
@@ -18,10 +20,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from engine_service.api.errors import ForklineError
 from prefix_service.cache.prefix_cache import PrefixCache
+from prefix_service.cache.retention import Entry
 from prefix_service.cache.session_backend import max_rewind
 from prefix_service.tier.snapshot_backend import SnapshotBackend
 from prefix_service.tier.snapshot_store import SnapshotStore
@@ -32,20 +37,45 @@ log = logging.getLogger(__name__)
 DAMAGED = frozenset({"unreadable", "checksum", "content", "format_version"})  # refusals that delete the file
 
 
+@dataclass
+class Restored:
+    """What a preload did: entries ``stored`` (holding ``positions``), files ``refused`` by the engine's
+    reason (or ``insert``: the cache did not store it), damaged files ``removed``."""
+
+    stored: int = 0
+    positions: int = 0
+    refused: Counter[str] = field(default_factory=Counter)
+    removed: int = 0
+
+
 class PersistentTier:
-    """See the module docstring. :meth:`open` builds one over a folder."""
+    """See the module docstring. :meth:`open` builds one over a folder. ``damaged``: the engine's
+    refusals that delete a file (it can never load)."""
 
     @classmethod
     def open(
-        cls, folder: str, max_bytes: int, policy: str = "lru", *, queue_size: int = 32, preload: int = 0
+        cls,
+        folder: str,
+        max_bytes: int,
+        policy: str = "lru",
+        *,
+        queue_size: int = 32,
+        preload: int = 0,
+        damaged: frozenset[str] = DAMAGED,
     ) -> PersistentTier:
         """The tier over ``folder`` (created if missing; its files indexed, stale temporaries
         deleted) with a byte budget, the retention ``policy``, the writer's queue bound."""
         store = SnapshotStore(folder, max_bytes, policy)
-        return cls(store, SnapshotWriter(store, queue_size), preload)
+        return cls(store, SnapshotWriter(store, queue_size), preload, damaged)
 
-    def __init__(self, store: SnapshotStore, writer: SnapshotWriter, preload: int = 0) -> None:
-        self.store, self.writer, self.preload_entries = store, writer, preload
+    def __init__(
+        self,
+        store: SnapshotStore,
+        writer: SnapshotWriter,
+        preload: int = 0,
+        damaged: frozenset[str] = DAMAGED,
+    ) -> None:
+        self.store, self.writer, self.preload_entries, self.damaged = store, writer, preload, damaged
 
     def persist(
         self,
@@ -79,20 +109,19 @@ class PersistentTier:
         found = self.store.match(backend.fingerprint, namespace, key, max_rewind(backend))
         if found is None or found.reusable <= cache.reusable(namespace, key):
             return False
-        return self._load(cache, backend, found.entry)
+        return self._load(cache, backend, found.entry, Restored())
 
-    def preload(self, cache: PrefixCache) -> int:
-        """Restore up to ``preload`` of the most recently used files into ``cache``'s engine; how many."""
-        backend = cache.backend
+    def preload(self, cache: PrefixCache) -> Restored:
+        """Restore up to ``preload`` of the most recently used files into ``cache``'s engine."""
+        backend, done = cache.backend, Restored()
         if not isinstance(backend, SnapshotBackend) or self.preload_entries <= 0:
-            return 0
-        loaded = 0
+            return done
         for entry in self.store.recent(backend.fingerprint, min(self.preload_entries, cache.max_entries)):
             namespace = entry.namespace[1]
             if cache.reusable(namespace, entry.tokens) >= len(entry.tokens) - 1:
                 continue  # already in memory
-            loaded += self._load(cache, backend, entry)
-        return loaded
+            self._load(cache, backend, entry, done)
+        return done
 
     def preload_in_background(self, cache: PrefixCache, on_loaded: Callable[[], None] = lambda: None) -> None:
         """:meth:`preload` on a thread of its own (an optimisation: lookups restore lazily anyway);
@@ -102,7 +131,7 @@ class PersistentTier:
 
         def run() -> None:
             try:
-                loaded = self.preload(cache)
+                loaded = self.preload(cache).stored
             except Exception:  # noqa: BLE001 - a failed preload leaves the lazy restore
                 log.warning("snapshot preload failed", exc_info=True)
                 return
@@ -115,7 +144,8 @@ class PersistentTier:
     def stop(self, timeout: float = 10.0) -> None:
         self.writer.stop(timeout)
 
-    def _load(self, cache: PrefixCache, backend: SnapshotBackend, entry) -> bool:
+    def _load(self, cache: PrefixCache, backend: SnapshotBackend, entry: Entry, done: Restored) -> bool:
+        """Import ``entry``'s file into the engine and store it in ``cache``; ``done`` counts what came of it."""
         try:
             imported = backend.import_session(self.store.read(entry.snapshot))
         except OSError:  # deleted meanwhile (evicted)
@@ -123,18 +153,26 @@ class PersistentTier:
         except ForklineError as exc:  # e.g. the engine is down or full: a miss, the file stays
             log.info("snapshot dir: %s not restored: %s", entry.snapshot, exc)
             self.store.count("refused")
+            done.refused[type(exc).__name__] += 1
             return False
         if imported.handle is None:
             self.store.count("refused")
+            done.refused[imported.refusal] += 1
             log.info(
                 "snapshot dir: the engine refused %s: %s %s",
                 entry.snapshot,
                 imported.refusal,
                 imported.detail,
             )
-            if imported.refusal in DAMAGED:
+            if imported.refusal in self.damaged:
                 self.store.discard(entry.snapshot)
+                done.removed += 1
             return False
         outcome = cache.insert(entry.namespace[1], entry.tokens, imported.handle, entry.metadata)
         self.store.touch(entry, restored=True)
-        return outcome.stored
+        if not outcome.stored:
+            done.refused["insert"] += 1
+            return False
+        done.stored += 1
+        done.positions += len(entry.tokens)
+        return True

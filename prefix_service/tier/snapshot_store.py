@@ -156,6 +156,12 @@ class SnapshotStore:
             mine = [e for name, e in self._entries.items() if self._scopes[name][0] == fingerprint]
         return sorted(mine, key=lambda e: e.last_used, reverse=True)[: max(0, n)]
 
+    def usage(self, fingerprint: str) -> tuple[int, int]:
+        """(files, bytes) under ``fingerprint``."""
+        with self._lock:
+            mine = [name for name, scope in self._scopes.items() if scope[0] == fingerprint]
+            return len(mine), sum(self._sizes[name] for name in mine)
+
     def read(self, name: str) -> Iterator[bytes]:
         """The file's bytes in chunks (OSError when it is gone)."""
         with open(self.folder / name, "rb") as f:
@@ -183,6 +189,20 @@ class SnapshotStore:
         self._evict_over_budget()
         with self._lock:
             return name in self._entries
+
+    def retain(self, fingerprint: str, namespace: str, keep: Iterable[Sequence[int]]) -> int:
+        """Delete the files under ``fingerprint`` and ``namespace`` whose tokens are not in ``keep`` (a
+        folder that mirrors one cache); how many."""
+        wanted = {tuple(tokens) for tokens in keep}
+        with self._lock:
+            gone = [
+                name
+                for name, scope in self._scopes.items()
+                if scope == (fingerprint, namespace) and self._entries[name].tokens not in wanted
+            ]
+        for name in gone:
+            self._remove(name)
+        return len(gone)
 
     def touch(self, entry: Entry, *, restored: bool = False) -> None:
         """Count a use of ``entry`` (a restore) for the retention order."""

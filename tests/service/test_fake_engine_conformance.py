@@ -26,6 +26,7 @@ from prefix_service.cache.session_backend import CaptureBackend
 from prefix_service.engines.connect import connect_engine
 from prefix_service.engines.engine_backend import EngineBackend
 from prefix_service.gateway.gateway_backend import EngineGenerate, GatewayBackend
+from prefix_service.tier.snapshot_backend import SnapshotBackend
 from tests.service.helpers import PROMPT
 from tests.unit.prefix.fakes import FakeBackend, FakeEngine
 
@@ -94,9 +95,12 @@ def test_both_backends_have_the_protocols_members_and_signatures(real) -> None:
 
 
 def test_the_cache_backends_have_the_capture_protocols_signatures() -> None:
-    """The cache's fake (``FakeBackend``) and the in-process backend (``RunnerBackend``) alike."""
+    """The cache's fake (``FakeBackend``) and the in-process backend (``RunnerBackend``) alike; both
+    engine backends meet the tier's protocol (the CLI's folder is the tier over ``RunnerBackend``)."""
     assert conformance_errors(CaptureBackend, FakeBackend, FakeBackend()) == []
     assert conformance_errors(CaptureBackend, RunnerBackend, RunnerBackend) == []
+    assert conformance_errors(SnapshotBackend, RunnerBackend, RunnerBackend) == []
+    assert conformance_errors(SnapshotBackend, EngineBackend, EngineBackend) == []
 
 
 def test_the_signature_check_sees_a_missing_member_and_another_signature() -> None:

@@ -217,3 +217,24 @@ def test_a_full_writer_queue_drops_and_counts(engine_factory, tmp_path, monkeypa
         assert disk.dropped >= 1 and disk.written + disk.dropped == 4
     finally:
         svc.stop()
+
+
+def test_the_folder_can_mirror_one_cache(tmp_path) -> None:
+    """The CLI's use (``clients/snapshot_dir.py``): retain deletes one configuration's files of one
+    namespace whose keys the cache no longer holds, leaving the others; usage counts one
+    configuration's files."""
+    from prefix_service.tier.snapshot_store import SnapshotStore
+
+    store = SnapshotStore(tmp_path, 1 << 20)
+    for fingerprint, namespace, tokens, size in (
+        ("fp-a", "ns", (1, 2, 3), 10),
+        ("fp-a", "ns", (4, 5), 20),
+        ("fp-a", "other", (6, 7), 30),
+        ("fp-b", "ns", (1, 2, 3), 40),
+    ):
+        assert store.write(fingerprint, namespace, tokens, {}, [b"x" * size])
+    assert store.usage("fp-a") == (3, 60) and store.usage("fp-b") == (1, 40)
+    assert store.retain("fp-a", "ns", [(1, 2, 3)]) == 1
+    assert store.usage("fp-a") == (2, 40) and store.usage("fp-b") == (1, 40)
+    assert not store.holds("fp-a", "ns", (4, 5)) and store.holds("fp-a", "other", (6, 7))
+    assert len(list(tmp_path.glob("*.safetensors"))) == 3
