@@ -126,9 +126,9 @@ class EngineBackend:
     def info(self) -> EngineInfo:
         return engine_info(self.call(self.stub.Info, pb.InfoRequest()))
 
-    def refresh(self) -> EngineInfo:
-        """Read Info and adopt the engine's instance id and fingerprint."""
-        info = self.info()
+    def refresh(self, info: EngineInfo | None = None) -> EngineInfo:
+        """Adopt the engine's instance id, fingerprint and window from ``info`` (None: read Info now)."""
+        info = info if info is not None else self.info()
         with self._lock:
             if info.instance_id != self.instance_id:
                 self._positions.clear()  # handles of the previous instance are all dead

@@ -97,11 +97,13 @@ class Gateway:
         """Read the engine's Info (one call) and adopt it: the limits requests are checked against,
         the budget, and when its instance id changed, every entry dropped. Not per request: the
         engine pool runs it about once a second and the health watch whenever the engine serves
-        again (``engines/``); a request reads :attr:`engine`."""
+        again (``engines/``); a request reads :attr:`engine`. The call runs outside the gateway's lock
+        (it may wait for a down engine while the health watch's own check needs the lock)."""
         backend = self.backend
+        info = backend.info()
         with self._lock:
             previous = backend.instance_id
-            info = backend.refresh()
+            backend.refresh(info)
             self.last_info = info
             self.pressure.apply_budget(info)
             if info.instance_id == previous:

@@ -58,8 +58,8 @@ class GatewayBackend(SessionBackend, Protocol):
 
     ``owner``: this backend's owner id in the engine (it holds the stored snapshots).
     ``instance_id``: the engine instance its handles belong to (as of the last ``refresh``).
-    ``info()``: the engine's current identity and limits; ``refresh()`` also adopts them (a new
-    instance forgets every handle of the old one). ``await_serving()``: return once the engine serves
+    ``info()``: the engine's current identity and limits; ``refresh(info=None)`` adopts them (read
+    now when not given; a new instance forgets every handle of the old one). ``await_serving()``: return once the engine serves
     (at once while it does), Unavailable when it stays down longer than the current call may wait;
     no engine call. ``cloning_for(owner)``: within the block,
     ``clone`` gives new sessions to ``owner`` (a lookup clones for its caller).
@@ -82,7 +82,7 @@ class GatewayBackend(SessionBackend, Protocol):
 
     def info(self) -> EngineInfo: ...
 
-    def refresh(self) -> EngineInfo: ...
+    def refresh(self, info: EngineInfo | None = None) -> EngineInfo: ...
 
     def await_serving(self) -> None: ...
 

@@ -311,9 +311,10 @@ class FakeEngine(FakeBackend):
             snap.floor = max(snap.floor, position - self.max_write)
         return Snapshot(snap, position, kind, content_digest=digest_of(snap.tokens))
 
-    def refresh(self) -> EngineInfo:
-        self.instance_id = self.engine_instance
-        return self.info()
+    def refresh(self, info: EngineInfo | None = None) -> EngineInfo:
+        info = info if info is not None else self.info()
+        self.instance_id = info.instance_id
+        return info
 
     def await_serving(self) -> None:
         """The fake engine always serves."""

@@ -4,6 +4,7 @@ and the engine-restart state machine."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -124,6 +125,30 @@ def test_requests_read_the_engine_info_the_last_check_read(engine, gateway):
     assert engine.info_calls == 2
     with pytest.raises(InvalidArgument, match="outside the vocabulary"):
         gateway.lookup(NS, PROMPT, "alice")
+
+
+def test_a_check_waiting_for_the_engine_does_not_hold_up_another(engine, gateway):
+    """The engine pool's check may wait inside its Info call for a down engine (for the health
+    watch), and the watch's own check must go on meanwhile: the Info call runs outside the
+    gateway's lock (held across it, the two waited for each other until the outage allowance ran out)."""
+    release, waiting = threading.Event(), threading.Event()
+    answer = engine.info
+
+    def info():
+        if not waiting.is_set():  # the pool's check: waits for the engine to serve again
+            waiting.set()
+            release.wait(5)
+        return answer()
+
+    engine.info = info
+    pool = threading.Thread(target=gateway.check_engine)
+    pool.start()
+    assert waiting.wait(5)
+    started = time.monotonic()
+    gateway.check_engine()  # the watch's check, as the engine serves again
+    assert time.monotonic() - started < 1.0
+    release.set()
+    pool.join(5)
 
 
 def test_lookup_clones_for_the_caller_and_a_caller_that_left_gets_nothing(engine, gateway):
