@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from engine_service.api.errors import ForklineError, InvalidArgument
 from engine_service.api.prompts import TextPrompt
 from prefix_service.cache.budget import Reservation
+from prefix_service.cache.index import common_prefix
 
 log = logging.getLogger(__name__)
 
@@ -100,20 +101,11 @@ def message_ends(
         except ForklineError as exc:
             log.debug("message ends: the engine did not render %d messages: %s", count, exc)
             break
-        end = _common_prefix(ids, tokens)
+        end = common_prefix(ids, tokens)
         if end <= reused:
             break  # earlier messages end earlier still
         ends.append(end)
     return ends
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class SnapshotRoom:

@@ -56,7 +56,7 @@ class IndexMatch(Generic[V]):
     common: int
 
 
-def _common_prefix(edge: tuple[int, ...], key: tuple[int, ...], start: int) -> int:
+def common_prefix(edge: Sequence[int], key: Sequence[int], start: int = 0) -> int:
     """Leading tokens shared by ``edge`` and ``key[start:]``."""
     segment = key[start : start + len(edge)]
     if segment == edge:  # the common case, compared in C
@@ -94,7 +94,7 @@ class TokenIndex(Generic[V]):
                 node.children[key[depth]] = child
                 depth = len(key)
             else:
-                shared = _common_prefix(child.edge, key, depth)
+                shared = common_prefix(child.edge, key, depth)
                 if shared < len(child.edge):
                     # Split the edge: a new inner node holds the shared part.
                     inner = _Node(child.edge[:shared])
@@ -181,7 +181,7 @@ class TokenIndex(Generic[V]):
             groups.append((depth, node, child))
             if child is None:
                 break
-            shared = _common_prefix(child.edge, tokens, depth)
+            shared = common_prefix(child.edge, tokens, depth)
             if shared < len(child.edge):
                 groups.append((depth + shared, child, None))  # the walk ends inside this edge
                 break
