@@ -8,8 +8,9 @@ the cache (which verifies them as any insert); after each round the entries not 
 written; at the end this configuration's files whose entries the cache no longer holds are removed,
 so the folder mirrors the cache. Every file is checked before it enters the engine (format version,
 signature, checksum, content, cache kind, geometry, fingerprint, shapes, room); one that can never load
-here (unreadable, unsigned or badly signed, a failed checksum or content check) is removed and its
-prompt written again; another configuration's files are left for the engine they belong to.
+here (unreadable, unsigned or badly signed, a failed checksum, content or shape check) is removed and
+its prompt written again; another configuration's files are left for the engine they belong to (the
+tier's rule: ``persistent_tier.KEPT``).
 """
 
 from __future__ import annotations
@@ -18,10 +19,8 @@ import sys
 from typing import TextIO
 
 from prefix_service.cache.prefix_cache import PrefixCache
-from prefix_service.tier.persistent_tier import DAMAGED, PersistentTier, Restored
+from prefix_service.tier.persistent_tier import PersistentTier, Restored
 
-# refusals of a file no engine will ever load here: it is removed (the tier's, and a signature's)
-UNLOADABLE = DAMAGED | {"unsigned", "bad_signature"}
 NO_BUDGET = 1 << 62  # the folder mirrors the cache: no byte budget of its own
 
 
@@ -38,9 +37,7 @@ class PersistentEntries:
         """Load what a previous run left (the folder is created when missing); one line on ``out``."""
         entries = self._cache.max_entries
         try:
-            self._tier = PersistentTier.open(
-                self.folder, NO_BUDGET, queue_size=entries + 1, preload=entries, damaged=UNLOADABLE
-            )
+            self._tier = PersistentTier.open(self.folder, NO_BUDGET, queue_size=entries + 1, preload=entries)
             done = self._tier.preload(self._cache)
         except OSError as exc:
             return self._warn(exc)

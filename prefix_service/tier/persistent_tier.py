@@ -8,7 +8,9 @@
   checks format, checksum, content, fingerprint and geometry before anything enters its cache) and
   stored as a memory entry (the cache verifies its content digest against the key, as for any
   insert); the lookup then finds it. So after an engine restart or a prefix-service restart the
-  first lookup of a prompt is served from disk. A file the engine refuses as damaged is deleted.
+  first lookup of a prompt is served from disk. A file the engine refuses is deleted unless the refusal
+  is another configuration's or the engine's state now (:data:`KEPT`), so its prompt is persisted
+  again at its next store (the writer skips the keys the folder holds).
 - :meth:`PersistentTier.preload`: eagerly restore the most recently used files into an engine that
   just (re)joined, up to ``preload`` entries (``--snapshot_preload``; 0: lazily only); it says what
   came of each (:class:`Restored`).
@@ -34,13 +36,21 @@ from prefix_service.tier.snapshot_writer import SnapshotWriter, WriteJob
 
 log = logging.getLogger(__name__)
 
-DAMAGED = frozenset({"unreadable", "checksum", "content", "format_version"})  # refusals that delete the file
+# ImportSession refusals (``LoadRefusal`` names) that leave a file in place: another configuration's
+# (an engine of another model, tokenizer, weights dtype, cache kind or window geometry, or of longer
+# sessions, or one that imports nothing, may load it) or the engine's state now (full, stopping). Any
+# other refusal -- unreadable, format_version, checksum, unsigned, bad_signature, content, shape, or a
+# reason this code does not know -- means no engine of this configuration will ever load the file: it
+# is deleted, and the prompt is written again the next time it is stored.
+ANOTHER_CONFIGURATION = frozenset({"fingerprint", "cache_kind", "geometry", "too_long", "unsupported"})
+TRANSIENT = frozenset({"no_room", "stopping"})
+KEPT = ANOTHER_CONFIGURATION | TRANSIENT
 
 
 @dataclass
 class Restored:
     """What a preload did: entries ``stored`` (holding ``positions``), files ``refused`` by the engine's
-    reason (or ``insert``: the cache did not store it), damaged files ``removed``."""
+    reason (or ``insert``: the cache did not store it), refused files ``removed``."""
 
     stored: int = 0
     positions: int = 0
@@ -49,8 +59,8 @@ class Restored:
 
 
 class PersistentTier:
-    """See the module docstring. :meth:`open` builds one over a folder. ``damaged``: the engine's
-    refusals that delete a file (it can never load)."""
+    """See the module docstring. :meth:`open` builds one over a folder. ``kept``: the engine's
+    refusals that leave a file in place (any other deletes it)."""
 
     @classmethod
     def open(
@@ -61,21 +71,21 @@ class PersistentTier:
         *,
         queue_size: int = 32,
         preload: int = 0,
-        damaged: frozenset[str] = DAMAGED,
+        kept: frozenset[str] = KEPT,
     ) -> PersistentTier:
         """The tier over ``folder`` (created if missing; its files indexed, stale temporaries
         deleted) with a byte budget, the retention ``policy``, the writer's queue bound."""
         store = SnapshotStore(folder, max_bytes, policy)
-        return cls(store, SnapshotWriter(store, queue_size), preload, damaged)
+        return cls(store, SnapshotWriter(store, queue_size), preload, kept)
 
     def __init__(
         self,
         store: SnapshotStore,
         writer: SnapshotWriter,
         preload: int = 0,
-        damaged: frozenset[str] = DAMAGED,
+        kept: frozenset[str] = KEPT,
     ) -> None:
-        self.store, self.writer, self.preload_entries, self.damaged = store, writer, preload, damaged
+        self.store, self.writer, self.preload_entries, self.kept = store, writer, preload, kept
 
     def persist(
         self,
@@ -164,7 +174,7 @@ class PersistentTier:
                 imported.refusal,
                 imported.detail,
             )
-            if imported.refusal in self.damaged:
+            if imported.refusal not in self.kept:  # never loadable here: written again when stored
                 self.store.discard(entry.snapshot)
                 done.removed += 1
             return False

@@ -6,7 +6,7 @@ engine checks them on every load) whose ``extra`` strings carry the entry's key 
 (:meth:`SnapshotStore.scan`). Keys are (fingerprint, namespace, tokens); :meth:`match` finds the longest
 stored prefix of a prompt. Writes are atomic (temporary name, fsync, rename; ``scan`` deletes stale
 temporaries). The files hold at most ``max_bytes``, deleted in the retention policy's order over it; a
-file the engine refuses as damaged is deleted (:meth:`discard`). Thread-safe; the request path only
+file the engine refuses for good is deleted (:meth:`discard`). Thread-safe; the request path only
 calls :meth:`match`.
 """
 
@@ -49,7 +49,7 @@ class StoreStats:
     """The folder: ``files`` and their ``bytes`` (at most ``max_bytes``); files ``written``, writes
     ``dropped`` (the writer's queue was full) or ``failed`` (the engine refused or the handle was
     gone), ``restored`` into an engine, restores ``refused`` by the engine, ``evicted`` for the budget,
-    ``discarded`` as damaged."""
+    ``discarded`` as refused for good (``persistent_tier.KEPT``: what is not)."""
 
     files: int
     bytes: int
@@ -213,7 +213,7 @@ class SnapshotStore:
                 self._counts["restored"] += 1
 
     def discard(self, name: str) -> None:
-        """Delete a file the engine refused as damaged."""
+        """Delete a file the engine refused for good (it will never load here)."""
         with self._lock:
             self._counts["discarded"] += 1
         self._remove(name)
