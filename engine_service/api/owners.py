@@ -4,10 +4,13 @@ Every session handle belongs to one owner id (1..:data:`MAX_OWNER_LENGTH` charac
 owner with auth on, else the caller's ``forkline-owner`` header, else :data:`DEFAULT_OWNER`. A
 *persistent* owner (by default :data:`PERSISTENT_OWNER`, the prefix service) holds snapshots on
 purpose: its handles never expire and it has the persistent budget instead of the client quota.
+:class:`PersistentOwners` names them: owner ids, and owner id prefixes (every owner whose id starts
+with one, e.g. the prefix replicas ``forkline-prefix-0``, ``-1``, ... under ``forkline-prefix-``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from engine_service.api.errors import InvalidArgument
@@ -22,6 +25,32 @@ def check_owner(owner: str, field: str) -> str:
     if not owner or len(owner) > MAX_OWNER_LENGTH:
         raise InvalidArgument(f"{field} must be 1..{MAX_OWNER_LENGTH} characters, got {len(owner)}")
     return owner
+
+
+class PersistentOwners(frozenset):
+    """The persistent owners: a set of owner ids that also contains every id starting with one of
+    ``prefixes`` (``"x" in owners``). Iterating yields the listed ids only."""
+
+    prefixes: tuple[str, ...]
+
+    def __new__(cls, names: Iterable[str] = (), prefixes: Iterable[str] = ()) -> PersistentOwners:
+        owners = super().__new__(cls, names)
+        owners.prefixes = tuple(sorted(set(prefixes)))
+        for prefix in owners.prefixes:
+            check_owner(prefix, "persistent owner prefix")
+        return owners
+
+    def __contains__(self, owner: object) -> bool:
+        return super().__contains__(owner) or (
+            isinstance(owner, str) and any(owner.startswith(p) for p in self.prefixes)
+        )
+
+    def __reduce__(self):
+        return (PersistentOwners, (tuple(self), self.prefixes))
+
+    def describe(self) -> str:
+        """The listed ids and the prefixes (``prefix*``), for messages."""
+        return ", ".join([*sorted(self), *(f"{p}*" for p in self.prefixes)]) or "none configured"
 
 
 @dataclass(frozen=True)

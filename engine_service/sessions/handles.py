@@ -102,7 +102,8 @@ class HandleRegistry(Generic[T]):
             raise InvalidArgument(f"instance_id must be 16 lowercase hex digits, got {self.instance_id!r}")
         if not self.idle_timeout_s >= 0:
             raise InvalidArgument(f"idle_timeout_s must be >= 0, got {self.idle_timeout_s}")
-        self.persistent_owners = frozenset(self.persistent_owners)
+        if not isinstance(self.persistent_owners, frozenset):  # PersistentOwners (prefixes) stays as given
+            self.persistent_owners = frozenset(self.persistent_owners)
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry[T]] = {}
 
