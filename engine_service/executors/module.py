@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -41,6 +42,31 @@ from engine_service.executors.prepared_input import PreparedInput
 from engine_service.executors.sampling import Sampler, SamplingParams
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Launched:
+    """One packed forward queued on the device: the cache step it writes, its lazy predictions (None:
+    no output wanted) and PRNG keys, and which plan pieces / output rows it covers."""
+
+    step: Any
+    pieces: list[tuple[Plan, int, int]]
+    finishing: list[tuple[Plan, int]]
+    predicted: mx.array | None = None
+    keys: list[mx.array] = field(default_factory=list)
+    logits: mx.array | None = None
+
+
+@dataclass
+class _Lookahead:
+    """The decode step after the last one, queued before that one's tokens were read back (see
+    :meth:`ModuleExecutor._launch_ahead`): for each session in batch order ``(sid, start, seq)`` of the
+    row it wrote, and the samplers' keys from before its draws."""
+
+    entries: list[tuple[int, int, int]]
+    launched: _Launched
+    tokens: mx.array  # the lazy inputs: the previous step's predictions
+    saved_keys: list[tuple[Sampler, mx.array]]
 
 
 class ModuleExecutor(Executor):
@@ -61,6 +87,7 @@ class ModuleExecutor(Executor):
         weights_dtype: str | None = None,
         model_fingerprint: str | None = None,
         deterministic: bool = False,
+        lookahead: bool = True,
     ) -> None:
         # a LoadedModel carries the Transformer plus its identity
         self.model = getattr(model, "model", model)
@@ -85,6 +112,8 @@ class ModuleExecutor(Executor):
         self._model_fingerprint = model_fingerprint or getattr(model, "fingerprint", None)
         self._sessions: dict[int, SessionState] = {}
         self._next_sid = 1
+        self._ahead: _Lookahead | None = None
+        self.lookahead = lookahead and self._lookahead_invisible()
 
     @classmethod
     def create(
@@ -142,18 +171,21 @@ class ModuleExecutor(Executor):
     # --- sessions -------------------------------------------------------------------------------
 
     def open_session(self) -> int | None:
+        self._settle()
         if len(self._sessions) >= self.max_sessions:
             return None
         seq = self.cache.seq_new()
         return None if seq is None else self._register(SessionState(seq))
 
     def close_session(self, sid: int) -> None:
+        self._settle()
         state = self._sessions.pop(sid, None)
         if state is not None:
             self.cache.seq_rm(state.seq)
 
     def clone(self, sid: int, upto: int) -> int | None:
         """Clone via the cache, then re-check the position the backend reports; undo a mismatch."""
+        self._settle()
         state = self._sessions.get(sid)
         if state is None or upto < 0 or len(self._sessions) >= self.max_sessions:
             return None
@@ -180,6 +212,7 @@ class ModuleExecutor(Executor):
     def clone_floor(self, sid: int) -> int:
         """The session's ring floor (``written - max_write`` on ``batched-sequence`` with sliding
         layers; 0 on a cache that keeps every row)."""
+        self._settle()
         state = self._sessions.get(sid)
         floor = getattr(self.cache, "rewind_floor", None)
         return 0 if state is None or floor is None else int(floor(state.seq))
@@ -196,6 +229,7 @@ class ModuleExecutor(Executor):
         return StateLayout(self.cache_kind, geometry_text(self.cache.config))
 
     def export_session(self, sid: int, upto: int) -> SeqState | None:
+        self._settle()
         state = self._sessions.get(sid)
         if state is None or upto < 0 or not isinstance(self.cache, StateTransfer):
             return None
@@ -209,17 +243,20 @@ class ModuleExecutor(Executor):
         return self.cache.state_problem(state)
 
     def import_session(self, state: SeqState, history: Sequence[int]) -> int | None:
+        self._settle()
         if len(self._sessions) >= self.max_sessions or len(history) != state.length:
             return None
         seq = self.cache.import_seq(state)
         return None if seq is None else self._register(SessionState(seq, history=list(history)))
 
     def set_sampling(self, sid: int, params: SamplingParams, seed: int) -> None:
+        self._settle()
         self._state(sid).sampler = Sampler(params, seed)
 
     def position(self, sid: int) -> int:
         """Committed positions of ``sid`` as the cache reports them (inspection; not in the interface:
         the runner tracks positions itself)."""
+        self._settle()
         return self.cache.pos(self._state(sid).seq)
 
     def limits(self) -> ExecutorLimits:
@@ -258,17 +295,32 @@ class ModuleExecutor(Executor):
     # --- execution ------------------------------------------------------------------------------
 
     def execute(self, batch: Sequence[ExecInput]) -> list[ExecOutput]:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and not self._continues(ahead, batch):
+            self._discard(ahead)
+            ahead = None
         # one entry per input, in batch order: its plan, or the output of an input refused up front
         entries: list[Plan | ExecOutput] = []
         seen: set[int] = set()
         for index, inp in enumerate(batch):
             try:
-                entries.append(self._plan(index, inp, seen))
+                # a queued lookahead already wrote this input's row: the committed position is its start
+                entries.append(self._plan(index, inp, seen, inp.start if ahead is not None else None))
             except InputError as exc:
                 entries.append(ExecOutput(inp.sid, error=str(exc)))
             seen.add(inp.sid)
         plans = [entry for entry in entries if isinstance(entry, Plan)]
         results: dict[int, tuple[list[int], mx.array | None]] = {}
+        if ahead is not None and len(plans) != len(batch):  # an input refused: run the batch afresh
+            self._discard(ahead)
+            ahead = None
+        if ahead is not None:  # _continues checked that every input is the lookahead's
+            launched = ahead.launched
+            launched.pieces = [(plan, 0, 1) for plan in plans]
+            launched.finishing = [(plan, i) for i, plan in enumerate(plans)]
+            for plan in plans:
+                plan.done = 1
+            self._finish_round(launched, results)
         while True:
             active = [p for p in plans if p.error is None and p.done < p.size]
             if not active:
@@ -290,8 +342,9 @@ class ModuleExecutor(Executor):
         kept = None if logits is None else logits[len(tokens) - 1]
         return ExecOutput(plan.sid, tuple(tokens), logits=kept)
 
-    def _plan(self, index: int, inp: ExecInput, seen: set[int]) -> Plan:
-        """Validate one input and rewind its session when it starts below the current position."""
+    def _plan(self, index: int, inp: ExecInput, seen: set[int], committed: int | None = None) -> Plan:
+        """Validate one input and rewind its session when it starts below the current position
+        (``committed``: that position when the cache's length is past it by a queued lookahead)."""
         state = self._sessions.get(inp.sid)
         if state is None:
             raise InputError(f"unknown session {inp.sid}")
@@ -309,7 +362,7 @@ class ModuleExecutor(Executor):
             bad = out_of_vocab(rows, self.config.vocab_size)
             if bad is not None:  # a guard for direct use: the runner rejected these already
                 raise InputError(f"token id {rows[bad]} outside the vocabulary [0, {self.config.vocab_size})")
-        pos = self.cache.pos(state.seq)
+        pos = self.cache.pos(state.seq) if committed is None else committed
         if inp.start > pos:
             raise InputError(f"input starts at {inp.start} but session {inp.sid} is at {pos} (gap)")
         plan = Plan(index, inp.sid, state, inp.start, rows, inp.want_output)
@@ -327,6 +380,12 @@ class ModuleExecutor(Executor):
 
     def _round(self, active: list[Plan], results: dict[int, tuple[list[int], mx.array | None]]) -> None:
         """One packed forward over the next <= max_write positions of every active plan."""
+        launched = self._launch(active)
+        if launched is not None:
+            self._finish_round(launched, results)
+
+    def _launch(self, active: list[Plan]) -> _Launched | None:
+        """Queue the next packed forward of the active plans (lazy); None when none of them fits."""
         segments, pieces, positions, logit_rows, finishing = [], [], [], [], []
         offset = 0
         for plan in active:
@@ -343,31 +402,132 @@ class ModuleExecutor(Executor):
                 logit_rows.extend(range(offset + n - plan.logit_count, offset + n))
             offset += n
         if not segments:
-            return
+            return None
         step = self.cache.begin_step(segments)
-        for plan, lo, hi in pieces:
+        for plan, _, hi in pieces:
             plan.done = hi
+        pos = mx.array(positions, dtype=mx.int32)
+        if not logit_rows:
+            # nothing to predict: run the layers for their K/V only (project one row, never evaluated)
+            self._forward(step, pos, pieces, mx.array([0], dtype=mx.int32))
+            return _Launched(step, pieces, finishing)
+        logits = self._forward(step, pos, pieces, mx.array(logit_rows, dtype=mx.int32))
+        predicted, keys = self._sample(logits, finishing)
+        return _Launched(step, pieces, finishing, predicted, keys, logits)
+
+    def _finish_round(
+        self, launched: _Launched, results: dict[int, tuple[list[int], mx.array | None]]
+    ) -> None:
+        """Record the round's rows in the sessions' histories, queue the next decode step when this one
+        is a plain decode (:meth:`_launch_ahead`), then evaluate this one and read its predictions."""
+        for plan, lo, hi in launched.pieces:
             chunk = plan.piece(lo, hi)
             tokens = list(chunk) if isinstance(chunk, tuple) else [PREPARED_TOKEN] * (hi - lo)
             at = plan.start + lo
             del plan.state.history[at:]
             plan.state.history.extend(tokens)
-        rows = mx.array(logit_rows, dtype=mx.int32) if logit_rows else None
-        if rows is None:
-            # nothing to predict: run the layers for their K/V only (project one row, never evaluated)
-            self._forward(step, mx.array(positions, dtype=mx.int32), pieces, mx.array([0], dtype=mx.int32))
-            mx.eval(step.state())
+        if launched.predicted is None:
+            mx.eval(launched.step.state())
             return
-        logits = self._forward(step, mx.array(positions, dtype=mx.int32), pieces, rows)
-        predicted, keys = self._sample(logits, finishing)
-        to_eval = [*step.state(), predicted, *keys]
+        to_eval = [*launched.step.state(), launched.predicted, *launched.keys]
         if self.keep_logits:
-            to_eval.append(logits)
-        mx.eval(to_eval)
-        flat = predicted.tolist()
-        for plan, at in finishing:
+            to_eval.append(launched.logits)
+        self._ahead = self._launch_ahead(launched)
+        if self._ahead is None:
+            mx.eval(to_eval)
+        flat = launched.predicted.tolist()  # waits for this step only; the lookahead keeps running
+        for plan, at in launched.finishing:
             preds = flat[at : at + plan.logit_count]
-            results[plan.index] = (preds, logits[at : at + plan.logit_count] if self.keep_logits else None)
+            logits = launched.logits[at : at + plan.logit_count] if self.keep_logits else None
+            results[plan.index] = (preds, logits)
+
+    # --- lookahead: the next decode step queued before this one is read back ---------------------
+    #
+    # A decode step's inputs are the previous step's predictions, which stay on the device until read.
+    # So the step after a plain decode round (every session one raw token, one prediction, no drafts)
+    # is built and queued (mx.async_eval) before the round's tokens are read back: the graph of step
+    # n + 1 and the runner's work between steps overlap step n's compute. It writes each session's
+    # next row past the committed position, which no caller sees: the next ``execute`` uses it only
+    # when it feeds exactly those sessions their pending tokens at those positions, and anything else
+    # -- another batch, a clone, a close, an export, a new sampler, a position query -- first discards
+    # it (a rewind of that row, the samplers' keys put back). Only where a rewind restores everything:
+    # not on a cache whose ring layers evict rows (``batched-sequence`` with sliding windows, where the
+    # extra row would move the clone floor) and not in subclasses that draft or post-process.
+
+    def _lookahead_invisible(self) -> bool:
+        cls = type(self)
+        plain = cls._add_drafts is ModuleExecutor._add_drafts and cls._finish is ModuleExecutor._finish
+        rings = hasattr(self.cache, "rewind_floor") and any(
+            spec.sliding and spec.window for spec in self.config.layers
+        )
+        return plain and not rings
+
+    def _launch_ahead(self, launched: _Launched) -> _Lookahead | None:
+        if not self.lookahead or self.keep_logits or not launched.finishing:
+            return None
+        if len(launched.finishing) != len(launched.pieces) or launched.predicted.shape[0] != len(
+            launched.pieces
+        ):
+            return None
+        entries, segments, positions = [], [], []
+        for (plan, lo, hi), (fplan, at) in zip(launched.pieces, launched.finishing, strict=True):
+            if fplan is not plan or hi - lo != 1 or plan.size != 1 or plan.logit_count != 1 or plan.drafts:
+                return None
+            if not isinstance(plan.rows, tuple) or at != len(entries):
+                return None
+            nxt = plan.start + 1
+            if nxt + 1 > self.max_session_tokens or not self.cache.can_admit(plan.state.seq, 1):
+                return None
+            entries.append((plan.sid, nxt, plan.state.seq))
+            segments.append(Segment(plan.state.seq, nxt, 1))
+            positions.append(nxt)
+        saved = [
+            (plan.state.sampler, plan.state.sampler.key)
+            for plan, _, _ in launched.pieces
+            if plan.state.sampler is not None and not plan.state.sampler.greedy
+        ]
+        tokens = launched.predicted
+        step = self.cache.begin_step(segments)
+        logits = self.model(step, mx.array(positions, dtype=mx.int32), tokens=tokens)
+        finishing = [(plan, i) for i, (plan, _, _) in enumerate(launched.pieces)]
+        predicted, keys = self._sample(logits, finishing)
+        mx.async_eval(
+            *launched.step.state(), launched.predicted, *launched.keys, *step.state(), predicted, *keys
+        )
+        return _Lookahead(entries, _Launched(step, [], [], predicted, keys, logits), tokens, saved)
+
+    def _continues(self, ahead: _Lookahead, batch: Sequence[ExecInput]) -> bool:
+        """Whether ``batch`` feeds exactly the lookahead's sessions their predictions at its rows."""
+        if len(batch) != len(ahead.entries):
+            return False
+        for inp, (sid, start, _) in zip(batch, ahead.entries, strict=True):
+            if (
+                inp.sid != sid
+                or inp.start != start
+                or inp.prepared is not None
+                or not inp.want_output
+                or inp.tokens is None
+                or len(inp.tokens) != 1
+                or sid not in self._sessions
+            ):
+                return False
+        expected = ahead.tokens.tolist()
+        return all(inp.tokens[0] == tok for inp, tok in zip(batch, expected, strict=True))
+
+    def _discard(self, ahead: _Lookahead) -> None:
+        """Undo a lookahead nobody uses: its rows rewound, the samplers' keys put back."""
+        for sampler, key in ahead.saved_keys:
+            sampler.restore_key(key)
+        for sid, start, seq in ahead.entries:
+            state = self._sessions.get(sid)
+            if state is not None and state.seq == seq and self.cache.pos(seq) == start + 1:
+                self.cache.rewind(seq, start)
+
+    def _settle(self) -> None:
+        """Discard a queued lookahead (before anything that reads or changes sessions or the cache)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            self._discard(ahead)
 
     def _forward(self, step: Any, positions: mx.array, pieces: list, logit_rows: mx.array) -> mx.array:
         """Run the model over the packed pieces. Raw tokens only here; subclasses add embeddings."""

@@ -74,6 +74,10 @@ class Sampler:
         """The current PRNG key (uint32 [2]); evaluate it with the tokens of the step."""
         return self._key
 
+    def restore_key(self, key: mx.array) -> None:
+        """Put back a key :attr:`key` returned earlier (a draw that is discarded, never delivered)."""
+        self._key = key
+
     def filtered_logits(self, logits: mx.array) -> mx.array:
         """Temperature-scaled logits (each row's max shifted to 0) with filtered-out tokens at -inf.
 

@@ -67,11 +67,50 @@ def attend(
     q: mx.array, views: Sequence[KVView], positions: mx.array, window: int | None, scale: float
 ) -> mx.array:
     """q: [T, q_heads, D] (RoPE applied); positions: int32 [T] each packed row's position; window: the
-    layer's sliding window (None: full). Returns [T, q_heads * D] in packed row order."""
+    layer's sliding window (None: full). Returns [T, q_heads * D] in packed row order. Every view (a
+    sequence's rows and its cache parts) goes into one kernel call, as a group of rows."""
     ext = kernels()
     t = q.shape[0]
+    ordered = sorted(views, key=lambda v: v.rows.start)
+    if not getattr(ext, "attention_groups", False):
+        return _attend_per_view(ext, q, ordered, positions, window, scale)
+    keys, values, key_pos, groups = [], [], [], []
+    covered = 0
+    for view in ordered:
+        parts = view.parts if view.parts is not None else (view,)
+        if any(p.positions is None for p in parts):
+            raise FailedPrecondition("deterministic mode needs a cache whose views carry key positions")
+        start, stop, stride = view.rows.indices(t)
+        if start != covered or stride != 1 or stop <= start:
+            raise ValueError(f"KV views must cover the {t} packed rows once, in order")
+        covered = stop
+        keys.extend(p.keys for p in parts)
+        values.extend(p.values for p in parts)
+        key_pos.extend(p.positions for p in parts)
+        groups.append((start, stop, len(parts)))
+    if covered != t:
+        raise ValueError(f"KV views cover {covered} of {t} packed rows")
+    o = ext.causal_attention(
+        q,
+        positions,
+        keys,
+        values,
+        key_pos,
+        scale=scale,
+        window=window or 0,
+        chunk=KEY_CHUNK,
+        groups=groups if len(groups) > 1 else [],
+    )
+    return o.reshape(t, -1)
+
+
+def _attend_per_view(
+    ext: Any, q: mx.array, ordered: Sequence[KVView], positions: mx.array, window: int | None, scale: float
+) -> mx.array:
+    """One kernel call per view (a build of the kernels without ``groups``)."""
+    t = q.shape[0]
     outs = []
-    for view in sorted(views, key=lambda v: v.rows.start):
+    for view in ordered:
         parts = view.parts if view.parts is not None else (view,)
         if any(p.positions is None for p in parts):
             raise FailedPrecondition("deterministic mode needs a cache whose views carry key positions")

@@ -37,8 +37,10 @@ num_threads = _ext.num_threads
 pool_tuning = _ext.pool_tuning
 set_pool_tuning = _ext.set_pool_tuning
 built_with_mlx = _ext.built_with_mlx
+attention_groups = getattr(_ext, "attention_groups", False)  # causal_attention(..., groups=...)
 
 __all__ = [
+    "attention_groups",
     "best_isa",
     "built_with_mlx",
     "causal_attention",

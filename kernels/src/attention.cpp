@@ -739,7 +739,8 @@ const void* dense3_any(const mx::array& a, std::vector<char>& copy, int64_t& s0,
 
 mx::array causal_attention(const mx::array& q, const mx::array& q_pos, const std::vector<mx::array>& keys,
                            const std::vector<mx::array>& values, const std::vector<mx::array>& key_pos,
-                           float scale, int window, int chunk, mx::StreamOrDevice s) {
+                           float scale, int window, int chunk, const std::vector<std::tuple<int, int, int>>& groups,
+                           mx::StreamOrDevice s) {
   mx::Stream stream = mx::to_stream(s);
   if (stream.device != mx::Device::cpu) {
     bad("CPU streams only");
@@ -756,6 +757,23 @@ mx::array causal_attention(const mx::array& q, const mx::array& q_pos, const std
   }
   if (window < 0 || chunk < 1) {
     bad("window must be >= 0 and chunk >= 1");
+  }
+  std::vector<int> spec;
+  if (!groups.empty()) {
+    int row = 0;
+    size_t part_count = 0;
+    for (const auto& [r0, r1, np] : groups) {
+      if (r0 != row || r1 <= r0 || np < 1) {
+        bad("groups must be (row_start, row_stop, parts) covering the rows in order, each with >= 1 part");
+      }
+      row = r1;
+      part_count += np;
+      spec.insert(spec.end(), {r0, r1, np});
+    }
+    if (row != n || part_count != keys.size()) {
+      bad("groups must cover all " + std::to_string(n) + " rows and all " + std::to_string(keys.size()) +
+          " parts");
+    }
   }
   if (!mx::issubdtype(q.dtype(), mx::floating)) {
     bad("q must be a floating-point array");
@@ -792,8 +810,8 @@ mx::array causal_attention(const mx::array& q, const mx::array& q_pos, const std
     inputs.push_back(mx::astype(k, kv, stream));  // no copy when k already has that type
     inputs.push_back(mx::astype(v, kv, stream));
   }
-  return mx::array({n, hq, d}, mx::float32, std::make_shared<CausalAttention>(stream, scale, window, chunk),
-                   std::move(inputs));
+  return mx::array({n, hq, d}, mx::float32,
+                   std::make_shared<CausalAttention>(stream, scale, window, chunk, std::move(spec)), std::move(inputs));
 }
 
 void CausalAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
@@ -801,92 +819,131 @@ void CausalAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& encoder = mx::cpu::get_command_encoder(stream());
   // The task holds its own references to the arrays until it has run.
-  encoder.dispatch([inputs, out, scale = scale_, window = window_, chunk = chunk_]() mutable {
+  encoder.dispatch([inputs, out, scale = scale_, window = window_, chunk = chunk_, groups = groups_]() mutable {
     const mx::array& q = inputs[0];
-    Plan P;
-    P.n = q.shape(0);
-    P.hq = q.shape(1);
-    P.d = q.shape(2);
-    P.hkv = inputs[3].shape(0);
-    P.rep = P.hq / P.hkv;
-    P.window = window;
-    P.chunk = chunk;
-    P.scale = scale;
-    P.out = out.data<float>();
-    if (P.n == 0 || P.hq == 0 || P.d == 0) {
+    const int n = q.shape(0), hq = q.shape(1), d = q.shape(2), hkv = inputs[3].shape(0);
+    if (n == 0 || hq == 0 || d == 0) {
       return;
     }
     std::vector<char> qcopy;
-    P.q = static_cast<const float*>(dense3<float>(q, qcopy, P.qs0, P.qs1));
+    int64_t qs0, qs1;
+    const float* qbase = static_cast<const float*>(dense3<float>(q, qcopy, qs0, qs1));
     const int32_t* qp = inputs[1].data<int32_t>();
-    P.qpos.resize(P.n);
-    for (int i = 0; i < P.n; ++i) {
-      P.qpos[i] = qp[i * inputs[1].strides()[0]];
-    }
-    // every readable key (position >= 0) of every part, then sorted by position (stable: a caller's
-    // duplicate positions at least keep one order)
     const size_t parts = (inputs.size() - 2) / 3;
     const mx::Dtype kv = inputs[3].dtype();
     const int64_t elem = kv == mx::float32 ? 4 : 2;
+    // every part's keys and values with a unit last stride (copies only for strided views)
     std::vector<std::vector<char>> copies(2 * parts);
-    P.khs.resize(parts);
-    P.vhs.resize(parts);
-    size_t total = 0;
+    std::vector<int64_t> khs(parts), vhs(parts), ks1(parts), vs1(parts);
+    std::vector<const char*> kb(parts), vb(parts);
     for (size_t part = 0; part < parts; ++part) {
-      total += inputs[2 + 3 * part].shape(0);
+      kb[part] = static_cast<const char*>(dense3_any(inputs[3 + 3 * part], copies[2 * part], khs[part], ks1[part]));
+      vb[part] = static_cast<const char*>(dense3_any(inputs[4 + 3 * part], copies[2 * part + 1], vhs[part], vs1[part]));
     }
-    P.pos.reserve(total);
-    P.rows.reserve(total);
-    for (size_t part = 0; part < parts; ++part) {
-      const mx::array& kp = inputs[2 + 3 * part];
-      int64_t ks1, vs1;
-      const char* kb = static_cast<const char*>(dense3_any(inputs[3 + 3 * part], copies[2 * part], P.khs[part], ks1));
-      const char* vb =
-          static_cast<const char*>(dense3_any(inputs[4 + 3 * part], copies[2 * part + 1], P.vhs[part], vs1));
-      const int32_t* kpp = kp.data<int32_t>();
-      const int64_t kst = kp.strides()[0];
-      for (int row = 0; row < kp.shape(0); ++row) {
-        const int32_t p = kpp[row * kst];
-        if (p >= 0) {
-          P.pos.push_back(p);
-          P.rows.push_back({kb + row * ks1 * elem, vb + row * vs1 * elem, static_cast<int>(part)});
+    // One plan per group of rows (a sequence's rows and the parts of its view; by default one group:
+    // every row reads every part). A row's result never depends on the grouping.
+    const std::vector<int> one{0, n, static_cast<int>(parts)};
+    const std::vector<int>& spec = groups.empty() ? one : groups;
+    const int ngroups = static_cast<int>(spec.size() / 3);
+    struct Group {
+      Plan P;
+      std::vector<int> j0, j1;
+      int unit0 = 0, units = 0;
+    };
+    std::vector<Group> gs(ngroups);
+    int64_t keys_read = 0;
+    int units = 0;
+    size_t part0 = 0;
+    for (int g = 0; g < ngroups; ++g) {
+      const int r0 = spec[3 * g], r1 = spec[3 * g + 1], np = spec[3 * g + 2];
+      Plan& P = gs[g].P;
+      P.n = r1 - r0;
+      P.hq = hq;
+      P.d = d;
+      P.hkv = hkv;
+      P.rep = hq / hkv;
+      P.window = window;
+      P.chunk = chunk;
+      P.scale = scale;
+      P.out = out.data<float>() + static_cast<int64_t>(r0) * hq * d;
+      P.q = qbase + r0 * qs0;
+      P.qs0 = qs0;
+      P.qs1 = qs1;
+      P.qpos.resize(P.n);
+      for (int i = 0; i < P.n; ++i) {
+        P.qpos[i] = qp[(r0 + i) * inputs[1].strides()[0]];
+      }
+      P.khs = khs;
+      P.vhs = vhs;
+      // every readable key (position >= 0) of the group's parts, then sorted by position (stable: a
+      // caller's duplicate positions at least keep one order)
+      size_t total = 0;
+      for (size_t part = part0; part < part0 + np; ++part) {
+        total += inputs[2 + 3 * part].shape(0);
+      }
+      P.pos.reserve(total);
+      P.rows.reserve(total);
+      for (size_t part = part0; part < part0 + np; ++part) {
+        const mx::array& kp = inputs[2 + 3 * part];
+        const int32_t* kpp = kp.data<int32_t>();
+        const int64_t kst = kp.strides()[0];
+        for (int row = 0; row < kp.shape(0); ++row) {
+          const int32_t pp = kpp[row * kst];
+          if (pp >= 0) {
+            P.pos.push_back(pp);
+            P.rows.push_back({kb[part] + row * ks1[part] * elem, vb[part] + row * vs1[part] * elem,
+                              static_cast<int>(part)});
+          }
         }
       }
-    }
-    if (!std::is_sorted(P.pos.begin(), P.pos.end())) {
-      std::vector<int> order(P.pos.size());
-      for (size_t j = 0; j < order.size(); ++j) {
-        order[j] = static_cast<int>(j);
+      part0 += np;
+      if (!std::is_sorted(P.pos.begin(), P.pos.end())) {
+        std::vector<int> order(P.pos.size());
+        for (size_t j = 0; j < order.size(); ++j) {
+          order[j] = static_cast<int>(j);
+        }
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return P.pos[a] < P.pos[b]; });
+        std::vector<int32_t> pos(order.size());
+        std::vector<Plan::Row> rows(order.size());
+        for (size_t j = 0; j < order.size(); ++j) {
+          pos[j] = P.pos[order[j]];
+          rows[j] = P.rows[order[j]];
+        }
+        P.pos.swap(pos);
+        P.rows.swap(rows);
       }
-      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return P.pos[a] < P.pos[b]; });
-      std::vector<int32_t> pos(order.size());
-      std::vector<Plan::Row> rows(order.size());
-      for (size_t j = 0; j < order.size(); ++j) {
-        pos[j] = P.pos[order[j]];
-        rows[j] = P.rows[order[j]];
+      // the keys each row reads, for the work estimate and the split
+      gs[g].j0.resize(P.n);
+      gs[g].j1.resize(P.n);
+      for (int i = 0; i < P.n; ++i) {
+        P.visible(i, gs[g].j0[i], gs[g].j1[i]);
+        keys_read += gs[g].j1[i] - gs[g].j0[i];
       }
-      P.pos.swap(pos);
-      P.rows.swap(rows);
+      gs[g].unit0 = units;
+      gs[g].units = P.n * P.hkv * P.groups();
+      units += gs[g].units;
     }
+    // global unit u -> (its group, the unit within it)
+    auto locate = [&](int u, int& g) {
+      g = 0;
+      while (g + 1 < ngroups && gs[g + 1].unit0 <= u) {
+        ++g;
+      }
+      return u - gs[g].unit0;
+    };
     const Kernels K = pick(active_isa(), kv);
-    const int units = P.n * P.hkv * P.groups();
     WorkerPool& workers = pool();
-    // the keys each row reads, for the work estimate and the split
-    std::vector<int> j0(P.n), j1(P.n);
-    int64_t keys_read = 0;
-    for (int i = 0; i < P.n; ++i) {
-      P.visible(i, j0[i], j1[i]);
-      keys_read += j1[i] - j0[i];
-    }
-    const double est_us = static_cast<double>(keys_read) * P.hq * P.d / kMacsPerUs +
-                          static_cast<double>(keys_read) * P.hkv * P.d * 2 * elem / kBytesPerUs;
+    const double est_us = static_cast<double>(keys_read) * hq * d / kMacsPerUs +
+                          static_cast<double>(keys_read) * hkv * d * 2 * elem / kBytesPerUs;
     if (workers.size() == 1 || est_us < kSplitUs || units >= kUnitsPerThread * workers.size()) {
       // whole units (each folds its chunks as it goes), shared out in small blocks
       const int block = std::max(1, units / (workers.size() * 8));
       workers.run_estimated((units + block - 1) / block, est_us, [&](int task) {
         thread_local Scratch w;  // the running thread's own
         for (int u = task * block; u < std::min(units, (task + 1) * block); ++u) {
-          K.unit(P, unit_of(P, u), w);
+          int g;
+          const int local = locate(u, g);
+          K.unit(gs[g].P, unit_of(gs[g].P, local), w);
         }
       });
       return;
@@ -895,15 +952,17 @@ void CausalAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector
     // chunk's partial stored; then each unit folds its partials in ascending chunk order -- the same
     // operations as a whole unit on one thread.
     struct Run {
-      int unit, first, j, je;  // first: the run's first chunk index in its unit
+      int group, unit, first, j, je;  // first: the run's first chunk index (global)
     };
-    std::vector<int> bounds;  // per unit: its chunks' start keys then the end key, flattened
     std::vector<int> unit_chunk0(units + 1);  // unit u's chunks: [unit_chunk0[u], unit_chunk0[u + 1])
     std::vector<int> starts;
     for (int u = 0; u < units; ++u) {
-      const Unit un = unit_of(P, u);
+      int g;
+      const int local = locate(u, g);
+      const Plan& P = gs[g].P;
+      const Unit ul = unit_of(P, local);
       unit_chunk0[u] = static_cast<int>(starts.size());
-      for (int j = j0[un.i]; j < j1[un.i]; j = P.chunk_end(j, j1[un.i])) {
+      for (int j = gs[g].j0[ul.i]; j < gs[g].j1[ul.i]; j = P.chunk_end(j, gs[g].j1[ul.i])) {
         starts.push_back(j);
       }
     }
@@ -912,23 +971,26 @@ void CausalAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector
     const int per = std::max(1, chunks / (workers.size() * kRunsPerThread));
     std::vector<Run> runs;
     for (int u = 0; u < units; ++u) {
-      const int i = unit_of(P, u).i;
+      int g;
+      const int local = locate(u, g);
+      const int i = unit_of(gs[g].P, local).i;
       for (int c = unit_chunk0[u]; c < unit_chunk0[u + 1]; c += per) {
         const int ce = std::min(unit_chunk0[u + 1], c + per);
-        runs.push_back({u, c, starts[c], ce < unit_chunk0[u + 1] ? starts[ce] : j1[i]});
+        runs.push_back({g, local, c, starts[c], ce < unit_chunk0[u + 1] ? starts[ce] : gs[g].j1[i]});
       }
     }
-    const int D = P.d;
+    const int D = d;
     const int stride = kMaxGroup * (D + 2);  // one chunk's partial: m[R], l[R], o[R * D]
     std::vector<float> partials(static_cast<size_t>(chunks) * stride);
     workers.run_estimated(static_cast<int>(runs.size()), est_us, [&](int task) {
       thread_local Scratch w;
       const Run& run = runs[task];
+      const Plan& P = gs[run.group].P;
       const Unit u = unit_of(P, run.unit);
-      const int i = u.i;
+      const std::vector<int>& j1 = gs[run.group].j1;
       int c = run.first;
       for (int j = run.j; j < run.je; ++c) {
-        const int je = P.chunk_end(j, j1[i]);
+        const int je = P.chunk_end(j, j1[u.i]);
         float* part = partials.data() + static_cast<size_t>(c) * stride;
         K.partial(P, u, j, je, w, part, part + kMaxGroup, part + 2 * kMaxGroup);
         j = je;
@@ -936,7 +998,9 @@ void CausalAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector
     });
     std::vector<float> O(static_cast<size_t>(kMaxGroup) * D);
     for (int u = 0; u < units; ++u) {
-      const Unit un = unit_of(P, u);
+      int g;
+      const int local = locate(u, g);
+      const Unit un = unit_of(gs[g].P, local);
       float M[kMaxGroup], Lsum[kMaxGroup];
       std::fill(M, M + un.R, -std::numeric_limits<float>::infinity());
       std::fill(Lsum, Lsum + un.R, 0.0f);
@@ -945,7 +1009,7 @@ void CausalAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector
         const float* part = partials.data() + static_cast<size_t>(c) * stride;
         K.fold(un.R, D, M, Lsum, O.data(), part, part + kMaxGroup, part + 2 * kMaxGroup);
       }
-      finish(P, un, Lsum, O.data());
+      finish(gs[g].P, un, Lsum, O.data());
     }
   });
 }
@@ -960,7 +1024,7 @@ std::vector<mx::Shape> CausalAttention::output_shapes(const std::vector<mx::arra
 
 bool CausalAttention::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const CausalAttention&>(other);
-  return scale_ == o.scale_ && window_ == o.window_ && chunk_ == o.chunk_;
+  return scale_ == o.scale_ && window_ == o.window_ && chunk_ == o.chunk_ && groups_ == o.groups_;
 }
 
 }  // namespace forkline

@@ -21,6 +21,7 @@
 // Two visible keys with one position are a caller error (both are read, in part then row order).
 #pragma once
 
+#include <tuple>
 #include <vector>
 
 #include "mlx/ops.h"
@@ -33,14 +34,18 @@ namespace forkline {
 // q: float [n, Hq, D]; q_pos: int [n]; keys[i], values[i]: float32 / float16 / bfloat16 [Hkv, S_i, D];
 // key_pos[i]: int [S_i]. Returns float32 [n, Hq, D]. Scores are scale * (q . k). A row that sees no
 // key gets NaN.
+// groups (optional): (row_start, row_stop, parts) in row order, parts listed group by group: the rows
+// [row_start, row_stop) read only their group's parts (several sequences' views in one call, e.g. a
+// batched decode step). Empty: every row reads every part. The grouping never changes a row's result.
 mx::array causal_attention(const mx::array& q, const mx::array& q_pos, const std::vector<mx::array>& keys,
                            const std::vector<mx::array>& values, const std::vector<mx::array>& key_pos,
-                           float scale, int window, int chunk, mx::StreamOrDevice s = {});
+                           float scale, int window, int chunk,
+                           const std::vector<std::tuple<int, int, int>>& groups = {}, mx::StreamOrDevice s = {});
 
 class CausalAttention : public mx::Primitive {
  public:
-  CausalAttention(mx::Stream stream, float scale, int window, int chunk)
-      : mx::Primitive(stream), scale_(scale), window_(window), chunk_(chunk) {}
+  CausalAttention(mx::Stream stream, float scale, int window, int chunk, std::vector<int> groups = {})
+      : mx::Primitive(stream), scale_(scale), window_(window), chunk_(chunk), groups_(std::move(groups)) {}
 
   // inputs: q, q_pos, then (key_pos, keys, values) per part
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -55,6 +60,7 @@ class CausalAttention : public mx::Primitive {
   float scale_;
   int window_;  // 0: unbounded
   int chunk_;  // key positions per online-softmax chunk
+  std::vector<int> groups_;  // (row_start, row_stop, parts) flattened; empty: one group
 };
 
 }  // namespace forkline

@@ -22,6 +22,7 @@ using namespace nb::literals;
 NB_MODULE(_ext, m) {
   m.doc() = "forkline's quantized matmul kernels for MLX's CPU backend";
   m.attr("built_with_mlx") = FORKLINE_MLX_VERSION;
+  m.attr("attention_groups") = true;  // causal_attention takes groups= (several sequences in one call)
 
   m.def("q8_0_matmul", &forkline::q8_0_matmul, "x"_a, "wq"_a, "scales"_a, nb::kw_only(),
         "quantize_x"_a = false, "stream"_a = nb::none(),
@@ -45,10 +46,12 @@ NB_MODULE(_ext, m) {
         "by the tables cos / sin [rows, head_dim] (out = x * cos + swap(x) * sin)");
 
   m.def("causal_attention", &forkline::causal_attention, "q"_a, "q_pos"_a, "keys"_a, "values"_a, "key_pos"_a,
-        nb::kw_only(), "scale"_a, "window"_a = 0, "chunk"_a = 64, "stream"_a = nb::none(),
+        nb::kw_only(), "scale"_a, "window"_a = 0, "chunk"_a = 64,
+        "groups"_a = std::vector<std::tuple<int, int, int>>{}, "stream"_a = nb::none(),
         "batch-invariant causal attention (see src/attention.h): q [n, Hq, D], q_pos int32 [n], lists of "
         "keys/values [Hkv, S_i, D] (float32, float16 or bfloat16, read as stored) and key_pos int32 [S_i] "
-        "(-1: never read) -> float32 [n, Hq, D]");
+        "(-1: never read) -> float32 [n, Hq, D]; groups: (row_start, row_stop, parts) per group of rows, in "
+        "order (several sequences in one call: each group's rows read only its parts)");
 
   m.def("isa", [] { return std::string(forkline::isa_name(forkline::active_isa())); },
         "the instruction set the kernels use now: 'avx512', 'avx2' or 'scalar'");
