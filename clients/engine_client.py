@@ -182,8 +182,12 @@ class EngineClient(ChannelClient):
     def close(self, session: str) -> None:
         self._unary(self.stub.Close, pb.CloseRequest(session=session))
 
+    def claim(self, session: str) -> None:
+        """Take over the quota charge of a session handed to this (persistent) owner."""
+        self._unary(self.stub.Claim, pb.ClaimRequest(session=session))
+
     def release_owner(self, keep: Sequence[str] = ()) -> int:
-        """Close every session this owner holds except ``keep``; how many were closed."""
+        """Close every session this owner holds (or handed over unclaimed) except ``keep``; how many."""
         return self._unary(self.stub.ReleaseOwner, pb.ReleaseOwnerRequest(keep=list(keep))).released
 
     def describe(self, session: str) -> tuple[int, bool]:

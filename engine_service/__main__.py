@@ -2,8 +2,15 @@
 
 Loads the model once and serves sessions, generation, clones, tokenization and model info, with gRPC
 health checking and reflection. Prints "forkline-engine listening on HOST:PORT" once it serves
-(--port 0 picks a free port). SIGTERM / SIGINT drain gracefully: new calls get UNAVAILABLE, streams
-in flight get --grace seconds, then every session is closed and the engine thread stops.
+(--port 0 picks a free port). SIGTERM / SIGINT drain gracefully: health turns NOT_SERVING (and Info
+says draining), new work gets UNAVAILABLE, generations in flight get up to --grace seconds, then
+every session is closed and the engine thread stops. Health: the readiness name
+forkline.engine.v1.Engine and "" are NOT_SERVING while draining or while the engine thread has not
+answered for --stuck_after seconds; forkline.liveness only for the latter (probe liveness on it).
+
+Threads: unless FORKLINE_KERNEL_THREADS / OPENBLAS_NUM_THREADS are set, the kernels and OpenBLAS get
+as many threads as the cgroup CPU quota (a container's CPU limit) allows, else the CPUs the process
+may run on (logged at start, and in Info's compute_path).
 
 With --auth_tokens every call needs a bearer token and runs as the token's owner (SIGHUP re-reads the
 file); --tls_cert / --tls_key serve TLS, --tls_client_ca also requires client certificates. Without
@@ -51,7 +58,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="OWNER",
         help="an owner whose handles never expire and who has the persistent budget instead of the "
-        f"client quota; repeatable (default: {PERSISTENT_OWNER})",
+        f"client quota; repeatable (default: {PERSISTENT_OWNER}, unless --persistent_owner_prefix is given)",
+    )
+    p.add_argument(
+        "--persistent_owner_prefix",
+        action="append",
+        default=None,
+        metavar="PREFIX",
+        help="every owner whose id starts with PREFIX is a persistent owner (prefix replicas "
+        "forkline-prefix-0, -1, ... join without a change here; with --auth_tokens only tokens the "
+        "operator maps to such an owner can be one); repeatable (default: none)",
+    )
+    p.add_argument(
+        "--stuck_after",
+        metavar="SECONDS",
+        type=float,
+        default=30.0,
+        help="health turns NOT_SERVING (readiness and forkline.liveness) when the engine thread has "
+        "not answered for this long; above the longest forward (default: %(default)s)",
     )
     p.add_argument(
         "--owner_max_sessions",
@@ -103,7 +127,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def start_engine(args: argparse.Namespace):
     """Load the model, start the engine thread and the gRPC server: (EngineServer, bound port)."""
-    from engine_service.api.owners import PERSISTENT_OWNER
+    from engine_service.api.errors import InvalidArgument
+    from engine_service.api.owners import PERSISTENT_OWNER, PersistentOwners
+    from engine_service.cpu_quota import apply_cpu_quota
     from engine_service.model.loader import load_model
     from engine_service.persistence.snapshot_key import read_snapshot_key
     from engine_service.rpc.server import create_server
@@ -124,6 +150,13 @@ def start_engine(args: argparse.Namespace):
         logging.getLogger("forkline-engine").info(
             "snapshot files signed with the key in %s", args.snapshot_key
         )
+    if not args.stuck_after > 0:
+        raise InvalidArgument(f"--stuck_after must be > 0, got {args.stuck_after}")
+    persistent = PersistentOwners(
+        args.persistent_owner or (() if args.persistent_owner_prefix else (PERSISTENT_OWNER,)),
+        args.persistent_owner_prefix or (),
+    )
+    apply_cpu_quota()  # before the first kernel call: the pools follow the container's CPU limit
     loaded = load_model(args.model, args.weights_dtype)
     if args.deterministic:  # FailedPrecondition (no kernels, float weights) before anything serves
         from engine_service.model import deterministic
@@ -141,14 +174,18 @@ def start_engine(args: argparse.Namespace):
         prefill_chunk=args.prefill_chunk,
         kv_dtype=args.kv_dtype,
         idle_timeout_s=args.idle_session_timeout,
-        persistent_owners=tuple(args.persistent_owner or (PERSISTENT_OWNER,)),
+        persistent_owners=persistent,
         prepared_inputs=args.prepared_inputs,
         quota=quota,
         persistent_quota=persistent_quota,
         snapshot_key=snapshot_key,
     )
     return create_server(
-        deps, f"{args.host}:{args.port}", security=security, metrics=args.metrics_port is not None
+        deps,
+        f"{args.host}:{args.port}",
+        security=security,
+        metrics=args.metrics_port is not None,
+        stuck_after_s=args.stuck_after,
     )
 
 

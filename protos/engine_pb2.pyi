@@ -226,6 +226,16 @@ class CloseResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ClaimRequest(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    def __init__(self, session: _Optional[str] = ...) -> None: ...
+
+class ClaimResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class ReleaseOwnerRequest(_message.Message):
     __slots__ = ("keep",)
     KEEP_FIELD_NUMBER: _ClassVar[int]

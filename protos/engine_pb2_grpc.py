@@ -54,6 +54,11 @@ class EngineStub:
                 request_serializer=engine__pb2.ReleaseOwnerRequest.SerializeToString,
                 response_deserializer=engine__pb2.ReleaseOwnerResponse.FromString,
                 _registered_method=True)
+        self.Claim = channel.unary_unary(
+                '/forkline.engine.v1.Engine/Claim',
+                request_serializer=engine__pb2.ClaimRequest.SerializeToString,
+                response_deserializer=engine__pb2.ClaimResponse.FromString,
+                _registered_method=True)
         self.Describe = channel.unary_unary(
                 '/forkline.engine.v1.Engine/Describe',
                 request_serializer=engine__pb2.DescribeRequest.SerializeToString,
@@ -115,7 +120,18 @@ class EngineServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReleaseOwner(self, request, context):
-        """Close every session the caller's owner holds (e.g. a restarted client cleaning up after itself).
+        """Close every session the caller's owner holds (e.g. a restarted client cleaning up after itself),
+        and those it handed to a persistent owner that the persistent owner has not claimed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Claim(self, request, context):
+        """Take over the quota charge of a session handed to the caller (a persistent owner storing a
+        client's clone or snapshot): from now on it counts against the caller, not its giver.
+        RESOURCE_EXHAUSTED when the caller's budget has no room for it (nothing changes); NOT_FOUND for a
+        session the caller does not own. A session the caller already pays for: nothing to do.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -192,6 +208,11 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.ReleaseOwner,
                     request_deserializer=engine__pb2.ReleaseOwnerRequest.FromString,
                     response_serializer=engine__pb2.ReleaseOwnerResponse.SerializeToString,
+            ),
+            'Claim': grpc.unary_unary_rpc_method_handler(
+                    servicer.Claim,
+                    request_deserializer=engine__pb2.ClaimRequest.FromString,
+                    response_serializer=engine__pb2.ClaimResponse.SerializeToString,
             ),
             'Describe': grpc.unary_unary_rpc_method_handler(
                     servicer.Describe,
@@ -332,6 +353,33 @@ class Engine:
             '/forkline.engine.v1.Engine/ReleaseOwner',
             engine__pb2.ReleaseOwnerRequest.SerializeToString,
             engine__pb2.ReleaseOwnerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Claim(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/forkline.engine.v1.Engine/Claim',
+            engine__pb2.ClaimRequest.SerializeToString,
+            engine__pb2.ClaimResponse.FromString,
             options,
             channel_credentials,
             insecure,

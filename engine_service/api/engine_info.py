@@ -58,6 +58,9 @@ class EngineInfo:
     window: WindowGeometry = NO_WINDOW
     compute_path: str = ""  # e.g. "kernels q4_1 avx2 x2 threads, ..."
     slow_path: bool = False  # far below the machine's best (the engine logged how to fix it)
+    draining: bool = False  # SIGTERM: no new work, finishing what runs, then gone
+    heartbeat_age_s: float = 0.0  # since the engine thread last answered (runtime/heartbeat.py)
+    heartbeat_longest_s: float = 0.0  # the longest it took to answer so far
 
     @property
     def caller_quota(self) -> OwnerQuota:

@@ -1,11 +1,14 @@
 """The engine gRPC server: servicer + health checking + reflection + idle-handle sweeper.
 
 ``create_server(sessions, address) -> (server, port)`` binds (``127.0.0.1:0`` picks a free port),
-starts serving and returns an :class:`EngineServer`. ``server.stop(grace)`` drains: new calls get
-UNAVAILABLE and health reports NOT_SERVING, in-flight streams get ``grace`` seconds to finish, then
-the remaining ones are cancelled and every handle still registered is closed. The runner belongs to
-the caller (``python -m engine_service`` shuts it down after the server). ``metrics=True`` collects
-Prometheus metrics (``rpc/metrics.py``); ``server.start_metrics(host, port)`` serves them.
+starts serving and returns an :class:`EngineServer`. ``server.stop(grace)`` drains: new work (generations,
+clones, imports) gets UNAVAILABLE and health reports NOT_SERVING while the server keeps answering
+(Info, Close, ExportSession, health), calls in flight get up to ``grace`` seconds to finish, then the
+remaining ones are cancelled and every handle still registered is closed. The engine thread's
+heartbeat (``runtime/heartbeat.py``) turns health NOT_SERVING (readiness and liveness) while the loop
+does not answer. The runner belongs to the caller (``python -m engine_service`` shuts it down after
+the server). ``metrics=True`` collects Prometheus metrics (``rpc/metrics.py``);
+``server.start_metrics(host, port)`` serves them.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from grpc_health.v1 import health
 
 from engine_service.rpc.metrics import EngineMetrics
 from engine_service.rpc.servicer import EngineServicer
+from engine_service.runtime.heartbeat import DEFAULT_STUCK_AFTER_S, EngineHeartbeat
 from engine_service.serving.auth import ServerSecurity
+from engine_service.serving.drain import InFlight
 from engine_service.serving.grpc_server import GrpcServer, build_grpc_server
 from engine_service.sessions.engine import EngineSessions
 from engine_service.sessions.sweeper import HandleSweeper
@@ -41,9 +46,19 @@ class EngineServer(GrpcServer):
         health_servicer: health.HealthServicer,
         sweeper: HandleSweeper,
         port: int,
+        *,
+        in_flight: InFlight | None = None,
+        stuck_after_s: float = DEFAULT_STUCK_AFTER_S,
     ) -> None:
-        super().__init__(server, servicer, health_servicer, port)
+        super().__init__(server, servicer, health_servicer, port, service=SERVICE_NAME, in_flight=in_flight)
         self.sweeper = sweeper
+        self.heartbeat = EngineHeartbeat(
+            self.deps.runner,
+            lambda alive: self.health_state.update(alive=alive),
+            stuck_after_s=stuck_after_s,
+        )
+        self.deps.heartbeat = self.heartbeat
+        self.heartbeat.start()
 
     @property
     def deps(self) -> EngineSessions:
@@ -55,6 +70,7 @@ class EngineServer(GrpcServer):
         ``shutdown_runner`` also stops the engine thread (the process is going away)."""
 
         def release() -> None:
+            self.heartbeat.stop()
             self.sweeper.stop()
             self.deps.release_all()
             if shutdown_runner:
@@ -69,11 +85,14 @@ def create_server(
     *,
     security: ServerSecurity | None = None,
     metrics: bool = False,
+    stuck_after_s: float = DEFAULT_STUCK_AFTER_S,
 ) -> tuple[EngineServer, int]:
     """Build, bind and start the engine server; returns it and the bound port. ``security``: TLS and/or
     bearer tokens (``engine_service/serving/auth.py``; None: plaintext, self-declared owners). ``metrics``:
-    collect Prometheus metrics (``server.metrics``; served by ``server.start_metrics``)."""
+    collect Prometheus metrics (``server.metrics``; served by ``server.start_metrics``).
+    ``stuck_after_s``: health turns NOT_SERVING when the engine thread has not answered for this long."""
     servicer = EngineServicer(sessions)
+    in_flight = InFlight()  # new work is refused by the sessions' drain, everything else is served
     engine_metrics = EngineMetrics(sessions) if metrics else None
     try:
         server, health_servicer, port = build_grpc_server(
@@ -85,6 +104,7 @@ def create_server(
             thread_name_prefix="forkline-engine-rpc",
             security=security,
             interceptors=() if engine_metrics is None else (engine_metrics.interceptor,),
+            in_flight=in_flight,
         )
     except BaseException:
         if engine_metrics is not None:
@@ -93,6 +113,8 @@ def create_server(
     sweeper = HandleSweeper(sessions.registry)
     sweeper.start()
     log.info("engine serving %s on port %d (instance %s)", SERVICE_NAME, port, sessions.registry.instance_id)
-    engine_server = EngineServer(server, servicer, health_servicer, sweeper, port)
+    engine_server = EngineServer(
+        server, servicer, health_servicer, sweeper, port, in_flight=in_flight, stuck_after_s=stuck_after_s
+    )
     engine_server.metrics = engine_metrics
     return engine_server, port

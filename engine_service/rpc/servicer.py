@@ -55,6 +55,11 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             self.sessions.close(owner_of(context.invocation_metadata()), request.session)
             return pb.CloseResponse()
 
+    def Claim(self, request: pb.ClaimRequest, context: grpc.ServicerContext) -> pb.ClaimResponse:
+        with status_on_error(context):
+            self.sessions.claim(owner_of(context.invocation_metadata()), request.session)
+            return pb.ClaimResponse()
+
     def ReleaseOwner(
         self, request: pb.ReleaseOwnerRequest, context: grpc.ServicerContext
     ) -> pb.ReleaseOwnerResponse:

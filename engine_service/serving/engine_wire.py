@@ -161,6 +161,9 @@ def info_message(info: EngineInfo) -> pb.InfoResponse:
         ),
         chat_template=info.chat_template,
         architecture=info.architecture,
+        draining=info.draining,
+        heartbeat_age_s=info.heartbeat_age_s,
+        heartbeat_longest_s=info.heartbeat_longest_s,
     )
 
 
@@ -199,4 +202,7 @@ def engine_info(msg: pb.InfoResponse) -> EngineInfo:
         window=WindowGeometry(window.sliding_window, window.max_write, window.evicts),
         compute_path=msg.compute_path,
         slow_path=msg.slow_path,
+        draining=msg.draining,
+        heartbeat_age_s=msg.heartbeat_age_s,
+        heartbeat_longest_s=msg.heartbeat_longest_s,
     )

@@ -1,13 +1,15 @@
-"""A gRPC server for one service, as both services build it: health checking (SERVING for "" and the
-service), reflection, optional TLS and bearer tokens, interceptors; :class:`GrpcServer` is the base of
-both servers' handles (``stop`` drains once: health NOT_SERVING, calls in flight get their grace, then
-the metrics endpoint stops).
+"""A gRPC server for one service, as both services build it: health checking (the service, "" and
+the liveness name: ``drain.py``), reflection, optional TLS and bearer tokens, interceptors;
+:class:`GrpcServer` is the base of both servers' handles (``stop`` drains once: health NOT_SERVING while
+the server still answers, calls in flight get their grace, then the server and the metrics endpoint
+stop).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from typing import Any
@@ -18,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 
 from engine_service.api.errors import FailedPrecondition
 from engine_service.serving.auth import ServerSecurity
+from engine_service.serving.drain import LIVENESS_SERVICE, HealthState, InFlight
 from engine_service.serving.rpc_metrics import ServiceMetrics
 from engine_service.serving.tokens import is_loopback
 
@@ -34,6 +37,7 @@ def build_grpc_server(
     thread_name_prefix: str,
     security: ServerSecurity | None = None,
     interceptors: Sequence[grpc.ServerInterceptor] = (),
+    in_flight: InFlight | None = None,
 ) -> tuple[grpc.Server, health.HealthServicer, int]:
     """A started server for ``servicer`` (registered with its generated ``add_servicer``), gRPC health
     checking (SERVING for "" and ``service_name``) and reflection; returns it, its health servicer and
@@ -50,7 +54,7 @@ def build_grpc_server(
     add_servicer(servicer, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for name in ("", service_name):
+    for name in ("", service_name, LIVENESS_SERVICE):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection((service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     if security.credentials is None:
@@ -73,32 +77,55 @@ def build_grpc_server(
 
 class GrpcServer:
     """A running service built by :func:`build_grpc_server`. ``port`` is the bound port. ``metrics``:
-    its Prometheus metrics when built with them (their interceptor installed), else None."""
+    its Prometheus metrics when built with them (their interceptor installed), else None.
+    ``health_state``: its health statuses (``drain.HealthState`` for ``service``); ``in_flight``: the
+    interceptor the server was built with (None: the drain waits for nothing before stopping)."""
 
     metrics: ServiceMetrics | None = None
 
     def __init__(
-        self, server: grpc.Server, servicer: Any, health_servicer: health.HealthServicer, port: int
+        self,
+        server: grpc.Server,
+        servicer: Any,
+        health_servicer: health.HealthServicer,
+        port: int,
+        *,
+        service: str = "",
+        in_flight: InFlight | None = None,
     ) -> None:
         self.grpc_server = server
         self.servicer = servicer
         self.health = health_servicer
+        self.health_state = HealthState(health_servicer, service)
+        self.in_flight = in_flight
         self.port = port
+        self.drain_seconds: float | None = None  # how long the last drain waited for calls in flight
         self._stopped = threading.Event()
         self._lock = threading.Lock()
 
     def _drain(
         self, grace: float | None, *, after: Callable[[], None], before: Callable[[], None] | None = None
     ) -> None:
-        """Once: ``before``, health NOT_SERVING, stop the server (calls in flight get ``grace``
-        seconds, then are cancelled), ``after``. Later calls return at once."""
+        """Once: ``before``, health NOT_SERVING (the server still answers, health included), wait up to
+        ``grace`` seconds (None: no bound) for the calls in flight, stop the server (what is left is
+        cancelled), ``after``. Later calls return at once."""
         with self._lock:
             if self._stopped.is_set():
                 return
+            started = time.monotonic()
             if before is not None:
                 before()
+            if self.in_flight is not None:
+                self.in_flight.draining = True
+            self.health_state.update(draining=True)
+            if self.in_flight is not None and not self.in_flight.wait_idle(grace):
+                log.warning(
+                    "%d calls still in flight after the %.1f s grace: cancelled", self.in_flight.count, grace
+                )
+            self.drain_seconds = time.monotonic() - started
             self.health.enter_graceful_shutdown()
-            self.grpc_server.stop(grace).wait()
+            left = None if grace is None else max(0.0, grace - self.drain_seconds)
+            self.grpc_server.stop(left if self.in_flight is None else 0).wait()
             after()
             if self.metrics is not None:
                 self.metrics.close()

@@ -5,8 +5,9 @@ update that carries tokens or reaches that end (the terminal update may carry th
 for breakpoints, it clones at each breakpoint update (``GenerationUpdate.breakpoint``). Clones are
 *queued* on the engine thread before the next forward, so a sliding window has not moved yet.
 
-Quotas: :meth:`SnapshotCapture.reserve` holds every snapshot's room in its owner's quota before the
-generation starts. A snapshot for the caller that does not fit fails the call; one handed to another
+Quotas: :meth:`SnapshotCapture.reserve` holds every snapshot's room in its payer's quota before the
+generation starts (the caller's for a snapshot handed to a persistent owner, until that owner claims
+it: ``handles.py``). A snapshot for the caller that does not fit fails the call; one handed to another
 owner (a persistent owner) that does not fit is refused with ``CloneRefusal.QUOTA`` when its time
 comes, and the generation goes on.
 """
@@ -41,7 +42,8 @@ class PendingSnapshot:
 
 
 class SnapshotCapture:
-    """The snapshots one generation on ``session`` takes for ``owner`` (see the module docstring)."""
+    """The snapshots one generation on ``session`` takes for ``owner``, counted against ``payer``
+    (default ``owner``; see the module docstring)."""
 
     def __init__(
         self,
@@ -49,12 +51,14 @@ class SnapshotCapture:
         session: Session,
         owner: str,
         *,
+        payer: str = "",
         prompt_snapshot: bool,
         breakpoints: tuple[int, ...],
     ) -> None:
         self._registry = registry
         self._session = session
         self.owner = owner
+        self.payer = payer or owner
         self._prompt_snapshot = prompt_snapshot
         self._breakpoints = frozenset(breakpoints)
         self._prompt_end = 0
@@ -73,7 +77,9 @@ class SnapshotCapture:
             wanted.append((SnapshotKind.PROMPT, prompt_end))
         for kind, position in wanted:
             try:
-                reservation: str | ResourceExhausted = self._registry.reserve(self.owner, position)
+                reservation: str | ResourceExhausted = self._registry.reserve(
+                    self.owner, position, payer=self.payer
+                )
             except ResourceExhausted as exc:
                 if self.owner == caller:
                     raise

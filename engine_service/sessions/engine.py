@@ -6,8 +6,11 @@ session an owner has counts against its quota -- a fresh session for its call (k
 held sessions, clones and snapshots -- reserved before anything is allocated. A generation reserves
 ``position + input + min(max_new_tokens, growth)`` (at most ``max_session_tokens``) and grows it as it
 produces tokens, ending with ``length`` when its owner's quota has no room left (``reservation.py``);
-a held session weighs its position. A clone or snapshot may go to another owner only to or from a persistent owner, and
-counts against the owner receiving it. After :meth:`EngineSessions.drain` new work is ``Stopping``.
+a held session weighs its position. A clone or snapshot may go to another owner only to or from a persistent owner.
+It counts against the client side: the receiving client (a persistent owner's clone for its caller),
+or the giving client (a hand-over to a persistent owner) until the persistent owner claims it
+(:meth:`EngineSessions.claim`, as the prefix service stores it) or it is released. After
+:meth:`EngineSessions.drain` new work is ``Stopping``.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ if TYPE_CHECKING:  # annotations only: the model, tokenizer and runner are built
     from engine_service.model.loader import LoadedModel
     from engine_service.model.tokenizer import Tokenizer
     from engine_service.model.transformer import Transformer
+    from engine_service.runtime.heartbeat import EngineHeartbeat
     from engine_service.runtime.runner import Runner
     from engine_service.runtime.session import Session
 
@@ -91,6 +95,7 @@ class EngineSessions:
     architecture: str = ""
     reservation_growth: int | None = None
     snapshot_key: SnapshotKey | None = field(default=None, repr=False)
+    heartbeat: EngineHeartbeat | None = field(default=None, repr=False)  # set by the server that runs it
 
     @classmethod
     def build(
@@ -107,7 +112,7 @@ class EngineSessions:
         prefill_chunk: int = 512,
         kv_dtype: str = "float32",
         idle_timeout_s: float = 0.0,
-        persistent_owners: tuple[str, ...] = (PERSISTENT_OWNER,),
+        persistent_owners: Iterable[str] = (PERSISTENT_OWNER,),
         eos_token_ids: tuple[int, ...] | None = None,
         prepared_inputs: bool = False,
         quota: OwnerQuota = NO_QUOTA,
@@ -137,7 +142,9 @@ class EngineSessions:
             chat=chat,
             registry=HandleRegistry(
                 idle_timeout_s=idle_timeout_s,
-                persistent_owners=frozenset(persistent_owners),
+                persistent_owners=persistent_owners
+                if isinstance(persistent_owners, frozenset)
+                else frozenset(persistent_owners),
                 quota=quota,
                 persistent_quota=persistent_quota,
             ),
@@ -162,8 +169,14 @@ class EngineSessions:
         self._draining = threading.Event()
 
     def drain(self) -> None:
-        """From now on new work is refused (``Stopping``); calls in flight go on."""
+        """From now on new work (generations, clones, imports) is refused (``Stopping``); calls in flight
+        go on, and so do Info, Close, Describe and ExportSession (a prefix service writes its snapshot
+        files before the engine goes)."""
         self._draining.set()
+
+    @property
+    def draining(self) -> bool:
+        return self._draining.is_set()
 
     def _serving(self) -> None:
         if self._draining.is_set():
@@ -177,6 +190,7 @@ class EngineSessions:
         value = fed_input(request.input, self.tokenizer, self.chat, self.limits.vocab_size)
         config, size = request.config, input_size(value)
         snapshot_owner = self._receiver(owner, request.snapshot_owner, "capture.snapshot_owner")
+        snapshot_payer = self._payer(owner, snapshot_owner)
         registry = self.registry
         if request.close_session and not request.session:
             raise InvalidArgument("close_session only applies to a given session (session is empty)")
@@ -192,6 +206,7 @@ class EngineSessions:
             registry,
             session,
             snapshot_owner,
+            payer=snapshot_payer,
             prompt_snapshot=request.prompt_snapshot,
             breakpoints=config.prefill_breakpoints,
         )
@@ -265,6 +280,12 @@ class EngineSessions:
             )
         return receiver
 
+    def _payer(self, giver: str, receiver: str) -> str:
+        """Whose quota a session ``giver`` makes for ``receiver`` counts in: the giver's when a client
+        hands it to a persistent owner (until claimed), else the receiver's."""
+        persistent = self.registry.persistent_owners
+        return giver if receiver in persistent and giver not in persistent else receiver
+
     # -- sessions ------------------------------------------------------------------------------
     def clone(
         self,
@@ -277,7 +298,8 @@ class EngineSessions:
         wanted: Callable[[], bool] = lambda: True,
     ) -> TakenClone:
         """A new session holding ``[0, upto)`` of ``owner``'s ``handle``, for ``new_owner`` (default the
-        caller), only if that range holds ``expected_digest`` when given (b"": unchecked); or why not.
+        caller; one handed to a persistent owner counts against the caller until claimed), only if
+        that range holds ``expected_digest`` when given (b"": unchecked); or why not.
         ``wanted()`` False once the clone is made (the caller left): it is released, Cancelled."""
         self._serving()
         receiver = self._receiver(owner, new_owner, "new_owner")
@@ -288,7 +310,8 @@ class EngineSessions:
         position = source.position
         if upto > position:
             return TakenClone(None, CloneRefusal.POSITION, detail=f"upto={upto} is outside [0, {position}]")
-        child_handle = self.registry.reserve(receiver, upto)  # the receiver's quota, before the clone
+        # the payer's quota, before the clone
+        child_handle = self.registry.reserve(receiver, upto, payer=self._payer(owner, receiver))
         try:
             future = source.clone_async(upto, expected)
             try:
@@ -316,8 +339,15 @@ class EngineSessions:
     def close(self, owner: str, handle: str) -> None:
         self.registry.remove(handle, owner).close()
 
+    def claim(self, owner: str, handle: str) -> None:
+        """``owner`` takes over the quota charge of its ``handle``, a session a client handed to it
+        (which counted against that client until now); QuotaExceeded when ``owner`` has no room."""
+        self._serving()
+        self.registry.claim(handle, owner)
+
     def release_owner(self, owner: str, keep: Collection[str] = ()) -> int:
-        """Close every session ``owner`` holds except ``keep``; how many."""
+        """Close every session ``owner`` holds, or handed over and still pays for, except ``keep``;
+        how many."""
         released = self.registry.release_owner(owner, keep=keep)
         for r in released:
             r.value.close()
@@ -335,8 +365,7 @@ class EngineSessions:
         return Described(session.position, digest, generating)
 
     def export_session(self, owner: str, handle: str, extra: Mapping[str, str]) -> EncodedSession:
-        self._serving()
-        return self.transfer.export(owner, handle, extra)
+        return self.transfer.export(owner, handle, extra)  # also while draining: nothing new is held
 
     def import_session(self, owner: str, chunks: Iterable[bytes]) -> ImportedSnapshot:
         self._serving()
@@ -345,6 +374,7 @@ class EngineSessions:
     # -- model ---------------------------------------------------------------------------------
     def info(self, owner: str) -> EngineInfo:
         load = self.runner.metrics()
+        beat = self.heartbeat
         return EngineInfo(
             instance_id=self.registry.instance_id,
             fingerprint=str(self.fingerprint),
@@ -367,6 +397,9 @@ class EngineSessions:
             window=self.runner.window_geometry or NO_WINDOW,
             compute_path=self.runner.compute_path,
             slow_path=self.runner.slow_path,
+            draining=self.draining,
+            heartbeat_age_s=0.0 if beat is None else beat.age_s,
+            heartbeat_longest_s=0.0 if beat is None else beat.longest_wait_s,
         )
 
     def tokenize(self, prompt: TextPrompt) -> list[int]:

@@ -5,11 +5,16 @@ callers, per owner, with idle expiry and quotas. Thread-safe; holds arbitrary va
   expired and removed handles all raise the same NotFound (a handle cannot be probed).
 - Each resolve refreshes its idle time; :meth:`HandleRegistry.expire_idle` removes unpinned client
   handles idle past ``idle_timeout_s`` (persistent owners' never expire) and returns them to close.
-- Quotas: an entry weighs one session and the positions its caller says; an owner's entries stay
-  within ``quota`` (clients) or ``persistent_quota`` (each persistent owner), or the call raises
-  ``QuotaExceeded`` before anything is allocated. :meth:`HandleRegistry.reserve` counts a *pending*
-  entry (unresolvable, never expired) that :meth:`HandleRegistry.fill` gives its value;
-  :meth:`HandleRegistry.extend` grows an entry's weight by what still fits (a generation's reservation).
+- Quotas: an entry weighs one session and the positions its caller says, charged to its *payer*: its
+  owner, except a session a client handed to a persistent owner (a clone or snapshot with another
+  owner), which counts against the giving client until its owner claims it (:meth:`HandleRegistry.claim`;
+  the prefix service does as it stores it) or it is released -- so nobody fills a persistent owner's
+  budget with sessions it never asked for. Each payer's entries stay within ``quota`` (clients) or
+  ``persistent_quota`` (each persistent owner), or the call raises ``QuotaExceeded`` before anything is
+  allocated. :meth:`HandleRegistry.reserve` counts a *pending* entry (unresolvable, never expired) that
+  :meth:`HandleRegistry.fill` gives its value; :meth:`HandleRegistry.extend` grows an entry's weight by
+  what still fits (a generation's reservation).
+- Expiry follows the payer: an unclaimed hand-over expires like its giver's own handles.
 """
 
 from __future__ import annotations
@@ -67,6 +72,10 @@ class _Entry(Generic[T]):
     pins: int = 0
     positions: int = 0
     pending: bool = False
+    payer: str = ""  # whose quota it counts in ("" -> the owner's; set in __post_init__)
+
+    def __post_init__(self) -> None:
+        self.payer = self.payer or self.owner
 
 
 def _value(entry: _Entry[T]) -> T:
@@ -114,16 +123,37 @@ class HandleRegistry(Generic[T]):
         self.fill(handle, value)
         return handle
 
-    def reserve(self, owner: str, positions: int = 0) -> str:
+    def reserve(self, owner: str, positions: int = 0, *, payer: str = "") -> str:
         """A pending handle for a value still to be made (:meth:`fill` it, or :meth:`discard` it): it
-        counts against ``owner``'s quota now (QuotaExceeded when there is no room)."""
+        counts against ``payer``'s quota now (default the owner's; QuotaExceeded when there is no room)."""
         if not owner:
             raise InvalidArgument("owner must be a non-empty string")
+        payer = payer or owner
         handle = new_handle(self.instance_id)
         with self._lock:
-            self._check(owner, 1, positions)
-            self._entries[handle] = _Entry(None, owner, self.clock(), positions=positions, pending=True)
+            self._check(payer, 1, positions)
+            self._entries[handle] = _Entry(
+                None, owner, self.clock(), positions=positions, pending=True, payer=payer
+            )
         return handle
+
+    def claim(self, handle: str, owner: str) -> None:
+        """``owner`` takes over the quota charge of its ``handle`` (a session handed to it, counting
+        against its giver until now): QuotaExceeded when ``owner``'s quota has no room for it (nothing
+        changes then); NotFound as :meth:`resolve`. A handle ``owner`` already pays for is left as is."""
+        with self._lock:
+            entry = self._entry(handle, owner)
+            if entry.payer == owner:
+                return
+            self._check(owner, 1, entry.positions)
+            entry.payer = owner
+            entry.last_used = self.clock()
+
+    def payer_of(self, handle: str) -> str | None:
+        """Whose quota ``handle`` counts in (None when it is gone); for tests and diagnostics."""
+        with self._lock:
+            entry = self._entries.get(handle)
+            return None if entry is None else entry.payer
 
     def fill(self, handle: str, value: T) -> bool:
         """Give a reserved handle its value; False when the reservation is gone (its owner released
@@ -144,7 +174,7 @@ class HandleRegistry(Generic[T]):
             if entry is None:
                 return
             if check and positions > entry.positions:
-                self._check(entry.owner, 0, positions - entry.positions)
+                self._check(entry.payer, 0, positions - entry.positions)
             entry.positions = positions
 
     def extend(self, handle: str, positions: int) -> int | None:
@@ -156,7 +186,7 @@ class HandleRegistry(Generic[T]):
             if entry is None:
                 return None
             if positions > entry.positions:
-                entry.positions += min(positions - entry.positions, self._room(entry.owner))
+                entry.positions += min(positions - entry.positions, self._room(entry.payer))
             return entry.positions
 
     def _room(self, owner: str) -> int:
@@ -173,8 +203,9 @@ class HandleRegistry(Generic[T]):
         return OwnerUsage(owner, owner in self.persistent_owners, sessions, positions, self.quota_for(owner))
 
     def _held(self, owner: str) -> tuple[int, int]:
-        """(sessions, positions) ``owner`` holds, reservations included (lock held)."""
-        mine = [e.positions for e in self._entries.values() if e.owner == owner]
+        """(sessions, positions) ``owner`` pays for, reservations and unclaimed hand-overs included
+        (lock held)."""
+        mine = [e.positions for e in self._entries.values() if e.payer == owner]
         return len(mine), sum(mine)
 
     def _check(self, owner: str, sessions: int, positions: int) -> None:
@@ -240,14 +271,16 @@ class HandleRegistry(Generic[T]):
         return None if entry is None else entry.value
 
     def release_owner(self, owner: str, keep: Collection[str] = ()) -> list[Released[T]]:
-        """Forget every handle ``owner`` holds, except those in ``keep`` and the reservations of calls
-        in flight, and return them."""
+        """Forget every handle ``owner`` holds or pays for (its hand-overs nobody claimed yet), except
+        those in ``keep`` and the reservations of calls in flight, and return them."""
         keep = frozenset(keep)
         with self._lock:
             gone = [
-                h for h, e in self._entries.items() if e.owner == owner and not e.pending and h not in keep
+                h
+                for h, e in self._entries.items()
+                if owner in (e.owner, e.payer) and not e.pending and h not in keep
             ]
-            return [Released(h, owner, _value(self._entries.pop(h))) for h in gone]
+            return [Released(h, self._entries[h].owner, _value(self._entries.pop(h))) for h in gone]
 
     def release_all(self) -> list[Released[T]]:
         """Forget every handle and reservation (shutdown); returns the handles."""
@@ -257,7 +290,8 @@ class HandleRegistry(Generic[T]):
         return gone
 
     def expire_idle(self) -> list[Released[T]]:
-        """Forget unpinned handles idle for longer than ``idle_timeout_s`` and return them."""
+        """Forget unpinned handles idle for longer than ``idle_timeout_s`` and return them (a
+        persistent owner's never expire, unless a client still pays for them: an unclaimed hand-over)."""
         if self.idle_timeout_s == 0:
             return []
         deadline = self.clock() - self.idle_timeout_s
@@ -268,7 +302,7 @@ class HandleRegistry(Generic[T]):
                 if e.pins == 0
                 and not e.pending
                 and e.last_used < deadline
-                and e.owner not in self.persistent_owners
+                and e.payer not in self.persistent_owners
             ]
             return [Released(h, self._entries[h].owner, self._entries.pop(h).value) for h in gone]
 

@@ -196,6 +196,11 @@ class EngineBackend:
         message = engine_wire.engine_request(request, snapshot_owner=self.owner if owner else "")
         return RemoteStream(self.stub.Generate(message, metadata=metadata, **self.call_options(None)))
 
+    def claim(self, handle: str) -> None:
+        """Take over the quota charge of a handle a caller handed to this owner (its Insert's clone, a
+        gateway capture's snapshot): it counted against the caller until now."""
+        self.call(self.stub.Claim, pb.ClaimRequest(session=handle))
+
     def reclaim(self) -> int:
         """Close what this owner holds in the engine except the handles this backend knows (adopted:
         stored snapshots, inserts being made): e.g. clones a client handed to it and never inserted.

@@ -42,6 +42,7 @@ from prefix_service.cache.outcomes import (
 )
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.cache.retention import BOUNDARY_KEY
+from prefix_service.cache.session_backend import release_handle
 from prefix_service.gateway.calls import GatewayRequest, GatewayStats, Prompt, PromptLookup
 from prefix_service.gateway.gateway_backend import EngineGenerate, EngineStream, GatewayBackend
 from prefix_service.gateway.pressure import EnginePressure
@@ -192,6 +193,10 @@ class Gateway:
             if taken is None:
                 return self._refused(InsertRefusal.OVER_BUDGET)
             return self._refused(_CLONE_REFUSALS.get(taken.refusal, InsertRefusal.CLONE_REFUSED))
+        unclaimed = self._claim(taken.handle)
+        if unclaimed is not None:
+            reservation.release()
+            return self._refused(unclaimed)
         return self._insert(namespace, tokens, taken.handle, metadata, digest, reservation)
 
     def generate(self, request: GatewayRequest, owner: str) -> GatewayStream:
@@ -357,6 +362,14 @@ class Gateway:
                 self.tier.persist(self.cache, namespace, tokens, handle, metadata)
         return outcome
 
+    def _claim(self, handle: str) -> InsertRefusal | None:
+        """Take over the engine quota charge of a caller's hand-over before it is stored (it counted
+        against the caller until now: ``pressure.claim``); a handle that cannot be claimed is released."""
+        refusal = self.pressure.claim(handle)
+        if refusal is not None:
+            release_handle(self.backend, handle)
+        return refusal
+
     def _refused(self, reason: InsertRefusal) -> InsertOutcome:
         """An insert refused before the cache saw a snapshot (counted with the cache's refusals)."""
         self.cache.record_refusal(reason)
@@ -373,6 +386,12 @@ class Gateway:
         reservation = room.take(snapshot.position)
         if snapshot.handle:
             self.backend.adopt(snapshot.handle, snapshot.position, snapshot.content_digest)
+            unclaimed = self._claim(snapshot.handle)
+            if unclaimed is not None:
+                if reservation is not None:
+                    reservation.release()
+                self.cache.record_refusal(unclaimed)
+                return
             metadata, checkpoint = request.metadata, snapshot.kind == SnapshotKind.BREAKPOINT
             if checkpoint:
                 metadata = {**metadata, BOUNDARY_KEY: SnapshotKind.BREAKPOINT}

@@ -70,8 +70,11 @@ class GatewayBackend(SessionBackend, Protocol):
     into a session this backend owns and adopts; with ``expected_digest`` the engine clones only if
     ``[0, upto)`` holds exactly that content (checked atomically there). ``close_as(session, owner)``:
     close as ``owner`` (default: this backend); errors propagate. ``generate(request)``: start an
-    engine Generate call (as ``request.owner``). ``reclaim()``: release what this backend's owner
-    holds in the engine that the backend does not know (e.g. clones a client handed to it); how many.
+    engine Generate call (as ``request.owner``). ``claim(handle)``: take over the engine quota charge
+    of a handle a caller handed to this backend's owner (a take_clone's, a snapshot event's), which
+    counts against that caller until then (QuotaExceeded when the owner's budget has no room).
+    ``reclaim()``: release what this backend's owner holds in the engine that the backend does not
+    know (e.g. clones a client handed to it); how many.
     """
 
     @property
@@ -101,5 +104,7 @@ class GatewayBackend(SessionBackend, Protocol):
     def close_as(self, session: str, owner: str | None = None) -> None: ...
 
     def generate(self, request: EngineGenerate) -> EngineStream: ...
+
+    def claim(self, handle: str) -> None: ...
 
     def reclaim(self) -> int: ...

@@ -5,6 +5,8 @@ a live request finds the engine full (the prefix service never starves live traf
   at the engine's quota for the service's owner (``budget.engine_budget``); a shrinking cap evicts.
 - :meth:`relieve`: a live request met a full engine: evict one entry, the caller retries once (not
   when the request's owner is over its own quota, nor with ``pressure_retry`` False).
+- :meth:`claim`: take over the engine quota charge of a handle a caller handed to the service, as it
+  is stored (it counted against that caller until then, so no caller fills the service's budget).
 - :meth:`reclaim`: the engine refused the service room for its own quota although the cache is within
   its bounds: release the handles the service's owner holds and the service does not know.
 """
@@ -16,8 +18,9 @@ import threading
 
 from engine_service.api.answers import TakenClone
 from engine_service.api.engine_info import EngineInfo
-from engine_service.api.errors import ForklineError, QuotaExceeded, ResourceExhausted
+from engine_service.api.errors import ForklineError, NotFound, QuotaExceeded, ResourceExhausted
 from prefix_service.cache.budget import check_share, engine_budget
+from prefix_service.cache.outcomes import InsertRefusal
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.gateway.gateway_backend import GatewayBackend
 
@@ -92,6 +95,25 @@ class EnginePressure:
             if attempt or not self.reclaim():
                 break
         return None
+
+    def claim(self, handle: str) -> InsertRefusal | None:
+        """Take over the engine quota charge of ``handle`` (a caller's hand-over, before it is stored);
+        None when claimed, else why it cannot be stored: OVER_BUDGET when the service's own quota stays
+        full after reclaiming the handles it does not know, INVALID_SNAPSHOT when the handle is gone or
+        the engine could not be asked. The caller releases a handle it could not claim."""
+        for attempt in range(2):
+            try:
+                self.backend.claim(handle)
+                return None
+            except QuotaExceeded:
+                if attempt or not self.reclaim():
+                    return InsertRefusal.OVER_BUDGET
+            except NotFound:
+                return InsertRefusal.INVALID_SNAPSHOT
+            except ForklineError as exc:  # e.g. the engine went away: the handle is not stored
+                log.info("could not claim a snapshot handle: %s", exc)
+                return InsertRefusal.INVALID_SNAPSHOT
+        return InsertRefusal.OVER_BUDGET
 
     def reclaim(self) -> int:
         """Release what the service's owner holds in the engine that it does not know; how many."""

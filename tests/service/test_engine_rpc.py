@@ -77,6 +77,9 @@ def test_clone_close_describe_release_owner(engine) -> None:
     gift = alice.clone(session, 60, new_owner="prefix-service")  # to a persistent owner (the prefix service)
     keeper = EngineClient(engine.address, owner="prefix-service")
     assert keeper.describe(gift) == (60, False)
+    assert engine.deps.registry.payer_of(gift) == "alice"  # alice's quota until the keeper claims it
+    keeper.claim(gift)
+    assert engine.deps.registry.payer_of(gift) == "prefix-service"
     gift = keeper.clone(gift, 60, new_owner="bob")  # and a persistent owner to a client (a lookup)
     assert bob.describe(gift) == (60, False)
     with pytest.raises(NotFound):

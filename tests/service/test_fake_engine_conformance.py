@@ -191,6 +191,8 @@ def observe(world: World) -> dict[str, Any]:
     seen["take_clone"] = taken(clone)
     h = clone.handle
     seen["clone held"] = (b.valid(h), b.position(h), b.content_digest(h) == content_digest(P[:5]))
+    seen["claim"] = answer(lambda: b.claim(h))
+    seen["claim again"] = answer(lambda: b.claim(h))
     seen["take_clone past the position"] = taken(answer(lambda: b.take_clone(s, len(P) + 1, "alice")))
     seen["take_clone, other content"] = taken(
         answer(lambda: b.take_clone(s, 5, "alice", content_digest(P[1:6])))
@@ -200,6 +202,7 @@ def observe(world: World) -> dict[str, Any]:
     seen["clone past the position"] = b.clone(h, 6)
     b.close(h)
     seen["closed handle"] = (b.valid(h), answer(lambda: b.close(h)))
+    seen["claim, closed"] = answer(lambda: b.claim(h))
     seen["reclaim"] = type(b.reclaim())
     gone = world.session(P)
     seen["close_as"] = answer(lambda: b.close_as(gone, "alice"))
@@ -225,12 +228,15 @@ EXPECTED = {  # what both backends answer (the real engine's answers, which the 
     "describe": (Described, len(P), True),
     "take_clone": ("handle", None),
     "clone held": (True, 5, True),
+    "claim": None,
+    "claim again": None,
     "take_clone past the position": (None, "position"),
     "take_clone, other content": (None, "content_mismatch"),
     "clone_or_refusal": ("handle", None),
     "clone_or_refusal past the position": (None, "position"),
     "clone past the position": None,
     "closed handle": (False, None),
+    "claim, closed": NotFound,
     "reclaim": int,
     "close_as": None,
     "close_as again": NotFound,

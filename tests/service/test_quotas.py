@@ -146,38 +146,42 @@ def test_clones_go_to_another_owner_only_through_a_persistent_owner(engine_facto
         list(mallory.stub.Generate(request, metadata=((OWNER_METADATA_KEY, "mallory"),)))
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "capture.snapshot_owner 'bob'" in refused.value.details()
-    # handing clones to the prefix service counts against its budget (4 sessions), not mallory's quota
-    gifts = [mallory.clone(session, 40 + i, new_owner="prefix-service") for i in range(4)]
-    assert all(gifts) and engine.deps.registry.count("prefix-service") == 4
-    with pytest.raises(
-        ResourceExhausted, match="owner 'prefix-service' holds 4 sessions, persistent_owner_max_sessions=4"
-    ):
-        mallory.clone(session, 50, new_owner="prefix-service")
+    # a clone handed to the prefix service counts against mallory's quota until the service claims it
+    # (as it stores it): she cannot fill the service's budget with sessions it never asked for
+    assert mallory.clone(session, 40, new_owner="prefix-service")
+    assert engine.deps.registry.usage("mallory").sessions == 2
+    with pytest.raises(ResourceExhausted, match="owner 'mallory' holds 2 sessions, owner_max_sessions=2"):
+        mallory.clone(session, 41, new_owner="prefix-service")
 
 
-def test_the_prefix_service_reclaims_clones_handed_to_it(engine_factory, prefix_factory) -> None:
-    # Mallory fills the prefix service's engine budget with clones it never heard of; its next
+def test_the_prefix_service_reclaims_sessions_it_does_not_know(engine_factory, prefix_factory) -> None:
+    # The prefix service's engine budget is full of sessions it never heard of (an earlier process of
+    # the service left them; a client's hand-overs count against the client until claimed); its next
     # insert and gateway capture still store (it releases the handles it does not know).
     engine = engine_factory(max_sessions=MAX_SESSIONS, quota=QUOTA, persistent_quota=PERSISTENT)
     prefix = prefix_factory(engine.address)
-    mallory = EngineClient(engine.address, owner="mallory")
-    session = mallory.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
-    for i in range(4):
-        assert mallory.clone(session, 40 + i, new_owner="prefix-service")
+    earlier = EngineClient(engine.address, owner="prefix-service")
+
+    def fill(count: int) -> None:
+        session = earlier.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+        for i in range(count - 1):
+            assert earlier.clone(session, 40 + i)
+
+    fill(4)
     bob = PrefixClient(prefix.address, owner="bob")
-    bob.generate(PROMPT, max_new_tokens=1).collect()  # its snapshot is refused for the quota: reclaim
+    bob.generate(PROMPT, max_new_tokens=1).collect()  # claiming its snapshot finds no room: reclaim
     stats = bob.stats()
-    assert stats.reclaimed == 4 and stats.refusals.get("quota") == 1
-    bob.generate(PROMPT, max_new_tokens=1).collect()
-    assert bob.stats().entries == 1
+    assert (stats.reclaimed, stats.entries, stats.refusals) == (4, 1, {})
+    assert bob.generate(PROMPT, max_new_tokens=1).collect().done.reused_positions == len(PROMPT) - 1
     assert engine.deps.registry.count("prefix-service") == 1 == prefix.server.deps.backend.held()
     # the Insert path: fill again, then bob's insert reclaims and stores
-    for i in range(3):
-        assert mallory.clone(session, 40 + i, new_owner="prefix-service")
+    fill(3)
     bob_engine = EngineClient(engine.address, owner="bob")
     other = [ord(c) for c in "Another prompt for an insert."]
     kept = bob_engine.generate(other, max_new_tokens=1, keep_session=True).collect().started.session
-    result = bob.insert_detailed(other, bob_engine.clone(kept, len(other)))
+    handed = bob_engine.clone(kept, len(other))
+    bob_engine.close(kept)  # the service's clone counts in bob's quota (2 sessions) until claimed
+    result = bob.insert_detailed(other, handed)
     assert result.stored, result
     assert bob.stats().reclaimed == 7 and engine.deps.registry.count("prefix-service") == 2
 

@@ -269,6 +269,7 @@ class FakeEngine(FakeBackend):
         self.take_clone_digests: list[bytes | None] = []  # expected_digest of each take_clone call
         self._cloning_for: str | None = None
         self.reclaims = 0
+        self.claims: list[FakeSession] = []  # claim() calls, in order
         self.describe_content = True
         self.max_sessions = 0  # Info's limits (0: not reported: the gateway's budget is its own bounds)
         self.window_evicts = False  # Info's window: True models batched-sequence with sliding layers
@@ -369,6 +370,11 @@ class FakeEngine(FakeBackend):
         """As the engine: a closed session's handle is unknown (NotFound)."""
         if session.closed:
             raise NotFound(f"unknown session handle {session!r}")
+
+    def claim(self, handle: FakeSession) -> None:
+        """As the engine: a closed session's handle is unknown (NotFound); ``claims`` records each."""
+        self._known(handle)
+        self.claims.append(handle)
 
     def reclaim(self) -> int:
         """The fake knows every session it made: nothing is unknown."""
