@@ -67,7 +67,7 @@ class PreparedInput(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., payload: _Optional[bytes] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerationConfig(_message.Message):
-    __slots__ = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop_tokens", "ignore_eos", "prefill_chunk")
+    __slots__ = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop_tokens", "ignore_eos", "prefill_chunk", "top_logprobs", "json_schema")
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,8 @@ class GenerationConfig(_message.Message):
     STOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     temperature: float
     top_p: float
@@ -84,7 +86,9 @@ class GenerationConfig(_message.Message):
     stop_tokens: _containers.RepeatedScalarFieldContainer[int]
     ignore_eos: bool
     prefill_chunk: int
-    def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., prefill_chunk: _Optional[int] = ...) -> None: ...
+    top_logprobs: int
+    json_schema: str
+    def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., prefill_chunk: _Optional[int] = ..., top_logprobs: _Optional[int] = ..., json_schema: _Optional[str] = ...) -> None: ...
 
 class CaptureOptions(_message.Message):
     __slots__ = ("prompt_snapshot", "breakpoints", "snapshot_owner")
@@ -127,12 +131,34 @@ class StartedEvent(_message.Message):
     def __init__(self, session: _Optional[str] = ..., position: _Optional[int] = ..., input_positions: _Optional[int] = ...) -> None: ...
 
 class TokensEvent(_message.Message):
-    __slots__ = ("ids", "text")
+    __slots__ = ("ids", "text", "logprobs")
     IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
-    def __init__(self, ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
+
+class TokenLogprob(_message.Message):
+    __slots__ = ("chosen", "top")
+    CHOSEN_FIELD_NUMBER: _ClassVar[int]
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    chosen: LogprobEntry
+    top: _containers.RepeatedCompositeFieldContainer[LogprobEntry]
+    def __init__(self, chosen: _Optional[_Union[LogprobEntry, _Mapping]] = ..., top: _Optional[_Iterable[_Union[LogprobEntry, _Mapping]]] = ...) -> None: ...
+
+class LogprobEntry(_message.Message):
+    __slots__ = ("id", "logprob", "text", "raw")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    RAW_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    logprob: float
+    text: str
+    raw: bytes
+    def __init__(self, id: _Optional[int] = ..., logprob: _Optional[float] = ..., text: _Optional[str] = ..., raw: _Optional[bytes] = ...) -> None: ...
 
 class SnapshotEvent(_message.Message):
     __slots__ = ("handle", "position", "kind", "refusal", "content_digest", "reason")
