@@ -53,14 +53,16 @@ INSERT_REFUSAL_INVALID_KEY: InsertRefusal
 INSERT_REFUSAL_OVER_BUDGET: InsertRefusal
 
 class LookupRequest(_message.Message):
-    __slots__ = ("namespace", "tokens", "text")
+    __slots__ = ("namespace", "tokens", "text", "cache_salt")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     tokens: _engine_pb2.TokenIds
     text: _engine_pb2.TextInput
-    def __init__(self, namespace: _Optional[str] = ..., tokens: _Optional[_Union[_engine_pb2.TokenIds, _Mapping]] = ..., text: _Optional[_Union[_engine_pb2.TextInput, _Mapping]] = ...) -> None: ...
+    cache_salt: str
+    def __init__(self, namespace: _Optional[str] = ..., tokens: _Optional[_Union[_engine_pb2.TokenIds, _Mapping]] = ..., text: _Optional[_Union[_engine_pb2.TextInput, _Mapping]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
     __slots__ = ("session", "reused", "tokens", "reason", "diverged_at", "engine")
@@ -79,7 +81,7 @@ class LookupResponse(_message.Message):
     def __init__(self, session: _Optional[str] = ..., reused: _Optional[int] = ..., tokens: _Optional[_Iterable[int]] = ..., reason: _Optional[_Union[MissReason, str]] = ..., diverged_at: _Optional[int] = ..., engine: _Optional[str] = ...) -> None: ...
 
 class InsertRequest(_message.Message):
-    __slots__ = ("namespace", "tokens", "session", "metadata", "engine")
+    __slots__ = ("namespace", "tokens", "session", "metadata", "engine", "cache_salt")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -92,12 +94,14 @@ class InsertRequest(_message.Message):
     SESSION_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     tokens: _containers.RepeatedScalarFieldContainer[int]
     session: str
     metadata: _containers.ScalarMap[str, str]
     engine: str
-    def __init__(self, namespace: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., session: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., engine: _Optional[str] = ...) -> None: ...
+    cache_salt: str
+    def __init__(self, namespace: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., session: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., engine: _Optional[str] = ..., cache_salt: _Optional[str] = ...) -> None: ...
 
 class InsertResponse(_message.Message):
     __slots__ = ("stored", "reason")
@@ -232,7 +236,7 @@ class ClearResponse(_message.Message):
     def __init__(self, released: _Optional[int] = ...) -> None: ...
 
 class GatewayGenerateRequest(_message.Message):
-    __slots__ = ("namespace", "tokens", "text", "config", "skip_insert", "metadata")
+    __slots__ = ("namespace", "tokens", "text", "config", "skip_insert", "metadata", "cache_salt")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -246,10 +250,12 @@ class GatewayGenerateRequest(_message.Message):
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     SKIP_INSERT_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     tokens: _engine_pb2.TokenIds
     text: _engine_pb2.TextInput
     config: _engine_pb2.GenerationConfig
     skip_insert: bool
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, namespace: _Optional[str] = ..., tokens: _Optional[_Union[_engine_pb2.TokenIds, _Mapping]] = ..., text: _Optional[_Union[_engine_pb2.TextInput, _Mapping]] = ..., config: _Optional[_Union[_engine_pb2.GenerationConfig, _Mapping]] = ..., skip_insert: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    cache_salt: str
+    def __init__(self, namespace: _Optional[str] = ..., tokens: _Optional[_Union[_engine_pb2.TokenIds, _Mapping]] = ..., text: _Optional[_Union[_engine_pb2.TextInput, _Mapping]] = ..., config: _Optional[_Union[_engine_pb2.GenerationConfig, _Mapping]] = ..., skip_insert: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., cache_salt: _Optional[str] = ...) -> None: ...

@@ -91,7 +91,8 @@ class PrefixCacheServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Clear(self, request, context):
-        """Drop every entry and release its snapshot in the engine.
+        """Drop the caller's entries (its own namespaces; the --admin_owner: every entry) and release their
+        snapshots in the engine. Stats likewise counts the caller's own entries; the admin's: everything.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
