@@ -91,6 +91,16 @@ class SequenceCache:
         self._length = p
         return True
 
+    def take_back(self, start: int, written: int) -> None:
+        """Undo the last step as if it never ran: ``length`` back to ``start`` and the high-water mark
+        back to ``written`` (its value before the step). Only without ring layers, whose slots the step
+        overwrote (ValueError there, or when ``start`` / ``written`` are not the step's)."""
+        if self.has_ring or not start <= self._length or not start <= written <= self._written:
+            raise ValueError(
+                f"cannot take back to {start} / {written} (length {self._length}, rings {self.has_ring})"
+            )
+        self._length, self._written = start, written
+
     def _force_rewind(self, p: int) -> None:
         """Test hook: set the length without :meth:`can_rewind` (the deliberately unsafe control)."""
         self._length = p

@@ -60,10 +60,11 @@ class _Launched:
 @dataclass
 class _Lookahead:
     """The decode step after the last one, queued before that one's tokens were read back (see
-    :meth:`ModuleExecutor._launch_ahead`): for each session in batch order ``(sid, start, seq)`` of the
-    row it wrote, and the samplers' keys from before its draws."""
+    :meth:`ModuleExecutor._launch_ahead`): for each session in batch order ``(sid, start, seq, written)``
+    of the row it wrote (``written``: the sequence's high-water mark before it, None on a cache without
+    per-sequence marks), and the samplers' keys from before its draws."""
 
-    entries: list[tuple[int, int, int]]
+    entries: list[tuple[int, int, int, int | None]]
     launched: _Launched
     tokens: mx.array  # the lazy inputs: the previous step's predictions
     saved_keys: list[tuple[Sampler, mx.array]]
@@ -114,6 +115,9 @@ class ModuleExecutor(Executor):
         self._next_sid = 1
         self._ahead: _Lookahead | None = None
         self.lookahead = lookahead and self._lookahead_invisible()
+        # lookahead steps consumed by the next execute / thrown away (inspection: tests, benchmarks)
+        self.lookahead_used = 0
+        self.lookahead_discarded = 0
 
     @classmethod
     def create(
@@ -315,6 +319,7 @@ class ModuleExecutor(Executor):
             self._discard(ahead)
             ahead = None
         if ahead is not None:  # _continues checked that every input is the lookahead's
+            self.lookahead_used += 1
             launched = ahead.launched
             launched.pieces = [(plan, 0, 1) for plan in plans]
             launched.finishing = [(plan, i) for i, plan in enumerate(plans)]
@@ -470,6 +475,7 @@ class ModuleExecutor(Executor):
         ):
             return None
         entries, segments, positions = [], [], []
+        marks = getattr(self.cache, "sequence", None)  # batched-sequence: per-sequence high-water marks
         for (plan, lo, hi), (fplan, at) in zip(launched.pieces, launched.finishing, strict=True):
             if fplan is not plan or hi - lo != 1 or plan.size != 1 or plan.logit_count != 1 or plan.drafts:
                 return None
@@ -478,7 +484,8 @@ class ModuleExecutor(Executor):
             nxt = plan.start + 1
             if nxt + 1 > self.max_session_tokens or not self.cache.can_admit(plan.state.seq, 1):
                 return None
-            entries.append((plan.sid, nxt, plan.state.seq))
+            written = None if marks is None else marks(plan.state.seq).written
+            entries.append((plan.sid, nxt, plan.state.seq, written))
             segments.append(Segment(plan.state.seq, nxt, 1))
             positions.append(nxt)
         saved = [
@@ -500,7 +507,7 @@ class ModuleExecutor(Executor):
         """Whether ``batch`` feeds exactly the lookahead's sessions their predictions at its rows."""
         if len(batch) != len(ahead.entries):
             return False
-        for inp, (sid, start, _) in zip(batch, ahead.entries, strict=True):
+        for inp, (sid, start, _, _) in zip(batch, ahead.entries, strict=True):
             if (
                 inp.sid != sid
                 or inp.start != start
@@ -515,13 +522,19 @@ class ModuleExecutor(Executor):
         return all(inp.tokens[0] == tok for inp, tok in zip(batch, expected, strict=True))
 
     def _discard(self, ahead: _Lookahead) -> None:
-        """Undo a lookahead nobody uses: its rows rewound, the samplers' keys put back."""
+        """Undo a lookahead nobody uses: its rows taken back (the high-water mark too, so an export
+        or a clone sees no trace of it), the samplers' keys put back."""
+        self.lookahead_discarded += 1
         for sampler, key in ahead.saved_keys:
             sampler.restore_key(key)
-        for sid, start, seq in ahead.entries:
+        for sid, start, seq, written in ahead.entries:
             state = self._sessions.get(sid)
-            if state is not None and state.seq == seq and self.cache.pos(seq) == start + 1:
+            if state is None or state.seq != seq or self.cache.pos(seq) != start + 1:
+                continue
+            if written is None:
                 self.cache.rewind(seq, start)
+            else:
+                self.cache.sequence(seq).take_back(start, written)
 
     def _settle(self) -> None:
         """Discard a queued lookahead (before anything that reads or changes sessions or the cache)."""
