@@ -67,7 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     from engine_service.serving.service_main import add_auth_arguments, add_serving_arguments, port_number
     from prefix_service.cache.checkpoints import DEFAULT_CHECKPOINT_STRIDE, DEFAULT_MAX_CHECKPOINTS
     from prefix_service.cache.retention import policy_names
-    from prefix_service.fleet.routing import DEFAULT_IMBALANCE_ABS, DEFAULT_IMBALANCE_REL, routing_names
+    from prefix_service.fleet.cost_model import DEFAULT_MIN_REUSE_FRACTION, DEFAULT_MIN_REUSE_POSITIONS
+    from prefix_service.fleet.routing import (
+        DEFAULT_IMBALANCE_ABS,
+        DEFAULT_IMBALANCE_REL,
+        DEFAULT_ROUTING,
+        routing_names,
+    )
 
     p = argparse.ArgumentParser(
         prog="forkline-prefix", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -94,10 +100,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--routing",
-        default="cache_aware",
+        default=DEFAULT_ROUTING,
         choices=routing_names(),
-        help="which engine serves a request: cache_aware (the most reused positions unless overloaded), "
-        "least_loaded, round_robin (default: %(default)s)",
+        help="which engine serves a request: cost (the lowest expected time to first token: positions "
+        "to compute x measured prefill rate + queue, see docs/DEPLOY.md Routing), cache_aware (the most "
+        "reused positions unless overloaded), least_loaded, round_robin (default: %(default)s)",
+    )
+    p.add_argument(
+        "--route_min_reuse_fraction",
+        metavar="F",
+        type=float,
+        default=DEFAULT_MIN_REUSE_FRACTION,
+        help="cost: a reuse shorter than this share of the prompt does not decide, in [0, 1] "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--route_min_reuse_positions",
+        metavar="N",
+        type=int,
+        default=DEFAULT_MIN_REUSE_POSITIONS,
+        help="cost: nor one shorter than N positions, e.g. a chat template's header (default: %(default)s)",
     )
     p.add_argument(
         "--route_imbalance_abs",
@@ -290,14 +312,19 @@ def connect_and_serve(args: argparse.Namespace):
     from prefix_service.cache.checkpoints import CheckpointPlan
     from prefix_service.engines.connect import connect_fleet
     from prefix_service.engines.engine_pool import engine_targets
+    from prefix_service.fleet.cost_model import CostConfig
     from prefix_service.fleet.routing import routing_policy
     from prefix_service.rpc.server import create_server
 
     security = server_security(args)
     token = read_token_file(args.engine_token_file, "--engine_token_file") if args.engine_token_file else None
     engine_security = ClientSecurity(token, args.engine_tls_ca, args.engine_tls_cert, args.engine_tls_key)
+    cost = CostConfig(args.route_min_reuse_fraction, args.route_min_reuse_positions)
     routing = routing_policy(
-        args.routing, imbalance_abs=args.route_imbalance_abs, imbalance_rel=args.route_imbalance_rel
+        args.routing,
+        imbalance_abs=args.route_imbalance_abs,
+        imbalance_rel=args.route_imbalance_rel,
+        cost=cost,
     )
     tier = None
     if args.snapshot_dir:

@@ -3,8 +3,10 @@
 Each engine is an :class:`EngineMember`: its own :class:`Gateway` (cache, budget, restart handling) and
 what routing needs (serving now, this service's generations there, the engine's load as last read). A
 snapshot continues only on the engine that holds it, so a request goes where its prefix is: every
-routable engine is scored by the positions its cache can reuse (``PrefixCache.reusable``) and its
-load, and the routing policy (``routing.py``) orders them.
+routable engine is scored by the positions its cache can reuse (``PrefixCache.reusable``), its
+load and how full its share is, and the routing policy (``routing.py``) orders them. Each finished
+generation's time to first token feeds the fleet's measured rates (``rates.RateMeter``), which the
+``cost`` policy turns positions and load into seconds with.
 
 - Routable: SERVING, with the fleet's fingerprint (the one most engines have; the others are held out
   of routing, their entries kept apart).
@@ -21,16 +23,26 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from engine_service.api.errors import ForklineError, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from engine_service.api.prompts import TextPrompt
-from engine_service.api.stream_events import Done
+from engine_service.api.stream_events import Done, Tokens
 from prefix_service.cache.index import token_key
 from prefix_service.cache.outcomes import InsertOutcome
-from prefix_service.fleet.routing import Candidate, Route, RouteReason, RoutingPolicy, routing_policy
+from prefix_service.fleet.rates import RateMeter
+from prefix_service.fleet.routing import (
+    DEFAULT_ROUTING,
+    Candidate,
+    Route,
+    RouteReason,
+    RouteRequest,
+    RoutingPolicy,
+    routing_policy,
+)
 from prefix_service.fleet.stats import EngineStatus, FleetStats, summed
 from prefix_service.gateway.calls import GatewayEvent, GatewayRequest, Prompt, PromptLookup
 from prefix_service.gateway.gateway import Gateway
@@ -97,10 +109,20 @@ class EngineMember:
 
 class RoutedStream:
     """A gateway stream on the engine that serves it: its ``Done`` names that engine, and the
-    engine's in-flight count drops once the stream ends. ``stop()`` as :class:`GatewayStream`."""
+    engine's in-flight count drops once the stream ends. ``on_done(done, ttft_s)`` sees the ``Done``
+    with the seconds from ``started_at`` (``time.perf_counter()``, default: now) to the first tokens
+    event. ``stop()`` as :class:`GatewayStream`."""
 
-    def __init__(self, stream: GatewayStream, member: EngineMember) -> None:
-        self._stream, self._member = stream, member
+    def __init__(
+        self,
+        stream: GatewayStream,
+        member: EngineMember,
+        on_done: Callable[[Done, float], None] = lambda done, ttft_s: None,
+        started_at: float | None = None,
+    ) -> None:
+        self._stream, self._member, self._on_done = stream, member, on_done
+        self._started_at = time.perf_counter() if started_at is None else started_at
+        self._first_token_s = 0.0
         self._ended = False
         self._lock = threading.Lock()
 
@@ -115,7 +137,12 @@ class RoutedStream:
         try:
             with contextlib.closing(iter(self._stream)) as events:
                 for event in events:
-                    yield replace(event, engine=self._member.name) if isinstance(event, Done) else event
+                    if isinstance(event, Tokens) and not self._first_token_s:
+                        self._first_token_s = time.perf_counter() - self._started_at
+                    if isinstance(event, Done):
+                        self._on_done(event, self._first_token_s)
+                        event = replace(event, engine=self._member.name)
+                    yield event
         finally:
             self._end()
 
@@ -131,10 +158,17 @@ class RoutedStream:
 
 
 class Fleet:
-    """See the module docstring. ``policy``: a routing policy (default ``cache_aware``)."""
+    """See the module docstring. ``policy``: a routing policy (default ``routing.DEFAULT_ROUTING``);
+    ``rates``: the measured rates routing reads (a fresh meter by default)."""
 
-    def __init__(self, members: Iterable[EngineMember] = (), policy: RoutingPolicy | None = None) -> None:
-        self.policy = policy or routing_policy("cache_aware")
+    def __init__(
+        self,
+        members: Iterable[EngineMember] = (),
+        policy: RoutingPolicy | None = None,
+        rates: RateMeter | None = None,
+    ) -> None:
+        self.policy = policy or routing_policy(DEFAULT_ROUTING)
+        self.rates = rates or RateMeter()
         self._lock = threading.Lock()
         self._members: dict[str, EngineMember] = {}
         self.fingerprint = ""
@@ -265,9 +299,14 @@ class Fleet:
         routed = replace(request, prompt=tokens, source=text)  # the text: its message ends are checkpoints
 
         def generate_on(member: EngineMember) -> RoutedStream:
+            load, started_at = member.load, time.perf_counter()  # what was ahead of it there, and when
+
+            def measured(done: Done, ttft_s: float) -> None:
+                self.rates.observe(load, done.prompt_positions, ttft_s)
+
             member.started()
             try:
-                return RoutedStream(member.gateway.generate(routed, owner), member)
+                return RoutedStream(member.gateway.generate(routed, owner), member, measured, started_at)
             except BaseException:
                 member.ended()
                 raise
@@ -344,10 +383,12 @@ class Fleet:
             return tokens, members
         key = token_key(tokens)  # validated once for every engine's index
         candidates = [
-            Candidate(m.name, m.gateway.cache.reusable(namespace, key), m.load, m.gateway.cache.positions)
+            Candidate(
+                m.name, m.gateway.cache.reusable(namespace, key), m.load, m.gateway.cache.positions, _fill(m)
+            )
             for m in members
         ]
-        route = self.policy.route(candidates)
+        route = self.policy.route(candidates, RouteRequest(len(tokens), self.rates.rates()))
         named = {m.name: m for m in members}
         self._count(named[route.first.name], route)
         return tokens, [named[c.name] for c in route.order]
@@ -392,3 +433,15 @@ class Fleet:
                     raise
                 log.info("engine %s could not serve (%s): trying %s", member.name, exc, engines[i + 1].name)
         raise Unavailable("no engine to route to")
+
+
+def _fill(member: EngineMember) -> float:
+    """How full the service's share of ``member`` is: the larger of entries / max entries and
+    positions / max positions (an unbounded or disabled bound counts as empty / full)."""
+    cache = member.gateway.cache
+    if cache.max_entries == 0:
+        return 1.0
+    fill = len(cache) / cache.max_entries
+    if cache.max_positions:
+        fill = max(fill, cache.positions / cache.max_positions)
+    return min(1.0, fill)

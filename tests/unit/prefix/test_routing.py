@@ -64,7 +64,7 @@ def test_round_robin_takes_turns_over_every_engine() -> None:
 
 
 def test_policies_by_name_and_bad_knobs() -> None:
-    assert routing_names() == ["cache_aware", "least_loaded", "round_robin"]
+    assert routing_names() == ["cost", "cache_aware", "least_loaded", "round_robin"]
     with pytest.raises(InvalidArgument, match="routing: unknown policy 'nearest'"):
         routing_policy("nearest")
     with pytest.raises(InvalidArgument, match="imbalance_rel"):

@@ -1,0 +1,100 @@
+"""The ``cost`` routing policy: a request goes where it is expected to get its first token soonest.
+
+For a prompt of ``P`` positions and each routable engine ``e`` (``r_e`` positions its cache can reuse,
+``L_e`` generations running or queued there, ``f_e`` how full this service's share of it is, in [0, 1]):
+
+    floor     = min over engines of r_e          (what every engine holds, e.g. a chat template's header)
+    counts_e  = r_e > floor  and  r_e >= max(min_reuse_positions, min_reuse_fraction * P)
+    reused_e  = r_e if counts_e else floor       (a reuse too small to matter does not decide)
+    compute_e = P - reused_e                     (positions engine e must prefill)
+    cost_e    = s_pos * compute_e * (1 + room_weight * f_e)  +  s_queue * L_e
+
+``s_pos`` (prefill seconds per position) and ``s_queue`` (seconds one generation ahead adds to the time
+to first token) are the fleet's measured rates (``rates.RateMeter``). The room term: the positions a
+request computes on ``e`` are stored there, and on a full share each evicts a stored position someone
+may come back for, so a fuller cache charges them more: new prefixes spread over the caches with room,
+while a hit (few new positions) barely pays it. The lowest cost serves; the others follow in cost order
+(ties: less load, fewer positions held, name). Reason: ``cache`` when the first engine's reuse counts,
+``load_guard`` when another engine's reuse counts but load or fullness outweighed it, else ``miss``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engine_service.api.errors import InvalidArgument
+from prefix_service.fleet.route import Candidate, Route, RouteReason, RouteRequest, checked
+
+DEFAULT_MIN_REUSE_FRACTION = 0.25
+DEFAULT_MIN_REUSE_POSITIONS = 0
+DEFAULT_ROOM_WEIGHT = 1.0
+
+
+@dataclass(frozen=True)
+class CostConfig:
+    """The policy's knobs (see the module docstring): ``min_reuse_fraction`` in [0, 1],
+    ``min_reuse_positions`` >= 0, ``room_weight`` >= 0."""
+
+    min_reuse_fraction: float = DEFAULT_MIN_REUSE_FRACTION
+    min_reuse_positions: int = DEFAULT_MIN_REUSE_POSITIONS
+    room_weight: float = DEFAULT_ROOM_WEIGHT
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_reuse_fraction <= 1:
+            raise InvalidArgument(f"min_reuse_fraction must be in [0, 1], got {self.min_reuse_fraction!r}")
+        if self.min_reuse_positions < 0:
+            raise InvalidArgument(f"min_reuse_positions must be >= 0, got {self.min_reuse_positions!r}")
+        if not self.room_weight >= 0:
+            raise InvalidArgument(f"room_weight must be >= 0, got {self.room_weight!r}")
+
+
+@dataclass(frozen=True)
+class EngineCost:
+    """One engine's score for one request: the reuse that counts, the positions left to compute and
+    the expected seconds to the first token (``cost_s``). What a log line or a test explains."""
+
+    candidate: Candidate
+    counts: bool
+    reused: int
+    compute: int
+    cost_s: float
+
+
+class CostModel:
+    """See the module docstring."""
+
+    name = "cost"
+
+    def __init__(self, config: CostConfig | None = None) -> None:
+        self.config = config or CostConfig()
+
+    def costs(self, candidates: Sequence[Candidate], request: RouteRequest) -> list[EngineCost]:
+        """Every candidate's score, lowest cost first (the route's order)."""
+        checked(candidates)
+        c, rates = self.config, request.rates
+        prompt = max(request.prompt_positions, max(x.reusable for x in candidates))
+        floor = min(x.reusable for x in candidates)
+        enough = max(c.min_reuse_positions, c.min_reuse_fraction * prompt)
+        scored = []
+        for x in candidates:
+            counts = x.reusable > floor and x.reusable >= enough
+            reused = x.reusable if counts else floor
+            compute = prompt - reused
+            fill = min(1.0, max(0.0, x.fill))
+            cost = rates.prefill_s_per_position * compute * (1 + c.room_weight * fill)
+            scored.append(
+                EngineCost(x, counts, reused, compute, cost + rates.queue_s_per_generation * x.load)
+            )
+        scored.sort(key=lambda s: (s.cost_s, s.candidate.load, s.candidate.held, s.candidate.name))
+        return scored
+
+    def route(self, candidates: Sequence[Candidate], request: RouteRequest | None = None) -> Route:
+        scored = self.costs(candidates, request or RouteRequest())
+        if scored[0].counts:
+            reason = RouteReason.CACHE
+        elif any(s.counts for s in scored):
+            reason = RouteReason.LOAD_GUARD
+        else:
+            reason = RouteReason.MISS
+        return Route(tuple(s.candidate for s in scored), reason)

@@ -1,0 +1,81 @@
+"""What a routing policy decides over: one :class:`Candidate` per routable engine and the request's
+:class:`RouteRequest` in, a :class:`Route` out (the engines in the order to try them, and why the first).
+The policies are ``routing.py`` and ``cost_model.py``; the rates a request carries are ``rates.py``'s."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol
+
+from engine_service.api.errors import InvalidArgument
+from prefix_service.fleet.rates import CostRates
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One routable engine for one request: ``name`` (its address), the positions of the prompt its
+    stored snapshots can give (``reusable``), its ``load`` (generations running and queued), the
+    positions this service's snapshots hold there (``held``) and how full this service's share of it
+    is (``fill``: the larger of entries / max entries and positions / max positions, in [0, 1])."""
+
+    name: str
+    reusable: int
+    load: int
+    held: int = 0
+    fill: float = 0.0
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    """What a policy may know of the request besides the candidates: its prompt's length in positions
+    and the fleet's measured rates (``rates.RateMeter``)."""
+
+    prompt_positions: int = 0
+    rates: CostRates = field(default_factory=CostRates)
+
+
+class RouteReason(str, Enum):
+    """Why the first engine of a route was chosen (a metric label)."""
+
+    CACHE = "cache"  # it reuses the most positions
+    MISS = "miss"  # no engine reuses anything (that counts): the least loaded / emptiest
+    LOAD_GUARD = "load_guard"  # the best match was overloaded (or full): another engine instead
+    LOAD = "load"  # the policy ignores reuse: the least loaded
+    TURN = "turn"  # round robin
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Route:
+    """The engines to try, in order (the first serves), and why the first was chosen."""
+
+    order: tuple[Candidate, ...]
+    reason: RouteReason
+
+    @property
+    def first(self) -> Candidate:
+        return self.order[0]
+
+
+class RoutingPolicy(Protocol):
+    """``route(candidates, request)``: a :class:`Route` over every candidate (non-empty); thread-safe."""
+
+    name: str
+
+    def route(self, candidates: Sequence[Candidate], request: RouteRequest | None = None) -> Route: ...
+
+
+def checked(candidates: Sequence[Candidate]) -> Sequence[Candidate]:
+    """``candidates``, or InvalidArgument when there are none."""
+    if not candidates:
+        raise InvalidArgument("no engine to route to")
+    return candidates
+
+
+def by_load(candidates: Sequence[Candidate]) -> list[Candidate]:
+    """Least loaded first; ties: most reuse, then the emptiest cache, then name (a stable order)."""
+    return sorted(candidates, key=lambda c: (c.load, -c.reusable, c.held, c.name))
