@@ -82,9 +82,12 @@ def generation_config(
     stop_tokens: Sequence[int] = (),
     ignore_eos: bool = False,
     prefill_chunk: int | None = None,
+    top_logprobs: int | None = None,
+    json_schema: str = "",
 ) -> pb.GenerationConfig:
-    """A GenerationConfig message; None leaves a field unset (engine default)."""
-    cfg = pb.GenerationConfig(stop_tokens=list(stop_tokens), ignore_eos=ignore_eos)
+    """A GenerationConfig message; None leaves a field unset (engine default). ``top_logprobs``:
+    report log probabilities (0..20 alternatives); ``json_schema``: constrain the output to it."""
+    cfg = pb.GenerationConfig(stop_tokens=list(stop_tokens), ignore_eos=ignore_eos, json_schema=json_schema)
     for name, value in (
         ("max_new_tokens", max_new_tokens),
         ("temperature", temperature),
@@ -92,6 +95,7 @@ def generation_config(
         ("top_k", top_k),
         ("seed", seed),
         ("prefill_chunk", prefill_chunk),
+        ("top_logprobs", top_logprobs),
     ):
         if value is not None:
             setattr(cfg, name, value)

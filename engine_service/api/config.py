@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from engine_service.api.errors import InvalidArgument
+from engine_service.api.logprobs import MAX_TOP_LOGPROBS
 
 _MAX_SEED = 2**64
 
@@ -31,6 +33,15 @@ def int_tuple(name: str, values: object) -> tuple[int, ...]:
     return tuple(out)
 
 
+class TokenGrammar(Protocol):
+    """A compiled output constraint (``engine_service.executors.grammar.JsonGrammar``): ``matcher()``
+    starts a fresh per-generation matcher that masks the tokens the grammar does not allow."""
+
+    source: str
+
+    def matcher(self) -> Any: ...
+
+
 @dataclass(frozen=True)
 class GenConfig:
     """Per-generation settings. Frozen; every field is checked in ``__post_init__``.
@@ -46,6 +57,15 @@ class GenConfig:
     prefill_breakpoints: absolute session positions (>= 1) at which prefill ends a chunk and emits an update
         with ``breakpoint`` set, so an observer callback can clone exactly there. Stored sorted and
         de-duplicated; positions outside the prefill range are ignored.
+    top_logprobs: None (default) reports no log probabilities; 0..20 reports each generated token's
+        and that many most likely alternatives at its position (``api.logprobs``; the log-softmax of
+        the raw logits, before temperature, filters and masks). Costs nothing when None.
+    json_schema: "" (default) or a JSON Schema (text) the output must match: the engine compiles it
+        into ``grammar`` (``engine_service.executors.grammar.with_grammar``) and masks every step to the
+        tokens that keep the output a valid prefix; once the JSON is complete only the end-of-sequence
+        tokens are allowed, so ``stop_tokens`` must hold one of them.
+    grammar: the compiled ``json_schema`` (not compared, not sent: the engine sets it). A
+        ``json_schema`` without it is refused when the generation starts.
     """
 
     max_new_tokens: int = 128
@@ -56,6 +76,9 @@ class GenConfig:
     stop_tokens: tuple[int, ...] = ()
     prefill_chunk: int = 512
     prefill_breakpoints: tuple[int, ...] = ()
+    top_logprobs: int | None = None
+    json_schema: str = ""
+    grammar: TokenGrammar | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("max_new_tokens", "top_k", "seed", "prefill_chunk"):
@@ -78,6 +101,18 @@ class GenConfig:
             raise InvalidArgument(f"seed must be in [0, 2**64), got {self.seed}")
         if self.prefill_chunk < 1:
             raise InvalidArgument(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+        if self.top_logprobs is not None and (
+            isinstance(self.top_logprobs, bool)
+            or not isinstance(self.top_logprobs, int)
+            or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS
+        ):
+            raise InvalidArgument(
+                f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}"
+            )
+        if not isinstance(self.json_schema, str):
+            raise InvalidArgument(f"json_schema must be a string, got {type(self.json_schema).__name__}")
+        if self.grammar is not None and self.grammar.source != self.json_schema:
+            raise InvalidArgument("grammar must be the compiled json_schema")
         stops = int_tuple("stop_tokens", self.stop_tokens)
         if any(t < 0 for t in stops):
             raise InvalidArgument(f"stop_tokens must be >= 0, got {stops}")

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from engine_service.api.answers import CloneRefusal
+from engine_service.api.logprobs import TokenLogprob
 
 
 class FinishReason(StrEnum):
@@ -41,10 +42,12 @@ class Started:
 
 @dataclass(frozen=True)
 class Tokens:
-    """New tokens, in order, and the text they add."""
+    """New tokens, in order, and the text they add; with ``GenConfig.top_logprobs``, one
+    ``logprobs`` entry per id (text and bytes filled)."""
 
     ids: tuple[int, ...]
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

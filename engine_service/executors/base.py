@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from engine_service.api.engine_info import WindowGeometry
+from engine_service.api.logprobs import TokenLogprob
 from engine_service.api.snapshot_files import StateLayout
 from engine_service.cache.seq_state import SeqState
 from engine_service.executors.prepared_input import PreparedInput
@@ -62,12 +63,14 @@ class ExecOutput:
     tokens: predictions (empty when the input did not want output); all but the last are committed.
     logits: float32 [vocab] logits behind the last prediction, when the executor keeps them (tests).
     error: set when only this input failed (the session is poisoned, others are unaffected).
+    logprobs: one entry per token, when the session's sampler asks for them (``top_logprobs``).
     """
 
     sid: int
     tokens: tuple[int, ...] = ()
     logits: mx.array | None = None
     error: str | None = None
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 def out_of_vocab(tokens: Sequence[int], vocab_size: int) -> int | None:

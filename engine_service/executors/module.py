@@ -40,6 +40,7 @@ from engine_service.executors.cache_setup import build_session_cache, cache_conf
 from engine_service.executors.plan import PREPARED_TOKEN, InputError, Plan, SessionState
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.executors.sampling import Sampler, SamplingParams
+from engine_service.executors.token_logprobs import PendingLogprobs, queue_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class _Launched:
     predicted: mx.array | None = None
     keys: list[mx.array] = field(default_factory=list)
     logits: mx.array | None = None
+    logprobs: list[PendingLogprobs] = field(default_factory=list)  # sessions that asked for them
 
 
 @dataclass
@@ -345,7 +347,7 @@ class ModuleExecutor(Executor):
             return ExecOutput(plan.sid, error=str(exc))
         # the logits behind the last returned token (the pending prediction)
         kept = None if logits is None else logits[len(tokens) - 1]
-        return ExecOutput(plan.sid, tuple(tokens), logits=kept)
+        return ExecOutput(plan.sid, tuple(tokens), logits=kept, logprobs=plan.logprobs[: len(tokens)] or None)
 
     def _plan(self, index: int, inp: ExecInput, seen: set[int], committed: int | None = None) -> Plan:
         """Validate one input and rewind its session when it starts below the current position
@@ -371,7 +373,8 @@ class ModuleExecutor(Executor):
         if inp.start > pos:
             raise InputError(f"input starts at {inp.start} but session {inp.sid} is at {pos} (gap)")
         plan = Plan(index, inp.sid, state, inp.start, rows, inp.want_output)
-        self._add_drafts(plan)
+        if state.sampler is None or not state.sampler.needs_host:  # a mask or logprobs: no drafts
+            self._add_drafts(plan)
         end = inp.start + plan.size
         if end > self.max_session_tokens:
             raise InputError(
@@ -418,7 +421,8 @@ class ModuleExecutor(Executor):
             return _Launched(step, pieces, finishing)
         logits = self._forward(step, pos, pieces, mx.array(logit_rows, dtype=mx.int32))
         predicted, keys = self._sample(logits, finishing)
-        return _Launched(step, pieces, finishing, predicted, keys, logits)
+        extras = queue_logprobs(logits, predicted, finishing)
+        return _Launched(step, pieces, finishing, predicted, keys, logits, extras)
 
     def _finish_round(
         self, launched: _Launched, results: dict[int, tuple[list[int], mx.array | None]]
@@ -437,12 +441,20 @@ class ModuleExecutor(Executor):
         to_eval = [*launched.step.state(), launched.predicted, *launched.keys]
         if self.keep_logits:
             to_eval.append(launched.logits)
-        self._ahead = self._launch_ahead(launched)
+        for pending in launched.logprobs:
+            to_eval.extend(pending.arrays())
+        # a grammar's next mask needs this step's token on the host first: no lookahead then
+        host = any(p.state.sampler is not None and p.state.sampler.needs_host for p, _ in launched.finishing)
+        self._ahead = None if host else self._launch_ahead(launched)
         if self._ahead is None:
             mx.eval(to_eval)
         flat = launched.predicted.tolist()  # waits for this step only; the lookahead keeps running
+        for pending in launched.logprobs:
+            pending.plan.logprobs = pending.read()
         for plan, at in launched.finishing:
             preds = flat[at : at + plan.logit_count]
+            if host and plan.state.sampler is not None:
+                plan.state.sampler.observe(preds)
             logits = launched.logits[at : at + plan.logit_count] if self.keep_logits else None
             results[plan.index] = (preds, logits)
 
@@ -559,7 +571,7 @@ class ModuleExecutor(Executor):
         sampled = [
             (plan, at)
             for plan, at in finishing
-            if plan.state.sampler and not plan.state.sampler.greedy and plan.logit_count == 1
+            if plan.state.sampler and plan.state.sampler.per_row and plan.logit_count == 1
         ]
         if not sampled:
             return greedy, []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine_service.api.logprobs import TokenLogprob
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.executors.sampling import Sampler
 
@@ -45,6 +46,7 @@ class Plan:
     drafts: tuple[int, ...] = ()
     done: int = 0
     error: str | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()  # read back with the predictions, when asked for
 
     @property
     def size(self) -> int:

@@ -4,25 +4,36 @@ The filter order is the one most servers use: scale by ``1 / temperature``, keep
 logits, then keep the smallest set of the remaining tokens (by decreasing probability, renormalised
 over the top-k set) whose cumulative probability reaches ``top_p``. The most likely token always
 survives. Ties at the k-th largest logit are all kept (a threshold, not an index cut).
+
+Two per-generation extras, both off (and free) unless asked for: a grammar (``GenConfig.grammar``)
+masks each draw to the tokens it allows (greedy takes the argmax of the allowed ones), and
+``top_logprobs`` reports log probabilities (:mod:`.token_logprobs`). Either one makes the draw need the
+host between steps (the mask depends on the previous token), so the executor runs such a session
+without a decode lookahead or drafts (:attr:`Sampler.needs_host`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import mlx.core as mx
 
-from engine_service.api.config import GenConfig
+from engine_service.api.config import GenConfig, TokenGrammar
 from engine_service.api.errors import InvalidArgument
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 is greedy; top_k 0 disables top-k; top_p 1.0 disables nucleus sampling."""
+    """temperature 0 is greedy; top_k 0 disables top-k; top_p 1.0 disables nucleus sampling;
+    top_logprobs None reports no log probabilities; grammar None leaves every token allowed."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
+    top_logprobs: int | None = None
+    grammar: TokenGrammar | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:
@@ -34,8 +45,17 @@ class SamplingParams:
 
     @classmethod
     def of(cls, config: GenConfig) -> SamplingParams:
-        """The sampling parameters of one generation's config."""
-        return cls(temperature=float(config.temperature), top_p=float(config.top_p), top_k=config.top_k)
+        """The sampling parameters of one generation's config (a ``json_schema`` the engine did not
+        compile into ``grammar`` is refused: see ``executors.grammar.with_grammar``)."""
+        if config.json_schema and config.grammar is None:
+            raise InvalidArgument("json_schema is set but not compiled (executors.grammar.with_grammar)")
+        return cls(
+            temperature=float(config.temperature),
+            top_p=float(config.top_p),
+            top_k=config.top_k,
+            top_logprobs=config.top_logprobs,
+            grammar=config.grammar,
+        )
 
     @property
     def greedy(self) -> bool:
@@ -54,7 +74,7 @@ class Sampler:
     which keeps the key's graph from growing across steps.
     """
 
-    __slots__ = ("params", "seed", "_key")
+    __slots__ = ("params", "seed", "_key", "_matcher")
 
     def __init__(self, params: SamplingParams, seed: int = 0) -> None:
         if not isinstance(params, SamplingParams):
@@ -64,10 +84,28 @@ class Sampler:
         self.params = params
         self.seed = seed
         self._key = mx.random.key(seed & _SEED_MASK)
+        self._matcher: Any = None if params.grammar is None else params.grammar.matcher()
 
     @property
     def greedy(self) -> bool:
         return self.params.greedy
+
+    @property
+    def per_row(self) -> bool:
+        """Whether this session's row is drawn on its own (sampled, or masked), not in the batch's
+        shared argmax."""
+        return not self.params.greedy or self._matcher is not None
+
+    @property
+    def needs_host(self) -> bool:
+        """Whether each draw needs the host first or after (a grammar's mask, log probabilities)."""
+        return self._matcher is not None or self.params.top_logprobs is not None
+
+    def observe(self, tokens: Sequence[int]) -> None:
+        """Tell the grammar the tokens this sampler drew (read back), in order; no-op without one."""
+        if self._matcher is not None:
+            for token in tokens:
+                self._matcher.consume(token)
 
     @property
     def key(self) -> mx.array:
@@ -112,8 +150,12 @@ class Sampler:
         """Draw one token per row, lazily.
 
         logits: float [vocab] or [R, vocab] -> int32 [] or [R]. Greedy is the argmax and does not
-        advance the key; otherwise one key split per call (the same subkey serves every row).
+        advance the key; otherwise one key split per call (the same subkey serves every row). With a
+        grammar, the tokens it does not allow now are at -inf first (one mask for every row).
         """
+        if self._matcher is not None:
+            allowed = self._matcher.mask(logits.shape[-1])
+            logits = mx.where(allowed, logits.astype(mx.float32), mx.array(-mx.inf, dtype=mx.float32))
         if self.params.greedy:
             return mx.argmax(logits, axis=-1).astype(mx.int32)
         self._key, sub = mx.random.split(self._key)

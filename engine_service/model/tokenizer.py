@@ -78,6 +78,11 @@ class Tokenizer:
         return self._vocab_size
 
     @property
+    def backend(self) -> HFTokenizer:
+        """The ``tokenizers`` tokenizer underneath (read-only use: token bytes for masks)."""
+        return self._tok
+
+    @property
     def special_ids(self) -> frozenset[int]:
         return self._special
 

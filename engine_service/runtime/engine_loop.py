@@ -25,6 +25,7 @@ import mlx.core as mx
 from engine_service.api.answers import CloneRefusal
 from engine_service.api.engine_info import WindowGeometry
 from engine_service.api.errors import EngineFull, FailedPrecondition, GenerationError
+from engine_service.api.logprobs import TokenLogprob
 from engine_service.api.stream_events import FinishReason
 from engine_service.executors.base import ExecOutput, Executor, ExecutorLimits
 from engine_service.executors.sampling import SamplingParams
@@ -247,6 +248,7 @@ class EngineLoop:
         if gen.first_token_at is None:
             gen.first_token_at = time.perf_counter()
         tokens, reason, rec.position, rec.pending = gen.accept(tuple(out.tokens), rec.position)
+        logprobs = () if out.logprobs is None else tuple(out.logprobs[: len(tokens)])
         rec.content.extend(tokens[:-1])  # accepted drafts are committed; the last token is pending
         self.counts["tokens_decoded"] += len(tokens)
         if breakpoint is not None and breakpoint != rec.position:
@@ -259,9 +261,9 @@ class EngineLoop:
         if reason is None and rec.position >= self.limits.max_session_tokens:
             reason = FinishReason.LENGTH  # the pending token has no room left in the session
         if reason is not None:
-            self._finish(gen, reason, tokens=tokens, breakpoint=breakpoint)
+            self._finish(gen, reason, tokens=tokens, breakpoint=breakpoint, logprobs=logprobs)
         else:
-            self._emit(gen, GenerationUpdate(tokens, rec.position, breakpoint=breakpoint))
+            self._emit(gen, GenerationUpdate(tokens, rec.position, breakpoint=breakpoint, logprobs=logprobs))
 
     def _emit(self, gen: ActiveGeneration, update: GenerationUpdate) -> None:
         if gen.callback is None:
@@ -282,6 +284,7 @@ class EngineLoop:
         *,
         tokens: tuple[int, ...] = (),
         breakpoint: int | None = None,
+        logprobs: tuple[TokenLogprob, ...] = (),
     ) -> None:
         """End ``gen`` once: free its session for the next generation, send the terminal update, settle."""
         if gen.finished:
@@ -304,6 +307,7 @@ class EngineLoop:
                 finished=True,
                 finish_reason=reason,
                 error=result.error,
+                logprobs=logprobs,
             )
             try:
                 gen.callback(update)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine_service.api.errors import FailedPrecondition
+from engine_service.api.logprobs import TokenLogprob
 from engine_service.api.stream_events import FinishReason
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ class GenerationUpdate:
     position: the session's committed position after this update (the pending token excluded).
     breakpoint: set (== position) on the update that ends prefill at a ``prefill_breakpoints`` entry.
     finished / finish_reason / error: set on the single terminal update.
+    logprobs: with ``GenConfig.top_logprobs``, one entry per token (ids and values; no text yet).
     """
 
     tokens: tuple[int, ...]
@@ -40,6 +42,7 @@ class GenerationUpdate:
     finished: bool = False
     finish_reason: FinishReason | None = None
     error: str | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()
 
     def __post_init__(self) -> None:
         if self.position < 0:

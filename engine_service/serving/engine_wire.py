@@ -13,6 +13,7 @@ from engine_service.api.answers import CloneRefusal
 from engine_service.api.config import GenConfig
 from engine_service.api.engine_info import EngineInfo, WindowGeometry
 from engine_service.api.errors import ForklineError
+from engine_service.api.logprobs import LogprobEntry, TokenLogprob
 from engine_service.api.owners import OwnerQuota, OwnerUsage
 from engine_service.api.stream_events import Done, Event, Snapshot, Started, Tokens
 from protos import engine_pb2 as pb
@@ -44,7 +45,21 @@ def gen_config(
         stop_tokens=stops,
         prefill_chunk=msg.prefill_chunk if msg.HasField("prefill_chunk") else DEFAULTS.prefill_chunk,
         prefill_breakpoints=tuple(breakpoints),
+        top_logprobs=msg.top_logprobs if msg.HasField("top_logprobs") else None,
+        json_schema=msg.json_schema,
     )
+
+
+def _entry_message(entry: LogprobEntry) -> pb.LogprobEntry:
+    return pb.LogprobEntry(id=entry.id, logprob=entry.logprob, text=entry.text, raw=entry.raw)
+
+
+def _entry(msg: pb.LogprobEntry) -> LogprobEntry:
+    return LogprobEntry(msg.id, msg.logprob, msg.text, msg.raw)
+
+
+def _logprob_message(value: TokenLogprob) -> pb.TokenLogprob:
+    return pb.TokenLogprob(chosen=_entry_message(value.chosen), top=[_entry_message(e) for e in value.top])
 
 
 def event_message(event: Event) -> pb.GenerateEvent:
@@ -56,7 +71,10 @@ def event_message(event: Event) -> pb.GenerateEvent:
             )
         )
     if isinstance(event, Tokens):
-        return pb.GenerateEvent(tokens=pb.TokensEvent(ids=list(event.ids), text=event.text))
+        logprobs = [_logprob_message(value) for value in event.logprobs]
+        return pb.GenerateEvent(
+            tokens=pb.TokensEvent(ids=list(event.ids), text=event.text, logprobs=logprobs)
+        )
     if isinstance(event, Snapshot):
         snapshot = pb.SnapshotEvent(
             handle=event.handle or "",
@@ -91,7 +109,10 @@ def event_from_proto(msg: pb.GenerateEvent) -> Event:
     if which == "started":
         return Started(msg.started.session, msg.started.position, msg.started.input_positions)
     if which == "tokens":
-        return Tokens(tuple(msg.tokens.ids), msg.tokens.text)
+        logprobs = tuple(
+            TokenLogprob(_entry(v.chosen), tuple(_entry(e) for e in v.top)) for v in msg.tokens.logprobs
+        )
+        return Tokens(tuple(msg.tokens.ids), msg.tokens.text, logprobs)
     try:
         if which == "snapshot":
             s = msg.snapshot

@@ -34,6 +34,7 @@ from engine_service.api.errors import Cancelled, FailedPrecondition, InvalidArgu
 from engine_service.api.owners import NO_QUOTA, PERSISTENT_OWNER, OwnerQuota, check_owner
 from engine_service.api.prompts import TextPrompt
 from engine_service.executors.base import ExecutorLimits
+from engine_service.executors.grammar import with_grammar
 from engine_service.persistence.snapshot_key import SnapshotKey
 from engine_service.sessions.capture import SnapshotCapture
 from engine_service.sessions.generation_call import GenerationCall
@@ -188,7 +189,8 @@ class EngineSessions:
         ``events`` start the generation; its ``finish`` must run however the call ends)."""
         self._serving()
         value = fed_input(request.input, self.tokenizer, self.chat, self.limits.vocab_size)
-        config, size = request.config, input_size(value)
+        # a json_schema compiled for this tokenizer now: an unsupported schema fails before anything runs
+        config, size = with_grammar(request.config, self.tokenizer), input_size(value)
         snapshot_owner = self._receiver(owner, request.snapshot_owner, "capture.snapshot_owner")
         snapshot_payer = self._payer(owner, snapshot_owner)
         registry = self.registry

@@ -26,9 +26,11 @@ from typing import TYPE_CHECKING
 from engine_service.api.answers import CloneRefusal, close_child_when_done, refusal_text
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import GenerationError
+from engine_service.api.logprobs import TokenLogprob
 from engine_service.api.stream_events import Done, Event, FinishReason, Snapshot, Started, Tokens
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.model.detokenizer import StreamDecoder
+from engine_service.model.token_bytes import token_bytes
 from engine_service.runtime.generation import GenerationHandle, GenerationResult, GenerationUpdate
 from engine_service.sessions.capture import PendingSnapshot, SnapshotCapture
 from engine_service.sessions.handles import HandleRegistry
@@ -140,6 +142,7 @@ class GenerationCall:
             # Coalesce the updates already queued (a slow client gets fewer, larger messages); stop at
             # a snapshot so events keep the engine's order.
             tokens, finished = list(item.update.tokens), item.update.finished
+            logprobs = list(item.update.logprobs)
             while not finished:
                 try:
                     nxt = self._queue.get_nowait()
@@ -149,9 +152,10 @@ class GenerationCall:
                     held = nxt
                     break
                 tokens += nxt.update.tokens
+                logprobs += nxt.update.logprobs
                 finished = nxt.update.finished
             if tokens:
-                yield Tokens(tuple(tokens), text.push_many(tokens))
+                yield Tokens(tuple(tokens), text.push_many(tokens), self._spelled(logprobs))
             if finished:
                 break
         result = generation.wait()
@@ -171,6 +175,13 @@ class GenerationCall:
         if reason != FinishReason.CANCELLED:
             self._finished_cleanly = True
         yield _done_event(result, reason, start, self._session.position)
+
+    def _spelled(self, logprobs: list[TokenLogprob]) -> tuple[TokenLogprob, ...]:
+        """``logprobs`` with each token's text and bytes (``model.token_bytes``)."""
+        if not logprobs:
+            return ()
+        spell = token_bytes(self._tokenizer).spell
+        return tuple(entry.spelled(spell) for entry in logprobs)
 
     def _register(self, item: PendingSnapshot) -> tuple[str | None, bytes | None]:
         """Register a snapshot for its owner in its reservation, unless the call already ended (then

@@ -40,6 +40,8 @@ def generation_config(config: GenConfig, ignore_eos: bool) -> epb.GenerationConf
         stop_tokens=config.stop_tokens,
         ignore_eos=ignore_eos,
         prefill_chunk=config.prefill_chunk,
+        top_logprobs=config.top_logprobs,
+        json_schema=config.json_schema,
     )
 
 
