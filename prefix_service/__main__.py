@@ -88,15 +88,32 @@ def build_parser() -> argparse.ArgumentParser:
         "--engines",
         metavar="dns:///NAME:PORT",
         default=None,
-        help="every address NAME resolves to is an engine (a Kubernetes headless Service: one per pod), "
-        "re-resolved every --resolve_every seconds (default: none)",
+        help="every A / AAAA address NAME resolves to may be an engine (a Kubernetes headless Service: "
+        "one per ready pod; an engine is its instance id, however many addresses it has), re-resolved "
+        "every --resolve_every seconds; dns://SERVER:PORT/NAME:PORT asks that DNS server (default: none)",
     )
     p.add_argument(
         "--resolve_every",
         metavar="SECONDS",
         type=positive_seconds,
         default=5.0,
-        help="seconds between resolutions of --engines: engines join and leave (default: %(default)s)",
+        help="seconds between resolutions of --engines: new engines join (default: %(default)s)",
+    )
+    p.add_argument(
+        "--dns_stale_after",
+        metavar="SECONDS",
+        type=positive_seconds,
+        default=300.0,
+        help="a failed or empty resolution of --engines keeps the last answer this long; engines "
+        "that joined stay regardless (default: %(default)s)",
+    )
+    p.add_argument(
+        "--engine_leave_after",
+        metavar="SECONDS",
+        type=positive_seconds,
+        default=60.0,
+        help="an engine that stays unreachable or NOT_SERVING this long leaves (its entries dropped); "
+        "a draining engine (SIGTERM) leaves once its streams ended (default: %(default)s)",
     )
     p.add_argument(
         "--routing",
@@ -311,7 +328,7 @@ def connect_and_serve(args: argparse.Namespace):
     from engine_service.serving.tokens import read_token_file
     from prefix_service.cache.checkpoints import CheckpointPlan
     from prefix_service.engines.connect import connect_fleet
-    from prefix_service.engines.engine_pool import engine_targets
+    from prefix_service.engines.engine_targets import engine_targets
     from prefix_service.fleet.cost_model import CostConfig
     from prefix_service.fleet.routing import routing_policy
     from prefix_service.rpc.server import create_server
@@ -338,11 +355,12 @@ def connect_and_serve(args: argparse.Namespace):
             preload=args.snapshot_preload,
         )
     fleet, pool = connect_fleet(
-        engine_targets(args.engine, args.engines),
+        engine_targets(args.engine, args.engines, stale_after_s=args.dns_stale_after),
         policy=routing,
         tier=tier,
         ready_timeout=args.engine_timeout,
         resolve_every_s=args.resolve_every,
+        leave_after_s=args.engine_leave_after,
         max_entries=args.max_entries,
         policy_name=args.policy,
         owner=args.owner,

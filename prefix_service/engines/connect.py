@@ -1,17 +1,20 @@
 """How the prefix service reaches its engines: ``connect_engine(address, ...)`` builds one engine's
 :class:`Gateway` (a channel that reconnects with a capped backoff, an :class:`EngineBackend` that first
 releases what an earlier instance of this service left in the engine, the :class:`PrefixCache`, the
-engine's health watch); ``connect_fleet(targets, ...)`` does so for every engine the targets name, now
-and as they come and go (``engine_pool.py``), in a routed :class:`Fleet`."""
+engine's health watch) in two steps: :func:`open_engine` (connect, read Info: who the engine is) and
+:func:`join_engine` (release, build the cache); ``connect_fleet(targets, ...)`` does so for every engine
+the targets name, now and as they come and go (``engine_pool.py``), in a routed :class:`Fleet`."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
+from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import FailedPrecondition, Unavailable
 from engine_service.api.owners import PERSISTENT_OWNER
 from engine_service.serving.auth import ClientSecurity
@@ -19,7 +22,12 @@ from prefix_service.cache.budget import DEFAULT_ENGINE_SHARE
 from prefix_service.cache.checkpoints import CheckpointPlan
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.engines.engine_backend import EngineBackend
-from prefix_service.engines.engine_pool import DEFAULT_RESOLVE_EVERY_S, EnginePool, RemoteMember
+from prefix_service.engines.engine_pool import (
+    DEFAULT_LEAVE_AFTER_S,
+    DEFAULT_RESOLVE_EVERY_S,
+    EnginePool,
+    RemoteMember,
+)
 from prefix_service.engines.engine_watch import OUTAGE_WAIT_S, RECONNECT_OPTIONS, EngineWatch
 from prefix_service.fleet.fleet import EngineMember, Fleet
 from prefix_service.fleet.routing import RoutingPolicy
@@ -29,30 +37,32 @@ from prefix_service.tier.persistent_tier import PersistentTier
 log = logging.getLogger(__name__)
 
 
-def connect_engine(
+@dataclass
+class OpenedEngine:
+    """An engine connected at ``address`` whose Info was read (:func:`open_engine`), not yet serving
+    this service (:func:`join_engine` builds its gateway; :meth:`close` drops the connection). The pool
+    reads ``info`` first: a known ``instance_id`` is another address of an engine already joined, and
+    a ``draining`` engine is not joined."""
+
+    address: str
+    channel: grpc.Channel
+    backend: EngineBackend
+    info: EngineInfo
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def open_engine(
     engine_address: str,
     *,
-    max_entries: int = 64,
-    policy: str = "lru",
     owner: str = PERSISTENT_OWNER,
     ready_timeout: float = 30.0,
     engine_security: ClientSecurity | None = None,
     outage_wait_s: float = OUTAGE_WAIT_S,
-    engine_share: float = DEFAULT_ENGINE_SHARE,
-    max_positions: int = 0,
-    pressure_retry: bool = True,
-    tier: PersistentTier | None = None,
-    checkpoints: CheckpointPlan | None = None,
-) -> tuple[Gateway, grpc.Channel]:
-    """Connect to the engine, release this owner's leftovers there, and build the cache.
-    ``engine_security``: this service's token for the engine and/or TLS to it (engine_service/serving/auth.py).
-    ``outage_wait_s``: how long a call waits for the engine while it is down (engine_watch.py).
-    ``engine_share``: the share of the engine's sessions and positions the cache may hold, within
-    ``max_entries`` / ``max_positions`` (0: no own positions bound); see prefix_service/gateway/pressure.py.
-    ``pressure_retry`` False: a live request is never retried after evicting (tests' control).
-    ``tier``: the snapshot directory shared by every engine's gateway (``persistent_tier.py``).
-    ``checkpoints``: where captures take checkpoints inside a prompt on a sliding-window engine
-    (``checkpoints.py``; default: every 256 positions and at message ends, at most 8)."""
+) -> OpenedEngine:
+    """Connect and read the engine's Info; Unavailable when it does not answer within ``ready_timeout``,
+    FailedPrecondition when it does not treat ``owner`` as a persistent owner. Releases nothing."""
     engine_security = engine_security or ClientSecurity()
     channel = engine_security.channel(engine_address, RECONNECT_OPTIONS)
     try:
@@ -62,16 +72,39 @@ def connect_engine(
         raise Unavailable(f"engine at {engine_address} not reachable within {ready_timeout} s") from None
     backend = EngineBackend(channel, owner=owner, token=engine_security.token)
     backend.address = engine_address
-    backend.watch = EngineWatch(channel, outage_wait_s=outage_wait_s)  # started by create_server
-    if (caller := backend.refresh().caller) is not None and not caller.persistent:
+    try:
+        info = backend.refresh()
+    except BaseException:
+        channel.close()
+        raise
+    if (caller := info.caller) is not None and not caller.persistent:
         channel.close()
         raise FailedPrecondition(
             f"the engine does not treat owner {owner!r} as a persistent owner: its snapshots would expire and "
-            f"it could not hand lookup clones to its callers; start forkline-engine with --persistent_owner {owner}"
+            f"it could not hand lookup clones to its callers; start forkline-engine with --persistent_owner {owner} "
+            "(or --persistent_owner_prefix)"
         )
+    backend.watch = EngineWatch(channel, outage_wait_s=outage_wait_s)  # started by create_server / on_join
+    return OpenedEngine(engine_address, channel, backend, info)
+
+
+def join_engine(
+    opened: OpenedEngine,
+    *,
+    max_entries: int = 64,
+    policy: str = "lru",
+    engine_share: float = DEFAULT_ENGINE_SHARE,
+    max_positions: int = 0,
+    pressure_retry: bool = True,
+    tier: PersistentTier | None = None,
+    checkpoints: CheckpointPlan | None = None,
+) -> Gateway:
+    """Release what an earlier instance of this owner left in the opened engine and build its cache and
+    gateway (see :func:`connect_engine` for the arguments)."""
+    backend = opened.backend
     released = backend.release_owned()
     if released:
-        log.info("released %d snapshots an earlier %s left in the engine", released, owner)
+        log.info("released %d snapshots an earlier %s left in the engine", released, backend.owner)
     cache = PrefixCache(backend, max_entries, policy, max_positions=max_positions)
     gateway = Gateway(
         cache,
@@ -84,7 +117,40 @@ def connect_engine(
     )
     gateway.check_engine()  # the budget from the engine's limits, before the first call
     gateway.preload()  # --snapshot_preload: restore recent snapshot files in the background
-    return gateway, channel
+    return gateway
+
+
+def connect_engine(
+    engine_address: str,
+    *,
+    owner: str = PERSISTENT_OWNER,
+    ready_timeout: float = 30.0,
+    engine_security: ClientSecurity | None = None,
+    outage_wait_s: float = OUTAGE_WAIT_S,
+    **cache: Any,
+) -> tuple[Gateway, grpc.Channel]:
+    """Connect to the engine, release this owner's leftovers there, and build the cache
+    (:func:`open_engine` then :func:`join_engine`).
+    ``engine_security``: this service's token for the engine and/or TLS to it (engine_service/serving/auth.py).
+    ``outage_wait_s``: how long a call waits for the engine while it is down (engine_watch.py).
+    ``cache`` (:func:`join_engine`): ``engine_share``: the share of the engine's sessions and positions
+    the cache may hold, within ``max_entries`` / ``max_positions`` (0: no own positions bound); see
+    prefix_service/gateway/pressure.py. ``pressure_retry`` False: a live request is never retried after
+    evicting (tests' control). ``tier``: the snapshot directory shared by every engine's gateway
+    (``persistent_tier.py``). ``checkpoints``: where captures take checkpoints inside a prompt on a
+    sliding-window engine (``checkpoints.py``; default: every 256 positions and at message ends, at most 8)."""
+    opened = open_engine(
+        engine_address,
+        owner=owner,
+        ready_timeout=ready_timeout,
+        engine_security=engine_security,
+        outage_wait_s=outage_wait_s,
+    )
+    try:
+        return join_engine(opened, **cache), opened.channel
+    except BaseException:
+        opened.close()
+        raise
 
 
 def remote_member(gateway: Gateway, channel: grpc.Channel | None) -> RemoteMember:
@@ -102,6 +168,9 @@ def remote_member(gateway: Gateway, channel: grpc.Channel | None) -> RemoteMembe
     return RemoteMember(name, gateway, watch, close)
 
 
+_OPEN_ARGUMENTS = ("owner", "engine_security", "outage_wait_s")  # open_engine's; the rest are join_engine's
+
+
 def connect_fleet(
     targets: Callable[[], set[str]],
     *,
@@ -109,23 +178,34 @@ def connect_fleet(
     policy_name: str = "lru",
     ready_timeout: float = 30.0,
     resolve_every_s: float = DEFAULT_RESOLVE_EVERY_S,
+    leave_after_s: float = DEFAULT_LEAVE_AFTER_S,
     tier: PersistentTier | None = None,
     **connect: Any,
 ) -> tuple[Fleet, EnginePool]:
-    """The engines ``targets()`` names (``rpc/engine_pool.engine_targets``) in a routed fleet: waits up
+    """The engines ``targets()`` names (``engine_targets.engine_targets``) in a routed fleet: waits up
     to ``ready_timeout`` for at least one; the pool adds and removes engines from then on (started
-    with the server). ``policy``: the routing policy; ``policy_name``: the retention policy of every
-    engine's cache; ``tier``: the snapshot directory they share. ``connect``: :func:`connect_engine`'s
-    other keyword arguments for every engine."""
+    with the server; ``leave_after_s``: how long one may stay away before it leaves). ``policy``: the
+    routing policy; ``policy_name``: the retention policy of every engine's cache; ``tier``: the
+    snapshot directory they share. ``connect``: :func:`connect_engine`'s other keyword arguments for
+    every engine."""
     fleet = Fleet(policy=policy)
     fleet.tier = tier
+    opening = {k: v for k, v in connect.items() if k in _OPEN_ARGUMENTS}
+    joining = {k: v for k, v in connect.items() if k not in _OPEN_ARGUMENTS}
 
-    def join(address: str, timeout: float) -> EngineMember:
-        gateway, channel = connect_engine(
-            address, ready_timeout=timeout, policy=policy_name, tier=tier, **connect
-        )
-        return remote_member(gateway, channel)
+    def open_at(address: str, timeout: float) -> OpenedEngine:
+        return open_engine(address, ready_timeout=timeout, **opening)
 
-    pool = EnginePool(fleet, targets, join, resolve_every_s=resolve_every_s)
+    def join(opened: OpenedEngine) -> EngineMember:
+        try:
+            gateway = join_engine(opened, policy=policy_name, tier=tier, **joining)
+        except BaseException:
+            opened.close()
+            raise
+        return remote_member(gateway, opened.channel)
+
+    pool = EnginePool(
+        fleet, targets, open_at, join, resolve_every_s=resolve_every_s, leave_after_s=leave_after_s
+    )
     pool.start_serving(ready_timeout)
     return fleet, pool

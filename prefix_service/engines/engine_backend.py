@@ -38,6 +38,7 @@ from protos import engine_pb2 as pb
 from protos import engine_pb2_grpc
 
 SNAPSHOT_TIMEOUT_S = 120.0  # one snapshot file's export or import (off the request path)
+PROBE_TIMEOUT_S = 1.0  # EngineBackend.probe: an engine that answers at all answers Info within this
 
 _clone_owner: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "forkline_clone_owner", default=None
@@ -125,6 +126,14 @@ class EngineBackend:
 
     def info(self) -> EngineInfo:
         return engine_info(self.call(self.stub.Info, pb.InfoRequest()))
+
+    def probe(self, timeout: float = PROBE_TIMEOUT_S) -> EngineInfo | None:
+        """The engine's Info now, without waiting for a down engine or adopting anything (None: no
+        answer within ``timeout``): a draining engine (health NOT_SERVING) still answers it."""
+        try:
+            return engine_info(self.stub.Info(pb.InfoRequest(), metadata=self.metadata, timeout=timeout))
+        except grpc.RpcError:
+            return None
 
     def refresh(self, info: EngineInfo | None = None) -> EngineInfo:
         """Adopt the engine's instance id, fingerprint and window from ``info`` (None: read Info now)."""

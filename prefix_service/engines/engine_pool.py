@@ -1,44 +1,49 @@
-"""The prefix service's engines over gRPC: who they are (static addresses or a DNS name re-resolved
-every few seconds) and their connections, kept in a :class:`~prefix_service.fleet.fleet.Fleet`.
+"""The prefix service's engines over gRPC, kept in a :class:`~prefix_service.fleet.fleet.Fleet`: who
+joins (the addresses ``engine_targets.py`` offers) and who leaves (only what an engine says of itself).
 
-- Targets: ``--engine HOST:PORT`` (repeatable) names engines one by one; ``--engines
-  dns:///NAME:PORT`` names every address ``NAME`` resolves to (a Kubernetes headless Service gives
-  one address per engine pod), re-resolved every ``--resolve_every`` seconds. :func:`engine_targets`
-  turns the flags into one resolver.
-- :class:`EnginePool` keeps the fleet in step with the targets on a background thread: an address
-  that appears is connected (``connect_engine``: its channel, health watch, the release of what an
-  earlier instance of this service left there, the budget) and starts taking traffic; one that
-  disappears leaves the fleet (its entries dropped, its channel closed). An engine that does not
-  answer yet is tried again at the next resolve. The same thread refreshes every engine's Info about
-  once a second (restart detection and load for routing).
-- :class:`RemoteMember`: a fleet member whose health comes from its :class:`EngineWatch`.
+- An engine is its *instance id*, not an address: :class:`EnginePool` opens an address it does not
+  know (``open``: connect, read Info) and, when the instance already is a member, adds the address to
+  that member's :attr:`RemoteMember.addresses` (an A and an AAAA record of one pod, two names of one
+  host) instead of joining it again, which would release the member's snapshots. Otherwise ``join``
+  builds its gateway (releasing what an earlier instance of this service left there) and it serves.
+  An engine that does not answer yet, or is draining, is tried again at the next resolve.
+- An address missing from the targets removes nothing (a DNS blip, a pod's endpoint removed before
+  it drained). A member leaves when its engine's Info says ``draining`` (SIGTERM: no new work there)
+  once this service's streams through it ended, or when it stays unreachable / NOT_SERVING for
+  ``leave_after_s``; leaving drops its entries and closes its connection. A restarted engine at the
+  same address is the gateway's restart check, not a departure.
+- The same thread refreshes every engine's Info about once a second (restart detection, load).
 """
 
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
-from engine_service.api.errors import FailedPrecondition, ForklineError, InvalidArgument, Unavailable
+from engine_service.api.engine_info import EngineInfo
+from engine_service.api.errors import FailedPrecondition, ForklineError, Unavailable
+from prefix_service.engines.engine_backend import EngineBackend
+from prefix_service.engines.engine_targets import EngineTargets
 from prefix_service.engines.engine_watch import EngineWatch
 from prefix_service.fleet.fleet import EngineMember, Fleet
 from prefix_service.gateway.gateway import Gateway
 
 log = logging.getLogger(__name__)
 
-DNS_SCHEME = "dns:///"
 DEFAULT_RESOLVE_EVERY_S = 5.0
-REFRESH_EVERY_S = 1.0  # engines' Info (load, restarts) between resolves
+DEFAULT_LEAVE_AFTER_S = 60.0  # how long an engine may stay unreachable / NOT_SERVING before it leaves
+REFRESH_EVERY_S = 1.0  # engines' Info (load, restarts, draining) between resolves
 JOIN_TIMEOUT_S = 2.0  # how long a joining engine may take to answer before the next resolve retries it
 
 
 class RemoteMember(EngineMember):
     """An engine reached over gRPC: serving as its health watch says; ``close`` stops the watch and
-    closes the channel."""
+    closes the channel. ``addresses``: every address it answered at (its name first)."""
 
     def __init__(
         self, name: str, gateway: Gateway, watch: EngineWatch | None, close: Callable[[], None]
@@ -47,102 +52,159 @@ class RemoteMember(EngineMember):
             name, gateway, (lambda: watch.serving) if watch is not None else (lambda: True), close
         )
         self.watch = watch
+        self.addresses: set[str] = {name}
+
+    def probe(self) -> EngineInfo | None:
+        """The engine's Info now, without waiting for a down engine (None: no answer)."""
+        backend = self.gateway.backend
+        return backend.probe() if isinstance(backend, EngineBackend) else None
+
+
+class OpenedEngine(Protocol):
+    """What ``open`` answers: an engine connected at an address, its Info read, not yet a member."""
+
+    info: EngineInfo
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
-class DnsTarget:
-    """``dns:///NAME:PORT``: every address ``NAME`` resolves to, at ``PORT``."""
+class PoolStats:
+    """What the pool did: DNS resolutions that failed or answered nothing, the age of the answer in
+    use and whether it is stale, addresses found to be another address of a member, and members that
+    left by reason (``draining``, ``unreachable``)."""
 
-    host: str
-    port: int
-
-    @classmethod
-    def parse(cls, target: str) -> DnsTarget:
-        if not target.startswith(DNS_SCHEME):
-            raise InvalidArgument(f"engines: expected {DNS_SCHEME}NAME:PORT, got {target!r}")
-        host, sep, port = target[len(DNS_SCHEME) :].rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise InvalidArgument(
-                f"engines: expected {DNS_SCHEME}NAME:PORT with a port in 1..65535, got {target!r}"
-            )
-        return cls(host.strip("[]"), int(port))
-
-    def resolve(self) -> set[str]:
-        """The addresses now (empty when the name does not resolve: no engine yet)."""
-        try:
-            infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
-        except OSError as exc:
-            log.warning("could not resolve %s: %s", self.host, exc)
-            return set()
-        return {
-            f"[{info[4][0]}]:{self.port}" if info[0] == socket.AF_INET6 else f"{info[4][0]}:{self.port}"
-            for info in infos
-        }
+    resolve_failures: int = 0
+    answer_age_s: float = 0.0
+    stale: bool = False
+    aliases: int = 0
+    departures: dict[str, int] = field(default_factory=dict)
 
 
-def engine_targets(engines: list[str] | None, dns: str | None) -> Callable[[], set[str]]:
-    """One resolver over ``--engine`` addresses and an ``--engines dns:///`` target (at least one)."""
-    static = set(engines or ())
-    target = DnsTarget.parse(dns) if dns else None
-    if not static and target is None:
-        raise InvalidArgument("engine: give --engine HOST:PORT (repeatable) or --engines dns:///NAME:PORT")
-    for address in static:
-        if not address or ":" not in address:
-            raise InvalidArgument(f"engine: expected HOST:PORT, got {address!r}")
-    return lambda: static | (target.resolve() if target is not None else set())
+def _addresses(member: EngineMember) -> set[str]:
+    return getattr(member, "addresses", {member.name})
 
 
 class EnginePool:
-    """Keeps ``fleet`` in step with ``targets()`` (see the module docstring). ``connect(address,
-    timeout)`` builds a member for a new engine (raising a ForklineError when it cannot: retried at
-    the next resolve; FailedPrecondition, a misconfigured engine, is logged as an error)."""
+    """Keeps ``fleet`` in step with ``targets()`` (see the module docstring). ``open(address,
+    timeout)`` connects and reads Info (a ForklineError when it cannot: retried at the next resolve;
+    FailedPrecondition, a misconfigured engine, is logged as an error); ``join(opened)`` makes the
+    member (it closes the connection itself when it fails)."""
 
     def __init__(
         self,
         fleet: Fleet,
         targets: Callable[[], set[str]],
-        connect: Callable[[str, float], EngineMember],
+        open: Callable[[str, float], OpenedEngine],
+        join: Callable[[OpenedEngine], EngineMember],
         *,
         resolve_every_s: float = DEFAULT_RESOLVE_EVERY_S,
         refresh_every_s: float = REFRESH_EVERY_S,
+        leave_after_s: float = DEFAULT_LEAVE_AFTER_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.fleet, self._targets, self._connect = fleet, targets, connect
+        self.fleet, self._targets, self._open, self._join = fleet, targets, open, join
         self.resolve_every_s, self.refresh_every_s = resolve_every_s, refresh_every_s
+        self.leave_after_s, self._clock = leave_after_s, clock
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self._sync_lock = threading.Lock()
+        self._away_since: dict[str, float] = {}  # member name -> when it was first seen not serving
+        self._departures: Counter[str] = Counter()
+        self.aliases = 0
         self.refused: FailedPrecondition | None = None  # the last engine refused as misconfigured
         self.on_join: Callable[[EngineMember], None] = lambda member: None  # e.g. start its health watch
 
     def sync(self, timeout: float = JOIN_TIMEOUT_S) -> None:
-        """Resolve once: connect engines that appeared, remove those that went."""
+        """Resolve once and open the addresses no member answers at (see the module docstring)."""
         with self._sync_lock:
             wanted = self._targets()
-            present = {m.name for m in self.fleet.members()}
-            for name in sorted(present - wanted):
-                self.fleet.remove(name)
-            for address in sorted(wanted - present):
+            for member in self.fleet.members():  # an alias that went from the answer is forgotten
+                if isinstance(member, RemoteMember):
+                    member.addresses &= wanted | {member.name}
+            known = {a for member in self.fleet.members() for a in _addresses(member)}
+            for address in sorted(wanted - known):
                 if self._stopped.is_set():
                     return
-                try:
-                    member = self._connect(address, timeout)
-                except FailedPrecondition as exc:
-                    self.refused = exc
-                    log.error("engine %s refused: %s", address, exc)
-                except ForklineError as exc:
-                    log.info(
-                        "engine %s not ready yet (%s): retrying in %.0f s", address, exc, self.resolve_every_s
-                    )
-                else:
-                    self.fleet.add(member)
-                    self.on_join(member)
+                self._add(address, timeout)
+
+    def _add(self, address: str, timeout: float) -> None:
+        try:
+            opened = self._open(address, timeout)
+        except FailedPrecondition as exc:
+            self.refused = exc
+            log.error("engine %s refused: %s", address, exc)
+            return
+        except ForklineError as exc:
+            log.info("engine %s not ready yet (%s): retrying in %.0f s", address, exc, self.resolve_every_s)
+            return
+        instance = opened.info.instance_id
+        same = next((m for m in self.fleet.members() if m.gateway.backend.instance_id == instance), None)
+        if same is not None or opened.info.draining:
+            opened.close()
+            if same is None:
+                log.info("engine %s is draining: not joining it", address)
+            elif isinstance(same, RemoteMember):
+                same.addresses.add(address)
+                self.aliases += 1
+                log.info("%s is another address of engine %s (instance %s)", address, same.name, instance)
+            return
+        try:
+            member = self._join(opened)
+        except FailedPrecondition as exc:
+            self.refused = exc
+            log.error("engine %s refused: %s", address, exc)
+        except ForklineError as exc:
+            log.info("engine %s could not join (%s): retrying in %.0f s", address, exc, self.resolve_every_s)
+        else:
+            self.fleet.add(member)
+            self.on_join(member)
+
+    def check_departures(self) -> None:
+        """Let go of the members whose engine drains or stays away (see the module docstring)."""
+        now = self._clock()
+        for member in self.fleet.members():
+            if member.serving:
+                self._away_since.pop(member.name, None)
+                continue
+            since = self._away_since.setdefault(member.name, now)
+            info = member.probe() if isinstance(member, RemoteMember) else None
+            if info is not None and info.instance_id != member.gateway.backend.instance_id:
+                continue  # another instance answers there: the gateway's restart check adopts it
+            if info is not None and info.draining:
+                if member.in_flight == 0:  # this service's streams through it end first
+                    self._leave(member, "draining")
+            elif now - since >= self.leave_after_s:
+                self._leave(member, "unreachable")
+
+    def _leave(self, member: EngineMember, reason: str) -> None:
+        self._away_since.pop(member.name, None)
+        self._departures[reason] += 1
+        log.warning(
+            "engine %s (instance %s) leaves: %s",
+            member.name,
+            member.gateway.backend.instance_id,
+            "it is draining" if reason == "draining" else f"away for {self.leave_after_s:.0f} s",
+        )
+        self.fleet.remove(member.name)
+
+    def stats(self) -> PoolStats:
+        targets = self._targets
+        dns = isinstance(targets, EngineTargets)
+        return PoolStats(
+            resolve_failures=targets.failures if dns else 0,
+            answer_age_s=targets.answer_age_s() if dns else 0.0,
+            stale=targets.stale if dns else False,
+            aliases=self.aliases,
+            departures=dict(self._departures),
+        )
 
     def start_serving(self, ready_timeout: float) -> None:
         """Connect the engines there are now; wait up to ``ready_timeout`` for at least one (Unavailable
         otherwise), then keep in step in the background."""
         deadline = time.monotonic() + ready_timeout
         while True:
-            self.sync(timeout=max(0.1, deadline - time.monotonic()))
+            self.sync(timeout=max(0.1, min(JOIN_TIMEOUT_S, deadline - time.monotonic())))
             if self.fleet.members() or self.refused is not None or time.monotonic() >= deadline:
                 break
             time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
@@ -166,6 +228,7 @@ class EnginePool:
                 if since_resolve >= self.resolve_every_s:
                     since_resolve = 0.0
                     self.sync()
+                self.check_departures()
                 self.fleet.refresh()
             except Exception:  # noqa: BLE001 - the pool must outlive any one engine's failure
                 log.warning("engine pool update failed", exc_info=True)

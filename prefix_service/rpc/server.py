@@ -174,6 +174,10 @@ def create_server(
     fleet = gateway if isinstance(gateway, Fleet) else Fleet([remote_member(gateway, channel)])
     servicer = PrefixServicer(fleet)
     prefix_metrics = PrefixMetrics(fleet) if metrics else None
+    if prefix_metrics is not None and pool is not None:
+        from prefix_service.engines.pool_metrics import PoolCollector
+
+        prefix_metrics.registry.register(PoolCollector(pool))
     server, health_servicer, port = build_grpc_server(
         prefix_pb2_grpc.add_PrefixCacheServicer_to_server,
         servicer,

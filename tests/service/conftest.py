@@ -73,9 +73,11 @@ def start_engine(
     quota: OwnerQuota = NO_QUOTA,
     persistent_quota: OwnerQuota = NO_QUOTA,
     persistent_owners: tuple[str, ...] = ("prefix-service",),
+    host: str = "127.0.0.1",
 ) -> Engine:
     """``quota`` / ``persistent_quota``: the engine's per-owner quotas (default: none; the CLI's
-    defaults are ``engine_service.sessions.handles.engine_quotas``)."""
+    defaults are ``engine_service.sessions.handles.engine_quotas``). ``host``: where it binds
+    (``[::]``: IPv6 and IPv4 alike; ``address`` stays 127.0.0.1)."""
     tokenizer = char_tokenizer()
     deps = EngineSessions.build(
         random_model(layers, 4, seed),
@@ -92,7 +94,7 @@ def start_engine(
         persistent_quota=persistent_quota,
         persistent_owners=persistent_owners,
     )
-    server, bound = create_server(deps, f"127.0.0.1:{port}")
+    server, bound = create_server(deps, f"{host}:{port}")
     return Engine(server, bound)
 
 

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from prefix_service.engines.connect import connect_fleet
-from prefix_service.engines.engine_pool import DnsTarget, engine_targets
+from prefix_service.engines.engine_targets import DnsTarget, engine_targets
 from prefix_service.fleet.routing import routing_policy
 from prefix_service.rpc.server import create_server
 from protos import engine_pb2 as epb
@@ -173,7 +173,7 @@ def test_an_engine_that_went_away_is_left_for_another_before_the_first_token(ser
     assert tokens == in_process_tokens(p + [67], NEW_TOKENS)
 
 
-def test_engines_join_and_leave_through_the_pool(two_engines, engine_factory) -> None:
+def test_engines_join_through_the_pool_and_leave_when_they_drain(two_engines, engine_factory) -> None:
     a, b = two_engines
     svc = FleetService([a.address])
     try:
@@ -185,10 +185,19 @@ def test_engines_join_and_leave_through_the_pool(two_engines, engine_factory) ->
         assert sorted(m.name for m in svc.fleet.members()) == sorted([a.address, b.address])
         _, done = svc.generate(prompts(2)[1])  # a miss: the emptier engine, which just joined
         assert done.engine == b.address
-        svc.targets = [b.address]
+        svc.targets = [b.address]  # a's address went from the answer: that alone removes nothing
         svc.pool.sync()
-        assert [m.name for m in svc.fleet.members()] == [b.address]
+        svc.pool.check_departures()
+        assert sorted(m.name for m in svc.fleet.members()) == sorted([a.address, b.address])
+        assert a.deps.registry.usage("prefix-service").sessions == 1
+        a.deps.drain()  # what SIGTERM does first: Info says draining, health NOT_SERVING
+        a.server.health_state.update(draining=True)
+        assert wait_for(lambda: not a.server.health_state.serving)
+        assert wait_for(
+            lambda: (svc.pool.check_departures(), [m.name for m in svc.fleet.members()])[1] == [b.address]
+        )
         assert wait_for(lambda: a.deps.registry.usage("prefix-service").sessions == 0)  # released on leaving
+        assert svc.pool.stats().departures == {"draining": 1}
         _, done = svc.generate(prompts(1)[0] + [68])
         assert done.engine == b.address and done.reused_positions == 0
     finally:
@@ -214,7 +223,11 @@ def test_dns_targets_resolve_every_address() -> None:
     target = DnsTarget.parse("dns:///localhost:50051")
     assert "127.0.0.1:50051" in target.resolve()
     assert engine_targets(["127.0.0.1:1"], "dns:///localhost:7")() >= {"127.0.0.1:1", "127.0.0.1:7"}
-    for bad in ("localhost:50051", "dns:///localhost", "dns:///localhost:0", "dns:///:80"):
+    for bad in ("localhost:50051", "dns:///localhost", "dns:///localhost:0", "dns:///:80", "dns://a:0/b:1"):
         with pytest.raises(ValueError, match="engines"):
             DnsTarget.parse(bad)
     assert DnsTarget("no-such-host.invalid", 1).resolve() == set()
+    assert DnsTarget.parse("dns://127.0.0.1:5353/engines.test:7") == DnsTarget(
+        "engines.test", 7, ("127.0.0.1", 5353)
+    )
+    assert DnsTarget.parse("dns://[::1]/engines.test:7").server == ("::1", 53)
