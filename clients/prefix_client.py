@@ -116,12 +116,13 @@ class PrefixClient(ChannelClient):
         chat: bool = False,
         system: str = "",
         add_special_tokens: bool = True,
+        cache_salt: str = "",
     ) -> LookupResult:
         """``add_special_tokens``: plain text gets the model's own (BOS where it adds one, as Gemma's
         tokenizer does), as the gateway's Generate does by default: a stored prompt always starts at
-        position 0."""
+        position 0. ``cache_salt``: matches only entries stored under the same salt."""
         fields = input_fields(tokens, text, chat, system, add_special_tokens)
-        request = pb.LookupRequest(namespace=namespace, **fields)
+        request = pb.LookupRequest(namespace=namespace, cache_salt=cache_salt, **fields)
         r = self._routed(self.stub.Lookup, request, namespace)
         reason = MISS_REASONS.get(r.reason, f"unknown_{r.reason}")  # a newer service's reason: no KeyError
         return LookupResult(r.session or None, r.reused, tuple(r.tokens), reason, r.diverged_at, r.engine)
@@ -134,10 +135,11 @@ class PrefixClient(ChannelClient):
         namespace: str = "",
         metadata: Mapping[str, str] | None = None,
         engine: str = "",
+        cache_salt: str = "",
     ) -> bool:
         """Store a snapshot of ``session`` under ``tokens``; True when stored (see :meth:`insert_detailed`)."""
         return self.insert_detailed(
-            tokens, session, namespace=namespace, metadata=metadata, engine=engine
+            tokens, session, namespace=namespace, metadata=metadata, engine=engine, cache_salt=cache_salt
         ).stored
 
     def insert_detailed(
@@ -148,6 +150,7 @@ class PrefixClient(ChannelClient):
         namespace: str = "",
         metadata: Mapping[str, str] | None = None,
         engine: str = "",
+        cache_salt: str = "",
     ) -> InsertResult:
         """Like :meth:`insert`, and a refusal says why (the service stores only a session the engine
         confirms holds exactly ``tokens``). ``engine``: the engine holding ``session`` (as
@@ -158,6 +161,7 @@ class PrefixClient(ChannelClient):
             session=session,
             metadata=dict(metadata or {}),
             engine=engine,
+            cache_salt=cache_salt,
         )
         r = self._routed(self.stub.Insert, request, namespace)
         return InsertResult(r.stored, INSERT_REFUSALS.get(r.reason, f"unknown_{r.reason}"))
@@ -184,6 +188,7 @@ class PrefixClient(ChannelClient):
         )
 
     def clear(self) -> int:
+        """Release the caller's entries (the admin owner's call: every entry); how many."""
         return self._unary(self.stub.Clear, pb.ClearRequest()).released
 
     def generate(
@@ -198,6 +203,7 @@ class PrefixClient(ChannelClient):
         metadata: Mapping[str, str] | None = None,
         timeout: float | None = None,
         add_special_tokens: bool = True,
+        cache_salt: str = "",
         **config_fields,
     ) -> GenerationStream:
         """Gateway generation: lookup -> engine Generate (prompt captured) -> insert, one stream.
@@ -208,6 +214,7 @@ class PrefixClient(ChannelClient):
             config=generation_config(**config_fields),
             skip_insert=skip_insert,
             metadata=dict(metadata or {}),
+            cache_salt=cache_salt,
             **input_fields(tokens, text, chat, system, add_special_tokens),
         )
         metadata = (*self._metadata, (ROUTE_KEY_HEADER, namespace))

@@ -13,7 +13,9 @@ serves. SIGTERM / SIGINT drain, release every stored snapshot in the engine, and
 
 Auth flags as forkline-engine's (--auth_tokens, --tls_*). To an engine with tokens it sends its own
 token (--engine_token_file) for its snapshots and, for calls it makes on a caller's behalf, the
-caller's own token, so the engine's token file lists the clients' tokens too.
+caller's own token, so the engine's token file lists the clients' tokens too. With tokens a namespace
+belongs to its caller's owner (--shared_namespace NAME: every caller's); Stats / Clear cover the
+caller's own namespaces, everything for --admin_owner (README "Authentication").
 
 Budget: the cache holds at most --engine_share of the engine's resident sessions and positions (and
 at most --max_entries entries, --max_positions positions), evicting by --policy to stay within it; a
@@ -282,6 +284,28 @@ def build_parser() -> argparse.ArgumentParser:
     add_serving_arguments(p, default_port=50052)
     add_auth_arguments(p)
     p.add_argument(
+        "--shared_namespace",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="with --auth_tokens, the namespace NAME is every caller's (e.g. a common system prompt); "
+        "any other belongs to its caller's owner. Repeatable (default: none)",
+    )
+    p.add_argument(
+        "--admin_owner",
+        metavar="OWNER",
+        default="",
+        help="the owner whose Stats and Clear cover every namespace; any other owner's cover its own "
+        "(default: none; without --auth_tokens every caller's cover everything)",
+    )
+    p.add_argument(
+        "--http_namespace",
+        metavar="NAME",
+        default=None,
+        help="HTTP requests use this namespace, shared by every caller (as --shared_namespace); "
+        "default: each caller's own (one namespace for all without --auth_tokens)",
+    )
+    p.add_argument(
         "--http_port",
         metavar="PORT",
         type=port_number,
@@ -377,6 +401,7 @@ def connect_and_serve(args: argparse.Namespace):
             pool=pool,
             security=security,
             metrics=args.metrics_port is not None,
+            tenancy=tenancy(args),
         )
     except BaseException:
         pool.stop()
@@ -388,6 +413,14 @@ def connect_and_serve(args: argparse.Namespace):
     if args.http_port is not None:
         start_http(server, args, security.tokens)
     return server, port
+
+
+def tenancy(args: argparse.Namespace):
+    """The shared namespaces (--shared_namespace, --http_namespace) and the admin owner."""
+    from prefix_service.gateway.tenancy import Tenancy
+
+    shared = [*args.shared_namespace, *([args.http_namespace] if args.http_namespace is not None else [])]
+    return Tenancy.of(shared, args.admin_owner)
 
 
 def start_http(server, args: argparse.Namespace, tokens) -> None:
@@ -402,6 +435,7 @@ def start_http(server, args: argparse.Namespace, tokens) -> None:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             tls_client_ca=args.tls_client_ca,
+            namespace=args.http_namespace or "",
         )
     except BaseException:
         server.stop(0, release=True)  # do not leave the gRPC server running behind a failed start

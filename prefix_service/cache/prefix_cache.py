@@ -15,13 +15,15 @@ for the engine: never call it from a generation callback.
   ``max_entries`` / ``max_positions`` the retention policy evicts until both fit.
 - ``set_budget`` (new bounds), ``evict(n)`` (pressure), ``reserve`` (room for a snapshot on its way,
   consumed by the insert it is passed to).
+- ``clear(where)`` / ``stats(where)``: only the namespaces ``where(namespace)`` accepts (a caller's
+  own, ``gateway/tenancy.py``); their stats count those live entries and the hits they served.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from engine_service.api.content import content_digest
@@ -249,9 +251,15 @@ class PrefixCache:
             )
         return PromptCapture(self, self._backend, session, prompt)
 
-    def clear(self) -> int:
-        """Release every stored snapshot (only those the cache owns); returns how many."""
+    def clear(self, where: Callable[[str], bool] | None = None) -> int:
+        """Release every stored snapshot (only those the cache owns), or those of the namespaces
+        ``where`` accepts; returns how many."""
         with self._lock:
+            if where is not None:
+                chosen = self._chosen(where)
+                for entry in chosen:
+                    self._drop(entry)
+                return len(chosen)
             entries = self._budget.clear()
             self._index.clear()
             for entry in entries:
@@ -264,8 +272,24 @@ class PrefixCache:
     def __exit__(self, *exc_info: object) -> None:
         self.clear()
 
-    def stats(self) -> PrefixStats:
+    def stats(self, where: Callable[[str], bool] | None = None) -> PrefixStats:
+        """The cache's counters; with ``where``, those of the live entries of the namespaces it
+        accepts (entries, positions, the hits they served and the positions those reused; the
+        cache-wide counters, misses and refusals included, are 0: they are nobody's in particular)."""
         with self._lock:
+            if where is not None:
+                chosen = self._chosen(where)
+                return PrefixStats(
+                    entries=len(chosen),
+                    max_entries=self._budget.max_entries,
+                    hits=sum(entry.hits for entry in chosen),
+                    misses=0,
+                    reused_tokens=sum(entry.reused for entry in chosen),
+                    inserts=0,
+                    evictions=0,
+                    positions=sum(entry.key_length for entry in chosen),
+                    max_positions=self._budget.max_positions,
+                )
             return PrefixStats(
                 entries=len(self._budget.entries),
                 max_entries=self._budget.max_entries,
@@ -295,6 +319,10 @@ class PrefixCache:
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _chosen(self, where: Callable[[str], bool]) -> list[Entry]:
+        """The entries of the namespaces ``where`` accepts (lock held; scopes are (fingerprint, namespace))."""
+        return [entry for entry in self._budget.entries if where(entry.namespace[1])]
+
     def _find(self, scope: Hashable, key: tuple[int, ...]) -> LookupOutcome:
         """The lookup itself (the caller holds the lock and counts the hit or miss)."""
         if len(key) < 2:
@@ -313,6 +341,7 @@ class PrefixCache:
             entry, child, reused = found.hit
             self._refresh(entry)
             entry.hits += 1
+            entry.reused += reused
             return LookupOutcome.hit(Match(child, reused))
         refusal = found.refusal()
         if refusal is not None:

@@ -40,7 +40,8 @@ class Entry:
 
     namespace, tokens: the entry's key (the snapshot holds exactly ``len(tokens)`` positions).
     snapshot: the opaque backend handle the cache owns. created / last_used: values of the cache's
-    logical clock (strictly increasing over inserts, hits and refreshes). hits: lookups served.
+    logical clock (strictly increasing over inserts, hits and refreshes). hits: lookups served,
+    reused: the positions they reused.
     metadata: application strings (``priority``, ``boundary``, ...). Policies must not touch the
     snapshot.
     """
@@ -52,6 +53,7 @@ class Entry:
     last_used: int
     hits: int = 0
     metadata: Mapping[str, str] = field(default_factory=lambda: NO_METADATA)
+    reused: int = 0
 
     def __post_init__(self) -> None:
         if not self.tokens:

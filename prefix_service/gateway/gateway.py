@@ -218,13 +218,21 @@ class Gateway:
                 raise
         return self._start(request, tokens, owner)
 
-    def stats(self) -> GatewayStats:
-        return GatewayStats(
-            cache=self.cache.stats(),
-            dropped_on_restart=self.dropped_on_restart,
+    def stats(self, where: Callable[[str], bool] | None = None) -> GatewayStats:
+        """The gateway's stats; with ``where`` (a caller's own namespaces, ``tenancy.py``) only its
+        entries' (``PrefixCache.stats``) and none of the service's own counters."""
+        mine = GatewayStats(
+            cache=self.cache.stats(where),
+            dropped_on_restart=0,
             engine_instance_id=self.backend.instance_id,
             policy=self.policy_name or type(self.cache.policy).__name__,
             engine_share=self.pressure.engine_share,
+        )
+        if where is not None:
+            return mine
+        return replace(
+            mine,
+            dropped_on_restart=self.dropped_on_restart,
             pressure_evictions=self.pressure.pressure_evictions,
             pressure_retries=self.pressure.pressure_retries,
             reclaimed=self.pressure.reclaimed,
@@ -235,9 +243,9 @@ class Gateway:
         with self._lock:
             return dict(self._misses)
 
-    def clear(self) -> int:
-        """Release every stored snapshot; returns how many."""
-        return self.cache.clear()
+    def clear(self, where: Callable[[str], bool] | None = None) -> int:
+        """Release every stored snapshot (or those of the namespaces ``where`` accepts); how many."""
+        return self.cache.clear(where)
 
     # -- internals -------------------------------------------------------------------------------
     def _start(self, request: GatewayRequest, tokens: list[int], owner: str) -> GatewayStream:

@@ -10,6 +10,8 @@ Auth: with a token table (anything with ``owner_for(token) -> owner | None``, e.
 ``engine_service.serving.tokens.TokenTable``), every route but ``/health`` needs ``Authorization: Bearer
 <token>`` and the request runs as the token's owner, as on gRPC; without one, as
 ``api.owners.DEFAULT_OWNER`` (the gRPC default owner). A client that disconnects ends its generation.
+Every request uses the door's ``namespace`` (and the body's ``cache_salt``) scoped as on gRPC
+(``gateway/tenancy.py``): with auth, the caller's own unless the operator shared it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import contextlib
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from pathlib import PurePath
 from typing import Protocol, TypeVar
 
@@ -34,6 +37,7 @@ from engine_service.api.owners import DEFAULT_OWNER
 from engine_service.serving.tokens import Caller, check_token
 from prefix_service.fleet.fleet import Fleet
 from prefix_service.gateway.calls import Prompt
+from prefix_service.gateway.tenancy import Tenancy, Tenant
 from prefix_service.http import convert
 from prefix_service.http.errors import ApiError, error_event, error_response
 from prefix_service.http.generation import Generation
@@ -57,9 +61,16 @@ def served_model_name(engine_model: str) -> str:
     return name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
 
 
-def create_app(gateway: Fleet, *, model_name: str, auth: OwnerTable | None = None) -> Starlette:
+def create_app(
+    gateway: Fleet,
+    *,
+    model_name: str,
+    auth: OwnerTable | None = None,
+    tenancy: Tenancy | None = None,
+    namespace: str = convert.NAMESPACE,
+) -> Starlette:
     """The ASGI app serving ``gateway`` under the model id ``model_name`` (see the module docstring)."""
-    door = _Door(gateway, model_name, auth)
+    door = _Door(gateway, model_name, auth, tenancy or Tenancy(), namespace)
     routes = [
         Route("/v1/chat/completions", _answering_errors(door.chat_completions), methods=["POST"]),
         Route("/v1/completions", _answering_errors(door.completions), methods=["POST"]),
@@ -92,8 +103,11 @@ async def _on_http_exception(request: Request, exc: HTTPException) -> Response:
 
 
 class _Door:
-    def __init__(self, gateway: Fleet, model_name: str, auth: OwnerTable | None) -> None:
+    def __init__(
+        self, gateway: Fleet, model_name: str, auth: OwnerTable | None, tenancy: Tenancy, namespace: str
+    ) -> None:
         self.gateway, self.model_name, self.auth = gateway, model_name, auth
+        self.tenancy, self.namespace = tenancy, namespace
         self.created = int(time.time())
 
     # -- routes --------------------------------------------------------------------------------------
@@ -145,9 +159,9 @@ class _Door:
         caller: Caller | None,
         shape: Shape,
     ) -> Response:
-        generation = Generation(
-            self.gateway, convert.gateway_request(body, prompt), convert.stop_strings(body), owner, caller
-        )
+        scope = self.tenancy.scope(Tenant(owner, caller is not None), self.namespace, body.cache_salt or "")
+        call = replace(convert.gateway_request(body, prompt), namespace=scope)
+        generation = Generation(self.gateway, call, convert.stop_strings(body), owner, caller)
         try:
             await _until_disconnected(request, generation.start(), generation.close)
             if not body.stream:

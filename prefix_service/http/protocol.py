@@ -60,6 +60,7 @@ class _Sampling(_Request):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    cache_salt: str | None = Field(default=None, max_length=1024)  # vLLM's: partitions the prefix cache
     # Accepted at their neutral values only (anything else is refused naming the field).
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
@@ -102,11 +103,37 @@ class AssistantMessage(_Response):
     content: str
 
 
+class TopLogprob(_Response):
+    """One token at a position: its text, log probability and UTF-8 bytes (OpenAI's shape)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(_Response):
+    content: list[ChatTokenLogprob] | None
+
+
+class CompletionLogprobs(_Response):
+    """The legacy completions shape: per token its text, log probability, the top alternatives as a
+    text -> log probability map, and where its text starts in the choice's text."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class ChatChoice(_Response):
     index: int = 0
     message: AssistantMessage
     finish_reason: str
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletion(_Response):
@@ -128,7 +155,7 @@ class ChatChunkChoice(_Response):
     index: int = 0
     delta: ChatDelta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(_Response):
@@ -145,7 +172,7 @@ class CompletionChoice(_Response):
     index: int = 0
     text: str
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(_Response):

@@ -40,11 +40,12 @@ def text_prompt(msg: epb.TextInput) -> TextPrompt:
     return TextPrompt(msg.text, msg.chat, msg.system, msg.add_special_tokens, messages)
 
 
-def gateway_request(request: pb.GatewayGenerateRequest) -> GatewayRequest:
-    """The gateway call; the config is checked here (InvalidArgument before any lookup). Its stop
-    tokens stay as sent: the engine adds its EOS tokens unless ``ignore_eos``."""
+def gateway_request(request: pb.GatewayGenerateRequest, namespace: str) -> GatewayRequest:
+    """The gateway call in ``namespace`` (the caller's scope of ``request.namespace``); the config is
+    checked here (InvalidArgument before any lookup). Its stop tokens stay as sent: the engine adds its
+    EOS tokens unless ``ignore_eos``."""
     return GatewayRequest(
-        namespace=request.namespace,
+        namespace=namespace,
         prompt=prompt(request),
         config=gen_config(request.config, ()),
         ignore_eos=request.config.ignore_eos,

@@ -24,6 +24,7 @@ from prefix_service.engines.engine_pool import EnginePool
 from prefix_service.engines.engine_watch import EngineWatch
 from prefix_service.fleet.fleet import EngineMember, Fleet
 from prefix_service.gateway.gateway import Gateway
+from prefix_service.gateway.tenancy import Tenancy
 from prefix_service.rpc.servicer import PrefixServicer
 from protos import engine_pb2, prefix_pb2, prefix_pb2_grpc
 
@@ -76,10 +77,12 @@ class PrefixServer(GrpcServer):
         tls_cert: str | None = None,
         tls_key: str | None = None,
         tls_client_ca: str | None = None,
+        namespace: str = "",
     ) -> int:
         """Serve the OpenAI-compatible HTTP door (``prefix_service/http``) in this process over this
         server's fleet; returns its bound port. ``model_name`` "": the engines' model file name.
-        ``auth``: bearer tokens -> owners (as the gRPC side's token table). It stops with this server."""
+        ``auth``: bearer tokens -> owners (as the gRPC side's token table). ``namespace``: the one every
+        HTTP request uses (scoped as on gRPC: the caller's own unless shared). It stops with this server."""
         from prefix_service.http.app import create_app, served_model_name
         from prefix_service.http.server import HttpServer
 
@@ -89,7 +92,9 @@ class PrefixServer(GrpcServer):
             if backend is None:
                 raise InvalidArgument("model_name is required for a gateway without a remote engine")
             model_name = served_model_name(backend.call(backend.stub.Info, engine_pb2.InfoRequest()).model)
-        app = create_app(self.fleet, model_name=model_name, auth=auth)
+        app = create_app(
+            self.fleet, model_name=model_name, auth=auth, tenancy=self.servicer.tenancy, namespace=namespace
+        )
         self.http = HttpServer.start(
             app, host, port, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca
         )
@@ -163,16 +168,18 @@ def create_server(
     pool: EnginePool | None = None,
     security: ServerSecurity | None = None,
     metrics: bool = False,
+    tenancy: Tenancy | None = None,
 ) -> tuple[PrefixServer, int]:
     """Build, bind and start the prefix server; returns it and the bound port. ``gateway``: one
     engine's gateway (``connect_engine``; its ``channel`` is closed when the server stops) or a fleet
     (``connect_fleet``, with its ``pool``). ``security``: TLS and/or bearer tokens for this service's
     callers (None: plaintext, self-declared owners). ``metrics``: collect Prometheus metrics
-    (``rpc/metrics.py``; served by ``server.start_metrics``)."""
+    (``rpc/metrics.py``; served by ``server.start_metrics``). ``tenancy``: shared namespaces and the
+    admin owner (``gateway/tenancy.py``; default none)."""
     from prefix_service.rpc.metrics import PrefixMetrics
 
     fleet = gateway if isinstance(gateway, Fleet) else Fleet([remote_member(gateway, channel)])
-    servicer = PrefixServicer(fleet)
+    servicer = PrefixServicer(fleet, tenancy)
     prefix_metrics = PrefixMetrics(fleet) if metrics else None
     if prefix_metrics is not None and pool is not None:
         from prefix_service.engines.pool_metrics import PoolCollector

@@ -5,6 +5,8 @@ Thin: each RPC reads the caller's owner id from the metadata, converts the reque
 engine) and its gateways (``prefix_service/gateway/gateway.py``, where every flow decision lives:
 engine-restart handling, lookup, insert, the gateway Generate with its stop and drain) and converts the answer back. Errors map to status codes in
 ``engine_service/serving/errors.py``. Engine calls made for an RPC carry its deadline (``caller_deadline``).
+The namespace a request names (and its ``cache_salt``) is the caller's scope (``gateway/tenancy.py``);
+Stats and Clear cover the caller's own scopes unless it is the admin.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ import grpc
 
 from engine_service.serving.auth import owner_of
 from engine_service.serving.errors import status_on_error
+from engine_service.serving.tokens import current_caller
 from prefix_service.engines.engine_watch import caller_deadline
 from prefix_service.fleet.fleet import Fleet
+from prefix_service.fleet.stats import FleetStats, summed
+from prefix_service.gateway.tenancy import Tenancy, Tenant
 from prefix_service.rpc import convert
 from protos import engine_pb2 as epb
 from protos import prefix_pb2 as pb
@@ -25,20 +30,23 @@ from protos import prefix_pb2_grpc
 
 
 class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
-    def __init__(self, fleet: Fleet) -> None:
+    def __init__(self, fleet: Fleet, tenancy: Tenancy | None = None) -> None:
         self.gateway = fleet
+        self.tenancy = tenancy or Tenancy()
 
     def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> pb.LookupResponse:
         with status_on_error(context), caller_deadline(context):
-            owner = owner_of(context.invocation_metadata())
-            lookup = self.gateway.lookup(request.namespace, convert.prompt(request), owner, context.is_active)
+            tenant = tenant_of(context)
+            scope = self.tenancy.scope(tenant, request.namespace, request.cache_salt)
+            lookup = self.gateway.lookup(scope, convert.prompt(request), tenant.owner, context.is_active)
             return convert.lookup_response(lookup)
 
     def Insert(self, request: pb.InsertRequest, context: grpc.ServicerContext) -> pb.InsertResponse:
         with status_on_error(context), caller_deadline(context):
-            owner = owner_of(context.invocation_metadata())
+            tenant = tenant_of(context)
+            owner = tenant.owner
             outcome = self.gateway.insert(
-                request.namespace,
+                self.tenancy.scope(tenant, request.namespace, request.cache_salt),
                 list(request.tokens),
                 request.session,
                 dict(request.metadata),
@@ -49,20 +57,33 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
 
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
         with status_on_error(context):
-            return convert.stats_response(self.gateway.stats())
+            where = self.tenancy.visible(tenant_of(context))
+            if where is None:
+                return convert.stats_response(self.gateway.stats())
+            mine = summed([m.gateway.stats(where) for m in self.gateway.members()])
+            return convert.stats_response(FleetStats(mine, self.gateway.policy.name, (), {}))
 
     def Clear(self, request: pb.ClearRequest, context: grpc.ServicerContext) -> pb.ClearResponse:
         with status_on_error(context), caller_deadline(context):
-            return pb.ClearResponse(released=self.gateway.clear())
+            where = self.tenancy.visible(tenant_of(context))
+            if where is None:
+                return pb.ClearResponse(released=self.gateway.clear())
+            return pb.ClearResponse(released=sum(m.gateway.clear(where) for m in self.gateway.members()))
 
     def Generate(
         self, request: pb.GatewayGenerateRequest, context: grpc.ServicerContext
     ) -> Iterator[epb.GenerateEvent]:
         with status_on_error(context):
-            owner = owner_of(context.invocation_metadata())
+            tenant = tenant_of(context)
+            scope = self.tenancy.scope(tenant, request.namespace, request.cache_salt)
             with caller_deadline(context):  # the engine stream gets the caller's deadline
-                stream = self.gateway.generate(convert.gateway_request(request), owner)
+                stream = self.gateway.generate(convert.gateway_request(request, scope), tenant.owner)
             context.add_callback(stream.stop)  # the client went away
             with contextlib.closing(iter(stream)) as events:
                 for event in events:
                     yield convert.client_event(event)
+
+
+def tenant_of(context: grpc.ServicerContext) -> Tenant:
+    """The caller: its owner, authenticated when the call carried a valid token."""
+    return Tenant(owner_of(context.invocation_metadata()), current_caller() is not None)
