@@ -49,7 +49,12 @@ def build_grpc_server(
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=thread_name_prefix),
         options=[("grpc.so_reuseport", 0)],
-        interceptors=(*interceptors, *security.interceptors()),
+        # the drain's counter after the metrics (which count its refusals), before auth
+        interceptors=(
+            *interceptors,
+            *((in_flight,) if in_flight is not None else ()),
+            *security.interceptors(),
+        ),
     )
     add_servicer(servicer, server)
     health_servicer = health.HealthServicer()
@@ -73,6 +78,9 @@ def build_grpc_server(
         )
     server.start()
     return server, health_servicer, port
+
+
+_FLUSH_S = 1.0  # a drained server's wait for the final messages of its finished calls to be written
 
 
 class GrpcServer:
@@ -118,14 +126,17 @@ class GrpcServer:
             if self.in_flight is not None:
                 self.in_flight.draining = True
             self.health_state.update(draining=True)
-            if self.in_flight is not None and not self.in_flight.wait_idle(grace):
+            idle = self.in_flight is None or self.in_flight.wait_idle(grace)
+            if not idle:
                 log.warning(
                     "%d calls still in flight after the %.1f s grace: cancelled", self.in_flight.count, grace
                 )
             self.drain_seconds = time.monotonic() - started
             self.health.enter_graceful_shutdown()
             left = None if grace is None else max(0.0, grace - self.drain_seconds)
-            self.grpc_server.stop(left if self.in_flight is None else 0).wait()
+            # idle: the last messages of calls that just returned are still being written; let them out
+            flush = _FLUSH_S if left is None else min(left, _FLUSH_S)
+            self.grpc_server.stop(left if self.in_flight is None else flush if idle else 0).wait()
             after()
             if self.metrics is not None:
                 self.metrics.close()

@@ -74,10 +74,12 @@ def start_engine(
     persistent_quota: OwnerQuota = NO_QUOTA,
     persistent_owners: tuple[str, ...] = ("prefix-service",),
     host: str = "127.0.0.1",
+    stuck_after_s: float = 30.0,
 ) -> Engine:
     """``quota`` / ``persistent_quota``: the engine's per-owner quotas (default: none; the CLI's
     defaults are ``engine_service.sessions.handles.engine_quotas``). ``host``: where it binds
-    (``[::]``: IPv6 and IPv4 alike; ``address`` stays 127.0.0.1)."""
+    (``[::]``: IPv6 and IPv4 alike; ``address`` stays 127.0.0.1). ``stuck_after_s``: the heartbeat's
+    (``runtime/heartbeat.py``)."""
     tokenizer = char_tokenizer()
     deps = EngineSessions.build(
         random_model(layers, 4, seed),
@@ -94,7 +96,7 @@ def start_engine(
         persistent_quota=persistent_quota,
         persistent_owners=persistent_owners,
     )
-    server, bound = create_server(deps, f"{host}:{port}")
+    server, bound = create_server(deps, f"{host}:{port}", stuck_after_s=stuck_after_s)
     return Engine(server, bound)
 
 
