@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from clients.channel_client import ChannelClient
 from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import InvalidArgument
+from engine_service.api.logprobs import TokenLogprob
 from engine_service.api.owners import DEFAULT_OWNER
 from engine_service.api.stream_events import Done, Event, Snapshot, Started, Tokens
 from engine_service.serving.engine_wire import engine_info, event_from_proto
@@ -38,6 +39,7 @@ class GenerationOutcome:
     snapshots: list[Snapshot] = field(default_factory=list)
     done: Done | None = None
     events: list[Event] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # with top_logprobs: one per token
 
 
 class GenerationStream:
@@ -65,6 +67,7 @@ class GenerationStream:
             elif isinstance(event, Tokens):
                 out.tokens.extend(event.ids)
                 out.text += event.text
+                out.logprobs.extend(event.logprobs)
             elif isinstance(event, Snapshot):
                 out.snapshots.append(event)
             else:

@@ -40,9 +40,9 @@ from prefix_service.gateway.calls import Prompt
 from prefix_service.gateway.tenancy import Tenancy, Tenant
 from prefix_service.http import convert
 from prefix_service.http.errors import ApiError, error_event, error_response
-from prefix_service.http.generation import Generation
 from prefix_service.http.protocol import ChatCompletionRequest, CompletionRequest, Model, ModelList
 from prefix_service.http.responses import DONE_EVENT, ChatShape, CompletionShape, Shape, event
+from prefix_service.http.choices import Choices
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -122,7 +122,7 @@ class _Door:
             convert.chat_prompt(body.messages),
             owner,
             caller,
-            ChatShape(self.model_name, self._fingerprint()),
+            ChatShape(self.model_name, self._fingerprint(), logprobs=bool(body.logprobs)),
         )
 
     async def completions(self, request: Request) -> Response:
@@ -136,7 +136,7 @@ class _Door:
             convert.completion_prompt(body.prompt),
             owner,
             caller,
-            CompletionShape(self.model_name, self._fingerprint()),
+            CompletionShape(self.model_name, self._fingerprint(), logprobs=body.logprobs is not None),
         )
 
     async def models(self, request: Request) -> Response:
@@ -161,14 +161,12 @@ class _Door:
     ) -> Response:
         scope = self.tenancy.scope(Tenant(owner, caller is not None), self.namespace, body.cache_salt or "")
         call = replace(convert.gateway_request(body, prompt), namespace=scope)
-        generation = Generation(self.gateway, call, convert.stop_strings(body), owner, caller)
+        generation = Choices(self.gateway, call, body.n, convert.stop_strings(body), owner, caller)
         try:
             await _until_disconnected(request, generation.start(), generation.close)
             if not body.stream:
-                text = await _until_disconnected(request, _collect(generation), generation.close)
-                return JSONResponse(
-                    shape.response(text, generation.finish_reason or "stop", generation.usage()).model_dump()
-                )
+                answers = await _until_disconnected(request, generation.answers(), generation.close)
+                return JSONResponse(shape.response(answers, generation.usage()).model_dump())
         except BaseException:
             generation.close()
             raise
@@ -211,10 +209,6 @@ async def _parse(request: Request, model: type[Body]) -> Body:
     return model.model_validate_json(await request.body())  # ValidationError: a 400 naming the field
 
 
-async def _collect(generation: Generation) -> str:
-    return "".join([text async for text in generation.deltas()])
-
-
 async def _until_disconnected(request: Request, work: Awaitable[T], on_disconnect: Callable[[], None]) -> T:
     """Await ``work``; if the client disconnects first, call ``on_disconnect`` and give up."""
     watcher = asyncio.ensure_future(_disconnected(request))
@@ -237,16 +231,19 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _events(generation: Generation, shape: Shape, include_usage: bool) -> AsyncIterator[str]:
+async def _events(generation: Choices, shape: Shape, include_usage: bool) -> AsyncIterator[str]:
     """The response stream. Starlette cancels it when the client disconnects; ``finally`` then ends
     the generation."""
     try:
-        first = shape.first()
-        if first is not None:
-            yield event(first)
-        async for text in generation.deltas():
-            yield event(shape.delta(text))
-        yield event(shape.final(generation.finish_reason or "stop"))
+        for index in range(len(generation.generations)):
+            first = shape.first(index)
+            if first is not None:
+                yield event(first)
+        async for index, piece in generation.stream():
+            if isinstance(piece, str):  # the choice's finish reason
+                yield event(shape.final(index, piece))
+            else:
+                yield event(shape.delta(index, piece.text, piece.logprobs))
         if include_usage:
             yield event(shape.usage_chunk(generation.usage()))
     except Exception as exc:  # noqa: BLE001 - status 200 is sent: the error travels as an event

@@ -7,13 +7,21 @@ API and forkline differ (the README's "OpenAI-compatible HTTP" repeats them):
   ``temperature`` / ``top_p`` absent: 1.0. ``seed`` absent: a fresh random seed.
 - ``stop``: up to :data:`MAX_STOP_STRINGS` non-empty strings, matched on the text (``stop_strings.py``).
 - ``user`` is ignored: every HTTP request uses the namespace :data:`NAMESPACE`.
-- ``n`` other than 1, ``logprobs``, ``echo``, ``best_of`` > 1, ``suffix``, penalties, ``logit_bias``
-  and non-text ``response_format`` are refused (400 naming the field), never ignored.
+- ``n`` (1..:data:`MAX_CHOICES`): the prompt is computed once and its snapshot cloned for each further
+  choice (``choices.py``); choice ``i`` samples with ``seed + i``.
+- ``logprobs`` / ``top_logprobs`` (chat, 0..20) and ``logprobs`` (completions, 0..5): the log-softmax of
+  the model's raw logits, before temperature and ``top_p`` (``logprob_shapes.py``).
+- ``response_format``: ``text``, ``json_object`` (any JSON object) or ``json_schema`` (its ``schema``,
+  always enforced as if ``strict``), by the engine's constrained decoding; a schema feature the engine
+  cannot enforce is a 400 naming it.
+- ``echo``, ``best_of`` > 1, ``suffix``, penalties and ``logit_bias`` are refused (400 naming the
+  field), never ignored.
 - ``prompt`` (completions): a string (tokenized with special tokens), token ids, or one of either.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Sequence
 
@@ -33,6 +41,8 @@ from prefix_service.http.protocol import (
 NAMESPACE = ""  # the prefix namespace of every HTTP request (``user`` is ignored, see above)
 UNLIMITED_TOKENS = 1 << 30  # no max_tokens: the engine stops at end-of-sequence or a full session
 MAX_STOP_STRINGS = 16
+MAX_CHOICES = 16  # n: each choice holds an engine session (and counts in its owner's quota)
+JSON_OBJECT = '{"type": "object"}'  # response_format json_object: any JSON object
 FINISH_REASONS = {"stop": "stop", "length": "length"}  # engine -> OpenAI; "cancelled" is an error
 
 
@@ -70,12 +80,40 @@ def _content(message: ChatMessage, index: int) -> str:
 def check_chat(request: ChatCompletionRequest) -> None:
     """Refuse what a chat request asks for and forkline cannot do (naming the field)."""
     _check_common(request)
-    if request.logprobs or request.top_logprobs:
-        raise BadField("logprobs", "log probabilities are not supported")
+    if request.top_logprobs is not None and not request.logprobs:
+        raise BadField("top_logprobs", "needs logprobs: true")
     if request.tools:
         raise BadField("tools", "tool calling is not supported")
-    if request.response_format and request.response_format.get("type", "text") != "text":
-        raise BadField("response_format", "only {'type': 'text'} is supported")
+    response_schema(request.response_format)
+
+
+def response_schema(response_format: dict | None) -> str:
+    """The engine's ``json_schema`` for a chat request's ``response_format`` ("" for text)."""
+    if not response_format:
+        return ""
+    kind = response_format.get("type", "text")
+    if kind == "text":
+        return ""
+    if kind == "json_object":
+        return JSON_OBJECT
+    if kind != "json_schema":
+        raise BadField("response_format.type", f"must be text, json_object or json_schema, got {kind!r}")
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict):
+        raise BadField("response_format.json_schema", "must be an object with a name and a schema")
+    if not isinstance(spec.get("strict", False), bool):
+        raise BadField("response_format.json_schema.strict", "must be a boolean")
+    schema = spec.get("schema", {})
+    if not isinstance(schema, (dict, bool)):
+        raise BadField("response_format.json_schema.schema", "must be a JSON Schema object")
+    return json.dumps(schema)
+
+
+def top_logprobs(request: ChatCompletionRequest | CompletionRequest) -> int | None:
+    """How many alternatives per token the request asks for (None: no log probabilities)."""
+    if isinstance(request, ChatCompletionRequest):
+        return (request.top_logprobs or 0) if request.logprobs else None
+    return request.logprobs
 
 
 # -- completions ----------------------------------------------------------------------------------
@@ -96,8 +134,6 @@ def check_completion(request: CompletionRequest) -> None:
     _check_common(request)
     if request.echo:
         raise BadField("echo", "echoing the prompt is not supported")
-    if request.logprobs:
-        raise BadField("logprobs", "log probabilities are not supported")
     if request.best_of not in (None, 1):
         raise BadField("best_of", "only best_of=1 is supported")
     if request.suffix:
@@ -108,8 +144,8 @@ def check_completion(request: CompletionRequest) -> None:
 
 
 def _check_common(request: ChatCompletionRequest | CompletionRequest) -> None:
-    if request.n != 1:
-        raise BadField("n", f"only n=1 is supported, got {request.n}")
+    if request.n > MAX_CHOICES:
+        raise BadField("n", f"at most {MAX_CHOICES} choices per request, got {request.n}")
     for name in ("frequency_penalty", "presence_penalty"):
         if getattr(request, name):
             raise BadField(name, "penalties are not supported (0 only)")
@@ -136,6 +172,10 @@ def gateway_request(request: ChatCompletionRequest | CompletionRequest, prompt: 
         temperature=1.0 if request.temperature is None else request.temperature,
         top_p=1.0 if request.top_p is None else request.top_p,
         seed=secrets.randbelow(2**63) if request.seed is None else request.seed,
+        top_logprobs=top_logprobs(request),
+        json_schema=response_schema(request.response_format)
+        if isinstance(request, ChatCompletionRequest)
+        else "",
     )
     return GatewayRequest(namespace=NAMESPACE, prompt=prompt, config=config)
 

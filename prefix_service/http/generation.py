@@ -3,24 +3,40 @@ finish reason and the usage.
 
 :meth:`Generation.start` waits for the engine's ``Started`` event, so everything that can fail before
 the first token (bad input, engines full or down) fails before a streaming response commits to
-status 200. :meth:`Generation.deltas` yields text; a stop string ends the generation in the engine at
-once (finish reason ``stop``). :meth:`Generation.close` (always called, also when the client left)
+status 200. :meth:`Generation.deltas` yields :class:`Delta` pieces (text, and the log probabilities
+of the tokens behind it when asked for: they travel with the next text the stop-string matcher lets
+out, the last one held until the next event shows it was not the stop token, which OpenAI does not
+report; those of tokens a stop string cut are dropped); a stop string ends the generation in the
+engine at once (finish reason ``stop``). :meth:`Generation.prime` reads ahead to the first tokens
+(``n`` choices start their clones then: the prompt snapshot is stored by that time). :meth:`Generation.close` (always called, also when the client left)
 ends a generation that has not finished, so no engine session outlives the request.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 
-from engine_service.api.errors import Unavailable
+from engine_service.api.errors import InvalidArgument, Unavailable
+from engine_service.api.logprobs import TokenLogprob
 from engine_service.api.stream_events import Done, Started, Tokens
 from engine_service.serving.tokens import Caller
 from prefix_service.fleet.fleet import Fleet
-from prefix_service.gateway.calls import GatewayRequest
+from prefix_service.gateway.calls import GatewayEvent, GatewayRequest
 from prefix_service.http.bridge import GenerationBridge
 from prefix_service.http.convert import FINISH_REASONS, usage
+from prefix_service.http.errors import BadField
 from prefix_service.http.protocol import Usage
 from prefix_service.http.stop_strings import StopMatcher
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A piece of the generated text and the log probabilities of the tokens behind it."""
+
+    text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class Generation:
@@ -30,6 +46,7 @@ class Generation:
         self._bridge = GenerationBridge(gateway, request, owner, caller)
         self._stops = StopMatcher(stops)
         self._started: Started | None = None
+        self._ahead: deque[GatewayEvent | None] = deque()  # events prime() read before deltas()
         self._finished = False
         self.completion_tokens = 0
         self.finish_reason: str | None = None
@@ -37,19 +54,44 @@ class Generation:
     async def start(self) -> None:
         """Start the generation and wait until the engine runs it; a refusal raises."""
         self._bridge.start()
-        event = await self._bridge.next()
+        try:
+            event = await self._bridge.next()
+        except InvalidArgument as exc:
+            if str(exc).startswith("json_schema"):  # the engine could not compile the schema
+                raise BadField("response_format", str(exc)) from None
+            raise
         if not isinstance(event, Started):  # the gateway always starts with Started
             raise Unavailable("the engine stream ended before the generation started")
         self._started = event
 
-    async def deltas(self) -> AsyncIterator[str]:
+    @property
+    def started(self) -> Started:
+        if self._started is None:
+            raise RuntimeError("started before start()")
+        return self._started
+
+    async def prime(self) -> None:
+        """Read ahead until the first tokens (or the end); :meth:`deltas` yields them as usual."""
+        while True:
+            event = await self._bridge.next()
+            self._ahead.append(event)
+            if event is None or isinstance(event, (Tokens, Done)):
+                return
+
+    async def _next(self) -> GatewayEvent | None:
+        return self._ahead.popleft() if self._ahead else await self._bridge.next()
+
+    async def deltas(self) -> AsyncIterator[Delta]:
         """The generated text, piece by piece; ``finish_reason`` is set when it ends."""
-        while (event := await self._bridge.next()) is not None:
+        held: list[TokenLogprob] = []  # log probabilities whose text the stop matcher holds back
+        while (event := await self._next()) is not None:
             if isinstance(event, Tokens):
                 self.completion_tokens += len(event.ids)
+                held += event.logprobs
                 text, stopped = self._stops.push(event.text)
                 if text:
-                    yield text
+                    yield Delta(text, tuple(held[:-1]))
+                    held = held[-1:]
                 if stopped:
                     self._bridge.stop()  # the engine generation ends now; the bridge cleans up
                     self._finish("stop")
@@ -60,8 +102,10 @@ class Generation:
                         f"the generation ended early ({event.finish_reason}): the engine is stopping"
                     )
                 tail = self._stops.flush()
-                if tail:
-                    yield tail
+                if event.finish_reason == "stop":
+                    held = held[:-1]  # the end-of-sequence (stop) token
+                if tail or held:
+                    yield Delta(tail, tuple(held))
                 self._finish(FINISH_REASONS[event.finish_reason])
                 return
         raise Unavailable("the engine stream ended without a done event")

@@ -1,9 +1,10 @@
 """The bodies one chat or text completion answers with: the whole response, or its stream's chunks.
 
-A :class:`ChatShape` / :class:`CompletionShape` is made per request (its id and creation time) and
-turns text, finish reasons and usage into the protocol models; the handlers stay shape-agnostic.
-Streams follow OpenAI's order: (chat) a first chunk with the assistant role, content chunks, a chunk
-with the finish reason, then -- with ``stream_options.include_usage`` -- a chunk with empty choices
+A :class:`ChatShape` / :class:`CompletionShape` is made per request (its id and creation time, whether
+it reports log probabilities) and turns choices' text, log probabilities, finish reasons and usage
+into the protocol models; the handlers stay shape-agnostic. Streams follow OpenAI's order per choice
+(``index``): (chat) a first chunk with the assistant role, content chunks, a chunk with the finish
+reason; choices interleave; then -- with ``stream_options.include_usage`` -- a chunk with empty choices
 and the usage, then ``data: [DONE]``.
 """
 
@@ -11,10 +12,13 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Protocol
 
 from pydantic import BaseModel
 
+from engine_service.api.logprobs import TokenLogprob
+from prefix_service.http.logprob_shapes import chat_logprobs, completion_logprobs
 from prefix_service.http.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -35,24 +39,35 @@ def event(body: BaseModel) -> str:
     return f"data: {body.model_dump_json()}\n\n"
 
 
+@dataclass(frozen=True)
+class Answer:
+    """One finished choice: its text, why it ended, the log probabilities of its tokens."""
+
+    index: int
+    text: str
+    finish_reason: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
 class Shape(Protocol):
-    def first(self) -> BaseModel | None: ...
+    def first(self, index: int) -> BaseModel | None: ...
 
-    def delta(self, text: str) -> BaseModel: ...
+    def delta(self, index: int, text: str, logprobs: tuple[TokenLogprob, ...]) -> BaseModel: ...
 
-    def final(self, finish_reason: str) -> BaseModel: ...
+    def final(self, index: int, finish_reason: str) -> BaseModel: ...
 
     def usage_chunk(self, usage: Usage) -> BaseModel: ...
 
-    def response(self, text: str, finish_reason: str, usage: Usage) -> BaseModel: ...
+    def response(self, answers: list[Answer], usage: Usage) -> BaseModel: ...
 
 
 class _Ids:
-    def __init__(self, prefix: str, model: str, fingerprint: str) -> None:
+    def __init__(self, prefix: str, model: str, fingerprint: str, logprobs: bool) -> None:
         self.id = f"{prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
         self.fingerprint = fingerprint or None
+        self.logprobs = logprobs  # whether the request asked for log probabilities
 
     def common(self) -> dict:
         return {
@@ -64,48 +79,78 @@ class _Ids:
 
 
 class ChatShape(_Ids):
-    def __init__(self, model: str, fingerprint: str) -> None:
-        super().__init__("chatcmpl", model, fingerprint)
+    def __init__(self, model: str, fingerprint: str, logprobs: bool = False) -> None:
+        super().__init__("chatcmpl", model, fingerprint, logprobs)
 
-    def first(self) -> ChatCompletionChunk:
-        return self._chunk(ChatDelta(role="assistant", content=""))
+    def first(self, index: int) -> ChatCompletionChunk:
+        return self._chunk(index, ChatDelta(role="assistant", content=""))
 
-    def delta(self, text: str) -> ChatCompletionChunk:
-        return self._chunk(ChatDelta(content=text))
+    def delta(self, index: int, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> ChatCompletionChunk:
+        return self._chunk(index, ChatDelta(content=text), logprobs=logprobs)
 
-    def final(self, finish_reason: str) -> ChatCompletionChunk:
-        return self._chunk(ChatDelta(), finish_reason)
+    def final(self, index: int, finish_reason: str) -> ChatCompletionChunk:
+        return self._chunk(index, ChatDelta(), finish_reason)
 
     def usage_chunk(self, usage: Usage) -> ChatCompletionChunk:
         return ChatCompletionChunk(**self.common(), choices=[], usage=usage)
 
-    def response(self, text: str, finish_reason: str, usage: Usage) -> ChatCompletion:
-        choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=finish_reason)
-        return ChatCompletion(**self.common(), choices=[choice], usage=usage)
+    def response(self, answers: list[Answer], usage: Usage) -> ChatCompletion:
+        choices = [
+            ChatChoice(
+                index=a.index,
+                message=AssistantMessage(content=a.text),
+                finish_reason=a.finish_reason,
+                logprobs=chat_logprobs(a.logprobs) if self.logprobs else None,
+            )
+            for a in answers
+        ]
+        return ChatCompletion(**self.common(), choices=choices, usage=usage)
 
-    def _chunk(self, delta: ChatDelta, finish_reason: str | None = None) -> ChatCompletionChunk:
-        return ChatCompletionChunk(
-            **self.common(), choices=[ChatChunkChoice(delta=delta, finish_reason=finish_reason)]
+    def _chunk(
+        self,
+        index: int,
+        delta: ChatDelta,
+        finish_reason: str | None = None,
+        logprobs: tuple[TokenLogprob, ...] = (),
+    ) -> ChatCompletionChunk:
+        choice = ChatChunkChoice(
+            index=index,
+            delta=delta,
+            finish_reason=finish_reason,
+            logprobs=chat_logprobs(logprobs) if self.logprobs and logprobs else None,
         )
+        return ChatCompletionChunk(**self.common(), choices=[choice])
 
 
 class CompletionShape(_Ids):
-    def __init__(self, model: str, fingerprint: str) -> None:
-        super().__init__("cmpl", model, fingerprint)
+    def __init__(self, model: str, fingerprint: str, logprobs: bool = False) -> None:
+        super().__init__("cmpl", model, fingerprint, logprobs)
+        self._offsets: dict[int, int] = {}  # per choice: where the next chunk's text starts
 
-    def first(self) -> None:
+    def first(self, index: int) -> None:
         return None
 
-    def delta(self, text: str) -> Completion:
-        return Completion(**self.common(), choices=[CompletionChoice(text=text)])
+    def delta(self, index: int, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> Completion:
+        offset = self._offsets.get(index, 0)
+        self._offsets[index] = offset + len(text)
+        lp = completion_logprobs(logprobs, offset) if self.logprobs and logprobs else None
+        return Completion(**self.common(), choices=[CompletionChoice(index=index, text=text, logprobs=lp)])
 
-    def final(self, finish_reason: str) -> Completion:
-        return Completion(**self.common(), choices=[CompletionChoice(text="", finish_reason=finish_reason)])
+    def final(self, index: int, finish_reason: str) -> Completion:
+        choice = CompletionChoice(index=index, text="", finish_reason=finish_reason)
+        return Completion(**self.common(), choices=[choice])
 
     def usage_chunk(self, usage: Usage) -> Completion:
         return Completion(**self.common(), choices=[], usage=usage)
 
-    def response(self, text: str, finish_reason: str, usage: Usage) -> Completion:
-        return Completion(
-            **self.common(), choices=[CompletionChoice(text=text, finish_reason=finish_reason)], usage=usage
-        )
+    def response(self, answers: list[Answer], usage: Usage) -> Completion:
+        choices = [
+            CompletionChoice(
+                index=a.index,
+                text=a.text,
+                finish_reason=a.finish_reason,
+                logprobs=completion_logprobs(a.logprobs) if self.logprobs else None,
+            )
+            for a in answers
+        ]
+        return Completion(**self.common(), choices=choices, usage=usage)

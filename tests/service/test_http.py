@@ -192,11 +192,12 @@ def test_responses_are_not_held_back_by_nagle() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "exception", "param"),
     [
-        ({"n": 2}, openai.BadRequestError, "n"),
+        ({"n": 17}, openai.BadRequestError, "n"),
         ({"model": "gpt-4o"}, openai.NotFoundError, "model"),
         ({"temperature": 3.0}, openai.BadRequestError, "temperature"),
         ({"stop": ""}, openai.BadRequestError, "stop"),
-        ({"logprobs": True}, openai.BadRequestError, "logprobs"),
+        ({"top_logprobs": 2}, openai.BadRequestError, "top_logprobs"),  # without logprobs: true
+        ({"response_format": {"type": "xml"}}, openai.BadRequestError, "response_format.type"),
         ({"messages": [{"role": "user", "content": "x" * 2000}]}, openai.BadRequestError, None),  # too long
     ],
 )

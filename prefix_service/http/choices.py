@@ -1,0 +1,110 @@
+"""A request's ``n`` choices: one prompt computed once, its snapshot cloned for every further choice.
+
+Choice 0 runs as a plain gateway generation, which stores the prompt's snapshot in the prefix cache
+as its first tokens come (the gateway stores a snapshot event before it hands on the tokens after
+it). Choices 1..n-1 start then, each a gateway generation that finds that snapshot (a clone at the
+prompt end: the prompt is not recomputed) and samples with ``seed + i``; the engine decodes them
+batched with choice 0. ``usage.prompt_tokens`` counts the prompt once (choice 0's), ``cached_tokens``
+is what choice 0 reused, ``completion_tokens`` adds every choice's. Every choice holds an engine
+session, so ``n`` counts against its owner's quota: a choice the quota refuses fails the request.
+Where no snapshot could be stored (a prefix cache without room) the other choices compute the
+prompt themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+
+from engine_service.serving.tokens import Caller
+from prefix_service.fleet.fleet import Fleet
+from prefix_service.gateway.calls import GatewayRequest
+from prefix_service.http.convert import usage
+from prefix_service.http.generation import Delta, Generation
+from prefix_service.http.protocol import Usage
+from prefix_service.http.responses import Answer
+
+_SEED_LIMIT = 2**64
+
+
+class Choices:
+    """``await start()``, then :meth:`answers` (whole) or :meth:`stream`; :meth:`close` always."""
+
+    def __init__(
+        self,
+        gateway: Fleet,
+        request: GatewayRequest,
+        n: int,
+        stops: Sequence[str],
+        owner: str,
+        caller: Caller | None,
+    ) -> None:
+        self._gateway, self._request, self._n = gateway, request, n
+        self._stops, self._owner, self._caller = stops, owner, caller
+        self.generations: list[Generation] = []
+
+    def _generation(self, index: int) -> Generation:
+        request = self._request
+        if index:
+            seed = (request.config.seed + index) % _SEED_LIMIT
+            request = replace(request, config=replace(request.config, seed=seed), store_prompt=False)
+        generation = Generation(self._gateway, request, self._stops, self._owner, self._caller)
+        self.generations.append(generation)
+        return generation
+
+    async def start(self) -> None:
+        """Start every choice; a refusal of any raises (the caller closes what started)."""
+        first = self._generation(0)
+        await first.start()
+        if self._n == 1:
+            return
+        await first.prime()  # choice 0's prompt snapshot is stored now
+        await asyncio.gather(*(self._generation(i).start() for i in range(1, self._n)))
+
+    async def answers(self) -> list[Answer]:
+        return list(await asyncio.gather(*(_answer(i, g) for i, g in enumerate(self.generations))))
+
+    async def stream(self) -> AsyncIterator[tuple[int, Delta | str]]:
+        """``(index, Delta)`` as each choice's text comes, then ``(index, finish_reason)`` once per
+        choice; the first failure of any choice raises."""
+        queue: asyncio.Queue[tuple[int, Delta | str] | BaseException] = asyncio.Queue()
+
+        async def pump(index: int, generation: Generation) -> None:
+            try:
+                async for delta in generation.deltas():
+                    queue.put_nowait((index, delta))
+                queue.put_nowait((index, generation.finish_reason or "stop"))
+            except Exception as exc:  # noqa: BLE001 - travels to the reader
+                queue.put_nowait(exc)
+
+        tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(self.generations)]
+        try:
+            ended = 0
+            while ended < len(tasks):
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item[1], str):
+                    ended += 1
+                yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    def usage(self) -> Usage:
+        """The prompt once (choice 0's), every choice's completion tokens."""
+        total = sum(g.completion_tokens for g in self.generations)
+        return usage(self.generations[0].started, total)
+
+    def close(self) -> None:
+        for generation in self.generations:
+            generation.close()
+
+
+async def _answer(index: int, generation: Generation) -> Answer:
+    texts, logprobs = [], []
+    async for delta in generation.deltas():
+        texts.append(delta.text)
+        logprobs.extend(delta.logprobs)
+    return Answer(index, "".join(texts), generation.finish_reason or "stop", tuple(logprobs))
