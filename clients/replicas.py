@@ -11,17 +11,38 @@ so a proxy in front of the replicas (Envoy or Istio ring hash on that header) ca
 and adding or removing one of N replicas moves only about 1/N of the keys (those whose arc changed
 hands). :class:`ReplicatedPrefixClient` holds one :class:`~clients.prefix_client.PrefixClient` per
 replica and forwards each call to the replica the ring picks for its namespace.
+
+Re-homing: a call its replica answers with UNAVAILABLE (down, restarting, draining) goes to the next
+replica on the ring (:meth:`HashRing.replicas_for`: the replica the ring without the first would pick,
+so every client re-homes a namespace to the same replica), and that replica is passed over for
+``retry_after_s``; after that the namespace's own replica is tried first again, so it returns home
+once its replica is back. A Generate re-homes only before its first event (a started stream is never
+repeated). A re-homed namespace starts cold on its stand-in (that replica's cache) and warm again at
+home (the home replica's entries stay while it serves; a restarted one reloads from its snapshot folder).
 """
 
 from __future__ import annotations
 
 import bisect
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
+
+from engine_service.api.errors import Unavailable
+from engine_service.serving.auth import ClientSecurity
+
+log = logging.getLogger(__name__)
 
 ROUTE_KEY_HEADER = "forkline-route-key"  # gRPC metadata key: the namespace a call belongs to
 DEFAULT_VNODES = 128  # points per replica: with 128, each replica's share of keys is within ~10% of 1/N
+DEFAULT_RETRY_AFTER_S = 2.0  # how long a replica that answered UNAVAILABLE is passed over
+RECONNECT_OPTIONS = (  # a replica's channel retries its connection at most every second (gRPC: 120 s)
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
 _HASH_PERSON = b"forkline-ring-v1"  # BLAKE2b personalisation: the ring's hash is its own
 
 
@@ -61,6 +82,18 @@ class HashRing:
         i = bisect.bisect_left(self._hashes, ring_hash(key))
         return self._owners[i % len(self._owners)]
 
+    def replicas_for(self, key: str) -> list[str]:
+        """Every replica in the order ``key`` falls back to them: the first owner of each point met going
+        round the ring from ``key``'s hash. ``replicas_for(key)[1]`` is what the ring without
+        ``replica_for(key)`` picks for ``key``."""
+        start = bisect.bisect_left(self._hashes, ring_hash(key))
+        order: dict[str, None] = {}
+        for j in range(len(self._owners)):
+            order.setdefault(self._owners[(start + j) % len(self._owners)])
+            if len(order) == len(self.replicas):
+                break
+        return list(order)
+
     def __len__(self) -> int:
         return len(self.replicas)
 
@@ -77,12 +110,14 @@ class HashRing:
 
 
 class ReplicatedPrefixClient:
-    """PrefixClient calls over several prefix-service replicas: a namespace always goes to one replica.
+    """PrefixClient calls over several prefix-service replicas: a namespace always goes to one replica,
+    re-homed to the next on the ring while that one answers UNAVAILABLE (see the module docstring).
 
     ``replicas`` are ``host:port`` addresses (the same replica set, in any order, gives every client the
     same mapping). The keyword arguments (``owner``, ``token``, ``tls_ca``, ...) are PrefixClient's and
     apply to every replica. ``clients`` maps a replica to an already built client instead (tests, or
-    channels the caller owns).
+    channels the caller owns). ``retry_after_s``: how long a replica that answered UNAVAILABLE is
+    passed over; ``clock``: monotonic seconds (tests).
     """
 
     def __init__(
@@ -91,6 +126,8 @@ class ReplicatedPrefixClient:
         *,
         vnodes: int = DEFAULT_VNODES,
         clients: Mapping[str, Any] | None = None,
+        retry_after_s: float = DEFAULT_RETRY_AFTER_S,
+        clock: Callable[[], float] = time.monotonic,
         **client_kwargs: Any,
     ) -> None:
         from clients.prefix_client import PrefixClient
@@ -100,29 +137,48 @@ class ReplicatedPrefixClient:
         unknown = sorted(set(given) - set(self.ring.replicas))
         if unknown:
             raise ValueError(f"clients given for replicas not in the list: {', '.join(unknown)}")
-        self.clients = {
-            r: given[r] if r in given else PrefixClient(r, **client_kwargs) for r in self.ring.replicas
+        security = ClientSecurity(*(client_kwargs.get(k) for k in ("token", "tls_ca", "tls_cert", "tls_key")))
+        self._channels = {  # reconnecting quickly: a replica that is back is used within a second
+            r: security.channel(r, RECONNECT_OPTIONS) for r in self.ring.replicas if r not in given
         }
-        self._owned = [r for r in self.ring.replicas if r not in given]
+        self.clients = {
+            r: given[r] if r in given else PrefixClient(self._channels[r], **client_kwargs)
+            for r in self.ring.replicas
+        }
+        self.retry_after_s, self._clock = retry_after_s, clock
+        self._lock = threading.Lock()
+        self._down_until: dict[str, float] = {}
+        self.rehomed = 0  # calls served by a replica other than their namespace's own
 
     def replica_for(self, namespace: str = "") -> str:
-        return self.ring.replica_for(namespace)
+        """The replica that serves ``namespace`` now: its own unless that one is passed over."""
+        return self._order(namespace)[0]
 
     def client_for(self, namespace: str = ""):
-        """The PrefixClient of the replica that serves ``namespace``."""
-        return self.clients[self.ring.replica_for(namespace)]
+        """The PrefixClient of the replica that serves ``namespace`` now."""
+        return self.clients[self.replica_for(namespace)]
+
+    def down(self) -> list[str]:
+        """The replicas passed over now (they answered UNAVAILABLE less than ``retry_after_s`` ago)."""
+        now = self._clock()
+        with self._lock:
+            return sorted(r for r, until in self._down_until.items() if until > now)
 
     def lookup(self, tokens: Sequence[int] | None = None, *, namespace: str = "", **kwargs: Any):
-        return self.client_for(namespace).lookup(tokens, namespace=namespace, **kwargs)
+        return self._call(namespace, lambda c: c.lookup(tokens, namespace=namespace, **kwargs))
 
     def insert(self, tokens: Sequence[int], session: str, *, namespace: str = "", **kwargs: Any) -> bool:
-        return self.client_for(namespace).insert(tokens, session, namespace=namespace, **kwargs)
+        return self._call(namespace, lambda c: c.insert(tokens, session, namespace=namespace, **kwargs))
 
     def insert_detailed(self, tokens: Sequence[int], session: str, *, namespace: str = "", **kwargs: Any):
-        return self.client_for(namespace).insert_detailed(tokens, session, namespace=namespace, **kwargs)
+        return self._call(
+            namespace, lambda c: c.insert_detailed(tokens, session, namespace=namespace, **kwargs)
+        )
 
     def generate(self, tokens: Sequence[int] | None = None, *, namespace: str = "", **kwargs: Any):
-        return self.client_for(namespace).generate(tokens, namespace=namespace, **kwargs)
+        """The gateway stream of the replica that serves ``namespace``; one that fails with
+        UNAVAILABLE before the first event passes the call to the next (a :class:`RehomingStream`)."""
+        return RehomingStream(self, namespace, lambda c: c.generate(tokens, namespace=namespace, **kwargs))
 
     def stats(self) -> dict[str, Any]:
         """Each replica's PrefixServiceStats, by address."""
@@ -134,11 +190,87 @@ class ReplicatedPrefixClient:
 
     def close(self) -> None:
         """Close the clients this object built (not those passed in ``clients``)."""
-        for replica in self._owned:
-            self.clients[replica].close_channel()
+        for channel in self._channels.values():
+            channel.close()
 
     def __enter__(self) -> ReplicatedPrefixClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- re-homing -------------------------------------------------------------------------------
+    def _order(self, namespace: str) -> list[str]:
+        """The replicas to try for ``namespace``: the ring's order, those passed over last (all of them
+        when every replica is passed over: one may be back)."""
+        order = self.ring.replicas_for(namespace)
+        down = set(self.down())
+        return [r for r in order if r not in down] + [r for r in order if r in down]
+
+    def _failed(self, replica: str, exc: Unavailable) -> None:
+        with self._lock:
+            self._down_until[replica] = self._clock() + self.retry_after_s
+        log.info(
+            "prefix replica %s unavailable (%s): passed over for %.1f s", replica, exc, self.retry_after_s
+        )
+
+    def _served(self, namespace: str, replica: str) -> None:
+        with self._lock:
+            self._down_until.pop(replica, None)
+            if replica != self.ring.replica_for(namespace):
+                self.rehomed += 1
+
+    def _call(self, namespace: str, call: Callable[[Any], Any]) -> Any:
+        order = self._order(namespace)
+        for i, replica in enumerate(order):
+            try:
+                result = call(self.clients[replica])
+            except Unavailable as exc:
+                self._failed(replica, exc)
+                if i == len(order) - 1:
+                    raise
+                continue
+            self._served(namespace, replica)
+            return result
+        raise Unavailable("no prefix replica")  # unreachable: the ring has at least one replica
+
+
+class RehomingStream:
+    """A gateway Generate over the replicas of one namespace: iterating starts it on the first replica
+    that does not fail with UNAVAILABLE before its first event; later errors propagate. ``replica``:
+    the one serving it (once started). ``cancel()`` and ``collect()`` as GenerationStream's."""
+
+    def __init__(self, owner: ReplicatedPrefixClient, namespace: str, start: Callable[[Any], Any]) -> None:
+        self._owner, self._namespace, self._start = owner, namespace, start
+        self._stream: Any = None
+        self.replica = ""
+
+    def __iter__(self) -> Iterator[Any]:
+        order = self._owner._order(self._namespace)
+        for i, replica in enumerate(order):
+            stream = self._start(self._owner.clients[replica])
+            self._stream = stream
+            events = iter(stream)
+            try:
+                first = next(events)
+            except StopIteration:
+                return
+            except Unavailable as exc:
+                self._owner._failed(replica, exc)
+                if i == len(order) - 1:
+                    raise
+                continue
+            self.replica = replica
+            self._owner._served(self._namespace, replica)
+            yield first
+            yield from events
+            return
+
+    def cancel(self) -> None:
+        if self._stream is not None:
+            self._stream.cancel()
+
+    def collect(self):
+        from clients.engine_client import GenerationStream
+
+        return GenerationStream.collect(self)  # type: ignore[arg-type]  # iterates self

@@ -228,3 +228,49 @@ def test_replicated_client_borrows_given_clients_and_refuses_strays(fake_replica
     borrowed.close_channel()
     with pytest.raises(ValueError, match="not in the list"):
         ReplicatedPrefixClient(addresses[:1], clients={"elsewhere:1": borrowed})
+
+
+def test_the_fallback_order_is_the_ring_without_the_replicas_before() -> None:
+    replicas = [f"replica-{i}:50052" for i in range(4)]
+    ring = HashRing(replicas)
+    for key in (f"namespace-{i}" for i in range(200)):
+        order = ring.replicas_for(key)
+        assert sorted(order) == sorted(replicas) and order[0] == ring.replica_for(key)
+        assert order[1] == ring.without_replica(order[0]).replica_for(key)
+        assert order[2] == ring.without_replica(order[0]).without_replica(order[1]).replica_for(key)
+
+
+class FlakyClient:
+    """A PrefixClient stand-in that answers ``lookup`` with its name, or raises Unavailable while down."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.up, self.calls = name, True, 0
+
+    def lookup(self, tokens=None, *, namespace: str = "", **kwargs):
+        from engine_service.api.errors import Unavailable
+
+        self.calls += 1
+        if not self.up:
+            raise Unavailable(f"{self.name} is down")
+        return self.name
+
+
+def test_a_namespace_rehomes_while_its_replica_is_down_and_returns_after_retry_after() -> None:
+    addresses = ["r0:1", "r1:1", "r2:1"]
+    now = [0.0]
+    fakes = {a: FlakyClient(a) for a in addresses}
+    client = ReplicatedPrefixClient(addresses, clients=fakes, retry_after_s=2.0, clock=lambda: now[0])
+    home, stand_in, _ = client.ring.replicas_for("team-a")
+    assert client.lookup([1], namespace="team-a") == home
+    fakes[home].up = False
+    assert client.lookup([1], namespace="team-a") == stand_in  # re-homed within the same call
+    calls = fakes[home].calls
+    assert client.lookup([1], namespace="team-a") == stand_in and fakes[home].calls == calls  # passed over
+    assert client.down() == [home] and client.rehomed == 2
+    fakes[home].up = True
+    now[0] = 2.5
+    assert client.lookup([1], namespace="team-a") == home and client.down() == []  # back home
+    for fake in fakes.values():
+        fake.up = False
+    with pytest.raises(Exception, match="down"):
+        client.lookup([1], namespace="team-a")  # every replica down: the last one's error
