@@ -8,8 +8,11 @@ gateway (``generation.py``); every error becomes OpenAI's error JSON in ``errors
 
 Auth: with a token table (anything with ``owner_for(token) -> owner | None``, e.g.
 ``engine_service.serving.tokens.TokenTable``), every route but ``/health`` needs ``Authorization: Bearer
-<token>`` and the request runs as the token's owner, as on gRPC; without one, as
-``api.owners.DEFAULT_OWNER`` (the gRPC default owner). A client that disconnects ends its generation.
+<token>`` and the request runs as the token's owner, as on gRPC; without one, each request is an owner
+of its own (``anonymous-<random>``, :func:`unauthenticated_owner`): without credentials owners would be
+self-declared, so a per-owner quota protects nobody, and one shared ``anonymous`` quota (a quarter of the
+engine's sessions) would refuse ordinary concurrency -- each request is bounded by the engine's own
+limits instead. A client that disconnects ends its generation.
 Every request uses the door's ``namespace`` (and the body's ``cache_salt``) scoped as on gRPC
 (``gateway/tenancy.py``): with auth, the caller's own unless the operator shared it.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
@@ -52,6 +56,11 @@ T = TypeVar("T")
 
 class OwnerTable(Protocol):
     def owner_for(self, token: str) -> str | None: ...
+
+
+def unauthenticated_owner() -> str:
+    """The owner of one request without credentials (see the module docstring)."""
+    return f"{DEFAULT_OWNER}-{secrets.token_hex(8)}"
 
 
 def served_model_name(engine_model: str) -> str:
@@ -179,7 +188,7 @@ class _Door:
     def _authenticate(self, request: Request) -> tuple[str, Caller | None]:
         """The caller's owner (and credential, forwarded to the engine); 401 without a valid token."""
         if self.auth is None:
-            return DEFAULT_OWNER, None
+            return unauthenticated_owner(), None
         value = request.headers.get("authorization", "")
         scheme, _, token = value.strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
