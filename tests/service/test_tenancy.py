@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import httpx
 import pytest
 
 from clients.prefix_client import LookupResult, PrefixClient
@@ -46,6 +47,8 @@ class Service:
     server: object
     port: int
 
+    tokens: TokenTable | None = None
+
     def client(self, token: str | None = None, owner: str = "anonymous") -> PrefixClient:
         return PrefixClient(f"127.0.0.1:{self.port}", token=token, owner=owner)
 
@@ -63,17 +66,18 @@ def services(engine_factory, tmp_path) -> Iterator:
 
     def make(auth: bool = True, folder=None) -> Service:
         tier = PersistentTier.open(str(folder), 1 << 30) if folder is not None else None
+        tokens = TokenTable.load(str(table_file)) if auth else None
         gateway, channel = connect_engine(engine.address, max_entries=16, ready_timeout=10, tier=tier)
         server, port = create_server(
             gateway,
             "127.0.0.1:0",
             channel=channel,
-            security=ServerSecurity(tokens=TokenTable.load(str(table_file))) if auth else None,
+            security=ServerSecurity(tokens=tokens) if tokens is not None else None,
             tenancy=Tenancy.of([SHARED], admin="ops"),
         )
         started.append(server)
         tiers.append(tier)
-        return Service(server, port)
+        return Service(server, port, tokens)
 
     yield make
     for server in reversed(started):
@@ -188,3 +192,28 @@ def test_snapshot_files_keep_the_owner(services, tmp_path) -> None:
     full = len(found.tokens) - 1
     assert alice.lookup(text=pin_prompt(), namespace="tenant-alice").reused == full  # restored, hers
     assert bob.stats().entries == 0 and alice.stats().entries == 1
+
+
+def cached_tokens(base: str, token: str, content: str, **extra) -> int:
+    """One chat through the HTTP door as ``token``'s owner: the prompt positions it reused."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": content}], "max_tokens": 1, **extra}
+    response = httpx.post(
+        f"{base}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {token}"}, timeout=30
+    )
+    assert response.status_code == 200, response.text
+    return response.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_the_http_door_uses_the_callers_namespace_unless_one_is_shared(services, shared) -> None:
+    svc = services()
+    namespace = SHARED if shared else ""
+    port = svc.server.start_http("127.0.0.1", 0, model_name="tiny", auth=svc.tokens, namespace=namespace)
+    base = f"http://127.0.0.1:{port}"
+    assert cached_tokens(base, ALICE, pin_prompt()) == 0
+    full = cached_tokens(base, ALICE, pin_prompt())
+    assert full > 40  # alice's repeat reuses her prompt
+    assert cached_tokens(base, BOB, pin_prompt()) == (full if shared else 0)
+    assert cached_tokens(base, ALICE, pin_prompt(), cache_salt="s1") == 0  # a partition of its own
+    assert cached_tokens(base, ALICE, pin_prompt(), cache_salt="s1") == full
+    assert cached_tokens(base, BOB, pin_prompt(), cache_salt="s1") == (full if shared else 0)
