@@ -11,6 +11,8 @@ that alice does insert is claimed and counts against the service's budget, not h
 
 from __future__ import annotations
 
+import pytest
+
 from clients.engine_client import EngineClient
 from clients.prefix_client import PrefixClient
 from engine_service.api.errors import QuotaExceeded, ResourceExhausted
@@ -40,14 +42,18 @@ def hand_over(alice: EngineClient, session: str, n: int) -> tuple[list[str], lis
     return handed, refused
 
 
-def test_hand_overs_count_in_the_givers_quota_and_bobs_prompt_stays_cached(
-    engine_factory, prefix_factory
-) -> None:
+@pytest.fixture
+def pair(engine_factory, prefix_factory):
+    """(engine with the CLI's quotas, prefix service over it)."""
     assert (QUOTA.max_sessions, BUDGET.max_sessions) == (4, 8)
     engine = engine_factory(
         max_sessions=MAX_SESSIONS, max_session_tokens=MAX_SESSION_TOKENS, quota=QUOTA, persistent_quota=BUDGET
     )
-    prefix = prefix_factory(engine.address)
+    return engine, prefix_factory(engine.address)
+
+
+def test_hand_overs_count_in_the_givers_quota_and_bobs_prompt_stays_cached(pair) -> None:
+    engine, prefix = pair
     registry = engine.deps.registry
     alice = EngineClient(engine.address, owner="alice")
     bob = PrefixClient(prefix.address, owner="bob")
@@ -77,11 +83,8 @@ def test_hand_overs_count_in_the_givers_quota_and_bobs_prompt_stays_cached(
     assert registry.usage("alice").sessions == 0
 
 
-def test_control_an_inserted_clone_is_claimed_by_the_service(engine_factory, prefix_factory) -> None:
-    engine = engine_factory(
-        max_sessions=MAX_SESSIONS, max_session_tokens=MAX_SESSION_TOKENS, quota=QUOTA, persistent_quota=BUDGET
-    )
-    prefix = prefix_factory(engine.address)
+def test_control_an_inserted_clone_is_claimed_by_the_service(pair) -> None:
+    engine, prefix = pair
     registry = engine.deps.registry
     alice_engine = EngineClient(engine.address, owner="alice")
     alice = PrefixClient(prefix.address, owner="alice")
