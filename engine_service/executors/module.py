@@ -120,6 +120,11 @@ class ModuleExecutor(Executor):
         # lookahead steps consumed by the next execute / thrown away (inspection: tests, benchmarks)
         self.lookahead_used = 0
         self.lookahead_discarded = 0
+        # the sessions of the last two batches, in order: a lookahead is queued only after a batch
+        # that repeated the one before (a runner rotating more decode sessions than one batch takes
+        # would otherwise have every queued step discarded: a wasted forward each round)
+        self._batch_sids: tuple[int, ...] = ()
+        self._batch_repeated = False
 
     @classmethod
     def create(
@@ -302,6 +307,8 @@ class ModuleExecutor(Executor):
 
     def execute(self, batch: Sequence[ExecInput]) -> list[ExecOutput]:
         ahead, self._ahead = self._ahead, None
+        sids = tuple(inp.sid for inp in batch)
+        self._batch_repeated, self._batch_sids = sids == self._batch_sids, sids
         if ahead is not None and not self._continues(ahead, batch):
             self._discard(ahead)
             ahead = None
@@ -467,7 +474,9 @@ class ModuleExecutor(Executor):
     # next row past the committed position, which no caller sees: the next ``execute`` uses it only
     # when it feeds exactly those sessions their pending tokens at those positions, and anything else
     # -- another batch, a clone, a close, an export, a new sampler, a position query -- first discards
-    # it (a rewind of that row, the samplers' keys put back). Only where a rewind restores everything:
+    # it (a rewind of that row, the samplers' keys put back). Queued only when this batch has the
+    # sessions of the one before, so a runner rotating sessions through batches wastes no forwards.
+    # Only where a rewind restores everything:
     # not on a cache whose ring layers evict rows (``batched-sequence`` with sliding windows, where the
     # extra row would move the clone floor) and not in subclasses that draft or post-process.
 
@@ -480,7 +489,7 @@ class ModuleExecutor(Executor):
         return plain and not rings
 
     def _launch_ahead(self, launched: _Launched) -> _Lookahead | None:
-        if not self.lookahead or self.keep_logits or not launched.finishing:
+        if not self.lookahead or self.keep_logits or not launched.finishing or not self._batch_repeated:
             return None
         if len(launched.finishing) != len(launched.pieces) or launched.predicted.shape[0] != len(
             launched.pieces

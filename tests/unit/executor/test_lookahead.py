@@ -256,3 +256,35 @@ def test_a_lookahead_leaving_its_high_water_mark_is_caught(tiny_model, monkeypat
     assert off["outs"] == on["outs"]
     with pytest.raises(AssertionError):
         assert_same(off, on)
+
+
+def rotate(runner: Runner, ex: ModuleExecutor, seen: dict) -> dict:
+    """Six sessions decoding through a runner that takes four a batch: the batches rotate."""
+    sessions = [runner.open_session() for _ in range(6)]
+    handles = [s.generate_async([3 + i, 5, 7], greedy(20)) for i, s in enumerate(sessions)]
+    got = {"outs": [wait(h) for h in handles]}
+    for s in sessions:
+        s.close()
+    return got
+
+
+def test_rotating_batches_match_and_waste_no_forwards(tiny_model, monkeypatch) -> None:
+    """Batches that rotate through more sessions than one takes would discard every queued step (a
+    forward computed for nothing); a step is queued only after a batch repeated the one before. The
+    control: queuing after every plain decode round discards most of them."""
+    model = tiny_model("FFFF", window=4, tie_embeddings=False)
+    off, on, ex, _ = run_both(model, "batched-sequence", rotate)
+    assert_same(off, on)
+    assert ex.lookahead_discarded <= 6  # at most one per generation's end
+    monkeypatch.setattr(ModuleExecutor, "execute", _execute_always_repeated(ModuleExecutor.execute))
+    _, always, eager, _ = run_both(model, "batched-sequence", rotate)
+    assert always == off  # still correct, only wasteful
+    assert eager.lookahead_discarded > 3 * max(1, ex.lookahead_discarded)
+
+
+def _execute_always_repeated(execute):
+    def run(self, batch):
+        self._batch_sids = tuple(inp.sid for inp in batch)  # every batch looks like a repeat
+        return execute(self, batch)
+
+    return run
