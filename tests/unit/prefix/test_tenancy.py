@@ -64,3 +64,22 @@ def test_the_cache_clears_and_counts_only_the_chosen_namespaces() -> None:
     assert [e.namespace[1] for e in cache.entries()] == [a, a]
     assert cache.lookup(a, (8, 9, 1)).match is not None  # alice's still there
     assert cache.clear() == 2 and len(cache) == 0
+
+
+def test_a_foreign_lookup_does_the_work_of_a_missing_one() -> None:
+    """What a timing attacker could read: the backend calls (no clone, no digest) and the outcome of
+    bob's lookup of alice's prompt in her namespace are those of a namespace nobody used."""
+    backend = FakeBackend()
+    cache = PrefixCache(backend, max_entries=8)
+    prompt = tuple(range(10, 40))
+    alice = TENANCY.scope(ALICE, "tenant-alice")
+    assert cache.insert(alice, prompt, backend.open(prompt)).stored
+    outcomes, calls = [], []
+    for scope in (TENANCY.scope(BOB, "tenant-alice"), TENANCY.scope(BOB, "never-used")):
+        before = (len(backend.clone_calls), backend.digest_calls)
+        outcomes.append(cache.lookup(scope, prompt + (1,)))
+        calls.append((len(backend.clone_calls) - before[0], backend.digest_calls - before[1]))
+        assert cache.reusable(scope, prompt + (1,)) == 0
+    assert outcomes[0] == outcomes[1] and outcomes[0].match is None and calls == [(0, 0), (0, 0)]
+    assert cache.lookup(alice, prompt + (1,)).match is not None  # control: alice's own hits
+    assert backend.clone_calls  # ... with a clone
