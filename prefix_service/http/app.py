@@ -43,10 +43,10 @@ from prefix_service.fleet.fleet import Fleet
 from prefix_service.gateway.calls import Prompt
 from prefix_service.gateway.tenancy import Tenancy, Tenant
 from prefix_service.http import convert
+from prefix_service.http.choices import Choices
 from prefix_service.http.errors import ApiError, error_event, error_response
 from prefix_service.http.protocol import ChatCompletionRequest, CompletionRequest, Model, ModelList
 from prefix_service.http.responses import DONE_EVENT, ChatShape, CompletionShape, Shape, event
-from prefix_service.http.choices import Choices
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -128,10 +128,10 @@ class _Door:
         return await self._complete(
             request,
             body,
-            convert.chat_prompt(body.messages),
+            convert.chat_prompt(body.messages, convert.chat_tools(body)),
             owner,
             caller,
-            ChatShape(self.model_name, self._fingerprint(), logprobs=bool(body.logprobs)),
+            ChatShape(self.model_name, self._fingerprint(), bool(body.logprobs), convert.chat_tools(body)),
         )
 
     async def completions(self, request: Request) -> Response:
@@ -251,8 +251,8 @@ async def _events(generation: Choices, shape: Shape, include_usage: bool) -> Asy
         async for index, piece in generation.stream():
             if isinstance(piece, str):  # the choice's finish reason
                 yield event(shape.final(index, piece))
-            else:
-                yield event(shape.delta(index, piece.text, piece.logprobs))
+            elif (chunk := shape.delta(index, piece.text, piece.logprobs)) is not None:
+                yield event(chunk)  # (None: held, with tools, until the choice's end)
         if include_usage:
             yield event(shape.usage_chunk(generation.usage()))
     except Exception as exc:  # noqa: BLE001 - status 200 is sent: the error travels as an event

@@ -2,7 +2,8 @@
 API and forkline differ (the README's "OpenAI-compatible HTTP" repeats them):
 
 - ``messages`` go through the model's chat template in the engine; ``developer`` is a system message;
-  content parts must be ``text`` parts (joined with newlines); ``tool`` messages and ``tools`` are refused.
+  content parts must be ``text`` parts (joined with newlines); ``tools`` / ``tool_choice``, assistant
+  ``tool_calls`` and ``tool`` messages are written in forkline's tool format (``tools.py``).
 - ``max_tokens`` / ``max_completion_tokens`` absent: until end-of-sequence or a full session.
   ``temperature`` / ``top_p`` absent: 1.0. ``seed`` absent: a fresh random seed.
 - ``stop``: up to :data:`MAX_STOP_STRINGS` non-empty strings, matched on the text (``stop_strings.py``).
@@ -37,6 +38,7 @@ from prefix_service.http.protocol import (
     PromptTokensDetails,
     Usage,
 )
+from prefix_service.http.tools import ToolPlan, call_text, tool_plan, tool_response, tools_prompt
 
 NAMESPACE = ""  # the prefix namespace of every HTTP request (``user`` is ignored, see above)
 UNLIMITED_TOKENS = 1 << 30  # no max_tokens: the engine stops at end-of-sequence or a full session
@@ -49,16 +51,31 @@ FINISH_REASONS = {"stop": "stop", "length": "length"}  # engine -> OpenAI; "canc
 # -- chat -----------------------------------------------------------------------------------------
 
 
-def chat_prompt(messages: Sequence[ChatMessage]) -> TextPrompt:
-    """The whole conversation as the engine's chat input (the engine renders it with the template)."""
-    turns = tuple((_role(m, i), _content(m, i)) for i, m in enumerate(messages))
-    return TextPrompt("", chat=True, messages=turns)
+def chat_prompt(messages: Sequence[ChatMessage], plan: ToolPlan | None = None) -> TextPrompt:
+    """The whole conversation as the engine's chat input (the engine renders it with the template),
+    the offered tools appended to the first system message (or sent as one)."""
+    turns = [(_role(m), _turn(m, i)) for i, m in enumerate(messages)]
+    offer = tools_prompt(plan or ToolPlan())
+    if offer and turns and turns[0][0] == "system":
+        turns[0] = ("system", f"{turns[0][1]}\n\n{offer}")
+    elif offer:
+        turns.insert(0, ("system", offer))
+    return TextPrompt("", chat=True, messages=tuple(turns))
 
 
-def _role(message: ChatMessage, index: int) -> str:
+def _role(message: ChatMessage) -> str:
     if message.role == "tool":
-        raise BadField(f"messages[{index}].role", "tool messages are not supported")
+        return "user"  # a tool's answer is a user turn wrapped in <tool_response> (tools.py)
     return "system" if message.role == "developer" else message.role
+
+
+def _turn(message: ChatMessage, index: int) -> str:
+    text = _content(message, index)
+    if message.role == "tool":
+        return tool_response(text, message.tool_call_id)
+    if message.tool_calls:
+        return text + call_text(message.tool_calls, index)
+    return text
 
 
 def _content(message: ChatMessage, index: int) -> str:
@@ -82,9 +99,14 @@ def check_chat(request: ChatCompletionRequest) -> None:
     _check_common(request)
     if request.top_logprobs is not None and not request.logprobs:
         raise BadField("top_logprobs", "needs logprobs: true")
-    if request.tools:
-        raise BadField("tools", "tool calling is not supported")
+    if chat_tools(request).forced and response_schema(request.response_format):
+        raise BadField("response_format", "a forced tool call's output is the call: no response_format")
     response_schema(request.response_format)
+
+
+def chat_tools(request: ChatCompletionRequest) -> ToolPlan:
+    """What the request's ``tools`` / ``tool_choice`` ask (``tools.py``)."""
+    return tool_plan(request.tools, request.tool_choice)
 
 
 def response_schema(response_format: dict | None) -> str:
@@ -173,11 +195,16 @@ def gateway_request(request: ChatCompletionRequest | CompletionRequest, prompt: 
         top_p=1.0 if request.top_p is None else request.top_p,
         seed=secrets.randbelow(2**63) if request.seed is None else request.seed,
         top_logprobs=top_logprobs(request),
-        json_schema=response_schema(request.response_format)
-        if isinstance(request, ChatCompletionRequest)
-        else "",
+        json_schema=_schema(request),
     )
     return GatewayRequest(namespace=NAMESPACE, prompt=prompt, config=config)
+
+
+def _schema(request: ChatCompletionRequest | CompletionRequest) -> str:
+    """The engine's json_schema: a forced tool call's, or the response_format's."""
+    if not isinstance(request, ChatCompletionRequest):
+        return ""
+    return chat_tools(request).schema or response_schema(request.response_format)
 
 
 def usage(started: Started, completion_tokens: int) -> Usage:

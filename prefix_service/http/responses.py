@@ -5,7 +5,9 @@ it reports log probabilities) and turns choices' text, log probabilities, finish
 into the protocol models; the handlers stay shape-agnostic. Streams follow OpenAI's order per choice
 (``index``): (chat) a first chunk with the assistant role, content chunks, a chunk with the finish
 reason; choices interleave; then -- with ``stream_options.include_usage`` -- a chunk with empty choices
-and the usage, then ``data: [DONE]``.
+and the usage, then ``data: [DONE]``. With tools offered (``tools.py``) a chat choice is only known to
+be a call or an answer at its end: its stream then sends one chunk with the whole content or the
+``tool_calls`` and the finish reason (``tool_calls`` for a call).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Protocol
 from pydantic import BaseModel
 
 from engine_service.api.logprobs import TokenLogprob
+from prefix_service.http import tools
 from prefix_service.http.logprob_shapes import chat_logprobs, completion_logprobs
 from prefix_service.http.protocol import (
     AssistantMessage,
@@ -28,10 +31,14 @@ from prefix_service.http.protocol import (
     ChatDelta,
     Completion,
     CompletionChoice,
+    FunctionCall,
+    ToolCall,
+    ToolCallDelta,
     Usage,
 )
 
 DONE_EVENT = "data: [DONE]\n\n"
+_NO_TOOLS = tools.ToolPlan()
 
 
 def event(body: BaseModel) -> str:
@@ -52,7 +59,7 @@ class Answer:
 class Shape(Protocol):
     def first(self, index: int) -> BaseModel | None: ...
 
-    def delta(self, index: int, text: str, logprobs: tuple[TokenLogprob, ...]) -> BaseModel: ...
+    def delta(self, index: int, text: str, logprobs: tuple[TokenLogprob, ...]) -> BaseModel | None: ...
 
     def final(self, index: int, finish_reason: str) -> BaseModel: ...
 
@@ -79,31 +86,51 @@ class _Ids:
 
 
 class ChatShape(_Ids):
-    def __init__(self, model: str, fingerprint: str, logprobs: bool = False) -> None:
+    def __init__(
+        self, model: str, fingerprint: str, logprobs: bool = False, tools: tools.ToolPlan | None = None
+    ) -> None:
         super().__init__("chatcmpl", model, fingerprint, logprobs)
+        self.tools = tools or _NO_TOOLS
+        self._held: dict[int, tuple[str, tuple[TokenLogprob, ...]]] = {}  # with tools: each choice so far
 
     def first(self, index: int) -> ChatCompletionChunk:
         return self._chunk(index, ChatDelta(role="assistant", content=""))
 
-    def delta(self, index: int, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> ChatCompletionChunk:
+    def delta(
+        self, index: int, text: str, logprobs: tuple[TokenLogprob, ...] = ()
+    ) -> ChatCompletionChunk | None:
+        if self.tools.active:
+            held, lp = self._held.get(index, ("", ()))
+            self._held[index] = (held + text, lp + logprobs)
+            return None
         return self._chunk(index, ChatDelta(content=text), logprobs=logprobs)
 
     def final(self, index: int, finish_reason: str) -> ChatCompletionChunk:
-        return self._chunk(index, ChatDelta(), finish_reason)
+        if not self.tools.active:
+            return self._chunk(index, ChatDelta(), finish_reason)
+        text, logprobs = self._held.pop(index, ("", ()))
+        calls = self.tools.calls(text)
+        if not calls:
+            return self._chunk(index, ChatDelta(content=text), finish_reason, logprobs)
+        deltas = [ToolCallDelta(index=j, **_call(c).model_dump()) for j, c in enumerate(calls)]
+        return self._chunk(index, ChatDelta(tool_calls=deltas), "tool_calls", logprobs)
 
     def usage_chunk(self, usage: Usage) -> ChatCompletionChunk:
         return ChatCompletionChunk(**self.common(), choices=[], usage=usage)
 
     def response(self, answers: list[Answer], usage: Usage) -> ChatCompletion:
-        choices = [
-            ChatChoice(
-                index=a.index,
-                message=AssistantMessage(content=a.text),
-                finish_reason=a.finish_reason,
-                logprobs=chat_logprobs(a.logprobs) if self.logprobs else None,
+        choices = []
+        for a in answers:
+            calls = self.tools.calls(a.text)
+            message = AssistantMessage(content=None, tool_calls=[_call(c) for c in calls]) if calls else None
+            choices.append(
+                ChatChoice(
+                    index=a.index,
+                    message=message or AssistantMessage(content=a.text),
+                    finish_reason="tool_calls" if calls else a.finish_reason,
+                    logprobs=chat_logprobs(a.logprobs) if self.logprobs else None,
+                )
             )
-            for a in answers
-        ]
         return ChatCompletion(**self.common(), choices=choices, usage=usage)
 
     def _chunk(
@@ -120,6 +147,10 @@ class ChatShape(_Ids):
             logprobs=chat_logprobs(logprobs) if self.logprobs and logprobs else None,
         )
         return ChatCompletionChunk(**self.common(), choices=[choice])
+
+
+def _call(call: tools.ToolCall) -> ToolCall:
+    return ToolCall(id=call.id, function=FunctionCall(name=call.name, arguments=call.arguments))
 
 
 class CompletionShape(_Ids):

@@ -232,7 +232,7 @@ def test_errors_surface_as_the_sdks_exceptions(shared_base, kwargs, exception, p
             "messages[0].content[0]",
             "text parts",
         ),
-        ({"model": MODEL, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "tool"),
+        ({"model": MODEL, "messages": QUESTION, "tool_choice": "required"}, "tool_choice", "needs tools"),
     ],
 )
 def test_malformed_chat_bodies_are_400_naming_the_field(shared_base, body, param, says) -> None:
