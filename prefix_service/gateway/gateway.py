@@ -389,8 +389,10 @@ class Gateway:
     ) -> None:
         """Store a gateway call's prompt snapshot or checkpoint (``tokens[:position]``, metadata
         ``boundary="breakpoint"``) in its reservation: the cache verifies the content the engine
-        reported for it against those tokens (and releases it when refused). A snapshot the engine
-        refused for the service's quota means unknown handles hold it: reclaim them."""
+        reported for it against those tokens (and releases it when refused). A snapshot refused for
+        QUOTA was refused for the caller's quota (a capture counts against its giver until claimed):
+        it is counted, and nothing of the service's is reclaimed -- the handles the service does not
+        know yet include other callers' captures on their way."""
         reservation = room.take(snapshot.position)
         if snapshot.handle:
             self.backend.adopt(snapshot.handle, snapshot.position, snapshot.content_digest)
@@ -414,9 +416,8 @@ class Gateway:
             return
         if reservation is not None:
             reservation.release()
-        if snapshot.reason == CloneRefusal.QUOTA:
+        if snapshot.reason == CloneRefusal.QUOTA:  # the caller's quota: its hand-over counts there
             self.cache.record_refusal(QUOTA)
-            self.pressure.reclaim()
 
     def close_session(self, session: str, owner: str) -> bool:
         """Close ``owner``'s session (a gateway call's); False when the engine could not be told."""
