@@ -83,3 +83,15 @@ def test_a_foreign_lookup_does_the_work_of_a_missing_one() -> None:
     assert outcomes[0] == outcomes[1] and outcomes[0].match is None and calls == [(0, 0), (0, 0)]
     assert cache.lookup(alice, prompt + (1,)).match is not None  # control: alice's own hits
     assert backend.clone_calls  # ... with a clone
+
+
+def test_the_flags_declare_the_tenancy() -> None:
+    from prefix_service.__main__ import parse_args, tenancy
+
+    args = parse_args(
+        ["--engine", "x:1", "--shared_namespace", "a", "--shared_namespace", "b", "--admin_owner", "ops"]
+    )
+    assert tenancy(args) == Tenancy.of(["a", "b"], admin="ops")
+    args = parse_args(["--engine", "x:1", "--http_namespace", "web"])
+    assert (tenancy(args), args.http_namespace) == (Tenancy.of(["web"]), "web")  # shared, as declared
+    assert tenancy(parse_args(["--engine", "x:1"])) == Tenancy()  # nothing shared, no admin
