@@ -68,6 +68,12 @@ class Choices:
     async def stream(self) -> AsyncIterator[tuple[int, Delta | str]]:
         """``(index, Delta)`` as each choice's text comes, then ``(index, finish_reason)`` once per
         choice; the first failure of any choice raises."""
+        if len(self.generations) == 1:  # the usual request: no task, no queue per token
+            only = self.generations[0]
+            async for delta in only.deltas():
+                yield 0, delta
+            yield 0, only.finish_reason or "stop"
+            return
         queue: asyncio.Queue[tuple[int, Delta | str] | BaseException] = asyncio.Queue()
 
         async def pump(index: int, generation: Generation) -> None:
