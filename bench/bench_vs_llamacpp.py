@@ -182,7 +182,11 @@ def forkline_http(name: str, quick: bool) -> dict:
             return http_case(f"http://{found[0]}", name, quick)
         finally:
             proc.terminate()
-            proc.wait(30)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:  # its drain outlived the allowance: the figures are taken
+                proc.kill()
+                proc.wait(10)
     finally:
         engine.stop()
 
@@ -240,15 +244,24 @@ def main() -> None:
     t0 = time.perf_counter()
     report = {"load_average_1_5_15min": [round(x, 2) for x in os.getloadavg()], "models": {}}
     for name in args.models:
-        r: dict = {"forkline": raw(name, args.quick), "batched": batched(name, args.quick)}
+        r: dict = {"forkline": raw(name, args.quick)}
+        print(json.dumps({name: r}), file=sys.stderr, flush=True)  # each part as it comes
+        r["batched"] = batched(name, args.quick)
+        print(json.dumps({name: {"batched": r["batched"]}}), file=sys.stderr, flush=True)
         if args.llama_bench:
             r["llama_cpp"] = llama_bench(args.llama_bench, resolve_model(name), args.threads, args.quick)
             r["ratios"] = {
                 kind: {k: ratio(v, r["llama_cpp"][kind].get(k, 0)) for k, v in r["forkline"][kind].items()}
                 for kind in ("prefill", "decode")
             }
+            print(
+                json.dumps({name: {"llama_cpp": r["llama_cpp"], "ratios": r["ratios"]}}),
+                file=sys.stderr,
+                flush=True,
+            )
         if not args.no_http:
             r["http"] = {"forkline": forkline_http(name, args.quick)}
+            print(json.dumps({name: {"http": r["http"]}}), file=sys.stderr, flush=True)
             if args.llama_server:
                 h = r["http"]["llama_cpp"] = llama_http(
                     args.llama_server, resolve_model(name), args.threads, args.quick
