@@ -10,23 +10,15 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from tests.service.conftest import start_engine, start_prefix
+from tests.service.openai_door import MODEL, openai_door
 
-MODEL = "tiny"
 QUESTION = [{"role": "user", "content": "Hello"}]
 
 
 @pytest.fixture(scope="module")
 def servers() -> Iterator[tuple[object, openai.OpenAI]]:
-    engine = start_engine(max_session_tokens=512, max_sessions=16)
-    prefix = start_prefix(engine.address)
-    port = prefix.server.start_http("127.0.0.1", 0, model_name=MODEL)
-    yield (
-        engine,
-        openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=60),
-    )
-    prefix.stop(0)
-    engine.stop(0)
+    with openai_door(max_session_tokens=512, max_sessions=16) as door:
+        yield door
 
 
 def prefilled(engine) -> int:

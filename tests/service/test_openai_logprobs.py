@@ -11,25 +11,20 @@ import openai
 import pytest
 
 from clients.engine_client import EngineClient, generation_config
-from tests.service.conftest import start_engine, start_prefix
+from tests.service.openai_door import MODEL, openai_door
 
-MODEL = "tiny"
 PROMPT = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
-def servers() -> Iterator[tuple[object, str]]:
-    engine = start_engine(max_session_tokens=1024)
-    prefix = start_prefix(engine.address)
-    port = prefix.server.start_http("127.0.0.1", 0, model_name=MODEL)
-    yield engine, f"http://127.0.0.1:{port}/v1"
-    prefix.stop(0)
-    engine.stop(0)
+def servers() -> Iterator[tuple[object, openai.OpenAI]]:
+    with openai_door(max_session_tokens=1024) as door:
+        yield door
 
 
 @pytest.fixture(scope="module")
 def client(servers) -> openai.OpenAI:
-    return openai.OpenAI(base_url=servers[1], api_key="unused", max_retries=0, timeout=30)
+    return servers[1]
 
 
 def test_completion_logprobs_are_the_engines_and_greedy_picks_the_top_one(servers, client) -> None:

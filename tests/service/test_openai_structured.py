@@ -14,9 +14,8 @@ import pytest
 
 from clients.engine_client import EngineClient, generation_config
 from engine_service.api.errors import InvalidArgument
-from tests.service.conftest import start_engine, start_prefix
+from tests.service.openai_door import MODEL, openai_door
 
-MODEL = "tiny"
 QUESTION = [{"role": "user", "content": "Describe a person as JSON."}]
 SCHEMA = {
     "type": "object",
@@ -34,15 +33,8 @@ FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCH
 
 @pytest.fixture(scope="module")
 def servers() -> Iterator[tuple[object, openai.OpenAI]]:
-    engine = start_engine(max_session_tokens=1024)
-    prefix = start_prefix(engine.address)
-    port = prefix.server.start_http("127.0.0.1", 0, model_name=MODEL)
-    yield (
-        engine,
-        openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=60),
-    )
-    prefix.stop(0)
-    engine.stop(0)
+    with openai_door(max_session_tokens=1024) as door:
+        yield door
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -13,9 +13,8 @@ import jsonschema
 import openai
 import pytest
 
-from tests.service.conftest import start_engine, start_prefix
+from tests.service.openai_door import MODEL, openai_door
 
-MODEL = "tiny"
 WEATHER = {
     "type": "object",
     "properties": {
@@ -44,12 +43,8 @@ QUESTION = [{"role": "user", "content": "Weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[openai.OpenAI]:
-    engine = start_engine(max_session_tokens=2048)
-    prefix = start_prefix(engine.address)
-    port = prefix.server.start_http("127.0.0.1", 0, model_name=MODEL)
-    yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=60)
-    prefix.stop(0)
-    engine.stop(0)
+    with openai_door(max_session_tokens=2048) as (_, sdk):
+        yield sdk
 
 
 def check_call(call, names=tuple(SCHEMAS)) -> None:
