@@ -1,16 +1,19 @@
 """The ``cost`` routing policy: a request goes where it is expected to get its first token soonest.
 
 For a prompt of ``P`` positions and each routable engine ``e`` (``r_e`` positions its cache can reuse,
-``L_e`` generations running or queued there, ``f_e`` how full this service's share of it is, in [0, 1]):
+``L_e`` generations running or queued there, ``W_e`` positions this service's generations there still
+have to prefill, ``f_e`` how full this service's share of it is, in [0, 1]):
 
     floor     = min over engines of r_e          (what every engine holds, e.g. a chat template's header)
     counts_e  = r_e > floor  and  r_e >= max(min_reuse_positions, min_reuse_fraction * P)
     reused_e  = r_e if counts_e else floor       (a reuse too small to matter does not decide)
     compute_e = P - reused_e                     (positions engine e must prefill)
-    cost_e    = s_pos * compute_e * (1 + room_weight * f_e)  +  s_queue * L_e
+    cost_e    = s_pos * (compute_e * (1 + room_weight * f_e) + W_e)  +  s_queue * L_e
 
-``s_pos`` (prefill seconds per position) and ``s_queue`` (seconds one generation ahead adds to the time
-to first token) are the fleet's measured rates (``rates.RateMeter``). The room term: the positions a
+``s_pos`` (prefill seconds per position) and ``s_queue`` (what one generation ahead adds to the time to
+first token beyond its prefill: its decode steps) are the fleet's measured rates (``rates.RateMeter``).
+The queue is the prefill work ahead (an engine shares its forwards among its sessions) plus a cost
+per generation there. The room term: the positions a
 request computes on ``e`` are stored there, and on a full share each evicts a stored position someone
 may come back for, so a fuller cache charges them more: new prefixes spread over the caches with room,
 while a hit (few new positions) barely pays it. The lowest cost serves; the others follow in cost order
@@ -82,10 +85,9 @@ class CostModel:
             reused = x.reusable if counts else floor
             compute = prompt - reused
             fill = min(1.0, max(0.0, x.fill))
-            cost = rates.prefill_s_per_position * compute * (1 + c.room_weight * fill)
-            scored.append(
-                EngineCost(x, counts, reused, compute, cost + rates.queue_s_per_generation * x.load)
-            )
+            positions = compute * (1 + c.room_weight * fill) + max(0, x.pending)
+            cost = rates.prefill_s_per_position * positions + rates.queue_s_per_generation * x.load
+            scored.append(EngineCost(x, counts, reused, compute, cost))
         scored.sort(key=lambda s: (s.cost_s, s.candidate.load, s.candidate.held, s.candidate.name))
         return scored
 

@@ -70,6 +70,7 @@ class EngineMember:
         self.name, self.gateway, self._serving, self._close = name, gateway, serving, close
         self._lock = threading.Lock()
         self.in_flight = 0  # gateway generations this service runs there now
+        self.pending = 0  # positions they still have to prefill (not yet at their first token)
         self.routed = 0  # requests whose route put it first
         self.load_guarded = 0  # requests that went elsewhere because it was overloaded
         self._others = 0  # the engine's load beyond this service's own, as of the last Info
@@ -95,9 +96,16 @@ class EngineMember:
         with self._lock:
             self._others = max(0, info.active_generations + info.queued_commands - self.in_flight)
 
-    def started(self) -> None:
+    def started(self, positions: int = 0) -> None:
+        """A generation that will prefill ``positions`` starts there."""
         with self._lock:
             self.in_flight += 1
+            self.pending += positions
+
+    def prefilled(self, positions: int) -> None:
+        """A generation's prefill of ``positions`` is done (its first token came, or it ended)."""
+        with self._lock:
+            self.pending -= positions
 
     def ended(self) -> None:
         with self._lock:
@@ -119,10 +127,12 @@ class RoutedStream:
         member: EngineMember,
         on_done: Callable[[Done, float], None] = lambda done, ttft_s: None,
         started_at: float | None = None,
+        positions: int = 0,
     ) -> None:
         self._stream, self._member, self._on_done = stream, member, on_done
         self._started_at = time.perf_counter() if started_at is None else started_at
         self._first_token_s = 0.0
+        self._positions = positions  # to prefill: the member's pending count until the first token
         self._ended = False
         self._lock = threading.Lock()
 
@@ -139,6 +149,7 @@ class RoutedStream:
                 for event in events:
                     if isinstance(event, Tokens) and not self._first_token_s:
                         self._first_token_s = time.perf_counter() - self._started_at
+                        self._prefilled()
                     if isinstance(event, Done):
                         self._on_done(event, self._first_token_s)
                         event = replace(event, engine=self._member.name)
@@ -151,7 +162,14 @@ class RoutedStream:
             if self._ended:
                 return
             self._ended = True
+        self._prefilled()
         self._member.ended()
+
+    def _prefilled(self) -> None:
+        with self._lock:
+            positions, self._positions = self._positions, 0
+        if positions:
+            self._member.prefilled(positions)
 
     def __del__(self) -> None:  # never iterated (e.g. the caller failed before reading it)
         self._end()
@@ -258,7 +276,7 @@ class Fleet:
     ) -> PromptLookup:
         """Route ``prompt`` and clone the chosen engine's best snapshot for ``owner`` (see
         :meth:`Gateway.lookup`); the answer names the engine."""
-        tokens, route = self._route(namespace, prompt, owner)
+        tokens, route, _ = self._route(namespace, prompt, owner)
 
         def lookup_on(member: EngineMember) -> PromptLookup:
             found = member.gateway.lookup(namespace, tokens, owner, caller_active)
@@ -292,22 +310,25 @@ class Fleet:
         """Route and start the generation (see the module docstring): returns once an engine started
         it; an engine that fails before that with UNAVAILABLE or RESOURCE_EXHAUSTED passes the
         request to the next one in the route."""
-        tokens, route = self._route(request.namespace, request.prompt, owner)
+        tokens, route, reusable = self._route(request.namespace, request.prompt, owner)
         if not tokens:
             raise InvalidArgument("input is empty")
         text = request.prompt if isinstance(request.prompt, TextPrompt) else request.source
         routed = replace(request, prompt=tokens, source=text)  # the text: its message ends are checkpoints
 
         def generate_on(member: EngineMember) -> RoutedStream:
-            load, started_at = member.load, time.perf_counter()  # what was ahead of it there, and when
+            load, ahead, started_at = member.load, member.pending, time.perf_counter()  # what was ahead of it
+            positions = len(tokens) - reusable.get(member.name, 0)
 
             def measured(done: Done, ttft_s: float) -> None:
-                self.rates.observe(load, done.prompt_positions, ttft_s)
+                self.rates.observe(load, done.prompt_positions, ttft_s, ahead)
 
-            member.started()
+            member.started(positions)
             try:
-                return RoutedStream(member.gateway.generate(routed, owner), member, measured, started_at)
+                stream = member.gateway.generate(routed, owner)
+                return RoutedStream(stream, member, measured, started_at, positions)
             except BaseException:
+                member.prefilled(positions)
                 member.ended()
                 raise
 
@@ -373,25 +394,33 @@ class Fleet:
             return members
         raise Unavailable(f"no engine serves ({len(members)} known)" if members else "no engine is known yet")
 
-    def _route(self, namespace: str, prompt: Prompt, owner: str) -> tuple[list[int], list[EngineMember]]:
-        """The prompt's tokens and the engines to try, in order."""
+    def _route(
+        self, namespace: str, prompt: Prompt, owner: str
+    ) -> tuple[list[int], list[EngineMember], dict[str, int]]:
+        """The prompt's tokens, the engines to try, in order, and the positions each can reuse (none
+        with a single engine)."""
         members = self._routable()
         by_load = sorted(members, key=lambda m: (m.load, m.name))
         tokens = self._tokens(prompt, owner, by_load)
         if len(members) == 1:
             self._count(members[0], None)
-            return tokens, members
+            return tokens, members, {}
         key = token_key(tokens)  # validated once for every engine's index
         candidates = [
             Candidate(
-                m.name, m.gateway.cache.reusable(namespace, key), m.load, m.gateway.cache.positions, _fill(m)
+                m.name,
+                m.gateway.cache.reusable(namespace, key),
+                m.load,
+                m.gateway.cache.positions,
+                _fill(m),
+                max(0, m.pending),
             )
             for m in members
         ]
         route = self.policy.route(candidates, RouteRequest(len(tokens), self.rates.rates()))
         named = {m.name: m for m in members}
         self._count(named[route.first.name], route)
-        return tokens, [named[c.name] for c in route.order]
+        return tokens, [named[c.name] for c in route.order], {c.name: c.reusable for c in candidates}
 
     def _count(self, first: EngineMember, route: Route | None) -> None:
         with self._lock:

@@ -2,16 +2,18 @@
 own generations: :class:`CostRates` (a value) and :class:`RateMeter` (what the fleet updates from each
 generation's ``Done`` and reads at each route).
 
-- ``prefill_s_per_position``: time to first token / computed positions, over generations that started
-  on an engine with nothing else running or queued there (their TTFT is their prefill alone).
+- ``overhead_s``: the time to first token of a generation that computes fewer than ``MIN_POSITIONS``
+  positions on an idle engine (lookup, clone, round trips, one forward): the same on every engine, so
+  routing never weighs it, but the other two rates are measured net of it.
+- ``prefill_s_per_position``: (TTFT - overhead) / computed positions, over generations that computed
+  at least ``MIN_POSITIONS`` on an engine with nothing else running or queued there.
 - ``queue_s_per_generation``: what one generation already running or queued on the engine adds to a
-  new one's time to first token: (TTFT - computed positions x the prefill rate) / load, over
-  generations that started with load >= 1.
+  new one's time to first token beyond the prefill still ahead of it: (TTFT - overhead - (computed
+  positions + positions ahead) x the prefill rate) / load, over generations that started with load >= 1.
 
 Each is an exponential moving average (weight ``alpha`` for the newest observation), starting from
 the defaults below (measured with SmolLM2-135M on this project's 2-core CPU machine, see
-docs/DEPLOY.md "Routing"); observations with fewer than ``MIN_POSITIONS`` computed positions are
-skipped for the prefill rate (their TTFT is mostly overhead).
+docs/DEPLOY.md "Routing").
 """
 
 from __future__ import annotations
@@ -21,24 +23,29 @@ from dataclasses import dataclass
 
 from engine_service.api.errors import InvalidArgument
 
-DEFAULT_PREFILL_S_PER_POSITION = 0.0015
+DEFAULT_PREFILL_S_PER_POSITION = 0.0025
 DEFAULT_QUEUE_S_PER_GENERATION = 0.25
-MIN_POSITIONS = 16
+DEFAULT_OVERHEAD_S = 0.05
+MIN_POSITIONS = 32
 _FLOOR_S = 1e-6  # a rate never reaches 0 (a position is never free)
 
 
 @dataclass(frozen=True)
 class CostRates:
-    """Seconds per prefill position and per generation ahead in an engine's queue (both > 0)."""
+    """Seconds per prefill position and per generation ahead in an engine's queue (both > 0), and
+    the fixed part of every time to first token (>= 0)."""
 
     prefill_s_per_position: float = DEFAULT_PREFILL_S_PER_POSITION
     queue_s_per_generation: float = DEFAULT_QUEUE_S_PER_GENERATION
+    overhead_s: float = DEFAULT_OVERHEAD_S
 
     def __post_init__(self) -> None:
         for name in ("prefill_s_per_position", "queue_s_per_generation"):
             value = getattr(self, name)
             if not value > 0:
                 raise InvalidArgument(f"{name} must be > 0, got {value!r}")
+        if not self.overhead_s >= 0:
+            raise InvalidArgument(f"overhead_s must be >= 0, got {self.overhead_s!r}")
 
 
 class RateMeter:
@@ -52,25 +59,27 @@ class RateMeter:
         self._lock = threading.Lock()
         self._prefill = start.prefill_s_per_position
         self._queue = start.queue_s_per_generation
+        self._overhead = start.overhead_s
         self.observed = 0  # generations that updated a rate
 
     def rates(self) -> CostRates:
         with self._lock:
-            return CostRates(self._prefill, self._queue)
+            return CostRates(self._prefill, self._queue, self._overhead)
 
-    def observe(self, load: int, computed_positions: int, ttft_s: float) -> None:
+    def observe(self, load: int, computed_positions: int, ttft_s: float, ahead: int = 0) -> None:
         """One generation: the engine's ``load`` when it was routed there, the positions it computed
-        (prompt minus reused) and its time to first token."""
+        (prompt minus reused), its time to first token and the positions other generations there
+        still had to prefill when it was routed (``ahead``)."""
         if ttft_s <= 0 or computed_positions < 0 or load < 0:
             return
         with self._lock:
-            if load == 0:
-                if computed_positions < MIN_POSITIONS:
-                    return
-                sample = ttft_s / computed_positions
-                self._prefill = max(_FLOOR_S, self._ewma(self._prefill, sample))
+            net = ttft_s - self._overhead
+            if load == 0 and computed_positions < MIN_POSITIONS:
+                self._overhead = self._ewma(self._overhead, ttft_s)
+            elif load == 0:
+                self._prefill = max(_FLOOR_S, self._ewma(self._prefill, net / computed_positions))
             else:
-                waited = max(0.0, ttft_s - computed_positions * self._prefill)
+                waited = max(0.0, net - (computed_positions + max(0, ahead)) * self._prefill)
                 self._queue = max(_FLOOR_S, self._ewma(self._queue, waited / load))
             self.observed += 1
 

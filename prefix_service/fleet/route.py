@@ -17,14 +17,16 @@ from prefix_service.fleet.rates import CostRates
 class Candidate:
     """One routable engine for one request: ``name`` (its address), the positions of the prompt its
     stored snapshots can give (``reusable``), its ``load`` (generations running and queued), the
-    positions this service's snapshots hold there (``held``) and how full this service's share of it
-    is (``fill``: the larger of entries / max entries and positions / max positions, in [0, 1])."""
+    positions this service's snapshots hold there (``held``), how full this service's share of it
+    is (``fill``: the larger of entries / max entries and positions / max positions, in [0, 1]) and
+    the positions this service's generations there still have to prefill (``pending``)."""
 
     name: str
     reusable: int
     load: int
     held: int = 0
     fill: float = 0.0
+    pending: int = 0
 
 
 @dataclass(frozen=True)

