@@ -121,16 +121,17 @@ class PrefixCache:
 
     # -- operations --------------------------------------------------------------------------
 
-    def lookup(self, namespace: str, tokens: Sequence[int]) -> LookupOutcome:
+    def lookup(self, namespace: str, tokens: Sequence[int], *, count: bool = True) -> LookupOutcome:
         """Clone the best stored snapshot for ``tokens`` (the caller owns the clone), or say why not;
-        see the module docstring."""
+        see the module docstring. ``count`` False: the hit / miss counters are left as they are (a
+        further choice of one request, whose first lookup counted)."""
         key = token_key(tokens)
         scope = self._scope(namespace)
         with self._lock:
             outcome = self._find(scope, key)
-            if outcome.match is None:
+            if count and outcome.match is None:
                 self._misses += 1
-            else:
+            elif count:
                 self._hits += 1
                 self._reused += outcome.match.reused
             return outcome

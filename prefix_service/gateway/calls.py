@@ -31,7 +31,9 @@ class GatewayRequest:
     """One gateway Generate: ``prompt`` under ``namespace``, sampled and stopped per ``config``
     (``ignore_eos``: see ``EngineGenerate``). ``store_prompt``: insert the prompt snapshot (and its
     checkpoints). ``source``: the text ``prompt`` was tokenized from when ``prompt`` is already token
-    ids (the fleet tokenizes to route): a chat prompt's message ends become checkpoints."""
+    ids (the fleet tokenizes to route): a chat prompt's message ends become checkpoints.
+    ``count_lookup``: False for a further choice of a request whose first choice's lookup was counted
+    (an HTTP ``n``): its lookup clones as usual but adds nothing to the hit / miss counters."""
 
     namespace: str
     prompt: Prompt
@@ -40,6 +42,7 @@ class GatewayRequest:
     store_prompt: bool = True
     metadata: Mapping[str, str] = field(default_factory=dict)
     source: TextPrompt | None = None
+    count_lookup: bool = True
 
 
 @dataclass(frozen=True)

@@ -265,7 +265,7 @@ class Gateway:
         match: Match | None = None
         stream: EngineStream | None = None
         try:
-            match = self._lookup(request.namespace, tokens, owner).match
+            match = self._lookup(request.namespace, tokens, owner, count=request.count_lookup).match
             reused = match.reused if match else 0
             config = request.config
             if capture:
@@ -335,14 +335,20 @@ class Gateway:
             raise InvalidArgument(f"{field_name}[{bad}] = {out[bad]} is outside the vocabulary [0, {vocab})")
         return out
 
-    def _lookup(self, namespace: str, tokens: Sequence[int], clone_owner: str) -> LookupOutcome:
+    def _lookup(
+        self, namespace: str, tokens: Sequence[int], clone_owner: str, *, count: bool = True
+    ) -> LookupOutcome:
         if self.tier is not None and self.tier.restore(self.cache, namespace, token_key(tokens)):
             self._restarted = False  # served from disk: not a restart miss
         with self.backend.cloning_for(clone_owner):
-            outcome = self.cache.lookup(namespace, tokens)
+            outcome = (
+                self.cache.lookup(namespace, tokens)
+                if count
+                else self.cache.lookup(namespace, tokens, count=False)
+            )
         if self._restarted and outcome.reason in _RESTART_MASKS:
             outcome = LookupOutcome.miss(MissReason.ENGINE_RESTARTED)
-        if outcome.reason is not None:
+        if count and outcome.reason is not None:
             with self._lock:
                 self._misses[str(outcome.reason)] += 1
         return outcome

@@ -3,7 +3,8 @@
 Choice 0 runs as a plain gateway generation, which stores the prompt's snapshot in the prefix cache
 as its first tokens come (the gateway stores a snapshot event before it hands on the tokens after
 it). Choices 1..n-1 start then, each a gateway generation that finds that snapshot (a clone at the
-prompt end: the prompt is not recomputed) and samples with ``seed + i``; the engine decodes them
+prompt end: the prompt is not recomputed; the lookup is not counted again: one request, one hit or
+miss) and samples with ``seed + i``; the engine decodes them
 batched with choice 0. ``usage.prompt_tokens`` counts the prompt once (choice 0's), ``cached_tokens``
 is what choice 0 reused, ``completion_tokens`` adds every choice's. Every choice holds an engine
 session, so ``n`` counts against its owner's quota: a choice the quota refuses fails the request.
@@ -48,7 +49,8 @@ class Choices:
         request = self._request
         if index:
             seed = (request.config.seed + index) % _SEED_LIMIT
-            request = replace(request, config=replace(request.config, seed=seed), store_prompt=False)
+            config = replace(request.config, seed=seed)
+            request = replace(request, config=config, store_prompt=False, count_lookup=False)
         generation = Generation(self._gateway, request, self._stops, self._owner, self._caller)
         self.generations.append(generation)
         return generation

@@ -7,18 +7,23 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import openai
 import pytest
 
-from tests.service.openai_door import MODEL, openai_door
+from tests.service.openai_door import MODEL, Door, openai_door
 
 QUESTION = [{"role": "user", "content": "Hello"}]
 
 
 @pytest.fixture(scope="module")
-def servers() -> Iterator[tuple[object, openai.OpenAI]]:
+def servers() -> Iterator[Door]:
     with openai_door(max_session_tokens=512, max_sessions=16) as door:
         yield door
+
+
+def lookups(door: Door) -> tuple[int, int]:
+    """The prefix cache's (misses, hits) counters."""
+    cache = door.prefix.server.deps.stats().cache  # the one engine's gateway
+    return cache.misses, cache.hits
 
 
 def prefilled(engine) -> int:
@@ -26,15 +31,17 @@ def prefilled(engine) -> int:
 
 
 def test_n_choices_compute_the_prompt_once_and_match_single_requests(servers) -> None:
-    engine, client = servers
+    engine, client = servers.engine, servers.client
     messages = [{"role": "user", "content": "Hi there"}]
-    before = prefilled(engine)
+    before, stats = prefilled(engine), lookups(servers)
     many = client.chat.completions.create(
         model=MODEL, messages=messages, n=4, max_tokens=12, temperature=1.0, seed=100
     )
     prompt = many.usage.prompt_tokens
     # the prompt's positions once, plus one replayed position per further choice (its last token)
     assert prefilled(engine) - before == prompt + 3
+    # one request, one lookup counted (choice 0's miss); choices 1-3 hit without counting again
+    assert tuple(a - b for a, b in zip(lookups(servers), stats, strict=True)) == (1, 0)
     assert sorted(c.index for c in many.choices) == [0, 1, 2, 3]
     texts = {c.index: c.message.content for c in many.choices}
     assert len(set(texts.values())) > 1  # own samplers, not four copies
@@ -51,7 +58,7 @@ def test_n_choices_compute_the_prompt_once_and_match_single_requests(servers) ->
 
 
 def test_streamed_choices_carry_their_index(servers) -> None:
-    _, client = servers
+    client = servers.client
     request = dict(model=MODEL, messages=QUESTION, n=3, max_tokens=10, temperature=1.0, seed=7)
     whole = client.chat.completions.create(**request)
     texts: dict[int, str] = {}
@@ -72,7 +79,7 @@ def test_streamed_choices_carry_their_index(servers) -> None:
 
 
 def test_completions_take_n_too(servers) -> None:
-    _, client = servers
+    client = servers.client
     answer = client.completions.create(model=MODEL, prompt="Once upon a time", n=2, max_tokens=6, seed=3)
     assert [c.index for c in answer.choices] == [0, 1]
     # one token per character, plus the end-of-sequence token a "stop" choice returned

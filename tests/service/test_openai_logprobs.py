@@ -11,24 +11,24 @@ import openai
 import pytest
 
 from clients.engine_client import EngineClient, generation_config
-from tests.service.openai_door import MODEL, openai_door
+from tests.service.openai_door import MODEL, Door, openai_door
 
 PROMPT = "The capital of France is"
 
 
 @pytest.fixture(scope="module")
-def servers() -> Iterator[tuple[object, openai.OpenAI]]:
+def servers() -> Iterator[Door]:
     with openai_door(max_session_tokens=1024) as door:
         yield door
 
 
 @pytest.fixture(scope="module")
 def client(servers) -> openai.OpenAI:
-    return servers[1]
+    return servers.client
 
 
 def test_completion_logprobs_are_the_engines_and_greedy_picks_the_top_one(servers, client) -> None:
-    engine, _ = servers
+    engine = servers.engine
     answer = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=3)
     choice = answer.choices[0]
     lp = choice.logprobs

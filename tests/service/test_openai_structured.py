@@ -14,7 +14,7 @@ import pytest
 
 from clients.engine_client import EngineClient, generation_config
 from engine_service.api.errors import InvalidArgument
-from tests.service.openai_door import MODEL, openai_door
+from tests.service.openai_door import MODEL, Door, openai_door
 
 QUESTION = [{"role": "user", "content": "Describe a person as JSON."}]
 SCHEMA = {
@@ -32,14 +32,14 @@ FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCH
 
 
 @pytest.fixture(scope="module")
-def servers() -> Iterator[tuple[object, openai.OpenAI]]:
+def servers() -> Iterator[Door]:
     with openai_door(max_session_tokens=1024) as door:
         yield door
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_json_schema_output_always_validates(servers, seed) -> None:
-    _, client = servers
+    client = servers.client
     request = dict(model=MODEL, messages=QUESTION, max_tokens=300, temperature=1.0, seed=seed)
     answer = client.chat.completions.create(**request, response_format=FORMAT)
     assert answer.choices[0].finish_reason == "stop"
@@ -57,7 +57,7 @@ def test_json_schema_output_always_validates(servers, seed) -> None:
 
 
 def test_json_object_and_n_choices(servers) -> None:
-    _, client = servers
+    client = servers.client
     answer = client.chat.completions.create(
         model=MODEL,
         messages=QUESTION,
@@ -75,7 +75,7 @@ def test_json_object_and_n_choices(servers) -> None:
 
 
 def test_unsupported_schema_features_are_400_naming_them(servers) -> None:
-    _, client = servers
+    client = servers.client
     bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "if": {}}}}
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=MODEL, messages=QUESTION, response_format=bad)
@@ -90,7 +90,7 @@ def test_unsupported_schema_features_are_400_naming_them(servers) -> None:
 
 
 def test_the_grpc_api_takes_a_json_schema(servers) -> None:
-    engine, _ = servers
+    engine = servers.engine
     client = EngineClient(engine.address)
     config = generation_config(max_new_tokens=300, temperature=1.0, seed=9, json_schema=json.dumps(SCHEMA))
     out = client.generate(text="Person:", add_special_tokens=True, config=config).collect()

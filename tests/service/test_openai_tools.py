@@ -43,8 +43,8 @@ QUESTION = [{"role": "user", "content": "Weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[openai.OpenAI]:
-    with openai_door(max_session_tokens=2048) as (_, sdk):
-        yield sdk
+    with openai_door(max_session_tokens=2048) as door:
+        yield door.client
 
 
 def check_call(call, names=tuple(SCHEMAS)) -> None:
