@@ -4,6 +4,8 @@ health checking, reflection, optionally metrics and the HTTP door.
 ``create_server(gateway_or_fleet, address)`` binds and starts serving; the server follows every
 engine's health watch (a restarted engine is checked as soon as it serves; this service's own health
 is NOT_SERVING while no engine serves, "" stays SERVING). ``server.stop(grace, release=True)`` drains
+(health NOT_SERVING, new Lookup / Insert / Generate calls UNAVAILABLE at once so that clients move to
+another replica, the streams running get ``grace`` seconds to finish, Stats and Clear still served)
 and releases every stored snapshot in the engines (a killed service is cleaned up by its next start).
 """
 
@@ -13,10 +15,11 @@ import logging
 from typing import TYPE_CHECKING
 
 import grpc
-from grpc_health.v1 import health, health_pb2
+from grpc_health.v1 import health
 
 from engine_service.api.errors import InvalidArgument
 from engine_service.serving.auth import ServerSecurity
+from engine_service.serving.drain import InFlight
 from engine_service.serving.grpc_server import GrpcServer, build_grpc_server
 from prefix_service.engines.connect import remote_member
 from prefix_service.engines.engine_backend import EngineBackend
@@ -36,6 +39,7 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = prefix_pb2.DESCRIPTOR.services_by_name["PrefixCache"].full_name
 MAX_WORKERS = 64
+NEW_WORK = tuple(f"/{SERVICE_NAME}/{m}" for m in ("Lookup", "Insert", "Generate"))  # refused while draining
 
 
 class PrefixServer(GrpcServer):
@@ -50,8 +54,9 @@ class PrefixServer(GrpcServer):
         health_servicer: health.HealthServicer,
         port: int,
         pool: EnginePool | None,
+        in_flight: InFlight | None = None,
     ) -> None:
-        super().__init__(server, servicer, health_servicer, port)
+        super().__init__(server, servicer, health_servicer, port, service=SERVICE_NAME, in_flight=in_flight)
         self.pool = pool  # keeps the fleet in step with its targets; stopped with this server
 
     @property
@@ -127,8 +132,7 @@ class PrefixServer(GrpcServer):
         watch.start(on_serving=member.gateway.check_engine, on_change=lambda serving: self._health_changed())
 
     def _health_changed(self) -> None:
-        status = health_pb2.HealthCheckResponse
-        self.health.set(SERVICE_NAME, status.SERVING if self.engine_serving else status.NOT_SERVING)
+        self.health_state.update(ready=self.engine_serving)  # a draining service stays NOT_SERVING
 
     def stop(self, grace: float | None = 2.0, *, release: bool = True) -> None:
         """Drain and stop (idempotent). ``release``: close every stored snapshot in the engines.
@@ -185,6 +189,7 @@ def create_server(
         from prefix_service.engines.pool_metrics import PoolCollector
 
         prefix_metrics.registry.register(PoolCollector(pool))
+    in_flight = InFlight(refuse=NEW_WORK)
     server, health_servicer, port = build_grpc_server(
         prefix_pb2_grpc.add_PrefixCacheServicer_to_server,
         servicer,
@@ -194,6 +199,7 @@ def create_server(
         thread_name_prefix="forkline-prefix-rpc",
         security=security,
         interceptors=() if prefix_metrics is None else (prefix_metrics.interceptor,),
+        in_flight=in_flight,
     )
     log.info(
         "prefix cache serving %s on port %d (engines: %s; routing %s)",
@@ -202,7 +208,7 @@ def create_server(
         ", ".join(f"{m.name} instance {m.gateway.backend.instance_id}" for m in fleet.members()),
         fleet.policy.name,
     )
-    prefix_server = PrefixServer(server, servicer, health_servicer, port, pool)
+    prefix_server = PrefixServer(server, servicer, health_servicer, port, pool, in_flight)
     prefix_server.metrics = prefix_metrics
     prefix_server.watch_engines()
     return prefix_server, port

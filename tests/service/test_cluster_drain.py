@@ -26,11 +26,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine_service.serving.drain import LIVENESS_SERVICE
 from protos import engine_pb2 as epb
-from protos import engine_pb2_grpc
+from protos import engine_pb2_grpc, prefix_pb2, prefix_pb2_grpc
 from tests.service.helpers import wait_for
 from tests.service.test_engine_restart import ServiceProcess
 
 ENGINE_SERVICE = "forkline.engine.v1.Engine"
+PREFIX_SERVICE = "forkline.prefix.v1.PrefixCache"
 STATUS = health_pb2.HealthCheckResponse
 OWNER = (("forkline-owner", "client"),)
 STEP_S = 0.02  # per forward: 120 tokens take ~2.4 s
@@ -158,3 +159,55 @@ def test_a_stuck_engine_thread_turns_readiness_and_liveness_not_serving(stuck_en
         assert health(channel, ENGINE_SERVICE) == STATUS.SERVING
         events = list(stream)
         assert events[-1].HasField("done")
+
+
+def test_sigterm_to_a_prefix_replica_finishes_its_gateway_stream_and_refuses_new_work() -> None:
+    """The prefix service drains alike: NOT_SERVING (liveness SERVING), a new Lookup UNAVAILABLE at once
+    (a replicated client moves to another replica), Stats still served, the running gateway stream
+    ends with its done event; before, the prefix server stopped at once and health went UNAVAILABLE."""
+    engine = TinyEngineProcess(grace=20.0)
+    prefix = None
+    try:
+        engine_address = engine.listening()
+        prefix = ServiceProcess("prefix_service", "--engine", engine_address, "--port", "0", "--grace", "20")
+        channel = grpc.insecure_channel(prefix.listening())
+        stub = prefix_pb2_grpc.PrefixCacheStub(channel)
+        request = prefix_pb2.GatewayGenerateRequest(
+            tokens=generate_request(NEW_TOKENS).tokens, config=generate_request(NEW_TOKENS).config
+        )
+        seen: dict = {"tokens": 0, "done": None, "error": None}
+        first = threading.Event()
+
+        def read() -> None:
+            try:
+                for event in stub.Generate(request, metadata=OWNER, timeout=60):
+                    if event.HasField("tokens"):
+                        seen["tokens"] += len(event.tokens.ids)
+                        first.set()
+                    if event.HasField("done"):
+                        seen["done"] = event.done
+            except grpc.RpcError as exc:
+                seen["error"] = exc.code()
+            first.set()
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert first.wait(30)
+        prefix.proc.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: health(channel, PREFIX_SERVICE) == STATUS.NOT_SERVING, timeout=5)
+        assert health(channel, LIVENESS_SERVICE) == STATUS.SERVING
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Lookup(
+                prefix_pb2.LookupRequest(tokens=epb.TokenIds(ids=[65, 66, 67])), metadata=OWNER, timeout=5
+            )
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        stats = stub.Stats(prefix_pb2.StatsRequest(), metadata=OWNER, timeout=5)  # still served
+        assert stats.misses == 1  # the stream's own lookup: the refused one never ran
+        reader.join(60)
+        assert seen["error"] is None and seen["done"] is not None and seen["tokens"] == NEW_TOKENS
+        assert prefix.proc.wait(30) == 0
+        channel.close()
+    finally:
+        if prefix is not None:
+            prefix.kill()
+        engine.kill()
