@@ -34,7 +34,7 @@ ENGINE_SERVICE = "forkline.engine.v1.Engine"
 PREFIX_SERVICE = "forkline.prefix.v1.PrefixCache"
 STATUS = health_pb2.HealthCheckResponse
 OWNER = (("forkline-owner", "client"),)
-STEP_S = 0.02  # per forward: 120 tokens take ~2.4 s
+STEP_S = 0.03  # per forward: 120 tokens take ~3.6 s
 NEW_TOKENS = 120
 
 
@@ -123,8 +123,8 @@ def test_a_grace_shorter_than_the_stream_cuts_it() -> None:
 
 @pytest.fixture
 def stuck_engine(engine_factory):
-    """An engine (stuck_after_s 0.5) whose forwards wait on ``gate`` while it is cleared."""
-    engine = engine_factory(stuck_after_s=0.5)
+    """An engine (stuck_after_s 1.0) whose forwards wait on ``gate`` while it is cleared."""
+    engine = engine_factory(stuck_after_s=1.0)
     executor = engine.runner._engine._executor
     execute = executor.execute
     gate = threading.Event()
@@ -132,7 +132,7 @@ def stuck_engine(engine_factory):
 
     def gated(batch):
         gate.wait()
-        time.sleep(0.01)
+        time.sleep(0.02)  # 200 tokens: ~4 s of forwards
         return execute(batch)
 
     executor.execute = gated
@@ -144,16 +144,16 @@ def test_a_stuck_engine_thread_turns_readiness_and_liveness_not_serving(stuck_en
     engine, gate = stuck_engine
     with grpc.insecure_channel(engine.address) as channel:
         stub = engine_pb2_grpc.EngineStub(channel)
-        stream = stub.Generate(generate_request(150), metadata=OWNER, timeout=60)
-        next(stream)  # started: the engine thread runs forwards of ~10 ms, answering between them
-        time.sleep(1.5)  # three heartbeat periods of a busy but answering engine
+        stream = stub.Generate(generate_request(200), metadata=OWNER, timeout=60)
+        next(stream)  # started: the engine thread runs forwards of ~20 ms, answering between them
+        time.sleep(2.5)  # past stuck_after_s: a busy but answering engine
         assert health(channel, ENGINE_SERVICE) == STATUS.SERVING  # control: busy is not stuck
         assert health(channel, LIVENESS_SERVICE) == STATUS.SERVING
         gate.clear()  # the next forward never returns
         assert wait_for(lambda: health(channel, LIVENESS_SERVICE) == STATUS.NOT_SERVING, timeout=5)
         assert health(channel, ENGINE_SERVICE) == STATUS.NOT_SERVING
         info = stub.Info(epb.InfoRequest(), metadata=OWNER, timeout=5)
-        assert info.heartbeat_age_s >= 0.5
+        assert info.heartbeat_age_s >= 1.0
         gate.set()
         assert wait_for(lambda: health(channel, LIVENESS_SERVICE) == STATUS.SERVING, timeout=5)
         assert health(channel, ENGINE_SERVICE) == STATUS.SERVING
