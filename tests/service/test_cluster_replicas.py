@@ -15,8 +15,8 @@ from clients.prefix_client import PrefixClient
 from clients.replicas import ReplicatedPrefixClient
 from engine_service.api.errors import Unavailable
 from engine_service.api.owners import PersistentOwners
-from tests.service.test_cluster_dns import free_port
 from tests.service.helpers import wait_for
+from tests.service.test_cluster_dns import free_port
 from tests.service.test_engine_restart import ServiceProcess
 
 PREFIX = "forkline-prefix-"
