@@ -121,7 +121,8 @@ def stream_chat(base: str, model: str, question: str, max_tokens: int) -> dict:
     t0 = time.perf_counter()
     first, chunks, last = None, 0, t0
     with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=600) as r:
-        r.raise_for_status()
+        if r.status_code >= 400:
+            raise RuntimeError(f"{base} answered {r.status_code}: {r.read().decode(errors='replace')[:300]}")
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -260,7 +261,13 @@ def main() -> None:
                 flush=True,
             )
         if not args.no_http:
-            r["http"] = {"forkline": forkline_http(name, args.quick)}
+            try:
+                r["http"] = {"forkline": forkline_http(name, args.quick)}
+            except RuntimeError as exc:  # reported, and the other models still run
+                r["http"] = {"forkline": {"error": str(exc)}}
+                print(json.dumps({name: r["http"]}), file=sys.stderr, flush=True)
+                report["models"][name] = r
+                continue
             print(json.dumps({name: {"http": r["http"]}}), file=sys.stderr, flush=True)
             if args.llama_server:
                 h = r["http"]["llama_cpp"] = llama_http(
