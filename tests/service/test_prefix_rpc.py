@@ -388,8 +388,8 @@ def test_lookup_whose_caller_gave_up_releases_its_clone(engine, prefix_factory) 
     alice.generate(PROMPT, max_new_tokens=1).collect()
     cache, real_lookup = prefix.cache, prefix.cache.lookup  # what the gateway calls
 
-    def slow_lookup(namespace, tokens):
-        outcome = real_lookup(namespace, tokens)
+    def slow_lookup(namespace, tokens, **options):
+        outcome = real_lookup(namespace, tokens, **options)
         time.sleep(0.5)
         return outcome
 
