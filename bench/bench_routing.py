@@ -13,8 +13,20 @@ reuse do not depend on the model's size; the engines share this machine's cores)
    prefix service over the engines, at --clients and 4x --clients client threads; and the in-process
    cost of one routing decision (scoring every engine's index + the policy) with 2..16 engines.
 
+3. Decision cost: microseconds per routing decision (every engine's index scored + the policy), p50 and
+   p99 over --decision-repeats decisions, per policy, at 2..16 engines.
+
 Prints one JSON object, writes bench/out/bench_routing.json and bench/out/bench_routing.png.
 Usage: .venv/bin/python bench/bench_routing.py [--engines 4] [--requests 240] [--clients 8]
+
+--trace-bench instead replays ``routing_trace.py``'s trace (or --trace FILE, Mooncake format) on
+--trace-engines engine processes of the packaged SmolLM2 (one kernel thread each) through one fleet
+per policy, then the hot-prefix case, and measures the decision cost; compared per policy: placement
+regret (positions some engine could have reused at routing time minus positions reused, over all
+requests), reused fraction, hit rate (requests that reused anything), TTFT p50 / p99 (from the
+fleet's generate call to the first tokens), load imbalance (the busiest engine's computed positions
+over the mean) and snapshots per engine at the end. Writes bench/out/bench_routing_trace.json / .png
+and the trace it replayed (bench/out/routing_trace.jsonl).
 """
 
 from __future__ import annotations
@@ -38,7 +50,8 @@ from engine_service.model.random_init import random_model
 from engine_service.rpc.server import create_server as create_engine_server
 from engine_service.sessions.engine import EngineSessions
 from prefix_service.engines.connect import connect_fleet
-from prefix_service.fleet.routing import Candidate, routing_names, routing_policy
+from prefix_service.fleet.rates import CostRates
+from prefix_service.fleet.routing import Candidate, RouteRequest, routing_names, routing_policy
 from prefix_service.rpc.server import create_server
 from protos import engine_pb2 as epb
 from protos import engine_pb2_grpc, prefix_pb2, prefix_pb2_grpc
@@ -164,9 +177,13 @@ def lookup_throughput(addresses: list[str], threads: int, seconds: float, hits: 
     return round(rate, 1)
 
 
-def decision_cost(engine_counts: list[int], entries: int, repeats: int = 2000) -> dict:
-    """Microseconds per routing decision: each engine's index scored for the prompt (a real
-    PrefixCache walk over ``entries`` stored keys) + the cache_aware policy."""
+def decision_cost(
+    engine_counts: list[int], entries: int, repeats: int = 2000, policy_name: str = "cost"
+) -> dict:
+    """Microseconds per routing decision, {engines: {"p50", "p99", "cpu_p50", "cpu_p99"}}: each
+    engine's index scored for the prompt (a real PrefixCache walk over ``entries`` stored keys) + the
+    policy, as the fleet does it (``Fleet._route`` without the tokenization); wall time and the
+    thread's CPU time (on a shared machine the wall p99 includes waiting for a core)."""
     from engine_service.api.content import content_digest
     from prefix_service.cache.index import token_key
     from prefix_service.cache.prefix_cache import PrefixCache
@@ -194,7 +211,8 @@ def decision_cost(engine_counts: list[int], entries: int, repeats: int = 2000) -
 
     rng = random.Random(1)
     out = {}
-    policy = routing_policy("cache_aware")
+    policy = routing_policy(policy_name)
+    rates = CostRates()
     for n in engine_counts:
         caches = []
         for _ in range(n):
@@ -206,16 +224,32 @@ def decision_cost(engine_counts: list[int], entries: int, repeats: int = 2000) -
                 cache.insert("ns", key, h)
             caches.append((cache, key))
         prompt = list(caches[0][1]) + [7] * 64  # a hit on the first engine's last key
-        start = time.perf_counter()
-        for _ in range(repeats):
+        times, cpu = [], []
+        for i in range(repeats):
+            start, start_cpu = time.perf_counter(), time.thread_time()
             key = token_key(prompt)  # as the fleet does: validated once, scored on every engine
             candidates = [
-                Candidate(str(i), cache.reusable("ns", key), 0, cache.positions)
-                for i, (cache, _) in enumerate(caches)
+                Candidate(
+                    str(e), cache.reusable("ns", key), i % 3, cache.positions, len(cache) / cache.max_entries
+                )
+                for e, (cache, _) in enumerate(caches)
             ]
-            policy.route(candidates)
-        out[n] = round((time.perf_counter() - start) / repeats * 1e6, 2)
+            policy.route(candidates, RouteRequest(len(prompt), rates))
+            times.append(time.perf_counter() - start)
+            cpu.append(time.thread_time() - start_cpu)
+        times.sort()
+        cpu.sort()
+        at = {"p50": min(repeats - 1, repeats // 2), "p99": min(repeats - 1, int(0.99 * repeats))}
+        out[n] = {q: round(times[i] * 1e6, 1) for q, i in at.items()}
+        out[n].update({f"cpu_{q}": round(cpu[i] * 1e6, 1) for q, i in at.items()})
     return out
+
+
+def decision_costs(args: argparse.Namespace) -> dict:
+    return {
+        name: decision_cost([2, 4, 8, 16], args.decision_entries, args.decision_repeats, name)
+        for name in ("cost", "cache_aware")
+    }
 
 
 def plot(results: dict, path: Path) -> None:
@@ -235,10 +269,11 @@ def plot(results: dict, path: Path) -> None:
     ax.set_ylabel("seconds per request (wall x clients / requests)")
     ax.set_title(f"{results['requests']} requests from {results['clients']} clients")
     ax = axes[2]
-    cost = results["decision_us_by_engines"]
-    ax.plot([int(k) for k in cost], list(cost.values()), marker="o")
+    for name, cost in results["decision_us_by_engines"].items():
+        ax.plot([int(k) for k in cost], [v["p99"] for v in cost.values()], marker="o", label=f"{name} p99")
+    ax.legend()
     ax.set_xlabel("engines")
-    ax.set_ylabel("us per routing decision")
+    ax.set_ylabel("us per routing decision (p99)")
     ax.set_title(f"routing decision, {results['decision_entries']} entries per engine")
     ax.grid(alpha=0.3)
     fig.suptitle(
@@ -258,7 +293,19 @@ def main() -> None:
     p.add_argument("--user-tokens", type=int, default=24)
     p.add_argument("--seconds", type=float, default=5.0, help="per Lookup-throughput measurement")
     p.add_argument("--decision-entries", type=int, default=256)
+    p.add_argument("--decision-repeats", type=int, default=2000)
+    p.add_argument("--trace-bench", action="store_true", help="the trace bench (see the docstring) instead")
+    p.add_argument("--trace", type=Path, default=None, help="a trace file to replay (Mooncake format)")
+    p.add_argument("--block-tokens", type=int, default=8, help="tokens per hash id of --trace")
+    p.add_argument("--trace-engines", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=2, help="trace bench: runs of each policy, pooled")
+    p.add_argument("--trace-limit", type=int, default=0, help="replay only the first N requests")
     args = p.parse_args()
+    if args.trace_bench:
+        from bench_routing_trace import trace_bench
+
+        trace_bench(args, lambda: decision_costs(args))
+        return
 
     engines = start_engines(args.engines)
     addresses = [f"127.0.0.1:{port}" for _, port in engines]
@@ -285,7 +332,7 @@ def main() -> None:
         for engine, _ in engines:
             engine.stop(0, shutdown_runner=True)
     results["decision_entries"] = args.decision_entries
-    results["decision_us_by_engines"] = decision_cost([2, 4, 8, 16], args.decision_entries)
+    results["decision_us_by_engines"] = decision_costs(args)
     cache_aware = results["policies"]["cache_aware"]["reused_fraction"]
     results["reuse_cache_aware_over_round_robin"] = round(
         cache_aware / max(1e-9, results["policies"]["round_robin"]["reused_fraction"]), 3
