@@ -302,7 +302,7 @@ def main() -> None:
     p.add_argument("--trace-limit", type=int, default=0, help="replay only the first N requests")
     args = p.parse_args()
     if args.trace_bench:
-        from bench_routing_trace import trace_bench
+        from routing_trace_bench import trace_bench
 
         trace_bench(args, lambda: decision_costs(args))
         return
