@@ -397,13 +397,20 @@ def test_the_real_model_answers_through_its_chat_template() -> None:
 
 
 def test_the_door_routes_over_several_engines(engine_factory) -> None:
-    """One prefix service over two engines: a repeated chat reuses its prompt, and a new question goes to
-    the engine holding the longest shared prefix (the chat template's header) and reuses that."""
+    """One prefix service over two engines: a repeated chat reuses its prompt, and under cache_aware
+    (pinned: the default cost policy spreads such misses instead, tests/service/test_routing_tenants.py)
+    a new question goes to the engine holding the longest shared prefix (the chat template's header)."""
     from prefix_service.engines.connect import connect_fleet
+    from prefix_service.fleet.routing import routing_policy
     from prefix_service.rpc.server import create_server
 
     engines = [engine_factory(max_session_tokens=1024) for _ in range(2)]
-    fleet, pool = connect_fleet(lambda: {e.address for e in engines}, ready_timeout=10, resolve_every_s=60)
+    fleet, pool = connect_fleet(
+        lambda: {e.address for e in engines},
+        policy=routing_policy("cache_aware"),
+        ready_timeout=10,
+        resolve_every_s=60,
+    )
     server, _ = create_server(fleet, "127.0.0.1:0", pool=pool)
     try:
         client = sdk(f"http://127.0.0.1:{server.start_http('127.0.0.1', 0, model_name=MODEL)}")
