@@ -186,3 +186,14 @@ def test_four_tenants_spread_over_both_engines_and_every_repeat_hits() -> None:
 def test_negative_control_cache_aware_piles_every_tenant_on_one_engine() -> None:
     served, _, entries = serve("cache_aware")
     assert set(served) == {"a"} and entries == [4, 0]
+
+
+def test_the_prefix_service_routes_by_cost_unless_told_otherwise() -> None:
+    from prefix_service.__main__ import parse_args
+
+    args = parse_args(["--engine", "127.0.0.1:1"])
+    assert (args.routing, args.route_min_reuse_fraction, args.route_min_reuse_positions) == ("cost", 0.25, 0)
+    args = parse_args(
+        ["--engine", "127.0.0.1:1", "--routing", "cache_aware", "--route_min_reuse_positions", "32"]
+    )
+    assert (args.routing, args.route_min_reuse_positions) == ("cache_aware", 32)
