@@ -3,7 +3,9 @@ prefix-service process in front of them, four tenants with distinct long system 
 alike (as a company's assistants do; the chat template adds its own header), three chat requests
 each, one at a time. ``--routing cost`` spreads the tenants' entries over both engines and every
 repeat still reuses its whole prompt; ``--routing cache_aware`` (the negative control) piles every
-tenant on the first engine: the shared beginning makes it the best match for every later miss."""
+tenant on the first engine: the shared beginning makes it the best match for every later miss.
+The same on engine processes of the tests' tiny model (one token per character), where the tenants
+share one system message and differ in the user's: seconds, so not marked slow."""
 
 from __future__ import annotations
 
@@ -37,14 +39,22 @@ TENANTS = [  # 131-145 positions each with the template; the shared beginning is
     "a passage around tidal gates and forecasts of wind and swell.",
 ]
 QUESTION = "Give me one tip."
+# the tiny model's engines hold 256 characters a session: prompts of ~190 that share one system
+# message (38 characters; its end is a checkpoint: the tiny model's sliding-window layers cannot
+# rewind a longer snapshot to a shorter shared prefix)
+TINY_PREAMBLE = "Be brief."
+TINY_TENANTS = [
+    "You help gardeners with soil, watering, pruning and pests of roses and apple trees.",
+    "You help cyclists with tyres, chains, brake pads and gears of city and road bikes.",
+    "You help bakers with sourdough starters, hydration, proofing and oven temperatures.",
+    "You help sailors with knots, tides, reefing the main and reading the weather at sea.",
+]
 
 
 class EngineProcess(ServiceProcess):
-    def __init__(self) -> None:
+    def __init__(self, module: str = "engine_service", *args: str) -> None:
         self.port = free_port()
-        super().__init__(
-            "engine_service", "--port", str(self.port), "--max_sessions", "16", "--max_session_tokens", "256"
-        )
+        super().__init__(module, "--port", str(self.port), *args)
 
     @property
     def address(self) -> str:
@@ -53,7 +63,20 @@ class EngineProcess(ServiceProcess):
 
 @pytest.fixture(scope="module")
 def engines():
-    started = [EngineProcess(), EngineProcess()]
+    yield from running(
+        [
+            EngineProcess("engine_service", "--max_sessions", "16", "--max_session_tokens", "256")
+            for _ in range(2)
+        ]
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_engines():
+    yield from running([EngineProcess("tests.service.tiny_engine") for _ in range(2)])
+
+
+def running(started: list[EngineProcess]):
     try:
         for engine in started:
             wait_serving(engine)
@@ -63,17 +86,24 @@ def engines():
             engine.kill()
 
 
-def four_tenants(engines, routing: str) -> tuple[list[str], list[list[int]], dict[str, int]]:
-    """Each tenant's engine per request, its reused positions per request, and entries per engine."""
+def system_prompts(tenant: str) -> tuple[str, str]:
+    """A tenant's own system prompt after the shared preamble; the same question."""
+    return PREAMBLE + tenant, QUESTION
+
+
+def four_tenants(
+    engines, routing: str, tenants: list[str] = TENANTS, layout=system_prompts, *flags: str
+) -> tuple[list[str], list[list[int]], dict[str, int]]:
+    """Each tenant's engine, its reused positions per request, and entries per engine."""
     addresses = [a for e in engines for a in ("--engine", e.address)]
-    prefix = ServiceProcess("prefix_service", *addresses, "--routing", routing, "--port", "0")
+    prefix = ServiceProcess("prefix_service", *addresses, "--routing", routing, "--port", "0", *flags)
     try:
         client = PrefixClient(prefix.listening(), owner="tenants", timeout=60.0)
         served, reused = [], []
-        for system in TENANTS:
+        for system in tenants:
             rounds = [
                 client.generate(
-                    text=QUESTION, chat=True, system=PREAMBLE + system, max_new_tokens=2
+                    text=layout(system)[1], chat=True, system=layout(system)[0], max_new_tokens=2
                 ).collect()
                 for _ in range(3)
             ]
@@ -107,3 +137,22 @@ def test_negative_control_cache_aware_piles_every_tenant_on_one_engine(engines) 
     served, _, entries = four_tenants(engines, "cache_aware")
     assert len(set(served)) == 1
     assert sorted(entries.values())[0] == 0  # the other engine holds nothing
+
+
+def tiny_layout(tenant: str) -> tuple[str, str]:
+    """One shared system message; the tenant's instructions and the question as the user's."""
+    return TINY_PREAMBLE, f"{tenant} {QUESTION}"
+
+
+TINY = (TINY_TENANTS, tiny_layout, "--owner", "prefix-service")  # the tiny engine's persistent owner
+
+
+def test_tiny_four_tenants_spread_over_both_engines_and_every_repeat_hits(tiny_engines) -> None:
+    served, _, entries = four_tenants(tiny_engines, "cost", *TINY)
+    assert sorted(served.count(e.address) for e in tiny_engines) == [2, 2]
+    assert all(n > 0 for n in entries.values()) and len(entries) == 2
+
+
+def test_tiny_negative_control_cache_aware_piles_every_tenant_on_one_engine(tiny_engines) -> None:
+    served, _, entries = four_tenants(tiny_engines, "cache_aware", *TINY)
+    assert len(set(served)) == 1 and sorted(entries.values())[0] == 0
