@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--shared_namespace",
         metavar="NAME",
         action="append",
-        default=[],
+        default=None,
         help="with --auth_tokens, the namespace NAME is every caller's (e.g. a common system prompt); "
         "any other belongs to its caller's owner. Repeatable (default: none)",
     )
@@ -419,7 +419,10 @@ def tenancy(args: argparse.Namespace):
     """The shared namespaces (--shared_namespace, --http_namespace) and the admin owner."""
     from prefix_service.gateway.tenancy import Tenancy
 
-    shared = [*args.shared_namespace, *([args.http_namespace] if args.http_namespace is not None else [])]
+    shared = [
+        *(args.shared_namespace or ()),
+        *([args.http_namespace] if args.http_namespace is not None else []),
+    ]
     return Tenancy.of(shared, args.admin_owner)
 
 
