@@ -32,6 +32,16 @@ class InsertRefusal(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INSERT_REFUSAL_EVICTED: _ClassVar[InsertRefusal]
     INSERT_REFUSAL_INVALID_KEY: _ClassVar[InsertRefusal]
     INSERT_REFUSAL_OVER_BUDGET: _ClassVar[InsertRefusal]
+
+class CacheEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CACHE_EVENT_KIND_UNSPECIFIED: _ClassVar[CacheEventKind]
+    CACHE_EVENT_KIND_STORED: _ClassVar[CacheEventKind]
+    CACHE_EVENT_KIND_EVICTED: _ClassVar[CacheEventKind]
+    CACHE_EVENT_KIND_CLEARED: _ClassVar[CacheEventKind]
+    CACHE_EVENT_KIND_DROPPED: _ClassVar[CacheEventKind]
+    CACHE_EVENT_KIND_GAP: _ClassVar[CacheEventKind]
+    CACHE_EVENT_KIND_SYNCED: _ClassVar[CacheEventKind]
 MISS_REASON_UNSPECIFIED: MissReason
 MISS_REASON_EMPTY: MissReason
 MISS_REASON_DIVERGED: MissReason
@@ -51,6 +61,13 @@ INSERT_REFUSAL_INVALID_SNAPSHOT: InsertRefusal
 INSERT_REFUSAL_EVICTED: InsertRefusal
 INSERT_REFUSAL_INVALID_KEY: InsertRefusal
 INSERT_REFUSAL_OVER_BUDGET: InsertRefusal
+CACHE_EVENT_KIND_UNSPECIFIED: CacheEventKind
+CACHE_EVENT_KIND_STORED: CacheEventKind
+CACHE_EVENT_KIND_EVICTED: CacheEventKind
+CACHE_EVENT_KIND_CLEARED: CacheEventKind
+CACHE_EVENT_KIND_DROPPED: CacheEventKind
+CACHE_EVENT_KIND_GAP: CacheEventKind
+CACHE_EVENT_KIND_SYNCED: CacheEventKind
 
 class LookupRequest(_message.Message):
     __slots__ = ("namespace", "tokens", "text", "cache_salt")
@@ -259,3 +276,35 @@ class GatewayGenerateRequest(_message.Message):
     metadata: _containers.ScalarMap[str, str]
     cache_salt: str
     def __init__(self, namespace: _Optional[str] = ..., tokens: _Optional[_Union[_engine_pb2.TokenIds, _Mapping]] = ..., text: _Optional[_Union[_engine_pb2.TextInput, _Mapping]] = ..., config: _Optional[_Union[_engine_pb2.GenerationConfig, _Mapping]] = ..., skip_insert: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ..., cache_salt: _Optional[str] = ...) -> None: ...
+
+class CacheEventsRequest(_message.Message):
+    __slots__ = ("replay",)
+    REPLAY_FIELD_NUMBER: _ClassVar[int]
+    replay: bool
+    def __init__(self, replay: _Optional[bool] = ...) -> None: ...
+
+class CacheEvent(_message.Message):
+    __slots__ = ("kind", "sequence", "engine", "engine_instance_id", "time", "namespace", "positions", "digest", "replayed", "missed", "replica")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    MISSED_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    kind: CacheEventKind
+    sequence: int
+    engine: str
+    engine_instance_id: str
+    time: float
+    namespace: str
+    positions: int
+    digest: bytes
+    replayed: bool
+    missed: int
+    replica: str
+    def __init__(self, kind: _Optional[_Union[CacheEventKind, str]] = ..., sequence: _Optional[int] = ..., engine: _Optional[str] = ..., engine_instance_id: _Optional[str] = ..., time: _Optional[float] = ..., namespace: _Optional[str] = ..., positions: _Optional[int] = ..., digest: _Optional[bytes] = ..., replayed: _Optional[bool] = ..., missed: _Optional[int] = ..., replica: _Optional[str] = ...) -> None: ...

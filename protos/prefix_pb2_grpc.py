@@ -60,6 +60,11 @@ class PrefixCacheStub:
                 request_serializer=prefix__pb2.GatewayGenerateRequest.SerializeToString,
                 response_deserializer=engine__pb2.GenerateEvent.FromString,
                 _registered_method=True)
+        self.CacheEvents = channel.unary_stream(
+                '/forkline.prefix.v1.PrefixCache/CacheEvents',
+                request_serializer=prefix__pb2.CacheEventsRequest.SerializeToString,
+                response_deserializer=prefix__pb2.CacheEvent.FromString,
+                _registered_method=True)
 
 
 class PrefixCacheServicer:
@@ -106,6 +111,16 @@ class PrefixCacheServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CacheEvents(self, request, context):
+        """What the caches store and drop, per engine, as it happens (an external router or a dashboard
+        follows placement without polling). With auth on, a caller receives the events of its own
+        namespaces' entries only (the --admin_owner: all); without, all. Events never carry tokens. The
+        stream ends (OK) when the service shuts down; at most 16 streams at once (RESOURCE_EXHAUSTED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PrefixCacheServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -133,6 +148,11 @@ def add_PrefixCacheServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=prefix__pb2.GatewayGenerateRequest.FromString,
                     response_serializer=engine__pb2.GenerateEvent.SerializeToString,
+            ),
+            'CacheEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.CacheEvents,
+                    request_deserializer=prefix__pb2.CacheEventsRequest.FromString,
+                    response_serializer=prefix__pb2.CacheEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -270,6 +290,33 @@ class PrefixCache:
             '/forkline.prefix.v1.PrefixCache/Generate',
             prefix__pb2.GatewayGenerateRequest.SerializeToString,
             engine__pb2.GenerateEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CacheEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/forkline.prefix.v1.PrefixCache/CacheEvents',
+            prefix__pb2.CacheEventsRequest.SerializeToString,
+            prefix__pb2.CacheEvent.FromString,
             options,
             channel_credentials,
             insecure,
