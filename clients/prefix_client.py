@@ -7,7 +7,7 @@ use it with an EngineClient of the same owner (``engine.generate(tokens[reused:]
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -16,6 +16,7 @@ from clients.channel_client import ChannelClient
 from clients.engine_client import GenerationStream, generation_config, input_fields
 from clients.replicas import ROUTE_KEY_HEADER
 from engine_service.api.owners import DEFAULT_OWNER
+from engine_service.serving.errors import from_rpc_error
 from protos import prefix_pb2 as pb
 from protos import prefix_pb2_grpc
 
@@ -23,6 +24,61 @@ MISS_REASONS = {value: name.removeprefix("MISS_REASON_").lower() for name, value
 INSERT_REFUSALS = {
     value: name.removeprefix("INSERT_REFUSAL_").lower() for name, value in pb.InsertRefusal.items()
 }
+
+EVENT_KINDS = {
+    value: name.removeprefix("CACHE_EVENT_KIND_").lower() for name, value in pb.CacheEventKind.items()
+}
+
+
+@dataclass(frozen=True)
+class CacheEvent:
+    """One CacheEvents message (``protos/prefix.proto``): ``kind`` "stored" | "evicted" | "cleared" |
+    "dropped" | "gap" (``missed`` events dropped) | "synced" (the replay is complete); ``namespace``:
+    the entry's scope; ``digest``: its tokens' content digest (never the tokens)."""
+
+    kind: str
+    sequence: int
+    engine: str
+    engine_instance_id: str
+    time: float
+    namespace: str
+    positions: int
+    digest: bytes
+    replayed: bool
+    missed: int
+    replica: str
+
+
+class CacheEventStream:
+    """A running CacheEvents call: iterate for :class:`CacheEvent` values until the service ends the
+    stream; ``cancel()`` ends it from here (the iteration then stops without an error)."""
+
+    def __init__(self, call) -> None:
+        self._call = call
+
+    def __iter__(self) -> Iterator[CacheEvent]:
+        try:
+            for m in self._call:
+                kind = EVENT_KINDS.get(m.kind, f"unknown_{m.kind}")
+                yield CacheEvent(
+                    kind,
+                    m.sequence,
+                    m.engine,
+                    m.engine_instance_id,
+                    m.time,
+                    m.namespace,
+                    m.positions,
+                    m.digest,
+                    m.replayed,
+                    m.missed,
+                    m.replica,
+                )
+        except grpc.RpcError as exc:
+            if exc.code() is not grpc.StatusCode.CANCELLED:
+                raise from_rpc_error(exc) from None
+
+    def cancel(self) -> None:
+        self._call.cancel()
 
 
 @dataclass(frozen=True)
@@ -190,6 +246,15 @@ class PrefixClient(ChannelClient):
     def clear(self) -> int:
         """Release the caller's entries (the admin owner's call: every entry); how many."""
         return self._unary(self.stub.Clear, pb.ClearRequest()).released
+
+    def cache_events(self, *, replay: bool = False, timeout: float | None = None) -> CacheEventStream:
+        """The service's cache events as they happen (this owner's namespaces; the admin's: all);
+        ``replay``: first a "stored" event per entry already held, then "synced". ``timeout``: the
+        call's deadline (None: the stream runs until cancelled or the service stops)."""
+        call = self.stub.CacheEvents(
+            pb.CacheEventsRequest(replay=replay), metadata=self._metadata, timeout=timeout
+        )
+        return CacheEventStream(call)
 
     def generate(
         self,

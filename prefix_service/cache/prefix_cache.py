@@ -17,6 +17,8 @@ for the engine: never call it from a generation callback.
   consumed by the insert it is passed to).
 - ``clear(where)`` / ``stats(where)``: only the namespaces ``where(namespace)`` accepts (a caller's
   own, ``gateway/tenancy.py``); their stats count those live entries and the hits they served.
+- ``listen(listener)``: called with an ``events.EntryChange`` (under the lock: it must not block) when
+  an entry is stored, evicted by the policy, cleared, or dropped as dead (``cache/events.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from engine_service.api.errors import (
 from prefix_service.cache.budget import Budget, Reservation
 from prefix_service.cache.candidate_walk import first_within_rewind, walk
 from prefix_service.cache.capture import PromptCapture
+from prefix_service.cache.events import EntryChange, EventKind
 from prefix_service.cache.index import TokenIndex, token_key
 from prefix_service.cache.outcomes import (
     CONTENT_MISMATCH,
@@ -87,7 +90,8 @@ class PrefixCache:
         self._policy = make_policy(policy)
         self._index: TokenIndex[Entry] = TokenIndex()
         self._lock = threading.RLock()
-        self._budget = Budget(self._policy, max_entries, max_positions, self._drop, self._lock)
+        self._listener: Callable[[EntryChange], None] | None = None
+        self._budget = Budget(self._policy, max_entries, max_positions, self._evicted, self._lock)
         self._clock = 0
         self._hits = self._misses = self._reused = self._inserts = 0
         self._refusals: Counter[str] = Counter()
@@ -205,12 +209,13 @@ class PrefixCache:
                     self._refresh(existing)
                     return self._refuse(snapshot, DUPLICATE)
                 self._refusals[INVALID_SNAPSHOT] += 1
-                self._drop(existing)  # a dead entry is replaced by the live snapshot
+                self._drop(existing, EventKind.DROPPED)  # a dead entry is replaced by the live snapshot
             self._clock += 1
             entry = Entry(scope, key, snapshot, created=self._clock, last_used=self._clock, metadata=frozen)
             self._index.insert(scope, key, entry, self._clock)
             self._budget.add(entry)
             self._inserts += 1
+            self._emit(EventKind.STORED, entry)
             stored = entry not in self._budget.evict_while_over()
             return InsertOutcome() if stored else InsertOutcome(InsertRefusal.EVICTED)
 
@@ -259,12 +264,13 @@ class PrefixCache:
             if where is not None:
                 chosen = self._chosen(where)
                 for entry in chosen:
-                    self._drop(entry)
+                    self._drop(entry, EventKind.CLEARED)
                 return len(chosen)
             entries = self._budget.clear()
             self._index.clear()
             for entry in entries:
                 self._release(entry.snapshot)
+                self._emit(EventKind.CLEARED, entry)
             return len(entries)
 
     def __enter__(self) -> PrefixCache:
@@ -313,6 +319,11 @@ class PrefixCache:
                 chosen = [entry for entry in chosen if entry.namespace == scope]
             return sorted(chosen, key=lambda entry: entry.created)
 
+    def listen(self, listener: Callable[[EntryChange], None] | None) -> None:
+        """Call ``listener`` on every entry change from now on (None: stop); see the module docstring."""
+        with self._lock:
+            self._listener = listener
+
     def record_refusal(self, reason: str) -> None:
         """Count a refusal observed outside the cache's own calls (prompt capture)."""
         with self._lock:
@@ -335,7 +346,7 @@ class PrefixCache:
         )
         for entry in found.dead:  # removed after the walk: the index must not change while iterating
             self._refusals[INVALID_SNAPSHOT] += 1
-            self._drop(entry)
+            self._drop(entry, EventKind.DROPPED)
         if found.over_quota is not None:
             raise found.over_quota
         if found.hit is not None:
@@ -361,10 +372,20 @@ class PrefixCache:
         entry.last_used = self._clock
         self._index.touch(entry.namespace, entry.tokens, self._clock)
 
-    def _drop(self, entry: Entry) -> None:
+    def _drop(self, entry: Entry, kind: EventKind) -> None:
         self._index.remove(entry.namespace, entry.tokens)
         self._budget.discard(entry)
         self._release(entry.snapshot)
+        self._emit(kind, entry)
+
+    def _evicted(self, entry: Entry) -> None:
+        """The budget's eviction of ``entry`` (the retention policy's victim)."""
+        self._drop(entry, EventKind.EVICTED)
+
+    def _emit(self, kind: EventKind, entry: Entry) -> None:
+        listener = self._listener
+        if listener is not None:
+            listener(EntryChange(kind, entry))
 
     def _refuse(self, snapshot: Handle, reason: InsertRefusal) -> InsertOutcome:
         self._refusals[reason] += 1

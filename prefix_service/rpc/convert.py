@@ -9,6 +9,7 @@ from dataclasses import asdict
 from engine_service.api.errors import InvalidArgument
 from engine_service.api.prompts import TextPrompt
 from engine_service.serving.engine_wire import event_message, gen_config
+from prefix_service.cache.events import CacheEvent, EventKind
 from prefix_service.cache.outcomes import InsertOutcome, InsertRefusal, MissReason
 from prefix_service.fleet.stats import EngineStatus, FleetStats
 from prefix_service.gateway.calls import GatewayEvent, GatewayRequest, Prompt, PromptLookup
@@ -22,6 +23,10 @@ MISS_REASONS: dict[MissReason | None, pb.MissReason.ValueType] = {
 INSERT_REFUSALS: dict[InsertRefusal | None, pb.InsertRefusal.ValueType] = {
     None: pb.INSERT_REFUSAL_UNSPECIFIED,
     **{reason: pb.InsertRefusal.Value(f"INSERT_REFUSAL_{reason.name}") for reason in InsertRefusal},
+}
+
+EVENT_KINDS: dict[EventKind, pb.CacheEventKind.ValueType] = {
+    kind: pb.CacheEventKind.Value(f"CACHE_EVENT_KIND_{kind.name}") for kind in EventKind
 }
 
 
@@ -118,3 +123,19 @@ def engine_stats(engine: EngineStatus) -> pb.EngineStats:
 def client_event(event: GatewayEvent) -> epb.GenerateEvent:
     """A gateway event as the engine event its client reads."""
     return event_message(event)
+
+
+def cache_event(event: CacheEvent) -> pb.CacheEvent:
+    return pb.CacheEvent(
+        kind=EVENT_KINDS[event.kind],
+        sequence=event.sequence,
+        engine=event.engine,
+        engine_instance_id=event.instance_id,
+        time=event.time,
+        namespace=event.scope,
+        positions=event.positions,
+        digest=event.digest,
+        replayed=event.replayed,
+        missed=event.missed,
+        replica=event.replica,
+    )

@@ -5,7 +5,8 @@ health checking, reflection, optionally metrics and the HTTP door.
 engine's health watch (a restarted engine is checked as soon as it serves; this service's own health
 is NOT_SERVING while no engine serves, "" stays SERVING). ``server.stop(grace, release=True)`` drains
 (health NOT_SERVING, new Lookup / Insert / Generate calls UNAVAILABLE at once so that clients move to
-another replica, the streams running get ``grace`` seconds to finish, Stats and Clear still served)
+another replica, the streams running get ``grace`` seconds to finish, CacheEvents streams end at
+once, Stats and Clear still served)
 and releases every stored snapshot in the engines (a killed service is cleaned up by its next start).
 """
 
@@ -126,6 +127,7 @@ class PrefixServer(GrpcServer):
             self.pool.on_join = self._watch
 
     def _watch(self, member: EngineMember) -> None:
+        self.servicer.follow(member)  # its cache events (a member that joins later too)
         watch = getattr(member, "watch", None)
         if watch is None:
             return
@@ -161,7 +163,7 @@ class PrefixServer(GrpcServer):
                         log.warning("could not release snapshots at shutdown", exc_info=True)
                 member.close()
 
-        self._drain(grace, after=cleanup)
+        self._drain(grace, after=cleanup, before=self.servicer.events.close)  # event streams end first
 
 
 def create_server(

@@ -6,7 +6,9 @@ engine) and its gateways (``prefix_service/gateway/gateway.py``, where every flo
 engine-restart handling, lookup, insert, the gateway Generate with its stop and drain) and converts the answer back. Errors map to status codes in
 ``engine_service/serving/errors.py``. Engine calls made for an RPC carry its deadline (``caller_deadline``).
 The namespace a request names (and its ``cache_salt``) is the caller's scope (``gateway/tenancy.py``);
-Stats and Clear cover the caller's own scopes unless it is the admin.
+Stats and Clear cover the caller's own scopes unless it is the admin; so does CacheEvents, a stream of
+the caches' :class:`~prefix_service.cache.events.EventHub` (one per servicer: every member's cache is
+attached to it, ``follow``; closed at shutdown, which ends the streams).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import grpc
 from engine_service.serving.auth import owner_of
 from engine_service.serving.errors import status_on_error
 from engine_service.serving.tokens import current_caller
+from prefix_service.cache.events import EventHub
 from prefix_service.engines.engine_watch import caller_deadline
-from prefix_service.fleet.fleet import Fleet
+from prefix_service.fleet.fleet import EngineMember, Fleet
 from prefix_service.fleet.stats import FleetStats, summed
 from prefix_service.gateway.tenancy import Tenancy, Tenant
 from prefix_service.rpc import convert
@@ -33,6 +36,15 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
     def __init__(self, fleet: Fleet, tenancy: Tenancy | None = None) -> None:
         self.gateway = fleet
         self.tenancy = tenancy or Tenancy()
+        self.events = EventHub()
+        for member in fleet.members():
+            self.follow(member)
+
+    def follow(self, member: EngineMember) -> None:
+        """Publish ``member``'s cache events (again: rebinds; an engine that joins later is followed
+        when it joins)."""
+        backend = member.gateway.backend
+        self.events.attach(member.gateway.cache, member.name, lambda: backend.instance_id)
 
     def Lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> pb.LookupResponse:
         with status_on_error(context), caller_deadline(context):
@@ -82,6 +94,17 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
             with contextlib.closing(iter(stream)) as events:
                 for event in events:
                     yield convert.client_event(event)
+
+    def CacheEvents(
+        self, request: pb.CacheEventsRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.CacheEvent]:
+        with status_on_error(context):
+            where = self.tenancy.visible(tenant_of(context))
+            subscription = self.events.subscribe(where, replay=request.replay)
+        context.add_callback(subscription.close)  # the client went away: unsubscribe, end the loop
+        with subscription:
+            for event in subscription:
+                yield convert.cache_event(event)
 
 
 def tenant_of(context: grpc.ServicerContext) -> Tenant:

@@ -1,0 +1,341 @@
+"""Cache events: what the prefix caches store and drop, published to subscribers (an external router, a
+dashboard) so they follow placement without polling.
+
+- A :class:`~prefix_service.cache.prefix_cache.PrefixCache` calls its listener (``listen``) with an
+  :class:`EntryChange` under its lock; :meth:`EventHub.attach` binds one to an engine (its name and
+  instance id). The listener never blocks and never hashes anything while nobody subscribes.
+- :meth:`EventHub.subscribe` returns a :class:`Subscription`: a bounded queue (``capacity`` events) of
+  the :class:`CacheEvent` records the subscriber may see (``where(scope)``; None: every scope). A full
+  queue never blocks the cache: the newest events are dropped and counted, and the subscriber reads one
+  ``GAP`` event saying how many before the events that followed. ``sequence`` numbers the events one
+  subscription may see (dropped ones included) from 1, so a jump also shows a gap.
+- ``replay``: the subscription starts with a ``STORED`` event (``replayed``) per entry it may see, then
+  one ``SYNCED`` marker, then the live events. It subscribes before it reads the entries, so an event
+  of the moment may repeat what the replay said: applied in order (stored adds, any other kind removes,
+  both idempotent), the consumer's view is the cache's.
+- Events carry the entry's scope (``gateway/tenancy.py``), its positions and the content digest of its
+  tokens (``engine_service.api.content``), never the tokens.
+- :meth:`EventHub.close` (server shutdown) and :meth:`Subscription.close` (the client cancelled) end
+  :meth:`Subscription.get` at once; a closed subscription is unsubscribed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from engine_service.api.content import content_digest
+from engine_service.api.errors import InvalidArgument, ResourceExhausted
+from prefix_service.cache.retention import Entry
+
+DEFAULT_CAPACITY = 1024
+MAX_SUBSCRIBERS = 16  # each stream holds one of the server's worker threads
+
+
+class EventKind(StrEnum):
+    """STORED: an entry was stored (or replayed). EVICTED: the retention policy dropped it (bounds,
+    pressure). CLEARED: a Clear, an engine restart or shutdown dropped it. DROPPED: its handle was found
+    dead. GAP: ``missed`` events were dropped for this subscriber. SYNCED: the replay is complete."""
+
+    STORED = "stored"
+    EVICTED = "evicted"
+    CLEARED = "cleared"
+    DROPPED = "dropped"
+    GAP = "gap"
+    SYNCED = "synced"
+
+
+@dataclass(frozen=True)
+class EntryChange:
+    """What a cache tells its listener: ``kind`` happened to ``entry``."""
+
+    kind: EventKind
+    entry: Entry
+
+
+@dataclass(frozen=True)
+class CacheEvent:
+    """One event as a subscriber reads it. ``scope``: the entry's (tenancy) scope; ``positions``: the
+    positions it holds; ``digest``: the content digest of its tokens. Empty / 0 on GAP and SYNCED.
+    ``time``: Unix seconds when it was published. ``replica``: the hub's id (one per service process)."""
+
+    kind: EventKind
+    sequence: int
+    engine: str
+    instance_id: str
+    time: float
+    scope: str = ""
+    positions: int = 0
+    digest: bytes = b""
+    replayed: bool = False
+    missed: int = 0
+    replica: str = ""
+
+
+class Listenable(Protocol):
+    """A cache the hub can follow (``PrefixCache``)."""
+
+    def listen(self, listener: Callable[[EntryChange], None] | None) -> None: ...
+
+    def entries(self, namespace: str | None = None) -> list[Entry]: ...
+
+
+@dataclass(frozen=True)
+class _Source:
+    engine: str
+    instance_id: Callable[[], str]
+
+
+@dataclass(frozen=True)
+class _Record:
+    """An event before a subscription numbers it (numbers follow the delivery order)."""
+
+    kind: EventKind
+    engine: str
+    instance_id: str
+    time: float
+    scope: str
+    positions: int
+    digest: bytes
+    replayed: bool = False
+
+
+class _Gap:
+    """Events dropped at this point of a full queue."""
+
+    def __init__(self) -> None:
+        self.missed = 1
+
+
+def scope_of(entry: Entry) -> str:
+    """The tenancy scope of a cache entry (the cache keys it by (fingerprint, scope))."""
+    namespace = entry.namespace
+    return str(namespace[1]) if isinstance(namespace, tuple) and len(namespace) == 2 else str(namespace)
+
+
+def _digest(tokens: Iterable[int]) -> bytes:
+    try:
+        return content_digest(list(tokens))
+    except InvalidArgument:  # not a session's content: no entry holds such ids
+        return b""
+
+
+class Subscription:
+    """One subscriber's bounded queue; see the module docstring. The hub puts (never blocking), one
+    reader gets. At most ``capacity`` events wait, plus one GAP marker at the tail while events are
+    dropped. ``dropped``: events this subscriber missed in all."""
+
+    def __init__(self, hub: EventHub, where: Callable[[str], bool] | None, capacity: int) -> None:
+        self._hub, self.where, self.capacity = hub, where, capacity
+        self._cond = threading.Condition()
+        self._queue: deque[_Record | _Gap] = deque()
+        self._replay: deque[_Record] = deque()
+        self._synced = True
+        self._sequence = 0
+        self.dropped = 0
+        self.closed = False
+
+    def accepts(self, scope: str) -> bool:
+        return self.where is None or self.where(scope)
+
+    def put(self, record: _Record) -> None:
+        """Queue ``record`` (the hub checked :meth:`accepts`), or count it dropped when the queue is
+        full. Never blocks."""
+        with self._cond:
+            if self.closed:
+                return
+            if len(self._queue) < self.capacity:
+                self._queue.append(record)
+            else:
+                self.dropped += 1
+                tail = self._queue[-1] if self._queue else None
+                if isinstance(tail, _Gap):
+                    tail.missed += 1
+                else:
+                    self._queue.append(_Gap())
+            self._cond.notify()
+
+    def start_replay(self, records: list[_Record]) -> None:
+        """Deliver ``records`` then SYNCED before the queued events."""
+        with self._cond:
+            self._replay.extend(records)
+            self._synced = False
+            self._cond.notify()
+
+    def get(self, timeout: float | None = None) -> CacheEvent | None:
+        """The next event; None when closed, or when ``timeout`` seconds passed without one."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while not self.closed:
+                event = self._next()
+                if event is not None:
+                    return event
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self._cond.wait(left)
+            return None
+
+    def __iter__(self) -> Iterator[CacheEvent]:
+        """The events until the subscription closes."""
+        while (event := self.get()) is not None:
+            yield event
+
+    def close(self) -> None:
+        """Unsubscribe and wake the reader (idempotent)."""
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+        self._hub.unsubscribe(self)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _next(self) -> CacheEvent | None:
+        """The next event in delivery order (lock held): replay, SYNCED, the queue."""
+        if self._replay:
+            return self._numbered(self._replay.popleft())
+        if not self._synced:
+            self._synced = True
+            return self._marker(EventKind.SYNCED, 1)
+        if not self._queue:
+            return None
+        item = self._queue.popleft()
+        if isinstance(item, _Gap):
+            return self._marker(EventKind.GAP, item.missed)
+        return self._numbered(item)
+
+    def _numbered(self, record: _Record) -> CacheEvent:
+        self._sequence += 1
+        return CacheEvent(
+            record.kind,
+            self._sequence,
+            record.engine,
+            record.instance_id,
+            record.time,
+            record.scope,
+            record.positions,
+            record.digest,
+            record.replayed,
+            replica=self._hub.replica,
+        )
+
+    def _marker(self, kind: EventKind, numbers: int) -> CacheEvent:
+        """SYNCED (one number) or GAP (the numbers of the events it stands for: its sequence is the last)."""
+        self._sequence += numbers
+        missed = numbers if kind is EventKind.GAP else 0
+        return CacheEvent(kind, self._sequence, "", "", time.time(), missed=missed, replica=self._hub.replica)
+
+
+class EventHub:
+    """The caches' events of one service process (``replica``) and their subscribers."""
+
+    def __init__(self, *, max_subscribers: int = MAX_SUBSCRIBERS) -> None:
+        self.replica = uuid.uuid4().hex[:16]
+        self.max_subscribers = max_subscribers
+        self._lock = threading.Lock()
+        self._subscribers: list[Subscription] = []
+        self._sources: dict[int, tuple[_Source, Listenable]] = {}
+        self._closed = False
+
+    @property
+    def subscribers(self) -> int:
+        with self._lock:
+            return len(self._subscribers)
+
+    def attach(self, cache: Listenable, engine: str, instance_id: Callable[[], str]) -> None:
+        """Follow ``cache``, the one of engine ``engine`` (its name; ``instance_id()`` read per event).
+        Attaching the same cache again rebinds it."""
+        source = _Source(engine, instance_id)
+        with self._lock:
+            self._sources[id(cache)] = (source, cache)
+        cache.listen(lambda change: self._publish(source, change))
+
+    def detach(self, cache: Listenable) -> None:
+        with self._lock:
+            self._sources.pop(id(cache), None)
+        cache.listen(None)
+
+    def subscribe(
+        self,
+        where: Callable[[str], bool] | None = None,
+        *,
+        replay: bool = False,
+        capacity: int = DEFAULT_CAPACITY,
+    ) -> Subscription:
+        """A subscription to the events of the scopes ``where`` accepts (None: all); see the module
+        docstring. ResourceExhausted past ``max_subscribers``; a closed hub gives a closed subscription."""
+        if not isinstance(capacity, int) or capacity < 1:
+            raise InvalidArgument(f"capacity must be an int >= 1, got {capacity!r}")
+        subscription = Subscription(self, where, capacity)
+        with self._lock:
+            if self._closed:
+                subscription.closed = True
+                return subscription
+            if len(self._subscribers) >= self.max_subscribers:
+                raise ResourceExhausted(f"at most {self.max_subscribers} cache event streams at once")
+            self._subscribers.append(subscription)
+            sources = list(self._sources.values())
+        if replay:  # read after subscribing (see the module docstring), outside the hub's lock
+            subscription.start_replay([r for s, c in sources for r in self._replayed(s, c, subscription)])
+        return subscription
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        with self._lock:
+            if subscription in self._subscribers:
+                self._subscribers.remove(subscription)
+
+    def close(self) -> None:
+        """End every subscription (server shutdown); later subscriptions are closed at once."""
+        with self._lock:
+            self._closed = True
+            subscribers = list(self._subscribers)
+        for subscription in subscribers:
+            subscription.close()
+
+    def _publish(self, source: _Source, change: EntryChange) -> None:
+        """The caches' listener (their lock held): no work while no subscriber takes the scope."""
+        scope = scope_of(change.entry)
+        with self._lock:
+            takers = [s for s in self._subscribers if s.accepts(scope)]
+        if not takers:
+            return
+        entry = change.entry
+        record = _Record(
+            change.kind,
+            source.engine,
+            source.instance_id(),
+            time.time(),
+            scope,
+            entry.key_length,
+            _digest(entry.tokens),
+        )
+        for subscription in takers:
+            subscription.put(record)
+
+    @staticmethod
+    def _replayed(source: _Source, cache: Listenable, subscription: Subscription) -> list[_Record]:
+        now, instance_id = time.time(), source.instance_id()
+        return [
+            _Record(
+                EventKind.STORED,
+                source.engine,
+                instance_id,
+                now,
+                scope_of(entry),
+                entry.key_length,
+                _digest(entry.tokens),
+                replayed=True,
+            )
+            for entry in cache.entries()
+            if subscription.accepts(scope_of(entry))
+        ]
