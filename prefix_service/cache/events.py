@@ -119,6 +119,22 @@ def scope_of(entry: Entry) -> str:
     return str(namespace[1]) if isinstance(namespace, tuple) and len(namespace) == 2 else str(namespace)
 
 
+def _record(
+    kind: EventKind, source: _Source, instance_id: str, entry: Entry, *, replayed: bool = False
+) -> _Record:
+    """What ``entry``'s change becomes, stamped now (its digest computed here: only for a taker)."""
+    return _Record(
+        kind,
+        source.engine,
+        instance_id,
+        time.time(),
+        scope_of(entry),
+        entry.key_length,
+        _digest(entry.tokens),
+        replayed,
+    )
+
+
 def _digest(tokens: Iterable[int]) -> bytes:
     try:
         return content_digest(list(tokens))
@@ -309,33 +325,15 @@ class EventHub:
             takers = [s for s in self._subscribers if s.accepts(scope)]
         if not takers:
             return
-        entry = change.entry
-        record = _Record(
-            change.kind,
-            source.engine,
-            source.instance_id(),
-            time.time(),
-            scope,
-            entry.key_length,
-            _digest(entry.tokens),
-        )
+        record = _record(change.kind, source, source.instance_id(), change.entry)
         for subscription in takers:
             subscription.put(record)
 
     @staticmethod
     def _replayed(source: _Source, cache: Listenable, subscription: Subscription) -> list[_Record]:
-        now, instance_id = time.time(), source.instance_id()
+        instance_id = source.instance_id()
         return [
-            _Record(
-                EventKind.STORED,
-                source.engine,
-                instance_id,
-                now,
-                scope_of(entry),
-                entry.key_length,
-                _digest(entry.tokens),
-                replayed=True,
-            )
+            _record(EventKind.STORED, source, instance_id, entry, replayed=True)
             for entry in cache.entries()
             if subscription.accepts(scope_of(entry))
         ]
