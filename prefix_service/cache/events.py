@@ -281,6 +281,14 @@ class EventHub:
             self._sources.pop(id(cache), None)
         cache.listen(None)
 
+    def retain(self, caches: Iterable[Listenable]) -> None:
+        """Detach every cache but ``caches`` (e.g. those of engines that left: nothing of theirs replayed)."""
+        keep = {id(cache) for cache in caches}
+        with self._lock:
+            gone = [cache for key, (_, cache) in self._sources.items() if key not in keep]
+        for cache in gone:
+            self.detach(cache)
+
     def subscribe(
         self,
         where: Callable[[str], bool] | None = None,

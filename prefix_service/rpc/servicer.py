@@ -100,6 +100,7 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
     ) -> Iterator[pb.CacheEvent]:
         with status_on_error(context):
             where = self.tenancy.visible(tenant_of(context))
+            self.events.retain(m.gateway.cache for m in self.gateway.members())  # engines that left: gone
             subscription = self.events.subscribe(where, replay=request.replay)
         context.add_callback(subscription.close)  # the client went away: unsubscribe, end the loop
         with subscription:

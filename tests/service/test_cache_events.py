@@ -2,6 +2,7 @@
 
 - A store and the eviction it causes (max_entries 2) reach a client's stream in order, with increasing
   sequence numbers, the engine's name and instance id, the positions and the digest, never the tokens.
+- Over two engines (round robin) each event names the engine that stored it, with that engine's instance id.
 - A cancelled stream unsubscribes (the hub is empty again, nothing in flight); shutdown ends a stream.
 - A subscriber that never reads gets a GAP marker and the generations do not wait for it.
 - With tokens, bob's stream shows only his entries (replayed and live); the admin's shows alice's too.
@@ -20,7 +21,8 @@ from engine_service.api.content import content_digest
 from engine_service.serving.auth import ServerSecurity
 from engine_service.serving.tokens import TokenTable
 from prefix_service.cache.events import EventKind
-from prefix_service.engines.connect import connect_engine
+from prefix_service.engines.connect import connect_engine, connect_fleet
+from prefix_service.fleet.routing import routing_policy
 from prefix_service.gateway.tenancy import Tenancy
 from prefix_service.rpc.server import create_server
 from tests.service.helpers import wait_for
@@ -85,6 +87,31 @@ def test_a_store_then_an_eviction_arrive_in_order(prefix) -> None:
     assert live[0].digest == live[2].digest == content_digest(first_tokens)  # the evicted one is the first
     assert live[0].positions == len(first_tokens) and live[0].namespace == "app"
     assert len({e.replica for e in events}) == 1 and all(e.time > 0 for e in live)
+
+
+def test_each_event_names_its_engine(engine_factory) -> None:
+    addresses = [engine_factory().address, engine_factory().address]
+    fleet, pool = connect_fleet(
+        lambda: set(addresses),
+        policy=routing_policy("round_robin"),
+        ready_timeout=10,
+        max_entries=16,
+        resolve_every_s=60,
+    )
+    server, port = create_server(fleet, "127.0.0.1:0", pool=pool)
+    try:
+        client = PrefixClient(f"127.0.0.1:{port}")
+        collector = synced(client)
+        for text in PROMPTS[:2]:
+            generate(client, text)
+        assert wait_for(lambda: collector.kinds().count("stored") >= 2)
+        collector.stop()
+        stored = [e for e in collector.events if e.kind == "stored"]
+        engines = {e.name: e.instance_id for e in fleet.stats().engines}
+        assert sorted(e.engine for e in stored) == sorted(addresses)  # one store on each
+        assert all(e.engine_instance_id == engines[e.engine] for e in stored)
+    finally:
+        server.stop(0)
 
 
 def test_a_cancelled_stream_unsubscribes(prefix) -> None:

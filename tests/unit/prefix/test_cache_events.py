@@ -166,3 +166,19 @@ def test_detached_cache_publishes_nothing(backend):
         hub.detach(cache)
         store(backend, cache, "app", (1, 2, 3))
         assert subscription.get(timeout=0.05) is None
+
+
+def test_retain_detaches_the_caches_of_engines_that_left(backend):
+    kept, hub = followed(backend, max_entries=8)
+    left = PrefixCache(backend, max_entries=8)
+    hub.attach(left, "engine-b:50051", lambda: "instance-2")
+    store(backend, kept, "app", (1, 2, 3))
+    store(backend, left, "app", (4, 5, 6))
+    with hub.subscribe(replay=True) as before:
+        assert {e.engine for e in drain(before, 2)} == {ENGINE, "engine-b:50051"}  # control: both replayed
+    hub.retain([kept])
+    with hub.subscribe(replay=True) as after:
+        replayed, synced = drain(after, 2)
+        store(backend, left, "app", (7, 8, 9))
+        assert after.get(timeout=0.05) is None
+    assert (replayed.engine, synced.kind) == (ENGINE, EventKind.SYNCED)
