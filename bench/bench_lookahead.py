@@ -1,8 +1,8 @@
 """Decode through a Runner with the executor's lookahead on and off, in one window (issue 22).
 
 The lookahead (``ModuleExecutor(lookahead=True)``) queues decode step n + 1 before step n's tokens are
-read back. This measures what it buys: one sequence's decode tokens/s at a few depths and 8 sequences'
-aggregate, on and off alternating (``--repeats`` rounds, best of each), plus how many lookahead steps
+read back. This measures what it buys: one sequence's decode tokens/s at a few depths and 2 / 4 / 8
+sequences' aggregate, on and off alternating (``--repeats`` rounds, best of each), plus how many lookahead steps
 were used / discarded. Prints JSON, writes bench/out/bench_lookahead.json.
 
     .venv/bin/python bench/bench_lookahead.py [--model smollm2-135m] [--depths 16 512] [--repeats 2]
@@ -40,7 +40,9 @@ def one_case(runner, executor, prompts: list[list[int]], steps: int) -> dict:
     }
 
 
-def measure(name: str, depths: list[int], steps: int, repeats: int, kv_dtype: str) -> dict:
+def measure(
+    name: str, depths: list[int], batch_sizes: list[int], steps: int, repeats: int, kv_dtype: str
+) -> dict:
     from engine_service.executors.module import ModuleExecutor
     from engine_service.model import load_model
     from engine_service.runtime.runner import Runner
@@ -53,7 +55,8 @@ def measure(name: str, depths: list[int], steps: int, repeats: int, kv_dtype: st
                                    lookahead=on)  # fmt: skip
         setups[on] = (Runner(ex, max_decode_sequences=8), ex)
     cases = {f"one_d{d}": [prompt_of(d)] for d in depths}
-    cases["eight_d64"] = [prompt_of(64, i) for i in range(8)]
+    for n in batch_sizes:
+        cases[f"batch{n}_d64"] = [prompt_of(64, i) for i in range(n)]
     out: dict = {
         "model": name,
         "kv_dtype": kv_dtype,
@@ -85,13 +88,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--depths", nargs="+", type=int, default=[16, 512])
+    parser.add_argument("--batch_sizes", nargs="+", type=int, default=[2, 4, 8])
     parser.add_argument("--steps", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--kv_dtype", default="auto")
     args = parser.parse_args()
     t0 = time.perf_counter()
     report = {"load_average_1_5_15min": [round(x, 2) for x in os.getloadavg()]}
-    report.update(measure(args.model, args.depths, args.steps, args.repeats, args.kv_dtype))
+    report.update(measure(args.model, args.depths, args.batch_sizes, args.steps, args.repeats, args.kv_dtype))
     report["wall_s"] = round(time.perf_counter() - t0, 1)
     os.makedirs(os.path.join(HERE, "out"), exist_ok=True)
     with open(os.path.join(HERE, "out", "bench_lookahead.json"), "w") as f:
