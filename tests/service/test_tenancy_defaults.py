@@ -60,7 +60,9 @@ def test_eight_concurrent_chats_without_max_tokens_all_succeed(engine_factory, c
         quota=quota,
         persistent_quota=budget,
     )
-    server, _ = connect_and_serve(prefix_args(["--engine", engine.address, "--port", "0", "--http_port", "0"]))
+    server, _ = connect_and_serve(
+        prefix_args(["--engine", engine.address, "--port", "0", "--http_port", "0"])
+    )
     try:
         line = capsys.readouterr().out.strip().splitlines()[-1]
         base = "http://" + re.sub(r".* on ", "", line)
