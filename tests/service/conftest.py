@@ -19,6 +19,7 @@ from engine_service.api.owners import NO_QUOTA, OwnerQuota
 from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
 from engine_service.model.tokenizer import Tokenizer
+from engine_service.persistence.snapshot_key import SnapshotKey
 from engine_service.rpc.server import EngineServer, create_server
 from engine_service.sessions.engine import EngineSessions
 from prefix_service.engines.connect import connect_engine
@@ -75,11 +76,12 @@ def start_engine(
     persistent_owners: tuple[str, ...] = ("prefix-service",),
     host: str = "127.0.0.1",
     stuck_after_s: float = 30.0,
+    snapshot_key: SnapshotKey | None = None,
 ) -> Engine:
     """``quota`` / ``persistent_quota``: the engine's per-owner quotas (default: none; the CLI's
     defaults are ``engine_service.sessions.handles.engine_quotas``). ``host``: where it binds
     (``[::]``: IPv6 and IPv4 alike; ``address`` stays 127.0.0.1). ``stuck_after_s``: the heartbeat's
-    (``runtime/heartbeat.py``)."""
+    (``runtime/heartbeat.py``). ``snapshot_key``: the key its snapshot files are signed with."""
     tokenizer = char_tokenizer()
     deps = EngineSessions.build(
         random_model(layers, 4, seed),
@@ -95,6 +97,7 @@ def start_engine(
         quota=quota,
         persistent_quota=persistent_quota,
         persistent_owners=persistent_owners,
+        snapshot_key=snapshot_key,
     )
     server, bound = create_server(deps, f"{host}:{port}", stuck_after_s=stuck_after_s)
     return Engine(server, bound)

@@ -11,7 +11,7 @@ negative control: a file of another configuration (another fingerprint) is left 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
@@ -21,17 +21,13 @@ from clients.engine_client import EngineClient
 from engine_service.api.content import content_digest
 from engine_service.api.snapshot_files import snapshot_name
 from engine_service.cache.seq_state import SeqState
-from engine_service.model.chat import ChatFormatter
-from engine_service.model.random_init import random_model
 from engine_service.persistence.snapshot import SessionSnapshot
 from engine_service.persistence.snapshot_file import decode_snapshot, encode_snapshot
 from engine_service.persistence.snapshot_key import SnapshotKey
-from engine_service.rpc.server import create_server
-from engine_service.sessions.engine import EngineSessions
 from prefix_service.tier.persistent_tier import KEPT
 from protos import engine_pb2 as epb
 from protos import prefix_pb2
-from tests.service.conftest import Engine, char_tokenizer
+from tests.service.conftest import Engine
 from tests.service.helpers import in_process_tokens
 from tests.service.test_snapshot_dir import NEW, OWNER, Service
 
@@ -41,28 +37,9 @@ SPAIN = [ord(c) for c in "System: be brief. What is the capital of Spain??"]  # 
 
 
 @pytest.fixture
-def engines() -> Iterator:
+def engines(engine_factory) -> Callable[..., Engine]:
     """``engines(key=None)``: an engine server over the tiny seeded model, signing with ``key``."""
-    started: list[Engine] = []
-
-    def make(key: SnapshotKey | None = None) -> Engine:
-        deps = EngineSessions.build(
-            random_model("FRFR", 4, 0),
-            char_tokenizer(),
-            model_name="tiny-FRFR-seed0",
-            chat=ChatFormatter(name="chatml"),
-            max_sessions=8,
-            max_session_tokens=256,
-            prefill_chunk=64,
-            snapshot_key=key,
-        )
-        server, port = create_server(deps, "127.0.0.1:0")
-        started.append(Engine(server, port))
-        return started[-1]
-
-    yield make
-    for engine in started:
-        engine.stop(0)
+    return lambda key=None: engine_factory(snapshot_key=key)
 
 
 def only_file(folder: Path) -> Path:

@@ -14,24 +14,20 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import grpc
 import pytest
 
 from engine_service.__main__ import main as engine_main
 from engine_service.api.content import content_digest
-from engine_service.model.chat import ChatFormatter
-from engine_service.model.random_init import random_model
 from engine_service.persistence import snapshot_file
 from engine_service.persistence.snapshot import SessionSnapshot
 from engine_service.persistence.snapshot_file import decode_snapshot, encode_snapshot
 from engine_service.persistence.snapshot_key import SnapshotKey
-from engine_service.rpc.server import create_server
-from engine_service.sessions.engine import EngineSessions
 from protos import engine_pb2 as epb
 from protos import engine_pb2_grpc
-from tests.service.conftest import Engine, char_tokenizer
+from tests.service.conftest import Engine
 from tests.service.helpers import in_process_tokens
 from tests.service.test_snapshot_rpc import SERVICE, kept_session
 
@@ -45,28 +41,9 @@ SAMPLED = {"temperature": 10.0, "seed": 7}  # the tiny model is peaked: sampling
 
 
 @pytest.fixture
-def engines() -> Iterator:
-    """``engines(key)`` starts an engine server (the tiny seeded model) signing with ``key``."""
-    started: list[Engine] = []
-
-    def make(key: SnapshotKey | None = None) -> Engine:
-        deps = EngineSessions.build(
-            random_model("FRFR", 4, 0),
-            char_tokenizer(),
-            model_name="tiny-FRFR-seed0",
-            chat=ChatFormatter(name="chatml"),
-            max_sessions=8,
-            max_session_tokens=256,
-            prefill_chunk=64,
-            snapshot_key=key,
-        )
-        server, port = create_server(deps, "127.0.0.1:0")
-        started.append(Engine(server, port))
-        return started[-1]
-
-    yield make
-    for engine in started:
-        engine.stop(0)
+def engines(engine_factory) -> Callable[..., Engine]:
+    """``engines(key=None)``: an engine server over the tiny seeded model, signing with ``key``."""
+    return lambda key=None: engine_factory(snapshot_key=key)
 
 
 def stub(engine: Engine) -> engine_pb2_grpc.EngineStub:
