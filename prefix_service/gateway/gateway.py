@@ -341,11 +341,7 @@ class Gateway:
         if self.tier is not None and self.tier.restore(self.cache, namespace, token_key(tokens)):
             self._restarted = False  # served from disk: not a restart miss
         with self.backend.cloning_for(clone_owner):
-            outcome = (
-                self.cache.lookup(namespace, tokens)
-                if count
-                else self.cache.lookup(namespace, tokens, count=False)
-            )
+            outcome = self.cache.lookup(namespace, tokens, count=count)
         if self._restarted and outcome.reason in _RESTART_MASKS:
             outcome = LookupOutcome.miss(MissReason.ENGINE_RESTARTED)
         if count and outcome.reason is not None:
