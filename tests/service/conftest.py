@@ -8,7 +8,9 @@ characters with those codes (one token per character, so tests can reason about 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from tokenizers import Regex, decoders, models, pre_tokenizers
@@ -168,3 +170,27 @@ def prefix_factory() -> Iterator[Callable[..., Prefix]]:
     yield make
     for prefix in started:
         prefix.stop(0, release=False)
+
+
+@contextmanager
+def real_model_services(max_sessions: int) -> Iterator[tuple[Any, EngineSessions, Prefix]]:
+    """The packaged SmolLM2 in an in-process engine server and a prefix service over it (slow tests):
+    yields (the loaded model, the engine's sessions, the prefix service); both stop at the end."""
+    from engine_service.model.loader import load_model
+
+    loaded = load_model()
+    deps = EngineSessions.build(
+        loaded,
+        loaded.tokenizer,
+        model_name="smollm2",
+        chat=loaded.chat,
+        max_sessions=max_sessions,
+        max_session_tokens=512,
+    )
+    server, port = create_server(deps, "127.0.0.1:0")
+    prefix = start_prefix(f"127.0.0.1:{port}")
+    try:
+        yield loaded, deps, prefix
+    finally:
+        prefix.stop(0)
+        server.stop(0, shutdown_runner=True)

@@ -11,6 +11,8 @@ import jsonschema
 import openai
 import pytest
 
+from tests.service.conftest import real_model_services
+
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -24,23 +26,7 @@ SCHEMA = {
 
 @pytest.mark.slow
 def test_the_fields_on_the_real_model() -> None:
-    from engine_service.model.loader import load_model
-    from engine_service.rpc.server import create_server
-    from engine_service.sessions.engine import EngineSessions
-    from tests.service.conftest import start_prefix
-
-    loaded = load_model()
-    deps = EngineSessions.build(
-        loaded,
-        loaded.tokenizer,
-        model_name="smollm2",
-        chat=loaded.chat,
-        max_sessions=8,
-        max_session_tokens=512,
-    )
-    server, port = create_server(deps, "127.0.0.1:0")
-    prefix = start_prefix(f"127.0.0.1:{port}")
-    try:
+    with real_model_services(max_sessions=8) as (loaded, deps, prefix):
         http = prefix.server.start_http("127.0.0.1", 0, model_name="smollm2")
         client = openai.OpenAI(
             base_url=f"http://127.0.0.1:{http}/v1", api_key="x", max_retries=0, timeout=300
@@ -84,6 +70,3 @@ def test_the_fields_on_the_real_model() -> None:
         )
         assert call.choices[0].finish_reason == "tool_calls"
         jsonschema.validate(json.loads(call.choices[0].message.tool_calls[0].function.arguments), SCHEMA)
-    finally:
-        prefix.stop(0)
-        server.stop(0, shutdown_runner=True)

@@ -6,27 +6,12 @@ import pytest
 
 from clients.prefix_client import PrefixClient
 from engine_service.api.config import GenConfig
-from engine_service.rpc.server import create_server
-from engine_service.sessions.engine import EngineSessions
-from tests.service.conftest import start_prefix
+from tests.service.conftest import real_model_services
 
 
 @pytest.mark.slow
 def test_two_gateway_rounds_on_the_real_model() -> None:
-    from engine_service.model.loader import load_model
-
-    loaded = load_model()
-    deps = EngineSessions.build(
-        loaded,
-        loaded.tokenizer,
-        model_name="smollm2",
-        chat=loaded.chat,
-        max_sessions=4,
-        max_session_tokens=512,
-    )
-    server, port = create_server(deps, "127.0.0.1:0")
-    prefix = start_prefix(f"127.0.0.1:{port}")
-    try:
+    with real_model_services(max_sessions=4) as (loaded, deps, prefix):
         client = PrefixClient(prefix.address, owner="slow")
         question = "What is the capital of France?"
         rounds = [client.generate(text=question, chat=True, max_new_tokens=16).collect() for _ in range(2)]
@@ -39,9 +24,6 @@ def test_two_gateway_rounds_on_the_real_model() -> None:
             reference = session.generate_async(prompt, config).wait(120).tokens
         assert rounds[0].tokens == list(reference)
         assert "Paris" in rounds[0].text
-    finally:
-        prefix.stop(0)
-        server.stop(0, shutdown_runner=True)
 
 
 @pytest.mark.slow
