@@ -29,7 +29,8 @@ from prefix_service.engines.engine_pool import (
     RemoteMember,
 )
 from prefix_service.engines.engine_watch import OUTAGE_WAIT_S, RECONNECT_OPTIONS, EngineWatch
-from prefix_service.fleet.fleet import EngineMember, Fleet
+from prefix_service.fleet.fleet import Fleet
+from prefix_service.fleet.member import EngineMember
 from prefix_service.fleet.routing import RoutingPolicy
 from prefix_service.gateway.gateway import Gateway
 from prefix_service.tier.persistent_tier import PersistentTier

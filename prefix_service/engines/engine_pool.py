@@ -30,7 +30,8 @@ from engine_service.api.errors import FailedPrecondition, ForklineError, Unavail
 from prefix_service.engines.engine_backend import EngineBackend
 from prefix_service.engines.engine_targets import EngineTargets
 from prefix_service.engines.engine_watch import EngineWatch
-from prefix_service.fleet.fleet import EngineMember, Fleet
+from prefix_service.fleet.fleet import Fleet
+from prefix_service.fleet.member import EngineMember
 from prefix_service.gateway.gateway import Gateway
 
 log = logging.getLogger(__name__)

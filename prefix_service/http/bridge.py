@@ -20,7 +20,8 @@ import threading
 from typing import Any
 
 from engine_service.serving.tokens import Caller, calling_as
-from prefix_service.fleet.fleet import Fleet, RoutedStream
+from prefix_service.fleet.fleet import Fleet
+from prefix_service.fleet.member import RoutedStream
 from prefix_service.gateway.calls import GatewayEvent, GatewayRequest
 
 log = logging.getLogger(__name__)

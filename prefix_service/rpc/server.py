@@ -26,7 +26,8 @@ from prefix_service.engines.connect import remote_member
 from prefix_service.engines.engine_backend import EngineBackend
 from prefix_service.engines.engine_pool import EnginePool
 from prefix_service.engines.engine_watch import EngineWatch
-from prefix_service.fleet.fleet import EngineMember, Fleet
+from prefix_service.fleet.fleet import Fleet
+from prefix_service.fleet.member import EngineMember
 from prefix_service.gateway.gateway import Gateway
 from prefix_service.gateway.tenancy import Tenancy
 from prefix_service.rpc.servicer import PrefixServicer

@@ -23,7 +23,8 @@ from engine_service.serving.errors import status_on_error
 from engine_service.serving.tokens import current_caller
 from prefix_service.cache.events import EventHub
 from prefix_service.engines.engine_watch import caller_deadline
-from prefix_service.fleet.fleet import EngineMember, Fleet
+from prefix_service.fleet.fleet import Fleet
+from prefix_service.fleet.member import EngineMember
 from prefix_service.fleet.stats import FleetStats, summed
 from prefix_service.gateway.tenancy import Tenancy, Tenant
 from prefix_service.rpc import convert
