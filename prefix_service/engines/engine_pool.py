@@ -133,8 +133,7 @@ class EnginePool:
         try:
             opened = self._open(address, timeout)
         except FailedPrecondition as exc:
-            self.refused = exc
-            log.error("engine %s refused: %s", address, exc)
+            self._refuse(address, exc)
             return
         except ForklineError as exc:
             log.info("engine %s not ready yet (%s): retrying in %.0f s", address, exc, self.resolve_every_s)
@@ -153,13 +152,17 @@ class EnginePool:
         try:
             member = self._join(opened)
         except FailedPrecondition as exc:
-            self.refused = exc
-            log.error("engine %s refused: %s", address, exc)
+            self._refuse(address, exc)
         except ForklineError as exc:
             log.info("engine %s could not join (%s): retrying in %.0f s", address, exc, self.resolve_every_s)
         else:
             self.fleet.add(member)
             self.on_join(member)
+
+    def _refuse(self, address: str, exc: FailedPrecondition) -> None:
+        """A misconfigured engine: remembered (``start_serving`` raises it when none joins) and logged."""
+        self.refused = exc
+        log.error("engine %s refused: %s", address, exc)
 
     def check_departures(self) -> None:
         """Let go of the members whose engine drains or stays away (see the module docstring)."""
