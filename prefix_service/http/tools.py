@@ -103,12 +103,9 @@ def tool_plan(tools: list[dict] | None, tool_choice: str | dict | None) -> ToolP
         return ToolPlan(offered)
     if choice == "required":
         return ToolPlan(offered, json.dumps({"anyOf": [_call_schema(t) for t in offered]}))
-    if (
-        isinstance(choice, dict)
-        and choice.get("type") == "function"
-        and isinstance(choice.get("function"), dict)
-    ):
-        name = choice["function"].get("name")
+    function = _function(choice)
+    if function is not None:
+        name = function.get("name")
         named = [t for t in offered if t.name == name]
         if not named:
             raise BadField("tool_choice.function.name", f"no tool is named {name!r}")
@@ -120,13 +117,9 @@ def tool_plan(tools: list[dict] | None, tool_choice: str | dict | None) -> ToolP
 
 def _tool(value: object, index: int) -> Tool:
     where = f"tools[{index}]"
-    if (
-        not isinstance(value, dict)
-        or value.get("type") != "function"
-        or not isinstance(value.get("function"), dict)
-    ):
+    fn = _function(value)
+    if fn is None:
         raise BadField(where, "must be {'type': 'function', 'function': {...}}")
-    fn = value["function"]
     name = fn.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
         raise BadField(f"{where}.function.name", "must be 1-64 letters, digits, '_' or '-'")
@@ -137,6 +130,17 @@ def _tool(value: object, index: int) -> Tool:
     if not isinstance(parameters, dict):
         raise BadField(f"{where}.function.parameters", "must be a JSON Schema object")
     return Tool(name, description, parameters)
+
+
+def _function(value: object) -> dict | None:
+    """``value["function"]`` when ``value`` is ``{"type": "function", "function": {...}}``, else None."""
+    if (
+        isinstance(value, dict)
+        and value.get("type") == "function"
+        and isinstance(value.get("function"), dict)
+    ):
+        return value["function"]
+    return None
 
 
 def _call_schema(tool: Tool) -> dict:
