@@ -25,7 +25,6 @@ import functools
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
 from pathlib import PurePath
 from typing import Protocol, TypeVar
 
@@ -169,7 +168,7 @@ class _Door:
         shape: Shape,
     ) -> Response:
         scope = self.tenancy.scope(Tenant(owner, caller is not None), self.namespace, body.cache_salt or "")
-        call = replace(convert.gateway_request(body, prompt), namespace=scope)
+        call = convert.gateway_request(body, prompt, scope)
         generation = Choices(self.gateway, call, body.n, convert.stop_strings(body), owner, caller)
         try:
             await _until_disconnected(request, generation.start(), generation.close)

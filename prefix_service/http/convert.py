@@ -186,8 +186,11 @@ def stop_strings(request: ChatCompletionRequest | CompletionRequest) -> tuple[st
     return tuple(stops)
 
 
-def gateway_request(request: ChatCompletionRequest | CompletionRequest, prompt: Prompt) -> GatewayRequest:
-    """The gateway call for a checked request (sampling defaults as OpenAI's, see the module docstring)."""
+def gateway_request(
+    request: ChatCompletionRequest | CompletionRequest, prompt: Prompt, namespace: str = NAMESPACE
+) -> GatewayRequest:
+    """The gateway call for a checked request (sampling defaults as OpenAI's, see the module docstring)
+    in ``namespace`` (the caller's scope, ``gateway/tenancy.py``)."""
     max_tokens = getattr(request, "max_completion_tokens", None) or request.max_tokens
     config = GenConfig(
         max_new_tokens=max_tokens or UNLIMITED_TOKENS,
@@ -197,7 +200,7 @@ def gateway_request(request: ChatCompletionRequest | CompletionRequest, prompt: 
         top_logprobs=top_logprobs(request),
         json_schema=_schema(request),
     )
-    return GatewayRequest(namespace=NAMESPACE, prompt=prompt, config=config)
+    return GatewayRequest(namespace=namespace, prompt=prompt, config=config)
 
 
 def _schema(request: ChatCompletionRequest | CompletionRequest) -> str:
