@@ -213,8 +213,12 @@ class Fleet:
 
         return self._first_that_serves(route, generate_on)
 
-    def stats(self) -> FleetStats:
+    def stats(self, where: Callable[[str], bool] | None = None) -> FleetStats:
+        """Every engine's stats; with ``where`` (a caller's own scopes, ``gateway/tenancy.py``) only the
+        entries of those summed (``Gateway.stats``): no engines, routes or snapshot directory."""
         members = self.members()
+        if where is not None:
+            return FleetStats(summed([m.gateway.stats(where) for m in members]), self.policy.name, (), {})
         engines = tuple(
             EngineStatus(
                 m.name,
@@ -240,9 +244,10 @@ class Fleet:
             tier.store.stats() if tier is not None else None,
         )
 
-    def clear(self) -> int:
-        """Release every stored snapshot on every engine; returns how many."""
-        return sum(m.gateway.clear() for m in self.members())
+    def clear(self, where: Callable[[str], bool] | None = None) -> int:
+        """Release every stored snapshot on every engine (or those of the scopes ``where`` accepts);
+        returns how many."""
+        return sum(m.gateway.clear(where) for m in self.members())
 
     # -- internals -------------------------------------------------------------------------------
     def _elect(self) -> None:

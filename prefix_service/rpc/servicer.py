@@ -25,7 +25,6 @@ from prefix_service.cache.events import EventHub
 from prefix_service.engines.engine_watch import caller_deadline
 from prefix_service.fleet.fleet import Fleet
 from prefix_service.fleet.member import EngineMember
-from prefix_service.fleet.stats import FleetStats, summed
 from prefix_service.gateway.tenancy import Tenancy, Tenant
 from prefix_service.rpc import convert
 from protos import engine_pb2 as epb
@@ -70,18 +69,11 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
 
     def Stats(self, request: pb.StatsRequest, context: grpc.ServicerContext) -> pb.StatsResponse:
         with status_on_error(context):
-            where = self.tenancy.visible(tenant_of(context))
-            if where is None:
-                return convert.stats_response(self.gateway.stats())
-            mine = summed([m.gateway.stats(where) for m in self.gateway.members()])
-            return convert.stats_response(FleetStats(mine, self.gateway.policy.name, (), {}))
+            return convert.stats_response(self.gateway.stats(self.tenancy.visible(tenant_of(context))))
 
     def Clear(self, request: pb.ClearRequest, context: grpc.ServicerContext) -> pb.ClearResponse:
         with status_on_error(context), caller_deadline(context):
-            where = self.tenancy.visible(tenant_of(context))
-            if where is None:
-                return pb.ClearResponse(released=self.gateway.clear())
-            return pb.ClearResponse(released=sum(m.gateway.clear(where) for m in self.gateway.members()))
+            return pb.ClearResponse(released=self.gateway.clear(self.tenancy.visible(tenant_of(context))))
 
     def Generate(
         self, request: pb.GatewayGenerateRequest, context: grpc.ServicerContext
