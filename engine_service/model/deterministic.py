@@ -72,8 +72,6 @@ def attend(
     ext = kernels()
     t = q.shape[0]
     ordered = sorted(views, key=lambda v: v.rows.start)
-    if not getattr(ext, "attention_groups", False):
-        return _attend_per_view(ext, q, ordered, positions, window, scale)
     keys, values, key_pos, groups = [], [], [], []
     covered = 0
     for view in ordered:
@@ -102,30 +100,3 @@ def attend(
         groups=groups if len(groups) > 1 else [],
     )
     return o.reshape(t, -1)
-
-
-def _attend_per_view(
-    ext: Any, q: mx.array, ordered: Sequence[KVView], positions: mx.array, window: int | None, scale: float
-) -> mx.array:
-    """One kernel call per view (a build of the kernels without ``groups``)."""
-    t = q.shape[0]
-    outs = []
-    for view in ordered:
-        parts = view.parts if view.parts is not None else (view,)
-        if any(p.positions is None for p in parts):
-            raise FailedPrecondition("deterministic mode needs a cache whose views carry key positions")
-        o = ext.causal_attention(
-            q[view.rows],
-            positions[view.rows],
-            [p.keys for p in parts],
-            [p.values for p in parts],
-            [p.positions for p in parts],
-            scale=scale,
-            window=window or 0,
-            chunk=KEY_CHUNK,
-        )
-        outs.append(o.reshape(o.shape[0], -1))
-    out = outs[0] if len(outs) == 1 else mx.concatenate(outs)
-    if out.shape[0] != t:
-        raise ValueError(f"KV views cover {out.shape[0]} of {t} packed rows")
-    return out
