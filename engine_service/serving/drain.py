@@ -109,15 +109,14 @@ class InFlight(grpc.ServerInterceptor):
         return rebuild_handler(handler, lambda behaviour, streams: self._wrap(method, behaviour, streams))
 
     def _wrap(self, method: str, behaviour: Callable[..., Any], streams: bool) -> Callable[..., Any]:
-        def refused(context: grpc.ServicerContext) -> bool:
+        def refuse_while_draining(context: grpc.ServicerContext) -> None:
             if self.draining and method in self.refuse:
                 context.abort(grpc.StatusCode.UNAVAILABLE, "the service is draining: try another replica")
-            return False
 
         if streams:
 
             def run_stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                refused(context)
+                refuse_while_draining(context)
                 self._enter()
                 try:
                     yield from behaviour(request, context)
@@ -127,7 +126,7 @@ class InFlight(grpc.ServerInterceptor):
             return run_stream
 
         def run(request: Any, context: grpc.ServicerContext) -> Any:
-            refused(context)
+            refuse_while_draining(context)
             self._enter()
             try:
                 return behaviour(request, context)
