@@ -66,14 +66,13 @@ class LookaheadMixin:
     def _launch_ahead(self, launched: _Launched) -> _Lookahead | None:
         if not self.lookahead or self.keep_logits or not launched.finishing or not self._batch_repeated:
             return None
-        if len(launched.finishing) != len(launched.pieces) or launched.predicted.shape[0] != len(
-            launched.pieces
-        ):
+        if len(launched.finishing) != len(launched.pieces):  # one prediction per piece (logit_count 1)
             return None
         entries, segments, positions = [], [], []
         marks = getattr(self.cache, "sequence", None)  # batched-sequence: per-sequence high-water marks
-        for (plan, lo, hi), (fplan, at) in zip(launched.pieces, launched.finishing, strict=True):
-            if fplan is not plan or hi - lo != 1 or plan.size != 1 or plan.logit_count != 1 or plan.drafts:
+        for (plan, _, _), (fplan, at) in zip(launched.pieces, launched.finishing, strict=True):
+            # a finishing piece ends its plan: size 1 is the whole input, one row
+            if fplan is not plan or plan.size != 1 or plan.logit_count != 1 or plan.drafts:
                 return None
             if not isinstance(plan.rows, tuple) or at != len(entries):
                 return None
