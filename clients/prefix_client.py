@@ -32,9 +32,10 @@ EVENT_KINDS = {
 
 @dataclass(frozen=True)
 class CacheEvent:
-    """One CacheEvents message (``protos/prefix.proto``): ``kind`` "stored" | "evicted" | "cleared" |
-    "dropped" | "gap" (``missed`` events dropped) | "synced" (the replay is complete); ``namespace``:
-    the entry's scope; ``digest``: its tokens' content digest (never the tokens)."""
+    """One CacheEvents message (``protos/prefix.proto``): ``kind`` "stored" | "moved" (stored as a copy
+    of engine ``source_engine``'s snapshot) | "evicted" | "cleared" | "dropped" | "gap" (``missed``
+    events dropped) | "synced" (the replay is complete); ``namespace``: the entry's scope; ``digest``:
+    its tokens' content digest (never the tokens)."""
 
     kind: str
     sequence: int
@@ -47,6 +48,7 @@ class CacheEvent:
     replayed: bool
     missed: int
     replica: str
+    source_engine: str = ""
 
 
 class CacheEventStream:
@@ -72,6 +74,7 @@ class CacheEventStream:
                     m.replayed,
                     m.missed,
                     m.replica,
+                    m.source_engine,
                 )
         except grpc.RpcError as exc:
             if exc.code() is not grpc.StatusCode.CANCELLED:

@@ -141,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="cost: nor one shorter than N positions, e.g. a chat template's header (default: %(default)s)",
     )
     p.add_argument(
+        "--route_moves",
+        choices=("on", "off"),
+        default="on",
+        help="cost: copy a loaded or draining engine's snapshot to the engine chosen when that is cheaper "
+        "than recomputing it there (measured; docs/DEPLOY.md Moves) (default: %(default)s)",
+    )
+    p.add_argument(
         "--route_imbalance_abs",
         metavar="N",
         type=int,
@@ -360,7 +367,9 @@ def connect_and_serve(args: argparse.Namespace):
     security = server_security(args)
     token = read_token_file(args.engine_token_file, "--engine_token_file") if args.engine_token_file else None
     engine_security = ClientSecurity(token, args.engine_tls_ca, args.engine_tls_cert, args.engine_tls_key)
-    cost = CostConfig(args.route_min_reuse_fraction, args.route_min_reuse_positions)
+    cost = CostConfig(
+        args.route_min_reuse_fraction, args.route_min_reuse_positions, moves=args.route_moves == "on"
+    )
     routing = routing_policy(
         args.routing,
         imbalance_abs=args.route_imbalance_abs,

@@ -42,6 +42,7 @@ class CacheEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CACHE_EVENT_KIND_DROPPED: _ClassVar[CacheEventKind]
     CACHE_EVENT_KIND_GAP: _ClassVar[CacheEventKind]
     CACHE_EVENT_KIND_SYNCED: _ClassVar[CacheEventKind]
+    CACHE_EVENT_KIND_MOVED: _ClassVar[CacheEventKind]
 MISS_REASON_UNSPECIFIED: MissReason
 MISS_REASON_EMPTY: MissReason
 MISS_REASON_DIVERGED: MissReason
@@ -68,6 +69,7 @@ CACHE_EVENT_KIND_CLEARED: CacheEventKind
 CACHE_EVENT_KIND_DROPPED: CacheEventKind
 CACHE_EVENT_KIND_GAP: CacheEventKind
 CACHE_EVENT_KIND_SYNCED: CacheEventKind
+CACHE_EVENT_KIND_MOVED: CacheEventKind
 
 class LookupRequest(_message.Message):
     __slots__ = ("namespace", "tokens", "text", "cache_salt")
@@ -215,7 +217,14 @@ class SnapshotDirStats(_message.Message):
     def __init__(self, files: _Optional[int] = ..., bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., written: _Optional[int] = ..., dropped: _Optional[int] = ..., failed: _Optional[int] = ..., restored: _Optional[int] = ..., refused: _Optional[int] = ..., evicted: _Optional[int] = ..., discarded: _Optional[int] = ...) -> None: ...
 
 class EngineStats(_message.Message):
-    __slots__ = ("engine", "instance_id", "fingerprint", "routable", "entries", "positions", "hits", "misses", "in_flight", "load", "routed", "load_guarded")
+    __slots__ = ("engine", "instance_id", "fingerprint", "routable", "entries", "positions", "hits", "misses", "in_flight", "load", "routed", "load_guarded", "moves_in", "moves_out", "move_refusals")
+    class MoveRefusalsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -228,6 +237,9 @@ class EngineStats(_message.Message):
     LOAD_FIELD_NUMBER: _ClassVar[int]
     ROUTED_FIELD_NUMBER: _ClassVar[int]
     LOAD_GUARDED_FIELD_NUMBER: _ClassVar[int]
+    MOVES_IN_FIELD_NUMBER: _ClassVar[int]
+    MOVES_OUT_FIELD_NUMBER: _ClassVar[int]
+    MOVE_REFUSALS_FIELD_NUMBER: _ClassVar[int]
     engine: str
     instance_id: str
     fingerprint: str
@@ -240,7 +252,10 @@ class EngineStats(_message.Message):
     load: int
     routed: int
     load_guarded: int
-    def __init__(self, engine: _Optional[str] = ..., instance_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., routable: _Optional[bool] = ..., entries: _Optional[int] = ..., positions: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., in_flight: _Optional[int] = ..., load: _Optional[int] = ..., routed: _Optional[int] = ..., load_guarded: _Optional[int] = ...) -> None: ...
+    moves_in: int
+    moves_out: int
+    move_refusals: _containers.ScalarMap[str, int]
+    def __init__(self, engine: _Optional[str] = ..., instance_id: _Optional[str] = ..., fingerprint: _Optional[str] = ..., routable: _Optional[bool] = ..., entries: _Optional[int] = ..., positions: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., in_flight: _Optional[int] = ..., load: _Optional[int] = ..., routed: _Optional[int] = ..., load_guarded: _Optional[int] = ..., moves_in: _Optional[int] = ..., moves_out: _Optional[int] = ..., move_refusals: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ClearRequest(_message.Message):
     __slots__ = ()
@@ -284,7 +299,7 @@ class CacheEventsRequest(_message.Message):
     def __init__(self, replay: _Optional[bool] = ...) -> None: ...
 
 class CacheEvent(_message.Message):
-    __slots__ = ("kind", "sequence", "engine", "engine_instance_id", "time", "namespace", "positions", "digest", "replayed", "missed", "replica")
+    __slots__ = ("kind", "sequence", "engine", "engine_instance_id", "time", "namespace", "positions", "digest", "replayed", "missed", "replica", "source_engine")
     KIND_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
@@ -296,6 +311,7 @@ class CacheEvent(_message.Message):
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
     MISSED_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_ENGINE_FIELD_NUMBER: _ClassVar[int]
     kind: CacheEventKind
     sequence: int
     engine: str
@@ -307,4 +323,5 @@ class CacheEvent(_message.Message):
     replayed: bool
     missed: int
     replica: str
-    def __init__(self, kind: _Optional[_Union[CacheEventKind, str]] = ..., sequence: _Optional[int] = ..., engine: _Optional[str] = ..., engine_instance_id: _Optional[str] = ..., time: _Optional[float] = ..., namespace: _Optional[str] = ..., positions: _Optional[int] = ..., digest: _Optional[bytes] = ..., replayed: _Optional[bool] = ..., missed: _Optional[int] = ..., replica: _Optional[str] = ...) -> None: ...
+    source_engine: str
+    def __init__(self, kind: _Optional[_Union[CacheEventKind, str]] = ..., sequence: _Optional[int] = ..., engine: _Optional[str] = ..., engine_instance_id: _Optional[str] = ..., time: _Optional[float] = ..., namespace: _Optional[str] = ..., positions: _Optional[int] = ..., digest: _Optional[bytes] = ..., replayed: _Optional[bool] = ..., missed: _Optional[int] = ..., replica: _Optional[str] = ..., source_engine: _Optional[str] = ...) -> None: ...

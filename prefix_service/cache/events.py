@@ -11,8 +11,10 @@ dashboard) so they follow placement without polling.
   subscription may see (dropped ones included) from 1, so a jump also shows a gap.
 - ``replay``: the subscription starts with a ``STORED`` event (``replayed``) per entry it may see, then
   one ``SYNCED`` marker, then the live events. It subscribes before it reads the entries, so an event
-  of the moment may repeat what the replay said: applied in order (stored adds, any other kind removes,
+  of the moment may repeat what the replay said: applied in order (stored and moved add, any other removes,
   both idempotent), the consumer's view is the cache's.
+- A move (``fleet/moves.py``) stores the copy as ``MOVED`` on the engine it went to, naming the
+  engine it came from (``source``); the original stays where it was (its own events follow it).
 - Events carry the entry's scope (``gateway/tenancy.py``), its positions and the content digest of its
   tokens (``engine_service.api.content``), never the tokens.
 - :meth:`EventHub.close` (server shutdown) and :meth:`Subscription.close` (the client cancelled) end
@@ -39,11 +41,13 @@ MAX_SUBSCRIBERS = 16  # each stream holds one of the server's worker threads
 
 
 class EventKind(StrEnum):
-    """STORED: an entry was stored (or replayed). EVICTED: the retention policy dropped it (bounds,
+    """STORED: an entry was stored (or replayed). MOVED: stored as a copy of another engine's snapshot
+    (``source`` names it). EVICTED: the retention policy dropped it (bounds,
     pressure). CLEARED: a Clear, an engine restart or shutdown dropped it. DROPPED: its handle was found
     dead. GAP: ``missed`` events were dropped for this subscriber. SYNCED: the replay is complete."""
 
     STORED = "stored"
+    MOVED = "moved"
     EVICTED = "evicted"
     CLEARED = "cleared"
     DROPPED = "dropped"
@@ -53,17 +57,19 @@ class EventKind(StrEnum):
 
 @dataclass(frozen=True)
 class EntryChange:
-    """What a cache tells its listener: ``kind`` happened to ``entry``."""
+    """What a cache tells its listener: ``kind`` happened to ``entry`` (MOVED: from engine ``source``)."""
 
     kind: EventKind
     entry: Entry
+    source: str = ""
 
 
 @dataclass(frozen=True)
 class CacheEvent:
     """One event as a subscriber reads it. ``scope``: the entry's (tenancy) scope; ``positions``: the
     positions it holds; ``digest``: the content digest of its tokens. Empty / 0 on GAP and SYNCED.
-    ``time``: Unix seconds when it was published. ``replica``: the hub's id (one per service process)."""
+    ``time``: Unix seconds when it was published. ``replica``: the hub's id (one per service process).
+    ``source``: MOVED: the engine the snapshot was copied from."""
 
     kind: EventKind
     sequence: int
@@ -76,6 +82,7 @@ class CacheEvent:
     replayed: bool = False
     missed: int = 0
     replica: str = ""
+    source: str = ""
 
 
 class Listenable(Protocol):
@@ -104,6 +111,7 @@ class _Record:
     positions: int
     digest: bytes
     replayed: bool = False
+    source: str = ""
 
 
 class _Gap:
@@ -120,7 +128,13 @@ def scope_of(entry: Entry) -> str:
 
 
 def _record(
-    kind: EventKind, source: _Source, instance_id: str, entry: Entry, *, replayed: bool = False
+    kind: EventKind,
+    source: _Source,
+    instance_id: str,
+    entry: Entry,
+    *,
+    replayed: bool = False,
+    moved_from: str = "",
 ) -> _Record:
     """What ``entry``'s change becomes, stamped now (its digest computed here: only for a taker)."""
     return _Record(
@@ -132,6 +146,7 @@ def _record(
         entry.key_length,
         _digest(entry.tokens),
         replayed,
+        moved_from,
     )
 
 
@@ -243,6 +258,7 @@ class Subscription:
             record.digest,
             record.replayed,
             replica=self._hub.replica,
+            source=record.source,
         )
 
     def _marker(self, kind: EventKind, numbers: int) -> CacheEvent:
@@ -333,7 +349,7 @@ class EventHub:
             takers = [s for s in self._subscribers if s.accepts(scope)]
         if not takers:
             return
-        record = _record(change.kind, source, source.instance_id(), change.entry)
+        record = _record(change.kind, source, source.instance_id(), change.entry, moved_from=change.source)
         for subscription in takers:
             subscription.put(record)
 

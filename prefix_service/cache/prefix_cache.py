@@ -156,6 +156,18 @@ class PrefixCache:
             found = first_within_rewind(self._index.matches(scope, key), len(key), max_rewind(self._backend))
             return 0 if found is None else found[1]
 
+    def reusable_entry(self, namespace: str, key: tuple[int, ...]) -> tuple[Entry, int] | None:
+        """The entry :meth:`reusable` scores ``key`` by and the positions it would reuse (None when
+        nothing counts): what a move (``fleet/moves.py``) exports. Counts nothing, refreshes nothing."""
+        if len(key) < 2:
+            return None
+        scope = self._scope(namespace)
+        with self._lock:
+            if self._budget.max_entries == 0:
+                return None
+            found = first_within_rewind(self._index.matches(scope, key), len(key), max_rewind(self._backend))
+            return None if found is None else (found[0].value, found[1])
+
     def insert(
         self,
         namespace: str,
@@ -165,6 +177,7 @@ class PrefixCache:
         *,
         digest: bytes | None = None,
         reservation: Reservation | None = None,
+        moved_from: str = "",
     ) -> InsertOutcome:
         """Store ``snapshot`` (holding exactly ``tokens``) or release it; the outcome says which, and
         why not (see the module docstring).
@@ -174,7 +187,8 @@ class PrefixCache:
         Malformed arguments (non-int tokens, ids outside [0, 2**64), non-string namespace or
         metadata keys) release the snapshot and raise InvalidArgument. ``reservation``: room
         :meth:`reserve` took for this snapshot, given back as the entry takes its place (always
-        released by this call).
+        released by this call). ``moved_from``: the engine the snapshot was copied from (a move): the
+        listener hears ``MOVED`` (naming it) instead of ``STORED``.
         """
         with self._lock:
             if reservation is not None:
@@ -215,7 +229,7 @@ class PrefixCache:
             self._index.insert(scope, key, entry, self._clock)
             self._budget.add(entry)
             self._inserts += 1
-            self._emit(EventKind.STORED, entry)
+            self._emit(EventKind.MOVED if moved_from else EventKind.STORED, entry, moved_from)
             stored = entry not in self._budget.evict_while_over()
             return InsertOutcome() if stored else InsertOutcome(InsertRefusal.EVICTED)
 
@@ -382,10 +396,10 @@ class PrefixCache:
         """The budget's eviction of ``entry`` (the retention policy's victim)."""
         self._drop(entry, EventKind.EVICTED)
 
-    def _emit(self, kind: EventKind, entry: Entry) -> None:
+    def _emit(self, kind: EventKind, entry: Entry, source: str = "") -> None:
         listener = self._listener
         if listener is not None:
-            listener(EntryChange(kind, entry))
+            listener(EntryChange(kind, entry, source))
 
     def _refuse(self, snapshot: Handle, reason: InsertRefusal) -> InsertOutcome:
         self._refusals[reason] += 1

@@ -10,6 +10,20 @@ have to prefill, ``f_e`` how full this service's share of it is, in [0, 1]):
     compute_e = P - reused_e                     (positions engine e must prefill)
     cost_e    = s_pos * (compute_e * (1 + room_weight * f_e) + W_e)  +  s_queue * L_e
 
+A move (``moves.py``): let ``R`` be the longest reuse any engine holds that counts (routable or a
+draining ``source``), on engine ``s``. For every other engine ``e`` with ``reused_e < R`` -- when ``s``
+drains or is over the load guard, ``L_s >= L_e + move_min_load_gap`` (a load as last read can be one
+generation that just ended too high, so a gap of one never moves) -- the move option copies ``s``'s
+snapshot to ``e`` first:
+
+    move_e    = m_0 + m_pos * R                  (the measured cost of moving R positions)
+    cost_e'   = cost_e - s_pos * (R - reused_e) + move_e
+
+taken when ``move_e < s_pos * (R - reused_e)`` -- a move is never slower than recomputing what it
+brings (the room term stays: the positions new to ``e``'s cache are the same either way).
+``fleet.py`` checks the entry's exact length once more before moving, and falls back to
+recomputing when the move is refused or fails.
+
 ``s_pos`` (prefill seconds per position) and ``s_queue`` (what one generation ahead adds to the time to
 first token beyond its prefill: its decode steps) are the fleet's measured rates (``rates.RateMeter``).
 The queue is the prefill work ahead (an engine shares its forwards among its sessions) plus a cost
@@ -17,8 +31,9 @@ per generation there. The room term: the positions a
 request computes on ``e`` are stored there, and on a full share each evicts a stored position someone
 may come back for, so a fuller cache charges them more: new prefixes spread over the caches with room,
 while a hit (few new positions) barely pays it. The lowest cost serves; the others follow in cost order
-(ties: less load, fewer positions held, name). Reason: ``cache`` when the first engine's reuse counts,
-``load_guard`` when another engine's reuse counts but load or fullness outweighed it, else ``miss``.
+(ties: less load, fewer positions held, name). Reason: ``move`` when the first engine takes a move,
+``cache`` when its own reuse counts, ``load_guard`` when another engine's reuse counts but load or
+fullness outweighed it, else ``miss``.
 """
 
 from __future__ import annotations
@@ -27,21 +42,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine_service.api.errors import InvalidArgument
-from prefix_service.fleet.route import Candidate, Route, RouteReason, RouteRequest, checked
+from prefix_service.fleet.rates import CostRates
+from prefix_service.fleet.route import Candidate, Move, Route, RouteReason, RouteRequest, checked
 
 DEFAULT_MIN_REUSE_FRACTION = 0.25
 DEFAULT_MIN_REUSE_POSITIONS = 0
 DEFAULT_ROOM_WEIGHT = 1.0
+DEFAULT_MOVE_MIN_LOAD_GAP = 2
 
 
 @dataclass(frozen=True)
 class CostConfig:
     """The policy's knobs (see the module docstring): ``min_reuse_fraction`` in [0, 1],
-    ``min_reuse_positions`` >= 0, ``room_weight`` >= 0."""
+    ``min_reuse_positions`` >= 0, ``room_weight`` >= 0; ``moves``: consider the move option,
+    ``move_min_load_gap`` >= 1: from a holder that many generations busier than the target."""
 
     min_reuse_fraction: float = DEFAULT_MIN_REUSE_FRACTION
     min_reuse_positions: int = DEFAULT_MIN_REUSE_POSITIONS
     room_weight: float = DEFAULT_ROOM_WEIGHT
+    moves: bool = True
+    move_min_load_gap: int = DEFAULT_MOVE_MIN_LOAD_GAP
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_reuse_fraction <= 1:
@@ -50,18 +70,22 @@ class CostConfig:
             raise InvalidArgument(f"min_reuse_positions must be >= 0, got {self.min_reuse_positions!r}")
         if not self.room_weight >= 0:
             raise InvalidArgument(f"room_weight must be >= 0, got {self.room_weight!r}")
+        if self.move_min_load_gap < 1:
+            raise InvalidArgument(f"move_min_load_gap must be >= 1, got {self.move_min_load_gap!r}")
 
 
 @dataclass(frozen=True)
 class EngineCost:
-    """One engine's score for one request: the reuse that counts, the positions left to compute and
-    the expected seconds to the first token (``cost_s``). What a log line or a test explains."""
+    """One engine's score for one request: the reuse that counts (its own, or a ``move``'s), the
+    positions left to compute and the expected seconds to the first token (``cost_s``). What a log
+    line or a test explains."""
 
     candidate: Candidate
     counts: bool
     reused: int
     compute: int
     cost_s: float
+    move: Move | None = None
 
 
 class CostModel:
@@ -79,6 +103,9 @@ class CostModel:
         prompt = max(request.prompt_positions, max(x.reusable for x in candidates))
         floor = min(x.reusable for x in candidates)
         enough = max(c.min_reuse_positions, c.min_reuse_fraction * prompt)
+        holder = max((*candidates, *request.sources), key=lambda x: (x.reusable, -x.load))
+        draining = holder in request.sources
+        movable = holder.reusable if c.moves and holder.reusable > floor and holder.reusable >= enough else 0
         scored = []
         for x in candidates:
             counts = x.reusable > floor and x.reusable >= enough
@@ -87,15 +114,38 @@ class CostModel:
             fill = min(1.0, max(0.0, x.fill))
             positions = compute * (1 + c.room_weight * fill) + max(0, x.pending)
             cost = rates.prefill_s_per_position * positions + rates.queue_s_per_generation * x.load
-            scored.append(EngineCost(x, counts, reused, compute, cost))
+            score = EngineCost(x, counts, reused, compute, cost)
+            guarded = draining or holder.load >= x.load + c.move_min_load_gap
+            scored.append(self._with_move(score, holder, movable, rates) if guarded else score)
         scored.sort(key=lambda s: (s.cost_s, s.candidate.load, s.candidate.held, s.candidate.name))
         return scored
 
+    @staticmethod
+    def _with_move(score: EngineCost, holder: Candidate, movable: int, rates: CostRates) -> EngineCost:
+        """``score``, or the move of ``holder``'s ``movable`` positions when that is cheaper."""
+        if holder.name == score.candidate.name or movable <= score.reused:
+            return score
+        saved_s = rates.prefill_s_per_position * (movable - score.reused)
+        move_s = rates.move_s(movable)
+        if move_s >= saved_s:
+            return score
+        cost = score.cost_s - saved_s + move_s
+        return EngineCost(
+            score.candidate,
+            True,
+            movable,
+            score.compute - (movable - score.reused),
+            cost,
+            Move(holder.name, movable),
+        )
+
     def route(self, candidates: Sequence[Candidate], request: RouteRequest | None = None) -> Route:
         scored = self.costs(candidates, request or RouteRequest())
+        if scored[0].move is not None:
+            return Route(tuple(s.candidate for s in scored), RouteReason.MOVE, scored[0].move)
         if scored[0].counts:
             reason = RouteReason.CACHE
-        elif any(s.counts for s in scored):
+        elif any(s.counts and s.move is None for s in scored):
             reason = RouteReason.LOAD_GUARD
         else:
             reason = RouteReason.MISS

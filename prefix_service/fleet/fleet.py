@@ -12,6 +12,9 @@ generation's time to first token feeds the fleet's measured rates (``rates.RateM
   of routing, their entries kept apart).
 - Lookup: tokenize once, route, clone on the chosen engine (``PromptLookup.engine`` names it).
   Insert: on the engine the caller names (optional with one engine).
+- Moves (``moves.py``): when the route says so, the holder's snapshot (a routable engine's, or a
+  draining one's: a source) is copied to the first engine before it serves; a move that does not
+  happen leaves the request to compute what that engine lacks.
 - Generate: the engines in the route's order; one that is down or full before the first event passes
   the request on. Once the stream started the engine is fixed; ``Done.engine`` names it.
 - :meth:`add` / :meth:`remove` as engines join and leave (removing drops the engine's entries);
@@ -33,10 +36,12 @@ from engine_service.api.stream_events import Done
 from prefix_service.cache.index import token_key
 from prefix_service.cache.outcomes import InsertOutcome
 from prefix_service.fleet.member import EngineMember, RoutedStream
+from prefix_service.fleet.moves import SnapshotMover
 from prefix_service.fleet.rates import RateMeter
 from prefix_service.fleet.routing import (
     DEFAULT_ROUTING,
     Candidate,
+    Move,
     Route,
     RouteReason,
     RouteRequest,
@@ -66,6 +71,7 @@ class Fleet:
     ) -> None:
         self.policy = policy or routing_policy(DEFAULT_ROUTING)
         self.rates = rates or RateMeter()
+        self.mover = SnapshotMover(self.rates)
         self._lock = threading.Lock()
         self._members: dict[str, EngineMember] = {}
         self.fingerprint = ""
@@ -230,6 +236,9 @@ class Fleet:
                 m.load,
                 m.routed,
                 m.load_guarded,
+                m.moves_in,
+                m.moves_out,
+                dict(m.move_refusals),
             )
             for m in members
         )
@@ -290,21 +299,39 @@ class Fleet:
             self._count(members[0], None)
             return tokens, members, {}
         key = token_key(tokens)  # validated once for every engine's index
-        candidates = [
-            Candidate(
-                m.name,
-                m.gateway.cache.reusable(namespace, key),
-                m.load,
-                m.gateway.cache.positions,
-                _fill(m),
-                max(0, m.pending),
-            )
-            for m in members
-        ]
-        route = self.policy.route(candidates, RouteRequest(len(tokens), self.rates.rates()))
+        candidates = [_candidate(m, namespace, key) for m in members]
+        sources = tuple(_candidate(m, namespace, key) for m in self._draining())
+        route = self.policy.route(candidates, RouteRequest(len(tokens), self.rates.rates(), sources))
         named = {m.name: m for m in members}
         self._count(named[route.first.name], route)
-        return tokens, [named[c.name] for c in route.order], {c.name: c.reusable for c in candidates}
+        order = [named[c.name] for c in route.order]
+        reusable = {c.name: c.reusable for c in candidates}
+        if route.move is not None and self._moved(
+            route.move, order[0], namespace, key, reusable[order[0].name]
+        ):
+            reusable[order[0].name] = route.move.reusable
+        return tokens, order, reusable
+
+    def _draining(self) -> list[EngineMember]:
+        """Engines of the fleet's fingerprint that serve no new request but still answer: draining."""
+        return [
+            m
+            for m in self.members()
+            if not self._is_routable(m)
+            and m.fingerprint == self.fingerprint
+            and m.gateway.last_info is not None
+            and m.gateway.last_info.draining
+        ]
+
+    def _moved(
+        self, move: Move, target: EngineMember, namespace: str, key: tuple[int, ...], here: int
+    ) -> bool:
+        """Make ``move`` to ``target`` (``moves.py``); whether ``target`` now holds the moved prefix."""
+        with self._lock:
+            holder = self._members.get(move.source)
+        if holder is None:
+            return False
+        return self.mover.move(holder, target, namespace, key, here).moved
 
     def _count(self, first: EngineMember, route: Route | None) -> None:
         with self._lock:
@@ -312,7 +339,7 @@ class Fleet:
             if route is None:
                 return
             self._routes[str(route.reason)] += 1
-            if route.reason is RouteReason.LOAD_GUARD:
+            if route.reason in (RouteReason.LOAD_GUARD, RouteReason.MOVE):
                 best = max(route.order, key=lambda c: (c.reusable, -c.load))
                 guarded = self._members.get(best.name)
                 if guarded is not None:
@@ -346,6 +373,19 @@ class Fleet:
                     raise
                 log.info("engine %s could not serve (%s): trying %s", member.name, exc, engines[i + 1].name)
         raise Unavailable("no engine to route to")
+
+
+def _candidate(member: EngineMember, namespace: str, key: tuple[int, ...]) -> Candidate:
+    """What routing knows of ``member`` for the prompt ``key``."""
+    cache = member.gateway.cache
+    return Candidate(
+        member.name,
+        cache.reusable(namespace, key),
+        member.load,
+        cache.positions,
+        _fill(member),
+        max(0, member.pending),
+    )
 
 
 def _fill(member: EngineMember) -> float:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Generator
 from dataclasses import replace
 
@@ -34,6 +35,9 @@ class EngineMember:
         self.pending = 0  # positions they still have to prefill (not yet at their first token)
         self.routed = 0  # requests whose route put it first
         self.load_guarded = 0  # requests that went elsewhere because it was overloaded
+        self.moves_in = 0  # snapshots moved to it (``moves.py``)
+        self.moves_out = 0  # snapshots moved from it
+        self.move_refusals: Counter[str] = Counter()  # moves to it that did not happen, by reason
         self._others = 0  # the engine's load beyond this service's own, as of the last Info
 
     @property
@@ -71,6 +75,18 @@ class EngineMember:
     def ended(self) -> None:
         with self._lock:
             self.in_flight -= 1
+
+    def moved_in(self) -> None:
+        with self._lock:
+            self.moves_in += 1
+
+    def moved_out(self) -> None:
+        with self._lock:
+            self.moves_out += 1
+
+    def move_refused(self, reason: str) -> None:
+        with self._lock:
+            self.move_refusals[reason] += 1
 
     def close(self) -> None:
         self._close()

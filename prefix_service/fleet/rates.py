@@ -10,6 +10,9 @@ generation's ``Done`` and reads at each route).
 - ``queue_s_per_generation``: what one generation already running or queued on the engine adds to a
   new one's time to first token beyond the prefill still ahead of it: (TTFT - overhead - (computed
   positions + positions ahead) x the prefill rate) / load, over generations that started with load >= 1.
+- ``move_overhead_s`` and ``move_s_per_position``: what moving a stored snapshot from one engine to
+  another costs (``moves.SnapshotMover``: export, import, verify, store): the seconds of a move of fewer
+  than ``MIN_POSITIONS`` positions, and (seconds - that overhead) / positions over the others.
 
 Each is an exponential moving average (weight ``alpha`` for the newest observation), starting from
 the defaults below (measured with SmolLM2-135M on this project's 2-core CPU machine, see
@@ -26,26 +29,36 @@ from engine_service.api.errors import InvalidArgument
 DEFAULT_PREFILL_S_PER_POSITION = 0.0025
 DEFAULT_QUEUE_S_PER_GENERATION = 0.25
 DEFAULT_OVERHEAD_S = 0.05
+DEFAULT_MOVE_OVERHEAD_S = 0.01
+DEFAULT_MOVE_S_PER_POSITION = 0.00002
 MIN_POSITIONS = 32
 _FLOOR_S = 1e-6  # a rate never reaches 0 (a position is never free)
 
 
 @dataclass(frozen=True)
 class CostRates:
-    """Seconds per prefill position and per generation ahead in an engine's queue (both > 0), and
-    the fixed part of every time to first token (>= 0)."""
+    """Seconds per prefill position, per generation ahead in an engine's queue and per moved position
+    (all > 0), the fixed part of every time to first token and of every move (>= 0)."""
 
     prefill_s_per_position: float = DEFAULT_PREFILL_S_PER_POSITION
     queue_s_per_generation: float = DEFAULT_QUEUE_S_PER_GENERATION
     overhead_s: float = DEFAULT_OVERHEAD_S
+    move_overhead_s: float = DEFAULT_MOVE_OVERHEAD_S
+    move_s_per_position: float = DEFAULT_MOVE_S_PER_POSITION
 
     def __post_init__(self) -> None:
-        for name in ("prefill_s_per_position", "queue_s_per_generation"):
+        for name in ("prefill_s_per_position", "queue_s_per_generation", "move_s_per_position"):
             value = getattr(self, name)
             if not value > 0:
                 raise InvalidArgument(f"{name} must be > 0, got {value!r}")
-        if not self.overhead_s >= 0:
-            raise InvalidArgument(f"overhead_s must be >= 0, got {self.overhead_s!r}")
+        for name in ("overhead_s", "move_overhead_s"):
+            value = getattr(self, name)
+            if not value >= 0:
+                raise InvalidArgument(f"{name} must be >= 0, got {value!r}")
+
+    def move_s(self, positions: int) -> float:
+        """The expected seconds of moving a snapshot of ``positions`` positions."""
+        return self.move_overhead_s + self.move_s_per_position * max(0, positions)
 
 
 class RateMeter:
@@ -60,11 +73,14 @@ class RateMeter:
         self._prefill = start.prefill_s_per_position
         self._queue = start.queue_s_per_generation
         self._overhead = start.overhead_s
+        self._move_overhead = start.move_overhead_s
+        self._move = start.move_s_per_position
         self.observed = 0  # generations that updated a rate
+        self.moves_observed = 0
 
     def rates(self) -> CostRates:
         with self._lock:
-            return CostRates(self._prefill, self._queue, self._overhead)
+            return CostRates(self._prefill, self._queue, self._overhead, self._move_overhead, self._move)
 
     def observe(self, load: int, computed_positions: int, ttft_s: float, ahead: int = 0) -> None:
         """One generation: the engine's ``load`` when it was routed there, the positions it computed
@@ -82,6 +98,18 @@ class RateMeter:
                 waited = max(0.0, net - (computed_positions + max(0, ahead)) * self._prefill)
                 self._queue = max(_FLOOR_S, self._ewma(self._queue, waited / load))
             self.observed += 1
+
+    def observe_move(self, positions: int, seconds: float) -> None:
+        """One finished move of a snapshot of ``positions`` positions that took ``seconds``."""
+        if seconds <= 0 or positions < 0:
+            return
+        with self._lock:
+            if positions < MIN_POSITIONS:
+                self._move_overhead = self._ewma(self._move_overhead, seconds)
+            else:
+                net = seconds - self._move_overhead
+                self._move = max(_FLOOR_S / 100, self._ewma(self._move, net / positions))
+            self.moves_observed += 1
 
     def _ewma(self, current: float, sample: float) -> float:
         return (1 - self._alpha) * current + self._alpha * sample

@@ -31,11 +31,13 @@ class Candidate:
 
 @dataclass(frozen=True)
 class RouteRequest:
-    """What a policy may know of the request besides the candidates: its prompt's length in positions
-    and the fleet's measured rates (``rates.RateMeter``)."""
+    """What a policy may know of the request besides the candidates: its prompt's length in positions,
+    the fleet's measured rates (``rates.RateMeter``) and the ``sources``: engines that serve no new
+    request (draining) but whose stored snapshots may still be moved to one that does (``moves.py``)."""
 
     prompt_positions: int = 0
     rates: CostRates = field(default_factory=CostRates)
+    sources: tuple[Candidate, ...] = ()
 
 
 class RouteReason(str, Enum):
@@ -46,17 +48,29 @@ class RouteReason(str, Enum):
     LOAD_GUARD = "load_guard"  # the best match was overloaded (or full): another engine instead
     LOAD = "load"  # the policy ignores reuse: the least loaded
     TURN = "turn"  # round robin
+    MOVE = "move"  # another engine's snapshot is moved to it first (cheaper than recomputing there)
 
     def __str__(self) -> str:
         return self.value
 
 
 @dataclass(frozen=True)
+class Move:
+    """Copy the snapshot engine ``source`` holds for the request (reusing ``reusable`` positions of
+    it) to the route's first engine before serving there."""
+
+    source: str
+    reusable: int
+
+
+@dataclass(frozen=True)
 class Route:
-    """The engines to try, in order (the first serves), and why the first was chosen."""
+    """The engines to try, in order (the first serves), why the first was chosen, and the ``move``
+    to make to the first one before (None: serve from what it holds)."""
 
     order: tuple[Candidate, ...]
     reason: RouteReason
+    move: Move | None = None
 
     @property
     def first(self) -> Candidate:

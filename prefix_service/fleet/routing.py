@@ -25,6 +25,7 @@ from engine_service.api.errors import InvalidArgument
 from prefix_service.fleet.cost_model import CostConfig, CostModel
 from prefix_service.fleet.route import (
     Candidate,
+    Move,
     Route,
     RouteReason,
     RouteRequest,
@@ -35,6 +36,7 @@ from prefix_service.fleet.route import (
 
 __all__ = [
     "Candidate",
+    "Move",
     "Route",
     "RouteReason",
     "RouteRequest",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 
 from prefix_service.cache.outcomes import PrefixStats
 from prefix_service.gateway.calls import GatewayStats
@@ -14,7 +14,8 @@ from prefix_service.tier.snapshot_store import StoreStats
 @dataclass(frozen=True)
 class EngineStatus:
     """One engine in :class:`FleetStats`: its identity, whether requests are routed to it, its
-    gateway's stats and its routing counters."""
+    gateway's stats and its routing counters (``moves_in`` / ``moves_out``: snapshots moved to / from it;
+    ``move_refusals``: moves to it that did not happen, by reason)."""
 
     name: str
     instance_id: str
@@ -25,6 +26,9 @@ class EngineStatus:
     load: int
     routed: int
     load_guarded: int
+    moves_in: int = 0
+    moves_out: int = 0
+    move_refusals: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,9 @@ def engine_stats(engine: EngineStatus) -> pb.EngineStats:
         load=engine.load,
         routed=engine.routed,
         load_guarded=engine.load_guarded,
+        moves_in=engine.moves_in,
+        moves_out=engine.moves_out,
+        move_refusals=engine.move_refusals,
     )
 
 
@@ -138,4 +141,5 @@ def cache_event(event: CacheEvent) -> pb.CacheEvent:
         replayed=event.replayed,
         missed=event.missed,
         replica=event.replica,
+        source_engine=event.source,
     )

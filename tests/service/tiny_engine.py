@@ -1,6 +1,6 @@
 """``python -m tests.service.tiny_engine [forkline-engine flags]``: the engine's own main (argument
 parsing, ``run_service``'s signal handling and drain) over the tests' tiny model instead of a packaged
-one, each forward slowed by ``FORKLINE_TEST_STEP_S`` seconds so that a generation lasts long enough to
+one (``--snapshot_key`` honoured), each forward slowed by ``FORKLINE_TEST_STEP_S`` seconds so that a generation lasts long enough to
 be interrupted. A real process for the drain tests: SIGTERM reaches it as it would in a pod."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import sys
 import time
 
 from engine_service.__main__ import parse_args
+from engine_service.persistence.snapshot_key import read_snapshot_key
 from engine_service.serving.service_main import run_service
 from tests.service.conftest import start_engine
 
@@ -17,7 +18,8 @@ STEP_ENV = "FORKLINE_TEST_STEP_S"
 
 
 def start(args):
-    engine = start_engine(port=args.port, max_sessions=8, stuck_after_s=args.stuck_after)
+    key = read_snapshot_key(args.snapshot_key) if args.snapshot_key else None
+    engine = start_engine(port=args.port, max_sessions=8, stuck_after_s=args.stuck_after, snapshot_key=key)
     step_s = float(os.environ.get(STEP_ENV, "0"))
     executor = engine.runner._engine._executor
     execute = executor.execute

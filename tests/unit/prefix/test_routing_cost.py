@@ -19,7 +19,9 @@ from prefix_service.gateway.calls import GatewayRequest
 from prefix_service.gateway.gateway import Gateway
 from tests.unit.prefix.fakes import FakeEngine
 
-RATES = CostRates(prefill_s_per_position=0.001, queue_s_per_generation=0.1)
+# moves cost 10 s here, so none is ever taken: these cases are the formula without moves (moves:
+# test_routing_moves.py)
+RATES = CostRates(prefill_s_per_position=0.001, queue_s_per_generation=0.1, move_overhead_s=10.0)
 
 
 def request(prompt: int) -> RouteRequest:

@@ -1,0 +1,191 @@
+"""Snapshot moves with real processes: two engine processes of the tests' tiny model (each forward
+slowed, ``tiny_engine.py``) and one prefix-service process in front of them (``--routing cost``).
+
+A prompt is stored on the engine that first serves it (the holder); then three long generations,
+sent straight to the holder's engine by another client, load it. The same prompt again is routed to
+the other engine with a move: the holder's snapshot is exported, streamed through the prefix service,
+imported, verified and stored there, and the request reuses the whole prompt on the new engine. What
+it generates must be exactly what a cold run of the same tokens on that engine generates (greedy),
+and a cache event says "moved" from the holder.
+
+Refused: engines signing their snapshot files with different keys (``--snapshot_key``): the other
+engine refuses the file (``bad_signature``), the request falls back to computing its prompt there,
+and still generates exactly the cold run's tokens. The negative control for the first case: with
+``--route_moves off`` the same load sends the request to the other engine without a move (nothing
+reused), so a reuse of the whole prompt there is the move's doing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+
+from clients.prefix_client import PrefixClient
+from protos import engine_pb2 as epb
+from protos import engine_pb2_grpc, prefix_pb2
+from tests.service.helpers import wait_for
+from tests.service.test_engine_restart import ServiceProcess
+
+STEP_S = 0.02  # per forward: a 100-token load lasts ~2 s
+LOAD_TOKENS = 100
+PROMPT = [ord(c) for c in "Moves copy a stored prompt to a less loaded engine. " * 2]  # 104 positions
+NEW_TOKENS = 12
+OWNER = (("forkline-owner", "loader"),)
+
+
+class TinyEngine(ServiceProcess):
+    """``tests.service.tiny_engine`` in its own process, forwards slowed by ``STEP_S``."""
+
+    def __init__(self, *flags: str) -> None:
+        env = dict(os.environ, FORKLINE_TEST_STEP_S=str(STEP_S))
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.service.tiny_engine",
+                "--port",
+                "0",
+                *flags,
+                "--log_level",
+                "WARNING",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        self.address = self.listening()
+
+
+def key_file(folder: Path, name: str) -> str:
+    path = folder / name
+    path.write_bytes(os.urandom(32).hex().encode())
+    path.chmod(0o600)
+    return str(path)
+
+
+def greedy(**fields) -> dict:
+    return dict(max_new_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, **fields)
+
+
+def cold_run(address: str) -> list[int]:
+    """The prompt generated from scratch on one engine (no clone): the reference."""
+    with grpc.insecure_channel(address) as channel:
+        stub = engine_pb2_grpc.EngineStub(channel)
+        request = epb.GenerateRequest(
+            tokens=epb.TokenIds(ids=PROMPT),
+            config=epb.GenerationConfig(max_new_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True),
+        )
+        return [
+            t
+            for event in stub.Generate(request, metadata=OWNER, timeout=60)
+            if event.HasField("tokens")
+            for t in event.tokens.ids
+        ]
+
+
+def load(address: str, n: int = 3) -> list[threading.Thread]:
+    """``n`` long generations on ``address`` from another client (running when this returns)."""
+
+    def run() -> None:
+        with grpc.insecure_channel(address) as channel:
+            request = epb.GenerateRequest(
+                tokens=epb.TokenIds(ids=[ord(c) for c in "Load. "]),
+                config=epb.GenerationConfig(max_new_tokens=LOAD_TOKENS, temperature=0.0, ignore_eos=True),
+            )
+            for _ in engine_pb2_grpc.EngineStub(channel).Generate(request, metadata=OWNER, timeout=60):
+                pass
+
+    threads = [threading.Thread(target=run, daemon=True) for _ in range(n)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def engine_stats(client: PrefixClient) -> dict[str, prefix_pb2.EngineStats]:
+    return {e.engine: e for e in client.stub.Stats(prefix_pb2.StatsRequest(), timeout=10).engines}
+
+
+def served_under_load(engines: list[TinyEngine], *flags: str) -> dict:
+    """Store the prompt, load its holder, ask again; what happened (see the module docstring)."""
+    addresses = [a for e in engines for a in ("--engine", e.address)]
+    prefix = ServiceProcess("prefix_service", *addresses, "--routing", "cost", "--port", "0", *flags)
+    try:
+        client = PrefixClient(prefix.listening(), owner="mover", timeout=60.0)
+        first = client.generate(PROMPT, **greedy()).collect()
+        holder = first.done.engine
+        (other,) = [e.address for e in engines if e.address != holder]
+        events = client.cache_events()
+        seen: list = []
+        reader = threading.Thread(target=lambda: seen.extend(events), daemon=True)
+        reader.start()
+        loaders = load(holder)
+        assert wait_for(lambda: engine_stats(client)[holder].load >= 3, timeout=10), (
+            "the holder never looked loaded"
+        )
+        again = client.generate(PROMPT, **greedy()).collect()
+        stats = engine_stats(client)
+        for thread in loaders:
+            thread.join(60)
+        events.cancel()
+        reader.join(10)
+        client.channel.close()
+        return {
+            "holder": holder,
+            "other": other,
+            "first": first,
+            "again": again,
+            "stats": stats,
+            "events": seen,
+            "cold": cold_run(other),
+        }
+    finally:
+        prefix.kill()
+
+
+@pytest.fixture
+def engines():
+    started = [TinyEngine(), TinyEngine()]
+    yield started
+    for engine in started:
+        engine.kill()
+
+
+def test_a_loaded_holders_snapshot_moves_and_continues_like_a_cold_run(engines) -> None:
+    seen = served_under_load(engines)
+    holder, other, again = seen["holder"], seen["other"], seen["again"]
+    assert seen["first"].done.reused_positions == 0
+    assert again.done.engine == other
+    assert again.done.reused_positions == len(PROMPT) - 1  # the whole prompt, on the engine it moved to
+    assert again.tokens == seen["cold"] and len(again.tokens) == NEW_TOKENS
+    assert (seen["stats"][other].moves_in, seen["stats"][holder].moves_out) == (1, 1)
+    moved = [e for e in seen["events"] if e.kind == "moved"]
+    assert [(e.engine, e.source_engine, e.positions) for e in moved] == [(other, holder, len(PROMPT))]
+
+
+def test_negative_control_without_moves_the_other_engine_recomputes(engines) -> None:
+    seen = served_under_load(engines, "--route_moves", "off")
+    assert seen["again"].done.engine == seen["other"]
+    assert seen["again"].done.reused_positions == 0
+    assert seen["again"].tokens == seen["cold"]
+    assert seen["stats"][seen["other"]].moves_in == 0
+
+
+def test_a_refused_move_falls_back_to_recomputing(tmp_path) -> None:
+    started = [TinyEngine("--snapshot_key", key_file(tmp_path, f"key{i}")) for i in range(2)]
+    try:
+        seen = served_under_load(started)
+    finally:
+        for engine in started:
+            engine.kill()
+    other, again = seen["other"], seen["again"]
+    assert again.done.engine == other and again.done.reused_positions == 0
+    assert again.tokens == seen["cold"]
+    assert dict(seen["stats"][other].move_refusals) == {"import:bad_signature": 1}
+    assert seen["stats"][other].moves_in == 0 and not [e for e in seen["events"] if e.kind == "moved"]
