@@ -299,6 +299,12 @@ def main() -> None:
     p.add_argument("--block-tokens", type=int, default=8, help="tokens per hash id of --trace")
     p.add_argument("--trace-engines", type=int, default=3)
     p.add_argument("--rounds", type=int, default=2, help="trace bench: runs of each policy, pooled")
+    p.add_argument(
+        "--policies", nargs="+", default=None, help="trace bench: the policies of the trace (default: all)"
+    )
+    p.add_argument(
+        "--hot-policies", nargs="+", default=None, help="trace bench: those of the hot-prefix case"
+    )
     p.add_argument("--trace-limit", type=int, default=0, help="replay only the first N requests")
     args = p.parse_args()
     if args.trace_bench:

@@ -72,7 +72,13 @@ def run(policy: str, addresses: list[str], trace, block_tokens: int, warmup=()):
         if warmup:
             replay(fleet, recorded, list(warmup), block_tokens)
         served, wall = replay(fleet, recorded, trace, block_tokens)
-        return served, {m.name: len(m.gateway.cache) for m in fleet.members()}, wall, fleet.rates.rates()
+        moves = sum(m.moves_in for m in fleet.members())
+        return (
+            served,
+            {m.name: len(m.gateway.cache) for m in fleet.members()},
+            wall,
+            (fleet.rates.rates(), moves),
+        )
     finally:
         pool.stop()
         for member in fleet.members():
@@ -85,9 +91,11 @@ def rounds(policies: tuple[str, ...], n: int, run_one, header: int = 0) -> dict:
     pooled: dict[str, list] = {p: [] for p in policies}
     walls: dict[str, float] = dict.fromkeys(policies, 0.0)
     last: dict[str, tuple] = {}
+    moves: dict[str, int] = dict.fromkeys(policies, 0)
     for r in range(n):
         for policy in policies if r % 2 == 0 else policies[::-1]:
-            served, entries, wall, rates = run_one(policy)
+            served, entries, wall, (rates, moved) = run_one(policy)
+            moves[policy] += moved
             pooled[policy] += served
             walls[policy] += wall
             last[policy] = (entries, rates)
@@ -101,7 +109,10 @@ def rounds(policies: tuple[str, ...], n: int, run_one, header: int = 0) -> dict:
             "prefill_s_per_position": round(rates.prefill_s_per_position, 5),
             "queue_s_per_generation": round(rates.queue_s_per_generation, 4),
             "overhead_s": round(rates.overhead_s, 4),
+            "move_overhead_s": round(rates.move_overhead_s, 4),
+            "move_s_per_position": round(rates.move_s_per_position, 6),
         }
+        out[policy]["moves"] = moves[policy]
     return out
 
 
@@ -167,10 +178,15 @@ def trace_bench(args: argparse.Namespace, decision_costs) -> None:
         run("round_robin", addresses, warmup_trace(len(addresses)), BLOCK_TOKENS)
         header = 0 if args.trace is not None else HEADER_BLOCKS * BLOCK_TOKENS
         results["trace"] = rounds(
-            TRACE_POLICIES, args.rounds, lambda p: run(p, addresses, trace, block_tokens), header
+            tuple(args.policies or TRACE_POLICIES),
+            args.rounds,
+            lambda p: run(p, addresses, trace, block_tokens),
+            header,
         )
         results["hot_prefix"] = rounds(
-            HOT_POLICIES, args.rounds, lambda p: run(p, addresses, hot, BLOCK_TOKENS, warmup)
+            tuple(args.hot_policies or HOT_POLICIES),
+            args.rounds,
+            lambda p: run(p, addresses, hot, BLOCK_TOKENS, warmup),
         )
     finally:
         for engine in engines:

@@ -21,6 +21,10 @@ snapshot to ``e`` first:
 
 taken when ``move_e < s_pos * (R - reused_e)`` -- a move is never slower than recomputing what it
 brings (the room term stays: the positions new to ``e``'s cache are the same either way).
+Then, when the engine chosen takes no move (its reuse, or the lack of one, decided), the longest
+reuse another engine holds (``r_h > r_first``, counting or not: e.g. a header the chosen engine lacks)
+is moved to it when ``m_0 + m_pos * r_h < s_pos * (r_h - r_first)``: a top-up that only saves time
+there. The mover copies only the prefix the request reuses, not the holder's whole entry.
 ``fleet.py`` checks the entry's exact length once more before moving, and falls back to
 recomputing when the move is refused or fails.
 
@@ -120,6 +124,22 @@ class CostModel:
         scored.sort(key=lambda s: (s.cost_s, s.candidate.load, s.candidate.held, s.candidate.name))
         return scored
 
+    def _top_up(
+        self, first: Candidate, candidates: Sequence[Candidate], request: RouteRequest
+    ) -> Move | None:
+        """The chosen engine chosen without a move: another engine's longer reuse moved to it when
+        that is cheaper than computing those positions there (a reuse that did not decide still
+        saves its prefill, e.g. a header the chosen engine lacks)."""
+        others = [x for x in (*candidates, *request.sources) if x.name != first.name]
+        if not self.config.moves or not others:
+            return None
+        holder = max(others, key=lambda x: (x.reusable, -x.load))
+        gain = holder.reusable - first.reusable
+        rates = request.rates
+        if gain <= 0 or rates.move_s(holder.reusable) >= rates.prefill_s_per_position * gain:
+            return None
+        return Move(holder.name, holder.reusable)
+
     @staticmethod
     def _with_move(score: EngineCost, holder: Candidate, movable: int, rates: CostRates) -> EngineCost:
         """``score``, or the move of ``holder``'s ``movable`` positions when that is cheaper."""
@@ -140,9 +160,11 @@ class CostModel:
         )
 
     def route(self, candidates: Sequence[Candidate], request: RouteRequest | None = None) -> Route:
-        scored = self.costs(candidates, request or RouteRequest())
-        if scored[0].move is not None:
-            return Route(tuple(s.candidate for s in scored), RouteReason.MOVE, scored[0].move)
+        request = request or RouteRequest()
+        scored = self.costs(candidates, request)
+        move = scored[0].move or self._top_up(scored[0].candidate, candidates, request)
+        if move is not None:
+            return Route(tuple(s.candidate for s in scored), RouteReason.MOVE, move)
         if scored[0].counts:
             reason = RouteReason.CACHE
         elif any(s.counts and s.move is None for s in scored):

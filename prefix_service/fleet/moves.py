@@ -4,16 +4,20 @@ When the route's first engine is not the one holding the request's prefix (that 
 draining) and moving is cheaper than prefilling (``cost_model.py``), :meth:`SnapshotMover.move`
 copies the holder's stored entry to the first engine before the request is served there:
 
-1. the holder's entry that scores the prompt (``PrefixCache.reusable_entry``) -- gone: no move;
-2. its exact length checked once more: ``rates.move_s(len(entry)) < s_pos * (reused there - reused
-   here)``, or no move (``slower``): a move never costs more than the recompute it saves;
+1. the holder's entry that scores the prompt (``PrefixCache.reusable_entry``) -- gone: no move. What
+   moves is the entry when the request reuses all of it (or all but its last token), else only the
+   prefix it reuses: a clone of the entry at that length, made on the holder for the export and
+   closed after it (so a shared header moves as a header, not as another tenant's whole prompt);
+2. its exact length checked once more: ``rates.move_s(positions moved) < s_pos * (reused there -
+   reused here)``, or no move (``slower``): a move never costs more than the recompute it saves;
 3. ``ExportSession`` on the holder streamed, chunk by chunk, into ``ImportSession`` on the target:
    the bytes pass through this service (engines never call each other: no engine-to-engine
    addresses, credentials or trust; this service already holds a persistent owner's token on both,
    and one more hop on the same network costs less than a millisecond per MiB here). The target
    engine checks the file as any load (format, checksum, signature with ``--snapshot_key``, content,
    fingerprint, geometry) and reports the content digest of what it loaded;
-4. the new session is inserted into the target's cache under the entry's namespace, tokens and
+4. the new session is inserted into the target's cache (room reserved there before the export: the
+   retention policy evicts what ranks below it first, as for any insert) under the entry's namespace, tokens and
    metadata: the cache verifies the digest against the tokens as for any insert, and its listener
    hears ``MOVED`` (``cache/events.py``). The original stays on the holder.
 
@@ -25,13 +29,16 @@ lacks, exactly as without moves. Concurrent requests for the same prefix and tar
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine_service.api.errors import ForklineError
+from prefix_service.cache.budget import Reservation
+from prefix_service.cache.retention import Entry
 from prefix_service.fleet.member import EngineMember
 from prefix_service.fleet.rates import RateMeter
 from prefix_service.tier.snapshot_backend import SnapshotBackend
@@ -47,7 +54,8 @@ class MoveOutcome:
     """``moved``: the target now holds a copy of ``positions`` positions (it took ``seconds``);
     otherwise ``refusal`` says why not: ``gone`` (the holder no longer has it), ``slower``,
     ``unsupported`` (an engine without snapshot files), ``export`` (the holder refused),
-    ``import:<reason>`` (the target refused the file), ``insert:<reason>`` (the target's cache did
+    ``clone:<reason>`` (the holder refused the prefix's clone), ``import:<reason>`` (the target
+    refused the file), ``insert:<reason>`` (the target's cache did
     not store it), ``joined`` (another request's move of it ended first), or an error's type name."""
 
     moved: bool
@@ -72,20 +80,23 @@ class SnapshotMover:
         key: tuple[int, ...],
         reused_there: int,
     ) -> MoveOutcome:
-        """Copy ``holder``'s entry for ``key`` (under ``namespace``) into ``target``, whose own cache
+        """Copy what ``holder`` holds of ``key`` (under ``namespace``) into ``target``, whose own cache
         reuses ``reused_there`` positions of it; see the module docstring. Never raises for the
         engines' failures: they are a refusal (the request recomputes)."""
         found = holder.gateway.cache.reusable_entry(namespace, key)
         if found is None:
             return self._refused(holder, target, "gone")
         entry, reused = found
+        whole = reused >= entry.key_length - 1  # the request reuses (nearly) all of it: the entry itself
+        tokens = entry.tokens if whole else entry.tokens[:reused]
         rates = self.rates.rates()
-        if rates.move_s(entry.key_length) >= rates.prefill_s_per_position * (reused - reused_there):
+        if rates.move_s(len(tokens)) >= rates.prefill_s_per_position * (reused - reused_there):
             return self._refused(holder, target, "slower")
-        source, sink = holder.gateway.backend, target.gateway.backend
-        if not isinstance(source, SnapshotBackend) or not isinstance(sink, SnapshotBackend):
+        if not isinstance(holder.gateway.backend, SnapshotBackend) or not isinstance(
+            target.gateway.backend, SnapshotBackend
+        ):
             return self._refused(holder, target, "unsupported")
-        ticket = (target.name, namespace, entry.tokens)
+        ticket = (target.name, namespace, tokens)
         with self._lock:
             running = self._moving.get(ticket)
             if running is None:
@@ -94,7 +105,10 @@ class SnapshotMover:
             running.wait(JOIN_TIMEOUT_S)
             return self._refused(holder, target, "joined")
         try:
-            return self._copy(holder, target, namespace, entry.tokens, entry.metadata, entry.snapshot)
+            room = target.gateway.cache.reserve(namespace, tokens, entry.metadata)  # evicts first
+            if not isinstance(room, Reservation):
+                return self._refused(holder, target, f"insert:{room}")
+            return self._copy(holder, target, namespace, entry, tokens, room)
         finally:
             with self._lock:
                 self._moving.pop(ticket).set()
@@ -104,23 +118,40 @@ class SnapshotMover:
         holder: EngineMember,
         target: EngineMember,
         namespace: str,
+        entry: Entry,
         tokens: tuple[int, ...],
-        metadata: Mapping[str, str],
-        handle: object,
+        room: Reservation,
     ) -> MoveOutcome:
-        started = self._clock()
+        """Export ``tokens`` (the entry, or a clone of its first ``len(tokens)`` positions made on the
+        holder for the export and closed after it), import and insert them (``room``: the target
+        cache's reservation, always consumed)."""
+        started, source = self._clock(), holder.gateway.backend
+        clone = None
         try:
-            chunks = holder.gateway.backend.export_session(handle, extra_for(namespace, tokens, metadata))
-            if chunks is None:
-                return self._refused(holder, target, "export")
-            imported = target.gateway.backend.import_session(chunks)
+            if len(tokens) < entry.key_length:
+                taken = source.clone_or_refusal(entry.snapshot, len(tokens))
+                if taken.handle is None:
+                    room.release()
+                    return self._refused(holder, target, f"clone:{taken.refusal or 'refused'}")
+                clone = taken.handle
+            handle = entry.snapshot if clone is None else clone
+            chunks = source.export_session(handle, extra_for(namespace, tokens, entry.metadata))
+            imported = None if chunks is None else target.gateway.backend.import_session(chunks)
         except ForklineError as exc:
+            room.release()
             log.info("move %s -> %s failed: %s", holder.name, target.name, exc)
             return self._refused(holder, target, type(exc).__name__)
-        if imported.handle is None:
-            return self._refused(holder, target, f"import:{imported.refusal}")
+        finally:
+            if clone is not None:
+                with contextlib.suppress(ForklineError):
+                    source.close(clone)
+        if imported is None or imported.handle is None:
+            room.release()
+            return self._refused(
+                holder, target, "export" if imported is None else f"import:{imported.refusal}"
+            )
         outcome = target.gateway.cache.insert(
-            namespace, tokens, imported.handle, metadata, moved_from=holder.name
+            namespace, tokens, imported.handle, entry.metadata, moved_from=holder.name, reservation=room
         )
         if not outcome.stored:
             return self._refused(holder, target, f"insert:{outcome.reason}")

@@ -29,8 +29,8 @@ from engine_service.api.errors import InvalidArgument
 DEFAULT_PREFILL_S_PER_POSITION = 0.0025
 DEFAULT_QUEUE_S_PER_GENERATION = 0.25
 DEFAULT_OVERHEAD_S = 0.05
-DEFAULT_MOVE_OVERHEAD_S = 0.01
-DEFAULT_MOVE_S_PER_POSITION = 0.00002
+DEFAULT_MOVE_OVERHEAD_S = 0.011
+DEFAULT_MOVE_S_PER_POSITION = 0.00014  # bench/bench_moves.py: 3 % of a prefilled position
 MIN_POSITIONS = 32
 _FLOOR_S = 1e-6  # a rate never reaches 0 (a position is never free)
 

@@ -53,8 +53,12 @@ def test_a_load_gap_of_one_never_moves() -> None:
     for a_load, moves in ((1, False), (2, True)):
         route = CostModel().route([Candidate("a", 150, a_load), Candidate("b", 0, 0)], request(200))
         assert (route.move is not None) is moves, a_load
-    wide = CostModel(CostConfig(move_min_load_gap=3))
-    assert wide.route([Candidate("a", 150, 2), Candidate("b", 0, 0)], request(200)).move is None
+    # P = 300, a holds 250 at load 2: a 0.05 + 0.2 = 0.25 s, b 0.3 s computing, 0.3 - 0.25 + 0.035 = 0.085 s
+    # moving: at a gap of 3 the move is no option, a serves (and a top-up never moves to the holder)
+    engines = [Candidate("a", 250, 2), Candidate("b", 0, 0)]
+    assert CostModel().route(engines, request(300)).move == Move("a", 250)
+    wide = CostModel(CostConfig(move_min_load_gap=3)).route(engines, request(300))
+    assert wide.first.name == "a" and wide.move is None
 
 
 def test_a_draining_engine_is_a_source_at_any_load() -> None:
@@ -65,13 +69,21 @@ def test_a_draining_engine_is_a_source_at_any_load() -> None:
     assert route.first.name == "c" and route.move == Move("a", 150) and route.reason is RouteReason.MOVE
 
 
-def test_no_move_below_what_counts_or_when_off() -> None:
-    # the header every engine holds (30 = floor) and a reuse under 25% of the prompt never move
-    engines = [Candidate("a", 40, 3), Candidate("b", 30, 0)]
-    assert CostModel().route(engines, request(200)).move is None
+def test_a_reuse_that_does_not_decide_is_still_topped_up_when_cheaper() -> None:
+    # a's 40 (under 25 % of 200) does not decide: b (the emptier) serves. Moving a's 40 to b costs
+    # 0.01 + 0.004 = 14 ms and saves 0.001 x (40 - 30) = 10 ms: no move. With a's 60 (still under
+    # 25 %): 16 ms < 30 ms saved: the top-up moves it.
+    engines = [Candidate("a", 40, 0, fill=0.5), Candidate("b", 30, 0)]
+    route = CostModel().route(engines, request(200))
+    assert route.first.name == "b" and route.move is None
+    route = CostModel().route([Candidate("a", 60, 0, fill=0.5), Candidate("b", 30, 0)], request(280))
+    assert route.first.name == "b" and route.move == Move("a", 60) and route.reason is RouteReason.MOVE
+
+
+def test_no_move_when_off() -> None:
     off = CostModel(CostConfig(moves=False))
     route = off.route([Candidate("a", 150, 3), Candidate("b", 0, 0)], request(200))
-    assert route.move is None and route.reason is RouteReason.LOAD_GUARD
+    assert route.first.name == "b" and route.move is None and route.reason is RouteReason.LOAD_GUARD
 
 
 def test_the_holder_itself_never_moves_to_itself() -> None:
