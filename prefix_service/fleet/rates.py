@@ -12,7 +12,9 @@ generation's ``Done`` and reads at each route).
   positions + positions ahead) x the prefill rate) / load, over generations that started with load >= 1.
 - ``move_overhead_s`` and ``move_s_per_position``: what moving a stored snapshot from one engine to
   another costs (``moves.SnapshotMover``: export, import, verify, store): the seconds of a move of fewer
-  than ``MIN_POSITIONS`` positions, and (seconds - that overhead) / positions over the others.
+  than ``MOVE_MIN_POSITIONS`` positions, and (seconds - that overhead) / positions over the others
+  (a short move's time is mostly its round trips: counted per position it would make every longer
+  move look dear).
 
 Each is an exponential moving average (weight ``alpha`` for the newest observation), starting from
 the defaults below (measured with SmolLM2-135M on this project's 2-core CPU machine, see
@@ -32,6 +34,7 @@ DEFAULT_OVERHEAD_S = 0.05
 DEFAULT_MOVE_OVERHEAD_S = 0.011
 DEFAULT_MOVE_S_PER_POSITION = 0.00014  # bench/bench_moves.py: 3 % of a prefilled position
 MIN_POSITIONS = 32
+MOVE_MIN_POSITIONS = 128
 _FLOOR_S = 1e-6  # a rate never reaches 0 (a position is never free)
 
 
@@ -104,7 +107,7 @@ class RateMeter:
         if seconds <= 0 or positions < 0:
             return
         with self._lock:
-            if positions < MIN_POSITIONS:
+            if positions < MOVE_MIN_POSITIONS:
                 self._move_overhead = self._ewma(self._move_overhead, seconds)
             else:
                 net = seconds - self._move_overhead

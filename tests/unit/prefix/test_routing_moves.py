@@ -102,7 +102,7 @@ def test_config_validation_names_the_field() -> None:
 
 def test_the_move_rates_are_measured() -> None:
     meter = RateMeter(RATES, alpha=1.0)  # alpha 1: the newest observation is the rate
-    meter.observe_move(8, 0.004)  # a short move: its seconds are the overhead
+    meter.observe_move(100, 0.004)  # a short move (< 128 positions): its seconds are the overhead
     assert meter.rates().move_overhead_s == pytest.approx(0.004)
     meter.observe_move(1000, 0.054)  # (0.054 - 0.004) / 1000
     assert meter.rates().move_s_per_position == pytest.approx(0.00005)
