@@ -295,12 +295,13 @@ class Fleet:
         members = self._routable()
         by_load = sorted(members, key=lambda m: (m.load, m.name))
         tokens = self._tokens(prompt, owner, by_load)
-        if len(members) == 1:
+        draining = self._draining() if len(members) < len(self.members()) else []
+        if len(members) == 1 and not draining:
             self._count(members[0], None)
             return tokens, members, {}
         key = token_key(tokens)  # validated once for every engine's index
         candidates = [_candidate(m, namespace, key) for m in members]
-        sources = tuple(_candidate(m, namespace, key) for m in self._draining())
+        sources = tuple(_candidate(m, namespace, key) for m in draining)
         route = self.policy.route(candidates, RouteRequest(len(tokens), self.rates.rates(), sources))
         named = {m.name: m for m in members}
         self._count(named[route.first.name], route)

@@ -32,8 +32,8 @@ from protos import engine_pb2_grpc, prefix_pb2
 from tests.service.helpers import wait_for
 from tests.service.test_engine_restart import ServiceProcess
 
-STEP_S = 0.02  # per forward: a 100-token load lasts ~2 s
-LOAD_TOKENS = 100
+STEP_S = 0.05  # per forward: an 80-token load lasts ~4 s, a 104-position prefill (2 chunks) 0.1 s
+LOAD_TOKENS = 80
 PROMPT = [ord(c) for c in "Moves copy a stored prompt to a less loaded engine. " * 2]  # 104 positions
 NEW_TOKENS = 12
 OWNER = (("forkline-owner", "loader"),)
