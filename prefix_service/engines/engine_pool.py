@@ -9,7 +9,8 @@ joins (the addresses ``engine_targets.py`` offers) and who leaves (only what an 
   An engine that does not answer yet, or is draining, is tried again at the next resolve.
 - An address missing from the targets removes nothing (a DNS blip, a pod's endpoint removed before
   it drained). A member leaves when its engine's Info says ``draining`` (SIGTERM: no new work there)
-  once this service's streams through it ended, or when it stays unreachable / NOT_SERVING for
+  once this service's streams through it ended (until then it is a source of snapshot moves,
+  ``fleet/moves.py``, not a route), or when it stays unreachable / NOT_SERVING for
   ``leave_after_s``; leaving drops its entries and closes its connection. A restarted engine at the
   same address is the gateway's restart check, not a departure.
 - The same thread refreshes every engine's Info about once a second (restart detection, load).
@@ -176,6 +177,7 @@ class EnginePool:
             if info is not None and info.instance_id != member.gateway.backend.instance_id:
                 continue  # another instance answers there: the gateway's restart check adopts it
             if info is not None and info.draining:
+                member.draining = True  # not routed to; until it leaves a source of moves (fleet/moves.py)
                 if member.in_flight == 0:  # this service's streams through it end first
                     self._leave(member, "draining")
             elif now - since >= self.leave_after_s:

@@ -318,10 +318,7 @@ class Fleet:
         return [
             m
             for m in self.members()
-            if not self._is_routable(m)
-            and m.fingerprint == self.fingerprint
-            and m.gateway.last_info is not None
-            and m.gateway.last_info.draining
+            if m.draining and not self._is_routable(m) and m.fingerprint == self.fingerprint
         ]
 
     def _moved(

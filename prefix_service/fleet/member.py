@@ -35,6 +35,7 @@ class EngineMember:
         self.pending = 0  # positions they still have to prefill (not yet at their first token)
         self.routed = 0  # requests whose route put it first
         self.load_guarded = 0  # requests that went elsewhere because it was overloaded
+        self.draining = False  # its engine said it drains (the pool's probe): a source of moves only
         self.moves_in = 0  # snapshots moved to it (``moves.py``)
         self.moves_out = 0  # snapshots moved from it
         self.move_refusals: Counter[str] = Counter()  # moves to it that did not happen, by reason

@@ -8,6 +8,10 @@ imported, verified and stored there, and the request reuses the whole prompt on 
 it generates must be exactly what a cold run of the same tokens on that engine generates (greedy),
 and a cache event says "moved" from the holder.
 
+Draining: SIGTERM to the holder while a generation of this service runs there: it drains, is routed to
+no more, stays a source until that stream ends, and the prompt's next request is served elsewhere from
+a copy of its snapshot.
+
 Refused: engines signing their snapshot files with different keys (``--snapshot_key``): the other
 engine refuses the file (``bad_signature``), the request falls back to computing its prompt there,
 and still generates exactly the cold run's tokens. The negative control for the first case: with
@@ -18,9 +22,11 @@ reused), so a reuse of the whole prompt there is the move's doing.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -189,3 +195,45 @@ def test_a_refused_move_falls_back_to_recomputing(tmp_path) -> None:
     assert again.tokens == seen["cold"]
     assert dict(seen["stats"][other].move_refusals) == {"import:bad_signature": 1}
     assert seen["stats"][other].moves_in == 0 and not [e for e in seen["events"] if e.kind == "moved"]
+
+
+def test_a_draining_holders_snapshot_moves_before_it_leaves(engines) -> None:
+    """SIGTERM to the holder during a long generation this service runs there: it drains (health
+    NOT_SERVING, Info draining, exports still answered), is routed to no more but stays a source until
+    that stream ends, and the prompt's next request is served on the other engine from a copy of the
+    holder's snapshot."""
+    addresses = [a for e in engines for a in ("--engine", e.address)]
+    prefix = ServiceProcess("prefix_service", *addresses, "--routing", "cost", "--port", "0")
+    try:
+        client = PrefixClient(prefix.listening(), owner="mover", timeout=60.0)
+        holder = client.generate(PROMPT, **greedy()).collect().done.engine
+        (draining,) = [e for e in engines if e.address == holder]
+        (other,) = [e.address for e in engines if e.address != holder]
+        cold = cold_run(other)
+        # this service's own long stream on the holder (a hit there): a draining member leaves only
+        # once those end, and is a source of moves until then
+        assert wait_for(lambda: engine_stats(client)[holder].load == 0, timeout=10)  # no stale load there
+        streams: list = []
+        long_prompt = [*PROMPT, 65, 66]
+        long = threading.Thread(
+            target=lambda: streams.append(
+                client.generate(long_prompt, **dict(greedy(), max_new_tokens=LOAD_TOKENS)).collect()
+            )
+        )
+        long.start()
+        loaders = [long]
+        assert wait_for(lambda: engine_stats(client)[holder].in_flight >= 1, timeout=10)
+        draining.proc.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: not engine_stats(client)[holder].routable, timeout=10)
+        time.sleep(1.5)  # the pool's next probe (every second) reads Info: draining
+        again = client.generate(PROMPT, **greedy()).collect()
+        stats = engine_stats(client)
+        for thread in loaders:
+            thread.join(60)
+        client.channel.close()
+    finally:
+        prefix.kill()
+    assert streams[0].done.engine == holder  # the long stream ran there (it kept the member)
+    assert again.done.engine == other and again.done.reused_positions == len(PROMPT) - 1
+    assert again.tokens == cold
+    assert (stats[other].moves_in, stats[holder].moves_out) == (1, 1)
