@@ -16,7 +16,10 @@ drains or is over the load guard, ``L_s >= L_e + move_min_load_gap`` (a load as 
 generation that just ended too high, so a gap of one never moves) -- the move option copies ``s``'s
 snapshot to ``e`` first:
 
-    move_e    = m_0 + m_pos * R                  (the measured cost of moving R positions)
+    move_e    = m_0 + m_pos * R + s_pos * min(W_s, 512)
+                                                 (the measured cost of moving R positions, plus the wait
+                                                 for the holder's running forward: an export is taken
+                                                 between two forwards)
     cost_e'   = cost_e - s_pos * (R - reused_e) + move_e
 
 taken when ``move_e < s_pos * (R - reused_e)`` -- a move is never slower than recomputing what it
@@ -53,6 +56,9 @@ DEFAULT_MIN_REUSE_FRACTION = 0.25
 DEFAULT_MIN_REUSE_POSITIONS = 0
 DEFAULT_ROOM_WEIGHT = 1.0
 DEFAULT_MOVE_MIN_LOAD_GAP = 2
+EXPORT_WAIT_POSITIONS = (
+    512  # positions one forward prefills at most (the engine CLI's default --prefill_chunk)
+)
 
 
 @dataclass(frozen=True)
@@ -136,7 +142,7 @@ class CostModel:
         holder = max(others, key=lambda x: (x.reusable, -x.load))
         gain = holder.reusable - first.reusable
         rates = request.rates
-        if gain <= 0 or rates.move_s(holder.reusable) >= rates.prefill_s_per_position * gain:
+        if gain <= 0 or _move_s(holder, rates) >= rates.prefill_s_per_position * gain:
             return None
         return Move(holder.name, holder.reusable)
 
@@ -146,7 +152,7 @@ class CostModel:
         if holder.name == score.candidate.name or movable <= score.reused:
             return score
         saved_s = rates.prefill_s_per_position * (movable - score.reused)
-        move_s = rates.move_s(movable)
+        move_s = _move_s(holder, rates)
         if move_s >= saved_s:
             return score
         cost = score.cost_s - saved_s + move_s
@@ -172,3 +178,12 @@ class CostModel:
         else:
             reason = RouteReason.MISS
         return Route(tuple(s.candidate for s in scored), reason)
+
+
+def _move_s(holder: Candidate, rates: CostRates) -> float:
+    """The expected seconds of moving ``holder``'s reuse: the measured move, plus the wait for the
+    forward the holder's engine is running (an export is taken between two forwards): up to one prefill
+    chunk of what this service's generations there still have to prefill."""
+    return rates.move_s(holder.reusable) + rates.prefill_s_per_position * min(
+        max(0, holder.pending), EXPORT_WAIT_POSITIONS
+    )
