@@ -7,7 +7,8 @@ copies the holder's stored entry to the first engine before the request is serve
 1. the holder's entry that scores the prompt (``PrefixCache.reusable_entry``) -- gone: no move. What
    moves is the entry when the request reuses all of it (or all but its last token), else only the
    prefix it reuses: a clone of the entry at that length, made on the holder for the export and
-   closed after it (so a shared header moves as a header, not as another tenant's whole prompt);
+   closed after it (so a shared header moves as a header, not as another tenant's whole prompt) --
+   except from a draining holder, which refuses clones (new work) but still answers exports;
 2. its exact length checked once more: ``rates.move_s(positions moved) < s_pos * (reused there -
    reused here)``, or no move (``slower``): a move never costs more than the recompute it saves;
 3. ``ExportSession`` on the holder streamed, chunk by chunk, into ``ImportSession`` on the target:
@@ -87,7 +88,9 @@ class SnapshotMover:
         if found is None:
             return self._refused(holder, target, "gone")
         entry, reused = found
-        whole = reused >= entry.key_length - 1  # the request reuses (nearly) all of it: the entry itself
+        # the entry itself when the request reuses (nearly) all of it, or when the holder drains (a
+        # draining engine refuses new work, clones included; exports it still answers)
+        whole = reused >= entry.key_length - 1 or holder.draining
         tokens = entry.tokens if whole else entry.tokens[:reused]
         rates = self.rates.rates()
         if rates.move_s(len(tokens)) >= rates.prefill_s_per_position * (reused - reused_there):

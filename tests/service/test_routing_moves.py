@@ -33,6 +33,7 @@ import grpc
 import pytest
 
 from clients.prefix_client import PrefixClient
+from engine_service.api.stream_events import Done, Tokens
 from protos import engine_pb2 as epb
 from protos import engine_pb2_grpc, prefix_pb2
 from tests.service.helpers import wait_for
@@ -214,15 +215,18 @@ def test_a_draining_holders_snapshot_moves_before_it_leaves(engines) -> None:
         # once those end, and is a source of moves until then
         assert wait_for(lambda: engine_stats(client)[holder].load == 0, timeout=10)  # no stale load there
         streams: list = []
-        long_prompt = [*PROMPT, 65, 66]
-        long = threading.Thread(
-            target=lambda: streams.append(
-                client.generate(long_prompt, **dict(greedy(), max_new_tokens=LOAD_TOKENS)).collect()
-            )
-        )
+        running = threading.Event()
+
+        def long_stream() -> None:  # its first tokens: it runs on an engine (a stream is never moved)
+            for event in client.generate([*PROMPT, 65, 66], **dict(greedy(), max_new_tokens=LOAD_TOKENS)):
+                if isinstance(event, Tokens):
+                    running.set()
+                streams.append(event)
+
+        long = threading.Thread(target=long_stream)
         long.start()
         loaders = [long]
-        assert wait_for(lambda: engine_stats(client)[holder].in_flight >= 1, timeout=10)
+        assert running.wait(10) and engine_stats(client)[holder].in_flight >= 1
         draining.proc.send_signal(signal.SIGTERM)
         assert wait_for(lambda: not engine_stats(client)[holder].routable, timeout=10)
         time.sleep(1.5)  # the pool's next probe (every second) reads Info: draining
@@ -233,7 +237,8 @@ def test_a_draining_holders_snapshot_moves_before_it_leaves(engines) -> None:
         client.channel.close()
     finally:
         prefix.kill()
-    assert streams[0].done.engine == holder  # the long stream ran there (it kept the member)
+    done = [e for e in streams if isinstance(e, Done)]
+    assert [d.engine for d in done] == [holder]  # the long stream ran there (it kept the member)
     assert again.done.engine == other and again.done.reused_positions == len(PROMPT) - 1
     assert again.tokens == cold
     assert (stats[other].moves_in, stats[holder].moves_out) == (1, 1)
