@@ -147,14 +147,8 @@ class PrefixCache:
         ring's floor (see the module docstring) does not count. Exact (read from the index, not
         guessed): what a router scores this cache's engine by. An entry whose handle died since it was
         stored still counts until a lookup drops it."""
-        if len(key) < 2:
-            return 0
-        scope = self._scope(namespace)
-        with self._lock:
-            if self._budget.max_entries == 0:
-                return 0
-            found = first_within_rewind(self._index.matches(scope, key), len(key), max_rewind(self._backend))
-            return 0 if found is None else found[1]
+        found = self.reusable_entry(namespace, key)
+        return 0 if found is None else found[1]
 
     def reusable_entry(self, namespace: str, key: tuple[int, ...]) -> tuple[Entry, int] | None:
         """The entry :meth:`reusable` scores ``key`` by and the positions it would reuse (None when

@@ -171,6 +171,7 @@ class EnginePool:
         for member in self.fleet.members():
             if member.serving:
                 self._away_since.pop(member.name, None)
+                member.draining = False  # e.g. a new instance at its address serves
                 continue
             since = self._away_since.setdefault(member.name, now)
             info = member.probe() if isinstance(member, RemoteMember) else None

@@ -26,8 +26,8 @@ taken when ``move_e < s_pos * (R - reused_e)`` -- a move is never slower than re
 brings (the room term stays: the positions new to ``e``'s cache are the same either way).
 Then, when the engine chosen takes no move (its reuse, or the lack of one, decided), the longest
 reuse another engine holds (``r_h > r_first``, counting or not: e.g. a header the chosen engine lacks)
-is moved to it when ``m_0 + m_pos * r_h < s_pos * (r_h - r_first)``: a top-up that only saves time
-there. The mover copies only the prefix the request reuses, not the holder's whole entry.
+is moved to it when ``move_first < s_pos * (r_h - r_first)`` (``move`` as above): a top-up that only
+saves time there. The mover copies only the prefix the request reuses, not the holder's whole entry.
 ``fleet.py`` checks the entry's exact length once more before moving, and falls back to
 recomputing when the move is refused or fails.
 
@@ -56,9 +56,8 @@ DEFAULT_MIN_REUSE_FRACTION = 0.25
 DEFAULT_MIN_REUSE_POSITIONS = 0
 DEFAULT_ROOM_WEIGHT = 1.0
 DEFAULT_MOVE_MIN_LOAD_GAP = 2
-EXPORT_WAIT_POSITIONS = (
-    512  # positions one forward prefills at most (the engine CLI's default --prefill_chunk)
-)
+# positions one forward prefills at most (the engine CLI's default --prefill_chunk)
+EXPORT_WAIT_POSITIONS = 512
 
 
 @dataclass(frozen=True)
@@ -113,7 +112,7 @@ class CostModel:
         prompt = max(request.prompt_positions, max(x.reusable for x in candidates))
         floor = min(x.reusable for x in candidates)
         enough = max(c.min_reuse_positions, c.min_reuse_fraction * prompt)
-        holder = max((*candidates, *request.sources), key=lambda x: (x.reusable, -x.load))
+        holder = _holder((*candidates, *request.sources))
         draining = holder in request.sources
         movable = holder.reusable if c.moves and holder.reusable > floor and holder.reusable >= enough else 0
         scored = []
@@ -139,10 +138,8 @@ class CostModel:
         others = [x for x in (*candidates, *request.sources) if x.name != first.name]
         if not self.config.moves or not others:
             return None
-        holder = max(others, key=lambda x: (x.reusable, -x.load))
-        gain = holder.reusable - first.reusable
-        rates = request.rates
-        if gain <= 0 or _move_s(holder, rates) >= rates.prefill_s_per_position * gain:
+        holder = _holder(others)
+        if _saved_s(holder, holder.reusable - first.reusable, request.rates) <= 0:
             return None
         return Move(holder.name, holder.reusable)
 
@@ -151,11 +148,10 @@ class CostModel:
         """``score``, or the move of ``holder``'s ``movable`` positions when that is cheaper."""
         if holder.name == score.candidate.name or movable <= score.reused:
             return score
-        saved_s = rates.prefill_s_per_position * (movable - score.reused)
-        move_s = _move_s(holder, rates)
-        if move_s >= saved_s:
+        saved_s = _saved_s(holder, movable - score.reused, rates)
+        if saved_s <= 0:
             return score
-        cost = score.cost_s - saved_s + move_s
+        cost = score.cost_s - saved_s
         return EngineCost(
             score.candidate,
             True,
@@ -178,6 +174,19 @@ class CostModel:
         else:
             reason = RouteReason.MISS
         return Route(tuple(s.candidate for s in scored), reason)
+
+
+def _holder(pool: Sequence[Candidate]) -> Candidate:
+    """The engine a move would copy from: the longest reuse, then the least loaded."""
+    return max(pool, key=lambda x: (x.reusable, -x.load))
+
+
+def _saved_s(holder: Candidate, gain: int, rates: CostRates) -> float:
+    """What moving ``holder``'s reuse saves over computing ``gain`` of its positions (<= 0: the
+    move is not worth it; a move is never taken that is slower than recomputing)."""
+    if gain <= 0:
+        return 0.0
+    return rates.prefill_s_per_position * gain - _move_s(holder, rates)
 
 
 def _move_s(holder: Candidate, rates: CostRates) -> float:

@@ -295,7 +295,7 @@ class Fleet:
         members = self._routable()
         by_load = sorted(members, key=lambda m: (m.load, m.name))
         tokens = self._tokens(prompt, owner, by_load)
-        draining = self._draining() if len(members) < len(self.members()) else []
+        draining = self._draining()
         if len(members) == 1 and not draining:
             self._count(members[0], None)
             return tokens, members, {}
