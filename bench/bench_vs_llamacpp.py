@@ -1,6 +1,7 @@
 """forkline side by side with llama.cpp on the same GGUF, in one window: decode at depth 16 / 512 / 1,536 /
 4,096, prefill 512 / 1,024, 8 sequences decoding together, and through the HTTP doors a long chat
-prompt cold, a prefix hit's first token and decode. Without ``--llama_bench`` / ``--llama_server`` it
+prompt cold, a prefix hit's first token and decode (a base model without a chat template, Gemma 3
+270M: the same text as a plain prompt through ``/v1/completions`` on both sides). Without ``--llama_bench`` / ``--llama_server`` it
 runs forkline alone. Prints one JSON document with ratios, writes bench/out/bench_vs_llamacpp.png.
 
     .venv/bin/python bench/bench_vs_llamacpp.py [--models smollm2-135m gemma-3-270m] [--quick]
@@ -112,22 +113,31 @@ def llama_bench(binary: str, path: str, threads: int, quick: bool) -> dict:
     return out
 
 
-def stream_chat(base: str, model: str, question: str, max_tokens: int) -> dict:
-    """One streamed greedy chat request: time to the first content chunk, decode tokens/s after it."""
+# models without a chat template (base models): the same prompt as plain text through /v1/completions
+BASE_MODELS = ("gemma-3-270m",)
+
+
+def stream_chat(base: str, model: str, question: str, max_tokens: int, chat: bool = True) -> dict:
+    """One streamed greedy request: time to the first content chunk, decode tokens/s after it. chat:
+    /v1/chat/completions (system prompt + question); else /v1/completions over the same text."""
     import httpx
 
-    body = {"model": model, "stream": True, "temperature": 0, "max_tokens": max_tokens,
-            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]}  # fmt: skip
+    body = {"model": model, "stream": True, "temperature": 0, "max_tokens": max_tokens}
+    if chat:
+        body["messages"] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+    else:
+        body["prompt"] = f"{SYSTEM}\nQuestion: {question}\nAnswer:"
+    route = "/v1/chat/completions" if chat else "/v1/completions"
     t0 = time.perf_counter()
     first, chunks, last = None, 0, t0
-    with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=600) as r:
+    with httpx.stream("POST", base + route, json=body, timeout=600) as r:
         if r.status_code >= 400:
             raise RuntimeError(f"{base} answered {r.status_code}: {r.read().decode(errors='replace')[:300]}")
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             choices = json.loads(line[6:]).get("choices") or [{}]
-            delta = choices[0].get("delta", {}).get("content")
+            delta = choices[0].get("delta", {}).get("content") if chat else choices[0].get("text")
             if delta:
                 now = time.perf_counter()
                 first = first if first is not None else now
@@ -141,11 +151,11 @@ def stream_chat(base: str, model: str, question: str, max_tokens: int) -> dict:
     }
 
 
-def http_case(base: str, model: str, quick: bool) -> dict:
+def http_case(base: str, model: str, quick: bool, chat: bool = True) -> dict:
     n = 32 if quick else 96
-    cold = stream_chat(base, model, "When does the library close on Saturdays?", n)
-    hits = [stream_chat(base, model, q, n) for q in ("How many items may I borrow?", "Can I renew a book twice?",
-                                                      "Is the library open on Sundays?")]  # fmt: skip
+    cold = stream_chat(base, model, "When does the library close on Saturdays?", n, chat)
+    hits = [stream_chat(base, model, q, n, chat) for q in ("How many items may I borrow?", "Can I renew a book twice?",
+                                                            "Is the library open on Sundays?")]  # fmt: skip
     return {"cold_ttft_s": cold["ttft_s"], "hit_ttft_s": statistics.median(h["ttft_s"] for h in hits),
             "decode_tok_s": statistics.median(h["decode_tok_s"] for h in hits)}  # fmt: skip
 
@@ -180,7 +190,7 @@ def forkline_http(name: str, quick: bool) -> dict:
         if not ready.wait(180):
             raise RuntimeError("forkline-prefix HTTP door did not start")
         try:
-            return http_case(f"http://{found[0]}", name, quick)
+            return http_case(f"http://{found[0]}", name, quick, chat=name not in BASE_MODELS)
         finally:
             proc.terminate()
             try:
@@ -192,11 +202,11 @@ def forkline_http(name: str, quick: bool) -> dict:
         engine.stop()
 
 
-def llama_http(binary: str, path: str, threads: int, quick: bool) -> dict:
+def llama_http(binary: str, path: str, threads: int, quick: bool, chat: bool = True) -> dict:
     from llama_server import LlamaServer
 
     with LlamaServer(binary, path, threads=threads, ctx=16384, slots=4) as server:
-        return http_case(server.base, "model", quick)
+        return http_case(server.base, "model", quick, chat)
 
 
 def ratio(a: float, b: float) -> float | None:
@@ -271,7 +281,7 @@ def main() -> None:
             print(json.dumps({name: {"http": r["http"]}}), file=sys.stderr, flush=True)
             if args.llama_server:
                 h = r["http"]["llama_cpp"] = llama_http(
-                    args.llama_server, resolve_model(name), args.threads, args.quick
+                    args.llama_server, resolve_model(name), args.threads, args.quick, name not in BASE_MODELS
                 )
                 f = r["http"]["forkline"]
                 r["http"]["ratios"] = {"hit_ttft_vs_llama_server": ratio(f["hit_ttft_s"], h["hit_ttft_s"]),

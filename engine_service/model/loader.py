@@ -15,7 +15,7 @@ from engine_service.blas import blas_status
 from engine_service.model.block_quant import is_block_dtype
 from engine_service.model.chat import ChatFormatter
 from engine_service.model.config import ModelConfig
-from engine_service.model.cpu_kernels import kernel_status
+from engine_service.model.cpu_kernels import kernel_status, kernels
 from engine_service.model.gguf import load_gguf
 from engine_service.model.mlx_folder import load_folder
 from engine_service.model.packaged import DEFAULT_MODEL, resolve_model
@@ -63,7 +63,10 @@ def fingerprint(path: str, tokenizer: Tokenizer, weights_dtype: str) -> str:
     h.update(tokenizer.vocab_digest_source())
     h.update(weights_dtype.encode())
     if is_block_dtype(weights_dtype):  # the kernels and MLX's fallback ops round differently
-        h.update(b"kernels" if kernel_status().available else b"mlx-ops")
+        ext = kernels()
+        version = getattr(ext, "arithmetic_version", 1)
+        # the kernels' arithmetic revision (1: what builds without the attribute computed)
+        h.update(b"mlx-ops" if ext is None else b"kernels" if version == 1 else f"kernels:{version}".encode())
     return h.hexdigest()
 
 

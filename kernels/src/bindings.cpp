@@ -22,7 +22,11 @@ using namespace nb::literals;
 NB_MODULE(_ext, m) {
   m.doc() = "forkline's quantized matmul kernels for MLX's CPU backend";
   m.attr("built_with_mlx") = FORKLINE_MLX_VERSION;
-  m.attr("attention_groups") = true;  // causal_attention takes groups= (several sequences in one call)
+  m.attr("attention_groups") = true;
+  // Bumped whenever a kernel's float operations (and so its results' last bits) change: part of the
+  // engine fingerprint, so snapshots computed by other arithmetic are never mixed in. 2: the float
+  // matmuls' 16-lane block arithmetic (see qdot.h).
+  m.attr("arithmetic_version") = 2;  // causal_attention takes groups= (several sequences in one call)
 
   m.def("q8_0_matmul", &forkline::q8_0_matmul, "x"_a, "wq"_a, "scales"_a, nb::kw_only(),
         "quantize_x"_a = false, "stream"_a = nb::none(),

@@ -33,14 +33,15 @@ struct TileShape {
 // The tile for the next `left` rows (measured by bench/bench_kernels_matmul.py with a model's worth
 // of distinct weights, so they stream from memory as in decode). One or two rows are memory-bound:
 // rows of W one at a time stream best, except q4_1's short rows (<= 384 bytes), read 4 at a time.
-// More rows are compute-bound: AVX2's 16 registers hold 4 x 2 accumulators with room to load,
-// AVX-512VL's 32 hold 4 x 4. A row count the tile does not divide ends with one shorter tile.
+// More rows are compute-bound: an output's 16 lanes take two of AVX2's 16 registers (2 x 2 outputs
+// with room to load) and one of AVX-512's 32 (4 x 4). A row count the tile does not divide ends with
+// one shorter tile.
 TileShape f32_tile_shape(int left, bool wide, bool q41, int64_t row_bytes) {
-  TileShape t{std::min(left, 4), wide ? 4 : 2};
+  TileShape t = wide ? TileShape{std::min(left, 4), 4} : TileShape{std::min(left, 2), 2};
   if (left <= 2) {
-    t = {left, q41 && row_bytes <= 384 ? 4 : 1};
-  } else if (left == 5 || left == 6) {  // one tile, no 1-row tail: 5 x 3, 6 x 3 (or 3 x 2 twice)
-    t = wide ? TileShape{left, 3} : TileShape{3, 2};
+    t = {left, q41 && row_bytes <= 384 ? (wide || left == 1 ? 4 : 2) : 1};
+  } else if (wide && (left == 5 || left == 6)) {  // one tile, no 1-row tail: 5 x 3, 6 x 3
+    t = {left, 3};
   }
   const int r = g_tile_rows.load(std::memory_order_relaxed), c = g_tile_cols.load(std::memory_order_relaxed);
   if (r > 0) {
@@ -158,36 +159,37 @@ void q4_1_rows_scalar(const uint8_t* wq, const float* wd, const float* wm, int b
   }
 }
 
-// Widened weights of one block in element order; lanes as the AVX2 version: t_j over i = 0..3 of
-// w[8i + j] * x[8i + j], the first a product, the rest fused.
-inline void block_dot_lanes(const float* w, const float* x, float* t) {
-  for (int j = 0; j < 8; ++j) {
-    float v = w[j] * x[j];
-    for (int i = 1; i < 4; ++i) {
-      v = std::fma(w[8 * i + j], x[8 * i + j], v);
-    }
-    t[j] = v;
+// The float kernels' arithmetic (see qdot.h): per block, 16 lanes t_j = fma(w[16+j], x[16+j], w[j] x[j])
+// and acc_j = fma(d, t_j, acc_j); at the end the 16 lanes fold to 8 (acc_j + acc_{j+8}) and reduce8.
+// One widened block (w, 32 floats in element order) into the 16 accumulators.
+inline void block_fma16(const float* w, const float* x, float d, float* acc) {
+  for (int j = 0; j < 16; ++j) {
+    acc[j] = std::fma(d, std::fma(w[16 + j], x[16 + j], w[j] * x[j]), acc[j]);
   }
+}
+
+inline float reduce16(const float* acc) {
+  float t[8];
+  for (int j = 0; j < 8; ++j) {
+    t[j] = acc[j] + acc[j + 8];
+  }
+  return reduce8(t);
 }
 
 void q8_0_rows_f32_scalar(const int8_t* wq, const float* wd, int blocks, int n0, int n1, const float* x,
                           int M, float* out, int64_t ldo) {
   const int64_t K = static_cast<int64_t>(blocks) * 32;
-  float w[32], t[8];
+  float w[32];
   for (int n = n0; n < n1; ++n) {
     for (int m = 0; m < M; ++m) {
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      float acc[16] = {};
       for (int b = 0; b < blocks; ++b) {
         for (int i = 0; i < 32; ++i) {
           w[i] = static_cast<float>(wq[n * K + b * 32 + i]);
         }
-        block_dot_lanes(w, x + m * K + b * 32, t);
-        const float d = wd[static_cast<int64_t>(n) * blocks + b];
-        for (int j = 0; j < 8; ++j) {
-          acc[j] = std::fma(d, t[j], acc[j]);
-        }
+        block_fma16(w, x + m * K + b * 32, wd[static_cast<int64_t>(n) * blocks + b], acc);
       }
-      out[m * ldo + n] = reduce8(acc);
+      out[m * ldo + n] = reduce16(acc);
     }
   }
 }
@@ -195,10 +197,10 @@ void q8_0_rows_f32_scalar(const int8_t* wq, const float* wd, int blocks, int n0,
 void q4_1_rows_f32_scalar(const uint8_t* wq, const float* wd, const float* wm, int blocks, int n0, int n1,
                           const float* x, const float* xsum_t, int64_t ldx, int M, float* out, int64_t ldo) {
   const int64_t K = static_cast<int64_t>(blocks) * 32;
-  float w[32], t[8];
+  float w[32];
   for (int n = n0; n < n1; ++n) {
     for (int m = 0; m < M; ++m) {
-      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      float acc[16] = {};
       float offset = 0.0f;
       for (int b = 0; b < blocks; ++b) {
         const uint8_t* wb = wq + n * (K / 2) + b * 16;
@@ -206,14 +208,11 @@ void q4_1_rows_f32_scalar(const uint8_t* wq, const float* wd, const float* wm, i
           w[i] = static_cast<float>(wb[i] & 0x0F);
           w[i + 16] = static_cast<float>(wb[i] >> 4);
         }
-        block_dot_lanes(w, x + m * K + b * 32, t);
         const int64_t nb = static_cast<int64_t>(n) * blocks + b;
-        for (int j = 0; j < 8; ++j) {
-          acc[j] = std::fma(wd[nb], t[j], acc[j]);
-        }
+        block_fma16(w, x + m * K + b * 32, wd[nb], acc);
         offset = std::fma(wm[nb], xsum_t[b * ldx + m], offset);
       }
-      out[m * ldo + n] = reduce8(acc) + offset;
+      out[m * ldo + n] = reduce16(acc) + offset;
     }
   }
 }
@@ -389,11 +388,9 @@ AVX2_FN void q4_1_rows_avx2(const uint8_t* wq, const float* wd, const float* wm,
 // weight block is widened once and used by the RM rows; each activation block is loaded once per
 // weight row from L1. Every output's operations are the one-row kernel's, in its order, whatever the
 // tile: the tile shape only decides which outputs share loads.
-AVX2_FN FORKLINE_INLINE __m256 block_dot_avx2(const __m256* w, const float* x) {
-  __m256 t = _mm256_mul_ps(w[0], _mm256_loadu_ps(x));
-  t = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + 8), t);
-  t = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + 16), t);
-  return _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), t);
+// Lanes 0..7 (h = 0) or 8..15 (h = 1) of a block's t: fma(w[16+j], x[16+j], w[j] x[j]).
+AVX2_FN FORKLINE_INLINE __m256 block_half_avx2(const __m256* w, const float* x, int h) {
+  return _mm256_fmadd_ps(w[2 + h], _mm256_loadu_ps(x + 16 + 8 * h), _mm256_mul_ps(w[h], _mm256_loadu_ps(x + 8 * h)));
 }
 
 AVX2_FN FORKLINE_INLINE void widen_q8_0(const int8_t* w, __m256* wf) {
@@ -424,14 +421,14 @@ AVX2_FN FORKLINE_INLINE void f32_tile_body(const void* wq, const float* wd, cons
   const int64_t K = static_cast<int64_t>(blocks) * 32;
   const int64_t row_bytes = Q41 ? K / 2 : K;
   const uint8_t* w = static_cast<const uint8_t*>(wq);
-  __m256 acc[RM][RN];
+  __m256 acc[RM][RN][2];  // lanes 0..7 and 8..15 of each output's 16
   __m256 off[RN];
 #pragma GCC unroll 8
   for (int n = 0; n < RN; ++n) {
     off[n] = _mm256_setzero_ps();
 #pragma GCC unroll 8
     for (int m = 0; m < RM; ++m) {
-      acc[m][n] = _mm256_setzero_ps();
+      acc[m][n][0] = acc[m][n][1] = _mm256_setzero_ps();
     }
   }
   // The next RN weight rows (the next tile's, when this tile is the last row tile of its column
@@ -472,7 +469,8 @@ AVX2_FN FORKLINE_INLINE void f32_tile_body(const void* wq, const float* wd, cons
       const __m256 dv = _mm256_broadcast_ss(wd + n * blocks + b);
 #pragma GCC unroll 8
       for (int m = 0; m < RM; ++m) {
-        acc[m][n] = _mm256_fmadd_ps(dv, block_dot_avx2(wf, x + m * K + b * 32), acc[m][n]);
+        acc[m][n][0] = _mm256_fmadd_ps(dv, block_half_avx2(wf, x + m * K + b * 32, 0), acc[m][n][0]);
+        acc[m][n][1] = _mm256_fmadd_ps(dv, block_half_avx2(wf, x + m * K + b * 32, 1), acc[m][n][1]);
       }
       if constexpr (Q41) {
         off[n] = _mm256_fmadd_ps(_mm256_broadcast_ss(wm + n * blocks + b), xs, off[n]);
@@ -485,7 +483,98 @@ AVX2_FN FORKLINE_INLINE void f32_tile_body(const void* wq, const float* wd, cons
     _mm256_store_ps(o, off[n]);
 #pragma GCC unroll 8
     for (int m = 0; m < RM; ++m) {
-      const float dot = reduce8_avx2(acc[m][n]);
+      const float dot = reduce8_avx2(_mm256_add_ps(acc[m][n][0], acc[m][n][1]));
+      out[m * ldo + n] = Q41 ? dot + o[m] : dot;
+    }
+  }
+}
+
+// 16-lane widening (AVX-512): a block's weights 0..15 and 16..31 in two registers.
+AVX512_FN FORKLINE_INLINE void widen16_q4_1(const uint8_t* w, __m512* wf) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  wf[0] = _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(0x0F)));
+  wf[1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+}
+
+AVX512_FN FORKLINE_INLINE void widen16_q8_0(const int8_t* w, __m512* wf) {
+  wf[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))));
+  wf[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16))));
+}
+
+// The same tile with AVX-512's 16-lane registers: one accumulator per output holds the 16 lanes the
+// AVX2 tile keeps in two, with the same operations lane by lane (bitwise its results).
+template <bool Q41, int RM, int RN>
+AVX512_FN FORKLINE_INLINE void f32_tile_body16(const void* wq, const float* wd, const float* wm, int blocks,
+                                           const float* x, const float* xsum_t, int64_t ldx, float* out,
+                                           int64_t ldo) {
+  const int64_t K = static_cast<int64_t>(blocks) * 32;
+  const int64_t row_bytes = Q41 ? K / 2 : K;
+  const uint8_t* w = static_cast<const uint8_t*>(wq);
+  __m512 acc[RM][RN];  // an output's 16 lanes in one register
+  __m256 off[RN];
+#pragma GCC unroll 8
+  for (int n = 0; n < RN; ++n) {
+    off[n] = _mm256_setzero_ps();
+#pragma GCC unroll 8
+    for (int m = 0; m < RM; ++m) {
+      acc[m][n] = _mm512_setzero_ps();
+    }
+  }
+  // The next RN weight rows (the next tile's, when this tile is the last row tile of its column
+  // run) are prefetched a line per row every 64 bytes of blocks: interleaved rows defeat the hardware
+  // stream prefetcher (a 1 x 4 q8_0 tile streaming from memory ran at 0.4x the one-row speed without
+  // it, 0.6x with it: hence one-row q8_0 tiles at one or two rows).
+  constexpr int kBlocksPerLine = Q41 ? 4 : 2;
+  constexpr int ahead = RN;
+  const uint8_t* next = w + ahead * row_bytes;
+#pragma GCC unroll 4
+  for (int n = 0; n < RN; ++n) {
+    _mm_prefetch(reinterpret_cast<const char*>(wd + (ahead + n) * blocks), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wd + (ahead + n) * blocks) + 64, _MM_HINT_T0);
+    if constexpr (Q41) {
+      _mm_prefetch(reinterpret_cast<const char*>(wm + (ahead + n) * blocks), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wm + (ahead + n) * blocks) + 64, _MM_HINT_T0);
+    }
+  }
+  for (int b = 0; b < blocks; ++b) {
+    __m256 xs = _mm256_setzero_ps();
+    if constexpr (Q41) {
+      xs = _mm256_loadu_ps(xsum_t + b * ldx);  // lane m: row m's block sum
+    }
+    if (b % kBlocksPerLine == 0) {
+#pragma GCC unroll 4
+      for (int n = 0; n < RN; ++n) {
+        _mm_prefetch(reinterpret_cast<const char*>(next + n * row_bytes + b * (Q41 ? 16 : 32)), _MM_HINT_T0);
+      }
+    }
+#pragma GCC unroll 8
+    for (int n = 0; n < RN; ++n) {
+      __m512 wf[2];
+      if constexpr (Q41) {
+        widen16_q4_1(w + n * row_bytes + b * 16, wf);
+      } else {
+        widen16_q8_0(reinterpret_cast<const int8_t*>(w) + n * row_bytes + b * 32, wf);
+      }
+      const __m512 dv = _mm512_set1_ps(wd[n * blocks + b]);
+#pragma GCC unroll 8
+      for (int m = 0; m < RM; ++m) {
+        const float* xb = x + m * K + b * 32;
+        const __m512 t = _mm512_fmadd_ps(wf[1], _mm512_loadu_ps(xb + 16), _mm512_mul_ps(wf[0], _mm512_loadu_ps(xb)));
+        acc[m][n] = _mm512_fmadd_ps(dv, t, acc[m][n]);
+      }
+      if constexpr (Q41) {
+        off[n] = _mm256_fmadd_ps(_mm256_broadcast_ss(wm + n * blocks + b), xs, off[n]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int n = 0; n < RN; ++n) {
+    alignas(32) float o[8];
+    _mm256_store_ps(o, off[n]);
+#pragma GCC unroll 8
+    for (int m = 0; m < RM; ++m) {
+      const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[m][n]), 1));
+      const float dot = reduce8_avx2(_mm256_add_ps(_mm512_castps512_ps256(acc[m][n]), hi));
       out[m * ldo + n] = Q41 ? dot + o[m] : dot;
     }
   }
@@ -500,7 +589,7 @@ AVX2_FN void f32_tile_avx2(const void* wq, const float* wd, const float* wm, int
 template <bool Q41, int RM, int RN>
 AVX512_FN void f32_tile_avx512(const void* wq, const float* wd, const float* wm, int blocks, const float* x,
                                const float* xsum_t, int64_t ldx, float* out, int64_t ldo) {
-  f32_tile_body<Q41, RM, RN>(wq, wd, wm, blocks, x, xsum_t, ldx, out, ldo);
+  f32_tile_body16<Q41, RM, RN>(wq, wd, wm, blocks, x, xsum_t, ldx, out, ldo);
 }
 
 using F32Tile = void (*)(const void*, const float*, const float*, int, const float*, const float*, int64_t,

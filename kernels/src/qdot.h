@@ -6,10 +6,11 @@
 //         and weight i+16 in its high nibble; wd, wm float [N, K/32]; w = wd[b] * q + wm[b]
 // Two activation modes:
 // - float (the *_f32 kernels, what the engine uses): weights are widened to float in registers and
-//   multiplied with float32 activations; per block, lane j (j < 8) is t_j = w[j]x[j], then
-//   t_j = fma(w[8+i+j], x[8i+j], t_j) for i = 1..3, and acc_j = fma(wd[b], t_j, acc_j); for q4_1 the
-//   offset term sum_b fma(wm[b], xsum[b]) is added at the end. Only float rounding separates the result
-//   from float64 arithmetic on the dequantized weights (~1e-6 relative).
+//   multiplied with float32 activations; per block, 16 lanes t_j = fma(w[16+j], x[16+j], w[j]x[j]) and
+//   acc_j = fma(wd[b], t_j, acc_j) (j < 16: one AVX-512 register, two AVX2 ones); at the end the lanes
+//   fold to eight, acc_j + acc_{j+8}, then the fixed reduction below; for q4_1 the offset term
+//   sum_b fma(wm[b], xsum[b]) is added last. Only float rounding separates the result from float64
+//   arithmetic on the dequantized weights (~1e-6 relative).
 // - int8 (the others): activations quantized per 32-block (xd[b] = amax/127, xq = rint(x * 127/amax)), so
 //   a block dot product is exact in int32; lane j += (wd*xd) * (int sum of elements 4j..4j+3). Faster at
 //   many rows, but costs ~1 logit of accuracy on SmolLM2 (its activations have outliers).
@@ -17,7 +18,7 @@
 // of the eight lanes: they agree bit for bit, and every output depends only on its own row of x and of
 // W: the same for any batch size, thread count or tile. The float kernels run register tiles of up to
 // 6 rows of x x 4 rows of W (each widened weight block serves the tile's rows, each x block its weight
-// rows; 4 x 2 on AVX2's 16 registers, 4 x 4 with AVX-512VL's 32, one or two rows x 1 or 4 rows of W
+// rows; 2 x 2 on AVX2's 16 registers, 4 x 4 with AVX-512's 32, one or two rows x 1 or 4 rows of W
 // when memory-bound): one accumulator per output, so a tile changes which loads are shared, never an
 // output's operations.
 #pragma once
