@@ -53,13 +53,20 @@ class SequenceStep:
         expect = (self._total, cfg.kv_heads, cfg.head_dim)
         if tuple(keys.shape) != expect or tuple(values.shape) != expect:
             raise CacheError(f"keys/values must be {list(expect)}, got {keys.shape} / {values.shape}")
-        k_t = (keys if keys.dtype == cfg.dtype else keys.astype(cfg.dtype)).transpose(1, 0, 2)
-        v_t = (values if values.dtype == cfg.dtype else values.astype(cfg.dtype)).transpose(1, 0, 2)
-        # k_t, v_t: [kv_heads, T, head_dim]
+        keys = keys if keys.dtype == cfg.dtype else keys.astype(cfg.dtype)
+        values = values if values.dtype == cfg.dtype else values.astype(cfg.dtype)
+        store = _kernel_store()
+        if store is not None:  # every part's rows in one op (see forkline_kernels.kv_store)
+            self._store(store, layer, keys, values)
+        else:
+            k_t, v_t = keys.transpose(1, 0, 2), values.transpose(1, 0, 2)  # [kv_heads, T, head_dim]
+            for part in self._parts:
+                rows = slice(part.offset, part.offset + part.length)
+                part.cache.write(layer, part.start, k_t[:, rows, :], v_t[:, rows, :])
         out = []
         for i, part in enumerate(self._parts):
             rows = slice(part.offset, part.offset + part.length)
-            k_view, v_view = part.cache.write(layer, part.start, k_t[:, rows, :], v_t[:, rows, :])
+            k_view, v_view = part.cache.view(layer, part.start + part.length)
             if part.cache.is_ring(layer):
                 key = (i, cfg.layers[layer].window)
                 if key not in self._masks:
@@ -78,8 +85,33 @@ class SequenceStep:
             out.append(KVView(rows=rows, keys=k_view, values=v_view, mask=mask, positions=positions))
         return out
 
+    def _store(self, store, layer: int, keys: mx.array, values: mx.array) -> None:
+        """keys, values: [T, kv_heads, head_dim] in the cache's dtype, written by one ``kv_store`` op."""
+        writes = [
+            (i, part.offset + offset, index, rows)
+            for i, part in enumerate(self._parts)
+            for index, offset, rows in part.cache.write_runs(layer, part.start, part.length)
+        ]
+        buffers = [part.cache.buffers(layer) for part in self._parts]
+        new_keys, new_values = store(keys, values, [b[0] for b in buffers], [b[1] for b in buffers], writes)
+        del buffers  # the cache's references go with the old buffers: the op may reuse them in place
+        for part, k, v in zip(self._parts, new_keys, new_values, strict=True):
+            part.cache.set_buffers(layer, k, v)
+
     def state(self) -> list[mx.array]:
         return [a for part in self._parts for a in part.cache.arrays()]
+
+
+def _kernel_store():
+    """``forkline_kernels.kv_store`` when the compiled kernels load and the stream is the CPU's, else
+    None (the per-sequence MLX slice updates). Imported on use: the cache does not depend on the
+    model package at import time."""
+    from engine_service.model.cpu_kernels import kernels
+
+    ext = kernels()
+    if ext is None or not hasattr(ext, "kv_store") or mx.default_device() != mx.cpu:
+        return None
+    return ext.kv_store
 
 
 class BatchedSequenceCache(ConfiguredCache):

@@ -147,6 +147,31 @@ class SequenceCache:
             self._keys[layer] = mx.concatenate([keys, pad], axis=1)
             self._values[layer] = mx.concatenate([self._values[layer], pad], axis=1)
 
+    def write_runs(self, layer: int, start: int, n: int) -> list[tuple[int, int, int]]:
+        """Grow ``layer``'s buffers for rows ``start .. start + n - 1`` (reserved) and say where they go:
+        ``(index, offset, rows)`` runs, rows ``offset .. offset + rows - 1`` of the step's ``n`` at
+        buffer indices ``index ..`` (one run on a flat layer, two where a ring wraps)."""
+        end = start + n
+        slots = self._slots[layer]
+        if slots is None:
+            self._ensure(layer, end)
+            return [(start, 0, n)]
+        self._ensure(layer, min(end, slots))
+        a = start % slots
+        first = min(n, slots - a)  # rows before the ring wraps (n <= max_write <= slots: wraps once)
+        return [(a, 0, first)] if first == n else [(a, 0, first), (0, first, n - first)]
+
+    def set_buffers(self, layer: int, keys: mx.array, values: mx.array) -> None:
+        """Replace ``layer``'s buffers with updated ones of the same shape (a batched K/V write)."""
+        self._keys[layer], self._values[layer] = keys, values
+
+    def view(self, layer: int, end: int) -> tuple[mx.array, mx.array]:
+        """``layer``'s (keys, values) as a step ending at position ``end`` reads them: [kv_heads, S,
+        head_dim], ``S = end`` on a flat layer, ``min(end, slots)`` filled slots on a ring."""
+        slots = self._slots[layer]
+        filled = end if slots is None else min(end, slots)
+        return self._keys[layer][:, :filled, :], self._values[layer][:, :filled, :]
+
     def write(self, layer: int, start: int, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Store rows ``start .. start + n - 1`` and return this layer's view ``(keys, values)``.
 
@@ -155,23 +180,10 @@ class SequenceCache:
         ring's filled slots ``S = min(start + n, slots)`` on a ring layer (see :meth:`ring_mask`).
         """
         n = keys.shape[1]
-        end = start + n
-        slots = self._slots[layer]
-        if slots is None:
-            self._ensure(layer, end)
-            self._keys[layer][:, start:end, :] = keys
-            self._values[layer][:, start:end, :] = values
-            return self._keys[layer][:, :end, :], self._values[layer][:, :end, :]
-        self._ensure(layer, min(end, slots) if end <= slots else slots)
-        a = start % slots
-        first = min(n, slots - a)  # rows before the ring wraps (n <= max_write <= slots: wraps once)
-        self._keys[layer][:, a : a + first, :] = keys[:, :first, :]
-        self._values[layer][:, a : a + first, :] = values[:, :first, :]
-        if first < n:
-            self._keys[layer][:, : n - first, :] = keys[:, first:, :]
-            self._values[layer][:, : n - first, :] = values[:, first:, :]
-        filled = min(end, slots)
-        return self._keys[layer][:, :filled, :], self._values[layer][:, :filled, :]
+        for index, offset, rows in self.write_runs(layer, start, n):
+            self._keys[layer][:, index : index + rows, :] = keys[:, offset : offset + rows, :]
+            self._values[layer][:, index : index + rows, :] = values[:, offset : offset + rows, :]
+        return self.view(layer, start + n)
 
     def ring_mask(self, layer: int, start: int, n: int) -> np.ndarray:
         """bool [n, min(start + n, slots)]: query ``start + i`` may read slot ``j``.

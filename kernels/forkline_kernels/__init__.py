@@ -5,7 +5,8 @@ block-quantized W (formats in ``src/qdot.h``) as one MLX op; ``causal_attention(
 values, key_pos, scale=...)`` is batch-invariant attention over any number of cache parts, float32 /
 float16 / bfloat16 K/V read as stored (``src/attention.h``); ``fused_linear`` / ``fused_qkv`` are the
 matmuls with a decoder layer's elementwise work fused in (RMSNorm before, gating / post-norm / residual
-or QK-norm and RoPE after: ``src/fused.h``). Every result is bitwise independent of the
+or QK-norm and RoPE after: ``src/fused.h``); ``kv_store`` writes a layer's new K/V rows into a step's
+cache buffers in one op (``src/kv_store.h``). Every result is bitwise independent of the
 ISA (``isa()``: avx512 / avx2 / scalar), the thread count and the pool policy (``set_pool_tuning``,
 ``src/pool.h``). Importing raises ImportError when the extension is missing or was built against
 another mlx version than the one installed (MLX's C++ ABI changes between releases); callers fall
@@ -28,6 +29,7 @@ q8_0_matmul = _ext.q8_0_matmul
 causal_attention = _ext.causal_attention
 fused_linear = _ext.fused_linear
 fused_qkv = _ext.fused_qkv
+kv_store = _ext.kv_store
 q4_1_matmul = _ext.q4_1_matmul
 isa = _ext.isa
 best_isa = _ext.best_isa

@@ -1,6 +1,7 @@
 // Python bindings: only argument conversion; the work is in qmatmul.cpp and qdot.cpp.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
@@ -8,6 +9,7 @@
 
 #include "attention.h"
 #include "fused.h"
+#include "kv_store.h"
 #include "pool.h"
 #include "qdot.h"
 #include "qmatmul.h"
@@ -56,6 +58,12 @@ NB_MODULE(_ext, m) {
         "keys/values [Hkv, S_i, D] (float32, float16 or bfloat16, read as stored) and key_pos int32 [S_i] "
         "(-1: never read) -> float32 [n, Hq, D]; groups: (row_start, row_stop, parts) per group of rows, in "
         "order (several sequences in one call: each group's rows read only its parts)");
+
+  m.def("kv_store", &forkline::kv_store, "k"_a, "v"_a, "keys"_a, "values"_a, "writes"_a, nb::kw_only(),
+        "stream"_a = nb::none(),
+        "one layer's new K/V rows into cache buffers (see src/kv_store.h): k, v [T, kv_heads, head_dim]; lists "
+        "of buffers keys / values [kv_heads, A_i, head_dim] in k's dtype; writes (buffer, src_row, dst_row, "
+        "rows) -> the updated (keys, values) lists, in place where MLX allows");
 
   m.def("isa", [] { return std::string(forkline::isa_name(forkline::active_isa())); },
         "the instruction set the kernels use now: 'avx512', 'avx2' or 'scalar'");
