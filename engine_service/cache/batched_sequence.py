@@ -55,8 +55,8 @@ class SequenceStep:
             raise CacheError(f"keys/values must be {list(expect)}, got {keys.shape} / {values.shape}")
         keys = keys if keys.dtype == cfg.dtype else keys.astype(cfg.dtype)
         values = values if values.dtype == cfg.dtype else values.astype(cfg.dtype)
-        store = _kernel_store()
-        if store is not None:  # every part's rows in one op (see forkline_kernels.kv_store)
+        store = cfg.kv_store if mx.default_device() == mx.cpu else None
+        if store is not None:  # every part's rows in one op (see CacheConfig.kv_store)
             self._store(store, layer, keys, values)
         else:
             k_t, v_t = keys.transpose(1, 0, 2), values.transpose(1, 0, 2)  # [kv_heads, T, head_dim]
@@ -100,18 +100,6 @@ class SequenceStep:
 
     def state(self) -> list[mx.array]:
         return [a for part in self._parts for a in part.cache.arrays()]
-
-
-def _kernel_store():
-    """``forkline_kernels.kv_store`` when the compiled kernels load and the stream is the CPU's, else
-    None (the per-sequence MLX slice updates). Imported on use: the cache does not depend on the
-    model package at import time."""
-    from engine_service.model.cpu_kernels import kernels
-
-    ext = kernels()
-    if ext is None or not hasattr(ext, "kv_store") or mx.default_device() != mx.cpu:
-        return None
-    return ext.kv_store
 
 
 class BatchedSequenceCache(ConfiguredCache):

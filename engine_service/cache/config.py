@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 
@@ -48,6 +49,10 @@ class CacheConfig:
     initial_capacity: rows a flat layer preallocates for a new sequence (grows in steps of this).
     max_write: most positions one step may write for one sequence on a ring layer; ring layers keep
         ``window + max_write - 1`` physical slots.
+    kv_store: the op that writes a step's new K/V rows into several buffers at once,
+        ``kv_store(k, v, keys, values, writes) -> (keys, values)`` (``forkline_kernels.kv_store``, which
+        the executor passes when the compiled kernels load; used on a CPU stream), or None: one MLX
+        slice update per buffer. Not part of the geometry (equal configs may differ in it).
     """
 
     capacity: int
@@ -58,6 +63,7 @@ class CacheConfig:
     dtype: mx.Dtype = mx.float32
     initial_capacity: int = 256
     max_write: int = 512
+    kv_store: Callable | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("capacity", "max_seqs", "kv_heads", "head_dim", "initial_capacity", "max_write"):

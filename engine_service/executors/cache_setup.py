@@ -14,6 +14,7 @@ import mlx.core as mx
 from engine_service.api.errors import InvalidArgument, ResourceExhausted
 from engine_service.cache.batch_control import BatchControl
 from engine_service.cache.config import CacheConfig
+from engine_service.model.cpu_kernels import kernels
 
 # --kv_dtype choices; auto: float16 where the attention reads half precision as stored (the compiled
 # CPU kernel, or a GPU), float32 where it would upcast the cache every step (MLX's CPU ops)
@@ -88,6 +89,7 @@ def cache_config(
             dtype=resolve_kv_dtype(kv_dtype),
             initial_capacity=min(_PREALLOCATE, max_session_tokens),
             max_write=max_write,
+            kv_store=getattr(kernels(), "kv_store", None),
         )
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from exc

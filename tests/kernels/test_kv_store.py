@@ -83,23 +83,23 @@ def test_bad_arguments_raise_value_error():
         fk.kv_store(k, k, [buf], [], [])
 
 
-def test_sequence_cache_buffers_match_the_slice_update_path(monkeypatch):
+def test_sequence_cache_buffers_match_the_slice_update_path():
     """Flat and ring layers over wrapping steps of several sequences: the buffers written through the
-    op equal those of the MLX slice-update path, bitwise (the per-layer views are read from them)."""
-    import engine_service.cache.batched_sequence as bs
+    op equal those of the MLX slice-update path (a config without ``kv_store``), bitwise."""
+    from dataclasses import replace
+
     from engine_service.cache.batch_control import Segment
+    from engine_service.cache.batched_sequence import BatchedSequenceCache
     from engine_service.cache.config import CacheConfig, LayerSpec
 
     config = CacheConfig(
         capacity=512, max_seqs=3, layers=(LayerSpec(), LayerSpec("sliding", 4)), kv_heads=2, head_dim=8,
-        initial_capacity=4, max_write=3,
+        initial_capacity=4, max_write=3, kv_store=fk.kv_store,
     )  # fmt: skip
-    assert bs._kernel_store() is not None
     results = []
-    for store in (bs._kernel_store, lambda: None):
-        monkeypatch.setattr(bs, "_kernel_store", store)
+    for cfg in (config, replace(config, kv_store=None)):
         rng = np.random.default_rng(3)
-        cache = bs.BatchedSequenceCache(config)
+        cache = BatchedSequenceCache(cfg)
         seqs = [cache.seq_new() for _ in range(3)]
         for step_rows in ([3, 1, 2], [1, 3, 1], [2, 2, 3], [1, 1, 1], [3, 3, 3]):
             segs = [Segment(s, cache.pos(s), n) for s, n in zip(seqs, step_rows, strict=True)]
@@ -110,6 +110,6 @@ def test_sequence_cache_buffers_match_the_slice_update_path(monkeypatch):
                 step.views(layer, k, k * 3)
             mx.eval(step.state())
         results.append([np.array(a) for s in seqs for a in cache.sequence(s).arrays()])
-    assert len(results[0]) == len(results[1])
+    assert len(results[0]) == len(results[1]) == 12
     for a, b in zip(*results, strict=True):
         assert np.array_equal(a, b)

@@ -14,6 +14,7 @@ import engine_service  # noqa: F401  (OpenBLAS before mlx)
 from engine_service.cache.batch_control import KVView, Segment
 from engine_service.cache.config import CacheConfig, LayerSpec
 from engine_service.cache.registry import build_cache
+from engine_service.model.cpu_kernels import kernels
 
 HEADS = 2
 DIM = 8
@@ -23,8 +24,10 @@ TOL = 1e-5
 def geometry(
     max_write: int, capacity: int = 4096, max_seqs: int = 16, initial: int = 8, ring: bool = True
 ) -> CacheConfig:
-    """Layer 0 flat, layer 1 ring with window 4 (the seed geometry); ``ring=False``: both flat."""
+    """Layer 0 flat, layer 1 ring with window 4 (the seed geometry); ``ring=False``: both flat. With the
+    compiled kernels' batched K/V write when they load, as an engine's cache has it."""
     return CacheConfig(
+        kv_store=getattr(kernels(), "kv_store", None),
         capacity=capacity,
         max_seqs=max_seqs,
         layers=(LayerSpec(), LayerSpec("sliding", 4) if ring else LayerSpec()),
