@@ -65,6 +65,13 @@ std::pair<std::vector<mx::array>, std::vector<mx::array>> kv_store(
       bad("buffers must have k's dtype");
     }
   }
+  for (size_t i = 0; i < keys.size(); ++i) {  // one output per buffer: a buffer listed twice would fork
+    for (size_t j = 0; j < keys.size(); ++j) {
+      if (keys[i].id() == values[j].id() || (i < j && (keys[i].id() == keys[j].id() || values[i].id() == values[j].id()))) {
+        bad("every buffer must be a distinct array");
+      }
+    }
+  }
   std::vector<int> spec;
   for (const auto& [buffer, src, dst, rows] : writes) {
     if (buffer < 0 || buffer >= static_cast<int>(keys.size()) || rows < 1 || src < 0 || src + rows > t ||

@@ -18,7 +18,8 @@ namespace mx = mlx::core;
 
 namespace forkline {
 
-// k, v: [T, Hkv, D] (the step's rows, packed); keys[i], values[i]: [Hkv, A_i, D] buffers of k's dtype;
+// k, v: [T, Hkv, D] (the step's rows, packed); keys[i], values[i]: [Hkv, A_i, D] buffers of k's dtype,
+// each a distinct array;
 // writes: (buffer, src_row, dst_row, rows): rows k[src_row .. + rows) go to keys[buffer][:, dst_row ..
 // + rows, :] (values likewise). Returns the updated (keys, values) buffers, same shapes.
 std::pair<std::vector<mx::array>, std::vector<mx::array>> kv_store(

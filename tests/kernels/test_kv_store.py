@@ -71,16 +71,22 @@ def test_strided_inputs_are_read_by_their_strides():
 def test_bad_arguments_raise_value_error():
     k = mx.zeros((2, 2, 8))
     buf = mx.zeros((2, 4, 8))
+    vbuf = mx.zeros((2, 4, 8))
     with pytest.raises(ValueError, match="outside"):
-        fk.kv_store(k, k, [buf], [buf], [(0, 0, 3, 2)])
+        fk.kv_store(k, k, [buf], [vbuf], [(0, 0, 3, 2)])
     with pytest.raises(ValueError, match="outside"):
-        fk.kv_store(k, k, [buf], [buf], [(1, 0, 0, 1)])
+        fk.kv_store(k, k, [buf], [vbuf], [(1, 0, 0, 1)])
     with pytest.raises(ValueError, match="dtype"):
-        fk.kv_store(k, k, [buf.astype(mx.float16)], [buf.astype(mx.float16)], [(0, 0, 0, 1)])
+        fk.kv_store(k, k, [buf.astype(mx.float16)], [vbuf.astype(mx.float16)], [(0, 0, 0, 1)])
     with pytest.raises(ValueError, match="buffers must be"):
         fk.kv_store(k, k, [mx.zeros((3, 4, 8))], [mx.zeros((3, 4, 8))], [(0, 0, 0, 1)])
     with pytest.raises(ValueError, match="one length"):
         fk.kv_store(k, k, [buf], [], [])
+    other = mx.zeros((2, 4, 8))
+    with pytest.raises(ValueError, match="distinct"):  # one buffer as keys and values: two outputs, one array
+        fk.kv_store(k, k, [buf], [buf], [(0, 0, 0, 1)])
+    with pytest.raises(ValueError, match="distinct"):
+        fk.kv_store(k, k, [buf, buf], [other, mx.zeros((2, 4, 8))], [(0, 0, 0, 1)])
 
 
 def test_sequence_cache_buffers_match_the_slice_update_path():
