@@ -10,7 +10,7 @@ single-row decode; ring layers get an explicit bool mask over the ring's slots.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -85,8 +85,10 @@ class SequenceStep:
             out.append(KVView(rows=rows, keys=k_view, values=v_view, mask=mask, positions=positions))
         return out
 
-    def _store(self, store, layer: int, keys: mx.array, values: mx.array) -> None:
-        """keys, values: [T, kv_heads, head_dim] in the cache's dtype, written by one ``kv_store`` op."""
+    def _store(self, store: Callable, layer: int, keys: mx.array, values: mx.array) -> None:
+        """keys, values: [T, kv_heads, head_dim] in the cache's dtype, written by one ``kv_store`` op. The
+        caches then hold the op's outputs, so when it runs it holds the only reference to a buffer nothing
+        else reads and updates it in place."""
         writes = [
             (i, part.offset + offset, index, rows)
             for i, part in enumerate(self._parts)
@@ -94,7 +96,6 @@ class SequenceStep:
         ]
         buffers = [part.cache.buffers(layer) for part in self._parts]
         new_keys, new_values = store(keys, values, [b[0] for b in buffers], [b[1] for b in buffers], writes)
-        del buffers  # the cache's references go with the old buffers: the op may reuse them in place
         for part, k, v in zip(self._parts, new_keys, new_values, strict=True):
             part.cache.set_buffers(layer, k, v)
 
