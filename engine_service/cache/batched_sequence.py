@@ -10,7 +10,7 @@ single-row decode; ring layers get an explicit bool mask over the ring's slots.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -44,6 +44,8 @@ class SequenceStep:
         # ring masks depend only on (segment, window geometry): built once per step, shared by layers
         self._masks: dict[tuple[int, int], mx.array] = {}
         self._positions: dict[tuple[int, int | None], mx.array] = {}  # (segment, ring slots or None)
+        # the batched K/V write where one is configured and the stream is the CPU's (decided per step)
+        self._kv_store = config.kv_store if mx.default_device() == mx.cpu else None
 
     def views(self, layer: int, keys: mx.array, values: mx.array) -> list[KVView]:
         """keys, values: [T, kv_heads, head_dim] packed in segment order. One view per segment."""
@@ -55,9 +57,8 @@ class SequenceStep:
             raise CacheError(f"keys/values must be {list(expect)}, got {keys.shape} / {values.shape}")
         keys = keys if keys.dtype == cfg.dtype else keys.astype(cfg.dtype)
         values = values if values.dtype == cfg.dtype else values.astype(cfg.dtype)
-        store = cfg.kv_store if mx.default_device() == mx.cpu else None
-        if store is not None:  # every part's rows in one op (see CacheConfig.kv_store)
-            self._store(store, layer, keys, values)
+        if self._kv_store is not None:  # every part's rows in one op (see CacheConfig.kv_store)
+            self._store(layer, keys, values)
         else:
             k_t, v_t = keys.transpose(1, 0, 2), values.transpose(1, 0, 2)  # [kv_heads, T, head_dim]
             for part in self._parts:
@@ -85,7 +86,7 @@ class SequenceStep:
             out.append(KVView(rows=rows, keys=k_view, values=v_view, mask=mask, positions=positions))
         return out
 
-    def _store(self, store: Callable, layer: int, keys: mx.array, values: mx.array) -> None:
+    def _store(self, layer: int, keys: mx.array, values: mx.array) -> None:
         """keys, values: [T, kv_heads, head_dim] in the cache's dtype, written by one ``kv_store`` op. The
         caches then hold the op's outputs, so when it runs it holds the only reference to a buffer nothing
         else reads and updates it in place."""
@@ -95,7 +96,9 @@ class SequenceStep:
             for index, offset, rows in part.cache.write_runs(layer, part.start, part.length)
         ]
         buffers = [part.cache.buffers(layer) for part in self._parts]
-        new_keys, new_values = store(keys, values, [b[0] for b in buffers], [b[1] for b in buffers], writes)
+        new_keys, new_values = self._kv_store(
+            keys, values, [b[0] for b in buffers], [b[1] for b in buffers], writes
+        )
         for part, k, v in zip(self._parts, new_keys, new_values, strict=True):
             part.cache.set_buffers(layer, k, v)
 

@@ -412,6 +412,50 @@ AVX2_FN FORKLINE_INLINE void widen_q4_1(const uint8_t* w, __m256* wf) {
   wf[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4));
 }
 
+// What both tile bodies share. The scales (and mins) of the next RN weight rows -- the next tile's,
+// when this tile is the last row tile of its column run -- prefetched at the start, and their blocks
+// a line per row every 64 bytes as the tile goes: interleaved rows defeat the hardware stream
+// prefetcher (a 1 x 4 q8_0 tile streaming from memory ran at 0.4x the one-row speed without it, 0.6x
+// with it: hence one-row q8_0 tiles at one or two rows).
+template <bool Q41, int RN>
+AVX2_FN FORKLINE_INLINE void prefetch_scales(const float* wd, const float* wm, int blocks) {
+#pragma GCC unroll 4
+  for (int n = 0; n < RN; ++n) {
+    _mm_prefetch(reinterpret_cast<const char*>(wd + (RN + n) * blocks), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wd + (RN + n) * blocks) + 64, _MM_HINT_T0);
+    if constexpr (Q41) {
+      _mm_prefetch(reinterpret_cast<const char*>(wm + (RN + n) * blocks), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wm + (RN + n) * blocks) + 64, _MM_HINT_T0);
+    }
+  }
+}
+
+template <bool Q41, int RN>
+AVX2_FN FORKLINE_INLINE void prefetch_block(const uint8_t* next, int64_t row_bytes, int b) {
+  if (b % (Q41 ? 4 : 2) == 0) {
+#pragma GCC unroll 4
+    for (int n = 0; n < RN; ++n) {
+      _mm_prefetch(reinterpret_cast<const char*>(next + n * row_bytes + b * (Q41 ? 16 : 32)), _MM_HINT_T0);
+    }
+  }
+}
+
+// out(m, n) = the fixed 8-lane reduction of folded[m][n] (each output's 16 lanes folded to 8), plus
+// q4_1's offset: lane m of off[n].
+template <bool Q41, int RM, int RN>
+AVX2_FN FORKLINE_INLINE void store_tile(const __m256 (&folded)[RM][RN], const __m256* off, float* out, int64_t ldo) {
+#pragma GCC unroll 8
+  for (int n = 0; n < RN; ++n) {
+    alignas(32) float o[8];
+    _mm256_store_ps(o, off[n]);
+#pragma GCC unroll 8
+    for (int m = 0; m < RM; ++m) {
+      const float dot = reduce8_avx2(folded[m][n]);
+      out[m * ldo + n] = Q41 ? dot + o[m] : dot;
+    }
+  }
+}
+
 // Outputs (m, n) for m < RM, n < RN: x rows from x (stride K), weight rows from wq's first; xsum_t
 // points at row 0's column (q4_1 only). Inlined into one wrapper per register file below.
 template <bool Q41, int RM, int RN>
@@ -431,33 +475,14 @@ AVX2_FN FORKLINE_INLINE void f32_tile_body(const void* wq, const float* wd, cons
       acc[m][n][0] = acc[m][n][1] = _mm256_setzero_ps();
     }
   }
-  // The next RN weight rows (the next tile's, when this tile is the last row tile of its column
-  // run) are prefetched a line per row every 64 bytes of blocks: interleaved rows defeat the hardware
-  // stream prefetcher (a 1 x 4 q8_0 tile streaming from memory ran at 0.4x the one-row speed without
-  // it, 0.6x with it: hence one-row q8_0 tiles at one or two rows).
-  constexpr int kBlocksPerLine = Q41 ? 4 : 2;
-  constexpr int ahead = RN;
-  const uint8_t* next = w + ahead * row_bytes;
-#pragma GCC unroll 4
-  for (int n = 0; n < RN; ++n) {
-    _mm_prefetch(reinterpret_cast<const char*>(wd + (ahead + n) * blocks), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(wd + (ahead + n) * blocks) + 64, _MM_HINT_T0);
-    if constexpr (Q41) {
-      _mm_prefetch(reinterpret_cast<const char*>(wm + (ahead + n) * blocks), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(wm + (ahead + n) * blocks) + 64, _MM_HINT_T0);
-    }
-  }
+  const uint8_t* next = w + RN * row_bytes;
+  prefetch_scales<Q41, RN>(wd, wm, blocks);
   for (int b = 0; b < blocks; ++b) {
     __m256 xs = _mm256_setzero_ps();
     if constexpr (Q41) {
       xs = _mm256_loadu_ps(xsum_t + b * ldx);  // lane m: row m's block sum
     }
-    if (b % kBlocksPerLine == 0) {
-#pragma GCC unroll 4
-      for (int n = 0; n < RN; ++n) {
-        _mm_prefetch(reinterpret_cast<const char*>(next + n * row_bytes + b * (Q41 ? 16 : 32)), _MM_HINT_T0);
-      }
-    }
+    prefetch_block<Q41, RN>(next, row_bytes, b);
 #pragma GCC unroll 8
     for (int n = 0; n < RN; ++n) {
       __m256 wf[4];
@@ -477,16 +502,15 @@ AVX2_FN FORKLINE_INLINE void f32_tile_body(const void* wq, const float* wd, cons
       }
     }
   }
+  __m256 folded[RM][RN];
 #pragma GCC unroll 8
-  for (int n = 0; n < RN; ++n) {
-    alignas(32) float o[8];
-    _mm256_store_ps(o, off[n]);
+  for (int m = 0; m < RM; ++m) {
 #pragma GCC unroll 8
-    for (int m = 0; m < RM; ++m) {
-      const float dot = reduce8_avx2(_mm256_add_ps(acc[m][n][0], acc[m][n][1]));
-      out[m * ldo + n] = Q41 ? dot + o[m] : dot;
+    for (int n = 0; n < RN; ++n) {
+      folded[m][n] = _mm256_add_ps(acc[m][n][0], acc[m][n][1]);
     }
   }
+  store_tile<Q41, RM, RN>(folded, off, out, ldo);
 }
 
 // 16-lane widening (AVX-512): a block's weights 0..15 and 16..31 in two registers.
@@ -520,33 +544,14 @@ AVX512_FN FORKLINE_INLINE void f32_tile_body16(const void* wq, const float* wd, 
       acc[m][n] = _mm512_setzero_ps();
     }
   }
-  // The next RN weight rows (the next tile's, when this tile is the last row tile of its column
-  // run) are prefetched a line per row every 64 bytes of blocks: interleaved rows defeat the hardware
-  // stream prefetcher (a 1 x 4 q8_0 tile streaming from memory ran at 0.4x the one-row speed without
-  // it, 0.6x with it: hence one-row q8_0 tiles at one or two rows).
-  constexpr int kBlocksPerLine = Q41 ? 4 : 2;
-  constexpr int ahead = RN;
-  const uint8_t* next = w + ahead * row_bytes;
-#pragma GCC unroll 4
-  for (int n = 0; n < RN; ++n) {
-    _mm_prefetch(reinterpret_cast<const char*>(wd + (ahead + n) * blocks), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(wd + (ahead + n) * blocks) + 64, _MM_HINT_T0);
-    if constexpr (Q41) {
-      _mm_prefetch(reinterpret_cast<const char*>(wm + (ahead + n) * blocks), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(wm + (ahead + n) * blocks) + 64, _MM_HINT_T0);
-    }
-  }
+  const uint8_t* next = w + RN * row_bytes;
+  prefetch_scales<Q41, RN>(wd, wm, blocks);
   for (int b = 0; b < blocks; ++b) {
     __m256 xs = _mm256_setzero_ps();
     if constexpr (Q41) {
       xs = _mm256_loadu_ps(xsum_t + b * ldx);  // lane m: row m's block sum
     }
-    if (b % kBlocksPerLine == 0) {
-#pragma GCC unroll 4
-      for (int n = 0; n < RN; ++n) {
-        _mm_prefetch(reinterpret_cast<const char*>(next + n * row_bytes + b * (Q41 ? 16 : 32)), _MM_HINT_T0);
-      }
-    }
+    prefetch_block<Q41, RN>(next, row_bytes, b);
 #pragma GCC unroll 8
     for (int n = 0; n < RN; ++n) {
       __m512 wf[2];
@@ -567,17 +572,16 @@ AVX512_FN FORKLINE_INLINE void f32_tile_body16(const void* wq, const float* wd, 
       }
     }
   }
+  __m256 folded[RM][RN];
 #pragma GCC unroll 8
-  for (int n = 0; n < RN; ++n) {
-    alignas(32) float o[8];
-    _mm256_store_ps(o, off[n]);
+  for (int m = 0; m < RM; ++m) {
 #pragma GCC unroll 8
-    for (int m = 0; m < RM; ++m) {
+    for (int n = 0; n < RN; ++n) {
       const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[m][n]), 1));
-      const float dot = reduce8_avx2(_mm256_add_ps(_mm512_castps512_ps256(acc[m][n]), hi));
-      out[m * ldo + n] = Q41 ? dot + o[m] : dot;
+      folded[m][n] = _mm256_add_ps(_mm512_castps512_ps256(acc[m][n]), hi);
     }
   }
+  store_tile<Q41, RM, RN>(folded, off, out, ldo);
 }
 
 template <bool Q41, int RM, int RN>
