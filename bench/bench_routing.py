@@ -25,8 +25,9 @@ per policy, then the hot-prefix case, and measures the decision cost; compared p
 regret (positions some engine could have reused at routing time minus positions reused, over all
 requests), reused fraction, hit rate (requests that reused anything), TTFT p50 / p99 (from the
 fleet's generate call to the first tokens), load imbalance (the busiest engine's computed positions
-over the mean) and snapshots per engine at the end. Writes bench/out/bench_routing_trace.json / .png
-and the trace it replayed (bench/out/routing_trace.jsonl).
+over the mean) and snapshots per engine at the end. Each fleet shares a fresh snapshot directory
+(``--snapshot_dir``, as deployed; ``--no-snapshot-dir``: none), which is also a move source. Writes
+bench/out/bench_routing_trace.json / .png and the trace it replayed (bench/out/routing_trace.jsonl).
 """
 
 from __future__ import annotations
@@ -306,6 +307,12 @@ def main() -> None:
         "--hot-policies", nargs="+", default=None, help="trace bench: those of the hot-prefix case"
     )
     p.add_argument("--trace-limit", type=int, default=0, help="replay only the first N requests")
+    p.add_argument(
+        "--no-snapshot-dir",
+        action="store_true",
+        help="trace bench: fleets without a snapshot directory (default: each fleet gets a fresh one, "
+        "as the Kubernetes deployment's --snapshot_dir)",
+    )
     args = p.parse_args()
     if args.trace_bench:
         from routing_trace_bench import trace_bench

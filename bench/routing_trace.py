@@ -154,14 +154,16 @@ def warmup_trace(engines: int, output: int = 4) -> list[TraceRequest]:
 
 
 class Recorded:
-    """A routing policy that remembers, per calling thread, the longest reuse any engine offered."""
+    """A routing policy that remembers, per calling thread, the longest reuse any engine or source
+    (a draining engine, the snapshot directory) offered."""
 
     def __init__(self, policy: RoutingPolicy) -> None:
         self.policy, self.name = policy, policy.name
         self.local = threading.local()
 
     def route(self, candidates: list[Candidate], request: RouteRequest | None = None) -> Route:
-        self.local.best = max(c.reusable for c in candidates)
+        sources = () if request is None else request.sources
+        self.local.best = max(c.reusable for c in (*candidates, *sources))
         return self.policy.route(candidates, request)
 
 

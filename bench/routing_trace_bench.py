@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from routing_trace import (
@@ -25,11 +26,13 @@ from routing_trace import (
 
 from prefix_service.engines.connect import connect_fleet
 from prefix_service.fleet.routing import routing_policy
+from prefix_service.tier.persistent_tier import PersistentTier
 
 OUT = Path(__file__).resolve().parent / "out"
 TRACE_POLICIES = ("cost", "cache_aware", "least_loaded", "round_robin")
 HOT_POLICIES = ("cost", "cache_aware", "round_robin")
 MAX_ENTRIES = 8  # per engine: the trace's working set fits in three engines' caches, not in one's
+SNAPSHOT_DIR_BYTES = 4 << 30
 
 
 def start_engine_processes(n: int) -> list:
@@ -61,12 +64,15 @@ def start_engine_processes(n: int) -> list:
     return engines
 
 
-def run(policy: str, addresses: list[str], trace, block_tokens: int, warmup=()):
+def run(policy: str, addresses: list[str], trace, block_tokens: int, warmup=(), snapshot_dir: bool = True):
     """One fleet routed by ``policy`` replays ``warmup`` (not measured), then ``trace``: what each
-    request got, the snapshots per engine at the end, the wall time and the rates it measured."""
+    request got, the snapshots per engine at the end, the wall time and the rates it measured.
+    ``snapshot_dir``: the fleet shares a fresh snapshot directory (deleted after)."""
     recorded = Recorded(routing_policy(policy))
+    folder = tempfile.TemporaryDirectory(prefix="forkline-trace-") if snapshot_dir else None
+    tier = None if folder is None else PersistentTier.open(folder.name, SNAPSHOT_DIR_BYTES)
     fleet, pool = connect_fleet(
-        lambda: set(addresses), policy=recorded, max_entries=MAX_ENTRIES, resolve_every_s=60
+        lambda: set(addresses), policy=recorded, max_entries=MAX_ENTRIES, resolve_every_s=60, tier=tier
     )
     try:
         if warmup:
@@ -83,6 +89,9 @@ def run(policy: str, addresses: list[str], trace, block_tokens: int, warmup=()):
         pool.stop()
         for member in fleet.members():
             fleet.remove(member.name)  # releases its snapshots in the engine
+        if tier is not None:
+            tier.stop()
+            folder.cleanup()
 
 
 def rounds(policies: tuple[str, ...], n: int, run_one, header: int = 0) -> dict:
@@ -169,9 +178,11 @@ def trace_bench(args: argparse.Namespace, decision_costs) -> None:
         "cpus": os.cpu_count(),
         "rounds": args.rounds,
         "max_entries_per_engine": MAX_ENTRIES,
+        "snapshot_dir": not args.no_snapshot_dir,
         "trace": {},
         "hot_prefix": {},
     }
+    folder = not args.no_snapshot_dir
     engines = start_engine_processes(args.trace_engines)
     addresses = [e.address for e in engines]
     try:
@@ -180,13 +191,13 @@ def trace_bench(args: argparse.Namespace, decision_costs) -> None:
         results["trace"] = rounds(
             tuple(args.policies or TRACE_POLICIES),
             args.rounds,
-            lambda p: run(p, addresses, trace, block_tokens),
+            lambda p: run(p, addresses, trace, block_tokens, snapshot_dir=folder),
             header,
         )
         results["hot_prefix"] = rounds(
             tuple(args.hot_policies or HOT_POLICIES),
             args.rounds,
-            lambda p: run(p, addresses, hot, BLOCK_TOKENS, warmup),
+            lambda p: run(p, addresses, hot, BLOCK_TOKENS, warmup, snapshot_dir=folder),
         )
     finally:
         for engine in engines:

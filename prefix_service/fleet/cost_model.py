@@ -10,16 +10,19 @@ have to prefill, ``f_e`` how full this service's share of it is, in [0, 1]):
     compute_e = P - reused_e                     (positions engine e must prefill)
     cost_e    = s_pos * (compute_e * (1 + room_weight * f_e) + W_e)  +  s_queue * L_e
 
-A move (``moves.py``): let ``R`` be the longest reuse any engine holds that counts (routable or a
-draining ``source``), on engine ``s``. For every other engine ``e`` with ``reused_e < R`` -- when ``s``
-drains or is over the load guard, ``L_s >= L_e + move_min_load_gap`` (a load as last read can be one
-generation that just ended too high, so a gap of one never moves) -- the move option copies ``s``'s
-snapshot to ``e`` first:
+A move (``moves.py``): let ``R`` be the longest reuse that counts held by any engine (routable or a
+draining ``source``) or by the snapshot directory (``--snapshot_dir``, a source named
+``route.SNAPSHOT_DIR``: its longest stored prefix of the prompt), on ``s`` (ties: the least loaded, an
+engine before the directory). For every other engine ``e`` with ``reused_e < R`` -- when ``s`` is a
+source (drains, or is the directory) or is over the load guard, ``L_s >= L_e + move_min_load_gap`` (a
+load as last read can be one generation that just ended too high, so a gap of one never moves) -- the
+move option copies ``s``'s snapshot to ``e`` first:
 
     move_e    = m_0 + m_pos * R + s_pos * min(W_s, 512)
                                                  (the measured cost of moving R positions, plus the wait
                                                  for the holder's running forward: an export is taken
-                                                 between two forwards)
+                                                 between two forwards; the directory has no forward,
+                                                 W = 0: its file is read and imported)
     cost_e'   = cost_e - s_pos * (R - reused_e) + move_e
 
 taken when ``move_e < s_pos * (R - reused_e)`` -- a move is never slower than recomputing what it
@@ -113,7 +116,7 @@ class CostModel:
         floor = min(x.reusable for x in candidates)
         enough = max(c.min_reuse_positions, c.min_reuse_fraction * prompt)
         holder = _holder((*candidates, *request.sources))
-        draining = holder in request.sources
+        from_source = holder in request.sources  # a draining engine or the snapshot directory
         movable = holder.reusable if c.moves and holder.reusable > floor and holder.reusable >= enough else 0
         scored = []
         for x in candidates:
@@ -124,7 +127,7 @@ class CostModel:
             positions = compute * (1 + c.room_weight * fill) + max(0, x.pending)
             cost = rates.prefill_s_per_position * positions + rates.queue_s_per_generation * x.load
             score = EngineCost(x, counts, reused, compute, cost)
-            guarded = draining or holder.load >= x.load + c.move_min_load_gap
+            guarded = from_source or holder.load >= x.load + c.move_min_load_gap
             scored.append(self._with_move(score, holder, movable, rates) if guarded else score)
         scored.sort(key=lambda s: (s.cost_s, s.candidate.load, s.candidate.held, s.candidate.name))
         return scored

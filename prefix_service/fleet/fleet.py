@@ -38,6 +38,7 @@ from prefix_service.cache.outcomes import InsertOutcome
 from prefix_service.fleet.member import EngineMember, RoutedStream
 from prefix_service.fleet.moves import SnapshotMover
 from prefix_service.fleet.rates import RateMeter
+from prefix_service.fleet.route import SNAPSHOT_DIR
 from prefix_service.fleet.routing import (
     DEFAULT_ROUTING,
     Candidate,
@@ -51,7 +52,7 @@ from prefix_service.fleet.routing import (
 from prefix_service.fleet.stats import EngineStatus, FleetStats, summed
 from prefix_service.gateway.calls import GatewayRequest, Prompt, PromptLookup
 from prefix_service.gateway.gateway import Gateway
-from prefix_service.tier.persistent_tier import PersistentTier
+from prefix_service.tier.persistent_tier import PersistentTier, Restored
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +302,9 @@ class Fleet:
             return tokens, members, {}
         key = token_key(tokens)  # validated once for every engine's index
         candidates = [_candidate(m, namespace, key) for m in members]
-        sources = tuple(_candidate(m, namespace, key) for m in draining)
+        sources = tuple(_candidate(m, namespace, key) for m in draining) + self._directory(
+            members, namespace, key
+        )
         route = self.policy.route(candidates, RouteRequest(len(tokens), self.rates.rates(), sources))
         named = {m.name: m for m in members}
         self._count(named[route.first.name], route)
@@ -321,10 +324,36 @@ class Fleet:
             if m.draining and not self._is_routable(m) and m.fingerprint == self.fingerprint
         ]
 
+    def _directory(
+        self, members: Sequence[EngineMember], namespace: str, key: tuple[int, ...]
+    ) -> tuple[Candidate, ...]:
+        """The snapshot directory as a move source when it holds a prefix of the prompt (none without
+        ``--snapshot_dir``): the engines of the fleet's fingerprint restore the same files."""
+        tier = self.tier
+        reusable = 0 if tier is None else tier.reusable(members[0].gateway.backend, namespace, key)
+        return (Candidate(SNAPSHOT_DIR, reusable, 0),) if reusable else ()
+
+    def _restored(self, target: EngineMember, namespace: str, key: tuple[int, ...]) -> bool:
+        """A move from the snapshot directory: its longest prefix of ``key`` restored into ``target``
+        (the gateway's lookup would restore it too; done here to measure it as a move)."""
+        tier, cache = self.tier, target.gateway.cache
+        if tier is None:
+            return False
+        started, done = time.perf_counter(), Restored()
+        if not tier.restore(cache, namespace, key, done):
+            target.move_refused("directory")
+            return False
+        self.rates.observe_move(done.positions, time.perf_counter() - started)
+        target.moved_in()
+        return True
+
     def _moved(
         self, move: Move, target: EngineMember, namespace: str, key: tuple[int, ...], here: int
     ) -> bool:
-        """Make ``move`` to ``target`` (``moves.py``); whether ``target`` now holds the moved prefix."""
+        """Make ``move`` to ``target`` (``moves.py``, or a restore from the snapshot directory);
+        whether ``target`` now holds the moved prefix."""
+        if move.source == SNAPSHOT_DIR:
+            return self._restored(target, namespace, key)
         with self._lock:
             holder = self._members.get(move.source)
         if holder is None:

@@ -29,11 +29,17 @@ class Candidate:
     pending: int = 0
 
 
+# The name of the snapshot directory as a move source (never an engine's address, which has a port)
+SNAPSHOT_DIR = "<snapshot_dir>"
+
+
 @dataclass(frozen=True)
 class RouteRequest:
     """What a policy may know of the request besides the candidates: its prompt's length in positions,
-    the fleet's measured rates (``rates.RateMeter``) and the ``sources``: engines that serve no new
-    request (draining) but whose stored snapshots may still be moved to one that does (``moves.py``)."""
+    the fleet's measured rates (``rates.RateMeter``) and the ``sources``: what serves no new request but
+    may give an engine that does a stored snapshot first -- engines that drain (their snapshots are
+    moved, ``moves.py``) and the snapshot directory (named :data:`SNAPSHOT_DIR`, load 0, nothing
+    pending: its file is restored into the engine, no engine's forward is waited for)."""
 
     prompt_positions: int = 0
     rates: CostRates = field(default_factory=CostRates)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from engine_service.api.errors import ForklineError
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.cache.retention import Entry
-from prefix_service.cache.session_backend import max_rewind
+from prefix_service.cache.session_backend import SessionBackend, max_rewind
 from prefix_service.tier.snapshot_backend import SnapshotBackend
 from prefix_service.tier.snapshot_store import SnapshotStore
 from prefix_service.tier.snapshot_writer import SnapshotWriter, WriteJob
@@ -108,9 +108,21 @@ class PersistentTier:
                 )
             )
 
-    def restore(self, cache: PrefixCache, namespace: str, key: tuple[int, ...]) -> bool:
+    def reusable(self, backend: SessionBackend, namespace: str, key: tuple[int, ...]) -> int:
+        """The positions of ``key`` the folder's longest stored prefix gives ``backend``'s engines (0:
+        none; with the same ring rule as :meth:`restore`): what a route may count on an engine that
+        restores it first (``fleet/cost_model.py``'s snapshot directory source)."""
+        if not isinstance(backend, SnapshotBackend):
+            return 0
+        found = self.store.match(backend.fingerprint, namespace, key, max_rewind(backend))
+        return 0 if found is None else found.reusable
+
+    def restore(
+        self, cache: PrefixCache, namespace: str, key: tuple[int, ...], done: Restored | None = None
+    ) -> bool:
         """Load the folder's longest stored prefix of ``key`` into ``cache``'s engine when it reuses
-        more than the memory cache can; True when an entry was added. On an engine whose ring evicts
+        more than the memory cache can; True when an entry was added (``done``, when given, counts
+        it and its positions). On an engine whose ring evicts
         window rows only a file that can be cloned at the divergence counts (as in the memory cache),
         so a divergence below every floor does not import a file the clone would refuse."""
         backend = cache.backend
@@ -119,7 +131,7 @@ class PersistentTier:
         found = self.store.match(backend.fingerprint, namespace, key, max_rewind(backend))
         if found is None or found.reusable <= cache.reusable(namespace, key):
             return False
-        return self._load(cache, backend, found.entry, Restored())
+        return self._load(cache, backend, found.entry, Restored() if done is None else done)
 
     def preload(self, cache: PrefixCache) -> Restored:
         """Restore up to ``preload`` of the most recently used files into ``cache``'s engine."""

@@ -12,6 +12,9 @@ Draining: SIGTERM to the holder while a generation of this service runs there: i
 no more, stays a source until that stream ends, and the prompt's next request is served elsewhere from
 a copy of its snapshot.
 
+From the snapshot directory (``--snapshot_dir``): the prompt's file is moved instead, restored into
+the other engine without an export from the busy holder.
+
 Refused: engines signing their snapshot files with different keys (``--snapshot_key``): the other
 engine refuses the file (``bad_signature``), the request falls back to computing its prompt there,
 and still generates exactly the cold run's tokens. The negative control for the first case: with
@@ -33,6 +36,7 @@ import grpc
 import pytest
 
 from clients.prefix_client import PrefixClient
+from engine_service.api.snapshot_files import SUFFIX
 from engine_service.api.stream_events import Done, Tokens
 from protos import engine_pb2 as epb
 from protos import engine_pb2_grpc, prefix_pb2
@@ -119,14 +123,17 @@ def engine_stats(client: PrefixClient) -> dict[str, prefix_pb2.EngineStats]:
     return {e.engine: e for e in client.stub.Stats(prefix_pb2.StatsRequest(), timeout=10).engines}
 
 
-def served_under_load(engines: list[TinyEngine], *flags: str) -> dict:
-    """Store the prompt, load its holder, ask again; what happened (see the module docstring)."""
+def served_under_load(engines: list[TinyEngine], *flags: str, written: Path | None = None) -> dict:
+    """Store the prompt, load its holder, ask again; what happened (see the module docstring).
+    ``written``: a snapshot directory whose file of the prompt is waited for before the holder is loaded."""
     addresses = [a for e in engines for a in ("--engine", e.address)]
     prefix = ServiceProcess("prefix_service", *addresses, "--routing", "cost", "--port", "0", *flags)
     try:
         client = PrefixClient(prefix.listening(), owner="mover", timeout=60.0)
         first = client.generate(PROMPT, **greedy()).collect()
         holder = first.done.engine
+        if written is not None:
+            assert wait_for(lambda: any(written.glob(f"*{SUFFIX}")), timeout=20), "no snapshot file written"
         (other,) = [e.address for e in engines if e.address != holder]
         events = client.cache_events()
         seen: list = []
@@ -182,6 +189,19 @@ def test_negative_control_without_moves_the_other_engine_recomputes(engines) -> 
     assert seen["again"].done.reused_positions == 0
     assert seen["again"].tokens == seen["cold"]
     assert seen["stats"][seen["other"]].moves_in == 0
+
+
+def test_a_snapshot_directorys_file_moves_without_the_busy_holder(engines, tmp_path) -> None:
+    """With ``--snapshot_dir`` the stored prompt's file is a move source with no engine's forward to
+    wait for: under the same load the other engine restores it from the folder (the holder exports
+    nothing) and continues exactly like a cold run there."""
+    folder = tmp_path / "snapshots"
+    seen = served_under_load(engines, "--snapshot_dir", str(folder), written=folder)
+    holder, other, again = seen["holder"], seen["other"], seen["again"]
+    assert again.done.engine == other
+    assert again.done.reused_positions == len(PROMPT) - 1
+    assert again.tokens == seen["cold"] and len(again.tokens) == NEW_TOKENS
+    assert (seen["stats"][other].moves_in, seen["stats"][holder].moves_out) == (1, 0)  # from the folder
 
 
 def test_a_refused_move_falls_back_to_recomputing(tmp_path) -> None:

@@ -14,6 +14,7 @@ from prefix_service.fleet.cost_model import CostConfig, CostModel
 from prefix_service.fleet.fleet import EngineMember
 from prefix_service.fleet.moves import SnapshotMover
 from prefix_service.fleet.rates import CostRates, RateMeter
+from prefix_service.fleet.route import SNAPSHOT_DIR
 from prefix_service.fleet.routing import Candidate, Move, RouteReason, RouteRequest
 from prefix_service.gateway.gateway import Gateway
 from tests.unit.prefix.fakes import FakeEngine
@@ -141,3 +142,22 @@ def test_a_holder_busy_prefilling_makes_the_move_wait_for_its_forward() -> None:
     assert CostModel().route([Candidate("a", 150, 3), Candidate("b", 0, 0)], request(200)).move == Move(
         "a", 150
     )
+
+
+def test_the_snapshot_directory_is_a_source_without_a_forward_to_wait_for() -> None:
+    # the busy holder above (400 positions still to prefill) makes its own move too slow; its file in
+    # the snapshot directory moves for 0.025 s < the 0.15 s it saves: b (0.2 - 0.15 + 0.025) with it
+    busy = [Candidate("a", 150, 3, pending=400), Candidate("b", 0, 0)]
+    folder = request(200, Candidate(SNAPSHOT_DIR, 150, 0))
+    route = CostModel().route(busy, folder)
+    assert route.first.name == "b" and route.move == Move(SNAPSHOT_DIR, 150)
+    assert round(CostModel().costs(busy, folder)[0].cost_s, 6) == 0.075
+    # the holder itself idle and the file as long: the engine's own reuse serves (no move to itself),
+    # and an idle engine that holds it serves from its own cache, whatever the directory holds
+    idle = [Candidate("a", 150, 0), Candidate("b", 0, 0)]
+    assert CostModel().route(idle, folder).first.name == "a"
+    loaded = [Candidate("a", 150, 2), Candidate("b", 0, 0), Candidate("c", 150, 0)]
+    assert CostModel().route(loaded, folder).first.name == "c"
+    # a shorter file than the engine's reuse never moves
+    route = CostModel().route([Candidate("a", 150, 0)], request(200, Candidate(SNAPSHOT_DIR, 100, 0)))
+    assert route.move is None
