@@ -308,6 +308,9 @@ def main() -> None:
     )
     p.add_argument("--trace-limit", type=int, default=0, help="replay only the first N requests")
     p.add_argument(
+        "--rate", type=float, default=1.0, help="trace bench: arrival-rate multiplier (2: timestamps halved)"
+    )
+    p.add_argument(
         "--no-snapshot-dir",
         action="store_true",
         help="trace bench: fleets without a snapshot directory (default: each fleet gets a fresh one, "

@@ -169,6 +169,10 @@ def trace_bench(args: argparse.Namespace, decision_costs) -> None:
         if args.trace_limit:
             trace = trace[: args.trace_limit]
         write_trace(trace, OUT / "routing_trace.jsonl")
+    if not args.rate > 0:
+        raise SystemExit(f"--rate must be > 0, got {args.rate}")
+    if args.rate != 1.0:  # the same requests, arriving args.rate times as fast
+        trace = [dataclasses.replace(r, timestamp=int(r.timestamp / args.rate)) for r in trace]
     warmup, hot = hot_prefix_trace()
     results: dict = {
         "engines": args.trace_engines,
@@ -179,6 +183,7 @@ def trace_bench(args: argparse.Namespace, decision_costs) -> None:
         "rounds": args.rounds,
         "max_entries_per_engine": MAX_ENTRIES,
         "snapshot_dir": not args.no_snapshot_dir,
+        "arrival_rate": args.rate,
         "trace": {},
         "hot_prefix": {},
     }
