@@ -418,16 +418,20 @@ class ModuleExecutor(LookaheadMixin, Executor):
         if launched.predicted is None:
             mx.eval(launched.step.state())
             return
-        to_eval = [*launched.step.state(), launched.predicted, *launched.keys]
-        if self.keep_logits:
-            to_eval.append(launched.logits)
-        for pending in launched.logprobs:
-            to_eval.extend(pending.arrays())
         # a grammar's next mask needs this step's token on the host first: no lookahead then
         host = any(p.state.sampler is not None and p.state.sampler.needs_host for p, _ in launched.finishing)
+        # No Python name may hold this step's K/V buffers while the next step is queued: its K/V write
+        # would find them referenced and copy every buffer instead of writing its rows in place
+        # (``CacheConfig.kv_store``). So the arrays to evaluate are gathered only when nothing was queued.
         self._ahead = None if host else self._launch_ahead(launched)
         if self._ahead is None:
+            to_eval = [*launched.step.state(), launched.predicted, *launched.keys]
+            if self.keep_logits:
+                to_eval.append(launched.logits)
+            for pending in launched.logprobs:
+                to_eval.extend(pending.arrays())
             mx.eval(to_eval)
+            del to_eval
         flat = launched.predicted.tolist()  # waits for this step only; the lookahead keeps running
         for pending in launched.logprobs:
             pending.plan.logprobs = pending.read()

@@ -288,3 +288,44 @@ def _execute_always_repeated(execute):
         return execute(self, batch)
 
     return run
+
+
+def buffer_addresses(ex: ModuleExecutor, sid: int, steps: int, hold: list | None = None) -> list[int]:
+    """The address of session ``sid``'s layer-0 key buffer after each of ``steps`` decode steps (the
+    lookahead queues the next step inside each call). ``hold``: a list the buffers are appended to,
+    so a Python name keeps each one alive (the negative control)."""
+
+    def address() -> int:
+        keys = ex.cache.sequence(ex._sessions[sid].seq).buffers(0)[0]
+        if hold is not None:
+            hold.append(keys)
+        return np.asarray(memoryview(keys)).__array_interface__["data"][0]
+
+    out = ex.execute([ExecInput(sid, 0, tokens=tuple(PROMPTS[0]))])
+    token, pos, seen = out[0].tokens[-1], len(PROMPTS[0]), []
+    for _ in range(steps):
+        (out,) = ex.execute([ExecInput(sid, pos, tokens=(token,))])
+        token, pos = out.tokens[-1], pos + 1
+        seen.append(address())
+    return seen
+
+
+@pytest.mark.skipif(kernels() is None, reason="compiled kernels not built (scripts/setup.sh)")
+def test_queued_steps_write_their_rows_in_place(tiny_model) -> None:
+    """With the lookahead the next step's K/V write runs while this step is still referenced; nothing
+    of this step may hold its buffers then, or ``kv_store`` copies every buffer each step (it did: the
+    round kept its arrays in a list while the next step was queued). In place, the buffer stays put;
+    the negative control holds each buffer in a list, and the writes must copy (new addresses)."""
+    model = tiny_model("FFFF", window=4, tie_embeddings=False)
+    ex = ModuleExecutor.create(
+        model, "batched-sequence", max_sessions=2, max_session_tokens=64, lookahead=True
+    )
+    assert ex.cache._cfg.kv_store is not None
+    seen = buffer_addresses(ex, ex.open_session(), 8)
+    assert ex.lookahead_used >= 6
+    assert len(set(seen)) == 1, seen
+    held: list = []
+    ex2 = ModuleExecutor.create(
+        model, "batched-sequence", max_sessions=2, max_session_tokens=64, lookahead=True
+    )
+    assert len(set(buffer_addresses(ex2, ex2.open_session(), 8, held))) > 1
