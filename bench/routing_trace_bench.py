@@ -87,10 +87,11 @@ def run(policy: str, addresses: list[str], trace, block_tokens: int, warmup=(), 
         )
     finally:
         pool.stop()
+        if tier is not None:
+            tier.stop()  # its writer's last exports, while the engines' channels are open
         for member in fleet.members():
             fleet.remove(member.name)  # releases its snapshots in the engine
-        if tier is not None:
-            tier.stop()
+        if folder is not None:
             folder.cleanup()
 
 
@@ -174,6 +175,7 @@ def trace_bench(args: argparse.Namespace, decision_costs) -> None:
     if args.rate != 1.0:  # the same requests, arriving args.rate times as fast
         trace = [dataclasses.replace(r, timestamp=int(r.timestamp / args.rate)) for r in trace]
     warmup, hot = hot_prefix_trace()
+    with_dir = not args.no_snapshot_dir
     results: dict = {
         "engines": args.trace_engines,
         "trace_requests": len(trace),
@@ -182,12 +184,11 @@ def trace_bench(args: argparse.Namespace, decision_costs) -> None:
         "cpus": os.cpu_count(),
         "rounds": args.rounds,
         "max_entries_per_engine": MAX_ENTRIES,
-        "snapshot_dir": not args.no_snapshot_dir,
+        "snapshot_dir": with_dir,
         "arrival_rate": args.rate,
         "trace": {},
         "hot_prefix": {},
     }
-    folder = not args.no_snapshot_dir
     engines = start_engine_processes(args.trace_engines)
     addresses = [e.address for e in engines]
     try:
@@ -196,13 +197,13 @@ def trace_bench(args: argparse.Namespace, decision_costs) -> None:
         results["trace"] = rounds(
             tuple(args.policies or TRACE_POLICIES),
             args.rounds,
-            lambda p: run(p, addresses, trace, block_tokens, snapshot_dir=folder),
+            lambda p: run(p, addresses, trace, block_tokens, snapshot_dir=with_dir),
             header,
         )
         results["hot_prefix"] = rounds(
             tuple(args.hot_policies or HOT_POLICIES),
             args.rounds,
-            lambda p: run(p, addresses, hot, BLOCK_TOKENS, warmup, snapshot_dir=folder),
+            lambda p: run(p, addresses, hot, BLOCK_TOKENS, warmup, snapshot_dir=with_dir),
         )
     finally:
         for engine in engines:

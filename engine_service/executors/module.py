@@ -431,7 +431,6 @@ class ModuleExecutor(LookaheadMixin, Executor):
             for pending in launched.logprobs:
                 to_eval.extend(pending.arrays())
             mx.eval(to_eval)
-            del to_eval
         flat = launched.predicted.tolist()  # waits for this step only; the lookahead keeps running
         for pending in launched.logprobs:
             pending.plan.logprobs = pending.read()

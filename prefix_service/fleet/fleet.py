@@ -52,7 +52,7 @@ from prefix_service.fleet.routing import (
 from prefix_service.fleet.stats import EngineStatus, FleetStats, summed
 from prefix_service.gateway.calls import GatewayRequest, Prompt, PromptLookup
 from prefix_service.gateway.gateway import Gateway
-from prefix_service.tier.persistent_tier import PersistentTier, Restored
+from prefix_service.tier.persistent_tier import PersistentTier
 
 log = logging.getLogger(__name__)
 
@@ -333,27 +333,13 @@ class Fleet:
         reusable = 0 if tier is None else tier.reusable(members[0].gateway.backend, namespace, key)
         return (Candidate(SNAPSHOT_DIR, reusable, 0),) if reusable else ()
 
-    def _restored(self, target: EngineMember, namespace: str, key: tuple[int, ...]) -> bool:
-        """A move from the snapshot directory: its longest prefix of ``key`` restored into ``target``
-        (the gateway's lookup would restore it too; done here to measure it as a move)."""
-        tier, cache = self.tier, target.gateway.cache
-        if tier is None:
-            return False
-        started, done = time.perf_counter(), Restored()
-        if not tier.restore(cache, namespace, key, done):
-            target.move_refused("directory")
-            return False
-        self.rates.observe_move(done.positions, time.perf_counter() - started)
-        target.moved_in()
-        return True
-
     def _moved(
         self, move: Move, target: EngineMember, namespace: str, key: tuple[int, ...], here: int
     ) -> bool:
         """Make ``move`` to ``target`` (``moves.py``, or a restore from the snapshot directory);
         whether ``target`` now holds the moved prefix."""
         if move.source == SNAPSHOT_DIR:
-            return self._restored(target, namespace, key)
+            return self.tier is not None and self.mover.restore(self.tier, target, namespace, key).moved
         with self._lock:
             holder = self._members.get(move.source)
         if holder is None:

@@ -42,6 +42,7 @@ from prefix_service.cache.budget import Reservation
 from prefix_service.cache.retention import Entry
 from prefix_service.fleet.member import EngineMember
 from prefix_service.fleet.rates import RateMeter
+from prefix_service.tier.persistent_tier import PersistentTier, Restored
 from prefix_service.tier.snapshot_backend import SnapshotBackend
 from prefix_service.tier.snapshot_store import extra_for
 
@@ -55,7 +56,8 @@ class MoveOutcome:
     """``moved``: the target now holds a copy of ``positions`` positions (it took ``seconds``);
     otherwise ``refusal`` says why not: ``gone`` (the holder no longer has it), ``slower``,
     ``unsupported`` (an engine without snapshot files), ``export`` (the holder refused),
-    ``clone:<reason>`` (the holder refused the prefix's clone), ``import:<reason>`` (the target
+    ``clone:<reason>`` (the holder refused the prefix's clone), ``directory`` (a restore from the
+    snapshot directory did not store the file), ``import:<reason>`` (the target
     refused the file), ``insert:<reason>`` (the target's cache did
     not store it), ``joined`` (another request's move of it ended first), or an error's type name."""
 
@@ -166,6 +168,21 @@ class SnapshotMover:
             "moved %d positions %s -> %s in %.1f ms", len(tokens), holder.name, target.name, seconds * 1e3
         )
         return MoveOutcome(True, len(tokens), seconds)
+
+    def restore(
+        self, tier: PersistentTier, target: EngineMember, namespace: str, key: tuple[int, ...]
+    ) -> MoveOutcome:
+        """A move from the snapshot directory: its longest stored prefix of ``key`` restored into
+        ``target`` (the gateway's lookup would restore it too; made here to be measured as a move).
+        Refused as ``directory`` when the folder's file is gone or the engine or the cache refused it."""
+        started, done = self._clock(), Restored()
+        if not tier.restore(target.gateway.cache, namespace, key, done):
+            target.move_refused("directory")
+            return MoveOutcome(False, refusal="directory")
+        seconds = self._clock() - started
+        self.rates.observe_move(done.positions, seconds)
+        target.moved_in()
+        return MoveOutcome(True, done.positions, seconds)
 
     @staticmethod
     def _refused(holder: EngineMember, target: EngineMember, reason: str) -> MoveOutcome:
