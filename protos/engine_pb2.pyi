@@ -281,7 +281,7 @@ class DescribeRequest(_message.Message):
     def __init__(self, session: _Optional[str] = ...) -> None: ...
 
 class ExportSessionRequest(_message.Message):
-    __slots__ = ("session", "extra")
+    __slots__ = ("session", "extra", "upto")
     class ExtraEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -291,9 +291,11 @@ class ExportSessionRequest(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     SESSION_FIELD_NUMBER: _ClassVar[int]
     EXTRA_FIELD_NUMBER: _ClassVar[int]
+    UPTO_FIELD_NUMBER: _ClassVar[int]
     session: str
     extra: _containers.ScalarMap[str, str]
-    def __init__(self, session: _Optional[str] = ..., extra: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    upto: int
+    def __init__(self, session: _Optional[str] = ..., extra: _Optional[_Mapping[str, str]] = ..., upto: _Optional[int] = ...) -> None: ...
 
 class SnapshotChunk(_message.Message):
     __slots__ = ("data", "file_bytes", "positions", "content_digest", "refusal")
@@ -393,7 +395,7 @@ class WindowGeometry(_message.Message):
     def __init__(self, sliding_window: _Optional[int] = ..., max_write: _Optional[int] = ..., evicts: _Optional[bool] = ...) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model", "fingerprint", "limits", "cache_kind", "instance_id", "resident_sessions", "open_handles", "eos_token_ids", "caller", "active_generations", "queued_commands", "compute_path", "slow_path", "window", "chat_template", "architecture", "draining", "heartbeat_age_s", "heartbeat_longest_s")
+    __slots__ = ("model", "fingerprint", "limits", "cache_kind", "instance_id", "resident_sessions", "open_handles", "eos_token_ids", "caller", "active_generations", "queued_commands", "compute_path", "slow_path", "window", "chat_template", "architecture", "draining", "heartbeat_age_s", "heartbeat_longest_s", "pinned_exports")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
@@ -413,6 +415,7 @@ class InfoResponse(_message.Message):
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_LONGEST_S_FIELD_NUMBER: _ClassVar[int]
+    PINNED_EXPORTS_FIELD_NUMBER: _ClassVar[int]
     model: str
     fingerprint: str
     limits: Limits
@@ -432,7 +435,8 @@ class InfoResponse(_message.Message):
     draining: bool
     heartbeat_age_s: float
     heartbeat_longest_s: float
-    def __init__(self, model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., cache_kind: _Optional[str] = ..., instance_id: _Optional[str] = ..., resident_sessions: _Optional[int] = ..., open_handles: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., caller: _Optional[_Union[OwnerUsage, _Mapping]] = ..., active_generations: _Optional[int] = ..., queued_commands: _Optional[int] = ..., compute_path: _Optional[str] = ..., slow_path: _Optional[bool] = ..., window: _Optional[_Union[WindowGeometry, _Mapping]] = ..., chat_template: _Optional[bool] = ..., architecture: _Optional[str] = ..., draining: _Optional[bool] = ..., heartbeat_age_s: _Optional[float] = ..., heartbeat_longest_s: _Optional[float] = ...) -> None: ...
+    pinned_exports: bool
+    def __init__(self, model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., cache_kind: _Optional[str] = ..., instance_id: _Optional[str] = ..., resident_sessions: _Optional[int] = ..., open_handles: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., caller: _Optional[_Union[OwnerUsage, _Mapping]] = ..., active_generations: _Optional[int] = ..., queued_commands: _Optional[int] = ..., compute_path: _Optional[str] = ..., slow_path: _Optional[bool] = ..., window: _Optional[_Union[WindowGeometry, _Mapping]] = ..., chat_template: _Optional[bool] = ..., architecture: _Optional[str] = ..., draining: _Optional[bool] = ..., heartbeat_age_s: _Optional[float] = ..., heartbeat_longest_s: _Optional[float] = ..., pinned_exports: _Optional[bool] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("text",)

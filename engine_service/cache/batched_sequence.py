@@ -18,6 +18,7 @@ import mlx.core as mx
 from engine_service.api.errors import CacheError
 from engine_service.cache.batch_control import KVView, Segment
 from engine_service.cache.config import CacheConfig, ConfiguredCache
+from engine_service.cache.pinned_state import PinnedState
 from engine_service.cache.seq_ids import SeqIdPool, check_position, check_segments
 from engine_service.cache.seq_state import SeqState, layout_problem
 from engine_service.cache.sequence_cache import SequenceCache
@@ -162,6 +163,11 @@ class BatchedSequenceCache(ConfiguredCache):
         """Positions ``[0, upto)`` of ``seq`` (see :meth:`SequenceCache.export`), or None when the rows
         they need are gone (``upto`` past the length or below a ring's floor)."""
         return self.sequence(seq).export(check_position("upto", upto))
+
+    def pin_seq(self, seq: int) -> PinnedState:
+        """``seq``'s committed positions pinned for exports on any thread (:class:`PinnedState`:
+        views, no copy; what :meth:`export_seq` gives, for any prefix down to the rewind floor)."""
+        return self.sequence(seq).pin()
 
     def state_problem(self, state: SeqState) -> str | None:
         """Why ``state`` cannot be imported into this cache's geometry (None: its layout fits)."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import mlx.core as mx
+import numpy as np
 
 from engine_service.cache.config import CacheConfig
 
@@ -41,6 +42,31 @@ class SeqState:
     @property
     def nbytes(self) -> int:
         return sum(int(a.nbytes) for a in self.arrays.values())
+
+
+@dataclass(frozen=True, eq=False)
+class StateTensor:
+    """One array as raw little-endian bytes, out of MLX: ``data`` is numpy, C contiguous (uint16 for
+    bfloat16, which numpy lacks; flat or shaped), ``shape`` / ``dtype`` say what it is (the MLX
+    dtype). What a snapshot file's reader parses and what a pinned export reads off the engine thread."""
+
+    shape: tuple[int, ...]
+    dtype: mx.Dtype
+    data: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    def copy_raw(self) -> mx.array:
+        """An ``mx.array`` copy of the bytes (uint16 for bfloat16): no MLX op, any thread."""
+        return mx.array(self.data.reshape(self.shape))
+
+    def to_mlx(self, raw: mx.array | None = None) -> mx.array:
+        """A lazy ``mx.array`` of the tensor (``raw``: its :meth:`copy_raw` made already); the
+        bfloat16 view is an MLX op, so call this on a thread with an MLX stream."""
+        a = self.copy_raw() if raw is None else raw
+        return a.view(mx.bfloat16) if self.dtype == mx.bfloat16 else a
 
 
 @runtime_checkable

@@ -26,6 +26,7 @@ import numpy as np
 
 from engine_service.api.errors import CacheError
 from engine_service.cache.config import CacheConfig
+from engine_service.cache.pinned_state import PinnedState
 from engine_service.cache.seq_state import SeqState
 
 
@@ -293,6 +294,20 @@ class SequenceCache:
             arrays[f"layers.{layer}.values"] = values[:, :rows, :]
         mx.eval(list(arrays.values()))
         return SeqState(upto, self._written, arrays)
+
+    def pin(self) -> PinnedState:
+        """All committed positions as a :class:`PinnedState` (views of the buffers, no copy), which
+        reads them and any prefix down to the rewind floor on any thread, as :meth:`export` would."""
+        cfg, arrays = self._cfg, {}
+        for layer, slots in enumerate(self._slots):
+            rows = _state_rows(self._length, self._written, slots)
+            keys, values = self._keys[layer], self._values[layer]
+            if keys is None or rows == 0:
+                keys = values = mx.zeros((cfg.kv_heads, 0, cfg.head_dim), dtype=cfg.dtype)
+            positional = slots is None or self._written <= slots  # row p holds position p
+            arrays[f"layers.{layer}.keys"] = (keys[:, :rows, :], positional)
+            arrays[f"layers.{layer}.values"] = (values[:, :rows, :], positional)
+        return PinnedState(self._length, self._written, self.rewind_floor, arrays)
 
     @staticmethod
     def state_layout(

@@ -30,6 +30,7 @@ import mlx.core as mx
 from engine_service.api.engine_info import WindowGeometry
 from engine_service.api.logprobs import TokenLogprob
 from engine_service.api.snapshot_files import StateLayout
+from engine_service.cache.pinned_state import PinnedState
 from engine_service.cache.seq_state import SeqState
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.executors.sampling import SamplingParams
@@ -157,6 +158,17 @@ class Executor(ABC):
     def export_session(self, sid: int, upto: int) -> SeqState | None:
         """Positions ``[0, upto)`` of ``sid`` as evaluated arrays, or None (unsupported, or the rows
         they need are gone). Never changes ``sid``."""
+        return None
+
+    def pins_exports(self) -> bool:
+        """Whether :meth:`pin_session` pins (read once at start; default False)."""
+        return False
+
+    def pin_session(self, sid: int) -> PinnedState | None:
+        """``sid``'s committed positions pinned for exports on any thread (``cache/pinned_state.py``:
+        views of its buffers, no copy), or None where pinning would copy (the default; a cache kind
+        that gathers its state, such as ``batched-cell``). Called on an idle session nothing writes
+        before its next generation (a clone, an import); never changes ``sid``."""
         return None
 
     def import_problem(self, state: SeqState) -> str | None:

@@ -33,6 +33,7 @@ from engine_service.api.engine_info import WindowGeometry
 from engine_service.api.errors import NotFound
 from engine_service.api.snapshot_files import StateLayout
 from engine_service.cache.batch_control import BatchControl, Segment
+from engine_service.cache.pinned_state import PinnableCache, PinnedState
 from engine_service.cache.seq_state import SeqState, StateTransfer, geometry_text
 from engine_service.executors.base import ExecInput, ExecOutput, Executor, ExecutorLimits, out_of_vocab
 from engine_service.executors.cache_setup import build_session_cache, cache_config, positive, resolve_kv_dtype
@@ -218,6 +219,16 @@ class ModuleExecutor(LookaheadMixin, Executor):
         if state is None or upto < 0 or not isinstance(self.cache, StateTransfer):
             return None
         return self.cache.export_seq(state.seq, upto)
+
+    def pins_exports(self) -> bool:
+        return isinstance(self.cache, PinnableCache)
+
+    def pin_session(self, sid: int) -> PinnedState | None:
+        self._settle()
+        state = self._sessions.get(sid)
+        if state is None or not isinstance(self.cache, PinnableCache):
+            return None
+        return self.cache.pin_seq(state.seq)
 
     def import_problem(self, state: SeqState) -> str | None:
         if not isinstance(self.cache, StateTransfer):

@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
 from engine_service.api.content import content_digest
 from engine_service.api.snapshot_files import LoadRefusal, StateLayout
-from engine_service.cache.seq_state import SeqState
+from engine_service.cache.seq_state import SeqState, StateTensor
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,11 +97,17 @@ def header_refusal(
 
 
 def mlx_state(state: SeqState) -> SeqState:
-    """``state`` with every array an ``mx.array`` (a snapshot built from numpy arrays is copied)."""
+    """``state`` with every array an ``mx.array`` (numpy arrays and :class:`StateTensor` are copied)."""
     if all(isinstance(a, mx.array) for a in state.arrays.values()):
         return state
     return SeqState(
         state.length,
         state.written,
-        {name: a if isinstance(a, mx.array) else mx.array(np.asarray(a)) for name, a in state.arrays.items()},
+        {name: _mlx(a) for name, a in state.arrays.items()},
     )
+
+
+def _mlx(array: Any) -> mx.array:
+    if isinstance(array, mx.array):
+        return array
+    return array.to_mlx() if isinstance(array, StateTensor) else mx.array(np.asarray(array))

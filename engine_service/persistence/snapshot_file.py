@@ -28,7 +28,6 @@ import os
 import struct
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -45,7 +44,7 @@ from engine_service.api.snapshot_files import (
     StateLayout,
     atomic_write,
 )
-from engine_service.cache.seq_state import SeqState
+from engine_service.cache.seq_state import SeqState, StateTensor
 from engine_service.persistence.snapshot import SessionSnapshot
 from engine_service.persistence.snapshot_key import MAC_ALGORITHM, SnapshotKey
 
@@ -75,15 +74,6 @@ _DTYPES: Mapping[str, tuple[np.dtype, mx.Dtype]] = MappingProxyType(
 _CODES = {mlx: code for code, (_, mlx) in _DTYPES.items()}
 
 
-@dataclass(frozen=True, eq=False)
-class FileTensor:
-    """One tensor as parsed from a file: its raw little-endian bytes (``data``) and what they are."""
-
-    shape: tuple[int, ...]
-    dtype: mx.Dtype
-    data: np.ndarray  # the numpy view of the bytes (uint16 for bfloat16)
-
-
 # ------------------------------------------------------------------------------------------ writing
 
 
@@ -91,29 +81,38 @@ def write_snapshot(
     path: str | os.PathLike, snapshot: SessionSnapshot, *, key: SnapshotKey | None = None
 ) -> int:
     """Write ``snapshot`` to ``path`` atomically (temp name, fsync, rename, fsync of the folder), signed
-    with ``key`` when given; returns the file's size in bytes. Its arrays must be evaluated ``mx.array``
-    (an export's)."""
-    arrays, metadata = _container(snapshot, key)
-    return atomic_write(Path(path), lambda f: mx.save_safetensors(f, arrays, metadata=metadata))
+    with ``key`` when given; returns the file's size in bytes. Its arrays must be evaluated, contiguous
+    ``mx.array`` (an export's) or :class:`StateTensor` (a pinned export's)."""
+    parts = _container(snapshot, key)
+    return atomic_write(Path(path), lambda f: _write_parts(f, parts))
 
 
 def encode_snapshot(snapshot: SessionSnapshot, *, key: SnapshotKey | None = None) -> bytes:
-    """The bytes :func:`write_snapshot` would write (to send a snapshot elsewhere: an RPC stream)."""
-    arrays, metadata = _container(snapshot, key)
+    """The bytes :func:`write_snapshot` would write (to send a snapshot elsewhere: an RPC stream). Uses
+    no MLX op, so it runs on any thread."""
     buffer = io.BytesIO()
-    mx.save_safetensors(buffer, arrays, metadata=metadata)
+    _write_parts(buffer, _container(snapshot, key))
     return buffer.getvalue()
 
 
-def _container(
-    snapshot: SessionSnapshot, key: SnapshotKey | None
-) -> tuple[dict[str, mx.array], dict[str, str]]:
-    """(tensors, metadata with its checksum or MAC) of the safetensors file of ``snapshot``."""
-    arrays = {"content": mx.array(np.asarray(snapshot.content, dtype=np.int32))}
+def _write_parts(f: Any, parts: list[Any]) -> None:
+    for part in parts:
+        f.write(part)
+
+
+def _container(snapshot: SessionSnapshot, key: SnapshotKey | None) -> list[Any]:
+    """The safetensors file of ``snapshot`` as buffers to write in order: the header's length, the
+    header (tensors in name order, metadata with its checksum or MAC), then each tensor's raw bytes."""
+    tensors = {"content": ("I32", (snapshot.positions,), np.asarray(snapshot.content, dtype="<i4"))}
     for name, array in snapshot.state.arrays.items():
-        if name == "content" or not isinstance(array, mx.array):
-            raise ValueError(f"snapshot array {name!r} must be an mx.array with another name than 'content'")
-        arrays[name] = array
+        if name == "content":
+            raise ValueError("a snapshot array may not be named 'content'")
+        if isinstance(array, StateTensor):
+            tensors[name] = (_CODES[array.dtype], tuple(array.shape), array.data)
+        elif isinstance(array, mx.array):
+            tensors[name] = (_CODES[array.dtype], tuple(array.shape), memoryview(array))
+        else:
+            raise ValueError(f"snapshot array {name!r} must be an mx.array or a StateTensor")
     metadata = {
         "format": FORMAT,
         "format_version": str(FORMAT_VERSION),
@@ -127,12 +126,19 @@ def _container(
     }
     if key is not None:
         metadata["mac"] = MAC_ALGORITHM
-    metadata["checksum"] = _checksum(
-        metadata,
-        ((n, _CODES[a.dtype], tuple(a.shape), memoryview(a)) for n, a in sorted(arrays.items())),
-        key,
-    )
-    return arrays, metadata
+    names = sorted(tensors)
+    metadata["checksum"] = _checksum(metadata, ((n, *tensors[n]) for n in names), key)
+    header: dict[str, Any] = {"__metadata__": metadata}
+    at, data = 0, []
+    for name in names:
+        code, shape, raw = tensors[name]
+        size = memoryview(raw).nbytes
+        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [at, at + size]}
+        at += size
+        data.append(raw)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the tensors start 8-byte aligned
+    return [struct.pack("<Q", len(text)), text, *data]
 
 
 def _checksum(
@@ -260,20 +266,17 @@ def _code(dtype: mx.Dtype) -> str:
     return _CODES[dtype]
 
 
-def _to_mlx(tensors: Mapping[str, FileTensor]) -> dict[str, mx.array]:
+def _to_mlx(tensors: Mapping[str, StateTensor]) -> dict[str, mx.array]:
     """Every tensor as an evaluated ``mx.array`` copy (the copies run on a few threads)."""
     names = sorted(tensors)
     with ThreadPoolExecutor(max_workers=_workers(len(names))) as pool:
-        copies = list(pool.map(lambda name: mx.array(tensors[name].data.reshape(tensors[name].shape)), names))
-    arrays = {
-        name: a.view(mx.bfloat16) if tensors[name].dtype == mx.bfloat16 else a
-        for name, a in zip(names, copies, strict=True)
-    }
+        raw = list(pool.map(lambda name: tensors[name].copy_raw(), names))
+    arrays = {name: tensors[name].to_mlx(a) for name, a in zip(names, raw, strict=True)}
     mx.eval(list(arrays.values()))
     return arrays
 
 
-def _parse(path: Any, data: bytes) -> tuple[dict[str, str], dict[str, FileTensor]]:
+def _parse(path: Any, data: bytes) -> tuple[dict[str, str], dict[str, StateTensor]]:
     """The safetensors container: (metadata, tensors). UNREADABLE unless its tensors tile the data."""
 
     def bad(problem: str) -> SnapshotRefused:
@@ -307,7 +310,7 @@ def _parse(path: Any, data: bytes) -> tuple[dict[str, str], dict[str, FileTensor
             or hi - lo != math.prod(shape) * dtype.itemsize
         ):
             raise bad(f"tensor {name!r} has data offsets {[lo, hi]} that do not fit its shape or the file")
-        tensors[name] = FileTensor(shape, mlx_dtype, np.frombuffer(body[lo:hi], dtype=dtype))
+        tensors[name] = StateTensor(shape, mlx_dtype, np.frombuffer(body[lo:hi], dtype=dtype))
         spans.append((lo, hi))
     at = 0
     for lo, hi in sorted(spans):  # the tensors must tile the data: no gap, no overlap, no tail

@@ -78,7 +78,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         with status_on_error(context):
             owner = owner_of(context.invocation_metadata())
             yield from convert.snapshot_chunks(
-                self.sessions.export_session(owner, request.session, request.extra)
+                self.sessions.export_session(
+                    owner, request.session, request.extra, request.upto if request.HasField("upto") else None
+                )
             )
 
     def ImportSession(

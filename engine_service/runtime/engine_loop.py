@@ -89,6 +89,7 @@ class EngineLoop:
         self.fingerprint = ""
         self.compute_path: ComputePath | None = None
         self.window_geometry: WindowGeometry | None = None
+        self.pins_exports = False
         self.startup_error: BaseException | None = None
         self.ready = threading.Event()
         self.batch_observer: BatchObserver | None = None  # set by metrics; read once per batch
@@ -126,6 +127,7 @@ class EngineLoop:
             self.fingerprint = self._executor.fingerprint()
             self.compute_path = self._executor.compute_path()
             self.window_geometry = self._executor.window_geometry()
+            self.pins_exports = self._executor.pins_exports()
         except BaseException as exc:  # reported to the constructor's thread
             self.startup_error = exc
             self.accepting = False
@@ -333,11 +335,15 @@ class EngineLoop:
             return
         cmd.future.set_result(self._adopt(sid, ContentLog()))
 
-    def _adopt(self, sid: int, content: ContentLog) -> Session:
+    def _adopt(self, sid: int, content: ContentLog, pin: bool = False) -> Session:
+        """Executor session ``sid`` as a runner Session holding ``content``; ``pin``: a clone or an
+        import, whose export is then served off the engine thread (``SnapshotHandlers.pin``)."""
         key = self._next_key
         self._next_key += 1
         rec = SessionRecord(key=key, sid=sid, position=len(content), content=content)
         self.records[key] = rec
+        if pin:
+            self._snapshots.pin(rec)
         return Session(self._runner, rec)
 
     def _on_clone(self, cmd: CloneCommand) -> None:
@@ -356,7 +362,7 @@ class EngineLoop:
                 )
                 sid = None
             if sid is not None:
-                child = self._adopt(sid, rec.content.prefix(cmd.upto))
+                child = self._adopt(sid, rec.content.prefix(cmd.upto), pin=True)
             else:
                 refusal = (
                     CloneRefusal.WINDOW if cmd.upto < self._clone_floor(rec.sid) else CloneRefusal.BOUNDARY
@@ -397,7 +403,7 @@ class EngineLoop:
         rec = self.records.get(cmd.key)
         if rec is None:
             return
-        rec.closed = True
+        rec.closed, rec.pinned = True, None
         if rec.generation is not None:
             self._finish(rec.generation, FinishReason.CANCELLED)
         del self.records[cmd.key]
@@ -418,6 +424,7 @@ class EngineLoop:
             self._finish(gen, FinishReason.ERROR, FailedPrecondition(f"session {cmd.key} is {state}"))
             return
         gen.record = rec
+        rec.pinned = None  # the generation writes the session: its export goes back to this thread
         rec.generation = gen
         rec.busy = True
         gen.started_at = time.perf_counter()
@@ -455,7 +462,7 @@ class EngineLoop:
             except Exception:
                 log.exception("settling %s at shutdown failed", type(command).__name__)
         for rec in list(self.records.values()):
-            rec.closed = True
+            rec.closed, rec.pinned = True, None
             try:
                 self._executor.close_session(rec.sid)
             except Exception:

@@ -151,6 +151,12 @@ class Runner:
         return self._engine.window_geometry
 
     @property
+    def pins_exports(self) -> bool:
+        """Whether a clone's or an import's export is served off the engine thread until it generates
+        (``Session.export_async``; ``Executor.pins_exports``)."""
+        return self._engine.pins_exports
+
+    @property
     def slow_path(self) -> bool:
         """Whether :attr:`compute_path` is far below this machine's best (a WARNING at start says how
         to fix it)."""
@@ -258,9 +264,9 @@ class Runner:
         self._submit(StartCommand(session.key, gen), None)
         return handle
 
-    def _export(self, key: int) -> ExportFuture:
+    def _export(self, key: int, upto: int | None = None) -> ExportFuture:
         future = ExportFuture()
-        if not self._engine.put(ExportCommand(key, future)):
+        if not self._engine.put(ExportCommand(key, future, upto)):
             future.refuse(SaveRefusal.STOPPING)
         return future
 

@@ -121,12 +121,7 @@ class Session:
         :class:`CloneFuture`'s ``refusal`` says why it resolved None (``CloneRefusal``); a refused
         clone never changes this session.
         """
-        if isinstance(upto, bool):
-            raise InvalidArgument(f"upto must be an int, got {upto!r}")
-        try:
-            upto = operator.index(upto)
-        except TypeError as exc:
-            raise InvalidArgument(f"upto must be an int, got {upto!r}") from exc
+        upto = _int_arg("upto", upto)
         if expected_digest is not None and (
             not isinstance(expected_digest, bytes) or len(expected_digest) != DIGEST_SIZE
         ):
@@ -135,18 +130,27 @@ class Session:
             return CloneFuture.refused(CloneRefusal.SOURCE_UNUSABLE)
         return self._runner._clone(self._record.key, upto, expected_digest)
 
-    def export_async(self) -> ExportFuture:
+    def export_async(self, upto: int | None = None) -> ExportFuture:
         """A future of a :class:`~engine_service.persistence.snapshot.SessionSnapshot` of this session's
-        committed positions (the pending prediction excluded), taken on the engine thread between two
-        forwards, or of None with ``refusal`` set (closed or failed, a prepared input in range, rows
-        gone, unsupported, stopping). The session is unchanged. Writing it to a file:
-        :func:`engine_service.sessions.session_files.save_session`.
+        positions ``[0, upto)`` (default: all committed positions; the pending prediction excluded), or
+        of None with ``refusal`` set (closed or failed, ``upto`` past the committed positions or below a
+        ring's floor, a prepared input in range, unsupported, stopping). The session is unchanged.
+
+        A clone or an import that has not generated yet is pinned (``SessionRecord.pinned``): its
+        export is copied here, on the calling thread, without waiting for the engine thread's running
+        forward; any other session's is taken on the engine thread between two forwards. Writing it to
+        a file: :func:`engine_service.sessions.session_files.save_session`.
         """
+        if upto is not None and (upto := _int_arg("upto", upto)) < 0:
+            raise InvalidArgument(f"upto must be >= 0, got {upto}")
         if self._closed or self._record.poisoned:
             future = ExportFuture()
             future.refuse(SaveRefusal.SOURCE_UNUSABLE)
             return future
-        return self._runner._export(self._record.key)
+        pinned = self._record.pinned
+        if pinned is not None:
+            return pinned.export(pinned.state.length if upto is None else upto)
+        return self._runner._export(self._record.key, upto)
 
     def content_digest(self, upto: int | None = None) -> bytes | None:
         """The content digest of positions ``[0, upto)`` (default: all committed positions), as
@@ -171,3 +175,13 @@ class Session:
     def __repr__(self) -> str:
         state = "open" if self.valid else "closed"
         return f"Session(key={self.key}, position={self.position}, {state})"
+
+
+def _int_arg(name: str, value: object) -> int:
+    """``value`` as an int (InvalidArgument naming ``name`` for a bool or a non-integer)."""
+    if isinstance(value, bool):
+        raise InvalidArgument(f"{name} must be an int, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError as exc:
+        raise InvalidArgument(f"{name} must be an int, got {value!r}") from exc

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from engine_service.api.snapshot_files import LoadRefusal, SaveRefusal
+from engine_service.api.snapshot_files import LoadRefusal, SaveRefusal, StateLayout
+from engine_service.cache.pinned_state import PinnedState
 from engine_service.executors.base import Executor
 from engine_service.persistence.snapshot import SessionSnapshot, header_refusal, mlx_state
 from engine_service.runtime.commands import Command, EngineHooks
@@ -36,6 +37,7 @@ from engine_service.runtime.content_log import ContentLog
 if TYPE_CHECKING:
     from engine_service.runtime.engine_loop import EngineLoop
     from engine_service.runtime.session import Session
+    from engine_service.runtime.state import SessionRecord
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +73,39 @@ class ImportFuture(Future):
         return future
 
 
+@dataclass(frozen=True, eq=False)
+class PinnedSnapshot:
+    """An idle session's export, ready on any thread: the session's committed positions pinned when it
+    was made (a clone, an import; ``cache/pinned_state.py``: views, no copy) with the content they
+    hold. Dropped on the engine thread when a generation starts on the session or it closes; an export
+    that read it before then gets the positions the session held when it was pinned (as an export on
+    the engine thread gets those it held between two forwards)."""
+
+    fingerprint: str
+    layout: StateLayout
+    state: PinnedState
+    content: tuple[int, ...]
+
+    def export(self, upto: int) -> ExportFuture:
+        """A resolved future of positions ``[0, upto)``; refused BOUNDARY past the length or below a
+        ring's floor. Copies on the calling thread, with numpy only."""
+        future = ExportFuture()
+        state = self.state.state(upto)
+        if state is None:
+            future.refuse(SaveRefusal.BOUNDARY)
+        else:
+            future.set_result(SessionSnapshot(self.fingerprint, self.layout, state, self.content[:upto]))
+        return future
+
+
 @dataclass(frozen=True)
 class ExportCommand(Command):
-    """Export session ``key``'s committed positions; unrun or abandoned: refused STOPPING."""
+    """Export positions ``[0, upto)`` of session ``key`` (None: all its committed positions); unrun or
+    abandoned: refused STOPPING."""
 
     key: int
     future: ExportFuture
+    upto: int | None = None
 
     def caller(self) -> ExportFuture:
         return self.future
@@ -112,11 +141,11 @@ class ImportCommand(Command):
 
 
 class SnapshotHandlers:
-    """The engine loop's handlers for the two commands (engine thread only). ``adopt(sid, content)``
+    """The engine loop's handlers for the two commands (engine thread only). ``adopt(sid, content, pin)``
     makes an executor session a runner Session (the loop's, shared with opens and clones)."""
 
     def __init__(
-        self, loop: EngineLoop, executor: Executor, adopt: Callable[[int, ContentLog], Session]
+        self, loop: EngineLoop, executor: Executor, adopt: Callable[[int, ContentLog, bool], Session]
     ) -> None:
         self._loop = loop
         self._executor = executor
@@ -135,22 +164,22 @@ class SnapshotHandlers:
         if layout is None:
             future.refuse(SaveRefusal.UNSUPPORTED)
             return
-        content = rec.content.values(rec.position)
+        upto = rec.position if cmd.upto is None else cmd.upto
+        if upto > rec.position:
+            future.refuse(SaveRefusal.BOUNDARY)
+            return
+        content = rec.content.values(upto)
         if any(t < 0 for t in content):
             future.refuse(SaveRefusal.PREPARED_INPUT)
             return
         try:
-            state = self._executor.export_session(rec.sid, rec.position)
+            state = self._executor.export_session(rec.sid, upto)
         except Exception as exc:  # like a clone: a failure inside the executor is a refusal
             log.warning(
-                "executor.export_session(%d, %d) raised %s: %s",
-                rec.sid,
-                rec.position,
-                type(exc).__name__,
-                exc,
+                "executor.export_session(%d, %d) raised %s: %s", rec.sid, upto, type(exc).__name__, exc
             )
             state = None
-        if state is None or state.length != rec.position:
+        if state is None or state.length != upto:
             future.refuse(SaveRefusal.BOUNDARY)
             return
         # contiguous copies (a writer hashes their bytes); evaluated here, on the thread that owns MLX
@@ -158,6 +187,22 @@ class SnapshotHandlers:
         mx.eval(list(arrays.values()))
         state = type(state)(state.length, state.written, arrays)
         future.set_result(SessionSnapshot(loop.fingerprint, layout, state, content))
+
+    def pin(self, rec: SessionRecord) -> None:
+        """Pin ``rec``'s committed positions for exports on any thread (a new clone or import, which
+        nothing writes before its first generation); nothing where the executor cannot pin without a
+        copy, or the content holds a prepared input (refused by any export)."""
+        content = rec.content.values(rec.position)
+        layout = self._executor.state_layout()
+        if layout is None or any(t < 0 for t in content):
+            return
+        try:
+            state = self._executor.pin_session(rec.sid)
+        except Exception:  # an optimisation only: exports then run on the engine thread
+            log.exception("executor.pin_session(%d) failed", rec.sid)
+            return
+        if state is not None and state.length == rec.position:
+            rec.pinned = PinnedSnapshot(self._loop.fingerprint, layout, state, tuple(content))
 
     def on_import(self, cmd: ImportCommand) -> None:
         future = cmd.future_ref()
@@ -182,4 +227,4 @@ class SnapshotHandlers:
                 LoadRefusal.NO_ROOM, f"no free session slot or room for {snapshot.positions} positions"
             )
             return
-        future.set_result(self._adopt(sid, ContentLog(array("i", snapshot.content))))
+        future.set_result(self._adopt(sid, ContentLog(array("i", snapshot.content)), True))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine_service.api.config import GenConfig
 from engine_service.api.stream_events import FinishReason
@@ -21,6 +22,9 @@ from engine_service.runtime.generation import (
     GenerationResult,
     GenerationUpdate,
 )
+
+if TYPE_CHECKING:
+    from engine_service.runtime.snapshots import PinnedSnapshot
 
 Segment = tuple[int, ...] | PreparedInput
 
@@ -45,6 +49,9 @@ class SessionRecord:
     closed: bool = False
     busy: bool = False
     generation: ActiveGeneration | None = None
+    # set by the engine thread on a new clone or import, dropped when a generation starts or it
+    # closes; read by any thread (one attribute read): its export without the engine thread
+    pinned: PinnedSnapshot | None = None
 
 
 @dataclass(eq=False)

@@ -185,6 +185,7 @@ def info_message(info: EngineInfo) -> pb.InfoResponse:
         draining=info.draining,
         heartbeat_age_s=info.heartbeat_age_s,
         heartbeat_longest_s=info.heartbeat_longest_s,
+        pinned_exports=info.pinned_exports,
     )
 
 
@@ -226,4 +227,5 @@ def engine_info(msg: pb.InfoResponse) -> EngineInfo:
         draining=msg.draining,
         heartbeat_age_s=msg.heartbeat_age_s,
         heartbeat_longest_s=msg.heartbeat_longest_s,
+        pinned_exports=msg.pinned_exports,
     )

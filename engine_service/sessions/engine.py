@@ -372,8 +372,10 @@ class EngineSessions:
         digest = None if generating else session.content_digest()  # changing while it generates
         return Described(session.position, digest, generating)
 
-    def export_session(self, owner: str, handle: str, extra: Mapping[str, str]) -> EncodedSession:
-        return self.transfer.export(owner, handle, extra)  # also while draining: nothing new is held
+    def export_session(
+        self, owner: str, handle: str, extra: Mapping[str, str], upto: int | None = None
+    ) -> EncodedSession:
+        return self.transfer.export(owner, handle, extra, upto)  # also while draining: nothing new is held
 
     def import_session(self, owner: str, chunks: Iterable[bytes]) -> ImportedSnapshot:
         self._serving()
@@ -408,6 +410,7 @@ class EngineSessions:
             draining=self.draining,
             heartbeat_age_s=0.0 if beat is None else beat.age_s,
             heartbeat_longest_s=0.0 if beat is None else beat.longest_wait_s,
+            pinned_exports=self.runner.pins_exports,
         )
 
     def tokenize(self, prompt: TextPrompt) -> list[int]:

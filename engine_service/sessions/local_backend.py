@@ -70,9 +70,12 @@ class RunnerBackend:
         return handle.content_digest()  # read from the runner's record of the (idle) snapshot
 
     # -- snapshot files (the persistent tier's SnapshotBackend) ---------------------------------------
-    def export_session(self, handle: Session, extra: Mapping[str, str]) -> Iterator[bytes] | None:
-        """The snapshot file of ``handle`` (``extra``: strings stored in it); None when refused."""
-        encoded = encode_session(handle, extra=extra, key=self._key)
+    def export_session(
+        self, handle: Session, extra: Mapping[str, str], upto: int | None = None
+    ) -> Iterator[bytes] | None:
+        """The snapshot file of ``handle`` (positions ``[0, upto)``, default all; ``extra``: strings
+        stored in it); None when refused."""
+        encoded = encode_session(handle, extra=extra, key=self._key, upto=upto)
         return None if encoded.data is None else iter((encoded.data,))
 
     def import_session(self, chunks: Iterable[bytes]) -> ImportedSnapshot:

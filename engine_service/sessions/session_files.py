@@ -117,10 +117,12 @@ def encode_session(
     extra: Mapping[str, str] | None = None,
     timeout: float | None = None,
     key: SnapshotKey | None = None,
+    upto: int | None = None,
 ) -> EncodedSession:
     """The bytes :func:`save_session` would write for ``session`` (for an RPC stream: the receiver
-    writes them with ``write_snapshot_bytes`` and any engine loads them with :func:`load_session_bytes`)."""
-    future = session.export_async()
+    writes them with ``write_snapshot_bytes`` and any engine loads them with :func:`load_session_bytes`);
+    ``upto``: only positions ``[0, upto)`` (see ``Session.export_async``)."""
+    future = session.export_async(upto)
     snapshot = future.result(timeout)
     if snapshot is None:
         return EncodedSession(None, future.refusal)

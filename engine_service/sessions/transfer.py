@@ -52,15 +52,23 @@ class SessionTransfer:
         bound (the exact size depends on the K/V geometry; this only stops a runaway stream)."""
         return HEADER_BYTES + self._max_session_tokens * BYTES_PER_POSITION_CAP
 
-    def export(self, owner: str, handle: str, extra: Mapping[str, str]) -> EncodedSession:
-        """The file of ``owner``'s session ``handle`` carrying ``extra``, or its refusal."""
+    def export(
+        self, owner: str, handle: str, extra: Mapping[str, str], upto: int | None = None
+    ) -> EncodedSession:
+        """The file of ``owner``'s session ``handle`` (positions ``[0, upto)``, default all committed
+        ones) carrying ``extra``, or its refusal. InvalidArgument for an ``upto`` past the session's
+        committed positions."""
         for key, value in extra.items():
             if not key or len(key) > MAX_EXTRA_KEY or len(value) > MAX_EXTRA_VALUE:
                 raise InvalidArgument(
                     f"extra[{key[:32]!r}]: keys must be 1-{MAX_EXTRA_KEY} characters, values at most 1 MiB"
                 )
         session = self._registry.resolve(handle, owner)
-        return encode_session(session, extra=dict(extra), timeout=EXPORT_TIMEOUT_S, key=self._key)
+        if upto is not None and not 0 <= upto <= session.position:
+            raise InvalidArgument(
+                f"upto must be in [0, {session.position}] (the session's positions), got {upto}"
+            )
+        return encode_session(session, extra=dict(extra), timeout=EXPORT_TIMEOUT_S, key=self._key, upto=upto)
 
     def import_(self, owner: str, chunks: Iterable[bytes]) -> ImportedSnapshot:
         """Load the file streamed in ``chunks`` into a new session of ``owner``."""

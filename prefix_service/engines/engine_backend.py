@@ -270,10 +270,13 @@ class EngineBackend:
             return len(self._positions)
 
     # -- snapshot files (the persistent tier) -------------------------------------------------------
-    def export_session(self, handle: str, extra: Mapping[str, str]) -> Iterator[bytes] | None:
-        """The snapshot file of ``handle`` as chunks (SnapshotBackend); None when the engine refused."""
+    def export_session(
+        self, handle: str, extra: Mapping[str, str], upto: int | None = None
+    ) -> Iterator[bytes] | None:
+        """The snapshot file of ``handle`` (positions ``[0, upto)``, default all) as chunks
+        (SnapshotBackend); None when the engine refused."""
         call = self.stub.ExportSession(
-            pb.ExportSessionRequest(session=handle, extra=dict(extra)),
+            pb.ExportSessionRequest(session=handle, extra=dict(extra), upto=upto),
             metadata=self.metadata,
             timeout=SNAPSHOT_TIMEOUT_S,
         )

@@ -18,11 +18,11 @@ source (drains, or is the directory) or is over the load guard, ``L_s >= L_e + m
 load as last read can be one generation that just ended too high, so a gap of one never moves) -- the
 move option copies ``s``'s snapshot to ``e`` first:
 
-    move_e    = m_0 + m_pos * R + s_pos * min(W_s, 512)
-                                                 (the measured cost of moving R positions, plus the wait
-                                                 for the holder's running forward: an export is taken
-                                                 between two forwards; the directory has no forward,
-                                                 W = 0: its file is read and imported)
+    move_e    = m_0 + m_pos * R + s_pos * wait_s
+    wait_s    = 0 when s pins its stored snapshots (``Info.pinned_exports``: batched-sequence engines
+                export them on an RPC thread) or is the directory (its file is read and imported),
+                else min(W_s, 512): an export taken between two of s's forwards waits for the running one
+                                                 (the measured cost of moving R positions, plus that wait)
     cost_e'   = cost_e - s_pos * (R - reused_e) + move_e
 
 taken when ``move_e < s_pos * (R - reused_e)`` -- a move is never slower than recomputing what it
@@ -193,9 +193,9 @@ def _saved_s(holder: Candidate, gain: int, rates: CostRates) -> float:
 
 
 def _move_s(holder: Candidate, rates: CostRates) -> float:
-    """The expected seconds of moving ``holder``'s reuse: the measured move, plus the wait for the
-    forward the holder's engine is running (an export is taken between two forwards): up to one prefill
-    chunk of what this service's generations there still have to prefill."""
-    return rates.move_s(holder.reusable) + rates.prefill_s_per_position * min(
-        max(0, holder.pending), EXPORT_WAIT_POSITIONS
-    )
+    """The expected seconds of moving ``holder``'s reuse: the measured move, plus -- unless its engine
+    pins its stored snapshots (``pinned_exports``: the export is copied on its RPC thread) -- the wait
+    for the forward its engine thread is running (such an export is taken between two forwards): up
+    to one prefill chunk of what this service's generations there still have to prefill."""
+    wait = 0 if holder.pinned_exports else min(max(0, holder.pending), EXPORT_WAIT_POSITIONS)
+    return rates.move_s(holder.reusable) + rates.prefill_s_per_position * wait

@@ -398,6 +398,7 @@ def _candidate(member: EngineMember, namespace: str, key: tuple[int, ...]) -> Ca
         cache.positions,
         _fill(member),
         max(0, member.pending),
+        member.pinned_exports,
     )
 
 

@@ -50,6 +50,13 @@ class EngineMember:
         return self._serving()
 
     @property
+    def pinned_exports(self) -> bool:
+        """Whether its engine exports a stored snapshot without waiting for its running forward (the
+        last Info's ``pinned_exports``; False until one was read)."""
+        info = self.gateway.last_info
+        return info is not None and info.pinned_exports
+
+    @property
     def load(self) -> int:
         """Generations running or queued there: this service's now, plus the rest as last read."""
         return self.in_flight + self._others

@@ -6,9 +6,11 @@ copies the holder's stored entry to the first engine before the request is serve
 
 1. the holder's entry that scores the prompt (``PrefixCache.reusable_entry``) -- gone: no move. What
    moves is the entry when the request reuses all of it (or all but its last token), else only the
-   prefix it reuses: a clone of the entry at that length, made on the holder for the export and
-   closed after it (so a shared header moves as a header, not as another tenant's whole prompt) --
-   except from a draining holder, which refuses clones (new work) but still answers exports;
+   prefix it reuses: ``ExportSession`` with ``upto`` exports just those positions (so a shared header
+   moves as a header, not as another tenant's whole prompt), from a draining holder too (it answers
+   exports). A stored snapshot is pinned on a ``batched-sequence`` engine (``Info.pinned_exports``):
+   its export, whole or a prefix, is copied on the engine's RPC thread without waiting for the
+   forward its engine thread is running, so a busy holder moves as fast as an idle one;
 2. its exact length checked once more: ``rates.move_s(positions moved) < s_pos * (reused there -
    reused here)``, or no move (``slower``): a move never costs more than the recompute it saves;
 3. ``ExportSession`` on the holder streamed, chunk by chunk, into ``ImportSession`` on the target:
@@ -30,7 +32,6 @@ lacks, exactly as without moves. Concurrent requests for the same prefix and tar
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -55,8 +56,8 @@ JOIN_TIMEOUT_S = 30.0  # how long a request waits for the same move another requ
 class MoveOutcome:
     """``moved``: the target now holds a copy of ``positions`` positions (it took ``seconds``);
     otherwise ``refusal`` says why not: ``gone`` (the holder no longer has it), ``slower``,
-    ``unsupported`` (an engine without snapshot files), ``export`` (the holder refused),
-    ``clone:<reason>`` (the holder refused the prefix's clone), ``directory`` (a restore from the
+    ``unsupported`` (an engine without snapshot files), ``export`` (the holder refused, e.g. a
+    prefix below a sliding-window ring's floor), ``directory`` (a restore from the
     snapshot directory did not store the file), ``import:<reason>`` (the target
     refused the file), ``insert:<reason>`` (the target's cache did
     not store it), ``joined`` (another request's move of it ended first), or an error's type name."""
@@ -90,10 +91,8 @@ class SnapshotMover:
         if found is None:
             return self._refused(holder, target, "gone")
         entry, reused = found
-        # the entry itself when the request reuses (nearly) all of it, or when the holder drains (a
-        # draining engine refuses new work, clones included; exports it still answers)
-        whole = reused >= entry.key_length - 1 or holder.draining
-        tokens = entry.tokens if whole else entry.tokens[:reused]
+        # the entry itself when the request reuses (nearly) all of it, else the prefix it reuses
+        tokens = entry.tokens if reused >= entry.key_length - 1 else entry.tokens[:reused]
         rates = self.rates.rates()
         if rates.move_s(len(tokens)) >= rates.prefill_s_per_position * (reused - reused_there):
             return self._refused(holder, target, "slower")
@@ -127,29 +126,17 @@ class SnapshotMover:
         tokens: tuple[int, ...],
         room: Reservation,
     ) -> MoveOutcome:
-        """Export ``tokens`` (the entry, or a clone of its first ``len(tokens)`` positions made on the
-        holder for the export and closed after it), import and insert them (``room``: the target
-        cache's reservation, always consumed)."""
+        """Export ``tokens`` (the entry, or its first ``len(tokens)`` positions), import and insert
+        them (``room``: the target cache's reservation, always consumed)."""
         started, source = self._clock(), holder.gateway.backend
-        clone = None
+        upto = None if len(tokens) >= entry.key_length else len(tokens)
         try:
-            if len(tokens) < entry.key_length:
-                taken = source.clone_or_refusal(entry.snapshot, len(tokens))
-                if taken.handle is None:
-                    room.release()
-                    return self._refused(holder, target, f"clone:{taken.refusal or 'refused'}")
-                clone = taken.handle
-            handle = entry.snapshot if clone is None else clone
-            chunks = source.export_session(handle, extra_for(namespace, tokens, entry.metadata))
+            chunks = source.export_session(entry.snapshot, extra_for(namespace, tokens, entry.metadata), upto)
             imported = None if chunks is None else target.gateway.backend.import_session(chunks)
         except ForklineError as exc:
             room.release()
             log.info("move %s -> %s failed: %s", holder.name, target.name, exc)
             return self._refused(holder, target, type(exc).__name__)
-        finally:
-            if clone is not None:
-                with contextlib.suppress(ForklineError):
-                    source.close(clone)
         if imported is None or imported.handle is None:
             room.release()
             return self._refused(

@@ -19,7 +19,9 @@ class Candidate:
     stored snapshots can give (``reusable``), its ``load`` (generations running and queued), the
     positions this service's snapshots hold there (``held``), how full this service's share of it
     is (``fill``: the larger of entries / max entries and positions / max positions, in [0, 1]) and
-    the positions this service's generations there still have to prefill (``pending``)."""
+    the positions this service's generations there still have to prefill (``pending``);
+    ``pinned_exports``: its stored snapshots export without waiting for its running forward (the
+    engine's ``Info.pinned_exports``; the snapshot directory has no forward either)."""
 
     name: str
     reusable: int
@@ -27,6 +29,7 @@ class Candidate:
     held: int = 0
     fill: float = 0.0
     pending: int = 0
+    pinned_exports: bool = False
 
 
 # The name of the snapshot directory as a move source (never an engine's address, which has a port)

@@ -12,10 +12,13 @@ from engine_service.api.answers import ImportedSnapshot
 class SnapshotBackend(Protocol):
     """An engine that exports and imports snapshot files (``snapshot_store.py`` keeps them).
 
-    ``export_session(handle, extra)``: the file of a handle this backend owns, as chunks of bytes
-    (``extra``: strings stored in it), or None when the engine refused (prepared input, boundary).
+    ``export_session(handle, extra, upto)``: the file of a handle this backend owns (positions
+    ``[0, upto)``; None: all), as chunks of bytes (``extra``: strings stored in it), or None when the
+    engine refused (prepared input, boundary: past the length or below a ring's floor).
     ``import_session(chunks)``: load a file into a new session this backend owns."""
 
-    def export_session(self, handle: str, extra: Mapping[str, str]) -> Iterator[bytes] | None: ...
+    def export_session(
+        self, handle: str, extra: Mapping[str, str], upto: int | None = None
+    ) -> Iterator[bytes] | None: ...
 
     def import_session(self, chunks: Iterable[bytes]) -> ImportedSnapshot: ...

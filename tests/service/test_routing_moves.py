@@ -53,8 +53,8 @@ OWNER = (("forkline-owner", "loader"),)
 class TinyEngine(ServiceProcess):
     """``tests.service.tiny_engine`` in its own process, forwards slowed by ``STEP_S``."""
 
-    def __init__(self, *flags: str) -> None:
-        env = dict(os.environ, FORKLINE_TEST_STEP_S=str(STEP_S))
+    def __init__(self, *flags: str, step_s: float = STEP_S) -> None:
+        env = dict(os.environ, FORKLINE_TEST_STEP_S=str(step_s))
         self.proc = subprocess.Popen(
             [
                 sys.executable,

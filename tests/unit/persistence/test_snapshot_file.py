@@ -94,11 +94,11 @@ def test_writes_leave_no_temporary_and_replace_atomically(tmp_path) -> None:
 
 
 def test_a_failed_write_leaves_nothing_under_the_name(tmp_path, monkeypatch) -> None:
-    def crash(f, arrays, metadata):
+    def crash(f, parts):
         f.write(b"partial bytes")
         raise OSError("disk full")
 
-    monkeypatch.setattr(snapshot_file.mx, "save_safetensors", crash)
+    monkeypatch.setattr(snapshot_file, "_write_parts", crash)
     path = tmp_path / "a.safetensors"
     with pytest.raises(OSError, match="disk full"):
         write_snapshot(path, snapshot())

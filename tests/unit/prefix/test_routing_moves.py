@@ -144,6 +144,15 @@ def test_a_holder_busy_prefilling_makes_the_move_wait_for_its_forward() -> None:
     )
 
 
+def test_a_holder_that_pins_its_snapshots_moves_while_busy_prefilling() -> None:
+    # the busy holder above, but its engine exports stored snapshots on an RPC thread: the move costs
+    # 0.025 s, not 0.425 s, so b takes it: 0.2 - 0.15 + 0.025 = 0.075 s
+    busy = [Candidate("a", 150, 3, pending=400, pinned_exports=True), Candidate("b", 0, 0)]
+    route = CostModel().route(busy, request(200))
+    assert route.first.name == "b" and route.move == Move("a", 150)
+    assert round(CostModel().costs(busy, request(200))[0].cost_s, 6) == 0.075
+
+
 def test_the_snapshot_directory_is_a_source_without_a_forward_to_wait_for() -> None:
     # the busy holder above (400 positions still to prefill) makes its own move too slow; its file in
     # the snapshot directory moves for 0.025 s < the 0.15 s it saves: b (0.2 - 0.15 + 0.025) with it
