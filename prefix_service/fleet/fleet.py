@@ -339,7 +339,8 @@ class Fleet:
         """Make ``move`` to ``target`` (``moves.py``, or a restore from the snapshot directory);
         whether ``target`` now holds the moved prefix."""
         if move.source == SNAPSHOT_DIR:
-            return self.tier is not None and self.mover.restore(self.tier, target, namespace, key).moved
+            tier = self.tier
+            return tier is not None and self.mover.restore(tier, target, namespace, key, move.reusable).moved
         with self._lock:
             holder = self._members.get(move.source)
         if holder is None:

@@ -32,10 +32,11 @@ lacks, exactly as without moves. Concurrent requests for the same prefix and tar
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from engine_service.api.errors import ForklineError
@@ -100,19 +101,28 @@ class SnapshotMover:
             target.gateway.backend, SnapshotBackend
         ):
             return self._refused(holder, target, "unsupported")
-        ticket = (target.name, namespace, tokens)
+        with self._turn((target.name, namespace, tokens)) as first:
+            if not first:
+                return self._refused(holder, target, "joined")
+            room = target.gateway.cache.reserve(namespace, tokens, entry.metadata)  # evicts first
+            if not isinstance(room, Reservation):
+                return self._refused(holder, target, f"insert:{room}")
+            return self._copy(holder, target, namespace, entry, tokens, room)
+
+    @contextlib.contextmanager
+    def _turn(self, ticket: tuple[str, str, tuple[int, ...]]) -> Iterator[bool]:
+        """Whether this request makes the copy of ``ticket`` (target, namespace, tokens): True for the
+        first, which the others wait for (up to JOIN_TIMEOUT_S) and then get False (``joined``)."""
         with self._lock:
             running = self._moving.get(ticket)
             if running is None:
                 self._moving[ticket] = threading.Event()
         if running is not None:
             running.wait(JOIN_TIMEOUT_S)
-            return self._refused(holder, target, "joined")
+            yield False
+            return
         try:
-            room = target.gateway.cache.reserve(namespace, tokens, entry.metadata)  # evicts first
-            if not isinstance(room, Reservation):
-                return self._refused(holder, target, f"insert:{room}")
-            return self._copy(holder, target, namespace, entry, tokens, room)
+            yield True
         finally:
             with self._lock:
                 self._moving.pop(ticket).set()
@@ -157,13 +167,25 @@ class SnapshotMover:
         return MoveOutcome(True, len(tokens), seconds)
 
     def restore(
-        self, tier: PersistentTier, target: EngineMember, namespace: str, key: tuple[int, ...]
+        self,
+        tier: PersistentTier,
+        target: EngineMember,
+        namespace: str,
+        key: tuple[int, ...],
+        positions: int,
     ) -> MoveOutcome:
-        """A move from the snapshot directory: its longest stored prefix of ``key`` restored into
-        ``target`` (the gateway's lookup would restore it too; made here to be measured as a move).
-        Refused as ``directory`` when the folder's file is gone or the engine or the cache refused it."""
-        started, done = self._clock(), Restored()
-        if not tier.restore(target.gateway.cache, namespace, key, done):
+        """A move from the snapshot directory: its longest stored prefix of ``key`` (``positions``
+        long, as routing read it) restored into ``target`` (the gateway's lookup would restore it too;
+        made here to be measured as a move). Concurrent restores of that prefix into ``target`` share
+        one (as moves do: the later ones wait, ``joined``); refused as ``directory`` when the
+        folder's file is gone or the engine or the cache refused it."""
+        with self._turn((target.name, namespace, tuple(key[:positions]))) as first:
+            if not first:
+                target.move_refused("joined")
+                return MoveOutcome(False, refusal="joined")
+            started, done = self._clock(), Restored()
+            restored = tier.restore(target.gateway.cache, namespace, key, done)
+        if not restored:
             target.move_refused("directory")
             return MoveOutcome(False, refusal="directory")
         seconds = self._clock() - started

@@ -6,6 +6,9 @@ Rates here: 1 ms per prefill position, 100 ms per generation ahead, a move 10 ms
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from engine_service.api.errors import InvalidArgument
@@ -170,3 +173,42 @@ def test_the_snapshot_directory_is_a_source_without_a_forward_to_wait_for() -> N
     # a shorter file than the engine's reuse never moves
     route = CostModel().route([Candidate("a", 150, 0)], request(200, Candidate(SNAPSHOT_DIR, 100, 0)))
     assert route.move is None
+
+
+class BlockingTier:
+    """A snapshot directory whose restore takes until ``release`` is set (counts the restores)."""
+
+    def __init__(self) -> None:
+        self.release, self.entered, self.calls = threading.Event(), threading.Event(), 0
+
+    def restore(self, cache, namespace, key, done) -> bool:
+        self.calls += 1
+        self.entered.set()
+        self.release.wait(10)
+        done.positions = len(key)
+        return True
+
+
+def test_concurrent_restores_of_one_file_into_one_engine_share_one() -> None:
+    tier, mover = BlockingTier(), SnapshotMover(RateMeter(RATES))
+    target, other = member("b", FakeEngine()), member("c", FakeEngine())
+    key = tuple(range(1, 101))
+    outcomes: dict[str, str] = {}
+
+    def restore(name, into) -> None:
+        outcomes[name] = mover.restore(tier, into, "", key, 100).refusal or "moved"
+
+    first = threading.Thread(target=restore, args=("first", target))
+    first.start()
+    assert tier.entered.wait(10)
+    later = threading.Thread(target=restore, args=("later", target))  # waits for the first
+    elsewhere = threading.Thread(target=restore, args=("elsewhere", other))  # negative control
+    later.start()
+    elsewhere.start()
+    time.sleep(0.2)
+    assert "later" not in outcomes  # still waiting for the first restore
+    tier.release.set()
+    for thread in (first, later, elsewhere):
+        thread.join(10)
+    assert outcomes == {"first": "moved", "later": "joined", "elsewhere": "moved"}
+    assert tier.calls == 2 and target.moves_in == 1 and dict(target.move_refusals) == {"joined": 1}
