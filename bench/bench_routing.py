@@ -21,7 +21,8 @@ Usage: .venv/bin/python bench/bench_routing.py [--engines 4] [--requests 240] [-
 
 --trace-bench instead replays ``routing_trace.py``'s trace (or --trace FILE, Mooncake format) on
 --trace-engines engine processes of the packaged SmolLM2 (one kernel thread each) through one fleet
-per policy, then the hot-prefix case, and measures the decision cost; compared per policy: placement
+per policy, then the hot-prefix case (after one unmeasured pass of it), and measures the decision
+cost; compared per policy: placement
 regret (positions some engine could have reused at routing time minus positions reused, over all
 requests), reused fraction, hit rate (requests that reused anything), TTFT p50 / p99 (from the
 fleet's generate call to the first tokens), load imbalance (the busiest engine's computed positions
