@@ -2,7 +2,8 @@
 thread is inside a forward, in a real engine process whose forwards take 2 s (``tiny_engine.py``):
 the pinned export is copied on the RPC thread. Negative control: the same call for an ordinary session
 (which generated) waits for that forward to end. ``upto`` exports a prefix: its positions and content
-digest are the prefix's, and another engine imports it."""
+digest are the prefix's, and another engine imports it; an ``upto`` past the session or negative is
+INVALID_ARGUMENT naming the field."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import threading
 import time
 
 import grpc
+import pytest
 
 from engine_service.api.content import content_digest
 from protos import engine_pb2 as epb
@@ -50,6 +52,11 @@ def test_a_stored_snapshot_exports_during_a_forward_and_an_ordinary_session_wait
             pinned_s, pinned = timed_export(stub, clone.session, upto=9)
             waited_s, ordinary = timed_export(stub, source)
             load.join(60)
+            for bad in (len(PROMPT) + 1, -1):  # past the committed positions, negative: the field named
+                with pytest.raises(grpc.RpcError) as caught:
+                    timed_export(stub, clone.session, upto=bad)
+                assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "upto" in caught.value.details()
             imported = engine_pb2_grpc.EngineStub(ch2).ImportSession(
                 iter([epb.SnapshotChunk(data=c.data) for c in pinned]), metadata=OWNER, timeout=30
             )
