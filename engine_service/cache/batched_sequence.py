@@ -164,7 +164,7 @@ class BatchedSequenceCache(ConfiguredCache):
         they need are gone (``upto`` past the length or below a ring's floor)."""
         return self.sequence(seq).export(check_position("upto", upto))
 
-    def pin_seq(self, seq: int) -> PinnedState:
+    def pin_seq(self, seq: int) -> PinnedState | None:
         """``seq``'s committed positions pinned for exports on any thread (:class:`PinnedState`:
         views, no copy; what :meth:`export_seq` gives, for any prefix down to the rewind floor)."""
         return self.sequence(seq).pin()

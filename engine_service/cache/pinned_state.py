@@ -31,8 +31,8 @@ class PinnableCache(Protocol):
     """A cache kind whose sequences pin without a copy (``batched-sequence``; ``batched-cell`` gathers
     its cells, so it would copy, and does not)."""
 
-    def pin_seq(self, seq: int) -> PinnedState:
-        """``seq``'s committed positions as views (engine thread)."""
+    def pin_seq(self, seq: int) -> PinnedState | None:
+        """``seq``'s committed positions as views (engine thread); None: not exportable."""
         ...
 
 
@@ -50,17 +50,16 @@ class PinnedState:
     """Positions ``[0, length)`` of one sequence with high-water mark ``written``; a prefix may be
     read down to ``floor`` (a ring's rewind floor). Immutable; safe to read on any thread."""
 
-    def __init__(
-        self, length: int, written: int, floor: int, arrays: Mapping[str, tuple[mx.array, bool]]
-    ) -> None:
-        """``arrays``: name -> (an evaluated [kv_heads, rows, head_dim] view, positional)."""
-        self.length, self.written, self.floor = length, written, floor
+    def __init__(self, state: SeqState, floor: int, positional: Mapping[str, bool]) -> None:
+        """``state``: the sequence's export (evaluated [kv_heads, rows, head_dim] views of its
+        buffers); ``positional``: per array, whether row p holds position p."""
+        self.length, self.written, self.floor = state.length, state.written, floor
         # bfloat16 as uint16 views of the same bytes; evaluated here, on the engine thread
-        raw = {n: a.view(mx.uint16) if a.dtype == mx.bfloat16 else a for n, (a, _) in arrays.items()}
+        raw = {n: a.view(mx.uint16) if a.dtype == mx.bfloat16 else a for n, a in state.arrays.items()}
         mx.eval(list(raw.values()))
         # numpy reads the evaluated views without MLX (PEP 3118, strided, sharing the buffers)
         self._arrays = {
-            n: _PinnedArray(np.asarray(raw[n]), a.dtype, positional) for n, (a, positional) in arrays.items()
+            n: _PinnedArray(np.asarray(raw[n]), a.dtype, positional[n]) for n, a in state.arrays.items()
         }
 
     def state(self, upto: int) -> SeqState | None:

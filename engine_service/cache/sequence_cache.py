@@ -295,19 +295,18 @@ class SequenceCache:
         mx.eval(list(arrays.values()))
         return SeqState(upto, self._written, arrays)
 
-    def pin(self) -> PinnedState:
+    def pin(self) -> PinnedState | None:
         """All committed positions as a :class:`PinnedState` (views of the buffers, no copy), which
-        reads them and any prefix down to the rewind floor on any thread, as :meth:`export` would."""
-        cfg, arrays = self._cfg, {}
+        reads them and any prefix down to the rewind floor on any thread, as :meth:`export` would
+        (None when :meth:`export` refuses the length)."""
+        state = self.export(self._length)  # evaluated views of the buffers
+        if state is None:
+            return None
+        positional = {}  # row p holds position p: a flat layer, a ring that never wrapped
         for layer, slots in enumerate(self._slots):
-            rows = _state_rows(self._length, self._written, slots)
-            keys, values = self._keys[layer], self._values[layer]
-            if keys is None or rows == 0:
-                keys = values = mx.zeros((cfg.kv_heads, 0, cfg.head_dim), dtype=cfg.dtype)
-            positional = slots is None or self._written <= slots  # row p holds position p
-            arrays[f"layers.{layer}.keys"] = (keys[:, :rows, :], positional)
-            arrays[f"layers.{layer}.values"] = (values[:, :rows, :], positional)
-        return PinnedState(self._length, self._written, self.rewind_floor, arrays)
+            flat = slots is None or self._written <= slots
+            positional[f"layers.{layer}.keys"] = positional[f"layers.{layer}.values"] = flat
+        return PinnedState(state, self.rewind_floor, positional)
 
     @staticmethod
     def state_layout(

@@ -101,16 +101,16 @@ def _write_parts(f: Any, parts: list[Any]) -> None:
 
 
 def _container(snapshot: SessionSnapshot, key: SnapshotKey | None) -> list[Any]:
-    """The safetensors file of ``snapshot`` as buffers to write in order: the header's length, the
-    header (tensors in name order, metadata with its checksum or MAC), then each tensor's raw bytes."""
+    """The safetensors file of ``snapshot`` as buffers to write in order (its tensors, and metadata
+    with the checksum or MAC)."""
     tensors = {"content": ("I32", (snapshot.positions,), np.asarray(snapshot.content, dtype="<i4"))}
     for name, array in snapshot.state.arrays.items():
         if name == "content":
             raise ValueError("a snapshot array may not be named 'content'")
         if isinstance(array, StateTensor):
-            tensors[name] = (_CODES[array.dtype], tuple(array.shape), array.data)
+            tensors[name] = (_code(array.dtype), tuple(array.shape), array.data)
         elif isinstance(array, mx.array):
-            tensors[name] = (_CODES[array.dtype], tuple(array.shape), memoryview(array))
+            tensors[name] = (_code(array.dtype), tuple(array.shape), memoryview(array))
         else:
             raise ValueError(f"snapshot array {name!r} must be an mx.array or a StateTensor")
     metadata = {
@@ -126,11 +126,18 @@ def _container(snapshot: SessionSnapshot, key: SnapshotKey | None) -> list[Any]:
     }
     if key is not None:
         metadata["mac"] = MAC_ALGORITHM
-    names = sorted(tensors)
-    metadata["checksum"] = _checksum(metadata, ((n, *tensors[n]) for n in names), key)
+    metadata["checksum"] = _checksum(metadata, ((n, *tensors[n]) for n in sorted(tensors)), key)
+    return _safetensors_parts(tensors, metadata)
+
+
+def _safetensors_parts(
+    tensors: Mapping[str, tuple[str, tuple[int, ...], Any]], metadata: dict[str, str]
+) -> list[Any]:
+    """A safetensors file as buffers to write in order: the header's length (u64 little-endian), the
+    JSON header (``tensors``: name -> (dtype code, shape, raw bytes), in name order), the bytes."""
     header: dict[str, Any] = {"__metadata__": metadata}
     at, data = 0, []
-    for name in names:
+    for name in sorted(tensors):
         code, shape, raw = tensors[name]
         size = memoryview(raw).nbytes
         header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [at, at + size]}
