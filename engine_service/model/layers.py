@@ -44,13 +44,28 @@ NATIVE = "native"
 _FUSED_SDPA_MAX_ROWS = 8
 # rows from which a quantized projection on the CPU dequantizes and uses BLAS instead
 _DEQUANT_MIN_ROWS = 16
-# rows up to which block-quantized weights go through the compiled kernels (batch-invariant: a row
-# alone, in a decode batch or in a short prefix-hit suffix gets the same bits); above, BLAS
+# rows up to which block-quantized weights go through the compiled kernels when their ISA is AVX2
+# (batch-invariant: a row alone, in a decode batch or in a short prefix-hit suffix gets the same bits);
+# above, BLAS. With AVX-512 the kernels take every row count (kernel_max_rows)
 _KERNEL_MAX_ROWS = 64
 _ON_CPU = not gpu_available()
 # whether layers run their fused ops where they can (DecoderLayer.fuses); off: the unfused MLX ops,
 # for comparisons (benchmarks, tests)
 FUSED_OPS = True
+
+
+def kernel_max_rows() -> float:
+    """Rows up to which block-quantized weights go through the compiled kernels on the CPU; a longer
+    block dequantizes its weights and runs OpenBLAS's float32 matmul. With the kernels' AVX-512 tiles
+    (16 lanes, 32 registers) that is every row count: on a Zen 5 EPYC, where OpenBLAS runs its 256-bit
+    kernels, the tiles reach ~250 GFLOP/s on two threads and a 512-token Gemma 3 270M prefill runs at
+    1,085-1,125 tok/s through them vs 713-753 through BLAS (December 2026; equal speed on the Xeon
+    measured before). With AVX2 the BLAS path is ~2x faster above ``_KERNEL_MAX_ROWS``. Read per call:
+    ``forkline_kernels.set_isa`` may change the ISA at run time."""
+    ext = kernels()
+    if ext is not None and ext.isa() == "avx512":
+        return float("inf")
+    return _KERNEL_MAX_ROWS
 
 
 def convert(tensor: Tensor, weights_dtype: str) -> Tensor:
@@ -135,9 +150,9 @@ class Projection(nn.Module):
 
     def _matmul(self, x: mx.array) -> mx.array:
         if self.block:
-            if x.shape[0] > _KERNEL_MAX_ROWS and _ON_CPU and not self.kernel_only:
-                # a long prefill block: float32 tiles through BLAS beat the kernel (bench_kernels.py:
-                # 512 rows ~2x faster), and dequantizing costs ~3% of the block
+            if _ON_CPU and not self.kernel_only and x.shape[0] > kernel_max_rows():
+                # a long prefill block on AVX2: float32 tiles through BLAS beat the kernel
+                # (bench_kernels.py: 512 rows ~2x faster), and dequantizing costs ~3% of the block
                 return x @ self.tensor.dequantize().T
             return block_matmul(x, self.tensor)
         if self.quantized:
@@ -317,12 +332,12 @@ class DecoderLayer(nn.Module):
     def fuses(self, rows: int) -> bool:
         """Whether a forward of ``rows`` packed rows runs the fused ops (:meth:`fused`): the compiled
         kernels with ``fused_linear`` on a CPU stream, block-quantized q/k/v, o, gate/up and down in one
-        format each, and at most ``_KERNEL_MAX_ROWS`` rows -- any row count in deterministic mode, so
+        format each, and at most :func:`kernel_max_rows` rows -- any row count in deterministic mode, so
         every row of a model takes the same path whatever its forward's shape."""
         return (
             FUSED_OPS
             and self._fusion is not None
-            and (rows <= _KERNEL_MAX_ROWS or self.deterministic)
+            and (self.deterministic or rows <= kernel_max_rows())
             and mx.default_device() == mx.cpu
         )
 

@@ -33,15 +33,20 @@ struct TileShape {
 // The tile for the next `left` rows (measured by bench/bench_kernels_matmul.py with a model's worth
 // of distinct weights, so they stream from memory as in decode). One or two rows are memory-bound:
 // rows of W one at a time stream best, except q4_1's short rows (<= 384 bytes), read 4 at a time.
-// More rows are compute-bound: an output's 16 lanes take two of AVX2's 16 registers (2 x 2 outputs
-// with room to load) and one of AVX-512's 32 (4 x 4). A row count the tile does not divide ends with
-// one shorter tile.
+// More rows are compute-bound: a weight block is widened and scaled once (4 vector operations per
+// 16 lanes) for the tile's rows, each of which then costs 2 FMAs per 16 lanes, and a row's x block is
+// loaded into registers once for the tile's weight rows. AVX-512 (32 registers, an output's 16 lanes in
+// one) takes up to 6 rows x 4 weight rows, `left` split into near-equal tiles (8 rows: 4 + 4, 16: 6 +
+// 5 + 5); AVX2 (16 registers, two per output) 4 x 1.
 TileShape f32_tile_shape(int left, bool wide, bool q41, int64_t row_bytes) {
-  TileShape t = wide ? TileShape{std::min(left, 4), 4} : TileShape{std::min(left, 2), 2};
+  TileShape t;
   if (left <= 2) {
     t = {left, q41 && row_bytes <= 384 ? (wide || left == 1 ? 4 : 2) : 1};
-  } else if (wide && (left == 5 || left == 6)) {  // one tile, no 1-row tail: 5 x 3, 6 x 3
-    t = {left, 3};
+  } else if (wide) {
+    const int tiles = (left + kMaxRows - 1) / kMaxRows;
+    t = {(left + tiles - 1) / tiles, 4};
+  } else {
+    t = {std::min(left, 4), 1};
   }
   const int r = g_tile_rows.load(std::memory_order_relaxed), c = g_tile_cols.load(std::memory_order_relaxed);
   if (r > 0) {
@@ -159,12 +164,12 @@ void q4_1_rows_scalar(const uint8_t* wq, const float* wd, const float* wm, int b
   }
 }
 
-// The float kernels' arithmetic (see qdot.h): per block, 16 lanes t_j = fma(w[16+j], x[16+j], w[j] x[j])
-// and acc_j = fma(d, t_j, acc_j); at the end the 16 lanes fold to 8 (acc_j + acc_{j+8}) and reduce8.
-// One widened block (w, 32 floats in element order) into the 16 accumulators.
-inline void block_fma16(const float* w, const float* x, float d, float* acc) {
+// The float kernels' arithmetic (see qdot.h): a block's weights scaled first, w'_i = d * q_i (q8_0) or
+// fma(d, q_i, m) (q4_1), then per block 16 lanes acc_j = fma(w'[16+j], x[16+j], fma(w'[j], x[j], acc_j));
+// at the end the 16 lanes fold to 8 (acc_j + acc_{j+8}) and reduce8.
+inline void block_fma16(const float* w, const float* x, float* acc) {
   for (int j = 0; j < 16; ++j) {
-    acc[j] = std::fma(d, std::fma(w[16 + j], x[16 + j], w[j] * x[j]), acc[j]);
+    acc[j] = std::fma(w[16 + j], x[16 + j], std::fma(w[j], x[j], acc[j]));
   }
 }
 
@@ -184,10 +189,11 @@ void q8_0_rows_f32_scalar(const int8_t* wq, const float* wd, int blocks, int n0,
     for (int m = 0; m < M; ++m) {
       float acc[16] = {};
       for (int b = 0; b < blocks; ++b) {
+        const float d = wd[static_cast<int64_t>(n) * blocks + b];
         for (int i = 0; i < 32; ++i) {
-          w[i] = static_cast<float>(wq[n * K + b * 32 + i]);
+          w[i] = d * static_cast<float>(wq[n * K + b * 32 + i]);
         }
-        block_fma16(w, x + m * K + b * 32, wd[static_cast<int64_t>(n) * blocks + b], acc);
+        block_fma16(w, x + m * K + b * 32, acc);
       }
       out[m * ldo + n] = reduce16(acc);
     }
@@ -195,24 +201,22 @@ void q8_0_rows_f32_scalar(const int8_t* wq, const float* wd, int blocks, int n0,
 }
 
 void q4_1_rows_f32_scalar(const uint8_t* wq, const float* wd, const float* wm, int blocks, int n0, int n1,
-                          const float* x, const float* xsum_t, int64_t ldx, int M, float* out, int64_t ldo) {
+                          const float* x, int M, float* out, int64_t ldo) {
   const int64_t K = static_cast<int64_t>(blocks) * 32;
   float w[32];
   for (int n = n0; n < n1; ++n) {
     for (int m = 0; m < M; ++m) {
       float acc[16] = {};
-      float offset = 0.0f;
       for (int b = 0; b < blocks; ++b) {
         const uint8_t* wb = wq + n * (K / 2) + b * 16;
-        for (int i = 0; i < 16; ++i) {
-          w[i] = static_cast<float>(wb[i] & 0x0F);
-          w[i + 16] = static_cast<float>(wb[i] >> 4);
-        }
         const int64_t nb = static_cast<int64_t>(n) * blocks + b;
-        block_fma16(w, x + m * K + b * 32, wd[nb], acc);
-        offset = std::fma(wm[nb], xsum_t[b * ldx + m], offset);
+        for (int i = 0; i < 16; ++i) {
+          w[i] = std::fma(wd[nb], static_cast<float>(wb[i] & 0x0F), wm[nb]);
+          w[i + 16] = std::fma(wd[nb], static_cast<float>(wb[i] >> 4), wm[nb]);
+        }
+        block_fma16(w, x + m * K + b * 32, acc);
       }
-      out[m * ldo + n] = reduce16(acc) + offset;
+      out[m * ldo + n] = reduce16(acc);
     }
   }
 }
@@ -385,31 +389,30 @@ AVX2_FN void q4_1_rows_avx2(const uint8_t* wq, const float* wd, const float* wm,
 }
 
 // Float-activation tiles: RM activation rows x RN weight rows, one accumulator per (row, output). Each
-// weight block is widened once and used by the RM rows; each activation block is loaded once per
-// weight row from L1. Every output's operations are the one-row kernel's, in its order, whatever the
-// tile: the tile shape only decides which outputs share loads.
-// Lanes 0..7 (h = 0) or 8..15 (h = 1) of a block's t: fma(w[16+j], x[16+j], w[j] x[j]).
-AVX2_FN FORKLINE_INLINE __m256 block_half_avx2(const __m256* w, const float* x, int h) {
-  return _mm256_fmadd_ps(w[2 + h], _mm256_loadu_ps(x + 16 + 8 * h), _mm256_mul_ps(w[h], _mm256_loadu_ps(x + 8 * h)));
-}
-
-AVX2_FN FORKLINE_INLINE void widen_q8_0(const int8_t* w, __m256* wf) {
+// weight block is widened and scaled once and used by the RM rows; each activation block is loaded
+// from L1 once per weight row (AVX2: the FMAs' memory operand) or once per tile (AVX-512: into two
+// registers the tile's weight rows share). Every output's operations are the one-row kernel's, in its
+// order, whatever the tile: the tile shape only decides which outputs share loads.
+// A block's 32 scaled weights w' in four 8-lane registers (elements 0..7, 8..15, 16..23, 24..31).
+AVX2_FN FORKLINE_INLINE void widen_q8_0(const int8_t* w, float d, __m256* wf) {
+  const __m256 dv = _mm256_set1_ps(d);
 #pragma GCC unroll 4
   for (int i = 0; i < 4; ++i) {
     const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 8 * i));
-    wf[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+    wf[i] = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)));
   }
 }
 
 // 16 bytes: weights 0..15 in the low nibbles, 16..31 in the high ones.
-AVX2_FN FORKLINE_INLINE void widen_q4_1(const uint8_t* w, __m256* wf) {
+AVX2_FN FORKLINE_INLINE void widen_q4_1(const uint8_t* w, float d, float mn, __m256* wf) {
   const __m256i low = _mm256_set1_epi32(0x0F);
+  const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(mn);
   const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w)));
   const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 8)));
-  wf[0] = _mm256_cvtepi32_ps(_mm256_and_si256(b0, low));
-  wf[1] = _mm256_cvtepi32_ps(_mm256_and_si256(b1, low));
-  wf[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4));
-  wf[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4));
+  wf[0] = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(_mm256_and_si256(b0, low)), mv);
+  wf[1] = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(_mm256_and_si256(b1, low)), mv);
+  wf[2] = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4)), mv);
+  wf[3] = _mm256_fmadd_ps(dv, _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4)), mv);
 }
 
 // What both tile bodies share. The scales (and mins) of the next RN weight rows -- the next tile's,
@@ -440,36 +443,29 @@ AVX2_FN FORKLINE_INLINE void prefetch_block(const uint8_t* next, int64_t row_byt
   }
 }
 
-// out(m, n) = the fixed 8-lane reduction of folded[m][n] (each output's 16 lanes folded to 8), plus
-// q4_1's offset: lane m of off[n].
-template <bool Q41, int RM, int RN>
-AVX2_FN FORKLINE_INLINE void store_tile(const __m256 (&folded)[RM][RN], const __m256* off, float* out, int64_t ldo) {
+// out(m, n) = the fixed 8-lane reduction of folded[m][n] (each output's 16 lanes folded to 8).
+template <int RM, int RN>
+AVX2_FN FORKLINE_INLINE void store_tile(const __m256 (&folded)[RM][RN], float* out, int64_t ldo) {
 #pragma GCC unroll 8
-  for (int n = 0; n < RN; ++n) {
-    alignas(32) float o[8];
-    _mm256_store_ps(o, off[n]);
-#pragma GCC unroll 8
-    for (int m = 0; m < RM; ++m) {
-      const float dot = reduce8_avx2(folded[m][n]);
-      out[m * ldo + n] = Q41 ? dot + o[m] : dot;
+  for (int m = 0; m < RM; ++m) {
+#pragma GCC unroll 4
+    for (int n = 0; n < RN; ++n) {
+      out[m * ldo + n] = reduce8_avx2(folded[m][n]);
     }
   }
 }
 
-// Outputs (m, n) for m < RM, n < RN: x rows from x (stride K), weight rows from wq's first; xsum_t
-// points at row 0's column (q4_1 only). Inlined into one wrapper per register file below.
+// Outputs (m, n) for m < RM, n < RN: x rows from x (stride K), weight rows from wq's first. Inlined
+// into one wrapper per register file below.
 template <bool Q41, int RM, int RN>
 AVX2_FN FORKLINE_INLINE void f32_tile_body(const void* wq, const float* wd, const float* wm, int blocks,
-                                           const float* x, const float* xsum_t, int64_t ldx, float* out,
-                                           int64_t ldo) {
+                                           const float* x, float* out, int64_t ldo) {
   const int64_t K = static_cast<int64_t>(blocks) * 32;
   const int64_t row_bytes = Q41 ? K / 2 : K;
   const uint8_t* w = static_cast<const uint8_t*>(wq);
   __m256 acc[RM][RN][2];  // lanes 0..7 and 8..15 of each output's 16
-  __m256 off[RN];
-#pragma GCC unroll 8
+#pragma GCC unroll 4
   for (int n = 0; n < RN; ++n) {
-    off[n] = _mm256_setzero_ps();
 #pragma GCC unroll 8
     for (int m = 0; m < RM; ++m) {
       acc[m][n][0] = acc[m][n][1] = _mm256_setzero_ps();
@@ -478,67 +474,62 @@ AVX2_FN FORKLINE_INLINE void f32_tile_body(const void* wq, const float* wd, cons
   const uint8_t* next = w + RN * row_bytes;
   prefetch_scales<Q41, RN>(wd, wm, blocks);
   for (int b = 0; b < blocks; ++b) {
-    __m256 xs = _mm256_setzero_ps();
-    if constexpr (Q41) {
-      xs = _mm256_loadu_ps(xsum_t + b * ldx);  // lane m: row m's block sum
-    }
     prefetch_block<Q41, RN>(next, row_bytes, b);
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     for (int n = 0; n < RN; ++n) {
       __m256 wf[4];
       if constexpr (Q41) {
-        widen_q4_1(w + n * row_bytes + b * 16, wf);
+        widen_q4_1(w + n * row_bytes + b * 16, wd[n * blocks + b], wm[n * blocks + b], wf);
       } else {
-        widen_q8_0(reinterpret_cast<const int8_t*>(w) + n * row_bytes + b * 32, wf);
+        widen_q8_0(reinterpret_cast<const int8_t*>(w) + n * row_bytes + b * 32, wd[n * blocks + b], wf);
       }
-      const __m256 dv = _mm256_broadcast_ss(wd + n * blocks + b);
 #pragma GCC unroll 8
       for (int m = 0; m < RM; ++m) {
-        acc[m][n][0] = _mm256_fmadd_ps(dv, block_half_avx2(wf, x + m * K + b * 32, 0), acc[m][n][0]);
-        acc[m][n][1] = _mm256_fmadd_ps(dv, block_half_avx2(wf, x + m * K + b * 32, 1), acc[m][n][1]);
-      }
-      if constexpr (Q41) {
-        off[n] = _mm256_fmadd_ps(_mm256_broadcast_ss(wm + n * blocks + b), xs, off[n]);
+        const float* xb = x + m * K + b * 32;
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+          const __m256 lo = _mm256_fmadd_ps(wf[h], _mm256_loadu_ps(xb + 8 * h), acc[m][n][h]);
+          acc[m][n][h] = _mm256_fmadd_ps(wf[2 + h], _mm256_loadu_ps(xb + 16 + 8 * h), lo);
+        }
       }
     }
   }
   __m256 folded[RM][RN];
 #pragma GCC unroll 8
   for (int m = 0; m < RM; ++m) {
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     for (int n = 0; n < RN; ++n) {
       folded[m][n] = _mm256_add_ps(acc[m][n][0], acc[m][n][1]);
     }
   }
-  store_tile<Q41, RM, RN>(folded, off, out, ldo);
+  store_tile<RM, RN>(folded, out, ldo);
 }
 
-// 16-lane widening (AVX-512): a block's weights 0..15 and 16..31 in two registers.
-AVX512_FN FORKLINE_INLINE void widen16_q4_1(const uint8_t* w, __m512* wf) {
+// 16-lane widening and scaling (AVX-512): a block's w' 0..15 and 16..31 in two registers.
+AVX512_FN FORKLINE_INLINE void widen16_q4_1(const uint8_t* w, float d, float mn, __m512* wf) {
   const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
-  wf[0] = _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(0x0F)));
-  wf[1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+  const __m512 dv = _mm512_set1_ps(d), mv = _mm512_set1_ps(mn);
+  wf[0] = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(0x0F))), mv);
+  wf[1] = _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4)), mv);
 }
 
-AVX512_FN FORKLINE_INLINE void widen16_q8_0(const int8_t* w, __m512* wf) {
-  wf[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))));
-  wf[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16))));
+AVX512_FN FORKLINE_INLINE void widen16_q8_0(const int8_t* w, float d, __m512* wf) {
+  const __m512 dv = _mm512_set1_ps(d);
+  wf[0] = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)))));
+  wf[1] = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 16)))));
 }
 
 // The same tile with AVX-512's 16-lane registers: one accumulator per output holds the 16 lanes the
 // AVX2 tile keeps in two, with the same operations lane by lane (bitwise its results).
 template <bool Q41, int RM, int RN>
 AVX512_FN FORKLINE_INLINE void f32_tile_body16(const void* wq, const float* wd, const float* wm, int blocks,
-                                           const float* x, const float* xsum_t, int64_t ldx, float* out,
-                                           int64_t ldo) {
+                                               const float* x, float* out, int64_t ldo) {
   const int64_t K = static_cast<int64_t>(blocks) * 32;
   const int64_t row_bytes = Q41 ? K / 2 : K;
   const uint8_t* w = static_cast<const uint8_t*>(wq);
   __m512 acc[RM][RN];  // an output's 16 lanes in one register
-  __m256 off[RN];
-#pragma GCC unroll 8
+#pragma GCC unroll 4
   for (int n = 0; n < RN; ++n) {
-    off[n] = _mm256_setzero_ps();
 #pragma GCC unroll 8
     for (int m = 0; m < RM; ++m) {
       acc[m][n] = _mm512_setzero_ps();
@@ -547,57 +538,54 @@ AVX512_FN FORKLINE_INLINE void f32_tile_body16(const void* wq, const float* wd, 
   const uint8_t* next = w + RN * row_bytes;
   prefetch_scales<Q41, RN>(wd, wm, blocks);
   for (int b = 0; b < blocks; ++b) {
-    __m256 xs = _mm256_setzero_ps();
-    if constexpr (Q41) {
-      xs = _mm256_loadu_ps(xsum_t + b * ldx);  // lane m: row m's block sum
-    }
     prefetch_block<Q41, RN>(next, row_bytes, b);
-#pragma GCC unroll 8
+    __m512 wf[RN][2];
+#pragma GCC unroll 4
     for (int n = 0; n < RN; ++n) {
-      __m512 wf[2];
       if constexpr (Q41) {
-        widen16_q4_1(w + n * row_bytes + b * 16, wf);
+        widen16_q4_1(w + n * row_bytes + b * 16, wd[n * blocks + b], wm[n * blocks + b], wf[n]);
       } else {
-        widen16_q8_0(reinterpret_cast<const int8_t*>(w) + n * row_bytes + b * 32, wf);
+        widen16_q8_0(reinterpret_cast<const int8_t*>(w) + n * row_bytes + b * 32, wd[n * blocks + b], wf[n]);
       }
-      const __m512 dv = _mm512_set1_ps(wd[n * blocks + b]);
+    }
 #pragma GCC unroll 8
-      for (int m = 0; m < RM; ++m) {
-        const float* xb = x + m * K + b * 32;
-        const __m512 t = _mm512_fmadd_ps(wf[1], _mm512_loadu_ps(xb + 16), _mm512_mul_ps(wf[0], _mm512_loadu_ps(xb)));
-        acc[m][n] = _mm512_fmadd_ps(dv, t, acc[m][n]);
-      }
-      if constexpr (Q41) {
-        off[n] = _mm256_fmadd_ps(_mm256_broadcast_ss(wm + n * blocks + b), xs, off[n]);
+    for (int m = 0; m < RM; ++m) {  // the row's x block loaded once for the RN weight rows
+      const float* xb = x + m * K + b * 32;
+      __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+      // in registers, not folded into each FMA: a 512-bit load per FMA halves the tile's speed here
+      // (one 512-bit load a cycle on Zen 5 as measured, two FMAs)
+      asm("" : "+v"(x0), "+v"(x1));
+#pragma GCC unroll 4
+      for (int n = 0; n < RN; ++n) {
+        acc[m][n] = _mm512_fmadd_ps(wf[n][1], x1, _mm512_fmadd_ps(wf[n][0], x0, acc[m][n]));
       }
     }
   }
   __m256 folded[RM][RN];
 #pragma GCC unroll 8
   for (int m = 0; m < RM; ++m) {
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     for (int n = 0; n < RN; ++n) {
       const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[m][n]), 1));
       folded[m][n] = _mm256_add_ps(_mm512_castps512_ps256(acc[m][n]), hi);
     }
   }
-  store_tile<Q41, RM, RN>(folded, off, out, ldo);
+  store_tile<RM, RN>(folded, out, ldo);
 }
 
 template <bool Q41, int RM, int RN>
 AVX2_FN void f32_tile_avx2(const void* wq, const float* wd, const float* wm, int blocks, const float* x,
-                           const float* xsum_t, int64_t ldx, float* out, int64_t ldo) {
-  f32_tile_body<Q41, RM, RN>(wq, wd, wm, blocks, x, xsum_t, ldx, out, ldo);
+                           float* out, int64_t ldo) {
+  f32_tile_body<Q41, RM, RN>(wq, wd, wm, blocks, x, out, ldo);
 }
 
 template <bool Q41, int RM, int RN>
 AVX512_FN void f32_tile_avx512(const void* wq, const float* wd, const float* wm, int blocks, const float* x,
-                               const float* xsum_t, int64_t ldx, float* out, int64_t ldo) {
-  f32_tile_body16<Q41, RM, RN>(wq, wd, wm, blocks, x, xsum_t, ldx, out, ldo);
+                               float* out, int64_t ldo) {
+  f32_tile_body16<Q41, RM, RN>(wq, wd, wm, blocks, x, out, ldo);
 }
 
-using F32Tile = void (*)(const void*, const float*, const float*, int, const float*, const float*, int64_t,
-                         float*, int64_t);
+using F32Tile = void (*)(const void*, const float*, const float*, int, const float*, float*, int64_t);
 using TileTable = std::array<std::array<F32Tile, kMaxCols>, kMaxRows>;  // [rows - 1][cols - 1]
 
 template <bool Q41, bool Wide, int RM, int... RN>
@@ -625,7 +613,7 @@ constexpr TileTable kTiles[2][2] = {
 // weight-row tiles.
 template <bool Q41>
 void rows_f32_tiled(Isa isa, const void* wq, const float* wd, const float* wm, int blocks, int n0, int n1,
-                    const float* x, const float* xsum_t, int64_t ldx, int M, float* out, int64_t ldo) {
+                    const float* x, int M, float* out, int64_t ldo) {
   const int64_t K = static_cast<int64_t>(blocks) * 32;
   const int64_t row_bytes = Q41 ? K / 2 : K;
   const bool wide = isa == Isa::avx512;
@@ -640,7 +628,7 @@ void rows_f32_tiled(Isa isa, const void* wq, const float* wd, const float* wm, i
         const int rn = std::min(shape.cols, nce - n);
         table[shape.rows - 1][rn - 1](w + n * row_bytes, wd + static_cast<int64_t>(n) * blocks,
                                       Q41 ? wm + static_cast<int64_t>(n) * blocks : nullptr, blocks, x + m * K,
-                                      Q41 ? xsum_t + m : nullptr, ldx, out + m * ldo + n, ldo);
+                                      out + m * ldo + n, ldo);
       }
       m += shape.rows;
     }
@@ -728,20 +716,6 @@ void q4_1_rows(Isa isa, const uint8_t* wq, const float* wd, const float* wm, int
   q4_1_rows_scalar(wq, wd, wm, blocks, n0, n1, x, M, out, ldo);
 }
 
-void block_sums(const float* x, int blocks, int M, float* xsum_t, int64_t ldx) {
-  std::fill(xsum_t, xsum_t + blocks * ldx, 0.0f);
-  for (int64_t r = 0; r < M; ++r) {
-    for (int b = 0; b < blocks; ++b) {
-      const float* v = x + (r * blocks + b) * 32;
-      float sum = 0.0f;
-      for (int i = 0; i < 32; ++i) {
-        sum += v[i];
-      }
-      xsum_t[b * ldx + r] = sum;
-    }
-  }
-}
-
 void set_f32_tile(int rows, int cols, int chunk) {
   g_col_chunk.store(chunk > 0 ? chunk : kColChunk);
   g_tile_rows.store(std::clamp(rows, 0, kMaxRows));
@@ -752,7 +726,7 @@ void q8_0_rows_f32(Isa isa, const int8_t* wq, const float* wd, int blocks, int n
                    int M, float* out, int64_t ldo) {
 #if FORKLINE_X86
   if (isa != Isa::scalar) {
-    rows_f32_tiled<false>(isa, wq, wd, nullptr, blocks, n0, n1, x, nullptr, 0, M, out, ldo);
+    rows_f32_tiled<false>(isa, wq, wd, nullptr, blocks, n0, n1, x, M, out, ldo);
     return;
   }
 #endif
@@ -760,14 +734,14 @@ void q8_0_rows_f32(Isa isa, const int8_t* wq, const float* wd, int blocks, int n
 }
 
 void q4_1_rows_f32(Isa isa, const uint8_t* wq, const float* wd, const float* wm, int blocks, int n0, int n1,
-                   const float* x, const float* xsum_t, int64_t ldx, int M, float* out, int64_t ldo) {
+                   const float* x, int M, float* out, int64_t ldo) {
 #if FORKLINE_X86
   if (isa != Isa::scalar) {
-    rows_f32_tiled<true>(isa, wq, wd, wm, blocks, n0, n1, x, xsum_t, ldx, M, out, ldo);
+    rows_f32_tiled<true>(isa, wq, wd, wm, blocks, n0, n1, x, M, out, ldo);
     return;
   }
 #endif
-  q4_1_rows_f32_scalar(wq, wd, wm, blocks, n0, n1, x, xsum_t, ldx, M, out, ldo);
+  q4_1_rows_f32_scalar(wq, wd, wm, blocks, n0, n1, x, M, out, ldo);
 }
 
 }  // namespace forkline

@@ -5,22 +5,22 @@
 //   q4_1: wq uint8 [N, K/2], one 16-byte block per 32 weights: byte i holds weight i in its low nibble
 //         and weight i+16 in its high nibble; wd, wm float [N, K/32]; w = wd[b] * q + wm[b]
 // Two activation modes:
-// - float (the *_f32 kernels, what the engine uses): weights are widened to float in registers and
-//   multiplied with float32 activations; per block, 16 lanes t_j = fma(w[16+j], x[16+j], w[j]x[j]) and
-//   acc_j = fma(wd[b], t_j, acc_j) (j < 16: one AVX-512 register, two AVX2 ones); at the end the lanes
-//   fold to eight, acc_j + acc_{j+8}, then the fixed reduction below; for q4_1 the offset term
-//   sum_b fma(wm[b], xsum[b]) is added last. Only float rounding separates the result from float64
-//   arithmetic on the dequantized weights (~1e-6 relative).
+// - float (the *_f32 kernels, what the engine uses): weights are widened to float in registers and scaled
+//   per block, w'_i = wd[b] * q_i (q8_0) or fma(wd[b], q_i, wm[b]) (q4_1, one rounding), then multiplied
+//   with float32 activations; per block, 16 lanes acc_j = fma(w'[16+j], x[16+j], fma(w'[j], x[j], acc_j))
+//   (j < 16: one AVX-512 register, two AVX2 ones); at the end the lanes fold to eight, acc_j + acc_{j+8},
+//   then the fixed reduction below. Only float rounding separates the result from float64 arithmetic
+//   on the dequantized weights (~1e-6 relative); the scaled weights are the float32 dequantization.
 // - int8 (the others): activations quantized per 32-block (xd[b] = amax/127, xq = rint(x * 127/amax)), so
 //   a block dot product is exact in int32; lane j += (wd*xd) * (int sum of elements 4j..4j+3). Faster at
 //   many rows, but costs ~1 logit of accuracy on SmolLM2 (its activations have outliers).
 // In both, the scalar and AVX2 versions follow the same order and end with the same fixed pairwise sum
 // of the eight lanes: they agree bit for bit, and every output depends only on its own row of x and of
 // W: the same for any batch size, thread count or tile. The float kernels run register tiles of up to
-// 6 rows of x x 4 rows of W (each widened weight block serves the tile's rows, each x block its weight
-// rows; 2 x 2 on AVX2's 16 registers, 4 x 4 with AVX-512's 32, one or two rows x 1 or 4 rows of W
-// when memory-bound): one accumulator per output, so a tile changes which loads are shared, never an
-// output's operations.
+// 12 rows of x x 4 rows of W (each widened, scaled weight block serves the tile's rows, each x block its
+// weight rows; 4 x 1 on AVX2's 16 registers, up to 12 x 2 with AVX-512's 32, one or two rows x 1 or 4
+// rows of W when memory-bound): one accumulator per output, so a tile changes which loads are shared,
+// never an output's operations.
 #pragma once
 
 #include <cstdint>
@@ -57,15 +57,13 @@ void q8_0_rows(Isa isa, const int8_t* wq, const float* wd, int blocks, int n0, i
 void q4_1_rows(Isa isa, const uint8_t* wq, const float* wd, const float* wm, int blocks, int n0, int n1,
                const QuantizedRows& x, int M, float* out, int64_t ldo);
 
-// Float activations: x [M, blocks * 32] row-major (zero-padded); xsum_t [blocks, ldx] (ldx >= M + 8)
-// = block sums of x in index order, transposed (xsum_t[b * ldx + m]; block_sums writes it, zeroing
-// the padding), used by q4_1 only. out[m * ldo + n] for m in [0, M), n in [n0, n1).
-void block_sums(const float* x, int blocks, int M, float* xsum_t, int64_t ldx);
+// Float activations: x [M, blocks * 32] row-major (zero-padded). out[m * ldo + n] for m in [0, M),
+// n in [n0, n1).
 void q8_0_rows_f32(Isa isa, const int8_t* wq, const float* wd, int blocks, int n0, int n1, const float* x,
                    int M, float* out, int64_t ldo);
 void q4_1_rows_f32(Isa isa, const uint8_t* wq, const float* wd, const float* wm, int blocks, int n0, int n1,
-                   const float* x, const float* xsum_t, int64_t ldx, int M, float* out, int64_t ldo);
-// The float kernels' tile (activation rows 1..6 x weight rows 1..4; 0: built-in). Speed only.
+                   const float* x, int M, float* out, int64_t ldo);
+// The float kernels' tile (activation rows 1..12 x weight rows 1..4; 0: built-in). Speed only.
 void set_f32_tile(int rows, int cols, int chunk = 0);
 
 }  // namespace forkline

@@ -103,13 +103,6 @@ void float_rows_matmul(Format format, const float* x, int m, int blocks, int n, 
     return;
   }
   const Isa isa = active_isa();
-  thread_local std::vector<float> sums;
-  const float* xsum = nullptr;
-  if (format == Format::q4_1) {
-    sums.resize(static_cast<size_t>(blocks) * (m + 8));
-    block_sums(x, blocks, m, sums.data(), m + 8);
-    xsum = sums.data();
-  }
   const Split split = plan_split(format, m, n, blocks);
   const int cols = split.cols;
   pool().run_estimated((n + cols - 1) / cols, split.est_us, [&](int task) {
@@ -117,8 +110,7 @@ void float_rows_matmul(Format format, const float* x, int m, int blocks, int n, 
     if (format == Format::q8_0) {
       q8_0_rows_f32(isa, static_cast<const int8_t*>(wq), scales, blocks, n0, n1, x, m, y, ldy);
     } else {
-      q4_1_rows_f32(isa, static_cast<const uint8_t*>(wq), scales, mins, blocks, n0, n1, x, xsum, m + 8, m, y,
-                    ldy);
+      q4_1_rows_f32(isa, static_cast<const uint8_t*>(wq), scales, mins, blocks, n0, n1, x, m, y, ldy);
     }
   });
 }
@@ -184,14 +176,9 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector
         }
         xrows = xf.data();
       }
-      if (format == Format::q4_1) {
-        s.resize(static_cast<size_t>(blocks) * (m + 8));
-        block_sums(xrows, blocks, m, s.data(), m + 8);
-      }
     }
     // Output columns in runs of `cols` (tasks shared by the pool); the split never changes a value.
     // (The workers must not name the thread_local scratch: they would see their own, empty, copies.)
-    const float* xsum = s.data();
     const Split split = plan_split(format, m, n, blocks);
     const int cols = split.cols;
     auto columns = [&](int task) {
@@ -210,7 +197,7 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector
         if (quantize_x) {
           q4_1_rows(isa, wq, sc, mins, blocks, n0, n1, rows, m, y, n);
         } else {
-          q4_1_rows_f32(isa, wq, sc, mins, blocks, n0, n1, xrows, xsum, m + 8, m, y, n);
+          q4_1_rows_f32(isa, wq, sc, mins, blocks, n0, n1, xrows, m, y, n);
         }
       }
     };

@@ -155,7 +155,7 @@ def test_every_tile_shape_and_isa_gives_identical_bits(fmt):
         for rows in range(7):
             for cols in range(5):
                 fk._ext._set_f32_tile(rows, cols)
-                for m in (1, 2, 5, 13):
+                for m in (1, 2, 5, 8, 13):
                     got = np.array(op(x[:m], *arrays))
                     assert got.tobytes() == want[:m].tobytes(), (isa, rows, cols, m)
 
