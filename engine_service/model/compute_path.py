@@ -1,7 +1,7 @@
 """Which compute path a model runs on here, as one line, and whether it is a slow one.
 
 The paths, fastest first on the CPU: block-quantized weights (``q8_0`` / ``q4_1``) through the compiled
-kernels (long prefill blocks and attention through BLAS float32); float32 through OpenBLAS; float32
+kernels (every row count with AVX-512; with AVX2 long prefill blocks through BLAS float32); float32 through OpenBLAS; float32
 through MLX's bundled reference BLAS (30-80x slower: OpenBLAS missing, or ``mlx.core`` imported before
 ``engine_service``); quantized weights through MLX's own CPU ops (the kernels not built; 3-35x slower
 than float32). On a GPU MLX's own ops are the fast path. A slow path comes with the fix
@@ -15,7 +15,13 @@ from dataclasses import dataclass
 
 from engine_service.blas import BlasStatus, blas_status
 from engine_service.model.block_quant import is_block_dtype
-from engine_service.model.cpu_kernels import BUILD_HINT, kernel_status, kernels
+from engine_service.model.cpu_kernels import (
+    BUILD_HINT,
+    KERNEL_MAX_ROWS_AVX2,
+    kernel_max_rows,
+    kernel_status,
+    kernels,
+)
 from engine_service.model.weights import gpu_available
 
 OPENBLAS_HINT = (
@@ -68,7 +74,12 @@ def describe_compute_path(
             )
         isa, best = ext.isa(), ext.best_isa()
         path = f"kernels {weights_dtype} {isa} x{ext.num_threads()} threads"
-        path += ", deterministic" if deterministic else f", {blas_name} float32 above 64 rows"
+        if deterministic:
+            path += ", deterministic"
+        elif kernel_max_rows() == float("inf"):
+            path += ", every row count"
+        else:
+            path += f", {blas_name} float32 above {KERNEL_MAX_ROWS_AVX2} rows"
         if isa != best:
             return ComputePath(path, True, f"this CPU supports {best}: unset FORKLINE_KERNEL_ISA")
         if reference:  # long prefill blocks and attention matmuls

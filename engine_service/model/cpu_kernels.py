@@ -60,3 +60,19 @@ def kernels() -> ModuleType | None:
     """The ``forkline_kernels`` module, or None when it does not load."""
     kernel_status()
     return _module
+
+
+# rows up to which block-quantized weights go through the kernels when their ISA is AVX2 (above, BLAS)
+KERNEL_MAX_ROWS_AVX2 = 64
+
+
+def kernel_max_rows() -> float:
+    """Rows up to which block-quantized weights go through the compiled kernels on the CPU; a longer
+    block dequantizes its weights and runs OpenBLAS's float32 matmul. With the kernels' AVX-512 tiles
+    (16 lanes, 32 registers) that is every row count: on a Zen 5 EPYC, where OpenBLAS runs its 256-bit
+    kernels, the tiles reach ~275 GFLOP/s on two threads at 64 rows and a 512-token Gemma 3 270M prefill
+    runs at 1,156-1,168 tok/s through them vs 663-694 through BLAS (December 2026). With AVX2 the BLAS
+    path is ~2x faster above ``KERNEL_MAX_ROWS_AVX2``. Read per call: ``forkline_kernels.set_isa`` may
+    change the ISA at run time. Without the kernels, the bound the fallback ops keep (see layers)."""
+    ext = kernels()
+    return float("inf") if ext is not None and ext.isa() == "avx512" else KERNEL_MAX_ROWS_AVX2

@@ -31,7 +31,7 @@ from engine_service.model.block_quant import (
     to_block_format,
 )
 from engine_service.model.config import ModelConfig
-from engine_service.model.cpu_kernels import kernels
+from engine_service.model.cpu_kernels import kernel_max_rows, kernels
 from engine_service.model.weights import QuantTensor, concat_rows, convert_matrix, gpu_available
 
 Tensor = mx.array | QuantTensor | BlockQuantTensor
@@ -44,28 +44,10 @@ NATIVE = "native"
 _FUSED_SDPA_MAX_ROWS = 8
 # rows from which a quantized projection on the CPU dequantizes and uses BLAS instead
 _DEQUANT_MIN_ROWS = 16
-# rows up to which block-quantized weights go through the compiled kernels when their ISA is AVX2
-# (batch-invariant: a row alone, in a decode batch or in a short prefix-hit suffix gets the same bits);
-# above, BLAS. With AVX-512 the kernels take every row count (kernel_max_rows)
-_KERNEL_MAX_ROWS = 64
 _ON_CPU = not gpu_available()
 # whether layers run their fused ops where they can (DecoderLayer.fuses); off: the unfused MLX ops,
 # for comparisons (benchmarks, tests)
 FUSED_OPS = True
-
-
-def kernel_max_rows() -> float:
-    """Rows up to which block-quantized weights go through the compiled kernels on the CPU; a longer
-    block dequantizes its weights and runs OpenBLAS's float32 matmul. With the kernels' AVX-512 tiles
-    (16 lanes, 32 registers) that is every row count: on a Zen 5 EPYC, where OpenBLAS runs its 256-bit
-    kernels, the tiles reach ~250 GFLOP/s on two threads and a 512-token Gemma 3 270M prefill runs at
-    1,085-1,125 tok/s through them vs 713-753 through BLAS (December 2026; equal speed on the Xeon
-    measured before). With AVX2 the BLAS path is ~2x faster above ``_KERNEL_MAX_ROWS``. Read per call:
-    ``forkline_kernels.set_isa`` may change the ISA at run time."""
-    ext = kernels()
-    if ext is not None and ext.isa() == "avx512":
-        return float("inf")
-    return _KERNEL_MAX_ROWS
 
 
 def convert(tensor: Tensor, weights_dtype: str) -> Tensor:

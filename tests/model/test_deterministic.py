@@ -18,6 +18,7 @@ from engine_service.api.errors import FailedPrecondition
 from engine_service.executors.base import ExecInput
 from engine_service.executors.module import ModuleExecutor
 from engine_service.model import deterministic, layers
+from engine_service.model.cpu_kernels import KERNEL_MAX_ROWS_AVX2
 from engine_service.model.random_init import random_model
 
 KINDS = ("batched-sequence", "batched-cell")
@@ -115,7 +116,7 @@ def test_negative_control_ordinary_mode_differs(model, monkeypatch):
     """The same comparisons without the mode: some reuse path changes the logits' bits. Long blocks go
     through BLAS as the ordinary mode sends them on an AVX2 CPU (with AVX-512 it keeps every row count
     on the kernels, and these comparisons then find no difference: the mode is what guarantees it)."""
-    monkeypatch.setattr(layers, "kernel_max_rows", lambda: layers._KERNEL_MAX_ROWS)
+    monkeypatch.setattr(layers, "kernel_max_rows", lambda: KERNEL_MAX_ROWS_AVX2)
     same = {}
     for kind in KINDS:
         same.update({f"{kind} {k}": v for k, v in comparisons(model, kind, det=False).items()})
