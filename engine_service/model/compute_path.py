@@ -82,7 +82,7 @@ def describe_compute_path(
             path += f", {blas_name} float32 above {KERNEL_MAX_ROWS_AVX2} rows"
         if isa != best:
             return ComputePath(path, True, f"this CPU supports {best}: unset FORKLINE_KERNEL_ISA")
-        if reference:  # long prefill blocks and attention matmuls
+        if reference:  # attention matmuls off the kernels' path (and on AVX2 long prefill blocks)
             return ComputePath(path, True, _blas_fix(blas))
         return ComputePath(path, False)
     if weights_dtype == "quantized":

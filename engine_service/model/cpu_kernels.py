@@ -71,7 +71,7 @@ def kernel_max_rows() -> float:
     block dequantizes its weights and runs OpenBLAS's float32 matmul. With the kernels' AVX-512 tiles
     (16 lanes, 32 registers) that is every row count: on a Zen 5 EPYC, where OpenBLAS runs its 256-bit
     kernels, the tiles reach ~275 GFLOP/s on two threads at 64 rows and a 512-token Gemma 3 270M prefill
-    runs at 1,156-1,168 tok/s through them vs 663-694 through BLAS (December 2026). With AVX2 the BLAS
+    runs at 1,156-1,285 tok/s through them vs 663-756 through BLAS (December 2026). With AVX2 the BLAS
     path is ~2x faster above ``KERNEL_MAX_ROWS_AVX2``. Read per call: ``forkline_kernels.set_isa`` may
     change the ISA at run time. Without the kernels, the bound the fallback ops keep (see layers)."""
     ext = kernels()

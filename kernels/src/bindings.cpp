@@ -27,8 +27,8 @@ NB_MODULE(_ext, m) {
   m.attr("attention_groups") = true;
   // Bumped whenever a kernel's float operations (and so its results' last bits) change: part of the
   // engine fingerprint, so snapshots computed by other arithmetic are never mixed in. 2: the float
-  // matmuls' 16-lane block arithmetic (see qdot.h).
-  m.attr("arithmetic_version") = 2;  // causal_attention takes groups= (several sequences in one call)
+  // matmuls' 16-lane block arithmetic; 3: their weight blocks scaled before the FMAs (see qdot.h).
+  m.attr("arithmetic_version") = 3;  // causal_attention takes groups= (several sequences in one call)
 
   m.def("q8_0_matmul", &forkline::q8_0_matmul, "x"_a, "wq"_a, "scales"_a, nb::kw_only(),
         "quantize_x"_a = false, "stream"_a = nb::none(),

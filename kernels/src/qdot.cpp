@@ -552,8 +552,8 @@ AVX512_FN FORKLINE_INLINE void f32_tile_body16(const void* wq, const float* wd, 
     for (int m = 0; m < RM; ++m) {  // the row's x block loaded once for the RN weight rows
       const float* xb = x + m * K + b * 32;
       __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
-      // in registers, not folded into each FMA: a 512-bit load per FMA halves the tile's speed here
-      // (one 512-bit load a cycle on Zen 5 as measured, two FMAs)
+      // in registers, not folded into each FMA: with a 512-bit load per FMA the tile ran at 0.75x
+      // here (a Zen 5 core loads one 512-bit vector a cycle and runs two FMAs)
       asm("" : "+v"(x0), "+v"(x1));
 #pragma GCC unroll 4
       for (int n = 0; n < RN; ++n) {

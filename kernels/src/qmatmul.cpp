@@ -152,13 +152,13 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector
     thread_local std::vector<int8_t> q;
     thread_local std::vector<float> xf, d, s;
     const size_t padded = static_cast<size_t>(m) * blocks * 32;
-    d.resize(static_cast<size_t>(m) * blocks);
-    s.resize(static_cast<size_t>(m) * blocks);
     const float* xrows = xp;
-    QuantizedRows rows{nullptr, d.data(), s.data()};
-    if (quantize_x) {
+    QuantizedRows rows{nullptr, nullptr, nullptr};
+    if (quantize_x) {  // int8 activations: their blocks, scales and scaled sums
       q.resize(padded);
-      rows.q = q.data();
+      d.resize(static_cast<size_t>(m) * blocks);
+      s.resize(static_cast<size_t>(m) * blocks);
+      rows = {q.data(), d.data(), s.data()};
       if (static_cast<int64_t>(m) * k < kParallelQuantize || workers.size() == 1) {
         quantize_rows(isa, xp, rs, cs, k, blocks, 0, m, rows);
       } else {
