@@ -1,16 +1,17 @@
 """Which compute path a model runs on here, as one line, and whether it is a slow one.
 
 The paths, fastest first on the CPU: block-quantized weights (``q8_0`` / ``q4_1``) through the compiled
-kernels (every row count with AVX-512; with AVX2 long prefill blocks through BLAS float32); float32 through OpenBLAS; float32
-through MLX's bundled reference BLAS (30-80x slower: OpenBLAS missing, or ``mlx.core`` imported before
-``engine_service``); quantized weights through MLX's own CPU ops (the kernels not built; 3-35x slower
-than float32). On a GPU MLX's own ops are the fast path. A slow path comes with the fix
+kernels (every row count with AVX-512; with AVX2 long prefill blocks through BLAS float32); float32
+through OpenBLAS; float32 through MLX's bundled reference BLAS (30-80x slower: OpenBLAS missing, or
+``mlx.core`` imported before ``engine_service``); quantized weights through MLX's own CPU ops (the
+kernels not built; 3-35x slower than float32). On a GPU MLX's own ops are the fast path. A slow path comes with the fix
 (:attr:`ComputePath.fix`); :func:`warn_if_slow` logs it as a WARNING.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 from engine_service.blas import BlasStatus, blas_status
@@ -76,7 +77,7 @@ def describe_compute_path(
         path = f"kernels {weights_dtype} {isa} x{ext.num_threads()} threads"
         if deterministic:
             path += ", deterministic"
-        elif kernel_max_rows() == float("inf"):
+        elif math.isinf(kernel_max_rows()):
             path += ", every row count"
         else:
             path += f", {blas_name} float32 above {KERNEL_MAX_ROWS_AVX2} rows"
