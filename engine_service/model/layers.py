@@ -10,6 +10,10 @@ then v); ``p.{q,k,v}_bias`` [heads * head_dim] (attention bias, optional); ``p.{
 ``p.down`` [hidden, intermediate]; ``p.post_mlp_norm`` [hidden] (optional). Norm weights multiply
 (``x / rms(x) * w``): a checkpoint storing ``w - 1`` (Gemma's Hugging Face files) is shifted by its
 loader.
+
+Past 400 lines on purpose: the projections, the attention dispatch and :class:`DecoderLayer`'s fused and
+unfused paths decide together which rows take the kernels (``kernel_max_rows``, deterministic mode,
+``FUSED_OPS``); split apart, that one rule would be read in three modules.
 """
 
 from __future__ import annotations
