@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from engine_service.api.errors import ForklineError, InvalidArgument
+from engine_service.api.limits import out_of_vocab
 from engine_service.cache.batch_control import BatchControl, Segment
-from engine_service.executors.base import out_of_vocab
 from engine_service.executors.cache_setup import build_session_cache, cache_config
 from engine_service.executors.options import add_model_options
 from engine_service.model.detokenizer import StreamDecoder

@@ -16,3 +16,12 @@ class TextPrompt:
     system: str = ""
     add_special_tokens: bool = False
     messages: tuple[tuple[str, str], ...] = ()
+
+    def conversation(self) -> tuple[tuple[str, str], ...]:
+        """The (role, content) messages a chat prompt renders ((): not a chat prompt). The one
+        conversation rule: ``messages`` when given, else [``system``] + user ``text``."""
+        if not self.chat:
+            return ()
+        if self.messages:
+            return tuple(self.messages)
+        return ((("system", self.system),) if self.system else ()) + (("user", self.text),)

@@ -30,6 +30,13 @@ class SnapshotKind(StrEnum):
     BREAKPOINT = "breakpoint"  # at a prefill breakpoint inside the prompt: a shared checkpoint
 
 
+def prompt_snapshot_due(tokens: tuple[int, ...], position: int, prompt_end: int, error: str | None) -> bool:
+    """The one prompt-capture rule: a generation's prompt snapshot is taken on its first update that
+    carries tokens or reaches the prompt's end (a terminal update may carry the only tokens), never on
+    a failed one (its session's state is not trusted)."""
+    return error is None and (bool(tokens) or position >= prompt_end)
+
+
 @dataclass(frozen=True)
 class Started:
     """The generation runs on ``session``, which held ``position`` positions (reused, not

@@ -16,7 +16,7 @@ that input's generation.
 Input validation belongs to the runner (``check_input`` in :mod:`engine_service.runtime.scheduler`):
 it rejects token ids outside the vocabulary and inputs past ``max_session_tokens`` before anything is
 scheduled, with the error the caller sees. An executor does not validate for the caller; it only
-guards what would corrupt its own state (see :func:`out_of_vocab`).
+guards what would corrupt its own state (see :func:`engine_service.api.limits.out_of_vocab`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from engine_service.api.engine_info import WindowGeometry
+from engine_service.api.limits import EngineLimits
 from engine_service.api.logprobs import TokenLogprob
 from engine_service.api.snapshot_files import StateLayout
 from engine_service.cache.pinned_state import PinnedState
@@ -74,24 +75,6 @@ class ExecOutput:
     logprobs: tuple[TokenLogprob, ...] | None = None
 
 
-def out_of_vocab(tokens: Sequence[int], vocab_size: int) -> int | None:
-    """Index of the first token id outside ``[0, vocab_size)``, or None when every id is inside.
-
-    The one vocabulary check every layer shares. ``min``/``max`` run first, so the usual all-valid
-    input costs two C-level passes; the index is looked for only when one is bad.
-    """
-    if not tokens or (min(tokens) >= 0 and max(tokens) < vocab_size):
-        return None
-    return next(i for i, t in enumerate(tokens) if not 0 <= t < vocab_size)
-
-
-@dataclass(frozen=True)
-class ExecutorLimits:
-    max_sessions: int
-    max_session_tokens: int
-    vocab_size: int
-
-
 class Executor(ABC):
     """Turns batches of session inputs into predictions. Default: no clones, no prepared inputs."""
 
@@ -133,7 +116,7 @@ class Executor(ABC):
         return 512
 
     @abstractmethod
-    def limits(self) -> ExecutorLimits: ...
+    def limits(self) -> EngineLimits: ...
 
     def fingerprint(self) -> str:
         """Identifies model + execution configuration; part of every prefix-cache key."""

@@ -31,11 +31,12 @@ import mlx.core as mx
 
 from engine_service.api.engine_info import WindowGeometry
 from engine_service.api.errors import NotFound
+from engine_service.api.limits import EngineLimits, out_of_vocab
 from engine_service.api.snapshot_files import StateLayout
 from engine_service.cache.batch_control import BatchControl, Segment
 from engine_service.cache.pinned_state import PinnableCache, PinnedState
 from engine_service.cache.seq_state import SeqState, StateTransfer, geometry_text
-from engine_service.executors.base import ExecInput, ExecOutput, Executor, ExecutorLimits, out_of_vocab
+from engine_service.executors.base import ExecInput, ExecOutput, Executor
 from engine_service.executors.cache_setup import build_session_cache, cache_config, positive, resolve_kv_dtype
 from engine_service.executors.lookahead import LookaheadMixin, _Launched, _Lookahead
 from engine_service.executors.plan import PREPARED_TOKEN, InputError, Plan, SessionState
@@ -254,8 +255,8 @@ class ModuleExecutor(LookaheadMixin, Executor):
         self._settle()
         return self.cache.pos(self._state(sid).seq)
 
-    def limits(self) -> ExecutorLimits:
-        return ExecutorLimits(self.max_sessions, self.max_session_tokens, self.config.vocab_size)
+    def limits(self) -> EngineLimits:
+        return EngineLimits(self.max_sessions, self.max_session_tokens, self.config.vocab_size)
 
     def preferred_batch_tokens(self) -> int:
         return self.prefill_chunk

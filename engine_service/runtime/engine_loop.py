@@ -25,9 +25,10 @@ import mlx.core as mx
 from engine_service.api.answers import CloneRefusal
 from engine_service.api.engine_info import WindowGeometry
 from engine_service.api.errors import EngineFull, FailedPrecondition, GenerationError
+from engine_service.api.limits import EngineLimits
 from engine_service.api.logprobs import TokenLogprob
 from engine_service.api.stream_events import FinishReason
-from engine_service.executors.base import ExecOutput, Executor, ExecutorLimits
+from engine_service.executors.base import ExecOutput, Executor
 from engine_service.executors.sampling import SamplingParams
 from engine_service.model.compute_path import ComputePath
 from engine_service.runtime.commands import (
@@ -85,7 +86,7 @@ class EngineLoop:
         self.stop_requested = False
         self.records: dict[int, SessionRecord] = {}
         self.counts: dict[str, int] = dict.fromkeys(COUNTERS, 0)
-        self.limits: ExecutorLimits | None = None
+        self.limits: EngineLimits | None = None
         self.fingerprint = ""
         self.compute_path: ComputePath | None = None
         self.window_geometry: WindowGeometry | None = None

@@ -28,8 +28,9 @@ from engine_service.api.answers import CloneRefusal
 from engine_service.api.config import GenConfig
 from engine_service.api.engine_info import WindowGeometry
 from engine_service.api.errors import FailedPrecondition, InvalidArgument, Stopping
+from engine_service.api.limits import EngineLimits
 from engine_service.api.snapshot_files import LoadRefusal, SaveRefusal
-from engine_service.executors.base import Executor, ExecutorLimits
+from engine_service.executors.base import Executor
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.model.compute_path import warn_if_slow
 from engine_service.persistence.snapshot import SessionSnapshot
@@ -128,7 +129,7 @@ class Runner:
         return self._engine.accepting and not self._engine.stop_requested
 
     @property
-    def limits(self) -> ExecutorLimits:
+    def limits(self) -> EngineLimits:
         assert self._engine.limits is not None
         return self._engine.limits
 

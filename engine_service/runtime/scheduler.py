@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine_service.api.errors import InvalidArgument
-from engine_service.executors.base import ExecInput, Executor, ExecutorLimits, out_of_vocab
+from engine_service.api.limits import EngineLimits, out_of_vocab
+from engine_service.executors.base import ExecInput, Executor
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.runtime.state import ActiveGeneration, Segment, SessionRecord
 
@@ -75,7 +76,7 @@ def plan_batch(
 
 
 def check_input(
-    input: Segment, record: SessionRecord, limits: ExecutorLimits, executor: Executor
+    input: Segment, record: SessionRecord, limits: EngineLimits, executor: Executor
 ) -> InvalidArgument | None:
     """The reason ``input`` cannot run on ``record``, or None.
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from engine_service.api.answers import CloneRefusal
 from engine_service.api.errors import ResourceExhausted
-from engine_service.api.stream_events import SnapshotKind
+from engine_service.api.stream_events import SnapshotKind, prompt_snapshot_due
 from engine_service.runtime.clone import CloneFuture
 from engine_service.runtime.generation import GenerationUpdate
 from engine_service.sessions.handles import HandleRegistry
@@ -103,7 +103,7 @@ class SnapshotCapture:
         if (
             self._prompt_snapshot
             and not self._captured_prompt
-            and (update.tokens or update.position >= self._prompt_end)
+            and prompt_snapshot_due(update.tokens, update.position, self._prompt_end, update.error)
         ):
             self._captured_prompt = True
             due.append(self._clone(SnapshotKind.PROMPT, self._prompt_end))

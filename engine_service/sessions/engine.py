@@ -31,16 +31,16 @@ from engine_service.api.config import GenConfig
 from engine_service.api.content import check_digest
 from engine_service.api.engine_info import NO_WINDOW, EngineInfo
 from engine_service.api.errors import Cancelled, FailedPrecondition, InvalidArgument, Stopping, Unavailable
+from engine_service.api.limits import EngineLimits, check_tokens
 from engine_service.api.owners import NO_QUOTA, PERSISTENT_OWNER, OwnerQuota, check_owner
 from engine_service.api.prompts import TextPrompt
-from engine_service.executors.base import ExecutorLimits
 from engine_service.executors.grammar import with_grammar
 from engine_service.model.token_bytes import token_bytes
 from engine_service.persistence.snapshot_key import SnapshotKey
 from engine_service.sessions.capture import SnapshotCapture
 from engine_service.sessions.generation_call import GenerationCall
 from engine_service.sessions.handles import HandleRegistry
-from engine_service.sessions.inputs import Input, check_fits, fed_input, input_size, text_tokens, token_ids
+from engine_service.sessions.inputs import Input, check_fits, fed_input, input_size, text_tokens
 from engine_service.sessions.reservation import STEP_ROOM, GrowingReservation, default_growth
 from engine_service.sessions.session_files import EncodedSession
 from engine_service.sessions.transfer import SessionTransfer
@@ -86,7 +86,7 @@ class EngineSessions:
 
     runner: Runner
     tokenizer: Tokenizer
-    limits: ExecutorLimits
+    limits: EngineLimits
     model_name: str
     cache_kind: str
     eos_token_ids: tuple[int, ...] = ()
@@ -417,4 +417,4 @@ class EngineSessions:
         return text_tokens(prompt, self.tokenizer, self.chat)
 
     def detokenize(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(token_ids(ids, self.limits.vocab_size, field="ids"))
+        return self.tokenizer.decode(check_tokens(ids, self.limits.vocab_size, field="ids"))

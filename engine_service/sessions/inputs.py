@@ -8,8 +8,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from engine_service.api.errors import InvalidArgument
+from engine_service.api.limits import EngineLimits, check_breakpoints, check_nonempty, check_tokens
+from engine_service.api.limits import check_fits as limits_check_fits
 from engine_service.api.prompts import TextPrompt
-from engine_service.executors.base import ExecutorLimits, out_of_vocab
 from engine_service.executors.prepared_input import PreparedInput
 
 if TYPE_CHECKING:
@@ -20,15 +21,6 @@ Input = Sequence[int] | TextPrompt | PreparedInput  # what a caller sends
 Fed = list[int] | PreparedInput  # what the runner is given
 
 
-def token_ids(ids: Sequence[int], vocab_size: int, field: str = "tokens") -> list[int]:
-    """Token ids checked against the vocabulary: InvalidArgument naming ``field`` for a bad id."""
-    out = list(ids)
-    bad = out_of_vocab(out, vocab_size)
-    if bad is not None:
-        raise InvalidArgument(f"{field}[{bad}] = {out[bad]} is outside the vocabulary [0, {vocab_size})")
-    return out
-
-
 def text_tokens(prompt: TextPrompt, tokenizer: Tokenizer, chat: ChatFormatter | None) -> list[int]:
     """``prompt`` tokenized (see :class:`TextPrompt`)."""
     if prompt.chat:
@@ -36,10 +28,7 @@ def text_tokens(prompt: TextPrompt, tokenizer: Tokenizer, chat: ChatFormatter | 
             raise InvalidArgument("text.chat: this model has no chat template")
         if prompt.messages and (prompt.text or prompt.system):
             raise InvalidArgument("text.messages replaces text.text and text.system: send one or the other")
-        messages = [{"role": role, "content": content} for role, content in prompt.messages] or (
-            ([{"role": "system", "content": prompt.system}] if prompt.system else [])
-            + [{"role": "user", "content": prompt.text}]
-        )
+        messages = [{"role": role, "content": content} for role, content in prompt.conversation()]
         return list(
             tokenizer.encode(chat.format(messages, add_generation_prompt=True), add_special_tokens=False)
         )
@@ -57,9 +46,8 @@ def fed_input(value: Input, tokenizer: Tokenizer, chat: ChatFormatter | None, vo
     if isinstance(value, TextPrompt):
         ids, which = text_tokens(value, tokenizer, chat), "text"
     else:
-        ids, which = token_ids(value, vocab_size), "tokens"
-    if not ids:
-        raise InvalidArgument(f"input.{which} is empty")
+        ids, which = check_tokens(value, vocab_size), "tokens"
+    check_nonempty(len(ids), f"input.{which}")
     return ids
 
 
@@ -68,14 +56,7 @@ def input_size(value: Fed) -> int:
     return value.size() if isinstance(value, PreparedInput) else len(value)
 
 
-def check_fits(start: int, size: int, breakpoints: Sequence[int], limits: ExecutorLimits) -> None:
+def check_fits(start: int, size: int, breakpoints: Sequence[int], limits: EngineLimits) -> None:
     """The input must fit the session and breakpoints must lie inside it: (start, start + size]."""
-    if start + size > limits.max_session_tokens:
-        raise InvalidArgument(
-            f"input of {size} positions at position {start} exceeds max_session_tokens={limits.max_session_tokens}"
-        )
-    for b in breakpoints:
-        if not start < b <= start + size:
-            raise InvalidArgument(
-                f"capture.breakpoints: {b} is outside the input's positions ({start}, {start + size}]"
-            )
+    limits_check_fits(start, size, limits.max_session_tokens)
+    check_breakpoints(start, size, breakpoints)

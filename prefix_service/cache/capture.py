@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from engine_service.api.answers import close_child_when_done
 from engine_service.api.errors import ForklineError
-from engine_service.api.stream_events import SnapshotKind
+from engine_service.api.stream_events import SnapshotKind, prompt_snapshot_due
 from prefix_service.cache.index import token_key
 from prefix_service.cache.outcomes import CAPTURE_REFUSED, InsertOutcome
 from prefix_service.cache.retention import BOUNDARY_KEY
@@ -89,7 +89,9 @@ class PromptCapture:
     def wrap(self, callback: Callable[[Update], None] | None) -> Callable[[Update], None]:
         def wrapped(update: Update) -> None:
             self._on_breakpoint(update)
-            if update.tokens and not self._prompt_requested:
+            if not self._prompt_requested and prompt_snapshot_due(
+                update.tokens, update.position, len(self._prompt), update.error
+            ):
                 self._prompt_requested = True
                 self._request(len(self._prompt), SnapshotKind.PROMPT)
             if callback is not None:

@@ -70,15 +70,6 @@ def checkpoint_positions(
     return tuple(sorted((*ends, *stride)))
 
 
-def conversation(prompt: TextPrompt) -> tuple[tuple[str, str], ...]:
-    """The (role, content) messages a chat prompt renders ((): not a chat prompt)."""
-    if not prompt.chat:
-        return ()
-    if prompt.messages:
-        return tuple(prompt.messages)
-    return ((("system", prompt.system),) if prompt.system else ()) + (("user", prompt.text),)
-
-
 def message_ends(
     prompt: TextPrompt, tokens: Sequence[int], reused: int, tokenize: Callable[[TextPrompt], list[int]]
 ) -> list[int]:
@@ -90,7 +81,7 @@ def message_ends(
     longer conversation; a BPE merge across the boundary only moves the checkpoint a token earlier,
     and any position is an exact checkpoint. A template that refuses a partial conversation (e.g.
     one that must end with a user turn) stops the search: no checkpoint is wrong, some are missing."""
-    messages = conversation(prompt)
+    messages = prompt.conversation()
     ends: list[int] = []
     for count in range(len(messages) - 1, 0, -1):
         partial = TextPrompt(

@@ -27,6 +27,7 @@ from engine_service.api.answers import CloneRefusal
 from engine_service.api.content import content_digest
 from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import Cancelled, InvalidArgument, ResourceExhausted
+from engine_service.api.limits import check_tokens
 from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Snapshot, SnapshotKind
 from prefix_service.cache.budget import DEFAULT_ENGINE_SHARE, Reservation
@@ -329,11 +330,8 @@ class Gateway:
 
     def _checked(self, ids: Sequence[int], field_name: str) -> list[int]:
         """Token ids inside the engine's vocabulary (InvalidArgument naming ``field_name`` otherwise)."""
-        out, vocab = list(ids), self.engine.vocab_size
-        bad = next((i for i, t in enumerate(out) if not 0 <= t < vocab), None) if vocab else None
-        if bad is not None:
-            raise InvalidArgument(f"{field_name}[{bad}] = {out[bad]} is outside the vocabulary [0, {vocab})")
-        return out
+        vocab = self.engine.vocab_size
+        return check_tokens(ids, vocab, field_name) if vocab else list(ids)  # 0: not yet known
 
     def _lookup(
         self, namespace: str, tokens: Sequence[int], clone_owner: str, *, count: bool = True

@@ -7,7 +7,7 @@ import mlx.core as mx
 import pytest
 
 from engine_service.api.errors import InvalidArgument, ResourceExhausted
-from engine_service.executors.base import out_of_vocab
+from engine_service.api.limits import out_of_vocab
 from engine_service.executors.cache_setup import build_session_cache, cache_config
 from engine_service.executors.module import ModuleExecutor
 from engine_service.greedy import new_cache

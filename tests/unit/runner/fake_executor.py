@@ -19,7 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from engine_service.executors.base import ExecInput, ExecOutput, Executor, ExecutorLimits
+from engine_service.api.limits import EngineLimits
+from engine_service.executors.base import ExecInput, ExecOutput, Executor
 from engine_service.executors.prepared_input import PreparedInput, PreparedKind
 from engine_service.executors.sampling import SamplingParams
 
@@ -128,9 +129,9 @@ class FakeExecutor(Executor):
 
     # ---------------------------------------------------------------- Executor
 
-    def limits(self) -> ExecutorLimits:
+    def limits(self) -> EngineLimits:
         self._log("limits")
-        return ExecutorLimits(self.max_sessions, self.max_session_tokens, self.vocab_size)
+        return EngineLimits(self.max_sessions, self.max_session_tokens, self.vocab_size)
 
     def fingerprint(self) -> str:
         self._log("fingerprint")
