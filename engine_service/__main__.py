@@ -37,14 +37,14 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from engine_service.api.owners import PERSISTENT_OWNER
-    from engine_service.executors.options import add_executor_options, add_model_options
+    from engine_service.executors.options import DEFAULTS, add_executor_options, add_model_options
     from engine_service.serving.service_main import add_auth_arguments, add_serving_arguments
 
     p = argparse.ArgumentParser(
         prog="forkline-engine", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_model_options(p)
-    add_executor_options(p, max_sessions=32)
+    add_executor_options(p, max_sessions=DEFAULTS.max_sessions)
     p.add_argument(
         "--idle_session_timeout",
         metavar="SECONDS",

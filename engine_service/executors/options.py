@@ -8,12 +8,44 @@ each ``--help``.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
+
+from engine_service.api.checks import checked_int
+
+
+@dataclass(frozen=True)
+class ExecutorSettings:
+    """How an engine's executor and runner are built. The defaults are the service's defaults: the
+    engine's flags, ``ModuleExecutor.create`` and ``EngineSessions.build`` all read them from here."""
+
+    cache_kind: str = "batched-sequence"
+    max_sessions: int = 32
+    max_session_tokens: int = 2048
+    max_decode_sequences: int = 8
+    prefill_chunk: int = 512
+    kv_dtype: str = "auto"
+    weights_dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("max_sessions", "max_session_tokens", "max_decode_sequences", "prefill_chunk"):
+            checked_int(name, getattr(self, name), lo=1)
+
+
+DEFAULTS = ExecutorSettings()
 
 # the per-session limits every executor command takes: flag, default, what it bounds
 _LIMITS = (
-    ("--max_session_tokens", 2048, "positions one session may hold, prompt and output together"),
-    ("--max_decode_sequences", 8, "most sessions whose decode steps share one forward"),
-    ("--prefill_chunk", 512, "prompt positions one forward writes per session"),
+    (
+        "--max_session_tokens",
+        DEFAULTS.max_session_tokens,
+        "positions one session may hold, prompt and output together",
+    ),
+    (
+        "--max_decode_sequences",
+        DEFAULTS.max_decode_sequences,
+        "most sessions whose decode steps share one forward",
+    ),
+    ("--prefill_chunk", DEFAULTS.prefill_chunk, "prompt positions one forward writes per session"),
 )
 
 
@@ -31,7 +63,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--weights_dtype",
-        default="auto",
+        default=DEFAULTS.weights_dtype,
         choices=WEIGHTS_DTYPES,
         help="weights in memory; auto: quantized on a GPU; on the CPU with the compiled kernels "
         "each matrix keeps its lossless block format (q4_1 for 4-bit sources, q8_0 for "
@@ -48,7 +80,7 @@ def add_executor_options(parser: argparse.ArgumentParser, *, max_sessions: int |
 
     parser.add_argument(
         "--cache_kind",
-        default="batched-sequence",
+        default=DEFAULTS.cache_kind,
         choices=cache_kinds(),
         help="KV cache: one buffer per sequence, or a shared pool of cells that clones share "
         "(default: %(default)s)",
@@ -68,7 +100,7 @@ def add_executor_options(parser: argparse.ArgumentParser, *, max_sessions: int |
         )
     parser.add_argument(
         "--kv_dtype",
-        default="auto",
+        default=DEFAULTS.kv_dtype,
         choices=KV_DTYPES,
         help="K/V cache storage (snapshots and files too); auto: float16 where attention reads it as stored "
         "(the compiled CPU kernel, a GPU), float32 otherwise (default: %(default)s)",
