@@ -1,0 +1,209 @@
+"""docs/BENCHMARKS.md's tables, rendered from the committed bench results (docs/bench/*.json).
+
+    .venv/bin/python bench/report.py [--check] [--png]
+
+A record is one JSON file, ``docs/bench/NAME.json``: ``bench`` (the script under bench/), ``title``,
+``date``, ``machine``, ``command``, optional ``source`` and ``notes``, and ``figures``: what the bench
+printed. The page holds NAME's table between ``<!-- bench:begin NAME -->`` and ``<!-- bench:end -->``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "bench"
+PAGE = ROOT / "docs" / "BENCHMARKS.md"
+BLOCK = re.compile(r"(<!-- bench:begin ([\w.-]+) -->\n)(.*?)(<!-- bench:end -->)", re.DOTALL)
+REQUIRED = ("bench", "title", "date", "machine", "command", "figures")
+
+
+def load_records(folder: Path = RESULTS) -> dict[str, dict]:
+    """Every record in ``folder`` by its file stem; ValueError naming a file that lacks a field."""
+    records = {}
+    for path in sorted(folder.glob("*.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        missing = [k for k in REQUIRED if k not in record]
+        if missing:
+            raise ValueError(f"{path.name}: missing {', '.join(missing)}")
+        records[path.stem] = record
+    return records
+
+
+def value(v: object) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, list):
+        return " / ".join(value(x) for x in v)
+    return str(v).replace("|", "\\|")
+
+
+def label(key: str) -> str:
+    return key.replace("|", "\\|")
+
+
+def _scalar(v: object) -> bool:
+    return not isinstance(v, (dict, list)) or (isinstance(v, list) and all(_scalar(x) for x in v))
+
+
+def _rows(v: object) -> list[tuple[str, dict]] | None:
+    """``v`` as table rows (a dict of flat dicts, or a list of flat dicts), else None."""
+    if (
+        isinstance(v, dict)
+        and v
+        and all(isinstance(r, dict) and all(map(_scalar, r.values())) for r in v.values())
+    ):
+        return list(v.items())
+    if isinstance(v, list) and v and all(isinstance(r, dict) and all(map(_scalar, r.values())) for r in v):
+        return [("", r) for r in v]
+    return None
+
+
+def table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + [
+        "| " + " | ".join(r) + " |" for r in rows
+    ]
+
+
+def figures_markdown(figures: dict, depth: int = 0) -> list[str]:
+    """Any bench's JSON as tables, in its own key order: runs of scalars as one two-column table, a
+    dict (or list) of flat dicts as one table with a row each, other dicts recursed under a label."""
+    out: list[str] = []
+    scalars: list[list[str]] = []
+
+    def flush() -> None:
+        if scalars:
+            out.extend([*table(["figure", "value"], scalars), ""])
+            scalars.clear()
+
+    for key, v in figures.items():
+        rows = _rows(v)
+        if _scalar(v):
+            scalars.append([label(key), value(v)])
+            continue
+        flush()
+        out.append(f"{'*' * (2 if depth == 0 else 1)}{label(key)}{'*' * (2 if depth == 0 else 1)}")
+        out.append("")
+        if rows is not None:
+            columns = list(dict.fromkeys(c for _, r in rows for c in r))
+            first = [] if rows[0][0] == "" else [""]
+            body = [([name] if first else []) + [value(r.get(c)) for c in columns] for name, r in rows]
+            out.extend([*table(first + [label(c) for c in columns], body), ""])
+        elif isinstance(v, dict):
+            out.extend(figures_markdown(v, depth + 1))
+        else:
+            out.extend([f"`{json.dumps(v)}`", ""])
+    flush()
+    return out
+
+
+def vs_llamacpp(figures: dict) -> list[str]:
+    """bench_vs_llamacpp.py's report: one table per model, forkline next to llama.cpp."""
+    out: list[str] = []
+    for model, r in figures.get("models", {}).items():
+        ours, theirs = r.get("forkline", {}), r.get("llama_cpp", {})
+        rows = []
+        for kind, case in (("prefill", "prefill {} tokens, tok/s"), ("decode", "decode at depth {}, tok/s")):
+            for k, mine in ours.get(kind, {}).items():
+                other = theirs.get(kind, {}).get(k)
+                ratio = r.get("ratios", {}).get(kind, {}).get(k)
+                rows.append([case.format(k), value(mine), value(other), value(ratio)])
+        batched = r.get("batched", {})
+        if "ratio" in batched:
+            per_round = (
+                f" (rounds {value(batched['ratio_per_round'])})" if batched.get("ratio_per_round") else ""
+            )
+            rows.append(
+                ["8 sequences, aggregate over one sequence", value(batched["ratio"]) + per_round, "", ""]
+            )
+        http = r.get("http", {})
+        if "forkline" in http and "error" not in http["forkline"]:
+            mine, other, ratios = http["forkline"], http.get("llama_cpp", {}), http.get("ratios", {})
+            rows.append(["HTTP: a prefix hit's first token, s", value(mine.get("hit_ttft_s")),
+                         value(other.get("hit_ttft_s")), value(ratios.get("hit_ttft_vs_llama_server"))])  # fmt: skip
+            rows.append(["HTTP: decode after the hit, tok/s", value(mine.get("decode_tok_s")),
+                         value(other.get("decode_tok_s")), value(ratios.get("decode_vs_llama_server"))])  # fmt: skip
+        out.append(f"**{model}** (forkline weights `{ours.get('weights_dtype', '?')}`)")
+        out.append("")
+        out.extend([*table(["case", "forkline", "llama.cpp", "forkline / llama.cpp"], rows), ""])
+    rest = {k: v for k, v in figures.items() if k != "models"}
+    return out + (figures_markdown(rest) if rest else [])
+
+
+RENDERERS: dict[str, Callable[[dict], list[str]]] = {"bench_vs_llamacpp": vs_llamacpp}
+
+
+def render(record: dict) -> str:
+    """One record's block: what was run where and when, then its figures."""
+    lines = [f"*{record['title']}.* Measured {record['date']} on {record['machine']}.", ""]
+    lines += [
+        f"Command: `{record['command']}`" + (f" ({record['source']})" if record.get("source") else ""),
+        "",
+    ]
+    lines += RENDERERS.get(record["bench"], figures_markdown)(record["figures"])
+    notes = record.get("notes")
+    for note in [notes] if isinstance(notes, str) else notes or []:
+        lines += [note, ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def render_page(text: str, records: dict[str, dict]) -> str:
+    """``text`` with every marked block replaced by its record's rendering (KeyError: no record)."""
+    return BLOCK.sub(lambda m: m.group(1) + render(records[m.group(2)]) + m.group(4), text)
+
+
+def problems(text: str, records: dict[str, dict]) -> list[str]:
+    """What keeps ``text`` from being the page these records render: blocks without a record, records
+    without a block, and blocks whose tables differ from their record's."""
+    found = []
+    names = [m.group(2) for m in BLOCK.finditer(text)]
+    found += [f"block {n}: no docs/bench/{n}.json" for n in names if n not in records]
+    found += [f"docs/bench/{n}.json: no block in BENCHMARKS.md" for n in records if n not in names]
+    for m in BLOCK.finditer(text):
+        if m.group(2) in records and m.group(3) != render(records[m.group(2)]):
+            found.append(
+                f"block {m.group(2)}: differs from docs/bench/{m.group(2)}.json (run bench/report.py)"
+            )
+    return found
+
+
+def write_png(records: dict[str, dict]) -> None:
+    """The side-by-side bar chart, drawn by bench_vs_llamacpp's own plot from the committed record."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_vs_llamacpp import plot
+
+    for name, record in records.items():
+        if record["bench"] == "bench_vs_llamacpp":
+            plot(record["figures"], str(ROOT / "docs" / "img" / f"{name}.png"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when the page differs from the records")
+    parser.add_argument("--png", action="store_true", help="also draw docs/img/ charts from the records")
+    args = parser.parse_args()
+    records = load_records()
+    text = PAGE.read_text(encoding="utf-8")
+    if args.check:
+        found = problems(text, records)
+        print("\n".join(found) or "BENCHMARKS.md matches docs/bench/")
+        sys.exit(1 if found else 0)
+    missing = [n for n in (m.group(2) for m in BLOCK.finditer(text)) if n not in records]
+    if missing:
+        sys.exit(f"BENCHMARKS.md blocks without a record: {', '.join(missing)}")
+    PAGE.write_text(render_page(text, records), encoding="utf-8")
+    if args.png:
+        write_png(records)
+
+
+if __name__ == "__main__":
+    main()
