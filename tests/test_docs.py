@@ -198,3 +198,24 @@ def test_the_report_renders_any_bench_json() -> None:
 def test_readme_is_short() -> None:
     lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
     assert lines <= 300, f"README.md has {lines} lines: move detail into docs/"
+
+
+def doc_pointer_problems(sources: dict[str, str]) -> list[str]:
+    """Every ``docs/NAME.md`` a source file names that does not exist."""
+    return [
+        f"{name}: docs/{page}.md does not exist"
+        for name, text in sources.items()
+        for page in re.findall(r"(?<![\w/.])docs/([\w/-]+)\.md\b", text)
+        if not (DOCS / f"{page}.md").exists()
+    ]
+
+
+def test_code_points_at_docs_pages_that_exist() -> None:
+    sources = {
+        str(p.relative_to(ROOT)): p.read_text(encoding="utf-8")
+        for folder in ("engine_service", "prefix_service", "clients", "bench", "scripts", "tests", "deploy")
+        for p in (ROOT / folder).rglob("*.py")
+        if p != Path(__file__).resolve()
+    }
+    assert doc_pointer_problems(sources) == []
+    assert doc_pointer_problems({"x.py": "see docs/NOWHERE.md"}) == ["x.py: docs/NOWHERE.md does not exist"]
