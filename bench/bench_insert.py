@@ -131,7 +131,11 @@ def services(tokens: list[int], repeats: int) -> dict:
     rows = []
     try:
         owner = EngineClient(engine.address, owner="bench")
-        session = owner.generate(tokens, max_new_tokens=1, keep_session=True).collect().started.session
+        session = (
+            owner.generate(tokens, config=GenConfig(max_new_tokens=1), keep_session=True)
+            .collect()
+            .started.session
+        )
         client = PrefixClient(prefix.address, owner="bench")
         client.insert_detailed(tokens, session, namespace="warm-up")  # channels and code paths warm
         for i in range(repeats):

@@ -27,6 +27,7 @@ from contextlib import ExitStack
 
 from clients.engine_client import EngineClient
 from clients.prefix_client import PrefixClient
+from engine_service.api.config import GenConfig
 from engine_service.api.stream_events import FinishReason
 from protos import prefix_pb2
 
@@ -166,7 +167,10 @@ def main(argv: list[str] | None = None) -> int:
                 engines[i] = restart(engines[i], engine_argv)
             t0 = time.perf_counter()
             out = client.generate(
-                text=prompt_text, chat=chat, max_new_tokens=args.max_new_tokens, namespace="demo"
+                text=prompt_text,
+                chat=chat,
+                config=GenConfig(max_new_tokens=args.max_new_tokens),
+                namespace="demo",
             ).collect()
             elapsed = time.perf_counter() - t0
             d = out.done

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 import grpc
 
 from clients.channel_client import ChannelClient
-from clients.engine_client import GenerationStream, generation_config, input_fields
+from clients.engine_client import GenerationStream, prompt_of
 from clients.replicas import ROUTE_KEY_HEADER
+from engine_service.api.config import GenConfig
 from engine_service.api.owners import DEFAULT_OWNER
+from engine_service.serving.engine_wire import generation_config, prompt_fields
 from engine_service.serving.errors import from_rpc_error
 from protos import prefix_pb2 as pb
 from protos import prefix_pb2_grpc
@@ -180,7 +182,7 @@ class PrefixClient(ChannelClient):
         """``add_special_tokens``: plain text gets the model's own (BOS where it adds one, as Gemma's
         tokenizer does), as the gateway's Generate does by default: a stored prompt always starts at
         position 0. ``cache_salt``: matches only entries stored under the same salt."""
-        fields = input_fields(tokens, text, chat, system, add_special_tokens)
+        fields = prompt_fields(prompt_of(tokens, text, chat, system, add_special_tokens))
         request = pb.LookupRequest(namespace=namespace, cache_salt=cache_salt, **fields)
         r = self._routed(self.stub.Lookup, request, namespace)
         reason = MISS_REASONS.get(r.reason, f"unknown_{r.reason}")  # a newer service's reason: no KeyError
@@ -267,23 +269,25 @@ class PrefixClient(ChannelClient):
         chat: bool = False,
         system: str = "",
         namespace: str = "",
+        config: GenConfig | None = None,
+        ignore_eos: bool = False,
         skip_insert: bool = False,
         metadata: Mapping[str, str] | None = None,
         timeout: float | None = None,
         add_special_tokens: bool = True,
         cache_salt: str = "",
-        **config_fields,
     ) -> GenerationStream:
-        """Gateway generation: lookup -> engine Generate (prompt captured) -> insert, one stream.
-        Plain ``text`` gets the tokenizer's special tokens (BOS where the model adds one) unless
-        ``add_special_tokens`` is False; chat prompts get what the template writes."""
+        """Gateway generation: lookup -> engine Generate (prompt captured) -> insert, one stream, of
+        ``config`` (default ``GenConfig()``). Plain ``text`` gets the tokenizer's special tokens (BOS
+        where the model adds one) unless ``add_special_tokens`` is False; chat prompts get what the
+        template writes."""
         request = pb.GatewayGenerateRequest(
             namespace=namespace,
-            config=generation_config(**config_fields),
+            config=generation_config(config or GenConfig(), ignore_eos),
             skip_insert=skip_insert,
             metadata=dict(metadata or {}),
             cache_salt=cache_salt,
-            **input_fields(tokens, text, chat, system, add_special_tokens),
+            **prompt_fields(prompt_of(tokens, text, chat, system, add_special_tokens)),
         )
         metadata = (*self._metadata, (ROUTE_KEY_HEADER, namespace))
         return GenerationStream(self.stub.Generate(request, metadata=metadata, timeout=timeout))

@@ -19,6 +19,7 @@ from typing import TextIO
 
 from clients.engine_client import EngineClient, GenerationOutcome
 from clients.prefix_client import PrefixClient
+from engine_service.api.config import GenConfig
 from engine_service.api.errors import ForklineError
 from engine_service.api.stream_events import FinishReason
 from engine_service.serving.tokens import read_token_file
@@ -36,23 +37,23 @@ class RemoteJob:
     error: str | None = None
 
 
-def _config(args: argparse.Namespace, seed: int) -> dict:
-    return {
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "top_k": args.top_k,
-        "seed": seed,
-        "prefill_chunk": args.prefill_chunk,
-    }
+def _config(args: argparse.Namespace, seed: int) -> GenConfig:
+    return GenConfig(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=seed,
+        prefill_chunk=args.prefill_chunk,
+    )
 
 
-def _run_job(job: RemoteJob, engine: EngineClient, prefix: PrefixClient | None, config: dict) -> None:
+def _run_job(job: RemoteJob, engine: EngineClient, prefix: PrefixClient | None, config: GenConfig) -> None:
     try:
         if prefix is not None:
-            stream = prefix.generate(job.prompt, namespace=NAMESPACE, **config)
+            stream = prefix.generate(job.prompt, namespace=NAMESPACE, config=config)
         else:
-            stream = engine.generate(job.prompt, **config)
+            stream = engine.generate(job.prompt, config=config)
         job.outcome = stream.collect()
     except (ForklineError, ValueError) as exc:  # ValueError: a request field the proto cannot hold
         job.error = f"{type(exc).__name__}: {exc}"

@@ -143,7 +143,11 @@ def real_world(real) -> World:
     backend.refresh()
 
     def session(tokens: tuple[int, ...]) -> str:
-        return alice.generate(list(tokens), max_new_tokens=1, keep_session=True).collect().started.session
+        return (
+            alice.generate(list(tokens), config=GenConfig(max_new_tokens=1), keep_session=True)
+            .collect()
+            .started.session
+        )
 
     return World(backend, session)
 
