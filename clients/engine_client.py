@@ -1,13 +1,6 @@
-"""EngineClient: a typed Python wrapper over the ``forkline.engine.v1.Engine`` stub.
-
-Every call sends the client's owner id (metadata ``forkline-owner``) and, with ``token=``, the bearer
-token a server with authentication requires (it then runs the call as the token's owner); ``tls_ca=``
-opens a TLS channel (``clients/channel_client.py``). Failed calls raise the
-``engine_service.api.errors`` type of their status (NOT_FOUND -> NotFound, RESOURCE_EXHAUSTED ->
-ResourceExhausted, ...). ``generate`` returns a :class:`GenerationStream`: iterate it for typed events,
-``cancel()`` it to stop the generation, or ``collect()`` it into a :class:`GenerationOutcome`. The
-events are the engine's own stream event types (:mod:`engine_service.api.stream_events`), re-exported here.
-"""
+"""EngineClient: a typed Python client of the ``forkline.engine.v1.Engine`` service. Requests are built
+from ``GenConfig`` / prompts and events read back by the engine wire; failed calls raise the
+``engine_service.api.errors`` type of their status."""
 
 from __future__ import annotations
 

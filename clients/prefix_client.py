@@ -1,9 +1,5 @@
-"""PrefixClient: a typed Python wrapper over the ``forkline.prefix.v1.PrefixCache`` stub.
-
-Like :class:`clients.engine_client.EngineClient`, every call sends the owner id and failed calls raise
-``engine_service.api.errors`` types. A Lookup hit returns an engine session handle owned by this owner:
-use it with an EngineClient of the same owner (``engine.generate(tokens[reused:], session=...)``).
-"""
+"""PrefixClient: a typed Python client of the ``forkline.prefix.v1.PrefixCache`` service. A Lookup hit
+is an engine session owned by this client's owner: continue it with an EngineClient of the same owner."""
 
 from __future__ import annotations
 
@@ -138,13 +134,8 @@ class PrefixServiceStats:
 
 
 class PrefixClient(ChannelClient):
-    """See the module docstring. ``target`` is ``host:port`` or an open channel.
-
-    Calls that name a namespace (lookup, insert, generate) also send it as ``forkline-route-key``
-    metadata, so a proxy in front of several prefix-service replicas can keep a namespace on one replica
-    (consistent hashing on that header); over a replica list, :class:`clients.replicas.ReplicatedPrefixClient`
-    does the same hashing in the client.
-    """
+    """``target`` is ``host:port`` or an open channel. Calls that name a namespace also send it as
+    ``forkline-route-key`` metadata, for a proxy that keeps a namespace on one replica (clients/replicas.py)."""
 
     def __init__(
         self,

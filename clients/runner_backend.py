@@ -17,9 +17,9 @@ if TYPE_CHECKING:
 
 
 class RunnerBackend:
-    """Meets ``CaptureBackend`` and the tier's ``SnapshotBackend`` (tests/service/test_fake_engine_conformance).
-    ``clone`` waits for the engine (never call it from a generation callback); ``clone_async`` only
-    queues. Snapshot files are signed and verified with ``key`` when given (``--snapshot_key``)."""
+    """Meets the cache's ``CaptureBackend`` and the tier's ``SnapshotBackend`` (a conformance test holds
+    them together). ``clone`` waits for the engine (never call it from a generation callback);
+    ``clone_async`` only queues. Snapshot files are signed and verified with ``key`` (``--snapshot_key``)."""
 
     def __init__(self, runner: Runner, *, key: SnapshotKey | None = None) -> None:
         self._runner = runner

@@ -58,7 +58,8 @@ class EngineCall(Protocol):
 
 
 def engine_request(request: EngineCall, snapshot_owner: str = "") -> pb.GenerateRequest:
-    """The prefix service's engine Generate; ``snapshot_owner``: who receives the snapshots ("": the caller)."""
+    """The prefix service's engine Generate; ``snapshot_owner``: who receives the snapshots ("": the
+    caller)."""
     return generate_request(
         request.tokens,
         request.config,
