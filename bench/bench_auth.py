@@ -23,6 +23,8 @@ import sys
 import tempfile
 import time
 
+from engine_service.api.config import GenConfig
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests.service.pki
 
 import engine_service  # noqa: E402,F401  (loads OpenBLAS before mlx)
@@ -89,12 +91,14 @@ class Setting:
             token=CLIENT if secured else None,
             tls_ca=tls.ca if tls else None,
         )
-        self.client.generate(text=PROMPT, max_new_tokens=1).collect()  # cold: stores the prompt
+        self.client.generate(
+            text=PROMPT, config=GenConfig(max_new_tokens=1)
+        ).collect()  # cold: stores the prompt
 
     def hit_ttft(self) -> float:
         t0 = time.perf_counter()
         ttft = 0.0
-        for event in self.client.generate(text=PROMPT, max_new_tokens=1):
+        for event in self.client.generate(text=PROMPT, config=GenConfig(max_new_tokens=1)):
             if isinstance(event, Tokens) and event.ids and not ttft:
                 ttft = time.perf_counter() - t0
         return ttft

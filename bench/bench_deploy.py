@@ -28,6 +28,8 @@ import threading
 import time
 from pathlib import Path
 
+from engine_service.api.config import GenConfig
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out"
 ENGINE_FLAGS = ("--max_sessions", "32", "--max_session_tokens", "2048", "--kv_dtype", "auto")
@@ -67,8 +69,7 @@ def decode_rate(client, depth: int, concurrency: int, new_tokens: int) -> tuple[
     stamps: list[list[float]] = [[] for _ in range(concurrency)]
 
     def one(i: int) -> None:
-        stream = client.generate(prompt(depth, 1000 + i), max_new_tokens=new_tokens, ignore_eos=True,
-                                 temperature=0.0)  # fmt: skip
+        stream = client.generate(prompt(depth, 1000 + i), config=GenConfig(max_new_tokens=new_tokens, temperature=0.0), ignore_eos=True)  # fmt: skip
         for event in stream:
             ids = getattr(event, "ids", None)
             if ids:
@@ -111,7 +112,7 @@ def main() -> None:
     try:
         info = client.info()
         result["compute_path"] = getattr(info, "compute_path", "")
-        client.generate(prompt(16, 0), max_new_tokens=4, ignore_eos=True).collect()
+        client.generate(prompt(16, 0), config=GenConfig(max_new_tokens=4), ignore_eos=True).collect()
         time.sleep(1.0)
         idle = rss_bytes(proc.pid)
         result["idle_rss_bytes"] = idle
@@ -119,7 +120,9 @@ def main() -> None:
         kept, points = 0, [(0, idle)]
         for step in [] if args.skip_memory else args.steps:
             while kept < step:
-                client.generate(prompt(args.depth, kept), max_new_tokens=1, keep_session=True).collect()
+                client.generate(
+                    prompt(args.depth, kept), config=GenConfig(max_new_tokens=1), keep_session=True
+                ).collect()
                 kept += 1
             time.sleep(0.5)
             points.append((kept * (args.depth + 1), rss_bytes(proc.pid)))
@@ -148,7 +151,9 @@ def main() -> None:
         done_at: list[float] = []
 
         def stream() -> None:
-            for event in client.generate(prompt(64, 99), max_new_tokens=64, ignore_eos=True):
+            for event in client.generate(
+                prompt(64, 99), config=GenConfig(max_new_tokens=64), ignore_eos=True
+            ):
                 if type(event).__name__ == "Done":
                     done_at.append(time.monotonic())
 

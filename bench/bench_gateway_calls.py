@@ -27,6 +27,7 @@ import httpx
 
 import engine_service  # noqa: F401  (loads OpenBLAS before mlx)
 from clients.prefix_client import PrefixClient
+from engine_service.api.config import GenConfig
 from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
 from engine_service.rpc.server import create_server
@@ -80,7 +81,7 @@ def grpc_hit(prefix: PrefixClient, new_tokens: int) -> float:
     t0 = time.perf_counter()
     ttft = None
     for _event in prefix.generate(
-        text=QUESTION, chat=True, system=SYSTEM, max_new_tokens=new_tokens, temperature=0.0
+        text=QUESTION, chat=True, system=SYSTEM, config=GenConfig(max_new_tokens=new_tokens, temperature=0.0)
     ):
         if ttft is None and type(_event).__name__ in ("Tokens", "Done"):
             ttft = time.perf_counter() - t0

@@ -28,6 +28,7 @@ import httpx
 import engine_service  # noqa: F401  (loads OpenBLAS before mlx)
 from clients.engine_client import Tokens
 from clients.prefix_client import PrefixClient
+from engine_service.api.config import GenConfig
 from engine_service.model.loader import load_model
 from engine_service.rpc.server import create_server
 from engine_service.sessions.engine import EngineSessions
@@ -43,7 +44,9 @@ def grpc_run(prefix: PrefixClient, prompt: str, new_tokens: int) -> tuple[float,
     """(ttft_s, total_s, tokens) through the gRPC gateway."""
     t0 = time.perf_counter()
     ttft, count = None, 0
-    for event in prefix.generate(text=prompt, chat=True, max_new_tokens=new_tokens, temperature=0.0):
+    for event in prefix.generate(
+        text=prompt, chat=True, config=GenConfig(max_new_tokens=new_tokens, temperature=0.0)
+    ):
         if isinstance(event, Tokens) and event.text:
             ttft = ttft if ttft is not None else time.perf_counter() - t0
             count += len(event.ids)

@@ -33,13 +33,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import engine_service  # noqa: F401  (OpenBLAS before mlx)
+from clients.runner_backend import RunnerBackend
 from engine_service.api import content as content_module
 from engine_service.api.config import GenConfig
 from engine_service.executors.module import ModuleExecutor
 from engine_service.model.random_init import random_model
 from engine_service.runtime.content_log import ContentLog
 from engine_service.runtime.runner import Runner
-from engine_service.sessions.local_backend import RunnerBackend
 from prefix_service.cache import prefix_cache as cache_module
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.gateway import gateway as gateway_module
@@ -131,7 +131,11 @@ def services(tokens: list[int], repeats: int) -> dict:
     rows = []
     try:
         owner = EngineClient(engine.address, owner="bench")
-        session = owner.generate(tokens, max_new_tokens=1, keep_session=True).collect().started.session
+        session = (
+            owner.generate(tokens, config=GenConfig(max_new_tokens=1), keep_session=True)
+            .collect()
+            .started.session
+        )
         client = PrefixClient(prefix.address, owner="bench")
         client.insert_detailed(tokens, session, namespace="warm-up")  # channels and code paths warm
         for i in range(repeats):

@@ -38,8 +38,9 @@ from collections.abc import Callable
 from prometheus_client.parser import text_string_to_metric_families
 
 import engine_service  # noqa: F401  (loads OpenBLAS before mlx)
-from clients.engine_client import Tokens
+from clients.engine_client import GenerationStream, Tokens
 from clients.prefix_client import PrefixClient
+from engine_service.api.config import GenConfig
 from engine_service.api.errors import ForklineError
 from engine_service.model.loader import load_model
 from engine_service.rpc.metrics import EngineMetrics
@@ -50,7 +51,7 @@ from engine_service.sessions.engine import EngineSessions
 from prefix_service.engines.connect import connect_engine
 from prefix_service.rpc.server import SERVICE_NAME as PREFIX
 from prefix_service.rpc.server import create_server as create_prefix_server
-from protos import engine_pb2
+from protos import engine_pb2, prefix_pb2
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
 MODEL = "smollm2"
@@ -105,7 +106,7 @@ def stream_decode(prefix: PrefixClient, prompt: str, new_tokens: int) -> tuple[i
     first_at = last_at = 0.0
     first_count = count = 0
     for event in prefix.generate(
-        text=prompt, chat=True, max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True
+        text=prompt, chat=True, config=GenConfig(max_new_tokens=new_tokens, temperature=0.0), ignore_eos=True
     ):
         if isinstance(event, Tokens) and event.ids:
             now = time.perf_counter()
@@ -296,13 +297,18 @@ def traffic(prefix_address: str, seconds: float, clients: int, seed: int) -> dic
             try:
                 if r < 0.06:
                     kind = "invalid"
-                    prefix.generate(text=question, chat=True, max_new_tokens=0).collect()
+                    # sent as is: the client's GenConfig refuses max_new_tokens 0, the gateway must too
+                    zero = engine_pb2.GenerationConfig(max_new_tokens=0)
+                    request = prefix_pb2.GatewayGenerateRequest(
+                        text=engine_pb2.TextInput(text=question, chat=True, add_special_tokens=True),
+                        config=zero,
+                    )
+                    GenerationStream(prefix.stub.Generate(request, metadata=prefix._metadata)).collect()
                 elif r < 0.3:
                     kind = "raw"
                     prefix.generate(
                         text=f"{rng.choice(WORDS)} {rng.randrange(10**6)}: {question}",
-                        max_new_tokens=new_tokens,
-                        temperature=0.0,
+                        config=GenConfig(max_new_tokens=new_tokens, temperature=0.0),
                     ).collect()
                 else:
                     kind = "chat"
@@ -310,8 +316,7 @@ def traffic(prefix_address: str, seconds: float, clients: int, seed: int) -> dic
                         text=question,
                         system=rng.choice(SYSTEMS),
                         chat=True,
-                        max_new_tokens=new_tokens,
-                        temperature=0.0,
+                        config=GenConfig(max_new_tokens=new_tokens, temperature=0.0),
                     ).collect()
             except ForklineError:
                 pass

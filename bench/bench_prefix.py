@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 
 import engine_service  # noqa: F401  (OpenBLAS before mlx)
+from clients.runner_backend import RunnerBackend
 from engine_service.api.config import GenConfig
 from engine_service.executors.module import ModuleExecutor
 from engine_service.runtime.runner import Runner
-from engine_service.sessions.local_backend import RunnerBackend
 from prefix_service.cache.prefix_cache import PrefixCache
 
 OUT = Path(__file__).resolve().parent / "out"

@@ -92,17 +92,17 @@ def main() -> None:
     results: dict = {"model": os.path.basename(loaded.path), "new_tokens": args.new_tokens}
     try:
         prompt = tok.encode(loaded.chat.format([{"role": "user", "content": PROMPT}]))
-        grpc_kw = {"max_new_tokens": args.new_tokens, "ignore_eos": True}
+        config = GenConfig(max_new_tokens=args.new_tokens)
         # warm-up both paths once (MLX compiles kernels, gRPC connects)
         in_process(deps.runner, prompt, 8)
-        timed_stream(engine.generate(prompt, max_new_tokens=8, ignore_eos=True))
+        timed_stream(engine.generate(prompt, config=GenConfig(max_new_tokens=8), ignore_eos=True))
 
         # 1. in-process vs gRPC (interleaved, best of 3 each so a noisy neighbour hurts both alike)
         local_runs, remote_runs = [], []
         for _ in range(3):
             _, total, n = in_process(deps.runner, prompt, args.new_tokens)
             local_runs.append(n / total)
-            _, total, n = timed_stream(engine.generate(prompt, **grpc_kw))
+            _, total, n = timed_stream(engine.generate(prompt, config=config, ignore_eos=True))
             remote_runs.append(n / total)
         local, remote = max(local_runs), max(remote_runs)
         results["in_process_tokens_per_s"] = round(local, 2)
@@ -115,9 +115,15 @@ def main() -> None:
         words = tok.encode("The lighthouse keeper climbed the narrow stairs every evening at dusk. " * 150)
         long_prompt = words[: args.long_prompt]
         gateway = PrefixClient(f"127.0.0.1:{prefix_port}", owner="bench")
-        cold_ttft, _, _ = timed_stream(engine.generate(long_prompt, max_new_tokens=4, ignore_eos=True))
-        timed_stream(gateway.generate(long_prompt, max_new_tokens=4, ignore_eos=True))  # miss: stores it
-        hit_ttft, _, _ = timed_stream(gateway.generate(long_prompt, max_new_tokens=4, ignore_eos=True))
+        cold_ttft, _, _ = timed_stream(
+            engine.generate(long_prompt, config=GenConfig(max_new_tokens=4), ignore_eos=True)
+        )
+        timed_stream(
+            gateway.generate(long_prompt, config=GenConfig(max_new_tokens=4), ignore_eos=True)
+        )  # miss: stores it
+        hit_ttft, _, _ = timed_stream(
+            gateway.generate(long_prompt, config=GenConfig(max_new_tokens=4), ignore_eos=True)
+        )
         results["long_prompt_tokens"] = len(long_prompt)
         results["ttft_cold_s"] = round(cold_ttft, 4)
         results["ttft_gateway_hit_s"] = round(hit_ttft, 4)
@@ -134,7 +140,9 @@ def main() -> None:
         def client(i: int) -> None:
             c = EngineClient(address, owner=f"bench-{i}")
             start.wait()
-            stats[i] = timed_stream(c.generate(prompts[i], max_new_tokens=args.new_tokens, ignore_eos=True))
+            stats[i] = timed_stream(
+                c.generate(prompts[i], config=GenConfig(max_new_tokens=args.new_tokens), ignore_eos=True)
+            )
             c.close_channel()
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]

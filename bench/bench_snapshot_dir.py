@@ -29,6 +29,7 @@ from pathlib import Path
 
 import engine_service  # noqa: F401  (loads OpenBLAS before mlx)
 from clients.prefix_client import PrefixClient
+from engine_service.api.config import GenConfig
 from engine_service.model.loader import load_model
 from engine_service.rpc.server import create_server
 from engine_service.sessions.engine import EngineSessions
@@ -55,7 +56,9 @@ def ttft(client: PrefixClient, tokens: list[int], namespace: str) -> tuple[float
     """Seconds from the call to the first token, and the positions reused."""
     start = time.perf_counter()
     first = None
-    stream = client.generate(tokens, namespace=namespace, max_new_tokens=2, ignore_eos=True, temperature=0.0)
+    stream = client.generate(
+        tokens, namespace=namespace, config=GenConfig(max_new_tokens=2, temperature=0.0), ignore_eos=True
+    )
     for event in stream:
         if first is None and getattr(event, "ids", None):
             first = time.perf_counter() - start

@@ -16,6 +16,8 @@ import random
 import sys
 import time
 
+from engine_service.api.config import GenConfig
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -71,7 +73,9 @@ def forkline(kind: str, stride: int, a: list[int], b: list[int]) -> dict:
 
             def ask(tokens: list[int], namespace: str) -> dict:
                 t0 = time.perf_counter()
-                out = client.generate(tokens, namespace=namespace, max_new_tokens=1, timeout=600).collect()
+                out = client.generate(
+                    tokens, namespace=namespace, config=GenConfig(max_new_tokens=1), timeout=600
+                ).collect()
                 return {
                     "reused": out.done.reused_positions,
                     "ttft_s": round(out.done.time_to_first_token_s, 3),

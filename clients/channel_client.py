@@ -14,15 +14,10 @@ from engine_service.serving.errors import from_rpc_error
 
 
 class ChannelClient:
-    """Owns (or borrows) a channel; sends ``forkline-owner`` metadata and, with ``token``,
-    ``authorization: Bearer <token>``; maps failures to domain errors.
-
-    ``target`` is ``host:port`` (the client opens and closes the channel) or an open channel (borrowed).
-    ``tls_ca`` (a PEM file: the CA that signed the server's certificate) opens a TLS channel;
-    ``tls_cert`` / ``tls_key`` add a client certificate for servers that require mutual TLS. A server
-    with tokens runs every call as the token's owner (``owner`` is then only what a server without
-    tokens is told).
-    """
+    """Sends ``forkline-owner`` (and, with ``token``, a bearer token: a server with tokens runs the call
+    as the token's owner) and maps failures to domain errors. ``target``: ``host:port`` (opened and
+    closed here) or an open channel (borrowed); ``tls_ca``: TLS; ``tls_cert`` / ``tls_key``: mutual TLS
+    (PEM files)."""
 
     def __init__(
         self,

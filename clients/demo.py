@@ -1,16 +1,7 @@
 """The services demo: ``python -m clients.demo [PROMPT] [--rounds 2] [--max_new_tokens 64] [--engines 1]``.
-
-Starts ``--engines`` ``forkline-engine`` processes (the packaged SmolLM2-135M-Instruct unless
-``--model``) and one ``forkline-prefix`` routing to all of them, on free loopback ports, runs the
-prompt through the prefix service's gateway ``--rounds`` times, prints each round's reuse ("reused
-36/37 prompt tokens"), the engine that served it, timing and text, then stops the services with
-SIGTERM (graceful drain) and exits 0 when every round completed and every round after the first
-reused all but the final prompt token (on the engine that holds it).
-
-``--restart_engine``: the prefix service keeps a snapshot directory (``--snapshot_dir``, a temporary
-folder); after the rounds the engine that served them is killed (SIGKILL: nothing saved on the way out) and
-restarted on the same port, and one more round runs: it reuses the prompt restored from disk.
-"""
+Runs the prompt through a prefix service over fresh engines ``--rounds`` times, printing each round's reuse;
+exit 0 when every later round reused all but the last prompt token. ``--restart_engine``: one more round
+after the serving engine is killed and restarted (the prompt comes back from the snapshot folder)."""
 
 from __future__ import annotations
 
@@ -27,6 +18,7 @@ from contextlib import ExitStack
 
 from clients.engine_client import EngineClient
 from clients.prefix_client import PrefixClient
+from engine_service.api.config import GenConfig
 from engine_service.api.stream_events import FinishReason
 from protos import prefix_pb2
 
@@ -166,7 +158,10 @@ def main(argv: list[str] | None = None) -> int:
                 engines[i] = restart(engines[i], engine_argv)
             t0 = time.perf_counter()
             out = client.generate(
-                text=prompt_text, chat=chat, max_new_tokens=args.max_new_tokens, namespace="demo"
+                text=prompt_text,
+                chat=chat,
+                config=GenConfig(max_new_tokens=args.max_new_tokens),
+                namespace="demo",
             ).collect()
             elapsed = time.perf_counter() - t0
             d = out.done

@@ -1,13 +1,6 @@
-"""EngineClient: a typed Python wrapper over the ``forkline.engine.v1.Engine`` stub.
-
-Every call sends the client's owner id (metadata ``forkline-owner``) and, with ``token=``, the bearer
-token a server with authentication requires (it then runs the call as the token's owner); ``tls_ca=``
-opens a TLS channel (``clients/channel_client.py``). Failed calls raise the
-``engine_service.api.errors`` type of their status (NOT_FOUND -> NotFound, RESOURCE_EXHAUSTED ->
-ResourceExhausted, ...). ``generate`` returns a :class:`GenerationStream`: iterate it for typed events,
-``cancel()`` it to stop the generation, or ``collect()`` it into a :class:`GenerationOutcome`. The
-events are the engine's own stream event types (:mod:`engine_service.api.stream_events`), re-exported here.
-"""
+"""EngineClient: a typed Python client of the ``forkline.engine.v1.Engine`` service. Requests are built
+from ``GenConfig`` / prompts and events read back by the engine wire; failed calls raise the
+``engine_service.api.errors`` type of their status."""
 
 from __future__ import annotations
 
@@ -18,12 +11,21 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.channel_client import ChannelClient
+from engine_service.api.config import GenConfig
 from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import InvalidArgument
 from engine_service.api.logprobs import TokenLogprob
 from engine_service.api.owners import DEFAULT_OWNER
+from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Done, Event, Snapshot, Started, Tokens
-from engine_service.serving.engine_wire import engine_info, event_from_proto
+from engine_service.serving.engine_wire import (
+    Prompt,
+    described,
+    engine_info,
+    event_from_proto,
+    generate_request,
+    text_input,
+)
 from engine_service.serving.errors import from_rpc_error
 from protos import engine_pb2 as pb
 from protos import engine_pb2_grpc
@@ -75,45 +77,15 @@ class GenerationStream:
         return out
 
 
-def generation_config(
-    *,
-    max_new_tokens: int | None = None,
-    temperature: float | None = None,
-    top_p: float | None = None,
-    top_k: int | None = None,
-    seed: int | None = None,
-    stop_tokens: Sequence[int] = (),
-    ignore_eos: bool = False,
-    prefill_chunk: int | None = None,
-    top_logprobs: int | None = None,
-    json_schema: str = "",
-) -> pb.GenerationConfig:
-    """A GenerationConfig message; None leaves a field unset (engine default). ``top_logprobs``:
-    report log probabilities (0..20 alternatives); ``json_schema``: constrain the output to it."""
-    cfg = pb.GenerationConfig(stop_tokens=list(stop_tokens), ignore_eos=ignore_eos, json_schema=json_schema)
-    for name, value in (
-        ("max_new_tokens", max_new_tokens),
-        ("temperature", temperature),
-        ("top_p", top_p),
-        ("top_k", top_k),
-        ("seed", seed),
-        ("prefill_chunk", prefill_chunk),
-        ("top_logprobs", top_logprobs),
-    ):
-        if value is not None:
-            setattr(cfg, name, value)
-    return cfg
-
-
-def input_fields(
+def prompt_of(
     tokens: Sequence[int] | None, text: str | None, chat: bool, system: str, add_special_tokens: bool
-) -> dict:
-    """The ``tokens`` / ``text`` oneof of a request (exactly one of tokens, text)."""
-    if (tokens is None) == (text is None):
-        raise InvalidArgument("pass exactly one of tokens / text")
-    if tokens is not None:
-        return {"tokens": pb.TokenIds(ids=list(tokens))}
-    return {"text": pb.TextInput(text=text, chat=chat, system=system, add_special_tokens=add_special_tokens)}
+) -> Prompt:
+    """The prompt a call names: exactly one of ``tokens`` / ``text``."""
+    if tokens is not None and text is None:
+        return tokens
+    if text is not None and tokens is None:
+        return TextPrompt(text, chat, system, add_special_tokens)
+    raise InvalidArgument("pass exactly one of tokens / text")
 
 
 class EngineClient(ChannelClient):
@@ -151,30 +123,31 @@ class EngineClient(ChannelClient):
         add_special_tokens: bool = False,
         prepared: pb.PreparedInput | None = None,
         session: str | None = None,
-        config: pb.GenerationConfig | None = None,
+        config: GenConfig | None = None,
+        ignore_eos: bool = False,
         prompt_snapshot: bool = False,
-        breakpoints: Sequence[int] = (),
         keep_session: bool = False,
         close_session: bool = False,
         timeout: float | None = None,
-        **config_fields,
     ) -> GenerationStream:
-        """Start a generation (``config`` or keyword fields of :func:`generation_config`).
-        ``keep_session``: keep the fresh session after done; ``close_session``: close the given
-        ``session`` when the call ends (no Close needed)."""
+        """Start a generation of ``config`` (default ``GenConfig()``; its ``prefill_breakpoints`` are
+        captured as snapshots). ``ignore_eos``: only ``config.stop_tokens`` stop it. ``keep_session``:
+        keep the fresh session after done; ``close_session``: close the given ``session`` when the call
+        ends (no Close needed)."""
         if prepared is not None:
             if tokens is not None or text is not None:
                 raise InvalidArgument("pass exactly one of tokens / text / prepared")
-            fields = {"prepared": prepared}
+            prompt: Prompt | pb.PreparedInput = prepared
         else:
-            fields = input_fields(tokens, text, chat, system, add_special_tokens)
-        request = pb.GenerateRequest(
+            prompt = prompt_of(tokens, text, chat, system, add_special_tokens)
+        request = generate_request(
+            prompt,
+            config or GenConfig(),
+            ignore_eos=ignore_eos,
             session=session or "",
-            config=config if config is not None else generation_config(**config_fields),
-            capture=pb.CaptureOptions(prompt_snapshot=prompt_snapshot, breakpoints=list(breakpoints)),
+            prompt_snapshot=prompt_snapshot,
             keep_session=keep_session,
             close_session=close_session,
-            **fields,
         )
         return GenerationStream(self.stub.Generate(request, metadata=self._metadata, timeout=timeout))
 
@@ -199,8 +172,8 @@ class EngineClient(ChannelClient):
 
     def describe(self, session: str) -> tuple[int, bool]:
         """(committed position, generating)."""
-        reply = self._unary(self.stub.Describe, pb.DescribeRequest(session=session))
-        return reply.position, reply.generating
+        d = described(self._unary(self.stub.Describe, pb.DescribeRequest(session=session)))
+        return d.position, d.generating
 
     def info(self) -> EngineInfo:
         return engine_info(self._unary(self.stub.Info, pb.InfoRequest()))
@@ -208,7 +181,7 @@ class EngineClient(ChannelClient):
     def tokenize(
         self, text: str, *, chat: bool = False, system: str = "", add_special_tokens: bool = False
     ) -> list[int]:
-        msg = pb.TextInput(text=text, chat=chat, system=system, add_special_tokens=add_special_tokens)
+        msg = text_input(TextPrompt(text, chat, system, add_special_tokens))
         return list(self._unary(self.stub.Tokenize, pb.TokenizeRequest(text=msg)).ids)
 
     def detokenize(self, ids: Sequence[int]) -> str:

@@ -1,9 +1,5 @@
-"""PrefixClient: a typed Python wrapper over the ``forkline.prefix.v1.PrefixCache`` stub.
-
-Like :class:`clients.engine_client.EngineClient`, every call sends the owner id and failed calls raise
-``engine_service.api.errors`` types. A Lookup hit returns an engine session handle owned by this owner:
-use it with an EngineClient of the same owner (``engine.generate(tokens[reused:], session=...)``).
-"""
+"""PrefixClient: a typed Python client of the ``forkline.prefix.v1.PrefixCache`` service. A Lookup hit
+is an engine session owned by this client's owner: continue it with an EngineClient of the same owner."""
 
 from __future__ import annotations
 
@@ -13,9 +9,11 @@ from dataclasses import dataclass, field
 import grpc
 
 from clients.channel_client import ChannelClient
-from clients.engine_client import GenerationStream, generation_config, input_fields
+from clients.engine_client import GenerationStream, prompt_of
 from clients.replicas import ROUTE_KEY_HEADER
+from engine_service.api.config import GenConfig
 from engine_service.api.owners import DEFAULT_OWNER
+from engine_service.serving.engine_wire import generation_config, prompt_fields
 from engine_service.serving.errors import from_rpc_error
 from protos import prefix_pb2 as pb
 from protos import prefix_pb2_grpc
@@ -136,13 +134,8 @@ class PrefixServiceStats:
 
 
 class PrefixClient(ChannelClient):
-    """See the module docstring. ``target`` is ``host:port`` or an open channel.
-
-    Calls that name a namespace (lookup, insert, generate) also send it as ``forkline-route-key``
-    metadata, so a proxy in front of several prefix-service replicas can keep a namespace on one replica
-    (consistent hashing on that header); over a replica list, :class:`clients.replicas.ReplicatedPrefixClient`
-    does the same hashing in the client.
-    """
+    """``target`` is ``host:port`` or an open channel. Calls that name a namespace also send it as
+    ``forkline-route-key`` metadata, for a proxy that keeps a namespace on one replica (clients/replicas.py)."""
 
     def __init__(
         self,
@@ -180,7 +173,7 @@ class PrefixClient(ChannelClient):
         """``add_special_tokens``: plain text gets the model's own (BOS where it adds one, as Gemma's
         tokenizer does), as the gateway's Generate does by default: a stored prompt always starts at
         position 0. ``cache_salt``: matches only entries stored under the same salt."""
-        fields = input_fields(tokens, text, chat, system, add_special_tokens)
+        fields = prompt_fields(prompt_of(tokens, text, chat, system, add_special_tokens))
         request = pb.LookupRequest(namespace=namespace, cache_salt=cache_salt, **fields)
         r = self._routed(self.stub.Lookup, request, namespace)
         reason = MISS_REASONS.get(r.reason, f"unknown_{r.reason}")  # a newer service's reason: no KeyError
@@ -267,23 +260,25 @@ class PrefixClient(ChannelClient):
         chat: bool = False,
         system: str = "",
         namespace: str = "",
+        config: GenConfig | None = None,
+        ignore_eos: bool = False,
         skip_insert: bool = False,
         metadata: Mapping[str, str] | None = None,
         timeout: float | None = None,
         add_special_tokens: bool = True,
         cache_salt: str = "",
-        **config_fields,
     ) -> GenerationStream:
-        """Gateway generation: lookup -> engine Generate (prompt captured) -> insert, one stream.
-        Plain ``text`` gets the tokenizer's special tokens (BOS where the model adds one) unless
-        ``add_special_tokens`` is False; chat prompts get what the template writes."""
+        """Gateway generation: lookup -> engine Generate (prompt captured) -> insert, one stream, of
+        ``config`` (default ``GenConfig()``). Plain ``text`` gets the tokenizer's special tokens (BOS
+        where the model adds one) unless ``add_special_tokens`` is False; chat prompts get what the
+        template writes."""
         request = pb.GatewayGenerateRequest(
             namespace=namespace,
-            config=generation_config(**config_fields),
+            config=generation_config(config or GenConfig(), ignore_eos),
             skip_insert=skip_insert,
             metadata=dict(metadata or {}),
             cache_salt=cache_salt,
-            **input_fields(tokens, text, chat, system, add_special_tokens),
+            **prompt_fields(prompt_of(tokens, text, chat, system, add_special_tokens)),
         )
         metadata = (*self._metadata, (ROUTE_KEY_HEADER, namespace))
         return GenerationStream(self.stub.Generate(request, metadata=metadata, timeout=timeout))

@@ -1,12 +1,6 @@
-"""The rounds of ``mlx_run_llm_batched`` run through the services: ``--engine ADDR [--prefix ADDR]``.
-
-Same prompts, rounds, seeds, output files and report lines as the in-process run, but the model
-lives in a ``forkline-engine`` process. With ``--prefix`` every generation goes through the prefix
-service's gateway (lookup -> generate with prompt capture -> insert), so round two reuses round
-one's prompts; the prefix service's own ``--max_entries`` bounds what it keeps (the local
-``--prefix_cache_entries`` does not apply). Without ``--prefix`` each generation runs cold on the
-engine. The P prompts of a round run concurrently (one stream each).
-"""
+"""The rounds of mlx_run_llm_batched through the services (``--engine ADDR [--prefix ADDR]``): same
+prompts, seeds, files and report lines as in-process. With ``--prefix`` the gateway reuses prompts
+across rounds (its own ``--max_entries`` bounds them); without, each generation runs cold."""
 
 from __future__ import annotations
 
@@ -19,12 +13,10 @@ from typing import TextIO
 
 from clients.engine_client import EngineClient, GenerationOutcome
 from clients.prefix_client import PrefixClient
+from clients.round_output import COMPLETED, NAMESPACE, result_line
+from engine_service.api.config import GenConfig
 from engine_service.api.errors import ForklineError
-from engine_service.api.stream_events import FinishReason
 from engine_service.serving.tokens import read_token_file
-
-NAMESPACE = "mlx_run_llm_batched"
-COMPLETED = (FinishReason.STOP, FinishReason.LENGTH)
 
 
 @dataclass
@@ -36,23 +28,23 @@ class RemoteJob:
     error: str | None = None
 
 
-def _config(args: argparse.Namespace, seed: int) -> dict:
-    return {
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "top_k": args.top_k,
-        "seed": seed,
-        "prefill_chunk": args.prefill_chunk,
-    }
+def _config(args: argparse.Namespace, seed: int) -> GenConfig:
+    return GenConfig(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=seed,
+        prefill_chunk=args.prefill_chunk,
+    )
 
 
-def _run_job(job: RemoteJob, engine: EngineClient, prefix: PrefixClient | None, config: dict) -> None:
+def _run_job(job: RemoteJob, engine: EngineClient, prefix: PrefixClient | None, config: GenConfig) -> None:
     try:
         if prefix is not None:
-            stream = prefix.generate(job.prompt, namespace=NAMESPACE, **config)
+            stream = prefix.generate(job.prompt, namespace=NAMESPACE, config=config)
         else:
-            stream = engine.generate(job.prompt, **config)
+            stream = engine.generate(job.prompt, config=config)
         job.outcome = stream.collect()
     except (ForklineError, ValueError) as exc:  # ValueError: a request field the proto cannot hold
         job.error = f"{type(exc).__name__}: {exc}"
@@ -66,14 +58,17 @@ def report(job: RemoteJob, out: TextIO) -> bool:
     if done is None:
         print(f"[{job.number}] failed: {job.error or 'stream ended without done'}", file=out, flush=True)
         return False
-    prompt = done.prompt_positions + done.reused_positions
-    print(
-        f"[{job.number}] prompt {prompt} positions, reused {done.reused_positions}/{prompt} prompt tokens, "
-        f"ttft {done.time_to_first_token_s:.3f} s, {done.generated_tokens} tokens at "
-        f"{done.decode_tokens_per_s:.1f} tok/s decode, finish {done.finish_reason} -> {job.path}",
-        file=out,
-        flush=True,
+    line = result_line(
+        job.number,
+        done.prompt_positions + done.reused_positions,
+        done.reused_positions,
+        done.time_to_first_token_s,
+        done.generated_tokens,
+        done.decode_tokens_per_s,
+        done.finish_reason,
+        job.path,
     )
+    print(line, file=out, flush=True)
     return done.finish_reason in COMPLETED
 
 

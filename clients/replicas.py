@@ -1,25 +1,6 @@
-"""Keeping a prefix namespace on one prefix-service replica: a consistent-hash ring over replica addresses.
-
-Several ``forkline-prefix`` replicas may share the same engines, each with its own cache. A namespace
-whose requests always reach the same replica finds its prompts there; spread over replicas it would be
-computed and stored once per replica. Clients therefore pick the replica by consistent hashing on the
-namespace, and every call carries the namespace in the ``forkline-route-key`` header (:data:`ROUTE_KEY_HEADER`)
-so a proxy in front of the replicas (Envoy or Istio ring hash on that header) can do the same.
-
-:class:`HashRing` places :data:`DEFAULT_VNODES` points per replica on a 64-bit ring (BLAKE2b of
-``"<address>#<i>"``, not Python's per-process ``hash()``), so the mapping is the same in every process,
-and adding or removing one of N replicas moves only about 1/N of the keys (those whose arc changed
-hands). :class:`ReplicatedPrefixClient` holds one :class:`~clients.prefix_client.PrefixClient` per
-replica and forwards each call to the replica the ring picks for its namespace.
-
-Re-homing: a call its replica answers with UNAVAILABLE (down, restarting, draining) goes to the next
-replica on the ring (:meth:`HashRing.replicas_for`: the replica the ring without the first would pick,
-so every client re-homes a namespace to the same replica), and that replica is passed over for
-``retry_after_s``; after that the namespace's own replica is tried first again, so it returns home
-once its replica is back. A Generate re-homes only before its first event (a started stream is never
-repeated). A re-homed namespace starts cold on its stand-in (that replica's cache) and warm again at
-home (the home replica's entries stay while it serves; a restarted one reloads from its snapshot folder).
-"""
+"""A prefix namespace kept on one prefix-service replica: a consistent-hash ring over the replicas'
+addresses (:class:`HashRing`) and a client that routes by it and re-homes a namespace while its replica
+is down (:class:`ReplicatedPrefixClient`). Spec: docs/DEPLOY.md ("Keeping a namespace on one replica")."""
 
 from __future__ import annotations
 
@@ -53,11 +34,8 @@ def ring_hash(text: str) -> int:
 
 
 class HashRing:
-    """A consistent-hash ring mapping keys (namespaces) to one of ``replicas`` (addresses).
-
-    Each replica owns ``vnodes`` points; a key belongs to the first point at or after its hash, wrapping
-    around. Replicas must be distinct non-empty strings; their order does not matter.
-    """
+    """Maps keys (namespaces) to one of ``replicas`` (distinct non-empty addresses, any order): ``vnodes``
+    points per replica; a key belongs to the first point at or after its hash, wrapping around."""
 
     def __init__(self, replicas: Iterable[str], *, vnodes: int = DEFAULT_VNODES) -> None:
         names = list(replicas)
@@ -110,15 +88,9 @@ class HashRing:
 
 
 class ReplicatedPrefixClient:
-    """PrefixClient calls over several prefix-service replicas: a namespace always goes to one replica,
-    re-homed to the next on the ring while that one answers UNAVAILABLE (see the module docstring).
-
-    ``replicas`` are ``host:port`` addresses (the same replica set, in any order, gives every client the
-    same mapping). The keyword arguments (``owner``, ``token``, ``tls_ca``, ...) are PrefixClient's and
-    apply to every replica. ``clients`` maps a replica to an already built client instead (tests, or
-    channels the caller owns). ``retry_after_s``: how long a replica that answered UNAVAILABLE is
-    passed over; ``clock``: monotonic seconds (tests).
-    """
+    """PrefixClient calls over several replicas, re-homed while one answers UNAVAILABLE. ``client_kwargs``
+    (``owner``, ``token``, ``tls_ca``, ...) are PrefixClient's; ``clients``: already built clients by
+    replica; ``retry_after_s``: how long a failed replica is passed over; ``clock``: monotonic seconds."""
 
     def __init__(
         self,

@@ -1,17 +1,6 @@
-"""An in-process prefix cache whose entries outlive the process: ``mlx_run_llm_batched --snapshot_dir``.
-
-The folder is the prefix service's persistent tier (``prefix_service/tier``) over the CLI's in-process
-engine (``RunnerBackend``, which signs and verifies the files with ``--snapshot_key``): one file per
-prompt and engine configuration, written atomically, indexed by the key its header carries. At start
-the most recent files of this configuration (at most the cache's entry budget) are loaded and stored in
-the cache (which verifies them as any insert); after each round the entries not on disk yet are
-written; at the end this configuration's files whose entries the cache no longer holds are removed,
-so the folder mirrors the cache. Every file is checked before it enters the engine (format version,
-signature, checksum, content, cache kind, geometry, fingerprint, shapes, room); one that can never load
-here (unreadable, unsigned or badly signed, a failed checksum, content or shape check) is removed and
-its prompt written again; another configuration's files are left for the engine they belong to (the
-tier's rule: ``persistent_tier.KEPT``).
-"""
+"""An in-process prefix cache whose entries outlive the process (``mlx_run_llm_batched --snapshot_dir``):
+the prefix service's persistent tier over the CLI's ``RunnerBackend``; the folder mirrors the cache.
+Spec: README "Snapshots that survive restarts" (the CLI's folder)."""
 
 from __future__ import annotations
 

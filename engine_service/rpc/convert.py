@@ -1,40 +1,41 @@
-"""Proto <-> domain conversion for the engine servicer: requests become ``sessions`` requests and
-``api`` values (checked later, against the engine's limits, by the sessions facade), answers become
-``engine_pb2`` messages. Pure functions; messages shared with the engine's clients are
-``serving/engine_wire.py``'s.
-"""
+"""What only the engine's servicer reads: the Generate request as the sessions' request, prepared
+inputs decoded. Every other conversion is the engine wire's (``serving/engine_wire``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from engine_service.api.answers import CloneRefusal, Described, ImportedSnapshot, TakenClone, refusal_text
 from engine_service.api.errors import InvalidArgument
-from engine_service.api.prompts import TextPrompt
 from engine_service.executors.prepared_input import EmbeddingsInput, PreparedInput
-from engine_service.serving.engine_wire import CLONE_REFUSALS, gen_config
+from engine_service.serving.engine_wire import (
+    clone_response,
+    describe_response,
+    gen_config,
+    import_response,
+    snapshot_chunks,
+    text_prompt,
+)
 from engine_service.sessions.engine import GenerationRequest
 from engine_service.sessions.inputs import Input
-from engine_service.sessions.session_files import EncodedSession
 from protos import engine_pb2 as pb
 
-CHUNK_BYTES = 1 << 20  # 1 MiB: well under gRPC's 4 MiB message limit
-
-
-def text_prompt(msg: pb.TextInput) -> TextPrompt:
-    messages = tuple((m.role, m.content) for m in msg.messages)
-    return TextPrompt(msg.text, msg.chat, msg.system, msg.add_special_tokens, messages)
+# The wire's answers keep their names here: rpc/servicer.py calls them through this module.
+__all__ = [
+    "clone_response",
+    "describe_response",
+    "generation_request",
+    "import_response",
+    "prepared_input",
+    "snapshot_chunks",
+    "text_prompt",
+]
 
 
 def prepared_input(msg: pb.PreparedInput, hidden_size: int | None = None) -> PreparedInput:
     """Decode a registered prepared kind. ``embeddings``: little-endian float32 [positions, hidden],
-    finite, with ``hidden == hidden_size`` when the engine publishes one.
-
-    The array is copied out of the request into a fresh MLX array (no computation); the engine thread
-    is the only one that evaluates anything with it.
-    """
+    finite, with ``hidden == hidden_size`` when the engine publishes one."""
     if msg.kind != "embeddings":
         raise InvalidArgument(f"prepared.kind {msg.kind!r} is not registered (known: 'embeddings')")
     shape = tuple(msg.shape)
@@ -48,7 +49,7 @@ def prepared_input(msg: pb.PreparedInput, hidden_size: int | None = None) -> Pre
         raise InvalidArgument(
             f"prepared.shape[1] = {shape[1]} must equal the model's hidden size {hidden_size}"
         )
-    import mlx.core as mx  # only for this kind; the array is built, never evaluated, here
+    import mlx.core as mx  # only for this kind; the array is built, never evaluated: the engine thread does
 
     data = np.frombuffer(msg.payload, dtype="<f4").reshape(shape)
     if not np.isfinite(data).all():  # NaN / inf rows would only produce garbage for this session
@@ -79,50 +80,4 @@ def generation_request(
         close_session=request.close_session,
         prompt_snapshot=capture.prompt_snapshot,
         snapshot_owner=capture.snapshot_owner,
-    )
-
-
-def clone_response(taken: TakenClone, upto: int) -> pb.CloneResponse:
-    """A Clone's answer: the new session, or its refusal's reason and words."""
-    if taken.handle is not None:
-        return pb.CloneResponse(
-            session=taken.handle, position=upto, content_digest=taken.content_digest or b""
-        )
-    reason = taken.refusal or CloneRefusal.BOUNDARY
-    return pb.CloneResponse(refusal=taken.detail or refusal_text(reason, upto), reason=CLONE_REFUSALS[reason])
-
-
-def describe_response(described: Described) -> pb.DescribeResponse:
-    return pb.DescribeResponse(
-        position=described.position,
-        generating=described.generating,
-        content_digest=described.content_digest or b"",
-    )
-
-
-def snapshot_chunks(encoded: EncodedSession) -> Iterator[pb.SnapshotChunk]:
-    """An exported file in ``CHUNK_BYTES`` chunks, the first carrying the header fields; a refusal is
-    one chunk naming it."""
-    if encoded.data is None:
-        yield pb.SnapshotChunk(refusal=str(encoded.refusal.value if encoded.refusal else "unsupported"))
-        return
-    data = memoryview(encoded.data)
-    header = {
-        "file_bytes": len(data),
-        "positions": encoded.positions,
-        "content_digest": encoded.content_digest or b"",
-    }
-    for start in range(0, len(data), CHUNK_BYTES):
-        yield pb.SnapshotChunk(data=bytes(data[start : start + CHUNK_BYTES]), **header)
-        header = {}
-
-
-def import_response(imported: ImportedSnapshot) -> pb.ImportSessionResponse:
-    if imported.handle is None:
-        return pb.ImportSessionResponse(refusal=imported.refusal, detail=imported.detail)
-    return pb.ImportSessionResponse(
-        session=imported.handle,
-        positions=imported.positions,
-        content_digest=imported.content_digest or b"",
-        extra=dict(imported.extra),
     )

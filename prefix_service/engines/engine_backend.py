@@ -28,10 +28,10 @@ from engine_service.api.handle_names import handle_instance
 from engine_service.api.owners import PERSISTENT_OWNER
 from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Event
+from engine_service.serving import engine_wire
 from engine_service.serving.auth import ClientSecurity, on_behalf_of
 from engine_service.serving.engine_wire import engine_info, event_from_proto
 from engine_service.serving.errors import from_rpc_error
-from prefix_service.engines import engine_wire
 from prefix_service.engines.engine_watch import EngineWatch, call_timeout
 from prefix_service.gateway.gateway_backend import EngineGenerate
 from protos import engine_pb2 as pb

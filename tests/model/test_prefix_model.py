@@ -12,11 +12,11 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
+from clients.runner_backend import RunnerBackend
 from engine_service.api.config import GenConfig
 from engine_service.executors.base import Executor
 from engine_service.executors.module import ModuleExecutor
 from engine_service.runtime.runner import Runner
-from engine_service.sessions.local_backend import RunnerBackend
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.cache.session_backend import CaptureBackend, SessionBackend
 from tests.unit.executor.helpers import reference_greedy

@@ -5,13 +5,18 @@ from __future__ import annotations
 import time
 from functools import lru_cache
 
+from clients.engine_client import GenerationOutcome, GenerationStream
 from engine_service.api.config import GenConfig
 from engine_service.executors.module import ModuleExecutor
 from engine_service.model.random_init import random_model
 from engine_service.runtime.runner import Runner
 
 PROMPT = [ord(c) for c in "The quick brown fox jumps over the lazy dog. "] * 2
-SAMPLED = {"temperature": 10.0, "seed": 7, "ignore_eos": True}  # the tiny random model is very peaked
+
+
+def sampled(max_new_tokens: int) -> dict:
+    """A client ``generate``'s sampling keywords (the tiny random model is very peaked: temperature 10)."""
+    return {"config": GenConfig(max_new_tokens=max_new_tokens, temperature=10.0, seed=7), "ignore_eos": True}
 
 
 @lru_cache(maxsize=64)
@@ -35,6 +40,12 @@ def in_process_tokens(
 ) -> list[int]:
     """Independent reference: the same tiny model (seed 0, FRFR) in a fresh Runner in this process."""
     return list(_reference(tuple(prompt), max_new_tokens, temperature, seed))
+
+
+def send_as_is(client, request) -> GenerationOutcome:
+    """``request`` (an engine or gateway Generate) over ``client``'s stub, unchecked: a config the
+    clients' GenConfig refuses reaches the service, which must refuse it."""
+    return GenerationStream(client.stub.Generate(request, metadata=client._metadata)).collect()
 
 
 def wait_for(predicate, timeout: float = 10.0) -> bool:

@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients.engine_client import EngineClient
 from clients.prefix_client import PrefixClient
+from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument, NotFound, Unauthenticated, Unavailable
 from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
@@ -106,7 +107,7 @@ def raw_describe(address: str, session: str, metadata) -> pb.DescribeResponse:
 
 
 def kept_session(client: EngineClient) -> str:
-    outcome = client.generate(PROMPT, max_new_tokens=2, keep_session=True).collect()
+    outcome = client.generate(PROMPT, config=GenConfig(max_new_tokens=2), keep_session=True).collect()
     return outcome.started.session
 
 
@@ -122,7 +123,7 @@ def test_engine_refuses_calls_without_a_valid_token(servers, engine_tokens) -> N
             with pytest.raises(Unauthenticated):
                 client.info()
             with pytest.raises(Unauthenticated):  # a stream is refused before its handler runs
-                client.generate(PROMPT, max_new_tokens=1).collect()
+                client.generate(PROMPT, config=GenConfig(max_new_tokens=1)).collect()
     owner_only = (("forkline-owner", "alice"),)
     with pytest.raises(grpc.RpcError) as info:
         raw_describe(engine.address, "x", owner_only)
@@ -153,7 +154,7 @@ def test_engine_owner_comes_from_the_token(servers, engine_tokens) -> None:
         with pytest.raises(NotFound):  # another owner's handle (bob's token, header says "alice")
             bob.describe(session)
         with pytest.raises(NotFound):
-            bob.generate([65], session=session, max_new_tokens=1).collect()
+            bob.generate([65], session=session, config=GenConfig(max_new_tokens=1)).collect()
         with pytest.raises(NotFound):
             bob.clone(session, 3)
         with pytest.raises(NotFound):
@@ -233,7 +234,7 @@ def test_prefix_service_refuses_calls_without_a_valid_token(secured_pair) -> Non
             with pytest.raises(Unauthenticated):
                 client.lookup(PROMPT)
             with pytest.raises(Unauthenticated):
-                client.generate(PROMPT, max_new_tokens=1).collect()
+                client.generate(PROMPT, config=GenConfig(max_new_tokens=1)).collect()
     with PrefixClient(prefix.address) as anonymous:
         assert (
             anonymous._unary(
@@ -251,12 +252,17 @@ def test_gateway_end_to_end_with_auth(secured_pair) -> None:
         EngineClient(engine.address, token=BOB) as bob_e,
         PrefixClient(prefix.address, token=BOB) as bob,
     ):
-        first = alice.generate(text="Once upon a time", max_new_tokens=3).collect()
-        second = alice.generate(text="Once upon a time", max_new_tokens=3).collect()
+        first = alice.generate(text="Once upon a time", config=GenConfig(max_new_tokens=3)).collect()
+        second = alice.generate(text="Once upon a time", config=GenConfig(max_new_tokens=3)).collect()
         assert first.done.reused_positions == 0 and second.done.reused_positions > 0
         assert second.tokens == first.tokens
         # alice's namespace is hers (tests/service/test_tenancy.py): bob computes his own
-        assert bob.generate(text="Once upon a time", max_new_tokens=3).collect().done.reused_positions == 0
+        assert (
+            bob.generate(text="Once upon a time", config=GenConfig(max_new_tokens=3))
+            .collect()
+            .done.reused_positions
+            == 0
+        )
         # Lookup (text: Tokenize is forwarded as the caller) hands a clone owned by the caller
         hit = alice.lookup(text="Once upon a time")
         assert hit.session is not None and hit.reused > 0
@@ -264,7 +270,7 @@ def test_gateway_end_to_end_with_auth(secured_pair) -> None:
         with pytest.raises(NotFound):
             bob_e.describe(hit.session)
         # Insert of alice's own session: Describe + Clone forwarded with alice's token
-        outcome = alice_e.generate(PROMPT, max_new_tokens=2, keep_session=True).collect()
+        outcome = alice_e.generate(PROMPT, config=GenConfig(max_new_tokens=2), keep_session=True).collect()
         position = alice_e.describe(outcome.started.session)[0]
         held = (PROMPT + outcome.tokens)[:position]
         with pytest.raises(NotFound):  # bob cannot store alice's session: the engine sees bob's token
@@ -277,7 +283,7 @@ def test_gateway_end_to_end_with_auth(secured_pair) -> None:
 def test_only_the_prefix_service_token_claims_its_owner(secured_pair) -> None:
     engine, prefix = secured_pair
     with PrefixClient(prefix.address, token=ALICE) as alice:
-        alice.generate(PROMPT, max_new_tokens=1).collect()
+        alice.generate(PROMPT, config=GenConfig(max_new_tokens=1)).collect()
     held = [entry.snapshot for entry in prefix.server.gateway.cache.entries()]
     assert held, "the gateway stored the prompt"
     # alice's token runs as alice whatever the header says
@@ -356,7 +362,7 @@ def test_mutual_tls_with_tokens_and_the_prefix_service(servers, pki, engine_toke
         PrefixClient(prefix.address, token=ALICE, tls_ca=pki.ca, timeout=10) as alice,
         EngineClient(engine.address, token=ALICE, timeout=10, **tls) as alice_e,
     ):
-        alice.generate(PROMPT, max_new_tokens=2).collect()
+        alice.generate(PROMPT, config=GenConfig(max_new_tokens=2)).collect()
         hit = alice.lookup(PROMPT)
         assert hit.session is not None and alice_e.describe(hit.session)[0] == hit.reused
 

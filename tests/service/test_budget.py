@@ -18,6 +18,7 @@ import pytest
 
 from clients.engine_client import EngineClient
 from clients.prefix_client import PrefixClient
+from engine_service.api.config import GenConfig
 from engine_service.api.errors import ForklineError, ResourceExhausted
 from engine_service.api.owners import NO_QUOTA
 from engine_service.sessions.handles import engine_quotas
@@ -90,16 +91,20 @@ def live_clients(
     gatewayed = PrefixClient(prefix.address, owner="client-c")
 
     def kept_round() -> None:
-        session = keeper.generate(PROMPT, max_new_tokens=2, keep_session=True).collect().started.session
+        session = (
+            keeper.generate(PROMPT, config=GenConfig(max_new_tokens=2), keep_session=True)
+            .collect()
+            .started.session
+        )
         try:
-            keeper.generate([65, 66], session=session, max_new_tokens=2).collect()
+            keeper.generate([65, 66], session=session, config=GenConfig(max_new_tokens=2)).collect()
         finally:
             keeper.close(session)
 
     rounds = {
-        "engine": lambda: direct.generate(PROMPT, max_new_tokens=2).collect(),
+        "engine": lambda: direct.generate(PROMPT, config=GenConfig(max_new_tokens=2)).collect(),
         "engine-kept": kept_round,
-        "gateway": lambda: gatewayed.generate(PROMPT, max_new_tokens=2).collect(),
+        "gateway": lambda: gatewayed.generate(PROMPT, config=GenConfig(max_new_tokens=2)).collect(),
     }
 
     def loop(name: str) -> None:
@@ -123,7 +128,7 @@ def load(
     loader, tally = PrefixClient(prefix.address, owner="loader"), Tally()
     try:
         for i in range(DISTINCT_PROMPTS):
-            tally.run(lambda i=i: loader.generate(prompt(i), max_new_tokens=1).collect())
+            tally.run(lambda i=i: loader.generate(prompt(i), config=GenConfig(max_new_tokens=1)).collect())
             if enough(tallies, tally):
                 break
     finally:
@@ -171,20 +176,22 @@ def test_a_cached_prompt_on_a_full_engine_evicts_and_succeeds(services) -> None:
         engine, prefix = services(quotas=False, engine_share=0.5, pressure_retry=retry)
         client = PrefixClient(prefix.address, owner="alice")
         for i in range(6):
-            client.generate(prompt(i), max_new_tokens=1).collect()
+            client.generate(prompt(i), config=GenConfig(max_new_tokens=1)).collect()
         hog = EngineClient(engine.address, owner="hog")
         held = [
-            hog.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+            hog.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+            .collect()
+            .started.session
             for _ in range(MAX_SESSIONS - 6)
         ]
         assert engine.runner.resident_sessions == MAX_SESSIONS
         if retry:
-            out = client.generate(prompt(5), max_new_tokens=1).collect()
+            out = client.generate(prompt(5), config=GenConfig(max_new_tokens=1)).collect()
             assert out.done is not None
             stats = client.stats()
             assert (stats.pressure_evictions, stats.pressure_retries) == (1, 1) and stats.entries == 5
         else:
             with pytest.raises(ResourceExhausted):
-                client.generate(prompt(5), max_new_tokens=1).collect()
+                client.generate(prompt(5), config=GenConfig(max_new_tokens=1)).collect()
         for session in held:
             hog.close(session)

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from clients.prefix_client import CacheEvent, CacheEventStream, PrefixClient
+from engine_service.api.config import GenConfig
 from engine_service.api.content import content_digest
 from engine_service.serving.auth import ServerSecurity
 from engine_service.serving.tokens import TokenTable
@@ -53,7 +54,7 @@ class Collector:
 
 
 def generate(client: PrefixClient, text: str, namespace: str = "app") -> None:
-    client.generate(text=text, namespace=namespace, max_new_tokens=1).collect()
+    client.generate(text=text, namespace=namespace, config=GenConfig(max_new_tokens=1)).collect()
 
 
 def synced(client: PrefixClient) -> Collector:

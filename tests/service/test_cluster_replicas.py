@@ -13,6 +13,7 @@ import pytest
 
 from clients.prefix_client import PrefixClient
 from clients.replicas import ReplicatedPrefixClient
+from engine_service.api.config import GenConfig
 from engine_service.api.errors import Unavailable
 from engine_service.api.owners import PersistentOwners
 from tests.service.helpers import wait_for
@@ -43,7 +44,9 @@ class Replica:
 
 def run(client: ReplicatedPrefixClient, prompt: list[int], namespace: str) -> tuple[str, int]:
     """(replica that served, reused positions) of a gateway generation."""
-    stream = client.generate(prompt, namespace=namespace, max_new_tokens=2, temperature=0.0, ignore_eos=True)
+    stream = client.generate(
+        prompt, namespace=namespace, config=GenConfig(max_new_tokens=2, temperature=0.0), ignore_eos=True
+    )
     out = stream.collect()
     return stream.replica, out.done.reused_positions
 

@@ -9,6 +9,7 @@ import pytest
 
 from clients.engine_client import EngineClient
 from engine_service.api import errors
+from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument
 from engine_service.serving.auth import OWNER_METADATA_KEY
 from engine_service.serving.errors import code_for, error_for
@@ -24,7 +25,9 @@ class HealthyStream:
 
     def __init__(self, address: str) -> None:
         self.client = EngineClient(address, owner="healthy")
-        self.stream = self.client.generate(PROMPT, max_new_tokens=HEALTHY_TOKENS, ignore_eos=True)
+        self.stream = self.client.generate(
+            PROMPT, config=GenConfig(max_new_tokens=HEALTHY_TOKENS), ignore_eos=True
+        )
         self.started = threading.Event()
         self.result = None
         self.thread = threading.Thread(target=self._run)
@@ -67,7 +70,11 @@ def test_bad_inputs_map_to_codes_beside_a_healthy_stream(engine) -> None:
     assert healthy.started.wait(30)
     stub, meta, channel = stub_and_meta(engine.address)
     alice = EngineClient(engine.address, owner="alice")
-    own = alice.generate(PROMPT, max_new_tokens=2, keep_session=True).collect().started.session
+    own = (
+        alice.generate(PROMPT, config=GenConfig(max_new_tokens=2), keep_session=True)
+        .collect()
+        .started.session
+    )
     instance, _ = own.split(".")
     INVALID, NOT_FOUND = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND
     tokens = pb.TokenIds(ids=[65, 66])
@@ -119,7 +126,9 @@ def test_engine_full_is_resource_exhausted(engine_factory) -> None:
     engine = engine_factory(max_sessions=3)
     alice = EngineClient(engine.address, owner="alice")
     held = [
-        alice.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+        alice.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
         for _ in range(2)
     ]
     healthy = HealthyStream(engine.address)  # the third and last slot
@@ -127,24 +136,24 @@ def test_engine_full_is_resource_exhausted(engine_factory) -> None:
     stub, meta, channel = stub_and_meta(engine.address)
     expect_code(grpc.StatusCode.RESOURCE_EXHAUSTED, gen(stub, meta, tokens=pb.TokenIds(ids=[65, 66])))
     with pytest.raises(errors.ResourceExhausted):
-        alice.generate([65], max_new_tokens=1).collect()
+        alice.generate([65], config=GenConfig(max_new_tokens=1)).collect()
     # a clone with no free slot is a refusal, not an error
     assert alice.clone(held[0], 10) is None
     healthy.check()
     alice.close(held[0])
-    assert alice.generate([65, 66], max_new_tokens=1).collect().done.generated_tokens == 1
+    assert alice.generate([65, 66], config=GenConfig(max_new_tokens=1)).collect().done.generated_tokens == 1
     channel.close()
 
 
 def test_session_already_generating_is_failed_precondition(engine_factory) -> None:
     engine = engine_factory(max_session_tokens=4096)
     alice = EngineClient(engine.address, owner="alice")
-    stream = alice.generate(PROMPT, max_new_tokens=3000, ignore_eos=True)
+    stream = alice.generate(PROMPT, config=GenConfig(max_new_tokens=3000), ignore_eos=True)
     events = iter(stream)
     session = next(events).session
     next(events)
     with pytest.raises(errors.FailedPrecondition):
-        alice.generate([65], session=session, max_new_tokens=1).collect()
+        alice.generate([65], session=session, config=GenConfig(max_new_tokens=1)).collect()
     stream.cancel()
 
 
@@ -187,7 +196,11 @@ def test_clone_new_owner_is_validated_like_the_owner_metadata(engine) -> None:
     # A new_owner nobody can present as forkline-owner (over 128 characters) would make the clone
     # unreachable: refused before any clone, naming the field, and nothing is left behind.
     alice = EngineClient(engine.address, owner="alice")
-    own = alice.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    own = (
+        alice.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
+    )
     resident = engine.runner.resident_sessions
     stub, meta, channel = stub_and_meta(engine.address)
     details = expect_code(
@@ -245,7 +258,11 @@ def test_clone_that_does_not_settle_in_time_is_unavailable_not_internal(engine, 
     from engine_service.sessions import engine as sessions_engine
 
     alice = EngineClient(engine.address, owner="alice")
-    own = alice.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    own = (
+        alice.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
+    )
     monkeypatch.setattr(sessions_engine, "CLONE_TIMEOUT_S", 0.2)
     monkeypatch.setattr(
         Session, "clone_async", lambda self, upto, expected=None: Future()
@@ -268,7 +285,11 @@ def test_clone_whose_caller_gave_up_is_not_registered(engine, monkeypatch) -> No
     from engine_service.runtime.session import Session
 
     alice = EngineClient(engine.address, owner="alice")
-    own = alice.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    own = (
+        alice.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
+    )
     resident, handles = engine.runner.resident_sessions, len(engine.deps.registry)
     real_clone = Session.clone_async
 
@@ -295,7 +316,11 @@ def test_clone_whose_caller_gave_up_is_not_registered(engine, monkeypatch) -> No
 def test_clone_upto_and_content_digest_are_validated_naming_the_field(engine) -> None:
     INVALID = grpc.StatusCode.INVALID_ARGUMENT
     alice = EngineClient(engine.address, owner="alice")
-    own = alice.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    own = (
+        alice.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
+    )
     base = engine.runner.resident_sessions
     stub, meta, channel = stub_and_meta(engine.address)
     for upto in (-1, -(2**40)):

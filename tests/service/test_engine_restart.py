@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from clients.engine_client import EngineClient
 from clients.prefix_client import PrefixClient
 from engine_service.api import errors
+from engine_service.api.config import GenConfig
 from engine_service.rpc.server import SERVICE_NAME as ENGINE_SERVICE
 from prefix_service.engines.engine_watch import (
     OUTAGE_WAIT_S,
@@ -192,7 +193,7 @@ def test_lookups_recover_within_a_second_after_an_engine_restart() -> None:
         prefix = ServiceProcess("prefix_service", "--engine", engine.address, "--port", "0")
         prefix_address = prefix.listening()
         gateway = PrefixClient(prefix_address, owner="alice", timeout=30.0)
-        gateway.generate(text=TEXT, max_new_tokens=1).collect()
+        gateway.generate(text=TEXT, config=GenConfig(max_new_tokens=1)).collect()
         hit = gateway.lookup(text=TEXT)
         assert hit.reason == "unspecified" and hit.session
         EngineClient(engine.address, owner="alice").close(hit.session)
@@ -205,7 +206,7 @@ def test_lookups_recover_within_a_second_after_an_engine_restart() -> None:
             recoveries.append(recovery)
             backs.append(back)
             # ...and it caches again after a store
-            gateway.generate(text=TEXT, max_new_tokens=1).collect()
+            gateway.generate(text=TEXT, config=GenConfig(max_new_tokens=1)).collect()
             assert wait_for_attempt(loop, before, "unspecified"), loop.attempts[before:][-5:]
         attempts = loop.stop()
         kills.append(time.monotonic())
@@ -286,7 +287,7 @@ def test_engine_outage_seen_by_the_watch(engine_factory, prefix_factory) -> None
     engine = engine_factory()
     prefix = prefix_factory(engine.address)
     alice = PrefixClient(prefix.address, owner="alice", timeout=10.0)
-    alice.generate(PROMPT, max_new_tokens=1).collect()
+    alice.generate(PROMPT, config=GenConfig(max_new_tokens=1)).collect()
     watch = prefix.server.engine_watch
     assert watch is not None and prefix.server.engine_serving and prefix_health(prefix.address) == "SERVING"
     engine.stop(0)
@@ -305,7 +306,7 @@ def test_engine_outage_seen_by_the_watch(engine_factory, prefix_factory) -> None
     assert wait_for(lambda: alice.stats().dropped_on_restart == 1, 5)  # no Lookup needed to notice
     assert prefix_health(prefix.address) == "SERVING"
     assert alice.lookup(PROMPT).reason == "engine_restarted"
-    alice.generate(PROMPT, max_new_tokens=1).collect()
+    alice.generate(PROMPT, config=GenConfig(max_new_tokens=1)).collect()
     assert alice.lookup(PROMPT).reused == len(PROMPT) - 1
 
 

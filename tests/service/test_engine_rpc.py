@@ -9,13 +9,15 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from clients.engine_client import Done, EngineClient, Snapshot, Started, Tokens
 from engine_service.api import errors
+from engine_service.api.config import GenConfig
 from engine_service.api.errors import NotFound
-from tests.service.helpers import PROMPT, SAMPLED, in_process_tokens, wait_for
+from protos import engine_pb2 as epb
+from tests.service.helpers import PROMPT, in_process_tokens, sampled, send_as_is, wait_for
 
 
 def test_generate_matches_in_process_and_streams_in_order(engine) -> None:
     client = EngineClient(engine.address, owner="alice")
-    out = client.generate(PROMPT, max_new_tokens=12, prompt_snapshot=True, **SAMPLED).collect()
+    out = client.generate(PROMPT, prompt_snapshot=True, **sampled(12)).collect()
     kinds = [type(e) for e in out.events]
     assert kinds[0] is Started and kinds[-1] is Done
     assert kinds.index(Snapshot) < kinds.index(Tokens)  # the prompt snapshot precedes decode
@@ -38,9 +40,14 @@ def test_generate_matches_in_process_and_streams_in_order(engine) -> None:
 
 def test_continuing_from_a_snapshot_equals_a_cold_run(engine) -> None:
     client = EngineClient(engine.address, owner="alice")
-    snap = client.generate(PROMPT, max_new_tokens=1, prompt_snapshot=True).collect().snapshots[0].handle
+    snap = (
+        client.generate(PROMPT, config=GenConfig(max_new_tokens=1), prompt_snapshot=True)
+        .collect()
+        .snapshots[0]
+        .handle
+    )
     suffix = [ord(c) for c in "and runs"]
-    warm = client.generate(suffix, session=snap, max_new_tokens=10, **SAMPLED).collect()
+    warm = client.generate(suffix, session=snap, **sampled(10)).collect()
     assert warm.started.position == len(PROMPT) and warm.done.reused_positions == len(PROMPT)
     assert warm.tokens == in_process_tokens(PROMPT + suffix, 10, temperature=10.0, seed=7)
     # negative control: a different prefix gives different tokens
@@ -49,7 +56,9 @@ def test_continuing_from_a_snapshot_equals_a_cold_run(engine) -> None:
 
 def test_breakpoint_snapshots(engine) -> None:
     client = EngineClient(engine.address, owner="alice")
-    out = client.generate(PROMPT, max_new_tokens=2, breakpoints=[10, 40], prompt_snapshot=True).collect()
+    out = client.generate(
+        PROMPT, config=GenConfig(max_new_tokens=2, prefill_breakpoints=(10, 40)), prompt_snapshot=True
+    ).collect()
     assert [(s.kind, s.position) for s in out.snapshots] == [
         ("breakpoint", 10),
         ("breakpoint", 40),
@@ -63,7 +72,7 @@ def test_clone_close_describe_release_owner(engine) -> None:
     alice = EngineClient(engine.address, owner="alice")
     bob = EngineClient(engine.address, owner="bob")
     base = alice.info().resident_sessions
-    out = alice.generate(PROMPT, max_new_tokens=3, keep_session=True).collect()
+    out = alice.generate(PROMPT, config=GenConfig(max_new_tokens=3), keep_session=True).collect()
     session = out.started.session
     assert alice.describe(session) == (len(PROMPT) + 2, False)
     # ring layers (window 4, 64 rows written per forward) keep positions >= 92 - 64 = 28
@@ -96,8 +105,8 @@ def test_clone_close_describe_release_owner(engine) -> None:
 
 def test_keep_session_continues_with_pending_token(engine) -> None:
     client = EngineClient(engine.address, owner="alice")
-    first = client.generate(PROMPT, max_new_tokens=4, keep_session=True, **SAMPLED).collect()
-    more = client.generate([ord("!")], session=first.started.session, max_new_tokens=3, **SAMPLED).collect()
+    first = client.generate(PROMPT, keep_session=True, **sampled(4)).collect()
+    more = client.generate([ord("!")], session=first.started.session, **sampled(3)).collect()
     # the pending token of the first generation is fed first, then "!"
     assert more.started.position == len(PROMPT) + 3 and more.started.input_positions == 2
     expected = in_process_tokens(PROMPT + first.tokens + [ord("!")], 3, temperature=10.0, seed=7)
@@ -111,13 +120,17 @@ def test_close_session_closes_the_given_session_when_the_call_ends(engine_factor
     engine = engine_factory(max_session_tokens=4096)
     client = EngineClient(engine.address, owner="alice")
     base = client.info().resident_sessions
-    kept = client.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    kept = (
+        client.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
+    )
     control = client.clone(kept, len(PROMPT))
-    client.generate([ord("!")], session=control, max_new_tokens=2).collect()
+    client.generate([ord("!")], session=control, config=GenConfig(max_new_tokens=2)).collect()
     assert client.describe(control)[0] > len(PROMPT)  # without close_session: still there
     given = client.clone(kept, len(PROMPT))
     stream = client.generate(
-        [ord("!")], session=given, close_session=True, max_new_tokens=2000, ignore_eos=True
+        [ord("!")], session=given, close_session=True, config=GenConfig(max_new_tokens=2000), ignore_eos=True
     )
     if ending == "done":
         stream.collect()
@@ -135,12 +148,20 @@ def test_close_session_closes_the_given_session_when_the_call_ends(engine_factor
 
 def test_a_refused_close_session_call_leaves_the_session(engine) -> None:
     client = EngineClient(engine.address, owner="alice")
-    kept = client.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    kept = (
+        client.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
+    )
+    zero = epb.GenerationConfig(max_new_tokens=0)
+    request = epb.GenerateRequest(
+        tokens=epb.TokenIds(ids=[ord("!")]), session=kept, close_session=True, config=zero
+    )
     with pytest.raises(errors.InvalidArgument, match="max_new_tokens"):
-        client.generate([ord("!")], session=kept, close_session=True, max_new_tokens=0).collect()
+        send_as_is(client, request)
     assert client.describe(kept)[0] == len(PROMPT)
     with pytest.raises(errors.InvalidArgument, match="close_session only applies to a given session"):
-        client.generate(PROMPT, close_session=True, max_new_tokens=1).collect()
+        client.generate(PROMPT, close_session=True, config=GenConfig(max_new_tokens=1)).collect()
 
 
 def test_info_tokenize_detokenize_health_reflection(engine) -> None:
@@ -158,7 +179,7 @@ def test_info_tokenize_detokenize_health_reflection(engine) -> None:
         == "<|im_start|>system\nBe brief<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     )
     assert client.detokenize([72, 105]) == "Hi"
-    text_run = client.generate(text="Hi", chat=True, max_new_tokens=2).collect()
+    text_run = client.generate(text="Hi", chat=True, config=GenConfig(max_new_tokens=2)).collect()
     assert text_run.started.input_positions == len(client.tokenize("Hi", chat=True)) < len(chat)
     assert client.health() == "SERVING" and client.health("forkline.engine.v1.Engine") == "SERVING"
     stub = reflection_pb2_grpc.ServerReflectionStub(client.channel)
@@ -173,7 +194,7 @@ def test_cancelled_stream_frees_its_session(engine_factory) -> None:
     engine = engine_factory(max_session_tokens=4096)
     client = EngineClient(engine.address, owner="alice")
     base = client.info().resident_sessions
-    stream = client.generate(PROMPT, max_new_tokens=4000, ignore_eos=True)
+    stream = client.generate(PROMPT, config=GenConfig(max_new_tokens=4000), ignore_eos=True)
     events = iter(stream)
     started = next(events)
     assert isinstance(started, Started)
@@ -184,7 +205,7 @@ def test_cancelled_stream_frees_its_session(engine_factory) -> None:
     with pytest.raises(NotFound):
         client.describe(started.session)
     # the engine keeps serving
-    assert client.generate(PROMPT, max_new_tokens=2).collect().done.generated_tokens == 2
+    assert client.generate(PROMPT, config=GenConfig(max_new_tokens=2)).collect().done.generated_tokens == 2
 
 
 def test_idle_client_sessions_expire(engine_factory) -> None:
@@ -192,8 +213,16 @@ def test_idle_client_sessions_expire(engine_factory) -> None:
     client = EngineClient(engine.address, owner="alice")
     keeper = EngineClient(engine.address, owner="prefix-service")  # persistent owner: never expires
     base = client.info().resident_sessions
-    handle = client.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
-    kept = keeper.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    handle = (
+        client.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
+    )
+    kept = (
+        keeper.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
+    )
     assert client.info().resident_sessions == base + 2
     assert wait_for(lambda: client.info().resident_sessions == base + 1, timeout=5)
     with pytest.raises(NotFound):
@@ -219,7 +248,7 @@ def test_prepared_embeddings_input_equals_the_token_path(engine_factory) -> None
     client = EngineClient(engine.address, owner="alice")
     embeddings = np.array(random_model("FRFR", 4, 0).embed(mx.array(PROMPT, dtype=mx.int32)), dtype="<f4")
     prepared = pb.PreparedInput(kind="embeddings", payload=embeddings.tobytes(), shape=list(embeddings.shape))
-    out = client.generate(prepared=prepared, max_new_tokens=8, **SAMPLED).collect()
+    out = client.generate(prepared=prepared, **sampled(8)).collect()
     assert out.started.input_positions == len(PROMPT)
     assert out.tokens == in_process_tokens(PROMPT, 8, temperature=10.0, seed=7)
 
@@ -243,7 +272,9 @@ def test_snapshot_of_a_call_cancelled_before_it_is_streamed_is_released(engine_f
     monkeypatch.setattr(GenerationCall, "_register", slow_register)
     engine = engine_factory(max_session_tokens=4096)
     client = EngineClient(engine.address, owner="prefix-service")
-    stream = client.generate(PROMPT, max_new_tokens=4000, ignore_eos=True, prompt_snapshot=True)
+    stream = client.generate(
+        PROMPT, config=GenConfig(max_new_tokens=4000), ignore_eos=True, prompt_snapshot=True
+    )
     events = iter(stream)
     assert isinstance(next(events), Started)
     assert entered.wait(10)
@@ -278,7 +309,9 @@ def test_content_digests_on_snapshots_clones_and_describe(engine_factory) -> Non
 
     engine = engine_factory(layers="FFFF")  # full-history layers: every boundary can be cloned
     client = EngineClient(engine.address, owner="alice")
-    out = client.generate(PROMPT, max_new_tokens=3, prompt_snapshot=True, keep_session=True).collect()
+    out = client.generate(
+        PROMPT, config=GenConfig(max_new_tokens=3), prompt_snapshot=True, keep_session=True
+    ).collect()
     session, (snap,) = out.started.session, out.snapshots
     committed = PROMPT + out.tokens[:-1]  # the last token is pending, not content
     assert snap.content_digest == content_digest(PROMPT)
@@ -316,7 +349,7 @@ def test_a_session_holding_a_prepared_input_has_no_content_digest(engine_factory
     embeddings = np.array(random_model("FFFF", 4, 0).embed(mx.array(PROMPT, dtype=mx.int32)), dtype="<f4")
     prepared = pb.PreparedInput(kind="embeddings", payload=embeddings.tobytes(), shape=list(embeddings.shape))
     out = client.generate(
-        prepared=prepared, max_new_tokens=2, prompt_snapshot=True, keep_session=True
+        prepared=prepared, config=GenConfig(max_new_tokens=2), prompt_snapshot=True, keep_session=True
     ).collect()
     (snap,) = out.snapshots
     assert snap.handle and snap.content_digest is None

@@ -14,6 +14,7 @@ from grpc_status import rpc_status
 from clients.engine_client import EngineClient
 from clients.prefix_client import PrefixClient
 from engine_service.api import errors as e
+from engine_service.api.config import GenConfig
 from engine_service.api.owners import OwnerQuota
 from engine_service.serving.auth import OWNER_METADATA_KEY
 from engine_service.serving.errors import error_for
@@ -37,7 +38,9 @@ def raw_error_info(exc: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
 
 def hold(client: EngineClient, n: int) -> list[str]:
     return [
-        client.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+        client.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
         for _ in range(n)
     ]
 
@@ -65,9 +68,15 @@ def test_a_sessions_quota_refusal_carries_error_info_on_the_wire(engine_factory)
 def test_the_client_raises_the_typed_refusal_with_its_fields(engine_factory) -> None:
     engine = engine_factory(max_session_tokens=4096, quota=OwnerQuota(0, 300))
     client = EngineClient(engine.address, owner="alice")
-    session = client.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    session = (
+        client.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
+    )
     with pytest.raises(e.QuotaExceeded) as caught:
-        client.generate(PROMPT, max_new_tokens=500).collect()  # input + 256 (the first reservation)
+        client.generate(
+            PROMPT, config=GenConfig(max_new_tokens=500)
+        ).collect()  # input + 256 (the first reservation)
     refusal = caught.value
     assert refusal.reason == e.ErrorReason.OWNER_POSITIONS_QUOTA
     assert (refusal.owner, refusal.unit, refusal.quota, refusal.limit) == (
@@ -85,11 +94,11 @@ def test_a_full_engine_and_a_stopping_engine_are_typed_too(engine_factory) -> No
     client = EngineClient(engine.address, owner="bob")
     hold(client, 2)
     with pytest.raises(e.EngineFull) as full:
-        client.generate(PROMPT, max_new_tokens=1).collect()
+        client.generate(PROMPT, config=GenConfig(max_new_tokens=1)).collect()
     assert full.value.reason == e.ErrorReason.ENGINE_FULL and full.value.max_sessions == 2
     engine.server.deps.drain()
     with pytest.raises(e.Stopping) as stopping:
-        client.generate(PROMPT, max_new_tokens=1).collect()
+        client.generate(PROMPT, config=GenConfig(max_new_tokens=1)).collect()
     assert stopping.value.reason == e.ErrorReason.STOPPING and isinstance(stopping.value, e.Unavailable)
 
 
@@ -139,7 +148,7 @@ def test_a_caller_over_its_quota_evicts_nothing_however_the_message_reads(reword
     # would not be his). Parsing the English message, a rewording made it evict and retry.
     engine, prefix = services
     alice = PrefixClient(prefix.address, owner="alice")
-    alice.generate(PROMPT, max_new_tokens=1).collect()  # cached
+    alice.generate(PROMPT, config=GenConfig(max_new_tokens=1)).collect()  # cached
     bob_engine, bob = EngineClient(engine.address, owner="bob"), PrefixClient(prefix.address, owner="bob")
     held = hold(bob_engine, 2)
     with pytest.raises(e.QuotaExceeded) as lookup:
@@ -147,11 +156,14 @@ def test_a_caller_over_its_quota_evicts_nothing_however_the_message_reads(reword
     assert (lookup.value.owner, lookup.value.held, lookup.value.limit) == ("bob", 2, 2)
     assert (str(lookup.value) == "quota full, try again later") == reworded
     with pytest.raises(e.QuotaExceeded):
-        bob.generate(PROMPT, max_new_tokens=1).collect()  # the live session would be bob's
+        bob.generate(PROMPT, config=GenConfig(max_new_tokens=1)).collect()  # the live session would be bob's
     stats = bob.stats()
     assert (stats.entries, stats.pressure_evictions, stats.pressure_retries) == (1, 0, 0)
     bob_engine.close(held[0])
-    assert bob.generate(PROMPT, max_new_tokens=1).collect().done.reused_positions == len(PROMPT) - 1
+    assert (
+        bob.generate(PROMPT, config=GenConfig(max_new_tokens=1)).collect().done.reused_positions
+        == len(PROMPT) - 1
+    )
 
 
 def test_the_service_reclaims_its_own_quota_however_the_message_reads(reworded, services) -> None:
@@ -161,11 +173,19 @@ def test_the_service_reclaims_its_own_quota_however_the_message_reads(reworded, 
     # the detail) and stores. Parsing the message, a rewording made it give up.
     engine, prefix = services
     earlier = EngineClient(engine.address, owner="prefix-service")
-    session = earlier.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    session = (
+        earlier.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
+    )
     for i in range(3):
         assert earlier.clone(session, 40 + i)
     bob_engine, bob = EngineClient(engine.address, owner="bob"), PrefixClient(prefix.address, owner="bob")
-    kept = bob_engine.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    kept = (
+        bob_engine.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
+    )
     handed = bob_engine.clone(kept, len(PROMPT))
     bob_engine.close(kept)  # the service's clone counts in bob's quota until the service claims it
     assert bob.insert_detailed(PROMPT, handed).stored

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 
 from clients.engine_client import EngineClient
+from clients.runner_backend import RunnerBackend
 from engine_service.api.answers import Described, TakenClone
 from engine_service.api.config import GenConfig
 from engine_service.api.content import content_digest
 from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import ForklineError, InvalidArgument, NotFound
 from engine_service.api.prompts import TextPrompt
-from engine_service.sessions.local_backend import RunnerBackend
 from prefix_service.cache.session_backend import CaptureBackend
 from prefix_service.engines.connect import connect_engine
 from prefix_service.engines.engine_backend import EngineBackend
@@ -143,7 +143,11 @@ def real_world(real) -> World:
     backend.refresh()
 
     def session(tokens: tuple[int, ...]) -> str:
-        return alice.generate(list(tokens), max_new_tokens=1, keep_session=True).collect().started.session
+        return (
+            alice.generate(list(tokens), config=GenConfig(max_new_tokens=1), keep_session=True)
+            .collect()
+            .started.session
+        )
 
     return World(backend, session)
 

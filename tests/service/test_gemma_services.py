@@ -53,7 +53,10 @@ def cold(deps, tokens, n):
 def test_plain_text_rounds_equal_a_cold_run(services):
     loaded, deps, client = services
     text = "The capital of France is"
-    rounds = [client.generate(text=text, max_new_tokens=8, namespace="plain").collect() for _ in range(2)]
+    rounds = [
+        client.generate(text=text, config=GenConfig(max_new_tokens=8), namespace="plain").collect()
+        for _ in range(2)
+    ]
     prompt = loaded.tokenizer.encode(text, add_special_tokens=True)
     assert prompt[0] == loaded.tokenizer.bos_token_id
     assert [r.done.reused_positions for r in rounds] == [0, len(prompt) - 1]
@@ -63,7 +66,7 @@ def test_plain_text_rounds_equal_a_cold_run(services):
 def test_chat_is_refused_with_a_reason(services):
     _, _, client = services
     with pytest.raises(InvalidArgument, match="no chat template .* plain text"):
-        client.generate(text="Hi", chat=True, max_new_tokens=4).collect()
+        client.generate(text="Hi", chat=True, config=GenConfig(max_new_tokens=4)).collect()
 
 
 def test_a_prompt_diverging_past_the_window_reuses_a_checkpoint_exactly(services):
@@ -71,8 +74,8 @@ def test_a_prompt_diverging_past_the_window_reuses_a_checkpoint_exactly(services
     rng = random.Random(0)
     a = [2] + [rng.randrange(300, 60000) for _ in range(1439)]
     b = a[:864] + [rng.randrange(300, 60000) for _ in range(576)]
-    client.generate(a, max_new_tokens=1, namespace="long").collect()
-    hit = client.generate(b, max_new_tokens=6, namespace="long").collect()
+    client.generate(a, config=GenConfig(max_new_tokens=1), namespace="long").collect()
+    hit = client.generate(b, config=GenConfig(max_new_tokens=6), namespace="long").collect()
     # the stored prompt's own snapshot cannot rewind to 864 (its ring floor is 1440 - 512); a
     # checkpoint at 1024 or 1280 can, so everything shared is reused
     assert hit.done.reused_positions == 864

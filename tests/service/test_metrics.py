@@ -21,6 +21,7 @@ from clients.engine_client import EngineClient, Tokens
 from clients.prefix_client import PrefixClient
 from engine_service.__main__ import parse_args as engine_args
 from engine_service.api import errors
+from engine_service.api.config import GenConfig
 from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
 from engine_service.rpc.server import SERVICE_NAME as ENGINE
@@ -35,7 +36,10 @@ from tests.service.helpers import PROMPT, wait_for
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "forkline-dashboard.json"
 NEW_TOKENS = 5
-FIXED = {"max_new_tokens": NEW_TOKENS, "temperature": 10.0, "seed": 7, "ignore_eos": True}  # exactly 5 tokens
+FIXED = {
+    "config": GenConfig(max_new_tokens=NEW_TOKENS, temperature=10.0, seed=7),
+    "ignore_eos": True,
+}  # 5 tokens
 
 
 def engine_deps() -> EngineSessions:
@@ -117,7 +121,9 @@ def test_counters_move_with_the_traffic_on_both_services(services) -> None:
     gateway = PrefixClient(prefix.address, owner="alice")
 
     # During a generation: one Generate in flight on the engine, its engine state visible.
-    stream = client.generate(PROMPT, max_new_tokens=200, temperature=10.0, seed=7, ignore_eos=True)
+    stream = client.generate(
+        PROMPT, config=GenConfig(max_new_tokens=200, temperature=10.0, seed=7), ignore_eos=True
+    )
     events = iter(stream)
     assert any(isinstance(event, Tokens) and event.ids for event in events)  # first tokens arrived
     during = Scrape(e_port)

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from clients.engine_client import EngineClient, generation_config
+from clients.engine_client import EngineClient
+from engine_service.api.config import GenConfig
 from tests.service.openai_door import MODEL, Door, openai_door
 
 PROMPT = "The capital of France is"
@@ -46,7 +47,7 @@ def test_completion_logprobs_are_the_engines_and_greedy_picks_the_top_one(server
         .generate(
             text=PROMPT,
             add_special_tokens=True,
-            config=generation_config(max_new_tokens=8, temperature=0, top_logprobs=3),
+            config=GenConfig(max_new_tokens=8, temperature=0, top_logprobs=3),
         )
         .collect()
         .logprobs

@@ -12,7 +12,8 @@ import jsonschema
 import openai
 import pytest
 
-from clients.engine_client import EngineClient, generation_config
+from clients.engine_client import EngineClient
+from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument
 from tests.service.openai_door import MODEL, Door, openai_door
 
@@ -92,9 +93,9 @@ def test_unsupported_schema_features_are_400_naming_them(servers) -> None:
 def test_the_grpc_api_takes_a_json_schema(servers) -> None:
     engine = servers.engine
     client = EngineClient(engine.address)
-    config = generation_config(max_new_tokens=300, temperature=1.0, seed=9, json_schema=json.dumps(SCHEMA))
+    config = GenConfig(max_new_tokens=300, temperature=1.0, seed=9, json_schema=json.dumps(SCHEMA))
     out = client.generate(text="Person:", add_special_tokens=True, config=config).collect()
     jsonschema.validate(json.loads(out.text), SCHEMA)
     assert out.done.finish_reason == "stop"
     with pytest.raises(InvalidArgument, match="if"):
-        client.generate(text="x", config=generation_config(json_schema=json.dumps({"if": {}}))).collect()
+        client.generate(text="x", config=GenConfig(json_schema=json.dumps({"if": {}}))).collect()

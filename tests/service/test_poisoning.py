@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from clients.engine_client import EngineClient
 from clients.prefix_client import PrefixClient
-from tests.service.helpers import SAMPLED, in_process_tokens, wait_for
+from engine_service.api.config import GenConfig
+from tests.service.helpers import in_process_tokens, sampled, wait_for
 
 FRANCE = [ord(c) for c in "What is the capital of France?"]
 ITALY = [ord(c) for c in " What is the capital of Italy?"]  # same length (one token per character)
@@ -26,7 +27,7 @@ def cold(prompt: list[int]) -> list[int]:
 
 def kept_session(engine_client: EngineClient, prompt: list[int]) -> str:
     """A session holding exactly ``prompt`` (max_new_tokens 1: the one new token stays pending)."""
-    out = engine_client.generate(prompt, max_new_tokens=1, keep_session=True).collect()
+    out = engine_client.generate(prompt, config=GenConfig(max_new_tokens=1), keep_session=True).collect()
     assert engine_client.describe(out.started.session) == (len(prompt), False)
     return out.started.session
 
@@ -55,11 +56,14 @@ def test_mallory_cannot_store_italy_under_france(engine, prefix_factory) -> None
     # Bob's gateway request for the France question does not reuse her snapshot
     bob = PrefixClient(prefix.address, owner="bob")
     assert bob.lookup(FRANCE).reason == "empty"
-    out = bob.generate(FRANCE, max_new_tokens=N, **SAMPLED).collect()
+    out = bob.generate(FRANCE, **sampled(N)).collect()
     assert out.done.reused_positions == 0 and out.tokens == cold(FRANCE)
     # a snapshot Mallory got from the engine's capture is refused the same way
     snap = (
-        mallory_engine.generate(ITALY, max_new_tokens=2, prompt_snapshot=True).collect().snapshots[0].handle
+        mallory_engine.generate(ITALY, config=GenConfig(max_new_tokens=2), prompt_snapshot=True)
+        .collect()
+        .snapshots[0]
+        .handle
     )
     assert mallory.insert_detailed(FRANCE, snap, namespace="other").reason == "content_mismatch"
     assert PrefixClient(prefix.address, owner="bob").lookup(FRANCE, namespace="other").reason == "empty"
@@ -75,13 +79,11 @@ def test_negative_control_honest_inserts_are_stored_and_reused(engine, prefix_fa
     again = mallory.insert_detailed(ITALY, italy)
     assert (again.stored, again.reason) == (False, "duplicate")
     bob = PrefixClient(prefix.address, owner="bob")
-    out = bob.generate(ITALY, max_new_tokens=N, **SAMPLED).collect()
+    out = bob.generate(ITALY, **sampled(N)).collect()
     assert out.done.reused_positions == len(ITALY) - 1 and out.tokens == cold(ITALY)
     # and the France question: Bob's cold run is stored by the gateway, then reused by Carol
-    first = bob.generate(FRANCE, max_new_tokens=N, **SAMPLED).collect()
-    second = (
-        PrefixClient(prefix.address, owner="carol").generate(FRANCE, max_new_tokens=N, **SAMPLED).collect()
-    )
+    first = bob.generate(FRANCE, **sampled(N)).collect()
+    second = PrefixClient(prefix.address, owner="carol").generate(FRANCE, **sampled(N)).collect()
     assert first.done.reused_positions == 0 and second.done.reused_positions == len(FRANCE) - 1
     assert first.tokens == second.tokens == cold(FRANCE)
     assert mallory.stats().refusals.get("content_mismatch", 0) == 0
@@ -101,7 +103,9 @@ def test_a_session_holding_a_prepared_input_is_never_stored(engine_factory, pref
     rows = np.array(random_model("FRFR", 4, 0).embed(mx.array(FRANCE, dtype=mx.int32)), dtype="<f4")
     prepared = pb.PreparedInput(kind="embeddings", payload=rows.tobytes(), shape=list(rows.shape))
     session = (
-        client.generate(prepared=prepared, max_new_tokens=1, keep_session=True).collect().started.session
+        client.generate(prepared=prepared, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
     )
     resident = engine.runner.resident_sessions
     result = PrefixClient(prefix.address, owner="mallory").insert_detailed(FRANCE, session)

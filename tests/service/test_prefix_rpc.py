@@ -7,22 +7,22 @@ import pytest
 from clients.engine_client import EngineClient, Started, Tokens
 from clients.prefix_client import PrefixClient
 from engine_service.api import errors
+from engine_service.api.config import GenConfig
+from protos import engine_pb2 as epb
+from protos import prefix_pb2 as ppb
 from tests.service.conftest import char_tokenizer
-from tests.service.helpers import PROMPT, SAMPLED, in_process_tokens, wait_for
+from tests.service.helpers import PROMPT, in_process_tokens, sampled, send_as_is, wait_for
 
 
 def gateway_round(prefix, prompt=PROMPT, max_new_tokens=10, **kw):
-    return (
-        PrefixClient(prefix.address, owner="alice")
-        .generate(prompt, max_new_tokens=max_new_tokens, **kw)
-        .collect()
-    )
+    kw.setdefault("config", GenConfig(max_new_tokens=max_new_tokens))
+    return PrefixClient(prefix.address, owner="alice").generate(prompt, **kw).collect()
 
 
 def test_two_gateway_rounds_reuse_all_but_the_last_token(engine, prefix_factory) -> None:
     prefix = prefix_factory(engine.address)
-    first = gateway_round(prefix, **SAMPLED)
-    second = gateway_round(prefix, **SAMPLED)
+    first = gateway_round(prefix, **sampled(10))
+    second = gateway_round(prefix, **sampled(10))
     assert (first.done.reused_positions, first.done.prompt_positions) == (0, len(PROMPT))
     assert (second.done.reused_positions, second.done.prompt_positions) == (len(PROMPT) - 1, 1)
     reference = in_process_tokens(PROMPT, 10, temperature=10.0, seed=7)
@@ -40,7 +40,7 @@ def test_two_gateway_rounds_reuse_all_but_the_last_token(engine, prefix_factory)
     # resident: only the stored snapshot (generation sessions and lookup clones were closed)
     assert wait_for(lambda: engine.runner.resident_sessions == 1)
     # an extended prompt reuses the stored prefix
-    longer = gateway_round(prefix, PROMPT + [ord("!")] * 5, **SAMPLED)
+    longer = gateway_round(prefix, PROMPT + [ord("!")] * 5, **sampled(10))
     assert longer.done.reused_positions == len(PROMPT)
     assert longer.tokens == in_process_tokens(PROMPT + [ord("!")] * 5, 10, temperature=10.0, seed=7)
 
@@ -49,7 +49,7 @@ def test_lookup_insert_stats_clear(engine, prefix_factory) -> None:
     prefix = prefix_factory(engine.address)
     alice_engine = EngineClient(engine.address, owner="alice")
     alice = PrefixClient(prefix.address, owner="alice")
-    run = alice_engine.generate(PROMPT, max_new_tokens=3, prompt_snapshot=True).collect()
+    run = alice_engine.generate(PROMPT, config=GenConfig(max_new_tokens=3), prompt_snapshot=True).collect()
     snap = run.snapshots[0].handle
     assert not alice.insert(PROMPT[:-1], snap)  # position != len(tokens): refused
     assert alice.insert(PROMPT, snap, metadata={"priority": "2"})
@@ -58,7 +58,7 @@ def test_lookup_insert_stats_clear(engine, prefix_factory) -> None:
     assert (hit.reused, hit.reason, list(hit.tokens)) == (50, "unspecified", PROMPT[:50] + [1, 2, 3])
     assert hit.diverged_at == 50
     # the clone belongs to the caller: it continues a generation equal to a cold run
-    warm = alice_engine.generate([1, 2, 3], session=hit.session, max_new_tokens=6, **SAMPLED).collect()
+    warm = alice_engine.generate([1, 2, 3], session=hit.session, **sampled(6)).collect()
     assert warm.tokens == in_process_tokens(PROMPT[:50] + [1, 2, 3], 6, temperature=10.0, seed=7)
     with pytest.raises(errors.NotFound):  # ...and to nobody else
         EngineClient(engine.address, owner="bob").describe(hit.session)
@@ -110,7 +110,11 @@ def test_disabled_cache(engine, prefix_factory) -> None:
         EngineClient(engine.address, owner="alice"),
         PrefixClient(prefix.address, owner="alice"),
     )
-    own = alice_engine.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    own = (
+        alice_engine.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
+    )
     assert not alice.insert(PROMPT, own)
     assert engine.runner.metrics().clones_succeeded == 0 and alice_engine.describe(own)[0] == len(PROMPT)
     with pytest.raises(errors.NotFound):
@@ -125,7 +129,7 @@ def test_killed_prefix_service_is_cleaned_up_by_its_restart(engine, prefix_facto
     assert wait_for(lambda: engine.runner.resident_sessions == base + 3)
     # a client is mid-stream when the service dies without releasing anything
     stream = PrefixClient(prefix.address, owner="alice").generate(
-        PROMPT, max_new_tokens=3000, ignore_eos=True
+        PROMPT, config=GenConfig(max_new_tokens=3000), ignore_eos=True
     )
     events = iter(stream)
     next(events)
@@ -170,7 +174,7 @@ def test_gateway_client_disconnect_frees_the_generation(engine_factory, prefix_f
     gateway_round(prefix, max_new_tokens=1)  # one stored snapshot
     assert wait_for(lambda: engine.runner.resident_sessions == 1)
     stream = PrefixClient(prefix.address, owner="alice").generate(
-        PROMPT, max_new_tokens=3000, ignore_eos=True
+        PROMPT, config=GenConfig(max_new_tokens=3000), ignore_eos=True
     )
     events = iter(stream)
     assert isinstance(next(events), Started)
@@ -220,11 +224,14 @@ def test_prefix_errors_map_to_codes(engine_factory, prefix_factory) -> None:
     with pytest.raises(errors.InvalidArgument):
         alice.insert([], "x")
     with pytest.raises(errors.InvalidArgument):
-        alice.generate([65, -3], max_new_tokens=1).collect()
+        alice.generate([65, -3], config=GenConfig(max_new_tokens=1)).collect()
     with pytest.raises(errors.InvalidArgument):
-        alice.generate([65] * 300, max_new_tokens=1).collect()  # over max_session_tokens (256)
+        alice.generate(
+            [65] * 300, config=GenConfig(max_new_tokens=1)
+        ).collect()  # over max_session_tokens (256)
     with pytest.raises(errors.InvalidArgument):
-        alice.generate(PROMPT, max_new_tokens=0).collect()
+        zero = epb.GenerationConfig(max_new_tokens=0)
+        send_as_is(alice, ppb.GatewayGenerateRequest(tokens=epb.TokenIds(ids=PROMPT), config=zero))
     assert gateway_round(prefix, max_new_tokens=2).done.generated_tokens == 2  # still serving
     assert wait_for(lambda: engine.runner.resident_sessions == 1)  # only the stored snapshot
     engine.stop(grace=0)
@@ -282,7 +289,9 @@ def test_token_ids_outside_the_engine_vocabulary_are_invalid_everywhere(engine, 
     vocab = EngineClient(engine.address).info().vocab_size
     with pytest.raises(errors.InvalidArgument, match="tokens"):
         alice.lookup([65, vocab, 66])
-    own = EngineClient(engine.address, owner="alice").generate(PROMPT, max_new_tokens=1, keep_session=True)
+    own = EngineClient(engine.address, owner="alice").generate(
+        PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True
+    )
     handle = own.collect().started.session
     clones = engine.runner.metrics().clones_succeeded
     with pytest.raises(errors.InvalidArgument, match="tokens"):
@@ -337,7 +346,7 @@ def test_gateway_client_gone_while_its_snapshot_is_in_flight_leaks_nothing(
     backend = prefix.server.deps.backend
     backend.stub = _GatedStub(backend.stub, gate)
     stream = PrefixClient(prefix.address, owner="alice").generate(
-        PROMPT, max_new_tokens=3000, ignore_eos=True
+        PROMPT, config=GenConfig(max_new_tokens=3000), ignore_eos=True
     )
     events = iter(stream)
     assert isinstance(next(events), Started)
@@ -360,13 +369,18 @@ def test_gateway_refuses_bad_requests_before_its_lookup(engine, prefix_factory) 
     # positions: the gateway validates the config and the prompt length first.
     prefix = prefix_factory(engine.address)
     alice = PrefixClient(prefix.address, owner="alice")
-    alice.generate(PROMPT, max_new_tokens=1).collect()
+    alice.generate(PROMPT, config=GenConfig(max_new_tokens=1)).collect()
     before, clones = alice.stats(), engine.runner.metrics().clones_succeeded
     for kw in (dict(top_p=2.0), dict(max_new_tokens=0), dict(temperature=float("nan"))):
+        request = ppb.GatewayGenerateRequest(
+            tokens=epb.TokenIds(ids=PROMPT + [65]), config=epb.GenerationConfig(**kw)
+        )
         with pytest.raises(errors.InvalidArgument):
-            alice.generate(PROMPT + [65], **kw).collect()
+            send_as_is(alice, request)
     with pytest.raises(errors.InvalidArgument, match="max_session_tokens"):
-        alice.generate(PROMPT + [65] * 200, max_new_tokens=1).collect()  # 290 > 256 positions
+        alice.generate(
+            PROMPT + [65] * 200, config=GenConfig(max_new_tokens=1)
+        ).collect()  # 290 > 256 positions
     after = alice.stats()
     assert (after.hits, after.misses, after.reused_positions) == (
         before.hits,
@@ -375,7 +389,9 @@ def test_gateway_refuses_bad_requests_before_its_lookup(engine, prefix_factory) 
     )
     assert engine.runner.metrics().clones_succeeded == clones
     # control: a valid request hits
-    assert alice.generate(PROMPT + [65], max_new_tokens=1).collect().done.reused_positions == len(PROMPT)
+    assert alice.generate(
+        PROMPT + [65], config=GenConfig(max_new_tokens=1)
+    ).collect().done.reused_positions == len(PROMPT)
 
 
 def test_lookup_whose_caller_gave_up_releases_its_clone(engine, prefix_factory) -> None:
@@ -385,7 +401,7 @@ def test_lookup_whose_caller_gave_up_releases_its_clone(engine, prefix_factory) 
 
     prefix = prefix_factory(engine.address)
     alice = PrefixClient(prefix.address, owner="alice")
-    alice.generate(PROMPT, max_new_tokens=1).collect()
+    alice.generate(PROMPT, config=GenConfig(max_new_tokens=1)).collect()
     cache, real_lookup = prefix.cache, prefix.cache.lookup  # what the gateway calls
 
     def slow_lookup(namespace, tokens, **options):

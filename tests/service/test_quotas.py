@@ -14,6 +14,7 @@ import pytest
 
 from clients.engine_client import EngineClient, Started
 from clients.prefix_client import PrefixClient
+from engine_service.api.config import GenConfig
 from engine_service.api.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -41,7 +42,11 @@ def hog(engine, owner: str = "mallory", rounds: int = 12) -> tuple[list[str], li
     held, refusals = [], []
     for _ in range(rounds):
         try:
-            session = client.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+            session = (
+                client.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+                .collect()
+                .started.session
+            )
             held.append(session)
             clone = client.clone(session, len(PROMPT))
             if clone is not None:
@@ -76,8 +81,10 @@ def test_one_owner_opening_sessions_in_a_loop_cannot_make_another_fail(engine_fa
     )
     assert engine.deps.registry.count("mallory") == 2 and engine.runner.resident_sessions == 2
     bob = EngineClient(engine.address, owner="bob")
-    assert bob.generate(PROMPT, max_new_tokens=2).collect().done.finish_reason == "length"
-    kept = bob.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    assert bob.generate(PROMPT, config=GenConfig(max_new_tokens=2)).collect().done.finish_reason == "length"
+    kept = (
+        bob.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True).collect().started.session
+    )
     assert bob.clone(kept, 40) is not None  # bob has his own quota
     info = bob.info()
     assert (info.caller.sessions, info.caller.quota.max_sessions, info.client_quota.max_sessions) == (2, 2, 2)
@@ -89,27 +96,39 @@ def test_negative_control_without_quotas_the_loop_takes_every_slot(engine_factor
     held, refusals = hog(engine)
     assert len(held) == MAX_SESSIONS and refusals  # the engine's own limit stops mallory, at the end
     with pytest.raises(ResourceExhausted):
-        EngineClient(engine.address, owner="bob").generate(PROMPT, max_new_tokens=2).collect()
+        EngineClient(engine.address, owner="bob").generate(
+            PROMPT, config=GenConfig(max_new_tokens=2)
+        ).collect()
 
 
 def test_a_live_generation_counts_and_the_positions_quota_is_named(engine_factory) -> None:
     engine = engine_factory(max_sessions=MAX_SESSIONS, max_session_tokens=4096, quota=OwnerQuota(2, 0))
     mallory = EngineClient(engine.address, owner="mallory")
-    kept = mallory.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
-    stream = mallory.generate(PROMPT, max_new_tokens=3000, ignore_eos=True)  # live: holds a session
+    kept = (
+        mallory.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
+    )
+    stream = mallory.generate(
+        PROMPT, config=GenConfig(max_new_tokens=3000), ignore_eos=True
+    )  # live: holds a session
     events = iter(stream)
     assert isinstance(next(events), Started)
     with pytest.raises(ResourceExhausted, match="owner 'mallory' holds 2 sessions, owner_max_sessions=2"):
-        mallory.generate(PROMPT, max_new_tokens=1).collect()
+        mallory.generate(PROMPT, config=GenConfig(max_new_tokens=1)).collect()
     stream.cancel()
     assert wait_for(lambda: engine.deps.registry.count("mallory") == 1)
-    assert mallory.generate(PROMPT, max_new_tokens=1).collect().done is not None  # room again
+    assert (
+        mallory.generate(PROMPT, config=GenConfig(max_new_tokens=1)).collect().done is not None
+    )  # room again
     mallory.close(kept)
 
     engine = engine_factory(max_sessions=MAX_SESSIONS, quota=QUOTA)  # 256 positions
     mallory = EngineClient(engine.address, owner="mallory")
     kept = (
-        mallory.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+        mallory.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
     )  # 90 positions
     # a generation reserves input + min(max_new_tokens, growth) when it starts (growth: 32 positions
     # on 256-position sessions; it grows later, tests/service/test_reservations.py): 170 + 32 = 202
@@ -120,15 +139,22 @@ def test_a_live_generation_counts_and_the_positions_quota_is_named(engine_factor
         match=r"owner 'mallory' holds 90 positions and needs 202 more, "
         r"owner_max_positions=256",
     ):
-        mallory.generate(longer, max_new_tokens=150).collect()
-    short = mallory.generate(PROMPT[:20], max_new_tokens=1, keep_session=True).collect().started.session
+        mallory.generate(longer, config=GenConfig(max_new_tokens=150)).collect()
+    short = (
+        mallory.generate(PROMPT[:20], config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
+    )
     # continuing a held session reserves its position + the pending token + input + min(max_new_tokens,
     # growth), at most the session: 91 + 150 + 32 > 256, 166 more than the 90 it weighs
     with pytest.raises(
         ResourceExhausted, match=r"holds 110 positions and needs 166 more, owner_max_positions=256"
     ):
-        mallory.generate(longer[:150], session=kept, max_new_tokens=163).collect()
-    assert mallory.generate([65, 66], session=kept, max_new_tokens=20).collect().done is not None
+        mallory.generate(longer[:150], session=kept, config=GenConfig(max_new_tokens=163)).collect()
+    assert (
+        mallory.generate([65, 66], session=kept, config=GenConfig(max_new_tokens=20)).collect().done
+        is not None
+    )
     held = mallory.describe(kept)[0] + mallory.describe(short)[0]
     assert engine.deps.registry.usage("mallory").positions == held  # held sessions weigh their positions
 
@@ -136,7 +162,11 @@ def test_a_live_generation_counts_and_the_positions_quota_is_named(engine_factor
 def test_clones_go_to_another_owner_only_through_a_persistent_owner(engine_factory) -> None:
     engine = engine_factory(max_sessions=MAX_SESSIONS, quota=QUOTA, persistent_quota=PERSISTENT)
     mallory = EngineClient(engine.address, owner="mallory")
-    session = mallory.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    session = (
+        mallory.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
+    )
     with pytest.raises(InvalidArgument, match="new_owner 'bob'"):  # parking sessions under another client
         mallory.clone(session, 40, new_owner="bob")
     request = pb.GenerateRequest(
@@ -163,22 +193,35 @@ def test_the_prefix_service_reclaims_sessions_it_does_not_know(engine_factory, p
     earlier = EngineClient(engine.address, owner="prefix-service")
 
     def fill(count: int) -> None:
-        session = earlier.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+        session = (
+            earlier.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+            .collect()
+            .started.session
+        )
         for i in range(count - 1):
             assert earlier.clone(session, 40 + i)
 
     fill(4)
     bob = PrefixClient(prefix.address, owner="bob")
-    bob.generate(PROMPT, max_new_tokens=1).collect()  # claiming its snapshot finds no room: reclaim
+    bob.generate(
+        PROMPT, config=GenConfig(max_new_tokens=1)
+    ).collect()  # claiming its snapshot finds no room: reclaim
     stats = bob.stats()
     assert (stats.reclaimed, stats.entries, stats.refusals) == (4, 1, {})
-    assert bob.generate(PROMPT, max_new_tokens=1).collect().done.reused_positions == len(PROMPT) - 1
+    assert (
+        bob.generate(PROMPT, config=GenConfig(max_new_tokens=1)).collect().done.reused_positions
+        == len(PROMPT) - 1
+    )
     assert engine.deps.registry.count("prefix-service") == 1 == prefix.server.deps.backend.held()
     # the Insert path: fill again, then bob's insert reclaims and stores
     fill(3)
     bob_engine = EngineClient(engine.address, owner="bob")
     other = [ord(c) for c in "Another prompt for an insert."]
-    kept = bob_engine.generate(other, max_new_tokens=1, keep_session=True).collect().started.session
+    kept = (
+        bob_engine.generate(other, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
+    )
     handed = bob_engine.clone(kept, len(other))
     bob_engine.close(kept)  # the service's clone counts in bob's quota (2 sessions) until claimed
     result = bob.insert_detailed(other, handed)
@@ -229,17 +272,22 @@ def test_a_caller_over_its_quota_is_refused_by_the_gateway_and_evicts_nothing(
     engine = engine_factory(max_sessions=MAX_SESSIONS, quota=QUOTA, persistent_quota=PERSISTENT)
     prefix = prefix_factory(engine.address)
     alice = PrefixClient(prefix.address, owner="alice")
-    alice.generate(PROMPT, max_new_tokens=1).collect()  # cached
+    alice.generate(PROMPT, config=GenConfig(max_new_tokens=1)).collect()  # cached
     bob_engine, bob = EngineClient(engine.address, owner="bob"), PrefixClient(prefix.address, owner="bob")
     held = [
-        bob_engine.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+        bob_engine.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
         for _ in range(2)
     ]
     with pytest.raises(ResourceExhausted, match="owner 'bob' holds 2 sessions, owner_max_sessions=2"):
         bob.lookup(PROMPT)  # the clone would be bob's
     with pytest.raises(ResourceExhausted, match="owner 'bob' holds 2 sessions, owner_max_sessions=2"):
-        bob.generate(PROMPT, max_new_tokens=1).collect()  # the live session would be bob's
+        bob.generate(PROMPT, config=GenConfig(max_new_tokens=1)).collect()  # the live session would be bob's
     stats = bob.stats()
     assert (stats.entries, stats.pressure_evictions) == (1, 0)  # his quota: evicting would not help him
     bob_engine.close(held[0])
-    assert bob.generate(PROMPT, max_new_tokens=1).collect().done.reused_positions == len(PROMPT) - 1
+    assert (
+        bob.generate(PROMPT, config=GenConfig(max_new_tokens=1)).collect().done.reused_positions
+        == len(PROMPT) - 1
+    )

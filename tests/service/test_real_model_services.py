@@ -14,7 +14,10 @@ def test_two_gateway_rounds_on_the_real_model() -> None:
     with real_model_services(max_sessions=4) as (loaded, deps, prefix):
         client = PrefixClient(prefix.address, owner="slow")
         question = "What is the capital of France?"
-        rounds = [client.generate(text=question, chat=True, max_new_tokens=16).collect() for _ in range(2)]
+        rounds = [
+            client.generate(text=question, chat=True, config=GenConfig(max_new_tokens=16)).collect()
+            for _ in range(2)
+        ]
         prompt = loaded.tokenizer.encode(loaded.chat.format([{"role": "user", "content": question}]))
         assert [r.done.reused_positions for r in rounds] == [0, len(prompt) - 1]
         assert rounds[0].tokens == rounds[1].tokens

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 import pytest
 
 from clients.engine_client import EngineClient, Started, Tokens
+from engine_service.api.config import GenConfig
 from engine_service.api.errors import GenerationError, ResourceExhausted
 from engine_service.api.owners import OwnerQuota
 from engine_service.sessions.handles import HandleRegistry, engine_quotas
@@ -105,7 +106,9 @@ def test_eight_requests_without_a_token_limit_all_finish_with_the_cli_defaults(e
 
     def run(i: int) -> None:
         try:
-            results[i] = client.generate(prompt, max_new_tokens=NO_LIMIT, ignore_eos=True).collect()
+            results[i] = client.generate(
+                prompt, config=GenConfig(max_new_tokens=NO_LIMIT), ignore_eos=True
+            ).collect()
         except Exception as exc:  # noqa: BLE001 - reported below
             results[i] = exc
 
@@ -131,13 +134,19 @@ def test_an_owner_at_its_quota_gets_length_and_another_owner_is_unaffected(engin
     engine = engine_factory(max_session_tokens=256, quota=OwnerQuota(4, 200))  # growth 32
     alice = EngineClient(engine.address, owner="alice")
     bob = EngineClient(engine.address, owner="bob")
-    kept = alice.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session  # 90
+    kept = (
+        alice.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
+    )  # 90
     prompt = PROMPT[:20]
     outs: dict[str, object] = {}
 
     def run(name: str, client: EngineClient, max_new_tokens: int) -> None:
         try:
-            outs[name] = client.generate(prompt, max_new_tokens=max_new_tokens, ignore_eos=True).collect()
+            outs[name] = client.generate(
+                prompt, config=GenConfig(max_new_tokens=max_new_tokens), ignore_eos=True
+            ).collect()
         except Exception as exc:  # noqa: BLE001 - reported below
             outs[name] = exc
 
@@ -162,7 +171,7 @@ def test_an_owner_at_its_quota_gets_length_and_another_owner_is_unaffected(engin
     assert other.done.finish_reason == "length" and other.tokens == in_process_tokens(prompt, 150)
     # released: alice holds her kept session only, and can still run what fits
     assert engine.deps.registry.usage("alice").positions == 90
-    assert alice.generate(prompt, max_new_tokens=50).collect().done.generated_tokens == 50
+    assert alice.generate(prompt, config=GenConfig(max_new_tokens=50)).collect().done.generated_tokens == 50
     alice.close(kept)
 
 
@@ -171,8 +180,8 @@ def test_negative_control_without_a_positions_quota_the_same_generation_runs_to_
 ) -> None:
     engine = engine_factory(max_session_tokens=256, quota=OwnerQuota(4, 0))
     alice = EngineClient(engine.address, owner="alice")
-    alice.generate(PROMPT, max_new_tokens=1, keep_session=True).collect()
-    out = alice.generate(PROMPT[:20], max_new_tokens=1000, ignore_eos=True).collect()
+    alice.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True).collect()
+    out = alice.generate(PROMPT[:20], config=GenConfig(max_new_tokens=1000), ignore_eos=True).collect()
     assert out.done.finish_reason == "length" and out.done.position == 256  # the session is full
 
 
@@ -181,11 +190,17 @@ def test_a_request_whose_first_reservation_does_not_fit_is_refused_before_anythi
 ) -> None:
     engine = engine_factory(max_session_tokens=256, quota=OwnerQuota(4, 100))
     alice = EngineClient(engine.address, owner="alice")
-    kept = alice.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session  # 90
+    kept = (
+        alice.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
+    )  # 90
     with pytest.raises(
         ResourceExhausted, match=r"holds 90 positions and needs 52 more, owner_max_positions=100"
     ):
-        alice.generate(PROMPT[:20], max_new_tokens=NO_LIMIT).collect()  # 20 + 32 at the start
+        alice.generate(
+            PROMPT[:20], config=GenConfig(max_new_tokens=NO_LIMIT)
+        ).collect()  # 20 + 32 at the start
     assert engine.deps.registry.usage("alice").positions == 90
     alice.close(kept)
 
@@ -215,7 +230,9 @@ def test_many_owners_growing_cancelling_and_failing_concurrently_keep_the_invari
     def run(owner: str, i: int, max_new: int, luck: float) -> None:
         client = EngineClient(engine.address, owner=owner)
         try:
-            stream = client.generate(PROMPT[: 10 + i], max_new_tokens=max_new, ignore_eos=True)
+            stream = client.generate(
+                PROMPT[: 10 + i], config=GenConfig(max_new_tokens=max_new), ignore_eos=True
+            )
             if luck < 0.3:  # the client goes away after a few tokens
                 seen = 0
                 for event in stream:

@@ -36,6 +36,7 @@ import grpc
 import pytest
 
 from clients.prefix_client import PrefixClient
+from engine_service.api.config import GenConfig
 from engine_service.api.snapshot_files import SUFFIX
 from engine_service.api.stream_events import Done, Tokens
 from protos import engine_pb2 as epb
@@ -81,8 +82,8 @@ def key_file(folder: Path, name: str) -> str:
     return str(path)
 
 
-def greedy(**fields) -> dict:
-    return dict(max_new_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, **fields)
+def greedy(max_new_tokens: int = NEW_TOKENS) -> dict:
+    return {"config": GenConfig(max_new_tokens=max_new_tokens, temperature=0.0), "ignore_eos": True}
 
 
 def cold_run(address: str) -> list[int]:
@@ -238,7 +239,7 @@ def test_a_draining_holders_snapshot_moves_before_it_leaves(engines) -> None:
         running = threading.Event()
 
         def long_stream() -> None:  # its first tokens: it runs on an engine (a stream is never moved)
-            for event in client.generate([*PROMPT, 65, 66], **dict(greedy(), max_new_tokens=LOAD_TOKENS)):
+            for event in client.generate([*PROMPT, 65, 66], **greedy(LOAD_TOKENS)):
                 if isinstance(event, Tokens):
                     running.set()
                 streams.append(event)

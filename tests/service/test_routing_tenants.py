@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from clients.prefix_client import PrefixClient
+from engine_service.api.config import GenConfig
 from protos import prefix_pb2
 from tests.service.test_engine_restart import ServiceProcess, free_port, wait_serving
 
@@ -103,7 +104,10 @@ def four_tenants(
         for system in tenants:
             rounds = [
                 client.generate(
-                    text=layout(system)[1], chat=True, system=layout(system)[0], max_new_tokens=2
+                    text=layout(system)[1],
+                    chat=True,
+                    system=layout(system)[0],
+                    config=GenConfig(max_new_tokens=2),
                 ).collect()
                 for _ in range(3)
             ]

@@ -18,6 +18,7 @@ import mlx.core as mx
 import pytest
 
 from clients.engine_client import EngineClient
+from engine_service.api.config import GenConfig
 from engine_service.api.content import content_digest
 from engine_service.api.snapshot_files import snapshot_name
 from engine_service.cache.seq_state import SeqState
@@ -70,7 +71,11 @@ def one_row_short(snapshot: SessionSnapshot) -> SessionSnapshot:
 
 
 def kept(client: EngineClient) -> str:
-    return client.generate([65, 66], max_new_tokens=1, keep_session=True).collect().started.session
+    return (
+        client.generate([65, 66], config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
+    )
 
 
 def restarted_service(engine: Engine, folder: Path) -> Service:

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from clients.prefix_client import LookupResult, PrefixClient
+from engine_service.api.config import GenConfig
 from engine_service.serving.auth import ServerSecurity
 from engine_service.serving.tokens import TokenTable
 from prefix_service.engines.connect import connect_engine
@@ -90,7 +91,7 @@ def services(engine_factory, tmp_path) -> Iterator:
 def generate(client: PrefixClient, text: str, namespace: str, **kw) -> int:
     """A gateway Generate of ``text`` in ``namespace``; the positions its lookup reused."""
     return (
-        client.generate(text=text, namespace=namespace, max_new_tokens=1, **kw)
+        client.generate(text=text, namespace=namespace, config=GenConfig(max_new_tokens=1), **kw)
         .collect()
         .done.reused_positions
     )

@@ -15,6 +15,7 @@ import pytest
 
 from clients.engine_client import EngineClient
 from clients.prefix_client import PrefixClient
+from engine_service.api.config import GenConfig
 from engine_service.api.errors import QuotaExceeded, ResourceExhausted
 from engine_service.sessions.handles import engine_quotas
 from tests.service.helpers import PROMPT
@@ -57,7 +58,11 @@ def test_hand_overs_count_in_the_givers_quota_and_bobs_prompt_stays_cached(pair)
     registry = engine.deps.registry
     alice = EngineClient(engine.address, owner="alice")
     bob = PrefixClient(prefix.address, owner="bob")
-    source = alice.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    source = (
+        alice.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
+    )
     reused = []
     for round_ in range(4):
         handed, refused = hand_over(alice, source, HAND_OVERS)
@@ -71,7 +76,7 @@ def test_hand_overs_count_in_the_givers_quota_and_bobs_prompt_stays_cached(pair)
         ), refused
         assert all(registry.payer_of(h) == "alice" for h in handed)  # not the service's budget
         assert registry.usage("alice").sessions == 4
-        done = bob.generate(BOB_PROMPT, max_new_tokens=1).collect().done
+        done = bob.generate(BOB_PROMPT, config=GenConfig(max_new_tokens=1)).collect().done
         reused.append(done.reused_positions)
     assert reused == [0] + [len(BOB_PROMPT) - 1] * 3  # bob's whole prompt, every repeat
     stats = bob.stats()
@@ -88,7 +93,11 @@ def test_control_an_inserted_clone_is_claimed_by_the_service(pair) -> None:
     registry = engine.deps.registry
     alice_engine = EngineClient(engine.address, owner="alice")
     alice = PrefixClient(prefix.address, owner="alice")
-    session = alice_engine.generate(PROMPT, max_new_tokens=1, keep_session=True).collect().started.session
+    session = (
+        alice_engine.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True)
+        .collect()
+        .started.session
+    )
     assert alice_engine.describe(session)[0] == len(PROMPT)  # the pending token is not committed
     assert alice.insert(PROMPT, session)
     (entry,) = prefix.cache.entries()
@@ -96,7 +105,7 @@ def test_control_an_inserted_clone_is_claimed_by_the_service(pair) -> None:
     assert registry.usage("alice").sessions == 1  # only her own session
     assert registry.usage(SERVICE).sessions == 1
     # and a hand-over the service later stores (through the gateway's capture) is claimed too
-    alice.generate(BOB_PROMPT, max_new_tokens=1).collect()
+    alice.generate(BOB_PROMPT, config=GenConfig(max_new_tokens=1)).collect()
     assert len(prefix.cache) == 2
     assert all(registry.payer_of(e.snapshot) == SERVICE for e in prefix.cache.entries())
     assert registry.usage("alice").sessions == 1

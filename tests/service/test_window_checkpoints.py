@@ -39,8 +39,10 @@ from tests.service.helpers import wait_for
 A = [3 + (i * 37) % 120 for i in range(200)]  # a stored 200-token prompt
 DIVERGE = 120  # A[120] == 3; past the window and more than max_write below A's end (floor 136)
 B = A[:DIVERGE] + [100 + i % 20 for i in range(60)]  # shares exactly A's first 120 tokens
-SAMPLING = {"temperature": 10.0, "seed": 7, "ignore_eos": True}  # the tiny random model is very peaked
 NEW_TOKENS = 8
+SAMPLING = GenConfig(
+    max_new_tokens=NEW_TOKENS, temperature=10.0, seed=7
+)  # the tiny random model is very peaked
 
 
 @lru_cache(maxsize=8)
@@ -50,8 +52,7 @@ def cold(prompt: tuple[int, ...], cache_kind: str) -> tuple[int, ...]:
     runner = Runner(executor)
     try:
         with runner.open_session() as session:
-            config = GenConfig(max_new_tokens=NEW_TOKENS, temperature=10.0, seed=7)
-            return session.generate_async(list(prompt), config).wait(60).tokens
+            return session.generate_async(list(prompt), SAMPLING).wait(60).tokens
     finally:
         runner.shutdown()
 
@@ -73,7 +74,7 @@ def start_prefix():
 
 def gateway_round(prefix: Prefix, prompt, **kwargs):
     client = PrefixClient(prefix.address, owner="alice")
-    return client.generate(prompt, max_new_tokens=NEW_TOKENS, **SAMPLING, **kwargs).collect()
+    return client.generate(prompt, config=SAMPLING, ignore_eos=True, **kwargs).collect()
 
 
 def stored(prefix: Prefix) -> dict[int, str]:
@@ -104,7 +105,12 @@ def test_the_engine_names_window_refusals_and_publishes_its_geometry(engine_fact
             64,
             evicts,
         )
-        snapshot = client.generate(A, max_new_tokens=1, prompt_snapshot=True).collect().snapshots[0].handle
+        snapshot = (
+            client.generate(A, config=GenConfig(max_new_tokens=1), prompt_snapshot=True)
+            .collect()
+            .snapshots[0]
+            .handle
+        )
         below = client.clone_detailed(snapshot, DIVERGE)  # 120 < 200 - 64
         above = client.clone_detailed(snapshot, 140)
         assert above.session and above.reason == epb.CLONE_REFUSAL_UNSPECIFIED

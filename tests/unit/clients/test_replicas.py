@@ -22,6 +22,7 @@ import pytest
 
 from clients.prefix_client import PrefixClient
 from clients.replicas import DEFAULT_VNODES, ROUTE_KEY_HEADER, HashRing, ReplicatedPrefixClient, ring_hash
+from engine_service.api.config import GenConfig
 from protos import engine_pb2, prefix_pb2, prefix_pb2_grpc
 
 REPLICAS = [f"prefix-{i}.forkline:50052" for i in range(4)]
@@ -203,7 +204,7 @@ def test_replicated_client_sends_each_namespace_to_its_ring_replica(fake_replica
         for ns in namespaces:
             client.lookup([1, 2], namespace=ns)
             client.insert_detailed([1, 2], "s", namespace=ns)
-            list(client.generate([1], namespace=ns, max_new_tokens=1))
+            list(client.generate([1], namespace=ns, config=GenConfig(max_new_tokens=1)))
         assert client.clear() == 3
         assert set(client.stats()) == set(fake_replicas)
     ring = HashRing(list(fake_replicas))

@@ -320,11 +320,11 @@ def test_in_process_checkpoints_on_a_real_ring(kind):
     without the checkpoint the miss is ``window``. batched-cell clones the prompt at 60 itself."""
     import numpy as np
 
+    from clients.runner_backend import RunnerBackend
     from engine_service.api.config import GenConfig
     from engine_service.executors.module import ModuleExecutor
     from engine_service.model.random_init import random_model
     from engine_service.runtime.runner import Runner
-    from engine_service.sessions.local_backend import RunnerBackend
 
     class Recording(ModuleExecutor):
         """Keeps the logits behind every output token, in order."""

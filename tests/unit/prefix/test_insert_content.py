@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
+from clients.runner_backend import RunnerBackend
 from engine_service.api.config import GenConfig
 from engine_service.api.content import PREPARED, content_digest
 from engine_service.api.errors import NotFound
 from engine_service.api.stream_events import Snapshot, SnapshotKind, Started
 from engine_service.runtime.runner import Runner
-from engine_service.sessions.local_backend import RunnerBackend
 from prefix_service.cache import prefix_cache as cache_module
 from prefix_service.cache.outcomes import InsertRefusal
 from prefix_service.cache.prefix_cache import PrefixCache

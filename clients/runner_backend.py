@@ -1,11 +1,5 @@
-"""RunnerBackend: the prefix cache's backend over a local Runner (the CLI's embedded prefix cache).
-
-It implements ``prefix_service.cache.session_backend.CaptureBackend`` and the persistent tier's
-``prefix_service.tier.snapshot_backend.SnapshotBackend`` structurally (the engine never imports the
-prefix service; a test holds them together): handles are the Runner's :class:`Session` objects,
-``clone`` waits for the engine (never call it from a generation callback), ``clone_async`` only queues.
-Snapshot files are signed and verified with ``key`` when given (``--snapshot_key``).
-"""
+"""RunnerBackend: the prefix cache's backend over a local Runner (the CLI's in-process prefix cache and
+snapshot folder). Handles are the Runner's Session objects."""
 
 from __future__ import annotations
 
@@ -23,7 +17,9 @@ if TYPE_CHECKING:
 
 
 class RunnerBackend:
-    """See the module docstring."""
+    """Meets the cache's ``CaptureBackend`` and the tier's ``SnapshotBackend`` (a conformance test holds
+    them together). ``clone`` waits for the engine (never call it from a generation callback);
+    ``clone_async`` only queues. Snapshot files are signed and verified with ``key`` (``--snapshot_key``)."""
 
     def __init__(self, runner: Runner, *, key: SnapshotKey | None = None) -> None:
         self._runner = runner
