@@ -127,7 +127,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def start_engine(args: argparse.Namespace):
     """Load the model, start the engine thread and the gRPC server: (EngineServer, bound port)."""
-    from engine_service.api.errors import InvalidArgument
+    from engine_service.api.checks import checked_float
     from engine_service.api.owners import PERSISTENT_OWNER, PersistentOwners
     from engine_service.cpu_quota import apply_cpu_quota
     from engine_service.model.loader import load_model
@@ -150,8 +150,7 @@ def start_engine(args: argparse.Namespace):
         logging.getLogger("forkline-engine").info(
             "snapshot files signed with the key in %s", args.snapshot_key
         )
-    if not args.stuck_after > 0:
-        raise InvalidArgument(f"--stuck_after must be > 0, got {args.stuck_after}")
+    checked_float("--stuck_after", args.stuck_after, lo=0, lo_open=True)
     persistent = PersistentOwners(
         args.persistent_owner or (() if args.persistent_owner_prefix else (PERSISTENT_OWNER,)),
         args.persistent_owner_prefix or (),

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from engine_service.api.checks import checked_float, checked_int
 from engine_service.api.errors import InvalidArgument
 from engine_service.api.logprobs import MAX_TOP_LOGPROBS
 
@@ -81,34 +81,18 @@ class GenConfig:
     grammar: TokenGrammar | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        for name in ("max_new_tokens", "top_k", "seed", "prefill_chunk"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise InvalidArgument(f"{name} must be an int, got {value!r}")
-        if self.max_new_tokens < 1:
-            raise InvalidArgument(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if (
-            not isinstance(self.temperature, (int, float))
-            or not math.isfinite(self.temperature)
-            or self.temperature < 0
-        ):
-            raise InvalidArgument(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
-            raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.top_k < 0:
-            raise InvalidArgument(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 <= self.seed < _MAX_SEED:
-            raise InvalidArgument(f"seed must be in [0, 2**64), got {self.seed}")
-        if self.prefill_chunk < 1:
-            raise InvalidArgument(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
-        if self.top_logprobs is not None and (
-            isinstance(self.top_logprobs, bool)
-            or not isinstance(self.top_logprobs, int)
-            or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS
-        ):
-            raise InvalidArgument(
-                f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}"
-            )
+        ints = {
+            "max_new_tokens": (1, None),
+            "top_k": (0, None),
+            "seed": (0, _MAX_SEED - 1),
+            "prefill_chunk": (1, None),
+        }
+        for name, (lo, hi) in ints.items():
+            object.__setattr__(self, name, checked_int(name, getattr(self, name), lo, hi))
+        checked_float("temperature", self.temperature, lo=0)
+        checked_float("top_p", self.top_p, lo=0, hi=1, lo_open=True)
+        if self.top_logprobs is not None:
+            checked_int("top_logprobs", self.top_logprobs, lo=0, hi=MAX_TOP_LOGPROBS)
         if not isinstance(self.json_schema, str):
             raise InvalidArgument(f"json_schema must be a string, got {type(self.json_schema).__name__}")
         if self.grammar is not None and self.grammar.source != self.json_schema:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from engine_service.api.checks import checked_int
 from engine_service.api.errors import InvalidArgument
 
 DEFAULT_OWNER = "anonymous"  # a call that names no owner
@@ -62,9 +63,7 @@ class OwnerQuota:
 
     def __post_init__(self) -> None:
         for name in ("max_sessions", "max_positions"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise InvalidArgument(f"{name} must be an int >= 0, got {value!r}")
+            checked_int(name, getattr(self, name), lo=0)
 
 
 NO_QUOTA = OwnerQuota()

@@ -18,6 +18,8 @@ import mlx.core as mx
 import numpy as np
 
 from engine_service.api.content import content_digest
+from engine_service.api.errors import InvalidArgument
+from engine_service.api.limits import check_fits
 from engine_service.api.snapshot_files import LoadRefusal, StateLayout
 from engine_service.cache.seq_state import SeqState, StateTensor
 
@@ -83,11 +85,10 @@ def header_refusal(
             LoadRefusal.FINGERPRINT,
             f"taken under engine fingerprint {snapshot.fingerprint}, this engine is {fingerprint}",
         )
-    if snapshot.positions > max_session_tokens:
-        return (
-            LoadRefusal.TOO_LONG,
-            f"{snapshot.positions} positions exceed max_session_tokens={max_session_tokens}",
-        )
+    try:
+        check_fits(0, snapshot.positions, max_session_tokens, field="snapshot")
+    except InvalidArgument as exc:
+        return LoadRefusal.TOO_LONG, str(exc)
     if len(snapshot.content) != snapshot.positions or any(t < 0 for t in snapshot.content):
         return (
             LoadRefusal.CONTENT,

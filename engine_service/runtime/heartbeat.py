@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from engine_service.api.checks import checked_float
+
 if TYPE_CHECKING:
     from engine_service.runtime.runner import Runner
 
@@ -36,8 +38,8 @@ class EngineHeartbeat:
         every_s: float = DEFAULT_EVERY_S,
         stuck_after_s: float = DEFAULT_STUCK_AFTER_S,
     ) -> None:
-        if not every_s > 0 or not stuck_after_s > 0:
-            raise ValueError(f"every_s and stuck_after_s must be > 0, got {every_s}, {stuck_after_s}")
+        checked_float("every_s", every_s, lo=0, lo_open=True)
+        checked_float("stuck_after_s", stuck_after_s, lo=0, lo_open=True)
         self.runner, self.on_change = runner, on_change
         self.every_s, self.stuck_after_s = every_s, stuck_after_s
         self.alive = True

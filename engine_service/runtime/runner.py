@@ -25,12 +25,14 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from engine_service.api.answers import CloneRefusal
+from engine_service.api.checks import checked_int
 from engine_service.api.config import GenConfig
 from engine_service.api.engine_info import WindowGeometry
 from engine_service.api.errors import FailedPrecondition, InvalidArgument, Stopping
 from engine_service.api.limits import EngineLimits
 from engine_service.api.snapshot_files import LoadRefusal, SaveRefusal
 from engine_service.executors.base import Executor
+from engine_service.executors.options import DEFAULTS
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.model.compute_path import warn_if_slow
 from engine_service.persistence.snapshot import SessionSnapshot
@@ -101,14 +103,13 @@ class Runner:
     """
 
     def __init__(
-        self, executor: Executor, *, max_decode_sequences: int = 8, name: str = "forkline-engine"
+        self,
+        executor: Executor,
+        *,
+        max_decode_sequences: int = DEFAULTS.max_decode_sequences,
+        name: str = "forkline-engine",
     ) -> None:
-        if (
-            isinstance(max_decode_sequences, bool)
-            or not isinstance(max_decode_sequences, int)
-            or max_decode_sequences < 1
-        ):
-            raise InvalidArgument(f"max_decode_sequences must be an int >= 1, got {max_decode_sequences!r}")
+        max_decode_sequences = checked_int("max_decode_sequences", max_decode_sequences, lo=1)
         self._engine = EngineLoop(self, executor, max_decode_sequences)
         self._thread = threading.Thread(target=self._engine.run, name=name, daemon=True)
         self._thread.start()

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine_service.api.errors import InvalidArgument
-from engine_service.api.limits import EngineLimits, out_of_vocab
+from engine_service.api.limits import EngineLimits, check_fits, check_nonempty, check_tokens
 from engine_service.executors.base import ExecInput, Executor
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.runtime.state import ActiveGeneration, Segment, SessionRecord
@@ -78,37 +78,26 @@ def plan_batch(
 def check_input(
     input: Segment, record: SessionRecord, limits: EngineLimits, executor: Executor
 ) -> InvalidArgument | None:
-    """The reason ``input`` cannot run on ``record``, or None.
-
-    Rejects an empty input, token ids outside ``[0, vocab_size)``, a prepared input the executor does
-    not accept (``executor.accepts`` is metadata only; an exception there counts as "no"), and an
-    input that would not fit in ``max_session_tokens`` together with the committed positions and the
-    pending token replayed first.
-    """
-    if isinstance(input, PreparedInput):
-        size = input.size()
-        if size < 1:
-            return InvalidArgument("input is empty")
-        try:
-            accepted = bool(executor.accepts(input))
-        except Exception:
-            accepted = False
-        if not accepted:
-            return InvalidArgument(f"prepared input kind {input.kind()!r} is not supported by this executor")
-    else:
-        size = len(input)
-        if size == 0:
-            return InvalidArgument("input is empty")
-        vocab = limits.vocab_size
-        bad = out_of_vocab(input, vocab)
-        if bad is not None:
-            return InvalidArgument(
-                f"token id {input[bad]} at index {bad} is outside the vocabulary [0, {vocab})"
-            )
-    needed = record.position + (record.pending is not None) + size
-    if needed > limits.max_session_tokens:
-        return InvalidArgument(
-            f"input of {size} positions does not fit: session at {record.position}"
-            f"{' + 1 pending' if record.pending is not None else ''}, max_session_tokens={limits.max_session_tokens}"
-        )
+    """Why ``input`` cannot run on ``record`` (``api.limits``' rules, the pending token replayed first,
+    or a prepared kind the executor refuses), or None."""
+    try:
+        size = input.size() if isinstance(input, PreparedInput) else len(input)
+        check_nonempty(size)
+        if isinstance(input, PreparedInput):
+            if not _accepts(executor, input):
+                raise InvalidArgument(
+                    f"prepared input kind {input.kind()!r} is not supported by this executor"
+                )
+        else:
+            check_tokens(input, limits.vocab_size)
+        check_fits(record.position + (record.pending is not None), size, limits.max_session_tokens)
+    except InvalidArgument as exc:
+        return exc
     return None
+
+
+def _accepts(executor: Executor, input: PreparedInput) -> bool:
+    try:
+        return bool(executor.accepts(input))
+    except Exception:  # ``accepts`` is metadata only: an exception there counts as "no"
+        return False

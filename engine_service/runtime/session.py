@@ -8,13 +8,13 @@ whose ``put`` is reentrant, so a finalizer running inside another inbox operatio
 
 from __future__ import annotations
 
-import operator
 import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from engine_service.api.answers import CloneRefusal
+from engine_service.api.checks import checked_int
 from engine_service.api.config import GenConfig, int_tuple
 from engine_service.api.content import DIGEST_SIZE
 from engine_service.api.errors import FailedPrecondition, InvalidArgument
@@ -121,7 +121,7 @@ class Session:
         :class:`CloneFuture`'s ``refusal`` says why it resolved None (``CloneRefusal``); a refused
         clone never changes this session.
         """
-        upto = _int_arg("upto", upto)
+        upto = checked_int("upto", upto)
         if expected_digest is not None and (
             not isinstance(expected_digest, bytes) or len(expected_digest) != DIGEST_SIZE
         ):
@@ -141,8 +141,8 @@ class Session:
         forward; any other session's is taken on the engine thread between two forwards. Writing it to
         a file: :func:`engine_service.sessions.session_files.save_session`.
         """
-        if upto is not None and (upto := _int_arg("upto", upto)) < 0:
-            raise InvalidArgument(f"upto must be >= 0, got {upto}")
+        if upto is not None:
+            upto = checked_int("upto", upto, lo=0)
         if self._closed or self._record.poisoned:
             future = ExportFuture()
             future.refuse(SaveRefusal.SOURCE_UNUSABLE)
@@ -175,13 +175,3 @@ class Session:
     def __repr__(self) -> str:
         state = "open" if self.valid else "closed"
         return f"Session(key={self.key}, position={self.position}, {state})"
-
-
-def _int_arg(name: str, value: object) -> int:
-    """``value`` as an int (InvalidArgument naming ``name`` for a bool or a non-integer)."""
-    if isinstance(value, bool):
-        raise InvalidArgument(f"{name} must be an int, got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError as exc:
-        raise InvalidArgument(f"{name} must be an int, got {value!r}") from exc

@@ -27,6 +27,7 @@ from engine_service.api.answers import (
     TakenClone,
     close_child_when_done,
 )
+from engine_service.api.checks import checked_int
 from engine_service.api.config import GenConfig
 from engine_service.api.content import check_digest
 from engine_service.api.engine_info import NO_WINDOW, EngineInfo
@@ -165,10 +166,7 @@ class EngineSessions:
             self.fingerprint = str(self.runner.fingerprint)
         if self.reservation_growth is None:
             self.reservation_growth = default_growth(self.limits.max_session_tokens)
-        if self.reservation_growth < 2 * STEP_ROOM:
-            raise InvalidArgument(
-                f"reservation_growth must be >= {2 * STEP_ROOM}, got {self.reservation_growth}"
-            )
+        checked_int("reservation_growth", self.reservation_growth, lo=2 * STEP_ROOM)
         self.eos_token_ids = tuple(int(t) for t in self.eos_token_ids)
         self.transfer = SessionTransfer(
             self.runner, self.registry, self.limits.max_session_tokens, key=self.snapshot_key
@@ -311,8 +309,7 @@ class EngineSessions:
         ``wanted()`` False once the clone is made (the caller left): it is released, Cancelled."""
         self._serving()
         receiver = self._receiver(owner, new_owner, "new_owner")
-        if upto < 0:
-            raise InvalidArgument(f"upto must be >= 0, got {upto}")
+        checked_int("upto", upto, lo=0)
         expected = check_digest(expected_digest, "expected_content_digest")
         source = self.registry.resolve(handle, owner)
         position = source.position

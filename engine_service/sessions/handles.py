@@ -25,6 +25,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar, cast
 
+from engine_service.api.checks import checked_float
 from engine_service.api.errors import InvalidArgument, NotFound, QuotaExceeded
 from engine_service.api.handle_names import handle_instance, is_instance_id, new_handle, new_instance_id
 from engine_service.api.owners import NO_QUOTA, OwnerQuota, OwnerUsage
@@ -51,8 +52,7 @@ def engine_quotas(
     ``persistent_owner_share`` of the sessions and of the positions (``max_sessions *
     max_session_tokens``), at least one session; share 0 turns its budget off.
     """
-    if not 0 <= persistent_owner_share <= 1:
-        raise InvalidArgument(f"persistent_owner_share must be in [0, 1], got {persistent_owner_share}")
+    checked_float("persistent_owner_share", persistent_owner_share, lo=0, hi=1)
     sessions = max(1, max_sessions // 4) if owner_max_sessions is None else owner_max_sessions
     positions = sessions * max_session_tokens // 2 if owner_max_positions is None else owner_max_positions
     if persistent_owner_share == 0:
@@ -109,8 +109,7 @@ class HandleRegistry(Generic[T]):
     def __post_init__(self) -> None:
         if not is_instance_id(self.instance_id):
             raise InvalidArgument(f"instance_id must be 16 lowercase hex digits, got {self.instance_id!r}")
-        if not self.idle_timeout_s >= 0:
-            raise InvalidArgument(f"idle_timeout_s must be >= 0, got {self.idle_timeout_s}")
+        checked_float("idle_timeout_s", self.idle_timeout_s, lo=0)
         if not isinstance(self.persistent_owners, frozenset):  # PersistentOwners (prefixes) stays as given
             self.persistent_owners = frozenset(self.persistent_owners)
         self._lock = threading.Lock()

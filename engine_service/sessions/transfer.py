@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from engine_service.api.answers import ImportedSnapshot
+from engine_service.api.checks import checked_int
 from engine_service.api.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Stopping
 from engine_service.persistence.snapshot_key import SnapshotKey
 from engine_service.sessions.handles import HandleRegistry
@@ -64,10 +65,8 @@ class SessionTransfer:
                     f"extra[{key[:32]!r}]: keys must be 1-{MAX_EXTRA_KEY} characters, values at most 1 MiB"
                 )
         session = self._registry.resolve(handle, owner)
-        if upto is not None and not 0 <= upto <= session.position:
-            raise InvalidArgument(
-                f"upto must be in [0, {session.position}] (the session's positions), got {upto}"
-            )
+        if upto is not None:
+            checked_int("upto", upto, lo=0, hi=session.position)  # the session's committed positions
         return encode_session(session, extra=dict(extra), timeout=EXPORT_TIMEOUT_S, key=self._key, upto=upto)
 
     def import_(self, owner: str, chunks: Iterable[bytes]) -> ImportedSnapshot:
