@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 def build_parser() -> argparse.ArgumentParser:
     from engine_service.executors.options import DEFAULTS, add_executor_options, add_model_options
+    from engine_service.runtime.heartbeat import DEFAULT_STUCK_AFTER_S
     from engine_service.serving.service_main import add_auth_arguments, add_serving_arguments
     from engine_service.sessions.settings import add_session_options
 
@@ -54,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--stuck_after",
         metavar="SECONDS",
         type=float,
-        default=30.0,
+        default=DEFAULT_STUCK_AFTER_S,
         help="health turns NOT_SERVING (readiness and forkline.liveness) when the engine thread has "
         "not answered for this long; above the longest forward (default: %(default)s)",
     )
