@@ -1,31 +1,6 @@
-"""forkline-engine (also python -m engine_service): serve the engine over gRPC.
-
-Loads the model once and serves sessions, generation, clones, tokenization and model info, with gRPC
-health checking and reflection. Prints "forkline-engine listening on HOST:PORT" once it serves
-(--port 0 picks a free port). SIGTERM / SIGINT drain gracefully: health turns NOT_SERVING (and Info
-says draining), new work gets UNAVAILABLE, generations in flight get up to --grace seconds, then
-every session is closed and the engine thread stops. Health: the readiness name
-forkline.engine.v1.Engine and "" are NOT_SERVING while draining or while the engine thread has not
-answered for --stuck_after seconds; forkline.liveness only for the latter (probe liveness on it).
-
-Threads: unless FORKLINE_KERNEL_THREADS / OPENBLAS_NUM_THREADS are set, the kernels and OpenBLAS get
-as many threads as the cgroup CPU quota (a container's CPU limit) allows, else the CPUs the process
-may run on (logged at start, and in Info's compute_path).
-
-With --auth_tokens every call needs a bearer token and runs as the token's owner (SIGHUP re-reads the
-file); --tls_cert / --tls_key serve TLS, --tls_client_ca also requires client certificates. Without
-them owners are self-declared (a warning is logged when listening on a non-loopback address).
-
-Quotas: each client owner holds at most --owner_max_sessions resident sessions (live generations
-count, as do kept sessions, clones and snapshots) and --owner_max_positions positions; each
---persistent_owner (the prefix service) has --persistent_owner_share of the engine's sessions and
-positions instead. Over quota is RESOURCE_EXHAUSTED naming the quota. Idle client handles expire
-after --idle_session_timeout; a persistent owner's never do.
-
-Snapshot files (ExportSession / ImportSession, the prefix service's --snapshot_dir): with
---snapshot_key FILE they are signed with a keyed MAC, and a file the key does not verify is refused
-(unsigned, bad_signature) before any tensor is read; without it, whoever can write the folder can
-make the engine load any K/V under any prompt.
+"""forkline-engine (python -m engine_service): serve the engine over gRPC; prints "forkline-engine
+listening on HOST:PORT" once it serves. SIGTERM / SIGINT drain: health NOT_SERVING, new work UNAVAILABLE,
+--grace seconds for calls in flight. Health, quotas, auth, snapshot keys: docs/DEPLOY.md, SECURITY.md.
 """
 
 from __future__ import annotations

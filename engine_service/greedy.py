@@ -1,8 +1,5 @@
-"""Greedy generation from one prompt, streaming text to stdout (the main job before the services).
-
-One sequence, no runner: prefill in chunks, then one token per forward, each queued before the
-previous one is read back. Bad input (a missing path, a corrupt GGUF, an unsupported architecture,
-...) prints one line "error: <path>: <problem>" on stderr and exits with status 2.
+"""Greedy generation from one prompt, streaming text to stdout: one sequence, no runner. Bad input
+(a missing path, a corrupt GGUF, ...) prints one line "error: <path>: <problem>" and exits 2.
 """
 
 from __future__ import annotations
@@ -68,9 +65,8 @@ def new_cache(
 def prefill(
     model: Transformer, cache: BatchControl, seq: int, tokens: Sequence[int], chunk: int = 512
 ) -> mx.array:
-    """Write ``tokens`` after ``pos(seq)`` in chunks; returns the lazy float32 logits [vocab] of the last one.
-    Each chunk evaluates only its cache arrays; the logits are projected for the final row only.
-    InvalidArgument for an empty input or a token id outside the vocabulary."""
+    """Write ``tokens`` after ``pos(seq)`` in chunks: the lazy float32 logits [vocab] of the last one
+    (InvalidArgument: ``api.limits``' rules)."""
     check_nonempty(len(tokens), "tokens")
     check_tokens(tokens, model.config.vocab_size)
     start = cache.pos(seq)

@@ -34,8 +34,7 @@ def int_tuple(name: str, values: object) -> tuple[int, ...]:
 
 
 class TokenGrammar(Protocol):
-    """A compiled output constraint (``engine_service.executors.grammar.JsonGrammar``): ``matcher()``
-    starts a fresh per-generation matcher that masks the tokens the grammar does not allow."""
+    """A compiled output constraint; ``matcher()`` starts a fresh per-generation token mask."""
 
     source: str
 
@@ -44,40 +43,24 @@ class TokenGrammar(Protocol):
 
 @dataclass(frozen=True)
 class GenConfig:
-    """Per-generation settings. Frozen; every field is checked in ``__post_init__``.
-
-    max_new_tokens: most tokens the generation returns (>= 1). The last returned token is the
-        session's *pending* prediction: it is not committed until a later generation feeds it.
-    temperature / top_p / top_k: sampling (temperature 0 is greedy; top_k 0 and top_p 1 disable).
-    seed: seeds the generation's sampler (0 <= seed < 2**64).
-    stop_tokens: a generated stop token ends the generation with finish_reason "stop"; it is returned
-        and kept by the session as its pending token. A stop token beats the token budget.
-    prefill_chunk: most prompt positions fed to one forward for this generation (>= 1); the runner
-        also respects the executor's preferred batch size.
-    prefill_breakpoints: absolute session positions (>= 1) at which prefill ends a chunk and emits an update
-        with ``breakpoint`` set, so an observer callback can clone exactly there. Stored sorted and
-        de-duplicated; positions outside the prefill range are ignored.
-    top_logprobs: None (default) reports no log probabilities; 0..20 reports each generated token's
-        and that many most likely alternatives at its position (``api.logprobs``; the log-softmax of
-        the raw logits, before temperature, filters and masks). Costs nothing when None.
-    json_schema: "" (default) or a JSON Schema (text) the output must match: the engine compiles it
-        into ``grammar`` (``engine_service.executors.grammar.with_grammar``) and masks every step to the
-        tokens that keep the output a valid prefix; once the JSON is complete only the end-of-sequence
-        tokens are allowed, so ``stop_tokens`` must hold one of them.
-    grammar: the compiled ``json_schema`` (not compared, not sent: the engine sets it). A
-        ``json_schema`` without it is refused when the generation starts.
-    """
+    """Per-generation settings, checked in ``__post_init__``. The last returned token is the session's
+    pending prediction, committed when a later generation feeds it."""
 
     max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-    stop_tokens: tuple[int, ...] = ()
-    prefill_chunk: int = 512
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0  # 1: off
+    top_k: int = 0  # 0: off
+    seed: int = 0  # [0, 2**64)
+    stop_tokens: tuple[int, ...] = ()  # ends with "stop" (before the budget); kept as the pending token
+    prefill_chunk: int = 512  # prompt positions one forward feeds this generation at most
+    # absolute positions where prefill ends a chunk and reports ``breakpoint`` (a callback can clone
+    # exactly there); stored sorted, de-duplicated; those outside the prefill are ignored
     prefill_breakpoints: tuple[int, ...] = ()
+    # None: no log probabilities; 0..20: each token's and that many alternatives (raw logits' log-softmax)
     top_logprobs: int | None = None
+    # a JSON Schema the output must match; once complete only EOS is allowed, so stop_tokens holds one
     json_schema: str = ""
+    # the compiled json_schema (the engine sets it; without it a json_schema is refused at start)
     grammar: TokenGrammar | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:

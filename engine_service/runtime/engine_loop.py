@@ -1,9 +1,5 @@
-"""EngineLoop: the state the engine thread owns, and its loop:
-drain commands -> reap cancelled -> run one batch -> deliver outputs.
-
-Other threads only :meth:`EngineLoop.put` commands and read single attributes (``records`` size,
-``counts``, ``accepting``); with no live generation the thread blocks on the inbox.
-"""
+"""EngineLoop: the state the engine thread owns, and its loop: drain commands -> reap cancelled -> run
+one batch -> deliver outputs. Other threads only :meth:`EngineLoop.put` and read single attributes."""
 
 from __future__ import annotations
 
@@ -109,7 +105,6 @@ class EngineLoop:
             return True
 
     def run(self) -> None:
-        """The engine thread's body: start up, loop until stopped, tear down."""
         try:
             self.limits = self._executor.limits()
             self.fingerprint = self._executor.fingerprint()
@@ -125,7 +120,7 @@ class EngineLoop:
         try:
             while not self.stop_requested:
                 self.counts["steps"] += 1
-                self._drain(block=not self.active)
+                self._drain(block=not self.active)  # idle: block on the inbox, no busy spin
                 if self.stop_requested:
                     break
                 self._reap_cancelled()
@@ -140,7 +135,6 @@ class EngineLoop:
 
     @property
     def active_generations(self) -> int:
-        """Generations the engine thread is running now (started, not finished)."""
         return len(self.active)
 
     def _drain(self, *, block: bool) -> None:

@@ -33,18 +33,11 @@ class BatchPlan:
 def plan_batch(
     active: Sequence[ActiveGeneration], max_decode: int, preferred_tokens: int, step: int
 ) -> BatchPlan:
-    """Pack one batch from the live generations (each appears at most once).
-
-    Decode: up to ``max_decode`` generations past their prompt, least recently stepped first (fair
-    when more are waiting), each feeding its pending token. Prefill: generations in start order get
-    chunks of at most ``prefill_chunk`` positions until the batch holds ``preferred_tokens``
-    positions; the first prefilling generation always gets a chunk, even when the decode steps alone
-    fill ``preferred_tokens``, so a new prompt is never starved by long decodes. A chunk ends at the next prefill
-    breakpoint, and never crosses from the replayed pending token into the caller's input. Advances
-    the prefill cursors and stamps ``last_step``.
-    """
+    """One batch: up to ``max_decode`` decode steps, then prefill chunks in start order up to
+    ``preferred_tokens`` positions; advances the prefill cursors and stamps ``last_step``."""
     budget = max(1, preferred_tokens)
     planned: list[PlannedInput] = []
+    # least recently stepped first: fair when more are waiting than fit
     decoders = sorted((g for g in active if not g.prefilling), key=lambda g: g.last_step)[:max_decode]
     for gen in decoders:
         rec = gen.record
@@ -56,7 +49,7 @@ def plan_batch(
     for gen in active:
         if not gen.prefilling:
             continue
-        if budget <= 0 and prefilled:
+        if budget <= 0 and prefilled:  # the first prefill always runs: long decodes never starve a prompt
             break
         rec = gen.record
         start = rec.position

@@ -1,8 +1,5 @@
-"""EngineSessions: the engine's operations over a Runner, each for one owner, in ``api`` values --
-what the gRPC servicer delegates to (no grpc, no protos, no MLX here).
-
-Quotas, hand-overs and claims: docs/SECURITY.md (per-owner quotas on the engine, hand-overs).
-"""
+"""EngineSessions: the engine's operations over a Runner, each for one owner, in ``api`` values (what
+the gRPC servicer delegates to). Quotas and hand-overs: docs/SECURITY.md."""
 
 from __future__ import annotations
 
@@ -46,13 +43,8 @@ __all__ = ["EngineSessions", "GenerationRequest"]
 
 @dataclass
 class EngineSessions:
-    """What the engine serves. ``runner`` is started and owned by whoever built this.
-
-    limits: the executor's (published in Info, checked on input). registry: session handles (its
-    instance id is the engine's). fingerprint: default the runner's. hidden_size: what ``embeddings``
-    inputs must match (None: unchecked). reservation_growth: None: ``reservation.default_growth``.
-    snapshot_key: signs exported snapshot files and verifies imported ones (None: unsigned files).
-    """
+    """What the engine serves over ``runner`` (started and owned by whoever built this). None fields
+    default to the runner's fingerprint, ``default_growth``, unchecked embeddings, unsigned files."""
 
     runner: Runner
     tokenizer: Tokenizer
@@ -135,9 +127,7 @@ class EngineSessions:
         self._draining = threading.Event()
 
     def drain(self) -> None:
-        """From now on new work (generations, clones, imports) is refused (``Stopping``); calls in flight
-        go on, and so do Info, Close, Describe and ExportSession (a prefix service writes its snapshot
-        files before the engine goes)."""
+        """Refuse new work (``Stopping``); calls in flight, Info, Close, Describe and exports go on."""
         self._draining.set()
 
     @property
@@ -150,8 +140,7 @@ class EngineSessions:
 
     # -- generation ----------------------------------------------------------------------------
     def generate(self, owner: str, request: GenerationRequest) -> GenerationCall:
-        """Resolve (or open) the session, reserve what the call may hold, and return the call (its
-        ``events`` start the generation; its ``finish`` must run however the call ends)."""
+        """The call (``generations.start_generation``); its ``finish`` must run however it ends."""
         self._serving()
         return start_generation(self, owner, request)
 
@@ -166,10 +155,8 @@ class EngineSessions:
         expected_digest: bytes = b"",
         wanted: Callable[[], bool] = lambda: True,
     ) -> TakenClone:
-        """A new session holding ``[0, upto)`` of ``owner``'s ``handle``, for ``new_owner`` (default the
-        caller; one handed to a persistent owner counts against the caller until claimed), only if
-        that range holds ``expected_digest`` when given (b"": unchecked); or why not.
-        ``wanted()`` False once the clone is made (the caller left): it is released, Cancelled."""
+        """A session holding ``[0, upto)`` of ``handle`` for ``new_owner`` (default the caller), if it
+        holds ``expected_digest`` (b"": unchecked); or why not (``clones.take_clone``)."""
         self._serving()
         persistent = self.registry.persistent_owners
         receiver = receiver_of(owner, new_owner, "new_owner", persistent)
@@ -185,21 +172,18 @@ class EngineSessions:
         self.registry.remove(handle, owner).close()
 
     def claim(self, owner: str, handle: str) -> None:
-        """``owner`` takes over the quota charge of its ``handle``, a session a client handed to it
-        (which counted against that client until now); QuotaExceeded when ``owner`` has no room."""
+        """``owner`` takes over the quota charge of a session a client handed it; QuotaExceeded."""
         self._serving()
         self.registry.claim(handle, owner)
 
     def release_owner(self, owner: str, keep: Collection[str] = ()) -> int:
-        """Close every session ``owner`` holds, or handed over and still pays for, except ``keep``;
-        how many."""
+        """Close what ``owner`` holds or still pays for, except ``keep``; how many."""
         released = self.registry.release_owner(owner, keep=keep)
         for r in released:
             r.value.close()
         return len(released)
 
     def release_all(self) -> None:
-        """Close every session a handle names (shutdown)."""
         for r in self.registry.release_all():
             r.value.close()
 

@@ -22,10 +22,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One generation: ``input`` fed to ``session`` ("": a fresh one, closed after the call unless
-    ``keep_session``; a given one is closed after it with ``close_session``), sampling and
-    breakpoints from ``config``; ``prompt_snapshot`` and the breakpoints are snapshots owned by
-    ``snapshot_owner`` ("": the caller)."""
+    """``input`` fed to ``session`` ("": a fresh one, closed after the call unless ``keep_session``);
+    its snapshots belong to ``snapshot_owner`` ("": the caller)."""
 
     input: Input
     config: GenConfig
@@ -37,8 +35,7 @@ class GenerationRequest:
 
 
 def start_generation(engine: EngineSessions, owner: str, request: GenerationRequest) -> GenerationCall:
-    """The call for ``request`` (its ``events`` start the generation; its ``finish`` must run however
-    the call ends); every refusal comes before anything is allocated or reserved."""
+    """The call for ``request``; every refusal comes before anything is allocated or reserved."""
     limits, registry = engine.limits, engine.registry
     value = fed_input(request.input, engine.tokenizer, engine.chat, limits.vocab_size)
     # a json_schema compiled for this tokenizer now: an unsupported schema fails before anything runs
@@ -94,7 +91,6 @@ def start_generation(engine: EngineSessions, owner: str, request: GenerationRequ
 
 
 def _open(engine: EngineSessions, handle: str, owner: str) -> Session:
-    """A fresh session into the reserved ``handle``, pinned for its call."""
     try:
         session = engine.runner.open_session()
     except BaseException:
@@ -110,7 +106,6 @@ def _open(engine: EngineSessions, handle: str, owner: str) -> Session:
 def _reservation(
     engine: EngineSessions, handle: str, start: int, size: int, config: GenConfig
 ) -> GrowingReservation:
-    """What a generation of ``size`` input positions from ``start`` weighs in its owner's quota."""
     return GrowingReservation(
         engine.registry,
         handle,

@@ -8,9 +8,7 @@ from engine_service.api.owners import check_owner
 
 
 def receiver_of(owner: str, requested: str, field: str, persistent: frozenset[str]) -> str:
-    """``requested`` ("" or ``owner``: the caller itself) when one of the two is a persistent owner
-    (a client hands a snapshot to the prefix service, the prefix service a clone to its caller);
-    InvalidArgument naming ``field`` otherwise."""
+    """``requested`` ("": ``owner``) when either is a persistent owner, else InvalidArgument."""
     if not requested or requested == owner:
         return owner
     receiver = check_owner(requested, field)

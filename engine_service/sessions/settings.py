@@ -115,8 +115,7 @@ def add_session_options(parser: argparse.ArgumentParser) -> None:
 
 
 def session_settings(args: argparse.Namespace, executor: ExecutorSettings) -> SessionSettings:
-    """The settings :func:`add_session_options`' flags ask for; bad quota flags and an unreadable key
-    fail here, before any model loads."""
+    """The flags' settings; bad quota flags or key fail here, before any model loads."""
     quota, persistent_quota = engine_quotas(
         executor.max_sessions,
         executor.max_session_tokens,
