@@ -30,10 +30,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import engine_service  # noqa: E402,F401  (loads OpenBLAS before mlx)
 from clients.engine_client import Tokens  # noqa: E402
 from clients.prefix_client import PrefixClient  # noqa: E402
+from engine_service.executors.options import ExecutorSettings
 from engine_service.rpc.server import create_server  # noqa: E402
 from engine_service.serving.auth import ClientSecurity, ServerSecurity, authenticate, server_credentials  # noqa: E402
 from engine_service.serving.tokens import TokenTable  # noqa: E402
 from engine_service.sessions.engine import EngineSessions  # noqa: E402
+from engine_service.sessions.settings import UNLIMITED
 from prefix_service.engines.connect import connect_engine  # noqa: E402
 from prefix_service.rpc.server import create_server as create_prefix_server  # noqa: E402
 from tests.service.pki import write_test_pki  # noqa: E402
@@ -76,10 +78,10 @@ class Setting:
             weights[1],
             model_name="bench",
             chat=weights[2],
-            cache_kind="batched-sequence",
-            max_sessions=8,
-            max_session_tokens=1024,
-            prefill_chunk=256,
+            executor=ExecutorSettings(
+                cache_kind="batched-sequence", max_sessions=8, max_session_tokens=1024, prefill_chunk=256
+            ),
+            sessions=UNLIMITED,
         )
         self.engine, port = create_server(deps, "127.0.0.1:0", security=security)
         engine_security = ClientSecurity(SERVICE if secured else None, tls.ca if tls else None)

@@ -28,10 +28,12 @@ import httpx
 import engine_service  # noqa: F401  (loads OpenBLAS before mlx)
 from clients.prefix_client import PrefixClient
 from engine_service.api.config import GenConfig
+from engine_service.executors.options import ExecutorSettings
 from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
 from engine_service.rpc.server import create_server
 from engine_service.sessions.engine import EngineSessions
+from engine_service.sessions.settings import UNLIMITED
 from prefix_service.engines.connect import connect_engine
 from prefix_service.rpc.server import create_server as create_prefix_server
 
@@ -122,9 +124,8 @@ def main() -> None:
         char_tokenizer(),
         model_name=MODEL,
         chat=ChatFormatter(name="chatml"),
-        max_sessions=16,
-        max_session_tokens=512,
-        prefill_chunk=64,
+        executor=ExecutorSettings(max_sessions=16, max_session_tokens=512, prefill_chunk=64),
+        sessions=UNLIMITED,
     )
     server, port = create_server(deps, "127.0.0.1:0", metrics=True)
     gateway, channel = connect_engine(f"127.0.0.1:{port}", max_entries=8)

@@ -42,12 +42,15 @@ from clients.engine_client import GenerationStream, Tokens
 from clients.prefix_client import PrefixClient
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import ForklineError
+from engine_service.api.owners import NO_QUOTA
+from engine_service.executors.options import ExecutorSettings
 from engine_service.model.loader import load_model
 from engine_service.rpc.metrics import EngineMetrics
 from engine_service.rpc.server import SERVICE_NAME as ENGINE
 from engine_service.rpc.server import create_server
 from engine_service.serving.rpc_metrics import MetricsInterceptor
 from engine_service.sessions.engine import EngineSessions
+from engine_service.sessions.settings import SessionSettings
 from prefix_service.engines.connect import connect_engine
 from prefix_service.rpc.server import SERVICE_NAME as PREFIX
 from prefix_service.rpc.server import create_server as create_prefix_server
@@ -358,10 +361,17 @@ def main() -> None:
         loaded.tokenizer,
         model_name=MODEL,
         chat=loaded.chat,
-        max_sessions=48,
-        max_session_tokens=1024,
-        max_decode_sequences=max(args.clients, args.traffic_clients),
-        persistent_owners=tuple(f"prefix-{mode}" for mode in modes),
+        executor=ExecutorSettings(
+            max_sessions=48,
+            max_session_tokens=1024,
+            max_decode_sequences=max(args.clients, args.traffic_clients),
+        ),
+        sessions=SessionSettings(
+            idle_timeout_s=0.0,
+            persistent_owners=tuple(f"prefix-{mode}" for mode in modes),
+            quota=NO_QUOTA,
+            persistent_quota=NO_QUOTA,
+        ),
     )
     costs = hot_path_costs(deps)
     servers: dict[str, tuple] = {}  # mode -> (engine server, prefix server, prefix port); kept referenced

@@ -29,9 +29,11 @@ import httpx
 import engine_service  # noqa: F401  (loads OpenBLAS before mlx)
 from engine_service.api.config import GenConfig
 from engine_service.executors.grammar import compile_json_schema, with_grammar
+from engine_service.executors.options import ExecutorSettings
 from engine_service.model.loader import load_model
 from engine_service.rpc.server import create_server
 from engine_service.sessions.engine import EngineSessions
+from engine_service.sessions.settings import UNLIMITED
 from prefix_service.engines.connect import connect_engine
 from prefix_service.rpc.server import create_server as create_prefix_server
 
@@ -120,9 +122,13 @@ def one_round(http: httpx.Client, r: int, new_tokens: int) -> dict[str, tuple[fl
 
 def bench_n(loaded, new_tokens: int, rounds: int) -> dict:
     deps = EngineSessions.build(
-        loaded, loaded.tokenizer, model_name=MODEL, chat=loaded.chat, max_sessions=24,
-        max_session_tokens=1024, max_decode_sequences=8,
-    )  # fmt: skip
+        loaded,
+        loaded.tokenizer,
+        model_name=MODEL,
+        chat=loaded.chat,
+        executor=ExecutorSettings(max_sessions=24, max_session_tokens=1024, max_decode_sequences=8),
+        sessions=UNLIMITED,
+    )
     server, port = create_server(deps, "127.0.0.1:0")
     gateway, channel = connect_engine(f"127.0.0.1:{port}", max_entries=32)
     prefix_server, _ = create_prefix_server(gateway, "127.0.0.1:0", channel=channel)

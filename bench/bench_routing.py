@@ -47,10 +47,12 @@ from pathlib import Path
 import grpc
 
 import engine_service  # noqa: F401  (OpenBLAS before mlx)
+from engine_service.executors.options import ExecutorSettings
 from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
 from engine_service.rpc.server import create_server as create_engine_server
 from engine_service.sessions.engine import EngineSessions
+from engine_service.sessions.settings import UNLIMITED
 from prefix_service.engines.connect import connect_fleet
 from prefix_service.fleet.rates import CostRates
 from prefix_service.fleet.routing import Candidate, RouteRequest, routing_names, routing_policy
@@ -73,9 +75,8 @@ def start_engines(n: int) -> list:
             char_tokenizer(),
             model_name="tiny-FRFR-seed0",
             chat=ChatFormatter(name="chatml"),
-            max_sessions=64,
-            max_session_tokens=1024,
-            prefill_chunk=128,
+            executor=ExecutorSettings(max_sessions=64, max_session_tokens=1024, prefill_chunk=128),
+            sessions=UNLIMITED,
         )
         engines.append(create_engine_server(deps, "127.0.0.1:0"))  # (server, port)
     return engines

@@ -24,9 +24,11 @@ import engine_service  # noqa: F401  (loads OpenBLAS before mlx)
 from clients.engine_client import EngineClient, Tokens
 from clients.prefix_client import PrefixClient
 from engine_service.api.config import GenConfig
+from engine_service.executors.options import ExecutorSettings
 from engine_service.model.loader import load_model
 from engine_service.rpc.server import create_server
 from engine_service.sessions.engine import EngineSessions
+from engine_service.sessions.settings import UNLIMITED
 from prefix_service.engines.connect import connect_engine
 from prefix_service.rpc.server import create_server as create_prefix_server
 
@@ -80,9 +82,10 @@ def main() -> None:
         tok,
         model_name="smollm2",
         chat=loaded.chat,
-        max_sessions=args.clients + 4,
-        max_session_tokens=2048,
-        max_decode_sequences=args.clients,
+        executor=ExecutorSettings(
+            max_sessions=args.clients + 4, max_session_tokens=2048, max_decode_sequences=args.clients
+        ),
+        sessions=UNLIMITED,
     )
     server, port = create_server(deps, "127.0.0.1:0")
     address = f"127.0.0.1:{port}"

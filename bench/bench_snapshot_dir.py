@@ -30,9 +30,11 @@ from pathlib import Path
 import engine_service  # noqa: F401  (loads OpenBLAS before mlx)
 from clients.prefix_client import PrefixClient
 from engine_service.api.config import GenConfig
+from engine_service.executors.options import ExecutorSettings
 from engine_service.model.loader import load_model
 from engine_service.rpc.server import create_server
 from engine_service.sessions.engine import EngineSessions
+from engine_service.sessions.settings import UNLIMITED
 from prefix_service.engines.connect import connect_engine
 from prefix_service.rpc.server import create_server as create_prefix_server
 from prefix_service.tier.persistent_tier import PersistentTier
@@ -46,8 +48,8 @@ def engine_server(loaded, port: int = 0):
         loaded.tokenizer,
         model_name=os.path.basename(loaded.path),
         chat=loaded.chat,
-        max_sessions=16,
-        max_session_tokens=4096,
+        executor=ExecutorSettings(max_sessions=16, max_session_tokens=4096),
+        sessions=UNLIMITED,
     )
     return create_server(deps, f"127.0.0.1:{port}")
 

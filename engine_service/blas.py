@@ -1,13 +1,6 @@
-"""Load a fast BLAS into the global symbol scope before MLX is imported.
-
-The Linux ``mlx[cpu]`` wheel links the reference (netlib) BLAS: a float32 matmul runs at about
-2 GFLOP/s. When OpenBLAS (Debian ``libopenblas0-pthread``) is loaded with ``RTLD_GLOBAL`` before
-``mlx.core`` is first imported, MLX's ``sgemm`` calls resolve to it and run 30-80x faster.
-
-``engine_service/__init__.py`` calls :func:`load_openblas` so that importing any engine module
-does this first. Set ``FORKLINE_BLAS=reference`` to skip it (benchmarks compare both), or
-``FORKLINE_OPENBLAS=/path/libopenblas.so.0`` to point at a specific library.
-"""
+"""Load OpenBLAS ``RTLD_GLOBAL`` before MLX is imported, so the ``mlx[cpu]`` wheel's ``sgemm`` (netlib,
+~2 GFLOP/s) resolves to it (30-80x faster). ``FORKLINE_BLAS=reference`` skips it;
+``FORKLINE_OPENBLAS=PATH`` picks the library."""
 
 from __future__ import annotations
 

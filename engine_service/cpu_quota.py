@@ -1,12 +1,5 @@
-"""How many CPUs this process may use: the cgroup CPU quota (a container's CPU limit), else its affinity.
-
-A container sees every CPU of its node in ``os.cpu_count()`` and its affinity mask; what it may run on
-is the CFS quota (cgroup v2 ``cpu.max`` "QUOTA PERIOD", v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``).
-:func:`apply_cpu_quota` runs at engine start, before the first kernel call: unless the operator set
-them, it sizes the compiled kernels' worker pool (``FORKLINE_KERNEL_THREADS``,
-``forkline_kernels.set_num_threads``) and OpenBLAS (``openblas_set_num_threads``) to
-``ceil(quota / period)`` CPUs, at most the affinity's; it says what it chose and why.
-"""
+"""How many CPUs this process may use: the cgroup CFS quota (a container sees its node's CPUs in
+``os.cpu_count()``), else its affinity; the engine sizes the kernel pool and OpenBLAS to it at start."""
 
 from __future__ import annotations
 
@@ -64,7 +57,7 @@ def affinity_cpus() -> int:
 
 
 def cpu_budget(root: Path = CGROUP_ROOT) -> CpuBudget:
-    """The CPUs this process may use (see the module docstring)."""
+    """``ceil(quota / period)`` CPUs, at most the affinity's (cgroup v2 ``cpu.max``, or v1)."""
     cpus = affinity_cpus()
     quota = cgroup_quota(root)
     if quota is None:

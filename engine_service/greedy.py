@@ -1,8 +1,5 @@
-"""Greedy generation from one prompt, streaming text to stdout (the main job before the services).
-
-One sequence, no runner: prefill in chunks, then one token per forward, each queued before the
-previous one is read back. Bad input (a missing path, a corrupt GGUF, an unsupported architecture,
-...) prints one line "error: <path>: <problem>" on stderr and exits with status 2.
+"""Greedy generation from one prompt, streaming text to stdout: one sequence, no runner. Bad input
+(a missing path, a corrupt GGUF, ...) prints one line "error: <path>: <problem>" and exits 2.
 """
 
 from __future__ import annotations
@@ -17,8 +14,10 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from engine_service.api.checks import checked_int
 from engine_service.api.errors import ForklineError, InvalidArgument
-from engine_service.api.limits import out_of_vocab
+from engine_service.api.limits import check_nonempty, check_tokens
+from engine_service.api.prompts import TextPrompt
 from engine_service.cache.batch_control import BatchControl, Segment
 from engine_service.executors.cache_setup import build_session_cache, cache_config
 from engine_service.executors.options import add_model_options
@@ -66,16 +65,10 @@ def new_cache(
 def prefill(
     model: Transformer, cache: BatchControl, seq: int, tokens: Sequence[int], chunk: int = 512
 ) -> mx.array:
-    """Write ``tokens`` after ``pos(seq)`` in chunks; returns the lazy float32 logits [vocab] of the last one.
-    Each chunk evaluates only its cache arrays; the logits are projected for the final row only.
-    InvalidArgument for an empty input or a token id outside the vocabulary."""
-    bad = out_of_vocab(tokens, model.config.vocab_size)
-    if not tokens or bad is not None:
-        raise InvalidArgument(
-            "no tokens to prefill"
-            if not tokens
-            else f"token id {tokens[bad]} outside the vocabulary [0, {model.config.vocab_size})"
-        )
+    """Write ``tokens`` after ``pos(seq)`` in chunks: the lazy float32 logits [vocab] of the last one
+    (InvalidArgument: ``api.limits``' rules)."""
+    check_nonempty(len(tokens), "tokens")
+    check_tokens(tokens, model.config.vocab_size)
     start = cache.pos(seq)
     for a in range(0, len(tokens), chunk):
         piece = tokens[a : a + chunk]
@@ -144,15 +137,14 @@ def stream_text(
     stats: GenerationStats | None = None,
 ) -> GenerationStats:
     """Format, tokenize and generate greedily, writing text to ``out`` as it completes."""
-    if max_new_tokens < 1:
-        raise InvalidArgument(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    checked_int("max_new_tokens", max_new_tokens, lo=1)
     tok = loaded.tokenizer
     if chat:
-        ids = tok.encode(loaded.chat.format([{"role": "user", "content": prompt}]))
+        messages = TextPrompt(prompt, chat=True).conversation()
+        ids = tok.encode(loaded.chat.format([{"role": r, "content": c} for r, c in messages]))
     else:
         ids = tok.encode(prompt, add_special_tokens=True)
-    if not ids:
-        raise InvalidArgument("prompt is empty")
+    check_nonempty(len(ids), "prompt")
     total = len(ids) + max_new_tokens
     if total > loaded.config.context_length:
         raise InvalidArgument(

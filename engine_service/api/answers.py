@@ -1,9 +1,5 @@
-"""The engine's answers about one session, as values: a clone (:class:`TakenClone`, or why not:
-:class:`CloneRefusal`), a description (:class:`Described`) and an import (:class:`ImportedSnapshot`);
-:func:`close_child_when_done` releases a clone nobody will receive.
-
-Handles are opaque to readers: an engine session handle string over the wire, or an in-process
-Session. The enum values are the wire names (``CLONE_REFUSAL_<NAME>`` in ``engine.proto``), lower case.
+"""The engine's answers about one session, as values: a clone or why not, a description, an import.
+Handles are opaque (a handle string over the wire, an in-process Session); enum values are wire names.
 """
 
 from __future__ import annotations
@@ -30,9 +26,7 @@ class CloneRefusal(StrEnum):
 
 @dataclass(frozen=True)
 class TakenClone:
-    """A clone's answer: the new ``handle`` and the digest of what it holds (None: a prepared input,
-    or not reported), or None and why the engine refused (``refusal`` None: it did not say;
-    ``detail``: in words, when more specific than :func:`refusal_text`)."""
+    """The new ``handle`` and its content digest, or None with ``refusal`` (and ``detail`` in words)."""
 
     handle: Any | None
     refusal: CloneRefusal | None = None
@@ -42,8 +36,7 @@ class TakenClone:
 
 @dataclass(frozen=True)
 class Described:
-    """A session as the engine describes it: its committed ``position``, whether it is generating,
-    and the digest of what it holds (None while it generates, or when it holds a prepared input)."""
+    """A session's committed ``position``, its digest (None while generating) and ``generating``."""
 
     position: int
     content_digest: bytes | None = None
@@ -52,9 +45,7 @@ class Described:
 
 @dataclass(frozen=True)
 class ImportedSnapshot:
-    """An imported snapshot file: the new ``handle`` (owned by the importer) holding ``positions`` with
-    ``content_digest``, and the ``extra`` strings the file carried; or None and the engine's
-    ``refusal`` (a ``LoadRefusal`` value: "checksum", "fingerprint", "no_room", ...) and ``detail``."""
+    """The importer's new ``handle``, or None with ``refusal`` (a ``LoadRefusal`` value)."""
 
     handle: str | None
     refusal: str = ""
@@ -78,17 +69,11 @@ _REFUSAL_TEXT = {
 
 
 def refusal_text(reason: CloneRefusal, upto: int) -> str:
-    """``reason`` in words, for a clone at ``upto``."""
     return _REFUSAL_TEXT[reason].format(upto=upto)
 
 
 def close_child_when_done(future: Future, close: Callable[[Any], object] | None = None) -> None:
-    """Close the child a clone future produces once the future settles (now, if it already has).
-
-    For a clone future nobody will receive (its caller gave up or timed out): a refusal (None), a
-    failure or a cancellation leaves nothing to close. ``close(child)`` closes it; the default is
-    ``child.close()`` (an engine Session); a backend passes its own for the handles it hands out.
-    """
+    """Close the child of a clone future nobody will receive, once it settles."""
 
     def on_done(done: Future) -> None:
         if done.cancelled() or done.exception() is not None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from engine_service.api.checks import checked_float, checked_int
 from engine_service.api.errors import InvalidArgument
 from engine_service.api.logprobs import MAX_TOP_LOGPROBS
 
@@ -34,8 +34,7 @@ def int_tuple(name: str, values: object) -> tuple[int, ...]:
 
 
 class TokenGrammar(Protocol):
-    """A compiled output constraint (``engine_service.executors.grammar.JsonGrammar``): ``matcher()``
-    starts a fresh per-generation matcher that masks the tokens the grammar does not allow."""
+    """A compiled output constraint; ``matcher()`` starts a fresh per-generation token mask."""
 
     source: str
 
@@ -44,71 +43,39 @@ class TokenGrammar(Protocol):
 
 @dataclass(frozen=True)
 class GenConfig:
-    """Per-generation settings. Frozen; every field is checked in ``__post_init__``.
-
-    max_new_tokens: most tokens the generation returns (>= 1). The last returned token is the
-        session's *pending* prediction: it is not committed until a later generation feeds it.
-    temperature / top_p / top_k: sampling (temperature 0 is greedy; top_k 0 and top_p 1 disable).
-    seed: seeds the generation's sampler (0 <= seed < 2**64).
-    stop_tokens: a generated stop token ends the generation with finish_reason "stop"; it is returned
-        and kept by the session as its pending token. A stop token beats the token budget.
-    prefill_chunk: most prompt positions fed to one forward for this generation (>= 1); the runner
-        also respects the executor's preferred batch size.
-    prefill_breakpoints: absolute session positions (>= 1) at which prefill ends a chunk and emits an update
-        with ``breakpoint`` set, so an observer callback can clone exactly there. Stored sorted and
-        de-duplicated; positions outside the prefill range are ignored.
-    top_logprobs: None (default) reports no log probabilities; 0..20 reports each generated token's
-        and that many most likely alternatives at its position (``api.logprobs``; the log-softmax of
-        the raw logits, before temperature, filters and masks). Costs nothing when None.
-    json_schema: "" (default) or a JSON Schema (text) the output must match: the engine compiles it
-        into ``grammar`` (``engine_service.executors.grammar.with_grammar``) and masks every step to the
-        tokens that keep the output a valid prefix; once the JSON is complete only the end-of-sequence
-        tokens are allowed, so ``stop_tokens`` must hold one of them.
-    grammar: the compiled ``json_schema`` (not compared, not sent: the engine sets it). A
-        ``json_schema`` without it is refused when the generation starts.
-    """
+    """Per-generation settings, checked in ``__post_init__``. The last returned token is the session's
+    pending prediction, committed when a later generation feeds it."""
 
     max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-    stop_tokens: tuple[int, ...] = ()
-    prefill_chunk: int = 512
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0  # 1: off
+    top_k: int = 0  # 0: off
+    seed: int = 0  # [0, 2**64)
+    stop_tokens: tuple[int, ...] = ()  # ends with "stop" (before the budget); kept as the pending token
+    prefill_chunk: int = 512  # prompt positions one forward feeds this generation at most
+    # absolute positions where prefill ends a chunk and reports ``breakpoint`` (a callback can clone
+    # exactly there); stored sorted, de-duplicated; those outside the prefill are ignored
     prefill_breakpoints: tuple[int, ...] = ()
+    # None: no log probabilities; 0..20: each token's and that many alternatives (raw logits' log-softmax)
     top_logprobs: int | None = None
+    # a JSON Schema the output must match; once complete only EOS is allowed, so stop_tokens holds one
     json_schema: str = ""
+    # the compiled json_schema (the engine sets it; without it a json_schema is refused at start)
     grammar: TokenGrammar | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        for name in ("max_new_tokens", "top_k", "seed", "prefill_chunk"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise InvalidArgument(f"{name} must be an int, got {value!r}")
-        if self.max_new_tokens < 1:
-            raise InvalidArgument(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if (
-            not isinstance(self.temperature, (int, float))
-            or not math.isfinite(self.temperature)
-            or self.temperature < 0
-        ):
-            raise InvalidArgument(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
-            raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.top_k < 0:
-            raise InvalidArgument(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 <= self.seed < _MAX_SEED:
-            raise InvalidArgument(f"seed must be in [0, 2**64), got {self.seed}")
-        if self.prefill_chunk < 1:
-            raise InvalidArgument(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
-        if self.top_logprobs is not None and (
-            isinstance(self.top_logprobs, bool)
-            or not isinstance(self.top_logprobs, int)
-            or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS
-        ):
-            raise InvalidArgument(
-                f"top_logprobs must be an int in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}"
-            )
+        ints = {
+            "max_new_tokens": (1, None),
+            "top_k": (0, None),
+            "seed": (0, _MAX_SEED - 1),
+            "prefill_chunk": (1, None),
+        }
+        for name, (lo, hi) in ints.items():
+            object.__setattr__(self, name, checked_int(name, getattr(self, name), lo, hi))
+        checked_float("temperature", self.temperature, lo=0)
+        checked_float("top_p", self.top_p, lo=0, hi=1, lo_open=True)
+        if self.top_logprobs is not None:
+            checked_int("top_logprobs", self.top_logprobs, lo=0, hi=MAX_TOP_LOGPROBS)
         if not isinstance(self.json_schema, str):
             raise InvalidArgument(f"json_schema must be a string, got {type(self.json_schema).__name__}")
         if self.grammar is not None and self.grammar.source != self.json_schema:

@@ -1,11 +1,6 @@
-"""Content digests: the engine's answer to "does session S hold exactly these tokens up to p".
-
-- :func:`content_digest` hashes token ids: BLAKE2b, 16 bytes, personalized ``forkline-cont-v1``, over
-  the ids as little-endian int32. The engine (over what a session holds) and the prefix service (over
-  the tokens a caller names) compute the same function: equal digests mean equal token sequences.
-- :data:`PREPARED` is the content value of a position fed by a prepared input. Token ids are never
-  negative, so it never equals one; a range holding one has no token digest.
-"""
+"""Content digests: "does session S hold exactly these tokens up to p", computed alike by the engine
+and the prefix service (BLAKE2b-128 of the ids as little-endian int32). :data:`PREPARED` (negative) marks
+a position fed by a prepared input: a range holding one has no digest."""
 
 from __future__ import annotations
 
@@ -25,7 +20,6 @@ _NATIVE_LE = sys.byteorder == "little" and array(INT32).itemsize == 4
 
 
 def _packed(ids: Sequence[int]) -> bytes | array:
-    """``ids`` as little-endian int32 bytes (an int32 array on a little-endian host is used as is)."""
     if _NATIVE_LE and isinstance(ids, array) and ids.typecode == INT32:
         return ids
     try:
@@ -35,10 +29,7 @@ def _packed(ids: Sequence[int]) -> bytes | array:
 
 
 def content_digest(ids: Sequence[int]) -> bytes:
-    """The 16-byte content digest of ``ids`` (token ids, or a session's content values).
-
-    InvalidArgument when an id is not an int32 (such ids are no session's content).
-    """
+    """The 16-byte digest of ``ids``; InvalidArgument when an id is not an int32."""
     return hashlib.blake2b(_packed(ids), digest_size=DIGEST_SIZE, person=_PERSON).digest()
 
 

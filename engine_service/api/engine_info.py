@@ -1,10 +1,5 @@
-"""EngineInfo: what an engine says about itself (its ``Info`` answer), as every reader of it sees it.
-
-Identity (``instance_id`` changes when the engine restarts; ``fingerprint`` is part of every prefix
-cache key), the limits requests are checked against, the quotas, what the asking owner holds
-(``caller``; None when the answer did not say), the load, the sliding-window geometry and the
-compute path. Counts of 0 mean "not reported" where a limit is concerned.
-"""
+"""EngineInfo: what an engine says about itself (its ``Info`` answer): identity, limits, quotas, the
+caller's use, load, window geometry and compute path. A limit of 0 means "not reported"."""
 
 from __future__ import annotations
 
@@ -15,18 +10,11 @@ from engine_service.api.owners import NO_QUOTA, OwnerQuota, OwnerUsage
 
 @dataclass(frozen=True)
 class WindowGeometry:
-    """What a clone of a sliding-window model can reach.
+    """What a clone of a sliding-window model can reach."""
 
-    sliding_window: the largest window of the model's sliding layers (0: none slide).
-    max_write: positions one forward writes per session at most.
-    evicts: the cache drops rows older than the window (``batched-sequence`` ring layers), so a clone
-        or rewind to ``p`` is refused when ``p < written - max_write`` (``written``: the session's
-        high-water mark; ``CloneRefusal.WINDOW``). False when every row stays (``batched-cell``:
-        sliding layers only mask) or nothing slides: a clone at any committed position works.
-    """
-
-    sliding_window: int = 0
-    max_write: int = 0
+    sliding_window: int = 0  # the largest window of the sliding layers (0: none slide)
+    max_write: int = 0  # positions one forward writes per session at most
+    # rows older than the window are dropped (ring layers): a clone below written - max_write is refused
     evicts: bool = False
 
 
@@ -35,7 +23,7 @@ NO_WINDOW = WindowGeometry()
 
 @dataclass(frozen=True)
 class EngineInfo:
-    """See the module docstring."""
+    """``instance_id`` changes when the engine restarts; ``caller`` None: the answer did not say."""
 
     instance_id: str
     fingerprint: str
@@ -67,11 +55,9 @@ class EngineInfo:
 
     @property
     def caller_quota(self) -> OwnerQuota:
-        """The asking owner's quota (none when the answer did not say)."""
         return self.caller.quota if self.caller is not None else NO_QUOTA
 
     @property
     def max_rewind(self) -> int | None:
-        """How far below a snapshot's length a clone can reach: ``max_write`` when the cache evicts
-        window rows, else None (any committed position)."""
+        """How far below a snapshot's length a clone can reach (None: any committed position)."""
         return self.window.max_write if self.window.evicts else None

@@ -1,16 +1,6 @@
-"""Every error forkline raises on purpose, and the machine-readable reasons its refusals carry.
-
-Each class is a category that ``serving/errors.py`` maps to one status code: InvalidArgument ->
-INVALID_ARGUMENT, NotFound -> NOT_FOUND, ResourceExhausted -> RESOURCE_EXHAUSTED, FailedPrecondition
-and CacheError -> FAILED_PRECONDITION, Unavailable -> UNAVAILABLE, Unauthenticated -> UNAUTHENTICATED,
-Cancelled -> CANCELLED, GenerationError -> ABORTED. A builtin exception (ValueError, KeyError, ...)
-is a broken internal contract: services log it and answer INTERNAL without its text. Messages name
-the offending field or file and are for people.
-
-A refusal a program acts on is a subclass with a :class:`ErrorReason` and typed fields
-(:class:`QuotaExceeded`, :class:`EngineFull`, :class:`Stopping`). On the wire it travels as a
-``google.rpc.ErrorInfo`` (reason, domain :data:`ERROR_DOMAIN`, metadata = :meth:`ForklineError.details`)
-and :func:`from_details` rebuilds the same type, fields included, on the other side.
+"""Every error forkline raises on purpose (one status code per class: ``serving/errors.py``), and the
+typed refusals programs act on, carried as ``google.rpc.ErrorInfo`` and rebuilt by :func:`from_details`.
+A builtin exception is a broken internal contract (INTERNAL). Spec: docs/ARCHITECTURE.md (errors).
 """
 
 from __future__ import annotations
@@ -36,7 +26,6 @@ class ForklineError(Exception):
     reason: ErrorReason | None = None
 
     def details(self) -> dict[str, str]:
-        """The typed fields as ``ErrorInfo`` metadata (strings)."""
         return {}
 
     @classmethod
@@ -61,9 +50,8 @@ class ResourceExhausted(ForklineError):
 
 
 class QuotaExceeded(ResourceExhausted):
-    """``owner``'s quota has no room for what a call needs: it holds ``held`` ``unit`` ("sessions" or
-    "positions") and needs ``needed`` more; ``quota`` names the limit (the engine flag, e.g.
-    ``owner_max_sessions`` or ``persistent_owner_max_positions``), whose value is ``limit``."""
+    """``owner`` holds ``held`` ``unit`` ("sessions" / "positions") and needs ``needed`` more past
+    ``quota`` (the flag's name, e.g. ``owner_max_sessions``), whose value is ``limit``."""
 
     def __init__(
         self,
@@ -157,10 +145,7 @@ class ModelLoadError(InvalidArgument):
 
 
 class CacheError(ForklineError):
-    """A KV-cache operation was refused in a way the caller must not ignore (misuse, not a refusal).
-
-    Ordinary refusals (no room, boundary unavailable) are reported as ``None`` / ``False``.
-    """
+    """A KV-cache misuse the caller must not ignore (ordinary refusals are ``None`` / ``False``)."""
 
 
 class GenerationError(ForklineError):
@@ -182,9 +167,8 @@ _BY_REASON: dict[ErrorReason, type[ForklineError]] = {
 def from_details(
     category: type[ForklineError], message: str, reason: str, details: Mapping[str, str]
 ) -> ForklineError:
-    """The error a status of ``category`` (its code's class) carrying ``reason`` and ``details`` stands
-    for: the typed refusal when the reason is known, belongs to that category and its fields parse,
-    else ``category(message)`` (a newer peer's reason, a malformed detail)."""
+    """The typed refusal ``reason`` and ``details`` stand for when known and well-formed, else
+    ``category(message)``."""
     try:
         kind = _BY_REASON.get(ErrorReason(reason))
     except ValueError:

@@ -22,7 +22,6 @@ def is_instance_id(text: str) -> bool:
 
 
 def new_handle(instance_id: str) -> str:
-    """A fresh unguessable handle issued by ``instance_id``."""
     return f"{instance_id}.{secrets.token_hex(HANDLE_RANDOM_BITS // 8)}"
 
 

@@ -1,8 +1,5 @@
-"""The engine's input rules, one owner each: vocabulary, empty input, fitting the session, breakpoints.
-
-The doors (the engine's sessions, the prefix gateway, the CLI) call these once; the runtime and the
-executors keep one-line guards. Every message names the field it is about.
-"""
+"""The engine's input rules, one owner each (vocabulary, empty input, fitting the session,
+breakpoints), called once by the doors; every message names its field."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Log probabilities of generated tokens, as a generation reports them (``GenConfig.top_logprobs``).
-
-Each value is the log-softmax of the model's raw logits at the position that predicted the token:
-before temperature, top-k / top-p and any ``json_schema`` mask (as OpenAI documents its ``logprobs``),
-so it does not depend on how the token was drawn. The engine thread fills ``id`` and ``logprob``; the
-engine's stream adds each token's ``text`` and ``raw`` bytes.
+"""Log probabilities of generated tokens (``GenConfig.top_logprobs``): the raw logits' log-softmax,
+before temperature, filters and masks (as OpenAI's ``logprobs``); text and bytes are added by the stream.
 """
 
 from __future__ import annotations
@@ -16,8 +12,7 @@ MAX_TOP_LOGPROBS = 20  # the most alternatives a generation may ask for per posi
 
 @dataclass(frozen=True)
 class LogprobEntry:
-    """One token at one position. ``text``: its text (special tokens by name; an incomplete UTF-8
-    sequence decodes with U+FFFD); ``raw``: its bytes (special tokens: their name's UTF-8)."""
+    """One token at one position; special tokens spell their name, a partial UTF-8 sequence U+FFFD."""
 
     id: int
     logprob: float
@@ -27,14 +22,12 @@ class LogprobEntry:
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """A generated token's entry and its position's ``top`` most likely tokens (most likely first;
-    the generated token may or may not be among them)."""
+    """A generated token's entry and its position's ``top`` most likely tokens, most likely first."""
 
     chosen: LogprobEntry
     top: tuple[LogprobEntry, ...] = ()
 
     def spelled(self, spell: Speller) -> TokenLogprob:
-        """The same values with every entry's ``text`` / ``raw`` filled by ``spell(id)``."""
         return TokenLogprob(_spelled(self.chosen, spell), tuple(_spelled(e, spell) for e in self.top))
 
 

@@ -1,11 +1,6 @@
-"""Owners: who holds engine sessions, and how much each may hold.
-
-Every session handle belongs to one owner id (1..:data:`MAX_OWNER_LENGTH` characters): the token's
-owner with auth on, else the caller's ``forkline-owner`` header, else :data:`DEFAULT_OWNER`. A
-*persistent* owner (by default :data:`PERSISTENT_OWNER`, the prefix service) holds snapshots on
-purpose: its handles never expire and it has the persistent budget instead of the client quota.
-:class:`PersistentOwners` names them: owner ids, and owner id prefixes (every owner whose id starts
-with one, e.g. the prefix replicas ``forkline-prefix-0``, ``-1``, ... under ``forkline-prefix-``).
+"""Owners: who holds engine sessions (the token's owner, else the ``forkline-owner`` header), and how
+much each may hold. A persistent owner (the prefix service) holds snapshots on purpose: its handles
+never expire and it has its own budget. Spec: docs/SECURITY.md.
 """
 
 from __future__ import annotations
@@ -13,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from engine_service.api.checks import checked_int
 from engine_service.api.errors import InvalidArgument
 
 DEFAULT_OWNER = "anonymous"  # a call that names no owner
@@ -28,8 +24,8 @@ def check_owner(owner: str, field: str) -> str:
 
 
 class PersistentOwners(frozenset):
-    """The persistent owners: a set of owner ids that also contains every id starting with one of
-    ``prefixes`` (``"x" in owners``). Iterating yields the listed ids only."""
+    """Owner ids that also contain every id starting with one of ``prefixes`` (e.g. the prefix replicas
+    ``forkline-prefix-0``, ``-1``, ...); iterating yields the listed ids only."""
 
     prefixes: tuple[str, ...]
 
@@ -49,7 +45,6 @@ class PersistentOwners(frozenset):
         return (PersistentOwners, (tuple(self), self.prefixes))
 
     def describe(self) -> str:
-        """The listed ids and the prefixes (``prefix*``), for messages."""
         return ", ".join([*sorted(self), *(f"{p}*" for p in self.prefixes)]) or "none configured"
 
 
@@ -62,9 +57,7 @@ class OwnerQuota:
 
     def __post_init__(self) -> None:
         for name in ("max_sessions", "max_positions"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise InvalidArgument(f"{name} must be an int >= 0, got {value!r}")
+            checked_int(name, getattr(self, name), lo=0)
 
 
 NO_QUOTA = OwnerQuota()

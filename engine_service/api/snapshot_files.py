@@ -1,13 +1,5 @@
-"""Snapshot files as the outside sees them: their names, their header, atomic writes, and why a save
-or a load is refused -- what a holder of files (the prefix service's snapshot directory) needs without
-the engine's arrays (``persistence/snapshot_file.py`` reads and writes the tensors).
-
-A snapshot file is safetensors, format :data:`FORMAT` version :data:`FORMAT_VERSION`; its metadata
-carries ``fingerprint``, ``cache_kind``, ``geometry``, ``positions``, ``content_digest`` (hex),
-``extra`` (a JSON object of strings) and a ``checksum`` over everything, a keyed MAC when the engine
-that wrote it has a ``--snapshot_key`` (then ``mac`` names the algorithm). :func:`peek_snapshot` reads
-the header alone and verifies nothing. Writes are atomic: a temporary name (``.<name>.<pid>.<rand>``
-+ :data:`TEMP_SUFFIX`) in the destination folder, fsync, rename, fsync of the folder.
+"""Snapshot files as a holder of files sees them, without the arrays: names, the unverified header,
+atomic writes, and why a save or load is refused. Spec: docs/SNAPSHOTS.md (the snapshot file).
 """
 
 from __future__ import annotations
@@ -33,8 +25,7 @@ FORMAT_VERSION = 1
 
 
 class LoadRefusal(StrEnum):
-    """Why a snapshot was not loaded (the values are the wire names, lower case). A refused load
-    leaves the engine exactly as before: no session, no cache rows."""
+    """Why a snapshot was not loaded (values: the wire names); a refused load changes nothing."""
 
     UNREADABLE = "unreadable"  # missing, truncated, not a safetensors file, or a field is missing
     FORMAT_VERSION = "format_version"  # another format or format version
@@ -82,8 +73,7 @@ class StateLayout:
 
 @dataclass(frozen=True)
 class SnapshotInfo:
-    """A snapshot file's header, read without its tensors and NOT verified (the checksum needs every
-    byte): enough to choose which files to load (:func:`read_snapshot` still checks everything)."""
+    """A snapshot file's header, NOT verified: enough to choose which files to load."""
 
     path: Path
     file_bytes: int
@@ -96,8 +86,7 @@ class SnapshotInfo:
 
 
 def peek_snapshot(path: str | os.PathLike) -> SnapshotInfo:
-    """The header of the snapshot in ``path``; SnapshotRefused UNREADABLE / FORMAT_VERSION when it is
-    not one (reads only the header's bytes)."""
+    """The header of the snapshot in ``path`` (SnapshotRefused UNREADABLE / FORMAT_VERSION)."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -126,8 +115,7 @@ def peek_snapshot(path: str | os.PathLike) -> SnapshotInfo:
 
 
 def snapshot_name(fingerprint: str, digest: bytes) -> str:
-    """The file name of a snapshot of content ``digest`` under engine ``fingerprint``: one file per
-    (configuration, content), so saving the same prompt twice writes the same name."""
+    """One name per (configuration, content): saving the same prompt twice writes the same file."""
     return f"{fingerprint[:16]}-{digest.hex()}{SUFFIX}"
 
 
@@ -138,14 +126,12 @@ def list_snapshots(folder: str | os.PathLike) -> list[Path]:
 
 
 def write_snapshot_bytes(path: str | os.PathLike, data: bytes) -> int:
-    """Write an encoded snapshot (from :func:`encode_snapshot`, e.g. received from an engine) to
-    ``path`` atomically, as is; returns its size. Nothing is checked here: a load checks everything."""
+    """Write an encoded snapshot to ``path`` atomically, unchecked (a load checks); its size."""
     return atomic_write(Path(path), lambda f: f.write(data))
 
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> int:
-    """``write(file)`` into a temporary name next to ``path``, fsync, rename over ``path``, fsync the
-    folder; the temporary is removed on any failure. Returns the size written."""
+    """``write(file)`` to a temporary next to ``path``, fsync, rename, fsync the folder; the size."""
     temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}")
     try:
         with open(temp, "wb") as f:
@@ -163,7 +149,6 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> int:
 
 
 def _fsync_folder(folder: Path) -> None:
-    """Make the rename durable (where the platform lets a folder be opened)."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:

@@ -1,9 +1,5 @@
-"""The events of an engine Generate stream, in the order they come: :class:`Started`, then
-:class:`Tokens` and :class:`Snapshot` events, then :class:`Done` (a failed generation ends with an
-error instead). ``serving/engine_wire.py`` converts them to and from ``GenerateEvent`` messages.
-
-:class:`FinishReason` and :class:`SnapshotKind` values are the wire strings.
-"""
+"""The events of an engine Generate stream, in order: Started, Tokens and Snapshot, then Done (a failed
+generation ends with an error instead); enum values are the wire strings."""
 
 from __future__ import annotations
 
@@ -31,9 +27,8 @@ class SnapshotKind(StrEnum):
 
 
 def prompt_snapshot_due(tokens: tuple[int, ...], position: int, prompt_end: int, error: str | None) -> bool:
-    """The one prompt-capture rule: a generation's prompt snapshot is taken on its first update that
-    carries tokens or reaches the prompt's end (a terminal update may carry the only tokens), never on
-    a failed one (its session's state is not trusted)."""
+    """The one prompt-capture rule: on the first update that carries tokens or reaches the prompt's
+    end, never on a failed one (its state is not trusted)."""
     return error is None and (bool(tokens) or position >= prompt_end)
 
 
@@ -49,8 +44,7 @@ class Started:
 
 @dataclass(frozen=True)
 class Tokens:
-    """New tokens, in order, and the text they add; with ``GenConfig.top_logprobs``, one
-    ``logprobs`` entry per id (text and bytes filled)."""
+    """New tokens and the text they add (with ``top_logprobs``: one ``logprobs`` entry per id)."""
 
     ids: tuple[int, ...]
     text: str
@@ -59,10 +53,8 @@ class Tokens:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """A session holding ``[0, position)`` cloned for the caller (``handle`` None: refused, see
-    ``refusal``, in words). ``content_digest``: the engine's ``content.content_digest`` of what the
-    session holds (None when refused, or when it holds a prepared input). ``reason``: why it was
-    refused (None when it was not)."""
+    """A session holding ``[0, position)`` cloned for the caller, or ``handle`` None with ``reason``
+    and ``refusal`` in words."""
 
     handle: str | None
     position: int

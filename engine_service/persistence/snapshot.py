@@ -1,11 +1,5 @@
-"""A session taken out of the engine (:class:`SessionSnapshot`) and the checks a load makes against
-the engine that would hold it (:func:`header_refusal`; the reasons are ``api.snapshot_files``').
-
-A snapshot is valid for exactly one engine configuration: the executor's fingerprint (weights,
-tokenizer, weights dtype, cache kind, K/V dtype, window geometry) and its :class:`StateLayout`. A load
-checks the layout first so the reason is specific (another cache kind, another window geometry), then
-the fingerprint (another model), then that the session fits the engine's limits.
-"""
+"""A session taken out of the engine (:class:`SessionSnapshot`), valid for one engine configuration, and
+the header checks a load makes against the engine that would hold it."""
 
 from __future__ import annotations
 
@@ -18,24 +12,21 @@ import mlx.core as mx
 import numpy as np
 
 from engine_service.api.content import content_digest
+from engine_service.api.errors import InvalidArgument
+from engine_service.api.limits import check_fits
 from engine_service.api.snapshot_files import LoadRefusal, StateLayout
 from engine_service.cache.seq_state import SeqState, StateTensor
 
 
 @dataclass(frozen=True, eq=False)
 class SessionSnapshot:
-    """One session's committed positions, out of the engine.
-
-    fingerprint / layout: the executor configuration it was taken under. state: the cache kind's
-    arrays (evaluated ``mx.array``, exported or read from a file).
-    content: the token id each position holds (``len(content) == positions``). extra: application
-    strings stored with it (a namespace, entry metadata), covered by the file's checksum.
-    """
+    """One session's committed positions, out of the engine, under the configuration it was taken in."""
 
     fingerprint: str
     layout: StateLayout
-    state: SeqState
-    content: tuple[int, ...]
+    state: SeqState  # the cache kind's arrays
+    content: tuple[int, ...]  # the token id of each position
+    # application strings (a namespace, entry metadata), covered by the file's checksum
     extra: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
@@ -44,12 +35,10 @@ class SessionSnapshot:
 
     @property
     def content_digest(self) -> bytes:
-        """``content.content_digest`` of the token ids (what the prefix cache checks on insert)."""
         return content_digest(self.content)
 
     @property
     def nbytes(self) -> int:
-        """Bytes of K/V arrays."""
         return self.state.nbytes
 
     def with_extra(self, extra: Mapping[str, str]) -> SessionSnapshot:
@@ -64,8 +53,8 @@ class SessionSnapshot:
 def header_refusal(
     snapshot: SessionSnapshot, fingerprint: str, layout: StateLayout | None, max_session_tokens: int
 ) -> tuple[LoadRefusal, str] | None:
-    """Why ``snapshot`` cannot be loaded into an engine with this fingerprint, layout and limit
-    (None: its header fits; the arrays are checked by the executor before it allocates)."""
+    """Why ``snapshot`` cannot be loaded here (None: its header fits; the executor checks the arrays).
+    The layout comes first, so the reason is specific (another cache kind or geometry)."""
     if layout is None:
         return LoadRefusal.UNSUPPORTED, "this engine's executor does not import sessions"
     if snapshot.layout.cache_kind != layout.cache_kind:
@@ -83,11 +72,10 @@ def header_refusal(
             LoadRefusal.FINGERPRINT,
             f"taken under engine fingerprint {snapshot.fingerprint}, this engine is {fingerprint}",
         )
-    if snapshot.positions > max_session_tokens:
-        return (
-            LoadRefusal.TOO_LONG,
-            f"{snapshot.positions} positions exceed max_session_tokens={max_session_tokens}",
-        )
+    try:
+        check_fits(0, snapshot.positions, max_session_tokens, field="snapshot")
+    except InvalidArgument as exc:
+        return LoadRefusal.TOO_LONG, str(exc)
     if len(snapshot.content) != snapshot.positions or any(t < 0 for t in snapshot.content):
         return (
             LoadRefusal.CONTENT,

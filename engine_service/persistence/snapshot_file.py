@@ -1,20 +1,6 @@
-"""The snapshot file's tensors and checksum, and the reader that refuses what it cannot vouch for before
-anything reaches an engine (names, header, atomic writes: ``api/snapshot_files.py``).
-
-- tensors: ``content`` (int32 [positions], the token ids) and the cache kind's arrays
-  (``layers.{i}.keys`` / ``layers.{i}.values``: [kv_heads, rows, head_dim] in the K/V dtype; ``SeqState``);
-- metadata: the header's fields and ``written`` (the ring high-water mark);
-- ``checksum``: hex BLAKE2b-256 (person ``forkline-snap-v1``) of the other metadata as sorted JSON, then
-  of every tensor in name order as ``name:dtype:shape;`` and the BLAKE2b-256 of its raw bytes.
-- signed (written with a :class:`SnapshotKey`): metadata ``mac`` = ``blake2b-256-keyed`` (covered too),
-  and ``checksum`` is the same digest *keyed* (BLAKE2b's own keyed mode under the key derived from the
-  secret): a MAC, which nobody without the secret can compute for other bytes.
-
-The reader parses the container with numpy (the offsets must tile the data exactly) and checks, in
-order: container, format and version, the signature rule (with a key, a file without ``mac`` is
-``unsigned``; a signed file is ``bad_signature`` without the key or when its MAC does not match, compared
-in constant time and never echoed), checksum, content against its digest. Only then are tensors
-copied into ``mx.array``, on the reading thread: the engine thread's part of a load is the import.
+"""The snapshot file (safetensors: ``content`` int32 [positions] and the cache kind's arrays, a BLAKE2b
+checksum or keyed MAC) and the reader that checks container, version, signature, checksum and content
+before any tensor reaches an engine. Spec: docs/SNAPSHOTS.md (the snapshot file).
 """
 
 from __future__ import annotations
@@ -80,16 +66,14 @@ _CODES = {mlx: code for code, (_, mlx) in _DTYPES.items()}
 def write_snapshot(
     path: str | os.PathLike, snapshot: SessionSnapshot, *, key: SnapshotKey | None = None
 ) -> int:
-    """Write ``snapshot`` to ``path`` atomically (temp name, fsync, rename, fsync of the folder), signed
-    with ``key`` when given; returns the file's size in bytes. Its arrays must be evaluated, contiguous
-    ``mx.array`` (an export's) or :class:`StateTensor` (a pinned export's)."""
+    """Write ``snapshot`` to ``path`` atomically, signed with ``key`` when given; the file's size in
+    bytes. Its arrays: evaluated, contiguous ``mx.array`` or :class:`StateTensor`."""
     parts = _container(snapshot, key)
     return atomic_write(Path(path), lambda f: _write_parts(f, parts))
 
 
 def encode_snapshot(snapshot: SessionSnapshot, *, key: SnapshotKey | None = None) -> bytes:
-    """The bytes :func:`write_snapshot` would write (to send a snapshot elsewhere: an RPC stream). Uses
-    no MLX op, so it runs on any thread."""
+    """The bytes :func:`write_snapshot` would write (no MLX op: any thread)."""
     buffer = io.BytesIO()
     _write_parts(buffer, _container(snapshot, key))
     return buffer.getvalue()
@@ -101,8 +85,6 @@ def _write_parts(f: Any, parts: list[Any]) -> None:
 
 
 def _container(snapshot: SessionSnapshot, key: SnapshotKey | None) -> list[Any]:
-    """The safetensors file of ``snapshot`` as buffers to write in order (its tensors, and metadata
-    with the checksum or MAC)."""
     tensors = {"content": ("I32", (snapshot.positions,), np.asarray(snapshot.content, dtype="<i4"))}
     for name, array in snapshot.state.arrays.items():
         if name == "content":
@@ -133,8 +115,7 @@ def _container(snapshot: SessionSnapshot, key: SnapshotKey | None) -> list[Any]:
 def _safetensors_parts(
     tensors: Mapping[str, tuple[str, tuple[int, ...], Any]], metadata: dict[str, str]
 ) -> list[Any]:
-    """A safetensors file as buffers to write in order: the header's length (u64 little-endian), the
-    JSON header (``tensors``: name -> (dtype code, shape, raw bytes), in name order), the bytes."""
+    # u64 little-endian header length, the JSON header, then the tensors' bytes in name order
     header: dict[str, Any] = {"__metadata__": metadata}
     at, data = 0, []
     for name in sorted(tensors):
@@ -153,13 +134,11 @@ def _checksum(
     tensors: Iterator[tuple[str, str, tuple[int, ...], Any]],
     key: SnapshotKey | None = None,
 ) -> str:
-    """Hex BLAKE2b-256 of the metadata (checksum excluded) and of each tensor's name, dtype, shape and
-    the digest of its raw bytes (name order), keyed with ``key`` when given (a MAC: the tensors' own
-    digests are plain BLAKE2b-256, collision resistant, so the MAC covers every byte). The tensors'
-    digests are computed on a few threads (hashlib releases the GIL on large buffers)."""
+    """Hex BLAKE2b-256 of the sorted-JSON metadata, then ``name:dtype:shape;`` and the BLAKE2b-256 of
+    each tensor's bytes in name order; keyed with ``key`` it is a MAC over every byte."""
     items = list(tensors)
     with ThreadPoolExecutor(max_workers=_workers(len(items))) as pool:
-        digests = list(pool.map(_digest, (data for _, _, _, data in items)))
+        digests = list(pool.map(_digest, (data for _, _, _, data in items)))  # hashlib drops the GIL
     h = hashlib.blake2b(digest_size=32, person=_PERSON) if key is None else key.hasher(_PERSON)
     h.update(json.dumps({k: v for k, v in metadata.items() if k != "checksum"}, sort_keys=True).encode())
     for (name, code, shape, _), digest in zip(items, digests, strict=True):
@@ -180,9 +159,8 @@ def _workers(n: int) -> int:
 
 
 def read_snapshot(path: str | os.PathLike, *, key: SnapshotKey | None = None) -> SessionSnapshot:
-    """The snapshot in ``path``, or SnapshotRefused: UNREADABLE (missing, truncated, malformed, a field
-    missing), FORMAT_VERSION, UNSIGNED / BAD_SIGNATURE (``key``: this engine's, None when it signs
-    nothing), CHECKSUM, CONTENT (see the module docstring for the order)."""
+    """The snapshot in ``path``, or SnapshotRefused (UNREADABLE, FORMAT_VERSION, UNSIGNED /
+    BAD_SIGNATURE, CHECKSUM, CONTENT, checked in that order); ``key``: this engine's."""
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
@@ -193,8 +171,6 @@ def read_snapshot(path: str | os.PathLike, *, key: SnapshotKey | None = None) ->
 def decode_snapshot(
     data: bytes, source: str = "snapshot", *, key: SnapshotKey | None = None
 ) -> SessionSnapshot:
-    """The snapshot encoded in ``data`` (a file's bytes), checked like :func:`read_snapshot`;
-    ``source`` names it in refusals."""
     path = source
     metadata, tensors = _parse(path, data)
     fmt, version = metadata.get("format"), metadata.get("format_version")
@@ -245,8 +221,8 @@ def decode_snapshot(
 
 
 def _signature_rule(path: str, metadata: Mapping[str, str], key: SnapshotKey | None) -> bool:
-    """Whether the file's checksum is a MAC to verify with ``key``; UNSIGNED / BAD_SIGNATURE when the
-    file and the engine disagree about signing (before any byte is hashed)."""
+    """Whether the checksum is a MAC to verify with ``key``; UNSIGNED / BAD_SIGNATURE when the file and
+    the engine disagree about signing."""
     mac = metadata.get("mac")
     if mac is None:
         if key is not None:
@@ -274,7 +250,6 @@ def _code(dtype: mx.Dtype) -> str:
 
 
 def _to_mlx(tensors: Mapping[str, StateTensor]) -> dict[str, mx.array]:
-    """Every tensor as an evaluated ``mx.array`` copy (the copies run on a few threads)."""
     names = sorted(tensors)
     with ThreadPoolExecutor(max_workers=_workers(len(names))) as pool:
         raw = list(pool.map(lambda name: tensors[name].copy_raw(), names))
@@ -284,7 +259,7 @@ def _to_mlx(tensors: Mapping[str, StateTensor]) -> dict[str, mx.array]:
 
 
 def _parse(path: Any, data: bytes) -> tuple[dict[str, str], dict[str, StateTensor]]:
-    """The safetensors container: (metadata, tensors). UNREADABLE unless its tensors tile the data."""
+    """(metadata, tensors); UNREADABLE unless the tensors' offsets tile the data exactly."""
 
     def bad(problem: str) -> SnapshotRefused:
         return SnapshotRefused(LoadRefusal.UNREADABLE, f"{path}: {problem}")

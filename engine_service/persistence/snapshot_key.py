@@ -1,13 +1,6 @@
-"""SnapshotKey: the secret that signs an engine's snapshot files (``--snapshot_key FILE``).
-
-With a key, a snapshot file's ``checksum`` is a MAC -- keyed BLAKE2b-256 (the file's metadata says
-``mac`` = :data:`MAC_ALGORITHM`) under a key derived from the secret -- so only a holder of the secret
-can write a file that an engine with the key loads (``snapshot_file.py`` verifies it before any
-tensor is read). The secret is the key file's bytes with surrounding whitespace stripped (a line
-written by ``secrets.token_urlsafe(32)`` works), :data:`MIN_SECRET_BYTES` to :data:`MAX_SECRET_BYTES`
-of it. A key file that others than its owner and group can read, or anyone but its owner can write, is
-refused: whoever can replace the key can sign files. The secret never leaves this object: its repr,
-every error and every log line name the file, never its contents.
+"""SnapshotKey: the secret that signs an engine's snapshot files with a keyed BLAKE2b-256 MAC
+(``--snapshot_key FILE``); its repr, errors and logs name the file, never its contents.
+Spec: docs/SNAPSHOTS.md (signed files).
 """
 
 from __future__ import annotations
@@ -57,8 +50,8 @@ class SnapshotKey:
 
 
 def read_snapshot_key(path: str | os.PathLike) -> SnapshotKey:
-    """The key in the file ``path``; InvalidArgument naming the file (never its contents) when the file
-    is missing, too loose in its permissions, too short or too long."""
+    """The key in ``path`` (its bytes, whitespace stripped); InvalidArgument naming the file when it is
+    missing, too short or long, or loose: whoever can replace the key can sign files."""
     try:
         info = os.stat(path)
         if not stat.S_ISREG(info.st_mode):

@@ -1,17 +1,5 @@
-"""The engine service's Prometheus metrics, all defined here.
-
-- RPCs and generation streams (``rpc_metrics.RpcMetrics``, label ``service="forkline.engine.v1.Engine"``):
-  ``forkline_rpc_requests_total{service,method,code}``, ``forkline_rpc_duration_seconds``,
-  ``forkline_rpc_in_flight``, ``forkline_time_to_first_token_seconds``,
-  ``forkline_inter_token_latency_seconds``, ``forkline_e2e_request_latency_seconds``,
-  ``forkline_prompt_tokens_total``, ``forkline_reused_positions_total``,
-  ``forkline_generated_tokens_total``, ``forkline_generations_finished_total{finish_reason}``.
-- Each forward, observed on the engine thread (``Runner.batch_observer``): ``forkline_engine_batch_rows``
-  (inputs per forward: decode rows + prefill chunks), ``forkline_engine_batch_positions`` (positions
-  fed), ``forkline_engine_step_seconds`` (wall time of ``executor.execute``).
-- Read from the runner and the handle registry at scrape time (:class:`EngineCollector`, nothing on the
-  hot path): resident sessions, active generations, queued engine commands, session handles, the
-  session limit, forwards, decoded tokens, prefill positions, clones by result.
+"""The engine service's Prometheus metrics, all defined here: the shared RPC ones, three histograms per
+forward (engine thread), and engine state read at scrape time. The list: docs/DEPLOY.md (metrics).
 """
 
 from __future__ import annotations

@@ -1,15 +1,5 @@
-"""The engine gRPC server: servicer + health checking + reflection + idle-handle sweeper.
-
-``create_server(sessions, address) -> (server, port)`` binds (``127.0.0.1:0`` picks a free port),
-starts serving and returns an :class:`EngineServer`. ``server.stop(grace)`` drains: new work (generations,
-clones, imports) gets UNAVAILABLE and health reports NOT_SERVING while the server keeps answering
-(Info, Close, ExportSession, health), calls in flight get up to ``grace`` seconds to finish, then the
-remaining ones are cancelled and every handle still registered is closed. The engine thread's
-heartbeat (``runtime/heartbeat.py``) turns health NOT_SERVING (readiness and liveness) while the loop
-does not answer. The runner belongs to the caller (``python -m engine_service`` shuts it down after
-the server). ``metrics=True`` collects Prometheus metrics (``rpc/metrics.py``);
-``server.start_metrics(host, port)`` serves them.
-"""
+"""The engine gRPC server: servicer, health (with the engine thread's heartbeat), reflection, the idle
+handle sweeper; ``stop(grace)`` drains. The runner belongs to the caller."""
 
 from __future__ import annotations
 
@@ -66,8 +56,8 @@ class EngineServer(GrpcServer):
         return self.servicer.sessions
 
     def stop(self, grace: float | None = 2.0, *, shutdown_runner: bool = False) -> None:
-        """Drain and stop (idempotent); returns once the server has stopped and handles are closed.
-        ``shutdown_runner`` also stops the engine thread (the process is going away)."""
+        """Drain: new work UNAVAILABLE, the rest gets ``grace`` s; then close every handle (idempotent).
+        ``shutdown_runner`` also stops the engine thread."""
 
         def release() -> None:
             self.heartbeat.stop()
@@ -87,10 +77,8 @@ def create_server(
     metrics: bool = False,
     stuck_after_s: float = DEFAULT_STUCK_AFTER_S,
 ) -> tuple[EngineServer, int]:
-    """Build, bind and start the engine server; returns it and the bound port. ``security``: TLS and/or
-    bearer tokens (``engine_service/serving/auth.py``; None: plaintext, self-declared owners). ``metrics``:
-    collect Prometheus metrics (``server.metrics``; served by ``server.start_metrics``).
-    ``stuck_after_s``: health turns NOT_SERVING when the engine thread has not answered for this long."""
+    """Build, bind and start the engine server: (server, bound port). ``security`` None: plaintext,
+    self-declared owners; ``stuck_after_s``: the heartbeat's."""
     servicer = EngineServicer(sessions)
     in_flight = InFlight()  # new work is refused by the sessions' drain, everything else is served
     engine_metrics = EngineMetrics(sessions) if metrics else None

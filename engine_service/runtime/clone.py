@@ -1,7 +1,5 @@
-"""CloneFuture: what ``Session.clone_async`` returns, a ``Future[Session | None]`` whose
-:attr:`CloneFuture.refusal` (an ``api.clones.CloneRefusal``) says why it resolved None. The engine sets
-the reason before it resolves the future, so it is readable once ``result()`` returns.
-"""
+"""CloneFuture: ``Session.clone_async``'s ``Future[Session | None]``; :attr:`CloneFuture.refusal` is set
+before it resolves None."""
 
 from __future__ import annotations
 
@@ -11,8 +9,6 @@ from engine_service.api.answers import CloneRefusal
 
 
 class CloneFuture(Future):
-    """A clone's future: the child Session, or None with :attr:`refusal` set."""
-
     def __init__(self) -> None:
         super().__init__()
         self.refusal: CloneRefusal | None = None
@@ -24,7 +20,6 @@ class CloneFuture(Future):
 
     @classmethod
     def refused(cls, reason: CloneRefusal) -> CloneFuture:
-        """An already refused clone."""
         future = cls()
         future.refuse(reason)
         return future

@@ -1,19 +1,6 @@
-"""Typed commands other threads queue for the engine thread, and the table that routes them.
-
-Every interaction with sessions from outside the engine thread is one of these dataclasses, put on
-the runner's inbox and handled in FIFO order between two forward passes. ``CommandTable.dispatch``
-routes a command to the handler registered for its exact type; an unknown type raises TypeError.
-
-Each command also knows how to settle its caller when the engine does not run it to the end, so the
-engine loop never asks which kind of command it holds:
-
-- :meth:`Command.fail`: its handler raised an Exception; the engine carries on.
-- :meth:`Command.abandon`: the engine thread dies of a BaseException (SystemExit...) while handling it.
-- :meth:`Command.settle_unrun`: it was still queued when the engine stopped; no executor call is made
-  for it (a close still releases its session, a barrier still passes).
-
-What settling needs from the engine loop comes in as :class:`EngineHooks`; this module never imports
-the loop.
+"""Typed commands other threads queue for the engine thread (handled in FIFO order between two
+forwards), the table that routes them by exact type, and how each settles its caller when the engine
+does not run it to the end (handler raised, engine thread died, still queued at stop).
 """
 
 from __future__ import annotations
@@ -35,13 +22,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class EngineHooks:
-    """What settling a command needs from the engine loop.
-
-    finish: ends a generation once (``finish(gen, reason, error)``): frees its session, sends its
-        terminal update and settles its handle; a no-op for a generation that already ended.
-    run: handles a command as the running engine would (the command table's dispatch).
-    counts: the engine's counters (see ``RunnerMetrics``).
-    """
+    """What settling a command needs from the engine loop: ``finish(gen, reason, error)`` ends a
+    generation once, ``run`` dispatches a command, ``counts`` are the engine's counters."""
 
     finish: Callable[[ActiveGeneration, str, BaseException | None], None]
     run: Callable[[Command], None]
@@ -53,13 +35,9 @@ def _stopped(exc: BaseException) -> str:
 
 
 class Command:
-    """Base of every command: how it settles its caller when the engine does not run it to the end.
-
-    The defaults settle :meth:`caller` (the future waiting on this command, if any).
-    """
+    """Base of every command; the defaults settle :meth:`caller`, the future waiting on it."""
 
     def caller(self) -> Future | None:
-        """The future the caller waits on, or None (no future, or the caller dropped it)."""
         return None
 
     def fail(self, exc: Exception, hooks: EngineHooks) -> None:
@@ -69,8 +47,7 @@ class Command:
             future.set_exception(exc)
 
     def abandon(self, exc: BaseException, hooks: EngineHooks) -> None:
-        """The engine thread dies of ``exc`` while handling this: settle the caller before it does
-        (teardown settles only what is still queued or active). A waiting future resolves None."""
+        """The engine thread dies of ``exc`` while handling this: settle the caller first."""
         future = self.caller()
         if future is not None and not future.done():
             future.set_result(None)
@@ -81,8 +58,6 @@ class Command:
 
 @dataclass(frozen=True)
 class OpenCommand(Command):
-    """Open an empty session; the future gets the Session or a ResourceExhausted/Unavailable."""
-
     future: Future
 
     def caller(self) -> Future:
@@ -99,13 +74,8 @@ class OpenCommand(Command):
 
 @dataclass(frozen=True)
 class CloneCommand(Command):
-    """Clone session ``key`` at ``[0, upto)``; with ``expected_digest``, only when ``[0, upto)``
-    holds exactly that content (checked by the engine thread when it runs the clone).
-
-    The runner holds the caller's :class:`CloneFuture` only weakly: a future the caller dropped before
-    the command runs is dead, and the engine skips the clone (nobody could ever release the child). An
-    abandoned or unrun clone is refused (``CloneRefusal.STOPPING``): its future resolves None.
-    """
+    """Clone session ``key`` at ``[0, upto)`` (only when it holds ``expected_digest``, if given). The
+    future is held weakly: one the caller dropped skips the clone (nobody could release the child)."""
 
     key: int
     upto: int
@@ -129,10 +99,8 @@ class CloneCommand(Command):
 
 @dataclass(frozen=True)
 class CloseCommand(Command):
-    """Close session ``key``: cancel its generation, release it in the executor. Idempotent.
-
-    Runs even when the engine stops with it queued: releasing a session is what shutdown does anyway.
-    """
+    """Close session ``key``: cancel its generation, release it in the executor. Idempotent; runs
+    even when the engine stops with it queued."""
 
     key: int
 
@@ -160,10 +128,7 @@ class StartCommand(Command):
 
 @dataclass(frozen=True)
 class CancelCommand(Command):
-    """Cancel ``generation`` (the engine reaps it before the next forward).
-
-    A failed cancel ends the generation with the error; an unrun one has nothing to do (teardown
-    already ended every live generation)."""
+    """Cancel ``generation`` (the engine reaps it before the next forward)."""
 
     generation: ActiveGeneration
 
@@ -173,9 +138,7 @@ class CancelCommand(Command):
 
 @dataclass(frozen=True)
 class BarrierCommand(Command):
-    """Resolves its future once every command queued before it has run (also wakes the engine).
-
-    It passes when the engine stops too, so nobody waits on it forever."""
+    """Resolves its future once every command queued before it has run, or the engine stopped."""
 
     future: Future | None = None
 
@@ -183,7 +146,6 @@ class BarrierCommand(Command):
         return self.future
 
     def resolve(self) -> None:
-        """Its handler: let the waiter through (unless it cancelled)."""
         if self.future is not None and self.future.set_running_or_notify_cancel():
             self.future.set_result(None)
 
@@ -192,8 +154,6 @@ class BarrierCommand(Command):
 
 
 class CommandTable:
-    """Routes each command to the handler registered for its exact type."""
-
     def __init__(self, handlers: dict[type, Callable[[Any], None]]) -> None:
         self._handlers = dict(handlers)
 

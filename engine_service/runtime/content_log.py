@@ -1,7 +1,5 @@
-"""ContentLog: one session's record of what its committed positions hold, kept by the engine thread
-(``SessionRecord.content``): ``len(log) == position`` always, rewinds truncate it, clones copy a prefix.
-Values are token ids, or ``api.content.PREPARED`` for a position fed by a prepared input.
-"""
+"""ContentLog: what one session's committed positions hold (token ids, ``PREPARED`` for prepared ones);
+``len(log) == position``, rewinds truncate it, clones copy a prefix."""
 
 from __future__ import annotations
 
@@ -15,12 +13,8 @@ from engine_service.api.errors import InvalidArgument
 
 
 class ContentLog:
-    """The values of a session's committed positions: token ids, :data:`PREPARED` for prepared ones.
-
-    Written only by the engine thread. Readers on other threads get consistent copies: each read
-    copies the array in one step (atomic under the GIL), so it sees the log before or after an
-    update, never half of one.
-    """
+    """Written by the engine thread only; each read elsewhere copies the array in one step (atomic
+    under the GIL), so it sees an update whole or not at all."""
 
     __slots__ = ("_ids",)
 
@@ -31,8 +25,7 @@ class ContentLog:
         return len(self._ids)
 
     def commit(self, start: int, tokens: Sequence[int] | None, size: int) -> None:
-        """Positions ``[start, start + size)`` now hold ``tokens`` (None: a prepared input). A start
-        below the end rewinds first (what the executor does)."""
+        """``[start, start + size)`` now hold ``tokens`` (None: prepared); a lower start rewinds first."""
         del self._ids[start:]
         if tokens is None:
             self._ids.extend(array(INT32, (PREPARED,)) * size)
@@ -52,8 +45,7 @@ class ContentLog:
         return tuple(self._ids[:upto])
 
     def digest(self, upto: int | None = None) -> bytes | None:
-        """The content digest of ``[0, upto)`` (all when None); None when a prepared input lies in
-        that range. InvalidArgument when ``upto`` is outside ``[0, len)``."""
+        """The content digest of ``[0, upto)`` (None: a prepared input in range; InvalidArgument outside)."""
         data = self._ids[:] if upto is None else self._ids[:upto]  # one atomic copy
         if upto is not None and (upto < 0 or len(data) != upto):
             raise InvalidArgument(f"upto={upto} is outside [0, {len(self._ids)}]")

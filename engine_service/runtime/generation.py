@@ -26,23 +26,16 @@ def _finish_reason(value: str) -> FinishReason:
 
 @dataclass(frozen=True)
 class GenerationUpdate:
-    """One callback event, delivered on the engine thread.
+    """One callback event, on the engine thread; the terminal one sets ``finished``, ``finish_reason``
+    and (failed) ``error``."""
 
-    tokens: tokens returned since the previous update (may be empty: a prefill chunk or a terminal
-        update). The last token a generation returns is the session's pending prediction.
-    position: the session's committed position after this update (the pending token excluded).
-    breakpoint: set (== position) on the update that ends prefill at a ``prefill_breakpoints`` entry.
-    finished / finish_reason / error: set on the single terminal update.
-    logprobs: with ``GenConfig.top_logprobs``, one entry per token (ids and values; no text yet).
-    """
-
-    tokens: tuple[int, ...]
-    position: int
-    breakpoint: int | None = None
+    tokens: tuple[int, ...]  # since the previous update (none: a prefill chunk); the last one is pending
+    position: int  # committed, the pending token excluded
+    breakpoint: int | None = None  # == position on the update that ends prefill at a breakpoint
     finished: bool = False
     finish_reason: FinishReason | None = None
     error: str | None = None
-    logprobs: tuple[TokenLogprob, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()  # with top_logprobs: one per token, no text yet
 
     def __post_init__(self) -> None:
         if self.position < 0:
@@ -57,10 +50,7 @@ class GenerationUpdate:
 
 @dataclass(frozen=True)
 class GenerationMetrics:
-    """prompt_positions: input positions consumed (a prepared input counts its positions, not tokens).
-    generated_tokens: tokens returned. Times are seconds from the start command being handled.
-    decode_tokens_per_s: tokens after the first over the time after the first (0.0 when undefined).
-    """
+    """Times in seconds from the start command; ``decode_tokens_per_s`` counts tokens after the first."""
 
     prompt_positions: int = 0
     generated_tokens: int = 0
@@ -91,12 +81,8 @@ class GenerationResult:
 
 
 class GenerationHandle:
-    """The caller's view of one generation. Thread-safe; settled once by the engine thread.
-
-    ``wait`` returns the :class:`GenerationResult` (errors travel as values: ``finish_reason ==
-    FinishReason.ERROR`` and :attr:`error` holds the exception, e.g. an ``InvalidArgument`` for a bad input).
-    The handle keeps its session alive, so a session nobody else holds is not closed mid-generation.
-    """
+    """The caller's view of one generation (thread-safe): errors travel as values (``finish_reason``
+    ERROR, :attr:`error`). It keeps its session alive until the generation ends."""
 
     def __init__(self, session: Session, request_cancel: Callable[[], None]) -> None:
         self._session = session
@@ -110,10 +96,7 @@ class GenerationHandle:
         return self._session
 
     def wait(self, timeout: float | None = None) -> GenerationResult:
-        """Block until the generation ends; TimeoutError when ``timeout`` passes first.
-
-        Never call this from a runner callback (the engine thread would wait for itself).
-        """
+        """Block until the generation ends (TimeoutError); never from a runner callback."""
         if not self._done.is_set() and threading.current_thread() is self._session._runner.engine_thread:
             raise FailedPrecondition("wait() from a runner callback would block the engine thread forever")
         if not self._done.wait(timeout):
@@ -135,7 +118,6 @@ class GenerationHandle:
 
     @property
     def error(self) -> BaseException | None:
-        """The exception that failed the generation, or None."""
         return self._error if self._done.is_set() else None
 
     @property

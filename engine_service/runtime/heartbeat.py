@@ -1,11 +1,5 @@
-"""EngineHeartbeat: whether the engine thread still answers, for health checking.
-
-Every ``every_s`` seconds a thread queues a barrier in the runner's inbox (``Runner.flush``): the engine
-thread answers it between two forwards, so it answers within one forward's time however busy it is,
-and at once when idle. A barrier unanswered for ``stuck_after_s`` seconds means the loop is stuck (a
-forward that never returns, a deadlock, a dead engine thread): ``on_change(False)``; the next answer
-``on_change(True)``. ``stuck_after_s`` must exceed the longest forward the engine runs (docs/DEPLOY.md
-has the measured one). A stopped runner answers every barrier at once: shutting down is not stuck.
+"""EngineHeartbeat: a barrier every ``every_s`` seconds; one unanswered for ``stuck_after_s`` (above the
+longest forward: docs/DEPLOY.md) means the engine thread is stuck: ``on_change(False)``, then ``True``.
 """
 
 from __future__ import annotations
@@ -15,6 +9,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from engine_service.api.checks import checked_float
 
 if TYPE_CHECKING:
     from engine_service.runtime.runner import Runner
@@ -26,7 +22,7 @@ DEFAULT_STUCK_AFTER_S = 30.0
 
 
 class EngineHeartbeat:
-    """See the module docstring. :meth:`start` begins, :meth:`stop` ends (idempotent)."""
+    """:meth:`start` begins, :meth:`stop` ends (idempotent); a stopped runner answers at once."""
 
     def __init__(
         self,
@@ -36,8 +32,8 @@ class EngineHeartbeat:
         every_s: float = DEFAULT_EVERY_S,
         stuck_after_s: float = DEFAULT_STUCK_AFTER_S,
     ) -> None:
-        if not every_s > 0 or not stuck_after_s > 0:
-            raise ValueError(f"every_s and stuck_after_s must be > 0, got {every_s}, {stuck_after_s}")
+        checked_float("every_s", every_s, lo=0, lo_open=True)
+        checked_float("stuck_after_s", stuck_after_s, lo=0, lo_open=True)
         self.runner, self.on_change = runner, on_change
         self.every_s, self.stuck_after_s = every_s, stuck_after_s
         self.alive = True

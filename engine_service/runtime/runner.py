@@ -1,15 +1,6 @@
-"""Runner: the public face of one engine thread that owns every session record and executor call.
-
-Other threads only queue typed commands (:mod:`engine_service.runtime.commands`) and wait on futures and
-generation handles; :class:`~engine_service.runtime.engine_loop.EngineLoop` is what runs on the thread::
-
-    while not stopping: drain commands -> reap cancelled -> run one batch -> deliver outputs
-
-Callbacks run on the engine thread. They may queue clones, cancels, closes and new generations, and
-those run before the next forward; they must never wait on them (``open_session``, ``flush`` and
-``GenerationHandle.wait`` refuse to, rather than deadlock). ``shutdown`` is idempotent: it finishes
-live generations as cancelled, settles every future (queued clones resolve None without an executor
-call, queued opens fail Unavailable) and closes every session.
+"""Runner: the public face of one engine thread (``EngineLoop``) that owns every session and executor
+call; other threads queue commands and wait on futures. Callbacks run on the engine thread and may
+queue commands but never wait on them (the waiting calls refuse to).
 """
 
 from __future__ import annotations
@@ -25,12 +16,14 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from engine_service.api.answers import CloneRefusal
+from engine_service.api.checks import checked_int
 from engine_service.api.config import GenConfig
 from engine_service.api.engine_info import WindowGeometry
 from engine_service.api.errors import FailedPrecondition, InvalidArgument, Stopping
 from engine_service.api.limits import EngineLimits
 from engine_service.api.snapshot_files import LoadRefusal, SaveRefusal
 from engine_service.executors.base import Executor
+from engine_service.executors.options import DEFAULTS
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.model.compute_path import warn_if_slow
 from engine_service.persistence.snapshot import SessionSnapshot
@@ -56,9 +49,8 @@ _live_runners: weakref.WeakSet[Runner] = weakref.WeakSet()
 
 @atexit.register
 def _stop_live_runners_at_exit() -> None:
-    """A process that exits without ``shutdown()`` must not abort: MLX terminates the process ("terminate
-    called without an active exception") when a thread still holding MLX streams outlives the
-    interpreter. So stop every live engine thread, then release this (main) thread's streams."""
+    # MLX aborts the process ("terminate called without an active exception") when a thread holding
+    # MLX streams outlives the interpreter: stop every live engine thread, then release this thread's.
     for runner in list(_live_runners):
         runner.shutdown(timeout=10.0)
     clear_streams = getattr(mx, "clear_streams", None)  # MLX >= 0.32
@@ -68,14 +60,8 @@ def _stop_live_runners_at_exit() -> None:
 
 @dataclass(frozen=True)
 class RunnerMetrics:
-    """Counters since the runner started (a snapshot, read without stopping the engine).
-
-    steps: engine loop iterations (each drains the inbox, then runs at most one forward).
-    forward_batches: executor.execute calls, failed ones included (also counted in failed_batches).
-    tokens_decoded: tokens returned to generations. prefill_positions: prompt positions committed.
-    resident_sessions: sessions the executor holds now. active_generations: generations the engine
-    thread runs now. queued_commands: commands (opens, clones, closes, starts, ...) waiting in its inbox.
-    """
+    """Counters since the runner started, read without stopping the engine (``forward_batches``
+    includes the failed ones; the last three are the load now)."""
 
     steps: int = 0
     forward_batches: int = 0
@@ -92,23 +78,17 @@ class RunnerMetrics:
 
 
 class Runner:
-    """Drives one :class:`Executor` from a dedicated engine thread.
-
-    max_decode_sequences: most sequences whose decode step is packed into one forward; prefill chunks
-        fill the rest of the batch up to ``executor.preferred_batch_tokens()`` positions.
-    The executor's ``limits()`` and ``fingerprint()`` are read once, on the engine thread, at start;
-    an exception there is raised by the constructor.
-    """
+    """Drives one :class:`Executor` from a dedicated engine thread; ``max_decode_sequences`` decode
+    steps share a forward at most. An executor that fails at start raises here."""
 
     def __init__(
-        self, executor: Executor, *, max_decode_sequences: int = 8, name: str = "forkline-engine"
+        self,
+        executor: Executor,
+        *,
+        max_decode_sequences: int = DEFAULTS.max_decode_sequences,
+        name: str = "forkline-engine",
     ) -> None:
-        if (
-            isinstance(max_decode_sequences, bool)
-            or not isinstance(max_decode_sequences, int)
-            or max_decode_sequences < 1
-        ):
-            raise InvalidArgument(f"max_decode_sequences must be an int >= 1, got {max_decode_sequences!r}")
+        max_decode_sequences = checked_int("max_decode_sequences", max_decode_sequences, lo=1)
         self._engine = EngineLoop(self, executor, max_decode_sequences)
         self._thread = threading.Thread(target=self._engine.run, name=name, daemon=True)
         self._thread.start()
@@ -135,38 +115,30 @@ class Runner:
 
     @property
     def fingerprint(self) -> str:
-        """The executor's fingerprint (model + execution configuration): part of prefix-cache keys."""
         return self._engine.fingerprint
 
     @property
     def compute_path(self) -> str:
-        """The compute path the executor runs on, e.g. ``kernels q4_1 avx2 x2 threads, openblas float32
-        above 64 rows`` or ``reference BLAS float32`` ("" when the executor runs no model)."""
+        """e.g. ``kernels q4_1 avx2 x2 threads, ...`` ("" when the executor runs no model)."""
         path = self._engine.compute_path
         return path.path if path is not None else ""
 
     @property
     def window_geometry(self) -> WindowGeometry | None:
-        """What clones of this executor's sessions can reach on sliding-window layers
-        (``executors.base.WindowGeometry``; None when the executor does not say)."""
         return self._engine.window_geometry
 
     @property
     def pins_exports(self) -> bool:
-        """Whether a clone's or an import's export is served off the engine thread until it generates
-        (``Session.export_async``; ``Executor.pins_exports``)."""
         return self._engine.pins_exports
 
     @property
     def slow_path(self) -> bool:
-        """Whether :attr:`compute_path` is far below this machine's best (a WARNING at start says how
-        to fix it)."""
+        """:attr:`compute_path` is far below this machine's best (logged at start)."""
         path = self._engine.compute_path
         return path is not None and path.slow
 
     @property
     def resident_sessions(self) -> int:
-        """Sessions the executor holds now (opened or cloned, not yet closed)."""
         return len(self._engine.records)
 
     def metrics(self) -> RunnerMetrics:
@@ -180,9 +152,7 @@ class Runner:
 
     @property
     def batch_observer(self) -> BatchObserver | None:
-        """Called on the engine thread after every forward with (rows, positions, seconds of
-        ``executor.execute``); must be cheap and should not raise (an exception is logged, never fails
-        the batch). None (the default): nothing is called."""
+        """Called on the engine thread after every forward (``delivery.BatchObserver``); None: off."""
         return self._engine.batch_observer
 
     @batch_observer.setter
@@ -202,13 +172,8 @@ class Runner:
         return self.open_session_async().result(timeout)
 
     def import_async(self, snapshot: SessionSnapshot) -> ImportFuture:
-        """A future of a new idle session holding ``snapshot`` exactly (K/V, ring state, content), or
-        of None with ``refusal`` / ``detail`` set: another cache kind, geometry or fingerprint, arrays
-        that do not fit, more positions than ``max_session_tokens``, no room, or stopping. Everything
-        is checked on the engine thread before the executor allocates anything; a refusal leaves the
-        engine as it was. Dropping the future before it runs skips the import. Usable from callbacks
-        (never wait on it there). Reading a file: :func:`engine_service.sessions.session_files.load_session`.
-        """
+        """A future of a new idle session holding ``snapshot`` exactly, or of None with ``refusal`` /
+        ``detail`` set; a refusal leaves the engine as it was."""
         if not isinstance(snapshot, SessionSnapshot):
             raise InvalidArgument(f"snapshot must be a SessionSnapshot, got {type(snapshot).__name__}")
         future = ImportFuture()

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine_service.api.errors import InvalidArgument
-from engine_service.api.limits import EngineLimits, out_of_vocab
+from engine_service.api.limits import EngineLimits, check_fits, check_nonempty, check_tokens
 from engine_service.executors.base import ExecInput, Executor
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.runtime.state import ActiveGeneration, Segment, SessionRecord
@@ -33,18 +33,11 @@ class BatchPlan:
 def plan_batch(
     active: Sequence[ActiveGeneration], max_decode: int, preferred_tokens: int, step: int
 ) -> BatchPlan:
-    """Pack one batch from the live generations (each appears at most once).
-
-    Decode: up to ``max_decode`` generations past their prompt, least recently stepped first (fair
-    when more are waiting), each feeding its pending token. Prefill: generations in start order get
-    chunks of at most ``prefill_chunk`` positions until the batch holds ``preferred_tokens``
-    positions; the first prefilling generation always gets a chunk, even when the decode steps alone
-    fill ``preferred_tokens``, so a new prompt is never starved by long decodes. A chunk ends at the next prefill
-    breakpoint, and never crosses from the replayed pending token into the caller's input. Advances
-    the prefill cursors and stamps ``last_step``.
-    """
+    """One batch: up to ``max_decode`` decode steps, then prefill chunks in start order up to
+    ``preferred_tokens`` positions; advances the prefill cursors and stamps ``last_step``."""
     budget = max(1, preferred_tokens)
     planned: list[PlannedInput] = []
+    # least recently stepped first: fair when more are waiting than fit
     decoders = sorted((g for g in active if not g.prefilling), key=lambda g: g.last_step)[:max_decode]
     for gen in decoders:
         rec = gen.record
@@ -56,7 +49,7 @@ def plan_batch(
     for gen in active:
         if not gen.prefilling:
             continue
-        if budget <= 0 and prefilled:
+        if budget <= 0 and prefilled:  # the first prefill always runs: long decodes never starve a prompt
             break
         rec = gen.record
         start = rec.position
@@ -78,37 +71,26 @@ def plan_batch(
 def check_input(
     input: Segment, record: SessionRecord, limits: EngineLimits, executor: Executor
 ) -> InvalidArgument | None:
-    """The reason ``input`` cannot run on ``record``, or None.
-
-    Rejects an empty input, token ids outside ``[0, vocab_size)``, a prepared input the executor does
-    not accept (``executor.accepts`` is metadata only; an exception there counts as "no"), and an
-    input that would not fit in ``max_session_tokens`` together with the committed positions and the
-    pending token replayed first.
-    """
-    if isinstance(input, PreparedInput):
-        size = input.size()
-        if size < 1:
-            return InvalidArgument("input is empty")
-        try:
-            accepted = bool(executor.accepts(input))
-        except Exception:
-            accepted = False
-        if not accepted:
-            return InvalidArgument(f"prepared input kind {input.kind()!r} is not supported by this executor")
-    else:
-        size = len(input)
-        if size == 0:
-            return InvalidArgument("input is empty")
-        vocab = limits.vocab_size
-        bad = out_of_vocab(input, vocab)
-        if bad is not None:
-            return InvalidArgument(
-                f"token id {input[bad]} at index {bad} is outside the vocabulary [0, {vocab})"
-            )
-    needed = record.position + (record.pending is not None) + size
-    if needed > limits.max_session_tokens:
-        return InvalidArgument(
-            f"input of {size} positions does not fit: session at {record.position}"
-            f"{' + 1 pending' if record.pending is not None else ''}, max_session_tokens={limits.max_session_tokens}"
-        )
+    """Why ``input`` cannot run on ``record`` (``api.limits``' rules, the pending token replayed first,
+    or a prepared kind the executor refuses), or None."""
+    try:
+        size = input.size() if isinstance(input, PreparedInput) else len(input)
+        check_nonempty(size)
+        if isinstance(input, PreparedInput):
+            if not _accepts(executor, input):
+                raise InvalidArgument(
+                    f"prepared input kind {input.kind()!r} is not supported by this executor"
+                )
+        else:
+            check_tokens(input, limits.vocab_size)
+        check_fits(record.position + (record.pending is not None), size, limits.max_session_tokens)
+    except InvalidArgument as exc:
+        return exc
     return None
+
+
+def _accepts(executor: Executor, input: PreparedInput) -> bool:
+    try:
+        return bool(executor.accepts(input))
+    except Exception:  # ``accepts`` is metadata only: an exception there counts as "no"
+        return False

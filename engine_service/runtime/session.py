@@ -1,20 +1,15 @@
-"""Session: the caller's handle on one executor session owned by the runner's engine thread.
-
-A Session never touches the executor. It queues commands (start, clone, close) on its runner's inbox
-and reads the engine-maintained committed position. It is a context manager and also closes when
-garbage-collected: a ``weakref.finalize`` puts a CloseCommand on the inbox (a ``queue.SimpleQueue``,
-whose ``put`` is reentrant, so a finalizer running inside another inbox operation cannot deadlock).
-"""
+"""Session: the caller's handle on one executor session owned by the runner's engine thread; it only
+queues commands and reads the committed position, and closes when garbage-collected."""
 
 from __future__ import annotations
 
-import operator
 import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from engine_service.api.answers import CloneRefusal
+from engine_service.api.checks import checked_int
 from engine_service.api.config import GenConfig, int_tuple
 from engine_service.api.content import DIGEST_SIZE
 from engine_service.api.errors import FailedPrecondition, InvalidArgument
@@ -31,12 +26,8 @@ if TYPE_CHECKING:
 
 
 class Session:
-    """A resident session: generate on it, clone it at a committed boundary, close it.
-
-    Created only by the runner (``runner.open_session()`` or a clone future). ``position`` is the
-    committed position; the pending prediction of the last generation is excluded and is fed first
-    by the next generation. One generation at a time.
-    """
+    """A resident session (made by the runner): generate on it, one generation at a time; clone,
+    export or close it. The pending prediction is fed first by the next generation."""
 
     def __init__(self, runner: Runner, record: SessionRecord) -> None:
         self._runner = runner
@@ -46,12 +37,10 @@ class Session:
 
     @property
     def key(self) -> int:
-        """Runner-local id of this session (stable, never reused by the runner)."""
         return self._record.key
 
     @property
     def position(self) -> int:
-        """Committed positions (the pending token excluded)."""
         return self._record.position
 
     @property
@@ -66,7 +55,6 @@ class Session:
 
     @property
     def _closed(self) -> bool:
-        """Closed by the caller (its close queued) or by the engine."""
         return not self._finalizer.alive or self._record.closed
 
     @property
@@ -79,14 +67,9 @@ class Session:
         config: GenConfig | None = None,
         callback: Callable[[GenerationUpdate], None] | None = None,
     ) -> GenerationHandle:
-        """Start a generation; returns at once.
-
-        ``callback`` runs on the engine thread for every update (prefill chunks, tokens, breakpoints,
-        and exactly one terminal update). It may queue clones, cancels and closes, never wait on them.
-        Raises FailedPrecondition when this session is closed, poisoned or already generating, and
-        Unavailable when the runner is stopping. Bad input content (empty, token ids outside the
-        vocabulary, too long, an unsupported prepared kind) fails the returned handle instead.
-        """
+        """Start a generation; returns at once. ``callback`` runs on the engine thread for every
+        update and may queue commands, never wait on them. FailedPrecondition (closed, poisoned, busy),
+        Unavailable (stopping); bad input content fails the returned handle instead."""
         config = GenConfig() if config is None else config
         if not isinstance(config, GenConfig):
             raise InvalidArgument(f"config must be a GenConfig, got {type(config).__name__}")
@@ -108,20 +91,10 @@ class Session:
                 raise
 
     def clone_async(self, upto: int, expected_digest: bytes | None = None) -> CloneFuture:
-        """A future of a new idle session holding exactly positions ``[0, upto)``, or of None.
-
-        None when cloning is unsupported, ``upto`` is outside ``[0, position]`` when the engine runs
-        the clone, the source is closed or failed, resources are exhausted, or the runner stops. A
-        closed session resolves None at once. Dropping or cancelling the future before it completes
-        skips the clone; dropping a completed future's session closes it (garbage collection).
-
-        ``expected_digest`` (a ``content_digest`` of token ids): clone only when ``[0, upto)`` holds
-        exactly those tokens, checked on the engine thread when the clone runs (no generation can
-        change the range in between). A range holding a prepared input never matches. The returned
-        :class:`CloneFuture`'s ``refusal`` says why it resolved None (``CloneRefusal``); a refused
-        clone never changes this session.
-        """
-        upto = _int_arg("upto", upto)
+        """A future of a new idle session holding exactly ``[0, upto)``, or of None with ``refusal``
+        set; with ``expected_digest``, only when that range holds those tokens (checked on the engine
+        thread). Dropping the future before it runs skips the clone."""
+        upto = checked_int("upto", upto)
         if expected_digest is not None and (
             not isinstance(expected_digest, bytes) or len(expected_digest) != DIGEST_SIZE
         ):
@@ -131,35 +104,22 @@ class Session:
         return self._runner._clone(self._record.key, upto, expected_digest)
 
     def export_async(self, upto: int | None = None) -> ExportFuture:
-        """A future of a :class:`~engine_service.persistence.snapshot.SessionSnapshot` of this session's
-        positions ``[0, upto)`` (default: all committed positions; the pending prediction excluded), or
-        of None with ``refusal`` set (closed or failed, ``upto`` past the committed positions or below a
-        ring's floor, a prepared input in range, unsupported, stopping). The session is unchanged.
-
-        A clone or an import that has not generated yet is pinned (``SessionRecord.pinned``): its
-        export is copied here, on the calling thread, without waiting for the engine thread's running
-        forward; any other session's is taken on the engine thread between two forwards. Writing it to
-        a file: :func:`engine_service.sessions.session_files.save_session`.
-        """
-        if upto is not None and (upto := _int_arg("upto", upto)) < 0:
-            raise InvalidArgument(f"upto must be >= 0, got {upto}")
+        """A future of a ``SessionSnapshot`` of ``[0, upto)`` (default: the committed positions), or of
+        None with ``refusal`` set. The session is unchanged."""
+        if upto is not None:
+            upto = checked_int("upto", upto, lo=0)
         if self._closed or self._record.poisoned:
             future = ExportFuture()
             future.refuse(SaveRefusal.SOURCE_UNUSABLE)
             return future
         pinned = self._record.pinned
-        if pinned is not None:
+        if pinned is not None:  # a clone or import not generated since: copied here, off the engine thread
             return pinned.export(pinned.state.length if upto is None else upto)
         return self._runner._export(self._record.key, upto)
 
     def content_digest(self, upto: int | None = None) -> bytes | None:
-        """The content digest of positions ``[0, upto)`` (default: all committed positions), as
-        ``content.content_digest`` of the token ids they hold; None when a prepared input lies in range.
-
-        Read on the calling thread from one atomic copy of the engine's record, so ask an idle session
-        (a snapshot, a session between generations): while a generation runs, the content changes.
-        InvalidArgument when ``upto`` is outside ``[0, position]``.
-        """
+        """``content_digest`` of the ids in ``[0, upto)`` (None: a prepared input in range); ask an
+        idle session, the content changes while it generates. InvalidArgument outside ``[0, position]``."""
         return self._record.content.digest(upto)
 
     def close(self) -> None:
@@ -175,13 +135,3 @@ class Session:
     def __repr__(self) -> str:
         state = "open" if self.valid else "closed"
         return f"Session(key={self.key}, position={self.position}, {state})"
-
-
-def _int_arg(name: str, value: object) -> int:
-    """``value`` as an int (InvalidArgument naming ``name`` for a bool or a non-integer)."""
-    if isinstance(value, bool):
-        raise InvalidArgument(f"{name} must be an int, got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError as exc:
-        raise InvalidArgument(f"{name} must be an int, got {value!r}") from exc

@@ -1,18 +1,6 @@
-"""Taking a session out of the engine and putting one back: the two commands, their futures and the
-handlers the engine loop runs for them.
-
-- :class:`ExportCommand` (``Session.export_async``): on the engine thread, between two forwards, copy
-  the session's committed positions ``[0, position)`` out of the cache with what they hold. The
-  pending prediction is not part of it (it was never written). A session holding a prepared input is
-  refused: a snapshot records token content, so a loaded one can be checked like any other.
-- :class:`ImportCommand` (``Runner.import_async``): check the snapshot's header against this engine
-  (layout, fingerprint, limits), then its arrays against the executor's layout, and only then let the
-  executor allocate and adopt the result as a new idle session whose content is the snapshot's. Any
-  refusal leaves the engine as it was.
-
-Each future carries its refusal (``ExportFuture.refusal`` / ``ImportFuture.refusal`` and ``detail``),
-set before it resolves None, like :class:`~engine_service.runtime.clone.CloneFuture`. An import whose
-future the caller dropped before it ran is skipped (nobody could ever close the session).
+"""Export and import on the engine thread: the two commands, their futures (None with a refusal) and
+handlers. An export copies committed positions between two forwards; an import checks header, then
+arrays, before the executor allocates anything.
 """
 
 from __future__ import annotations
@@ -75,11 +63,8 @@ class ImportFuture(Future):
 
 @dataclass(frozen=True, eq=False)
 class PinnedSnapshot:
-    """An idle session's export, ready on any thread: the session's committed positions pinned when it
-    was made (a clone, an import; ``cache/pinned_state.py``: views, no copy) with the content they
-    hold. Dropped on the engine thread when a generation starts on the session or it closes; an export
-    that read it before then gets the positions the session held when it was pinned (as an export on
-    the engine thread gets those it held between two forwards)."""
+    """A new clone's or import's committed positions pinned (views, no copy) for exports on any
+    thread; dropped on the engine thread when a generation starts on it or it closes."""
 
     fingerprint: str
     layout: StateLayout
@@ -87,8 +72,8 @@ class PinnedSnapshot:
     content: tuple[int, ...]
 
     def export(self, upto: int) -> ExportFuture:
-        """A resolved future of positions ``[0, upto)``; refused BOUNDARY past the length or below a
-        ring's floor. Copies on the calling thread, with numpy only."""
+        """A resolved future of ``[0, upto)`` (BOUNDARY past the length or below a ring's floor); numpy
+        copies on the calling thread."""
         future = ExportFuture()
         state = self.state.state(upto)
         if state is None:
@@ -121,7 +106,7 @@ class ExportCommand(Command):
 
 @dataclass(frozen=True)
 class ImportCommand(Command):
-    """Import ``snapshot`` as a new session. The future is held weakly (see the module docstring)."""
+    """Import ``snapshot`` as a new session; the future is held weakly (dropped: skipped)."""
 
     snapshot: SessionSnapshot
     future_ref: weakref.ref
@@ -141,8 +126,7 @@ class ImportCommand(Command):
 
 
 class SnapshotHandlers:
-    """The engine loop's handlers for the two commands (engine thread only). ``adopt(sid, content, pin)``
-    makes an executor session a runner Session (the loop's, shared with opens and clones)."""
+    """The engine loop's export and import handlers; ``adopt(sid, content, pin)`` makes a Session."""
 
     def __init__(
         self, loop: EngineLoop, executor: Executor, adopt: Callable[[int, ContentLog, bool], Session]
@@ -189,9 +173,8 @@ class SnapshotHandlers:
         future.set_result(SessionSnapshot(loop.fingerprint, layout, state, content))
 
     def pin(self, rec: SessionRecord) -> None:
-        """Pin ``rec``'s committed positions for exports on any thread (a new clone or import, which
-        nothing writes before its first generation); nothing where the executor cannot pin without a
-        copy, or the content holds a prepared input (refused by any export)."""
+        """Pin ``rec`` (a new clone or import) for exports on any thread, where the executor pins
+        without a copy and it holds no prepared input."""
         content = rec.content.values(rec.position)
         layout = self._executor.state_layout()
         if layout is None or any(t < 0 for t in content):

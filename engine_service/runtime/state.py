@@ -1,9 +1,5 @@
-"""Engine-side state of a session and of the generation running on it (engine thread only).
-
-Other threads may read ``SessionRecord.position`` / ``closed`` / ``poisoned`` (single attribute reads)
-and copy ``content`` (each ContentLog read is one atomic copy) but never write them, except ``busy``,
-which ``Session.generate_async`` sets under the session lock.
-"""
+"""Engine-side state of a session and of the generation running on it. Only the engine thread writes
+it (``busy`` aside: set under the session lock); others read single attributes or copy ``content``."""
 
 from __future__ import annotations
 
@@ -31,20 +27,14 @@ Segment = tuple[int, ...] | PreparedInput
 
 @dataclass(eq=False)
 class SessionRecord:
-    """One executor session as the runner sees it.
-
-    position: committed positions the runner has *accepted* (a speculative executor may have written
-        more; only this number authorizes a clone).
-    pending: the last prediction, not yet written; fed first by the next generation.
-    content: what positions ``[0, position)`` hold (token ids, ``PREPARED`` for prepared ones);
-        ``len(content) == position`` between two updates of the engine thread, the only writer.
-    """
+    """One executor session as the runner sees it."""
 
     key: int
     sid: int
+    # accepted positions: a speculative executor may have written more; only this authorizes a clone
     position: int = 0
-    pending: int | None = None
-    content: ContentLog = field(default_factory=ContentLog)
+    pending: int | None = None  # the last prediction, not written yet; fed first by the next generation
+    content: ContentLog = field(default_factory=ContentLog)  # [0, position): ids, PREPARED for prepared
     poisoned: bool = False
     closed: bool = False
     busy: bool = False
@@ -56,22 +46,18 @@ class SessionRecord:
 
 @dataclass(eq=False)
 class ActiveGeneration:
-    """A generation from its start command to its terminal update.
-
-    segments: what prefill still has to feed, in order: the session's pending token (a 1-tuple) when
-        continuing, then the caller's input (a token tuple or a PreparedInput). ``offset`` indexes
-        into ``segments[0]``. Chunks never cross a segment boundary.
-    input_fed: positions of the caller's input fed so far (the replayed pending token excluded).
-    """
+    """A generation from its start command to its terminal update."""
 
     handle: GenerationHandle
     config: GenConfig
     callback: Callable[[GenerationUpdate], None] | None
     input: Segment
     record: SessionRecord | None = None
+    # what prefill still feeds: the pending token (a 1-tuple) when continuing, then the input; chunks
+    # never cross a segment boundary; ``offset`` indexes segments[0]
     segments: list[Segment] = field(default_factory=list)
     offset: int = 0
-    input_fed: int = 0
+    input_fed: int = 0  # of the caller's input (the replayed pending token excluded)
     tokens: list[int] = field(default_factory=list)
     cancel_requested: bool = False
     finished: bool = False
@@ -111,13 +97,8 @@ class ActiveGeneration:
         return tokens, prepared, not self.segments
 
     def accept(self, predicted: tuple[int, ...], base: int) -> tuple[tuple[int, ...], str | None, int, int]:
-        """Apply the executor's predictions for an input that ended at committed position ``base``.
-
-        The executor committed ``predicted[:-1]`` at ``base, base + 1, ...``; ``predicted[-1]`` is
-        pending. A stop token or the token budget may cut the list: the cut token becomes the pending
-        one and the committed position falls back to it (the executor rewinds on the next start).
-        Returns (accepted tokens, finish reason or None, new committed position, new pending token).
-        """
+        """Apply predictions after committed ``base`` (``predicted[-1]`` pending; a stop token or the
+        budget cuts the list, the cut token pending): (accepted, finish reason, position, pending)."""
         accepted: list[int] = []
         reason: FinishReason | None = None
         stops = self.config.stop_tokens

@@ -1,19 +1,6 @@
-"""What a service's health says, and the drain that keeps health answering while calls finish.
-
-Health names (``grpc.health.v1``), as both services register them:
-
-- the service's own name (``forkline.engine.v1.Engine`` / ``forkline.prefix.v1.PrefixCache``), the
-  readiness probe: SERVING while the service is alive, ready (the engine thread answers; the prefix
-  service reaches an engine) and not draining;
-- ``""``, the server as a whole: SERVING while alive and not draining;
-- :data:`LIVENESS_SERVICE`, the liveness probe: SERVING while alive (the engine thread answers),
-  draining included, so a draining pod is not restarted mid-drain.
-
-:class:`HealthState` computes the three from ``alive`` / ``ready`` / ``draining``. The drain
-(:class:`InFlight`, an interceptor counting the calls in flight, health and reflection not counted):
-while draining, the methods named in ``refuse`` get UNAVAILABLE at once (a client moves on), every
-other call is served, health answers NOT_SERVING (not UNAVAILABLE: the server keeps accepting calls
-until the drain ends), and the drain waits until no call is in flight or the grace is spent.
+"""A service's health (readiness under its own name, ``""``, liveness) and the drain that keeps health
+answering while calls finish; the listed methods are refused UNAVAILABLE meanwhile.
+Spec: docs/DEPLOY.md (health, drain and disruptions).
 """
 
 from __future__ import annotations
@@ -33,7 +20,7 @@ _STATUS = health_pb2.HealthCheckResponse
 
 
 class HealthState:
-    """The health statuses of one server (see the module docstring); thread-safe."""
+    """One server's health statuses from ``alive`` / ``ready`` / ``draining`` (thread-safe)."""
 
     def __init__(self, servicer: health.HealthServicer, service: str) -> None:
         self._servicer, self.service = servicer, service
@@ -60,8 +47,9 @@ class HealthState:
         def status(up: bool) -> int:
             return _STATUS.SERVING if up else _STATUS.NOT_SERVING
 
-        self._servicer.set(self.service, status(self.serving))
-        self._servicer.set("", status(self.alive and not self.draining))
+        self._servicer.set(self.service, status(self.serving))  # readiness
+        self._servicer.set("", status(self.alive and not self.draining))  # the server as a whole
+        # draining included: a draining pod is not restarted mid-drain
         self._servicer.set(LIVENESS_SERVICE, status(self.alive))
 
 

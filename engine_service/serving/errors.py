@@ -1,12 +1,6 @@
-"""The one place that maps forkline errors to gRPC status codes, and back (for clients).
-
-Servicers wrap their bodies in :func:`status_on_error` and raise (never call ``context.abort``). Only
-forkline's own error types (:mod:`engine_service.api.errors`) are answers: the call ends with the
-mapped code and the error's message; an error with a ``reason`` also sends a ``google.rpc.Status``
-detail, an ``ErrorInfo`` (reason, domain ``forkline.engine.v1``, metadata = its typed fields), which
-:func:`from_rpc_error` turns back into the same type with its fields. Anything else escaping a
-servicer is a bug: logged with its traceback, answered INTERNAL with a generic message. A failed
-outgoing call (the prefix service calling the engine) is passed on with its code and detail.
+"""The one place that maps forkline errors to gRPC status codes (with an ``ErrorInfo`` for typed
+refusals) and back for clients. Servicers raise inside :func:`status_on_error`; anything else escaping
+is a bug, logged and answered INTERNAL. Spec: docs/ARCHITECTURE.md (errors and status codes).
 """
 
 from __future__ import annotations
@@ -65,8 +59,7 @@ def code_for(exc: BaseException) -> grpc.StatusCode | None:
 def error_for(
     code: grpc.StatusCode, message: str, info: error_details_pb2.ErrorInfo | None = None
 ) -> e.ForklineError:
-    """The forkline error a client raises for a failed call (unknown codes: ForklineError); with an
-    ``ErrorInfo`` of forkline's domain, the typed refusal it names."""
+    """The forkline error for a failed call: the typed refusal its ``ErrorInfo`` names, if any."""
     category = _FROM_CODE.get(code, e.ForklineError)
     if info is None or info.domain != e.ERROR_DOMAIN:
         return category(message)

@@ -1,9 +1,5 @@
-"""A gRPC server for one service, as both services build it: health checking (the service, "" and
-the liveness name: ``drain.py``), reflection, optional TLS and bearer tokens, interceptors;
-:class:`GrpcServer` is the base of both servers' handles (``stop`` drains once: health NOT_SERVING while
-the server still answers, calls in flight get their grace, then the server and the metrics endpoint
-stop).
-"""
+"""A gRPC server as both services build it (health, reflection, optional TLS and tokens, interceptors)
+and :class:`GrpcServer`, the base of both servers' handles, whose ``stop`` drains once."""
 
 from __future__ import annotations
 
@@ -39,12 +35,8 @@ def build_grpc_server(
     interceptors: Sequence[grpc.ServerInterceptor] = (),
     in_flight: InFlight | None = None,
 ) -> tuple[grpc.Server, health.HealthServicer, int]:
-    """A started server for ``servicer`` (registered with its generated ``add_servicer``), gRPC health
-    checking (SERVING for "" and ``service_name``) and reflection; returns it, its health servicer and
-    the bound port. ``address`` ``host:0`` picks a free port; OSError when it cannot be bound.
-    ``security``: TLS credentials and/or the token interceptor (None: plaintext, owners self-declared;
-    a warning is logged when such a server listens on a non-loopback address). ``interceptors`` run
-    before the security ones (the metrics interceptor, which also counts refused calls)."""
+    """A started server for ``servicer`` with health and reflection: (server, health servicer, port).
+    ``host:0`` picks a port; OSError when unbound. ``interceptors`` run before the security ones."""
     security = security or ServerSecurity()
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=thread_name_prefix),
@@ -84,10 +76,8 @@ _FLUSH_S = 1.0  # a drained server's wait for the final messages of its finished
 
 
 class GrpcServer:
-    """A running service built by :func:`build_grpc_server`. ``port`` is the bound port. ``metrics``:
-    its Prometheus metrics when built with them (their interceptor installed), else None.
-    ``health_state``: its health statuses (``drain.HealthState`` for ``service``); ``in_flight``: the
-    interceptor the server was built with (None: the drain waits for nothing before stopping)."""
+    """A running service built by :func:`build_grpc_server`; ``metrics`` None when built without;
+    ``in_flight`` None: the drain waits for nothing."""
 
     metrics: ServiceMetrics | None = None
 
@@ -114,9 +104,8 @@ class GrpcServer:
     def _drain(
         self, grace: float | None, *, after: Callable[[], None], before: Callable[[], None] | None = None
     ) -> None:
-        """Once: ``before``, health NOT_SERVING (the server still answers, health included), wait up to
-        ``grace`` seconds (None: no bound) for the calls in flight, stop the server (what is left is
-        cancelled), ``after``. Later calls return at once."""
+        """Once: ``before``, health NOT_SERVING, up to ``grace`` s for the calls in flight, stop the
+        server (the rest is cancelled), ``after``."""
         with self._lock:
             if self._stopped.is_set():
                 return
@@ -143,8 +132,8 @@ class GrpcServer:
             self._stopped.set()
 
     def start_metrics(self, host: str, port: int) -> int:
-        """Serve this server's metrics on ``http://host:port/metrics`` (0: a free port) until it stops;
-        returns the bound port. FailedPrecondition when it was built without metrics."""
+        """Serve ``/metrics`` on ``host:port`` until the server stops; the bound port (FailedPrecondition
+        without metrics)."""
         if self.metrics is None:
             raise FailedPrecondition(
                 "this server was created without metrics (create_server(..., metrics=True))"

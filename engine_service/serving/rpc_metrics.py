@@ -1,15 +1,5 @@
-"""What both services' Prometheus metrics share: the RPC and generation-stream metrics, the server
-interceptor that feeds them, and the ``/metrics`` endpoint.
-
-Each service builds its metrics on a registry of its own (``engine_service/rpc/metrics.py``,
-``prefix_service/rpc/metrics.py``), so several servers can live in one process (the tests do). The
-hot path only increments and observes: labelled children are resolved once per RPC method, and state
-that already exists elsewhere (runner counters, prefix-cache stats) is read by collectors at scrape
-time, never copied on the way.
-
-Names follow Prometheus conventions: ``forkline_`` prefix, ``_total`` counters, ``_seconds``
-histograms with fixed buckets. Requests are labelled with the gRPC ``service``, ``method`` and status
-``code`` (methods the server does not serve are not counted, so labels stay bounded).
+"""What both services' Prometheus metrics share: the RPC and generation-stream metrics, the interceptor
+that feeds them, and the ``/metrics`` endpoint; one registry per server. Spec: docs/DEPLOY.md (metrics).
 """
 
 from __future__ import annotations
@@ -77,14 +67,8 @@ OK = grpc.StatusCode.OK.name
 
 
 class RpcMetrics:
-    """Requests by RPC and status code, their duration and how many are in flight; for streams of
-    ``GenerateEvent`` (``generate_methods``): time to first token, inter-token latency, end-to-end
-    latency, prompt / reused / generated tokens and finish reasons.
-
-    Prompt tokens are the positions a generation starts from plus those it prefills (``started.position
-    + started.input_positions``, as the HTTP door's ``usage.prompt_tokens``); reused positions are
-    ``started.position`` (its ``cached_tokens``). Inter-token latency is the gap between consecutive
-    token events (an event may carry several accepted speculative tokens)."""
+    """Requests by RPC and status code, duration and in flight; for ``GenerateEvent`` streams
+    (``generate_methods``): time to first token, inter-token latency, latency, tokens, finish reasons."""
 
     def __init__(self, registry: CollectorRegistry, generate_methods: Iterable[str] = ()) -> None:
         self.generate_methods = frozenset(generate_methods)
@@ -149,7 +133,7 @@ class RpcMetrics:
 
 
 class _Method:
-    """One RPC method's labelled children, resolved once (``labels`` takes a lock and a dict lookup)."""
+    """One RPC method's labelled children, resolved once (``labels`` takes a lock)."""
 
     def __init__(self, metrics: RpcMetrics, full_name: str) -> None:
         service, _, name = full_name.lstrip("/").rpartition("/")
@@ -214,8 +198,8 @@ class _GenerationMetrics:
 
 
 def _ended_code(context: grpc.ServicerContext, failed: bool) -> str:
-    """The status a call ended with: the one the handler set (``status_on_error`` aborts with it), else
-    UNKNOWN for an escaped exception, CANCELLED / DEADLINE_EXCEEDED for a call that went away, else OK."""
+    """The handler's status, else UNKNOWN (an exception escaped), CANCELLED / DEADLINE_EXCEEDED (the
+    call went away) or OK."""
     code = context.code()
     if code is not None:
         return code.name
@@ -229,9 +213,8 @@ def _ended_code(context: grpc.ServicerContext, failed: bool) -> str:
 
 
 class MetricsInterceptor(grpc.ServerInterceptor):
-    """Counts every call to a method the server serves (health and reflection included) by status
-    code, times it, and watches generation streams. Install it first (outermost), so calls the token
-    interceptor refuses are counted as UNAUTHENTICATED."""
+    """Counts and times every call to a served method by status, and watches generation streams.
+    Install it outermost, so calls the token interceptor refuses count as UNAUTHENTICATED."""
 
     def __init__(self, metrics: RpcMetrics) -> None:
         self.metrics = metrics
@@ -291,8 +274,7 @@ def _streaming(method: _Method, behaviour: Callable[..., Any]) -> Callable[..., 
 
 
 class MetricsEndpoint:
-    """Prometheus' text format on ``http://host:port/metrics`` from a daemon thread (prometheus-client's
-    own WSGI server); ``port`` 0 picks a free one (``self.port`` is the bound one)."""
+    """``http://host:port/metrics`` from a daemon thread; ``port`` 0 picks one (``self.port``)."""
 
     def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
         self._httpd, self._thread = start_http_server(port, host, registry)
@@ -306,9 +288,8 @@ class MetricsEndpoint:
 
 
 class ServiceMetrics:
-    """A service's registry, RPC metrics and interceptor; subclasses add their own metrics and
-    collectors to ``self.registry``. ``serve`` starts the endpoint, ``close`` stops it (idempotent).
-    The process' CPU, memory and open files are exported too (``process_*``, read at scrape time)."""
+    """A service's registry (``process_*`` included), RPC metrics and interceptor; subclasses add
+    their metrics and collectors to ``self.registry``."""
 
     def __init__(self, generate_methods: Iterable[str] = ()) -> None:
         self.registry = CollectorRegistry()

@@ -1,7 +1,5 @@
-"""The ``main`` both services (``forkline-engine``, ``forkline-prefix``) share: the serving and auth
-flags, Prometheus metrics on ``--metrics_port``, and serving until SIGTERM / SIGINT
-(:func:`run_service`); the server itself is ``grpc_server.py``'s.
-"""
+"""The ``main`` both services share: the serving and auth flags, metrics on ``--metrics_port``, and
+serving until SIGTERM / SIGINT (:func:`run_service`)."""
 
 from __future__ import annotations
 
@@ -26,8 +24,7 @@ S = TypeVar("S", bound=GrpcServer)
 
 
 def port_number(text: str) -> int:
-    """argparse type for ``--port``: 0 (pick a free port) .. 65535. grpc would bind a larger number
-    modulo 65536, i.e. on a port nobody asked for."""
+    """argparse type for ``--port``: 0 (a free port) .. 65535 (grpc binds larger ones modulo 65536)."""
     try:
         port = int(text)
     except ValueError:
@@ -74,8 +71,7 @@ def add_serving_arguments(parser: argparse.ArgumentParser, *, default_port: int)
 
 
 def add_auth_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--auth_tokens``, ``--tls_cert``, ``--tls_key`` and ``--tls_client_ca``, as both services take
-    them (read by ``rpc.auth.ServerSecurity.from_args``)."""
+    """``--auth_tokens``, ``--tls_cert``, ``--tls_key`` and ``--tls_client_ca``, as both services take them."""
     parser.add_argument(
         "--auth_tokens",
         metavar="FILE",
@@ -103,8 +99,7 @@ def add_auth_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def server_security(args: argparse.Namespace) -> ServerSecurity:
-    """The :class:`ServerSecurity` the flags of :func:`add_auth_arguments` ask for; a token table is
-    re-read on SIGHUP (installs the handler: call from the main thread)."""
+    """The flags' :class:`ServerSecurity`; a token table is re-read on SIGHUP (main thread only)."""
     security = ServerSecurity.from_args(args)
     if security.tokens is not None:
         reload_on_sighup(security.tokens)
@@ -115,8 +110,8 @@ def server_security(args: argparse.Namespace) -> ServerSecurity:
 
 
 def serve_until_signalled(name: str, host: str, port: int) -> None:
-    """Print ``<name> listening on HOST:PORT`` (clients and the demo read this line), then block until
-    SIGTERM or SIGINT arrives. The caller drains its server afterwards."""
+    """Print ``<name> listening on HOST:PORT`` (clients read this line), then block until SIGTERM or
+    SIGINT."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -130,11 +125,8 @@ def run_service(
     start: Callable[[argparse.Namespace], tuple[S, int]],
     stop: Callable[[S, argparse.Namespace], None],
 ) -> int:
-    """A service's ``main`` after parsing (``args`` from :func:`add_serving_arguments`): configure
-    logging, ``start(args)`` the server (built with metrics when ``--metrics_port`` is set) and its
-    metrics endpoint (printing ``<name> metrics on http://HOST:PORT/metrics``); a ForklineError or
-    OSError prints one line ``<name>: <problem>`` on stderr and returns 2. Then serve until signalled,
-    ``stop(server, args)``, return 0."""
+    """A service's ``main`` after parsing: ``start(args)`` the server and its metrics, serve until
+    signalled, ``stop(server, args)``; 0, or 2 with one line ``<name>: <problem>`` on stderr."""
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         server, port = start(args)

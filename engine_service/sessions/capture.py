@@ -1,15 +1,5 @@
-"""The capture rule: which snapshots one generation takes, where, and the quota room they hold.
-
-A generation asked for a prompt snapshot clones its session at the end of the prompt on the first
-update that carries tokens or reaches that end (the terminal update may carry the only tokens); asked
-for breakpoints, it clones at each breakpoint update (``GenerationUpdate.breakpoint``). Clones are
-*queued* on the engine thread before the next forward, so a sliding window has not moved yet.
-
-Quotas: :meth:`SnapshotCapture.reserve` holds every snapshot's room in its payer's quota before the
-generation starts (the caller's for a snapshot handed to a persistent owner, until that owner claims
-it: ``handles.py``). A snapshot for the caller that does not fit fails the call; one handed to another
-owner (a persistent owner) that does not fit is refused with ``CloneRefusal.QUOTA`` when its time
-comes, and the generation goes on.
+"""The snapshots one generation takes (its prompt's end: ``prompt_snapshot_due``; each breakpoint),
+their clones queued on the engine thread before the next forward, their room reserved before it starts.
 """
 
 from __future__ import annotations
@@ -31,8 +21,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PendingSnapshot:
-    """A snapshot clone on its way: its future, where and why, the handle reserved for the child
-    (None: refused before any clone) and, then, why in words."""
+    """A snapshot clone on its way; ``reservation`` None: refused before any clone (``refusal_text``)."""
 
     future: CloneFuture
     position: int
@@ -42,8 +31,7 @@ class PendingSnapshot:
 
 
 class SnapshotCapture:
-    """The snapshots one generation on ``session`` takes for ``owner``, counted against ``payer``
-    (default ``owner``; see the module docstring)."""
+    """The snapshots one generation on ``session`` takes for ``owner``, counted against ``payer``."""
 
     def __init__(
         self,
@@ -68,9 +56,8 @@ class SnapshotCapture:
         self._reserved: dict[tuple[SnapshotKind, int], str | ResourceExhausted] = {}
 
     def reserve(self, prompt_end: int, caller: str) -> None:
-        """Reserve every snapshot the generation may take (the prompt ends at ``prompt_end``); a
-        snapshot for ``caller`` itself that does not fit raises. The caller :meth:`release`\\ s them
-        when the generation does not start."""
+        """Reserve every snapshot the generation may take. One for ``caller`` that does not fit
+        raises; one handed to another owner is refused QUOTA when due, and the generation goes on."""
         self._prompt_end = prompt_end
         wanted = [(SnapshotKind.BREAKPOINT, p) for p in sorted(self._breakpoints)]
         if self._prompt_snapshot:
@@ -88,7 +75,6 @@ class SnapshotCapture:
                 self._reserved[(kind, position)] = reservation
 
     def release(self) -> None:
-        """Give back the reservations nothing used."""
         with self._lock:
             left, self._reserved = list(self._reserved.values()), {}
         for reservation in left:

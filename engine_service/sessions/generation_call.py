@@ -1,18 +1,5 @@
-"""One streamed generation for a caller: a generation on a session, its snapshots, its cleanup.
-
-The runner delivers updates on the engine thread: the callback only queues them and, through the
-capture rule (``capture.py``), queues snapshot clones; it never waits. :meth:`GenerationCall.events`
-runs on the caller's thread: it waits for clone futures, registers snapshot handles and detokenizes,
-yielding ``api.stream_events`` (Started, Tokens / Snapshot, Done).
-
-Ownership: a fresh session is registered to the caller for the call and closed at its end unless
-``keep_session`` (a cancelled or failed call closes it regardless); a given session is closed at the
-end with ``close_session``. Streamed snapshot handles belong
-to the capture's owner. :meth:`finish` (however the call ends) cancels the generation, releases every
-clone the caller never received and returns a held session's weight to its position.
-
-Quota: the session's weight grows with the generation (``reservation.py``); when its owner's quota
-has no room for the next step, the generation is stopped there and its done event says ``length``.
+"""One streamed generation for a caller: updates queued on the engine thread (never waiting), events
+(Started, Tokens / Snapshot, Done) yielded on the caller's; a quota with no room left ends it ``length``.
 """
 
 from __future__ import annotations
@@ -50,8 +37,8 @@ class _Update:
 
 
 class GenerationCall:
-    """See the module docstring. ``session`` is resolved (and pinned under ``handle``) by the caller,
-    ``capture``'s snapshots reserved, and ``handle`` weighs ``reservation.initial``."""
+    """A fresh session is closed at the end unless kept (and finished cleanly), a given one with
+    ``close_session``. The caller pinned ``session`` under ``handle`` and reserved what it weighs."""
 
     def __init__(
         self,
@@ -89,8 +76,7 @@ class GenerationCall:
 
     # -- engine thread -------------------------------------------------------------------------
     def _on_update(self, update: GenerationUpdate) -> None:
-        """Runner callback (engine thread): queue the snapshots it calls for, grow the reservation
-        (or stop the generation when it cannot grow), then hand the update over."""
+        """Engine thread: queue the snapshots due, grow the reservation or stop, queue the update."""
         stop: GenerationHandle | None = None
         with self._lock:  # finish() closes under this lock, then drains: nothing queued is missed
             if not self._closed and update.finish_reason != FinishReason.ERROR:
@@ -110,8 +96,7 @@ class GenerationCall:
 
     # -- caller's thread -----------------------------------------------------------------------
     def events(self, is_active: Callable[[], bool]) -> Iterator[Event]:
-        """Start the generation and yield its stream events until done. ``is_active()`` is False once
-        the client has gone; the generation is then cancelled and the loop ends without done."""
+        """Start the generation and yield its events; ends without Done once ``is_active()`` is False."""
         start = self._session.position
         # a pending prediction from the session's last generation is fed first, before the input
         size = input_size(self._input) + (1 if self._session.has_pending else 0)
@@ -177,16 +162,13 @@ class GenerationCall:
         yield _done_event(result, reason, start, self._session.position)
 
     def _spelled(self, logprobs: list[TokenLogprob]) -> tuple[TokenLogprob, ...]:
-        """``logprobs`` with each token's text and bytes (``model.token_bytes``)."""
         if not logprobs:
             return ()
         spell = token_bytes(self._tokenizer).spell
         return tuple(entry.spelled(spell) for entry in logprobs)
 
     def _register(self, item: PendingSnapshot) -> tuple[str | None, bytes | None]:
-        """Register a snapshot for its owner in its reservation, unless the call already ended (then
-        release it); its handle and content digest (the child is idle and nobody else holds it yet:
-        safe to read)."""
+        """Register a snapshot unless the call ended (then release it): (handle, digest)."""
         child = item.future.result()
         if child is None:
             if item.reservation is not None:
@@ -207,17 +189,13 @@ class GenerationCall:
         return None, None
 
     def abort(self) -> None:
-        """Cancel the generation (if running); called when the RPC ends for any reason."""
         generation = self._generation
         if generation is not None and not generation.done():
             generation.cancel()
 
     def finish(self) -> None:
-        """Release what the caller does not own: undelivered clones (queued, or registered but never
-        sent), a fresh session unless kept, a given one with ``close_session``.
-
-        Idempotent; runs when the stream ends, however it ends.
-        """
+        """Release what the caller does not own: undelivered clones, a fresh session unless kept, a
+        given one with ``close_session``. Idempotent; runs however the stream ends."""
         with self._lock:
             if self._closed:
                 return
@@ -245,7 +223,6 @@ class GenerationCall:
 
 
 def _snapshot_event(item: PendingSnapshot, handle: str | None, digest: bytes | None) -> Snapshot:
-    """The event of a snapshot: its handle holding ``[0, position)`` with ``digest``, or why not."""
     if handle:
         return Snapshot(handle, item.position, item.kind, content_digest=digest)
     reason = item.future.refusal or CloneRefusal.BOUNDARY

@@ -1,20 +1,7 @@
-"""HandleRegistry: opaque, unguessable handles (``api.handle_names``) for sessions held by remote
-callers, per owner, with idle expiry and quotas. Thread-safe; holds arbitrary values.
+"""HandleRegistry: unguessable session handles per owner, with idle expiry and quotas (thread-safe).
 
-- Only a handle's owner resolves or removes it; unknown, malformed, foreign, another instance's,
-  expired and removed handles all raise the same NotFound (a handle cannot be probed).
-- Each resolve refreshes its idle time; :meth:`HandleRegistry.expire_idle` removes unpinned client
-  handles idle past ``idle_timeout_s`` (persistent owners' never expire) and returns them to close.
-- Quotas: an entry weighs one session and the positions its caller says, charged to its *payer*: its
-  owner, except a session a client handed to a persistent owner (a clone or snapshot with another
-  owner), which counts against the giving client until its owner claims it (:meth:`HandleRegistry.claim`;
-  the prefix service does as it stores it) or it is released -- so nobody fills a persistent owner's
-  budget with sessions it never asked for. Each payer's entries stay within ``quota`` (clients) or
-  ``persistent_quota`` (each persistent owner), or the call raises ``QuotaExceeded`` before anything is
-  allocated. :meth:`HandleRegistry.reserve` counts a *pending* entry (unresolvable, never expired) that
-  :meth:`HandleRegistry.fill` gives its value; :meth:`HandleRegistry.extend` grows an entry's weight by
-  what still fits (a generation's reservation).
-- Expiry follows the payer: an unclaimed hand-over expires like its giver's own handles.
+Each entry weighs one session and some positions, charged to its payer: its owner, or the client that
+handed it to a persistent owner until that owner claims it. Spec: docs/SECURITY.md (quotas).
 """
 
 from __future__ import annotations
@@ -25,6 +12,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar, cast
 
+from engine_service.api.checks import checked_float
 from engine_service.api.errors import InvalidArgument, NotFound, QuotaExceeded
 from engine_service.api.handle_names import handle_instance, is_instance_id, new_handle, new_instance_id
 from engine_service.api.owners import NO_QUOTA, OwnerQuota, OwnerUsage
@@ -43,16 +31,9 @@ def engine_quotas(
     owner_max_positions: int | None = None,
     persistent_owner_share: float = DEFAULT_PERSISTENT_SHARE,
 ) -> tuple[OwnerQuota, OwnerQuota]:
-    """The engine's (client quota, persistent owners' budget) from its limits and the flags.
-
-    Defaults: a client holds at most a quarter of the sessions (``max(1, max_sessions // 4)``) and half
-    the positions those sessions could hold (``owner_max_sessions * max_session_tokens // 2``: long
-    sessions count for more); 0 turns either off. A persistent owner (the prefix service) gets
-    ``persistent_owner_share`` of the sessions and of the positions (``max_sessions *
-    max_session_tokens``), at least one session; share 0 turns its budget off.
-    """
-    if not 0 <= persistent_owner_share <= 1:
-        raise InvalidArgument(f"persistent_owner_share must be in [0, 1], got {persistent_owner_share}")
+    """(each client's quota, each persistent owner's) from the engine's limits and quota flags (0: off)."""
+    checked_float("persistent_owner_share", persistent_owner_share, lo=0, hi=1)
+    # a client: a quarter of the sessions, half the positions those could hold (long ones count more)
     sessions = max(1, max_sessions // 4) if owner_max_sessions is None else owner_max_sessions
     positions = sessions * max_session_tokens // 2 if owner_max_positions is None else owner_max_positions
     if persistent_owner_share == 0:
@@ -79,14 +60,11 @@ class _Entry(Generic[T]):
 
 
 def _value(entry: _Entry[T]) -> T:
-    """The value of an entry that is not pending."""
     return cast(T, entry.value)
 
 
 @dataclass(frozen=True)
 class Released(Generic[T]):
-    """A value removed from the registry, with the handle it had."""
-
     handle: str
     owner: str
     value: T
@@ -94,10 +72,8 @@ class Released(Generic[T]):
 
 @dataclass
 class HandleRegistry(Generic[T]):
-    """Maps handles to values, per owner. ``idle_timeout_s`` 0 disables expiry; handles of
-    ``persistent_owners`` (services that hold snapshots on purpose, e.g. the prefix service, which
-    releases its leftovers itself at start) never expire. ``quota`` bounds what each client owner
-    holds, ``persistent_quota`` what each persistent owner holds (see the module docstring)."""
+    """Handles to values, per owner. ``idle_timeout_s`` 0: no expiry; ``persistent_owners``' handles
+    never expire. ``quota``: each client's; ``persistent_quota``: each persistent owner's."""
 
     instance_id: str = field(default_factory=new_instance_id)
     idle_timeout_s: float = 0.0
@@ -109,23 +85,21 @@ class HandleRegistry(Generic[T]):
     def __post_init__(self) -> None:
         if not is_instance_id(self.instance_id):
             raise InvalidArgument(f"instance_id must be 16 lowercase hex digits, got {self.instance_id!r}")
-        if not self.idle_timeout_s >= 0:
-            raise InvalidArgument(f"idle_timeout_s must be >= 0, got {self.idle_timeout_s}")
+        checked_float("idle_timeout_s", self.idle_timeout_s, lo=0)
         if not isinstance(self.persistent_owners, frozenset):  # PersistentOwners (prefixes) stays as given
             self.persistent_owners = frozenset(self.persistent_owners)
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry[T]] = {}
 
     def register(self, value: T, owner: str, positions: int = 0) -> str:
-        """A new handle for ``value`` owned by ``owner``, weighing ``positions`` (QuotaExceeded when
-        the owner's quota has no room)."""
+        """A new handle for ``value`` owned by ``owner``, weighing ``positions``; QuotaExceeded."""
         handle = self.reserve(owner, positions)
         self.fill(handle, value)
         return handle
 
     def reserve(self, owner: str, positions: int = 0, *, payer: str = "") -> str:
-        """A pending handle for a value still to be made (:meth:`fill` it, or :meth:`discard` it): it
-        counts against ``payer``'s quota now (default the owner's; QuotaExceeded when there is no room)."""
+        """A pending handle (:meth:`fill` or :meth:`discard` it), counted now against ``payer``
+        (default the owner); QuotaExceeded."""
         if not owner:
             raise InvalidArgument("owner must be a non-empty string")
         payer = payer or owner
@@ -138,9 +112,8 @@ class HandleRegistry(Generic[T]):
         return handle
 
     def claim(self, handle: str, owner: str) -> None:
-        """``owner`` takes over the quota charge of its ``handle`` (a session handed to it, counting
-        against its giver until now): QuotaExceeded when ``owner``'s quota has no room for it (nothing
-        changes then); NotFound as :meth:`resolve`. A handle ``owner`` already pays for is left as is."""
+        """``owner`` takes over the quota charge of ``handle`` from its giver; QuotaExceeded (nothing
+        changes) or NotFound."""
         with self._lock:
             entry = self._entry(handle, owner)
             if entry.payer == owner:
@@ -150,14 +123,12 @@ class HandleRegistry(Generic[T]):
             entry.last_used = self.clock()
 
     def payer_of(self, handle: str) -> str | None:
-        """Whose quota ``handle`` counts in (None when it is gone); for tests and diagnostics."""
         with self._lock:
             entry = self._entries.get(handle)
             return None if entry is None else entry.payer
 
     def fill(self, handle: str, value: T) -> bool:
-        """Give a reserved handle its value; False when the reservation is gone (its owner released
-        everything meanwhile, or shutdown): the caller then closes ``value``."""
+        """Give a reserved handle its value; False when the reservation is gone (close ``value`` then)."""
         with self._lock:
             entry = self._entries.get(handle)
             if entry is None or not entry.pending:
@@ -166,9 +137,7 @@ class HandleRegistry(Generic[T]):
             return True
 
     def weigh(self, handle: str, positions: int, *, check: bool = False) -> None:
-        """Set how many positions the handle weighs (e.g. a generation starting on it: what it may
-        reach; its end: its position). With ``check``, QuotaExceeded when its owner's quota has no room
-        for the new weight (the weight is then unchanged). A removed handle is ignored."""
+        """Set the positions the handle weighs; with ``check``, QuotaExceeded (unchanged) past the quota."""
         with self._lock:
             entry = self._entries.get(handle)
             if entry is None:
@@ -178,9 +147,8 @@ class HandleRegistry(Generic[T]):
             entry.positions = positions
 
     def extend(self, handle: str, positions: int) -> int | None:
-        """Raise the handle's weight toward ``positions`` by as much as its owner's quota has room for
-        (a generation's reservation growing as it produces tokens); never lowers it. Returns the new
-        weight, None when the handle is gone."""
+        """Raise the weight toward ``positions`` by what the payer's quota allows; the new weight, or
+        None when the handle is gone."""
         with self._lock:
             entry = self._entries.get(handle)
             if entry is None:
@@ -190,7 +158,6 @@ class HandleRegistry(Generic[T]):
             return entry.positions
 
     def _room(self, owner: str) -> int:
-        """Positions ``owner`` may still add (lock held); a very large number without a positions quota."""
         limit = self.quota_for(owner).max_positions
         return max(0, limit - self._held(owner)[1]) if limit else 1 << 62
 
@@ -203,13 +170,10 @@ class HandleRegistry(Generic[T]):
         return OwnerUsage(owner, owner in self.persistent_owners, sessions, positions, self.quota_for(owner))
 
     def _held(self, owner: str) -> tuple[int, int]:
-        """(sessions, positions) ``owner`` pays for, reservations and unclaimed hand-overs included
-        (lock held)."""
         mine = [e.positions for e in self._entries.values() if e.payer == owner]
         return len(mine), sum(mine)
 
     def _check(self, owner: str, sessions: int, positions: int) -> None:
-        """QuotaExceeded unless ``owner`` has room for ``sessions`` more and ``positions`` more (lock held)."""
         quota = self.quota_for(owner)
         if not (quota.max_sessions or quota.max_positions):
             return
@@ -223,7 +187,7 @@ class HandleRegistry(Generic[T]):
             )
 
     def _entry(self, handle: str, owner: str) -> _Entry[T]:
-        """The live entry (lock held) or NotFound with a message that leaks nothing about other owners."""
+        # one NotFound for unknown, foreign and pending handles: a handle cannot be probed
         entry = self._entries.get(handle) if isinstance(handle, str) else None
         if entry is None or entry.owner != owner or entry.pending:
             if isinstance(handle, str) and (inst := handle_instance(handle)) and inst != self.instance_id:
@@ -250,7 +214,6 @@ class HandleRegistry(Generic[T]):
             return _value(entry)
 
     def unpin(self, handle: str) -> None:
-        """Undo one :meth:`pin`; a removed handle is ignored."""
         with self._lock:
             entry = self._entries.get(handle)
             if entry is not None and entry.pins > 0:
@@ -264,15 +227,13 @@ class HandleRegistry(Generic[T]):
             return _value(self._entries.pop(handle))
 
     def discard(self, handle: str) -> T | None:
-        """Forget the handle (or reservation) whoever owns it (internal cleanup); None when already
-        gone or still pending."""
+        """Forget the handle or reservation, whoever owns it; its value (None: gone or pending)."""
         with self._lock:
             entry = self._entries.pop(handle, None)
         return None if entry is None else entry.value
 
     def release_owner(self, owner: str, keep: Collection[str] = ()) -> list[Released[T]]:
-        """Forget every handle ``owner`` holds or pays for (its hand-overs nobody claimed yet), except
-        those in ``keep`` and the reservations of calls in flight, and return them."""
+        """Forget and return every handle ``owner`` holds or pays for, except ``keep`` and reservations."""
         keep = frozenset(keep)
         with self._lock:
             gone = [
@@ -283,15 +244,13 @@ class HandleRegistry(Generic[T]):
             return [Released(h, self._entries[h].owner, _value(self._entries.pop(h))) for h in gone]
 
     def release_all(self) -> list[Released[T]]:
-        """Forget every handle and reservation (shutdown); returns the handles."""
         with self._lock:
             gone = [Released(h, e.owner, _value(e)) for h, e in self._entries.items() if not e.pending]
             self._entries.clear()
         return gone
 
     def expire_idle(self) -> list[Released[T]]:
-        """Forget unpinned handles idle for longer than ``idle_timeout_s`` and return them (a
-        persistent owner's never expire, unless a client still pays for them: an unclaimed hand-over)."""
+        """Forget and return unpinned handles idle past ``idle_timeout_s`` whose payer is a client."""
         if self.idle_timeout_s == 0:
             return []
         deadline = self.clock() - self.idle_timeout_s
@@ -307,11 +266,9 @@ class HandleRegistry(Generic[T]):
             return [Released(h, self._entries[h].owner, self._entries.pop(h).value) for h in gone]
 
     def __len__(self) -> int:
-        """Live handles (reservations excluded)."""
         with self._lock:
             return sum(1 for e in self._entries.values() if not e.pending)
 
     def count(self, owner: str) -> int:
-        """Live handles ``owner`` holds (reservations excluded)."""
         with self._lock:
             return sum(1 for e in self._entries.values() if e.owner == owner and not e.pending)

@@ -1,6 +1,5 @@
-"""What a generation is fed, checked against the engine before any session is touched: token ids
-inside the vocabulary, text tokenized (chat-formatted first when asked), and an input that fits its
-session with its breakpoints inside it. Every problem is InvalidArgument naming the field."""
+"""What a generation is fed (ids, text tokenized, a prepared input), checked by ``api.limits`` before any
+session is touched."""
 
 from __future__ import annotations
 
@@ -22,7 +21,6 @@ Fed = list[int] | PreparedInput  # what the runner is given
 
 
 def text_tokens(prompt: TextPrompt, tokenizer: Tokenizer, chat: ChatFormatter | None) -> list[int]:
-    """``prompt`` tokenized (see :class:`TextPrompt`)."""
     if prompt.chat:
         if chat is None:
             raise InvalidArgument("text.chat: this model has no chat template")
@@ -52,7 +50,6 @@ def fed_input(value: Input, tokenizer: Tokenizer, chat: ChatFormatter | None, vo
 
 
 def input_size(value: Fed) -> int:
-    """Positions ``value`` fills."""
     return value.size() if isinstance(value, PreparedInput) else len(value)
 
 

@@ -1,22 +1,6 @@
-"""Save a session to a snapshot file, load one back: the two calls a caller (the CLI, the prefix
-service's persistent tier) makes. Each waits for one engine command and does the file work on the
-calling thread, so never call them from a generation callback.
-
-    outcome = save_session(session, "snapshots/")       # SaveOutcome: path, positions, bytes, or refusal
-    loaded = load_session(runner, outcome.path)          # LoadOutcome: a new idle Session, or refusal
-    loaded.session.generate_async(suffix, config)        # continues exactly like the saved session
-
-A session saved at position ``p`` and loaded holds ``[0, p)`` with the same K/V, ring state and
-content record (so ``Session.content_digest`` and digest-checked clones work on it); the saved
-session's pending prediction is not part of it: feed the next token as the caller would after a clone.
-
-Over an RPC (an engine's K/V to a prefix service's disk and back): ``encode_session`` gives the file's
-bytes, the receiver writes them with ``api.snapshot_files.write_snapshot_bytes``, and ``load_session_bytes``
-imports bytes with the same checks as a file.
-
-``key`` (every call): the engine's :class:`SnapshotKey` (``--snapshot_key``): saves are signed with it,
-and loads refuse what it does not verify (``unsigned``, ``bad_signature``); None signs nothing and
-loads unsigned files only.
+"""Save a session to a snapshot file (or its bytes) and load one back into a runner; each call waits for
+one engine command, so never from a generation callback. ``key``: signs saves, verifies loads.
+Spec: docs/SNAPSHOTS.md.
 """
 
 from __future__ import annotations
@@ -60,10 +44,7 @@ class SaveOutcome:
 
 @dataclass(frozen=True)
 class LoadOutcome:
-    """What :func:`load_session` did: the new idle ``session`` (the caller owns it) or why not.
-
-    content: the token ids the session holds (empty when refused before the file was vouched for);
-    extra: the application strings saved with it."""
+    """What :func:`load_session` did: a new idle ``session`` the caller owns, or why not."""
 
     session: Session | None
     refusal: LoadRefusal | None = None
@@ -87,9 +68,8 @@ def save_session(
     timeout: float | None = None,
     key: SnapshotKey | None = None,
 ) -> SaveOutcome:
-    """Export ``session`` (its committed positions) and write it into ``folder`` atomically, named
-    ``name`` or :func:`snapshot_name` (fingerprint and content digest). The session is unchanged.
-    OSError when the file cannot be written (nothing is left under the name)."""
+    """Export ``session``'s committed positions into ``folder`` atomically, named ``name`` or
+    :func:`snapshot_name`; OSError when the file cannot be written."""
     future = session.export_async()
     snapshot = future.result(timeout)
     if snapshot is None:
@@ -119,9 +99,7 @@ def encode_session(
     key: SnapshotKey | None = None,
     upto: int | None = None,
 ) -> EncodedSession:
-    """The bytes :func:`save_session` would write for ``session`` (for an RPC stream: the receiver
-    writes them with ``write_snapshot_bytes`` and any engine loads them with :func:`load_session_bytes`);
-    ``upto``: only positions ``[0, upto)`` (see ``Session.export_async``)."""
+    """The bytes :func:`save_session` would write (positions ``[0, upto)`` with ``upto``)."""
     future = session.export_async(upto)
     snapshot = future.result(timeout)
     if snapshot is None:
@@ -140,9 +118,7 @@ def load_session(
     timeout: float | None = None,
     key: SnapshotKey | None = None,
 ) -> LoadOutcome:
-    """Read and verify the snapshot in ``path`` (container, format version, signature, checksum, content), then
-    import it into ``runner`` (cache kind, geometry, fingerprint, limits and array shapes checked on
-    the engine thread before anything is allocated). Never raises for a bad file: a refusal says why."""
+    """Read, verify and import ``path`` into ``runner``; a bad file is a refusal, never an exception."""
     try:
         snapshot = read_snapshot(path, key=key)
     except SnapshotRefused as refused:
@@ -158,8 +134,6 @@ def load_session_bytes(
     timeout: float | None = None,
     key: SnapshotKey | None = None,
 ) -> LoadOutcome:
-    """:func:`load_session` of a snapshot file's bytes (received over an RPC); ``source`` names it in
-    refusals."""
     try:
         snapshot = decode_snapshot(data, source, key=key)
     except SnapshotRefused as refused:

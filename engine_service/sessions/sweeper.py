@@ -30,7 +30,6 @@ class HandleSweeper:
             self._thread.start()
 
     def sweep(self) -> int:
-        """Close what expired now; how many."""
         expired = self._registry.expire_idle()
         for r in expired:
             log.info("session handle of %s expired after %.1f s idle", r.owner, self._registry.idle_timeout_s)

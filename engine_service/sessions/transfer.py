@@ -1,15 +1,6 @@
-"""A session as a snapshot file's bytes and back, for one owner: what ExportSession / ImportSession
-serve, so whoever persists snapshots (the prefix service's directory) holds the disk and engines share
-nothing on disk.
-
-- Export: the owner's session is encoded (``session_files.encode_session``: the engine thread
-  exports its committed positions; the bytes are built on the caller's thread), or refused.
-- Import: persistent owners only (a client could otherwise forge K/V under tokens it does not hold and
-  store it through an Insert). At most :meth:`SessionTransfer.max_bytes` are read; every check runs
-  before anything enters the cache; the new session weighs its positions in the owner's quota.
-- ``key`` (``--snapshot_key``): exports are signed with it; imports it does not verify are refused
-  (``unsigned``, ``bad_signature``: the refusal reason of the answer) before any tensor is read.
-"""
+"""ExportSession / ImportSession for one owner: a session as a snapshot file's bytes and back, so the
+holder of snapshots owns the disk. Imports are for persistent owners only (a client could otherwise
+forge K/V under tokens it does not hold)."""
 
 from __future__ import annotations
 
@@ -17,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from engine_service.api.answers import ImportedSnapshot
+from engine_service.api.checks import checked_int
 from engine_service.api.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Stopping
 from engine_service.persistence.snapshot_key import SnapshotKey
 from engine_service.sessions.handles import HandleRegistry
@@ -33,7 +25,7 @@ MAX_EXTRA_KEY, MAX_EXTRA_VALUE = 128, 1 << 20
 
 
 class SessionTransfer:
-    """Exports and imports the sessions of ``registry`` over ``runner`` (see the module docstring)."""
+    """Exports and imports the sessions of ``registry`` over ``runner``, signed with ``key`` if given."""
 
     def __init__(
         self,
@@ -48,30 +40,24 @@ class SessionTransfer:
         self._key = key
 
     def max_bytes(self) -> int:
-        """The largest import accepted: a full session of this engine with a generous per-position
-        bound (the exact size depends on the K/V geometry; this only stops a runaway stream)."""
+        """The largest import read: a full session at a generous bound per position."""
         return HEADER_BYTES + self._max_session_tokens * BYTES_PER_POSITION_CAP
 
     def export(
         self, owner: str, handle: str, extra: Mapping[str, str], upto: int | None = None
     ) -> EncodedSession:
-        """The file of ``owner``'s session ``handle`` (positions ``[0, upto)``, default all committed
-        ones) carrying ``extra``, or its refusal. InvalidArgument for an ``upto`` past the session's
-        committed positions."""
+        """The file of ``owner``'s ``handle`` (``[0, upto)``) carrying ``extra``, or its refusal."""
         for key, value in extra.items():
             if not key or len(key) > MAX_EXTRA_KEY or len(value) > MAX_EXTRA_VALUE:
                 raise InvalidArgument(
                     f"extra[{key[:32]!r}]: keys must be 1-{MAX_EXTRA_KEY} characters, values at most 1 MiB"
                 )
         session = self._registry.resolve(handle, owner)
-        if upto is not None and not 0 <= upto <= session.position:
-            raise InvalidArgument(
-                f"upto must be in [0, {session.position}] (the session's positions), got {upto}"
-            )
+        if upto is not None:
+            checked_int("upto", upto, lo=0, hi=session.position)  # the session's committed positions
         return encode_session(session, extra=dict(extra), timeout=EXPORT_TIMEOUT_S, key=self._key, upto=upto)
 
     def import_(self, owner: str, chunks: Iterable[bytes]) -> ImportedSnapshot:
-        """Load the file streamed in ``chunks`` into a new session of ``owner``."""
         persistent = self._registry.persistent_owners
         if owner not in persistent:
             raise FailedPrecondition(

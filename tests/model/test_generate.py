@@ -47,7 +47,7 @@ def test_greedy_refuses_token_ids_outside_the_vocabulary(tiny_model, bad):
     model = tiny_model("FRFR", window=4)
     cache = new_cache(model, 32)
     seq = cache.seq_new()
-    with pytest.raises(InvalidArgument, match=f"token id {bad} outside the vocabulary"):
+    with pytest.raises(InvalidArgument, match=rf"tokens\[1\] = {bad} is outside the vocabulary"):
         next(greedy_tokens(model, cache, seq, [3, bad, 4], 2))
     assert cache.pos(seq) == 0
 

@@ -18,12 +18,14 @@ from tokenizers import Tokenizer as HFTokenizer
 
 import engine_service  # noqa: F401  (OpenBLAS before mlx)
 from engine_service.api.owners import NO_QUOTA, OwnerQuota
+from engine_service.executors.options import ExecutorSettings
 from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
 from engine_service.model.tokenizer import Tokenizer
 from engine_service.persistence.snapshot_key import SnapshotKey
 from engine_service.rpc.server import EngineServer, create_server
 from engine_service.sessions.engine import EngineSessions
+from engine_service.sessions.settings import UNLIMITED, SessionSettings
 from prefix_service.engines.connect import connect_engine
 from prefix_service.rpc.server import PrefixServer
 from prefix_service.rpc.server import create_server as create_prefix_server
@@ -90,16 +92,20 @@ def start_engine(
         tokenizer,
         model_name=f"tiny-{layers}-seed{seed}",
         chat=ChatFormatter(name="chatml"),
-        cache_kind=cache_kind,
-        max_sessions=max_sessions,
-        max_session_tokens=max_session_tokens,
-        prefill_chunk=64,
-        idle_timeout_s=idle_timeout_s,
-        prepared_inputs=prepared_inputs,
-        quota=quota,
-        persistent_quota=persistent_quota,
-        persistent_owners=persistent_owners,
-        snapshot_key=snapshot_key,
+        executor=ExecutorSettings(
+            cache_kind=cache_kind,
+            max_sessions=max_sessions,
+            max_session_tokens=max_session_tokens,
+            prefill_chunk=64,
+        ),
+        sessions=SessionSettings(
+            idle_timeout_s=idle_timeout_s,
+            persistent_owners=persistent_owners,
+            quota=quota,
+            persistent_quota=persistent_quota,
+            prepared_inputs=prepared_inputs,
+            snapshot_key=snapshot_key,
+        ),
     )
     server, bound = create_server(deps, f"{host}:{port}", stuck_after_s=stuck_after_s)
     return Engine(server, bound)
@@ -184,8 +190,8 @@ def real_model_services(max_sessions: int) -> Iterator[tuple[Any, EngineSessions
         loaded.tokenizer,
         model_name="smollm2",
         chat=loaded.chat,
-        max_sessions=max_sessions,
-        max_session_tokens=512,
+        executor=ExecutorSettings(max_sessions=max_sessions, max_session_tokens=512),
+        sessions=UNLIMITED,
     )
     server, port = create_server(deps, "127.0.0.1:0")
     prefix = start_prefix(f"127.0.0.1:{port}")

@@ -19,12 +19,14 @@ from clients.engine_client import EngineClient
 from clients.prefix_client import PrefixClient
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument, NotFound, Unauthenticated, Unavailable
+from engine_service.executors.options import ExecutorSettings
 from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
 from engine_service.rpc.server import create_server
 from engine_service.serving.auth import ClientSecurity, ServerSecurity, server_credentials
 from engine_service.serving.tokens import TokenTable
 from engine_service.sessions.engine import EngineSessions
+from engine_service.sessions.settings import UNLIMITED
 from prefix_service.engines.connect import connect_engine
 from prefix_service.rpc.server import create_server as create_prefix_server
 from protos import engine_pb2 as pb
@@ -67,10 +69,10 @@ def servers():
                 char_tokenizer(),
                 model_name="tiny-auth",
                 chat=ChatFormatter(name="chatml"),
-                cache_kind="batched-sequence",
-                max_sessions=8,
-                max_session_tokens=256,
-                prefill_chunk=64,
+                executor=ExecutorSettings(
+                    cache_kind="batched-sequence", max_sessions=8, max_session_tokens=256, prefill_chunk=64
+                ),
+                sessions=UNLIMITED,
             )
             server, port = create_server(deps, f"{host}:0", security=security)
             started.append(lambda: server.stop(0, shutdown_runner=True))

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from clients.engine_client import EngineClient
 from engine_service.blas import blas_status
+from engine_service.executors.options import ExecutorSettings
 from engine_service.model import cpu_kernels
 from engine_service.model.chat import ChatFormatter
 from engine_service.model.cpu_kernels import KernelStatus
 from engine_service.model.random_init import random_model
 from engine_service.rpc.server import create_server
 from engine_service.sessions.engine import EngineSessions
+from engine_service.sessions.settings import UNLIMITED
 from tests.service.conftest import char_tokenizer
 
 
@@ -30,9 +32,8 @@ def test_info_reports_a_slow_path(monkeypatch) -> None:
         char_tokenizer(),
         model_name="tiny-q8_0",
         chat=ChatFormatter(name="chatml"),
-        max_sessions=2,
-        max_session_tokens=64,
-        prefill_chunk=64,
+        executor=ExecutorSettings(max_sessions=2, max_session_tokens=64, prefill_chunk=64),
+        sessions=UNLIMITED,
     )
     server, port = create_server(deps, "127.0.0.1:0")
     try:

@@ -255,7 +255,7 @@ def test_clone_that_does_not_settle_in_time_is_unavailable_not_internal(engine, 
     from concurrent.futures import Future
 
     from engine_service.runtime.session import Session
-    from engine_service.sessions import engine as sessions_engine
+    from engine_service.sessions import clones as sessions_clones
 
     alice = EngineClient(engine.address, owner="alice")
     own = (
@@ -263,7 +263,7 @@ def test_clone_that_does_not_settle_in_time_is_unavailable_not_internal(engine, 
         .collect()
         .started.session
     )
-    monkeypatch.setattr(sessions_engine, "CLONE_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(sessions_clones, "CLONE_TIMEOUT_S", 0.2)
     monkeypatch.setattr(
         Session, "clone_async", lambda self, upto, expected=None: Future()
     )  # a stalled engine

@@ -12,8 +12,10 @@ import pytest
 from clients.prefix_client import PrefixClient
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument
+from engine_service.executors.options import ExecutorSettings
 from engine_service.rpc.server import create_server
 from engine_service.sessions.engine import EngineSessions
+from engine_service.sessions.settings import UNLIMITED
 from tests.service.conftest import start_prefix
 
 pytestmark = pytest.mark.slow
@@ -33,8 +35,8 @@ def services():
         loaded.tokenizer,
         model_name="gemma-3-270m",
         chat=loaded.chat,
-        max_sessions=32,
-        max_session_tokens=2048,
+        executor=ExecutorSettings(max_sessions=32, max_session_tokens=2048),
+        sessions=UNLIMITED,
     )
     server, port = create_server(deps, "127.0.0.1:0")
     prefix = start_prefix(f"127.0.0.1:{port}", max_entries=16)

@@ -356,9 +356,11 @@ def test_stopping_the_prefix_service_stops_its_http_door(door) -> None:
 def test_the_real_model_answers_through_its_chat_template() -> None:
     """SmolLM2-135M-Instruct via the openai client: the chat template in the engine, a real answer,
     and the second call reusing all but the last prompt token."""
+    from engine_service.executors.options import ExecutorSettings
     from engine_service.model.loader import load_model
     from engine_service.rpc.server import create_server
     from engine_service.sessions.engine import EngineSessions
+    from engine_service.sessions.settings import UNLIMITED
 
     loaded = load_model()
     deps = EngineSessions.build(
@@ -366,8 +368,8 @@ def test_the_real_model_answers_through_its_chat_template() -> None:
         loaded.tokenizer,
         model_name=loaded.path,
         chat=loaded.chat,
-        max_sessions=4,
-        max_session_tokens=512,
+        executor=ExecutorSettings(max_sessions=4, max_session_tokens=512),
+        sessions=UNLIMITED,
     )
     server, port = create_server(deps, "127.0.0.1:0")
     prefix = start_prefix(f"127.0.0.1:{port}")

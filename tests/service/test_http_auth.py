@@ -44,12 +44,14 @@ def test_real_tokens_are_forwarded_and_https_uses_the_grpc_certificate(tmp_path)
     with the gRPC side's certificate."""
     import ssl
 
+    from engine_service.executors.options import ExecutorSettings
     from engine_service.model.chat import ChatFormatter
     from engine_service.model.random_init import random_model
     from engine_service.rpc.server import create_server
     from engine_service.serving.auth import ClientSecurity, ServerSecurity
     from engine_service.serving.tokens import TokenTable
     from engine_service.sessions.engine import EngineSessions
+    from engine_service.sessions.settings import UNLIMITED
     from prefix_service.engines.connect import connect_engine
     from prefix_service.rpc.server import create_server as create_prefix_server
     from tests.service.conftest import char_tokenizer
@@ -68,9 +70,8 @@ def test_real_tokens_are_forwarded_and_https_uses_the_grpc_certificate(tmp_path)
         char_tokenizer(),
         model_name="tiny",
         chat=ChatFormatter(name="chatml"),
-        max_sessions=8,
-        max_session_tokens=256,
-        prefill_chunk=64,
+        executor=ExecutorSettings(max_sessions=8, max_session_tokens=256, prefill_chunk=64),
+        sessions=UNLIMITED,
     )
     engine, engine_port = create_server(deps, "127.0.0.1:0", security=engine_security)
     gateway, channel = connect_engine(

@@ -22,12 +22,14 @@ from clients.prefix_client import PrefixClient
 from engine_service.__main__ import parse_args as engine_args
 from engine_service.api import errors
 from engine_service.api.config import GenConfig
+from engine_service.executors.options import ExecutorSettings
 from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
 from engine_service.rpc.server import SERVICE_NAME as ENGINE
 from engine_service.rpc.server import create_server
 from engine_service.serving.service_main import run_service
 from engine_service.sessions.engine import EngineSessions
+from engine_service.sessions.settings import UNLIMITED
 from prefix_service.engines.connect import connect_engine
 from prefix_service.rpc.server import SERVICE_NAME as PREFIX
 from prefix_service.rpc.server import create_server as create_prefix_server
@@ -48,10 +50,10 @@ def engine_deps() -> EngineSessions:
         char_tokenizer(),
         model_name="tiny-FRFR-seed0",
         chat=ChatFormatter(name="chatml"),
-        cache_kind="batched-sequence",
-        max_sessions=8,
-        max_session_tokens=256,
-        prefill_chunk=64,
+        executor=ExecutorSettings(
+            cache_kind="batched-sequence", max_sessions=8, max_session_tokens=256, prefill_chunk=64
+        ),
+        sessions=UNLIMITED,
     )
 
 
