@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from engine_service.api.errors import CacheError, InvalidArgument
+from engine_service.api.checks import checked_int
+from engine_service.api.errors import CacheError
 from engine_service.cache.batch_control import KVPart, KVView, Segment
 from engine_service.cache.cell_allocator import CellAllocator
 from engine_service.cache.config import CacheConfig, ConfiguredCache
@@ -272,8 +273,7 @@ class CellCache(ConfiguredCache):
     """BatchControl over a shared cell pool (see module docstring). Capacity counts used cells."""
 
     def __init__(self, config: CacheConfig) -> None:
-        if config.max_seqs > MAX_OWNERS:
-            raise InvalidArgument(f"max_seqs must be <= {MAX_OWNERS} for batched-cell, got {config.max_seqs}")
+        checked_int("batched-cell max_seqs", config.max_seqs, hi=MAX_OWNERS)
         self._cfg = config
         self._ids = SeqIdPool(config.max_seqs)
         self._cells: dict[int, _Cells] = {}

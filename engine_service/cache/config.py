@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from engine_service.api.checks import checked_int
 from engine_service.api.errors import InvalidArgument
 
 FULL = "full"
@@ -27,8 +28,8 @@ class LayerSpec:
     def __post_init__(self) -> None:
         if self.kind not in (FULL, SLIDING):
             raise InvalidArgument(f"LayerSpec.kind must be 'full' or 'sliding', got {self.kind!r}")
-        if self.kind == SLIDING and (self.window is None or self.window < 1):
-            raise InvalidArgument(f"LayerSpec.window must be >= 1 for a sliding layer, got {self.window!r}")
+        if self.kind == SLIDING:
+            checked_int("LayerSpec.window", self.window, lo=1)
         if self.kind == FULL and self.window is not None:
             raise InvalidArgument("LayerSpec.window must be None for a full layer")
 
@@ -67,9 +68,7 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         for name in ("capacity", "max_seqs", "kv_heads", "head_dim", "initial_capacity", "max_write"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise InvalidArgument(f"CacheConfig.{name} must be a positive int, got {value!r}")
+            checked_int(f"CacheConfig.{name}", getattr(self, name), lo=1)
         if not self.layers:
             raise InvalidArgument("CacheConfig.layers must not be empty")
 

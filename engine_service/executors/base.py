@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from engine_service.api.engine_info import WindowGeometry
-from engine_service.api.limits import EngineLimits
+from engine_service.api.limits import EngineLimits, check_nonempty
 from engine_service.api.logprobs import TokenLogprob
 from engine_service.api.snapshot_files import StateLayout
 from engine_service.cache.pinned_state import PinnedState
@@ -51,8 +51,7 @@ class ExecInput:
     def __post_init__(self) -> None:
         if (self.tokens is None) == (self.prepared is None):
             raise ValueError("ExecInput needs exactly one of tokens / prepared")
-        if self.size() < 1:
-            raise ValueError("ExecInput must cover at least one position")
+        check_nonempty(self.size(), "ExecInput")
 
     def size(self) -> int:
         return len(self.tokens) if self.tokens is not None else self.prepared.size()

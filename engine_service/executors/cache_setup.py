@@ -11,6 +11,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine_service.api.checks import checked_int
 from engine_service.api.errors import InvalidArgument, ResourceExhausted
 from engine_service.cache.batch_control import BatchControl
 from engine_service.cache.config import CacheConfig
@@ -21,13 +22,6 @@ from engine_service.model.cpu_kernels import kernels
 KV_DTYPES = ("auto", "float16", "bfloat16", "float32")
 _INT32_MAX = 2**31 - 1
 _PREALLOCATE = 256  # rows a flat layer allocates per step for a sequence
-
-
-def positive(name: str, value: Any) -> int:
-    """``value`` when it is an int >= 1 (bool excluded); InvalidArgument naming ``name`` otherwise."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidArgument(f"{name} must be a positive int, got {value!r}")
-    return value
 
 
 def resolve_kv_dtype(kv_dtype: str | mx.Dtype) -> mx.Dtype:
@@ -67,9 +61,9 @@ def cache_config(
     InvalidArgument for a non-positive limit, a logical capacity past the cache's int32 positions, or
     sessions longer than the model's context.
     """
-    positive("max_sessions", max_sessions)
-    positive("max_session_tokens", max_session_tokens)
-    positive("max_write", max_write)
+    checked_int("max_sessions", max_sessions, lo=1)
+    checked_int("max_session_tokens", max_session_tokens, lo=1)
+    checked_int("max_write", max_write, lo=1)
     capacity = max_sessions * max_session_tokens
     if capacity > _INT32_MAX:
         raise InvalidArgument(

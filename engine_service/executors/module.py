@@ -29,17 +29,18 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine_service.api.checks import checked_int
 from engine_service.api.engine_info import WindowGeometry
 from engine_service.api.errors import NotFound
-from engine_service.api.limits import EngineLimits, out_of_vocab
+from engine_service.api.limits import EngineLimits, check_fits, check_tokens
 from engine_service.api.snapshot_files import StateLayout
 from engine_service.cache.batch_control import BatchControl, Segment
 from engine_service.cache.pinned_state import PinnableCache, PinnedState
 from engine_service.cache.seq_state import SeqState, StateTransfer, geometry_text
 from engine_service.executors.base import ExecInput, ExecOutput, Executor
-from engine_service.executors.cache_setup import build_session_cache, cache_config, positive, resolve_kv_dtype
+from engine_service.executors.cache_setup import build_session_cache, cache_config, resolve_kv_dtype
 from engine_service.executors.lookahead import LookaheadMixin, _Launched, _Lookahead
-from engine_service.executors.plan import PREPARED_TOKEN, InputError, Plan, SessionState
+from engine_service.executors.plan import PREPARED_TOKEN, InputError, Plan, SessionState, guard
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.executors.sampling import Sampler, SamplingParams
 from engine_service.executors.token_logprobs import queue_logprobs
@@ -76,10 +77,10 @@ class ModuleExecutor(LookaheadMixin, Executor):
         self.config = self.model.config
         self.cache = cache
         self.cache_kind = cache_kind
-        self.max_sessions = positive("max_sessions", max_sessions)
-        self.max_session_tokens = positive("max_session_tokens", max_session_tokens)
-        self.max_write = positive("max_write", max_write)
-        self.prefill_chunk = positive("prefill_chunk", prefill_chunk)
+        self.max_sessions = checked_int("max_sessions", max_sessions, lo=1)
+        self.max_session_tokens = checked_int("max_session_tokens", max_session_tokens, lo=1)
+        self.max_write = checked_int("max_write", max_write, lo=1)
+        self.prefill_chunk = checked_int("prefill_chunk", prefill_chunk, lo=1)
         self.kv_dtype = kv_dtype
         self.keep_logits = keep_logits
         self.weights_dtype = (
@@ -128,7 +129,7 @@ class ModuleExecutor(LookaheadMixin, Executor):
         constructor. How many decode steps share a forward is the Runner's setting
         (``max_decode_sequences``): any number of inputs runs as one forward here.
         """
-        prefill_chunk = positive("prefill_chunk", prefill_chunk)
+        prefill_chunk = checked_int("prefill_chunk", prefill_chunk, lo=1)
         max_write = max_write if max_write is not None else prefill_chunk
         kv_dtype = resolve_kv_dtype(kv_dtype)
         config = cache_config(
@@ -358,20 +359,14 @@ class ModuleExecutor(LookaheadMixin, Executor):
             rows: tuple[int, ...] | PreparedInput = inp.prepared
         else:
             rows = tuple(inp.tokens)
-            bad = out_of_vocab(rows, self.config.vocab_size)
-            if bad is not None:  # a guard for direct use: the runner rejected these already
-                raise InputError(f"token id {rows[bad]} outside the vocabulary [0, {self.config.vocab_size})")
+            guard(check_tokens, rows, self.config.vocab_size)  # MLX gathers do not bounds-check
         pos = self.cache.pos(state.seq) if committed is None else committed
         if inp.start > pos:
             raise InputError(f"input starts at {inp.start} but session {inp.sid} is at {pos} (gap)")
         plan = Plan(index, inp.sid, state, inp.start, rows, inp.want_output)
         if state.sampler is None or not state.sampler.needs_host:  # a mask or logprobs: no drafts
             self._add_drafts(plan)
-        end = inp.start + plan.size
-        if end > self.max_session_tokens:
-            raise InputError(
-                f"session {inp.sid} would reach {end} positions > max_session_tokens={self.max_session_tokens}"
-            )
+        guard(check_fits, inp.start, plan.size, self.max_session_tokens)  # room promised to the others
         if inp.start < pos and not self.cache.rewind(state.seq, inp.start):
             raise InputError(
                 f"session {inp.sid} cannot rewind from {pos} to {inp.start}: the rows it needs are gone"

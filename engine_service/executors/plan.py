@@ -6,8 +6,10 @@ input), how many of its last rows are projected to logits, and how far the packe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from engine_service.api.errors import InvalidArgument
 from engine_service.api.logprobs import TokenLogprob
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.executors.sampling import Sampler
@@ -17,6 +19,14 @@ PREPARED_TOKEN = -1  # history marker for positions that came from a prepared in
 
 class InputError(Exception):
     """One input of a batch is unusable; only its generation fails."""
+
+
+def guard(rule: Callable[..., object], *args: object) -> None:
+    """Apply an ``api.limits`` rule the doors already applied; its refusal fails only this input."""
+    try:
+        rule(*args)
+    except InvalidArgument as exc:
+        raise InputError(str(exc)) from None
 
 
 @dataclass

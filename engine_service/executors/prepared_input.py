@@ -16,6 +16,7 @@ from typing import ClassVar
 import mlx.core as mx
 
 from engine_service.api.errors import InvalidArgument
+from engine_service.api.limits import check_nonempty
 
 
 class PreparedKind:
@@ -62,8 +63,7 @@ class EmbeddingsInput(PreparedInput):
             raise InvalidArgument(
                 "EmbeddingsInput.embeddings must be an mx.array of shape [positions, hidden]"
             )
-        if embeddings.shape[0] < 1:
-            raise InvalidArgument("EmbeddingsInput.embeddings must have at least one position")
+        check_nonempty(embeddings.shape[0], "EmbeddingsInput.embeddings")
         stop = embeddings.shape[0] if _stop is None else _stop
         if not 0 <= _start < stop <= embeddings.shape[0]:
             raise ValueError(f"EmbeddingsInput view [{_start}, {stop}) is outside [0, {embeddings.shape[0]})")

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from engine_service.api.checks import checked_int
 from engine_service.api.errors import InvalidArgument
 from engine_service.executors.module import ModuleExecutor
 from engine_service.executors.plan import InputError, Plan
@@ -31,16 +32,13 @@ class PromptLookupExecutor(ModuleExecutor):
         self, *args: Any, num_drafts: int = 6, ngram_max: int = 3, ngram_min: int = 1, **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
-        if not isinstance(num_drafts, int) or num_drafts < 1:
-            raise InvalidArgument(f"num_drafts must be a positive int, got {num_drafts!r}")
-        if num_drafts + 1 > self.max_write:
+        checked_int("num_drafts", num_drafts, lo=1)
+        if num_drafts + 1 > self.max_write:  # a ring layer rewinds rejected drafts only within max_write rows
             raise InvalidArgument(
                 f"num_drafts + 1 = {num_drafts + 1} must be <= max_write = {self.max_write}"
             )
-        if not 1 <= ngram_min <= ngram_max:
-            raise InvalidArgument(
-                f"need 1 <= ngram_min <= ngram_max, got ngram_min={ngram_min}, ngram_max={ngram_max}"
-            )
+        checked_int("ngram_min", ngram_min, lo=1)
+        checked_int("ngram_max", ngram_max, lo=ngram_min)
         self.num_drafts = num_drafts
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min

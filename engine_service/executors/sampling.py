@@ -20,6 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine_service.api.checks import checked_float, checked_int
 from engine_service.api.config import GenConfig, TokenGrammar
 from engine_service.api.errors import InvalidArgument
 
@@ -36,12 +37,9 @@ class SamplingParams:
     grammar: TokenGrammar | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0.0:
-            raise InvalidArgument(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise InvalidArgument(f"top_k must be >= 0, got {self.top_k}")
+        checked_float("temperature", self.temperature, lo=0.0)
+        checked_float("top_p", self.top_p, lo=0.0, hi=1.0, lo_open=True)
+        checked_int("top_k", self.top_k, lo=0)
 
     @classmethod
     def of(cls, config: GenConfig) -> SamplingParams:

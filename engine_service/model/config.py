@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engine_service.api.checks import checked_float, checked_int
 from engine_service.api.errors import InvalidArgument
+from engine_service.api.limits import check_tokens
 from engine_service.cache.config import FULL, SLIDING, LayerSpec
 
 
@@ -52,9 +54,7 @@ class ModelConfig:
             "intermediate_size",
             "context_length",
         ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InvalidArgument(f"ModelConfig.{name} must be a positive int, got {value!r}")
+            checked_int(f"ModelConfig.{name}", getattr(self, name), lo=1)
         if self.num_heads % self.num_kv_heads:
             raise InvalidArgument(
                 f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
@@ -65,21 +65,12 @@ class ModelConfig:
             raise InvalidArgument(
                 f"ModelConfig.layers must have num_layers={self.num_layers} entries, got {len(self.layers)}"
             )
-        if not self.rope_theta > 0:
-            raise InvalidArgument(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta}")
-        if self.rope_local_theta is not None and not self.rope_local_theta > 0:
-            raise InvalidArgument(f"ModelConfig.rope_local_theta must be > 0, got {self.rope_local_theta}")
-        if self.attn_scale is not None and not self.attn_scale > 0:
-            raise InvalidArgument(f"ModelConfig.attn_scale must be > 0, got {self.attn_scale}")
-        if not self.rms_norm_eps > 0:
-            raise InvalidArgument(f"ModelConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps}")
-        for tok in ((self.bos_token_id,) if self.bos_token_id is not None else ()) + tuple(
-            self.eos_token_ids
-        ):
-            if not 0 <= tok < self.vocab_size:
-                raise InvalidArgument(
-                    f"ModelConfig special token id {tok} outside the vocabulary [0, {self.vocab_size})"
-                )
+        for name in ("rope_theta", "rms_norm_eps", "rope_local_theta", "attn_scale"):
+            value = getattr(self, name)
+            if value is not None or name in ("rope_theta", "rms_norm_eps"):  # the last two are optional
+                checked_float(f"ModelConfig.{name}", value, lo=0.0, lo_open=True)
+        special = (() if self.bos_token_id is None else (self.bos_token_id,)) + tuple(self.eos_token_ids)
+        check_tokens(special, self.vocab_size, "ModelConfig special token ids (bos, eos...)")
 
     @property
     def q_size(self) -> int:

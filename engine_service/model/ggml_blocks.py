@@ -6,11 +6,11 @@ bytes (layouts from ggml's ``ggml-common.h`` / the GGUF spec; read for the layou
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
 import numpy as np
 
+from engine_service.api.checks import checked_int
 from engine_service.api.errors import InvalidArgument
 
 
@@ -63,16 +63,10 @@ def _check(block: BlockType, data: np.ndarray, rows: int, cols: int) -> tuple[np
     if not isinstance(block, BlockType) or BLOCK_TYPES.get(block.type_id) != block:
         raise InvalidArgument(f"unknown ggml block type {block!r}")
     name = block.name
-    try:
-        if isinstance(rows, bool) or isinstance(cols, bool):
-            raise TypeError
-        rows, cols = operator.index(rows), operator.index(cols)
-    except TypeError:
-        raise InvalidArgument(
-            f"{name} tensor: rows and cols must be integers, got {rows!r} x {cols!r}"
-        ) from None
-    if rows < 1 or cols < 1:
-        raise InvalidArgument(f"{name} tensor: rows and cols must be positive, got {rows} x {cols}")
+    rows, cols = (
+        checked_int(f"{name} tensor rows", rows, lo=1),
+        checked_int(f"{name} tensor cols", cols, lo=1),
+    )
     if cols % block.elements:
         raise InvalidArgument(
             f"{name} tensor [{rows}, {cols}]: cols {cols} is not a multiple of the "

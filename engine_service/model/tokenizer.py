@@ -23,7 +23,8 @@ from typing import Any
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine_service.api.errors import InvalidArgument, ModelLoadError
+from engine_service.api.errors import ModelLoadError
+from engine_service.api.limits import check_tokens
 from engine_service.model.spm_tokenizer import build_spm_backend, spm_vocab
 
 # GGUF token_type values (llama.cpp's llama_token_type)
@@ -94,10 +95,7 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        n = self._vocab_size
-        for t in ids:
-            if not 0 <= int(t) < n:
-                raise InvalidArgument(f"token id {t} outside the vocabulary [0, {n})")
+        check_tokens(ids, self._vocab_size, "ids")
         hidden = self._hidden
         ids = [int(t) for t in ids if not hidden or int(t) not in hidden]
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
