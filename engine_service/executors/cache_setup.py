@@ -15,6 +15,7 @@ from engine_service.api.checks import checked_int
 from engine_service.api.errors import InvalidArgument, ResourceExhausted
 from engine_service.cache.batch_control import BatchControl
 from engine_service.cache.config import CacheConfig
+from engine_service.executors.options import DEFAULTS
 from engine_service.model.cpu_kernels import kernels
 
 # --kv_dtype choices; auto: float16 where the attention reads half precision as stored (the compiled
@@ -52,8 +53,8 @@ def cache_config(
     *,
     max_sessions: int,
     max_session_tokens: int,
-    kv_dtype: str | mx.Dtype = mx.float32,
-    max_write: int = 512,
+    kv_dtype: str | mx.Dtype = DEFAULTS.kv_dtype,
+    max_write: int = DEFAULTS.prefill_chunk,
 ) -> CacheConfig:
     """The cache geometry for ``max_sessions`` sessions of ``max_session_tokens`` positions each.
 

@@ -40,6 +40,7 @@ from engine_service.cache.seq_state import SeqState, StateTransfer, geometry_tex
 from engine_service.executors.base import ExecInput, ExecOutput, Executor
 from engine_service.executors.cache_setup import build_session_cache, cache_config, resolve_kv_dtype
 from engine_service.executors.lookahead import LookaheadMixin, _Launched, _Lookahead
+from engine_service.executors.options import DEFAULTS, ExecutorSettings
 from engine_service.executors.plan import PREPARED_TOKEN, InputError, Plan, SessionState, guard
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.executors.sampling import Sampler, SamplingParams
@@ -59,9 +60,9 @@ class ModuleExecutor(LookaheadMixin, Executor):
         cache_kind: str,
         max_sessions: int,
         max_session_tokens: int,
-        kv_dtype: mx.Dtype = mx.float32,
-        max_write: int = 512,
-        prefill_chunk: int = 512,
+        kv_dtype: mx.Dtype | None = None,
+        max_write: int = DEFAULTS.prefill_chunk,
+        prefill_chunk: int = DEFAULTS.prefill_chunk,
         keep_logits: bool = False,
         weights_dtype: str | None = None,
         model_fingerprint: str | None = None,
@@ -81,7 +82,7 @@ class ModuleExecutor(LookaheadMixin, Executor):
         self.max_session_tokens = checked_int("max_session_tokens", max_session_tokens, lo=1)
         self.max_write = checked_int("max_write", max_write, lo=1)
         self.prefill_chunk = checked_int("prefill_chunk", prefill_chunk, lo=1)
-        self.kv_dtype = kv_dtype
+        self.kv_dtype = cache.config.dtype if kv_dtype is None else kv_dtype
         self.keep_logits = keep_logits
         self.weights_dtype = (
             weights_dtype
@@ -106,12 +107,12 @@ class ModuleExecutor(LookaheadMixin, Executor):
     def create(
         cls,
         model: Any,
-        cache_kind: str = "batched-sequence",
-        max_sessions: int = 8,
-        max_session_tokens: int = 2048,
-        kv_dtype: str | mx.Dtype = mx.float32,
+        cache_kind: str = DEFAULTS.cache_kind,
+        max_sessions: int = DEFAULTS.max_sessions,
+        max_session_tokens: int = DEFAULTS.max_session_tokens,
+        kv_dtype: str | mx.Dtype = DEFAULTS.kv_dtype,
         *,
-        prefill_chunk: int = 512,
+        prefill_chunk: int = DEFAULTS.prefill_chunk,
         keep_logits: bool = False,
         weights_dtype: str | None = None,
         max_write: int | None = None,
@@ -152,6 +153,19 @@ class ModuleExecutor(LookaheadMixin, Executor):
             keep_logits=keep_logits,
             weights_dtype=weights_dtype,
             model_fingerprint=model_fingerprint,
+            **kwargs,
+        )
+
+    @classmethod
+    def from_settings(cls, model: Any, settings: ExecutorSettings, **kwargs: Any) -> ModuleExecutor:
+        """:meth:`create` with the executor settings of ``settings`` (the engine's flags)."""
+        return cls.create(
+            model,
+            settings.cache_kind,
+            settings.max_sessions,
+            settings.max_session_tokens,
+            settings.kv_dtype,
+            prefill_chunk=settings.prefill_chunk,
             **kwargs,
         )
 

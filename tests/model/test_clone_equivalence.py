@@ -49,6 +49,7 @@ def engine(model, request):
     runners = []
 
     def make(kind: str, cls=ModuleExecutor, prefill_chunk: int = 4, **kw):
+        kw.setdefault("kv_dtype", "float32")  # warm vs cold at float32 tolerances unless a test asks
         ex = recording(cls).create(
             model,
             kind,
