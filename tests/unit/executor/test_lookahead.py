@@ -58,7 +58,9 @@ def join_and_leave(runner: Runner, ex: ModuleExecutor, seen: dict) -> dict:
             late.append(s[3].generate_async(PROMPTS[3], greedy(9)))
         if update.tokens and count[0] == 10:
             got["clone_at"] = update.position
-            seen["pending_at_clone"] = ex._lookahead.pending is not None  # the clone and export meet a queued step
+            seen["pending_at_clone"] = (
+                ex._lookahead.pending is not None
+            )  # the clone and export meet a queued step
             late.append(s[0].clone_async(update.position))
             late.append(s[0].export_async())
 
