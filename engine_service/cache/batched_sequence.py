@@ -22,6 +22,7 @@ from engine_service.cache.pinned_state import PinnedState
 from engine_service.cache.seq_ids import SeqIdPool, check_position, check_segments
 from engine_service.cache.seq_state import SeqState, layout_problem
 from engine_service.cache.sequence_cache import SequenceCache
+from engine_service.cache.sequence_snapshot import export_state, pin_state, restore_state, state_layout
 
 
 @dataclass(frozen=True)
@@ -160,18 +161,18 @@ class BatchedSequenceCache(ConfiguredCache):
         del self._seqs[seq]
 
     def export_seq(self, seq: int, upto: int) -> SeqState | None:
-        """Positions ``[0, upto)`` of ``seq`` (see :meth:`SequenceCache.export`), or None when the rows
+        """Positions ``[0, upto)`` of ``seq`` (see :func:`.sequence_snapshot.export_state`), or None when the rows
         they need are gone (``upto`` past the length or below a ring's floor)."""
-        return self.sequence(seq).export(check_position("upto", upto))
+        return export_state(self.sequence(seq), check_position("upto", upto))
 
     def pin_seq(self, seq: int) -> PinnedState | None:
         """``seq``'s committed positions pinned for exports on any thread (:class:`PinnedState`:
         views, no copy; what :meth:`export_seq` gives, for any prefix down to the rewind floor)."""
-        return self.sequence(seq).pin()
+        return pin_state(self.sequence(seq))
 
     def state_problem(self, state: SeqState) -> str | None:
         """Why ``state`` cannot be imported into this cache's geometry (None: its layout fits)."""
-        return layout_problem(state, SequenceCache.state_layout(self._cfg, state.length, state.written))
+        return layout_problem(state, state_layout(self._cfg, state.length, state.written))
 
     def import_seq(self, state: SeqState) -> int | None:
         """A new sequence holding ``state`` (checked with :meth:`state_problem` first), or None when no
@@ -182,7 +183,7 @@ class BatchedSequenceCache(ConfiguredCache):
         if sid is None:
             return None
         try:
-            self._seqs[sid] = SequenceCache.restore(self._cfg, state)
+            self._seqs[sid] = restore_state(self._cfg, state)
         except Exception:
             self._ids.release(sid)
             raise

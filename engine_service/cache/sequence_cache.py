@@ -26,11 +26,9 @@ import numpy as np
 
 from engine_service.api.errors import CacheError
 from engine_service.cache.config import CacheConfig
-from engine_service.cache.pinned_state import PinnedState
-from engine_service.cache.seq_state import SeqState
 
 
-def _round_up(n: int, step: int) -> int:
+def round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
 
@@ -138,7 +136,7 @@ class SequenceCache:
         have = 0 if keys is None else keys.shape[1]
         if need <= have:
             return
-        target = min(limit, _round_up(need, cfg.initial_capacity))
+        target = min(limit, round_up(need, cfg.initial_capacity))
         pad = mx.zeros((cfg.kv_heads, target - have, cfg.head_dim), dtype=cfg.dtype)
         if keys is None:
             self._keys[layer] = pad
@@ -260,7 +258,7 @@ class SequenceCache:
                 # headroom to the next allocation step, but never more than the prefix itself: a short
                 # snapshot should not pay for (or hold) a mostly empty initial_capacity block
                 limit = cfg.capacity if slots is None else slots
-                alloc = min(limit, _round_up(upto, cfg.initial_capacity), 2 * upto)
+                alloc = min(limit, round_up(upto, cfg.initial_capacity), 2 * upto)
                 if alloc - upto not in pads:
                     pads[alloc - upto] = mx.zeros((cfg.kv_heads, alloc - upto, cfg.head_dim), dtype=cfg.dtype)
                 pad = pads[alloc - upto]
@@ -271,90 +269,3 @@ class SequenceCache:
                 dup._values[layer] = mx.array(values)
         mx.eval(dup.arrays())
         return dup
-
-    # ----------------------------------------------------------------- export / import
-    def export(self, upto: int) -> SeqState | None:
-        """Positions ``[0, upto)`` as a :class:`SeqState`, or None when ``can_rewind(upto)`` fails.
-
-        Arrays ``layers.{i}.keys`` / ``layers.{i}.values``: [kv_heads, rows, head_dim] where ``rows``
-        is ``upto`` on a flat layer and on a ring that never wrapped (row p at index p), and all
-        ``slots`` of a wrapped ring in slot order (the state keeps ``written``, as a copy does). The
-        arrays are evaluated views; MLX copies a buffer before writing into it while a view is alive.
-        """
-        if not self.can_rewind(upto):
-            return None
-        cfg = self._cfg
-        arrays: dict[str, mx.array] = {}
-        for layer, slots in enumerate(self._slots):
-            rows = _state_rows(upto, self._written, slots)
-            keys, values = self._keys[layer], self._values[layer]
-            if keys is None or rows == 0:
-                keys = values = mx.zeros((cfg.kv_heads, 0, cfg.head_dim), dtype=cfg.dtype)
-            arrays[f"layers.{layer}.keys"] = keys[:, :rows, :]
-            arrays[f"layers.{layer}.values"] = values[:, :rows, :]
-        mx.eval(list(arrays.values()))
-        return SeqState(upto, self._written, arrays)
-
-    def pin(self) -> PinnedState | None:
-        """All committed positions as a :class:`PinnedState` (views of the buffers, no copy), which
-        reads them and any prefix down to the rewind floor on any thread, as :meth:`export` would
-        (None when :meth:`export` refuses the length)."""
-        state = self.export(self._length)  # evaluated views of the buffers
-        if state is None:
-            return None
-        positional = {}  # row p holds position p: a flat layer, a ring that never wrapped
-        for layer, slots in enumerate(self._slots):
-            flat = slots is None or self._written <= slots
-            positional[f"layers.{layer}.keys"] = positional[f"layers.{layer}.values"] = flat
-        return PinnedState(state, self.rewind_floor, positional)
-
-    @staticmethod
-    def state_layout(
-        config: CacheConfig, length: int, written: int
-    ) -> dict[str, tuple[tuple[int, ...], mx.Dtype]]:
-        """name -> (shape, dtype) of the arrays an exported state of ``length`` / ``written`` holds."""
-        layout = {}
-        for layer, spec in enumerate(config.layers):
-            slots = spec.window + config.max_write - 1 if spec.sliding else None
-            shape = (config.kv_heads, _state_rows(length, written, slots), config.head_dim)
-            layout[f"layers.{layer}.keys"] = layout[f"layers.{layer}.values"] = (shape, config.dtype)
-        return layout
-
-    @classmethod
-    def restore(cls, config: CacheConfig, state: SeqState) -> SequenceCache:
-        """A cache holding ``state`` exactly (arrays as :meth:`state_layout` says; checked by the caller).
-
-        Flat layers and unwrapped rings get headroom to the next allocation step, as a copy does; the
-        ring slot tracking is rebuilt as the positions the slots are assumed to hold.
-        """
-        cache = cls(config)
-        cache._length, cache._written = state.length, state.written
-        for slots, held in cache._slot_pos.items():
-            j = np.arange(slots, dtype=np.int64)
-            assumed = state.written - 1 - ((state.written - 1 - j) % slots)
-            held[:] = np.where(assumed >= 0, assumed, -1)
-        for layer, slots in enumerate(cache._slots):
-            keys, values = state.arrays[f"layers.{layer}.keys"], state.arrays[f"layers.{layer}.values"]
-            rows = keys.shape[1]
-            if rows == 0:
-                continue
-            if slots is not None and state.written > slots:  # a wrapped ring: its slots as they were
-                cache._keys[layer], cache._values[layer] = mx.array(keys), mx.array(values)
-                continue
-            limit = config.capacity if slots is None else slots
-            headroom = min(limit, _round_up(rows, config.initial_capacity)) - rows
-            if (
-                headroom == 0
-            ):  # the state's arrays become the buffers (MLX copies one before writing if shared)
-                cache._keys[layer], cache._values[layer] = keys, values
-                continue
-            pad = mx.zeros((config.kv_heads, headroom, config.head_dim), dtype=config.dtype)
-            cache._keys[layer] = mx.concatenate([keys, pad], axis=1)
-            cache._values[layer] = mx.concatenate([values, pad], axis=1)
-        mx.eval(cache.arrays())
-        return cache
-
-
-def _state_rows(length: int, written: int, slots: int | None) -> int:
-    """Rows an exported layer holds: all slots of a wrapped ring, else the committed positions."""
-    return slots if slots is not None and written > slots else length

@@ -21,7 +21,7 @@ import engine_service.model.fast_math as fast_math
 from engine_service.cache.batch_control import KVStep
 from engine_service.model.arch import architecture
 from engine_service.model.config import ModelConfig
-from engine_service.model.layers import NATIVE, Projection, Tensor, convert
+from engine_service.model.projections import NATIVE, Projection, Tensor, convert
 
 
 class Transformer(nn.Module):

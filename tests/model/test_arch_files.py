@@ -39,7 +39,7 @@ from engine_service.api.errors import ModelLoadError
 from engine_service.cache.config import FULL, SLIDING, LayerSpec
 from engine_service.model import load_model
 from engine_service.model.config import ModelConfig
-from engine_service.model.layers import SplitProjection
+from engine_service.model.projections import SplitProjection
 from tests.model import naive_reference
 from tests.model.gguf_writer import QUANTIZERS, BlockQuant, permute_for_gguf, tiny_vocab, write_gguf
 from tests.model.reference_cache import ReferenceCache, run

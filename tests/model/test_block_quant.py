@@ -13,7 +13,7 @@ from engine_service.model.block_quant import (
     to_q4_1,
     to_q8_0,
 )
-from engine_service.model.layers import NATIVE, convert, native_format
+from engine_service.model.projections import NATIVE, convert, native_format
 from engine_service.model.random_init import random_tensors, tiny_config
 from engine_service.model.transformer import Transformer
 from engine_service.model.weights import QuantTensor

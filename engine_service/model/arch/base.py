@@ -15,7 +15,8 @@ import mlx.core as mx
 
 from engine_service.api.errors import ModelLoadError
 from engine_service.model.config import ModelConfig, layer_specs
-from engine_service.model.layers import DecoderLayer, Tensor
+from engine_service.model.layers import DecoderLayer
+from engine_service.model.projections import Tensor
 
 GGUF, HF = "gguf", "hf"
 
