@@ -28,7 +28,7 @@ import httpx
 import engine_service  # noqa: F401  (loads OpenBLAS before mlx)
 from clients.engine_client import Tokens
 from clients.prefix_client import PrefixClient
-from engine_service.model.loader import load_model
+from engine_service.model.loading.loader import load_model
 from engine_service.rpc.server import create_server
 from engine_service.sessions.engine import EngineSessions
 from prefix_service.engines.connect import connect_engine

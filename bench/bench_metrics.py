@@ -41,7 +41,7 @@ import engine_service  # noqa: F401  (loads OpenBLAS before mlx)
 from clients.engine_client import Tokens
 from clients.prefix_client import PrefixClient
 from engine_service.api.errors import ForklineError
-from engine_service.model.loader import load_model
+from engine_service.model.loading.loader import load_model
 from engine_service.rpc.metrics import EngineMetrics
 from engine_service.rpc.server import SERVICE_NAME as ENGINE
 from engine_service.rpc.server import create_server

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import engine_service  # noqa: F401  (loads OpenBLAS before mlx)
 from clients.prefix_client import PrefixClient
-from engine_service.model.loader import load_model
+from engine_service.model.loading.loader import load_model
 from engine_service.rpc.server import create_server
 from engine_service.sessions.engine import EngineSessions
 from prefix_service.engines.connect import connect_engine

@@ -258,8 +258,8 @@ def validate(args: argparse.Namespace) -> None:
 
 def load(args: argparse.Namespace):
     """(loaded model, tokenizer, model fingerprint). Raises ModelLoadError."""
-    from engine_service.model.loader import load_model
-    from engine_service.model.tokenizer import tokenizer_from_file
+    from engine_service.model.loading.loader import load_model
+    from engine_service.model.text.tokenizer import tokenizer_from_file
 
     loaded = load_model(args.model, args.weights_dtype)
     if args.tokenizer is None:
@@ -302,7 +302,7 @@ class OutputFile:
     """Streams one generation's text to a file; written on the engine thread, closed by either side."""
 
     def __init__(self, path: str, tokenizer, flush_every: int) -> None:
-        from engine_service.model.detokenizer import StreamDecoder
+        from engine_service.model.text.detokenizer import StreamDecoder
 
         self.path = path
         self._file: TextIO | None = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed in close())

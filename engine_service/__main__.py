@@ -130,7 +130,7 @@ def start_engine(args: argparse.Namespace):
     from engine_service.api.errors import InvalidArgument
     from engine_service.api.owners import PERSISTENT_OWNER, PersistentOwners
     from engine_service.cpu_quota import apply_cpu_quota
-    from engine_service.model.loader import load_model
+    from engine_service.model.loading.loader import load_model
     from engine_service.persistence.snapshot_key import read_snapshot_key
     from engine_service.rpc.server import create_server
     from engine_service.serving.service_main import server_security

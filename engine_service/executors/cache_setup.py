@@ -40,7 +40,7 @@ def resolve_kv_dtype(kv_dtype: str | mx.Dtype) -> mx.Dtype:
     if kv_dtype != "auto":
         return getattr(mx, kv_dtype)
     from engine_service.model.cpu_kernels import kernels
-    from engine_service.model.weights import gpu_available
+    from engine_service.model.formats.weights import gpu_available
 
     if gpu_available():
         return mx.float16

@@ -22,8 +22,8 @@ import numpy as np
 
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument
-from engine_service.model.token_bytes import token_bytes
-from engine_service.model.tokenizer import Tokenizer
+from engine_service.model.text.token_bytes import token_bytes
+from engine_service.model.text.tokenizer import Tokenizer
 
 # whitespace between JSON tokens as the compact separators json.dumps writes (", " and ": "), so a model
 # cannot pad its answer with newlines until the token budget ends

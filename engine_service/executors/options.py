@@ -50,9 +50,9 @@ _LIMITS = (
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    """``--model`` and ``--weights_dtype`` (what :func:`engine_service.model.loader.load_model` takes)."""
-    from engine_service.model.packaged import DEFAULT_MODEL, PACKAGED
-    from engine_service.model.weights import WEIGHTS_DTYPES
+    """``--model`` and ``--weights_dtype`` (what :func:`engine_service.model.loading.loader.load_model` takes)."""
+    from engine_service.model.formats.weights import WEIGHTS_DTYPES
+    from engine_service.model.loading.packaged import DEFAULT_MODEL, PACKAGED
 
     parser.add_argument(
         "--model",

@@ -15,7 +15,6 @@ import math
 from dataclasses import dataclass
 
 from engine_service.blas import BlasStatus, blas_status
-from engine_service.model.block_quant import is_block_dtype
 from engine_service.model.cpu_kernels import (
     BUILD_HINT,
     KERNEL_MAX_ROWS_AVX2,
@@ -23,7 +22,8 @@ from engine_service.model.cpu_kernels import (
     kernel_status,
     kernels,
 )
-from engine_service.model.weights import gpu_available
+from engine_service.model.formats.block_quant import is_block_dtype
+from engine_service.model.formats.weights import gpu_available
 
 OPENBLAS_HINT = (
     "install OpenBLAS (`apt-get install libopenblas0-pthread`, or FORKLINE_OPENBLAS=/path/libopenblas.so.0) "

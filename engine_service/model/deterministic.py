@@ -24,8 +24,8 @@ import mlx.core as mx
 
 from engine_service.api.errors import FailedPrecondition
 from engine_service.cache.batch_control import KVView
-from engine_service.model.block_quant import BLOCK_FORMATS, is_block_dtype
 from engine_service.model.cpu_kernels import BUILD_HINT, kernel_status, kernels
+from engine_service.model.formats.block_quant import BLOCK_FORMATS, is_block_dtype
 
 # key positions per online-softmax chunk (chunk boundaries at multiples of this, absolute)
 KEY_CHUNK = 64

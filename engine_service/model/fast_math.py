@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import mlx.core as mx
 import numpy as np
 
-from engine_service.model.weights import gpu_available
+from engine_service.model.formats.weights import gpu_available
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from engine_service.cache.batch_control import KVStep
 from engine_service.model.attention import attend, kernel_attention_usable
 from engine_service.model.config import ModelConfig
 from engine_service.model.cpu_kernels import kernel_max_rows, kernels
+from engine_service.model.formats.weights import gpu_available
 from engine_service.model.projections import Projection, SplitProjection, Tensor, convert, fused_projection
-from engine_service.model.weights import gpu_available
 
 Rotations = Mapping[float, tuple[mx.array, mx.array]]
 

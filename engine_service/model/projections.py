@@ -6,7 +6,8 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine_service.model.block_quant import (
+from engine_service.model.cpu_kernels import kernel_max_rows
+from engine_service.model.formats.block_quant import (
     BLOCK_FORMATS,
     BlockQuantTensor,
     block_matmul,
@@ -14,8 +15,7 @@ from engine_service.model.block_quant import (
     to_affine,
     to_block_format,
 )
-from engine_service.model.cpu_kernels import kernel_max_rows
-from engine_service.model.weights import QuantTensor, concat_rows, convert_matrix, gpu_available
+from engine_service.model.formats.weights import QuantTensor, concat_rows, convert_matrix, gpu_available
 
 Tensor = mx.array | QuantTensor | BlockQuantTensor
 

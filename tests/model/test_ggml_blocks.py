@@ -1,4 +1,4 @@
-"""ggml block decoders (engine_service/model/ggml_blocks.py): hand-built blocks, the test writer's
+"""ggml block decoders (engine_service/model/formats/ggml_blocks.py): hand-built blocks, the test writer's
 quantizers, the ``gguf`` package as an independent oracle, the exact 32-weight forms, bad input and
 the real Gemma 3 GGUF."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine_service.api.errors import InvalidArgument
-from engine_service.model.ggml_blocks import (
+from engine_service.model.formats.ggml_blocks import (
     BLOCK_BY_NAME,
     BLOCK_TYPES,
     EXACT_FORMAT,
@@ -21,7 +21,7 @@ from engine_service.model.ggml_blocks import (
     dequantize,
     exact_blocks32,
 )
-from engine_service.model.gguf_file import GGUFFile
+from engine_service.model.loading.gguf_file import GGUFFile
 from tests.model.gguf_writer import QUANTIZERS, BlockQuant, write_gguf
 
 GEMMA = "/root/.cache/forkline/models/gemma-3-270m-q4_k_m.gguf"

@@ -15,7 +15,7 @@ from typing import Any
 
 import llguidance
 
-from engine_service.model.tokenizer import Tokenizer
+from engine_service.model.text.tokenizer import Tokenizer
 
 _lock = threading.Lock()
 _built: weakref.WeakKeyDictionary[Tokenizer, TokenBytes] = weakref.WeakKeyDictionary()

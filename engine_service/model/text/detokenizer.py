@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from engine_service.model.tokenizer import Tokenizer
+from engine_service.model.text.tokenizer import Tokenizer
 
 _REPLACEMENT = "\ufffd"
 

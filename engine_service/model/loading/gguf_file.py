@@ -2,7 +2,7 @@
 
 Nothing is trusted: the magic, the version, every length and count, every metadata value and tensor
 record must lie inside the file, every tensor type must be one forkline decodes
-(:data:`engine_service.model.ggml_blocks.BLOCK_TYPES`) and every tensor's data must lie inside the
+(:data:`engine_service.model.formats.ggml_blocks.BLOCK_TYPES`) and every tensor's data must lie inside the
 file. A damaged file is a :class:`ModelLoadError` naming the problem, never a crash.
 Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md (read for the layout; no code copied).
 
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from engine_service.api.errors import ModelLoadError
-from engine_service.model.ggml_blocks import BLOCK_TYPES, BlockType
+from engine_service.model.formats.ggml_blocks import BLOCK_TYPES, BlockType
 
 # metadata value type -> struct format of a scalar (8 = string, 9 = array handled apart)
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}

@@ -1,7 +1,7 @@
 """The tokenizer: built with ``tokenizers`` from GGUF metadata or a tokenizer.json.
 
 GGUF ``tokenizer.ggml.model``: ``gpt2`` (byte-level BPE from the file's merges) or ``llama``
-(SentencePiece BPE from the vocabulary and scores, byte fallback; :mod:`engine_service.model.spm_tokenizer`).
+(SentencePiece BPE from the vocabulary and scores, byte fallback; :mod:`engine_service.model.text.spm_tokenizer`).
 Both follow llama.cpp for the token types: control (3) and unknown (2) tokens written in the text map
 to their ids and are special (``skip_special_tokens`` drops them); user-defined (4) tokens written in
 the text map to their ids too and decode to their text; unused (5) tokens are never matched in the
@@ -25,7 +25,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from engine_service.api.errors import ModelLoadError
 from engine_service.api.limits import check_tokens
-from engine_service.model.spm_tokenizer import build_spm_backend, spm_vocab
+from engine_service.model.text.spm_tokenizer import build_spm_backend, spm_vocab
 
 # GGUF token_type values (llama.cpp's llama_token_type)
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED = 1, 2, 3, 4, 5

@@ -23,7 +23,7 @@ import engine_service.model.arch as registry
 from engine_service.api.errors import ModelLoadError
 from engine_service.model.arch.base import HF
 from engine_service.model.config import ModelConfig
-from engine_service.model.weights import QuantTensor, named_tensor
+from engine_service.model.formats.weights import QuantTensor, named_tensor
 
 
 def read_json(path: str) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import mlx.core as mx
 
 from engine_service.api.errors import InvalidArgument
 from engine_service.model.cpu_kernels import kernels
-from engine_service.model.weights import QuantTensor
+from engine_service.model.formats.weights import QuantTensor
 
 BLOCK = 32
 BLOCK_FORMATS = ("q8_0", "q4_1")

@@ -17,7 +17,7 @@ from engine_service.model.cpu_kernels import kernel_status
 
 log = logging.getLogger(__name__)
 
-# q8_0 / q4_1: block formats for the compiled CPU kernels (engine_service/model/block_quant.py)
+# q8_0 / q4_1: block formats for the compiled CPU kernels (engine_service/model/formats/block_quant.py)
 WEIGHTS_DTYPES = ("auto", "float32", "float16", "bfloat16", "quantized", "q8_0", "q4_1")
 # what auto picks on the CPU when the compiled kernels load: every matrix keeps its source's block
 # format where that is exact (q4_1 for 4-bit sources, q8_0 for 8-/5-bit symmetric ones) and q8_0
