@@ -1,12 +1,6 @@
-"""``batched-sequence``: one :class:`SequenceCache` per sequence, all sharing one token capacity.
-
-Capacity accounting: the rows a sequence holds are its committed positions (``pos(seq)``); the sum
-over sequences never exceeds ``capacity``. A clone needs room for the prefix it copies.
-
-A packed step returns one :class:`KVView` per segment, pointing at that sequence's own buffers (no
-concatenation): flat layers get ``"causal"`` (the segment's rows are the view's last rows) or None for a
-single-row decode; ring layers get an explicit bool mask over the ring's slots.
-"""
+"""``batched-sequence``: one :class:`SequenceCache` per sequence sharing one token capacity (a sequence
+holds its committed positions); a step's view points at the sequence's own buffers ("causal" or None
+on flat layers, a bool mask over the slots on rings)."""
 
 from __future__ import annotations
 
@@ -89,9 +83,8 @@ class SequenceStep:
         return out
 
     def _store(self, layer: int, keys: mx.array, values: mx.array) -> None:
-        """keys, values: [T, kv_heads, head_dim] in the cache's dtype, written by one ``kv_store`` op. The
-        caches then hold the op's outputs, so when it runs it holds the only reference to a buffer nothing
-        else reads and updates it in place."""
+        """Write a step's K/V [T, kv_heads, head_dim] with one ``kv_store`` op; the caches then hold its
+        outputs, so the op holds a buffer's only reference and updates it in place."""
         writes = [
             (i, part.offset + offset, index, rows)
             for i, part in enumerate(self._parts)
@@ -109,7 +102,7 @@ class SequenceStep:
 
 
 class BatchedSequenceCache(ConfiguredCache):
-    """BatchControl over independent per-sequence caches (see module docstring)."""
+    """BatchControl over independent per-sequence caches."""
 
     def __init__(self, config: CacheConfig) -> None:
         self._cfg = config
@@ -161,13 +154,11 @@ class BatchedSequenceCache(ConfiguredCache):
         del self._seqs[seq]
 
     def export_seq(self, seq: int, upto: int) -> SeqState | None:
-        """Positions ``[0, upto)`` of ``seq`` (see :func:`.sequence_snapshot.export_state`), or None when the rows
-        they need are gone (``upto`` past the length or below a ring's floor)."""
+        """Positions ``[0, upto)`` of ``seq`` (:func:`.sequence_snapshot.export_state`), or None."""
         return export_state(self.sequence(seq), check_position("upto", upto))
 
     def pin_seq(self, seq: int) -> PinnedState | None:
-        """``seq``'s committed positions pinned for exports on any thread (:class:`PinnedState`:
-        views, no copy; what :meth:`export_seq` gives, for any prefix down to the rewind floor)."""
+        """``seq``'s committed positions pinned for exports on any thread (views, no copy)."""
         return pin_state(self.sequence(seq))
 
     def state_problem(self, state: SeqState) -> str | None:
@@ -175,8 +166,7 @@ class BatchedSequenceCache(ConfiguredCache):
         return layout_problem(state, state_layout(self._cfg, state.length, state.written))
 
     def import_seq(self, state: SeqState) -> int | None:
-        """A new sequence holding ``state`` (checked with :meth:`state_problem` first), or None when no
-        slot or not enough capacity is free. Nothing changes on a refusal."""
+        """A new sequence holding ``state``, or None (no slot or room); nothing changes on a refusal."""
         if self.used() + state.length > self._cfg.capacity:
             return None
         sid = self._ids.acquire()

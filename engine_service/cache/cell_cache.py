@@ -1,26 +1,7 @@
-"""``batched-cell``: one shared pool of cells per layer, each cell with a position and owner bits.
-
-Storage per layer: ``keys, values: [kv_heads, alloc, head_dim]`` where index ``c`` is cell ``c``;
-``alloc`` grows (doubling, in steps of ``initial_capacity``) up to ``capacity`` cells. Where new rows
-go is :class:`CellAllocator`'s business (it keeps each sequence's cells in one run when it can). Bookkeeping is the
-same for every layer (each layer stores every position), so it lives once, in numpy:
-
-- ``cell_pos[c]``: the position cell ``c`` holds (-1 when free);
-- ``owners[c]``: uint64 bitmask, bit ``s`` set when sequence ``s`` owns the cell (``max_seqs <= 64``);
-- per sequence, ``cells[s][p]`` = the cell of its position ``p`` (positions are contiguous from 0).
-
-A clone ORs the new owner onto the source's cells below ``upto``: no K/V is copied and no cell is
-used. Rewinding drops the sequence's ownership of its cells at or past the new length; a cell is
-freed when its last owner leaves. Nothing is ever evicted for a sliding window: the mask restricts it.
-
-A packed step returns one view per segment over the cells its sequence owns (``U`` cells): when they
-fill at least half of the pool range they span, a plain slice of the pool (no copy) whose other cells
-the mask hides; else, when they form at most ``MAX_PARTS`` ascending runs (a clone's shared prefix in
-its source's region plus its own rows in its own, say), a multi-part view of one pool slice per run (no
-copy); else a gather (``mx.take``) of exactly those cells. Mask [n, U]: the sequence owns
-the cell, ``cell_pos <= qpos``, and on sliding layers ``cell_pos > qpos - W``; on a full layer whose
-cells are one ascending run in position order the mask is ``"causal"`` (None for one row).
-"""
+"""``batched-cell``: one shared pool of cells per layer ([kv_heads, alloc, head_dim]), each cell with a
+position and owner bits (numpy, once for every layer); a clone ORs its owner bit onto the source's
+cells (no K/V copied), a rewind drops ownership, a cell is freed with its last owner. Nothing is
+evicted for a window: the mask restricts it. Spec: docs/ARCHITECTURE.md (The engine thread)."""
 
 from __future__ import annotations
 
@@ -71,7 +52,7 @@ def _cell_index(cells: np.ndarray) -> slice | mx.array:
 
 
 class CellCache(ConfiguredCache):
-    """BatchControl over a shared cell pool (see module docstring). Capacity counts used cells."""
+    """BatchControl over a shared cell pool. Capacity counts used cells."""
 
     def __init__(self, config: CacheConfig) -> None:
         checked_int("batched-cell max_seqs", config.max_seqs, hi=MAX_OWNERS)
@@ -118,8 +99,7 @@ class CellCache(ConfiguredCache):
         return sid
 
     def export_seq(self, seq: int, upto: int) -> SeqState | None:
-        """Positions ``[0, upto)`` of ``seq``: ``layers.{i}.keys`` / ``.values`` [kv_heads, upto,
-        head_dim] gathered from its cells in position order (evaluated). None past its length."""
+        """Positions ``[0, upto)`` of ``seq`` gathered from its cells in position order (evaluated), or None."""
         held = self._cells[self._ids.check(seq)]
         if check_position("upto", upto) > held.n:
             return None
@@ -147,8 +127,8 @@ class CellCache(ConfiguredCache):
         )
 
     def import_seq(self, state: SeqState) -> int | None:
-        """A new sequence owning fresh cells that hold ``state`` (checked with :meth:`state_problem`
-        first), or None when no id or not enough free cells. Nothing changes on a refusal or a failure."""
+        """A new sequence owning fresh cells that hold ``state``, or None (no id, too few cells); nothing
+        changes on a refusal or a failure."""
         if state.length > self._slots.available:
             return None
         sid = self.seq_new()

@@ -22,14 +22,9 @@ MAX_PARTS = 4
 
 @dataclass(frozen=True)
 class SegmentRead:
-    """Which pool cells one segment's rows attend, decided once per step.
-
-    cells: the cells of the view, in view order (int64 [U]); span: (lo, hi) when the view is the pool
-    slice ``[lo, hi)`` (no copy), else None and ``take`` gathers ``cells``; contiguous: the sequence's
-    own cells are exactly ``lo .. hi - 1`` in position order (flat layers need no explicit mask);
-    runs: when set, the view is multi-part: pool slices ``[lo_i, hi_i)`` whose concatenation is
-    ``cells`` (the sequence's cells in position order), and span/take are None.
-    """
+    """Which pool cells one segment's rows attend: ``cells`` int64 [U] in view order; ``span`` the pool
+    slice [lo, hi) (else ``take`` gathers); ``contiguous``: its cells are lo .. hi - 1 in position order;
+    ``runs``: a multi-part view of pool slices instead."""
 
     seq: int
     rows: slice
@@ -60,12 +55,8 @@ def segment_read(seg: Segment, own: np.ndarray, offset: int) -> SegmentRead:
 
 
 class CellStep:
-    """KVStep over the shared pool. Created by :meth:`CellCache.begin_step`.
-
-    One view per segment over the cells its sequence owns (including cells shared with clones): the
-    pool slice spanning them when they fill at least half of it (the mask hides other owners' cells),
-    otherwise a gather of exactly those cells. Masks are built in numpy once per (segment, window).
-    """
+    """KVStep over the shared pool (from :meth:`CellCache.begin_step`): per segment a pool slice when its
+    cells fill half of it, a few runs as parts, else a gather; masks built once per (segment, window)."""
 
     def __init__(self, cache: CellCache, segments: Sequence[Segment], new_cells: np.ndarray) -> None:
         self.segments = tuple(segments)
@@ -87,8 +78,8 @@ class CellStep:
         self._positions: dict[int, tuple[mx.array, ...]] = {}
 
     def _key_positions(self, i: int) -> tuple[mx.array, ...]:
-        """int32 positions of segment ``i``'s view cells (one array, or one per run): the cell's position
-        where the sequence owns it, else -1. The same for every layer (windows are the reader's)."""
+        """int32 positions of segment ``i``'s view cells (per run): the cell's where the sequence owns it,
+        else -1."""
         if i not in self._positions:
             read = self._reads[i]
             owned = ((self._cache._owners[read.cells] >> np.uint64(read.seq)) & np.uint64(1)).astype(bool)
@@ -103,8 +94,7 @@ class CellStep:
         return self._positions[i]
 
     def _np_mask(self, read: SegmentRead, window: int | None) -> np.ndarray:
-        """bool [n, U]: the sequence owns the cell, it holds a position <= the row's (and inside the
-        window on sliding layers)."""
+        """bool [n, U]: owned by the sequence, position <= the row's (and inside the window)."""
         cache = self._cache
         bit = np.uint64(read.seq)
         owned = ((cache._owners[read.cells] >> bit) & np.uint64(1)).astype(bool)  # [U]

@@ -1,23 +1,7 @@
-"""K/V history of one sequence: flat layers keep everything, ring layers keep a sliding window.
-
-Per layer the storage is ``keys, values: [kv_heads, alloc, head_dim]``.
-
-- Flat layer: row ``p`` lives at index ``p``; ``alloc`` grows in steps of ``initial_capacity`` up to
-  ``capacity``.
-- Ring layer (sliding window ``W``): ``slots = W + max_write - 1`` physical rows, row ``p`` lives at slot
-  ``p % slots`` and overwrites position ``p - slots``. ``slots`` is the least that lets a step of
-  ``max_write`` rows starting at ``s`` still read ``s - W + 1 .. s`` while it writes ``s .. s + max_write - 1``.
-
-``written`` is a high-water mark (one past the highest position ever written, copies included);
-rewinding lowers ``length`` but never ``written``, because the ring rows past ``length`` were
-overwritten all the same. :meth:`SequenceCache.can_rewind` is the single place that decides whether the
-rows a rewind or clone needs are still physically there.
-
-Ring reads assume the ring is intact: slot ``j`` is taken to hold the most recent position ``< end``
-congruent to ``j`` (``end`` = length after the step). ``can_rewind`` is what makes that assumption
-true; the tracked ``slot positions`` only count how often it was wrong (``stale_reads``), so a test can
-prove the check matters.
-"""
+"""K/V history of one sequence, per layer ``[kv_heads, alloc, head_dim]``: a flat layer holds row p at
+index p; a ring layer (window W) has ``W + max_write - 1`` slots, row p at ``p % slots``. ``written``
+is a high-water mark rewinds never lower; :meth:`SequenceCache.can_rewind` decides what is still there.
+Spec: docs/ARCHITECTURE.md (The engine thread)."""
 
 from __future__ import annotations
 
@@ -70,16 +54,12 @@ class SequenceCache:
 
     @property
     def rewind_floor(self) -> int:
-        """The lowest position a rewind or clone may reach: ``written - max_write`` with ring layers
-        (below it the rows are gone), 0 without."""
+        """The lowest position a rewind or clone may reach: ``written - max_write`` with rings, else 0."""
         return max(0, self._written - self._cfg.max_write) if self.has_ring else 0
 
     def can_rewind(self, p: int) -> bool:
-        """Whether ``length`` may become ``p``: refused past the length or below any ring's floor.
-
-        The floor is ``written - max_write``: from there the ring still holds the ``W - 1`` rows before
-        ``p`` even after a full ``max_write`` step is written at ``p``.
-        """
+        """Whether ``length`` may become ``p``: not past the length nor below the rings' floor (from
+        there a ring still holds the W - 1 rows before p after a full ``max_write`` step at p)."""
         if p < 0 or p > self._length:
             return False
         return p >= self.rewind_floor
@@ -91,9 +71,8 @@ class SequenceCache:
         return True
 
     def take_back(self, start: int, written: int) -> None:
-        """Undo the last step as if it never ran: ``length`` back to ``start`` and the high-water mark
-        back to ``written`` (its value before the step). Only without ring layers, whose slots the step
-        overwrote (ValueError there, or when ``start`` / ``written`` are not the step's)."""
+        """Undo the last step: ``length`` to ``start``, the mark to ``written`` (its value before the
+        step). Without ring layers only (ValueError there, or for values not the step's)."""
         if self.has_ring or not start <= self._length or not start <= written <= self._written:
             raise ValueError(
                 f"cannot take back to {start} / {written} (length {self._length}, rings {self.has_ring})"
@@ -147,9 +126,8 @@ class SequenceCache:
             self._values[layer] = mx.concatenate([self._values[layer], pad], axis=1)
 
     def write_runs(self, layer: int, start: int, n: int) -> list[tuple[int, int, int]]:
-        """Grow ``layer``'s buffers for rows ``start .. start + n - 1`` (reserved) and say where they go:
-        ``(index, offset, rows)`` runs, rows ``offset .. offset + rows - 1`` of the step's ``n`` at
-        buffer indices ``index ..`` (one run on a flat layer, two where a ring wraps)."""
+        """Grow ``layer`` for rows ``start .. start + n - 1`` and say where they go: ``(index, offset,
+        rows)`` runs (one on a flat layer, two where a ring wraps)."""
         end = start + n
         slots = self._slots[layer]
         if slots is None:
@@ -165,19 +143,14 @@ class SequenceCache:
         self._keys[layer], self._values[layer] = keys, values
 
     def view(self, layer: int, end: int) -> tuple[mx.array, mx.array]:
-        """``layer``'s (keys, values) as a step ending at position ``end`` reads them: [kv_heads, S,
-        head_dim], ``S = end`` on a flat layer, ``min(end, slots)`` filled slots on a ring."""
+        """``layer``'s (keys, values) [kv_heads, S, head_dim] for a step ending at ``end``: S = end flat,
+        ``min(end, slots)`` on a ring."""
         slots = self._slots[layer]
         filled = end if slots is None else min(end, slots)
         return self._keys[layer][:, :filled, :], self._values[layer][:, :filled, :]
 
     def write(self, layer: int, start: int, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        """Store rows ``start .. start + n - 1`` and return this layer's view ``(keys, values)``.
-
-        keys, values: [kv_heads, n, head_dim] with ``start + n <= length`` (reserved).
-        Returns [kv_heads, S, head_dim]: ``S = start + n`` on a flat layer (row p at index p), or the
-        ring's filled slots ``S = min(start + n, slots)`` on a ring layer (see :meth:`ring_mask`).
-        """
+        """Store keys, values [kv_heads, n, head_dim] (reserved rows from ``start``); returns :meth:`view`."""
         n = keys.shape[1]
         for index, offset, rows in self.write_runs(layer, start, n):
             self._keys[layer][:, index : index + rows, :] = keys[:, offset : offset + rows, :]
@@ -185,12 +158,8 @@ class SequenceCache:
         return self.view(layer, start + n)
 
     def ring_mask(self, layer: int, start: int, n: int) -> np.ndarray:
-        """bool [n, min(start + n, slots)]: query ``start + i`` may read slot ``j``.
-
-        Slot ``j`` is assumed to hold ``p_j`` = the latest position ``< start + n`` with
-        ``p_j % slots == j``; visible when ``start + i - W < p_j <= start + i``. Reads of a slot whose
-        tracked position differs from ``p_j`` are added to ``stale_reads``.
-        """
+        """bool [n, min(start + n, slots)]: query ``start + i`` may read slot j, assumed to hold the latest
+        position < start + n congruent to j (reads of a slot that does not are counted in ``stale_reads``)."""
         slots = self._slots[layer]
         window = self._cfg.layers[layer].window
         end = start + n
@@ -204,8 +173,7 @@ class SequenceCache:
         return mask
 
     def ring_positions(self, layer: int, start: int, n: int) -> np.ndarray:
-        """int32 [min(start + n, slots)]: the position slot ``j`` holds after a step writing ``start ..
-        start + n - 1`` (as :meth:`ring_mask` assumes), -1 for a slot never written."""
+        """int32 [min(start + n, slots)]: the position each slot holds as :meth:`ring_mask` assumes (-1: none)."""
         slots = self._slots[layer]
         end = start + n
         j = np.arange(min(end, slots), dtype=np.int64)
@@ -232,13 +200,8 @@ class SequenceCache:
 
     # ----------------------------------------------------------------- copies
     def copy(self, upto: int) -> SequenceCache | None:
-        """An independent cache holding positions ``[0, upto)``, or None when ``can_rewind(upto)`` fails.
-
-        Flat layers, and ring layers that never wrapped (row p still at index p), copy the prefix rows
-        only, plus zeroed headroom to the next allocation step (at most ``upto`` rows); a wrapped ring
-        copies all its slots. The copy inherits ``written`` (its ring past ``upto`` is the donor's).
-        The new buffers are evaluated here so the donor's buffers stay uniquely owned (in-place writes).
-        """
+        """An independent cache of positions ``[0, upto)`` (None when ``can_rewind(upto)`` fails), evaluated
+        so the donor's buffers stay uniquely owned; it inherits ``written``."""
         if not self.can_rewind(upto):
             return None
         cfg = self._cfg

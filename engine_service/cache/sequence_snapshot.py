@@ -1,7 +1,5 @@
-"""One sequence's K/V as a :class:`SeqState` and back: export, pin, the exported layout, restore.
-
-Friend of :class:`SequenceCache` (same package): reads and sets its buffers and marks directly.
-"""
+"""One sequence's K/V as a :class:`SeqState` and back (export, pin, layout, restore); a friend of
+:class:`SequenceCache` that reads and sets its buffers and marks directly."""
 
 from __future__ import annotations
 
@@ -15,13 +13,8 @@ from engine_service.cache.sequence_cache import SequenceCache, round_up
 
 
 def export_state(cache: SequenceCache, upto: int) -> SeqState | None:
-    """Positions ``[0, upto)``, or None when ``cache.can_rewind(upto)`` fails.
-
-    Arrays ``layers.{i}.keys`` / ``.values``: [kv_heads, rows, head_dim], ``rows`` = ``upto`` on a flat
-    layer and an unwrapped ring (row p at index p), all ``slots`` of a wrapped ring in slot order (the
-    state keeps ``written``, as a copy does). Evaluated views: MLX copies a buffer it writes while a
-    view is alive.
-    """
+    """Positions ``[0, upto)`` (None when ``can_rewind(upto)`` fails) as evaluated views [kv_heads, rows,
+    head_dim]: ``upto`` rows flat or unwrapped, all slots of a wrapped ring (the state keeps ``written``)."""
     if not cache.can_rewind(upto):
         return None
     cfg = cache._cfg
@@ -38,8 +31,7 @@ def export_state(cache: SequenceCache, upto: int) -> SeqState | None:
 
 
 def pin_state(cache: SequenceCache) -> PinnedState | None:
-    """All committed positions pinned (views, no copy): readable, with any prefix down to the rewind
-    floor, on any thread, as :func:`export_state` gives them (None when it refuses the length)."""
+    """All committed positions pinned (views, no copy), readable down to the rewind floor on any thread."""
     state = export_state(cache, cache.length)  # evaluated views of the buffers
     if state is None:
         return None
@@ -63,11 +55,7 @@ def state_layout(
 
 
 def restore_state(config: CacheConfig, state: SeqState) -> SequenceCache:
-    """A cache holding ``state`` exactly (arrays as :func:`state_layout` says; checked by the caller).
-
-    Flat layers and unwrapped rings get headroom to the next allocation step, as a copy does; the ring
-    slot tracking is rebuilt as the positions the slots are assumed to hold.
-    """
+    """A cache holding ``state`` exactly (its layout checked by the caller), headroom as a copy gets."""
     cache = SequenceCache(config)
     cache._length, cache._written = state.length, state.written
     for slots, held in cache._slot_pos.items():

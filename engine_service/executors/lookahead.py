@@ -1,8 +1,6 @@
 """The decode lookahead: the next decode step queued (``mx.async_eval``) before the last one's tokens are
-read back, used only when the next batch feeds exactly those sessions their pending tokens.
-
-Spec: docs/ENGINE.md (decode lookahead).
-"""
+read back, used only when the next batch feeds those sessions their pending tokens, else taken back.
+Spec: docs/MODELS.md (Decode lookahead)."""
 
 from __future__ import annotations
 
@@ -22,9 +20,8 @@ from engine_service.executors.session_table import SessionTable
 
 @dataclass
 class Ahead:
-    """A queued decode step: per session in batch order ``(sid, start, seq, written)`` of the row it
-    wrote (``written``: the sequence's high-water mark before it; None without per-sequence marks),
-    and the samplers' keys from before its draws."""
+    """A queued step: per session ``(sid, start, seq, written)`` of its row (``written``: the high-water
+    mark before it, None without one) and the samplers' keys from before its draws."""
 
     entries: list[tuple[int, int, int, int | None]]
     launched: Launched
@@ -33,8 +30,8 @@ class Ahead:
 
 
 class Lookahead:
-    """Queues, hands over or discards the step after a plain decode round (``enabled``: only where a
-    discard leaves no trace: no ring layers that evict rows, no drafting or post-processing)."""
+    """Queues, hands over or discards the step after a plain decode round (``enabled`` only where a
+    discard leaves no trace: no evicting ring layers, no drafting or post-processing)."""
 
     def __init__(
         self, model: Any, cache: BatchControl, sessions: SessionTable, max_session_tokens: int, enabled: bool
@@ -78,8 +75,7 @@ class Lookahead:
             self.discard(ahead)
 
     def launch(self, launched: Launched) -> bool:
-        """Queue the decode step after ``launched`` when it was a plain decode round of a repeated batch
-        (every session one raw token, one prediction, no drafts); whether one was queued."""
+        """Queue the step after ``launched`` if it was a plain decode round of a repeated batch."""
         self.pending = self._queue(launched)
         return self.pending is not None
 
@@ -138,8 +134,7 @@ class Lookahead:
         return all(inp.tokens[0] == tok for inp, tok in zip(batch, expected, strict=True))
 
     def discard(self, ahead: Ahead) -> None:
-        """Undo a queued step nobody uses: its rows taken back (the high-water mark too, so an export
-        or a clone sees no trace of it), the samplers' keys put back."""
+        """Undo a queued step: its rows and high-water mark taken back, the samplers' keys put back."""
         self.discarded += 1
         for sampler, key in ahead.saved_keys:
             sampler.restore_key(key)

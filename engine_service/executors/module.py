@@ -1,8 +1,5 @@
-"""ModuleExecutor: raw tokens -> the MLX transformer over a registered KV cache -> sampled tokens.
-
-One ``execute`` packs every input of a batch into one forward per round (:mod:`.rounds`); sessions are
-executor-local ids over cache sequences (:mod:`.session_table`). Spec: docs/ENGINE.md (executor).
-"""
+"""ModuleExecutor: raw tokens -> the MLX transformer over a registered KV cache -> sampled tokens, one
+forward per round of a batch (:mod:`.rounds`). Spec: docs/ARCHITECTURE.md (The engine thread)."""
 
 from __future__ import annotations
 
@@ -94,11 +91,9 @@ class ModuleExecutor(Executor):
         model_fingerprint: str | None = None,
         **kwargs: Any,
     ) -> ModuleExecutor:
-        """The cache for ``model`` (a Transformer or a LoadedModel) and the executor over it.
-
-        ``max_write``: positions one forward writes per session (default ``prefill_chunk``); ``kwargs``
-        go to the constructor. InvalidArgument for malformed limits, ResourceExhausted when the cache
-        cannot hold ``max_sessions`` x ``max_session_tokens`` (:mod:`.cache_setup`)."""
+        """The cache for ``model`` (a Transformer or LoadedModel) and the executor over it; ``max_write``
+        defaults to ``prefill_chunk``. InvalidArgument for bad limits, ResourceExhausted when the cache
+        cannot hold ``max_sessions`` x ``max_session_tokens``."""
         prefill_chunk = checked_int("prefill_chunk", prefill_chunk, lo=1)
         max_write = max_write if max_write is not None else prefill_chunk
         kv_dtype = resolve_kv_dtype(kv_dtype)
@@ -127,7 +122,6 @@ class ModuleExecutor(Executor):
 
     @classmethod
     def from_settings(cls, model: Any, settings: ExecutorSettings, **kwargs: Any) -> ModuleExecutor:
-        """:meth:`create` with the executor settings of ``settings`` (the engine's flags)."""
         return cls.create(
             model,
             settings.cache_kind,
@@ -210,7 +204,6 @@ class ModuleExecutor(Executor):
 
     @property
     def lookahead(self) -> bool:
-        """Whether plain decode rounds queue the next step (:mod:`.lookahead`)."""
         return self._lookahead.enabled
 
     @property
@@ -270,8 +263,7 @@ class ModuleExecutor(Executor):
         return ExecOutput(plan.sid, tuple(tokens), logits=kept, logprobs=plan.logprobs[: len(tokens)] or None)
 
     def _plan(self, index: int, inp: ExecInput, seen: set[int], committed: int | None = None) -> Plan:
-        """Check one input and rewind its session when it starts below its position (``committed``: that
-        position when a queued lookahead wrote past it)."""
+        """Check one input, rewinding its session when it starts below ``committed`` (default: the cache's)."""
         state = self._sessions.get(inp.sid)
         if state is None:
             raise InputError(f"unknown session {inp.sid}")
@@ -301,8 +293,7 @@ class ModuleExecutor(Executor):
         return plan
 
     def _lookahead_invisible(self) -> bool:
-        """Whether a discarded lookahead leaves no trace: no drafting or post-processing subclass, no
-        ring layers that evict rows."""
+        """Whether a discarded lookahead leaves no trace (no drafts, no evicting ring layers)."""
         cls = type(self)
         plain = cls._add_drafts is ModuleExecutor._add_drafts and cls._finish is ModuleExecutor._finish
         rings = hasattr(self.cache, "rewind_floor") and any(

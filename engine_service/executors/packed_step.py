@@ -13,8 +13,8 @@ from engine_service.executors.token_logprobs import PendingLogprobs
 
 @dataclass
 class Launched:
-    """The cache step it writes, its lazy predictions (None: no output wanted) and PRNG keys, and
-    which plan pieces ``(plan, lo, hi)`` / output rows ``(plan, first logit row)`` it covers."""
+    """The cache step it writes, lazy predictions (None: no output) and keys, the pieces ``(plan, lo,
+    hi)`` and output rows ``(plan, first logit row)`` it covers."""
 
     step: Any
     pieces: list[tuple[Plan, int, int]]
@@ -26,11 +26,8 @@ class Launched:
 
 
 def sample_rows(logits: mx.array, finishing: list[tuple[Plan, int]]) -> tuple[mx.array, list[mx.array]]:
-    """Predictions for every projected row, on the device: int32 [R], plus the keys to evaluate.
-
-    Greedy rows (and speculative verification rows) take the argmax of the whole block at once;
-    sampled sessions draw from their own row with their own key.
-    """
+    """int32 [R] predictions for the projected rows and the keys to evaluate: one argmax over the block
+    (greedy and verification rows); sampled sessions draw their own row with their own key."""
     greedy = mx.argmax(logits, axis=-1).astype(mx.int32)
     sampled = [
         (plan, at)

@@ -1,12 +1,6 @@
-"""Prepared inputs: decoder positions computed outside the token embedding (e.g. a vision encoder).
-
-A :class:`PreparedInput` is opaque and immutable. ``kind()`` is a process-local type identity: a
-:class:`PreparedKind` object held at class level, compared by identity, so an executor decides
-``accepts()`` from metadata alone (no isinstance or RTTI). ``size()`` is the number of decoder
-positions it occupies. The runner slices it into prefill chunks with ``chunk(start, stop)``; a chunk
-is a view that shares the owner's storage and covers logical positions ``[start, stop)`` of it.
-Decode feedback after a prepared prefill is always raw tokens. Input metrics count positions.
-"""
+"""Prepared inputs: decoder positions computed outside the token embedding (e.g. a vision encoder), opaque
+and immutable; ``kind()`` is an identity token (``accepts()`` from metadata alone), ``chunk(start, stop)``
+a view sharing the owner's storage. Decode feedback after a prepared prefill is raw tokens."""
 
 from __future__ import annotations
 
@@ -49,10 +43,7 @@ class PreparedInput(ABC):
 
 
 class EmbeddingsInput(PreparedInput):
-    """Precomputed input embeddings fed to the decoder in place of token embeddings.
-
-    embeddings: float array [positions, hidden] (e.g. projected image patches + text embeddings).
-    """
+    """Precomputed input embeddings, float [positions, hidden], fed in place of token embeddings."""
 
     KIND: ClassVar[PreparedKind] = PreparedKind("embeddings")
 

@@ -1,16 +1,6 @@
-"""PromptLookupExecutor: greedy speculative decoding with drafts copied from the session's own history.
-
-For a decode input ``[pending]`` of a greedy session it looks for the latest earlier occurrence of
-the history's last ``n`` tokens (``n = ngram_max .. ngram_min``, history = committed tokens +
-pending) and drafts up to ``num_drafts`` tokens that followed it. One forward runs over
-``[pending, d1 .. dk]`` with logits for every row; verification is greedy: ``d_i`` is accepted while
-it equals the argmax at the previous row. It returns ``(accepted drafts..., next prediction)``; all
-but the last are committed. The cache wrote K/V for every draft, so the session is rewound to the
-accepted position; physical cache length never authorizes a clone (the runner only clones at or
-below the committed position). Its output equals plain greedy decoding token for token. Sampled
-sessions (temperature > 0) decode plainly. ``num_drafts + 1 <= max_write`` keeps ring layers able to
-rewind over the rejected rows.
-"""
+"""PromptLookupExecutor: greedy speculative decoding, drafts copied from the session's own history after
+the latest match of its last n tokens; a draft is kept while it equals the previous row's argmax, the
+rest rewound. Output equals plain greedy; sampled sessions decode plainly. Spec: docs/ARCHITECTURE.md."""
 
 from __future__ import annotations
 

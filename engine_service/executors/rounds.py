@@ -20,8 +20,7 @@ Forward = Callable[..., mx.array]
 
 
 class Rounds:
-    """Runs plans to completion over ``cache`` with ``forward`` (the executor's, so subclasses feed
-    embeddings); a plain decode round queues the next step on ``lookahead``."""
+    """Runs plans to completion over ``cache`` with the executor's ``forward`` (subclasses feed embeddings)."""
 
     def __init__(
         self,
@@ -82,8 +81,7 @@ class Rounds:
         return Launched(step, pieces, finishing, predicted, keys, logits, extras)
 
     def _finish(self, launched: Launched, results: Results) -> None:
-        """Record the round's rows in the histories, queue the next decode step when this one is a plain
-        decode, then evaluate this one and read its predictions."""
+        """Record the rows in the histories, queue the next step after a plain decode, then read this one."""
         for plan, lo, hi in launched.pieces:
             chunk = plan.piece(lo, hi)
             tokens = list(chunk) if isinstance(chunk, tuple) else [PREPARED_TOKEN] * (hi - lo)

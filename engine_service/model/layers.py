@@ -1,16 +1,6 @@
-"""The pieces every architecture builds its layers from: projections over any weight format, the
-attention over the cache's views, the gated MLP, and :class:`DecoderLayer` (what an architecture's
-layer subclasses: it only says in which order norms, attention and MLP compose).
-
-Canonical tensor names of layer ``i`` (``p = "layers.i."``; shapes [out, in]):
-``p.attn_norm`` [hidden]; ``p.{q,k,v}`` [heads * head_dim, hidden] or ``p.qkv`` fused (q rows, then k,
-then v); ``p.{q,k,v}_bias`` [heads * head_dim] (attention bias, optional); ``p.{q,k}_norm`` [head_dim]
-(QK-norm, optional); ``p.o`` [hidden, q_heads * head_dim]; ``p.post_attn_norm`` [hidden] (optional);
-``p.mlp_norm`` [hidden]; ``p.{gate,up}`` [intermediate, hidden] or ``p.gate_up`` fused (gate rows first);
-``p.down`` [hidden, intermediate]; ``p.post_mlp_norm`` [hidden] (optional). Norm weights multiply
-(``x / rms(x) * w``): a checkpoint storing ``w - 1`` (Gemma's Hugging Face files) is shifted by its
-loader.
-"""
+"""What every architecture builds its layers from: :class:`DecoderLayer` (an architecture's layer only
+says in which order norms, attention and MLP compose) over the canonical tensors ``layers.i.*``.
+Spec: docs/MODELS.md (Architectures: canonical tensor names)."""
 
 from __future__ import annotations
 
@@ -39,11 +29,9 @@ ACTIVATIONS = {"silu": fast_math.silu_mul, "gelu_tanh": fast_math.gelu_tanh_mul}
 
 
 class DecoderLayer(nn.Module):
-    """Attention + gated MLP of one layer, from the canonical tensors (module docstring). Subclasses
-    write ``__call__(h, step, rotations, positions)`` from :meth:`attention`, :meth:`mlp` and
-    :meth:`norm`; options: ``activation`` (``silu``: SwiGLU, ``gelu_tanh``: GeGLU), optional tensors
-    (bias, QK-norm, post norms) are used when present.
-    """
+    """Attention + gated MLP of one layer; subclasses write ``__call__(h, step, rotations, positions)``
+    from :meth:`attention`, :meth:`mlp`, :meth:`norm`. Optional tensors (bias, QK-norm, post norms) apply
+    when present."""
 
     def __init__(
         self,
@@ -80,10 +68,8 @@ class DecoderLayer(nn.Module):
         self.kv_hint: list[mx.Dtype] = [mx.float32]
 
     def fuses(self, rows: int) -> bool:
-        """Whether a forward of ``rows`` packed rows runs the fused ops (:meth:`fused`): the compiled
-        kernels with ``fused_linear`` on a CPU stream, block-quantized q/k/v, o, gate/up and down in one
-        format each, and at most :func:`kernel_max_rows` rows -- any row count in deterministic mode, so
-        every row of a model takes the same path whatever its forward's shape."""
+        """Whether ``rows`` packed rows run :meth:`fused`: the kernels on a CPU stream, block-quantized
+        projections of one format each, at most :func:`kernel_max_rows` rows (any count when deterministic)."""
         return (
             FUSED_OPS
             and self._fusion is not None
@@ -92,11 +78,8 @@ class DecoderLayer(nn.Module):
         )
 
     def fused(self, h: mx.array, step: KVStep, rotations: Rotations, positions: mx.array) -> mx.array:
-        """The layer as five fused ops (``forkline_kernels.fused_qkv`` / ``fused_linear``, the attention
-        kernel between): ``h += post_attn_norm?(o(attn(attn_norm(h))))``, then
-        ``h += post_mlp_norm?(down(act(gate(x)) * up(x)))`` with ``x = mlp_norm(h)``; the optional norms
-        are those the layer has (Llama: none, Gemma 3: both). Row-local like the unfused ops, so the
-        same batch invariance."""
+        """The layer as five fused kernel ops (qkv, attention, o + residual, norm + gate/up, down +
+        residual), with the optional norms the layer has; row-local like the unfused ops."""
         ext, eps = self._fusion, self._norm.eps
         cfg = self._cfg
         t = h.shape[0]
@@ -156,8 +139,8 @@ class DecoderLayer(nn.Module):
         return self._norm(x, weight)
 
     def attention(self, x: mx.array, step: KVStep, rotations: Rotations, positions: mx.array) -> mx.array:
-        """x: [T, hidden] (normed); rotations: theta -> RoPE tables (cos, sin) [T, 1, head_dim];
-        positions: int32 [T]. Writes this layer's K/V through ``step``; returns [T, hidden]."""
+        """x [T, hidden] normed; rotations: theta -> (cos, sin) [T, 1, head_dim]; positions int32 [T].
+        Writes the layer's K/V through ``step``; -> [T, hidden]."""
         cfg = self._cfg
         t = x.shape[0]
         qkv = self.qkv(x)

@@ -1,5 +1,5 @@
-"""Projections ``y = x @ W.T (+ b)`` over any weight format, and the conversion of a matrix to the
-resolved ``weights_dtype``."""
+"""Projections ``y = x @ W.T (+ b)`` over any weight format, and converting a matrix to a resolved
+``weights_dtype``."""
 
 from __future__ import annotations
 
@@ -28,9 +28,8 @@ _ON_CPU = not gpu_available()
 
 
 def convert(tensor: Tensor, weights_dtype: str) -> Tensor:
-    """A matrix in the resolved ``weights_dtype``. ``native``: a block-quantized source stays as it is,
-    anything else becomes q8_0. The block formats (compiled CPU kernels) become MLX's own 8-/4-bit
-    quantization on a GPU, where its quantized_matmul is the fast path."""
+    """A matrix in the resolved ``weights_dtype`` (``native``: a block source stays, else q8_0); the block
+    formats become MLX's own 8-/4-bit quantization on a GPU."""
     if weights_dtype == NATIVE:
         weights_dtype = native_format(tensor)
     if weights_dtype in BLOCK_FORMATS:
@@ -54,8 +53,7 @@ def convert(tensor: Tensor, weights_dtype: str) -> Tensor:
 
 
 def native_format(tensor: Tensor) -> str:
-    """The block format that holds ``tensor`` without loss: its own, q4_1 for MLX 4-bit group-32
-    quantization (the same blocks), else q8_0 (requantizing: lossless only for 8-bit sources)."""
+    """The block format holding ``tensor`` without loss: its own, q4_1 for MLX 4-bit group 32, else q8_0."""
     if isinstance(tensor, BlockQuantTensor):
         return tensor.format
     if isinstance(tensor, QuantTensor) and (tensor.bits, tensor.group_size) == (4, 32):
@@ -101,8 +99,7 @@ class Projection(nn.Module):
         return y if bias is None else y + bias
 
     def fused_args(self) -> tuple[mx.array, mx.array, mx.array | None] | None:
-        """(wq, scales, mins) for ``forkline_kernels.fused_linear`` / ``fused_qkv``, None when this
-        projection's weights are not block-quantized."""
+        """(wq, scales, mins) for the fused kernel ops; None unless block-quantized."""
         if not self.block:
             return None
         return self.tensor.wq, self.tensor.scales, self.tensor.mins
@@ -143,8 +140,7 @@ class Projection(nn.Module):
 
 
 class SplitProjection(nn.Module):
-    """Several projections of one input whose outputs are concatenated (a fused q/k/v or gate/up whose
-    parts keep different block formats, so no single kernel call can read them)."""
+    """Projections of one input, outputs concatenated (fused parts in different block formats)."""
 
     def __init__(self, parts: list[Projection]) -> None:
         super().__init__()
@@ -156,8 +152,7 @@ class SplitProjection(nn.Module):
 
 
 def fused_projection(parts: list[Tensor], bias: list[mx.array] | None = None) -> Projection | SplitProjection:
-    """One projection of ``parts`` stacked along the output dimension (one matmul for q/k/v, gate/up)
-    when their formats agree; otherwise a :class:`SplitProjection`."""
+    """``parts`` stacked along the output (one matmul) when their formats agree, else a SplitProjection."""
     b = mx.concatenate([x.astype(mx.float32) for x in bias]) if bias else None
     if all(isinstance(p, BlockQuantTensor) for p in parts):
         if len({p.format for p in parts}) == 1:
