@@ -13,7 +13,7 @@ from engine_service.api.errors import CacheError
 from engine_service.cache.batch_control import KVView, Segment
 from engine_service.cache.config import CacheConfig, ConfiguredCache
 from engine_service.cache.pinned_state import PinnedState
-from engine_service.cache.seq_ids import SeqIdPool, check_position, check_segments
+from engine_service.cache.seq_ids import SeqIdPool, check_position, check_segments, check_step_kv
 from engine_service.cache.seq_state import SeqState, layout_problem
 from engine_service.cache.sequence_cache import SequenceCache
 from engine_service.cache.sequence_snapshot import export_state, pin_state, restore_state, state_layout
@@ -46,11 +46,7 @@ class SequenceStep:
     def views(self, layer: int, keys: mx.array, values: mx.array) -> list[KVView]:
         """keys, values: [T, kv_heads, head_dim] packed in segment order. One view per segment."""
         cfg = self._cfg
-        if not 0 <= layer < len(cfg.layers):
-            raise CacheError(f"layer must be in [0, {len(cfg.layers)}), got {layer}")
-        expect = (self._total, cfg.kv_heads, cfg.head_dim)
-        if tuple(keys.shape) != expect or tuple(values.shape) != expect:
-            raise CacheError(f"keys/values must be {list(expect)}, got {keys.shape} / {values.shape}")
+        check_step_kv(cfg, layer, self._total, keys, values)
         keys = keys if keys.dtype == cfg.dtype else keys.astype(cfg.dtype)
         values = values if values.dtype == cfg.dtype else values.astype(cfg.dtype)
         if self._kv_store is not None:  # every part's rows in one op (see CacheConfig.kv_store)

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
-from engine_service.api.errors import CacheError
 from engine_service.cache.batch_control import KVPart, KVView, Segment
+from engine_service.cache.seq_ids import check_step_kv
 
 if TYPE_CHECKING:
     from engine_service.cache.cell_cache import CellCache
@@ -135,11 +135,7 @@ class CellStep:
     def views(self, layer: int, keys: mx.array, values: mx.array) -> list[KVView]:
         """keys, values: [T, kv_heads, head_dim] packed in segment order. One view per segment."""
         cache, cfg = self._cache, self._cache._cfg
-        if not 0 <= layer < len(cfg.layers):
-            raise CacheError(f"layer must be in [0, {len(cfg.layers)}), got {layer}")
-        expect = (len(self._new), cfg.kv_heads, cfg.head_dim)
-        if tuple(keys.shape) != expect or tuple(values.shape) != expect:
-            raise CacheError(f"keys/values must be {list(expect)}, got {keys.shape} / {values.shape}")
+        check_step_kv(cfg, layer, len(self._new), keys, values)
         k_t = as_dtype(keys, cfg.dtype).transpose(1, 0, 2)  # [kv_heads, T, head_dim]
         v_t = as_dtype(values, cfg.dtype).transpose(1, 0, 2)
         pool_k, pool_v = cache._keys, cache._values  # [kv_heads, alloc, head_dim] per layer

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import mlx.core as mx
+
 from engine_service.api.errors import CacheError, NotFound
 from engine_service.cache.batch_control import Segment
+from engine_service.cache.config import CacheConfig
 
 
 class SeqIdPool:
@@ -67,3 +70,12 @@ def check_segments(segments: Sequence[Segment], ids: SeqIdPool, pos: dict[int, i
             )
         total += seg.length
     return total
+
+
+def check_step_kv(cfg: CacheConfig, layer: int, rows: int, keys: mx.array, values: mx.array) -> None:
+    """CacheError unless ``layer`` exists and keys, values are [rows, kv_heads, head_dim]."""
+    if not 0 <= layer < len(cfg.layers):
+        raise CacheError(f"layer must be in [0, {len(cfg.layers)}), got {layer}")
+    expect = (rows, cfg.kv_heads, cfg.head_dim)
+    if tuple(keys.shape) != expect or tuple(values.shape) != expect:
+        raise CacheError(f"keys/values must be {list(expect)}, got {keys.shape} / {values.shape}")
