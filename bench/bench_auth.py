@@ -47,12 +47,12 @@ PROMPT = "Write a short story about a robot who learns to paint. " * 4
 
 def model(kind: str):
     if kind == "real":
-        from engine_service.model.loader import load_model
+        from engine_service.model.loading.loader import load_model
 
         loaded = load_model(None)
         return loaded, loaded.tokenizer, loaded.chat
-    from engine_service.model.chat import ChatFormatter
     from engine_service.model.random_init import random_model
+    from engine_service.model.text.chat import ChatFormatter
     from tests.service.conftest import char_tokenizer
 
     return random_model("FRFR", 4, 0), char_tokenizer(), ChatFormatter(name="chatml")

@@ -125,7 +125,7 @@ def main() -> None:
     if args.quick:
         args.prompt, args.steps, args.repeats = 128, 4, 1
     from engine_service.model.cpu_kernels import kernel_status
-    from engine_service.model.loader import load_model
+    from engine_service.model.loading.loader import load_model
 
     loaded = load_model(None, "q8_0")
     rows = measure(loaded, args.prompt, args.steps, args.repeats)

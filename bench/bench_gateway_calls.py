@@ -29,8 +29,8 @@ import engine_service  # noqa: F401  (loads OpenBLAS before mlx)
 from clients.prefix_client import PrefixClient
 from engine_service.api.config import GenConfig
 from engine_service.executors.options import ExecutorSettings
-from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
+from engine_service.model.text.chat import ChatFormatter
 from engine_service.rpc.server import create_server
 from engine_service.sessions.engine import EngineSessions
 from engine_service.sessions.settings import UNLIMITED

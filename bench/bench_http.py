@@ -30,7 +30,7 @@ from clients.engine_client import Tokens
 from clients.prefix_client import PrefixClient
 from engine_service.api.config import GenConfig
 from engine_service.executors.options import ExecutorSettings
-from engine_service.model.loader import load_model
+from engine_service.model.loading.loader import load_model
 from engine_service.rpc.server import create_server
 from engine_service.sessions.engine import EngineSessions
 from engine_service.sessions.settings import UNLIMITED

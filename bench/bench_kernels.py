@@ -36,7 +36,7 @@ import engine_service  # noqa: E402,F401,I001  (OpenBLAS before mlx)
 import mlx.core as mx  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
-from engine_service.model.block_quant import block_matmul, to_q4_1, to_q8_0  # noqa: E402
+from engine_service.model.formats.block_quant import block_matmul, to_q4_1, to_q8_0  # noqa: E402
 from engine_service.model.cpu_kernels import kernel_status  # noqa: E402
 
 FORMATS = ("float32", "q8_0", "q4_1")
@@ -211,7 +211,7 @@ def bench_llama_cpp(steps: int) -> dict | None:
         import llama_cpp
     except ImportError:
         return None
-    from engine_service.model.loader import default_model_path
+    from engine_service.model.loading.loader import default_model_path
 
     threads = kernel_status().threads or os.cpu_count()
     llm = llama_cpp.Llama(model_path=default_model_path(), n_ctx=512, n_threads=threads, verbose=False)

@@ -44,7 +44,7 @@ from engine_service.api.config import GenConfig
 from engine_service.api.errors import ForklineError
 from engine_service.api.owners import NO_QUOTA
 from engine_service.executors.options import ExecutorSettings
-from engine_service.model.loader import load_model
+from engine_service.model.loading.loader import load_model
 from engine_service.rpc.metrics import EngineMetrics
 from engine_service.rpc.server import SERVICE_NAME as ENGINE
 from engine_service.rpc.server import create_server

@@ -168,7 +168,7 @@ def main() -> None:
     for name in args.models:
         r = measure(name, args.quick)
         if args.llama_bench:
-            from engine_service.model.packaged import resolve_model
+            from engine_service.model.loading.packaged import resolve_model
 
             r["llama_cpp"] = llama_bench(args.llama_bench, resolve_model(name), args.threads, args.quick)
             r["ratio_vs_llama_cpp"] = ratios(r, r["llama_cpp"])

@@ -30,7 +30,7 @@ import engine_service  # noqa: F401  (loads OpenBLAS before mlx)
 from engine_service.api.config import GenConfig
 from engine_service.executors.grammar import compile_json_schema, with_grammar
 from engine_service.executors.options import ExecutorSettings
-from engine_service.model.loader import load_model
+from engine_service.model.loading.loader import load_model
 from engine_service.rpc.server import create_server
 from engine_service.sessions.engine import EngineSessions
 from engine_service.sessions.settings import UNLIMITED

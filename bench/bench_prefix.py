@@ -255,7 +255,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="256 and 1024 tokens only, one repeat")
     parser.add_argument("--repeats", type=int, default=3, help="cold runs per point (hits run twice as many)")
     args = parser.parse_args()
-    from engine_service.model.loader import load_model
+    from engine_service.model.loading.loader import load_model
 
     rng = random.Random(0)
     lookup = lookup_latency(100, 100, 2000, 300 if args.quick else 2000, rng)

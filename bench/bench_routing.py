@@ -48,8 +48,8 @@ import grpc
 
 import engine_service  # noqa: F401  (OpenBLAS before mlx)
 from engine_service.executors.options import ExecutorSettings
-from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
+from engine_service.model.text.chat import ChatFormatter
 from engine_service.rpc.server import create_server as create_engine_server
 from engine_service.sessions.engine import EngineSessions
 from engine_service.sessions.settings import UNLIMITED

@@ -25,7 +25,7 @@ import engine_service  # noqa: F401  (loads OpenBLAS before mlx)
 from engine_service.api.config import GenConfig
 from engine_service.executors.module import ModuleExecutor
 from engine_service.executors.prompt_lookup import PromptLookupExecutor
-from engine_service.model.loader import load_model
+from engine_service.model.loading.loader import load_model
 from engine_service.runtime.runner import Runner
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")

@@ -207,7 +207,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.lengths, args.repeats, args.cold_repeats = [256], 2, 1
-    from engine_service.model.loader import load_model
+    from engine_service.model.loading.loader import load_model
 
     loaded = load_model()
     rng = random.Random(0)

@@ -264,7 +264,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no_http", action="store_true", help="skip the HTTP case")
     args = parser.parse_args()
-    from engine_service.model.packaged import resolve_model
+    from engine_service.model.loading.packaged import resolve_model
 
     t0 = time.perf_counter()
     report = {"load_average_1_5_15min": [round(x, 2) for x in os.getloadavg()], "models": {}}

@@ -42,7 +42,7 @@ PROMPTS = {
 
 
 def record(binary: str, name: str, n_predict: int, threads: int) -> dict:
-    from engine_service.model.packaged import resolve_model
+    from engine_service.model.loading.packaged import resolve_model
 
     path = resolve_model(name)
     cases = []

@@ -137,8 +137,8 @@ def record(binary: str, model: str, threads: int, startup_s: float, extra: list[
 def compare(model: str, result: dict) -> dict:
     """forkline's tokenizer on the recorded strings: equal ids, round trips, build time."""
     sys.path.insert(0, ROOT)
-    from engine_service.model.gguf_file import read_metadata
-    from engine_service.model.tokenizer import tokenizer_from_gguf
+    from engine_service.model.loading.gguf_file import read_metadata
+    from engine_service.model.text.tokenizer import tokenizer_from_gguf
 
     meta = read_metadata(model)
     start = time.perf_counter()
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = []
         if args.random:
             sys.path.insert(0, ROOT)
-            from engine_service.model.gguf_file import read_metadata
+            from engine_service.model.loading.gguf_file import read_metadata
 
             extra = random_texts(read_metadata(model)["tokenizer.ggml.tokens"], args.random)
         result = record(args.llama_server, model, args.threads, args.startup_s, extra)

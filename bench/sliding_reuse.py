@@ -106,7 +106,7 @@ def forkline(kind: str, stride: int, a: list[int], b: list[int]) -> dict:
 def llama_cpp(binary: str, threads: int, a: list[int], b: list[int]) -> dict:
     from llama_server import LlamaServer
 
-    from engine_service.model.packaged import resolve_model
+    from engine_service.model.loading.packaged import resolve_model
 
     with LlamaServer(binary, resolve_model(MODEL), threads=threads, ctx=16384, slots=4) as server:
         out = {}

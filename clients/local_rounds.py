@@ -25,8 +25,8 @@ from prefix_service.cache.prefix_cache import PrefixCache
 
 def load(args: argparse.Namespace):
     """(loaded model, tokenizer, model fingerprint). Raises ModelLoadError."""
-    from engine_service.model.loader import load_model
-    from engine_service.model.tokenizer import tokenizer_from_file
+    from engine_service.model.loading.loader import load_model
+    from engine_service.model.text.tokenizer import tokenizer_from_file
 
     loaded = load_model(args.model, args.weights_dtype)
     if args.tokenizer is None:

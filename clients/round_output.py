@@ -36,7 +36,7 @@ class OutputFile:
     """Streams one generation's text to a file; written on the engine thread, closed by either side."""
 
     def __init__(self, path: str, tokenizer, flush_every: int) -> None:
-        from engine_service.model.detokenizer import StreamDecoder
+        from engine_service.model.text.detokenizer import StreamDecoder
 
         self.path = path
         self._file: TextIO | None = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed in close())

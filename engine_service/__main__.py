@@ -54,7 +54,7 @@ def start_engine(args: argparse.Namespace):
     """Load the model, start the engine thread and the gRPC server: (EngineServer, bound port)."""
     from engine_service.api.checks import checked_float
     from engine_service.cpu_quota import apply_cpu_quota
-    from engine_service.model.loader import load_model
+    from engine_service.model.loading.loader import load_model
     from engine_service.rpc.server import create_server
     from engine_service.serving.service_main import server_security
     from engine_service.sessions.engine import EngineSessions

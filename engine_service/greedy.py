@@ -21,8 +21,8 @@ from engine_service.api.prompts import TextPrompt
 from engine_service.cache.batch_control import BatchControl, Segment
 from engine_service.executors.cache_setup import build_session_cache, cache_config
 from engine_service.executors.options import add_model_options
-from engine_service.model.detokenizer import StreamDecoder
-from engine_service.model.loader import LoadedModel, load_model
+from engine_service.model.loading.loader import LoadedModel, load_model
+from engine_service.model.text.detokenizer import StreamDecoder
 from engine_service.model.transformer import Transformer
 
 log = logging.getLogger("engine_service.greedy")

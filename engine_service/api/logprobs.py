@@ -32,7 +32,7 @@ class TokenLogprob:
 
 
 class Speller(Protocol):
-    """``spell(token_id) -> (text, raw)`` (see :mod:`engine_service.model.token_bytes`)."""
+    """``spell(token_id) -> (text, raw)`` (see :mod:`engine_service.model.text.token_bytes`)."""
 
     def __call__(self, token_id: int) -> tuple[str, bytes]: ...
 

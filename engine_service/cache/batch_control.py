@@ -1,26 +1,7 @@
-"""The protocol between the executor, the model and a KV cache.
-
-Ownership: the executor drives sequence lifetime through :class:`BatchControl`; the model reads and
-writes K/V only through the :class:`KVStep` the executor hands it for one packed forward.
-
-A packed step carries several sequences' tokens in one flat row order. Segment ``i`` covers the
-packed rows ``[offset_i, offset_i + length_i)`` where offsets are the running sum of the lengths, in
-the order the segments were given, and writes positions ``[start_i, start_i + length_i)`` of
-sequence ``seq_i``. ``start_i`` must equal ``pos(seq_i)``: the executor rewinds first when it wants
-to overwrite (``rewind`` refuses when the rows it needs are gone).
-
-For each layer the model computes, for all packed rows,
-    q: [T, q_heads, head_dim], k: [T, kv_heads, head_dim], v: [T, kv_heads, head_dim]
-(RoPE already applied at each row's position), then calls ``step.views(layer, k, v)``. The cache
-stores the new rows and returns :class:`KVView` groups covering every packed row exactly once. The
-model attends each group's query rows to that view's keys/values under its mask (grouped-query
-attention: q head ``h`` reads kv head ``h // (q_heads // kv_heads)``).
-
-Every view (and part) also carries ``positions``: the absolute position each key row holds for the
-view's sequence, -1 where the row is not the sequence's (another owner's cell, an unwritten slot). The
-mask is exactly "position in [row position - window + 1, row position]" over those positions, so the
-deterministic attention (``forkline_kernels.causal_attention``) reads them instead of the mask.
-"""
+"""The protocol between the executor, the model and a KV cache: the executor drives sequences through
+:class:`BatchControl`; the model reads and writes K/V only through one packed step's :class:`KVStep`
+(segments in order, each writing ``[start, start + length)`` of its sequence at ``start == pos(seq)``).
+Spec: docs/ARCHITECTURE.md (The engine thread)."""
 
 from __future__ import annotations
 
@@ -46,9 +27,8 @@ class Segment:
 
 @dataclass(frozen=True)
 class KVPart:
-    """One contiguous piece of a multi-part view: keys, values [kv_heads, S_i, head_dim]; mask bool
-    [rows, S_i] (True = attend) or None (every key of the part visible to every row); positions int32
-    [S_i] (see the module docstring)."""
+    """One piece of a multi-part view: keys, values [kv_heads, S_i, head_dim]; mask bool [rows, S_i] or
+    None (all visible); positions int32 [S_i]."""
 
     keys: mx.array
     values: mx.array
@@ -58,17 +38,9 @@ class KVPart:
 
 @dataclass(frozen=True)
 class KVView:
-    """Keys/values that query rows ``rows`` (a slice of the packed rows) attend to.
-
-    keys, values: [kv_heads, S, head_dim]
-    mask: bool [rows, S] (True = attend), or the string "causal" (query row j of the group sits at key
-        index S - n_rows + j and attends to keys 0..that index), or None (every key visible to every row).
-    parts: when set, the view is these pieces instead (keys/values/mask are None): the rows attend the
-        union of the parts' keys under one softmax, exactly as if the parts were concatenated. Lets a
-        cache hand out a few pool slices without gathering them into one copy.
-    positions: int32 [S], the absolute position of each key row for this view's sequence, -1 where the
-        row is not readable (None in a multi-part view: each part has its own).
-    """
+    """What query ``rows`` (a slice of the packed rows) attend: keys, values [kv_heads, S, head_dim];
+    mask bool [rows, S] (True = attend), "causal" (row j at key S - rows + j) or None; ``parts``: pieces
+    attended under one softmax instead; positions int32 [S]: each key's position, -1 where not readable."""
 
     rows: slice
     keys: mx.array | None
@@ -92,11 +64,8 @@ class KVStep(Protocol):
     segments: Sequence[Segment]
 
     def views(self, layer: int, keys: mx.array, values: mx.array) -> Sequence[KVView]:
-        """Store this step's rows for ``layer`` and return the views to attend.
-
-        keys, values: [T, kv_heads, head_dim], packed in segment order (T = sum of lengths).
-        Must be called once per layer, layers in any order.
-        """
+        """Store keys, values [T, kv_heads, head_dim] (segment order) for ``layer``; the views covering
+        every packed row once. Once per layer."""
         ...
 
     def state(self) -> list[mx.array]:
@@ -106,11 +75,8 @@ class KVStep(Protocol):
 
 @runtime_checkable
 class BatchControl(Protocol):
-    """Sequence lifetime and admission, driven by the executor (engine thread only).
-
-    Refusals return None/False and leave every sequence exactly as before. Misuse (unknown ids,
-    bad positions) raises :class:`engine_service.api.errors.CacheError` or ``NotFound``.
-    """
+    """Sequence lifetime and admission (engine thread). Refusals return None/False and change nothing;
+    misuse raises CacheError or NotFound."""
 
     @property
     def max_seqs(self) -> int: ...
@@ -125,8 +91,7 @@ class BatchControl(Protocol):
         ...
 
     def seq_clone(self, src: int, upto: int) -> int | None:
-        """A new sequence holding exactly positions [0, upto) of ``src`` with independent write
-        ownership, or None (no slot, no room, boundary no longer available). Never changes ``src``."""
+        """A new sequence holding exactly ``[0, upto)`` of ``src``, or None. Never changes ``src``."""
         ...
 
     def seq_rm(self, seq: int) -> None:
@@ -146,8 +111,7 @@ class BatchControl(Protocol):
         ...
 
     def begin_step(self, segments: Sequence[Segment]) -> KVStep:
-        """Reserve the rows for one packed step and advance each ``pos(seq)`` to ``start + length``.
-        Raises CacheError when a segment is not admissible (check ``can_admit`` first)."""
+        """Reserve one packed step's rows and advance each ``pos(seq)``; CacheError when not admissible."""
         ...
 
     def clear(self) -> None:

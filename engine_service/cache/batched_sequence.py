@@ -1,12 +1,6 @@
-"""``batched-sequence``: one :class:`SequenceCache` per sequence, all sharing one token capacity.
-
-Capacity accounting: the rows a sequence holds are its committed positions (``pos(seq)``); the sum
-over sequences never exceeds ``capacity``. A clone needs room for the prefix it copies.
-
-A packed step returns one :class:`KVView` per segment, pointing at that sequence's own buffers (no
-concatenation): flat layers get ``"causal"`` (the segment's rows are the view's last rows) or None for a
-single-row decode; ring layers get an explicit bool mask over the ring's slots.
-"""
+"""``batched-sequence``: one :class:`SequenceCache` per sequence sharing one token capacity (a sequence
+holds its committed positions); a step's view points at the sequence's own buffers ("causal" or None
+on flat layers, a bool mask over the slots on rings)."""
 
 from __future__ import annotations
 
@@ -19,9 +13,10 @@ from engine_service.api.errors import CacheError
 from engine_service.cache.batch_control import KVView, Segment
 from engine_service.cache.config import CacheConfig, ConfiguredCache
 from engine_service.cache.pinned_state import PinnedState
-from engine_service.cache.seq_ids import SeqIdPool, check_position, check_segments
+from engine_service.cache.seq_ids import SeqIdPool, check_position, check_segments, check_step_kv
 from engine_service.cache.seq_state import SeqState, layout_problem
 from engine_service.cache.sequence_cache import SequenceCache
+from engine_service.cache.sequence_snapshot import export_state, pin_state, restore_state, state_layout
 
 
 @dataclass(frozen=True)
@@ -51,11 +46,7 @@ class SequenceStep:
     def views(self, layer: int, keys: mx.array, values: mx.array) -> list[KVView]:
         """keys, values: [T, kv_heads, head_dim] packed in segment order. One view per segment."""
         cfg = self._cfg
-        if not 0 <= layer < len(cfg.layers):
-            raise CacheError(f"layer must be in [0, {len(cfg.layers)}), got {layer}")
-        expect = (self._total, cfg.kv_heads, cfg.head_dim)
-        if tuple(keys.shape) != expect or tuple(values.shape) != expect:
-            raise CacheError(f"keys/values must be {list(expect)}, got {keys.shape} / {values.shape}")
+        check_step_kv(cfg, layer, self._total, keys, values)
         keys = keys if keys.dtype == cfg.dtype else keys.astype(cfg.dtype)
         values = values if values.dtype == cfg.dtype else values.astype(cfg.dtype)
         if self._kv_store is not None:  # every part's rows in one op (see CacheConfig.kv_store)
@@ -88,9 +79,8 @@ class SequenceStep:
         return out
 
     def _store(self, layer: int, keys: mx.array, values: mx.array) -> None:
-        """keys, values: [T, kv_heads, head_dim] in the cache's dtype, written by one ``kv_store`` op. The
-        caches then hold the op's outputs, so when it runs it holds the only reference to a buffer nothing
-        else reads and updates it in place."""
+        """Write a step's K/V [T, kv_heads, head_dim] with one ``kv_store`` op; the caches then hold its
+        outputs, so the op holds a buffer's only reference and updates it in place."""
         writes = [
             (i, part.offset + offset, index, rows)
             for i, part in enumerate(self._parts)
@@ -108,7 +98,7 @@ class SequenceStep:
 
 
 class BatchedSequenceCache(ConfiguredCache):
-    """BatchControl over independent per-sequence caches (see module docstring)."""
+    """BatchControl over independent per-sequence caches."""
 
     def __init__(self, config: CacheConfig) -> None:
         self._cfg = config
@@ -160,29 +150,26 @@ class BatchedSequenceCache(ConfiguredCache):
         del self._seqs[seq]
 
     def export_seq(self, seq: int, upto: int) -> SeqState | None:
-        """Positions ``[0, upto)`` of ``seq`` (see :meth:`SequenceCache.export`), or None when the rows
-        they need are gone (``upto`` past the length or below a ring's floor)."""
-        return self.sequence(seq).export(check_position("upto", upto))
+        """Positions ``[0, upto)`` of ``seq`` (:func:`.sequence_snapshot.export_state`), or None."""
+        return export_state(self.sequence(seq), check_position("upto", upto))
 
     def pin_seq(self, seq: int) -> PinnedState | None:
-        """``seq``'s committed positions pinned for exports on any thread (:class:`PinnedState`:
-        views, no copy; what :meth:`export_seq` gives, for any prefix down to the rewind floor)."""
-        return self.sequence(seq).pin()
+        """``seq``'s committed positions pinned for exports on any thread (views, no copy)."""
+        return pin_state(self.sequence(seq))
 
     def state_problem(self, state: SeqState) -> str | None:
         """Why ``state`` cannot be imported into this cache's geometry (None: its layout fits)."""
-        return layout_problem(state, SequenceCache.state_layout(self._cfg, state.length, state.written))
+        return layout_problem(state, state_layout(self._cfg, state.length, state.written))
 
     def import_seq(self, state: SeqState) -> int | None:
-        """A new sequence holding ``state`` (checked with :meth:`state_problem` first), or None when no
-        slot or not enough capacity is free. Nothing changes on a refusal."""
+        """A new sequence holding ``state``, or None (no slot or room); nothing changes on a refusal."""
         if self.used() + state.length > self._cfg.capacity:
             return None
         sid = self._ids.acquire()
         if sid is None:
             return None
         try:
-            self._seqs[sid] = SequenceCache.restore(self._cfg, state)
+            self._seqs[sid] = restore_state(self._cfg, state)
         except Exception:
             self._ids.release(sid)
             raise

@@ -1,16 +1,6 @@
-"""Where a cell cache puts new rows: a free map over ``capacity`` cells with placement hints.
-
-Placement matters for speed, not correctness: a sequence whose cells form one ascending run is read
-as a plain slice of the pool with a causal mask (no gather, no explicit mask). So
-
-1. a sequence continues its own run (the cells right after its last cell) when they are free;
-2. else it starts at the first free run in its *region*: the pool is split into ``max_seqs`` equal
-   regions and sequence ``s`` prefers region ``s`` (packed prefills of several sequences then do not
-   interleave);
-3. else it takes the lowest free cells anywhere (fragmented, still correct: the reader gathers).
-
-Pure numpy bookkeeping; the K/V storage belongs to :class:`engine_service.cache.cell_cache.CellCache`.
-"""
+"""Where a cell cache puts new rows (placement is speed, not correctness: one ascending run reads as a
+slice): continue the sequence's own run, else the first free run in its region (the pool split into
+``max_seqs`` regions), else the lowest free cells. Spec: docs/ARCHITECTURE.md (The engine thread)."""
 
 from __future__ import annotations
 
@@ -34,10 +24,8 @@ class CellAllocator:
         return len(self._free) - self._used
 
     def take(self, seq: int, after: int | None, n: int) -> np.ndarray:
-        """``n`` free cells for sequence ``seq`` whose last cell is ``after`` (None: it has none).
-
-        Returns int64 [n], ascending. Raises ValueError when fewer than ``n`` cells are free.
-        """
+        """``n`` free cells (int64 [n], ascending) for ``seq`` whose last cell is ``after`` (None: none);
+        ValueError when fewer are free."""
         if n > self.available:
             raise ValueError(f"{n} cells requested, {self.available} free")
         cells = self._run_at(after + 1, n) if after is not None else None

@@ -1,46 +1,25 @@
-"""``batched-cell``: one shared pool of cells per layer, each cell with a position and owner bits.
-
-Storage per layer: ``keys, values: [kv_heads, alloc, head_dim]`` where index ``c`` is cell ``c``;
-``alloc`` grows (doubling, in steps of ``initial_capacity``) up to ``capacity`` cells. Where new rows
-go is :class:`CellAllocator`'s business (it keeps each sequence's cells in one run when it can). Bookkeeping is the
-same for every layer (each layer stores every position), so it lives once, in numpy:
-
-- ``cell_pos[c]``: the position cell ``c`` holds (-1 when free);
-- ``owners[c]``: uint64 bitmask, bit ``s`` set when sequence ``s`` owns the cell (``max_seqs <= 64``);
-- per sequence, ``cells[s][p]`` = the cell of its position ``p`` (positions are contiguous from 0).
-
-A clone ORs the new owner onto the source's cells below ``upto``: no K/V is copied and no cell is
-used. Rewinding drops the sequence's ownership of its cells at or past the new length; a cell is
-freed when its last owner leaves. Nothing is ever evicted for a sliding window: the mask restricts it.
-
-A packed step returns one view per segment over the cells its sequence owns (``U`` cells): when they
-fill at least half of the pool range they span, a plain slice of the pool (no copy) whose other cells
-the mask hides; else, when they form at most ``MAX_PARTS`` ascending runs (a clone's shared prefix in
-its source's region plus its own rows in its own, say), a multi-part view of one pool slice per run (no
-copy); else a gather (``mx.take``) of exactly those cells. Mask [n, U]: the sequence owns
-the cell, ``cell_pos <= qpos``, and on sliding layers ``cell_pos > qpos - W``; on a full layer whose
-cells are one ascending run in position order the mask is ``"causal"`` (None for one row).
-"""
+"""``batched-cell``: one shared pool of cells per layer ([kv_heads, alloc, head_dim]), each cell with a
+position and owner bits (numpy, once for every layer); a clone ORs its owner bit onto the source's
+cells (no K/V copied), a rewind drops ownership, a cell is freed with its last owner. Nothing is
+evicted for a window: the mask restricts it. Spec: docs/ARCHITECTURE.md (The engine thread)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
-from engine_service.api.errors import CacheError, InvalidArgument
-from engine_service.cache.batch_control import KVPart, KVView, Segment
+from engine_service.api.checks import checked_int
+from engine_service.api.errors import CacheError
+from engine_service.cache.batch_control import Segment
 from engine_service.cache.cell_allocator import CellAllocator
+from engine_service.cache.cell_step import CellStep, as_dtype
 from engine_service.cache.config import CacheConfig, ConfiguredCache
 from engine_service.cache.seq_ids import SeqIdPool, check_position, check_segments
 from engine_service.cache.seq_state import SeqState, layout_problem
 
 MAX_OWNERS = 64  # owner bits per cell (uint64)
-# a sequence whose cells form at most this many runs is read as that many pool slices (one attention
-# softmax across them) instead of a gather that copies its whole context every layer of every step
-MAX_PARTS = 4
 
 
 class _Cells:
@@ -65,202 +44,6 @@ class _Cells:
         self.n = need
 
 
-@dataclass(frozen=True)
-class _SegmentRead:
-    """Which pool cells one segment's rows attend, decided once per step.
-
-    cells: the cells of the view, in view order (int64 [U]); span: (lo, hi) when the view is the pool
-    slice ``[lo, hi)`` (no copy), else None and ``take`` gathers ``cells``; contiguous: the sequence's
-    own cells are exactly ``lo .. hi - 1`` in position order (flat layers need no explicit mask);
-    runs: when set, the view is multi-part: pool slices ``[lo_i, hi_i)`` whose concatenation is
-    ``cells`` (the sequence's cells in position order), and span/take are None.
-    """
-
-    seq: int
-    rows: slice
-    qpos: np.ndarray  # [n] positions of the segment's rows
-    cells: np.ndarray
-    span: tuple[int, int] | None
-    take: mx.array | None
-    contiguous: bool
-    runs: tuple[tuple[int, int], ...] | None = None
-
-
-class CellStep:
-    """KVStep over the shared pool. Created by :meth:`CellCache.begin_step`.
-
-    One view per segment over the cells its sequence owns (including cells shared with clones): the
-    pool slice spanning them when they fill at least half of it (the mask hides other owners' cells),
-    otherwise a gather of exactly those cells. Masks are built in numpy once per (segment, window).
-    """
-
-    def __init__(self, cache: CellCache, segments: Sequence[Segment], new_cells: np.ndarray) -> None:
-        self.segments = tuple(segments)
-        self._cache = cache
-        self._new = new_cells  # [T] cell of each packed row
-        lo, hi = int(new_cells[0]), int(new_cells[-1])
-        # fresh cells usually come off the free stack as one ascending run: a slice update suffices
-        run = hi - lo + 1 == len(new_cells) and bool(np.all(np.diff(new_cells) == 1))
-        self._run = (lo, hi + 1) if run else None
-        self._new_mx = None if run else mx.array(new_cells.astype(np.int32))
-        self._reads: list[_SegmentRead] = []
-        offset = 0
-        for seg in segments:
-            own = cache._cells[seg.seq].held()  # [pos] cell of each position, new rows included
-            lo, hi = int(own.min()), int(own.max()) + 1
-            breaks = np.flatnonzero(np.diff(own) != 1) + 1  # where a new ascending run starts
-            contiguous = len(breaks) == 0
-            # a gather reads+writes U cells before attention reads them again; a slice is free but
-            # attention then reads the whole span: slice when the owned cells fill half of it; else
-            # read a few runs as parts (no copy), and gather only a badly fragmented sequence
-            sliced = 2 * len(own) >= hi - lo
-            if not sliced and len(breaks) < MAX_PARTS:
-                edges = [0, *breaks.tolist(), len(own)]
-                runs = tuple(
-                    (int(own[a]), int(own[b - 1]) + 1) for a, b in zip(edges[:-1], edges[1:], strict=True)
-                )
-                self._reads.append(
-                    _SegmentRead(
-                        seq=seg.seq,
-                        rows=slice(offset, offset + seg.length),
-                        qpos=np.arange(seg.start, seg.start + seg.length),
-                        cells=own.copy(),
-                        span=None,
-                        take=None,
-                        contiguous=False,
-                        runs=runs,
-                    )
-                )
-                offset += seg.length
-                continue
-            cells = np.arange(lo, hi) if sliced else np.sort(own)
-            self._reads.append(
-                _SegmentRead(
-                    seq=seg.seq,
-                    rows=slice(offset, offset + seg.length),
-                    qpos=np.arange(seg.start, seg.start + seg.length),
-                    cells=cells,
-                    span=(lo, hi) if sliced else None,
-                    take=None if sliced else mx.array(cells.astype(np.int32)),
-                    contiguous=contiguous,
-                )
-            )
-            offset += seg.length
-        self._masks: dict[tuple[int, int | None], mx.array | str | None] = {}
-        self._part_masks: dict[tuple[int, int | None], tuple[mx.array | None, ...]] = {}
-        self._positions: dict[int, tuple[mx.array, ...]] = {}
-
-    def _key_positions(self, i: int) -> tuple[mx.array, ...]:
-        """int32 positions of segment ``i``'s view cells (one array, or one per run): the cell's position
-        where the sequence owns it, else -1. The same for every layer (windows are the reader's)."""
-        if i not in self._positions:
-            read = self._reads[i]
-            owned = ((self._cache._owners[read.cells] >> np.uint64(read.seq)) & np.uint64(1)).astype(bool)
-            pos = np.where(owned, self._cache._cell_pos[read.cells], -1).astype(np.int32)
-            if read.runs:
-                edges = np.cumsum([0] + [hi - lo for lo, hi in read.runs])
-                self._positions[i] = tuple(
-                    mx.array(pos[a:b]) for a, b in zip(edges[:-1], edges[1:], strict=True)
-                )
-            else:
-                self._positions[i] = (mx.array(pos),)
-        return self._positions[i]
-
-    def _np_mask(self, read: _SegmentRead, window: int | None) -> np.ndarray:
-        """bool [n, U]: the sequence owns the cell, it holds a position <= the row's (and inside the
-        window on sliding layers)."""
-        cache = self._cache
-        bit = np.uint64(read.seq)
-        owned = ((cache._owners[read.cells] >> bit) & np.uint64(1)).astype(bool)  # [U]
-        pos = cache._cell_pos[read.cells][None, :]  # [1, U]
-        q = read.qpos[:, None]  # [n, 1]
-        mask = owned[None, :] & (pos <= q) & (pos >= 0)  # [n, U]
-        if window is not None:
-            mask &= pos > q - window
-        return mask
-
-    def _parts_mask(self, i: int, window: int | None) -> tuple[mx.array | None, ...]:
-        """Per-run slices of segment ``i``'s mask (None where the run is visible to every row)."""
-        key = (i, window)
-        if key not in self._part_masks:
-            read = self._reads[i]
-            mask = self._np_mask(read, window)
-            out = []
-            at = 0
-            for lo, hi in read.runs:
-                m = mask[:, at : at + hi - lo]
-                out.append(None if m.all() else mx.array(m))
-                at += hi - lo
-            self._part_masks[key] = tuple(out)
-        return self._part_masks[key]
-
-    def _mask(self, i: int, window: int | None) -> mx.array | str | None:
-        """Mask of segment ``i`` on layers with this window (None = full): bool [n, U] or causal/None."""
-        key = (i, window)
-        if key not in self._masks:
-            read = self._reads[i]
-            if window is None and read.contiguous:
-                # view index k holds position k, the segment's rows are the view's last rows
-                self._masks[key] = None if len(read.qpos) == 1 else "causal"
-            else:
-                self._masks[key] = mx.array(self._np_mask(read, window))
-        return self._masks[key]
-
-    def views(self, layer: int, keys: mx.array, values: mx.array) -> list[KVView]:
-        """keys, values: [T, kv_heads, head_dim] packed in segment order. One view per segment."""
-        cache, cfg = self._cache, self._cache._cfg
-        if not 0 <= layer < len(cfg.layers):
-            raise CacheError(f"layer must be in [0, {len(cfg.layers)}), got {layer}")
-        expect = (len(self._new), cfg.kv_heads, cfg.head_dim)
-        if tuple(keys.shape) != expect or tuple(values.shape) != expect:
-            raise CacheError(f"keys/values must be {list(expect)}, got {keys.shape} / {values.shape}")
-        k_t = _as(keys, cfg.dtype).transpose(1, 0, 2)  # [kv_heads, T, head_dim]
-        v_t = _as(values, cfg.dtype).transpose(1, 0, 2)
-        pool_k, pool_v = cache._keys, cache._values  # [kv_heads, alloc, head_dim] per layer
-        if self._run:
-            a, b = self._run
-            pool_k[layer][:, a:b, :] = k_t
-            pool_v[layer][:, a:b, :] = v_t
-        else:
-            pool_k[layer][:, self._new_mx, :] = k_t
-            pool_v[layer][:, self._new_mx, :] = v_t
-        window = cfg.layers[layer].window
-        out = []
-        for i, read in enumerate(self._reads):
-            if read.runs:
-                masks = self._parts_mask(i, window)
-                parts = tuple(
-                    KVPart(pool_k[layer][:, lo:hi, :], pool_v[layer][:, lo:hi, :], m, positions)
-                    for (lo, hi), m, positions in zip(read.runs, masks, self._key_positions(i), strict=True)
-                )
-                out.append(KVView(rows=read.rows, keys=None, values=None, mask=None, parts=parts))
-                continue
-            if read.span:
-                lo, hi = read.span
-                k_view = pool_k[layer][:, lo:hi, :]  # [kv_heads, U = hi - lo, head_dim]
-                v_view = pool_v[layer][:, lo:hi, :]
-            else:
-                k_view = mx.take(pool_k[layer], read.take, axis=1)  # [kv_heads, U, head_dim]
-                v_view = mx.take(pool_v[layer], read.take, axis=1)
-            out.append(
-                KVView(
-                    rows=read.rows,
-                    keys=k_view,
-                    values=v_view,
-                    mask=self._mask(i, window),
-                    positions=self._key_positions(i)[0],
-                )
-            )
-        return out
-
-    def state(self) -> list[mx.array]:
-        return [*self._cache._keys, *self._cache._values]
-
-
-def _as(x: mx.array, dtype: mx.Dtype) -> mx.array:
-    return x if x.dtype == dtype else x.astype(dtype)
-
-
 def _cell_index(cells: np.ndarray) -> slice | mx.array:
     """How to address ``cells`` (ascending or not) in a pool: one slice when they form one run."""
     if len(cells) and int(cells[-1]) - int(cells[0]) + 1 == len(cells) and bool(np.all(np.diff(cells) == 1)):
@@ -269,11 +52,10 @@ def _cell_index(cells: np.ndarray) -> slice | mx.array:
 
 
 class CellCache(ConfiguredCache):
-    """BatchControl over a shared cell pool (see module docstring). Capacity counts used cells."""
+    """BatchControl over a shared cell pool. Capacity counts used cells."""
 
     def __init__(self, config: CacheConfig) -> None:
-        if config.max_seqs > MAX_OWNERS:
-            raise InvalidArgument(f"max_seqs must be <= {MAX_OWNERS} for batched-cell, got {config.max_seqs}")
+        checked_int("batched-cell max_seqs", config.max_seqs, hi=MAX_OWNERS)
         self._cfg = config
         self._ids = SeqIdPool(config.max_seqs)
         self._cells: dict[int, _Cells] = {}
@@ -317,8 +99,7 @@ class CellCache(ConfiguredCache):
         return sid
 
     def export_seq(self, seq: int, upto: int) -> SeqState | None:
-        """Positions ``[0, upto)`` of ``seq``: ``layers.{i}.keys`` / ``.values`` [kv_heads, upto,
-        head_dim] gathered from its cells in position order (evaluated). None past its length."""
+        """Positions ``[0, upto)`` of ``seq`` gathered from its cells in position order (evaluated), or None."""
         held = self._cells[self._ids.check(seq)]
         if check_position("upto", upto) > held.n:
             return None
@@ -346,8 +127,8 @@ class CellCache(ConfiguredCache):
         )
 
     def import_seq(self, state: SeqState) -> int | None:
-        """A new sequence owning fresh cells that hold ``state`` (checked with :meth:`state_problem`
-        first), or None when no id or not enough free cells. Nothing changes on a refusal or a failure."""
+        """A new sequence owning fresh cells that hold ``state``, or None (no id, too few cells); nothing
+        changes on a refusal or a failure."""
         if state.length > self._slots.available:
             return None
         sid = self.seq_new()
@@ -361,8 +142,10 @@ class CellCache(ConfiguredCache):
             self._grow(int(cells.max()) + 1)
             at = _cell_index(cells)
             for layer in range(len(self._cfg.layers)):
-                self._keys[layer][:, at, :] = _as(state.arrays[f"layers.{layer}.keys"], self._cfg.dtype)
-                self._values[layer][:, at, :] = _as(state.arrays[f"layers.{layer}.values"], self._cfg.dtype)
+                self._keys[layer][:, at, :] = as_dtype(state.arrays[f"layers.{layer}.keys"], self._cfg.dtype)
+                self._values[layer][:, at, :] = as_dtype(
+                    state.arrays[f"layers.{layer}.values"], self._cfg.dtype
+                )
             mx.eval([*self._keys, *self._values])
         except Exception:
             self.seq_rm(sid)

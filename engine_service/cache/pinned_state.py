@@ -1,18 +1,6 @@
-"""An idle sequence's K/V pinned for exports on any thread: :class:`PinnedState`.
-
-Taken on the engine thread (``BatchedSequenceCache.pin_seq``) when a session is made that nothing
-will write before it generates (a clone, an import): evaluated views of its buffers, no copy. A view
-keeps its buffer's bytes as they were: MLX copies a buffer before writing into it while another array
-shares it, so a later write to the sequence (a generation on it, which drops the pin first) copies
-once instead of changing what the pin reads.
-
-:meth:`PinnedState.state` then reads positions ``[0, upto)`` with numpy alone -- no MLX op, so no
-graph is evaluated off the engine thread -- as :class:`~engine_service.cache.seq_state.SeqState`
-arrays of :class:`StateTensor` (contiguous bytes, the layout ``SequenceCache.export`` gives: flat
-layers and unwrapped rings hold rows ``[0, upto)``, a wrapped ring all its slots). Used by
-``Session.export_async``: an idle snapshot's export never waits for the engine thread's running
-forward.
-"""
+"""An idle sequence's K/V pinned for exports on any thread (:class:`PinnedState`): evaluated views of its
+buffers taken on the engine thread, read later with numpy alone (MLX copies a buffer before writing
+into it while a view shares it). Spec: docs/SNAPSHOTS.md."""
 
 from __future__ import annotations
 
@@ -28,8 +16,7 @@ from engine_service.cache.seq_state import SeqState, StateTensor
 
 @runtime_checkable
 class PinnableCache(Protocol):
-    """A cache kind whose sequences pin without a copy (``batched-sequence``; ``batched-cell`` gathers
-    its cells, so it would copy, and does not)."""
+    """A cache kind whose sequences pin without a copy (``batched-sequence``)."""
 
     def pin_seq(self, seq: int) -> PinnedState | None:
         """``seq``'s committed positions as views (engine thread); None: not exportable."""
@@ -38,8 +25,7 @@ class PinnableCache(Protocol):
 
 @dataclass(frozen=True, eq=False)
 class _PinnedArray:
-    """One layer array: a numpy view of its evaluated rows; ``positional``: row p holds position p
-    (a flat layer, a ring that never wrapped), so a prefix is its first rows."""
+    """A numpy view of one layer array's rows; ``positional``: row p holds position p."""
 
     view: np.ndarray  # [kv_heads, rows, head_dim], strided, sharing the buffer
     dtype: mx.Dtype
@@ -47,12 +33,10 @@ class _PinnedArray:
 
 
 class PinnedState:
-    """Positions ``[0, length)`` of one sequence with high-water mark ``written``; a prefix may be
-    read down to ``floor`` (a ring's rewind floor). Immutable; safe to read on any thread."""
+    """Positions ``[0, length)`` of one sequence (mark ``written``), readable down to ``floor`` on any
+    thread. Immutable."""
 
     def __init__(self, state: SeqState, floor: int, positional: Mapping[str, bool]) -> None:
-        """``state``: the sequence's export (evaluated [kv_heads, rows, head_dim] views of its
-        buffers); ``positional``: per array, whether row p holds position p."""
         self.length, self.written, self.floor = state.length, state.written, floor
         # bfloat16 as uint16 views of the same bytes; evaluated here, on the engine thread
         raw = {n: a.view(mx.uint16) if a.dtype == mx.bfloat16 else a for n, a in state.arrays.items()}
@@ -63,8 +47,7 @@ class PinnedState:
         }
 
     def state(self, upto: int) -> SeqState | None:
-        """Positions ``[0, upto)`` (contiguous copies), or None when ``upto`` is past the length or
-        below the floor (a wrapped ring no longer holds the rows before it)."""
+        """Positions ``[0, upto)`` (contiguous copies), or None past the length or below the floor."""
         if not self.floor <= upto <= self.length:
             return None
         arrays = {}

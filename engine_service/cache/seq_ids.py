@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import mlx.core as mx
+
 from engine_service.api.errors import CacheError, NotFound
 from engine_service.cache.batch_control import Segment
+from engine_service.cache.config import CacheConfig
 
 
 class SeqIdPool:
-    """Ids ``0 .. max_seqs - 1``; ``acquire`` hands out the lowest free one (so ids are reused).
-
-    The cell cache relies on ids being small: an id is the bit index of the sequence's owner bit.
-    """
+    """Ids ``0 .. max_seqs - 1``, lowest free first (small: a cell's owner bit index)."""
 
     def __init__(self, max_seqs: int) -> None:
         self._max = max_seqs
@@ -50,11 +50,8 @@ def check_position(name: str, value: object) -> int:
 
 
 def check_segments(segments: Sequence[Segment], ids: SeqIdPool, pos: dict[int, int]) -> int:
-    """Validate a packed step's segments against the current positions; returns the packed row count.
-
-    Raises NotFound for an unknown sequence and CacheError for an empty step, a sequence listed twice,
-    or a segment whose start is not the sequence's position (a write over a held position or a gap).
-    """
+    """The packed row count of a step's segments; NotFound for an unknown sequence, CacheError for an
+    empty step, a sequence twice, or a start that is not the sequence's position."""
     if not segments:
         raise CacheError("a packed step needs at least one segment")
     seen: set[int] = set()
@@ -73,3 +70,12 @@ def check_segments(segments: Sequence[Segment], ids: SeqIdPool, pos: dict[int, i
             )
         total += seg.length
     return total
+
+
+def check_step_kv(cfg: CacheConfig, layer: int, rows: int, keys: mx.array, values: mx.array) -> None:
+    """CacheError unless ``layer`` exists and keys, values are [rows, kv_heads, head_dim]."""
+    if not 0 <= layer < len(cfg.layers):
+        raise CacheError(f"layer must be in [0, {len(cfg.layers)}), got {layer}")
+    expect = (rows, cfg.kv_heads, cfg.head_dim)
+    if tuple(keys.shape) != expect or tuple(values.shape) != expect:
+        raise CacheError(f"keys/values must be {list(expect)}, got {keys.shape} / {values.shape}")

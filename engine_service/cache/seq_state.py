@@ -1,15 +1,6 @@
-"""One sequence's K/V taken out of a cache and put back: :class:`SeqState`, and the checks an import
-makes before anything enters the cache.
-
-A cache kind exports a sequence as named arrays whose layout is its own (``batched-sequence`` keeps
-ring layers as their physical slots, ``batched-cell`` gathers its cells in position order), so a state
-is only ever imported into a cache of the same kind and geometry: :func:`geometry_text` is the
-canonical text of everything the layout depends on (layer kinds and windows, ``max_write``, the K/V
-row shape and dtype), which a snapshot file records and a load compares.
-
-Arrays are anything with ``shape`` and ``dtype`` (an ``mx.array``, or a file's tensor on its way in);
-:func:`layout_problem` compares them with what the kind expects and says what differs.
-"""
+"""One sequence's K/V out of a cache and back (:class:`SeqState`): a layout each kind owns, imported only
+into the same kind and geometry (:func:`geometry_text`, recorded in snapshots), checked by
+:func:`layout_problem` before anything enters the cache."""
 
 from __future__ import annotations
 
@@ -25,11 +16,8 @@ from engine_service.cache.config import CacheConfig
 
 @dataclass(frozen=True)
 class SeqState:
-    """One sequence's K/V as its cache kind exports it (engine thread; arrays evaluated).
-
-    length: committed positions the state holds. written: the high-water mark (``>= length``; ring
-    layers of a ``batched-sequence`` state keep rows up to it). arrays: the kind's named arrays.
-    """
+    """One sequence's K/V as its kind exports it (evaluated): ``length`` positions, high-water mark
+    ``written`` (>= length; a ring keeps rows up to it), the kind's named ``arrays``."""
 
     length: int
     written: int
@@ -46,9 +34,8 @@ class SeqState:
 
 @dataclass(frozen=True, eq=False)
 class StateTensor:
-    """One array as raw little-endian bytes, out of MLX: ``data`` is numpy, C contiguous (uint16 for
-    bfloat16, which numpy lacks; flat or shaped), ``shape`` / ``dtype`` say what it is (the MLX
-    dtype). What a snapshot file's reader parses and what a pinned export reads off the engine thread."""
+    """One array as raw little-endian bytes (numpy, C contiguous; uint16 for bfloat16) and its MLX
+    shape / dtype: what a snapshot reader parses and a pinned export reads off the engine thread."""
 
     shape: tuple[int, ...]
     dtype: mx.Dtype
@@ -63,16 +50,14 @@ class StateTensor:
         return mx.array(self.data.reshape(self.shape))
 
     def to_mlx(self, raw: mx.array | None = None) -> mx.array:
-        """A lazy ``mx.array`` of the tensor (``raw``: its :meth:`copy_raw` made already); the
-        bfloat16 view is an MLX op, so call this on a thread with an MLX stream."""
+        """A lazy ``mx.array`` of the tensor (``raw``: its :meth:`copy_raw`); needs an MLX stream."""
         a = self.copy_raw() if raw is None else raw
         return a.view(mx.bfloat16) if self.dtype == mx.bfloat16 else a
 
 
 @runtime_checkable
 class StateTransfer(Protocol):
-    """What a cache kind adds to :class:`~engine_service.cache.batch_control.BatchControl` to export
-    and import one sequence (engine thread only). Both registered kinds implement it."""
+    """What a cache kind adds to BatchControl to export and import one sequence (engine thread)."""
 
     def export_seq(self, seq: int, upto: int) -> SeqState | None:
         """Positions ``[0, upto)`` of ``seq``, or None when the rows they need are gone."""

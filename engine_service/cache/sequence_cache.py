@@ -1,23 +1,7 @@
-"""K/V history of one sequence: flat layers keep everything, ring layers keep a sliding window.
-
-Per layer the storage is ``keys, values: [kv_heads, alloc, head_dim]``.
-
-- Flat layer: row ``p`` lives at index ``p``; ``alloc`` grows in steps of ``initial_capacity`` up to
-  ``capacity``.
-- Ring layer (sliding window ``W``): ``slots = W + max_write - 1`` physical rows, row ``p`` lives at slot
-  ``p % slots`` and overwrites position ``p - slots``. ``slots`` is the least that lets a step of
-  ``max_write`` rows starting at ``s`` still read ``s - W + 1 .. s`` while it writes ``s .. s + max_write - 1``.
-
-``written`` is a high-water mark (one past the highest position ever written, copies included);
-rewinding lowers ``length`` but never ``written``, because the ring rows past ``length`` were
-overwritten all the same. :meth:`SequenceCache.can_rewind` is the single place that decides whether the
-rows a rewind or clone needs are still physically there.
-
-Ring reads assume the ring is intact: slot ``j`` is taken to hold the most recent position ``< end``
-congruent to ``j`` (``end`` = length after the step). ``can_rewind`` is what makes that assumption
-true; the tracked ``slot positions`` only count how often it was wrong (``stale_reads``), so a test can
-prove the check matters.
-"""
+"""K/V history of one sequence, per layer ``[kv_heads, alloc, head_dim]``: a flat layer holds row p at
+index p; a ring layer (window W) has ``W + max_write - 1`` slots, row p at ``p % slots``. ``written``
+is a high-water mark rewinds never lower; :meth:`SequenceCache.can_rewind` decides what is still there.
+Spec: docs/ARCHITECTURE.md (The engine thread)."""
 
 from __future__ import annotations
 
@@ -26,11 +10,9 @@ import numpy as np
 
 from engine_service.api.errors import CacheError
 from engine_service.cache.config import CacheConfig
-from engine_service.cache.pinned_state import PinnedState
-from engine_service.cache.seq_state import SeqState
 
 
-def _round_up(n: int, step: int) -> int:
+def round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
 
@@ -72,16 +54,12 @@ class SequenceCache:
 
     @property
     def rewind_floor(self) -> int:
-        """The lowest position a rewind or clone may reach: ``written - max_write`` with ring layers
-        (below it the rows are gone), 0 without."""
+        """The lowest position a rewind or clone may reach: ``written - max_write`` with rings, else 0."""
         return max(0, self._written - self._cfg.max_write) if self.has_ring else 0
 
     def can_rewind(self, p: int) -> bool:
-        """Whether ``length`` may become ``p``: refused past the length or below any ring's floor.
-
-        The floor is ``written - max_write``: from there the ring still holds the ``W - 1`` rows before
-        ``p`` even after a full ``max_write`` step is written at ``p``.
-        """
+        """Whether ``length`` may become ``p``: not past the length nor below the rings' floor (from
+        there a ring still holds the W - 1 rows before p after a full ``max_write`` step at p)."""
         if p < 0 or p > self._length:
             return False
         return p >= self.rewind_floor
@@ -93,9 +71,8 @@ class SequenceCache:
         return True
 
     def take_back(self, start: int, written: int) -> None:
-        """Undo the last step as if it never ran: ``length`` back to ``start`` and the high-water mark
-        back to ``written`` (its value before the step). Only without ring layers, whose slots the step
-        overwrote (ValueError there, or when ``start`` / ``written`` are not the step's)."""
+        """Undo the last step: ``length`` to ``start``, the mark to ``written`` (its value before the
+        step). Without ring layers only (ValueError there, or for values not the step's)."""
         if self.has_ring or not start <= self._length or not start <= written <= self._written:
             raise ValueError(
                 f"cannot take back to {start} / {written} (length {self._length}, rings {self.has_ring})"
@@ -138,7 +115,7 @@ class SequenceCache:
         have = 0 if keys is None else keys.shape[1]
         if need <= have:
             return
-        target = min(limit, _round_up(need, cfg.initial_capacity))
+        target = min(limit, round_up(need, cfg.initial_capacity))
         pad = mx.zeros((cfg.kv_heads, target - have, cfg.head_dim), dtype=cfg.dtype)
         if keys is None:
             self._keys[layer] = pad
@@ -149,9 +126,8 @@ class SequenceCache:
             self._values[layer] = mx.concatenate([self._values[layer], pad], axis=1)
 
     def write_runs(self, layer: int, start: int, n: int) -> list[tuple[int, int, int]]:
-        """Grow ``layer``'s buffers for rows ``start .. start + n - 1`` (reserved) and say where they go:
-        ``(index, offset, rows)`` runs, rows ``offset .. offset + rows - 1`` of the step's ``n`` at
-        buffer indices ``index ..`` (one run on a flat layer, two where a ring wraps)."""
+        """Grow ``layer`` for rows ``start .. start + n - 1`` and say where they go: ``(index, offset,
+        rows)`` runs (one on a flat layer, two where a ring wraps)."""
         end = start + n
         slots = self._slots[layer]
         if slots is None:
@@ -167,19 +143,14 @@ class SequenceCache:
         self._keys[layer], self._values[layer] = keys, values
 
     def view(self, layer: int, end: int) -> tuple[mx.array, mx.array]:
-        """``layer``'s (keys, values) as a step ending at position ``end`` reads them: [kv_heads, S,
-        head_dim], ``S = end`` on a flat layer, ``min(end, slots)`` filled slots on a ring."""
+        """``layer``'s (keys, values) [kv_heads, S, head_dim] for a step ending at ``end``: S = end flat,
+        ``min(end, slots)`` on a ring."""
         slots = self._slots[layer]
         filled = end if slots is None else min(end, slots)
         return self._keys[layer][:, :filled, :], self._values[layer][:, :filled, :]
 
     def write(self, layer: int, start: int, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        """Store rows ``start .. start + n - 1`` and return this layer's view ``(keys, values)``.
-
-        keys, values: [kv_heads, n, head_dim] with ``start + n <= length`` (reserved).
-        Returns [kv_heads, S, head_dim]: ``S = start + n`` on a flat layer (row p at index p), or the
-        ring's filled slots ``S = min(start + n, slots)`` on a ring layer (see :meth:`ring_mask`).
-        """
+        """Store keys, values [kv_heads, n, head_dim] (reserved rows from ``start``); returns :meth:`view`."""
         n = keys.shape[1]
         for index, offset, rows in self.write_runs(layer, start, n):
             self._keys[layer][:, index : index + rows, :] = keys[:, offset : offset + rows, :]
@@ -187,12 +158,8 @@ class SequenceCache:
         return self.view(layer, start + n)
 
     def ring_mask(self, layer: int, start: int, n: int) -> np.ndarray:
-        """bool [n, min(start + n, slots)]: query ``start + i`` may read slot ``j``.
-
-        Slot ``j`` is assumed to hold ``p_j`` = the latest position ``< start + n`` with
-        ``p_j % slots == j``; visible when ``start + i - W < p_j <= start + i``. Reads of a slot whose
-        tracked position differs from ``p_j`` are added to ``stale_reads``.
-        """
+        """bool [n, min(start + n, slots)]: query ``start + i`` may read slot j, assumed to hold the latest
+        position < start + n congruent to j (reads of a slot that does not are counted in ``stale_reads``)."""
         slots = self._slots[layer]
         window = self._cfg.layers[layer].window
         end = start + n
@@ -206,8 +173,7 @@ class SequenceCache:
         return mask
 
     def ring_positions(self, layer: int, start: int, n: int) -> np.ndarray:
-        """int32 [min(start + n, slots)]: the position slot ``j`` holds after a step writing ``start ..
-        start + n - 1`` (as :meth:`ring_mask` assumes), -1 for a slot never written."""
+        """int32 [min(start + n, slots)]: the position each slot holds as :meth:`ring_mask` assumes (-1: none)."""
         slots = self._slots[layer]
         end = start + n
         j = np.arange(min(end, slots), dtype=np.int64)
@@ -234,13 +200,8 @@ class SequenceCache:
 
     # ----------------------------------------------------------------- copies
     def copy(self, upto: int) -> SequenceCache | None:
-        """An independent cache holding positions ``[0, upto)``, or None when ``can_rewind(upto)`` fails.
-
-        Flat layers, and ring layers that never wrapped (row p still at index p), copy the prefix rows
-        only, plus zeroed headroom to the next allocation step (at most ``upto`` rows); a wrapped ring
-        copies all its slots. The copy inherits ``written`` (its ring past ``upto`` is the donor's).
-        The new buffers are evaluated here so the donor's buffers stay uniquely owned (in-place writes).
-        """
+        """An independent cache of positions ``[0, upto)`` (None when ``can_rewind(upto)`` fails), evaluated
+        so the donor's buffers stay uniquely owned; it inherits ``written``."""
         if not self.can_rewind(upto):
             return None
         cfg = self._cfg
@@ -260,7 +221,7 @@ class SequenceCache:
                 # headroom to the next allocation step, but never more than the prefix itself: a short
                 # snapshot should not pay for (or hold) a mostly empty initial_capacity block
                 limit = cfg.capacity if slots is None else slots
-                alloc = min(limit, _round_up(upto, cfg.initial_capacity), 2 * upto)
+                alloc = min(limit, round_up(upto, cfg.initial_capacity), 2 * upto)
                 if alloc - upto not in pads:
                     pads[alloc - upto] = mx.zeros((cfg.kv_heads, alloc - upto, cfg.head_dim), dtype=cfg.dtype)
                 pad = pads[alloc - upto]
@@ -271,90 +232,3 @@ class SequenceCache:
                 dup._values[layer] = mx.array(values)
         mx.eval(dup.arrays())
         return dup
-
-    # ----------------------------------------------------------------- export / import
-    def export(self, upto: int) -> SeqState | None:
-        """Positions ``[0, upto)`` as a :class:`SeqState`, or None when ``can_rewind(upto)`` fails.
-
-        Arrays ``layers.{i}.keys`` / ``layers.{i}.values``: [kv_heads, rows, head_dim] where ``rows``
-        is ``upto`` on a flat layer and on a ring that never wrapped (row p at index p), and all
-        ``slots`` of a wrapped ring in slot order (the state keeps ``written``, as a copy does). The
-        arrays are evaluated views; MLX copies a buffer before writing into it while a view is alive.
-        """
-        if not self.can_rewind(upto):
-            return None
-        cfg = self._cfg
-        arrays: dict[str, mx.array] = {}
-        for layer, slots in enumerate(self._slots):
-            rows = _state_rows(upto, self._written, slots)
-            keys, values = self._keys[layer], self._values[layer]
-            if keys is None or rows == 0:
-                keys = values = mx.zeros((cfg.kv_heads, 0, cfg.head_dim), dtype=cfg.dtype)
-            arrays[f"layers.{layer}.keys"] = keys[:, :rows, :]
-            arrays[f"layers.{layer}.values"] = values[:, :rows, :]
-        mx.eval(list(arrays.values()))
-        return SeqState(upto, self._written, arrays)
-
-    def pin(self) -> PinnedState | None:
-        """All committed positions as a :class:`PinnedState` (views of the buffers, no copy), which
-        reads them and any prefix down to the rewind floor on any thread, as :meth:`export` would
-        (None when :meth:`export` refuses the length)."""
-        state = self.export(self._length)  # evaluated views of the buffers
-        if state is None:
-            return None
-        positional = {}  # row p holds position p: a flat layer, a ring that never wrapped
-        for layer, slots in enumerate(self._slots):
-            flat = slots is None or self._written <= slots
-            positional[f"layers.{layer}.keys"] = positional[f"layers.{layer}.values"] = flat
-        return PinnedState(state, self.rewind_floor, positional)
-
-    @staticmethod
-    def state_layout(
-        config: CacheConfig, length: int, written: int
-    ) -> dict[str, tuple[tuple[int, ...], mx.Dtype]]:
-        """name -> (shape, dtype) of the arrays an exported state of ``length`` / ``written`` holds."""
-        layout = {}
-        for layer, spec in enumerate(config.layers):
-            slots = spec.window + config.max_write - 1 if spec.sliding else None
-            shape = (config.kv_heads, _state_rows(length, written, slots), config.head_dim)
-            layout[f"layers.{layer}.keys"] = layout[f"layers.{layer}.values"] = (shape, config.dtype)
-        return layout
-
-    @classmethod
-    def restore(cls, config: CacheConfig, state: SeqState) -> SequenceCache:
-        """A cache holding ``state`` exactly (arrays as :meth:`state_layout` says; checked by the caller).
-
-        Flat layers and unwrapped rings get headroom to the next allocation step, as a copy does; the
-        ring slot tracking is rebuilt as the positions the slots are assumed to hold.
-        """
-        cache = cls(config)
-        cache._length, cache._written = state.length, state.written
-        for slots, held in cache._slot_pos.items():
-            j = np.arange(slots, dtype=np.int64)
-            assumed = state.written - 1 - ((state.written - 1 - j) % slots)
-            held[:] = np.where(assumed >= 0, assumed, -1)
-        for layer, slots in enumerate(cache._slots):
-            keys, values = state.arrays[f"layers.{layer}.keys"], state.arrays[f"layers.{layer}.values"]
-            rows = keys.shape[1]
-            if rows == 0:
-                continue
-            if slots is not None and state.written > slots:  # a wrapped ring: its slots as they were
-                cache._keys[layer], cache._values[layer] = mx.array(keys), mx.array(values)
-                continue
-            limit = config.capacity if slots is None else slots
-            headroom = min(limit, _round_up(rows, config.initial_capacity)) - rows
-            if (
-                headroom == 0
-            ):  # the state's arrays become the buffers (MLX copies one before writing if shared)
-                cache._keys[layer], cache._values[layer] = keys, values
-                continue
-            pad = mx.zeros((config.kv_heads, headroom, config.head_dim), dtype=config.dtype)
-            cache._keys[layer] = mx.concatenate([keys, pad], axis=1)
-            cache._values[layer] = mx.concatenate([values, pad], axis=1)
-        mx.eval(cache.arrays())
-        return cache
-
-
-def _state_rows(length: int, written: int, slots: int | None) -> int:
-    """Rows an exported layer holds: all slots of a wrapped ring, else the committed positions."""
-    return slots if slots is not None and written > slots else length

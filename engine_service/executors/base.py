@@ -1,23 +1,5 @@
-"""The Executor interface: what the Runner drives to turn inputs into predictions.
-
-Everything here runs on the engine thread. Session ids (``sid``) are executor-local ints.
-
-Commit rule of :meth:`Executor.execute`: each :class:`ExecInput` writes positions
-``[start, start + size)`` of its session. ``start`` below the session's position rewinds first
-(refusal -> that input fails), equal appends, above is a gap and fails. An input with
-``want_output`` returns ``k >= 1`` predicted tokens: the first ``k - 1`` are committed too (accepted
-speculative drafts whose K/V is already written), the last is the *pending* prediction, not yet
-written. A plain decode step feeds the previous pending token (size 1) and returns 1 token.
-
-A batch that raises poisons the sessions of that batch (the runner fails their generations and
-refuses to clone them). A per-input problem is reported in ``ExecOutput.error`` instead and fails only
-that input's generation.
-
-Input validation belongs to the runner (``check_input`` in :mod:`engine_service.runtime.scheduler`):
-it rejects token ids outside the vocabulary and inputs past ``max_session_tokens`` before anything is
-scheduled, with the error the caller sees. An executor does not validate for the caller; it only
-guards what would corrupt its own state (see :func:`engine_service.api.limits.out_of_vocab`).
-"""
+"""The Executor interface the Runner drives (engine thread only; session ids are executor-local ints).
+Spec: docs/ARCHITECTURE.md (The engine thread: the commit rule)."""
 
 from __future__ import annotations
 
@@ -28,7 +10,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from engine_service.api.engine_info import WindowGeometry
-from engine_service.api.limits import EngineLimits
+from engine_service.api.limits import EngineLimits, check_nonempty
 from engine_service.api.logprobs import TokenLogprob
 from engine_service.api.snapshot_files import StateLayout
 from engine_service.cache.pinned_state import PinnedState
@@ -51,8 +33,7 @@ class ExecInput:
     def __post_init__(self) -> None:
         if (self.tokens is None) == (self.prepared is None):
             raise ValueError("ExecInput needs exactly one of tokens / prepared")
-        if self.size() < 1:
-            raise ValueError("ExecInput must cover at least one position")
+        check_nonempty(self.size(), "ExecInput")
 
     def size(self) -> int:
         return len(self.tokens) if self.tokens is not None else self.prepared.size()
@@ -60,13 +41,8 @@ class ExecInput:
 
 @dataclass(frozen=True)
 class ExecOutput:
-    """Result for one ExecInput, in batch order.
-
-    tokens: predictions (empty when the input did not want output); all but the last are committed.
-    logits: float32 [vocab] logits behind the last prediction, when the executor keeps them (tests).
-    error: set when only this input failed (the session is poisoned, others are unaffected).
-    logprobs: one entry per token, when the session's sampler asks for them (``top_logprobs``).
-    """
+    """One ExecInput's result, in batch order: ``tokens`` (all but the last committed), ``logits`` float32
+    [vocab] behind the last (kept in tests), ``error`` (only this input failed), ``logprobs`` per token."""
 
     sid: int
     tokens: tuple[int, ...] = ()
@@ -91,8 +67,7 @@ class Executor(ABC):
         return None
 
     def clone_floor(self, sid: int) -> int:
-        """The lowest position a clone of ``sid`` can reach (below it a sliding-window ring no longer
-        holds the rows; the runner reports such a refusal as ``CloneRefusal.WINDOW``). Default 0."""
+        """The lowest position a clone of ``sid`` can reach (a ring below it lost the rows). Default 0."""
         return 0
 
     def window_geometry(self) -> WindowGeometry | None:
@@ -109,7 +84,8 @@ class Executor(ABC):
 
     @abstractmethod
     def execute(self, batch: Sequence[ExecInput]) -> list[ExecOutput]:
-        """Run one batch; see the module docstring for the commit rule."""
+        """Run one batch. Each input writes ``[start, start + size)`` of its session (below the position:
+        rewind first; above: a gap, that input fails); an output's tokens but the last are committed."""
 
     def preferred_batch_tokens(self) -> int:
         """Packed positions per forward the executor runs best at (prefill chunking hint)."""
@@ -123,9 +99,7 @@ class Executor(ABC):
         return type(self).__name__
 
     def compute_path(self) -> ComputePath | None:
-        """The compute path the model runs on here (kernels / BLAS / MLX ops, and whether it is slow);
-        None when this executor runs no model. Default: described from the executor's ``weights_dtype``
-        and ``deterministic`` attributes when it has them (ModuleExecutor)."""
+        """The compute path the model runs on here (None: no model); default from ``weights_dtype``."""
         weights_dtype = getattr(self, "weights_dtype", None)
         if not isinstance(weights_dtype, str):
             return None
@@ -134,13 +108,11 @@ class Executor(ABC):
     # --- snapshots (default: unsupported) ---------------------------------------------------------
 
     def state_layout(self) -> StateLayout | None:
-        """What an exported session's layout depends on (recorded in snapshots, compared on load);
-        None when this executor cannot export or import sessions."""
+        """What an exported session's layout depends on (None: no export or import)."""
         return None
 
     def export_session(self, sid: int, upto: int) -> SeqState | None:
-        """Positions ``[0, upto)`` of ``sid`` as evaluated arrays, or None (unsupported, or the rows
-        they need are gone). Never changes ``sid``."""
+        """Positions ``[0, upto)`` of ``sid`` as evaluated arrays, or None. Never changes ``sid``."""
         return None
 
     def pins_exports(self) -> bool:
@@ -148,18 +120,15 @@ class Executor(ABC):
         return False
 
     def pin_session(self, sid: int) -> PinnedState | None:
-        """``sid``'s committed positions pinned for exports on any thread (``cache/pinned_state.py``:
-        views of its buffers, no copy), or None where pinning would copy (the default; a cache kind
-        that gathers its state, such as ``batched-cell``). Called on an idle session nothing writes
-        before its next generation (a clone, an import); never changes ``sid``."""
+        """``sid``'s committed positions pinned for exports on any thread (views, no copy), or None where
+        pinning would copy. Called on an idle session; never changes ``sid``."""
         return None
 
     def import_problem(self, state: SeqState) -> str | None:
-        """Why ``state`` does not fit this executor's layout (array names, shapes, dtypes, length),
-        or None. Checked before :meth:`import_session`; nothing is allocated."""
+        """Why ``state`` does not fit this executor's layout, or None (nothing is allocated)."""
         return "this executor does not import sessions"
 
     def import_session(self, state: SeqState, history: Sequence[int]) -> int | None:
-        """A new session holding ``state`` (whose positions hold ``history``), or None when no slot or
-        room is free. A refusal or an exception leaves nothing allocated."""
+        """A new session holding ``state`` (whose positions hold ``history``), or None; a refusal or an
+        exception leaves nothing allocated."""
         return None

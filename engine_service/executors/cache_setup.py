@@ -1,9 +1,5 @@
-"""The KV cache for a model's sessions: limit checks and the :class:`CacheConfig` built from the model.
-
-One place decides the cache geometry a model gets (its layer specs, K/V row shape, ``max_write``,
-the K/V dtype and the preallocation step), so :class:`~engine_service.executors.module.ModuleExecutor`
-and the single-sequence loop in :mod:`engine_service.greedy` run over the same cache.
-"""
+"""The KV cache a model's sessions get: one place decides its geometry (layer specs, K/V row shape,
+``max_write``, dtype, preallocation), for the executors and :mod:`engine_service.greedy` alike."""
 
 from __future__ import annotations
 
@@ -11,9 +7,11 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine_service.api.checks import checked_int
 from engine_service.api.errors import InvalidArgument, ResourceExhausted
 from engine_service.cache.batch_control import BatchControl
 from engine_service.cache.config import CacheConfig
+from engine_service.executors.options import DEFAULTS
 from engine_service.model.cpu_kernels import kernels
 
 # --kv_dtype choices; auto: float16 where the attention reads half precision as stored (the compiled
@@ -23,19 +21,9 @@ _INT32_MAX = 2**31 - 1
 _PREALLOCATE = 256  # rows a flat layer allocates per step for a sequence
 
 
-def positive(name: str, value: Any) -> int:
-    """``value`` when it is an int >= 1 (bool excluded); InvalidArgument naming ``name`` otherwise."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidArgument(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
 def resolve_kv_dtype(kv_dtype: str | mx.Dtype) -> mx.Dtype:
-    """``kv_dtype`` (a name of :data:`KV_DTYPES` or an mx dtype) -> the K/V storage dtype.
-
-    ``auto`` is float16 when attention reads it without a copy (``forkline_kernels.causal_attention``
-    on the CPU, or a GPU) and float32 otherwise; measured on SmolLM2 and Gemma 3: float16 keeps
-    perplexity within 0.1% of float32 and clones exact (warm and cold read the same stored values)."""
+    """A name of :data:`KV_DTYPES` or an mx dtype -> the K/V storage dtype. ``auto``: float16 where
+    attention reads it as stored (the compiled CPU kernel, a GPU), else float32 (docs/MODELS.md)."""
     if isinstance(kv_dtype, mx.Dtype):
         if kv_dtype not in (mx.float16, mx.bfloat16, mx.float32):
             raise InvalidArgument(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype}")
@@ -45,7 +33,7 @@ def resolve_kv_dtype(kv_dtype: str | mx.Dtype) -> mx.Dtype:
     if kv_dtype != "auto":
         return getattr(mx, kv_dtype)
     from engine_service.model.cpu_kernels import kernels
-    from engine_service.model.weights import gpu_available
+    from engine_service.model.formats.weights import gpu_available
 
     if gpu_available():
         return mx.float16
@@ -58,18 +46,14 @@ def cache_config(
     *,
     max_sessions: int,
     max_session_tokens: int,
-    kv_dtype: str | mx.Dtype = mx.float32,
-    max_write: int = 512,
+    kv_dtype: str | mx.Dtype = DEFAULTS.kv_dtype,
+    max_write: int = DEFAULTS.prefill_chunk,
 ) -> CacheConfig:
-    """The cache geometry for ``max_sessions`` sessions of ``max_session_tokens`` positions each.
-
-    model_config: a ModelConfig (layers, num_kv_heads, head_dim, context_length). Raises
-    InvalidArgument for a non-positive limit, a logical capacity past the cache's int32 positions, or
-    sessions longer than the model's context.
-    """
-    positive("max_sessions", max_sessions)
-    positive("max_session_tokens", max_session_tokens)
-    positive("max_write", max_write)
+    """The geometry for ``max_sessions`` sessions of ``max_session_tokens`` positions; InvalidArgument
+    for a bad limit, a capacity past int32 positions, or sessions longer than the model's context."""
+    checked_int("max_sessions", max_sessions, lo=1)
+    checked_int("max_session_tokens", max_session_tokens, lo=1)
+    checked_int("max_write", max_write, lo=1)
     capacity = max_sessions * max_session_tokens
     if capacity > _INT32_MAX:
         raise InvalidArgument(
@@ -96,11 +80,8 @@ def cache_config(
 
 
 def build_session_cache(cache_kind: str, config: CacheConfig) -> BatchControl:
-    """A new empty cache of the registered ``cache_kind`` that holds ``config.max_seqs`` sessions of
-    ``config.capacity / max_seqs`` positions each (``config`` from :func:`cache_config`).
-
-    Raises InvalidArgument for an unknown kind and ResourceExhausted when the backend cannot hold them.
-    """
+    """A new empty cache of ``cache_kind`` for ``config``; InvalidArgument for an unknown kind,
+    ResourceExhausted when the backend cannot hold it."""
     from engine_service.cache.registry import build_cache, cache_kinds
 
     if cache_kind not in cache_kinds():

@@ -1,10 +1,5 @@
-"""EmbeddingsExecutor: a ModuleExecutor that also prefills precomputed input embeddings.
-
-An :class:`~engine_service.executors.prepared_input.EmbeddingsInput` ([positions, hidden]) is fed to the decoder
-in place of token embeddings. A batch may mix token and embedding inputs: when any piece is prepared,
-the token rows are embedded with ``model.embed`` and everything is concatenated in packed order, so
-the batch is still one forward. Decode feedback after a prepared prefill is raw tokens as usual.
-"""
+"""EmbeddingsExecutor: a ModuleExecutor that also prefills precomputed input embeddings; a batch mixing
+token and embedding inputs embeds the token rows (``model.embed``) and stays one forward."""
 
 from __future__ import annotations
 

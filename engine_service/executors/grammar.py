@@ -1,14 +1,5 @@
-"""Structured output: a JSON Schema compiled into a per-step allowed-token mask (llguidance).
-
-Why llguidance: it computes a mask from the tokenizer's exact token bytes in ~0.15 ms a step on a
-49k vocabulary (README "Structured output"), is what llama.cpp and vLLM use, installs from PyPI without
-torch, and names the schema features it does not implement, which become the caller's error.
-
-:func:`compile_json_schema` checks and compiles a schema once per request (``InvalidArgument`` naming
-what is unsupported); :meth:`JsonGrammar.matcher` starts one generation's :class:`GrammarMatcher`, which
-the sampler asks for the mask before each draw and tells each token drawn. Once the JSON is complete
-only the end-of-sequence tokens are allowed.
-"""
+"""Structured output: a JSON Schema compiled once per request (llguidance) into a per-step allowed-token
+mask; once the JSON is complete only end-of-sequence tokens are allowed. Spec: docs/HTTP.md."""
 
 from __future__ import annotations
 
@@ -22,8 +13,8 @@ import numpy as np
 
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument
-from engine_service.model.token_bytes import token_bytes
-from engine_service.model.tokenizer import Tokenizer
+from engine_service.model.text.token_bytes import token_bytes
+from engine_service.model.text.tokenizer import Tokenizer
 
 # whitespace between JSON tokens as the compact separators json.dumps writes (", " and ": "), so a model
 # cannot pad its answer with newlines until the token budget ends
@@ -31,8 +22,7 @@ _COMPILE_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_s
 
 
 def schema_problem(schema: object) -> str | None:
-    """Why llguidance cannot compile ``schema`` (a JSON Schema as a Python value), or None. Needs no
-    tokenizer (the HTTP door checks a request's schema with it before anything runs)."""
+    """Why llguidance cannot compile ``schema`` (a JSON value), or None; needs no tokenizer."""
     if not isinstance(schema, (dict, bool)):
         return f"a JSON Schema must be an object or a boolean, got {type(schema).__name__}"
     try:
@@ -54,9 +44,7 @@ class GrammarMatcher:
         self._eos = eos
 
     def mask(self, vocab: int) -> mx.array:
-        """bool [vocab]: the tokens allowed next (model vocabularies wider than the tokenizer's
-        padding rows are never allowed). A matcher that allows nothing (in error) allows the
-        end-of-sequence tokens: the generation ends instead of drawing from an empty set."""
+        """bool [vocab]: the tokens allowed next (padding rows never); in error, the end-of-sequence tokens."""
         bits = np.frombuffer(self._m.compute_bitmask(), dtype=np.uint8)
         allowed = np.zeros(vocab, dtype=np.bool_)
         n = min(vocab, self._vocab)
@@ -66,8 +54,7 @@ class GrammarMatcher:
         return mx.array(allowed)
 
     def consume(self, token: int) -> None:
-        """The token drawn under the last mask (a token the grammar rejects leaves the matcher in
-        error; the end-of-sequence token after a complete JSON stops it)."""
+        """The token drawn under the last mask (a rejected token puts the matcher in error)."""
         self._m.consume_token(int(token))
 
     @property
@@ -91,8 +78,7 @@ class JsonGrammar:
 
 
 def compile_json_schema(source: str, tokenizer: Tokenizer) -> JsonGrammar:
-    """``source`` (a JSON Schema as text) compiled for ``tokenizer``; InvalidArgument naming the problem
-    (not JSON, not a schema, or a feature llguidance does not implement)."""
+    """``source`` (JSON Schema text) compiled for ``tokenizer``; InvalidArgument naming the problem."""
     try:
         schema = json.loads(source)
     except json.JSONDecodeError as exc:

@@ -1,9 +1,5 @@
-"""The command-line options that choose the model and build its executor, with their help text.
-
-Shared by every command that loads a model: ``forkline-engine``, ``mlx_run_llm_batched`` and
-``python -m engine_service.greedy``, so a flag means the same thing and shows the same default in
-each ``--help``.
-"""
+"""The options that choose the model and build its executor, shared by every command that loads a model
+(``forkline-engine``, ``mlx_run_llm_batched``, ``python -m engine_service.greedy``)."""
 
 from __future__ import annotations
 
@@ -15,8 +11,8 @@ from engine_service.api.checks import checked_int
 
 @dataclass(frozen=True)
 class ExecutorSettings:
-    """How an engine's executor and runner are built. The defaults are the service's defaults: the
-    engine's flags, ``ModuleExecutor.create`` and ``EngineSessions.build`` all read them from here."""
+    """How an engine's executor and runner are built; the defaults are the service's (the engine's
+    flags, ``ModuleExecutor.create`` and ``EngineSessions.build`` read them here)."""
 
     cache_kind: str = "batched-sequence"
     max_sessions: int = 32
@@ -50,9 +46,9 @@ _LIMITS = (
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
-    """``--model`` and ``--weights_dtype`` (what :func:`engine_service.model.loader.load_model` takes)."""
-    from engine_service.model.packaged import DEFAULT_MODEL, PACKAGED
-    from engine_service.model.weights import WEIGHTS_DTYPES
+    """``--model`` and ``--weights_dtype`` (what :func:`engine_service.model.loading.loader.load_model` takes)."""
+    from engine_service.model.formats.weights import WEIGHTS_DTYPES
+    from engine_service.model.loading.packaged import DEFAULT_MODEL, PACKAGED
 
     parser.add_argument(
         "--model",
@@ -72,9 +68,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_executor_options(parser: argparse.ArgumentParser, *, max_sessions: int | None) -> None:
-    """``--cache_kind``, ``--max_sessions`` (unless ``max_sessions`` is None: the command sizes it
-    itself), ``--max_session_tokens``, ``--max_decode_sequences``, ``--prefill_chunk``, ``--kv_dtype`` and
-    ``--deterministic``."""
+    """The cache, limit, K/V dtype and ``--deterministic`` flags (``--max_sessions`` unless None)."""
     from engine_service.cache.registry import cache_kinds
     from engine_service.executors.cache_setup import KV_DTYPES
 

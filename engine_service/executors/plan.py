@@ -1,13 +1,12 @@
-"""The executor's per-batch bookkeeping: session state, one input's plan, per-input failures.
-
-A :class:`Plan` is one ExecInput after validation: the rows it writes (raw token ids or a prepared
-input), how many of its last rows are projected to logits, and how far the packed rounds got.
-"""
+"""The executor's per-batch bookkeeping: session state, one input's plan (rows it writes, rows projected
+to logits, progress through the rounds), per-input failures."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from engine_service.api.errors import InvalidArgument
 from engine_service.api.logprobs import TokenLogprob
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.executors.sampling import Sampler
@@ -17,6 +16,14 @@ PREPARED_TOKEN = -1  # history marker for positions that came from a prepared in
 
 class InputError(Exception):
     """One input of a batch is unusable; only its generation fails."""
+
+
+def guard(rule: Callable[..., object], *args: object) -> None:
+    """Apply an ``api.limits`` rule the doors already applied; its refusal fails only this input."""
+    try:
+        rule(*args)
+    except InvalidArgument as exc:
+        raise InputError(str(exc)) from None
 
 
 @dataclass
@@ -30,11 +37,8 @@ class SessionState:
 
 @dataclass
 class Plan:
-    """One input's work in this batch. ``rows`` are raw token ids or a prepared input (its positions).
-
-    ``logit_count`` rows at the end of the input are projected (1 for plain inputs; the speculative
-    executor verifies its drafts on several). ``done`` counts positions already written.
-    """
+    """One input's work in this batch: ``rows`` raw token ids or a prepared input; its last
+    ``logit_count`` rows are projected (drafts add rows); ``done`` positions are written."""
 
     index: int
     sid: int

@@ -1,12 +1,6 @@
-"""Prepared inputs: decoder positions computed outside the token embedding (e.g. a vision encoder).
-
-A :class:`PreparedInput` is opaque and immutable. ``kind()`` is a process-local type identity: a
-:class:`PreparedKind` object held at class level, compared by identity, so an executor decides
-``accepts()`` from metadata alone (no isinstance or RTTI). ``size()`` is the number of decoder
-positions it occupies. The runner slices it into prefill chunks with ``chunk(start, stop)``; a chunk
-is a view that shares the owner's storage and covers logical positions ``[start, stop)`` of it.
-Decode feedback after a prepared prefill is always raw tokens. Input metrics count positions.
-"""
+"""Prepared inputs: decoder positions computed outside the token embedding (e.g. a vision encoder), opaque
+and immutable; ``kind()`` is an identity token (``accepts()`` from metadata alone), ``chunk(start, stop)``
+a view sharing the owner's storage. Decode feedback after a prepared prefill is raw tokens."""
 
 from __future__ import annotations
 
@@ -16,6 +10,7 @@ from typing import ClassVar
 import mlx.core as mx
 
 from engine_service.api.errors import InvalidArgument
+from engine_service.api.limits import check_nonempty
 
 
 class PreparedKind:
@@ -48,10 +43,7 @@ class PreparedInput(ABC):
 
 
 class EmbeddingsInput(PreparedInput):
-    """Precomputed input embeddings fed to the decoder in place of token embeddings.
-
-    embeddings: float array [positions, hidden] (e.g. projected image patches + text embeddings).
-    """
+    """Precomputed input embeddings, float [positions, hidden], fed in place of token embeddings."""
 
     KIND: ClassVar[PreparedKind] = PreparedKind("embeddings")
 
@@ -62,8 +54,7 @@ class EmbeddingsInput(PreparedInput):
             raise InvalidArgument(
                 "EmbeddingsInput.embeddings must be an mx.array of shape [positions, hidden]"
             )
-        if embeddings.shape[0] < 1:
-            raise InvalidArgument("EmbeddingsInput.embeddings must have at least one position")
+        check_nonempty(embeddings.shape[0], "EmbeddingsInput.embeddings")
         stop = embeddings.shape[0] if _stop is None else _stop
         if not 0 <= _start < stop <= embeddings.shape[0]:
             raise ValueError(f"EmbeddingsInput view [{_start}, {stop}) is outside [0, {embeddings.shape[0]})")

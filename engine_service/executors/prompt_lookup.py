@@ -1,16 +1,6 @@
-"""PromptLookupExecutor: greedy speculative decoding with drafts copied from the session's own history.
-
-For a decode input ``[pending]`` of a greedy session it looks for the latest earlier occurrence of
-the history's last ``n`` tokens (``n = ngram_max .. ngram_min``, history = committed tokens +
-pending) and drafts up to ``num_drafts`` tokens that followed it. One forward runs over
-``[pending, d1 .. dk]`` with logits for every row; verification is greedy: ``d_i`` is accepted while
-it equals the argmax at the previous row. It returns ``(accepted drafts..., next prediction)``; all
-but the last are committed. The cache wrote K/V for every draft, so the session is rewound to the
-accepted position; physical cache length never authorizes a clone (the runner only clones at or
-below the committed position). Its output equals plain greedy decoding token for token. Sampled
-sessions (temperature > 0) decode plainly. ``num_drafts + 1 <= max_write`` keeps ring layers able to
-rewind over the rejected rows.
-"""
+"""PromptLookupExecutor: greedy speculative decoding, drafts copied from the session's own history after
+the latest match of its last n tokens; a draft is kept while it equals the previous row's argmax, the
+rest rewound. Output equals plain greedy; sampled sessions decode plainly. Spec: docs/ARCHITECTURE.md."""
 
 from __future__ import annotations
 
@@ -19,6 +9,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from engine_service.api.checks import checked_int
 from engine_service.api.errors import InvalidArgument
 from engine_service.executors.module import ModuleExecutor
 from engine_service.executors.plan import InputError, Plan
@@ -31,16 +22,13 @@ class PromptLookupExecutor(ModuleExecutor):
         self, *args: Any, num_drafts: int = 6, ngram_max: int = 3, ngram_min: int = 1, **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
-        if not isinstance(num_drafts, int) or num_drafts < 1:
-            raise InvalidArgument(f"num_drafts must be a positive int, got {num_drafts!r}")
-        if num_drafts + 1 > self.max_write:
+        checked_int("num_drafts", num_drafts, lo=1)
+        if num_drafts + 1 > self.max_write:  # a ring layer rewinds rejected drafts only within max_write rows
             raise InvalidArgument(
                 f"num_drafts + 1 = {num_drafts + 1} must be <= max_write = {self.max_write}"
             )
-        if not 1 <= ngram_min <= ngram_max:
-            raise InvalidArgument(
-                f"need 1 <= ngram_min <= ngram_max, got ngram_min={ngram_min}, ngram_max={ngram_max}"
-            )
+        checked_int("ngram_min", ngram_min, lo=1)
+        checked_int("ngram_max", ngram_max, lo=ngram_min)
         self.num_drafts = num_drafts
         self.ngram_max = ngram_max
         self.ngram_min = ngram_min

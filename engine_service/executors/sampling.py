@@ -1,16 +1,6 @@
-"""Sampling parameters and the seeded per-generation sampler.
-
-The filter order is the one most servers use: scale by ``1 / temperature``, keep the ``top_k`` largest
-logits, then keep the smallest set of the remaining tokens (by decreasing probability, renormalised
-over the top-k set) whose cumulative probability reaches ``top_p``. The most likely token always
-survives. Ties at the k-th largest logit are all kept (a threshold, not an index cut).
-
-Two per-generation extras, both off (and free) unless asked for: a grammar (``GenConfig.grammar``)
-masks each draw to the tokens it allows (greedy takes the argmax of the allowed ones), and
-``top_logprobs`` reports log probabilities (:mod:`.token_logprobs`). Either one makes the draw need the
-host between steps (the mask depends on the previous token), so the executor runs such a session
-without a decode lookahead or drafts (:attr:`Sampler.needs_host`).
-"""
+"""Sampling parameters and the seeded per-generation sampler: temperature, then top-k (ties at the k-th
+logit kept), then top-p over the renormalised rest; the most likely token always survives. A grammar
+mask or ``top_logprobs`` make a draw need the host between steps (:attr:`Sampler.needs_host`)."""
 
 from __future__ import annotations
 
@@ -20,14 +10,14 @@ from typing import Any
 
 import mlx.core as mx
 
+from engine_service.api.checks import checked_float, checked_int
 from engine_service.api.config import GenConfig, TokenGrammar
 from engine_service.api.errors import InvalidArgument
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 is greedy; top_k 0 disables top-k; top_p 1.0 disables nucleus sampling;
-    top_logprobs None reports no log probabilities; grammar None leaves every token allowed."""
+    """temperature 0: greedy; top_k 0 and top_p 1.0: off; grammar None: every token allowed."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -36,17 +26,13 @@ class SamplingParams:
     grammar: TokenGrammar | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0.0:
-            raise InvalidArgument(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise InvalidArgument(f"top_k must be >= 0, got {self.top_k}")
+        checked_float("temperature", self.temperature, lo=0.0)
+        checked_float("top_p", self.top_p, lo=0.0, hi=1.0, lo_open=True)
+        checked_int("top_k", self.top_k, lo=0)
 
     @classmethod
     def of(cls, config: GenConfig) -> SamplingParams:
-        """The sampling parameters of one generation's config (a ``json_schema`` the engine did not
-        compile into ``grammar`` is refused: see ``executors.grammar.with_grammar``)."""
+        """One generation's sampling (a ``json_schema`` not compiled into ``grammar`` is refused)."""
         if config.json_schema and config.grammar is None:
             raise InvalidArgument("json_schema is set but not compiled (executors.grammar.with_grammar)")
         return cls(
@@ -66,13 +52,8 @@ _SEED_MASK = (1 << 64) - 1
 
 
 class Sampler:
-    """Draws tokens for one generation, reproducibly: the same seed gives the same tokens.
-
-    The PRNG key is ``mx.random.key(seed)`` split once per :meth:`sample` call, so draw ``n`` depends
-    only on the seed, ``n`` and the logits. Everything stays lazy on the device; the caller evaluates
-    the returned tokens together with :attr:`key` (the advanced key) in its one ``mx.eval`` per step,
-    which keeps the key's graph from growing across steps.
-    """
+    """Draws one generation's tokens reproducibly: the key ``mx.random.key(seed)`` is split once per
+    :meth:`sample`; the caller evaluates the tokens with :attr:`key` in its one ``mx.eval`` per step."""
 
     __slots__ = ("params", "seed", "_key", "_matcher")
 
@@ -92,8 +73,7 @@ class Sampler:
 
     @property
     def per_row(self) -> bool:
-        """Whether this session's row is drawn on its own (sampled, or masked), not in the batch's
-        shared argmax."""
+        """Whether this row is drawn on its own (sampled or masked), not in the batch's argmax."""
         return not self.params.greedy or self._matcher is not None
 
     @property
@@ -117,11 +97,7 @@ class Sampler:
         self._key = key
 
     def filtered_logits(self, logits: mx.array) -> mx.array:
-        """Temperature-scaled logits (each row's max shifted to 0) with filtered-out tokens at -inf.
-
-        logits: float [..., vocab] -> float32 [..., vocab]. ``softmax`` of the result is the
-        distribution :meth:`sample` draws from. Greedy params (temperature 0) apply no scaling.
-        """
+        """float [..., vocab] -> float32 [..., vocab]: scaled (max shifted to 0), filtered-out tokens at -inf."""
         p = self.params
         x = logits.astype(mx.float32)
         if not p.greedy:
@@ -147,12 +123,8 @@ class Sampler:
         return x
 
     def sample(self, logits: mx.array) -> mx.array:
-        """Draw one token per row, lazily.
-
-        logits: float [vocab] or [R, vocab] -> int32 [] or [R]. Greedy is the argmax and does not
-        advance the key; otherwise one key split per call (the same subkey serves every row). With a
-        grammar, the tokens it does not allow now are at -inf first (one mask for every row).
-        """
+        """float [vocab] or [R, vocab] -> int32 [] or [R], lazily. Greedy: the argmax, the key unchanged;
+        else one key split per call. A grammar's disallowed tokens are at -inf first."""
         if self._matcher is not None:
             allowed = self._matcher.mask(logits.shape[-1])
             logits = mx.where(allowed, logits.astype(mx.float32), mx.array(-mx.inf, dtype=mx.float32))

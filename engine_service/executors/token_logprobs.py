@@ -1,10 +1,6 @@
-"""Log probabilities of the drawn tokens, computed on the device beside the draw and read back with it.
-
-For a session whose sampler asks for them (``top_logprobs``), each projected row's log-softmax of the
-model's raw float32 logits -- before temperature, top-k / top-p and any grammar mask, as OpenAI
-documents its ``logprobs`` -- gives the drawn token's value and the ``k`` largest (ties in index order
-as ``mx.argsort`` leaves them). Nothing is computed for the other sessions.
-"""
+"""Log probabilities of the drawn tokens, on the device beside the draw: the log-softmax of the raw
+float32 logits (before temperature, filters and masks, as OpenAI documents ``logprobs``), only for
+sessions that ask (``top_logprobs``)."""
 
 from __future__ import annotations
 
@@ -19,8 +15,7 @@ from engine_service.api.logprobs import LogprobEntry, TokenLogprob
 
 @dataclass
 class PendingLogprobs:
-    """One plan's lazy values: rows ``[at, at + n)``. ``chosen``: float32 [n]; ``top_ids`` int32 [n, k]
-    and ``top_values`` float32 [n, k] (most likely first)."""
+    """One plan's lazy values: ``chosen`` float32 [n]; ``top_ids`` int32 / ``top_values`` float32 [n, k]."""
 
     plan: Any
     chosen_ids: mx.array
@@ -53,11 +48,8 @@ def log_softmax(logits: mx.array) -> mx.array:
 def queue_logprobs(
     logits: mx.array, predicted: mx.array, finishing: Sequence[tuple[Any, int]]
 ) -> list[PendingLogprobs]:
-    """Lazy log probabilities for every finishing plan whose sampler asks for them.
-
-    logits: float [R, vocab] (the projected rows); predicted: int32 [R] (the draws); finishing:
-    ``(plan, first row)`` with ``plan.logit_count`` rows each and ``plan.state.sampler``.
-    """
+    """Lazy log probabilities for the finishing plans that ask: logits float [R, vocab], predicted
+    int32 [R], finishing ``(plan, first row)``."""
     out = []
     for plan, at in finishing:
         sampler = plan.state.sampler

@@ -1,12 +1,5 @@
-"""Which compute path a model runs on here, as one line, and whether it is a slow one.
-
-The paths, fastest first on the CPU: block-quantized weights (``q8_0`` / ``q4_1``) through the compiled
-kernels (every row count with AVX-512; with AVX2 long prefill blocks through BLAS float32); float32
-through OpenBLAS; float32 through MLX's bundled reference BLAS (30-80x slower: OpenBLAS missing, or
-``mlx.core`` imported before ``engine_service``); quantized weights through MLX's own CPU ops (the
-kernels not built; 3-35x slower than float32). On a GPU MLX's own ops are the fast path. A slow path comes with the fix
-(:attr:`ComputePath.fix`); :func:`warn_if_slow` logs it as a WARNING.
-"""
+"""Which compute path a model runs on here, as one line, and whether it is a slow one (the reference
+BLAS, quantized weights on MLX's CPU ops), with the fix. Spec: docs/MODELS.md (CPU kernels)."""
 
 from __future__ import annotations
 
@@ -15,7 +8,6 @@ import math
 from dataclasses import dataclass
 
 from engine_service.blas import BlasStatus, blas_status
-from engine_service.model.block_quant import is_block_dtype
 from engine_service.model.cpu_kernels import (
     BUILD_HINT,
     KERNEL_MAX_ROWS_AVX2,
@@ -23,7 +15,8 @@ from engine_service.model.cpu_kernels import (
     kernel_status,
     kernels,
 )
-from engine_service.model.weights import gpu_available
+from engine_service.model.formats.block_quant import is_block_dtype
+from engine_service.model.formats.weights import gpu_available
 
 OPENBLAS_HINT = (
     "install OpenBLAS (`apt-get install libopenblas0-pthread`, or FORKLINE_OPENBLAS=/path/libopenblas.so.0) "
@@ -33,8 +26,7 @@ OPENBLAS_HINT = (
 
 @dataclass(frozen=True)
 class ComputePath:
-    """``path``: e.g. ``kernels q4_1 avx2 x2 threads, openblas float32 above 64 rows``; ``slow``: far
-    below this machine's best; ``fix``: what to do about it ("" when not slow)."""
+    """``path`` (e.g. ``kernels q4_1 avx2 x2 threads, ...``), ``slow``, and ``fix`` ("" unless slow)."""
 
     path: str
     slow: bool

@@ -5,22 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engine_service.api.checks import checked_float, checked_int
 from engine_service.api.errors import InvalidArgument
+from engine_service.api.limits import check_tokens
 from engine_service.cache.config import FULL, SLIDING, LayerSpec
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Hyper-parameters of a decoder-only transformer.
-
-    ``layers`` holds one LayerSpec per transformer layer (full history or a sliding window); the cache
-    is built from it. ``rope_traditional`` selects MLX's RoPE pairing: True rotates adjacent pairs
-    (what GGUF's per-head-permuted Llama Q/K rows expect), False rotates the two halves (Hugging Face
-    layout, and every other GGUF architecture). ``architecture`` names the module of
-    :mod:`engine_service.model.arch` that builds the layers. ``rope_local_theta``: the RoPE base of the
-    sliding layers when it differs from ``rope_theta`` (Gemma 3: 10,000 local, 1,000,000 global).
-    ``attn_scale``: the attention's score scale (None: ``head_dim ** -0.5``).
-    """
+    """Hyper-parameters of a decoder-only transformer."""
 
     vocab_size: int
     hidden_size: int
@@ -32,14 +25,14 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
     tie_embeddings: bool = True
-    layers: tuple[LayerSpec, ...] = ()
+    layers: tuple[LayerSpec, ...] = ()  # one per layer: full or sliding (the cache's geometry)
     context_length: int = 2048
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-    rope_traditional: bool = False
-    architecture: str = "llama"
-    rope_local_theta: float | None = None
-    attn_scale: float | None = None
+    rope_traditional: bool = False  # adjacent pairs (GGUF's permuted Llama Q/K), else the two halves
+    architecture: str = "llama"  # the engine_service.model.arch module that builds the layers
+    rope_local_theta: float | None = None  # the sliding layers' RoPE base when it differs (Gemma 3)
+    attn_scale: float | None = None  # None: head_dim ** -0.5
 
     def __post_init__(self) -> None:
         for name in (
@@ -52,9 +45,7 @@ class ModelConfig:
             "intermediate_size",
             "context_length",
         ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InvalidArgument(f"ModelConfig.{name} must be a positive int, got {value!r}")
+            checked_int(f"ModelConfig.{name}", getattr(self, name), lo=1)
         if self.num_heads % self.num_kv_heads:
             raise InvalidArgument(
                 f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
@@ -65,21 +56,12 @@ class ModelConfig:
             raise InvalidArgument(
                 f"ModelConfig.layers must have num_layers={self.num_layers} entries, got {len(self.layers)}"
             )
-        if not self.rope_theta > 0:
-            raise InvalidArgument(f"ModelConfig.rope_theta must be > 0, got {self.rope_theta}")
-        if self.rope_local_theta is not None and not self.rope_local_theta > 0:
-            raise InvalidArgument(f"ModelConfig.rope_local_theta must be > 0, got {self.rope_local_theta}")
-        if self.attn_scale is not None and not self.attn_scale > 0:
-            raise InvalidArgument(f"ModelConfig.attn_scale must be > 0, got {self.attn_scale}")
-        if not self.rms_norm_eps > 0:
-            raise InvalidArgument(f"ModelConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps}")
-        for tok in ((self.bos_token_id,) if self.bos_token_id is not None else ()) + tuple(
-            self.eos_token_ids
-        ):
-            if not 0 <= tok < self.vocab_size:
-                raise InvalidArgument(
-                    f"ModelConfig special token id {tok} outside the vocabulary [0, {self.vocab_size})"
-                )
+        for name in ("rope_theta", "rms_norm_eps", "rope_local_theta", "attn_scale"):
+            value = getattr(self, name)
+            if value is not None or name in ("rope_theta", "rms_norm_eps"):  # the last two are optional
+                checked_float(f"ModelConfig.{name}", value, lo=0.0, lo_open=True)
+        special = (() if self.bos_token_id is None else (self.bos_token_id,)) + tuple(self.eos_token_ids)
+        check_tokens(special, self.vocab_size, "ModelConfig special token ids (bos, eos...)")
 
     @property
     def q_size(self) -> int:
@@ -117,13 +99,8 @@ def layer_specs(
     layer_types: Sequence[str] | None = None,
     sliding_window_pattern: int | None = None,
 ) -> tuple[LayerSpec, ...]:
-    """Per-layer attention kinds from the usual config keys.
-
-    - ``layer_types`` (Gemma 3 / Qwen style): ``"sliding_attention"`` or ``"full_attention"`` per layer;
-    - ``sliding_window_pattern`` N (Gemma 2/3): every N-th layer (1-based) is full, the rest slide;
-    - otherwise ``sliding_window`` set (Mistral): every layer slides; unset: every layer is full.
-    A window at least as long as nothing (None or <= 0) means full attention.
-    """
+    """Per-layer attention kinds from ``layer_types``, else ``sliding_window_pattern`` N (every N-th layer
+    full), else ``sliding_window`` (every layer slides); no window (None or <= 0): all full."""
     if not sliding_window or sliding_window <= 0:
         if layer_types and any(t == "sliding_attention" for t in layer_types):
             raise InvalidArgument("layer_types names sliding layers but sliding_window is not set")

@@ -1,9 +1,6 @@
-"""The compiled CPU kernels (``forkline_kernels``, built from ``kernels/`` by ``scripts/setup.sh``).
-
-Loaded once; when they are missing or built against another mlx, :func:`kernel_status` says why and the
-engine keeps float32 weights on the CPU (``weights_dtype=auto``) or runs ``q8_0`` / ``q4_1`` through
-MLX's own ops (correct, 3-10x slower than float32: only for machines that cannot compile).
-"""
+"""The compiled CPU kernels (``forkline_kernels``, built by ``scripts/setup.sh``), loaded once; without
+them :func:`kernel_status` says why, and the engine keeps float32 weights or runs the block formats
+through MLX's ops (correct, 3-10x slower)."""
 
 from __future__ import annotations
 
@@ -67,12 +64,8 @@ KERNEL_MAX_ROWS_AVX2 = 64
 
 
 def kernel_max_rows() -> float:
-    """Rows up to which block-quantized weights go through the compiled kernels on the CPU; a longer
-    block dequantizes its weights and runs OpenBLAS's float32 matmul. With the kernels' AVX-512 tiles
-    (16 lanes, 32 registers) that is every row count: on a Zen 5 EPYC, where OpenBLAS runs its 256-bit
-    kernels, the tiles reach ~275 GFLOP/s on two threads at 64 rows and a 512-token Gemma 3 270M prefill
-    runs at 1,156-1,285 tok/s through them vs 663-756 through BLAS (December 2026). With AVX2 the BLAS
-    path is ~2x faster above ``KERNEL_MAX_ROWS_AVX2``. Read per call: ``forkline_kernels.set_isa`` may
-    change the ISA at run time. Without the kernels, the bound the fallback ops keep (see layers)."""
+    """Rows up to which block weights take the kernels on the CPU (longer blocks: BLAS float32): every
+    row count with AVX-512, ``KERNEL_MAX_ROWS_AVX2`` with AVX2. Read per call (``set_isa``). Measurements:
+    docs/MODELS.md (CPU kernels)."""
     ext = kernels()
     return float("inf") if ext is not None and ext.isa() == "avx512" else KERNEL_MAX_ROWS_AVX2

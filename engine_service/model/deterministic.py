@@ -1,19 +1,6 @@
-"""Deterministic mode: every row's result independent of the batch it is computed in.
-
-With it, logits are bitwise equal between a cold run, a prefix hit or clone at any position, a prefill
-in chunks or in one piece, and a session alone or batched with others. What makes a row depend on its
-batch on MLX's CPU backend is BLAS (float32 matmul takes other blocking paths for other row counts) and
-attention reductions whose order follows the call's shape. So in this mode:
-
-- every linear goes through the compiled block-quantized kernels (``q8_0`` / ``q4_1`` with float
-  activations), whose outputs depend only on their own row, for every row count;
-- attention is ``forkline_kernels.causal_attention``: keys by absolute position (the views'
-  ``positions``), reduced in chunks aligned to absolute positions in a fixed order;
-- norms, RoPE, SwiGLU and sampling are row-local already (one elementwise or per-row op each).
-
-It needs the compiled kernels (with ``causal_attention``) on a CPU stream and block-quantized weights;
-:func:`problem` says what is missing.
-"""
+"""Deterministic mode: every row's result independent of the batch it is computed in (block kernels for
+every linear, ``causal_attention`` by absolute position); needs the compiled kernels and block weights
+(:func:`problem`). Spec: docs/MODELS.md (Deterministic mode)."""
 
 from __future__ import annotations
 
@@ -24,8 +11,8 @@ import mlx.core as mx
 
 from engine_service.api.errors import FailedPrecondition
 from engine_service.cache.batch_control import KVView
-from engine_service.model.block_quant import BLOCK_FORMATS, is_block_dtype
 from engine_service.model.cpu_kernels import BUILD_HINT, kernel_status, kernels
+from engine_service.model.formats.block_quant import BLOCK_FORMATS, is_block_dtype
 
 # key positions per online-softmax chunk (chunk boundaries at multiples of this, absolute)
 KEY_CHUNK = 64
@@ -66,9 +53,8 @@ def enable(model: Any) -> None:
 def attend(
     q: mx.array, views: Sequence[KVView], positions: mx.array, window: int | None, scale: float
 ) -> mx.array:
-    """q: [T, q_heads, D] (RoPE applied); positions: int32 [T] each packed row's position; window: the
-    layer's sliding window (None: full). Returns [T, q_heads * D] in packed row order. Every view (a
-    sequence's rows and its cache parts) goes into one kernel call, as a group of rows."""
+    """q [T, q_heads, D] (RoPE applied), positions int32 [T], window (None: full) -> [T, q_heads * D],
+    every view one row group of one kernel call."""
     ext = kernels()
     t = q.shape[0]
     ordered = sorted(views, key=lambda v: v.rows.start)

@@ -1,13 +1,6 @@
-"""Elementwise math that MLX's CPU backend runs slowly, rewritten from fast primitives.
-
-MLX's CPU ``exp`` (and so ``sigmoid``, ``softmax`` and the fallback ``scaled_dot_product_attention``)
-evaluates a scalar exponential per element: ~10 ns each, which at a 512-token prefill is more time than
-the matmuls. Here ``exp`` is range reduction + a polynomial (multiplies, adds and a bit shift, which
-MLX vectorises), fused by ``mx.compile``: ~6x faster at float32 precision (relative error < 1e-6).
-
-The attention below is used for prefill-sized query blocks; single-row decode keeps MLX's fused
-``scaled_dot_product_attention`` (fewer ops, and the exponentials are few there).
-"""
+"""Elementwise math that MLX's CPU backend runs slowly (a scalar ``exp`` per element), rewritten from
+fast primitives: ``exp`` as range reduction + a polynomial fused by ``mx.compile`` (~6x, relative error
+< 1e-6), and the softmax, gating and prefill attention built on it."""
 
 from __future__ import annotations
 
@@ -19,7 +12,7 @@ from collections.abc import Callable, Sequence
 import mlx.core as mx
 import numpy as np
 
-from engine_service.model.weights import gpu_available
+from engine_service.model.formats.weights import gpu_available
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +27,7 @@ _ROUND = 12582912.0
 
 
 def _exp(x: mx.array) -> mx.array:
-    """e**x for float32 x as 2**n * e**r, n = round(x / ln 2), r = x - n ln 2. Saturates at 2**126
-    instead of overflowing (callers subtract a max first or divide by 1 + exp); below ~e**-87.7 it is
-    exactly 0 (n = -127 gives zero exponent bits), so masked (-inf) scores get exactly zero weight."""
+    """e**x for float32 x as 2**n * e**r; saturates at 2**126, exactly 0 below ~e**-87.7 (masked scores)."""
     # where() instead of clip() and the add-and-subtract rounding instead of round(): MLX's clip checks
     # for NaN per element and its round is a libm call, both of which keep the JIT-compiled loop from
     # vectorising (measured ~1.4x slower). NaN still propagates: it fails every comparison below.
@@ -62,8 +53,7 @@ _GELU_2C = 1.5957691216057308
 
 
 def _gelu_tanh_mul(g: mx.array, u: mx.array) -> mx.array:
-    """gelu_tanh(g) * u, GELU's tanh approximation (Gemma's ``gelu_pytorch_tanh``):
-    0.5 g (1 + tanh(c (g + 0.044715 g**3))) = g / (1 + e**(-2 c (g + 0.044715 g**3)))."""
+    """gelu_tanh(g) * u = g * u / (1 + e**(-2 c (g + 0.044715 g**3))) (Gemma's ``gelu_pytorch_tanh``)."""
     return g * u / (1.0 + _exp(-_GELU_2C * (g + 0.044715 * g * g * g)))
 
 
@@ -101,10 +91,8 @@ _rotate_fused = _Fused(_rotate)
 
 
 class RmsNorm:
-    """``mx.fast.rms_norm(x, weight, eps)`` for x [T, hidden]. For a few rows (decode) a compiled
-    elementwise version runs instead: on MLX's CPU backend it makes the step measurably faster (~2.5 ms
-    of ~50 for SmolLM2's 61 norms), while for prefill blocks the fast kernel is faster (and a compiled
-    function is retraced per new row count)."""
+    """``mx.fast.rms_norm`` for x [T, hidden]; for a few rows (decode) a compiled elementwise version, which
+    is faster there on MLX's CPU backend."""
 
     MAX_COMPILED_ROWS = 8
 
@@ -130,12 +118,8 @@ def rms_norm(eps: float) -> RmsNorm:
 
 
 def rope_tables(positions: mx.array, dims: int, base: float, traditional: bool) -> tuple[mx.array, mx.array]:
-    """cos, sin: float32 [T, 1, dims] for :func:`rope` at int positions [T] (built once per forward and
-    shared by every layer: MLX's CPU ``fast.rope`` costs ~60 us a call whatever its size, 60 calls a
-    decode step). Angles are computed in float64 on the host, so large positions lose no precision.
-
-    Non-traditional RoPE rotates pairs (i, i + dims/2); traditional rotates (2i, 2i + 1). ``sin`` carries
-    the sign of each output element: out = x * cos + swap(x) * sin."""
+    """cos, sin float32 [T, 1, dims] for :func:`rope` at positions [T], once per forward for every layer
+    (angles in float64 on the host). ``sin`` carries each output's sign: out = x * cos + swap(x) * sin."""
     freqs = base ** (-np.arange(0, dims, 2, dtype=np.float64) / dims)  # [dims / 2]
     ang = np.asarray(positions, dtype=np.float64)[:, None] * freqs[None, :]  # [T, dims / 2]
     c, s = np.cos(ang), np.sin(ang)
@@ -160,8 +144,7 @@ def rope(x: mx.array, cos: mx.array, sin: mx.array, traditional: bool) -> mx.arr
 
 
 def softmax(scores: mx.array) -> mx.array:
-    """Softmax over the last axis; masked (-inf) entries get exactly zero weight. The reductions stay
-    outside the compiled exp: fusing them in measured slower on MLX's CPU backend."""
+    """Softmax over the last axis; masked (-inf) entries get exactly zero weight."""
     e = exp_sub(scores, mx.max(scores, axis=-1, keepdims=True))
     return e * (1.0 / mx.sum(e, axis=-1, keepdims=True))
 
@@ -185,18 +168,10 @@ _NO_MAX = -1e30
 def attention(
     q: mx.array, keys: mx.array, values: mx.array, scale: float, mask: mx.array | str | None
 ) -> mx.array:
-    """Grouped-query attention for a block of query rows.
-
-    q: [q_heads, n, D]; keys, values: [kv_heads, S, D]; mask: bool [n, S] (True = attend), "causal"
-    (query j sits at key index S - n + j) or None. Returns [q_heads, n, D]. A row that sees no key at
-    all (an all-False mask row) gets NaN.
-
-    The q heads sharing a kv head are stacked as rows ([kv_heads, group * rows, D]), so K/V are never
-    repeated or copied. Rows go in blocks of QUERY_BLOCK, keys in chunks of KEY_BLOCK with an online
-    softmax (running max, sum and output rescaled per chunk; normalised once, on [rows, D]). A causal
-    block reads only keys up to its last row: the history before its first row in unmasked chunks and
-    its own diagonal square, the only place the causal mask is applied.
-    """
+    """Grouped-query attention for a block of query rows: q [q_heads, n, D]; keys, values [kv_heads, S, D];
+    mask bool [n, S], "causal" or None -> [q_heads, n, D] (NaN for a row that sees no key). Heads sharing
+    a kv head are stacked as rows; an online softmax over KEY_BLOCK chunks, causal blocks read only their
+    history and diagonal square."""
     hq, n, d = q.shape
     hkv, s, _ = keys.shape
     if isinstance(mask, str) and mask != "causal":
@@ -219,8 +194,7 @@ def attention(
 
 
 class _Online:
-    """Online-softmax accumulator over key chunks for rows [kv_heads, R]: running max m [.., R, 1],
-    sum of exponentials [.., R, 1] and unnormalised output [.., R, D]."""
+    """Online-softmax state for rows [kv_heads, R]: running max, sum [.., R, 1], output [.., R, D]."""
 
     def __init__(self, qg: mx.array) -> None:
         self.qg = qg
@@ -257,9 +231,7 @@ class _Online:
 def _causal_block(
     qg: mx.array, keys: mx.array, values: mx.array, first: int, rows: int, chunk: int
 ) -> mx.array:
-    """qg: [kv_heads, group * rows, D], query row j at key index ``first + j`` (keys past
-    ``first + rows - 1`` are never read); the history goes in chunks of ``chunk`` keys.
-    Returns [kv_heads, group * rows, D]."""
+    """qg [kv_heads, group * rows, D], row j at key ``first + j`` -> [kv_heads, group * rows, D]."""
     end = first + rows
     acc = _Online(qg)
     # the diagonal square first: every row sees its own key, so the running max starts finite
@@ -274,8 +246,7 @@ def _causal_block(
 def _masked_block(
     qg: mx.array, keys: mx.array, values: mx.array, mask: mx.array | None, chunk: int
 ) -> mx.array:
-    """qg: [kv_heads, group * rows, D]; mask: bool [rows, S] or None; keys in chunks of ``chunk``.
-    Returns [kv_heads, group * rows, D]."""
+    """qg [kv_heads, group * rows, D]; mask bool [rows, S] or None -> [kv_heads, group * rows, D]."""
     acc = _Online(qg)
     for c0 in range(0, keys.shape[1], chunk):
         c1 = min(keys.shape[1], c0 + chunk)
@@ -291,12 +262,8 @@ PARTS_CONCAT_MAX_ROWS = 8
 def attention_parts(
     q: mx.array, parts: Sequence[tuple[mx.array, mx.array, mx.array | None]], scale: float
 ) -> mx.array:
-    """Grouped-query attention over a view made of several key/value pieces, exactly as if the pieces
-    were concatenated (one softmax over all keys), without copying K/V.
-
-    q: [q_heads, n, D]; parts: (keys [kv_heads, S_i, D], values [kv_heads, S_i, D], mask bool [n, S_i]
-    or None). Returns [q_heads, n, D]. A row that sees no key in any part gets NaN.
-    """
+    """:func:`attention` over several key/value pieces as if concatenated (one softmax, no copy): parts
+    ``(keys, values [kv_heads, S_i, D], mask bool [n, S_i] or None)``."""
     hq, n, d = q.shape
     hkv = parts[0][0].shape[0]
     if hq % hkv:

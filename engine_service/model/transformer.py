@@ -1,14 +1,6 @@
-"""The decoder: embeddings, the architecture's layers, the final norm and the head. It reads and
-writes K/V only through a :class:`KVStep`.
-
-Canonical tensor names (what loaders produce; shapes [out, in]): ``embed`` [vocab, hidden]; ``norm``
-[hidden]; ``lm_head`` [vocab, hidden] (absent when the head is tied to ``embed``); the layers' names are
-in :mod:`engine_service.model.layers`. ``config.architecture`` picks the module of
-:mod:`engine_service.model.arch` that builds the layers.
-
-One forward carries several sequences' tokens packed in segment order, each at its own position.
-Activations stay float32 whatever the weight dtype (MLX's CPU kernels are fastest there).
-"""
+"""The decoder: embeddings, the architecture's layers, the final norm and the head, over one packed step
+(several sequences' rows, each at its own position); K/V only through a :class:`KVStep`, activations
+float32. Canonical names: ``embed``, ``norm``, ``lm_head`` (absent: tied), ``layers.i.*``."""
 
 from __future__ import annotations
 
@@ -21,11 +13,11 @@ import engine_service.model.fast_math as fast_math
 from engine_service.cache.batch_control import KVStep
 from engine_service.model.arch import architecture
 from engine_service.model.config import ModelConfig
-from engine_service.model.layers import NATIVE, Projection, Tensor, convert
+from engine_service.model.projections import NATIVE, Projection, Tensor, convert
 
 
 class Transformer(nn.Module):
-    """The decoder. See the module docstring for tensor names and the packing contract."""
+    """The decoder of ``config.architecture``."""
 
     def __init__(
         self, config: ModelConfig, tensors: Mapping[str, Tensor], weights_dtype: str = "float32"
@@ -71,8 +63,7 @@ class Transformer(nn.Module):
         return self.layers[0].deterministic if self.layers else False
 
     def set_deterministic(self, on: bool) -> None:
-        """Batch-invariant forwards (see :mod:`engine_service.model.deterministic`): FailedPrecondition
-        when the compiled kernels are missing or the weights are not block-quantized."""
+        """Batch-invariant forwards; FailedPrecondition without the kernels or block weights."""
         if on:
             import engine_service.model.deterministic as deterministic
 
@@ -97,12 +88,8 @@ class Transformer(nn.Module):
         embeddings: mx.array | None = None,
         logit_rows: mx.array | None = None,
     ) -> mx.array:
-        """One packed forward.
-
-        positions: int32 [T], each packed row's position in its own sequence (segment order).
-        tokens: int32 [T] or embeddings: float [T, hidden] (exactly one).
-        logit_rows: int32 [R] packed rows to project (None: all rows). Returns float32 [R or T, vocab].
-        """
+        """One packed forward: positions int32 [T]; tokens int32 [T] or embeddings float [T, hidden];
+        logit_rows int32 [R] (None: all) -> float32 [R or T, vocab]."""
         if (tokens is None) == (embeddings is None):
             raise ValueError("Transformer needs exactly one of tokens / embeddings")
         h = self.embed(tokens) if tokens is not None else embeddings.astype(mx.float32)

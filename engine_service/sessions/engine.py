@@ -16,7 +16,7 @@ from engine_service.api.errors import Stopping
 from engine_service.api.limits import EngineLimits, check_tokens
 from engine_service.api.prompts import TextPrompt
 from engine_service.executors.options import DEFAULTS, ExecutorSettings
-from engine_service.model.token_bytes import token_bytes
+from engine_service.model.text.token_bytes import token_bytes
 from engine_service.persistence.snapshot_key import SnapshotKey
 from engine_service.sessions.clones import take_clone
 from engine_service.sessions.generation_call import GenerationCall
@@ -30,9 +30,9 @@ from engine_service.sessions.settings import SessionSettings
 from engine_service.sessions.transfer import SessionTransfer
 
 if TYPE_CHECKING:  # annotations only: the model, tokenizer and runner are built by whoever builds these
-    from engine_service.model.chat import ChatFormatter
-    from engine_service.model.loader import LoadedModel
-    from engine_service.model.tokenizer import Tokenizer
+    from engine_service.model.loading.loader import LoadedModel
+    from engine_service.model.text.chat import ChatFormatter
+    from engine_service.model.text.tokenizer import Tokenizer
     from engine_service.model.transformer import Transformer
     from engine_service.runtime.heartbeat import EngineHeartbeat
     from engine_service.runtime.runner import Runner

@@ -16,8 +16,8 @@ from engine_service.api.errors import GenerationError
 from engine_service.api.logprobs import TokenLogprob
 from engine_service.api.stream_events import Done, Event, FinishReason, Snapshot, Started, Tokens
 from engine_service.executors.prepared_input import PreparedInput
-from engine_service.model.detokenizer import StreamDecoder
-from engine_service.model.token_bytes import token_bytes
+from engine_service.model.text.detokenizer import StreamDecoder
+from engine_service.model.text.token_bytes import token_bytes
 from engine_service.runtime.generation import GenerationHandle, GenerationResult, GenerationUpdate
 from engine_service.sessions.capture import PendingSnapshot, SnapshotCapture
 from engine_service.sessions.handles import HandleRegistry
@@ -25,7 +25,7 @@ from engine_service.sessions.inputs import input_size
 from engine_service.sessions.reservation import GrowingReservation
 
 if TYPE_CHECKING:
-    from engine_service.model.tokenizer import Tokenizer
+    from engine_service.model.text.tokenizer import Tokenizer
     from engine_service.runtime.session import Session
 
 _POLL_S = 0.25  # how often a waiting stream re-checks that its caller is still there

@@ -13,8 +13,8 @@ from engine_service.api.prompts import TextPrompt
 from engine_service.executors.prepared_input import PreparedInput
 
 if TYPE_CHECKING:
-    from engine_service.model.chat import ChatFormatter
-    from engine_service.model.tokenizer import Tokenizer
+    from engine_service.model.text.chat import ChatFormatter
+    from engine_service.model.text.tokenizer import Tokenizer
 
 Input = Sequence[int] | TextPrompt | PreparedInput  # what a caller sends
 Fed = list[int] | PreparedInput  # what the runner is given

@@ -1,17 +1,6 @@
-"""Quantized matmul and attention kernels for MLX's CPU backend (a compiled MLX extension).
-
-``q8_0_matmul(x, wq, scales)`` and ``q4_1_matmul(x, wq, scales, mins)`` compute ``x @ W.T`` for
-block-quantized W (formats in ``src/qdot.h``) as one MLX op; ``causal_attention(q, q_pos, keys,
-values, key_pos, scale=...)`` is batch-invariant attention over any number of cache parts, float32 /
-float16 / bfloat16 K/V read as stored (``src/attention.h``); ``fused_linear`` / ``fused_qkv`` are the
-matmuls with a decoder layer's elementwise work fused in (RMSNorm before, gating / post-norm / residual
-or QK-norm and RoPE after: ``src/fused.h``); ``kv_store`` writes a layer's new K/V rows into a step's
-cache buffers in one op (``src/kv_store.h``). Every result is bitwise independent of the
-ISA (``isa()``: avx512 / avx2 / scalar), the thread count and the pool policy (``set_pool_tuning``,
-``src/pool.h``). Importing raises ImportError when the extension is missing or was built against
-another mlx version than the one installed (MLX's C++ ABI changes between releases); callers fall
-back to float32.
-"""
+"""Quantized matmul, attention, fused decoder-layer and K/V store kernels for MLX's CPU backend (a
+compiled MLX extension; formats and contracts in ``src/*.h``), bitwise independent of ISA and threads.
+Importing raises ImportError when the extension is missing or built against another mlx."""
 
 from __future__ import annotations
 

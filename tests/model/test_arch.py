@@ -44,7 +44,7 @@ def test_gemma3_on_block_weights_equals_its_float_model(fmt):
     """The kernels' formats run the same math: the float model of the blocks' values agrees."""
     config, tensors = tiny("gemma3")
     quant = Transformer(config, tensors, fmt)
-    from engine_service.model.block_quant import to_block_format
+    from engine_service.model.formats.block_quant import to_block_format
 
     values = {
         k: (

@@ -39,7 +39,7 @@ from engine_service.api.errors import ModelLoadError
 from engine_service.cache.config import FULL, SLIDING, LayerSpec
 from engine_service.model import load_model
 from engine_service.model.config import ModelConfig
-from engine_service.model.layers import SplitProjection
+from engine_service.model.projections import SplitProjection
 from tests.model import naive_reference
 from tests.model.gguf_writer import QUANTIZERS, BlockQuant, permute_for_gguf, tiny_vocab, write_gguf
 from tests.model.reference_cache import ReferenceCache, run
@@ -398,7 +398,7 @@ def test_gguf_auto_keeps_block_formats(arch, gguf_files, models):
     i.e. ~1% of the logit scale, well above the 1e-3 a lossless path would give), 0.22-0.34 of Q6_K's
     own gap (0.06-0.13); bound: half of it."""
     from engine_service.model.cpu_kernels import kernel_status
-    from engine_service.model.weights import gpu_available
+    from engine_service.model.formats.weights import gpu_available
 
     if gpu_available() or not kernel_status().available:
         pytest.skip("auto keeps block formats only on the CPU with the compiled kernels")

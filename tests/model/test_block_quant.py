@@ -7,16 +7,16 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine_service.model.block_quant import (
+from engine_service.model.formats.block_quant import (
     BlockQuantTensor,
     concat_block_rows,
     to_q4_1,
     to_q8_0,
 )
-from engine_service.model.layers import NATIVE, convert, native_format
+from engine_service.model.formats.weights import QuantTensor
+from engine_service.model.projections import NATIVE, convert, native_format
 from engine_service.model.random_init import random_tensors, tiny_config
 from engine_service.model.transformer import Transformer
-from engine_service.model.weights import QuantTensor
 from tests.model.test_transformer import TOKENS, close, cold
 
 

@@ -49,6 +49,7 @@ def engine(model, request):
     runners = []
 
     def make(kind: str, cls=ModuleExecutor, prefill_chunk: int = 4, **kw):
+        kw.setdefault("kv_dtype", "float32")  # warm vs cold at float32 tolerances unless a test asks
         ex = recording(cls).create(
             model,
             kind,
@@ -170,7 +171,7 @@ def test_prepared_embeddings_prefill_equals_token_prefill(engine, model, kind) -
 def test_real_model_prompt_lookup_equals_plain_greedy_and_clone_equals_cold() -> None:
     """On SmolLM2: speculative greedy == plain greedy on a quoting task; a clone + suffix == cold."""
     from engine_service.executors.base import ExecInput
-    from engine_service.model.loader import load_model
+    from engine_service.model.loading.loader import load_model
 
     loaded = load_model()
     text = "Repeat exactly: the quick brown fox jumps over the lazy dog, the quick brown fox jumps again."

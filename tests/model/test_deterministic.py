@@ -17,7 +17,7 @@ import pytest
 from engine_service.api.errors import FailedPrecondition
 from engine_service.executors.base import ExecInput
 from engine_service.executors.module import ModuleExecutor
-from engine_service.model import deterministic, layers
+from engine_service.model import deterministic, layers, projections
 from engine_service.model.cpu_kernels import KERNEL_MAX_ROWS_AVX2
 from engine_service.model.random_init import random_model
 
@@ -26,6 +26,13 @@ FORMATS = ("q8_0", "q4_1")
 STEPS = 3
 if deterministic.problem("q8_0") is not None:
     pytest.skip(deterministic.problem("q8_0"), allow_module_level=True)
+
+
+def avx2_row_limit(monkeypatch) -> None:
+    """The ordinary mode's kernel row limit as on AVX2 (with AVX-512 it has none), in both modules that
+    read it: the projections' BLAS switch and the layers' fused path."""
+    for module in (layers, projections):
+        monkeypatch.setattr(module, "kernel_max_rows", lambda: KERNEL_MAX_ROWS_AVX2)
 
 
 def prompts(n: int, seed: int = 1) -> list[list[int]]:
@@ -95,8 +102,7 @@ def comparisons(model, kind: str, det: bool) -> dict[str, bool]:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_reuse_paths_reproduce_cold_logits_bitwise(model, kind, monkeypatch):
-    # the ordinary mode's row limit as on AVX2 (with AVX-512 it has none): the mode must lift it itself
-    monkeypatch.setattr(layers, "kernel_max_rows", lambda: KERNEL_MAX_ROWS_AVX2)
+    avx2_row_limit(monkeypatch)  # the mode must lift the row limit itself
     same = comparisons(model, kind, det=True)
     assert all(same.values()), same
 
@@ -118,7 +124,7 @@ def test_negative_control_ordinary_mode_differs(model, monkeypatch):
     """The same comparisons without the mode: some reuse path changes the logits' bits. Long blocks go
     through BLAS as the ordinary mode sends them on an AVX2 CPU (with AVX-512 it keeps every row count
     on the kernels, and these comparisons then find no difference: the mode is what guarantees it)."""
-    monkeypatch.setattr(layers, "kernel_max_rows", lambda: KERNEL_MAX_ROWS_AVX2)
+    avx2_row_limit(monkeypatch)
     same = {}
     for kind in KINDS:
         same.update({f"{kind} {k}": v for k, v in comparisons(model, kind, det=False).items()})

@@ -18,10 +18,10 @@ from engine_service.api.errors import ModelLoadError
 from engine_service.cache.sequence_cache import SequenceCache
 from engine_service.executors.module import ModuleExecutor
 from engine_service.model import load_model
-from engine_service.model.block_quant import BlockQuantTensor
-from engine_service.model.gguf import load_gguf
-from engine_service.model.layers import NATIVE, convert
-from engine_service.model.packaged import packaged_path
+from engine_service.model.formats.block_quant import BlockQuantTensor
+from engine_service.model.loading.gguf import load_gguf
+from engine_service.model.loading.packaged import packaged_path
+from engine_service.model.projections import NATIVE, convert
 from engine_service.runtime.runner import Runner
 from tests.model import naive_reference
 from tests.model.test_transformer import cold

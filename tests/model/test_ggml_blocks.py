@@ -1,4 +1,4 @@
-"""ggml block decoders (engine_service/model/ggml_blocks.py): hand-built blocks, the test writer's
+"""ggml block decoders (engine_service/model/formats/ggml_blocks.py): hand-built blocks, the test writer's
 quantizers, the ``gguf`` package as an independent oracle, the exact 32-weight forms, bad input and
 the real Gemma 3 GGUF."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine_service.api.errors import InvalidArgument
-from engine_service.model.ggml_blocks import (
+from engine_service.model.formats.ggml_blocks import (
     BLOCK_BY_NAME,
     BLOCK_TYPES,
     EXACT_FORMAT,
@@ -21,7 +21,7 @@ from engine_service.model.ggml_blocks import (
     dequantize,
     exact_blocks32,
 )
-from engine_service.model.gguf_file import GGUFFile
+from engine_service.model.loading.gguf_file import GGUFFile
 from tests.model.gguf_writer import QUANTIZERS, BlockQuant, write_gguf
 
 GEMMA = "/root/.cache/forkline/models/gemma-3-270m-q4_k_m.gguf"
@@ -538,10 +538,10 @@ def _bad_cases():
         ("float32 data", k4, good.view(np.float32), 2, 256, ["Q4_K", "uint8", "float32"]),
         ("2-D data", k4, good.reshape(2, 144), 2, 256, ["Q4_K", "1-D", "(2, 144)"]),
         ("bytes", k4, bytes(288), 2, 256, ["Q4_K", "bytes"]),
-        ("zero rows", q8, np.zeros(0, np.uint8), 0, 32, ["Q8_0", "positive"]),
-        ("negative cols", q8, np.zeros(34, np.uint8), 1, -32, ["Q8_0", "positive"]),
-        ("float rows", q8, np.zeros(34, np.uint8), 1.0, 32, ["Q8_0", "integers"]),
-        ("bool rows", q8, np.zeros(34, np.uint8), True, 32, ["Q8_0", "integers"]),
+        ("zero rows", q8, np.zeros(0, np.uint8), 0, 32, ["Q8_0", "rows", ">= 1"]),
+        ("negative cols", q8, np.zeros(34, np.uint8), 1, -32, ["Q8_0", "cols", ">= 1"]),
+        ("float rows", q8, np.zeros(34, np.uint8), 1.0, 32, ["Q8_0", "rows", "an int"]),
+        ("bool rows", q8, np.zeros(34, np.uint8), True, 32, ["Q8_0", "rows", "an int"]),
         ("unknown type", BlockType(99, "Q9_9", 32, 10), np.zeros(10, np.uint8), 1, 32, ["Q9_9"]),
         ("forged layout", BlockType(8, "Q8_0", 32, 30), np.zeros(30, np.uint8), 1, 32, ["Q8_0"]),
     ]

@@ -14,7 +14,7 @@ import pytest
 
 from engine_service.api.errors import ModelLoadError
 from engine_service.model import load_model
-from engine_service.model.packaged import resolve_model
+from engine_service.model.loading.packaged import resolve_model
 from tests.model.test_transformer import cold
 
 pytestmark = pytest.mark.slow

@@ -14,8 +14,8 @@ from tokenizers import decoders, models, pre_tokenizers
 
 from engine_service.api.errors import ModelLoadError
 from engine_service.model import load_model
-from engine_service.model.chat import NAMED_FORMATS
 from engine_service.model.random_init import random_tensors, tiny_config
+from engine_service.model.text.chat import NAMED_FORMATS
 from engine_service.model.transformer import Transformer
 from tests.model.gguf_writer import permute_for_gguf, quantize_q4_0, quantize_q8_0, tiny_vocab, write_gguf
 from tests.model.reference_cache import ReferenceCache, run

@@ -9,7 +9,7 @@ import pytest
 
 from engine_service.api.errors import ModelLoadError
 from engine_service.model import load_model
-from engine_service.model.packaged import CACHE_ENV, PACKAGED, packaged_path, resolve_model
+from engine_service.model.loading.packaged import CACHE_ENV, PACKAGED, packaged_path, resolve_model
 
 
 def test_unknown_name_lists_the_known_ones():

@@ -95,7 +95,7 @@ def test_gemma3_auto_formats_perplexity_within_half_a_percent_of_the_files_value
     requantizes the Q6_K ffn_down matrices to q8_0; float32 holds the file's exact values. Measured
     (362 tokens): float32 18.937, auto 18.935 (-0.01%), all-q8_0 18.946 (+0.05%)."""
     from engine_service.model import load_model
-    from engine_service.model.packaged import packaged_path
+    from engine_service.model.loading.packaged import packaged_path
 
     try:
         packaged_path("gemma-3-270m")

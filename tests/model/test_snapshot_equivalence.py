@@ -55,6 +55,7 @@ def engine(tiny_model):
             max_sessions=max_sessions,
             max_session_tokens=max_session_tokens,
             prefill_chunk=prefill_chunk,
+            kv_dtype="float32",  # warm vs cold at float32 tolerances; float16: test_kv_dtype.py
             keep_logits=True,
             model_fingerprint=model_id,
         )

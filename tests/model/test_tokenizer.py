@@ -18,12 +18,12 @@ import time
 import pytest
 
 from engine_service.api.errors import ModelLoadError
-from engine_service.model.chat import ChatFormatter
-from engine_service.model.detokenizer import StreamDecoder
-from engine_service.model.gguf_file import read_metadata
-from engine_service.model.loader import default_model_path
-from engine_service.model.packaged import packaged_path
-from engine_service.model.tokenizer import tokenizer_from_gguf
+from engine_service.model.loading.gguf_file import read_metadata
+from engine_service.model.loading.loader import default_model_path
+from engine_service.model.loading.packaged import packaged_path
+from engine_service.model.text.chat import ChatFormatter
+from engine_service.model.text.detokenizer import StreamDecoder
+from engine_service.model.text.tokenizer import tokenizer_from_gguf
 from tests.model.gguf_writer import write_gguf
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -182,7 +182,7 @@ def test_smollm2_equals_llama_cpp_server(meta, tok, monkeypatch):
     # only the string with bytes SmolLM2 has no token for (dropped by both) does not round-trip
     assert [c["text"] for c in fixture["cases"] if c["detokenized"] != c["text"]] == ["   \x13| a\x04b \x1d!"]
     # negative control: without isolating those bytes, their neighbours merge across them
-    import engine_service.model.tokenizer as tokenizer_module
+    import engine_service.model.text.tokenizer as tokenizer_module
 
     real = tokenizer_module.pre_tokenizers
 

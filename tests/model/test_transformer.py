@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from engine_service.cache.batch_control import Segment
+from engine_service.model.formats.weights import QuantTensor
 from engine_service.model.random_init import random_tensors, tiny_config
 from engine_service.model.transformer import Transformer
-from engine_service.model.weights import QuantTensor
 from tests.model import naive_reference
 from tests.model.gguf_writer import permute_for_gguf
 from tests.model.reference_cache import ReferenceCache, run

@@ -19,9 +19,9 @@ from tokenizers import Tokenizer as HFTokenizer
 import engine_service  # noqa: F401  (OpenBLAS before mlx)
 from engine_service.api.owners import NO_QUOTA, OwnerQuota
 from engine_service.executors.options import ExecutorSettings
-from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
-from engine_service.model.tokenizer import Tokenizer
+from engine_service.model.text.chat import ChatFormatter
+from engine_service.model.text.tokenizer import Tokenizer
 from engine_service.persistence.snapshot_key import SnapshotKey
 from engine_service.rpc.server import EngineServer, create_server
 from engine_service.sessions.engine import EngineSessions
@@ -182,7 +182,7 @@ def prefix_factory() -> Iterator[Callable[..., Prefix]]:
 def real_model_services(max_sessions: int) -> Iterator[tuple[Any, EngineSessions, Prefix]]:
     """The packaged SmolLM2 in an in-process engine server and a prefix service over it (slow tests):
     yields (the loaded model, the engine's sessions, the prefix service); both stop at the end."""
-    from engine_service.model.loader import load_model
+    from engine_service.model.loading.loader import load_model
 
     loaded = load_model()
     deps = EngineSessions.build(

@@ -20,8 +20,8 @@ from clients.prefix_client import PrefixClient
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument, NotFound, Unauthenticated, Unavailable
 from engine_service.executors.options import ExecutorSettings
-from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
+from engine_service.model.text.chat import ChatFormatter
 from engine_service.rpc.server import create_server
 from engine_service.serving.auth import ClientSecurity, ServerSecurity, server_credentials
 from engine_service.serving.tokens import TokenTable

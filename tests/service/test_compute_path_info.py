@@ -6,9 +6,9 @@ from clients.engine_client import EngineClient
 from engine_service.blas import blas_status
 from engine_service.executors.options import ExecutorSettings
 from engine_service.model import cpu_kernels
-from engine_service.model.chat import ChatFormatter
 from engine_service.model.cpu_kernels import KernelStatus
 from engine_service.model.random_init import random_model
+from engine_service.model.text.chat import ChatFormatter
 from engine_service.rpc.server import create_server
 from engine_service.sessions.engine import EngineSessions
 from engine_service.sessions.settings import UNLIMITED

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def services():
     from engine_service.api.errors import ModelLoadError
-    from engine_service.model.loader import load_model
+    from engine_service.model.loading.loader import load_model
 
     try:
         loaded = load_model("gemma-3-270m")

@@ -357,7 +357,7 @@ def test_the_real_model_answers_through_its_chat_template() -> None:
     """SmolLM2-135M-Instruct via the openai client: the chat template in the engine, a real answer,
     and the second call reusing all but the last prompt token."""
     from engine_service.executors.options import ExecutorSettings
-    from engine_service.model.loader import load_model
+    from engine_service.model.loading.loader import load_model
     from engine_service.rpc.server import create_server
     from engine_service.sessions.engine import EngineSessions
     from engine_service.sessions.settings import UNLIMITED

@@ -45,8 +45,8 @@ def test_real_tokens_are_forwarded_and_https_uses_the_grpc_certificate(tmp_path)
     import ssl
 
     from engine_service.executors.options import ExecutorSettings
-    from engine_service.model.chat import ChatFormatter
     from engine_service.model.random_init import random_model
+    from engine_service.model.text.chat import ChatFormatter
     from engine_service.rpc.server import create_server
     from engine_service.serving.auth import ClientSecurity, ServerSecurity
     from engine_service.serving.tokens import TokenTable

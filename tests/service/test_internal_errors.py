@@ -181,9 +181,9 @@ def _domain_validators():
     from engine_service.api.config import GenConfig
     from engine_service.cache.config import CacheConfig, LayerSpec
     from engine_service.executors.sampling import SamplingParams
-    from engine_service.model.chat import ChatFormatter
     from engine_service.model.config import ModelConfig, parse_layer_pattern
-    from engine_service.model.weights import resolve_weights_dtype
+    from engine_service.model.formats.weights import resolve_weights_dtype
+    from engine_service.model.text.chat import ChatFormatter
     from tests.service.conftest import char_tokenizer
 
     full = (LayerSpec(),)

@@ -23,8 +23,8 @@ from engine_service.__main__ import parse_args as engine_args
 from engine_service.api import errors
 from engine_service.api.config import GenConfig
 from engine_service.executors.options import ExecutorSettings
-from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
+from engine_service.model.text.chat import ChatFormatter
 from engine_service.rpc.server import SERVICE_NAME as ENGINE
 from engine_service.rpc.server import create_server
 from engine_service.serving.service_main import run_service

@@ -23,8 +23,8 @@ from clients.engine_client import EngineClient
 from clients.prefix_client import PrefixClient
 from engine_service.api.config import GenConfig
 from engine_service.executors.module import ModuleExecutor
-from engine_service.model.chat import ChatFormatter
 from engine_service.model.random_init import random_model
+from engine_service.model.text.chat import ChatFormatter
 from engine_service.runtime.runner import Runner
 from prefix_service.cache.checkpoints import CheckpointPlan
 from prefix_service.engines.connect import connect_engine

@@ -1,10 +1,5 @@
-"""Architectures, one module each, behind a registry keyed by the file's own name for them.
-
-GGUF files name theirs in ``general.architecture``, Hugging Face / MLX folders in config.json's
-``model_type``. Adding an architecture: a module with an :class:`Architecture` subclass (override what
-differs from the Llama defaults in :mod:`engine_service.model.arch.base`) and one line in
-:data:`_MODULES`.
-"""
+"""Architectures, one module each, behind a registry keyed by GGUF ``general.architecture`` / config.json
+``model_type``. Adding one: an :class:`Architecture` subclass and one line in :data:`_MODULES`."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""What an architecture module provides, with the Llama-family defaults most architectures share.
-
-An :class:`Architecture` turns a file's hyper-parameters into a :class:`ModelConfig` (GGUF metadata
-``{arch}.*`` or a Hugging Face / MLX ``config.json``), names its tensors in both formats (canonical
-names: :mod:`engine_service.model.layers`), says their shapes, and builds its layers. It knows nothing
-about files or the cache: the loaders read, the registry (:mod:`engine_service.model.arch`) picks.
-"""
+"""What an architecture module provides, with the Llama-family defaults most share: its config from
+GGUF metadata or ``config.json``, its tensor names in both formats, their shapes, its layers."""
 
 from __future__ import annotations
 
@@ -15,7 +10,8 @@ import mlx.core as mx
 
 from engine_service.api.errors import ModelLoadError
 from engine_service.model.config import ModelConfig, layer_specs
-from engine_service.model.layers import DecoderLayer, Tensor
+from engine_service.model.layers import DecoderLayer
+from engine_service.model.projections import Tensor
 
 GGUF, HF = "gguf", "hf"
 
@@ -59,27 +55,21 @@ class LlamaLayer(DecoderLayer):
 
 
 class Architecture:
-    """The Llama family's answers; an architecture module subclasses and overrides what differs.
+    """The Llama family's answers; an architecture module subclasses and overrides what differs."""
 
-    Class attributes: ``name`` (what ``ModelConfig.architecture`` holds), ``gguf_names`` /
-    ``hf_model_types`` (the keys it is registered under), ``layer_tensors`` (canonical layer tensors it
-    reads), ``layer_class`` and ``activation`` (how a layer composes), ``gguf_rope_traditional`` (GGUF's
-    Llama converter permutes Q/K rows per head: traditional RoPE on them; other architectures are
-    stored unpermuted), ``hf_norm_offset`` (added to every norm weight of a Hugging Face checkpoint:
-    Gemma stores ``w - 1``; its GGUF converter already added the 1), ``name_overrides`` (canonical ->
-    (GGUF, HF) names where the architecture's files differ from :data:`LAYER_NAMES`).
-    """
-
-    name: ClassVar[str] = "llama"
-    gguf_names: ClassVar[tuple[str, ...]] = ("llama",)
+    name: ClassVar[str] = "llama"  # what ModelConfig.architecture holds
+    gguf_names: ClassVar[tuple[str, ...]] = ("llama",)  # the registry's keys
     hf_model_types: ClassVar[tuple[str, ...]] = ("llama", "mistral")
     layer_tensors: ClassVar[tuple[str, ...]] = (
         "attn_norm", "q", "k", "v", "o", "mlp_norm", "gate", "up", "down",
     )  # fmt: skip
     layer_class: ClassVar[type[DecoderLayer]] = LlamaLayer
     activation: ClassVar[str] = "silu"
+    # GGUF's Llama converter permutes Q/K rows per head (traditional RoPE); other architectures do not
     gguf_rope_traditional: ClassVar[bool] = True
+    # added to every norm weight of a Hugging Face checkpoint (Gemma stores w - 1; its GGUF already w)
     hf_norm_offset: ClassVar[float] = 0.0
+    # canonical -> (GGUF, HF) names where the files differ from LAYER_NAMES
     name_overrides: ClassVar[dict[str, tuple[str, str]]] = {}
 
     # ---- hyper-parameters
@@ -188,8 +178,7 @@ class Architecture:
 
     # ---- tensors
     def tensor_names(self, config: ModelConfig, fmt: str) -> dict[str, str]:
-        """Canonical name -> the file's tensor name (``fmt``: "gguf" or "hf"), ``lm_head`` included
-        (the loader treats it as optional)."""
+        """Canonical name -> the file's name (``fmt`` "gguf" or "hf"); ``lm_head`` is optional."""
         col = 0 if fmt == GGUF else 1
         names = {}
         for canon, pair in GLOBAL_NAMES.items():

@@ -1,24 +1,6 @@
-"""Gemma 3 (text): sliding-window layers with a global layer every sixth, QK-norm, sandwich norms.
-
-Per layer (``gemma3`` in GGUF, ``gemma3_text`` in Hugging Face folders):
-
-    h = h + post_attn_norm(attn(attn_norm(h)))        # attention: q, k RMS-normed per head, then RoPE
-    h = h + post_mlp_norm(down(gelu_tanh(gate(x)) * up(x))),  x = mlp_norm(h)
-
-- Layer ``i`` is global when ``(i + 1) % 6 == 0`` (llama.cpp's swa pattern 6; Hugging Face
-  ``sliding_window_pattern`` or ``layer_types``); the others attend to a window of
-  ``attention.sliding_window`` positions (512 in the 270M model): a key is visible when
-  ``key_pos > query_pos - window``.
-- RoPE base 1,000,000 on global layers (``rope.freq_base``), 10,000 on sliding ones
-  (``rope.freq_base_swa`` when the file has it, else 10,000 as llama.cpp fixes it;
-  ``rope_local_base_freq`` in config.json). Q/K rows are stored unpermuted: default RoPE.
-- Scores scaled by ``query_pre_attn_scalar ** -0.5`` = ``head_dim ** -0.5`` (256 for 270M-12B; the
-  27B model, 62 layers, uses hidden / heads as llama.cpp does).
-- Token embeddings multiplied by ``sqrt(hidden)``; the head is tied to the (unscaled) embedding.
-- Norms: ``x / rms(x) * (1 + w)`` in Gemma's definition; GGUF stores ``1 + w`` already, Hugging Face
-  files store ``w`` (``hf_norm_offset``).
-- Tokenizer: SentencePiece with byte fallback, BOS prepended (``tokenizer.ggml.add_bos_token``).
-"""
+"""Gemma 3 (text): a global layer every sixth (RoPE base 1e6; 1e4 on the sliding ones), QK-norm, sandwich
+norms, GELU-tanh MLP, embeddings times sqrt(hidden), a tied head, scores scaled by query_pre_attn_scalar
+** -0.5. Spec: docs/MODELS.md (Architectures)."""
 
 from __future__ import annotations
 
@@ -37,7 +19,7 @@ _LAYERS_27B = 62
 
 
 class Gemma3Layer(DecoderLayer):
-    """Sandwich norms around attention and MLP (module docstring)."""
+    """h += post_attn_norm(attn(attn_norm(h))); h += post_mlp_norm(mlp(mlp_norm(h)))."""
 
     def __call__(self, h: mx.array, step: Any, rotations: Any, positions: mx.array) -> mx.array:
         if self.fuses(h.shape[0]):

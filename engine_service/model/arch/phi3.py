@@ -1,10 +1,5 @@
-"""Phi-3 (mini / medium, 4k context): Llama-shaped with fused tensors, stored unpermuted.
-
-``attn_qkv`` [q + k + v rows, hidden] (Hugging Face ``qkv_proj``) and ``ffn_up`` [2 * intermediate,
-hidden] holding gate rows then up rows (``gate_up_proj``: SwiGLU of the first half times the second).
-Phi-3 sets a sliding window on every layer (``phi3.attention.sliding_window``, 2047 in the 4k models).
-The 128k variants' LongRoPE (``rope_factors_long`` / ``rope_scaling``) is refused.
-"""
+"""Phi-3 (4k context): Llama-shaped with fused ``attn_qkv`` and ``ffn_up`` (gate rows, then up), stored
+unpermuted, a sliding window on every layer; LongRoPE (128k) files are refused."""
 
 from __future__ import annotations
 

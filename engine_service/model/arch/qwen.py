@@ -1,10 +1,4 @@
-"""Qwen2 and Qwen3: Llama-shaped, stored without the Q/K row permutation (default RoPE in GGUF too).
-
-- Qwen2 (and Qwen2.5): a bias on the q, k and v projections.
-- Qwen3: no bias; QK-norm, an RMS norm over each head's dimension of q and k before RoPE
-  (``attn_q_norm`` / ``attn_k_norm``, [head_dim]); ``head_dim`` may differ from hidden / heads.
-Sliding windows: Qwen2's config may set ``use_sliding_window`` (off in every released checkpoint).
-"""
+"""Qwen2 (q/k/v bias) and Qwen3 (QK-norm, ``head_dim`` of its own): Llama-shaped, stored unpermuted."""
 
 from __future__ import annotations
 

@@ -16,8 +16,10 @@ from engine_service.greedy import new_cache
 @pytest.mark.parametrize("kind", ["batched-sequence", "batched-cell"])
 def test_greedy_and_the_executor_share_the_cache_geometry(tiny_model, kind) -> None:
     model = tiny_model("FSFS", window=4)
-    ex = ModuleExecutor.create(model, kind, max_sessions=1, max_session_tokens=96, prefill_chunk=16)
-    greedy = new_cache(model, 96, kind=kind, prefill_chunk=16)
+    ex = ModuleExecutor.create(
+        model, kind, max_sessions=1, max_session_tokens=96, prefill_chunk=16, kv_dtype="float32"
+    )
+    greedy = new_cache(model, 96, kind=kind, prefill_chunk=16, kv_dtype="float32")
     assert greedy.config == ex.cache.config
     cfg = ex.cache.config
     assert cfg.layers == tuple(model.config.layers) and cfg.max_write == 16 and cfg.capacity == 96

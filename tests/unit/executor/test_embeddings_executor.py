@@ -23,7 +23,7 @@ def model(tiny_model):
 
 def make(model, kind="batched-sequence", **kw):
     return EmbeddingsExecutor.create(
-        model, kind, max_sessions=4, max_session_tokens=128, keep_logits=True, **kw
+        model, kind, max_sessions=4, max_session_tokens=128, kv_dtype="float32", keep_logits=True, **kw
     )
 
 

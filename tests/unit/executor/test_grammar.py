@@ -15,7 +15,7 @@ from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument
 from engine_service.executors.grammar import compile_json_schema, schema_problem, with_grammar
 from engine_service.executors.module import ModuleExecutor
-from engine_service.model.tokenizer import Tokenizer
+from engine_service.model.text.tokenizer import Tokenizer
 from engine_service.runtime.runner import Runner
 
 EOS = 2

@@ -15,6 +15,7 @@ import pytest
 from engine_service.api.config import GenConfig
 from engine_service.cache.sequence_cache import SequenceCache
 from engine_service.executors.base import ExecInput
+from engine_service.executors.lookahead import Lookahead
 from engine_service.executors.module import ModuleExecutor
 from engine_service.executors.sampling import SamplingParams
 from engine_service.model.cpu_kernels import kernels
@@ -57,7 +58,9 @@ def join_and_leave(runner: Runner, ex: ModuleExecutor, seen: dict) -> dict:
             late.append(s[3].generate_async(PROMPTS[3], greedy(9)))
         if update.tokens and count[0] == 10:
             got["clone_at"] = update.position
-            seen["pending_at_clone"] = ex._ahead is not None  # the clone and export meet a queued step
+            seen["pending_at_clone"] = (
+                ex._lookahead.pending is not None
+            )  # the clone and export meet a queued step
             late.append(s[0].clone_async(update.position))
             late.append(s[0].export_async())
 
@@ -90,7 +93,7 @@ def stop_and_follow_up(runner: Runner, ex: ModuleExecutor, seen: dict, stop: int
     def close_b(update) -> None:
         closed.extend(update.tokens)
         if update.tokens and len(closed) >= 3 and "pending_at_close" not in seen:
-            seen["pending_at_close"] = ex._ahead is not None
+            seen["pending_at_close"] = ex._lookahead.pending is not None
             b.close()  # queued from the engine thread: runs before the next forward
 
     hb = b.generate_async(PROMPTS[1], greedy(10), close_b)
@@ -222,7 +225,7 @@ def break_key_restore(monkeypatch) -> None:
 
 
 def break_token_check(monkeypatch) -> None:
-    original = ModuleExecutor._continues
+    original = Lookahead._continues
 
     def continues(self, ahead, batch):
         real = ahead.tokens
@@ -232,7 +235,7 @@ def break_token_check(monkeypatch) -> None:
         finally:
             ahead.tokens = real
 
-    monkeypatch.setattr(ModuleExecutor, "_continues", continues)
+    monkeypatch.setattr(Lookahead, "_continues", continues)
 
 
 @pytest.mark.parametrize("breakage", [break_key_restore, break_token_check])
@@ -284,7 +287,7 @@ def test_rotating_batches_match_and_waste_no_forwards(tiny_model, monkeypatch) -
 
 def _execute_always_repeated(execute):
     def run(self, batch):
-        self._batch_sids = tuple(inp.sid for inp in batch)  # every batch looks like a repeat
+        self._lookahead._batch_sids = tuple(inp.sid for inp in batch)  # every batch looks like a repeat
         return execute(self, batch)
 
     return run
@@ -296,7 +299,7 @@ def buffer_addresses(ex: ModuleExecutor, sid: int, steps: int, hold: list | None
     so a Python name keeps each one alive (the negative control)."""
 
     def address() -> int:
-        keys = ex.cache.sequence(ex._sessions[sid].seq).buffers(0)[0]
+        keys = ex.cache.sequence(ex._sessions.state(sid).seq).buffers(0)[0]
         if hold is not None:
             hold.append(keys)
         return np.asarray(memoryview(keys)).__array_interface__["data"][0]

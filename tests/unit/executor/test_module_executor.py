@@ -26,6 +26,7 @@ def model(tiny_model):
 def make(model, kind="batched-sequence", **kw):
     kw.setdefault("max_sessions", 4)
     kw.setdefault("max_session_tokens", 128)
+    kw.setdefault("kv_dtype", "float32")  # compared with the float32 reference forward
     return ModuleExecutor.create(model, kind, keep_logits=True, **kw)
 
 
@@ -173,12 +174,12 @@ def test_creation_checks_name_the_field(model) -> None:
 
 def test_fingerprint_tracks_execution_configuration(tiny_model) -> None:
     m = tiny_model("FRFR", window=4)
-    base = ModuleExecutor.create(m).fingerprint()
-    assert ModuleExecutor.create(m).fingerprint() == base
-    assert ModuleExecutor.create(m, "batched-cell").fingerprint() != base
+    base = ModuleExecutor.create(m, kv_dtype="float32").fingerprint()
+    assert ModuleExecutor.create(m, kv_dtype="float32").fingerprint() == base
+    assert ModuleExecutor.create(m, "batched-cell", kv_dtype="float32").fingerprint() != base
     assert ModuleExecutor.create(m, kv_dtype=mx.float16).fingerprint() != base
-    assert ModuleExecutor.create(tiny_model("FRFR", window=5)).fingerprint() != base
-    assert ModuleExecutor.create(m, model_fingerprint="weights-a").fingerprint() != base
+    assert ModuleExecutor.create(tiny_model("FRFR", window=5), kv_dtype="float32").fingerprint() != base
+    assert ModuleExecutor.create(m, kv_dtype="float32", model_fingerprint="weights-a").fingerprint() != base
 
 
 @pytest.mark.parametrize("kind", KINDS)

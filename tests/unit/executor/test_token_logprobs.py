@@ -43,7 +43,7 @@ def model(tiny_model):
 
 @pytest.fixture
 def runner(model):
-    r = Runner(ModuleExecutor.create(model, max_sessions=4, max_session_tokens=128))
+    r = Runner(ModuleExecutor.create(model, max_sessions=4, max_session_tokens=128, kv_dtype="float32"))
     yield r
     r.shutdown(10)
 

@@ -335,7 +335,9 @@ def test_in_process_checkpoints_on_a_real_ring(kind):
             return outs
 
     def executor():
-        ex = Recording.create(random_model("FRFR", 4, 0), kind, 8, 256, prefill_chunk=16, keep_logits=True)
+        ex = Recording.create(
+            random_model("FRFR", 4, 0), kind, 8, 256, "float32", prefill_chunk=16, keep_logits=True
+        )
         ex.log = []
         return ex
 

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from engine_service.api.config import GenConfig
 from engine_service.api.owners import NO_QUOTA, PERSISTENT_OWNER, OwnerQuota
 from engine_service.api.stream_events import Done, Event, Snapshot, Started, Tokens
-from engine_service.model.tokenizer import Tokenizer
+from engine_service.model.text.tokenizer import Tokenizer
 from engine_service.runtime.runner import Runner
 from engine_service.sessions.engine import EngineSessions, GenerationRequest
 from engine_service.sessions.handles import HandleRegistry

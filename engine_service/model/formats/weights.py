@@ -1,9 +1,6 @@
-"""Weight tensors as loaders hand them over, and the weights-dtype policy.
-
-Loaders produce a flat dict in canonical names (see :mod:`engine_service.model.transformer`), each
-value either a float ``mx.array`` or a :class:`QuantTensor` (MLX affine quantization: packed uint32
-``weight`` [out, in * bits / 32], ``scales`` and ``biases`` [out, in / group_size]).
-"""
+"""Weight tensors as loaders hand them over (canonical names -> float ``mx.array`` or :class:`QuantTensor`,
+MLX affine: uint32 ``weight`` [out, in * bits / 32], ``scales`` / ``biases`` [out, in / group_size]),
+and the weights-dtype policy."""
 
 from __future__ import annotations
 
@@ -17,7 +14,7 @@ from engine_service.model.cpu_kernels import kernel_status
 
 log = logging.getLogger(__name__)
 
-# q8_0 / q4_1: block formats for the compiled CPU kernels (engine_service/model/block_quant.py)
+# q8_0 / q4_1: block formats for the compiled CPU kernels (engine_service/model/formats/block_quant.py)
 WEIGHTS_DTYPES = ("auto", "float32", "float16", "bfloat16", "quantized", "q8_0", "q4_1")
 # what auto picks on the CPU when the compiled kernels load: every matrix keeps its source's block
 # format where that is exact (q4_1 for 4-bit sources, q8_0 for 8-/5-bit symmetric ones) and q8_0
@@ -99,10 +96,8 @@ def quant_from_arrays(
 def named_tensor(
     path: str, raw: dict[str, mx.array], name: str, group_size: int | None, optional: bool = False
 ) -> mx.array | QuantTensor | None:
-    """``raw[name + ".weight"]``, as a QuantTensor when it comes with ``.scales``/``.biases`` (uint32 packing).
-
-    A missing tensor is a ModelLoadError naming ``path`` (None when ``optional``).
-    """
+    """``raw[name + ".weight"]`` (a QuantTensor with ``.scales`` / ``.biases``); ModelLoadError when
+    missing (None when ``optional``)."""
     weight = raw.get(name + ".weight")
     if weight is None:
         if optional:
@@ -137,9 +132,8 @@ def gpu_available() -> bool:
 
 
 def resolve_weights_dtype(weights_dtype: str) -> str:
-    """``auto`` -> ``quantized`` on a GPU; on the CPU ``native`` when the compiled kernels load, else
-    ``float32`` (MLX's CPU quantized and half-precision matmuls are 5-50x slower than OpenBLAS float32).
-    Anything else is returned validated."""
+    """``auto`` -> ``quantized`` on a GPU, ``native`` on the CPU with the kernels, else ``float32``
+    (MLX's CPU quantized matmuls are 5-50x slower than OpenBLAS); anything else validated."""
     if weights_dtype not in WEIGHTS_DTYPES:
         raise InvalidArgument(
             f"weights_dtype must be one of {', '.join(WEIGHTS_DTYPES)}, got {weights_dtype!r}"
@@ -172,8 +166,7 @@ def convert_matrix(tensor: mx.array | QuantTensor, weights_dtype: str) -> mx.arr
 
 
 def concat_rows(parts: list[mx.array | QuantTensor]) -> mx.array | QuantTensor:
-    """Stack matrices along the output dimension (fused QKV / gate-up). Quantization groups run along
-    the input dimension, so quantized parts concatenate row-wise when their formats agree."""
+    """Matrices stacked along the output (fused q/k/v, gate/up); quantized parts of one format row-wise."""
     if all(isinstance(p, QuantTensor) for p in parts):
         first = parts[0]
         if all(p.group_size == first.group_size and p.bits == first.bits for p in parts):

@@ -1,14 +1,6 @@
-"""A bounds-checked GGUF reader: header, metadata values, tensor records and each tensor's bytes.
-
-Nothing is trusted: the magic, the version, every length and count, every metadata value and tensor
-record must lie inside the file, every tensor type must be one forkline decodes
-(:data:`engine_service.model.ggml_blocks.BLOCK_TYPES`) and every tensor's data must lie inside the
-file. A damaged file is a :class:`ModelLoadError` naming the problem, never a crash.
-Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md (read for the layout; no code copied).
-
-The file is memory-mapped: :meth:`GGUFFile.tensor_bytes` returns a read-only numpy view of one
-tensor's blocks, so a 250 MB model is not copied until a tensor is decoded.
-"""
+"""A bounds-checked, memory-mapped GGUF reader (header, metadata, tensor records, each tensor's bytes):
+every length, offset and type is checked, a damaged file is a ModelLoadError naming the problem.
+Format: ggml's docs/gguf.md (read for the layout; no code copied)."""
 
 from __future__ import annotations
 
@@ -21,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from engine_service.api.errors import ModelLoadError
-from engine_service.model.ggml_blocks import BLOCK_TYPES, BlockType
+from engine_service.model.formats.ggml_blocks import BLOCK_TYPES, BlockType
 
 # metadata value type -> struct format of a scalar (8 = string, 9 = array handled apart)
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
@@ -45,8 +37,7 @@ _MAX_DIMS = 4
 
 @dataclass(frozen=True)
 class TensorRecord:
-    """One tensor's header entry. ``shape`` is in ggml order (innermost, contiguous dimension first);
-    ``offset`` is absolute in the file."""
+    """One tensor's header entry: ``shape`` in ggml order (innermost first), ``offset`` absolute."""
 
     name: str
     shape: tuple[int, ...]
@@ -122,10 +113,8 @@ class _Reader:
 
 
 class GGUFFile:
-    """An open, validated GGUF file (a context manager; closes its memory map).
-
-    ``metadata``: key -> Python value; ``tensors``: name -> :class:`TensorRecord` in file order.
-    """
+    """An open, validated GGUF file (a context manager): ``metadata`` key -> value, ``tensors`` name ->
+    :class:`TensorRecord` in file order."""
 
     def __init__(self, path: str) -> None:
         self.path = path

@@ -1,30 +1,6 @@
-"""The GGUF ``llama`` tokenizer (SentencePiece BPE) as llama.cpp runs it, built with ``tokenizers``.
-
-llama.cpp (``llm_tokenizer_spm``) tokenizes a piece of text like this: every space becomes U+2581 "▁"
-(with one "▁" in front when ``add_space_prefix``), the text is split into characters, and then, as
-long as some adjacent pair of symbols concatenates to a vocabulary token, the pair whose token has the
-highest score is merged (ties: the leftmost pair). A character that is not in the vocabulary comes
-out as its UTF-8 bytes, ``<0xXX>`` tokens.
-
-That is BPE where *every* way of writing a token as two tokens is a merge, ranked by the merged
-token's score: :func:`spm_merges` derives those merges from the vocabulary and scores, and
-:func:`build_spm_backend` puts them into a ``tokenizers`` BPE model with byte fallback, no
-pre-tokenizer (llama.cpp does not split the text), a normalizer for the spaces and the decoder
-"▁" -> " ", byte fallback, fuse (and strip the one leading space when there is a prefix space).
-llama.cpp's merge lookup ignores token types, so normal, byte and unused tokens are all merge
-results here too; control, unknown and user-defined tokens are not: their text is cut out of the
-input before merging, so no merge can ever produce them.
-
-Decoding differs from llama.cpp's in one case no known vocabulary has: a user-defined token spelled
-with "▁" decodes with a space here, verbatim there.
-
-Where the two can differ: two *different* tokens of equal score that are both merge results. llama.cpp
-then merges the leftmost pair, ``tokenizers`` the one of lower rank (here: lower token id). The
-builder logs a warning when a vocabulary has such ties (Gemma 3's has none; a file without
-``tokenizer.ggml.scores`` ties everything). Several splits of one token share its score and are ranked
-by split point; measured against a Python port of llama.cpp's loop on random vocabularies with
-distinct scores, that never changed a result.
-"""
+"""The GGUF ``llama`` tokenizer (SentencePiece BPE) as llama.cpp runs it, built with ``tokenizers``: every
+way of writing a token as two tokens is a merge ranked by the merged token's score, with byte
+fallback and no pre-tokenizer. Spec: docs/MODELS.md (Tokenizers and agreement with llama.cpp)."""
 
 from __future__ import annotations
 
@@ -40,17 +16,15 @@ SPACE = "\u2581"
 
 
 def spm_vocab(tokens: Sequence[str]) -> dict[str, int]:
-    """Token text -> id as llama.cpp keys it: a duplicated text maps to its last id, an empty token
-    is renamed ``[EMPTY_<id>]``."""
+    """Token text -> id as llama.cpp keys it (a duplicate maps to its last id; empty -> ``[EMPTY_<id>]``)."""
     return {tok or f"[EMPTY_{i}]": i for i, tok in enumerate(tokens)}
 
 
 def spm_merges(
     vocab: dict[str, int], scores: Sequence[float] | None, never_merged: Container[int] = ()
 ) -> tuple[list[tuple[str, str]], int]:
-    """Every pair (a, b) of tokens whose concatenation a + b is a token (not in ``never_merged``),
-    highest merged score first (ties: lower token id, then shorter left part); and how many merge
-    results share their score with another one."""
+    """Every pair whose concatenation is a token (not ``never_merged``), highest score first (ties: lower id,
+    then shorter left part), and how many merge results share their score."""
     # one pass over every split point of every token (~1.2M for a 262k vocabulary, ~1 s); the
     # comprehension is about twice as fast as the same loop written out
     found = [
@@ -80,8 +54,7 @@ def build_spm_backend(
     unk_token: str | None,
     never_merged: Container[int] = (),
 ) -> HFTokenizer:
-    """The ``tokenizers`` model, normalizer and decoder (no added tokens: the caller adds those and
-    names their ids in ``never_merged``)."""
+    """The ``tokenizers`` model, normalizer and decoder (added tokens are the caller's: ``never_merged``)."""
     merges, tied = spm_merges(vocab, scores, never_merged)
     if tied:
         log.warning(

@@ -1,14 +1,6 @@
-"""GGUF model files: the architecture's config from the metadata, tensors in canonical names.
-
-The file is read by :class:`~engine_service.model.gguf_file.GGUFFile` (bounds-checked) and each tensor
-decoded by :mod:`engine_service.model.ggml_blocks`: float tensors (F32, F16, BF16) become float32
-arrays; block types with an exact 32-weight form (Q8_0, Q5_0 -> q8_0; Q4_0, Q4_1, Q4_K -> q4_1) become
-:class:`BlockQuantTensor` without loss; the others (Q5_1, Q5_K, Q6_K) are decoded to float32 and
-requantized by whatever ``weights_dtype`` asks (q8_0 under ``auto``: the loss is measured in
-tests/model/test_gemma3.py and stated in the README). Every tensor of the file must be one the
-architecture reads: an unknown one (e.g. Llama 3's ``rope_freqs``) would change the model's math, so
-the file is refused rather than run wrong.
-"""
+"""GGUF model files -> the architecture's config and canonical tensors: float tensors as float32, exact
+32-weight block types as BlockQuantTensor (lossless), the rest decoded for ``weights_dtype``; a tensor
+the architecture does not read refuses the file. Spec: docs/MODELS.md (GGUF tensor types)."""
 
 from __future__ import annotations
 
@@ -21,16 +13,16 @@ import numpy as np
 import engine_service.model.arch as registry
 from engine_service.api.errors import InvalidArgument, ModelLoadError
 from engine_service.model.arch.base import GGUF
-from engine_service.model.block_quant import BLOCK, BlockQuantTensor
 from engine_service.model.config import ModelConfig
-from engine_service.model.ggml_blocks import Blocks32, dequantize, exact_blocks32
-from engine_service.model.gguf_file import GGUFFile, TensorRecord
+from engine_service.model.formats.block_quant import BLOCK, BlockQuantTensor
+from engine_service.model.formats.ggml_blocks import Blocks32, dequantize, exact_blocks32
+from engine_service.model.loading.gguf_file import GGUFFile, TensorRecord
 
 Tensor = mx.array | BlockQuantTensor
 
 
 def read_metadata(path: str) -> dict[str, Any]:
-    """The metadata of a validated GGUF file (see :mod:`engine_service.model.gguf_file`)."""
+    """The metadata of a validated GGUF file."""
     with GGUFFile(path) as f:
         return dict(f.metadata)
 
@@ -67,7 +59,7 @@ def decode_tensor(f: GGUFFile, rec: TensorRecord, shape: tuple[int, ...]) -> Ten
 
 
 def gguf_tensors(f: GGUFFile, config: ModelConfig) -> dict[str, Tensor]:
-    """Canonical names (see :mod:`engine_service.model.layers`) from the file's names."""
+    """Canonical names from the file's names."""
     arch = registry.architecture(config.architecture)
     names, shapes = arch.tensor_names(config, GGUF), arch.shapes(config)
     out: dict[str, Tensor] = {}

@@ -1,13 +1,6 @@
-"""MLX-format model folders (the mlx-community layout): config.json + *.safetensors + tokenizer.json.
-
-config.json's ``model_type`` picks the architecture (:mod:`engine_service.model.arch`), which reads the
-hyper-parameters and names the tensors.
-
-Weights may be MLX-quantized (a ``"quantization": {"group_size", "bits"}`` entry in config.json; each
-quantized matrix has ``.weight`` uint32, ``.scales`` and ``.biases``). Q/K rows are in Hugging Face
-order, so RoPE is the default (non-traditional) one. Gemma's norm weights are stored as ``w - 1``: the
-architecture's ``hf_norm_offset`` is added back.
-"""
+"""MLX model folders (config.json + *.safetensors + tokenizer.json): ``model_type`` picks the
+architecture; weights may be MLX-quantized; Q/K rows in Hugging Face order; norms get the
+architecture's ``hf_norm_offset``."""
 
 from __future__ import annotations
 
@@ -23,7 +16,7 @@ import engine_service.model.arch as registry
 from engine_service.api.errors import ModelLoadError
 from engine_service.model.arch.base import HF
 from engine_service.model.config import ModelConfig
-from engine_service.model.weights import QuantTensor, named_tensor
+from engine_service.model.formats.weights import QuantTensor, named_tensor
 
 
 def read_json(path: str) -> dict[str, Any]:
@@ -40,7 +33,7 @@ def read_json(path: str) -> dict[str, Any]:
 def folder_tensors(
     path: str, config: ModelConfig, quant: dict[str, Any] | None
 ) -> dict[str, mx.array | QuantTensor]:
-    """Canonical tensors (see :mod:`engine_service.model.layers`) from the folder's safetensors."""
+    """Canonical tensors from the folder's safetensors."""
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise ModelLoadError(path, "no *.safetensors weight files in the folder")

@@ -1,16 +1,11 @@
-"""Incremental detokenization: text deltas for a growing token stream.
-
-Byte-level BPE splits multi-byte characters (accents, CJK, emoji) across tokens, and decoding a token
-alone can also drop or add spaces. So each step decodes a short window of recent tokens twice, without
-and with the new ones, and emits the difference once it no longer ends in an incomplete character
-(U+FFFD). Concatenated deltas equal ``decode(all tokens)``.
-"""
+"""Incremental detokenization: each step decodes a short window of recent tokens without and with the new
+ones and emits the difference once it ends in a complete character; the deltas join to ``decode(all)``."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from engine_service.model.tokenizer import Tokenizer
+from engine_service.model.text.tokenizer import Tokenizer
 
 _REPLACEMENT = "\ufffd"
 

@@ -1,16 +1,6 @@
-"""The tokenizer: built with ``tokenizers`` from GGUF metadata or a tokenizer.json.
-
-GGUF ``tokenizer.ggml.model``: ``gpt2`` (byte-level BPE from the file's merges) or ``llama``
-(SentencePiece BPE from the vocabulary and scores, byte fallback; :mod:`engine_service.model.spm_tokenizer`).
-Both follow llama.cpp for the token types: control (3) and unknown (2) tokens written in the text map
-to their ids and are special (``skip_special_tokens`` drops them); user-defined (4) tokens written in
-the text map to their ids too and decode to their text; unused (5) tokens are never matched in the
-text and decode to nothing (llama.cpp prints nothing for them); byte (6) and normal (1) tokens come
-from the model. Control tokens in the text are always parsed: llama.cpp's ``parse_special=true``, the
-default of its server's ``/tokenize``. Token texts are found leftmost-longest (``tokenizers``), while
-llama.cpp cuts the longest texts out first; the two agree unless one special text overlaps another
-other than as a run of one character (none do in Gemma 3's 6,414 or SmolLM2's 17).
-"""
+"""The tokenizer, built with ``tokenizers`` from GGUF metadata (``gpt2`` byte-level BPE or ``llama``
+SentencePiece) or a tokenizer.json, following llama.cpp's token types (control and unknown special,
+user-defined matched, unused never). Spec: docs/MODELS.md (Tokenizers)."""
 
 from __future__ import annotations
 
@@ -23,8 +13,9 @@ from typing import Any
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine_service.api.errors import InvalidArgument, ModelLoadError
-from engine_service.model.spm_tokenizer import build_spm_backend, spm_vocab
+from engine_service.api.errors import ModelLoadError
+from engine_service.api.limits import check_tokens
+from engine_service.model.text.spm_tokenizer import build_spm_backend, spm_vocab
 
 # GGUF token_type values (llama.cpp's llama_token_type)
 _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED = 1, 2, 3, 4, 5
@@ -50,8 +41,8 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer | None:
 
 
 class Tokenizer:
-    """Text <-> token ids. ``encode(text, add_special_tokens=True)`` prepends BOS when the model asks
-    for it (``add_bos``); special tokens written in the text (``<|im_start|>``) always map to their ids."""
+    """Text <-> token ids; ``encode(text, add_special_tokens=True)`` prepends BOS when the model asks;
+    special texts in the text always map to their ids."""
 
     def __init__(
         self,
@@ -94,10 +85,7 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        n = self._vocab_size
-        for t in ids:
-            if not 0 <= int(t) < n:
-                raise InvalidArgument(f"token id {t} outside the vocabulary [0, {n})")
+        check_tokens(ids, self._vocab_size, "ids")
         hidden = self._hidden
         ids = [int(t) for t in ids if not hidden or int(t) not in hidden]
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -115,8 +103,7 @@ class Tokenizer:
 
 
 def tokenizer_from_gguf(path: str, meta: dict[str, Any]) -> Tokenizer:
-    """The tokenizer described by ``tokenizer.ggml.*``: ``gpt2`` byte-level BPE (tokens, merges, pre)
-    or ``llama`` SentencePiece BPE (tokens, scores, add_space_prefix)."""
+    """The tokenizer ``tokenizer.ggml.*`` describes (``gpt2`` or ``llama``)."""
     kind = meta.get("tokenizer.ggml.model")
     tokens = meta.get("tokenizer.ggml.tokens")
     if kind not in ("gpt2", "llama"):

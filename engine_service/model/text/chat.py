@@ -34,11 +34,8 @@ def _raise(message: str) -> None:
 
 
 class ChatFormatter:
-    """Renders a message list to the prompt text the model was trained on.
-
-    ``template`` is a Jinja chat template (GGUF ``tokenizer.chat_template`` / tokenizer_config.json), or
-    pass ``name`` for a built-in format. Rendering runs in Jinja's immutable sandbox.
-    """
+    """Renders messages to the model's prompt text: a Jinja chat ``template`` (GGUF / tokenizer_config)
+    or a built-in ``name``, in Jinja's immutable sandbox."""
 
     def __init__(
         self,
@@ -66,9 +63,7 @@ class ChatFormatter:
 
     @classmethod
     def missing(cls, model: str) -> ChatFormatter:
-        """The formatter of a model without a chat template (a base model): every ``format`` call is an
-        InvalidArgument saying to send plain text instead (guessing a template would prompt a base model
-        with markup it never saw)."""
+        """A base model's formatter: every ``format`` is an InvalidArgument asking for plain text."""
         formatter = cls(name="none")
         formatter.name = "missing"
         formatter._missing = (

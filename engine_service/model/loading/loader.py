@@ -12,16 +12,16 @@ import mlx.core as mx
 
 from engine_service.api.errors import ModelLoadError
 from engine_service.blas import blas_status
-from engine_service.model.block_quant import is_block_dtype
-from engine_service.model.chat import ChatFormatter
 from engine_service.model.config import ModelConfig
 from engine_service.model.cpu_kernels import kernel_status, kernels
-from engine_service.model.gguf import load_gguf
-from engine_service.model.mlx_folder import load_folder
-from engine_service.model.packaged import DEFAULT_MODEL, resolve_model
-from engine_service.model.tokenizer import Tokenizer, tokenizer_from_file, tokenizer_from_gguf
+from engine_service.model.formats.block_quant import is_block_dtype
+from engine_service.model.formats.weights import resolve_weights_dtype
+from engine_service.model.loading.gguf import load_gguf
+from engine_service.model.loading.mlx_folder import load_folder
+from engine_service.model.loading.packaged import DEFAULT_MODEL, resolve_model
+from engine_service.model.text.chat import ChatFormatter
+from engine_service.model.text.tokenizer import Tokenizer, tokenizer_from_file, tokenizer_from_gguf
 from engine_service.model.transformer import Transformer
-from engine_service.model.weights import resolve_weights_dtype
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +30,8 @@ _HEAD_BYTES = 1 << 20
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """Everything a runner needs from a model. ``fingerprint`` changes with the weights file identity,
-    the tokenizer vocabulary and the weights dtype (prefix-cache keys include it)."""
+    """Everything a runner needs from a model; ``fingerprint`` follows the weights file, the vocabulary
+    and the weights dtype (prefix-cache keys include it)."""
 
     model: Transformer
     tokenizer: Tokenizer
@@ -84,16 +84,9 @@ def _named_chat(tokenizer: Tokenizer, template: str | None, model: str) -> ChatF
 
 
 def load_model(path: str | None = None, weights_dtype: str = "auto") -> LoadedModel:
-    """Load a packaged model by name (``smollm2-135m``, the default for None; ``gemma-3-270m``: see
-    :mod:`engine_service.model.packaged`), a GGUF file or an MLX model folder.
-
-    ``weights_dtype``: ``auto`` keeps quantized weights on a GPU; on the CPU, with the compiled kernels,
-    every matrix keeps its source's block format where that is lossless (Q4_0/Q4_1/Q4_K and MLX 4-bit
-    -> ``q4_1``; Q8_0/Q5_0 -> ``q8_0``) and the rest is requantized to ``q8_0``, reported as e.g.
-    ``q4_1+q8_0``; float32 without the kernels. ``float32`` / ``float16`` / ``bfloat16`` /
-    ``quantized`` / ``q8_0`` / ``q4_1`` force a storage format. Activations are float32.
-    Raises ModelLoadError (one line: path and problem) for anything unreadable or unsupported.
-    """
+    """A packaged model by name (None: the default), a GGUF file or an MLX folder. ``weights_dtype``
+    ``auto``: lossless block formats on the CPU with the kernels, else float32; quantized on a GPU.
+    ModelLoadError (path and problem) for anything unreadable or unsupported."""
     path = resolve_model(path)
     try:
         resolved = resolve_weights_dtype(weights_dtype)

@@ -1,11 +1,5 @@
-"""Each token's bytes and text, and the llguidance tokenizer built from them (once per tokenizer).
-
-llguidance reads a ``tokenizers`` JSON whose decoder it knows (byte-level BPE, SentencePiece with byte
-fallback) and then knows every token's exact bytes, including the partial UTF-8 sequences byte-level
-BPE splits characters into. For a decoder it does not know, the bytes are each token decoded alone
-(exact for tokenizers without merges across characters, like the tests' one-character vocabulary).
-Special tokens are named, never matched as text by a grammar.
-"""
+"""Each token's bytes and text, and the llguidance tokenizer built from them, once per tokenizer (bytes
+from a decoder llguidance knows, else each token decoded alone; special tokens never match as text)."""
 
 from __future__ import annotations
 
@@ -15,7 +9,7 @@ from typing import Any
 
 import llguidance
 
-from engine_service.model.tokenizer import Tokenizer
+from engine_service.model.text.tokenizer import Tokenizer
 
 _lock = threading.Lock()
 _built: weakref.WeakKeyDictionary[Tokenizer, TokenBytes] = weakref.WeakKeyDictionary()
@@ -44,8 +38,7 @@ def _special_bytes(tokenizer: Tokenizer, token_id: int) -> bytes:
 
 
 class TokenBytes:
-    """``spell(id) -> (text, raw)`` and :attr:`ll` (the ``llguidance.LLTokenizer``). Build with
-    :func:`token_bytes`."""
+    """``spell(id) -> (text, raw)`` and :attr:`ll` (the ``llguidance.LLTokenizer``); see :func:`token_bytes`."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         vocab = tokenizer.vocab_size
@@ -59,7 +52,7 @@ class TokenBytes:
         self._special = tokenizer.special_ids
 
     def spell(self, token_id: int) -> tuple[str, bytes]:
-        """The token's text and raw bytes (see the module docstring)."""
+        """The token's text and raw bytes."""
         if token_id in self._special:
             name = self._tokenizer.id_to_token(token_id) or ""
             return name, name.encode()
@@ -68,8 +61,7 @@ class TokenBytes:
 
 
 def token_bytes(tokenizer: Tokenizer) -> TokenBytes:
-    """The :class:`TokenBytes` of ``tokenizer``, built once (~0.3 s for a 49k vocabulary) and kept
-    while the tokenizer lives."""
+    """The :class:`TokenBytes` of ``tokenizer``, built once (~0.3 s for 49k tokens) and kept with it."""
     with _lock:
         built = _built.get(tokenizer)
         if built is None:

@@ -1,16 +1,6 @@
-"""Block-quantized weight matrices for the compiled CPU kernels: ``q8_0`` and ``q4_1``.
-
-Both use blocks of 32 weights along the input dimension, K padded with zeros to a multiple of 32:
-
-- ``q8_0``: ``wq`` int8 [N, Kp] in [-127, 127], ``scales`` float32 [N, Kp/32]; w = scale * q.
-  1.125 bytes a weight (28% of float32).
-- ``q4_1``: ``wq`` uint8 [N, Kp/2], 16 bytes a block, byte i = q[i] | q[i + 16] << 4 (q in [0, 15]);
-  ``scales``, ``mins`` float32 [N, Kp/32]; w = scale * q + min (GGUF's Q4_1 and MLX's 4-bit affine
-  quantization with group 32 are this, so those tensors convert without loss). 0.75 bytes a weight.
-
-:func:`block_matmul` runs ``x @ W.T`` through ``forkline_kernels`` on a CPU stream, or through MLX ops
-(dequantize, then matmul) where the kernels are missing or on a GPU stream.
-"""
+"""Block-quantized matrices for the compiled CPU kernels, 32 weights a block along the (zero-padded) input:
+``q8_0`` wq int8 [N, Kp], scales float32 [N, Kp/32], w = scale * q; ``q4_1`` wq uint8 [N, Kp/2] (byte
+i = q[i] | q[i + 16] << 4), scales, mins [N, Kp/32], w = scale * q + min. Spec: docs/MODELS.md."""
 
 from __future__ import annotations
 
@@ -20,7 +10,7 @@ import mlx.core as mx
 
 from engine_service.api.errors import InvalidArgument
 from engine_service.model.cpu_kernels import kernels
-from engine_service.model.weights import QuantTensor
+from engine_service.model.formats.weights import QuantTensor
 
 BLOCK = 32
 BLOCK_FORMATS = ("q8_0", "q4_1")
@@ -28,7 +18,7 @@ BLOCK_FORMATS = ("q8_0", "q4_1")
 
 @dataclass(frozen=True)
 class BlockQuantTensor:
-    """A [N, in_features] matrix in ``format`` (see the module docstring for the arrays)."""
+    """A [N, in_features] matrix in ``format`` (arrays as the module docstring says)."""
 
     format: str
     wq: mx.array
@@ -94,8 +84,7 @@ def _padded_blocks(w: mx.array) -> mx.array:
 
 
 def is_block_dtype(weights_dtype: str) -> bool:
-    """Whether a resolved weights dtype is block formats only: ``q8_0``, ``q4_1`` or a mix such as
-    ``q4_1+q8_0`` (each matrix in its source's format)."""
+    """Whether a resolved weights dtype is block formats only (``q8_0``, ``q4_1``, ``q4_1+q8_0``)."""
     return bool(weights_dtype) and all(part in BLOCK_FORMATS for part in weights_dtype.split("+"))
 
 
@@ -112,8 +101,7 @@ def to_q8_0(tensor: mx.array | QuantTensor) -> BlockQuantTensor:
 
 
 def to_q4_1(tensor: mx.array | QuantTensor) -> BlockQuantTensor:
-    """q4_1 from a 4-bit, group-32 QuantTensor (exact: GGUF Q4_0/Q4_1 load as those) or by quantizing
-    a float matrix (MLX's affine 4-bit quantization); other QuantTensors are dequantized first."""
+    """q4_1 from a 4-bit group-32 QuantTensor (exact) or a float matrix; other QuantTensors dequantized."""
     if isinstance(tensor, QuantTensor) and not (tensor.bits == 4 and tensor.group_size == BLOCK):
         tensor = tensor.dequantize()
     if isinstance(tensor, QuantTensor):
@@ -137,8 +125,7 @@ def to_q4_1(tensor: mx.array | QuantTensor) -> BlockQuantTensor:
 
 
 def to_affine(t: BlockQuantTensor) -> QuantTensor:
-    """The same values as MLX affine quantization, group 32 (exact): q8_0 -> 8-bit (u = q + 128,
-    bias = -128 * scale), q4_1 -> 4-bit (scale, bias = min). K must be a multiple of 32."""
+    """The same values as MLX affine quantization, group 32 (exact); K a multiple of 32."""
     n, blocks = t.scales.shape
     if t.in_features != blocks * BLOCK:
         raise InvalidArgument(f"to_affine needs in_features a multiple of {BLOCK}, got {t.in_features}")
@@ -170,8 +157,7 @@ def block_matmul(x: mx.array, t: BlockQuantTensor) -> mx.array:
 
 
 def concat_block_rows(parts: list[BlockQuantTensor]) -> BlockQuantTensor:
-    """Stack block-quantized matrices of one format and width along the output dimension (fused
-    q/k/v and gate/up: one kernel call reads all of them)."""
+    """Matrices of one format and width stacked along the output (one kernel call for q/k/v)."""
     first = parts[0]
     if any(p.format != first.format or p.in_features != first.in_features for p in parts):
         raise InvalidArgument("concat_block_rows: parts must share format and in_features")

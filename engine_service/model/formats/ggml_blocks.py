@@ -1,16 +1,13 @@
-"""ggml tensor types: their block layouts, decoders to float32, and exact 32-weight block forms.
-
-Each quantized ggml type stores a row as consecutive blocks of ``elements`` weights in ``nbytes``
-bytes (layouts from ggml's ``ggml-common.h`` / the GGUF spec; read for the layout, no code copied).
-"""
+"""ggml tensor types (a row is blocks of ``elements`` weights in ``nbytes`` bytes; layouts from ggml's
+``ggml-common.h``, no code copied): decoders to float32 and exact 32-weight block forms."""
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
 import numpy as np
 
+from engine_service.api.checks import checked_int
 from engine_service.api.errors import InvalidArgument
 
 
@@ -63,16 +60,10 @@ def _check(block: BlockType, data: np.ndarray, rows: int, cols: int) -> tuple[np
     if not isinstance(block, BlockType) or BLOCK_TYPES.get(block.type_id) != block:
         raise InvalidArgument(f"unknown ggml block type {block!r}")
     name = block.name
-    try:
-        if isinstance(rows, bool) or isinstance(cols, bool):
-            raise TypeError
-        rows, cols = operator.index(rows), operator.index(cols)
-    except TypeError:
-        raise InvalidArgument(
-            f"{name} tensor: rows and cols must be integers, got {rows!r} x {cols!r}"
-        ) from None
-    if rows < 1 or cols < 1:
-        raise InvalidArgument(f"{name} tensor: rows and cols must be positive, got {rows} x {cols}")
+    rows, cols = (
+        checked_int(f"{name} tensor rows", rows, lo=1),
+        checked_int(f"{name} tensor cols", cols, lo=1),
+    )
     if cols % block.elements:
         raise InvalidArgument(
             f"{name} tensor [{rows}, {cols}]: cols {cols} is not a multiple of the "
@@ -100,9 +91,8 @@ def _f16(b: np.ndarray, offset: int) -> np.ndarray:
     return b[:, offset : offset + 2].view(_F16).astype(np.float32)
 
 
+# [n, k] bytes -> [n, 2k]: all low nibbles, then all high ones (32-weight blocks, K types' 64-chunks)
 def _nibbles(qs: np.ndarray) -> np.ndarray:
-    """[n, k] bytes -> [n, 2k]: the low nibbles of all k bytes, then the high nibbles (the order of the
-    32-weight blocks, and of each 64-weight chunk of the K types)."""
     n, k = qs.shape
     out = np.empty((n, 2, k), np.uint8)
     np.bitwise_and(qs, 0x0F, out=out[:, 0])
@@ -110,20 +100,19 @@ def _nibbles(qs: np.ndarray) -> np.ndarray:
     return out.reshape(n, 2 * k)
 
 
+# Q5_0/Q5_1 q [n, 32] in [0, 31]: bit j of the little-endian uint32 qh is weight j's fifth bit, the low
+# 4 bits are the nibbles of the 16 bytes after qh
 def _q5_32(b: np.ndarray, qh_at: int) -> np.ndarray:
-    """5-bit q [n, 32] in [0, 31] of Q5_0/Q5_1: bit j of the little-endian uint32 qh is the fifth bit of
-    weight j; the low 4 bits are the nibbles of the 16 bytes after qh."""
     high = np.unpackbits(b[:, qh_at : qh_at + 4], axis=1, bitorder="little")
     q = _nibbles(b[:, qh_at + 4 : qh_at + 20])
     q |= high << 4
     return q
 
 
+# Q4_K/Q5_K's 12 scale bytes -> (sc, m) uint8 [n, 8] of 6 bits (ggml's get_scale_min_k4): sub-blocks
+# 0-3 the low 6 bits of bytes 0-3 (sc) / 4-7 (m); 4-7 the nibbles of bytes 8-11 (sc low, m high) with
+# the top 2 bits of bytes 0-3 (sc) / 4-7 (m) above them
 def _k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The 12 packed scale bytes of Q4_K/Q5_K -> (sc, m) uint8 [n, 8], each 6 bits (ggml's
-    get_scale_min_k4). Sub-blocks 0-3: the low 6 bits of bytes 0-3 (sc) and 4-7 (m). Sub-blocks 4-7:
-    the low 4 bits from bytes 8-11 (sc in the low nibble, m in the high one), the top 2 bits from the
-    top 2 bits of bytes 0-3 (sc) and 4-7 (m)."""
     n = s.shape[0]
     sc = np.empty((n, 8), np.uint8)
     m = np.empty((n, 8), np.uint8)
@@ -134,9 +123,9 @@ def _k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, m
 
 
+# Q4_K/Q5_K's 128 quant bytes -> q [n, 256]: chunk c of 64 weights from bytes 32c..32c+31, weight
+# 64c + l the low nibble of byte 32c + l, 64c + 32 + l its high one
 def _k_nibbles(qs: np.ndarray) -> np.ndarray:
-    """The 128 quant bytes of Q4_K/Q5_K -> 4-bit q [n, 256]: four chunks of 64 weights, chunk c from
-    bytes 32c..32c+31, weights 64c + l the low nibble of byte 32c + l and 64c + 32 + l its high one."""
     n = qs.shape[0]
     return _nibbles(qs.reshape(n * 4, 32)).reshape(n, 256)
 
@@ -243,9 +232,8 @@ _DECODERS = {
 
 
 def dequantize(block: BlockType, data: np.ndarray, rows: int, cols: int) -> np.ndarray:
-    """Decode a tensor's bytes (uint8 [rows * cols / elements * nbytes]) to float32 [rows, cols] the way
-    ggml does (same float32 operations in the same order, no fused multiply-add). Raises
-    :class:`InvalidArgument` for a wrong type, size or dtype before reading anything."""
+    """A tensor's bytes (uint8) -> float32 [rows, cols] as ggml computes them (same float32 operations,
+    same order); InvalidArgument for a wrong type, size or dtype before reading anything."""
     b, rows, cols = _check(block, data, rows, cols)
     if block.name == "F32":
         return b.view("<f4").astype(np.float32).reshape(rows, cols)
@@ -264,12 +252,8 @@ def dequantize(block: BlockType, data: np.ndarray, rows: int, cols: int) -> np.n
 
 @dataclass(frozen=True)
 class Blocks32:
-    """A matrix in 32-weight blocks along each row, with the block's own parameters (lossless).
-
-    Symmetric (``mins`` None): ``q`` int8 [rows, cols], w[r, c] = scales[r, c // 32] * q[r, c].
-    Affine: ``q`` uint8 in [0, 15] [rows, cols], w[r, c] = scales[r, c // 32] * q[r, c] + mins[r, c // 32].
-    ``scales`` / ``mins``: float32 [rows, cols // 32].
-    """
+    """A matrix in 32-weight blocks with their own parameters: w = scales[r, c // 32] * q[r, c] (+ mins
+    likewise when affine); q int8 (symmetric) or uint8 in [0, 15], scales / mins float32 [rows, cols // 32]."""
 
     q: np.ndarray
     scales: np.ndarray
@@ -287,10 +271,8 @@ class Blocks32:
 
 
 def exact_blocks32(block: BlockType, data: np.ndarray, rows: int, cols: int) -> Blocks32 | None:
-    """The tensor as :class:`Blocks32` without loss for the types in :data:`EXACT_FORMAT` (Q8_0 and Q5_0
-    symmetric, Q4_0 / Q4_1 / Q4_K affine), None for the others. Q8_0's q may include -128; Q5_0's lies in
-    [-16, 15]; Q4_0 becomes scale d, min -8 d; Q4_K scale d * sc and min -(dmin * m) per sub-block
-    (products of a float16 and a 6-bit integer: exact in float32). Validates like :func:`dequantize`."""
+    """The tensor as :class:`Blocks32` without loss for :data:`EXACT_FORMAT` (Q8_0, Q5_0 symmetric; Q4_0,
+    Q4_1, Q4_K affine: Q4_K's d * sc and -(dmin * m) are exact in float32), else None."""
     b, rows, cols = _check(block, data, rows, cols)
     name = block.name
     if name not in EXACT_FORMAT:

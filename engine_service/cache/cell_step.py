@@ -1,0 +1,183 @@
+"""The packed step of ``batched-cell``: one view per segment over the pool cells its sequence owns."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import numpy as np
+
+from engine_service.cache.batch_control import KVPart, KVView, Segment
+from engine_service.cache.seq_ids import check_step_kv
+
+if TYPE_CHECKING:
+    from engine_service.cache.cell_cache import CellCache
+
+# a sequence whose cells form at most this many runs is read as that many pool slices (one attention
+# softmax across them) instead of a gather that copies its whole context every layer of every step
+MAX_PARTS = 4
+
+
+@dataclass(frozen=True)
+class SegmentRead:
+    """Which pool cells one segment's rows attend: ``cells`` int64 [U] in view order; ``span`` the pool
+    slice [lo, hi) (else ``take`` gathers); ``contiguous``: its cells are lo .. hi - 1 in position order;
+    ``runs``: a multi-part view of pool slices instead."""
+
+    seq: int
+    rows: slice
+    qpos: np.ndarray  # [n] positions of the segment's rows
+    cells: np.ndarray
+    span: tuple[int, int] | None
+    take: mx.array | None
+    contiguous: bool
+    runs: tuple[tuple[int, int], ...] | None = None
+
+
+def segment_read(seg: Segment, own: np.ndarray, offset: int) -> SegmentRead:
+    """How ``seg`` (packed rows from ``offset``) reads its sequence's cells (``own``: int64 [pos])."""
+    lo, hi = int(own.min()), int(own.max()) + 1
+    breaks = np.flatnonzero(np.diff(own) != 1) + 1  # where a new ascending run starts
+    rows, qpos = slice(offset, offset + seg.length), np.arange(seg.start, seg.start + seg.length)
+    # a gather reads+writes U cells before attention reads them again; a slice is free but attention
+    # then reads the whole span: slice when the owned cells fill half of it; else read a few runs as
+    # parts (no copy), and gather only a badly fragmented sequence
+    sliced = 2 * len(own) >= hi - lo
+    if not sliced and len(breaks) < MAX_PARTS:
+        edges = [0, *breaks.tolist(), len(own)]
+        runs = tuple((int(own[a]), int(own[b - 1]) + 1) for a, b in zip(edges[:-1], edges[1:], strict=True))
+        return SegmentRead(seg.seq, rows, qpos, own.copy(), span=None, take=None, contiguous=False, runs=runs)
+    cells = np.arange(lo, hi) if sliced else np.sort(own)
+    take = None if sliced else mx.array(cells.astype(np.int32))
+    return SegmentRead(seg.seq, rows, qpos, cells, (lo, hi) if sliced else None, take, len(breaks) == 0)
+
+
+class CellStep:
+    """KVStep over the shared pool (from :meth:`CellCache.begin_step`): per segment a pool slice when its
+    cells fill half of it, a few runs as parts, else a gather; masks built once per (segment, window)."""
+
+    def __init__(self, cache: CellCache, segments: Sequence[Segment], new_cells: np.ndarray) -> None:
+        self.segments = tuple(segments)
+        self._cache = cache
+        self._new = new_cells  # [T] cell of each packed row
+        lo, hi = int(new_cells[0]), int(new_cells[-1])
+        # fresh cells usually come off the free stack as one ascending run: a slice update suffices
+        run = hi - lo + 1 == len(new_cells) and bool(np.all(np.diff(new_cells) == 1))
+        self._run = (lo, hi + 1) if run else None
+        self._new_mx = None if run else mx.array(new_cells.astype(np.int32))
+        self._reads: list[SegmentRead] = []
+        offset = 0
+        for seg in segments:
+            # [pos] cell of each position, new rows included
+            self._reads.append(segment_read(seg, cache._cells[seg.seq].held(), offset))
+            offset += seg.length
+        self._masks: dict[tuple[int, int | None], mx.array | str | None] = {}
+        self._part_masks: dict[tuple[int, int | None], tuple[mx.array | None, ...]] = {}
+        self._positions: dict[int, tuple[mx.array, ...]] = {}
+
+    def _key_positions(self, i: int) -> tuple[mx.array, ...]:
+        """int32 positions of segment ``i``'s view cells (per run): the cell's where the sequence owns it,
+        else -1."""
+        if i not in self._positions:
+            read = self._reads[i]
+            owned = ((self._cache._owners[read.cells] >> np.uint64(read.seq)) & np.uint64(1)).astype(bool)
+            pos = np.where(owned, self._cache._cell_pos[read.cells], -1).astype(np.int32)
+            if read.runs:
+                edges = np.cumsum([0] + [hi - lo for lo, hi in read.runs])
+                self._positions[i] = tuple(
+                    mx.array(pos[a:b]) for a, b in zip(edges[:-1], edges[1:], strict=True)
+                )
+            else:
+                self._positions[i] = (mx.array(pos),)
+        return self._positions[i]
+
+    def _np_mask(self, read: SegmentRead, window: int | None) -> np.ndarray:
+        """bool [n, U]: owned by the sequence, position <= the row's (and inside the window)."""
+        cache = self._cache
+        bit = np.uint64(read.seq)
+        owned = ((cache._owners[read.cells] >> bit) & np.uint64(1)).astype(bool)  # [U]
+        pos = cache._cell_pos[read.cells][None, :]  # [1, U]
+        q = read.qpos[:, None]  # [n, 1]
+        mask = owned[None, :] & (pos <= q) & (pos >= 0)  # [n, U]
+        if window is not None:
+            mask &= pos > q - window
+        return mask
+
+    def _parts_mask(self, i: int, window: int | None) -> tuple[mx.array | None, ...]:
+        """Per-run slices of segment ``i``'s mask (None where the run is visible to every row)."""
+        key = (i, window)
+        if key not in self._part_masks:
+            read = self._reads[i]
+            mask = self._np_mask(read, window)
+            out = []
+            at = 0
+            for lo, hi in read.runs:
+                m = mask[:, at : at + hi - lo]
+                out.append(None if m.all() else mx.array(m))
+                at += hi - lo
+            self._part_masks[key] = tuple(out)
+        return self._part_masks[key]
+
+    def _mask(self, i: int, window: int | None) -> mx.array | str | None:
+        """Mask of segment ``i`` on layers with this window (None = full): bool [n, U] or causal/None."""
+        key = (i, window)
+        if key not in self._masks:
+            read = self._reads[i]
+            if window is None and read.contiguous:
+                # view index k holds position k, the segment's rows are the view's last rows
+                self._masks[key] = None if len(read.qpos) == 1 else "causal"
+            else:
+                self._masks[key] = mx.array(self._np_mask(read, window))
+        return self._masks[key]
+
+    def views(self, layer: int, keys: mx.array, values: mx.array) -> list[KVView]:
+        """keys, values: [T, kv_heads, head_dim] packed in segment order. One view per segment."""
+        cache, cfg = self._cache, self._cache._cfg
+        check_step_kv(cfg, layer, len(self._new), keys, values)
+        k_t = as_dtype(keys, cfg.dtype).transpose(1, 0, 2)  # [kv_heads, T, head_dim]
+        v_t = as_dtype(values, cfg.dtype).transpose(1, 0, 2)
+        pool_k, pool_v = cache._keys, cache._values  # [kv_heads, alloc, head_dim] per layer
+        if self._run:
+            a, b = self._run
+            pool_k[layer][:, a:b, :] = k_t
+            pool_v[layer][:, a:b, :] = v_t
+        else:
+            pool_k[layer][:, self._new_mx, :] = k_t
+            pool_v[layer][:, self._new_mx, :] = v_t
+        window = cfg.layers[layer].window
+        out = []
+        for i, read in enumerate(self._reads):
+            if read.runs:
+                masks = self._parts_mask(i, window)
+                parts = tuple(
+                    KVPart(pool_k[layer][:, lo:hi, :], pool_v[layer][:, lo:hi, :], m, positions)
+                    for (lo, hi), m, positions in zip(read.runs, masks, self._key_positions(i), strict=True)
+                )
+                out.append(KVView(rows=read.rows, keys=None, values=None, mask=None, parts=parts))
+                continue
+            if read.span:
+                lo, hi = read.span
+                k_view = pool_k[layer][:, lo:hi, :]  # [kv_heads, U = hi - lo, head_dim]
+                v_view = pool_v[layer][:, lo:hi, :]
+            else:
+                k_view = mx.take(pool_k[layer], read.take, axis=1)  # [kv_heads, U, head_dim]
+                v_view = mx.take(pool_v[layer], read.take, axis=1)
+            out.append(
+                KVView(
+                    rows=read.rows,
+                    keys=k_view,
+                    values=v_view,
+                    mask=self._mask(i, window),
+                    positions=self._key_positions(i)[0],
+                )
+            )
+        return out
+
+    def state(self) -> list[mx.array]:
+        return [*self._cache._keys, *self._cache._values]
+
+
+def as_dtype(x: mx.array, dtype: mx.Dtype) -> mx.array:
+    return x if x.dtype == dtype else x.astype(dtype)

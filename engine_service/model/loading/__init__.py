@@ -1,0 +1,1 @@
+"""Loading a model: packaged names, GGUF files, MLX folders -> config, canonical tensors, tokenizer."""

@@ -1,0 +1,1 @@
+"""Text: tokenizers (from GGUF metadata or tokenizer.json), detokenization, chat formatting."""
