@@ -42,7 +42,7 @@ from engine_service.runtime.runner import Runner
 from engine_service.sessions.local_backend import RunnerBackend
 from prefix_service.cache import prefix_cache as cache_module
 from prefix_service.cache.prefix_cache import PrefixCache
-from prefix_service.gateway import gateway as gateway_module
+from prefix_service.gateway import insert_flow as insert_flow_module
 
 OUT = Path(__file__).resolve().parent / "out"
 
@@ -68,7 +68,7 @@ class HashTimer:
         self._undo.append(lambda: setattr(owner, name, real))
 
     def __enter__(self) -> HashTimer:
-        self.wrap(gateway_module, "content_digest")  # the gateway's one hash of the tokens
+        self.wrap(insert_flow_module, "content_digest")  # the insert flow's one hash of the tokens
         self.wrap(cache_module, "content_digest")  # the cache's, when no digest was passed
         self.wrap(ContentLog, "digest")  # the engine's record (clone check, snapshot digest)
         return self

@@ -16,11 +16,11 @@ engine whose ring evicts window rows (``max_rewind``) a candidate more than ``ma
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine_service.api.answers import CloneRefusal
+from engine_service.api.answers import CloneRefusal, TakenClone
 from engine_service.api.errors import ForklineError, NotFound, QuotaExceeded
 from prefix_service.cache.index import IndexMatch
 from prefix_service.cache.outcomes import CLONE_ERROR, CLONE_REFUSED, MissReason
@@ -28,10 +28,11 @@ from prefix_service.cache.retention import Entry
 from prefix_service.cache.session_backend import (
     Handle,
     SessionBackend,
-    clone_with_refusal,
     handle_alive,
     max_rewind,
 )
+
+Clone = Callable[[Handle, int], TakenClone]  # a lookup's clone: the handle, upto -> the clone or the refusal
 
 MAX_WINDOW_SKIPS = 1024  # candidates one walk passes over without a clone call (below a ring's floor)
 
@@ -80,12 +81,14 @@ class Walk:
 
 def walk(
     backend: SessionBackend,
+    clone: Clone,
     matches: Iterable[IndexMatch[Entry]],
     request_length: int,
     max_attempts: int,
     refusals: Counter[str],
 ) -> Walk:
-    """Clone the best candidate (see the module docstring); ``refusals`` counts the clones refused."""
+    """Clone the best candidate with ``clone`` (see the module docstring); ``refusals`` counts the
+    clones refused."""
     found = Walk()
     attempts = skipped = 0
     rewind = max_rewind(backend)
@@ -101,7 +104,7 @@ def walk(
         if not handle_alive(backend, entry.snapshot):
             found.dead.append(entry)  # its engine is gone: no clone call
             continue
-        child = _clone(backend, entry.snapshot, reused, refusals)
+        child = _clone(clone, entry.snapshot, reused, refusals)
         if child is _GONE:  # e.g. the engine expired the handle: it can never serve again
             found.dead.append(entry)
             continue
@@ -135,11 +138,11 @@ class _Refused:
         self.window = window
 
 
-def _clone(backend: SessionBackend, snapshot: Handle, upto: int, refusals: Counter[str]) -> Any:
+def _clone(clone: Clone, snapshot: Handle, upto: int, refusals: Counter[str]) -> Any:
     """The clone, a :class:`_Refused` (an engine-side failure is one too), the receiver's
     QuotaExceeded, or ``_GONE`` when the backend does not know the snapshot (NotFound: permanent)."""
     try:
-        taken = clone_with_refusal(backend, snapshot, upto)
+        taken = clone(snapshot, upto)
     except NotFound:
         return _GONE
     except QuotaExceeded as exc:  # the receiver's quota

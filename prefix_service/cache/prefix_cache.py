@@ -26,6 +26,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from engine_service.api.content import content_digest
@@ -35,7 +36,7 @@ from engine_service.api.errors import (
     InvalidArgument,
 )
 from prefix_service.cache.budget import Budget, Reservation
-from prefix_service.cache.candidate_walk import first_within_rewind, walk
+from prefix_service.cache.candidate_walk import Clone, first_within_rewind, walk
 from prefix_service.cache.capture import PromptCapture
 from prefix_service.cache.events import EntryChange, EventKind
 from prefix_service.cache.index import TokenIndex, token_key
@@ -60,6 +61,7 @@ from prefix_service.cache.session_backend import (
     CaptureBackend,
     Handle,
     SessionBackend,
+    clone_with_refusal,
     handle_alive,
     max_rewind,
     release_handle,
@@ -125,14 +127,16 @@ class PrefixCache:
 
     # -- operations --------------------------------------------------------------------------
 
-    def lookup(self, namespace: str, tokens: Sequence[int], *, count: bool = True) -> LookupOutcome:
-        """Clone the best stored snapshot for ``tokens`` (the caller owns the clone), or say why not;
-        see the module docstring. ``count`` False: the hit / miss counters are left as they are (a
-        further choice of one request, whose first lookup counted)."""
+    def lookup(
+        self, namespace: str, tokens: Sequence[int], *, count: bool = True, clone: Clone | None = None
+    ) -> LookupOutcome:
+        """Clone the best stored snapshot for ``tokens`` (the caller owns the clone), or say why not.
+        ``count`` False: the hit / miss counters stay (a further choice of one counted request).
+        ``clone``: how to clone for this caller (default: the backend's ``clone``)."""
         key = token_key(tokens)
         scope = self._scope(namespace)
         with self._lock:
-            outcome = self._find(scope, key)
+            outcome = self._find(scope, key, clone or partial(clone_with_refusal, self._backend))
             if count and outcome.match is None:
                 self._misses += 1
             elif count:
@@ -343,14 +347,19 @@ class PrefixCache:
         """The entries of the namespaces ``where`` accepts (lock held; scopes are (fingerprint, namespace))."""
         return [entry for entry in self._budget.entries if where(entry.namespace[1])]
 
-    def _find(self, scope: Hashable, key: tuple[int, ...]) -> LookupOutcome:
+    def _find(self, scope: Hashable, key: tuple[int, ...], clone: Clone) -> LookupOutcome:
         """The lookup itself (the caller holds the lock and counts the hit or miss)."""
         if len(key) < 2:
             return LookupOutcome.miss(MissReason.TOO_SHORT)
         if self._budget.max_entries == 0:
             return LookupOutcome.miss(MissReason.DISABLED)
         found = walk(
-            self._backend, self._index.matches(scope, key), len(key), self._max_attempts, self._refusals
+            self._backend,
+            clone,
+            self._index.matches(scope, key),
+            len(key),
+            self._max_attempts,
+            self._refusals,
         )
         for entry in found.dead:  # removed after the walk: the index must not change while iterating
             self._refusals[INVALID_SNAPSHOT] += 1

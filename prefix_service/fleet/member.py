@@ -1,6 +1,5 @@
-"""The fleet's view of one engine: :class:`EngineMember` (its gateway and what routing needs: serving
-now, this service's generations there, the engine's load as last read) and :class:`RoutedStream` (a
-gateway stream on the engine that serves it, ``fleet.py``'s ``generate``)."""
+"""The fleet's view of one engine: :class:`EngineMember` (its gateway and what routing reads of it) and
+:class:`RoutedStream` (a gateway stream on the engine that serves it)."""
 
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ from collections.abc import Callable, Generator
 from dataclasses import replace
 
 from engine_service.api.stream_events import Done, Tokens
+from prefix_service.fleet.route import Candidate
 from prefix_service.gateway.calls import GatewayEvent
 from prefix_service.gateway.gateway import Gateway
 from prefix_service.gateway.stream import GatewayStream
@@ -43,7 +43,7 @@ class EngineMember:
 
     @property
     def fingerprint(self) -> str:
-        return self.gateway.backend.fingerprint
+        return self.gateway.fingerprint
 
     @property
     def serving(self) -> bool:
@@ -60,6 +60,19 @@ class EngineMember:
     def load(self) -> int:
         """Generations running or queued there: this service's now, plus the rest as last read."""
         return self.in_flight + self._others
+
+    def candidate(self, namespace: str, key: tuple[int, ...]) -> Candidate:
+        """What routing knows of this engine for the prompt ``key``."""
+        gateway = self.gateway
+        return Candidate(
+            self.name,
+            gateway.reusable(namespace, key),
+            self.load,
+            gateway.positions,
+            gateway.fill(),
+            max(0, self.pending),
+            self.pinned_exports,
+        )
 
     def observe(self) -> None:
         """Take the engine's own load from the Info its gateway read last."""

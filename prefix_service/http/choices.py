@@ -18,7 +18,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
-from engine_service.serving.tokens import Caller
+from engine_service.api.call_context import CallContext
 from prefix_service.fleet.fleet import Fleet
 from prefix_service.gateway.calls import GatewayRequest
 from prefix_service.http.convert import usage
@@ -34,15 +34,14 @@ class Choices:
 
     def __init__(
         self,
-        gateway: Fleet,
+        fleet: Fleet,
         request: GatewayRequest,
         n: int,
         stops: Sequence[str],
-        owner: str,
-        caller: Caller | None,
+        call: CallContext,
     ) -> None:
-        self._gateway, self._request, self._n = gateway, request, n
-        self._stops, self._owner, self._caller = stops, owner, caller
+        self._fleet, self._request, self._n = fleet, request, n
+        self._stops, self._call = stops, call
         self.generations: list[Generation] = []
 
     def _generation(self, index: int) -> Generation:
@@ -51,7 +50,7 @@ class Choices:
             seed = (request.config.seed + index) % _SEED_LIMIT
             config = replace(request.config, seed=seed)
             request = replace(request, config=config, store_prompt=False, count_lookup=False)
-        generation = Generation(self._gateway, request, self._stops, self._owner, self._caller)
+        generation = Generation(self._fleet, request, self._stops, self._call)
         self.generations.append(generation)
         return generation
 

@@ -18,10 +18,10 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+from engine_service.api.call_context import CallContext
 from engine_service.api.errors import InvalidArgument, Unavailable
 from engine_service.api.logprobs import TokenLogprob
 from engine_service.api.stream_events import Done, Started, Tokens
-from engine_service.serving.tokens import Caller
 from prefix_service.fleet.fleet import Fleet
 from prefix_service.gateway.calls import GatewayEvent, GatewayRequest
 from prefix_service.http.bridge import GenerationBridge
@@ -41,9 +41,9 @@ class Delta:
 
 class Generation:
     def __init__(
-        self, gateway: Fleet, request: GatewayRequest, stops: Sequence[str], owner: str, caller: Caller | None
+        self, fleet: Fleet, request: GatewayRequest, stops: Sequence[str], call: CallContext
     ) -> None:
-        self._bridge = GenerationBridge(gateway, request, owner, caller)
+        self._bridge = GenerationBridge(fleet, request, call)
         self._stops = StopMatcher(stops)
         self._started: Started | None = None
         self._ahead: deque[GatewayEvent | None] = deque()  # events prime() read before deltas()

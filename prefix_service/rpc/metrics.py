@@ -29,24 +29,24 @@ GENERATE_METHOD = f"/{prefix_pb2.DESCRIPTOR.services_by_name['PrefixCache'].full
 
 
 class PrefixMetrics(ServiceMetrics):
-    """The prefix service's metrics over ``gateway`` (the fleet of engine gateways)."""
+    """The prefix service's metrics over ``fleet``."""
 
-    def __init__(self, gateway: Fleet) -> None:
+    def __init__(self, fleet: Fleet) -> None:
         super().__init__((GENERATE_METHOD,))
-        self.registry.register(GatewayCollector(gateway))
+        self.registry.register(GatewayCollector(fleet))
 
 
 class GatewayCollector:
     """Prefix-cache state read at scrape time from ``Fleet.stats()``."""
 
-    def __init__(self, gateway: Fleet) -> None:
-        self._gateway = gateway
+    def __init__(self, fleet: Fleet) -> None:
+        self._fleet = fleet
 
     def describe(self) -> list[Metric]:
         return []  # names are fixed; no collision check needed at registration
 
     def collect(self) -> Iterator[Metric]:
-        fleet = self._gateway.stats()
+        fleet = self._fleet.stats()
         s = fleet.total
         c = s.cache
         info = InfoMetricFamily(
