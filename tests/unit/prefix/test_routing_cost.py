@@ -177,7 +177,7 @@ def serve(policy: str) -> tuple[list[str], list[int], list[int]]:
             assert isinstance(done, Done)
             served.append(done.engine)
             reused.append(done.reused_positions)
-    return served, reused, [len(m.gateway.cache) for m in fleet.members()]
+    return served, reused, [len(m.gateway) for m in fleet.members()]
 
 
 def test_four_tenants_spread_over_both_engines_and_every_repeat_hits() -> None:
