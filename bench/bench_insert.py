@@ -40,7 +40,7 @@ from engine_service.model.random_init import random_model
 from engine_service.runtime.content_log import ContentLog
 from engine_service.runtime.runner import Runner
 from engine_service.sessions.local_backend import RunnerBackend
-from prefix_service.cache import prefix_cache as cache_module
+from prefix_service.cache import admission as cache_module
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.gateway import insert_flow as insert_flow_module
 

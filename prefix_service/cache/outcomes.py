@@ -14,6 +14,7 @@ counter names).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -138,3 +139,19 @@ class PrefixStats:
     refusals: dict[str, int] = field(default_factory=dict)  # a fresh copy per stats() call
     positions: int = 0
     max_positions: int = 0
+
+    @classmethod
+    def of_entries(cls, entries: Sequence[Any], max_entries: int, max_positions: int) -> PrefixStats:
+        """One caller's entries' stats (``retention.Entry``): the hits they served and the positions
+        those reused; the cache-wide counters are 0, nobody's in particular."""
+        return cls(
+            entries=len(entries),
+            max_entries=max_entries,
+            hits=sum(entry.hits for entry in entries),
+            misses=0,
+            reused_tokens=sum(entry.reused for entry in entries),
+            inserts=0,
+            evictions=0,
+            positions=sum(entry.key_length for entry in entries),
+            max_positions=max_positions,
+        )

@@ -155,7 +155,7 @@ class Fleet:
             found = member.gateway.lookup(namespace, tokens, call, caller_active)
             return replace(found, engine=member.name)
 
-        return self._first_that_serves(route, lookup_on)
+        return _first_that_serves(route, lookup_on)
 
     def insert(
         self,
@@ -205,7 +205,7 @@ class Fleet:
                 member.ended()
                 raise
 
-        return self._first_that_serves(route, generate_on)
+        return _first_that_serves(route, generate_on)
 
     def stats(self, where: Callable[[str], bool] | None = None) -> FleetStats:
         """Every engine's stats; with ``where`` (a caller's own scopes, ``gateway/tenancy.py``) only the
@@ -232,18 +232,8 @@ class Fleet:
 
     # -- internals -------------------------------------------------------------------------------
     def _elect(self) -> None:
-        """The fingerprint most serving engines have (all engines when none serves); ties keep the
-        current one (lock held)."""
-        members = list(self._members.values())
-        voters = [m for m in members if m.serving] or members
-        votes = Counter(m.fingerprint for m in voters)
-        if not votes:
-            return
-        top = max(votes.values())
-        if votes.get(self.fingerprint, 0) == top:
-            return
-        elected = next(m.fingerprint for m in voters if votes[m.fingerprint] == top)
-        if self.fingerprint:
+        elected = elected_fingerprint(list(self._members.values()), self.fingerprint)  # lock held
+        if elected != self.fingerprint and self.fingerprint:
             log.warning("routing to engines of fingerprint %s (was %s)", elected[:16], self.fingerprint[:16])
         self.fingerprint = elected
 
@@ -266,7 +256,7 @@ class Fleet:
         with a single engine)."""
         members = self._routable()
         by_load = sorted(members, key=lambda m: (m.load, m.name))
-        tokens = self._tokens(prompt, call, by_load)
+        tokens = _tokens(prompt, call, by_load)
         draining = self._draining()
         if len(members) == 1 and not draining:
             self._count(members[0], None)
@@ -337,31 +327,40 @@ class Fleet:
                 if guarded is not None:
                     guarded.load_guarded += 1
 
-    @staticmethod
-    def _tokens(prompt: Prompt, call: CallContext, engines: Sequence[EngineMember]) -> list[int]:
-        """Token ids as given (checked by the serving gateway), or the text tokenized by the first
-        engine that answers."""
-        if not isinstance(prompt, TextPrompt):
-            return list(prompt)
 
-        def tokenize_on(member: EngineMember) -> list[int]:
-            return member.gateway.tokenize(prompt, call)
+def elected_fingerprint(members: Sequence[EngineMember], current: str) -> str:
+    """The fingerprint most serving engines have (all engines when none serves); ties keep ``current``."""
+    voters = [m for m in members if m.serving] or list(members)
+    votes = Counter(m.fingerprint for m in voters)
+    if not votes or votes.get(current, 0) == max(votes.values()):
+        return current
+    return next(m.fingerprint for m in voters if votes[m.fingerprint] == max(votes.values()))
 
-        return Fleet._first_that_serves(engines, tokenize_on, retry=(Unavailable,))
 
-    @staticmethod
-    def _first_that_serves(
-        engines: Sequence[EngineMember],
-        call: Callable[[EngineMember], object],
-        retry: tuple[type[ForklineError], ...] = _RETRY_ELSEWHERE,
-    ):
-        """``call`` on each engine in turn until one does not fail with a ``retry`` error; the last
-        engine's error propagates."""
-        for i, member in enumerate(engines):
-            try:
-                return call(member)
-            except retry as exc:
-                if i == len(engines) - 1:
-                    raise
-                log.info("engine %s could not serve (%s): trying %s", member.name, exc, engines[i + 1].name)
-        raise Unavailable("no engine to route to")
+def _tokens(prompt: Prompt, call: CallContext, engines: Sequence[EngineMember]) -> list[int]:
+    """Token ids as given (checked by the serving gateway), or the text tokenized by the first
+    engine that answers."""
+    if not isinstance(prompt, TextPrompt):
+        return list(prompt)
+
+    def tokenize_on(member: EngineMember) -> list[int]:
+        return member.gateway.tokenize(prompt, call)
+
+    return _first_that_serves(engines, tokenize_on, retry=(Unavailable,))
+
+
+def _first_that_serves(
+    engines: Sequence[EngineMember],
+    call: Callable[[EngineMember], object],
+    retry: tuple[type[ForklineError], ...] = _RETRY_ELSEWHERE,
+):
+    """``call`` on each engine in turn until one does not fail with a ``retry`` error; the last
+    engine's error propagates."""
+    for i, member in enumerate(engines):
+        try:
+            return call(member)
+        except retry as exc:
+            if i == len(engines) - 1:
+                raise
+            log.info("engine %s could not serve (%s): trying %s", member.name, exc, engines[i + 1].name)
+    raise Unavailable("no engine to route to")

@@ -68,10 +68,9 @@ class Gateway:
     # -- the engine ------------------------------------------------------------------------------
     def check_engine(self) -> EngineInfo:
         """Read the engine's Info and adopt it: the limits, the budget, and on a new instance id every
-        entry dropped. The pool runs it about once a second, the health watch when the engine serves
-        again; requests read :attr:`engine`. The Info call runs outside the lock (the watch's own
-        check needs it while the call may wait for a down engine)."""
-        info = self.backend.info()
+        entry dropped (the pool runs it about once a second, the health watch when the engine serves
+        again; requests read :attr:`engine`)."""
+        info = self.backend.info()  # outside the lock: the watch's own check needs it meanwhile
         with self._lock:
             previous = self.backend.instance_id
             self.backend.refresh(info)
@@ -214,17 +213,15 @@ class Gateway:
         cache = self.cache
         if cache.max_entries == 0:
             return 1.0
-        fill = len(cache) / cache.max_entries
-        if cache.max_positions:
-            fill = max(fill, cache.positions / cache.max_positions)
-        return min(1.0, fill)
+        positions = cache.positions / cache.max_positions if cache.max_positions else 0.0
+        return min(1.0, max(len(cache) / cache.max_entries, positions))
 
     def reusable(self, namespace: str, key: tuple[int, ...]) -> int:
         """Positions a lookup of ``key`` would reuse here (``PrefixCache.reusable``: no clone, no count)."""
         return self.cache.reusable(namespace, key)
 
     def reusable_entry(self, namespace: str, key: tuple[int, ...]) -> tuple[Entry, int] | None:
-        return self.cache.reusable_entry(namespace, key)
+        return self.cache.reusable_entry(namespace, key)  # what a move exports
 
     def from_directory(self, namespace: str, key: tuple[int, ...]) -> int:
         """Positions of ``key`` the snapshot directory would give this engine (0: none)."""
@@ -236,16 +233,14 @@ class Gateway:
         return self.backend.tokenize(text, call)
 
     def listen(self, listener: Callable[[EntryChange], None] | None) -> None:
-        """Entry changes of this engine's cache (``cache/events.py``'s ``EventHub.attach``)."""
-        self.cache.listen(listener)
+        self.cache.listen(listener)  # an EventHub follows the gateway (``cache/events.py``)
 
     def entries(self, namespace: str | None = None) -> list[Entry]:
         return self.cache.entries(namespace)
 
     # -- moves and restores (``fleet/moves.py``) ------------------------------------------------------
     @property
-    def has_files(self) -> bool:
-        """Whether its engine exports and imports snapshot files."""
+    def has_files(self) -> bool:  # its engine exports and imports snapshot files
         return self.backend.snapshot_files() is not None
 
     def export(self, namespace: str, entry: Entry, tokens: tuple[int, ...]) -> Iterator[bytes] | None:
@@ -314,7 +309,7 @@ class Gateway:
     ) -> LookupOutcome:
         """The lookup itself: the directory's longer prefix restored first, the clone ``call``'s."""
         self.restore(namespace, token_key(tokens), call=call)
-        clone = partial(self._clone_for, call=call)
+        clone = partial(self.backend.clone_for, call=call)
         outcome = self.cache.lookup(namespace, tokens, count=count, clone=clone)
         if self.flow.restarted and outcome.reason in _RESTART_MASKS:
             outcome = LookupOutcome.miss(MissReason.ENGINE_RESTARTED)
@@ -326,8 +321,7 @@ class Gateway:
     def store_snapshot(
         self, snapshot: Snapshot, request: GatewayRequest, tokens: Sequence[int], room: SnapshotRoom
     ) -> None:
-        """A generation's snapshot event, stored in its reservation (``InsertFlow.capture``)."""
-        self.flow.capture(snapshot, request, tokens, room)
+        self.flow.capture(snapshot, request, tokens, room)  # a generation's snapshot event
 
     def close_session(self, session: str, call: CallContext) -> bool:
         """Close ``call``'s session (a gateway call's); False when the engine could not be told."""
@@ -338,9 +332,6 @@ class Gateway:
             log.debug("could not close gateway session %s", session, exc_info=True)
             return False
         return True
-
-    def _clone_for(self, handle: str, upto: int, call: CallContext):  # noqa: ANN202 - a TakenClone
-        return self.backend.clone_for(handle, upto, call)
 
     def _restored(
         self, namespace: str, tokens: Sequence[int], handle: str, metadata: Mapping[str, str]

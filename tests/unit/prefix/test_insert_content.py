@@ -16,7 +16,7 @@ from engine_service.api.errors import NotFound
 from engine_service.api.stream_events import Snapshot, SnapshotKind, Started
 from engine_service.runtime.runner import Runner
 from engine_service.sessions.local_backend import RunnerBackend
-from prefix_service.cache import prefix_cache as cache_module
+from prefix_service.cache import admission as cache_module
 from prefix_service.cache.outcomes import InsertRefusal
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.gateway import insert_flow as insert_flow_module
