@@ -1,16 +1,6 @@
-"""What a prefix-cache call came to: a lookup's :class:`LookupOutcome`, an insert's
-:class:`InsertOutcome`, and the refusal reasons.
-
-A lookup either hits (:class:`Match`: a session the caller owns, holding the first ``reused`` request
-tokens) or misses for one :class:`MissReason`. The cache computes the reason of *its own* lookup while
-it holds its lock, so concurrent lookups never see each other's reasons. ``ENGINE_RESTARTED`` is the
-only reason the cache never gives: the gateway (which watches the engine's instance id) reports it.
-
-Refusals (``DISABLED``, ``CLONE_REFUSED``, ... below) are the per-reason counters of
-``PrefixStats.refusals``: inserts and clones the cache turned down and released. An insert that stores
-nothing says which one in its :class:`InsertOutcome` (an :class:`InsertRefusal`, whose values are the
-counter names).
-"""
+"""What a prefix-cache call came to: a lookup's :class:`LookupOutcome` (a :class:`Match` or one
+:class:`MissReason`), an insert's :class:`InsertOutcome` and the refusal reasons (also the names of
+``PrefixStats.refusals``' counters)."""
 
 from __future__ import annotations
 
@@ -90,12 +80,8 @@ class MissReason(StrEnum):
 
 @dataclass(frozen=True)
 class LookupOutcome:
-    """One lookup's answer: a ``match``, or no match and the ``reason``.
-
-    ``diverged_at``: where the request leaves the stored prefixes. On a hit, ``match.reused``; on a
-    ``BOUNDARY_REFUSED`` or ``WINDOW`` miss, the longest common prefix with a stored entry (where the
-    refused clone would have cut); otherwise 0.
-    """
+    """One lookup's answer: a ``match``, or no match and the ``reason``. ``diverged_at``: on a hit
+    ``match.reused``; on a BOUNDARY_REFUSED or WINDOW miss the refused clone's cut; otherwise 0."""
 
     match: Match | None
     reason: MissReason | None

@@ -54,9 +54,8 @@ class PrefixCache:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         max_positions: int = 0,
     ) -> None:
-        """``max_entries == 0`` disables the cache (every insert is released, every lookup misses).
-        ``max_positions``: the positions the entries may hold together (0: unbounded).
-        ``max_attempts`` bounds the clones one lookup tries before it reports a miss."""
+        """``max_entries`` 0 disables the cache; ``max_positions`` 0: unbounded; ``max_attempts``: the
+        clones one lookup tries before it reports a miss."""
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise InvalidArgument(f"max_attempts must be an int >= 1, got {max_attempts!r}")
         self._backend = backend
@@ -96,11 +95,9 @@ class PrefixCache:
     def lookup(
         self, namespace: str, tokens: Sequence[int], *, count: bool = True, clone: Clone | None = None
     ) -> LookupOutcome:
-        """Clone the best stored snapshot for ``tokens`` at ``min(common prefix, len(tokens) - 1)``
-        (longest match, then most recent; a refused clone moves on, at most ``max_attempts``; a dead
-        entry is dropped), or say why not (``MissReason``). ``count`` False: the counters stay (a
-        further choice of one counted request). ``clone``: how to clone for this caller (default:
-        the backend's, owned by the cache's owner)."""
+        """Clone the best stored snapshot for ``tokens`` at ``min(common prefix, len(tokens) - 1)`` (longest
+        match, then most recent; a refused clone moves on; a dead entry is dropped), or say why not.
+        ``count`` False: counters unchanged; ``clone``: how to clone for this caller (default: the backend's)."""
         key = token_key(tokens)
         scope = self._scope(namespace)
         with self._lock:
@@ -113,15 +110,13 @@ class PrefixCache:
             return outcome
 
     def reusable(self, namespace: str, key: tuple[int, ...]) -> int:
-        """Positions a lookup of ``key`` (``index.token_key``, validated once by the caller) would reuse,
-        read from the index without cloning or counting (0: none; a match below a ring's floor does not
-        count; a dead entry counts until a lookup drops it): what a router scores this engine by."""
+        """Positions a lookup of ``key`` (validated by the caller) would reuse, read from the index without
+        cloning or counting (a match below a ring's floor does not count): what a router scores by."""
         found = self.reusable_entry(namespace, key)
         return 0 if found is None else found[1]
 
     def reusable_entry(self, namespace: str, key: tuple[int, ...]) -> tuple[Entry, int] | None:
-        """The entry :meth:`reusable` scores ``key`` by and the positions it would reuse (None when
-        nothing counts): what a move (``fleet/moves.py``) exports. Counts nothing, refreshes nothing."""
+        """The entry :meth:`reusable` scores ``key`` by and its reuse (None: none): what a move exports."""
         if len(key) < 2:
             return None
         scope = self._scope(namespace)
@@ -142,11 +137,9 @@ class PrefixCache:
         reservation: Reservation | None = None,
         moved_from: str = "",
     ) -> InsertOutcome:
-        """Store ``snapshot`` (holding exactly ``tokens``, ``admission.py``) or release it; a duplicate
-        refreshes the entry instead; over the bounds the policy evicts. ``digest``: ``tokens``' content
-        digest when the caller computed it. ``reservation`` (:meth:`reserve`) is always released.
-        ``moved_from``: the engine it was copied from (the listener hears ``MOVED``). Malformed
-        arguments release the snapshot and raise InvalidArgument."""
+        """Store ``snapshot`` (holding exactly ``tokens``: ``admission.py``) or release it; a duplicate
+        refreshes the entry; over the bounds the policy evicts. ``reservation`` is always released;
+        ``moved_from``: the engine it was copied from. Malformed arguments raise InvalidArgument."""
         with self._lock:
             if reservation is not None:
                 reservation.release()
@@ -181,8 +174,7 @@ class PrefixCache:
             return InsertOutcome() if stored else InsertOutcome(InsertRefusal.EVICTED)
 
     def set_budget(self, max_entries: int, max_positions: int = 0) -> int:
-        """New bounds (0 entries: disabled; 0 positions: unbounded); evicts by the policy until the
-        entries fit them. Returns how many were evicted."""
+        """New bounds; evicts by the policy until the entries fit them; how many were evicted."""
         with self._lock:
             self._budget.set_bounds(max_entries, max_positions)
             return len(self._budget.evict_while_over())
@@ -194,9 +186,8 @@ class PrefixCache:
     def reserve(
         self, namespace: str, tokens: Sequence[int], metadata: Mapping[str, Any] | None = None
     ) -> Reservation | InsertRefusal:
-        """Room for the entry ``tokens`` would make, evicting the policy's victims that rank below
-        it; or why not (``budget.Budget.reserve``; DUPLICATE: a live entry holds these tokens, and
-        is refreshed). Pass it to :meth:`insert`, or ``release()`` it."""
+        """Room for the entry ``tokens`` would make (the policy's lower-ranked victims evicted), or why not
+        (DUPLICATE: a live entry holds them and is refreshed). Pass it to :meth:`insert` or release it."""
         with self._lock:
             scope, key = self._scope(namespace), token_key(tokens)
             existing = self._index.get(scope, key) if key else None
@@ -209,8 +200,7 @@ class PrefixCache:
             return self._budget.reserve(newcomer)
 
     def capture_prompt(self, session: Handle, prompt: Sequence[int]) -> PromptCapture:
-        """A :class:`PromptCapture` snapshotting ``session`` at ``len(prompt)`` (and at prefill
-        breakpoints) during its next generation. Needs a backend with ``clone_async``."""
+        """A :class:`PromptCapture` of ``session`` at ``len(prompt)`` during its next generation."""
         if not isinstance(self._backend, CaptureBackend):
             raise FailedPrecondition(
                 f"{type(self._backend).__name__} cannot queue clones from a generation callback"
@@ -218,8 +208,7 @@ class PrefixCache:
         return PromptCapture(self, self._backend, session, prompt)
 
     def clear(self, where: Callable[[str], bool] | None = None) -> int:
-        """Release every stored snapshot (only those the cache owns), or those of the namespaces
-        ``where`` accepts; returns how many."""
+        """Release every stored snapshot (or those of the namespaces ``where`` accepts); how many."""
         with self._lock:
             if where is not None:
                 chosen = self._chosen(where)

@@ -39,10 +39,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class OpenedEngine:
-    """An engine connected at ``address`` whose Info was read (:func:`open_engine`), not yet serving
-    this service (:func:`join_engine` builds its gateway; :meth:`close` drops the connection). The pool
-    reads ``info`` first: a known ``instance_id`` is another address of an engine already joined, and
-    a ``draining`` engine is not joined."""
+    """An engine connected at ``address`` whose Info was read, not yet serving this service (the pool
+    reads ``info`` first: a known instance is an alias, a draining engine is not joined)."""
 
     address: str
     channel: grpc.Channel
@@ -129,16 +127,9 @@ def connect_engine(
     outage_wait_s: float = OUTAGE_WAIT_S,
     **cache: Any,
 ) -> tuple[Gateway, grpc.Channel]:
-    """Connect to the engine, release this owner's leftovers there, and build the cache
-    (:func:`open_engine` then :func:`join_engine`).
-    ``engine_security``: this service's token for the engine and/or TLS to it (engine_service/serving/auth.py).
-    ``outage_wait_s``: how long a call waits for the engine while it is down (engine_watch.py).
-    ``cache`` (:func:`join_engine`): ``engine_share``: the share of the engine's sessions and positions
-    the cache may hold, within ``max_entries`` / ``max_positions`` (0: no own positions bound); see
-    prefix_service/gateway/pressure.py. ``pressure_retry`` False: a live request is never retried after
-    evicting (tests' control). ``tier``: the snapshot directory shared by every engine's gateway
-    (``persistent_tier.py``). ``checkpoints``: where captures take checkpoints inside a prompt on a
-    sliding-window engine (``checkpoints.py``; default: every 256 positions and at message ends, at most 8)."""
+    """:func:`open_engine` then :func:`join_engine` (``cache``: its keyword arguments, as ``Gateway``'s);
+    ``engine_security``: this service's token and TLS for the engine; ``outage_wait_s``: how long a
+    call waits for a down engine."""
     opened = open_engine(
         engine_address,
         owner=owner,
@@ -183,12 +174,9 @@ def connect_fleet(
     tier: PersistentTier | None = None,
     **connect: Any,
 ) -> tuple[Fleet, EnginePool]:
-    """The engines ``targets()`` names (``engine_targets.engine_targets``) in a routed fleet: waits up
-    to ``ready_timeout`` for at least one; the pool adds and removes engines from then on (started
-    with the server; ``leave_after_s``: how long one may stay away before it leaves). ``policy``: the
-    routing policy; ``policy_name``: the retention policy of every engine's cache; ``tier``: the
-    snapshot directory they share. ``connect``: :func:`connect_engine`'s other keyword arguments for
-    every engine."""
+    """The engines ``targets()`` names in a routed fleet (waits up to ``ready_timeout`` for one; the pool
+    adds and removes them from then on). ``policy``: routing; ``policy_name``: every cache's retention;
+    ``connect``: :func:`connect_engine`'s other keyword arguments."""
     fleet = Fleet(policy=policy)
     fleet.tier = tier
     opening = {k: v for k, v in connect.items() if k in _OPEN_ARGUMENTS}

@@ -85,8 +85,7 @@ class EngineConnection:
         return self.call(self.stub.Info, pb.InfoRequest()).model
 
     def probe(self, timeout: float = PROBE_TIMEOUT_S) -> EngineInfo | None:
-        """The engine's Info now, without waiting for a down engine or adopting anything (None: no
-        answer within ``timeout``): a draining engine (health NOT_SERVING) still answers it."""
+        """The engine's Info now, not waiting for a down engine (None: no answer); a draining engine answers."""
         try:
             return engine_info(self.stub.Info(pb.InfoRequest(), metadata=self.metadata, timeout=timeout))
         except grpc.RpcError:

@@ -67,15 +67,11 @@ class OpenedEngine(Protocol):
 
 @dataclass(frozen=True)
 class PoolStats:
-    """What the pool did: DNS resolutions that failed or answered nothing, the age of the answer in
-    use and whether it is stale, addresses found to be another address of a member, and members that
-    left by reason (``draining``, ``unreachable``)."""
-
-    resolve_failures: int = 0
-    answer_age_s: float = 0.0
+    resolve_failures: int = 0  # DNS resolutions that failed or answered nothing
+    answer_age_s: float = 0.0  # of the answer in use
     stale: bool = False
-    aliases: int = 0
-    departures: dict[str, int] = field(default_factory=dict)
+    aliases: int = 0  # addresses found to be another address of a member
+    departures: dict[str, int] = field(default_factory=dict)  # members that left, by reason
 
 
 def _addresses(member: EngineMember) -> set[str]:
@@ -83,10 +79,9 @@ def _addresses(member: EngineMember) -> set[str]:
 
 
 class EnginePool:
-    """``open(address, timeout)`` connects and reads Info (a ForklineError: retried at the next resolve;
-    FailedPrecondition, a misconfigured engine, is logged as an error); ``join(opened)`` makes the
-    member (closing the connection itself when it fails). The same thread refreshes every engine's
-    Info about once a second (restarts, load)."""
+    """``open(address, timeout)`` connects and reads Info (failing: retried at the next resolve);
+    ``join(opened)`` makes the member. One thread resolves, refreshes every engine's Info about once a
+    second and lets members go."""
 
     def __init__(
         self,
@@ -113,7 +108,7 @@ class EnginePool:
         self.on_join: Callable[[EngineMember], None] = lambda member: None  # e.g. start its health watch
 
     def sync(self, timeout: float = JOIN_TIMEOUT_S) -> None:
-        """Resolve once and open the addresses no member answers at (see the module docstring)."""
+        """Resolve once and open the addresses no member answers at."""
         with self._sync_lock:
             wanted = self._targets()
             for member in self.fleet.members():  # an alias that went from the answer is forgotten
@@ -161,7 +156,7 @@ class EnginePool:
         log.error("engine %s refused: %s", address, exc)
 
     def check_departures(self) -> None:
-        """Let go of the members whose engine drains or stays away (see the module docstring)."""
+        """Let go of the members whose engine drains or stays away."""
         now = self._clock()
         for member in self.fleet.members():
             if member.serving:

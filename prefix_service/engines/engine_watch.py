@@ -145,8 +145,7 @@ class EngineWatch:
             pause = min(pause * 2, RESUBSCRIBE_S[1])
 
     def _watch_once(self) -> bool:
-        """One Watch stream until it breaks; True when it reported SERVING at some point. The call
-        waits for the channel (wait_for_ready), so it connects as soon as the channel reconnects."""
+        """One Watch stream until it breaks (waiting for the channel); whether it reported SERVING."""
         request = health_pb2.HealthCheckRequest(service=self.service)
         call = self._stub.Watch(request, wait_for_ready=True)
         with self._lock:

@@ -82,8 +82,7 @@ class Fleet:
         log.info("engine %s joined (instance %s)", member.name, member.gateway.instance_id)
 
     def remove(self, name: str) -> int:
-        """Stop routing to engine ``name``, release its entries (when it still answers) and close its
-        connection; returns the entries dropped (0 for an unknown name)."""
+        """Stop routing to engine ``name``, release its entries and close it; the entries dropped."""
         with self._lock:
             member = self._members.pop(name, None)
             self._elect()
@@ -118,8 +117,7 @@ class Fleet:
         return members[0].gateway
 
     def refresh(self) -> None:
-        """Read every engine's Info (noticing restarts, taking its load) and re-elect the fingerprint.
-        Errors of single engines are logged, not raised."""
+        """Read every engine's Info (restarts, load) and re-elect the fingerprint; errors are logged."""
         for member in self.members():
             try:
                 member.gateway.check_engine()
@@ -147,8 +145,7 @@ class Fleet:
         call: CallContext,
         caller_active: Callable[[], bool] = lambda: True,
     ) -> PromptLookup:
-        """Route ``prompt`` and clone the chosen engine's best snapshot for ``call`` (see
-        :meth:`Gateway.lookup`); the answer names the engine."""
+        """Route ``prompt`` and clone the chosen engine's best snapshot for ``call``; the answer names it."""
         tokens, route, _ = self._route(namespace, prompt, call)
 
         def lookup_on(member: EngineMember) -> PromptLookup:
@@ -208,8 +205,7 @@ class Fleet:
         return _first_that_serves(route, generate_on)
 
     def stats(self, where: Callable[[str], bool] | None = None) -> FleetStats:
-        """Every engine's stats; with ``where`` (a caller's own scopes, ``gateway/tenancy.py``) only the
-        entries of those summed (``Gateway.stats``): no engines, routes or snapshot directory."""
+        """Every engine's stats; with ``where`` (a caller's scopes) only those entries, summed."""
         members = self.members()
         if where is not None:
             return FleetStats(summed([m.gateway.stats(where) for m in members]), self.policy.name, (), {})
@@ -226,8 +222,7 @@ class Fleet:
         )
 
     def clear(self, where: Callable[[str], bool] | None = None) -> int:
-        """Release every stored snapshot on every engine (or those of the scopes ``where`` accepts);
-        returns how many."""
+        """Release every stored snapshot on every engine (or those ``where`` accepts); how many."""
         return sum(m.gateway.clear(where) for m in self.members())
 
     # -- internals -------------------------------------------------------------------------------
@@ -252,8 +247,7 @@ class Fleet:
     def _route(
         self, namespace: str, prompt: Prompt, call: CallContext
     ) -> tuple[list[int], list[EngineMember], dict[str, int]]:
-        """The prompt's tokens, the engines to try, in order, and the positions each can reuse (none
-        with a single engine)."""
+        """The prompt's tokens, the engines to try in order, and the positions each can reuse."""
         members = self._routable()
         by_load = sorted(members, key=lambda m: (m.load, m.name))
         tokens = _tokens(prompt, call, by_load)
@@ -288,8 +282,7 @@ class Fleet:
     def _directory(
         self, members: Sequence[EngineMember], namespace: str, key: tuple[int, ...]
     ) -> tuple[Candidate, ...]:
-        """The snapshot directory as a move source when it holds a prefix of the prompt (none without
-        ``--snapshot_dir``): the engines of the fleet's fingerprint restore the same files."""
+        """The snapshot directory as a move source when it holds a prefix of the prompt."""
         reusable = 0 if self.tier is None else members[0].gateway.from_directory(namespace, key)
         return (Candidate(SNAPSHOT_DIR, reusable, 0),) if reusable else ()
 
@@ -302,8 +295,7 @@ class Fleet:
         here: int,
         call: CallContext,
     ) -> bool:
-        """Make ``move`` to ``target`` (``moves.py``, or a restore from the snapshot directory);
-        whether ``target`` now holds the moved prefix."""
+        """Make ``move`` to ``target``; whether ``target`` now holds the moved prefix."""
         if move.source == SNAPSHOT_DIR:
             return (
                 self.tier is not None
@@ -338,8 +330,7 @@ def elected_fingerprint(members: Sequence[EngineMember], current: str) -> str:
 
 
 def _tokens(prompt: Prompt, call: CallContext, engines: Sequence[EngineMember]) -> list[int]:
-    """Token ids as given (checked by the serving gateway), or the text tokenized by the first
-    engine that answers."""
+    """Token ids as given, or the text tokenized by the first engine that answers."""
     if not isinstance(prompt, TextPrompt):
         return list(prompt)
 
@@ -354,8 +345,7 @@ def _first_that_serves(
     call: Callable[[EngineMember], object],
     retry: tuple[type[ForklineError], ...] = _RETRY_ELSEWHERE,
 ):
-    """``call`` on each engine in turn until one does not fail with a ``retry`` error; the last
-    engine's error propagates."""
+    """``call`` on each engine in turn until one does not fail with a ``retry`` error."""
     for i, member in enumerate(engines):
         try:
             return call(member)

@@ -18,9 +18,8 @@ from prefix_service.gateway.stream import GatewayStream
 
 
 class EngineMember:
-    """One engine of the fleet. ``name``: its address as the service names it (clients see it in
-    ``LookupResponse.engine``). ``serving()``: whether it reports SERVING now (the health watch).
-    ``close()``: release its connection (called once it left the fleet)."""
+    """One engine of the fleet: ``name`` (its address, ``LookupResponse.engine``), ``serving()`` (its
+    health watch), ``close()`` (release its connection once it left)."""
 
     def __init__(
         self,
@@ -51,8 +50,7 @@ class EngineMember:
 
     @property
     def pinned_exports(self) -> bool:
-        """Whether its engine exports a stored snapshot without waiting for its running forward (the
-        last Info's ``pinned_exports``; False until one was read)."""
+        """The last Info's ``pinned_exports`` (False until one was read)."""
         info = self.gateway.last_info
         return info is not None and info.pinned_exports
 
@@ -114,10 +112,8 @@ class EngineMember:
 
 
 class RoutedStream:
-    """A gateway stream on the engine that serves it: its ``Done`` names that engine, and the
-    engine's in-flight count drops once the stream ends. ``on_done(done, ttft_s)`` sees the ``Done``
-    with the seconds from ``started_at`` (``time.perf_counter()``, default: now) to the first tokens
-    event. ``stop()`` as :class:`GatewayStream`."""
+    """A gateway stream on the engine that serves it: its ``Done`` names the engine, whose in-flight
+    count drops once it ends; ``on_done(done, ttft_s)`` measures from ``started_at`` (perf_counter)."""
 
     def __init__(
         self,

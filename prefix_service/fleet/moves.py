@@ -23,13 +23,9 @@ JOIN_TIMEOUT_S = 30.0  # how long a request waits for the same move another requ
 
 @dataclass(frozen=True)
 class MoveOutcome:
-    """``moved``: the target now holds a copy of ``positions`` positions (it took ``seconds``);
-    otherwise ``refusal`` says why not: ``gone`` (the holder no longer has it), ``slower``,
-    ``unsupported`` (an engine without snapshot files), ``export`` (the holder refused, e.g. a
-    prefix below a sliding-window ring's floor), ``directory`` (a restore from the
-    snapshot directory did not store the file), ``import:<reason>`` (the target
-    refused the file), ``insert:<reason>`` (the target's cache did
-    not store it), ``joined`` (another request's move of it ended first), or an error's type name."""
+    """``moved``: the target now holds ``positions`` positions (in ``seconds``); else ``refusal``: gone,
+    slower, unsupported, export, directory, import:<reason>, insert:<reason>, joined, or an error's
+    type name (docs/DEPLOY.md "Moves")."""
 
     moved: bool
     positions: int = 0

@@ -103,8 +103,7 @@ class Gateway:
         return self.cache.backend.fingerprint
 
     def serving(self, call: CallContext | None = None) -> EngineInfo:
-        """A request's first step: wait while the engine is down (Unavailable when it stays down
-        longer than ``call`` may wait; no call is made), then its Info as last read."""
+        """Wait while the engine is down (Unavailable past what ``call`` may wait); its Info as last read."""
         self.backend.await_serving(call)
         return self.engine
 
@@ -122,8 +121,8 @@ class Gateway:
         call: CallContext,
         caller_active: Callable[[], bool] = lambda: True,
     ) -> PromptLookup:
-        """Clone the best stored snapshot of ``prompt`` for ``call``'s owner. When ``caller_active()``
-        is False after the lookup, the clone is closed and Cancelled raised."""
+        """Clone the best stored snapshot of ``prompt`` for ``call``'s owner; closed again, and Cancelled
+        raised, when ``caller_active()`` is False by then."""
         self.serving(call)
         tokens = self.tokens(prompt, call)
         outcome = self.find(namespace, tokens, call)
@@ -154,9 +153,8 @@ class Gateway:
         return self.flow.hand_over(namespace, tokens, session, metadata, call)
 
     def generate(self, request: GatewayRequest, call: CallContext) -> GatewayStream:
-        """Look up, start the engine Generate as the caller (capturing the prompt snapshot and its
-        checkpoints for the service) and return its stream once the engine started it; a full engine:
-        evict one entry and retry once."""
+        """Look up, start the engine Generate as the caller (capturing the prompt's snapshots for the
+        service) and return its stream once started; a full engine: evict one entry, retry once."""
         most = self.serving(call).max_session_tokens
         tokens = self.tokens(request.prompt, call)
         if not tokens:
@@ -208,8 +206,7 @@ class Gateway:
         return self.cache.positions
 
     def fill(self) -> float:
-        """How full the service's share is: the larger of entries / max and positions / max (an
-        unbounded bound counts as empty, a disabled cache as full)."""
+        """How full the service's share is: max(entries / max, positions / max); disabled: full."""
         cache = self.cache
         if cache.max_entries == 0:
             return 1.0

@@ -47,51 +47,49 @@ class EngineStream(Protocol):
 
 @runtime_checkable
 class GatewayBackend(Protocol):
-    """A remote engine as the gateway calls it; handles are engine session handle strings.
-
-    ``sessions``: the same engine's handles as the cache holds them. ``refresh(info)`` adopts an Info
-    (a new instance forgets every handle). ``await_serving(call)``: return once the engine serves
-    (Unavailable when it stays down longer than ``call`` may wait). ``adopt``: record a handle the
-    backend owns (a snapshot event's). ``tokenize`` / ``describe`` / ``take_clone`` / ``close_as``: as
-    ``call``'s caller; ``take_clone`` with ``expected_digest`` clones only that content. ``clone_for``:
-    a stored snapshot cloned into ``call``'s owner's session. ``claim``: take over the quota charge of
-    a handle handed to the backend (QuotaExceeded when its budget has no room). ``reclaim``: release
-    what the backend's owner holds and does not know; how many. ``snapshot_files(call)``: the tier's
-    files for ``call`` (None: an engine without them)."""
+    """A remote engine as the gateway calls it; handles are engine session handle strings. Calls made
+    for ``call`` carry its deadline; ``tokenize``, ``describe``, ``take_clone``, ``close_as`` and
+    ``generate`` run as its caller (credential forwarded), the others as the backend's owner."""
 
     @property
-    def owner(self) -> str: ...
+    def owner(self) -> str: ...  # the backend's owner id in the engine (it holds the stored snapshots)
 
     @property
-    def instance_id(self) -> str: ...
+    def instance_id(self) -> str: ...  # the engine instance its handles belong to, as last refreshed
 
     @property
-    def sessions(self) -> SessionBackend: ...
+    def sessions(self) -> SessionBackend: ...  # the same engine's handles as the cache holds them
 
     def info(self, call: CallContext | None = None) -> EngineInfo: ...
 
-    def refresh(self, info: EngineInfo | None = None) -> EngineInfo: ...
+    def refresh(
+        self, info: EngineInfo | None = None
+    ) -> EngineInfo: ...  # a new instance forgets every handle
 
+    # return once the engine serves; Unavailable when it stays down longer than ``call`` may wait
     def await_serving(self, call: CallContext | None = None) -> None: ...
 
+    # record a handle the backend owns (a snapshot event's) and what the engine said it holds
     def adopt(self, handle: str, position: int, content_digest: bytes | None = None) -> None: ...
 
-    def snapshot_files(self, call: CallContext | None = None) -> SnapshotBackend | None: ...
+    def snapshot_files(self, call: CallContext | None = None) -> SnapshotBackend | None: ...  # None: none
 
     def tokenize(self, text: TextPrompt, call: CallContext) -> list[int]: ...
 
     def describe(self, session: str, call: CallContext) -> Described: ...
 
+    # the caller's session cloned into one the backend owns; with ``expected_digest`` only that content
     def take_clone(
         self, session: str, upto: int, call: CallContext, expected_digest: bytes | None = None
     ) -> TakenClone: ...
 
-    def clone_for(self, handle: str, upto: int, call: CallContext) -> TakenClone: ...
+    def clone_for(self, handle: str, upto: int, call: CallContext) -> TakenClone: ...  # into call's owner's
 
     def close_as(self, session: str, call: CallContext | None = None) -> None: ...
 
     def generate(self, request: EngineGenerate) -> EngineStream: ...
 
+    # take over the quota charge of a handle handed to the backend (QuotaExceeded: its budget is full)
     def claim(self, handle: str, call: CallContext | None = None) -> None: ...
 
-    def reclaim(self, call: CallContext | None = None) -> int: ...
+    def reclaim(self, call: CallContext | None = None) -> int: ...  # release what it holds and does not know

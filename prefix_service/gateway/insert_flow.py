@@ -122,10 +122,9 @@ class InsertFlow:
     def capture(
         self, snapshot: Snapshot, request: GatewayRequest, tokens: Sequence[int], room: SnapshotRoom
     ) -> None:
-        """Store a generation's prompt snapshot or checkpoint (``tokens[:position]``) in its reservation;
-        the cache verifies the content the engine reported. A snapshot the caller's quota refused is
-        counted (QUOTA), and nothing of the service's is reclaimed: other callers' captures on their way
-        are among the handles the service does not know yet."""
+        """Store a generation's prompt snapshot or checkpoint (``tokens[:position]``) in its reservation. A
+        snapshot the caller's quota refused is counted (QUOTA); nothing is reclaimed for it (other callers'
+        captures on their way are among the handles the service does not know yet)."""
         reservation = room.take(snapshot.position)
         if not snapshot.handle:
             if reservation is not None:
@@ -149,8 +148,7 @@ class InsertFlow:
         )  # fmt: skip
 
     def claim(self, handle: str, call: CallContext | None = None) -> InsertRefusal | None:
-        """Take over the engine quota charge of a caller's hand-over before it is stored (``pressure.claim``);
-        a handle that cannot be claimed is released."""
+        """Take over the quota charge of a caller's hand-over (``pressure.claim``); unclaimed: released."""
         refusal = self.pressure.claim(handle, call)
         if refusal is not None:
             release_handle(self.cache.backend, handle)

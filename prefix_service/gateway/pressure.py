@@ -90,10 +90,8 @@ class EnginePressure:
         return None
 
     def claim(self, handle: str, call: CallContext | None = None) -> InsertRefusal | None:
-        """Take over the engine quota charge of ``handle`` (a caller's hand-over, before it is stored);
-        None when claimed, else why it cannot be stored: OVER_BUDGET when the service's own quota stays
-        full after reclaiming the handles it does not know, INVALID_SNAPSHOT when the handle is gone or
-        the engine could not be asked. The caller releases a handle it could not claim."""
+        """Take over the quota charge of ``handle`` (a caller's hand-over): None when claimed, else why it
+        cannot be stored (OVER_BUDGET: the service's quota stays full; INVALID_SNAPSHOT: gone or no answer)."""
         for attempt in range(2):
             try:
                 self.backend.claim(handle, call)

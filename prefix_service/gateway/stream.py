@@ -1,8 +1,6 @@
-"""GatewayStream: one gateway Generate call in flight, as :meth:`Gateway.generate` returns it.
-
-The client reads the engine's events but its ``Snapshot`` events, which go to the gateway. However it
-ends, the engine stream is drained (cancelled after ``DRAIN_TIMEOUT_S``) so no snapshot is lost, as the
-caller of the call it holds; the matched clone is the engine call's to close (``close_session``)."""
+"""GatewayStream: one gateway Generate call in flight. The client reads the engine's events but its
+``Snapshot`` events, which go to the gateway; however it ends, the engine stream is drained so no
+snapshot is lost, as the caller of the call it holds."""
 
 from __future__ import annotations
 

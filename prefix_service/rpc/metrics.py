@@ -1,17 +1,5 @@
-"""The prefix service's Prometheus metrics, all defined here.
-
-- RPCs and gateway Generate streams (``serving.rpc_metrics``, ``service="forkline.prefix.v1.PrefixCache"``):
-  requests by method and code, durations, TTFT, inter-token and end-to-end latency, tokens.
-- The cache, read from ``Fleet.stats()`` at scrape time (every door counts): ``forkline_prefix_hits_total``,
-  ``_misses_total{reason}``, ``_reused_tokens_total``, ``_inserts_total``, ``_refusals_total{reason}``,
-  ``_evictions_total``, ``_entries`` / ``_max_entries``, ``_positions`` / ``_max_positions``,
-  ``_dropped_on_restart_total``, ``_pressure_evictions_total``, ``_pressure_retries_total``.
-- Per engine (label ``engine``): ``forkline_prefix_engine_routable``, ``_entries``, ``_positions``,
-  ``_in_flight``, ``_load``, ``_hits_total``, ``_misses_total``, ``_routed_total``, ``_load_guarded_total``;
-  ``forkline_prefix_routes_total{reason}``.
-- With ``--snapshot_dir``: ``forkline_prefix_snapshot_files`` / ``_bytes`` / ``_max_bytes``,
-  ``forkline_prefix_snapshot_events_total{event}``.
-"""
+"""The prefix service's Prometheus metrics: RPCs and gateway streams (``serving.rpc_metrics``), the cache
+and each engine read from ``Fleet.stats()`` at scrape time, the snapshot directory. Names: README "Metrics"."""
 
 from __future__ import annotations
 

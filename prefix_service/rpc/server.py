@@ -78,10 +78,8 @@ class PrefixServer(GrpcServer):
         tls_client_ca: str | None = None,
         namespace: str = "",
     ) -> int:
-        """Serve the OpenAI-compatible HTTP door (``prefix_service/http``) in this process over this
-        server's fleet; returns its bound port. ``model_name`` "": the engines' model file name.
-        ``auth``: bearer tokens -> owners (as the gRPC side's token table). ``namespace``: the one every
-        HTTP request uses (scoped as on gRPC: the caller's own unless shared). It stops with this server."""
+        """Serve the OpenAI-compatible HTTP door over this server's fleet (``create_app``; stopped with
+        this server); its bound port. ``model_name`` "": the engines' model file name."""
         from prefix_service.http.app import create_app, served_model_name
         from prefix_service.http.server import HttpServer
 
@@ -110,9 +108,8 @@ class PrefixServer(GrpcServer):
         return any(m.serving for m in self.fleet.members())
 
     def watch_engines(self) -> None:
-        """Follow every engine's health (also those that join later): when one serves again, check it
-        for a restart (dropping the dead instance's entries without waiting for a call); report this
-        service NOT_SERVING while no engine serves."""
+        """Follow every engine's health, also of those that join later: one that serves again is checked
+        for a restart at once; this service is NOT_SERVING while no engine serves."""
         for member in self.fleet.members():
             self._watch(member)
         if self.pool is not None:
@@ -168,12 +165,9 @@ def create_server(
     metrics: bool = False,
     tenancy: Tenancy | None = None,
 ) -> tuple[PrefixServer, int]:
-    """Build, bind and start the prefix server; returns it and the bound port. ``gateway``: one
-    engine's gateway (``connect_engine``; its ``channel`` is closed when the server stops) or a fleet
-    (``connect_fleet``, with its ``pool``). ``security``: TLS and/or bearer tokens for this service's
-    callers (None: plaintext, self-declared owners). ``metrics``: collect Prometheus metrics
-    (``rpc/metrics.py``; served by ``server.start_metrics``). ``tenancy``: shared namespaces and the
-    admin owner (``gateway/tenancy.py``; default none)."""
+    """Build, bind and start the prefix server: (server, bound port). ``gateway``: one engine's gateway
+    (``connect_engine``; ``channel`` closed with the server) or a fleet (``connect_fleet`` and its
+    ``pool``); ``security``: TLS and / or tokens (None: plaintext, self-declared owners)."""
     from prefix_service.rpc.metrics import PrefixMetrics
 
     fleet = gateway if isinstance(gateway, Fleet) else Fleet([remote_member(gateway, channel)])

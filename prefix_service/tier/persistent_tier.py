@@ -48,8 +48,7 @@ class Restored:
 
 
 class PersistentTier:
-    """See the module docstring. :meth:`open` builds one over a folder. ``kept``: the engine's
-    refusals that leave a file in place (any other deletes it)."""
+    """``kept``: the engine's refusals that leave a file in place (any other deletes it)."""
 
     @classmethod
     def open(
@@ -62,8 +61,7 @@ class PersistentTier:
         preload: int = 0,
         kept: frozenset[str] = KEPT,
     ) -> PersistentTier:
-        """The tier over ``folder`` (created if missing; its files indexed, stale temporaries
-        deleted) with a byte budget, the retention ``policy``, the writer's queue bound."""
+        """The tier over ``folder`` (created if missing, its files indexed) with a byte budget."""
         store = SnapshotStore(folder, max_bytes, policy)
         return cls(store, SnapshotWriter(store, queue_size), preload, kept)
 
@@ -145,8 +143,7 @@ class PersistentTier:
         files: SnapshotBackend | None = None,
         store: Store | None = None,
     ) -> None:
-        """:meth:`preload` on a thread of its own (lookups restore lazily anyway); ``on_loaded()`` runs
-        when it restored something."""
+        """:meth:`preload` on a thread; ``on_loaded()`` runs when it restored something."""
         if self.preload_entries <= 0:
             return
 
