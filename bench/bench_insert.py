@@ -40,9 +40,9 @@ from engine_service.executors.module import ModuleExecutor
 from engine_service.model.random_init import random_model
 from engine_service.runtime.content_log import ContentLog
 from engine_service.runtime.runner import Runner
-from prefix_service.cache import prefix_cache as cache_module
+from prefix_service.cache import admission as cache_module
 from prefix_service.cache.prefix_cache import PrefixCache
-from prefix_service.gateway import gateway as gateway_module
+from prefix_service.gateway import insert_flow as insert_flow_module
 
 OUT = Path(__file__).resolve().parent / "out"
 
@@ -68,7 +68,7 @@ class HashTimer:
         self._undo.append(lambda: setattr(owner, name, real))
 
     def __enter__(self) -> HashTimer:
-        self.wrap(gateway_module, "content_digest")  # the gateway's one hash of the tokens
+        self.wrap(insert_flow_module, "content_digest")  # the insert flow's one hash of the tokens
         self.wrap(cache_module, "content_digest")  # the cache's, when no digest was passed
         self.wrap(ContentLog, "digest")  # the engine's record (clone check, snapshot digest)
         return self
@@ -131,11 +131,7 @@ def services(tokens: list[int], repeats: int) -> dict:
     rows = []
     try:
         owner = EngineClient(engine.address, owner="bench")
-        session = (
-            owner.generate(tokens, config=GenConfig(max_new_tokens=1), keep_session=True)
-            .collect()
-            .started.session
-        )
+        session = owner.generate(tokens, max_new_tokens=1, keep_session=True).collect().started.session
         client = PrefixClient(prefix.address, owner="bench")
         client.insert_detailed(tokens, session, namespace="warm-up")  # channels and code paths warm
         for i in range(repeats):

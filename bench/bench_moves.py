@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from engine_service.api.call_context import CallContext  # noqa: E402
 from engine_service.api.config import GenConfig  # noqa: E402
 from engine_service.api.stream_events import Done, Tokens  # noqa: E402
 from prefix_service.cache.index import token_key  # noqa: E402
@@ -31,7 +32,7 @@ from prefix_service.gateway.calls import GatewayRequest  # noqa: E402
 from tests.service.test_engine_restart import ServiceProcess, free_port, wait_serving  # noqa: E402
 
 OUT = ROOT / "bench" / "out"
-OWNER = "bench"
+OWNER = CallContext("bench")
 
 
 class Engine(ServiceProcess):

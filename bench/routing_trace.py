@@ -182,6 +182,7 @@ def replay(fleet: Fleet, recorded: Recorded, trace: list[TraceRequest], block_to
     lock = threading.Lock()
 
     def one(i: int, r: TraceRequest) -> None:
+        from engine_service.api.call_context import CallContext
         from prefix_service.gateway.calls import GatewayRequest
 
         tokens = r.tokens(block_tokens)
@@ -190,7 +191,7 @@ def replay(fleet: Fleet, recorded: Recorded, trace: list[TraceRequest], block_to
         first = 0.0
         done = None
         for event in fleet.generate(
-            GatewayRequest(NAMESPACE, tokens, config, ignore_eos=True), f"client-{i}"
+            GatewayRequest(NAMESPACE, tokens, config, ignore_eos=True), CallContext(f"client-{i}")
         ):
             if isinstance(event, Tokens) and not first:
                 first = time.perf_counter() - start

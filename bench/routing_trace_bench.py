@@ -81,7 +81,7 @@ def run(policy: str, addresses: list[str], trace, block_tokens: int, warmup=(), 
         moves = sum(m.moves_in for m in fleet.members())
         return (
             served,
-            {m.name: len(m.gateway.cache) for m in fleet.members()},
+            {m.name: len(m.gateway) for m in fleet.members()},
             wall,
             (fleet.rates.rates(), moves),
         )

@@ -29,7 +29,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     ) -> Iterator[pb.GenerateEvent]:
         with status_on_error(context):
             s = self.sessions
-            owner = owner_of(context.invocation_metadata())
+            owner = owner_of(context)
             call = s.generate(owner, convert.generation_request(request, s.eos_token_ids, s.hidden_size))
             context.add_callback(call.finish)  # the call ends however the stream ends
             try:
@@ -41,7 +41,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     def Clone(self, request: pb.CloneRequest, context: grpc.ServicerContext) -> pb.CloneResponse:
         with status_on_error(context):
             taken = self.sessions.clone(
-                owner_of(context.invocation_metadata()),
+                owner_of(context),
                 request.session,
                 request.upto,
                 new_owner=request.new_owner,
@@ -52,31 +52,31 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     def Close(self, request: pb.CloseRequest, context: grpc.ServicerContext) -> pb.CloseResponse:
         with status_on_error(context):
-            self.sessions.close(owner_of(context.invocation_metadata()), request.session)
+            self.sessions.close(owner_of(context), request.session)
             return pb.CloseResponse()
 
     def Claim(self, request: pb.ClaimRequest, context: grpc.ServicerContext) -> pb.ClaimResponse:
         with status_on_error(context):
-            self.sessions.claim(owner_of(context.invocation_metadata()), request.session)
+            self.sessions.claim(owner_of(context), request.session)
             return pb.ClaimResponse()
 
     def ReleaseOwner(
         self, request: pb.ReleaseOwnerRequest, context: grpc.ServicerContext
     ) -> pb.ReleaseOwnerResponse:
         with status_on_error(context):
-            released = self.sessions.release_owner(owner_of(context.invocation_metadata()), request.keep)
+            released = self.sessions.release_owner(owner_of(context), request.keep)
             return pb.ReleaseOwnerResponse(released=released)
 
     def Describe(self, request: pb.DescribeRequest, context: grpc.ServicerContext) -> pb.DescribeResponse:
         with status_on_error(context):
-            described = self.sessions.describe(owner_of(context.invocation_metadata()), request.session)
+            described = self.sessions.describe(owner_of(context), request.session)
             return convert.describe_response(described)
 
     def ExportSession(
         self, request: pb.ExportSessionRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.SnapshotChunk]:
         with status_on_error(context):
-            owner = owner_of(context.invocation_metadata())
+            owner = owner_of(context)
             yield from convert.snapshot_chunks(
                 self.sessions.export_session(
                     owner, request.session, request.extra, request.upto if request.HasField("upto") else None
@@ -87,13 +87,13 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         self, request_iterator: Iterator[pb.SnapshotChunk], context: grpc.ServicerContext
     ) -> pb.ImportSessionResponse:
         with status_on_error(context):
-            owner = owner_of(context.invocation_metadata())
+            owner = owner_of(context)
             imported = self.sessions.import_session(owner, (chunk.data for chunk in request_iterator))
             return convert.import_response(imported)
 
     def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoResponse:
         with status_on_error(context):
-            return engine_wire.info_message(self.sessions.info(owner_of(context.invocation_metadata())))
+            return engine_wire.info_message(self.sessions.info(owner_of(context)))
 
     def Tokenize(self, request: pb.TokenizeRequest, context: grpc.ServicerContext) -> pb.TokenizeResponse:
         with status_on_error(context):

@@ -1,28 +1,27 @@
-"""Authentication on the wire: who a call is (:func:`owner_of`), the bearer-token interceptor, TLS
-credentials for servers and channels, and the metadata a client (or the prefix service calling the
-engine on a caller's behalf) sends.
+"""Authentication on the wire: who a call is (:func:`call_context`), the bearer-token interceptor, TLS
+credentials, and the metadata a client (or the prefix service acting for a caller) sends.
 
-With a token table every call but health checking and reflection needs ``authorization: Bearer
-<token>``: missing, malformed or unknown is UNAUTHENTICATED before the handler runs (a
-``forkline-owner`` header is never a credential; next to a valid token it is ignored). Without a table
-owners come from the header. TLS only protects the connection.
+With a token table every call but health and reflection needs ``authorization: Bearer <token>``
+(else UNAUTHENTICATED before the handler runs); without one, owners come from ``forkline-owner``.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 
+from engine_service.api.call_context import CallContext
 from engine_service.api.errors import InvalidArgument, Unauthenticated
 from engine_service.api.owners import DEFAULT_OWNER, check_owner
 from engine_service.serving.errors import status_on_error
-from engine_service.serving.tokens import Caller, TokenTable, calling_as, check_token, current_caller
+from engine_service.serving.tokens import TokenTable, check_token
 
 log = logging.getLogger(__name__)
 
@@ -35,23 +34,44 @@ OPEN_METHOD_PREFIXES = (
     "/grpc.reflection.v1alpha.ServerReflection/",
     "/grpc.reflection.v1.ServerReflection/",
 )
+_NO_DEADLINE_S = 1e9  # grpc reports "no deadline" as a time remaining of ~9e18 s
 
 
-def owner_of(metadata: Iterable[tuple[str, str | bytes]] | None) -> str:
-    """The caller's owner id: the authenticated owner when the call carried a valid token (auth on,
-    see ``engine_service/serving/tokens.py``; the header is then ignored), else the request metadata's
-    ``forkline-owner``; absent -> ``anonymous``."""
-    caller = current_caller()
-    if caller is not None:
-        return caller.owner
-    for key, value in metadata or ():
+class AuthenticatedContext:
+    """A handler's ``grpc.ServicerContext`` that carries the caller the interceptor authenticated
+    (``caller``: owner and credential, no deadline); everything else is the wrapped context's."""
+
+    def __init__(self, context: grpc.ServicerContext, caller: CallContext) -> None:
+        self._context = context
+        self.caller = caller
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
+def owner_of(context: grpc.ServicerContext) -> str:
+    """The caller's owner id: the authenticated owner (auth on; the header is then ignored), else the
+    ``forkline-owner`` metadata; absent -> ``anonymous``."""
+    if isinstance(context, AuthenticatedContext):
+        return context.caller.owner
+    for key, value in context.invocation_metadata() or ():
         if key == OWNER_METADATA_KEY:
             return check_owner(value.decode() if isinstance(value, bytes) else str(value), OWNER_METADATA_KEY)
     return DEFAULT_OWNER
 
 
-def authenticate(table: TokenTable, metadata: Sequence[tuple[str, str | bytes]] | None) -> Caller:
-    """The caller ``metadata`` authenticates as; Unauthenticated saying what is wrong otherwise."""
+def call_context(context: grpc.ServicerContext) -> CallContext:
+    """The call as a value: its owner (:func:`owner_of`), the credential it authenticated with ("":
+    auth off) and its deadline (``time.monotonic()``; None when the client set none)."""
+    remaining = context.time_remaining()
+    deadline = None if remaining is None or remaining > _NO_DEADLINE_S else time.monotonic() + remaining
+    credential = context.caller.credential if isinstance(context, AuthenticatedContext) else ""
+    return CallContext(owner_of(context), credential, deadline)
+
+
+def authenticate(table: TokenTable, metadata: Sequence[tuple[str, str | bytes]] | None) -> CallContext:
+    """The caller ``metadata`` authenticates as (its credential: the ``authorization`` value);
+    Unauthenticated saying what is wrong otherwise."""
     values = [v for k, v in metadata or () if k == AUTHORIZATION_KEY]
     if not values:
         declared = any(k == OWNER_METADATA_KEY for k, _ in metadata or ())
@@ -70,25 +90,7 @@ def authenticate(table: TokenTable, metadata: Sequence[tuple[str, str | bytes]] 
     owner = table.owner_for(token)
     if owner is None:
         raise Unauthenticated("unknown bearer token")
-    return Caller(owner, value)
-
-
-def _iterate_as(caller: Caller, responses: Iterator[Any]) -> Iterator[Any]:
-    """``responses`` with :func:`current_caller` set to ``caller`` while each item is produced and
-    while the iterator is closed (a streaming handler runs between the yields)."""
-    try:
-        while True:
-            with calling_as(caller):
-                try:
-                    item = next(responses)
-                except StopIteration:
-                    return
-            yield item
-    finally:
-        close = getattr(responses, "close", None)
-        if close is not None:
-            with calling_as(caller):
-                close()
+    return CallContext(owner, value)
 
 
 def rebuild_handler(
@@ -109,7 +111,8 @@ def rebuild_handler(
 
 
 class TokenAuthInterceptor(grpc.ServerInterceptor):
-    """Authenticates every call but health and reflection against ``table`` (see the module docstring)."""
+    """Authenticates every call but health and reflection against ``table``; the handler gets an
+    :class:`AuthenticatedContext`."""
 
     def __init__(self, table: TokenTable) -> None:
         self.table = table
@@ -124,7 +127,7 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):
             log.debug("refused %s: %s", handler_call_details.method, exc)
             refuse = _refusal(exc)
             return rebuild_handler(handler, lambda _behaviour, _streams: refuse)
-        return rebuild_handler(handler, lambda behaviour, streams: _as_caller(caller, behaviour, streams))
+        return rebuild_handler(handler, lambda behaviour, _streams: _as_caller(caller, behaviour))
 
 
 def _refusal(exc: Unauthenticated) -> Callable[..., Any]:
@@ -135,11 +138,9 @@ def _refusal(exc: Unauthenticated) -> Callable[..., Any]:
     return refuse
 
 
-def _as_caller(caller: Caller, behaviour: Callable[..., Any], streams: bool) -> Callable[..., Any]:
+def _as_caller(caller: CallContext, behaviour: Callable[..., Any]) -> Callable[..., Any]:
     def run(request: Any, context: grpc.ServicerContext) -> Any:
-        with calling_as(caller):
-            result = behaviour(request, context)
-        return _iterate_as(caller, iter(result)) if streams else result
+        return behaviour(request, AuthenticatedContext(context, caller))
 
     return run
 
@@ -225,11 +226,10 @@ class ClientSecurity:
         return ((OWNER_METADATA_KEY, owner), (AUTHORIZATION_KEY, f"Bearer {self.token}"))
 
 
-def on_behalf_of(owner: str) -> tuple[tuple[str, str], ...]:
-    """Metadata for a call the prefix service makes to the engine for its caller ``owner``: the caller's
-    own ``authorization`` when the current call authenticated as ``owner`` (the engine then checks it),
-    plus the ``forkline-owner`` header an engine without tokens reads."""
-    caller = current_caller()
-    if caller is not None and caller.owner == owner:
-        return ((OWNER_METADATA_KEY, owner), (AUTHORIZATION_KEY, caller.authorization))
-    return ((OWNER_METADATA_KEY, owner),)
+def on_behalf_of(call: CallContext) -> tuple[tuple[str, str], ...]:
+    """Metadata for an engine call the prefix service makes for ``call``: its owner header (what an
+    engine without tokens reads) and, when it authenticated, its own ``authorization`` (the engine
+    checks it)."""
+    if call.credential:
+        return ((OWNER_METADATA_KEY, call.owner), (AUTHORIZATION_KEY, call.credential))
+    return ((OWNER_METADATA_KEY, call.owner),)

@@ -1,25 +1,17 @@
-"""Bearer tokens as plain code (no grpc): the token table, who the current call is, single-token files.
+"""Bearer tokens as plain code (no grpc): the token table and single-token files.
 
 A token file holds one ``token owner`` pair a line (``#`` comments, blank lines skipped); a token is
-:data:`MIN_TOKEN_LENGTH`..:data:`MAX_TOKEN_LENGTH` characters without whitespace, listed once; an owner
-may have several (rotation). :meth:`TokenTable.reload` keeps the old table when the new file is bad;
-:meth:`TokenTable.owner_for` takes constant time (the token's SHA-256 against every entry with
-``hmac.compare_digest``, no early exit). ``serving/auth.py`` runs each authenticated handler inside
-:func:`calling_as`; :func:`current_caller` then names its owner and the credential it presented.
+16..512 characters without whitespace, listed once; an owner may have several (rotation).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import hashlib
 import hmac
 import ipaddress
 import logging
 import signal
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from engine_service.api.errors import InvalidArgument
@@ -29,32 +21,6 @@ log = logging.getLogger(__name__)
 
 MIN_TOKEN_LENGTH = 16
 MAX_TOKEN_LENGTH = 512
-
-
-@dataclass(frozen=True)
-class Caller:
-    """An authenticated caller: its owner id and the ``authorization`` value it presented."""
-
-    owner: str
-    authorization: str
-
-
-_caller: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("forkline_caller", default=None)
-
-
-def current_caller() -> Caller | None:
-    """The authenticated caller of the call running on this thread (None with auth off)."""
-    return _caller.get()
-
-
-@contextlib.contextmanager
-def calling_as(caller: Caller) -> Iterator[None]:
-    """Within the block, :func:`current_caller` is ``caller``."""
-    token = _caller.set(caller)
-    try:
-        yield
-    finally:
-        _caller.reset(token)
 
 
 def check_token(token: str, what: str) -> str:

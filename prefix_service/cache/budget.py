@@ -1,15 +1,6 @@
-"""Budget: how much a :class:`~prefix_service.cache.prefix_cache.PrefixCache` may hold, and room held for
-snapshots on their way.
-
-A prefix cache holds engine sessions, so its bound is in the engine's units: entries (one resident
-session each) and positions (the prompt length each holds: a 2,000-token entry weighs 200 times a
-10-token one). ``max_entries`` 0 disables the cache; ``max_positions`` 0 leaves positions unbounded.
-
-A :class:`Reservation` is room taken before a snapshot exists (one entry, its positions), so the
-snapshot's clone in the engine already fits the cache's share there: the gateway reserves before it
-asks the engine for a prompt snapshot or clones a caller's session, and the insert consumes the
-reservation. Reservations count like entries until they are consumed or released (idempotent).
-"""
+"""Budget: how much a PrefixCache may hold, in the engine's units -- entries (one resident session
+each) and positions (0 entries: disabled; 0 positions: unbounded) -- and the :class:`Reservation`s
+taken for snapshots on their way (they count like entries until consumed or released)."""
 
 from __future__ import annotations
 
@@ -105,9 +96,8 @@ class Budget:
         return self.max_entries > 0 and (not self.max_positions or positions <= self.max_positions)
 
     def reserve(self, newcomer: Entry) -> Reservation | InsertRefusal:
-        """Room for ``newcomer`` (an entry not stored yet), made by evicting the policy's victims as
-        long as the policy ranks them below it; else why not: EVICTED (the newcomer would be the
-        victim), OVER_BUDGET (it can never fit, or reservations hold the rest), DISABLED."""
+        """Room for ``newcomer`` (not stored yet), evicting the victims the policy ranks below it; else why
+        not: EVICTED (it would be the victim), OVER_BUDGET (never fits, or reservations hold the rest)."""
         positions = newcomer.key_length
         with self._lock:
             if self.max_entries == 0:
@@ -133,7 +123,7 @@ class Budget:
 
 
 class Reservation:
-    """Room for one entry of ``positions`` positions (see the module docstring). ``release()`` gives it
+    """Room for one entry of ``positions`` positions. ``release()`` gives it
     back once; an insert that receives it releases it as it adds the entry."""
 
     def __init__(self, positions: int, on_release: Callable[[Reservation], None]) -> None:
@@ -174,10 +164,8 @@ def engine_budget(
     quota_sessions: int = 0,
     quota_positions: int = 0,
 ) -> tuple[int, int]:
-    """The (entries, positions) a prefix service may hold in an engine: its configured bounds
-    (``max_positions`` 0: none), capped by ``share`` of the engine's resident sessions and of their
-    positions (``max_sessions * max_session_tokens``), and by the engine's quota for its owner
-    (``quota_*``, 0: none). An engine that reports no limits caps nothing."""
+    """The (entries, positions) a prefix service may hold in an engine: its configured bounds capped by
+    ``share`` of the engine's sessions and positions and by its quota there (0: no cap)."""
     entries, positions = max_entries, max_positions
     if engine_max_sessions > 0:
         entries = min(entries, int(share * engine_max_sessions + 1e-9))

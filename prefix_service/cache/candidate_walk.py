@@ -1,26 +1,15 @@
-"""The candidates of one lookup: which stored snapshot the engine clones for a request.
-
-The index yields the stored entries sharing a prefix with the request, longest common prefix first,
-then most recent; a clone of one holds ``reused = min(common, len(request) - 1)`` positions. On an
-engine whose ring evicts window rows (``max_rewind``) a candidate more than ``max_rewind`` past
-``reused`` cannot be cloned there: it is passed over without a clone call (at most
-``MAX_WINDOW_SKIPS`` of them).
-
-- :func:`first_within_rewind`: the first candidate that could be cloned, and its ``reused`` (no call).
-- :func:`walk`: clone candidates in turn until one succeeds; a refusal moves on (at most
-  ``max_attempts``), an entry whose snapshot is dead or unknown to the engine is set aside to be
-  dropped, a receiver over its quota ends the walk. It changes nothing of the cache: the :class:`Walk`
-  says what happened.
-"""
+"""The candidates of one lookup: which stored snapshot the engine clones for a request (longest common
+prefix first, then most recent; on a ring that evicts window rows, candidates past ``max_rewind`` are
+passed over without a clone call)."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine_service.api.answers import CloneRefusal
+from engine_service.api.answers import CloneRefusal, TakenClone
 from engine_service.api.errors import ForklineError, NotFound, QuotaExceeded
 from prefix_service.cache.index import IndexMatch
 from prefix_service.cache.outcomes import CLONE_ERROR, CLONE_REFUSED, MissReason
@@ -28,10 +17,11 @@ from prefix_service.cache.retention import Entry
 from prefix_service.cache.session_backend import (
     Handle,
     SessionBackend,
-    clone_with_refusal,
     handle_alive,
     max_rewind,
 )
+
+Clone = Callable[[Handle, int], TakenClone]  # a lookup's clone: the handle, upto -> the clone or the refusal
 
 MAX_WINDOW_SKIPS = 1024  # candidates one walk passes over without a clone call (below a ring's floor)
 
@@ -56,18 +46,14 @@ def first_within_rewind(
 
 @dataclass
 class Walk:
-    """What one walk came to: a ``hit`` (the entry, the clone the caller owns, the positions it
-    holds) or why not. ``refused_at`` / ``window_at``: the longest common prefix whose clone was
-    refused (for any reason / because a ring no longer holds the rows there, or passed over for it);
-    ``other_refusal``: some refusal was for another reason (e.g. room); ``dead``: entries to drop;
-    ``over_quota``: the receiver's quota ended the walk."""
+    """What one walk came to: a hit, or why not."""
 
-    hit: tuple[Entry, Handle, int] | None = None
-    dead: list[Entry] = field(default_factory=list)
-    refused_at: int = 0
-    window_at: int = 0
-    other_refusal: bool = False
-    over_quota: QuotaExceeded | None = None
+    hit: tuple[Entry, Handle, int] | None = None  # the entry, the clone the caller owns, its positions
+    dead: list[Entry] = field(default_factory=list)  # entries to drop
+    refused_at: int = 0  # the longest common prefix whose clone was refused
+    window_at: int = 0  # ... because a ring no longer holds the rows there (or passed over for it)
+    other_refusal: bool = False  # some refusal was for another reason (e.g. room)
+    over_quota: QuotaExceeded | None = None  # the receiver's quota ended the walk
 
     def refusal(self) -> tuple[MissReason, int] | None:
         """The miss a refusal explains (WINDOW when only rings refused), and where; None otherwise."""
@@ -80,12 +66,14 @@ class Walk:
 
 def walk(
     backend: SessionBackend,
+    clone: Clone,
     matches: Iterable[IndexMatch[Entry]],
     request_length: int,
     max_attempts: int,
     refusals: Counter[str],
 ) -> Walk:
-    """Clone the best candidate (see the module docstring); ``refusals`` counts the clones refused."""
+    """Clone candidates in turn until one succeeds (a refusal moves on, at most ``max_attempts``; a dead
+    entry is set aside); changes nothing of the cache. ``refusals`` counts the clones refused."""
     found = Walk()
     attempts = skipped = 0
     rewind = max_rewind(backend)
@@ -101,7 +89,7 @@ def walk(
         if not handle_alive(backend, entry.snapshot):
             found.dead.append(entry)  # its engine is gone: no clone call
             continue
-        child = _clone(backend, entry.snapshot, reused, refusals)
+        child = _clone(clone, entry.snapshot, reused, refusals)
         if child is _GONE:  # e.g. the engine expired the handle: it can never serve again
             found.dead.append(entry)
             continue
@@ -135,11 +123,11 @@ class _Refused:
         self.window = window
 
 
-def _clone(backend: SessionBackend, snapshot: Handle, upto: int, refusals: Counter[str]) -> Any:
+def _clone(clone: Clone, snapshot: Handle, upto: int, refusals: Counter[str]) -> Any:
     """The clone, a :class:`_Refused` (an engine-side failure is one too), the receiver's
     QuotaExceeded, or ``_GONE`` when the backend does not know the snapshot (NotFound: permanent)."""
     try:
-        taken = clone_with_refusal(backend, snapshot, upto)
+        taken = clone(snapshot, upto)
     except NotFound:
         return _GONE
     except QuotaExceeded as exc:  # the receiver's quota

@@ -1,21 +1,6 @@
-"""PromptCapture: snapshot a session at its prompt boundary while it generates, then store it.
-
-The clones are queued from the generation callback on the engine thread, which runs them before the
-next forward: the snapshot exists before decode overwrites the sliding-window rows it needs.
-
-    capture = cache.capture_prompt(session, prompt)          # copies `prompt`
-    handle = session.generate_async(suffix, config, capture.wrap(user_callback))
-    handle.wait()
-    stored = capture.collect(namespace)                      # caller thread, after generation
-
-- ``wrap(callback)``: on the first update carrying tokens, clone at ``len(prompt)`` (at most once),
-  then call ``callback`` (may be None; its exception fails the generation). ``observer`` clones at
-  each prefill breakpoint (``update.breakpoint <= len(prompt)``, once per position); ``wrap`` does too.
-- ``collect(namespace, metadata)``: wait for the clones and insert them (``boundary="prompt"`` unless
-  given, checkpoints ``boundary="breakpoint"``); a refused clone is counted, never raised; how many
-  were stored (a second collect: 0). ``discard()`` releases them all.
-- A capture of a closed session forwards updates and clones nothing.
-"""
+"""PromptCapture: snapshot a session at its prompt boundary (and prefill breakpoints) while it generates,
+then store the snapshots. The clones are queued from the engine thread's callback, so each exists
+before decode overwrites the sliding-window rows it needs."""
 
 from __future__ import annotations
 
@@ -34,7 +19,21 @@ from prefix_service.cache.session_backend import CaptureBackend, Handle, handle_
 
 _ACTIVE, _INACTIVE, _COLLECTED, _DISCARDED = "active", "inactive", "collected", "discarded"
 
-Update = Any  # the engine's GenerationUpdate (tokens, position, breakpoint, finished, ...)
+
+class Update(Protocol):
+    """What a capture reads of a generation update (the engine's ``GenerationUpdate``)."""
+
+    @property
+    def tokens(self) -> tuple[int, ...]: ...
+
+    @property
+    def position(self) -> int: ...
+
+    @property
+    def breakpoint(self) -> int | None: ...
+
+    @property
+    def error(self) -> str | None: ...
 
 
 class CaptureStore(Protocol):
@@ -57,7 +56,9 @@ def _release_when_done(backend: CaptureBackend, future: Future) -> None:
 
 
 class PromptCapture:
-    """See the module docstring. Created by :meth:`PrefixCache.capture_prompt`."""
+    """Made by :meth:`PrefixCache.capture_prompt`: ``session.generate_async(suffix, config,
+    capture.wrap(callback))``, then ``capture.collect(namespace)`` on the caller's thread. A capture of
+    a closed session forwards updates and clones nothing."""
 
     def __init__(
         self, cache: CaptureStore, backend: CaptureBackend, session: Handle, prompt: Sequence[int]
@@ -87,6 +88,9 @@ class PromptCapture:
             return tuple(sorted(self._pending))
 
     def wrap(self, callback: Callable[[Update], None] | None) -> Callable[[Update], None]:
+        """``callback`` (may be None; its exception fails the generation) behind the capture: a clone
+        at each prefill breakpoint, and at the prompt end once ``prompt_snapshot_due``."""
+
         def wrapped(update: Update) -> None:
             self._on_breakpoint(update)
             if not self._prompt_requested and prompt_snapshot_due(
@@ -100,14 +104,14 @@ class PromptCapture:
         return wrapped
 
     @property
-    def observer(self) -> Callable[[Update], None]:
+    def observer(self) -> Callable[[Update], None]:  # the breakpoint clones only
         return self._on_breakpoint
 
     def collect(
         self, namespace: str, metadata: Mapping[str, Any] | None = None, timeout: float | None = None
     ) -> int:
-        """Wait for the queued clones and insert them; returns how many were stored. Never call it
-        from a generation callback. A clone still unsettled after ``timeout`` is released later."""
+        """Wait for the queued clones and insert them (checkpoints ``boundary="breakpoint"``); how many
+        were stored (a refusal is counted; a second collect: 0). Never from a generation callback."""
         with self._lock:
             if self._state != _ACTIVE:
                 return 0
@@ -149,7 +153,7 @@ class PromptCapture:
     # -- engine-thread side ------------------------------------------------------------------
 
     def _on_breakpoint(self, update: Update) -> None:
-        position = getattr(update, "breakpoint", None)
+        position = update.breakpoint
         if position is not None:
             self._request(position, SnapshotKind.BREAKPOINT)
 

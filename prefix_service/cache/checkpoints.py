@@ -1,13 +1,6 @@
-"""Checkpoints: the snapshots a gateway capture takes inside a prompt, so that a later prompt diverging
-inside it still reuses an exact prefix on an engine whose ring evicts window rows (README: "Sliding-window
-models"). A checkpoint at ``c`` serves every divergence ``d >= c`` with ``c`` positions (and ``d`` in
-``[c - max_write, c]`` with all ``d``); each is an ordinary cache entry (``boundary="breakpoint"``).
-
-- :func:`checkpoint_positions`: message ends (:func:`message_ends`: one Tokenize per message ending past
-  the reused part) and multiples of ``stride``, strictly between the reused part and the prompt end;
-  at most ``max_checkpoints``, message ends first, stride points thinned evenly (the last kept).
-- :class:`SnapshotRoom`: one gateway call's budget reservations, one per snapshot position.
-"""
+"""Checkpoints: the snapshots a gateway capture takes inside a prompt (message ends and stride points),
+so a later prompt diverging inside it still reuses an exact prefix on an engine whose ring evicts
+window rows; each is an ordinary cache entry (``boundary="breakpoint"``). Spec: README "Sliding-window models"."""
 
 from __future__ import annotations
 
@@ -54,8 +47,8 @@ def checkpoint_positions(
     plan: CheckpointPlan, prompt_length: int, reused: int, message_ends: Sequence[int] = ()
 ) -> tuple[int, ...]:
     """The checkpoints of one capture, ascending: message ends and multiples of ``plan.stride``
-    strictly between ``reused`` and ``prompt_length``, at most ``plan.max_checkpoints`` (see the
-    module docstring)."""
+    strictly between ``reused`` and ``prompt_length``, at most ``plan.max_checkpoints`` (message ends
+    first, stride points thinned evenly, the last kept)."""
     if not plan.enabled:
         return ()
     inside = range(reused + 1, prompt_length)
@@ -73,14 +66,10 @@ def checkpoint_positions(
 def message_ends(
     prompt: TextPrompt, tokens: Sequence[int], reused: int, tokenize: Callable[[TextPrompt], list[int]]
 ) -> list[int]:
-    """Where each message but the last ends in ``tokens`` (the engine's tokenization of ``prompt``),
-    for the messages ending past ``reused``; latest first. The engine renders the template, so each
-    end is found by tokenizing the conversation up to that message (``tokenize``: the engine's
-    Tokenize) and taking its common prefix with ``tokens``: the rendering with a generation prompt
-    shares exactly the messages (and whatever the template's turn opening has in common) with the
-    longer conversation; a BPE merge across the boundary only moves the checkpoint a token earlier,
-    and any position is an exact checkpoint. A template that refuses a partial conversation (e.g.
-    one that must end with a user turn) stops the search: no checkpoint is wrong, some are missing."""
+    """Where each message but the last ends in ``tokens`` (``prompt``'s tokenization), for those ending
+    past ``reused``, latest first: the common prefix of ``tokens`` with the conversation up to that
+    message tokenized (``tokenize``: the engine's). A template refusing a partial conversation stops
+    the search (no checkpoint is wrong, some are missing)."""
     messages = prompt.conversation()
     ends: list[int] = []
     for count in range(len(messages) - 1, 0, -1):

@@ -1,25 +1,6 @@
 """Cache events: what the prefix caches store and drop, published to subscribers (an external router, a
-dashboard) so they follow placement without polling.
-
-- A :class:`~prefix_service.cache.prefix_cache.PrefixCache` calls its listener (``listen``) with an
-  :class:`EntryChange` under its lock; :meth:`EventHub.attach` binds one to an engine (its name and
-  instance id). The listener never blocks and never hashes anything while nobody subscribes.
-- :meth:`EventHub.subscribe` returns a :class:`Subscription`: a bounded queue (``capacity`` events) of
-  the :class:`CacheEvent` records the subscriber may see (``where(scope)``; None: every scope). A full
-  queue never blocks the cache: the newest events are dropped and counted, and the subscriber reads one
-  ``GAP`` event saying how many before the events that followed. ``sequence`` numbers the events one
-  subscription may see (dropped ones included) from 1, so a jump also shows a gap.
-- ``replay``: the subscription starts with a ``STORED`` event (``replayed``) per entry it may see, then
-  one ``SYNCED`` marker, then the live events. It subscribes before it reads the entries, so an event
-  of the moment may repeat what the replay said: applied in order (stored and moved add, any other removes,
-  both idempotent), the consumer's view is the cache's.
-- A move (``fleet/moves.py``) stores the copy as ``MOVED`` on the engine it went to, naming the
-  engine it came from (``source``); the original stays where it was (its own events follow it).
-- Events carry the entry's scope (``gateway/tenancy.py``), its positions and the content digest of its
-  tokens (``engine_service.api.content``), never the tokens.
-- :meth:`EventHub.close` (server shutdown) and :meth:`Subscription.close` (the client cancelled) end
-  :meth:`Subscription.get` at once; a closed subscription is unsubscribed.
-"""
+dashboard) through an :class:`EventHub`; bounded queues that drop (and say so with a ``GAP``) rather
+than block the cache. Spec: docs/DEPLOY.md ("Cache events")."""
 
 from __future__ import annotations
 
@@ -41,18 +22,13 @@ MAX_SUBSCRIBERS = 16  # each stream holds one of the server's worker threads
 
 
 class EventKind(StrEnum):
-    """STORED: an entry was stored (or replayed). MOVED: stored as a copy of another engine's snapshot
-    (``source`` names it). EVICTED: the retention policy dropped it (bounds,
-    pressure). CLEARED: a Clear, an engine restart or shutdown dropped it. DROPPED: its handle was found
-    dead. GAP: ``missed`` events were dropped for this subscriber. SYNCED: the replay is complete."""
-
-    STORED = "stored"
-    MOVED = "moved"
-    EVICTED = "evicted"
-    CLEARED = "cleared"
-    DROPPED = "dropped"
-    GAP = "gap"
-    SYNCED = "synced"
+    STORED = "stored"  # an entry was stored (or replayed)
+    MOVED = "moved"  # stored as a copy of another engine's snapshot (``source`` names it)
+    EVICTED = "evicted"  # the retention policy dropped it (bounds, pressure)
+    CLEARED = "cleared"  # a Clear, an engine restart or shutdown dropped it
+    DROPPED = "dropped"  # its handle was found dead
+    GAP = "gap"  # ``missed`` events were dropped for this subscriber
+    SYNCED = "synced"  # the replay is complete
 
 
 @dataclass(frozen=True)
@@ -66,23 +42,20 @@ class EntryChange:
 
 @dataclass(frozen=True)
 class CacheEvent:
-    """One event as a subscriber reads it. ``scope``: the entry's (tenancy) scope; ``positions``: the
-    positions it holds; ``digest``: the content digest of its tokens. Empty / 0 on GAP and SYNCED.
-    ``time``: Unix seconds when it was published. ``replica``: the hub's id (one per service process).
-    ``source``: MOVED: the engine the snapshot was copied from."""
+    """One event as a subscriber reads it (the entry's fields empty / 0 on GAP and SYNCED)."""
 
     kind: EventKind
-    sequence: int
+    sequence: int  # of the events this subscription may see, dropped ones included, from 1
     engine: str
     instance_id: str
-    time: float
-    scope: str = ""
+    time: float  # Unix seconds when it was published
+    scope: str = ""  # the entry's tenancy scope
     positions: int = 0
-    digest: bytes = b""
+    digest: bytes = b""  # the content digest of its tokens (never the tokens)
     replayed: bool = False
     missed: int = 0
-    replica: str = ""
-    source: str = ""
+    replica: str = ""  # the hub's id (one per service process)
+    source: str = ""  # MOVED: the engine the snapshot was copied from
 
 
 class Listenable(Protocol):
@@ -158,9 +131,8 @@ def _digest(tokens: Iterable[int]) -> bytes:
 
 
 class Subscription:
-    """One subscriber's bounded queue; see the module docstring. The hub puts (never blocking), one
-    reader gets. At most ``capacity`` events wait, plus one GAP marker at the tail while events are
-    dropped. ``dropped``: events this subscriber missed in all."""
+    """One subscriber's bounded queue: at most ``capacity`` events, plus one GAP marker while events
+    are dropped (``dropped``: all it missed). The hub puts, never blocking; one reader gets."""
 
     def __init__(self, hub: EventHub, where: Callable[[str], bool] | None, capacity: int) -> None:
         self._hub, self.where, self.capacity = hub, where, capacity
@@ -176,8 +148,7 @@ class Subscription:
         return self.where is None or self.where(scope)
 
     def put(self, record: _Record) -> None:
-        """Queue ``record`` (the hub checked :meth:`accepts`), or count it dropped when the queue is
-        full. Never blocks."""
+        """Queue ``record`` (the hub checked :meth:`accepts`), or count it dropped when full."""
         with self._cond:
             if self.closed:
                 return
@@ -285,8 +256,7 @@ class EventHub:
             return len(self._subscribers)
 
     def attach(self, cache: Listenable, engine: str, instance_id: Callable[[], str]) -> None:
-        """Follow ``cache``, the one of engine ``engine`` (its name; ``instance_id()`` read per event).
-        Attaching the same cache again rebinds it."""
+        """Follow ``cache`` as engine ``engine``'s (``instance_id()`` read per event); again: rebinds."""
         source = _Source(engine, instance_id)
         with self._lock:
             self._sources[id(cache)] = (source, cache)
@@ -312,8 +282,8 @@ class EventHub:
         replay: bool = False,
         capacity: int = DEFAULT_CAPACITY,
     ) -> Subscription:
-        """A subscription to the events of the scopes ``where`` accepts (None: all); see the module
-        docstring. ResourceExhausted past ``max_subscribers``; a closed hub gives a closed subscription."""
+        """The events of the scopes ``where`` accepts (None: all), after a replay of the entries when
+        ``replay``; ResourceExhausted past ``max_subscribers``; a closed hub gives a closed subscription."""
         if not isinstance(capacity, int) or capacity < 1:
             raise InvalidArgument(f"capacity must be an int >= 1, got {capacity!r}")
         subscription = Subscription(self, where, capacity)
@@ -325,7 +295,9 @@ class EventHub:
                 raise ResourceExhausted(f"at most {self.max_subscribers} cache event streams at once")
             self._subscribers.append(subscription)
             sources = list(self._sources.values())
-        if replay:  # read after subscribing (see the module docstring), outside the hub's lock
+        if (
+            replay
+        ):  # read after subscribing (an event may repeat the replay: both idempotent), outside the hub's lock
             subscription.start_replay([r for s, c in sources for r in self._replayed(s, c, subscription)])
         return subscription
 

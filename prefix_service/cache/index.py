@@ -1,20 +1,6 @@
-"""Token index: a radix tree (compressed edges) of token keys per namespace, with opaque values.
-
-Keys are non-empty tuples of Python ints; the index compares them exactly, so every bit of a 64-bit
-token id counts. Each stored key carries an opaque value and an integer ``rank`` (the prefix cache
-passes its recency clock; larger means "prefer first").
-
-:meth:`TokenIndex.matches` answers "which stored keys share a prefix with this request, and how long
-is it" without scanning all entries: it walks the request down the tree (one dict lookup and one
-slice comparison per edge). Every key below a walked node of depth ``d`` that does not continue along
-the walk shares exactly ``d`` tokens (the subtree where the walk stops shares all it matched), so the
-answer is a sequence of groups, deepest first. Within a group keys come best-first by rank from a
-heap over per-node rank upper bounds, so asking for the first few candidates touches only the nodes
-that can hold them.
-
-Order of results: common prefix length descending, then rank descending. A common prefix of 0 is
-never a match (a first-token mismatch misses). Plain Python: nothing here knows MLX, sessions or gRPC.
-"""
+"""TokenIndex: a radix tree (compressed edges) of token keys per namespace with opaque values and ranks;
+:meth:`TokenIndex.matches` yields the stored keys sharing a prefix with a request, longest common
+prefix first, then highest rank, touching only the nodes that can hold them. Plain Python."""
 
 from __future__ import annotations
 
@@ -33,18 +19,15 @@ _NO_VALUE: Any = object()
 
 
 class _Node:
-    """One radix-tree node. ``edge`` is the token run from the parent; ``children`` is keyed by the
-    first token of each child's edge. ``bound`` is an upper bound on the rank of any value in this
-    subtree (exact after inserts and touches, possibly stale-high after removals, which only costs
-    an extra heap pop)."""
-
     __slots__ = ("edge", "children", "value", "rank", "bound")
 
     def __init__(self, edge: tuple[int, ...]) -> None:
-        self.edge = edge
-        self.children: dict[int, _Node] = {}
+        self.edge = edge  # the token run from the parent
+        self.children: dict[int, _Node] = {}  # keyed by the first token of each child's edge
         self.value: Any = _NO_VALUE
         self.rank = 0
+        # an upper bound on the rank of any value below: exact after inserts and touches, maybe
+        # stale-high after removals (which only costs an extra heap pop)
         self.bound = -1
 
 
@@ -160,11 +143,8 @@ class TokenIndex(Generic[V]):
             stack.extend(node.children.values())
 
     def matches(self, namespace: Hashable, tokens: Sequence[int]) -> Iterator[IndexMatch[V]]:
-        """Stored keys sharing at least one leading token with ``tokens``: longest first, then by rank.
-
-        Lazy: the caller may stop after the first acceptable candidate. Do not mutate the index while
-        iterating.
-        """
+        """Stored keys sharing at least one leading token with ``tokens``: longest common prefix first,
+        then by rank; lazy (stop after the first acceptable one), and the index must not change meanwhile."""
         tokens = tuple(tokens)
         root = self._roots.get(namespace)
         if root is None or not tokens:
@@ -196,10 +176,8 @@ class TokenIndex(Generic[V]):
 
     @staticmethod
     def _best_first(node: _Node, skip: _Node | None) -> Iterator[Any]:
-        """The value of ``node`` and every value below it except under ``skip``, by descending rank.
-
-        Best-first over rank upper bounds: a subtree is expanded only when its bound can still win.
-        """
+        """The values at and below ``node`` except under ``skip``, by descending rank (a subtree is
+        expanded only when its bound can still win)."""
         order = itertools.count()
         # Items are (-rank or -bound, kind, tiebreak, payload); kind 0 = value, 1 = subtree, so a
         # value comes before a subtree whose bound only ties with it.
@@ -258,11 +236,8 @@ MAX_TOKEN = 2**64 - 1
 
 
 def token_key(tokens: Sequence[int], field_name: str = "tokens") -> tuple[int, ...]:
-    """A validated, immutable copy of ``tokens``: ints (numpy ints accepted) in ``[0, 2**64)``.
-
-    Raises InvalidArgument naming ``field_name`` for anything else. Empty sequences are allowed here;
-    callers decide what an empty key means.
-    """
+    """A validated, immutable copy of ``tokens``: ints in ``[0, 2**64)`` (numpy ints accepted), else
+    InvalidArgument naming ``field_name``; empty is allowed (callers decide what it means)."""
     if isinstance(tokens, (str, bytes)):
         raise InvalidArgument(f"{field_name} must be a sequence of token ids, got {type(tokens).__name__}")
     try:

@@ -1,19 +1,10 @@
-"""What a prefix-cache call came to: a lookup's :class:`LookupOutcome`, an insert's
-:class:`InsertOutcome`, and the refusal reasons.
-
-A lookup either hits (:class:`Match`: a session the caller owns, holding the first ``reused`` request
-tokens) or misses for one :class:`MissReason`. The cache computes the reason of *its own* lookup while
-it holds its lock, so concurrent lookups never see each other's reasons. ``ENGINE_RESTARTED`` is the
-only reason the cache never gives: the gateway (which watches the engine's instance id) reports it.
-
-Refusals (``DISABLED``, ``CLONE_REFUSED``, ... below) are the per-reason counters of
-``PrefixStats.refusals``: inserts and clones the cache turned down and released. An insert that stores
-nothing says which one in its :class:`InsertOutcome` (an :class:`InsertRefusal`, whose values are the
-counter names).
-"""
+"""What a prefix-cache call came to: a lookup's :class:`LookupOutcome` (a :class:`Match` or one
+:class:`MissReason`), an insert's :class:`InsertOutcome` and the refusal reasons (also the names of
+``PrefixStats.refusals``' counters)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -89,12 +80,8 @@ class MissReason(StrEnum):
 
 @dataclass(frozen=True)
 class LookupOutcome:
-    """One lookup's answer: a ``match``, or no match and the ``reason``.
-
-    ``diverged_at``: where the request leaves the stored prefixes. On a hit, ``match.reused``; on a
-    ``BOUNDARY_REFUSED`` or ``WINDOW`` miss, the longest common prefix with a stored entry (where the
-    refused clone would have cut); otherwise 0.
-    """
+    """One lookup's answer: a ``match``, or no match and the ``reason``. ``diverged_at``: on a hit
+    ``match.reused``; on a BOUNDARY_REFUSED or WINDOW miss the refused clone's cut; otherwise 0."""
 
     match: Match | None
     reason: MissReason | None
@@ -138,3 +125,19 @@ class PrefixStats:
     refusals: dict[str, int] = field(default_factory=dict)  # a fresh copy per stats() call
     positions: int = 0
     max_positions: int = 0
+
+    @classmethod
+    def of_entries(cls, entries: Sequence[Any], max_entries: int, max_positions: int) -> PrefixStats:
+        """One caller's entries' stats (``retention.Entry``): the hits they served and the positions
+        those reused; the cache-wide counters are 0, nobody's in particular."""
+        return cls(
+            entries=len(entries),
+            max_entries=max_entries,
+            hits=sum(entry.hits for entry in entries),
+            misses=0,
+            reused_tokens=sum(entry.reused for entry in entries),
+            inserts=0,
+            evictions=0,
+            positions=sum(entry.key_length for entry in entries),
+            max_positions=max_positions,
+        )

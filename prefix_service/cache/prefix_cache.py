@@ -1,53 +1,25 @@
-"""PrefixCache: stored prompt snapshots (opaque session handles) found by shared token prefix.
-
-Keys are ``(engine fingerprint, namespace, tokens)``. One lock serializes the calls; ``lookup`` waits
-for the engine: never call it from a generation callback.
-
-- ``lookup(namespace, tokens) -> LookupOutcome``: a clone, owned by the caller, of the best snapshot at
-  ``reused = min(common prefix, len(tokens) - 1)``. Candidates: longest match, then most recent; a
-  refused clone moves on (at most ``max_attempts``), a hit refreshes recency, an entry the backend no
-  longer knows is dropped. With the backend's ``max_rewind`` (a ring that evicts window rows) a
-  candidate more than that far past ``reused`` is passed over without a clone call. A miss says why
-  (``MissReason``), decided by this lookup alone.
-- ``insert(namespace, tokens, snapshot, metadata) -> InsertOutcome`` owns ``snapshot``: stored or
-  released. Refused: disabled, empty key, dead snapshot, ``position != len(tokens)``, content other
-  than ``tokens`` by the engine's digest or a prepared input, a duplicate (refreshed instead). Over
-  ``max_entries`` / ``max_positions`` the retention policy evicts until both fit.
-- ``set_budget`` (new bounds), ``evict(n)`` (pressure), ``reserve`` (room for a snapshot on its way,
-  consumed by the insert it is passed to).
-- ``clear(where)`` / ``stats(where)``: only the namespaces ``where(namespace)`` accepts (a caller's
-  own, ``gateway/tenancy.py``); their stats count those live entries and the hits they served.
-- ``listen(listener)``: called with an ``events.EntryChange`` (under the lock: it must not block) when
-  an entry is stored, evicted by the policy, cleared, or dropped as dead (``cache/events.py``).
-"""
+"""PrefixCache: stored prompt snapshots (opaque session handles) keyed by ``(engine fingerprint,
+namespace, tokens)``, found by shared token prefix, bounded by a retention policy. One lock serializes
+the calls; ``lookup`` waits for the engine: never call it from a generation callback."""
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
-from engine_service.api.content import content_digest
-from engine_service.api.errors import (
-    FailedPrecondition,
-    ForklineError,
-    InvalidArgument,
-)
+from engine_service.api.errors import FailedPrecondition, InvalidArgument
+from prefix_service.cache.admission import admission_refusal
 from prefix_service.cache.budget import Budget, Reservation
-from prefix_service.cache.candidate_walk import first_within_rewind, walk
+from prefix_service.cache.candidate_walk import Clone, first_within_rewind, walk
 from prefix_service.cache.capture import PromptCapture
 from prefix_service.cache.events import EntryChange, EventKind
 from prefix_service.cache.index import TokenIndex, token_key
 from prefix_service.cache.outcomes import (
-    CONTENT_MISMATCH,
-    DISABLED,
     DUPLICATE,
-    INVALID_KEY,
     INVALID_SNAPSHOT,
-    OVER_BUDGET,
-    POSITION_MISMATCH,
-    PREPARED_INPUT,
     InsertOutcome,
     InsertRefusal,
     LookupOutcome,
@@ -60,6 +32,7 @@ from prefix_service.cache.session_backend import (
     CaptureBackend,
     Handle,
     SessionBackend,
+    clone_with_refusal,
     handle_alive,
     max_rewind,
     release_handle,
@@ -69,7 +42,8 @@ DEFAULT_MAX_ATTEMPTS = 16
 
 
 class PrefixCache:
-    """Bounded store of prompt snapshots over a :class:`SessionBackend`; see the module docstring."""
+    """``listen(listener)``: called with an ``events.EntryChange`` (under the lock: it must not block)
+    when an entry is stored, moved in, evicted, cleared or dropped as dead (``cache/events.py``)."""
 
     def __init__(
         self,
@@ -80,9 +54,8 @@ class PrefixCache:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         max_positions: int = 0,
     ) -> None:
-        """``max_entries == 0`` disables the cache (every insert is released, every lookup misses).
-        ``max_positions``: the positions the entries may hold together (0: unbounded).
-        ``max_attempts`` bounds the clones one lookup tries before it reports a miss."""
+        """``max_entries`` 0 disables the cache; ``max_positions`` 0: unbounded; ``max_attempts``: the
+        clones one lookup tries before it reports a miss."""
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise InvalidArgument(f"max_attempts must be an int >= 1, got {max_attempts!r}")
         self._backend = backend
@@ -95,8 +68,6 @@ class PrefixCache:
         self._clock = 0
         self._hits = self._misses = self._reused = self._inserts = 0
         self._refusals: Counter[str] = Counter()
-
-    # -- properties --------------------------------------------------------------------------
 
     @property
     def backend(self) -> SessionBackend:
@@ -115,24 +86,22 @@ class PrefixCache:
         return self._budget.max_positions
 
     @property
-    def positions(self) -> int:
-        """Positions the entries hold."""
+    def positions(self) -> int:  # held by the entries
         return self._budget.positions
 
     def __len__(self) -> int:
-        """Stored entries."""
         return len(self._budget.entries)
 
-    # -- operations --------------------------------------------------------------------------
-
-    def lookup(self, namespace: str, tokens: Sequence[int], *, count: bool = True) -> LookupOutcome:
-        """Clone the best stored snapshot for ``tokens`` (the caller owns the clone), or say why not;
-        see the module docstring. ``count`` False: the hit / miss counters are left as they are (a
-        further choice of one request, whose first lookup counted)."""
+    def lookup(
+        self, namespace: str, tokens: Sequence[int], *, count: bool = True, clone: Clone | None = None
+    ) -> LookupOutcome:
+        """Clone the best stored snapshot for ``tokens`` at ``min(common prefix, len(tokens) - 1)`` (longest
+        match, then most recent; a refused clone moves on; a dead entry is dropped), or say why not.
+        ``count`` False: counters unchanged; ``clone``: how to clone for this caller (default: the backend's)."""
         key = token_key(tokens)
         scope = self._scope(namespace)
         with self._lock:
-            outcome = self._find(scope, key)
+            outcome = self._find(scope, key, clone or partial(clone_with_refusal, self._backend))
             if count and outcome.match is None:
                 self._misses += 1
             elif count:
@@ -141,18 +110,13 @@ class PrefixCache:
             return outcome
 
     def reusable(self, namespace: str, key: tuple[int, ...]) -> int:
-        """Positions a lookup of ``key`` (``index.token_key(tokens)``: validated once by the caller,
-        which scores many caches with it) would reuse from the longest stored match, without cloning or
-        counting anything: min(common prefix, len(key) - 1), 0 when nothing matches; a match below a
-        ring's floor (see the module docstring) does not count. Exact (read from the index, not
-        guessed): what a router scores this cache's engine by. An entry whose handle died since it was
-        stored still counts until a lookup drops it."""
+        """Positions a lookup of ``key`` (validated by the caller) would reuse, read from the index without
+        cloning or counting (a match below a ring's floor does not count): what a router scores by."""
         found = self.reusable_entry(namespace, key)
         return 0 if found is None else found[1]
 
     def reusable_entry(self, namespace: str, key: tuple[int, ...]) -> tuple[Entry, int] | None:
-        """The entry :meth:`reusable` scores ``key`` by and the positions it would reuse (None when
-        nothing counts): what a move (``fleet/moves.py``) exports. Counts nothing, refreshes nothing."""
+        """The entry :meth:`reusable` scores ``key`` by and its reuse (None: none): what a move exports."""
         if len(key) < 2:
             return None
         scope = self._scope(namespace)
@@ -173,17 +137,9 @@ class PrefixCache:
         reservation: Reservation | None = None,
         moved_from: str = "",
     ) -> InsertOutcome:
-        """Store ``snapshot`` (holding exactly ``tokens``) or release it; the outcome says which, and
-        why not (see the module docstring).
-
-        ``digest``: ``content.content_digest(tokens)`` when the caller already computed it (so the
-        tokens are hashed once per insert); it must be the digest of these very tokens.
-        Malformed arguments (non-int tokens, ids outside [0, 2**64), non-string namespace or
-        metadata keys) release the snapshot and raise InvalidArgument. ``reservation``: room
-        :meth:`reserve` took for this snapshot, given back as the entry takes its place (always
-        released by this call). ``moved_from``: the engine the snapshot was copied from (a move): the
-        listener hears ``MOVED`` (naming it) instead of ``STORED``.
-        """
+        """Store ``snapshot`` (holding exactly ``tokens``: ``admission.py``) or release it; a duplicate
+        refreshes the entry; over the bounds the policy evicts. ``reservation`` is always released;
+        ``moved_from``: the engine it was copied from. Malformed arguments raise InvalidArgument."""
         with self._lock:
             if reservation is not None:
                 reservation.release()
@@ -194,17 +150,7 @@ class PrefixCache:
             except InvalidArgument:
                 self._release(snapshot)
                 raise
-            if self._budget.max_entries == 0:
-                return self._refuse(snapshot, DISABLED)
-            if not key:
-                return self._refuse(snapshot, INVALID_KEY)
-            if not self._budget.can_ever_hold(len(key)):
-                return self._refuse(snapshot, OVER_BUDGET)
-            if not handle_alive(self._backend, snapshot):
-                return self._refuse(snapshot, INVALID_SNAPSHOT)
-            if self._position(snapshot) != len(key):
-                return self._refuse(snapshot, POSITION_MISMATCH)
-            refusal = self._content_refusal(snapshot, key, digest)
+            refusal = admission_refusal(self._backend, self._budget, snapshot, key, digest)
             if refusal is not None:
                 return self._refuse(snapshot, refusal)
             existing = self._index.get(scope, key)
@@ -228,23 +174,20 @@ class PrefixCache:
             return InsertOutcome() if stored else InsertOutcome(InsertRefusal.EVICTED)
 
     def set_budget(self, max_entries: int, max_positions: int = 0) -> int:
-        """New bounds (0 entries: disabled; 0 positions: unbounded); evicts by the policy until the
-        entries fit them. Returns how many were evicted."""
+        """New bounds; evicts by the policy until the entries fit them; how many were evicted."""
         with self._lock:
             self._budget.set_bounds(max_entries, max_positions)
             return len(self._budget.evict_while_over())
 
     def evict(self, n: int = 1) -> int:
-        """Evict up to ``n`` entries by the retention policy (e.g. the engine is full and a live
-        request needs the room); returns how many were evicted."""
+        """Evict up to ``n`` entries by the retention policy (a full engine); how many."""
         return self._budget.evict(n)
 
     def reserve(
         self, namespace: str, tokens: Sequence[int], metadata: Mapping[str, Any] | None = None
     ) -> Reservation | InsertRefusal:
-        """Room for the entry ``tokens`` would make, evicting the policy's victims that rank below
-        it; or why not (``budget.Budget.reserve``; DUPLICATE: a live entry holds these tokens, and
-        is refreshed). Pass it to :meth:`insert`, or ``release()`` it."""
+        """Room for the entry ``tokens`` would make (the policy's lower-ranked victims evicted), or why not
+        (DUPLICATE: a live entry holds them and is refreshed). Pass it to :meth:`insert` or release it."""
         with self._lock:
             scope, key = self._scope(namespace), token_key(tokens)
             existing = self._index.get(scope, key) if key else None
@@ -257,8 +200,7 @@ class PrefixCache:
             return self._budget.reserve(newcomer)
 
     def capture_prompt(self, session: Handle, prompt: Sequence[int]) -> PromptCapture:
-        """A :class:`PromptCapture` snapshotting ``session`` at ``len(prompt)`` (and at prefill
-        breakpoints) during its next generation. Needs a backend with ``clone_async``."""
+        """A :class:`PromptCapture` of ``session`` at ``len(prompt)`` during its next generation."""
         if not isinstance(self._backend, CaptureBackend):
             raise FailedPrecondition(
                 f"{type(self._backend).__name__} cannot queue clones from a generation callback"
@@ -266,8 +208,7 @@ class PrefixCache:
         return PromptCapture(self, self._backend, session, prompt)
 
     def clear(self, where: Callable[[str], bool] | None = None) -> int:
-        """Release every stored snapshot (only those the cache owns), or those of the namespaces
-        ``where`` accepts; returns how many."""
+        """Release every stored snapshot (or those of the namespaces ``where`` accepts); how many."""
         with self._lock:
             if where is not None:
                 chosen = self._chosen(where)
@@ -288,23 +229,10 @@ class PrefixCache:
         self.clear()
 
     def stats(self, where: Callable[[str], bool] | None = None) -> PrefixStats:
-        """The cache's counters; with ``where``, those of the live entries of the namespaces it
-        accepts (entries, positions, the hits they served and the positions those reused; the
-        cache-wide counters, misses and refusals included, are 0: they are nobody's in particular)."""
+        """The cache's counters; with ``where``, those of the namespaces it accepts (``PrefixStats.of_entries``)."""
         with self._lock:
             if where is not None:
-                chosen = self._chosen(where)
-                return PrefixStats(
-                    entries=len(chosen),
-                    max_entries=self._budget.max_entries,
-                    hits=sum(entry.hits for entry in chosen),
-                    misses=0,
-                    reused_tokens=sum(entry.reused for entry in chosen),
-                    inserts=0,
-                    evictions=0,
-                    positions=sum(entry.key_length for entry in chosen),
-                    max_positions=self._budget.max_positions,
-                )
+                return PrefixStats.of_entries(self._chosen(where), self.max_entries, self.max_positions)
             return PrefixStats(
                 entries=len(self._budget.entries),
                 max_entries=self._budget.max_entries,
@@ -328,7 +256,7 @@ class PrefixCache:
             return sorted(chosen, key=lambda entry: entry.created)
 
     def listen(self, listener: Callable[[EntryChange], None] | None) -> None:
-        """Call ``listener`` on every entry change from now on (None: stop); see the module docstring."""
+        """Call ``listener`` on every entry change from now on (None: stop); see the class docstring."""
         with self._lock:
             self._listener = listener
 
@@ -337,21 +265,17 @@ class PrefixCache:
         with self._lock:
             self._refusals[reason] += 1
 
-    # -- internals ---------------------------------------------------------------------------
-
-    def _chosen(self, where: Callable[[str], bool]) -> list[Entry]:
-        """The entries of the namespaces ``where`` accepts (lock held; scopes are (fingerprint, namespace))."""
+    def _chosen(self, where: Callable[[str], bool]) -> list[Entry]:  # lock held
         return [entry for entry in self._budget.entries if where(entry.namespace[1])]
 
-    def _find(self, scope: Hashable, key: tuple[int, ...]) -> LookupOutcome:
+    def _find(self, scope: Hashable, key: tuple[int, ...], clone: Clone) -> LookupOutcome:
         """The lookup itself (the caller holds the lock and counts the hit or miss)."""
         if len(key) < 2:
             return LookupOutcome.miss(MissReason.TOO_SHORT)
         if self._budget.max_entries == 0:
             return LookupOutcome.miss(MissReason.DISABLED)
-        found = walk(
-            self._backend, self._index.matches(scope, key), len(key), self._max_attempts, self._refusals
-        )
+        matches = self._index.matches(scope, key)
+        found = walk(self._backend, clone, matches, len(key), self._max_attempts, self._refusals)
         for entry in found.dead:  # removed after the walk: the index must not change while iterating
             self._refusals[INVALID_SNAPSHOT] += 1
             self._drop(entry, EventKind.DROPPED)
@@ -387,7 +311,6 @@ class PrefixCache:
         self._emit(kind, entry)
 
     def _evicted(self, entry: Entry) -> None:
-        """The budget's eviction of ``entry`` (the retention policy's victim)."""
         self._drop(entry, EventKind.EVICTED)
 
     def _emit(self, kind: EventKind, entry: Entry, source: str = "") -> None:
@@ -399,29 +322,6 @@ class PrefixCache:
         self._refusals[reason] += 1
         self._release(snapshot)
         return InsertOutcome(reason)
-
-    def _content_refusal(
-        self, snapshot: Handle, key: tuple[int, ...], digest: bytes | None
-    ) -> InsertRefusal | None:
-        """Why ``snapshot`` does not hold exactly ``key`` per the backend (the engine's record), or None."""
-        try:
-            held = self._backend.content_digest(snapshot)
-        except ForklineError:
-            return INVALID_SNAPSHOT  # it cannot say what it holds: never stored unverified
-        if held is None:
-            return PREPARED_INPUT
-        if digest is None:
-            try:
-                digest = content_digest(key)
-            except InvalidArgument:
-                return CONTENT_MISMATCH  # ids past int32 are no session's content
-        return None if held == digest else CONTENT_MISMATCH
-
-    def _position(self, snapshot: Handle) -> int | None:
-        try:
-            return self._backend.position(snapshot)
-        except ForklineError:
-            return None
 
     def _release(self, snapshot: Handle) -> None:
         release_handle(self._backend, snapshot)

@@ -1,19 +1,6 @@
-"""Retention: which stored snapshot the prefix cache evicts when it is over its entry bound.
-
-A :class:`RetentionPolicy` is one method, :meth:`~RetentionPolicy.priority`, returning a sort key per
-entry; the entry with the lowest key is evicted first (and its snapshot released by the cache).
-Policies are chosen by name from a registry; an unknown name raises :class:`InvalidArgument` listing
-the registered ones. Policies read only the bookkeeping on :class:`Entry`, never the snapshot.
-
-Registered:
-
-- ``"lru"`` (default): bounded global LRU over all entries, prompt snapshots and periodic checkpoints
-  alike; early snapshots get no protection.
-- ``"priority"``: metadata ``priority`` (a number, default 0; lower goes first), then the boundary
-  class (``boundary="breakpoint"`` checkpoints outlive plain prompt snapshots of the same priority,
-  because many prompts share them), then LRU.
-- ``"lfu"``: fewest hits first, then LRU.
-"""
+"""Retention: which stored snapshot the prefix cache evicts first -- a :class:`RetentionPolicy` returns a
+sort key per entry (lowest goes first), chosen by name: ``lru`` (default), ``priority`` (metadata
+priority, then checkpoints outlive prompts, then LRU), ``lfu``."""
 
 from __future__ import annotations
 
@@ -36,24 +23,17 @@ NO_METADATA: Mapping[str, str] = MappingProxyType({})
 
 @dataclass(eq=False, slots=True)  # slots: 10k+ entries stay cheap for the cyclic GC
 class Entry:
-    """One stored snapshot and its bookkeeping (mutable: the cache refreshes it on hits).
+    """One stored snapshot and its bookkeeping (mutable: the cache refreshes it on hits). Policies read
+    the bookkeeping, never the snapshot."""
 
-    namespace, tokens: the entry's key (the snapshot holds exactly ``len(tokens)`` positions).
-    snapshot: the opaque backend handle the cache owns. created / last_used: values of the cache's
-    logical clock (strictly increasing over inserts, hits and refreshes). hits: lookups served,
-    reused: the positions they reused.
-    metadata: application strings (``priority``, ``boundary``, ...). Policies must not touch the
-    snapshot.
-    """
-
-    namespace: Hashable
-    tokens: tuple[int, ...]
-    snapshot: Any
-    created: int
+    namespace: Hashable  # (fingerprint, namespace): with ``tokens``, the key
+    tokens: tuple[int, ...]  # the snapshot holds exactly these positions
+    snapshot: Any  # the opaque backend handle the cache owns
+    created: int  # the cache's logical clock (strictly increasing over inserts, hits, refreshes)
     last_used: int
-    hits: int = 0
-    metadata: Mapping[str, str] = field(default_factory=lambda: NO_METADATA)
-    reused: int = 0
+    hits: int = 0  # lookups served
+    metadata: Mapping[str, str] = field(default_factory=lambda: NO_METADATA)  # priority, boundary, ...
+    reused: int = 0  # positions those lookups reused
 
     def __post_init__(self) -> None:
         if not self.tokens:

@@ -1,10 +1,5 @@
-"""What the prefix cache needs from an engine: clone, close and inspect opaque session handles.
-
-The in-process adapter (``engine_service/sessions/local_backend.py``) uses engine Session objects as
-handles, the remote one (``prefix_service/engines/engine_backend.py``) engine handle strings. Both
-publish the engine ``fingerprint``, part of every cache key. ``clone`` blocks until the engine answers:
-never call it on the engine thread (from a generation callback); ``clone_async`` only queues.
-"""
+"""What the prefix cache needs from an engine: clone, close and inspect opaque session handles (engine
+Session objects in process, handle strings over gRPC). ``clone`` blocks: never on the engine thread."""
 
 from __future__ import annotations
 
@@ -20,46 +15,35 @@ Handle = Any
 
 @runtime_checkable
 class SessionBackend(Protocol):
-    """Clone / close / inspect opaque session handles.
-
-    ``clone(handle, upto)``: a new, independent handle holding exactly ``[0, upto)`` of ``handle``, or
-    None when refused (boundary unavailable, no room, stopping). A refusal never changes ``handle``.
-    ``close(handle)``: release it; closing an already-closed or dead handle is a no-op.
-    ``position(handle)``: committed positions. ``valid(handle)``: False once closed or its engine died.
-    ``content_digest(handle)``: the engine's ``content.content_digest`` of the token ids the handle's
-    committed positions hold (the engine's own record, never the caller's word); None when they hold
-    a prepared input. ``fingerprint``: engine model + configuration identity (part of every cache key).
-    """
-
     @property
-    def fingerprint(self) -> str: ...
+    def fingerprint(self) -> str: ...  # the engine's model + configuration identity (in every cache key)
 
+    # a new, independent handle holding exactly [0, upto) of ``handle``; None when refused (boundary,
+    # room, stopping), which never changes ``handle``
     def clone(self, handle: Handle, upto: int) -> Handle | None: ...
 
-    def close(self, handle: Handle) -> None: ...
+    def close(self, handle: Handle) -> None: ...  # a closed or dead handle: a no-op
 
-    def position(self, handle: Handle) -> int: ...
+    def position(self, handle: Handle) -> int: ...  # committed positions
 
-    def valid(self, handle: Handle) -> bool: ...
+    def valid(self, handle: Handle) -> bool: ...  # False once closed or its engine died
 
+    # the engine's own record of what the committed positions hold (``content.content_digest`` of
+    # their ids), never the caller's word; None: a prepared input
     def content_digest(self, handle: Handle) -> bytes | None: ...
 
 
 @runtime_checkable
 class CaptureBackend(SessionBackend, Protocol):
-    """A backend that can queue a clone from inside a generation callback (prompt capture).
-
-    ``clone_async(handle, upto)`` enqueues the clone and returns at once; the future settles with the
-    new handle or None. Dropping the future unresolved must release a successful child.
-    """
+    """A backend that can queue a clone from a generation callback: the future settles with the new
+    handle or None; dropping it unresolved must release a successful child."""
 
     def clone_async(self, handle: Handle, upto: int) -> Future: ...
 
 
 def clone_with_refusal(backend: SessionBackend, handle: Handle, upto: int) -> TakenClone:
-    """``backend.clone``, with the engine's reason when it refused: a backend that can say why
-    implements ``clone_or_refusal(handle, upto) -> TakenClone`` (the in-process and the remote
-    engine do); any other answers ``TakenClone(child)`` / ``TakenClone(None)``."""
+    """``backend.clone``, with the engine's reason when it refused (``clone_or_refusal``, where the
+    backend has it)."""
     says_why = getattr(backend, "clone_or_refusal", None)
     if says_why is not None:
         return says_why(handle, upto)
@@ -67,11 +51,8 @@ def clone_with_refusal(backend: SessionBackend, handle: Handle, upto: int) -> Ta
 
 
 def max_rewind(backend: SessionBackend) -> int | None:
-    """How far below a snapshot's own length a clone of it can reach on this backend's engine:
-    ``max_write`` when its cache evicts sliding-window rows (``batched-sequence`` with sliding layers:
-    the clone floor is the snapshot's high-water mark, at least its length, minus ``max_write``), None
-    when any committed position can be cloned (``batched-cell``, no sliding layers) or the backend
-    does not say (its optional ``max_rewind`` attribute)."""
+    """How far below a snapshot's length a clone of it can reach on this backend's engine: ``max_write``
+    where its cache evicts sliding-window rows, None where any position can be cloned (or unsaid)."""
     value = getattr(backend, "max_rewind", None)
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 

@@ -1,9 +1,7 @@
-"""How the prefix service reaches its engines: ``connect_engine(address, ...)`` builds one engine's
-:class:`Gateway` (a channel that reconnects with a capped backoff, an :class:`EngineBackend` that first
-releases what an earlier instance of this service left in the engine, the :class:`PrefixCache`, the
-engine's health watch) in two steps: :func:`open_engine` (connect, read Info: who the engine is) and
-:func:`join_engine` (release, build the cache); ``connect_fleet(targets, ...)`` does so for every engine
-the targets name, now and as they come and go (``engine_pool.py``), in a routed :class:`Fleet`."""
+"""How the prefix service reaches its engines: :func:`open_engine` (connect, read Info: who the engine is)
+then :func:`join_engine` (release what an earlier instance of this service left, build the cache and
+gateway), both in :func:`connect_engine`; :func:`connect_fleet` does so for every engine the targets
+name, as they come and go (``engine_pool.py``)."""
 
 from __future__ import annotations
 
@@ -22,6 +20,7 @@ from prefix_service.cache.budget import DEFAULT_ENGINE_SHARE
 from prefix_service.cache.checkpoints import CheckpointPlan
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.engines.engine_backend import EngineBackend
+from prefix_service.engines.engine_calls import EngineCalls
 from prefix_service.engines.engine_pool import (
     DEFAULT_LEAVE_AFTER_S,
     DEFAULT_RESOLVE_EVERY_S,
@@ -40,14 +39,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class OpenedEngine:
-    """An engine connected at ``address`` whose Info was read (:func:`open_engine`), not yet serving
-    this service (:func:`join_engine` builds its gateway; :meth:`close` drops the connection). The pool
-    reads ``info`` first: a known ``instance_id`` is another address of an engine already joined, and
-    a ``draining`` engine is not joined."""
+    """An engine connected at ``address`` whose Info was read, not yet serving this service (the pool
+    reads ``info`` first: a known instance is an alias, a draining engine is not joined)."""
 
     address: str
     channel: grpc.Channel
-    backend: EngineBackend
+    engine: EngineBackend
     info: EngineInfo
 
     def close(self) -> None:
@@ -71,10 +68,10 @@ def open_engine(
     except grpc.FutureTimeoutError:
         channel.close()
         raise Unavailable(f"engine at {engine_address} not reachable within {ready_timeout} s") from None
-    backend = EngineBackend(channel, owner=owner, token=engine_security.token)
-    backend.address = engine_address
+    engine = EngineBackend.connect(channel, owner=owner, token=engine_security.token)
+    engine.connection.address = engine_address
     try:
-        info = backend.refresh()
+        info = engine.connection.refresh()
     except BaseException:
         channel.close()
         raise
@@ -85,8 +82,8 @@ def open_engine(
             f"it could not hand lookup clones to its callers; start forkline-engine with --persistent_owner {owner} "
             "(or --persistent_owner_prefix)"
         )
-    backend.watch = EngineWatch(channel, outage_wait_s=outage_wait_s)  # started by create_server / on_join
-    return OpenedEngine(engine_address, channel, backend, info)
+    engine.connection.watch = EngineWatch(channel, outage_wait_s=outage_wait_s)  # started with the server
+    return OpenedEngine(engine_address, channel, engine, info)
 
 
 def join_engine(
@@ -102,14 +99,14 @@ def join_engine(
 ) -> Gateway:
     """Release what an earlier instance of this owner left in the opened engine and build its cache and
     gateway (see :func:`connect_engine` for the arguments)."""
-    backend = opened.backend
-    released = backend.release_owned()
+    calls = opened.engine.calls
+    released = calls.release_owned()
     if released:
-        log.info("released %d snapshots an earlier %s left in the engine", released, backend.owner)
-    cache = PrefixCache(backend, max_entries, policy, max_positions=max_positions)
+        log.info("released %d snapshots an earlier %s left in the engine", released, calls.owner)
+    cache = PrefixCache(calls.sessions, max_entries, policy, max_positions=max_positions)
     gateway = Gateway(
         cache,
-        backend,
+        calls,
         policy,
         engine_share=engine_share,
         pressure_retry=pressure_retry,
@@ -130,16 +127,9 @@ def connect_engine(
     outage_wait_s: float = OUTAGE_WAIT_S,
     **cache: Any,
 ) -> tuple[Gateway, grpc.Channel]:
-    """Connect to the engine, release this owner's leftovers there, and build the cache
-    (:func:`open_engine` then :func:`join_engine`).
-    ``engine_security``: this service's token for the engine and/or TLS to it (engine_service/serving/auth.py).
-    ``outage_wait_s``: how long a call waits for the engine while it is down (engine_watch.py).
-    ``cache`` (:func:`join_engine`): ``engine_share``: the share of the engine's sessions and positions
-    the cache may hold, within ``max_entries`` / ``max_positions`` (0: no own positions bound); see
-    prefix_service/gateway/pressure.py. ``pressure_retry`` False: a live request is never retried after
-    evicting (tests' control). ``tier``: the snapshot directory shared by every engine's gateway
-    (``persistent_tier.py``). ``checkpoints``: where captures take checkpoints inside a prompt on a
-    sliding-window engine (``checkpoints.py``; default: every 256 positions and at message ends, at most 8)."""
+    """:func:`open_engine` then :func:`join_engine` (``cache``: its keyword arguments, as ``Gateway``'s);
+    ``engine_security``: this service's token and TLS for the engine; ``outage_wait_s``: how long a
+    call waits for a down engine."""
     opened = open_engine(
         engine_address,
         owner=owner,
@@ -157,8 +147,9 @@ def connect_engine(
 def remote_member(gateway: Gateway, channel: grpc.Channel | None) -> RemoteMember:
     """A fleet member over ``connect_engine``'s gateway; leaving the fleet closes its watch and channel."""
     backend = gateway.backend
-    watch = backend.watch if isinstance(backend, EngineBackend) else None
-    name = getattr(backend, "address", "") or "engine"
+    connection = backend.connection if isinstance(backend, EngineCalls) else None
+    watch = connection.watch if connection is not None else None
+    name = (connection.address if connection is not None else "") or "engine"
 
     def close() -> None:
         if watch is not None:
@@ -166,7 +157,7 @@ def remote_member(gateway: Gateway, channel: grpc.Channel | None) -> RemoteMembe
         if channel is not None:
             channel.close()
 
-    return RemoteMember(name, gateway, watch, close)
+    return RemoteMember(name, gateway, watch, close, connection)
 
 
 _OPEN_ARGUMENTS = ("owner", "engine_security", "outage_wait_s")  # open_engine's; the rest are join_engine's
@@ -183,12 +174,9 @@ def connect_fleet(
     tier: PersistentTier | None = None,
     **connect: Any,
 ) -> tuple[Fleet, EnginePool]:
-    """The engines ``targets()`` names (``engine_targets.engine_targets``) in a routed fleet: waits up
-    to ``ready_timeout`` for at least one; the pool adds and removes engines from then on (started
-    with the server; ``leave_after_s``: how long one may stay away before it leaves). ``policy``: the
-    routing policy; ``policy_name``: the retention policy of every engine's cache; ``tier``: the
-    snapshot directory they share. ``connect``: :func:`connect_engine`'s other keyword arguments for
-    every engine."""
+    """The engines ``targets()`` names in a routed fleet (waits up to ``ready_timeout`` for one; the pool
+    adds and removes them from then on). ``policy``: routing; ``policy_name``: every cache's retention;
+    ``connect``: :func:`connect_engine`'s other keyword arguments."""
     fleet = Fleet(policy=policy)
     fleet.tier = tier
     opening = {k: v for k, v in connect.items() if k in _OPEN_ARGUMENTS}

@@ -1,10 +1,6 @@
-"""A minimal DNS client: A and AAAA questions over UDP to one server (RFC 1035, no recursion of its own).
-
-For ``--engines dns://SERVER:PORT/NAME:PORT``: the engines are what SERVER answers for NAME, not what
-the system resolver says (gRPC's ``dns://authority/`` target form). :func:`query` answers the addresses
-of one record type; an empty list is an answer (NXDOMAIN or no record of that type); a server that
-fails (SERVFAIL, REFUSED, a malformed reply, no reply in time) raises :class:`DnsError`.
-"""
+"""A minimal DNS client for ``--engines dns://SERVER:PORT/NAME:PORT``: A and AAAA questions over UDP to
+one server (RFC 1035); an empty list is an answer (NXDOMAIN, no record), a failing server raises
+:class:`DnsError`."""
 
 from __future__ import annotations
 
@@ -75,7 +71,7 @@ def decode_answers(message: bytes, ident: int, qtype: int) -> list[str]:
 
 
 def query(server: tuple[str, int], name: str, qtype: int, timeout: float = 1.0) -> list[str]:
-    """Ask ``server`` (host, port) for the ``qtype`` records of ``name`` (see the module docstring)."""
+    """Ask ``server`` (host, port) for the ``qtype`` records of ``name``."""
     ident = secrets.randbelow(1 << 16)
     question = encode_question(name, qtype, ident)
     family = socket.AF_INET6 if ":" in server[0] else socket.AF_INET

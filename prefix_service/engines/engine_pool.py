@@ -1,20 +1,7 @@
-"""The prefix service's engines over gRPC, kept in a :class:`~prefix_service.fleet.fleet.Fleet`: who
-joins (the addresses ``engine_targets.py`` offers) and who leaves (only what an engine says of itself).
-
-- An engine is its *instance id*, not an address: :class:`EnginePool` opens an address it does not
-  know (``open``: connect, read Info) and, when the instance already is a member, adds the address to
-  that member's :attr:`RemoteMember.addresses` (an A and an AAAA record of one pod, two names of one
-  host) instead of joining it again, which would release the member's snapshots. Otherwise ``join``
-  builds its gateway (releasing what an earlier instance of this service left there) and it serves.
-  An engine that does not answer yet, or is draining, is tried again at the next resolve.
-- An address missing from the targets removes nothing (a DNS blip, a pod's endpoint removed before
-  it drained). A member leaves when its engine's Info says ``draining`` (SIGTERM: no new work there)
-  once this service's streams through it ended (until then it is a source of snapshot moves,
-  ``fleet/moves.py``, not a route), or when it stays unreachable / NOT_SERVING for
-  ``leave_after_s``; leaving drops its entries and closes its connection. A restarted engine at the
-  same address is the gateway's restart check, not a departure.
-- The same thread refreshes every engine's Info about once a second (restart detection, load).
-"""
+"""EnginePool: keeps a :class:`Fleet` in step with the engine addresses ``engine_targets.py`` offers. An
+engine is its instance id, not an address (a second address of a member is an alias); an engine leaves
+only by what it says of itself (draining, once this service's streams there ended) or by staying away
+``leave_after_s``. Spec: docs/DEPLOY.md ("Engines joining and leaving")."""
 
 from __future__ import annotations
 
@@ -28,7 +15,7 @@ from typing import Protocol
 
 from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import FailedPrecondition, ForklineError, Unavailable
-from prefix_service.engines.engine_backend import EngineBackend
+from prefix_service.engines.engine_connection import EngineConnection
 from prefix_service.engines.engine_targets import EngineTargets
 from prefix_service.engines.engine_watch import EngineWatch
 from prefix_service.fleet.fleet import Fleet
@@ -48,18 +35,26 @@ class RemoteMember(EngineMember):
     closes the channel. ``addresses``: every address it answered at (its name first)."""
 
     def __init__(
-        self, name: str, gateway: Gateway, watch: EngineWatch | None, close: Callable[[], None]
+        self,
+        name: str,
+        gateway: Gateway,
+        watch: EngineWatch | None,
+        close: Callable[[], None],
+        connection: EngineConnection | None = None,
     ) -> None:
         super().__init__(
             name, gateway, (lambda: watch.serving) if watch is not None else (lambda: True), close
         )
-        self.watch = watch
+        self.watch, self.connection = watch, connection
         self.addresses: set[str] = {name}
 
     def probe(self) -> EngineInfo | None:
         """The engine's Info now, without waiting for a down engine (None: no answer)."""
-        backend = self.gateway.backend
-        return backend.probe() if isinstance(backend, EngineBackend) else None
+        return self.connection.probe() if self.connection is not None else None
+
+    def model(self) -> str:
+        """The model the engine serves (its path; "" without a connection)."""
+        return self.connection.model() if self.connection is not None else ""
 
 
 class OpenedEngine(Protocol):
@@ -72,15 +67,11 @@ class OpenedEngine(Protocol):
 
 @dataclass(frozen=True)
 class PoolStats:
-    """What the pool did: DNS resolutions that failed or answered nothing, the age of the answer in
-    use and whether it is stale, addresses found to be another address of a member, and members that
-    left by reason (``draining``, ``unreachable``)."""
-
-    resolve_failures: int = 0
-    answer_age_s: float = 0.0
+    resolve_failures: int = 0  # DNS resolutions that failed or answered nothing
+    answer_age_s: float = 0.0  # of the answer in use
     stale: bool = False
-    aliases: int = 0
-    departures: dict[str, int] = field(default_factory=dict)
+    aliases: int = 0  # addresses found to be another address of a member
+    departures: dict[str, int] = field(default_factory=dict)  # members that left, by reason
 
 
 def _addresses(member: EngineMember) -> set[str]:
@@ -88,10 +79,9 @@ def _addresses(member: EngineMember) -> set[str]:
 
 
 class EnginePool:
-    """Keeps ``fleet`` in step with ``targets()`` (see the module docstring). ``open(address,
-    timeout)`` connects and reads Info (a ForklineError when it cannot: retried at the next resolve;
-    FailedPrecondition, a misconfigured engine, is logged as an error); ``join(opened)`` makes the
-    member (it closes the connection itself when it fails)."""
+    """``open(address, timeout)`` connects and reads Info (failing: retried at the next resolve);
+    ``join(opened)`` makes the member. One thread resolves, refreshes every engine's Info about once a
+    second and lets members go."""
 
     def __init__(
         self,
@@ -118,7 +108,7 @@ class EnginePool:
         self.on_join: Callable[[EngineMember], None] = lambda member: None  # e.g. start its health watch
 
     def sync(self, timeout: float = JOIN_TIMEOUT_S) -> None:
-        """Resolve once and open the addresses no member answers at (see the module docstring)."""
+        """Resolve once and open the addresses no member answers at."""
         with self._sync_lock:
             wanted = self._targets()
             for member in self.fleet.members():  # an alias that went from the answer is forgotten
@@ -140,7 +130,7 @@ class EnginePool:
             log.info("engine %s not ready yet (%s): retrying in %.0f s", address, exc, self.resolve_every_s)
             return
         instance = opened.info.instance_id
-        same = next((m for m in self.fleet.members() if m.gateway.backend.instance_id == instance), None)
+        same = next((m for m in self.fleet.members() if m.gateway.instance_id == instance), None)
         if same is not None or opened.info.draining:
             opened.close()
             if same is None:
@@ -166,7 +156,7 @@ class EnginePool:
         log.error("engine %s refused: %s", address, exc)
 
     def check_departures(self) -> None:
-        """Let go of the members whose engine drains or stays away (see the module docstring)."""
+        """Let go of the members whose engine drains or stays away."""
         now = self._clock()
         for member in self.fleet.members():
             if member.serving:
@@ -175,7 +165,7 @@ class EnginePool:
                 continue
             since = self._away_since.setdefault(member.name, now)
             info = member.probe() if isinstance(member, RemoteMember) else None
-            if info is not None and info.instance_id != member.gateway.backend.instance_id:
+            if info is not None and info.instance_id != member.gateway.instance_id:
                 continue  # another instance answers there: the gateway's restart check adopts it
             if info is not None and info.draining:
                 member.draining = True  # not routed to; until it leaves a source of moves (fleet/moves.py)
@@ -190,7 +180,7 @@ class EnginePool:
         log.warning(
             "engine %s (instance %s) leaves: %s",
             member.name,
-            member.gateway.backend.instance_id,
+            member.gateway.instance_id,
             "it is draining" if reason == "draining" else f"away for {self.leave_after_s:.0f} s",
         )
         self.fleet.remove(member.name)

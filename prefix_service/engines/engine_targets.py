@@ -1,14 +1,6 @@
-"""Which addresses the prefix service's engines may be at: ``--engine HOST:PORT`` (repeatable) and
-``--engines dns:///NAME:PORT`` (every A and AAAA address of NAME, from the system resolver: a Kubernetes
-headless Service gives one per ready engine pod) or ``dns://SERVER:PORT/NAME:PORT`` (as the DNS server
-SERVER answers, gRPC's form; ``dns_query.py``).
-
-DNS finds engines, it never removes one (``engine_pool.py``: an engine leaves when its own health
-says so). A resolution that fails or answers nothing keeps the last good answer for
-``stale_after_s`` (counted in :attr:`EngineTargets.failures`, its age in :meth:`answer_age_s`, logged
-once per outage); past that the answer is stale and only the static addresses are offered, until the
-name resolves again.
-"""
+"""Which addresses the engines may be at: ``--engine HOST:PORT`` and ``--engines dns:///NAME:PORT`` (or
+``dns://SERVER:PORT/NAME:PORT``). DNS finds engines and never removes one; a failed or empty
+resolution keeps the last answer for ``stale_after_s``. Spec: docs/DEPLOY.md ("Engines joining and leaving")."""
 
 from __future__ import annotations
 
@@ -102,7 +94,7 @@ class DnsTarget:
 
 class EngineTargets:
     """The addresses to join now (callable): the static ones and the DNS answer, the last good answer
-    standing in for a failed or empty one up to ``stale_after_s`` (see the module docstring)."""
+    standing in for a failed or empty one up to ``stale_after_s``."""
 
     def __init__(
         self,

@@ -1,33 +1,19 @@
-"""The engine's availability as the prefix service follows it: it serves again within a second of an
-engine restart.
-
-- :data:`RECONNECT_OPTIONS`: the engine channel reconnects after 100 ms, then at most every 300 ms
-  while the engine is unreachable (``grpc.min_reconnect_backoff_ms`` is gRPC's minimum connect
-  timeout: 5 s, for slow handshakes). No keepalive pings: servers answer frequent ones with GOAWAY.
-- :func:`caller_deadline`: engine calls made for an RPC (:func:`call_timeout`) carry its deadline,
-  capped by the backend's timeout, and wait for a reconnecting channel (``wait_for_ready``).
-- :class:`EngineWatch`: a thread on the engine's ``grpc.health.v1`` Health.Watch stream,
-  re-subscribing with a capped backoff. A transition to SERVING first runs ``on_serving`` (the
-  gateway's restart check), then releases the calls waiting for the engine; every transition calls
-  ``on_change``.
-- During an outage an engine call waits for SERVING at most ``outage_wait_s`` per incoming RPC (all
-  its engine calls together), never past its deadline, then raises Unavailable.
-"""
+"""The engine's availability as the prefix service follows it (serving again within a second of an
+engine restart), and how long one incoming call's engine calls may wait for a down engine."""
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from engine_service.api.call_context import CallContext
 from engine_service.api.errors import Unavailable
 from protos import engine_pb2
 
@@ -37,50 +23,56 @@ ENGINE_SERVICE_NAME = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
 RECONNECT_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 300),
-    ("grpc.min_reconnect_backoff_ms", 5000),  # the minimum connect timeout (see the module docstring)
+    # gRPC's minimum connect timeout (slow handshakes); no keepalive pings: servers GOAWAY frequent ones
+    ("grpc.min_reconnect_backoff_ms", 5000),
 )
 OUTAGE_WAIT_S = 1.0  # how long one incoming RPC waits for an unreachable engine before UNAVAILABLE
 RESUBSCRIBE_S = (0.05, 0.5)  # the watch's re-subscribe backoff: first wait, cap
-_NO_DEADLINE_S = 1e9  # grpc reports "no deadline" as a time remaining of ~9e18 s
 
 
-@dataclass
-class _CallBudget:
-    """One incoming RPC's limits on its engine calls (monotonic times; None: unbounded)."""
+class OutageAllowance:
+    """When one incoming call stops waiting for down engines: set by its first wait (``outage_wait_s``
+    from then), shared by all its engine calls."""
 
-    deadline: float | None
-    outage_until: float | None = None  # set by the first wait for an unreachable engine
+    def __init__(self) -> None:
+        self._until: float | None = None
+        self._lock = threading.Lock()
 
-
-_budget: contextvars.ContextVar[_CallBudget | None] = contextvars.ContextVar(
-    "forkline_engine_budget", default=None
-)
-
-
-@contextlib.contextmanager
-def caller_deadline(context: grpc.ServicerContext) -> Iterator[None]:
-    """Within the block, engine calls carry the deadline of the RPC ``context`` serves."""
-    remaining = context.time_remaining()
-    deadline = None if remaining is None or remaining > _NO_DEADLINE_S else time.monotonic() + remaining
-    token = _budget.set(_CallBudget(deadline))
-    try:
-        yield
-    finally:
-        _budget.reset(token)
+    def until(self, now: float, wait_s: float) -> float:
+        with self._lock:
+            if self._until is None:
+                self._until = now + wait_s
+            return self._until
 
 
-def call_timeout(cap: float | None) -> float | None:
-    """Seconds an engine call may take: the caller's time left, at most ``cap`` (None: unbounded)."""
-    budget = _budget.get()
-    left = None if budget is None or budget.deadline is None else max(budget.deadline - time.monotonic(), 0.0)
+@dataclass(frozen=True)
+class RpcCall(CallContext):
+    """A gRPC call to this service: its CallContext and the outage allowance its engine calls share."""
+
+    outage: OutageAllowance = field(default_factory=OutageAllowance, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, call: CallContext) -> RpcCall:
+        return cls(call.owner, call.credential, call.deadline)
+
+
+def outage_of(call: CallContext | None) -> OutageAllowance | None:
+    """The allowance ``call`` shares among its engine calls (None: each waits on its own)."""
+    return call.outage if isinstance(call, RpcCall) else None
+
+
+def call_timeout(cap: float | None, call: CallContext | None = None) -> float | None:
+    """Seconds an engine call may take: ``call``'s time left, at most ``cap`` (None: unbounded)."""
+    left = None if call is None else call.remaining()
     if cap is None:
         return left
     return cap if left is None else min(cap, left)
 
 
 class EngineWatch:
-    """See the module docstring. Serving is assumed until the watch learns otherwise (the service
-    checked the engine when it connected); :meth:`start` begins watching, :meth:`stop` ends it."""
+    """A thread on the engine's ``grpc.health.v1`` Watch stream (re-subscribing with a capped backoff).
+    Serving is assumed until it learns otherwise; a transition to SERVING runs ``on_serving`` (the
+    restart check) before it releases the waiting calls."""
 
     def __init__(
         self,
@@ -107,19 +99,13 @@ class EngineWatch:
         """Whether the engine reports SERVING now, as far as the watch knows."""
         return self._serving.is_set()
 
-    def await_serving(self, timeout: float | None) -> None:
-        """Return once the engine is SERVING; raise Unavailable when it is not within this RPC's outage
-        allowance (``outage_wait_s``, shared by all its engine calls) or ``timeout`` seconds."""
+    def await_serving(self, timeout: float | None, allowance: OutageAllowance | None = None) -> None:
+        """Return once the engine is SERVING; Unavailable when it is not within ``allowance`` (the
+        incoming call's, shared by its engine calls; None: ``outage_wait_s`` from now) or ``timeout``."""
         if self._serving.is_set() or threading.current_thread() is self._thread:
             return  # the watch's own calls (its restart check) run as it sees the engine serve
         now = time.monotonic()
-        budget = _budget.get()
-        if budget is None:
-            until = now + self.outage_wait_s
-        else:
-            if budget.outage_until is None:
-                budget.outage_until = now + self.outage_wait_s
-            until = budget.outage_until
+        until = (allowance or OutageAllowance()).until(now, self.outage_wait_s)
         wait = max(until - now, 0.0) if timeout is None else max(min(until - now, timeout), 0.0)
         if not self._serving.wait(wait):
             raise Unavailable(f"the engine is not serving (waited {wait:.1f} s for it to come back)")
@@ -159,8 +145,7 @@ class EngineWatch:
             pause = min(pause * 2, RESUBSCRIBE_S[1])
 
     def _watch_once(self) -> bool:
-        """One Watch stream until it breaks; True when it reported SERVING at some point. The call
-        waits for the channel (wait_for_ready), so it connects as soon as the channel reconnects."""
+        """One Watch stream until it breaks (waiting for the channel); whether it reported SERVING."""
         request = health_pb2.HealthCheckRequest(service=self.service)
         call = self._stub.Watch(request, wait_for_ready=True)
         with self._lock:

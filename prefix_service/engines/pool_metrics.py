@@ -1,11 +1,5 @@
-"""The engine pool's Prometheus metrics, read from :meth:`EnginePool.stats` at scrape time.
-
-``forkline_prefix_dns_failures_total`` (resolutions of ``--engines`` that failed or answered nothing),
-``forkline_prefix_dns_answer_age_seconds`` (the age of the answer in use: it grows while DNS fails),
-``forkline_prefix_dns_stale`` (1: the last answer is past ``--dns_stale_after`` and no longer offered),
-``forkline_prefix_engine_aliases_total`` (addresses found to be another address of a known engine),
-``forkline_prefix_engine_departures_total{reason}`` (``draining``, ``unreachable``).
-"""
+"""The engine pool's Prometheus metrics (``forkline_prefix_dns_*``, ``forkline_prefix_engine_aliases_total``,
+``forkline_prefix_engine_departures_total{reason}``), read from :meth:`EnginePool.stats` at scrape time."""
 
 from __future__ import annotations
 

@@ -1,50 +1,5 @@
-"""The ``cost`` routing policy: a request goes where it is expected to get its first token soonest.
-
-For a prompt of ``P`` positions and each routable engine ``e`` (``r_e`` positions its cache can reuse,
-``L_e`` generations running or queued there, ``W_e`` positions this service's generations there still
-have to prefill, ``f_e`` how full this service's share of it is, in [0, 1]):
-
-    floor     = min over engines of r_e          (what every engine holds, e.g. a chat template's header)
-    counts_e  = r_e > floor  and  r_e >= max(min_reuse_positions, min_reuse_fraction * P)
-    reused_e  = r_e if counts_e else floor       (a reuse too small to matter does not decide)
-    compute_e = P - reused_e                     (positions engine e must prefill)
-    cost_e    = s_pos * (compute_e * (1 + room_weight * f_e) + W_e)  +  s_queue * L_e
-
-A move (``moves.py``): let ``R`` be the longest reuse that counts held by any engine (routable or a
-draining ``source``) or by the snapshot directory (``--snapshot_dir``, a source named
-``route.SNAPSHOT_DIR``: its longest stored prefix of the prompt), on ``s`` (ties: the least loaded, an
-engine before the directory). For every other engine ``e`` with ``reused_e < R`` -- when ``s`` is a
-source (drains, or is the directory) or is over the load guard, ``L_s >= L_e + move_min_load_gap`` (a
-load as last read can be one generation that just ended too high, so a gap of one never moves) -- the
-move option copies ``s``'s snapshot to ``e`` first:
-
-    move_e    = m_0 + m_pos * R + s_pos * wait_s
-    wait_s    = 0 when s pins its stored snapshots (``Info.pinned_exports``: batched-sequence engines
-                export them on an RPC thread) or is the directory (its file is read and imported),
-                else min(W_s, 512): an export taken between two of s's forwards waits for the running one
-                                                 (the measured cost of moving R positions, plus that wait)
-    cost_e'   = cost_e - s_pos * (R - reused_e) + move_e
-
-taken when ``move_e < s_pos * (R - reused_e)`` -- a move is never slower than recomputing what it
-brings (the room term stays: the positions new to ``e``'s cache are the same either way).
-Then, when the engine chosen takes no move (its reuse, or the lack of one, decided), the longest
-reuse another engine holds (``r_h > r_first``, counting or not: e.g. a header the chosen engine lacks)
-is moved to it when ``move_first < s_pos * (r_h - r_first)`` (``move`` as above): a top-up that only
-saves time there. The mover copies only the prefix the request reuses, not the holder's whole entry.
-``fleet.py`` checks the entry's exact length once more before moving, and falls back to
-recomputing when the move is refused or fails.
-
-``s_pos`` (prefill seconds per position) and ``s_queue`` (what one generation ahead adds to the time to
-first token beyond its prefill: its decode steps) are the fleet's measured rates (``rates.RateMeter``).
-The queue is the prefill work ahead (an engine shares its forwards among its sessions) plus a cost
-per generation there. The room term: the positions a
-request computes on ``e`` are stored there, and on a full share each evicts a stored position someone
-may come back for, so a fuller cache charges them more: new prefixes spread over the caches with room,
-while a hit (few new positions) barely pays it. The lowest cost serves; the others follow in cost order
-(ties: less load, fewer positions held, name). Reason: ``move`` when the first engine takes a move,
-``cache`` when its own reuse counts, ``load_guard`` when another engine's reuse counts but load or
-fullness outweighed it, else ``miss``.
-"""
+"""The ``cost`` routing policy: a request goes where it is expected to get its first token soonest,
+with the option of moving a stored snapshot there first. Spec: docs/DEPLOY.md ("Routing", "Moves")."""
 
 from __future__ import annotations
 
@@ -193,9 +148,7 @@ def _saved_s(holder: Candidate, gain: int, rates: CostRates) -> float:
 
 
 def _move_s(holder: Candidate, rates: CostRates) -> float:
-    """The expected seconds of moving ``holder``'s reuse: the measured move, plus -- unless its engine
-    pins its stored snapshots (``pinned_exports``: the export is copied on its RPC thread) -- the wait
-    for the forward its engine thread is running (such an export is taken between two forwards): up
-    to one prefill chunk of what this service's generations there still have to prefill."""
+    """The expected seconds of moving ``holder``'s reuse: the measured move, plus the wait for its
+    running forward (up to one prefill chunk of its pending positions) unless it pins its snapshots."""
     wait = 0 if holder.pinned_exports else min(max(0, holder.pending), EXPORT_WAIT_POSITIONS)
     return rates.move_s(holder.reusable) + rates.prefill_s_per_position * wait

@@ -1,25 +1,6 @@
-"""Fleet: one prefix service in front of many engines, routing each request by exact cache placement.
-
-Each engine is an :class:`EngineMember` (``member.py``): its own :class:`Gateway` (cache, budget,
-restart handling) and what routing needs (serving now, this service's generations there, the engine's
-load as last read). A snapshot continues only on the engine that holds it, so a request goes where its prefix is: every
-routable engine is scored by the positions its cache can reuse (``PrefixCache.reusable``), its
-load and how full its share is, and the routing policy (``routing.py``) orders them. Each finished
-generation's time to first token feeds the fleet's measured rates (``rates.RateMeter``), which the
-``cost`` policy turns positions and load into seconds with.
-
-- Routable: SERVING, with the fleet's fingerprint (the one most engines have; the others are held out
-  of routing, their entries kept apart).
-- Lookup: tokenize once, route, clone on the chosen engine (``PromptLookup.engine`` names it).
-  Insert: on the engine the caller names (optional with one engine).
-- Moves (``moves.py``): when the route says so, the holder's snapshot (a routable engine's, or a
-  draining one's: a source) is copied to the first engine before it serves; a move that does not
-  happen leaves the request to compute what that engine lacks.
-- Generate: the engines in the route's order; one that is down or full before the first event passes
-  the request on. Once the stream started the engine is fixed; ``Done.engine`` names it.
-- :meth:`add` / :meth:`remove` as engines join and leave (removing drops the engine's entries);
-  :meth:`refresh` (periodic) reads every engine's Info. With one engine errors propagate unchanged.
-"""
+"""Fleet: one prefix service in front of many engines (an :class:`EngineMember` each), routing every
+request to where its prefix is: routable engines (SERVING, the fleet's fingerprint) scored by the
+positions they reuse, their load and fill, ordered by the routing policy. Spec: docs/DEPLOY.md ("Routing")."""
 
 from __future__ import annotations
 
@@ -30,6 +11,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
+from engine_service.api.call_context import CallContext
 from engine_service.api.errors import ForklineError, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Done
@@ -49,7 +31,7 @@ from prefix_service.fleet.routing import (
     RoutingPolicy,
     routing_policy,
 )
-from prefix_service.fleet.stats import EngineStatus, FleetStats, summed
+from prefix_service.fleet.stats import FleetStats, engine_status, summed
 from prefix_service.gateway.calls import GatewayRequest, Prompt, PromptLookup
 from prefix_service.gateway.gateway import Gateway
 from prefix_service.tier.persistent_tier import PersistentTier
@@ -61,8 +43,9 @@ _RETRY_ELSEWHERE = (Unavailable, ResourceExhausted)
 
 
 class Fleet:
-    """See the module docstring. ``policy``: a routing policy (default ``routing.DEFAULT_ROUTING``);
-    ``rates``: the measured rates routing reads (a fresh meter by default)."""
+    """``policy``: the routing policy (default ``routing.DEFAULT_ROUTING``); ``rates``: the measured
+    rates it reads. A request is routed once: moves to its first engine happen before it serves; an
+    engine that fails before the first event passes it on; with one engine errors propagate unchanged."""
 
     def __init__(
         self,
@@ -96,11 +79,10 @@ class Fleet:
                     member.fingerprint[:16],
                     self.fingerprint[:16],
                 )
-        log.info("engine %s joined (instance %s)", member.name, member.gateway.backend.instance_id)
+        log.info("engine %s joined (instance %s)", member.name, member.gateway.instance_id)
 
     def remove(self, name: str) -> int:
-        """Stop routing to engine ``name``, release its entries (when it still answers) and close its
-        connection; returns the entries dropped (0 for an unknown name)."""
+        """Stop routing to engine ``name``, release its entries and close it; the entries dropped."""
         with self._lock:
             member = self._members.pop(name, None)
             self._elect()
@@ -109,7 +91,7 @@ class Fleet:
         try:
             dropped = member.gateway.clear()
         except Exception:  # noqa: BLE001 - the engine is gone: its handles went with it
-            dropped = len(member.gateway.cache)
+            dropped = len(member.gateway)
             log.debug("could not release the entries of engine %s", name, exc_info=True)
         finally:
             member.close()
@@ -135,8 +117,7 @@ class Fleet:
         return members[0].gateway
 
     def refresh(self) -> None:
-        """Read every engine's Info (noticing restarts, taking its load) and re-elect the fingerprint.
-        Errors of single engines are logged, not raised."""
+        """Read every engine's Info (restarts, load) and re-elect the fingerprint; errors are logged."""
         for member in self.members():
             try:
                 member.gateway.check_engine()
@@ -158,17 +139,20 @@ class Fleet:
 
     # -- calls -----------------------------------------------------------------------------------
     def lookup(
-        self, namespace: str, prompt: Prompt, owner: str, caller_active: Callable[[], bool] = lambda: True
+        self,
+        namespace: str,
+        prompt: Prompt,
+        call: CallContext,
+        caller_active: Callable[[], bool] = lambda: True,
     ) -> PromptLookup:
-        """Route ``prompt`` and clone the chosen engine's best snapshot for ``owner`` (see
-        :meth:`Gateway.lookup`); the answer names the engine."""
-        tokens, route, _ = self._route(namespace, prompt, owner)
+        """Route ``prompt`` and clone the chosen engine's best snapshot for ``call``; the answer names it."""
+        tokens, route, _ = self._route(namespace, prompt, call)
 
         def lookup_on(member: EngineMember) -> PromptLookup:
-            found = member.gateway.lookup(namespace, tokens, owner, caller_active)
+            found = member.gateway.lookup(namespace, tokens, call, caller_active)
             return replace(found, engine=member.name)
 
-        return self._first_that_serves(route, lookup_on)
+        return _first_that_serves(route, lookup_on)
 
     def insert(
         self,
@@ -176,10 +160,10 @@ class Fleet:
         tokens: Sequence[int],
         session: str,
         metadata: Mapping[str, str],
-        owner: str,
+        call: CallContext,
         engine: str = "",
     ) -> InsertOutcome:
-        """Store a clone of ``owner``'s ``session``, held by ``engine`` ("" with a single engine)."""
+        """Store a clone of ``call``'s ``session``, held by ``engine`` ("" with a single engine)."""
         if engine:
             member = self.member(engine)
         else:
@@ -190,13 +174,13 @@ class Fleet:
                     "(LookupResponse.engine names the engine of a session)"
                 )
             member = members[0]
-        return member.gateway.insert(namespace, tokens, session, metadata, owner)
+        return member.gateway.insert(namespace, tokens, session, metadata, call)
 
-    def generate(self, request: GatewayRequest, owner: str) -> RoutedStream:
-        """Route and start the generation (see the module docstring): returns once an engine started
-        it; an engine that fails before that with UNAVAILABLE or RESOURCE_EXHAUSTED passes the
-        request to the next one in the route."""
-        tokens, route, reusable = self._route(request.namespace, request.prompt, owner)
+    def generate(self, request: GatewayRequest, call: CallContext) -> RoutedStream:
+        """Route and start the generation; returns once an engine started it (one failing before that
+        with UNAVAILABLE or RESOURCE_EXHAUSTED passes the request to the next in the route). Once
+        started the engine is fixed; ``Done.engine`` names it."""
+        tokens, route, reusable = self._route(request.namespace, request.prompt, call)
         if not tokens:
             raise InvalidArgument("input is empty")
         text = request.prompt if isinstance(request.prompt, TextPrompt) else request.source
@@ -211,38 +195,21 @@ class Fleet:
 
             member.started(positions)
             try:
-                stream = member.gateway.generate(routed, owner)
+                stream = member.gateway.generate(routed, call)
                 return RoutedStream(stream, member, measured, started_at, positions)
             except BaseException:
                 member.prefilled(positions)
                 member.ended()
                 raise
 
-        return self._first_that_serves(route, generate_on)
+        return _first_that_serves(route, generate_on)
 
     def stats(self, where: Callable[[str], bool] | None = None) -> FleetStats:
-        """Every engine's stats; with ``where`` (a caller's own scopes, ``gateway/tenancy.py``) only the
-        entries of those summed (``Gateway.stats``): no engines, routes or snapshot directory."""
+        """Every engine's stats; with ``where`` (a caller's scopes) only those entries, summed."""
         members = self.members()
         if where is not None:
             return FleetStats(summed([m.gateway.stats(where) for m in members]), self.policy.name, (), {})
-        engines = tuple(
-            EngineStatus(
-                m.name,
-                m.gateway.backend.instance_id,
-                m.fingerprint,
-                self._is_routable(m),
-                m.gateway.stats(),
-                m.in_flight,
-                m.load,
-                m.routed,
-                m.load_guarded,
-                m.moves_in,
-                m.moves_out,
-                dict(m.move_refusals),
-            )
-            for m in members
-        )
+        engines = tuple(engine_status(m, self._is_routable(m)) for m in members)
         with self._lock:
             routes = dict(self._routes)
         tier = self.tier
@@ -255,24 +222,13 @@ class Fleet:
         )
 
     def clear(self, where: Callable[[str], bool] | None = None) -> int:
-        """Release every stored snapshot on every engine (or those of the scopes ``where`` accepts);
-        returns how many."""
+        """Release every stored snapshot on every engine (or those ``where`` accepts); how many."""
         return sum(m.gateway.clear(where) for m in self.members())
 
     # -- internals -------------------------------------------------------------------------------
     def _elect(self) -> None:
-        """The fingerprint most serving engines have (all engines when none serves); ties keep the
-        current one (lock held)."""
-        members = list(self._members.values())
-        voters = [m for m in members if m.serving] or members
-        votes = Counter(m.fingerprint for m in voters)
-        if not votes:
-            return
-        top = max(votes.values())
-        if votes.get(self.fingerprint, 0) == top:
-            return
-        elected = next(m.fingerprint for m in voters if votes[m.fingerprint] == top)
-        if self.fingerprint:
+        elected = elected_fingerprint(list(self._members.values()), self.fingerprint)  # lock held
+        if elected != self.fingerprint and self.fingerprint:
             log.warning("routing to engines of fingerprint %s (was %s)", elected[:16], self.fingerprint[:16])
         self.fingerprint = elected
 
@@ -289,20 +245,19 @@ class Fleet:
         raise Unavailable(f"no engine serves ({len(members)} known)" if members else "no engine is known yet")
 
     def _route(
-        self, namespace: str, prompt: Prompt, owner: str
+        self, namespace: str, prompt: Prompt, call: CallContext
     ) -> tuple[list[int], list[EngineMember], dict[str, int]]:
-        """The prompt's tokens, the engines to try, in order, and the positions each can reuse (none
-        with a single engine)."""
+        """The prompt's tokens, the engines to try in order, and the positions each can reuse."""
         members = self._routable()
         by_load = sorted(members, key=lambda m: (m.load, m.name))
-        tokens = self._tokens(prompt, owner, by_load)
+        tokens = _tokens(prompt, call, by_load)
         draining = self._draining()
         if len(members) == 1 and not draining:
             self._count(members[0], None)
             return tokens, members, {}
         key = token_key(tokens)  # validated once for every engine's index
-        candidates = [_candidate(m, namespace, key) for m in members]
-        sources = tuple(_candidate(m, namespace, key) for m in draining) + self._directory(
+        candidates = [m.candidate(namespace, key) for m in members]
+        sources = tuple(m.candidate(namespace, key) for m in draining) + self._directory(
             members, namespace, key
         )
         route = self.policy.route(candidates, RouteRequest(len(tokens), self.rates.rates(), sources))
@@ -311,7 +266,7 @@ class Fleet:
         order = [named[c.name] for c in route.order]
         reusable = {c.name: c.reusable for c in candidates}
         if route.move is not None and self._moved(
-            route.move, order[0], namespace, key, reusable[order[0].name]
+            route.move, order[0], namespace, key, reusable[order[0].name], call
         ):
             reusable[order[0].name] = route.move.reusable
         return tokens, order, reusable
@@ -327,20 +282,25 @@ class Fleet:
     def _directory(
         self, members: Sequence[EngineMember], namespace: str, key: tuple[int, ...]
     ) -> tuple[Candidate, ...]:
-        """The snapshot directory as a move source when it holds a prefix of the prompt (none without
-        ``--snapshot_dir``): the engines of the fleet's fingerprint restore the same files."""
-        tier = self.tier
-        reusable = 0 if tier is None else tier.reusable(members[0].gateway.backend, namespace, key)
+        """The snapshot directory as a move source when it holds a prefix of the prompt."""
+        reusable = 0 if self.tier is None else members[0].gateway.from_directory(namespace, key)
         return (Candidate(SNAPSHOT_DIR, reusable, 0),) if reusable else ()
 
     def _moved(
-        self, move: Move, target: EngineMember, namespace: str, key: tuple[int, ...], here: int
+        self,
+        move: Move,
+        target: EngineMember,
+        namespace: str,
+        key: tuple[int, ...],
+        here: int,
+        call: CallContext,
     ) -> bool:
-        """Make ``move`` to ``target`` (``moves.py``, or a restore from the snapshot directory);
-        whether ``target`` now holds the moved prefix."""
+        """Make ``move`` to ``target``; whether ``target`` now holds the moved prefix."""
         if move.source == SNAPSHOT_DIR:
-            tier = self.tier
-            return tier is not None and self.mover.restore(tier, target, namespace, key, move.reusable).moved
+            return (
+                self.tier is not None
+                and self.mover.restore(target, namespace, key, move.reusable, call).moved
+            )
         with self._lock:
             holder = self._members.get(move.source)
         if holder is None:
@@ -359,57 +319,38 @@ class Fleet:
                 if guarded is not None:
                     guarded.load_guarded += 1
 
-    @staticmethod
-    def _tokens(prompt: Prompt, owner: str, engines: Sequence[EngineMember]) -> list[int]:
-        """Token ids as given (checked by the serving gateway), or the text tokenized by the first
-        engine that answers."""
-        if not isinstance(prompt, TextPrompt):
-            return list(prompt)
 
-        def tokenize_on(member: EngineMember) -> list[int]:
-            return member.gateway.backend.tokenize(prompt, owner)
-
-        return Fleet._first_that_serves(engines, tokenize_on, retry=(Unavailable,))
-
-    @staticmethod
-    def _first_that_serves(
-        engines: Sequence[EngineMember],
-        call: Callable[[EngineMember], object],
-        retry: tuple[type[ForklineError], ...] = _RETRY_ELSEWHERE,
-    ):
-        """``call`` on each engine in turn until one does not fail with a ``retry`` error; the last
-        engine's error propagates."""
-        for i, member in enumerate(engines):
-            try:
-                return call(member)
-            except retry as exc:
-                if i == len(engines) - 1:
-                    raise
-                log.info("engine %s could not serve (%s): trying %s", member.name, exc, engines[i + 1].name)
-        raise Unavailable("no engine to route to")
+def elected_fingerprint(members: Sequence[EngineMember], current: str) -> str:
+    """The fingerprint most serving engines have (all engines when none serves); ties keep ``current``."""
+    voters = [m for m in members if m.serving] or list(members)
+    votes = Counter(m.fingerprint for m in voters)
+    if not votes or votes.get(current, 0) == max(votes.values()):
+        return current
+    return next(m.fingerprint for m in voters if votes[m.fingerprint] == max(votes.values()))
 
 
-def _candidate(member: EngineMember, namespace: str, key: tuple[int, ...]) -> Candidate:
-    """What routing knows of ``member`` for the prompt ``key``."""
-    cache = member.gateway.cache
-    return Candidate(
-        member.name,
-        cache.reusable(namespace, key),
-        member.load,
-        cache.positions,
-        _fill(member),
-        max(0, member.pending),
-        member.pinned_exports,
-    )
+def _tokens(prompt: Prompt, call: CallContext, engines: Sequence[EngineMember]) -> list[int]:
+    """Token ids as given, or the text tokenized by the first engine that answers."""
+    if not isinstance(prompt, TextPrompt):
+        return list(prompt)
+
+    def tokenize_on(member: EngineMember) -> list[int]:
+        return member.gateway.tokenize(prompt, call)
+
+    return _first_that_serves(engines, tokenize_on, retry=(Unavailable,))
 
 
-def _fill(member: EngineMember) -> float:
-    """How full the service's share of ``member`` is: the larger of entries / max entries and
-    positions / max positions (an unbounded or disabled bound counts as empty / full)."""
-    cache = member.gateway.cache
-    if cache.max_entries == 0:
-        return 1.0
-    fill = len(cache) / cache.max_entries
-    if cache.max_positions:
-        fill = max(fill, cache.positions / cache.max_positions)
-    return min(1.0, fill)
+def _first_that_serves(
+    engines: Sequence[EngineMember],
+    call: Callable[[EngineMember], object],
+    retry: tuple[type[ForklineError], ...] = _RETRY_ELSEWHERE,
+):
+    """``call`` on each engine in turn until one does not fail with a ``retry`` error."""
+    for i, member in enumerate(engines):
+        try:
+            return call(member)
+        except retry as exc:
+            if i == len(engines) - 1:
+                raise
+            log.info("engine %s could not serve (%s): trying %s", member.name, exc, engines[i + 1].name)
+    raise Unavailable("no engine to route to")

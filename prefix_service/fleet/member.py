@@ -1,6 +1,5 @@
-"""The fleet's view of one engine: :class:`EngineMember` (its gateway and what routing needs: serving
-now, this service's generations there, the engine's load as last read) and :class:`RoutedStream` (a
-gateway stream on the engine that serves it, ``fleet.py``'s ``generate``)."""
+"""The fleet's view of one engine: :class:`EngineMember` (its gateway and what routing reads of it) and
+:class:`RoutedStream` (a gateway stream on the engine that serves it)."""
 
 from __future__ import annotations
 
@@ -12,15 +11,15 @@ from collections.abc import Callable, Generator
 from dataclasses import replace
 
 from engine_service.api.stream_events import Done, Tokens
+from prefix_service.fleet.route import Candidate
 from prefix_service.gateway.calls import GatewayEvent
 from prefix_service.gateway.gateway import Gateway
 from prefix_service.gateway.stream import GatewayStream
 
 
 class EngineMember:
-    """One engine of the fleet. ``name``: its address as the service names it (clients see it in
-    ``LookupResponse.engine``). ``serving()``: whether it reports SERVING now (the health watch).
-    ``close()``: release its connection (called once it left the fleet)."""
+    """One engine of the fleet: ``name`` (its address, ``LookupResponse.engine``), ``serving()`` (its
+    health watch), ``close()`` (release its connection once it left)."""
 
     def __init__(
         self,
@@ -43,7 +42,7 @@ class EngineMember:
 
     @property
     def fingerprint(self) -> str:
-        return self.gateway.backend.fingerprint
+        return self.gateway.fingerprint
 
     @property
     def serving(self) -> bool:
@@ -51,8 +50,7 @@ class EngineMember:
 
     @property
     def pinned_exports(self) -> bool:
-        """Whether its engine exports a stored snapshot without waiting for its running forward (the
-        last Info's ``pinned_exports``; False until one was read)."""
+        """The last Info's ``pinned_exports`` (False until one was read)."""
         info = self.gateway.last_info
         return info is not None and info.pinned_exports
 
@@ -60,6 +58,19 @@ class EngineMember:
     def load(self) -> int:
         """Generations running or queued there: this service's now, plus the rest as last read."""
         return self.in_flight + self._others
+
+    def candidate(self, namespace: str, key: tuple[int, ...]) -> Candidate:
+        """What routing knows of this engine for the prompt ``key``."""
+        gateway = self.gateway
+        return Candidate(
+            self.name,
+            gateway.reusable(namespace, key),
+            self.load,
+            gateway.positions,
+            gateway.fill(),
+            max(0, self.pending),
+            self.pinned_exports,
+        )
 
     def observe(self) -> None:
         """Take the engine's own load from the Info its gateway read last."""
@@ -101,10 +112,8 @@ class EngineMember:
 
 
 class RoutedStream:
-    """A gateway stream on the engine that serves it: its ``Done`` names that engine, and the
-    engine's in-flight count drops once the stream ends. ``on_done(done, ttft_s)`` sees the ``Done``
-    with the seconds from ``started_at`` (``time.perf_counter()``, default: now) to the first tokens
-    event. ``stop()`` as :class:`GatewayStream`."""
+    """A gateway stream on the engine that serves it: its ``Done`` names the engine, whose in-flight
+    count drops once it ends; ``on_done(done, ttft_s)`` measures from ``started_at`` (perf_counter)."""
 
     def __init__(
         self,

@@ -1,25 +1,6 @@
-"""The rates the ``cost`` routing policy turns positions and load into seconds, measured on the fleet's
-own generations: :class:`CostRates` (a value) and :class:`RateMeter` (what the fleet updates from each
-generation's ``Done`` and reads at each route).
-
-- ``overhead_s``: the time to first token of a generation that computes fewer than ``MIN_POSITIONS``
-  positions on an idle engine (lookup, clone, round trips, one forward): the same on every engine, so
-  routing never weighs it, but the other two rates are measured net of it.
-- ``prefill_s_per_position``: (TTFT - overhead) / computed positions, over generations that computed
-  at least ``MIN_POSITIONS`` on an engine with nothing else running or queued there.
-- ``queue_s_per_generation``: what one generation already running or queued on the engine adds to a
-  new one's time to first token beyond the prefill still ahead of it: (TTFT - overhead - (computed
-  positions + positions ahead) x the prefill rate) / load, over generations that started with load >= 1.
-- ``move_overhead_s`` and ``move_s_per_position``: what moving a stored snapshot from one engine to
-  another costs (``moves.SnapshotMover``: export, import, verify, store): the seconds of a move of fewer
-  than ``MOVE_MIN_POSITIONS`` positions, and (seconds - that overhead) / positions over the others
-  (a short move's time is mostly its round trips: counted per position it would make every longer
-  move look dear).
-
-Each is an exponential moving average (weight ``alpha`` for the newest observation), starting from
-the defaults below (measured with SmolLM2-135M on this project's 2-core CPU machine, see
-docs/DEPLOY.md "Routing").
-"""
+"""The rates the ``cost`` policy turns positions and load into seconds, measured on the fleet's own
+generations and moves: :class:`CostRates` (a value) and :class:`RateMeter` (moving averages the fleet
+updates from each ``Done`` and each move). Spec: docs/DEPLOY.md ("Routing")."""
 
 from __future__ import annotations
 

@@ -15,20 +15,16 @@ from prefix_service.fleet.rates import CostRates
 
 @dataclass(frozen=True)
 class Candidate:
-    """One routable engine for one request: ``name`` (its address), the positions of the prompt its
-    stored snapshots can give (``reusable``), its ``load`` (generations running and queued), the
-    positions this service's snapshots hold there (``held``), how full this service's share of it
-    is (``fill``: the larger of entries / max entries and positions / max positions, in [0, 1]) and
-    the positions this service's generations there still have to prefill (``pending``);
-    ``pinned_exports``: its stored snapshots export without waiting for its running forward (the
-    engine's ``Info.pinned_exports``; the snapshot directory has no forward either)."""
+    """One routable engine (or move source) for one request."""
 
-    name: str
-    reusable: int
-    load: int
-    held: int = 0
-    fill: float = 0.0
-    pending: int = 0
+    name: str  # its address
+    reusable: int  # positions of the prompt its stored snapshots can give
+    load: int  # generations running and queued there
+    held: int = 0  # positions this service's snapshots hold there
+    fill: float = 0.0  # how full this service's share is, in [0, 1] (``Gateway.fill``)
+    pending: int = 0  # positions this service's generations there still have to prefill
+    # its stored snapshots export without waiting for its running forward (``Info.pinned_exports``;
+    # the snapshot directory has no forward either)
     pinned_exports: bool = False
 
 
@@ -38,11 +34,9 @@ SNAPSHOT_DIR = "<snapshot_dir>"
 
 @dataclass(frozen=True)
 class RouteRequest:
-    """What a policy may know of the request besides the candidates: its prompt's length in positions,
-    the fleet's measured rates (``rates.RateMeter``) and the ``sources``: what serves no new request but
-    may give an engine that does a stored snapshot first -- engines that drain (their snapshots are
-    moved, ``moves.py``) and the snapshot directory (named :data:`SNAPSHOT_DIR`, load 0, nothing
-    pending: its file is restored into the engine, no engine's forward is waited for)."""
+    """What a policy may know of the request besides the candidates. ``sources``: what serves no new
+    request but may give an engine a stored snapshot first (draining engines, the snapshot directory
+    as :data:`SNAPSHOT_DIR`)."""
 
     prompt_positions: int = 0
     rates: CostRates = field(default_factory=CostRates)

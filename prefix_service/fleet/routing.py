@@ -1,19 +1,6 @@
-"""Routing policies: which engine serves a request, scored on exact cache placement and load.
-
-A policy gets one ``route.Candidate`` per routable engine (the positions its cache can reuse, its load:
-this service's generations there plus the engine's own count as last read, what it holds) and the
-request (``route.RouteRequest``: prompt length, measured rates), and returns a ``route.Route``: every
-engine in the order to try them and why the first was chosen. Chosen by name (``--routing``):
-
-- ``cost`` (default): the lowest expected time to first token: positions left to compute x the
-  prefill rate (x a room factor) + the queue; a small reuse does not decide (``cost_model.py``).
-- ``cache_aware``: the most reuse (ties: the least loaded), unless nothing is reused (a miss:
-  the least loaded) or it is overloaded: its load exceeds the least loaded engine's by more than
-  ``imbalance_abs`` and by a factor of more than ``imbalance_rel`` (SGLang's and vLLM's two-sided guard).
-- ``least_loaded``: the least loaded (ties: the most reuse). ``round_robin``: in turn (a baseline).
-
-Ties in load go to the engine holding the fewest positions, so misses spread new prefixes.
-"""
+"""Routing policies chosen by name (``--routing``): ``cost`` (``cost_model.py``), ``cache_aware`` (the most
+reuse unless over the two-sided load guard), ``least_loaded``, ``round_robin``; each orders the
+``route.Candidate``s. Spec: docs/DEPLOY.md ("Routing")."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 
 from prefix_service.cache.outcomes import PrefixStats
+from prefix_service.fleet.member import EngineMember
 from prefix_service.gateway.calls import GatewayStats
 from prefix_service.tier.snapshot_store import StoreStats
 
@@ -29,6 +30,23 @@ class EngineStatus:
     moves_in: int = 0
     moves_out: int = 0
     move_refusals: dict[str, int] = field(default_factory=dict)
+
+
+def engine_status(member: EngineMember, routable: bool) -> EngineStatus:
+    return EngineStatus(
+        member.name,
+        member.gateway.instance_id,
+        member.fingerprint,
+        routable,
+        member.gateway.stats(),
+        member.in_flight,
+        member.load,
+        member.routed,
+        member.load_guarded,
+        member.moves_in,
+        member.moves_out,
+        dict(member.move_refusals),
+    )
 
 
 @dataclass(frozen=True)

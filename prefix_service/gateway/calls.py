@@ -28,36 +28,29 @@ class PromptLookup:
 
 @dataclass(frozen=True)
 class GatewayRequest:
-    """One gateway Generate: ``prompt`` under ``namespace``, sampled and stopped per ``config``
-    (``ignore_eos``: see ``EngineGenerate``). ``store_prompt``: insert the prompt snapshot (and its
-    checkpoints). ``source``: the text ``prompt`` was tokenized from when ``prompt`` is already token
-    ids (the fleet tokenizes to route): a chat prompt's message ends become checkpoints.
-    ``count_lookup``: False for a further choice of a request whose first choice's lookup was counted
-    (an HTTP ``n``): its lookup clones as usual but adds nothing to the hit / miss counters."""
+    """One gateway Generate: ``prompt`` under ``namespace``, sampled and stopped per ``config``."""
 
     namespace: str
     prompt: Prompt
     config: GenConfig
-    ignore_eos: bool = False
-    store_prompt: bool = True
+    ignore_eos: bool = False  # see ``EngineGenerate``
+    store_prompt: bool = True  # store the prompt snapshot (and its checkpoints)
     metadata: Mapping[str, str] = field(default_factory=dict)
+    # the text token-id ``prompt`` was tokenized from (the fleet tokenizes to route): its message ends
     source: TextPrompt | None = None
-    count_lookup: bool = True
+    count_lookup: bool = True  # False: a further choice of a counted request (an HTTP ``n``)
 
 
 @dataclass(frozen=True)
 class GatewayStats:
-    """The cache's counters plus the service's: entries dropped on engine restarts, the engine
-    instance the entries belong to, the retention policy's name, the share of the engine, entries
-    evicted and requests retried under pressure, unknown handles reclaimed, and lookup misses by
-    the reason the caller was told (``MissReason`` values; they add up to ``cache.misses``)."""
+    """The cache's counters plus the service's."""
 
     cache: PrefixStats
-    dropped_on_restart: int
-    engine_instance_id: str
-    policy: str
+    dropped_on_restart: int  # entries dropped on engine restarts
+    engine_instance_id: str  # the instance the entries belong to
+    policy: str  # the retention policy's name
     engine_share: float = DEFAULT_ENGINE_SHARE
-    pressure_evictions: int = 0
+    pressure_evictions: int = 0  # entries evicted for a live request (a full engine)
     pressure_retries: int = 0
-    reclaimed: int = 0
-    misses_by_reason: dict[str, int] = field(default_factory=dict)
+    reclaimed: int = 0  # unknown handles released
+    misses_by_reason: dict[str, int] = field(default_factory=dict)  # as told the callers: sum = cache.misses

@@ -1,18 +1,18 @@
-"""What the gateway needs from an engine, beyond the cache's
-:class:`~prefix_service.cache.session_backend.SessionBackend`."""
+"""What the gateway needs from an engine: the engine calls it makes for a call to the prefix service."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from engine_service.api.answers import Described, TakenClone
+from engine_service.api.call_context import CallContext
 from engine_service.api.engine_info import EngineInfo
 from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Event
 from prefix_service.cache.session_backend import SessionBackend
+from prefix_service.tier.snapshot_backend import SnapshotBackend
 
 if TYPE_CHECKING:
     from engine_service.api.config import GenConfig
@@ -20,30 +20,23 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class EngineGenerate:
-    """One engine Generate call: feed ``tokens`` to ``session`` ("" opens a fresh session).
-
-    ``config.stop_tokens`` empty means the engine's EOS tokens stop the generation, unless
-    ``ignore_eos``. ``prompt_snapshot``: the engine clones the session at the end of the prompt and
-    sends the handle (owned by the backend's owner) as a ``Snapshot`` event. ``owner``: the caller
-    the generation runs for (its session counts against that owner's engine quota; "": the backend).
-    ``close_session``: the engine closes ``session`` when the call ends, however it ends (a refused
-    call leaves it).
-    """
+    """One engine Generate: feed ``tokens`` to ``session`` ("" opens a fresh one) for ``call`` (its
+    caller's quota; None: the backend's own). ``prompt_snapshot``: the engine sends a ``Snapshot`` of
+    the prompt end, owned by the backend. ``close_session``: the engine closes ``session`` as the call
+    ends (a refused call leaves it). Empty ``config.stop_tokens``: EOS stops, unless ``ignore_eos``."""
 
     session: str
     tokens: tuple[int, ...]
     config: GenConfig
     ignore_eos: bool = False
     prompt_snapshot: bool = False
-    owner: str = ""
+    call: CallContext | None = None
     close_session: bool = False
 
 
 class EngineStream(Protocol):
-    """A running engine Generate call. Iterating yields its events (``Started``, ``Tokens``,
-    ``Snapshot``: a handle owned by the backend's owner, ``Done``) and continues where an earlier
-    iteration stopped; a failed or cancelled call raises a ForklineError. ``cancel()`` ends it from
-    any thread; it is idempotent."""
+    """A running engine Generate: iterating yields its events (a failed or cancelled call raises a
+    ForklineError) and continues where an earlier iteration stopped; ``cancel()`` is idempotent."""
 
     def __iter__(self) -> Iterator[Event]: ...
 
@@ -53,58 +46,50 @@ class EngineStream(Protocol):
 
 
 @runtime_checkable
-class GatewayBackend(SessionBackend, Protocol):
-    """A remote engine as the gateway uses it; handles are engine session handle strings.
-
-    ``owner``: this backend's owner id in the engine (it holds the stored snapshots).
-    ``instance_id``: the engine instance its handles belong to (as of the last ``refresh``).
-    ``info()``: the engine's current identity and limits; ``refresh(info=None)`` adopts them (read
-    now when not given; a new instance forgets every handle of the old one). ``await_serving()``: return once the engine serves
-    (at once while it does), Unavailable when it stays down longer than the current call may wait;
-    no engine call. ``cloning_for(owner)``: within the block,
-    ``clone`` gives new sessions to ``owner`` (a lookup clones for its caller).
-    ``adopt(handle, position, content_digest)``: record a handle this backend owns (a snapshot
-    event's) with what the engine reported it holds (``content_digest`` answers it afterwards).
-    ``tokenize(text, owner)``, ``describe(session, owner) -> Described``: engine calls as ``owner``.
-    ``take_clone(session, upto, owner, expected_digest)``: clone the caller's session (as ``owner``)
-    into a session this backend owns and adopts; with ``expected_digest`` the engine clones only if
-    ``[0, upto)`` holds exactly that content (checked atomically there). ``close_as(session, owner)``:
-    close as ``owner`` (default: this backend); errors propagate. ``generate(request)``: start an
-    engine Generate call (as ``request.owner``). ``claim(handle)``: take over the engine quota charge
-    of a handle a caller handed to this backend's owner (a take_clone's, a snapshot event's), which
-    counts against that caller until then (QuotaExceeded when the owner's budget has no room).
-    ``reclaim()``: release what this backend's owner holds in the engine that the backend does not
-    know (e.g. clones a client handed to it); how many.
-    """
+class GatewayBackend(Protocol):
+    """A remote engine as the gateway calls it; handles are engine session handle strings. Calls made
+    for ``call`` carry its deadline; ``tokenize``, ``describe``, ``take_clone``, ``close_as`` and
+    ``generate`` run as its caller (credential forwarded), the others as the backend's owner."""
 
     @property
-    def owner(self) -> str: ...
+    def owner(self) -> str: ...  # the backend's owner id in the engine (it holds the stored snapshots)
 
     @property
-    def instance_id(self) -> str: ...
+    def instance_id(self) -> str: ...  # the engine instance its handles belong to, as last refreshed
 
-    def info(self) -> EngineInfo: ...
+    @property
+    def sessions(self) -> SessionBackend: ...  # the same engine's handles as the cache holds them
 
-    def refresh(self, info: EngineInfo | None = None) -> EngineInfo: ...
+    def info(self, call: CallContext | None = None) -> EngineInfo: ...
 
-    def await_serving(self) -> None: ...
+    def refresh(
+        self, info: EngineInfo | None = None
+    ) -> EngineInfo: ...  # a new instance forgets every handle
 
-    def cloning_for(self, owner: str) -> contextlib.AbstractContextManager[None]: ...
+    # return once the engine serves; Unavailable when it stays down longer than ``call`` may wait
+    def await_serving(self, call: CallContext | None = None) -> None: ...
 
+    # record a handle the backend owns (a snapshot event's) and what the engine said it holds
     def adopt(self, handle: str, position: int, content_digest: bytes | None = None) -> None: ...
 
-    def tokenize(self, text: TextPrompt, owner: str) -> list[int]: ...
+    def snapshot_files(self, call: CallContext | None = None) -> SnapshotBackend | None: ...  # None: none
 
-    def describe(self, session: str, owner: str) -> Described: ...
+    def tokenize(self, text: TextPrompt, call: CallContext) -> list[int]: ...
 
+    def describe(self, session: str, call: CallContext) -> Described: ...
+
+    # the caller's session cloned into one the backend owns; with ``expected_digest`` only that content
     def take_clone(
-        self, session: str, upto: int, owner: str, expected_digest: bytes | None = None
+        self, session: str, upto: int, call: CallContext, expected_digest: bytes | None = None
     ) -> TakenClone: ...
 
-    def close_as(self, session: str, owner: str | None = None) -> None: ...
+    def clone_for(self, handle: str, upto: int, call: CallContext) -> TakenClone: ...  # into call's owner's
+
+    def close_as(self, session: str, call: CallContext | None = None) -> None: ...
 
     def generate(self, request: EngineGenerate) -> EngineStream: ...
 
-    def claim(self, handle: str) -> None: ...
+    # take over the quota charge of a handle handed to the backend (QuotaExceeded: its budget is full)
+    def claim(self, handle: str, call: CallContext | None = None) -> None: ...
 
-    def reclaim(self) -> int: ...
+    def reclaim(self, call: CallContext | None = None) -> int: ...  # release what it holds and does not know

@@ -1,15 +1,7 @@
-"""EnginePressure: how the gateway keeps its cache within its share of the engine, and what it does when
-a live request finds the engine full (the prefix service never starves live traffic).
-
-- :meth:`apply_budget`: cap the cache at ``engine_share`` of the engine's sessions and positions and
-  at the engine's quota for the service's owner (``budget.engine_budget``); a shrinking cap evicts.
-- :meth:`relieve`: a live request met a full engine: evict one entry, the caller retries once (not
-  when the request's owner is over its own quota, nor with ``pressure_retry`` False).
-- :meth:`claim`: take over the engine quota charge of a handle a caller handed to the service, as it
-  is stored (it counted against that caller until then, so no caller fills the service's budget).
-- :meth:`reclaim`: the engine refused the service room for its own quota although the cache is within
-  its bounds: release the handles the service's owner holds and the service does not know.
-"""
+"""EnginePressure: the gateway's cache within its share of the engine (``apply_budget``), and what it
+does when a live request finds the engine full (``relieve``: evict one entry, retry once) or the
+service's own quota full (``reclaim`` the handles it does not know); ``claim`` takes over the quota
+charge of a caller's hand-over as it is stored."""
 
 from __future__ import annotations
 
@@ -17,6 +9,7 @@ import logging
 import threading
 
 from engine_service.api.answers import TakenClone
+from engine_service.api.call_context import CallContext
 from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import ForklineError, NotFound, QuotaExceeded, ResourceExhausted
 from prefix_service.cache.budget import check_share, engine_budget
@@ -63,10 +56,10 @@ class EnginePressure:
                 evicted,
             )
 
-    def engine_full(self) -> bool:
+    def engine_full(self, call: CallContext | None = None) -> bool:
         """Whether the engine holds as many sessions as it can (one Info call)."""
         try:
-            info = self.backend.info()
+            info = self.backend.info(call)
         except ForklineError:
             return False
         return 0 < info.max_sessions <= info.resident_sessions
@@ -83,30 +76,28 @@ class EnginePressure:
         log.info("engine full for a live request: evicted %d entries, retrying once", evicted)
         return True
 
-    def take_clone(self, session: str, upto: int, owner: str, digest: bytes) -> TakenClone | None:
-        """An Insert's clone of ``owner``'s session into the service's ownership; None when the
+    def take_clone(self, session: str, upto: int, call: CallContext, digest: bytes) -> TakenClone | None:
+        """An Insert's clone of ``call``'s session into the service's ownership; None when the
         service's own engine quota stays full after reclaiming the handles it does not know."""
         for attempt in range(2):
             try:
-                return self.backend.take_clone(session, upto, owner, digest)
+                return self.backend.take_clone(session, upto, call, digest)
             except ResourceExhausted as exc:
                 if not (isinstance(exc, QuotaExceeded) and exc.owner == self.backend.owner):
                     raise
-            if attempt or not self.reclaim():
+            if attempt or not self.reclaim(call):
                 break
         return None
 
-    def claim(self, handle: str) -> InsertRefusal | None:
-        """Take over the engine quota charge of ``handle`` (a caller's hand-over, before it is stored);
-        None when claimed, else why it cannot be stored: OVER_BUDGET when the service's own quota stays
-        full after reclaiming the handles it does not know, INVALID_SNAPSHOT when the handle is gone or
-        the engine could not be asked. The caller releases a handle it could not claim."""
+    def claim(self, handle: str, call: CallContext | None = None) -> InsertRefusal | None:
+        """Take over the quota charge of ``handle`` (a caller's hand-over): None when claimed, else why it
+        cannot be stored (OVER_BUDGET: the service's quota stays full; INVALID_SNAPSHOT: gone or no answer)."""
         for attempt in range(2):
             try:
-                self.backend.claim(handle)
+                self.backend.claim(handle, call)
                 return None
             except QuotaExceeded:
-                if attempt or not self.reclaim():
+                if attempt or not self.reclaim(call):
                     return InsertRefusal.OVER_BUDGET
             except NotFound:
                 return InsertRefusal.INVALID_SNAPSHOT
@@ -115,10 +106,10 @@ class EnginePressure:
                 return InsertRefusal.INVALID_SNAPSHOT
         return InsertRefusal.OVER_BUDGET
 
-    def reclaim(self) -> int:
+    def reclaim(self, call: CallContext | None = None) -> int:
         """Release what the service's owner holds in the engine that it does not know; how many."""
         try:
-            released = self.backend.reclaim()
+            released = self.backend.reclaim(call)
         except ForklineError:
             log.warning("could not reclaim unknown handles", exc_info=True)
             return 0

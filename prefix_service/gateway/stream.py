@@ -1,17 +1,9 @@
-"""GatewayStream: one gateway Generate call in flight, as :meth:`Gateway.generate` returns it.
-
-Iterating yields the client's events: the engine's first event (already read by ``generate``), then
-the rest; ``Snapshot`` events go to the gateway (:class:`StreamHost`), never to the client. When the
-client leaves, :meth:`GatewayStream.stop` ends the engine generation once, by closing its session, so
-the snapshots the engine already sent are still read. However the iteration ends, the engine stream is
-drained (cancelled after ``DRAIN_TIMEOUT_S``) and the snapshots' reservations released, with the
-caller's credential (the caller current when the stream was made). The matched clone is the engine
-call's (``EngineGenerate.close_session``): the engine closes it as the call ends.
-"""
+"""GatewayStream: one gateway Generate call in flight. The client reads the engine's events but its
+``Snapshot`` events, which go to the gateway; however it ends, the engine stream is drained so no
+snapshot is lost, as the caller of the call it holds."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import threading
@@ -19,9 +11,9 @@ from collections.abc import Generator, Sequence
 from dataclasses import replace
 from typing import Protocol
 
+from engine_service.api.call_context import CallContext
 from engine_service.api.errors import ForklineError
 from engine_service.api.stream_events import Event, Snapshot, Started
-from engine_service.serving.tokens import Caller, calling_as, current_caller
 from prefix_service.cache.checkpoints import SnapshotRoom
 from prefix_service.cache.outcomes import Match
 from prefix_service.gateway.calls import GatewayEvent, GatewayRequest
@@ -40,23 +32,23 @@ class StreamHost(Protocol):
     ) -> None:
         """Store (or release) a snapshot event of this call, in its reservation from ``room``."""
 
-    def close_session(self, session: str, owner: str) -> bool:
-        """Close ``owner``'s session; False when the engine could not be told (logged, never raised)."""
+    def close_session(self, session: str, call: CallContext) -> bool:
+        """Close ``call``'s session; False when the engine could not be told (logged, never raised)."""
 
 
 class _StopOnce:
     """Ends the engine generation at most once: closes ``session`` (known by then), or cancels the
     engine call when there is none or it cannot be closed."""
 
-    def __init__(self, host: StreamHost, stream: EngineStream, session: str, owner: str) -> None:
-        self._host, self._stream, self.session, self._owner = host, stream, session, owner
+    def __init__(self, host: StreamHost, stream: EngineStream, session: str, call: CallContext) -> None:
+        self._host, self._stream, self.session, self._call = host, stream, session, call
         self._lock = threading.Lock()
         self._done = False
 
     def __call__(self) -> None:
         if self.settle():
             return
-        if not (self.session and self._host.close_session(self.session, self._owner)):
+        if not (self.session and self._host.close_session(self.session, self._call)):
             self._stream.cancel()
 
     def settle(self) -> bool:
@@ -67,11 +59,9 @@ class _StopOnce:
 
 
 class GatewayStream:
-    """One gateway Generate call in flight (made by :meth:`Gateway.generate`, which read ``first``).
-
-    Iterate it once for the client's events; call :meth:`stop` (any thread, idempotent) when the
-    client leaves. ``room``: the reservations of the call's snapshots (the prompt end's and each
-    checkpoint's)."""
+    """Iterate it once for the client's events (``first``: the one ``generate`` read); :meth:`stop`
+    (any thread, idempotent) when the client leaves: it closes the generating session, so the
+    snapshots the engine already sent are still read. ``room``: the reservations of its snapshots."""
 
     def __init__(
         self,
@@ -80,24 +70,21 @@ class GatewayStream:
         request: GatewayRequest,
         tokens: Sequence[int],
         match: Match | None,
-        owner: str,
+        call: CallContext,
         first: Event | None = None,
         room: SnapshotRoom | None = None,
     ) -> None:
         self._host, self._stream, self._request, self._tokens = host, stream, request, tokens
-        self._owner, self._first = owner, first
+        self._first = first
         self._room = room if room is not None else SnapshotRoom()
-        self._caller: Caller | None = current_caller()
+        # its cleanup acts for the caller after the call's deadline (the client left, or it ended)
+        cleanup = CallContext(call.owner, call.credential)
         # the session to close when the client leaves: the match, or the fresh one `started` names
-        self._stop = _StopOnce(host, stream, match.session if match else "", owner)
-
-    def _as_caller(self) -> contextlib.AbstractContextManager[None]:
-        return calling_as(self._caller) if self._caller is not None else contextlib.nullcontext()
+        self._stop = _StopOnce(host, stream, match.session if match else "", cleanup)
 
     def stop(self) -> None:
-        """The client went away: end the engine generation (see the module docstring)."""
-        with self._as_caller():
-            self._stop()
+        """The client went away: end the engine generation."""
+        self._stop()
 
     def __iter__(self) -> Generator[GatewayEvent, None, None]:
         ended = False
@@ -113,13 +100,12 @@ class GatewayStream:
                 yield event
             ended = True
         finally:
-            with self._as_caller():
-                if ended:
-                    self._stop.settle()  # a stop after the end (gRPC's callback) has nothing to end
-                else:
-                    self._stop()
-                self._drain()
-                self._room.release()  # snapshots that never came (or were refused)
+            if ended:
+                self._stop.settle()  # a stop after the end (gRPC's callback) has nothing to end
+            else:
+                self._stop()
+            self._drain()
+            self._room.release()  # snapshots that never came (or were refused)
 
     def _drain(self) -> None:
         """Read what is left of the engine stream so no snapshot handle it carries is lost; a stream

@@ -1,21 +1,6 @@
-"""Tenancy: whose a namespace is. A door (rpc/, http/) turns the caller (:class:`Tenant`), the
-namespace it names and its ``cache_salt`` into the one scope string every room below keys by (the
-cache's index, routing's scores, the snapshot files), so nothing below knows owners.
-
-- With auth on (the owner came from a credential) a namespace is its owner's: alice's
-  ``"tenant-alice"`` and bob's ``"tenant-alice"`` are two scopes, and bob's lookup walks an index
-  root only bob's entries ever entered -- another owner's namespace is a missing one by construction
-  (same answer, same work). A namespace the operator declares shared (``--shared_namespace``) is
-  every caller's.
-- Without auth owners are self-declared, so binding namespaces to them would protect nothing: the
-  namespace is used as sent (loopback only; the README says why).
-- ``cache_salt`` partitions any namespace further (vLLM's field); "" is none.
-- Scopes are injective: an unbound, unsalted namespace not starting with ``[`` is its own name (as
-  before tenancy, so its snapshot files stay valid); any other is the JSON list ``[owner or "",
-  namespace, salt]``, so no caller's scope equals another's.
-- Stats / Clear: the admin owner (``--admin_owner``), and every caller without auth, sees and clears
-  everything; any other owner its own (bound) namespaces only, shared ones excluded.
-"""
+"""Tenancy: whose a namespace is. A door turns the caller (:class:`Tenant`), the namespace it names and
+its ``cache_salt`` into the one scope string every room below keys by, so nothing below knows owners.
+Spec: README "Authentication" (namespaces with auth on and off, shared namespaces, the admin)."""
 
 from __future__ import annotations
 
@@ -59,6 +44,8 @@ class Tenancy:
             if not isinstance(value, str):
                 raise InvalidArgument(f"{name} must be a string, got {type(value).__name__}")
         bound = tenant.authenticated and namespace not in self.shared
+        # injective: an unbound unsalted name not starting with "[" is itself (as before tenancy, so its
+        # snapshot files stay valid); any other is the JSON list [owner or "", namespace, salt]
         if not bound and not cache_salt and not namespace.startswith("["):
             return namespace
         return json.dumps([tenant.owner if bound else "", namespace, cache_salt])

@@ -1,21 +1,6 @@
-"""The OpenAI-compatible HTTP door as a Starlette app over the prefix service's :class:`Fleet` (its
-engines' gateways, routed).
-
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (both streamed as server-sent events
-ending with ``data: [DONE]``, or answered whole), ``GET /v1/models``, ``GET /health``. Handlers only
-parse (``protocol.py``), check and convert (``convert.py``), and run the generation through the
-gateway (``generation.py``); every error becomes OpenAI's error JSON in ``errors.py``.
-
-Auth: with a token table (anything with ``owner_for(token) -> owner | None``, e.g.
-``engine_service.serving.tokens.TokenTable``), every route but ``/health`` needs ``Authorization: Bearer
-<token>`` and the request runs as the token's owner, as on gRPC; without one, each request is an owner
-of its own (``anonymous-<random>``, :func:`unauthenticated_owner`): without credentials owners would be
-self-declared, so a per-owner quota protects nobody, and one shared ``anonymous`` quota (a quarter of the
-engine's sessions) would refuse ordinary concurrency -- each request is bounded by the engine's own
-limits instead. A client that disconnects ends its generation.
-Every request uses the door's ``namespace`` (and the body's ``cache_salt``) scoped as on gRPC
-(``gateway/tenancy.py``): with auth, the caller's own unless the operator shared it.
-"""
+"""The OpenAI-compatible HTTP door as a Starlette app over the prefix service's :class:`Fleet`: chat and
+text completions (streamed as server-sent events or whole), models, health; every error as OpenAI's
+error JSON (``errors.py``). Spec: README "OpenAI-compatible HTTP"."""
 
 from __future__ import annotations
 
@@ -35,9 +20,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from engine_service.api.call_context import CallContext
 from engine_service.api.errors import InvalidArgument
 from engine_service.api.owners import DEFAULT_OWNER
-from engine_service.serving.tokens import Caller, check_token
+from engine_service.serving.tokens import check_token
 from prefix_service.fleet.fleet import Fleet
 from prefix_service.gateway.calls import Prompt
 from prefix_service.gateway.tenancy import Tenancy, Tenant
@@ -58,7 +44,8 @@ class OwnerTable(Protocol):
 
 
 def unauthenticated_owner() -> str:
-    """The owner of one request without credentials (see the module docstring)."""
+    """The owner of one request without credentials: an owner of its own (self-declared owners would
+    make a per-owner quota protect nobody, and one shared ``anonymous`` quota refuse concurrency)."""
     return f"{DEFAULT_OWNER}-{secrets.token_hex(8)}"
 
 
@@ -70,15 +57,17 @@ def served_model_name(engine_model: str) -> str:
 
 
 def create_app(
-    gateway: Fleet,
+    fleet: Fleet,
     *,
     model_name: str,
     auth: OwnerTable | None = None,
     tenancy: Tenancy | None = None,
     namespace: str = convert.NAMESPACE,
 ) -> Starlette:
-    """The ASGI app serving ``gateway`` under the model id ``model_name`` (see the module docstring)."""
-    door = _Door(gateway, model_name, auth, tenancy or Tenancy(), namespace)
+    """The ASGI app serving ``fleet`` under the model id ``model_name``. ``auth``: tokens -> owners
+    (every route but ``/health`` then needs a bearer token); ``namespace``: the one every request
+    uses, scoped as on gRPC (``gateway/tenancy.py``)."""
+    door = _Door(fleet, model_name, auth, tenancy or Tenancy(), namespace)
     routes = [
         Route("/v1/chat/completions", _answering_errors(door.chat_completions), methods=["POST"]),
         Route("/v1/completions", _answering_errors(door.completions), methods=["POST"]),
@@ -112,15 +101,15 @@ async def _on_http_exception(request: Request, exc: HTTPException) -> Response:
 
 class _Door:
     def __init__(
-        self, gateway: Fleet, model_name: str, auth: OwnerTable | None, tenancy: Tenancy, namespace: str
+        self, fleet: Fleet, model_name: str, auth: OwnerTable | None, tenancy: Tenancy, namespace: str
     ) -> None:
-        self.gateway, self.model_name, self.auth = gateway, model_name, auth
+        self.fleet, self.model_name, self.auth = fleet, model_name, auth
         self.tenancy, self.namespace = tenancy, namespace
         self.created = int(time.time())
 
     # -- routes --------------------------------------------------------------------------------------
     async def chat_completions(self, request: Request) -> Response:
-        owner, caller = self._authenticate(request)
+        call = self._authenticate(request)
         body = await _parse(request, ChatCompletionRequest)
         self._check_model(body.model)
         convert.check_chat(body)
@@ -128,13 +117,12 @@ class _Door:
             request,
             body,
             convert.chat_prompt(body.messages, convert.chat_tools(body)),
-            owner,
-            caller,
+            call,
             ChatShape(self.model_name, self._fingerprint(), bool(body.logprobs), convert.chat_tools(body)),
         )
 
     async def completions(self, request: Request) -> Response:
-        owner, caller = self._authenticate(request)
+        call = self._authenticate(request)
         body = await _parse(request, CompletionRequest)
         self._check_model(body.model)
         convert.check_completion(body)
@@ -142,8 +130,7 @@ class _Door:
             request,
             body,
             convert.completion_prompt(body.prompt),
-            owner,
-            caller,
+            call,
             CompletionShape(self.model_name, self._fingerprint(), logprobs=body.logprobs is not None),
         )
 
@@ -154,7 +141,7 @@ class _Door:
 
     async def health(self, request: Request) -> Response:
         """200 while the engine answers (one Info call, which also notices an engine restart)."""
-        await asyncio.to_thread(self.gateway.check_engine)
+        await asyncio.to_thread(self.fleet.check_engine)
         return JSONResponse({"status": "ok"})
 
     # -- the generation ------------------------------------------------------------------------------
@@ -163,13 +150,13 @@ class _Door:
         request: Request,
         body: ChatCompletionRequest | CompletionRequest,
         prompt: Prompt,
-        owner: str,
-        caller: Caller | None,
+        call: CallContext,
         shape: Shape,
     ) -> Response:
-        scope = self.tenancy.scope(Tenant(owner, caller is not None), self.namespace, body.cache_salt or "")
-        call = convert.gateway_request(body, prompt, scope)
-        generation = Choices(self.gateway, call, body.n, convert.stop_strings(body), owner, caller)
+        tenant = Tenant(call.owner, bool(call.credential))
+        scope = self.tenancy.scope(tenant, self.namespace, body.cache_salt or "")
+        request_ = convert.gateway_request(body, prompt, scope)
+        generation = Choices(self.fleet, request_, body.n, convert.stop_strings(body), call)
         try:
             await _until_disconnected(request, generation.start(), generation.close)
             if not body.stream:
@@ -184,10 +171,10 @@ class _Door:
         )
 
     # -- checks --------------------------------------------------------------------------------------
-    def _authenticate(self, request: Request) -> tuple[str, Caller | None]:
-        """The caller's owner (and credential, forwarded to the engine); 401 without a valid token."""
+    def _authenticate(self, request: Request) -> CallContext:
+        """The caller: its owner and credential (forwarded to the engine); 401 without a valid token."""
         if self.auth is None:
-            return unauthenticated_owner(), None
+            return CallContext(unauthenticated_owner())
         value = request.headers.get("authorization", "")
         scheme, _, token = value.strip().partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
@@ -198,7 +185,7 @@ class _Door:
             raise ApiError(401, f"malformed bearer token: {exc}", code="invalid_api_key") from None
         if owner is None:
             raise ApiError(401, "unknown bearer token", code="invalid_api_key")
-        return owner, Caller(owner, value.strip())
+        return CallContext(owner, value.strip())
 
     def _check_model(self, model: str) -> None:
         if model != self.model_name:
@@ -210,7 +197,7 @@ class _Door:
             )
 
     def _fingerprint(self) -> str:
-        return f"fp_{self.gateway.fingerprint[:16]}"
+        return f"fp_{self.fleet.fingerprint[:16]}"
 
 
 async def _parse(request: Request, model: type[Body]) -> Body:

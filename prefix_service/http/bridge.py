@@ -1,15 +1,6 @@
-"""One gateway generation driven from asyncio: the blocking gateway on a worker thread, its events
-delivered to the event loop.
-
-:meth:`Fleet.generate` blocks (tokenize, the lookup's clone, the engine's first event) and its stream is a
-blocking iterator, so both run on a thread of their own; each event is handed to the event loop with
-``call_soon_threadsafe`` (no polling). :meth:`GenerationBridge.stop` -- a client that disconnected,
-a stop string that matched, a server that is shutting down -- ends the engine generation at once
-(``GatewayStream.stop()``) and makes the worker close the gateway stream, whose cleanup drains the
-engine stream (storing the prompt snapshot) and closes the matched clone: no engine session outlives
-the request. The worker runs as the authenticated caller (``engine_service.serving.tokens.calling_as``), so the
-gateway forwards the caller's credential to the engine like the gRPC door does.
-"""
+"""GenerationBridge: one gateway generation driven from asyncio. The blocking fleet call and its stream
+run on a worker thread, each event handed to the loop with ``call_soon_threadsafe``; :meth:`stop` ends
+the engine generation at once and the stream's cleanup (drain, snapshots stored) runs on the worker."""
 
 from __future__ import annotations
 
@@ -19,7 +10,7 @@ import logging
 import threading
 from typing import Any
 
-from engine_service.serving.tokens import Caller, calling_as
+from engine_service.api.call_context import CallContext
 from prefix_service.fleet.fleet import Fleet
 from prefix_service.fleet.member import RoutedStream
 from prefix_service.gateway.calls import GatewayEvent, GatewayRequest
@@ -35,10 +26,10 @@ _END = _End()
 
 
 class GenerationBridge:
-    """See the module docstring. ``start()`` once, then ``await next()`` until it returns None."""
+    """``start()`` once, then ``await next()`` until it returns None."""
 
-    def __init__(self, gateway: Fleet, request: GatewayRequest, owner: str, caller: Caller | None) -> None:
-        self._gateway, self._request, self._owner, self._caller = gateway, request, owner, caller
+    def __init__(self, fleet: Fleet, request: GatewayRequest, call: CallContext) -> None:
+        self._fleet, self._request, self._call = fleet, request, call
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._lock = threading.Lock()
@@ -69,14 +60,13 @@ class GenerationBridge:
 
     # -- the worker thread -------------------------------------------------------------------------
     def _run(self) -> None:
-        with calling_as(self._caller) if self._caller else contextlib.nullcontext():
-            try:
-                self._generate()
-            except BaseException as exc:  # noqa: BLE001 - errors travel to the handler as values
-                self._put(exc)
+        try:
+            self._generate()
+        except BaseException as exc:  # noqa: BLE001 - errors travel to the handler as values
+            self._put(exc)
 
     def _generate(self) -> None:
-        stream = self._gateway.generate(self._request, self._owner)
+        stream = self._fleet.generate(self._request, self._call)
         with self._lock:
             self._stream, stopped = stream, self._stopped
         if stopped:

@@ -1,16 +1,6 @@
-"""A request's ``n`` choices: one prompt computed once, its snapshot cloned for every further choice.
-
-Choice 0 runs as a plain gateway generation, which stores the prompt's snapshot in the prefix cache
-as its first tokens come (the gateway stores a snapshot event before it hands on the tokens after
-it). Choices 1..n-1 start then, each a gateway generation that finds that snapshot (a clone at the
-prompt end: the prompt is not recomputed; the lookup is not counted again: one request, one hit or
-miss) and samples with ``seed + i``; the engine decodes them
-batched with choice 0. ``usage.prompt_tokens`` counts the prompt once (choice 0's), ``cached_tokens``
-is what choice 0 reused, ``completion_tokens`` adds every choice's. Every choice holds an engine
-session, so ``n`` counts against its owner's quota: a choice the quota refuses fails the request.
-Where no snapshot could be stored (a prefix cache without room) the other choices compute the
-prompt themselves.
-"""
+"""A request's ``n`` choices: choice 0 stores the prompt's snapshot as its first tokens come, choices
+1..n-1 then start on clones of it (not recomputed, the lookup not counted again) sampling with
+``seed + i``; the usage counts the prompt once. Spec: README "OpenAI-compatible HTTP" (``n``)."""
 
 from __future__ import annotations
 
@@ -18,7 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
-from engine_service.serving.tokens import Caller
+from engine_service.api.call_context import CallContext
 from prefix_service.fleet.fleet import Fleet
 from prefix_service.gateway.calls import GatewayRequest
 from prefix_service.http.convert import usage
@@ -34,15 +24,14 @@ class Choices:
 
     def __init__(
         self,
-        gateway: Fleet,
+        fleet: Fleet,
         request: GatewayRequest,
         n: int,
         stops: Sequence[str],
-        owner: str,
-        caller: Caller | None,
+        call: CallContext,
     ) -> None:
-        self._gateway, self._request, self._n = gateway, request, n
-        self._stops, self._owner, self._caller = stops, owner, caller
+        self._fleet, self._request, self._n = fleet, request, n
+        self._stops, self._call = stops, call
         self.generations: list[Generation] = []
 
     def _generation(self, index: int) -> Generation:
@@ -51,7 +40,7 @@ class Choices:
             seed = (request.config.seed + index) % _SEED_LIMIT
             config = replace(request.config, seed=seed)
             request = replace(request, config=config, store_prompt=False, count_lookup=False)
-        generation = Generation(self._gateway, request, self._stops, self._owner, self._caller)
+        generation = Generation(self._fleet, request, self._stops, self._call)
         self.generations.append(generation)
         return generation
 

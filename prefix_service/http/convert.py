@@ -1,24 +1,6 @@
 """OpenAI request bodies -> gateway requests, and gateway events -> usage. Pure functions. Where OpenAI's
-API and forkline differ (the README's "OpenAI-compatible HTTP" repeats them):
-
-- ``messages`` go through the model's chat template in the engine; ``developer`` is a system message;
-  content parts must be ``text`` parts (joined with newlines); ``tools`` / ``tool_choice``, assistant
-  ``tool_calls`` and ``tool`` messages are written in forkline's tool format (``tools.py``).
-- ``max_tokens`` / ``max_completion_tokens`` absent: until end-of-sequence or a full session.
-  ``temperature`` / ``top_p`` absent: 1.0. ``seed`` absent: a fresh random seed.
-- ``stop``: up to :data:`MAX_STOP_STRINGS` non-empty strings, matched on the text (``stop_strings.py``).
-- ``user`` is ignored: every HTTP request uses the namespace :data:`NAMESPACE`.
-- ``n`` (1..:data:`MAX_CHOICES`): the prompt is computed once and its snapshot cloned for each further
-  choice (``choices.py``); choice ``i`` samples with ``seed + i``.
-- ``logprobs`` / ``top_logprobs`` (chat, 0..20) and ``logprobs`` (completions, 0..5): the log-softmax of
-  the model's raw logits, before temperature and ``top_p`` (``logprob_shapes.py``).
-- ``response_format``: ``text``, ``json_object`` (any JSON object) or ``json_schema`` (its ``schema``,
-  always enforced as if ``strict``), by the engine's constrained decoding; a schema feature the engine
-  cannot enforce is a 400 naming it.
-- ``echo``, ``best_of`` > 1, ``suffix``, penalties and ``logit_bias`` are refused (400 naming the
-  field), never ignored.
-- ``prompt`` (completions): a string (tokenized with special tokens), token ids, or one of either.
-"""
+API and forkline differ (defaults, refused fields, ``n``, ``response_format``, ``logprobs``): README
+"OpenAI-compatible HTTP"."""
 
 from __future__ import annotations
 
@@ -189,8 +171,7 @@ def stop_strings(request: ChatCompletionRequest | CompletionRequest) -> tuple[st
 def gateway_request(
     request: ChatCompletionRequest | CompletionRequest, prompt: Prompt, namespace: str = NAMESPACE
 ) -> GatewayRequest:
-    """The gateway call for a checked request (sampling defaults as OpenAI's, see the module docstring)
-    in ``namespace`` (the caller's scope, ``gateway/tenancy.py``)."""
+    """The gateway call for a checked request in ``namespace`` (the caller's scope)."""
     max_tokens = getattr(request, "max_completion_tokens", None) or request.max_tokens
     config = GenConfig(
         max_new_tokens=max_tokens or UNLIMITED_TOKENS,

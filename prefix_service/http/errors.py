@@ -1,26 +1,6 @@
-"""The one place an error becomes an HTTP status and OpenAI's error JSON.
-
-=============================================  ======  =========================
-raised                                          status  error.type (error.code)
-=============================================  ======  =========================
-malformed JSON / a bad field (pydantic)         400     invalid_request_error
-InvalidArgument (a field forkline refuses)      400     invalid_request_error
-Unauthenticated / missing or unknown token      401     invalid_request_error (invalid_api_key)
-unknown model or route                          404     invalid_request_error (model_not_found)
-wrong method                                    405     invalid_request_error
-ResourceExhausted (engines full)                429     rate_limit_error (resource_exhausted)
-Unavailable / Cancelled / NotFound (engine      503     service_unavailable
-  down, stopping, or lost a session)
-FailedPrecondition / CacheError /               500     server_error (the text is forkline's own)
-  GenerationError
-anything else (a bug)                           500     server_error: logged once with its
-                                                        traceback, its text withheld
-=============================================  ======  =========================
-
-A bad field names itself in ``error.param`` (``messages[0].content``) and in the message. A NotFound
-from the engine is never the HTTP client's doing (it sends no handles): the engine lost the session,
-e.g. it restarted, so the client may retry.
-"""
+"""The one place an error becomes an HTTP status and OpenAI's error JSON (the table: ``_KINDS``). A bad
+field names itself in ``error.param``; a bug is a 500 logged once with its text withheld; a NotFound
+from the engine (it lost a session, e.g. restarted) is a retryable 503."""
 
 from __future__ import annotations
 
@@ -83,7 +63,7 @@ _KINDS: tuple[tuple[type[BaseException], _Kind], ...] = (
 
 
 def error_body(exc: BaseException) -> tuple[int, ErrorBody]:
-    """The HTTP status and OpenAI error body for ``exc`` (see the module docstring)."""
+    """The HTTP status and OpenAI error body for ``exc``."""
     if isinstance(exc, ApiError):
         return exc.status, _body(exc.message, exc.type, exc.param, exc.code)
     if isinstance(exc, ValidationError):

@@ -1,16 +1,6 @@
-"""One HTTP request's generation as the handlers read it: started, text deltas cut at stop strings, a
-finish reason and the usage.
-
-:meth:`Generation.start` waits for the engine's ``Started`` event, so everything that can fail before
-the first token (bad input, engines full or down) fails before a streaming response commits to
-status 200. :meth:`Generation.deltas` yields :class:`Delta` pieces (text, and the log probabilities
-of the tokens behind it when asked for: they travel with the next text the stop-string matcher lets
-out, the last one held until the next event shows it was not the stop token, which OpenAI does not
-report; those of tokens a stop string cut are dropped); a stop string ends the generation in the
-engine at once (finish reason ``stop``). :meth:`Generation.prime` reads ahead to the first tokens
-(``n`` choices start their clones then: the prompt snapshot is stored by that time). :meth:`Generation.close` (always called, also when the client left)
-ends a generation that has not finished, so no engine session outlives the request.
-"""
+"""One HTTP request's generation as the handlers read it: ``start`` waits for the engine's ``Started`` (so
+what fails before the first token fails before a stream commits to 200), ``deltas`` yields text cut at
+stop strings with its log probabilities, ``close`` ends it so no engine session outlives the request."""
 
 from __future__ import annotations
 
@@ -18,10 +8,10 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+from engine_service.api.call_context import CallContext
 from engine_service.api.errors import InvalidArgument, Unavailable
 from engine_service.api.logprobs import TokenLogprob
 from engine_service.api.stream_events import Done, Started, Tokens
-from engine_service.serving.tokens import Caller
 from prefix_service.fleet.fleet import Fleet
 from prefix_service.gateway.calls import GatewayEvent, GatewayRequest
 from prefix_service.http.bridge import GenerationBridge
@@ -41,9 +31,9 @@ class Delta:
 
 class Generation:
     def __init__(
-        self, gateway: Fleet, request: GatewayRequest, stops: Sequence[str], owner: str, caller: Caller | None
+        self, fleet: Fleet, request: GatewayRequest, stops: Sequence[str], call: CallContext
     ) -> None:
-        self._bridge = GenerationBridge(gateway, request, owner, caller)
+        self._bridge = GenerationBridge(fleet, request, call)
         self._stops = StopMatcher(stops)
         self._started: Started | None = None
         self._ahead: deque[GatewayEvent | None] = deque()  # events prime() read before deltas()

@@ -1,8 +1,5 @@
-"""Log probabilities in OpenAI's two shapes: chat's ``logprobs.content`` (token, logprob, bytes,
-top_logprobs) and the legacy completions' parallel lists (tokens, token_logprobs, top_logprobs as
-text -> logprob maps, text_offset). The values are the engine's (``engine_service.api.logprobs``):
-the log-softmax of the raw logits, before temperature and ``top_p``; token texts as the engine spells
-them (an incomplete UTF-8 sequence with U+FFFD; ``bytes`` exact)."""
+"""Log probabilities in OpenAI's two shapes: chat's ``logprobs.content`` and the legacy completions'
+parallel lists; the values are the engine's (log-softmax of the raw logits, before temperature)."""
 
 from __future__ import annotations
 

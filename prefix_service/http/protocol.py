@@ -1,11 +1,5 @@
-"""The OpenAI HTTP API's request and response bodies as pydantic models (no serving logic here).
-
-Requests are validated strictly (``"10"`` is not an int, ``"true"`` is not a bool) and unknown fields
-are ignored, as OpenAI-compatible servers do; fields forkline cannot honour are refused by the
-handlers (``prefix_service/http/convert.py``) with the field's name, never silently dropped. Responses
-carry the fields the official clients read; ``usage.prompt_tokens_details.cached_tokens`` is the
-number of prompt positions the prefix cache reused.
-"""
+"""The OpenAI HTTP API's request and response bodies as pydantic models: requests validated strictly,
+unknown fields ignored (fields forkline cannot honour are refused by ``convert.py``, by name)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""The bodies one chat or text completion answers with: the whole response, or its stream's chunks.
-
-A :class:`ChatShape` / :class:`CompletionShape` is made per request (its id and creation time, whether
-it reports log probabilities) and turns choices' text, log probabilities, finish reasons and usage
-into the protocol models; the handlers stay shape-agnostic. Streams follow OpenAI's order per choice
-(``index``): (chat) a first chunk with the assistant role, content chunks, a chunk with the finish
-reason; choices interleave; then -- with ``stream_options.include_usage`` -- a chunk with empty choices
-and the usage, then ``data: [DONE]``. With tools offered (``tools.py``) a chat choice is only known to
-be a call or an answer at its end: its stream then sends one chunk with the whole content or the
-``tool_calls`` and the finish reason (``tool_calls`` for a call).
-"""
+"""The bodies one chat or text completion answers with -- the whole response, or its stream's chunks in
+OpenAI's order per choice -- made by a per-request :class:`ChatShape` / :class:`CompletionShape`."""
 
 from __future__ import annotations
 

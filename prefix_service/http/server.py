@@ -1,11 +1,5 @@
-"""The HTTP door's server: uvicorn on a background thread of the prefix service process.
-
-``HttpServer.start(app, host, port)`` binds (port 0: any free port, read back from ``port``), serves
-from a thread of its own and returns once uvicorn accepts connections. ``stop(grace)`` stops
-accepting, lets requests in flight finish for up to ``grace`` seconds, then cancels the rest (a
-cancelled stream ends its engine generation) and joins the thread. The prefix service stops it
-before draining its gRPC server, while the engine channel is still open.
-"""
+"""The HTTP door's server: uvicorn on a background thread of the prefix service process; ``stop(grace)``
+lets requests finish for ``grace`` seconds, then cancels the rest (ending their engine generations)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Stop strings on a detokenized stream: OpenAI's ``stop``, matched on text, not on tokens.
-
-A stop string can span several tokens (and a token can hold the end of one stop string and the start
-of the next word), so the matcher works on the text deltas: it holds back the longest tail of the
-text that could still grow into a stop string, and when one appears it returns the text before the
-earliest match and reports the stop. The stop string itself is never returned (OpenAI's behaviour).
-"""
+"""Stop strings on a detokenized stream (OpenAI's ``stop``, matched on text): the matcher holds back the
+tail that could still grow into a stop string and never returns the stop string itself."""
 
 from __future__ import annotations
 

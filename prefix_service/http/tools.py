@@ -1,20 +1,6 @@
-"""Tools (function calling) for chat requests, in a format forkline documents.
-
-The packaged models' chat templates have no tool syntax, so the door writes the tools into the system
-prompt (:func:`tools_prompt`, appended to the first system message or sent as one) and reads calls back
-from the answer:
-
-    <tool_call>{"name": "<function>", "arguments": {<the arguments>}}</tool_call>
-
-``tool_choice``: ``none`` (tools not offered: a plain answer), ``auto`` (the default with tools: the
-model may answer or call; a call is parsed from the text), ``required`` / a named function (the answer
-is constrained by the engine's JSON-schema decoding to ``{"name": ..., "arguments": ...}`` with the
-function's ``parameters`` schema, so it is always a valid call). A call's answer has
-``finish_reason: "tool_calls"`` and ``message.tool_calls`` (content null). The next turn's assistant
-message with ``tool_calls`` is rendered back in the same format, and a ``tool`` message as a user turn
-``<tool_response>{"tool_call_id": ..., "content": ...}</tool_response>``, so the conversation's
-earlier turns render as they did and their stored prompt is reused.
-"""
+"""Tools (function calling) for chat requests in a format forkline documents: the tools written into the
+system prompt, calls read back as ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` (constrained
+by the engine's JSON-schema decoding for ``required`` / a named function). Spec: README "OpenAI-compatible HTTP"."""
 
 from __future__ import annotations
 

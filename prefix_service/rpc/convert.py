@@ -1,6 +1,6 @@
 """The prefix service's requests (``prefix_pb2``) <-> gateway values, and gateway answers -> responses.
 Pure functions. The gateway's events for its client are engine ``GenerateEvent`` messages; the engine
-calls' own messages are ``engines/engine_wire.py``'s."""
+calls' own messages are ``engine_service/serving/engine_wire``'s."""
 
 from __future__ import annotations
 

@@ -1,17 +1,5 @@
-"""The prefix service's Prometheus metrics, all defined here.
-
-- RPCs and gateway Generate streams (``serving.rpc_metrics``, ``service="forkline.prefix.v1.PrefixCache"``):
-  requests by method and code, durations, TTFT, inter-token and end-to-end latency, tokens.
-- The cache, read from ``Fleet.stats()`` at scrape time (every door counts): ``forkline_prefix_hits_total``,
-  ``_misses_total{reason}``, ``_reused_tokens_total``, ``_inserts_total``, ``_refusals_total{reason}``,
-  ``_evictions_total``, ``_entries`` / ``_max_entries``, ``_positions`` / ``_max_positions``,
-  ``_dropped_on_restart_total``, ``_pressure_evictions_total``, ``_pressure_retries_total``.
-- Per engine (label ``engine``): ``forkline_prefix_engine_routable``, ``_entries``, ``_positions``,
-  ``_in_flight``, ``_load``, ``_hits_total``, ``_misses_total``, ``_routed_total``, ``_load_guarded_total``;
-  ``forkline_prefix_routes_total{reason}``.
-- With ``--snapshot_dir``: ``forkline_prefix_snapshot_files`` / ``_bytes`` / ``_max_bytes``,
-  ``forkline_prefix_snapshot_events_total{event}``.
-"""
+"""The prefix service's Prometheus metrics: RPCs and gateway streams (``serving.rpc_metrics``), the cache
+and each engine read from ``Fleet.stats()`` at scrape time, the snapshot directory. Names: README "Metrics"."""
 
 from __future__ import annotations
 
@@ -29,24 +17,24 @@ GENERATE_METHOD = f"/{prefix_pb2.DESCRIPTOR.services_by_name['PrefixCache'].full
 
 
 class PrefixMetrics(ServiceMetrics):
-    """The prefix service's metrics over ``gateway`` (the fleet of engine gateways)."""
+    """The prefix service's metrics over ``fleet``."""
 
-    def __init__(self, gateway: Fleet) -> None:
+    def __init__(self, fleet: Fleet) -> None:
         super().__init__((GENERATE_METHOD,))
-        self.registry.register(GatewayCollector(gateway))
+        self.registry.register(GatewayCollector(fleet))
 
 
 class GatewayCollector:
     """Prefix-cache state read at scrape time from ``Fleet.stats()``."""
 
-    def __init__(self, gateway: Fleet) -> None:
-        self._gateway = gateway
+    def __init__(self, fleet: Fleet) -> None:
+        self._fleet = fleet
 
     def describe(self) -> list[Metric]:
         return []  # names are fixed; no collision check needed at registration
 
     def collect(self) -> Iterator[Metric]:
-        fleet = self._gateway.stats()
+        fleet = self._fleet.stats()
         s = fleet.total
         c = s.cache
         info = InfoMetricFamily(

@@ -1,14 +1,7 @@
-"""The prefix-cache gRPC server over a fleet of engines (``engines/connect.py`` builds it): servicer,
-health checking, reflection, optionally metrics and the HTTP door.
-
-``create_server(gateway_or_fleet, address)`` binds and starts serving; the server follows every
-engine's health watch (a restarted engine is checked as soon as it serves; this service's own health
-is NOT_SERVING while no engine serves, "" stays SERVING). ``server.stop(grace, release=True)`` drains
-(health NOT_SERVING, new Lookup / Insert / Generate calls UNAVAILABLE at once so that clients move to
-another replica, the streams running get ``grace`` seconds to finish, CacheEvents streams end at
-once, Stats and Clear still served)
-and releases every stored snapshot in the engines (a killed service is cleaned up by its next start).
-"""
+"""The prefix-cache gRPC server over a fleet of engines: servicer, health, reflection, optionally metrics
+and the HTTP door. It follows every engine's health watch (NOT_SERVING while no engine serves); ``stop``
+drains (new Lookup / Insert / Generate UNAVAILABLE at once, running streams get ``grace``) and releases
+every stored snapshot in the engines."""
 
 from __future__ import annotations
 
@@ -23,15 +16,14 @@ from engine_service.serving.auth import ServerSecurity
 from engine_service.serving.drain import InFlight
 from engine_service.serving.grpc_server import GrpcServer, build_grpc_server
 from prefix_service.engines.connect import remote_member
-from prefix_service.engines.engine_backend import EngineBackend
-from prefix_service.engines.engine_pool import EnginePool
+from prefix_service.engines.engine_pool import EnginePool, RemoteMember
 from prefix_service.engines.engine_watch import EngineWatch
 from prefix_service.fleet.fleet import Fleet
 from prefix_service.fleet.member import EngineMember
 from prefix_service.gateway.gateway import Gateway
 from prefix_service.gateway.tenancy import Tenancy
 from prefix_service.rpc.servicer import PrefixServicer
-from protos import engine_pb2, prefix_pb2, prefix_pb2_grpc
+from protos import prefix_pb2, prefix_pb2_grpc
 
 if TYPE_CHECKING:  # the HTTP door is imported only when started
     from prefix_service.http.app import OwnerTable
@@ -63,7 +55,7 @@ class PrefixServer(GrpcServer):
 
     @property
     def fleet(self) -> Fleet:
-        return self.servicer.gateway
+        return self.servicer.fleet
 
     @property
     def gateway(self) -> Gateway:
@@ -86,19 +78,16 @@ class PrefixServer(GrpcServer):
         tls_client_ca: str | None = None,
         namespace: str = "",
     ) -> int:
-        """Serve the OpenAI-compatible HTTP door (``prefix_service/http``) in this process over this
-        server's fleet; returns its bound port. ``model_name`` "": the engines' model file name.
-        ``auth``: bearer tokens -> owners (as the gRPC side's token table). ``namespace``: the one every
-        HTTP request uses (scoped as on gRPC: the caller's own unless shared). It stops with this server."""
+        """Serve the OpenAI-compatible HTTP door over this server's fleet (``create_app``; stopped with
+        this server); its bound port. ``model_name`` "": the engines' model file name."""
         from prefix_service.http.app import create_app, served_model_name
         from prefix_service.http.server import HttpServer
 
         if not model_name:
-            backends = [m.gateway.backend for m in self.fleet.members()]
-            backend = next((b for b in backends if isinstance(b, EngineBackend)), None)
-            if backend is None:
+            remote = next((m for m in self.fleet.members() if isinstance(m, RemoteMember)), None)
+            if remote is None:
                 raise InvalidArgument("model_name is required for a gateway without a remote engine")
-            model_name = served_model_name(backend.call(backend.stub.Info, engine_pb2.InfoRequest()).model)
+            model_name = served_model_name(remote.model())
         app = create_app(
             self.fleet, model_name=model_name, auth=auth, tenancy=self.servicer.tenancy, namespace=namespace
         )
@@ -110,8 +99,8 @@ class PrefixServer(GrpcServer):
     @property
     def engine_watch(self) -> EngineWatch | None:
         """The only engine's health watch (None for a gateway without a remote engine)."""
-        backend = self.gateway.backend
-        return backend.watch if isinstance(backend, EngineBackend) else None
+        self.fleet.sole()  # InvalidArgument with several engines
+        return getattr(self.fleet.members()[0], "watch", None)
 
     @property
     def engine_serving(self) -> bool:
@@ -119,9 +108,8 @@ class PrefixServer(GrpcServer):
         return any(m.serving for m in self.fleet.members())
 
     def watch_engines(self) -> None:
-        """Follow every engine's health (also those that join later): when one serves again, check it
-        for a restart (dropping the dead instance's entries without waiting for a call); report this
-        service NOT_SERVING while no engine serves."""
+        """Follow every engine's health, also of those that join later: one that serves again is checked
+        for a restart at once; this service is NOT_SERVING while no engine serves."""
         for member in self.fleet.members():
             self._watch(member)
         if self.pool is not None:
@@ -177,12 +165,9 @@ def create_server(
     metrics: bool = False,
     tenancy: Tenancy | None = None,
 ) -> tuple[PrefixServer, int]:
-    """Build, bind and start the prefix server; returns it and the bound port. ``gateway``: one
-    engine's gateway (``connect_engine``; its ``channel`` is closed when the server stops) or a fleet
-    (``connect_fleet``, with its ``pool``). ``security``: TLS and/or bearer tokens for this service's
-    callers (None: plaintext, self-declared owners). ``metrics``: collect Prometheus metrics
-    (``rpc/metrics.py``; served by ``server.start_metrics``). ``tenancy``: shared namespaces and the
-    admin owner (``gateway/tenancy.py``; default none)."""
+    """Build, bind and start the prefix server: (server, bound port). ``gateway``: one engine's gateway
+    (``connect_engine``; ``channel`` closed with the server) or a fleet (``connect_fleet`` and its
+    ``pool``); ``security``: TLS and / or tokens (None: plaintext, self-declared owners)."""
     from prefix_service.rpc.metrics import PrefixMetrics
 
     fleet = gateway if isinstance(gateway, Fleet) else Fleet([remote_member(gateway, channel)])
@@ -208,7 +193,7 @@ def create_server(
         "prefix cache serving %s on port %d (engines: %s; routing %s)",
         SERVICE_NAME,
         port,
-        ", ".join(f"{m.name} instance {m.gateway.backend.instance_id}" for m in fleet.members()),
+        ", ".join(f"{m.name} instance {m.gateway.instance_id}" for m in fleet.members()),
         fleet.policy.name,
     )
     prefix_server = PrefixServer(server, servicer, health_servicer, port, pool, in_flight)

@@ -1,22 +1,6 @@
 """PersistentTier: the snapshot directory (``snapshot_store.py``) as the gateways use it (and the CLI's
-``clients/snapshot_dir.py``, over an in-process engine).
-
-- :meth:`PersistentTier.persist`: an entry just stored in an engine's memory cache is queued for the
-  writer (``snapshot_writer.py``), off the request path.
-- :meth:`PersistentTier.restore`: before a lookup, when the folder holds a longer prefix of the prompt
-  than the engine's memory cache, the file is loaded into that engine (``ImportSession``: the engine
-  checks format, checksum, content, fingerprint and geometry before anything enters its cache) and
-  stored as a memory entry (the cache verifies its content digest against the key, as for any
-  insert); the lookup then finds it. So after an engine restart or a prefix-service restart the
-  first lookup of a prompt is served from disk. A file the engine refuses is deleted unless the refusal
-  is another configuration's or the engine's state now (:data:`KEPT`), so its prompt is persisted
-  again at its next store (the writer skips the keys the folder holds).
-- :meth:`PersistentTier.preload`: eagerly restore the most recently used files into an engine that
-  just (re)joined, up to ``preload`` entries (``--snapshot_preload``; 0: lazily only); it says what
-  came of each (:class:`Restored`).
-
-Only engines that can export and import (``snapshot_backend.SnapshotBackend``) take part.
-"""
+``clients/snapshot_dir.py``): entries persisted off the request path, restored into an engine when the
+folder holds a longer prefix than its memory cache. Spec: docs/DEPLOY.md (Snapshots that survive restarts)."""
 
 from __future__ import annotations
 
@@ -25,8 +9,10 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine_service.api.errors import ForklineError
+from prefix_service.cache.outcomes import InsertOutcome
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.cache.retention import Entry
 from prefix_service.cache.session_backend import SessionBackend, max_rewind
@@ -35,6 +21,9 @@ from prefix_service.tier.snapshot_store import SnapshotStore
 from prefix_service.tier.snapshot_writer import SnapshotWriter, WriteJob
 
 log = logging.getLogger(__name__)
+
+# How a restored entry is stored: (namespace, tokens, handle, metadata) -> the insert's outcome.
+Store = Callable[[str, Sequence[int], Any, Mapping[str, str]], InsertOutcome]
 
 # ImportSession refusals (``LoadRefusal`` names) that leave a file in place: another configuration's
 # (an engine of another model, tokenizer, weights dtype, cache kind or window geometry, or of longer
@@ -59,8 +48,7 @@ class Restored:
 
 
 class PersistentTier:
-    """See the module docstring. :meth:`open` builds one over a folder. ``kept``: the engine's
-    refusals that leave a file in place (any other deletes it)."""
+    """``kept``: the engine's refusals that leave a file in place (any other deletes it)."""
 
     @classmethod
     def open(
@@ -73,8 +61,7 @@ class PersistentTier:
         preload: int = 0,
         kept: frozenset[str] = KEPT,
     ) -> PersistentTier:
-        """The tier over ``folder`` (created if missing; its files indexed, stale temporaries
-        deleted) with a byte budget, the retention ``policy``, the writer's queue bound."""
+        """The tier over ``folder`` (created if missing, its files indexed) with a byte budget."""
         store = SnapshotStore(folder, max_bytes, policy)
         return cls(store, SnapshotWriter(store, queue_size), preload, kept)
 
@@ -94,66 +81,75 @@ class PersistentTier:
         tokens: Sequence[int],
         handle: object,
         metadata: Mapping[str, str],
+        files: SnapshotBackend | None = None,
     ) -> None:
-        backend = cache.backend
-        if isinstance(backend, SnapshotBackend):
+        """Queue the entry just stored in ``cache`` for the writer. ``files``: its engine's snapshot
+        files (default: the cache's backend, when it exports)."""
+        files = _files(cache, files)
+        if files is not None:
+            fingerprint = cache.backend.fingerprint
             self.writer.submit(
-                WriteJob(
-                    backend.fingerprint,
-                    namespace,
-                    tuple(tokens),
-                    dict(metadata),
-                    handle,
-                    backend.export_session,
-                )
+                WriteJob(fingerprint, namespace, tuple(tokens), dict(metadata), handle, files.export_session)
             )
 
     def reusable(self, backend: SessionBackend, namespace: str, key: tuple[int, ...]) -> int:
         """The positions of ``key`` the folder's longest stored prefix gives ``backend``'s engines (0:
-        none; with the same ring rule as :meth:`restore`): what a route may count on an engine that
-        restores it first (``fleet/cost_model.py``'s snapshot directory source)."""
-        if not isinstance(backend, SnapshotBackend):
-            return 0
+        none; the ring rule of :meth:`restore`): what a route may count on an engine that restores it."""
         found = self.store.match(backend.fingerprint, namespace, key, max_rewind(backend))
         return 0 if found is None else found.reusable
 
     def restore(
-        self, cache: PrefixCache, namespace: str, key: tuple[int, ...], done: Restored | None = None
+        self,
+        cache: PrefixCache,
+        namespace: str,
+        key: tuple[int, ...],
+        done: Restored | None = None,
+        *,
+        files: SnapshotBackend | None = None,
+        store: Store | None = None,
     ) -> bool:
         """Load the folder's longest stored prefix of ``key`` into ``cache``'s engine when it reuses
-        more than the memory cache can; True when an entry was added (``done``, when given, counts
-        it and its positions). On an engine whose ring evicts
-        window rows only a file that can be cloned at the divergence counts (as in the memory cache),
-        so a divergence below every floor does not import a file the clone would refuse."""
-        backend = cache.backend
-        if not isinstance(backend, SnapshotBackend) or cache.max_entries == 0:
+        more than the memory cache can (on a ring, only a file a clone can reach at the divergence);
+        True when ``store`` (default: ``cache.insert``) stored it; ``done`` counts it."""
+        files = _files(cache, files)
+        if files is None or cache.max_entries == 0:
             return False
+        backend = cache.backend
         found = self.store.match(backend.fingerprint, namespace, key, max_rewind(backend))
         if found is None or found.reusable <= cache.reusable(namespace, key):
             return False
-        return self._load(cache, backend, found.entry, Restored() if done is None else done)
+        return self._load(files, store or cache.insert, found.entry, Restored() if done is None else done)
 
-    def preload(self, cache: PrefixCache) -> Restored:
+    def preload(
+        self, cache: PrefixCache, *, files: SnapshotBackend | None = None, store: Store | None = None
+    ) -> Restored:
         """Restore up to ``preload`` of the most recently used files into ``cache``'s engine."""
-        backend, done = cache.backend, Restored()
-        if not isinstance(backend, SnapshotBackend) or self.preload_entries <= 0:
+        files, done = _files(cache, files), Restored()
+        if files is None or self.preload_entries <= 0:
             return done
-        for entry in self.store.recent(backend.fingerprint, min(self.preload_entries, cache.max_entries)):
+        fingerprint = cache.backend.fingerprint
+        for entry in self.store.recent(fingerprint, min(self.preload_entries, cache.max_entries)):
             namespace = entry.namespace[1]
             if cache.reusable(namespace, entry.tokens) >= len(entry.tokens) - 1:
                 continue  # already in memory
-            self._load(cache, backend, entry, done)
+            self._load(files, store or cache.insert, entry, done)
         return done
 
-    def preload_in_background(self, cache: PrefixCache, on_loaded: Callable[[], None] = lambda: None) -> None:
-        """:meth:`preload` on a thread of its own (an optimisation: lookups restore lazily anyway);
-        ``on_loaded()`` runs when it restored something."""
+    def preload_in_background(
+        self,
+        cache: PrefixCache,
+        on_loaded: Callable[[], None] = lambda: None,
+        *,
+        files: SnapshotBackend | None = None,
+        store: Store | None = None,
+    ) -> None:
+        """:meth:`preload` on a thread; ``on_loaded()`` runs when it restored something."""
         if self.preload_entries <= 0:
             return
 
         def run() -> None:
             try:
-                loaded = self.preload(cache).stored
+                loaded = self.preload(cache, files=files, store=store).stored
             except Exception:  # noqa: BLE001 - a failed preload leaves the lazy restore
                 log.warning("snapshot preload failed", exc_info=True)
                 return
@@ -166,10 +162,10 @@ class PersistentTier:
     def stop(self, timeout: float = 10.0) -> None:
         self.writer.stop(timeout)
 
-    def _load(self, cache: PrefixCache, backend: SnapshotBackend, entry: Entry, done: Restored) -> bool:
-        """Import ``entry``'s file into the engine and store it in ``cache``; ``done`` counts what came of it."""
+    def _load(self, files: SnapshotBackend, store: Store, entry: Entry, done: Restored) -> bool:
+        """Import ``entry``'s file into the engine and ``store`` it; ``done`` counts what came of it."""
         try:
-            imported = backend.import_session(self.store.read(entry.snapshot))
+            imported = files.import_session(self.store.read(entry.snapshot))
         except OSError:  # deleted meanwhile (evicted)
             return False
         except ForklineError as exc:  # e.g. the engine is down or full: a miss, the file stays
@@ -190,7 +186,7 @@ class PersistentTier:
                 self.store.discard(entry.snapshot)
                 done.removed += 1
             return False
-        outcome = cache.insert(entry.namespace[1], entry.tokens, imported.handle, entry.metadata)
+        outcome = store(entry.namespace[1], entry.tokens, imported.handle, entry.metadata)
         self.store.touch(entry, restored=True)
         if not outcome.stored:
             done.refused["insert"] += 1
@@ -198,3 +194,10 @@ class PersistentTier:
         done.stored += 1
         done.positions += len(entry.tokens)
         return True
+
+
+def _files(cache: PrefixCache, files: SnapshotBackend | None) -> SnapshotBackend | None:
+    """``files``, or the cache's backend when it exports and imports (an in-process engine)."""
+    if files is not None:
+        return files
+    return cache.backend if isinstance(cache.backend, SnapshotBackend) else None

@@ -10,15 +10,12 @@ from engine_service.api.answers import ImportedSnapshot
 
 @runtime_checkable
 class SnapshotBackend(Protocol):
-    """An engine that exports and imports snapshot files (``snapshot_store.py`` keeps them).
+    """An engine that exports and imports snapshot files (``snapshot_store.py`` keeps them)."""
 
-    ``export_session(handle, extra, upto)``: the file of a handle this backend owns (positions
-    ``[0, upto)``; None: all), as chunks of bytes (``extra``: strings stored in it), or None when the
-    engine refused (prepared input, boundary: past the length or below a ring's floor).
-    ``import_session(chunks)``: load a file into a new session this backend owns."""
-
+    # the file of a handle this backend owns (positions [0, upto); None: all) as chunks, ``extra``
+    # stored in it; None when the engine refused (a prepared input, past the length, below a floor)
     def export_session(
         self, handle: str, extra: Mapping[str, str], upto: int | None = None
     ) -> Iterator[bytes] | None: ...
 
-    def import_session(self, chunks: Iterable[bytes]) -> ImportedSnapshot: ...
+    def import_session(self, chunks: Iterable[bytes]) -> ImportedSnapshot: ...  # into a new session it owns

@@ -1,14 +1,6 @@
-"""SnapshotStore: the persistent tier's folder of snapshot files (``--snapshot_dir``), indexed by key.
-
-Each file is an engine's snapshot (format, fingerprint, geometry, content digest, checksum: the
-engine checks them on every load) whose ``extra`` strings carry the entry's key (``forkline.namespace``,
-``forkline.tokens``, ``forkline.metadata``): a restarted service rebuilds its index from the headers
-(:meth:`SnapshotStore.scan`). Keys are (fingerprint, namespace, tokens); :meth:`match` finds the longest
-stored prefix of a prompt. Writes are atomic (temporary name, fsync, rename; ``scan`` deletes stale
-temporaries). The files hold at most ``max_bytes``, deleted in the retention policy's order over it; a
-file the engine refuses for good is deleted (:meth:`discard`). Thread-safe; the request path only
-calls :meth:`match`.
-"""
+"""SnapshotStore: the folder of snapshot files (``--snapshot_dir``) indexed by (fingerprint, namespace,
+tokens) from the files' headers; atomic writes, a byte budget evicted in the retention policy's
+order, :meth:`match` for the longest stored prefix of a prompt. Thread-safe."""
 
 from __future__ import annotations
 
@@ -46,21 +38,16 @@ CHUNK_BYTES = 1 << 20
 
 @dataclass(frozen=True)
 class StoreStats:
-    """The folder: ``files`` and their ``bytes`` (at most ``max_bytes``); files ``written``, writes
-    ``dropped`` (the writer's queue was full) or ``failed`` (the engine refused or the handle was
-    gone), ``restored`` into an engine, restores ``refused`` by the engine, ``evicted`` for the budget,
-    ``discarded`` as refused for good (``persistent_tier.KEPT``: what is not)."""
-
     files: int
     bytes: int
     max_bytes: int
     written: int = 0
-    dropped: int = 0
-    failed: int = 0
-    restored: int = 0
-    refused: int = 0
-    evicted: int = 0
-    discarded: int = 0
+    dropped: int = 0  # the writer's queue was full
+    failed: int = 0  # the engine refused the export or the handle was gone
+    restored: int = 0  # into an engine
+    refused: int = 0  # restores the engine refused
+    evicted: int = 0  # for the byte budget
+    discarded: int = 0  # refused for good (``persistent_tier.KEPT``: what is not)
 
 
 @dataclass(frozen=True)
@@ -106,9 +93,8 @@ class SnapshotStore:
 
     # -- reading the folder ------------------------------------------------------------------------
     def scan(self) -> int:
-        """Index every snapshot file in the folder (oldest first, so the retention order follows the
-        files' ages); delete stale temporaries and files that are not snapshots of this tier. Returns
-        the files indexed."""
+        """Index the folder's snapshot files, oldest first (the retention order follows their ages),
+        deleting stale temporaries and foreign files; how many were indexed."""
         for temp in self.folder.glob(f".*{TEMP_SUFFIX}"):
             with contextlib.suppress(OSError):
                 temp.unlink()
@@ -135,9 +121,8 @@ class SnapshotStore:
     def match(
         self, fingerprint: str, namespace: str, key: tuple[int, ...], max_rewind: int | None = None
     ) -> DiskMatch | None:
-        """The longest stored prefix of ``key`` (``token_key(tokens)``) under ``fingerprint`` and
-        ``namespace``, or None. ``max_rewind`` (``session_backend.max_rewind``: a ring evicts window rows):
-        only a file whose snapshot can be cloned there (at most that far below its length)."""
+        """The longest stored prefix of ``key`` under ``fingerprint`` and ``namespace`` (on a ring:
+        only one a clone can reach, ``max_rewind``), or None."""
         if len(key) < 2:
             return None
         with self._lock:
@@ -177,9 +162,8 @@ class SnapshotStore:
         metadata: Mapping[str, str],
         chunks: Iterable[bytes],
     ) -> bool:
-        """Write the snapshot file of this entry from ``chunks`` atomically; True when it is kept (a
-        file larger than the whole budget is deleted again). Errors of ``chunks`` propagate, leaving
-        nothing behind."""
+        """Write this entry's file from ``chunks`` atomically; whether it is kept (a file over the whole
+        budget is not). Errors of ``chunks`` propagate, leaving nothing behind."""
         key = token_key(tokens)
         name = snapshot_name(fingerprint, content_digest(key))
         size = write_snapshot_bytes(self.folder / name, b"".join(chunks))  # atomic: temp, fsync, rename

@@ -1,13 +1,5 @@
-"""SnapshotWriter: persists stored prompt snapshots behind the request path.
-
-The gateway hands it a :class:`WriteJob` when an entry is stored in memory (never waiting); one
-background thread exports each job's snapshot from its engine (``GatewayBackend.export_session``) and
-writes the file into the :class:`SnapshotStore`. The queue is bounded: when it is full a job is
-dropped and counted (``StoreStats.dropped``), so a burst of inserts never grows memory or delays a
-request. A job whose handle is gone by the time its turn comes (evicted, the engine restarted), or
-whose export the engine refuses, is counted as ``failed``. :meth:`stop` ends the thread: jobs still
-queued are dropped (counted).
-"""
+"""SnapshotWriter: one background thread exporting stored snapshots from their engines into the
+:class:`SnapshotStore`, behind the request path; a full queue drops (and counts) a job, never waits."""
 
 from __future__ import annotations
 

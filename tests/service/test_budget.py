@@ -151,7 +151,7 @@ def test_live_clients_never_starve_while_200_prompts_fill_the_cache(services) ->
     assert stats.entries == 6 and 0 < stats.positions <= stats.max_positions
     assert stats.inserts >= DISTINCT_PROMPTS and stats.hits >= tallies["gateway"].calls - 1
     registry = engine.deps.registry
-    assert registry.count("prefix-service") == 6 and prefix.server.deps.backend.held() == 6
+    assert registry.count("prefix-service") == 6 and prefix.server.deps.backend.sessions.held() == 6
     assert registry.usage("prefix-service").quota.max_sessions == 6  # the engine's persistent budget
 
 

@@ -82,7 +82,7 @@ def test_a_store_then_an_eviction_arrive_in_order(prefix) -> None:
     stats = client.stats()
     live = events[1:]
     assert {(e.engine, e.engine_instance_id) for e in live} == {
-        (prefix.server.fleet.sole().backend.address, stats.engine_instance_id)
+        (prefix.server.fleet.sole().backend.connection.address, stats.engine_instance_id)
     }
     first_tokens = client.lookup(text=PROMPTS[0], namespace="nobody").tokens  # the prompt's tokenization
     assert live[0].digest == live[2].digest == content_digest(first_tokens)  # the evicted one is the first

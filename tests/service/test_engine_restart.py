@@ -24,14 +24,18 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from clients.engine_client import EngineClient
 from clients.prefix_client import PrefixClient
 from engine_service.api import errors
+from engine_service.api.call_context import CallContext
 from engine_service.api.config import GenConfig
 from engine_service.rpc.server import SERVICE_NAME as ENGINE_SERVICE
+from engine_service.serving.auth import call_context
 from prefix_service.engines.engine_watch import (
     OUTAGE_WAIT_S,
     RECONNECT_OPTIONS,
     EngineWatch,
+    OutageAllowance,
+    RpcCall,
     call_timeout,
-    caller_deadline,
+    outage_of,
 )
 from prefix_service.rpc.server import SERVICE_NAME as PREFIX_SERVICE
 from protos import engine_pb2, engine_pb2_grpc
@@ -325,14 +329,19 @@ class FakeContext:
     def time_remaining(self) -> float:
         return self.remaining
 
+    def invocation_metadata(self) -> tuple:
+        return (("forkline-owner", "alice"),)
+
 
 def test_engine_calls_carry_the_callers_deadline() -> None:
     assert call_timeout(60.0) == 60.0 and call_timeout(None) is None  # outside an RPC: the cap
-    with caller_deadline(FakeContext(2.0)):  # type: ignore[arg-type]
-        assert 1.9 < call_timeout(60.0) <= 2.0 and 1.9 < call_timeout(None) <= 2.0
-        assert call_timeout(0.5) == 0.5
-    with caller_deadline(FakeContext(9.2e18)):  # type: ignore[arg-type]  # grpc's "no deadline"
-        assert call_timeout(60.0) == 60.0 and call_timeout(None) is None
+    call = call_context(FakeContext(2.0))  # type: ignore[arg-type]
+    assert call.owner == "alice" and call.credential == ""
+    assert 1.9 < call_timeout(60.0, call) <= 2.0 and 1.9 < call_timeout(None, call) <= 2.0
+    assert call_timeout(0.5, call) == 0.5
+    no_deadline = call_context(FakeContext(9.2e18))  # type: ignore[arg-type]  # grpc's "no deadline"
+    assert no_deadline.deadline is None
+    assert call_timeout(60.0, no_deadline) == 60.0 and call_timeout(None, no_deadline) is None
     assert dict(RECONNECT_OPTIONS)["grpc.max_reconnect_backoff_ms"] <= 500
 
 
@@ -340,14 +349,20 @@ def test_one_rpc_waits_for_a_down_engine_once() -> None:
     """The outage allowance is per incoming RPC: its second engine call does not wait again."""
     watch = EngineWatch(grpc.insecure_channel("127.0.0.1:1"), outage_wait_s=0.3)
     watch._set(False)
-    with caller_deadline(FakeContext(30.0)):  # type: ignore[arg-type]
-        start = time.monotonic()
-        for _ in range(3):
-            with pytest.raises(errors.Unavailable):
-                watch.await_serving(call_timeout(60.0))
-        assert 0.25 < time.monotonic() - start < 0.6
+    call = RpcCall.of(CallContext("alice", deadline=time.monotonic() + 30.0))
+    start = time.monotonic()
+    for _ in range(3):
+        with pytest.raises(errors.Unavailable):
+            watch.await_serving(call_timeout(60.0, call), outage_of(call))
+    assert 0.25 < time.monotonic() - start < 0.6
+    # negative control: calls without a shared allowance (a plain CallContext) each wait it out
+    start = time.monotonic()
+    for _ in range(2):
+        with pytest.raises(errors.Unavailable):
+            watch.await_serving(None, outage_of(CallContext("alice")))
+    assert time.monotonic() - start > 0.55
     threading.Timer(0.1, watch._set, (True,)).start()
-    watch.await_serving(None)  # a new allowance: it comes back within it
+    watch.await_serving(None, OutageAllowance())  # a new allowance: it comes back within it
     assert watch.serving and watch.transitions == 2
 
 

@@ -1,6 +1,6 @@
 """The fake engine of the prefix unit tests (``tests/unit/prefix/fakes.FakeEngine``) follows the real
-backend (``prefix_service.engines.engine_backend.EngineBackend`` over a real engine): the same members
-of the ``GatewayBackend`` protocol with the protocol's signatures, and, situation by situation, the
+backend (``prefix_service.engines.engine_backend.EngineBackend``'s parts over a real engine): the same
+members of the ``GatewayBackend`` and ``SessionBackend`` protocols with the protocols' signatures, and, situation by situation, the
 same kind of answer (its type and the fields the gateway reads) or the same error type. A change to
 either that leaves the other behind fails here; the negative controls show that each check sees a
 missing member, another signature and another answer."""
@@ -17,20 +17,24 @@ import pytest
 from clients.engine_client import EngineClient
 from clients.runner_backend import RunnerBackend
 from engine_service.api.answers import Described, TakenClone
+from engine_service.api.call_context import CallContext
 from engine_service.api.config import GenConfig
 from engine_service.api.content import content_digest
 from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import ForklineError, InvalidArgument, NotFound
 from engine_service.api.prompts import TextPrompt
-from prefix_service.cache.session_backend import CaptureBackend
+from prefix_service.cache.session_backend import CaptureBackend, SessionBackend
 from prefix_service.engines.connect import connect_engine
-from prefix_service.engines.engine_backend import EngineBackend
+from prefix_service.engines.engine_calls import EngineCalls
+from prefix_service.engines.engine_sessions import RemoteSessions
+from prefix_service.engines.snapshot_files import EngineSnapshots
 from prefix_service.gateway.gateway_backend import EngineGenerate, GatewayBackend
 from prefix_service.tier.snapshot_backend import SnapshotBackend
 from tests.service.helpers import PROMPT
 from tests.unit.prefix.fakes import FakeBackend, FakeEngine
 
 P = tuple(PROMPT)
+ALICE = CallContext("alice")
 
 # -- the members and their signatures -------------------------------------------------------------
 
@@ -80,7 +84,7 @@ def conformance_errors(protocol: type, implementation: type, instance: object) -
 
 
 @pytest.fixture
-def real(engine_factory) -> tuple[EngineBackend, EngineClient]:
+def real(engine_factory) -> tuple[EngineCalls, EngineClient]:
     engine = engine_factory(layers="FFFF")  # no sliding window: a clone may reach any position
     gateway, channel = connect_engine(engine.address)
     yield gateway.backend, EngineClient(engine.address, owner="alice")
@@ -90,8 +94,12 @@ def real(engine_factory) -> tuple[EngineBackend, EngineClient]:
 def test_both_backends_have_the_protocols_members_and_signatures(real) -> None:
     backend, _ = real
     assert isinstance(backend, GatewayBackend) and isinstance(FakeEngine(), GatewayBackend)
-    assert conformance_errors(GatewayBackend, EngineBackend, backend) == []
+    assert conformance_errors(GatewayBackend, EngineCalls, backend) == []
     assert conformance_errors(GatewayBackend, FakeEngine, FakeEngine()) == []
+    assert isinstance(backend.sessions, SessionBackend)
+    assert conformance_errors(SessionBackend, RemoteSessions, backend.sessions) == []
+    assert conformance_errors(SessionBackend, FakeEngine, FakeEngine()) == []
+    assert isinstance(backend.snapshot_files(), SnapshotBackend) and FakeEngine().snapshot_files() is None
 
 
 def test_the_cache_backends_have_the_capture_protocols_signatures() -> None:
@@ -100,7 +108,7 @@ def test_the_cache_backends_have_the_capture_protocols_signatures() -> None:
     assert conformance_errors(CaptureBackend, FakeBackend, FakeBackend()) == []
     assert conformance_errors(CaptureBackend, RunnerBackend, RunnerBackend) == []
     assert conformance_errors(SnapshotBackend, RunnerBackend, RunnerBackend) == []
-    assert conformance_errors(SnapshotBackend, EngineBackend, EngineBackend) == []
+    assert conformance_errors(SnapshotBackend, EngineSnapshots, EngineSnapshots) == []
 
 
 def test_the_signature_check_sees_a_missing_member_and_another_signature() -> None:
@@ -110,11 +118,11 @@ def test_the_signature_check_sees_a_missing_member_and_another_signature() -> No
     class Drifted(FakeEngine):
         reclaim = None  # type: ignore[assignment]
 
-        def take_clone(self, session, upto, owner):  # no expected_digest
-            return super().take_clone(session, upto, owner)
+        def take_clone(self, session, upto, call):  # no expected_digest
+            return super().take_clone(session, upto, call)
 
-        def tokenize(self, text, owner, strict):  # an extra parameter without a default
-            return super().tokenize(text, owner)
+        def tokenize(self, text, call, strict):  # an extra parameter without a default
+            return super().tokenize(text, call)
 
     drifted = Drifted()
     drifted.owner = lambda: "prefix-service"  # type: ignore[method-assign]
@@ -132,9 +140,11 @@ def test_the_signature_check_sees_a_missing_member_and_another_signature() -> No
 
 @dataclass
 class World:
-    """A backend and a way to give the caller ``alice`` a session holding given tokens."""
+    """A backend (the gateway's calls and the cache's sessions of one engine) and a way to give the
+    caller ``alice`` a session holding given tokens."""
 
     backend: Any
+    sessions: Any
     session: Callable[[tuple[int, ...]], Any]
 
 
@@ -149,13 +159,13 @@ def real_world(real) -> World:
             .started.session
         )
 
-    return World(backend, session)
+    return World(backend, backend.sessions, session)
 
 
 def fake_world(fake: FakeEngine | None = None) -> World:
     fake = fake or FakeEngine()
     fake.refresh()
-    return World(fake, lambda tokens: fake.open(tokens))
+    return World(fake, fake, lambda tokens: fake.open(tokens))
 
 
 def answer(call: Callable[[], Any]) -> Any:
@@ -185,43 +195,47 @@ def events(stream) -> list[str]:
 
 def observe(world: World) -> dict[str, Any]:
     """One observation per situation the gateway meets."""
-    b, seen = world.backend, {}
+    b, sessions, seen = world.backend, world.sessions, {}
     s = world.session(P)
     seen["info"] = type(b.info())
-    seen["tokenize"] = b.tokenize(TextPrompt("Hi"), "alice")
-    d = b.describe(s, "alice")
+    seen["tokenize"] = b.tokenize(TextPrompt("Hi"), ALICE)
+    d = b.describe(s, ALICE)
     seen["describe"] = (type(d), d.position, d.content_digest == content_digest(P))
-    clone = b.take_clone(s, 5, "alice")
+    clone = b.take_clone(s, 5, ALICE)
     seen["take_clone"] = taken(clone)
     h = clone.handle
-    seen["clone held"] = (b.valid(h), b.position(h), b.content_digest(h) == content_digest(P[:5]))
+    seen["clone held"] = (
+        sessions.valid(h),
+        sessions.position(h),
+        sessions.content_digest(h) == content_digest(P[:5]),
+    )
     seen["claim"] = answer(lambda: b.claim(h))
     seen["claim again"] = answer(lambda: b.claim(h))
-    seen["take_clone past the position"] = taken(answer(lambda: b.take_clone(s, len(P) + 1, "alice")))
+    seen["take_clone past the position"] = taken(answer(lambda: b.take_clone(s, len(P) + 1, ALICE)))
     seen["take_clone, other content"] = taken(
-        answer(lambda: b.take_clone(s, 5, "alice", content_digest(P[1:6])))
+        answer(lambda: b.take_clone(s, 5, ALICE, content_digest(P[1:6])))
     )
-    seen["clone_or_refusal"] = taken(b.clone_or_refusal(h, 3))
-    seen["clone_or_refusal past the position"] = taken(b.clone_or_refusal(h, 6))
-    seen["clone past the position"] = b.clone(h, 6)
-    b.close(h)
-    seen["closed handle"] = (b.valid(h), answer(lambda: b.close(h)))
+    seen["clone_or_refusal"] = taken(sessions.clone_or_refusal(h, 3))
+    seen["clone_or_refusal past the position"] = taken(sessions.clone_or_refusal(h, 6))
+    seen["clone past the position"] = sessions.clone(h, 6)
+    sessions.close(h)
+    seen["closed handle"] = (sessions.valid(h), answer(lambda: sessions.close(h)))
     seen["claim, closed"] = answer(lambda: b.claim(h))
     seen["reclaim"] = type(b.reclaim())
     gone = world.session(P)
-    seen["close_as"] = answer(lambda: b.close_as(gone, "alice"))
-    seen["close_as again"] = answer(lambda: b.close_as(gone, "alice"))
-    seen["describe, closed"] = answer(lambda: b.describe(gone, "alice"))
-    seen["take_clone, closed"] = taken(answer(lambda: b.take_clone(gone, 1, "alice")))
+    seen["close_as"] = answer(lambda: b.close_as(gone, ALICE))
+    seen["close_as again"] = answer(lambda: b.close_as(gone, ALICE))
+    seen["describe, closed"] = answer(lambda: b.describe(gone, ALICE))
+    seen["take_clone, closed"] = taken(answer(lambda: b.take_clone(gone, 1, ALICE)))
     config = GenConfig(max_new_tokens=2)
-    fresh = EngineGenerate("", P, config, ignore_eos=True, prompt_snapshot=True, owner="alice")
+    fresh = EngineGenerate("", P, config, ignore_eos=True, prompt_snapshot=True, call=ALICE)
     seen["generate"] = events(b.generate(fresh))
     given = world.session(P)
     seen["generate, close_session"] = events(
-        b.generate(EngineGenerate(given, (7,), config, ignore_eos=True, owner="alice", close_session=True))
+        b.generate(EngineGenerate(given, (7,), config, ignore_eos=True, call=ALICE, close_session=True))
     )
-    seen["session after close_session"] = answer(lambda: b.describe(given, "alice"))
-    wrong = EngineGenerate("", P, config, owner="alice", close_session=True)
+    seen["session after close_session"] = answer(lambda: b.describe(given, ALICE))
+    wrong = EngineGenerate("", P, config, call=ALICE, close_session=True)
     seen["close_session without a session"] = answer(lambda: events(b.generate(wrong)))
     return seen
 
@@ -263,8 +277,8 @@ def test_the_situation_check_sees_another_answer() -> None:
     clone past the position for another reason, is told apart."""
 
     class Lax(FakeEngine):
-        def describe(self, session, owner):
-            return Described(session.position) if session.closed else super().describe(session, owner)
+        def describe(self, session, call):
+            return Described(session.position) if session.closed else super().describe(session, call)
 
         def clone_or_refusal(self, handle, upto):
             child = self.clone(handle, upto)

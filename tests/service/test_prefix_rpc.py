@@ -264,7 +264,7 @@ def test_snapshot_the_engine_no_longer_holds_is_dropped_not_kept(engine_factory,
         released.value.close()
     alice = PrefixClient(prefix.address, owner="alice")
     assert alice.lookup(PROMPT).session is None
-    assert alice.stats().entries == 0 and prefix.server.deps.backend.held() == 0
+    assert alice.stats().entries == 0 and prefix.server.deps.backend.sessions.held() == 0
     again = gateway_round(prefix, max_new_tokens=2)  # stores a fresh snapshot
     assert again.done.reused_positions == 0 and alice.stats().entries == 1
     assert gateway_round(prefix, max_new_tokens=2).done.reused_positions == len(PROMPT) - 1
@@ -344,7 +344,7 @@ def test_gateway_client_gone_while_its_snapshot_is_in_flight_leaks_nothing(
     prefix = prefix_factory(engine.address)
     gate = threading.Event()
     backend = prefix.server.deps.backend
-    backend.stub = _GatedStub(backend.stub, gate)
+    backend.connection.stub = _GatedStub(backend.connection.stub, gate)
     stream = PrefixClient(prefix.address, owner="alice").generate(
         PROMPT, config=GenConfig(max_new_tokens=3000), ignore_eos=True
     )
@@ -359,7 +359,11 @@ def test_gateway_client_gone_while_its_snapshot_is_in_flight_leaks_nothing(
     gate.set()
 
     def settled():
-        return (engine.deps.registry.count("prefix-service"), engine.runner.resident_sessions, backend.held())
+        return (
+            engine.deps.registry.count("prefix-service"),
+            engine.runner.resident_sessions,
+            backend.sessions.held(),
+        )
 
     assert wait_for(lambda: settled() == (len(prefix.cache),) * 3), (settled(), len(prefix.cache))
 

@@ -212,7 +212,7 @@ def test_the_prefix_service_reclaims_sessions_it_does_not_know(engine_factory, p
         bob.generate(PROMPT, config=GenConfig(max_new_tokens=1)).collect().done.reused_positions
         == len(PROMPT) - 1
     )
-    assert engine.deps.registry.count("prefix-service") == 1 == prefix.server.deps.backend.held()
+    assert engine.deps.registry.count("prefix-service") == 1 == prefix.server.deps.backend.sessions.held()
     # the Insert path: fill again, then bob's insert reclaims and stores
     fill(3)
     bob_engine = EngineClient(engine.address, owner="bob")

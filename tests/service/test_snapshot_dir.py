@@ -10,6 +10,7 @@ import time
 import grpc
 
 from prefix_service.engines.connect import connect_fleet
+from prefix_service.engines.snapshot_files import EngineSnapshots
 from prefix_service.rpc.server import create_server
 from prefix_service.tier.persistent_tier import PersistentTier
 from protos import engine_pb2 as epb
@@ -201,14 +202,13 @@ def test_the_byte_budget_evicts_the_oldest(engine_factory, tmp_path) -> None:
 def test_a_full_writer_queue_drops_and_counts(engine_factory, tmp_path, monkeypatch) -> None:
     engine = engine_factory()
     svc = Service([engine.address], tmp_path, queue_size=1)
-    backend = svc.fleet.sole().backend
-    real = backend.export_session
+    real = EngineSnapshots.export_session
 
-    def slow(handle, extra):
+    def slow(files, handle, extra, upto=None):
         time.sleep(0.5)
-        return real(handle, extra)
+        return real(files, handle, extra, upto)
 
-    monkeypatch.setattr(backend, "export_session", slow)
+    monkeypatch.setattr(EngineSnapshots, "export_session", slow)
     try:
         for i in range(4):
             svc.generate(prompt(i))

@@ -18,6 +18,7 @@ import mlx.core as mx
 import pytest
 
 from clients.engine_client import EngineClient
+from engine_service.api.call_context import CallContext
 from engine_service.api.config import GenConfig
 from engine_service.api.content import content_digest
 from engine_service.api.snapshot_files import snapshot_name
@@ -174,7 +175,7 @@ def test_negative_control_a_refusal_of_the_engines_state_now_leaves_the_file(eng
             alice.close(session)
         hit = second.stub.Lookup(request, metadata=OWNER, timeout=30)
         assert hit.session and hit.reused == len(FRANCE) - 1 and second.disk().restored == 1
-        second.fleet.sole().close_session(hit.session, "alice")
+        second.fleet.sole().close_session(hit.session, CallContext("alice"))
     finally:
         alice.close_channel()
         second.stop()

@@ -57,9 +57,12 @@ class Opened:
 
 class Member(RemoteMember):
     def __init__(self, address: str, engine: FakeEngine) -> None:
-        backend = SimpleNamespace(instance_id=engine.info.instance_id, fingerprint="fp")
         gateway = SimpleNamespace(
-            backend=backend, clear=self._clear, check_engine=lambda: None, last_info=None
+            instance_id=engine.info.instance_id,
+            fingerprint="fp",
+            clear=self._clear,
+            check_engine=lambda: None,
+            last_info=None,
         )
         super().__init__(address, gateway, None, lambda: None)
         self._serving = lambda: engine.serving and engine.answers

@@ -20,13 +20,13 @@ by member and situation by situation: ``tests/service/test_fake_engine_conforman
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 
 from engine_service.api.answers import CloneRefusal, Described, TakenClone
+from engine_service.api.call_context import CallContext
 from engine_service.api.content import PREPARED, content_digest
 from engine_service.api.engine_info import EngineInfo, WindowGeometry
 from engine_service.api.errors import Cancelled, InvalidArgument, NotFound, ResourceExhausted
@@ -261,13 +261,12 @@ class FakeEngine(FakeBackend):
         self.instance_id = ""
         self.engine_instance = "instance-1"  # what Info reports; a test "restarts" the engine by changing it
         self.vocab_size, self.max_session_tokens = vocab_size, max_session_tokens
-        self.clone_owners: list[str | None] = []  # the cloning_for owner of each clone() call
+        self.clone_owners: list[str] = []  # the owner each clone_for() call cloned for
         self.closed_as: list[tuple[FakeSession, str | None]] = []
         self.requests: list[EngineGenerate] = []
         self.streams: list[FakeStream] = []
         self.hang_after: int | None = None  # new streams hang after this many events
         self.take_clone_digests: list[bytes | None] = []  # expected_digest of each take_clone call
-        self._cloning_for: str | None = None
         self.reclaims = 0
         self.claims: list[FakeSession] = []  # claim() calls, in order
         self.describe_content = True
@@ -277,7 +276,14 @@ class FakeEngine(FakeBackend):
         self.say_window = True  # clone_or_refusal names WINDOW refusals (False: an engine that cannot say)
         self.info_calls = 0
 
-    def info(self) -> EngineInfo:
+    @property
+    def sessions(self) -> FakeEngine:
+        return self  # one object: the cache's handles and the gateway's calls
+
+    def snapshot_files(self, call: CallContext | None = None) -> None:
+        return None  # no snapshot files: moves are "unsupported"
+
+    def info(self, call: CallContext | None = None) -> EngineInfo:
         self.info_calls += 1
         return EngineInfo(
             self.engine_instance,
@@ -317,34 +323,26 @@ class FakeEngine(FakeBackend):
         self.instance_id = info.instance_id
         return info
 
-    def await_serving(self) -> None:
+    def await_serving(self, call: CallContext | None = None) -> None:
         """The fake engine always serves."""
 
-    @contextlib.contextmanager
-    def cloning_for(self, owner: str):
-        self._cloning_for = owner
-        try:
-            yield
-        finally:
-            self._cloning_for = None
-
-    def clone(self, handle: FakeSession, upto: int) -> FakeSession | None:
-        self.clone_owners.append(self._cloning_for)
-        return super().clone(handle, upto)
+    def clone_for(self, handle: FakeSession, upto: int, call: CallContext) -> TakenClone:
+        self.clone_owners.append(call.owner)
+        return self.clone_or_refusal(handle, upto)
 
     def adopt(self, handle: FakeSession, position: int, content_digest: bytes | None = None) -> None:
         assert handle.position == position and content_digest == digest_of(handle.tokens)
 
-    def tokenize(self, text: TextPrompt, owner: str) -> list[int]:
+    def tokenize(self, text: TextPrompt, call: CallContext) -> list[int]:
         return [ord(c) for c in text.text]
 
-    def describe(self, session: FakeSession, owner: str) -> Described:
+    def describe(self, session: FakeSession, call: CallContext) -> Described:
         """As the engine: no content digest while generating (``describe_content`` False)."""
         self._known(session)
         return Described(session.position, digest_of(session.tokens) if self.describe_content else None)
 
     def take_clone(
-        self, session: FakeSession, upto: int, owner: str, expected_digest: bytes | None = None
+        self, session: FakeSession, upto: int, call: CallContext, expected_digest: bytes | None = None
     ) -> TakenClone:
         """Like the engine: with ``expected_digest`` the clone happens only if [0, upto) holds it."""
         self.take_clone_digests.append(expected_digest)
@@ -360,9 +358,9 @@ class FakeEngine(FakeBackend):
         child = self._do_clone(session, upto)
         return TakenClone(child) if child is not None else TakenClone(None, CloneRefusal.BOUNDARY)
 
-    def close_as(self, session: FakeSession, owner: str | None = None) -> None:
+    def close_as(self, session: FakeSession, call: CallContext | None = None) -> None:
         self._known(session)
-        self.closed_as.append((session, owner))
+        self.closed_as.append((session, call.owner if call is not None else None))
         self._do_close(session)
 
     @staticmethod
@@ -371,12 +369,12 @@ class FakeEngine(FakeBackend):
         if session.closed:
             raise NotFound(f"unknown session handle {session!r}")
 
-    def claim(self, handle: FakeSession) -> None:
+    def claim(self, handle: FakeSession, call: CallContext | None = None) -> None:
         """As the engine: a closed session's handle is unknown (NotFound); ``claims`` records each."""
         self._known(handle)
         self.claims.append(handle)
 
-    def reclaim(self) -> int:
+    def reclaim(self, call: CallContext | None = None) -> int:
         """The fake knows every session it made: nothing is unknown."""
         self.reclaims += 1
         return 0

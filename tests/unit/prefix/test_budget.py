@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine_service.api.answers import CloneRefusal
+from engine_service.api.call_context import CallContext
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument, QuotaExceeded, ResourceExhausted
 from engine_service.api.stream_events import Snapshot, SnapshotKind, Started, Tokens
@@ -130,7 +131,7 @@ def test_the_gateway_caps_the_cache_at_its_share_of_the_engine() -> None:
     engine.max_sessions = 12
     gateway = Gateway(PrefixCache(engine, max_entries=64), engine, engine_share=0.5)
     for i in range(10):
-        list(gateway.generate(request(tokens(50 * (i + 1), 20)), "alice"))
+        list(gateway.generate(request(tokens(50 * (i + 1), 20)), CallContext("alice")))
     stats = gateway.stats()
     assert (stats.cache.max_entries, stats.cache.max_positions, stats.engine_share) == (6, 600, 0.5)
     assert stats.cache.entries == 6 and stats.cache.positions == 120 and stats.cache.evictions == 4
@@ -156,7 +157,7 @@ class FullEngine(FakeEngine):
 def filled(engine: FakeEngine, pressure_retry: bool = True) -> Gateway:
     gateway = Gateway(PrefixCache(engine, max_entries=8), engine, pressure_retry=pressure_retry)
     for i in range(3):
-        list(gateway.generate(request(tokens(100 * (i + 1), 20)), "alice"))
+        list(gateway.generate(request(tokens(100 * (i + 1), 20)), CallContext("alice")))
     return gateway
 
 
@@ -164,13 +165,13 @@ def test_a_live_request_that_finds_the_engine_full_evicts_one_entry_and_retries_
     engine = FullEngine(ResourceExhausted("no free session: 8 resident, max_sessions=8"))
     gateway = filled(engine)
     engine.refusals = 1
-    events = list(gateway.generate(request(tokens(100, 20)), "bob"))  # a cached prompt
+    events = list(gateway.generate(request(tokens(100, 20)), CallContext("bob")))  # a cached prompt
     assert isinstance(events[0], Started) and isinstance(events[1], Tokens)
     stats = gateway.stats()
     assert (stats.pressure_evictions, stats.pressure_retries, stats.cache.entries) == (1, 1, 2)
     engine.refusals = 2  # still full after the retry: the caller gets the error, after one eviction
     with pytest.raises(ResourceExhausted):
-        gateway.generate(request(tokens(100, 20)), "bob")
+        gateway.generate(request(tokens(100, 20)), CallContext("bob"))
     assert gateway.stats().pressure_retries == 2
     assert not [s for s in engine.live if s.position == 19]  # every matched clone was closed
 
@@ -180,7 +181,7 @@ def test_a_caller_over_its_own_quota_evicts_nothing() -> None:
     gateway = filled(engine)
     engine.refusals = 1
     with pytest.raises(ResourceExhausted, match="owner 'bob' holds 2 sessions, owner_max_sessions=2"):
-        gateway.generate(request(tokens(100, 20)), "bob")
+        gateway.generate(request(tokens(100, 20)), CallContext("bob"))
     assert gateway.stats().pressure_evictions == 0 and len(gateway.cache) == 3
 
 
@@ -189,7 +190,7 @@ def test_negative_control_without_the_retry_the_full_engine_fails_the_request() 
     gateway = filled(engine, pressure_retry=False)
     engine.refusals = 1
     with pytest.raises(ResourceExhausted):
-        gateway.generate(request(tokens(100, 20)), "bob")
+        gateway.generate(request(tokens(100, 20)), CallContext("bob"))
     assert len(gateway.cache) == 3
 
 
@@ -198,11 +199,11 @@ def test_a_lookup_refused_for_room_on_a_full_engine_evicts_and_retries() -> None
     gateway = filled(engine)
     target = tokens(300, 20)  # the most recently stored: the LRU victim is another entry
     engine.capacity = engine.max_sessions = len(engine.live)  # full: every clone is refused
-    lookup = gateway.lookup(NS, target, "bob")
+    lookup = gateway.lookup(NS, target, CallContext("bob"))
     assert lookup.outcome.reused == len(target) - 1 and gateway.stats().pressure_evictions == 1
     engine.max_sessions = 100  # a boundary refusal on an engine with room: nothing is evicted
     engine.capacity = len(engine.live)
-    assert gateway.lookup(NS, target, "bob").outcome.reason is MissReason.BOUNDARY_REFUSED
+    assert gateway.lookup(NS, target, CallContext("bob")).outcome.reason is MissReason.BOUNDARY_REFUSED
     assert gateway.stats().pressure_evictions == 1
 
 
@@ -229,7 +230,7 @@ def test_a_capture_refused_for_quota_is_the_callers_and_reclaims_nothing() -> No
 
     engine = QuotaEngine()
     gateway = Gateway(PrefixCache(engine, max_entries=8), engine)
-    list(gateway.generate(request(tokens(100, 20)), "alice"))
+    list(gateway.generate(request(tokens(100, 20)), CallContext("alice")))
     stats = gateway.stats()
     assert engine.reclaims == 0 and stats.reclaimed == 0
     assert stats.cache.refusals == {"quota": 1} and stats.cache.entries == 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine_service.api.call_context import CallContext
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument
 from engine_service.api.prompts import TextPrompt
@@ -186,7 +187,11 @@ def window_gateway(window_evicts=True, max_entries=16, policy="lru", **kwargs) -
 
 
 def generate(gateway: Gateway, prompt, **kwargs) -> list:
-    return list(gateway.generate(GatewayRequest(NS, prompt, GenConfig(max_new_tokens=3), **kwargs), "alice"))
+    return list(
+        gateway.generate(
+            GatewayRequest(NS, prompt, GenConfig(max_new_tokens=3), **kwargs), CallContext("alice")
+        )
+    )
 
 
 def stored(gateway: Gateway) -> dict[int, str]:
@@ -267,7 +272,7 @@ def test_checkpoints_weigh_their_positions_and_are_evicted_like_entries():
     evicted = before - {e.snapshot for e in gateway.cache.entries()}
     assert [s.tokens for s in evicted] == [LONG[:96]] and all(s.closed for s in evicted)  # released
     # the evicted checkpoint no longer serves: the divergence at 120 inside LONG is a window miss now
-    assert gateway.lookup(NS, diverging(120, 260), "alice").outcome == LookupOutcome.miss(
+    assert gateway.lookup(NS, diverging(120, 260), CallContext("alice")).outcome == LookupOutcome.miss(
         MissReason.WINDOW, 120
     )
     assert gateway.stats().misses_by_reason.get("window") == 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine_service.api.call_context import CallContext
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import Cancelled, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from engine_service.api.prompts import TextPrompt
@@ -43,7 +44,7 @@ def member(name: str, engine: FakeEngine, serving: list[bool] | None = None) -> 
 
 
 def run(fleet: Fleet, prompt, namespace: str = "ns") -> Done:
-    events = list(fleet.generate(GatewayRequest(namespace, prompt, CONFIG), "alice"))
+    events = list(fleet.generate(GatewayRequest(namespace, prompt, CONFIG), CallContext("alice")))
     assert isinstance(events[-1], Done)
     return events[-1]
 
@@ -74,9 +75,9 @@ def test_a_prompt_returns_to_the_engine_that_stored_its_prefix(fleet, engines) -
 
 def test_lookup_names_the_engine_holding_the_match(fleet) -> None:
     served = run(fleet, [1, 2, 3, 4]).engine
-    found = fleet.lookup("ns", [1, 2, 3, 4, 5], "alice")
+    found = fleet.lookup("ns", [1, 2, 3, 4, 5], CallContext("alice"))
     assert found.engine == served and found.outcome.reused == 4
-    miss = fleet.lookup("other", [1, 2, 3, 4, 5], "alice")
+    miss = fleet.lookup("other", [1, 2, 3, 4, 5], CallContext("alice"))
     assert miss.outcome.match is None and miss.engine in ("a", "b", "c")
 
 
@@ -114,7 +115,7 @@ def test_no_retry_after_the_first_event(engines) -> None:
     fleet = Fleet([member("a", engines["a"]), member("b", engines["b"])])
     engines["a"].hang_after = 1  # the stream stops after Started (the gateway reads it before returning)
     engines["b"].hang_after = 1
-    stream = fleet.generate(GatewayRequest("ns", [1, 2, 3], CONFIG), "alice")
+    stream = fleet.generate(GatewayRequest("ns", [1, 2, 3], CONFIG), CallContext("alice"))
     served = stream.engine
     stream.stop()
     with pytest.raises(
@@ -159,11 +160,11 @@ def test_leaving_drops_the_entries_and_releases_them(fleet, engines) -> None:
 def test_insert_names_its_engine_with_several(fleet, engines) -> None:
     session = engines["b"].open((1, 2, 3))
     with pytest.raises(InvalidArgument, match="engine is required"):
-        fleet.insert("ns", [1, 2, 3], session, {}, "alice")
+        fleet.insert("ns", [1, 2, 3], session, {}, CallContext("alice"))
     with pytest.raises(NotFound, match="'z'"):
-        fleet.insert("ns", [1, 2, 3], session, {}, "alice", engine="z")
-    assert fleet.insert("ns", [1, 2, 3], session, {}, "alice", engine="b").stored
-    assert fleet.lookup("ns", [1, 2, 3, 4], "alice").engine == "b"
+        fleet.insert("ns", [1, 2, 3], session, {}, CallContext("alice"), engine="z")
+    assert fleet.insert("ns", [1, 2, 3], session, {}, CallContext("alice"), engine="b").stored
+    assert fleet.lookup("ns", [1, 2, 3, 4], CallContext("alice")).engine == "b"
 
 
 def test_load_guard_sends_a_hit_elsewhere_when_its_engine_is_busy(engines) -> None:
@@ -192,7 +193,7 @@ def test_stats_sum_over_engines_and_single_engine_is_unchanged(fleet, engines) -
 
 
 def test_tokens_events_pass_unchanged(fleet) -> None:
-    events = list(fleet.generate(GatewayRequest("ns", [1, 2], CONFIG), "alice"))
+    events = list(fleet.generate(GatewayRequest("ns", [1, 2], CONFIG), CallContext("alice")))
     assert any(isinstance(e, Tokens) and e.ids == (500,) for e in events)
 
 

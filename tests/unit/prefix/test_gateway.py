@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from engine_service.api.call_context import CallContext
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import Cancelled, InvalidArgument
 from engine_service.api.prompts import TextPrompt
@@ -29,7 +30,7 @@ def request(prompt=PROMPT, **kwargs) -> GatewayRequest:
 
 
 def run(gateway: Gateway, prompt=PROMPT, **kwargs) -> list:
-    return list(gateway.generate(request(prompt, **kwargs), "alice"))
+    return list(gateway.generate(request(prompt, **kwargs), CallContext("alice")))
 
 
 def test_generate_stores_the_prompt_then_reuses_it(engine, gateway):
@@ -43,7 +44,7 @@ def test_generate_stores_the_prompt_then_reuses_it(engine, gateway):
     assert reused.tokens == PROMPT[-1:] and reused.session.closed  # the matched clone is closed
     # the live session is the caller's (its engine quota): the match is cloned for it and the
     # Generate runs as it; the engine closes the match as the call ends (no Close call after it)
-    assert engine.clone_owners[-1] == "alice" and reused.owner == "alice"
+    assert engine.clone_owners[-1] == "alice" and reused.call.owner == "alice"
     assert reused.close_session and engine.closed_as == []
     stats = gateway.stats()
     assert (stats.cache.hits, stats.cache.misses, stats.cache.entries, stats.policy) == (1, 1, 1, "lru")
@@ -57,7 +58,7 @@ def test_skip_insert_and_a_disabled_cache_capture_nothing(engine):
 
 
 def test_a_client_that_leaves_stops_the_generation_once_and_the_drain_stores_the_snapshot(engine, gateway):
-    stream = gateway.generate(request(), "alice")
+    stream = gateway.generate(request(), CallContext("alice"))
     events = iter(stream)
     assert isinstance(next(events), Started)
     stream.stop()
@@ -73,7 +74,7 @@ def test_a_stop_after_the_stream_ended_ends_nothing(engine, gateway):
     """gRPC runs the stop callback when the RPC ends, however it ends: after a stream that ended on
     its own it must not close the (already closed) session a second time."""
     run(gateway)
-    stream = gateway.generate(request(), "alice")
+    stream = gateway.generate(request(), CallContext("alice"))
     list(stream)
     closes = len(engine.closed_as)
     stream.stop()
@@ -83,7 +84,7 @@ def test_a_stop_after_the_stream_ended_ends_nothing(engine, gateway):
 def test_a_stream_that_does_not_end_is_cancelled_after_the_drain_timeout(engine, gateway, monkeypatch):
     monkeypatch.setattr(stream_module, "DRAIN_TIMEOUT_S", 0.05)
     engine.hang_after = 1  # closing the session does not end this engine stream
-    stream = gateway.generate(request(), "alice")
+    stream = gateway.generate(request(), CallContext("alice"))
     events = iter(stream)
     assert isinstance(next(events), Started)
     stream.stop()
@@ -97,18 +98,20 @@ def test_engine_restart_drops_every_entry_until_something_is_cached_again(engine
     run(gateway)
     engine.engine_instance = "instance-2"
     gateway.check_engine()  # the engine pool's refresh or the health watch (no request reads Info)
-    lookup = gateway.lookup(NS, PROMPT, "alice")
+    lookup = gateway.lookup(NS, PROMPT, CallContext("alice"))
     assert (lookup.outcome.reason, len(gateway.cache), gateway.dropped_on_restart) == (
         MissReason.ENGINE_RESTARTED,
         0,
         1,
     )
     assert gateway.stats().engine_instance_id == "instance-2"
-    assert gateway.lookup(NS, PROMPT[:1], "alice").outcome.reason == MissReason.TOO_SHORT  # says more
-    assert gateway.lookup(NS, (5, 6), "alice").outcome.reason == MissReason.ENGINE_RESTARTED
+    assert (
+        gateway.lookup(NS, PROMPT[:1], CallContext("alice")).outcome.reason == MissReason.TOO_SHORT
+    )  # says more
+    assert gateway.lookup(NS, (5, 6), CallContext("alice")).outcome.reason == MissReason.ENGINE_RESTARTED
     run(gateway)  # caches again
-    assert gateway.lookup(NS, (5, 6), "alice").outcome.reason == MissReason.DIVERGED
-    assert gateway.lookup(NS, PROMPT, "alice").outcome.reused == len(PROMPT) - 1
+    assert gateway.lookup(NS, (5, 6), CallContext("alice")).outcome.reason == MissReason.DIVERGED
+    assert gateway.lookup(NS, PROMPT, CallContext("alice")).outcome.reused == len(PROMPT) - 1
 
 
 def test_requests_read_the_engine_info_the_last_check_read(engine, gateway):
@@ -117,14 +120,14 @@ def test_requests_read_the_engine_info_the_last_check_read(engine, gateway):
     run(gateway)  # the first call reads it: nothing was read yet
     assert engine.info_calls == 1
     run(gateway)
-    gateway.lookup(NS, PROMPT, "alice")
-    gateway.insert(NS, PROMPT, engine.open(PROMPT), {}, "alice")
+    gateway.lookup(NS, PROMPT, CallContext("alice"))
+    gateway.insert(NS, PROMPT, engine.open(PROMPT), {}, CallContext("alice"))
     assert engine.info_calls == 1
     engine.vocab_size = 20  # the engine's limits as the next check reads them
     gateway.check_engine()
     assert engine.info_calls == 2
     with pytest.raises(InvalidArgument, match="outside the vocabulary"):
-        gateway.lookup(NS, PROMPT, "alice")
+        gateway.lookup(NS, PROMPT, CallContext("alice"))
 
 
 def test_a_check_waiting_for_the_engine_does_not_hold_up_another(engine, gateway):
@@ -153,31 +156,31 @@ def test_a_check_waiting_for_the_engine_does_not_hold_up_another(engine, gateway
 
 def test_lookup_clones_for_the_caller_and_a_caller_that_left_gets_nothing(engine, gateway):
     run(gateway)
-    hit = gateway.lookup(NS, TextPrompt("".join(map(chr, PROMPT))), "alice")
+    hit = gateway.lookup(NS, TextPrompt("".join(map(chr, PROMPT))), CallContext("alice"))
     assert hit.tokens == PROMPT and hit.outcome.reused == len(PROMPT) - 1
     assert engine.clone_owners[-1] == "alice" and not hit.outcome.session.closed
     with pytest.raises(Cancelled):
-        gateway.lookup(NS, PROMPT, "alice", caller_active=lambda: False)
+        gateway.lookup(NS, PROMPT, CallContext("alice"), caller_active=lambda: False)
     clone, owner = engine.closed_as[-1]
     assert owner == "alice" and clone.closed and clone.tokens == PROMPT[:-1]
 
 
 def test_insert_stores_a_clone_and_leaves_the_callers_session(engine, gateway):
     own = engine.open(PROMPT)
-    refused = gateway.insert(NS, PROMPT[:-1], own, {}, "alice")  # position differs: no clone
+    refused = gateway.insert(NS, PROMPT[:-1], own, {}, CallContext("alice"))  # position differs: no clone
     assert refused.reason == InsertRefusal.POSITION_MISMATCH and not refused.stored
     assert engine.clone_calls == []
-    assert gateway.insert(NS, PROMPT, own, {"priority": "2"}, "alice").stored
+    assert gateway.insert(NS, PROMPT, own, {"priority": "2"}, CallContext("alice")).stored
     entry = gateway.cache.entries()[0]
     assert entry.snapshot is not own and not own.closed and entry.metadata["priority"] == "2"
     with pytest.raises(InvalidArgument, match="must not be empty"):
-        gateway.insert(NS, (), own, {}, "alice")
+        gateway.insert(NS, (), own, {}, CallContext("alice"))
 
 
 def test_bad_requests_are_refused_before_any_lookup(engine, gateway):
     engine.vocab_size, engine.max_session_tokens = 100, 30
     with pytest.raises(InvalidArgument, match=r"tokens\[1\] = 100 is outside the vocabulary"):
-        gateway.lookup(NS, (5, 100), "alice")
+        gateway.lookup(NS, (5, 100), CallContext("alice"))
     with pytest.raises(InvalidArgument, match="max_session_tokens=30"):
         run(gateway, PROMPT + PROMPT)
     with pytest.raises(InvalidArgument, match="input is empty"):

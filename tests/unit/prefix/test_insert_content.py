@@ -10,15 +10,16 @@ from __future__ import annotations
 import pytest
 
 from clients.runner_backend import RunnerBackend
+from engine_service.api.call_context import CallContext
 from engine_service.api.config import GenConfig
 from engine_service.api.content import PREPARED, content_digest
 from engine_service.api.errors import NotFound
 from engine_service.api.stream_events import Snapshot, SnapshotKind, Started
 from engine_service.runtime.runner import Runner
-from prefix_service.cache import prefix_cache as cache_module
+from prefix_service.cache import admission as cache_module
 from prefix_service.cache.outcomes import InsertRefusal
 from prefix_service.cache.prefix_cache import PrefixCache
-from prefix_service.gateway import gateway as gateway_module
+from prefix_service.gateway import insert_flow as insert_flow_module
 from prefix_service.gateway.calls import GatewayRequest
 from prefix_service.gateway.gateway import Gateway
 from tests.unit.prefix.fakes import FakeStream, done_event
@@ -33,7 +34,7 @@ assert len(FRANCE) == len(ITALY)
 def count_hashes(monkeypatch) -> list[int]:
     """Count content_digest calls made by the gateway and the cache (one list entry per call)."""
     calls: list[int] = []
-    for module in (gateway_module, cache_module):
+    for module in (insert_flow_module, cache_module):
         real = module.content_digest
         monkeypatch.setattr(
             module, "content_digest", lambda ids, real=real: calls.append(len(ids)) or real(ids)
@@ -103,20 +104,20 @@ def test_an_entry_evicted_at_once_says_so(backend):
 
 
 def ask(gateway: Gateway, prompt, owner: str = "bob") -> list:
-    return list(gateway.generate(GatewayRequest(NS, prompt, GenConfig(max_new_tokens=3)), owner))
+    return list(gateway.generate(GatewayRequest(NS, prompt, GenConfig(max_new_tokens=3)), CallContext(owner)))
 
 
 def test_mallory_cannot_store_italy_under_france_and_bob_is_not_served_it(engine, gateway, monkeypatch):
     calls = count_hashes(monkeypatch)
     mallory = engine.open(ITALY)
     live = len(engine.live)
-    outcome = gateway.insert(NS, FRANCE, mallory, {}, "mallory")
+    outcome = gateway.insert(NS, FRANCE, mallory, {}, CallContext("mallory"))
     assert outcome.reason == InsertRefusal.CONTENT_MISMATCH and not outcome.stored
     # the engine's description of her session already differs: refused before any clone or room
     assert engine.take_clone_digests == [] and calls == [len(FRANCE)]
     # while her session generates the engine describes no content: the clone's own check refuses it
     engine.describe_content = False
-    outcome = gateway.insert(NS, FRANCE, mallory, {}, "mallory")
+    outcome = gateway.insert(NS, FRANCE, mallory, {}, CallContext("mallory"))
     assert outcome.reason == InsertRefusal.CONTENT_MISMATCH and not outcome.stored
     assert engine.take_clone_digests == [content_digest(FRANCE)] and calls == [len(FRANCE)] * 2
     engine.describe_content = True
@@ -129,14 +130,19 @@ def test_mallory_cannot_store_italy_under_france_and_bob_is_not_served_it(engine
     # control: a session that does hold FRANCE is stored (one hash for the engine and the cache)
     gateway.clear()
     calls.clear()
-    assert gateway.insert(NS, FRANCE, engine.open(FRANCE), {}, "alice").stored and calls == [len(FRANCE)]
+    assert gateway.insert(NS, FRANCE, engine.open(FRANCE), {}, CallContext("alice")).stored and calls == [
+        len(FRANCE)
+    ]
     ask(gateway, FRANCE)
     assert engine.requests[-1].session != "" and engine.requests[-1].tokens == FRANCE[-1:]  # reused
 
 
 def test_gateway_insert_of_a_session_holding_a_prepared_input_is_refused(engine, gateway):
     session = engine.open((1, 2, PREPARED, 4))
-    assert gateway.insert(NS, (1, 2, 3, 4), session, {}, "alice").reason == InsertRefusal.PREPARED_INPUT
+    assert (
+        gateway.insert(NS, (1, 2, 3, 4), session, {}, CallContext("alice")).reason
+        == InsertRefusal.PREPARED_INPUT
+    )
     assert len(gateway.cache) == 0
 
 

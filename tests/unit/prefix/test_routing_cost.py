@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine_service.api.call_context import CallContext
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument
 from engine_service.api.stream_events import Done, Tokens
@@ -139,7 +140,9 @@ def test_the_fleet_counts_prefill_ahead_until_the_first_token() -> None:
         [EngineMember(n, Gateway(PrefixCache(e, max_entries=8), e, "lru")) for n, e in engines.items()],
         routing_policy("cost"),
     )
-    stream = fleet.generate(GatewayRequest("ns", list(range(1, 41)), GenConfig(max_new_tokens=2)), "t")
+    stream = fleet.generate(
+        GatewayRequest("ns", list(range(1, 41)), GenConfig(max_new_tokens=2)), CallContext("t")
+    )
     member = fleet.member(stream.engine)
     assert member.pending == 40 and member.in_flight == 1  # a miss: every position to compute
     events = iter(stream)
@@ -169,12 +172,12 @@ def serve(policy: str) -> tuple[list[str], list[int], list[int]]:
     for tenant in range(4):
         for _ in range(3):  # one request at a time, the same prompt thrice
             prompt = GatewayRequest("ns", tenant_prompt(tenant), GenConfig(max_new_tokens=1))
-            events = list(fleet.generate(prompt, "t"))
+            events = list(fleet.generate(prompt, CallContext("t")))
             done = events[-1]
             assert isinstance(done, Done)
             served.append(done.engine)
             reused.append(done.reused_positions)
-    return served, reused, [len(m.gateway.cache) for m in fleet.members()]
+    return served, reused, [len(m.gateway) for m in fleet.members()]
 
 
 def test_four_tenants_spread_over_both_engines_and_every_repeat_hits() -> None:

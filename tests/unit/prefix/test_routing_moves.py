@@ -116,8 +116,8 @@ def test_the_move_rates_are_measured() -> None:
     assert meter.rates().move_s(100) == pytest.approx(0.004 + 0.005)
 
 
-def member(name: str, engine: FakeEngine) -> EngineMember:
-    return EngineMember(name, Gateway(PrefixCache(engine, max_entries=8), engine))
+def member(name: str, engine: FakeEngine, tier=None) -> EngineMember:
+    return EngineMember(name, Gateway(PrefixCache(engine, max_entries=8), engine, tier=tier))
 
 
 def test_the_mover_refuses_without_calling_an_engine_when_it_cannot_pay_off() -> None:
@@ -126,7 +126,7 @@ def test_the_mover_refuses_without_calling_an_engine_when_it_cannot_pay_off() ->
     key = tuple(range(1, 101))
     assert mover.move(holder, target, "", key, 0).refusal == "gone"  # nothing stored on the holder
     session = holder.gateway.backend.open(key)
-    assert holder.gateway.cache.insert("", key, session).stored
+    assert holder.gateway.flow.store("", key, session, {}).stored
     # held: but a reuse of 99 with 95 already there saves 4 ms for a 20 ms move
     assert mover.move(holder, target, "", key, 95).refusal == "slower"
     # worth it, but the fake engines have no snapshot files
@@ -181,7 +181,7 @@ class BlockingTier:
     def __init__(self) -> None:
         self.release, self.entered, self.calls = threading.Event(), threading.Event(), 0
 
-    def restore(self, cache, namespace, key, done) -> bool:
+    def restore(self, cache, namespace, key, done, **engine) -> bool:
         self.calls += 1
         self.entered.set()
         self.release.wait(10)
@@ -191,12 +191,12 @@ class BlockingTier:
 
 def test_concurrent_restores_of_one_file_into_one_engine_share_one() -> None:
     tier, mover = BlockingTier(), SnapshotMover(RateMeter(RATES))
-    target, other = member("b", FakeEngine()), member("c", FakeEngine())
+    target, other = member("b", FakeEngine(), tier), member("c", FakeEngine(), tier)
     key = tuple(range(1, 101))
     outcomes: dict[str, str] = {}
 
     def restore(name, into) -> None:
-        outcomes[name] = mover.restore(tier, into, "", key, 100).refusal or "moved"
+        outcomes[name] = mover.restore(into, "", key, 100).refusal or "moved"
 
     first = threading.Thread(target=restore, args=("first", target))
     first.start()

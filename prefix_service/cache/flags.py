@@ -1,0 +1,85 @@
+"""The cache flags of forkline-prefix: its bounds, its share of the engine, its retention policy and
+the checkpoints a captured prompt keeps on a sliding-window engine."""
+
+from __future__ import annotations
+
+import argparse
+
+from prefix_service.cache.checkpoints import (
+    DEFAULT_CHECKPOINT_STRIDE,
+    DEFAULT_MAX_CHECKPOINTS,
+    CheckpointPlan,
+)
+from prefix_service.cache.retention import policy_names
+
+
+def share(text: str) -> float:
+    """argparse type: a share of the engine, in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def add_cache_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--max_entries",
+        metavar="N",
+        type=int,
+        default=64,
+        help="stored prompt snapshots at most (also capped by --engine_share); 0 disables storing "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--max_positions",
+        metavar="N",
+        type=int,
+        default=0,
+        help="positions the stored snapshots may hold together (also capped by --engine_share); "
+        "0: only the share bounds them (default: %(default)s)",
+    )
+    p.add_argument(
+        "--engine_share",
+        metavar="F",
+        type=share,
+        default=0.5,
+        help="share of the engine's resident sessions and positions this service may hold for its "
+        "snapshots, in (0, 1] (default: %(default)s)",
+    )
+    p.add_argument(
+        "--policy",
+        default="lru",
+        choices=policy_names(),
+        help="which entry is evicted when the cache is full (default: %(default)s)",
+    )
+    p.add_argument(
+        "--checkpoint_stride",
+        metavar="N",
+        type=int,
+        default=DEFAULT_CHECKPOINT_STRIDE,
+        help="on an engine whose cache evicts sliding-window rows (batched-sequence with sliding "
+        "layers), a captured prompt also keeps a snapshot every N positions and at the end of each "
+        "chat message, so a prompt diverging inside it reuses an exact prefix; 0: no checkpoints "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--max_checkpoints",
+        metavar="N",
+        type=int,
+        default=DEFAULT_MAX_CHECKPOINTS,
+        help="checkpoints per captured prompt at most (message ends first, then stride points "
+        "spread evenly); each is a cache entry weighing its positions (default: %(default)s)",
+    )
+
+
+def check_cache_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for flag in ("checkpoint_stride", "max_checkpoints"):
+        if getattr(args, flag) < 0:
+            parser.error(f"--{flag} must be >= 0, got {getattr(args, flag)}")
+
+
+def checkpoints_from(args: argparse.Namespace) -> CheckpointPlan:
+    return CheckpointPlan(args.checkpoint_stride, args.max_checkpoints)

@@ -1,0 +1,100 @@
+"""One attempt to start a gateway Generate: room for its snapshots, the lookup, the engine call as the
+caller, its first event (where the engine's refusal, e.g. RESOURCE_EXHAUSTED, arrives)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from engine_service.api.call_context import CallContext
+from engine_service.api.prompts import TextPrompt
+from engine_service.api.stream_events import SnapshotKind
+from prefix_service.cache.budget import Reservation
+from prefix_service.cache.checkpoints import SnapshotRoom, checkpoint_positions, message_ends
+from prefix_service.cache.outcomes import InsertRefusal, Match
+from prefix_service.cache.retention import BOUNDARY_KEY
+from prefix_service.gateway.calls import GatewayRequest
+from prefix_service.gateway.gateway_backend import EngineGenerate, EngineStream
+from prefix_service.gateway.stream import GatewayStream
+
+if TYPE_CHECKING:
+    from prefix_service.gateway.gateway import Gateway
+
+
+def start_generation(
+    gateway: Gateway, request: GatewayRequest, tokens: list[int], call: CallContext
+) -> GatewayStream:
+    """Reserve room for the prompt snapshot, look up (the clone is the caller's), reserve room for the
+    checkpoints past the match, start the engine Generate and read its first event."""
+    cache = gateway.cache
+    room = SnapshotRoom()
+    capture = request.store_prompt and cache.max_entries > 0  # a disabled cache: no snapshot at all
+    if capture:
+        reserved = cache.reserve(request.namespace, tokens, request.metadata)
+        if isinstance(reserved, Reservation):
+            room.add(len(tokens), reserved)
+        else:  # no room the policy would give it: no prompt snapshot
+            cache.record_refusal(reserved)
+    match: Match | None = None
+    stream: EngineStream | None = None
+    try:
+        match = gateway.find(request.namespace, tokens, call, count=request.count_lookup).match
+        reused = match.reused if match else 0
+        config = request.config
+        if capture:
+            breakpoints = _reserve_checkpoints(gateway, request, tokens, reused, call, room)
+            if breakpoints:
+                config = replace(config, prefill_breakpoints=breakpoints)
+        stream = gateway.backend.generate(
+            EngineGenerate(
+                session=match.session if match else "",
+                tokens=tuple(tokens[reused:]),
+                config=config,
+                ignore_eos=request.ignore_eos,
+                prompt_snapshot=room.holds(len(tokens)),
+                call=call,
+                close_session=match is not None,  # the match is the call's: the engine closes it
+            )
+        )
+        first = next(stream, None)
+    except BaseException:
+        room.release()
+        if stream is not None:
+            stream.cancel()
+        if match is not None:
+            gateway.close_session(match.session, call)
+        raise
+    return GatewayStream(gateway, stream, request, tokens, match, call, first, room)
+
+
+def _reserve_checkpoints(
+    gateway: Gateway,
+    request: GatewayRequest,
+    tokens: Sequence[int],
+    reused: int,
+    call: CallContext,
+    room: SnapshotRoom,
+) -> tuple[int, ...]:
+    """The breakpoints to ask the engine for (``cache/checkpoints.py``): only where the engine's cache
+    evicts window rows, past ``reused``, fewer than half the cache's entries, each with room reserved
+    (one the policy gives no room, or one already stored, is not asked for)."""
+    cache = gateway.cache
+    if not gateway.checkpoints.enabled or not gateway.engine.window.evicts:
+        return ()
+    # one prompt's snapshots take at most half the cache's entries: a long prompt never flushes it
+    plan = gateway.checkpoints.limited(cache.max_entries // 2 - 1)
+    if not plan.enabled or len(tokens) - reused < 2:
+        return ()  # nothing lies strictly between the match and the prompt end: no Tokenize either
+    text = request.prompt if isinstance(request.prompt, TextPrompt) else request.source
+    ends = message_ends(text, tokens, reused, lambda part: gateway.tokenize(part, call)) if text else []
+    wanted = []
+    metadata = {**request.metadata, BOUNDARY_KEY: SnapshotKind.BREAKPOINT}
+    for position in checkpoint_positions(plan, len(tokens), reused, ends):
+        reserved = cache.reserve(request.namespace, tokens[:position], metadata)
+        if isinstance(reserved, Reservation):
+            room.add(position, reserved)
+            wanted.append(position)
+        elif reserved is not InsertRefusal.DUPLICATE:
+            cache.record_refusal(reserved)
+    return tuple(wanted)
