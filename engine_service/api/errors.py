@@ -18,6 +18,7 @@ class ErrorReason(StrEnum):
     OWNER_POSITIONS_QUOTA = "OWNER_POSITIONS_QUOTA"  # ... or positions
     ENGINE_FULL = "ENGINE_FULL"  # the engine has no free session slot (max_sessions)
     STOPPING = "STOPPING"  # the engine or service is shutting down
+    INVALID_JSON_SCHEMA = "INVALID_JSON_SCHEMA"  # a json_schema the engine cannot compile
 
 
 class ForklineError(Exception):
@@ -36,6 +37,12 @@ class ForklineError(Exception):
 
 class InvalidArgument(ForklineError, ValueError):
     """The caller sent something malformed (bad field, token id outside the vocabulary, ...)."""
+
+
+class InvalidJsonSchema(InvalidArgument):
+    """``GenConfig.json_schema`` is not JSON or not a schema the grammar compiler accepts."""
+
+    reason = ErrorReason.INVALID_JSON_SCHEMA
 
 
 class NotFound(ForklineError, LookupError):
@@ -161,6 +168,7 @@ _BY_REASON: dict[ErrorReason, type[ForklineError]] = {
     ErrorReason.OWNER_POSITIONS_QUOTA: QuotaExceeded,
     ErrorReason.ENGINE_FULL: EngineFull,
     ErrorReason.STOPPING: Stopping,
+    ErrorReason.INVALID_JSON_SCHEMA: InvalidJsonSchema,
 }
 
 

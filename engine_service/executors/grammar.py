@@ -12,7 +12,7 @@ import mlx.core as mx
 import numpy as np
 
 from engine_service.api.config import GenConfig
-from engine_service.api.errors import InvalidArgument
+from engine_service.api.errors import InvalidJsonSchema
 from engine_service.model.text.token_bytes import token_bytes
 from engine_service.model.text.tokenizer import Tokenizer
 
@@ -73,19 +73,19 @@ class JsonGrammar:
     def matcher(self) -> GrammarMatcher:
         matcher = llguidance.LLMatcher(self.ll_tokenizer, self.grammar, log_level=0)
         if matcher.is_error():  # compiled and validated already: only a resource limit gets here
-            raise InvalidArgument(f"json_schema: {matcher.get_error()}")
+            raise InvalidJsonSchema(f"json_schema: {matcher.get_error()}")
         return GrammarMatcher(matcher, self.ll_tokenizer.vocab_size, list(self.ll_tokenizer.eos_tokens))
 
 
 def compile_json_schema(source: str, tokenizer: Tokenizer) -> JsonGrammar:
-    """``source`` (JSON Schema text) compiled for ``tokenizer``; InvalidArgument naming the problem."""
+    """``source`` (JSON Schema text) compiled for ``tokenizer``; InvalidJsonSchema naming the problem."""
     try:
         schema = json.loads(source)
     except json.JSONDecodeError as exc:
-        raise InvalidArgument(f"json_schema is not JSON: {exc}") from None
+        raise InvalidJsonSchema(f"json_schema is not JSON: {exc}") from None
     problem = schema_problem(schema)
     if problem is not None:
-        raise InvalidArgument(f"json_schema: {problem}")
+        raise InvalidJsonSchema(f"json_schema: {problem}")
     ll = token_bytes(tokenizer).ll
     grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=_COMPILE_OPTIONS)
     return JsonGrammar(source, grammar, ll)

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from engine_service.api.call_context import CallContext
-from engine_service.api.errors import InvalidArgument, Unavailable
+from engine_service.api.errors import InvalidJsonSchema, Unavailable
 from engine_service.api.logprobs import TokenLogprob
 from engine_service.api.stream_events import Done, Started, Tokens
 from prefix_service.fleet.fleet import Fleet
@@ -46,10 +46,8 @@ class Generation:
         self._bridge.start()
         try:
             event = await self._bridge.next()
-        except InvalidArgument as exc:
-            if str(exc).startswith("json_schema"):  # the engine could not compile the schema
-                raise BadField("response_format", str(exc)) from None
-            raise
+        except InvalidJsonSchema as exc:  # the engine could not compile the schema
+            raise BadField("response_format", str(exc)) from None
         if not isinstance(event, Started):  # the gateway always starts with Started
             raise Unavailable("the engine stream ended before the generation started")
         self._started = event

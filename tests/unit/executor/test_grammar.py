@@ -12,7 +12,7 @@ from tokenizers import Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from engine_service.api.config import GenConfig
-from engine_service.api.errors import InvalidArgument
+from engine_service.api.errors import InvalidJsonSchema
 from engine_service.executors.grammar import compile_json_schema, schema_problem, with_grammar
 from engine_service.executors.module import ModuleExecutor
 from engine_service.model.text.tokenizer import Tokenizer
@@ -112,9 +112,9 @@ def test_unsupported_features_are_named(tokenizer) -> None:
     assert "if" in schema_problem({"type": "object", "if": {"type": "object"}})
     assert "xyz" in schema_problem({"type": "string", "format": "xyz"})
     assert schema_problem(SCHEMA) is None
-    with pytest.raises(InvalidArgument, match="if"):
+    with pytest.raises(InvalidJsonSchema, match="if"):  # the typed refusal the HTTP door maps to a field
         compile_json_schema(json.dumps({"if": {}}), tokenizer)
-    with pytest.raises(InvalidArgument, match="not JSON"):
+    with pytest.raises(InvalidJsonSchema, match="not JSON"):
         compile_json_schema("{", tokenizer)
 
 
