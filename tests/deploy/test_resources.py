@@ -15,23 +15,15 @@ import re
 import pytest
 
 from engine_service.cpu_quota import KERNEL_THREADS_ENV, OPENBLAS_THREADS_ENV
+from tests.deploy.manifests import load, quantity, workload
 from tests.deploy.sizing import ROOT, Sizing
-from tests.deploy.test_manifests import (
-    K8S,
-    TEST_TOKEN_FILES,
-    containers,
-    parse_container_args,
-    quantity,
-    render,
-)
 
 DEPLOY_MD = ROOT / "docs" / "DEPLOY.md"
 SIZING = Sizing.load()
 
 
 def engine(docs: list[dict]) -> tuple[dict, object]:
-    c = next(c for w, c in containers(docs) if w["metadata"]["name"] == "forkline-engine")
-    return c, parse_container_args(c)[0]
+    return workload(docs, "forkline-engine")[1:]
 
 
 def resource_problems(docs: list[dict], sizing: Sizing) -> list[str]:
@@ -56,11 +48,11 @@ def resource_problems(docs: list[dict], sizing: Sizing) -> list[str]:
 
 @pytest.mark.parametrize("build", ["base", "overlays/auth"])
 def test_the_engine_limits_match_the_measured_formula(build) -> None:
-    assert resource_problems(render(K8S / build, TEST_TOKEN_FILES), SIZING) == []
+    assert resource_problems(load(build).docs, SIZING) == []
 
 
 def test_control_the_old_float32_figure_does_not_fit_the_manifests() -> None:
-    docs = render(K8S / "base", TEST_TOKEN_FILES)
+    docs = load("base").docs
     old = Sizing({**SIZING.measured, "bytes_per_position": 66_500, "idle_rss_bytes": 335e6}, SIZING.stated)
     assert any("the formula gives" in p for p in resource_problems(docs, old))  # the 66.5 KB
 
@@ -74,7 +66,7 @@ def test_control_the_old_float32_figure_does_not_fit_the_manifests() -> None:
     ],
 )
 def test_control_a_limit_off_the_formula_is_caught(change, says) -> None:
-    docs = copy.deepcopy(render(K8S / "base", TEST_TOKEN_FILES))
+    docs = copy.deepcopy(load("base").docs)
     change(engine(docs)[0])
     assert any(says in p for p in resource_problems(docs, SIZING))
 

@@ -1,9 +1,9 @@
-"""Rolling updates by the numbers: each timing in the rendered manifests follows from
+"""Rolling updates by the numbers: each timing in the manifests follows from
 deploy/sizing.json's measurements and stated cluster figures by docs/DEPLOY.md's formulas
 (tests/deploy/sizing.py): the engines' --grace covers the longest admissible generation at the measured
 rate, preStop outlasts endpoint removal + DNS TTL + re-resolve, the termination grace covers preStop +
-grace + closing, the prefix services wait for engines as long as an engine may take to start, liveness
-asks forkline.liveness and --stuck_after exceeds the longest forward; the prefix tier keeps its snapshot
+grace + closing, the prefix services wait for engines as long as an engine may take to start (and their
+startup probe waits longer), --stuck_after exceeds the longest forward; the prefix tier keeps its snapshot
 folder on a volume it preloads from, runs two or more replicas with a PDB keeping one up, and its
 owners are persistent on the engines by prefix. Negative controls: broken copies are caught."""
 
@@ -13,30 +13,15 @@ import copy
 
 import pytest
 
-from engine_service.serving.drain import LIVENESS_SERVICE
+from tests.deploy.manifests import load, mutate, quantity, set_arg, workload
 from tests.deploy.sizing import Sizing
-from tests.deploy.test_manifests import (
-    K8S,
-    TEST_TOKEN_FILES,
-    _set_arg,
-    containers,
-    mutate,
-    parse_container_args,
-    quantity,
-    render,
-)
 
 SIZING = Sizing.load()
 
 
 @pytest.fixture(scope="module", params=["base", "overlays/auth"])
 def docs(request) -> list[dict]:
-    return render(K8S / request.param, TEST_TOKEN_FILES)
-
-
-def workload(docs: list[dict], name: str) -> tuple[dict, dict, object]:
-    w, c = next((w, c) for w, c in containers(docs) if w["metadata"]["name"] == name)
-    return w, c, parse_container_args(c, f"{name}-0")[0]
+    return load(request.param).docs
 
 
 def pre_stop_s(c: dict) -> float:
@@ -70,8 +55,6 @@ def rollout_problems(docs: list[dict]) -> list[str]:
         termination = w["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         if termination < SIZING.termination_s(pre_stop_s(c), parsed.grace):
             problems.append(f"{name}: terminationGracePeriodSeconds {termination} < preStop + grace + close")
-        if c["livenessProbe"]["grpc"].get("service") != LIVENESS_SERVICE:
-            problems.append(f"{name}: liveness does not ask for {LIVENESS_SERVICE}")
     start_allowance = probe_budget_s(ec["startupProbe"])
     if start_allowance < SIZING.stated["start_allowance_s"]:
         problems.append(
@@ -131,8 +114,8 @@ def test_the_prefix_tier_is_available_and_keeps_its_snapshots(docs) -> None:
 
 
 CONTROLS = [
-    (rollout_problems, "forkline-engine", _set_arg("--grace", "20"), "longest generation"),
-    (rollout_problems, "forkline-prefix", _set_arg("--grace", "15"), "its streams are theirs"),
+    (rollout_problems, "forkline-engine", set_arg("--grace", "20"), "longest generation"),
+    (rollout_problems, "forkline-prefix", set_arg("--grace", "15"), "its streams are theirs"),
     (
         rollout_problems,
         "forkline-engine",
@@ -145,17 +128,17 @@ CONTROLS = [
         lambda w, c: w["spec"]["template"]["spec"].update(terminationGracePeriodSeconds=40),
         "preStop + grace",
     ),
-    (rollout_problems, "forkline-prefix", _set_arg("--engine_timeout", "90"), "start allowance"),
-    (rollout_problems, "forkline-engine", lambda w, c: c["livenessProbe"]["grpc"].pop("service"), "liveness"),
-    (rollout_problems, "forkline-engine", _set_arg("--stuck_after", "0.5"), "longest forward"),
+    (rollout_problems, "forkline-prefix", set_arg("--engine_timeout", "90"), "start allowance"),
+    (rollout_problems, "forkline-prefix", set_arg("--engine_timeout", "300"), "gives up before"),
+    (rollout_problems, "forkline-engine", set_arg("--stuck_after", "0.5"), "longest forward"),
     (tier_problems, "forkline-prefix", lambda w, c: w["spec"].update(replicas=1), "two or more"),
     (tier_problems, "forkline-prefix", lambda w, c: w["spec"].pop("volumeClaimTemplates"), "own volume"),
-    (tier_problems, "forkline-prefix", _set_arg("--snapshot_preload", "0"), "comes back cold"),
-    (tier_problems, "forkline-prefix", _set_arg("--snapshot_max_mb", "20000"), "does not fit"),
+    (tier_problems, "forkline-prefix", set_arg("--snapshot_preload", "0"), "comes back cold"),
+    (tier_problems, "forkline-prefix", set_arg("--snapshot_max_mb", "20000"), "does not fit"),
     (
         tier_problems,
         "forkline-engine",
-        _set_arg("--persistent_owner_prefix", "prefix-"),
+        set_arg("--persistent_owner_prefix", "prefix-"),
         "persistent_owner_prefix",
     ),
 ]
@@ -163,13 +146,13 @@ CONTROLS = [
 
 @pytest.mark.parametrize("check,name,change,says", CONTROLS, ids=[c[3] for c in CONTROLS])
 def test_control_a_broken_copy_is_caught(check, name, change, says) -> None:
-    base = render(K8S / "base", TEST_TOKEN_FILES)
+    base = load("base").docs
     problems = check(mutate(base, name, change))
     assert any(says in p for p in problems), problems
 
 
 def test_control_a_pdb_that_lets_every_replica_go_is_caught() -> None:
-    base = copy.deepcopy(render(K8S / "base", TEST_TOKEN_FILES))
+    base = copy.deepcopy(load("base").docs)
     pdb = next(
         d for d in base if d["kind"] == "PodDisruptionBudget" and d["metadata"]["name"] == "forkline-prefix"
     )

@@ -1,0 +1,57 @@
+"""``python -m tests.service.held_engine [forkline-engine flags]``: ``tiny_engine`` whose forwards stop at a
+hold file, so a test can keep a stream in flight for as long as its checks take, however loaded the
+machine. ``FORKLINE_TEST_HOLD`` names the file; while it exists and holds N, forwards after the N-th
+since it appeared wait until it is removed. Pass a ``--stuck_after`` longer than any hold."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from engine_service.__main__ import parse_args
+from engine_service.serving.service_main import run_service
+from tests.service import tiny_engine
+
+HOLD_ENV = "FORKLINE_TEST_HOLD"
+
+
+def held(execute: Callable, hold: Path) -> Callable:
+    passed = 0  # forwards run while the hold file existed
+
+    def limit() -> int | None:
+        try:
+            return int(hold.read_text())
+        except (FileNotFoundError, ValueError):  # removed, or not yet written whole
+            return None
+
+    def execute_held(batch):
+        nonlocal passed
+        while (n := limit()) is not None and passed >= n:
+            time.sleep(0.01)
+        passed += limit() is not None
+        return execute(batch)
+
+    return execute_held
+
+
+def start(args):
+    server, port = tiny_engine.start(args)
+    executor = server.deps.runner._engine._executor
+    executor.execute = held(executor.execute, Path(os.environ[HOLD_ENV]))
+    return server, port
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_service(
+        "forkline-engine",
+        parse_args(argv),
+        start,
+        lambda server, a: server.stop(a.grace, shutdown_runner=True),
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
