@@ -116,7 +116,8 @@ def serve_until_signalled(name: str, host: str, port: int) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     print(f"{name} listening on {host}:{port}", flush=True)
-    stop.wait()
+    while not stop.wait(1.0):  # timed: a signal caught on another thread runs its handler here within 1 s
+        pass
 
 
 def run_service(
