@@ -6,7 +6,7 @@ window: the cold time to first token of N random tokens on engine A (its prefill
 stored snapshot from A to B (``SnapshotMover``: ExportSession on A streamed into ImportSession on B,
 verified and stored), and B's time to first token for the same prompt after the move (a hit). Prints
 JSON (``bench/out/moves.json``) and draws ``bench/out/moves.png``; the fitted move overhead and
-seconds per position are the defaults of ``prefix_service/fleet/rates.py`` (docs/DEPLOY.md "Moves").
+seconds per position are the defaults of ``prefix_service/fleet/rates.py`` (docs/ROUTING.md "Moves").
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ runs forkline alone. Prints one JSON document with ratios, writes bench/out/benc
   VM does not enable it (``llama-bench`` dies with SIGILL in ``ggml_backend_amx_mul_mat``): there build
   with ``-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON
   -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF
-  -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF`` (what the README's figures of December 2026 used).
+  -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF`` (what docs/BENCHMARKS.md's figures used).
 - HTTP: ``forkline-engine`` + ``forkline-prefix --http_port`` processes vs ``llama-server -np 4``, the
   same OpenAI chat requests (streamed, greedy): a ~1,500-token system prompt with a question (cold),
   then the same system prompt with another question (a prefix hit: time to the first content token),

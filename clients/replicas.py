@@ -1,6 +1,6 @@
 """A prefix namespace kept on one prefix-service replica: a consistent-hash ring over the replicas'
 addresses (:class:`HashRing`) and a client that routes by it and re-homes a namespace while its replica
-is down (:class:`ReplicatedPrefixClient`). Spec: docs/DEPLOY.md ("Keeping a namespace on one replica")."""
+is down (:class:`ReplicatedPrefixClient`). Spec: docs/ROUTING.md ("Keeping a namespace on one replica")."""
 
 from __future__ import annotations
 

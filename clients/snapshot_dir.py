@@ -1,6 +1,6 @@
 """An in-process prefix cache whose entries outlive the process (``mlx_run_llm_batched --snapshot_dir``):
 the prefix service's persistent tier over the CLI's ``RunnerBackend``; the folder mirrors the cache.
-Spec: README "Snapshots that survive restarts" (the CLI's folder)."""
+Spec: docs/SNAPSHOTS.md (The CLI's folder)."""
 
 from __future__ import annotations
 

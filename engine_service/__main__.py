@@ -1,6 +1,7 @@
 """forkline-engine (python -m engine_service): serve the engine over gRPC; prints "forkline-engine
 listening on HOST:PORT" once it serves. SIGTERM / SIGINT drain: health NOT_SERVING, new work UNAVAILABLE,
---grace seconds for calls in flight. Health, quotas, auth, snapshot keys: docs/DEPLOY.md, SECURITY.md.
+--grace seconds for calls in flight. Health: docs/DEPLOY.md; quotas, auth: docs/SECURITY.md; snapshot
+keys: docs/SNAPSHOTS.md.
 """
 
 from __future__ import annotations

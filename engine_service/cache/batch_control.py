@@ -1,7 +1,7 @@
 """The protocol between the executor, the model and a KV cache: the executor drives sequences through
 :class:`BatchControl`; the model reads and writes K/V only through one packed step's :class:`KVStep`
 (segments in order, each writing ``[start, start + length)`` of its sequence at ``start == pos(seq)``).
-Spec: docs/ARCHITECTURE.md (The engine thread)."""
+Spec: docs/ENGINE.md (The KV cache: the protocol)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Where a cell cache puts new rows (placement is speed, not correctness: one ascending run reads as a
 slice): continue the sequence's own run, else the first free run in its region (the pool split into
-``max_seqs`` regions), else the lowest free cells. Spec: docs/ARCHITECTURE.md (The engine thread)."""
+``max_seqs`` regions), else the lowest free cells. Spec: docs/ENGINE.md (The KV cache: placement)."""
 
 from __future__ import annotations
 

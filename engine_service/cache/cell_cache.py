@@ -1,7 +1,7 @@
 """``batched-cell``: one shared pool of cells per layer ([kv_heads, alloc, head_dim]), each cell with a
 position and owner bits (numpy, once for every layer); a clone ORs its owner bit onto the source's
 cells (no K/V copied), a rewind drops ownership, a cell is freed with its last owner. Nothing is
-evicted for a window: the mask restricts it. Spec: docs/ARCHITECTURE.md (The engine thread)."""
+evicted for a window: the mask restricts it. Spec: docs/ENGINE.md (The KV cache: batched-cell)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """An idle sequence's K/V pinned for exports on any thread (:class:`PinnedState`): evaluated views of its
 buffers taken on the engine thread, read later with numpy alone (MLX copies a buffer before writing
-into it while a view shares it). Spec: docs/SNAPSHOTS.md."""
+into it while a view shares it). Spec: docs/SNAPSHOTS.md (Export and import)."""
 
 from __future__ import annotations
 

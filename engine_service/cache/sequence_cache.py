@@ -1,7 +1,7 @@
 """K/V history of one sequence, per layer ``[kv_heads, alloc, head_dim]``: a flat layer holds row p at
 index p; a ring layer (window W) has ``W + max_write - 1`` slots, row p at ``p % slots``. ``written``
 is a high-water mark rewinds never lower; :meth:`SequenceCache.can_rewind` decides what is still there.
-Spec: docs/ARCHITECTURE.md (The engine thread)."""
+Spec: docs/ENGINE.md (The KV cache: batched-sequence)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The Executor interface the Runner drives (engine thread only; session ids are executor-local ints).
-Spec: docs/ARCHITECTURE.md (The engine thread: the commit rule)."""
+Spec: docs/ENGINE.md (Executors: the commit rule)."""
 
 from __future__ import annotations
 

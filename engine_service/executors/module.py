@@ -1,5 +1,5 @@
 """ModuleExecutor: raw tokens -> the MLX transformer over a registered KV cache -> sampled tokens, one
-forward per round of a batch (:mod:`.rounds`). Spec: docs/ARCHITECTURE.md (The engine thread)."""
+forward per round of a batch (:mod:`.rounds`). Spec: docs/ENGINE.md (Executors)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """PromptLookupExecutor: greedy speculative decoding, drafts copied from the session's own history after
 the latest match of its last n tokens; a draft is kept while it equals the previous row's argmax, the
-rest rewound. Output equals plain greedy; sampled sessions decode plainly. Spec: docs/ARCHITECTURE.md."""
+rest rewound. Output equals plain greedy; sampled sessions decode plainly. Spec: docs/ENGINE.md."""
 
 from __future__ import annotations
 

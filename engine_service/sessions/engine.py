@@ -1,5 +1,5 @@
 """EngineSessions: the engine's operations over a Runner, each for one owner, in ``api`` values (what
-the gRPC servicer delegates to). Quotas and hand-overs: docs/SECURITY.md."""
+the gRPC servicer delegates to). Spec: docs/ENGINE.md, docs/SECURITY.md."""
 
 from __future__ import annotations
 

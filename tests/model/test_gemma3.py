@@ -85,7 +85,7 @@ def test_logits_match_a_float64_forward_over_the_held_weights(gemma, weights):
 
 def test_requantized_q6_k_stays_close_to_the_files_own_values(gemma, weights):
     """Q6_K (16-weight sub-scales) has no exact q8_0 form: the engine requantizes it. The gap to a
-    forward over the GGUF's own values is stated here (measured: see README, Models)."""
+    forward over the GGUF's own values is stated here (measured: docs/MODELS.md, GGUF tensor types)."""
     config, held, own = weights
     lossy = [k for k in own if not np.array_equal(own[k], held[k])]
     assert lossy and all(k.endswith(".down") for k in lossy)  # only the Q6_K ffn_down matrices

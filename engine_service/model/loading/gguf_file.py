@@ -1,6 +1,6 @@
 """A bounds-checked, memory-mapped GGUF reader (header, metadata, tensor records, each tensor's bytes):
 every length, offset and type is checked, a damaged file is a ModelLoadError naming the problem.
-Format: ggml's docs/gguf.md (read for the layout; no code copied)."""
+Spec: docs/MODELS.md (GGUF tensor types); the format: ggml's GGUF spec (no code copied)."""
 
 from __future__ import annotations
 
