@@ -25,3 +25,12 @@ class TextPrompt:
         if self.messages:
             return tuple(self.messages)
         return ((("system", self.system),) if self.system else ()) + (("user", self.text),)
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """A text prompt's ``ids`` and, for a chat prompt when asked, ``message_ends``: ascending positions
+    in (0, len(ids)) where one of its latest messages (the last excepted) ends."""
+
+    ids: tuple[int, ...]
+    message_ends: tuple[int, ...] = ()

@@ -97,7 +97,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
 
     def Tokenize(self, request: pb.TokenizeRequest, context: grpc.ServicerContext) -> pb.TokenizeResponse:
         with status_on_error(context):
-            return pb.TokenizeResponse(ids=self.sessions.tokenize(convert.text_prompt(request.text)))
+            prompt = engine_wire.text_prompt(request.text)
+            return engine_wire.tokenize_response(self.sessions.tokenize(prompt, request.message_ends))
 
     def Detokenize(
         self, request: pb.DetokenizeRequest, context: grpc.ServicerContext

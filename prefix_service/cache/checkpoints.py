@@ -1,18 +1,16 @@
 """Checkpoints: the snapshots a gateway capture takes inside a prompt (message ends and stride points),
 so a later prompt diverging inside it still reuses an exact prefix on an engine whose ring evicts
-window rows; each is an ordinary cache entry (``boundary="breakpoint"``). Spec: README "Sliding-window models"."""
+window rows; each is an ordinary cache entry (``boundary="breakpoint"``). Spec: docs/SNAPSHOTS.md#sliding-window-models-checkpoints-inside-a-stored-prompt."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from engine_service.api.errors import ForklineError, InvalidArgument
-from engine_service.api.prompts import TextPrompt
+from engine_service.api.errors import InvalidArgument
 from prefix_service.cache.budget import Reservation
-from prefix_service.cache.index import common_prefix
 
 log = logging.getLogger(__name__)
 
@@ -61,31 +59,6 @@ def checkpoint_positions(
     elif len(stride) > room:  # evenly spaced multiples of the stride, the last one kept
         stride = [stride[(i + 1) * len(stride) // room - 1] for i in range(room)]
     return tuple(sorted((*ends, *stride)))
-
-
-def message_ends(
-    prompt: TextPrompt, tokens: Sequence[int], reused: int, tokenize: Callable[[TextPrompt], list[int]]
-) -> list[int]:
-    """Where each message but the last ends in ``tokens`` (``prompt``'s tokenization), for those ending
-    past ``reused``, latest first: the common prefix of ``tokens`` with the conversation up to that
-    message tokenized (``tokenize``: the engine's). A template refusing a partial conversation stops
-    the search (no checkpoint is wrong, some are missing)."""
-    messages = prompt.conversation()
-    ends: list[int] = []
-    for count in range(len(messages) - 1, 0, -1):
-        partial = TextPrompt(
-            "", chat=True, add_special_tokens=prompt.add_special_tokens, messages=messages[:count]
-        )
-        try:
-            ids = tokenize(partial)
-        except ForklineError as exc:
-            log.debug("message ends: the engine did not render %d messages: %s", count, exc)
-            break
-        end = common_prefix(ids, tokens)
-        if end <= reused:
-            break  # earlier messages end earlier still
-        ends.append(end)
-    return ends
 
 
 class SnapshotRoom:

@@ -10,7 +10,7 @@ import grpc
 from engine_service.api.answers import Described, TakenClone
 from engine_service.api.call_context import CallContext
 from engine_service.api.engine_info import EngineInfo
-from engine_service.api.prompts import TextPrompt
+from engine_service.api.prompts import TextPrompt, Tokenized
 from engine_service.api.stream_events import Event
 from engine_service.serving import engine_wire
 from engine_service.serving.auth import on_behalf_of
@@ -72,10 +72,10 @@ class EngineCalls:
     def snapshot_files(self, call: CallContext | None = None) -> EngineSnapshots:
         return EngineSnapshots(self.connection, call)
 
-    def tokenize(self, text: TextPrompt, call: CallContext) -> list[int]:
+    def tokenize(self, text: TextPrompt, call: CallContext, message_ends: int = 0) -> Tokenized:
         conn = self.connection
-        request = pb.TokenizeRequest(text=engine_wire.text_input(text))
-        return list(conn.call(conn.stub.Tokenize, request, call, as_caller=True).ids)
+        request = engine_wire.tokenize_request(text, message_ends)
+        return engine_wire.tokenized(conn.call(conn.stub.Tokenize, request, call, as_caller=True))
 
     def describe(self, session: str, call: CallContext) -> Described:
         conn = self.connection

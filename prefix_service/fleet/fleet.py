@@ -13,7 +13,8 @@ from dataclasses import replace
 
 from engine_service.api.call_context import CallContext
 from engine_service.api.errors import ForklineError, InvalidArgument, NotFound, ResourceExhausted, Unavailable
-from engine_service.api.prompts import TextPrompt
+from engine_service.api.limits import check_nonempty
+from engine_service.api.prompts import TextPrompt, Tokenized
 from engine_service.api.stream_events import Done
 from prefix_service.cache.index import token_key
 from prefix_service.cache.outcomes import InsertOutcome
@@ -146,7 +147,8 @@ class Fleet:
         caller_active: Callable[[], bool] = lambda: True,
     ) -> PromptLookup:
         """Route ``prompt`` and clone the chosen engine's best snapshot for ``call``; the answer names it."""
-        tokens, route, _ = self._route(namespace, prompt, call)
+        tokenized, route, _ = self._route(namespace, prompt, call)
+        tokens = list(tokenized.ids)
 
         def lookup_on(member: EngineMember) -> PromptLookup:
             found = member.gateway.lookup(namespace, tokens, call, caller_active)
@@ -180,11 +182,12 @@ class Fleet:
         """Route and start the generation; returns once an engine started it (one failing before that
         with UNAVAILABLE or RESOURCE_EXHAUSTED passes the request to the next in the route). Once
         started the engine is fixed; ``Done.engine`` names it."""
-        tokens, route, reusable = self._route(request.namespace, request.prompt, call)
-        if not tokens:
-            raise InvalidArgument("input is empty")
-        text = request.prompt if isinstance(request.prompt, TextPrompt) else request.source
-        routed = replace(request, prompt=tokens, source=text)  # the text: its message ends are checkpoints
+        wanted_ends = max((m.gateway.message_ends_wanted for m in self.members()), default=0)
+        tokenized, route, reusable = self._route(request.namespace, request.prompt, call, wanted_ends)
+        tokens = list(tokenized.ids)
+        check_nonempty(len(tokens))
+        ends = tokenized.message_ends if isinstance(request.prompt, TextPrompt) else request.message_ends
+        routed = replace(request, prompt=tokens, message_ends=ends)  # message ends: checkpoints
 
         def generate_on(member: EngineMember) -> RoutedStream:
             load, ahead, started_at = member.load, member.pending, time.perf_counter()  # what was ahead of it
@@ -245,16 +248,17 @@ class Fleet:
         raise Unavailable(f"no engine serves ({len(members)} known)" if members else "no engine is known yet")
 
     def _route(
-        self, namespace: str, prompt: Prompt, call: CallContext
-    ) -> tuple[list[int], list[EngineMember], dict[str, int]]:
-        """The prompt's tokens, the engines to try in order, and the positions each can reuse."""
+        self, namespace: str, prompt: Prompt, call: CallContext, wanted_ends: int = 0
+    ) -> tuple[Tokenized, list[EngineMember], dict[str, int]]:
+        """The prompt tokenized, the engines to try in order, and the positions each can reuse."""
         members = self._routable()
         by_load = sorted(members, key=lambda m: (m.load, m.name))
-        tokens = _tokens(prompt, call, by_load)
+        tokenized = _tokenized(prompt, call, by_load, wanted_ends)
+        tokens = list(tokenized.ids)
         draining = self._draining()
         if len(members) == 1 and not draining:
             self._count(members[0], None)
-            return tokens, members, {}
+            return tokenized, members, {}
         key = token_key(tokens)  # validated once for every engine's index
         candidates = [m.candidate(namespace, key) for m in members]
         sources = tuple(m.candidate(namespace, key) for m in draining) + self._directory(
@@ -269,7 +273,7 @@ class Fleet:
             route.move, order[0], namespace, key, reusable[order[0].name], call
         ):
             reusable[order[0].name] = route.move.reusable
-        return tokens, order, reusable
+        return tokenized, order, reusable
 
     def _draining(self) -> list[EngineMember]:
         """Engines of the fleet's fingerprint that serve no new request but still answer: draining."""
@@ -329,13 +333,16 @@ def elected_fingerprint(members: Sequence[EngineMember], current: str) -> str:
     return next(m.fingerprint for m in voters if votes[m.fingerprint] == max(votes.values()))
 
 
-def _tokens(prompt: Prompt, call: CallContext, engines: Sequence[EngineMember]) -> list[int]:
-    """Token ids as given, or the text tokenized by the first engine that answers."""
+def _tokenized(
+    prompt: Prompt, call: CallContext, engines: Sequence[EngineMember], wanted_ends: int
+) -> Tokenized:
+    """Token ids as given, or the text tokenized (with up to ``wanted_ends`` message ends) by the first
+    engine that answers."""
     if not isinstance(prompt, TextPrompt):
-        return list(prompt)
+        return Tokenized(tuple(prompt))
 
-    def tokenize_on(member: EngineMember) -> list[int]:
-        return member.gateway.tokenize(prompt, call)
+    def tokenize_on(member: EngineMember) -> Tokenized:
+        return member.gateway.tokenize(prompt, call, wanted_ends)
 
     return _first_that_serves(engines, tokenize_on, retry=(Unavailable,))
 

@@ -36,8 +36,9 @@ class GatewayRequest:
     ignore_eos: bool = False  # see ``EngineGenerate``
     store_prompt: bool = True  # store the prompt snapshot (and its checkpoints)
     metadata: Mapping[str, str] = field(default_factory=dict)
-    # the text token-id ``prompt`` was tokenized from (the fleet tokenizes to route): its message ends
-    source: TextPrompt | None = None
+    # where the messages of the chat a token-id ``prompt`` was tokenized from end (the fleet tokenizes
+    # to route and asks the engine for them): checkpoints on an engine whose window evicts rows
+    message_ends: tuple[int, ...] = ()
     count_lookup: bool = True  # False: a further choice of a counted request (an HTTP ``n``)
 
 

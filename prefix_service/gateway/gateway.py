@@ -13,8 +13,8 @@ from functools import partial
 from engine_service.api.call_context import CallContext
 from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import Cancelled, ForklineError, InvalidArgument, ResourceExhausted
-from engine_service.api.limits import check_tokens
-from engine_service.api.prompts import TextPrompt
+from engine_service.api.limits import check_fits, check_nonempty, check_tokens
+from engine_service.api.prompts import TextPrompt, Tokenized
 from engine_service.api.stream_events import Snapshot
 from prefix_service.cache.budget import DEFAULT_ENGINE_SHARE, Reservation
 from prefix_service.cache.checkpoints import CheckpointPlan, SnapshotRoom
@@ -124,7 +124,7 @@ class Gateway:
         """Clone the best stored snapshot of ``prompt`` for ``call``'s owner; closed again, and Cancelled
         raised, when ``caller_active()`` is False by then."""
         self.serving(call)
-        tokens = self.tokens(prompt, call)
+        tokens = list(self.tokenized(prompt, call).ids)
         outcome = self.find(namespace, tokens, call)
         if (
             outcome.reason is MissReason.BOUNDARY_REFUSED
@@ -156,20 +156,17 @@ class Gateway:
         """Look up, start the engine Generate as the caller (capturing the prompt's snapshots for the
         service) and return its stream once started; a full engine: evict one entry, retry once."""
         most = self.serving(call).max_session_tokens
-        tokens = self.tokens(request.prompt, call)
-        if not tokens:
-            raise InvalidArgument("input is empty")
-        # What the engine would refuse is refused before the lookup clones (and counts a hit).
-        if most and len(tokens) > most:
-            raise InvalidArgument(
-                f"input of {len(tokens)} positions exceeds the engine's max_session_tokens={most}"
-            )
+        tokenized = self.tokenized(request.prompt, call, self.message_ends_wanted, request.message_ends)
+        tokens = list(tokenized.ids)
+        check_nonempty(len(tokens))
+        if most:  # what the engine would refuse is refused before the lookup clones (and counts a hit)
+            check_fits(0, len(tokens), most)
         try:
-            return start_generation(self, request, tokens, call)
+            return start_generation(self, request, tokens, tokenized.message_ends, call)
         except ResourceExhausted as exc:
             if not self.pressure.relieve(exc):
                 raise
-        return start_generation(self, request, tokens, call)
+        return start_generation(self, request, tokens, tokenized.message_ends, call)
 
     def stats(self, where: Callable[[str], bool] | None = None) -> GatewayStats:
         """The gateway's stats; with ``where`` (a caller's own namespaces) only its entries'."""
@@ -226,8 +223,18 @@ class Gateway:
             return 0
         return self.tier.reusable(self.cache.backend, namespace, key)
 
-    def tokenize(self, text: TextPrompt, call: CallContext) -> list[int]:
-        return self.backend.tokenize(text, call)
+    def tokenize(self, text: TextPrompt, call: CallContext, message_ends: int = 0) -> Tokenized:
+        return self.backend.tokenize(text, call, message_ends)
+
+    @property
+    def message_ends_wanted(self) -> int:
+        """How many message ends a chat prompt's checkpoints can use here (0: the window never evicts)."""
+        plan = self.checkpoint_plan()
+        return plan.max_checkpoints if plan.enabled and self.engine.window.evicts else 0
+
+    def checkpoint_plan(self) -> CheckpointPlan:
+        # one prompt's snapshots take at most half the cache's entries: a long prompt never flushes it
+        return self.checkpoints.limited(self.cache.max_entries // 2 - 1)
 
     def listen(self, listener: Callable[[EntryChange], None] | None) -> None:
         self.cache.listen(listener)  # an EventHub follows the gateway (``cache/events.py``)
@@ -291,10 +298,14 @@ class Gateway:
         return self.tier.restore(self.cache, namespace, key, done, files=files, store=self._restored)
 
     # -- the flows' steps (``generation_start.py``, the stream) ---------------------------------------
-    def tokens(self, prompt: Prompt, call: CallContext) -> list[int]:
+    def tokenized(
+        self, prompt: Prompt, call: CallContext, wanted_ends: int = 0, message_ends: Sequence[int] = ()
+    ) -> Tokenized:
+        """Text tokenized by the engine with up to ``wanted_ends`` message ends (one engine call), or
+        token ids checked against the vocabulary and given their ``message_ends``."""
         if isinstance(prompt, TextPrompt):
-            return self.backend.tokenize(prompt, call)
-        return self.checked(prompt, "tokens")
+            return self.backend.tokenize(prompt, call, wanted_ends)
+        return Tokenized(tuple(self.checked(prompt, "tokens")), tuple(message_ends))
 
     def checked(self, ids: Sequence[int], field_name: str) -> list[int]:
         """Token ids inside the engine's vocabulary (InvalidArgument naming ``field_name`` otherwise)."""

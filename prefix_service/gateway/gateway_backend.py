@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from engine_service.api.answers import Described, TakenClone
 from engine_service.api.call_context import CallContext
 from engine_service.api.engine_info import EngineInfo
-from engine_service.api.prompts import TextPrompt
+from engine_service.api.prompts import TextPrompt, Tokenized
 from engine_service.api.stream_events import Event
 from prefix_service.cache.session_backend import SessionBackend
 from prefix_service.tier.snapshot_backend import SnapshotBackend
@@ -74,7 +74,8 @@ class GatewayBackend(Protocol):
 
     def snapshot_files(self, call: CallContext | None = None) -> SnapshotBackend | None: ...  # None: none
 
-    def tokenize(self, text: TextPrompt, call: CallContext) -> list[int]: ...
+    # ids, and where the latest ``message_ends`` messages of a chat prompt end (one engine call)
+    def tokenize(self, text: TextPrompt, call: CallContext, message_ends: int = 0) -> Tokenized: ...
 
     def describe(self, session: str, call: CallContext) -> Described: ...
 

@@ -8,10 +8,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from engine_service.api.call_context import CallContext
-from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import SnapshotKind
 from prefix_service.cache.budget import Reservation
-from prefix_service.cache.checkpoints import SnapshotRoom, checkpoint_positions, message_ends
+from prefix_service.cache.checkpoints import SnapshotRoom, checkpoint_positions
 from prefix_service.cache.outcomes import InsertRefusal, Match
 from prefix_service.cache.retention import BOUNDARY_KEY
 from prefix_service.gateway.calls import GatewayRequest
@@ -23,7 +22,11 @@ if TYPE_CHECKING:
 
 
 def start_generation(
-    gateway: Gateway, request: GatewayRequest, tokens: list[int], call: CallContext
+    gateway: Gateway,
+    request: GatewayRequest,
+    tokens: list[int],
+    message_ends: Sequence[int],
+    call: CallContext,
 ) -> GatewayStream:
     """Reserve room for the prompt snapshot, look up (the clone is the caller's), reserve room for the
     checkpoints past the match, start the engine Generate and read its first event."""
@@ -43,7 +46,7 @@ def start_generation(
         reused = match.reused if match else 0
         config = request.config
         if capture:
-            breakpoints = _reserve_checkpoints(gateway, request, tokens, reused, call, room)
+            breakpoints = _reserve_checkpoints(gateway, request, tokens, message_ends, reused, room)
             if breakpoints:
                 config = replace(config, prefill_breakpoints=breakpoints)
         stream = gateway.backend.generate(
@@ -72,25 +75,22 @@ def _reserve_checkpoints(
     gateway: Gateway,
     request: GatewayRequest,
     tokens: Sequence[int],
+    message_ends: Sequence[int],
     reused: int,
-    call: CallContext,
     room: SnapshotRoom,
 ) -> tuple[int, ...]:
     """The breakpoints to ask the engine for (``cache/checkpoints.py``): only where the engine's cache
     evicts window rows, past ``reused``, fewer than half the cache's entries, each with room reserved
     (one the policy gives no room, or one already stored, is not asked for)."""
     cache = gateway.cache
-    if not gateway.checkpoints.enabled or not gateway.engine.window.evicts:
+    if not gateway.engine.window.evicts:
         return ()
-    # one prompt's snapshots take at most half the cache's entries: a long prompt never flushes it
-    plan = gateway.checkpoints.limited(cache.max_entries // 2 - 1)
+    plan = gateway.checkpoint_plan()
     if not plan.enabled or len(tokens) - reused < 2:
-        return ()  # nothing lies strictly between the match and the prompt end: no Tokenize either
-    text = request.prompt if isinstance(request.prompt, TextPrompt) else request.source
-    ends = message_ends(text, tokens, reused, lambda part: gateway.tokenize(part, call)) if text else []
+        return ()  # nothing lies strictly between the match and the prompt end
     wanted = []
     metadata = {**request.metadata, BOUNDARY_KEY: SnapshotKind.BREAKPOINT}
-    for position in checkpoint_positions(plan, len(tokens), reused, ends):
+    for position in checkpoint_positions(plan, len(tokens), reused, message_ends):
         reserved = cache.reserve(request.namespace, tokens[:position], metadata)
         if isinstance(reserved, Reservation):
             room.add(position, reserved)

@@ -81,6 +81,7 @@ def start_engine(
     host: str = "127.0.0.1",
     stuck_after_s: float = 30.0,
     snapshot_key: SnapshotKey | None = None,
+    metrics: bool = False,
 ) -> Engine:
     """``quota`` / ``persistent_quota``: the engine's per-owner quotas (default: none; the CLI's
     defaults are ``engine_service.sessions.handles.engine_quotas``). ``host``: where it binds
@@ -107,7 +108,7 @@ def start_engine(
             snapshot_key=snapshot_key,
         ),
     )
-    server, bound = create_server(deps, f"{host}:{port}", stuck_after_s=stuck_after_s)
+    server, bound = create_server(deps, f"{host}:{port}", stuck_after_s=stuck_after_s, metrics=metrics)
     return Engine(server, bound)
 
 

@@ -22,7 +22,7 @@ from engine_service.api.config import GenConfig
 from engine_service.api.content import content_digest
 from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import ForklineError, InvalidArgument, NotFound
-from engine_service.api.prompts import TextPrompt
+from engine_service.api.prompts import TextPrompt, Tokenized
 from prefix_service.cache.session_backend import CaptureBackend, SessionBackend
 from prefix_service.engines.connect import connect_engine
 from prefix_service.engines.engine_calls import EngineCalls
@@ -242,7 +242,7 @@ def observe(world: World) -> dict[str, Any]:
 
 EXPECTED = {  # what both backends answer (the real engine's answers, which the fake follows)
     "info": EngineInfo,
-    "tokenize": [72, 105],
+    "tokenize": Tokenized((72, 105)),
     "describe": (Described, len(P), True),
     "take_clone": ("handle", None),
     "clone held": (True, 5, True),

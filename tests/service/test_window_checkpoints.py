@@ -15,6 +15,7 @@ chunk 64 = max_write 64: a ring keeps 67 rows, so a snapshot of n positions clon
 
 from __future__ import annotations
 
+from collections import Counter
 from functools import lru_cache
 
 import pytest
@@ -192,6 +193,52 @@ def test_a_chat_message_end_is_a_checkpoint(engine_factory, start_prefix) -> Non
     assert second.done.reused_positions == system_end
     again = chat.format([{"role": "system", "content": system}, {"role": "user", "content": "r" * 80}])
     assert second.tokens == list(cold(tuple(ord(c) for c in again), "batched-sequence"))
+
+
+def engine_calls(engine) -> Counter[str]:
+    """The engine RPCs handled so far, by method (health checks left out)."""
+    calls: Counter[str] = Counter()
+    for metric in engine.server.metrics.registry.collect():
+        if metric.name == "forkline_rpc_requests":
+            for sample in metric.samples:
+                if sample.name.endswith("_total") and "Health" not in sample.labels["service"]:
+                    calls[sample.labels["method"]] += int(sample.value)
+    return calls
+
+
+def test_a_chat_costs_the_same_engine_calls_on_a_sliding_and_a_full_attention_engine(
+    engine_factory, start_prefix
+) -> None:
+    """The message ends a sliding engine's checkpoints need come with the prompt's one Tokenize, so a
+    chat (a hit, and a new turn) makes the calls a full-attention engine makes."""
+    system = "You are a terse assistant. " * 4  # a system message and a question: one message end
+    counted, reused = {}, {}
+    for layers in ("FRFR", "FFFF"):  # ring layers evict rows; full layers never do
+        engine = engine_factory(layers=layers, max_session_tokens=512, max_sessions=32, metrics=True)
+        prefix = start_prefix(engine.address, CheckpointPlan())
+
+        def ask(question: str, prefix=prefix):
+            return gateway_round(prefix, None, text=question, chat=True, system=system)
+
+        ask("q" * 80)
+        before = engine_calls(engine)
+        hit = ask("q" * 80)
+        hit_calls = engine_calls(engine) - before
+        before = engine_calls(engine)
+        turn = ask("r" * 80)  # a new question after the same system prompt
+        counted[layers] = (hit_calls, engine_calls(engine) - before)
+        reused[layers] = turn.done.reused_positions
+        assert hit.done.prompt_positions == 1 and hit.done.reused_positions == 267  # a full hit
+    # Claim takes over each stored snapshot after the stream: a sliding engine also stores checkpoints
+    ahead = {
+        layers: [Counter({m: n for m, n in c.items() if m != "Claim"}) for c in calls]
+        for layers, calls in counted.items()
+    }
+    assert ahead["FRFR"] == ahead["FFFF"]
+    assert ahead["FRFR"][0] == ahead["FRFR"][1] == Counter(Tokenize=1, Clone=1, Generate=1)
+    # ... and the one Tokenize carried the message end: the new question reuses the system prompt
+    system_end = len(f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>")
+    assert reused == {"FRFR": system_end, "FFFF": system_end + len("user\n")}
 
 
 def test_checkpoints_are_entries_of_the_budget_and_the_retention_policy(engine_factory, start_prefix) -> None:

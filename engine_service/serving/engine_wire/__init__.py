@@ -17,7 +17,15 @@ from engine_service.serving.engine_wire.config import gen_config, generation_con
 from engine_service.serving.engine_wire.events import event_from_proto, event_message
 from engine_service.serving.engine_wire.generate import engine_request, generate_request
 from engine_service.serving.engine_wire.info import engine_info, info_message
-from engine_service.serving.engine_wire.prompts import Prompt, prompt_fields, text_input, text_prompt
+from engine_service.serving.engine_wire.prompts import (
+    Prompt,
+    prompt_fields,
+    text_input,
+    text_prompt,
+    tokenize_request,
+    tokenize_response,
+    tokenized,
+)
 
 __all__ = [
     "CHUNK_BYTES",
@@ -38,6 +46,9 @@ __all__ = [
     "imported_snapshot",
     "info_message",
     "prompt_fields",
+    "tokenize_request",
+    "tokenize_response",
+    "tokenized",
     "snapshot_chunks",
     "taken_clone",
     "text_input",

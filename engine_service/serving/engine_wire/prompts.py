@@ -1,10 +1,11 @@
-"""``TextPrompt`` <-> ``TextInput``, and a prompt as the ``tokens`` / ``text`` input of a request."""
+"""``TextPrompt`` <-> ``TextInput``, ``Tokenized`` <-> ``TokenizeResponse``, and a prompt as the
+``tokens`` / ``text`` input of a request."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine_service.api.prompts import TextPrompt
+from engine_service.api.prompts import TextPrompt, Tokenized
 from protos import engine_pb2 as pb
 
 Prompt = Sequence[int] | TextPrompt  # token ids, or text the engine tokenizes
@@ -30,3 +31,15 @@ def prompt_fields(prompt: Prompt) -> dict[str, pb.TokenIds | pb.TextInput]:
     if isinstance(prompt, TextPrompt):
         return {"text": text_input(prompt)}
     return {"tokens": pb.TokenIds(ids=list(prompt))}
+
+
+def tokenize_request(text: TextPrompt, message_ends: int = 0) -> pb.TokenizeRequest:
+    return pb.TokenizeRequest(text=text_input(text), message_ends=message_ends)
+
+
+def tokenize_response(tokenized: Tokenized) -> pb.TokenizeResponse:
+    return pb.TokenizeResponse(ids=tokenized.ids, message_ends=tokenized.message_ends)
+
+
+def tokenized(msg: pb.TokenizeResponse) -> Tokenized:
+    return Tokenized(tuple(msg.ids), tuple(msg.message_ends))

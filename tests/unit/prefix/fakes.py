@@ -30,7 +30,7 @@ from engine_service.api.call_context import CallContext
 from engine_service.api.content import PREPARED, content_digest
 from engine_service.api.engine_info import EngineInfo, WindowGeometry
 from engine_service.api.errors import Cancelled, InvalidArgument, NotFound, ResourceExhausted
-from engine_service.api.prompts import TextPrompt
+from engine_service.api.prompts import TextPrompt, Tokenized
 from engine_service.api.stream_events import Done, Snapshot, SnapshotKind, Started, Tokens
 from prefix_service.gateway.gateway_backend import EngineGenerate
 
@@ -333,8 +333,8 @@ class FakeEngine(FakeBackend):
     def adopt(self, handle: FakeSession, position: int, content_digest: bytes | None = None) -> None:
         assert handle.position == position and content_digest == digest_of(handle.tokens)
 
-    def tokenize(self, text: TextPrompt, call: CallContext) -> list[int]:
-        return [ord(c) for c in text.text]
+    def tokenize(self, text: TextPrompt, call: CallContext, message_ends: int = 0) -> Tokenized:
+        return Tokenized(tuple(ord(c) for c in text.text))
 
     def describe(self, session: FakeSession, call: CallContext) -> Described:
         """As the engine: no content digest while generating (``describe_content`` False)."""

@@ -13,8 +13,8 @@ import pytest
 from engine_service.api.call_context import CallContext
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import InvalidArgument
-from engine_service.api.prompts import TextPrompt
-from prefix_service.cache.checkpoints import CheckpointPlan, checkpoint_positions, message_ends
+from engine_service.api.prompts import TextPrompt, Tokenized
+from prefix_service.cache.checkpoints import CheckpointPlan, checkpoint_positions
 from prefix_service.cache.outcomes import LookupOutcome, MissReason
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.gateway.calls import GatewayRequest
@@ -71,41 +71,27 @@ def char_tokenize(prompt: TextPrompt) -> list[int]:
     return [ord(c) for c in render(prompt.messages)]
 
 
-def test_message_ends_are_where_the_rendered_prefix_stops_agreeing():
-    messages = (
-        ("system", "S" * 30),
-        ("user", "first question"),
-        ("assistant", "an answer"),
-        ("user", "next"),
-    )
-    prompt = TextPrompt("", chat=True, messages=messages)
-    tokens = char_tokenize(prompt)
-    expected = []
-    for count in (3, 2, 1):  # the independent answer: the rendered strings' common prefix
-        head, full = render(messages[:count]), render(messages)
-        expected.append(
-            next((i for i, (a, b) in enumerate(zip(head, full, strict=False)) if a != b), len(head))
-        )
-    assert message_ends(prompt, tokens, 0, char_tokenize) == expected
-    assert expected[-1] == len("<system>" + "S" * 30 + "</><")  # the system message and the shared "<"
-    assert expected[1] == len(render(messages[:2]))  # the next message is the assistant's: the whole turn
-    calls = []
+def rendered_ends(prompt: TextPrompt, most: int) -> tuple[int, ...]:
+    """The engine's message ends, computed independently: where each shorter rendering (a generation
+    prompt after it) stops agreeing with the whole one, as characters."""
+    full, ends = render(prompt.messages), []
+    for count in range(len(prompt.messages) - 1, 0, -1)[:most]:
+        head = render(prompt.messages[:count])
+        ends.append(next((i for i, (a, b) in enumerate(zip(head, full, strict=False)) if a != b), len(head)))
+    return tuple(sorted(ends))
 
-    def counting(part: TextPrompt) -> list[int]:
-        calls.append(len(part.messages))
-        return char_tokenize(part)
 
-    # messages ending inside the reused part are not tokenized
-    assert message_ends(prompt, tokens, expected[1], counting) == expected[:1]
-    assert calls == [3, 2]
-    plain = TextPrompt("hello", chat=True, system="be brief")
-    assert message_ends(
-        plain,
-        char_tokenize(TextPrompt("", True, messages=(("system", "be brief"), ("user", "hello")))),
-        0,
-        char_tokenize,
-    ) == [len("<system>be brief</><")]
-    assert message_ends(TextPrompt("no chat"), [1, 2, 3], 0, char_tokenize) == []
+class RenderingEngine(FakeEngine):
+    """The window engine, tokenizing chat text as the engine does and answering its message ends;
+    ``asked`` records each Tokenize's ``message_ends``."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.asked: list[int] = []
+
+    def tokenize(self, text: TextPrompt, call: CallContext, message_ends: int = 0) -> Tokenized:
+        self.asked.append(message_ends)
+        return Tokenized(tuple(char_tokenize(text)), rendered_ends(text, message_ends))
 
 
 # -- lookups diverging inside a stored prompt -------------------------------------------------------
@@ -174,8 +160,10 @@ def test_an_engine_that_does_not_say_why_reports_boundary_refused():
 # -- the gateway asks for them --------------------------------------------------------------------
 
 
-def window_gateway(window_evicts=True, max_entries=16, policy="lru", **kwargs) -> tuple[FakeEngine, Gateway]:
-    engine = FakeEngine(max_session_tokens=1024)
+def window_gateway(
+    window_evicts=True, max_entries=16, policy="lru", engine_class=FakeEngine, **kwargs
+) -> tuple[FakeEngine, Gateway]:
+    engine = engine_class(max_session_tokens=1024)
     engine.window_evicts, engine.max_write = window_evicts, MAX_WRITE
     gateway = Gateway(
         PrefixCache(engine, max_entries, policy, **kwargs),
@@ -228,32 +216,33 @@ def test_an_engine_that_keeps_every_row_gets_no_checkpoints():
 
 
 def test_chat_message_ends_become_checkpoints():
-    engine, gateway = window_gateway()
+    engine, gateway = window_gateway(engine_class=RenderingEngine)
     gateway.checkpoints = CheckpointPlan(stride=1000)  # message ends only
     messages = (("system", "s" * 150), ("user", "q" * 100))
-    engine.tokenize = lambda text, owner: char_tokenize(text)  # what the engine renders
     text = TextPrompt("", chat=True, messages=messages)
     generate(gateway, text)
     system_end = len("<system>" + "s" * 150 + "</><")
     assert engine.requests[0].config.prefill_breakpoints == (system_end,)
-    # the fleet passes token ids and the text they came from
+    # the fleet passes token ids and the message ends its Tokenize returned
     other = TextPrompt("", chat=True, messages=(messages[0], ("user", "r" * 90)))
-    done = generate(gateway, char_tokenize(other), source=other)[-1]
+    done = generate(gateway, char_tokenize(other), message_ends=rendered_ends(other, 8))[-1]
     assert done.reused_positions == system_end
 
 
-def test_a_full_hit_asks_the_engine_for_no_message_ends():
-    """When the match leaves only the final token to compute, no checkpoint can lie past it: the
-    message ends are not looked for (one Tokenize fewer per hit)."""
-    engine, gateway = window_gateway()
-    calls: list[TextPrompt] = []
-    engine.tokenize = lambda text, owner: calls.append(text) or char_tokenize(text)
-    text = TextPrompt("", chat=True, messages=(("system", "s" * 150), ("user", "q" * 100)))
+def test_a_chat_costs_one_tokenize_and_asks_for_ends_only_where_the_window_evicts():
+    """The message ends come with the prompt's own tokenization (no call per message), asked for only
+    on an engine whose ring evicts rows, at most the plan's checkpoints (fewer than half the cache)."""
+    text = TextPrompt("", chat=True, messages=(("system", "s" * 150), ("user", "q" * 100), ("user", "x")))
+    engine, gateway = window_gateway(engine_class=RenderingEngine)
     generate(gateway, text)
-    calls.clear()
-    done = generate(gateway, text)[-1]
-    assert done.reused_positions == len(char_tokenize(text)) - 1
-    assert calls == [text]  # the prompt's own tokenization, and nothing for its message ends
+    generate(gateway, text)  # a full hit: still the one call
+    assert engine.asked == [7, 7]  # 16 entries: at most 16 // 2 - 1 checkpoints per prompt
+    small, gateway = window_gateway(engine_class=RenderingEngine, max_entries=6)
+    generate(gateway, text)
+    assert small.asked == [2]  # 6 entries: at most 6 // 2 - 1 checkpoints per prompt
+    full, gateway = window_gateway(window_evicts=False, engine_class=RenderingEngine)
+    generate(gateway, text)
+    assert full.asked == [0] and full.requests[0].config.prefill_breakpoints == ()
 
 
 # -- the budget and the retention policy ------------------------------------------------------------
