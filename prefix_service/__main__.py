@@ -25,7 +25,7 @@ Auth flags as forkline-engine's (--auth_tokens, --tls_*). To an engine with toke
 token (--engine_token_file) for its snapshots and, for calls it makes on a caller's behalf, the
 caller's own token, so the engine's token file lists the clients' tokens too. With tokens a namespace
 belongs to its caller's owner (--shared_namespace NAME: every caller's); Stats / Clear cover the
-caller's own namespaces, everything for --admin_owner (README "Authentication").
+caller's own namespaces, everything for --admin_owner (docs/SECURITY.md#tenancy-in-the-prefix-service).
 
 Budget: the cache holds at most --engine_share of the engine's resident sessions and positions (and
 at most --max_entries entries, --max_positions positions), evicting by --policy to stay within it; a

@@ -201,21 +201,28 @@ def test_readme_is_short() -> None:
 
 
 def doc_pointer_problems(sources: dict[str, str]) -> list[str]:
-    """Every ``docs/NAME.md`` a source file names that does not exist."""
-    return [
-        f"{name}: docs/{page}.md does not exist"
-        for name, text in sources.items()
-        for page in re.findall(r"(?<![\w/.])docs/([\w/-]+)\.md\b", text)
-        if not (DOCS / f"{page}.md").exists()
-    ]
+    """Every ``docs/NAME.md`` (or ``docs/NAME.md#anchor``) a source file names that does not exist."""
+    problems = []
+    for name, text in sources.items():
+        for page, anchor in re.findall(r"(?<![\w/.])docs/([\w/-]+)\.md(?:#([\w-]+))?", text):
+            doc = DOCS / f"{page}.md"
+            if not doc.exists():
+                problems.append(f"{name}: docs/{page}.md does not exist")
+            elif anchor and anchor not in anchors(doc.read_text(encoding="utf-8")):
+                problems.append(f"{name}: docs/{page}.md has no #{anchor}")
+    return problems
 
 
 def test_code_points_at_docs_pages_that_exist() -> None:
     sources = {
         str(p.relative_to(ROOT)): p.read_text(encoding="utf-8")
         for folder in ("engine_service", "prefix_service", "clients", "bench", "scripts", "tests", "deploy")
-        for p in (ROOT / folder).rglob("*.py")
+        for pattern in ("*.py", "*.yaml")
+        for p in (ROOT / folder).rglob(pattern)
         if p != Path(__file__).resolve()
     }
     assert doc_pointer_problems(sources) == []
     assert doc_pointer_problems({"x.py": "see docs/NOWHERE.md"}) == ["x.py: docs/NOWHERE.md does not exist"]
+    assert doc_pointer_problems({"x.py": "see docs/HTTP.md#nowhere"}) == [
+        "x.py: docs/HTTP.md has no #nowhere"
+    ]

@@ -1,6 +1,6 @@
 """Cache events: what the prefix caches store and drop, published to subscribers (an external router, a
 dashboard) through an :class:`EventHub`; bounded queues that drop (and say so with a ``GAP``) rather
-than block the cache. Spec: docs/DEPLOY.md ("Cache events")."""
+than block the cache. Spec: docs/ROUTING.md#cache-events."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """EnginePool: keeps a :class:`Fleet` in step with the engine addresses ``engine_targets.py`` offers. An
 engine is its instance id, not an address (a second address of a member is an alias); an engine leaves
 only by what it says of itself (draining, once this service's streams there ended) or by staying away
-``leave_after_s``. Spec: docs/DEPLOY.md ("Engines joining and leaving")."""
+``leave_after_s``. Spec: docs/ROUTING.md#engines-joining-and-leaving-dns-that-fails-safe."""
 
 from __future__ import annotations
 

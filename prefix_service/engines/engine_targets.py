@@ -1,6 +1,6 @@
 """Which addresses the engines may be at: ``--engine HOST:PORT`` and ``--engines dns:///NAME:PORT`` (or
 ``dns://SERVER:PORT/NAME:PORT``). DNS finds engines and never removes one; a failed or empty
-resolution keeps the last answer for ``stale_after_s``. Spec: docs/DEPLOY.md ("Engines joining and leaving")."""
+resolution keeps the last answer for ``stale_after_s``. Spec: docs/ROUTING.md#engines-joining-and-leaving-dns-that-fails-safe."""
 
 from __future__ import annotations
 

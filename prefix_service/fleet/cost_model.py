@@ -1,5 +1,5 @@
 """The ``cost`` routing policy: a request goes where it is expected to get its first token soonest,
-with the option of moving a stored snapshot there first. Spec: docs/DEPLOY.md ("Routing", "Moves")."""
+with the option of moving a stored snapshot there first. Spec: docs/ROUTING.md (cost, moves)."""
 
 from __future__ import annotations
 

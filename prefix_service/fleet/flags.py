@@ -1,4 +1,4 @@
-"""The routing flags of forkline-prefix (``--routing`` and its thresholds; docs/DEPLOY.md "Routing")."""
+"""The routing flags of forkline-prefix (``--routing`` and its thresholds; docs/ROUTING.md)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def add_routing_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_ROUTING,
         choices=routing_names(),
         help="which engine serves a request: cost (the lowest expected time to first token: positions "
-        "to compute x measured prefill rate + queue, see docs/DEPLOY.md Routing), cache_aware (the most "
+        "to compute x measured prefill rate + queue, see docs/ROUTING.md), cache_aware (the most "
         "reused positions unless overloaded), least_loaded, round_robin (default: %(default)s)",
     )
     p.add_argument(
@@ -48,7 +48,7 @@ def add_routing_arguments(p: argparse.ArgumentParser) -> None:
         choices=("on", "off"),
         default="on",
         help="cost: copy a loaded or draining engine's snapshot to the engine chosen when that is cheaper "
-        "than recomputing it there (measured; docs/DEPLOY.md Moves) (default: %(default)s)",
+        "than recomputing it there (measured; docs/ROUTING.md Moves) (default: %(default)s)",
     )
     p.add_argument(
         "--route_imbalance_abs",

@@ -1,6 +1,6 @@
 """Fleet: one prefix service in front of many engines (an :class:`EngineMember` each), routing every
 request to where its prefix is: routable engines (SERVING, the fleet's fingerprint) scored by the
-positions they reuse, their load and fill, ordered by the routing policy. Spec: docs/DEPLOY.md ("Routing")."""
+positions they reuse, their load and fill, ordered by the routing policy. Spec: docs/ROUTING.md."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """SnapshotMover: a prefix's snapshot copied from the engine that holds it (or from the snapshot
-directory) to the engine a request is routed to, through the gateways. Spec: docs/DEPLOY.md ("Moves")."""
+directory) to the engine a request is routed to, through the gateways. Spec: docs/ROUTING.md#moves."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ JOIN_TIMEOUT_S = 30.0  # how long a request waits for the same move another requ
 class MoveOutcome:
     """``moved``: the target now holds ``positions`` positions (in ``seconds``); else ``refusal``: gone,
     slower, unsupported, export, directory, import:<reason>, insert:<reason>, joined, or an error's
-    type name (docs/DEPLOY.md "Moves")."""
+    type name (docs/ROUTING.md#moves)."""
 
     moved: bool
     positions: int = 0

@@ -1,6 +1,6 @@
 """The rates the ``cost`` policy turns positions and load into seconds, measured on the fleet's own
 generations and moves: :class:`CostRates` (a value) and :class:`RateMeter` (moving averages the fleet
-updates from each ``Done`` and each move). Spec: docs/DEPLOY.md ("Routing")."""
+updates from each ``Done`` and each move). Spec: docs/ROUTING.md#cost-where-the-request-gets-its-first-token-soonest."""
 
 from __future__ import annotations
 

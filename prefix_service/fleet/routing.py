@@ -1,6 +1,6 @@
 """Routing policies chosen by name (``--routing``): ``cost`` (``cost_model.py``), ``cache_aware`` (the most
 reuse unless over the two-sided load guard), ``least_loaded``, ``round_robin``; each orders the
-``route.Candidate``s. Spec: docs/DEPLOY.md ("Routing")."""
+``route.Candidate``s. Spec: docs/ROUTING.md#routing-policies---routing."""
 
 from __future__ import annotations
 

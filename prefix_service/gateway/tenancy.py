@@ -1,6 +1,6 @@
 """Tenancy: whose a namespace is. A door turns the caller (:class:`Tenant`), the namespace it names and
 its ``cache_salt`` into the one scope string every room below keys by, so nothing below knows owners.
-Spec: README "Authentication" (namespaces with auth on and off, shared namespaces, the admin)."""
+Spec: docs/SECURITY.md#tenancy-in-the-prefix-service (namespaces with auth on and off, shared namespaces, the admin)."""
 
 from __future__ import annotations
 

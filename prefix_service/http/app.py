@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP door as a Starlette app over the prefix service's :class:`Fleet`: chat and
 text completions (streamed as server-sent events or whole), models, health; every error as OpenAI's
-error JSON (``errors.py``). Spec: README "OpenAI-compatible HTTP"."""
+error JSON (``errors.py``). Spec: docs/HTTP.md."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A request's ``n`` choices: choice 0 stores the prompt's snapshot as its first tokens come, choices
 1..n-1 then start on clones of it (not recomputed, the lookup not counted again) sampling with
-``seed + i``; the usage counts the prompt once. Spec: README "OpenAI-compatible HTTP" (``n``)."""
+``seed + i``; the usage counts the prompt once. Spec: docs/HTTP.md#n-choices-from-clones."""
 
 from __future__ import annotations
 

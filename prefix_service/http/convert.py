@@ -1,6 +1,5 @@
 """OpenAI request bodies -> gateway requests, and gateway events -> usage. Pure functions. Where OpenAI's
-API and forkline differ (defaults, refused fields, ``n``, ``response_format``, ``logprobs``): README
-"OpenAI-compatible HTTP"."""
+API and forkline differ (defaults, refused fields, ``n``, ``response_format``, ``logprobs``): docs/HTTP.md."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Tools (function calling) for chat requests in a format forkline documents: the tools written into the
 system prompt, calls read back as ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` (constrained
-by the engine's JSON-schema decoding for ``required`` / a named function). Spec: README "OpenAI-compatible HTTP"."""
+by the engine's JSON-schema decoding for ``required`` / a named function). Spec: docs/HTTP.md#tools-and-tool_choice."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The prefix service's Prometheus metrics: RPCs and gateway streams (``serving.rpc_metrics``), the cache
-and each engine read from ``Fleet.stats()`` at scrape time, the snapshot directory. Names: README "Metrics"."""
+and each engine read from ``Fleet.stats()`` at scrape time, the snapshot directory. Names: docs/DEPLOY.md#metrics."""
 
 from __future__ import annotations
 

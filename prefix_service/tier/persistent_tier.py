@@ -1,6 +1,6 @@
 """PersistentTier: the snapshot directory (``snapshot_store.py``) as the gateways use it (and the CLI's
 ``clients/snapshot_dir.py``): entries persisted off the request path, restored into an engine when the
-folder holds a longer prefix than its memory cache. Spec: docs/DEPLOY.md (Snapshots that survive restarts)."""
+folder holds a longer prefix than its memory cache. Spec: docs/SNAPSHOTS.md#the-prefix-services-folder---snapshot_dir."""
 
 from __future__ import annotations
 
