@@ -15,6 +15,7 @@ from clients.runner_backend import RunnerBackend
 from clients.snapshot_dir import PersistentEntries
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import ForklineError, ModelLoadError
+from engine_service.api.prompts import TextPrompt, text_tokens
 from engine_service.executors.module import ModuleExecutor
 from engine_service.persistence.snapshot_key import read_snapshot_key
 from engine_service.runtime.generation import GenerationHandle, GenerationResult
@@ -50,10 +51,9 @@ def load(args: argparse.Namespace):
 def encode_prompts(args: argparse.Namespace, loaded, tokenizer) -> list[list[int]]:
     prompts = []
     for i, text in enumerate(args.prompts):
-        if args.chat:
-            ids = tokenizer.encode(loaded.chat.format([{"role": "user", "content": text}]))
-        else:
-            ids = tokenizer.encode(text, add_special_tokens=True)
+        ids = text_tokens(
+            TextPrompt(text, chat=args.chat, add_special_tokens=not args.chat), tokenizer, loaded.chat
+        )
         if not ids:
             raise UsageError(f"prompt {i} encodes to no tokens")
         if len(ids) + args.max_new_tokens > args.max_session_tokens:

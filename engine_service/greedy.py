@@ -17,7 +17,7 @@ import mlx.core as mx
 from engine_service.api.checks import checked_int
 from engine_service.api.errors import ForklineError, InvalidArgument
 from engine_service.api.limits import check_nonempty, check_tokens
-from engine_service.api.prompts import TextPrompt
+from engine_service.api.prompts import TextPrompt, text_tokens
 from engine_service.cache.batch_control import BatchControl, Segment
 from engine_service.executors.cache_setup import build_session_cache, cache_config
 from engine_service.executors.options import add_model_options
@@ -139,11 +139,7 @@ def stream_text(
     """Format, tokenize and generate greedily, writing text to ``out`` as it completes."""
     checked_int("max_new_tokens", max_new_tokens, lo=1)
     tok = loaded.tokenizer
-    if chat:
-        messages = TextPrompt(prompt, chat=True).conversation()
-        ids = tok.encode(loaded.chat.format([{"role": r, "content": c} for r, c in messages]))
-    else:
-        ids = tok.encode(prompt, add_special_tokens=True)
+    ids = text_tokens(TextPrompt(prompt, chat=chat, add_special_tokens=not chat), tok, loaded.chat)
     check_nonempty(len(ids), "prompt")
     total = len(ids) + max_new_tokens
     if total > loaded.config.context_length:

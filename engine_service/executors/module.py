@@ -11,6 +11,7 @@ import mlx.core as mx
 
 from engine_service.api.checks import checked_int
 from engine_service.api.engine_info import WindowGeometry
+from engine_service.api.errors import InvalidArgument
 from engine_service.api.limits import EngineLimits, check_fits, check_tokens
 from engine_service.api.snapshot_files import StateLayout
 from engine_service.cache.batch_control import BatchControl
@@ -175,8 +176,10 @@ class ModuleExecutor(Executor):
     def import_problem(self, state: SeqState) -> str | None:
         if not isinstance(self.cache, StateTransfer):
             return f"the {self.cache_kind} cache does not import sessions"
-        if state.length > self.max_session_tokens:
-            return f"{state.length} positions exceed max_session_tokens={self.max_session_tokens}"
+        try:
+            check_fits(0, state.length, self.max_session_tokens, "snapshot")
+        except InvalidArgument as exc:
+            return str(exc)
         return self.cache.state_problem(state)
 
     def import_session(self, state: SeqState, history: Sequence[int]) -> int | None:

@@ -8,22 +8,21 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from engine_service.api import prompts
 from engine_service.api.answers import Described, ImportedSnapshot, TakenClone
 from engine_service.api.checks import checked_int
 from engine_service.api.content import check_digest
 from engine_service.api.engine_info import NO_WINDOW, EngineInfo
 from engine_service.api.errors import Stopping
 from engine_service.api.limits import EngineLimits, check_tokens
-from engine_service.api.prompts import TextPrompt, Tokenized
+from engine_service.api.prompts import MAX_MESSAGE_ENDS, TextPrompt, Tokenized, text_tokens
 from engine_service.executors.options import DEFAULTS, ExecutorSettings
 from engine_service.model.text.token_bytes import token_bytes
 from engine_service.persistence.snapshot_key import SnapshotKey
-from engine_service.sessions import inputs
 from engine_service.sessions.clones import take_clone
 from engine_service.sessions.generation_call import GenerationCall
 from engine_service.sessions.generations import GenerationRequest, start_generation
 from engine_service.sessions.handles import HandleRegistry
-from engine_service.sessions.inputs import MAX_MESSAGE_ENDS, text_tokens
 from engine_service.sessions.ownership import payer_of, receiver_of
 from engine_service.sessions.reservation import STEP_ROOM, default_growth
 from engine_service.sessions.session_files import EncodedSession
@@ -239,7 +238,7 @@ class EngineSessions:
         """``prompt``'s ids and, for a chat prompt, where its latest ``message_ends`` messages end."""
         most = checked_int("message_ends", message_ends, lo=0, hi=MAX_MESSAGE_ENDS)  # renders cost O(ends)
         ids = text_tokens(prompt, self.tokenizer, self.chat)
-        ends = inputs.message_ends(prompt, ids, self.tokenizer, self.chat, most) if prompt.chat else ()
+        ends = prompts.message_ends(prompt, ids, self.tokenizer, self.chat, most) if prompt.chat else ()
         return Tokenized(tuple(ids), ends)
 
     def detokenize(self, ids: Sequence[int]) -> str:

@@ -7,8 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from engine_service.api.errors import InvalidArgument
-from engine_service.api.prompts import TextPrompt
-from engine_service.serving.engine_wire import event_message, gen_config
+from engine_service.serving.engine_wire import event_message, gen_config, text_prompt
 from prefix_service.cache.events import CacheEvent, EventKind
 from prefix_service.cache.outcomes import InsertOutcome, InsertRefusal, MissReason
 from prefix_service.fleet.stats import EngineStatus, FleetStats
@@ -38,11 +37,6 @@ def prompt(request: pb.LookupRequest | pb.GatewayGenerateRequest) -> Prompt:
     if which == "text":
         return text_prompt(request.text)
     raise InvalidArgument("input is required: one of tokens, text")
-
-
-def text_prompt(msg: epb.TextInput) -> TextPrompt:
-    messages = tuple((m.role, m.content) for m in msg.messages)
-    return TextPrompt(msg.text, msg.chat, msg.system, msg.add_special_tokens, messages)
 
 
 def gateway_request(request: pb.GatewayGenerateRequest, namespace: str) -> GatewayRequest:

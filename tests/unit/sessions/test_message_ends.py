@@ -1,15 +1,15 @@
-"""Tokenize's message ends: where each message of a chat ends in its tokenization, computed by the engine
-in the one Tokenize call, checked against the rendered strings (the char tokenizer: a character is a
+"""Tokenize's message ends (api/prompts.py, answered by the sessions): where each message of a chat
+ends in its tokenization, checked against the rendered strings (the char tokenizer: a character is a
 token)."""
 
 from __future__ import annotations
 
 import pytest
 
+from engine_service.api import prompts
 from engine_service.api.errors import InvalidArgument
 from engine_service.api.prompts import TextPrompt
 from engine_service.model.text.chat import ChatFormatter
-from engine_service.sessions import inputs
 
 MESSAGES = (("system", "be brief"), ("user", "first question"), ("assistant", "an answer"), ("user", "next"))
 CHATML = ChatFormatter(name="chatml")
@@ -31,8 +31,8 @@ def expected_ends(chat: ChatFormatter, messages, most: int) -> tuple[int, ...]:
 @pytest.mark.parametrize("most", [1, 2, 3, 8])
 def test_the_latest_message_ends_are_where_the_renderings_stop_agreeing(tokenizer, most) -> None:
     prompt = TextPrompt("", chat=True, messages=MESSAGES)
-    ids = inputs.text_tokens(prompt, tokenizer, CHATML)
-    ends = inputs.message_ends(prompt, ids, tokenizer, CHATML, most)
+    ids = prompts.text_tokens(prompt, tokenizer, CHATML)
+    ends = prompts.message_ends(prompt, ids, tokenizer, CHATML, most)
     want = expected_ends(CHATML, MESSAGES, most)
     assert ends == want and len(ends) == min(most, len(MESSAGES) - 1)  # never vacuous
     assert all(0 < e < len(ids) for e in ends)
@@ -40,17 +40,21 @@ def test_the_latest_message_ends_are_where_the_renderings_stop_agreeing(tokenize
 
 def test_system_and_text_is_a_two_message_conversation(tokenizer) -> None:
     prompt = TextPrompt("next", chat=True, system="be brief")
-    ids = inputs.text_tokens(prompt, tokenizer, CHATML)
-    assert inputs.message_ends(prompt, ids, tokenizer, CHATML, 8) == expected_ends(
+    ids = prompts.text_tokens(prompt, tokenizer, CHATML)
+    assert prompts.message_ends(prompt, ids, tokenizer, CHATML, 8) == expected_ends(
         CHATML, (("system", "be brief"), ("user", "next")), 8
     )
 
 
 def test_plain_text_and_zero_ask_for_nothing(tokenizer) -> None:
     plain = TextPrompt("no chat here")
-    assert inputs.message_ends(plain, inputs.text_tokens(plain, tokenizer, None), tokenizer, CHATML, 8) == ()
+    assert (
+        prompts.message_ends(plain, prompts.text_tokens(plain, tokenizer, None), tokenizer, CHATML, 8) == ()
+    )
     chat = TextPrompt("", chat=True, messages=MESSAGES)
-    assert inputs.message_ends(chat, inputs.text_tokens(chat, tokenizer, CHATML), tokenizer, CHATML, 0) == ()
+    assert (
+        prompts.message_ends(chat, prompts.text_tokens(chat, tokenizer, CHATML), tokenizer, CHATML, 0) == ()
+    )
 
 
 def test_a_template_that_refuses_a_partial_conversation_stops_the_search(tokenizer) -> None:
@@ -59,14 +63,14 @@ def test_a_template_that_refuses_a_partial_conversation_stops_the_search(tokeniz
         "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</>{% endfor %}<assistant>"
     )
     prompt = TextPrompt("", chat=True, messages=MESSAGES)
-    ids = inputs.text_tokens(prompt, tokenizer, strict)
+    ids = prompts.text_tokens(prompt, tokenizer, strict)
     # the 3-message rendering ends with the assistant: refused, so nothing earlier is looked for
-    assert inputs.message_ends(prompt, ids, tokenizer, strict, 8) == ()
+    assert prompts.message_ends(prompt, ids, tokenizer, strict, 8) == ()
     loose = ChatFormatter(
         "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</>{% endfor %}<assistant>"
     )
     assert (
-        len(inputs.message_ends(prompt, inputs.text_tokens(prompt, tokenizer, loose), tokenizer, loose, 8))
+        len(prompts.message_ends(prompt, prompts.text_tokens(prompt, tokenizer, loose), tokenizer, loose, 8))
         == 3
     )
 
@@ -76,8 +80,8 @@ def test_the_sessions_tokenize_answers_ids_and_ends_and_bounds_the_ask(make_sess
     sessions.chat = CHATML
     prompt = TextPrompt("", chat=True, messages=MESSAGES)
     tokenized = sessions.tokenize(prompt, 2)
-    assert list(tokenized.ids) == inputs.text_tokens(prompt, sessions.tokenizer, CHATML)
+    assert list(tokenized.ids) == prompts.text_tokens(prompt, sessions.tokenizer, CHATML)
     assert tokenized.message_ends == expected_ends(CHATML, MESSAGES, 2)
     assert sessions.tokenize(prompt).message_ends == ()
     with pytest.raises(InvalidArgument, match="message_ends"):
-        sessions.tokenize(prompt, inputs.MAX_MESSAGE_ENDS + 1)
+        sessions.tokenize(prompt, prompts.MAX_MESSAGE_ENDS + 1)
