@@ -26,7 +26,7 @@ from engine_service.persistence.snapshot_file import encode_snapshot, read_snaps
 from engine_service.persistence.snapshot_key import read_snapshot_key
 from tests.model.gguf_writer import write_gguf
 from tests.model.test_cli import REUSE, ROOT
-from tests.model.test_loading import gguf_metadata, gguf_tensors
+from tests.unit.model.test_loading import gguf_metadata, gguf_tensors
 
 PROMPTS = ("abc def ghi jkl mno pqr", "pqr mno jkl ghi def abc")  # as many positions each
 # sampled (seeded per prompt): the tiny random model is so peaked that greedy answers hardly depend on K/V

@@ -16,7 +16,7 @@ from clients.run_llm_batched import main
 from engine_service.model.random_init import random_tensors, tiny_config
 from tests.model.gguf_writer import write_gguf
 from tests.model.test_cli import REUSE, ROOT
-from tests.model.test_loading import gguf_metadata, gguf_tensors
+from tests.unit.model.test_loading import gguf_metadata, gguf_tensors
 
 PROMPTS = ("abc def ghi jkl mno pqr", "stu vwx yz abc def")  # 18 and 14 positions: the window-4 rings wrap
 LOADED = re.compile(r"^snapshots: loaded (\d+) from .*?\((\d+) positions\)(.*)$", re.M)

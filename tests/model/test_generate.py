@@ -14,7 +14,7 @@ from engine_service.model import load_model
 from engine_service.model.random_init import random_tensors, tiny_config
 from tests.model.gguf_writer import write_gguf
 from tests.model.reference_cache import ReferenceCache, run
-from tests.model.test_loading import gguf_metadata, gguf_tensors
+from tests.unit.model.test_loading import gguf_metadata, gguf_tensors
 
 
 def reference_greedy(model, prompt, n, stop=()):

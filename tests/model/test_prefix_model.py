@@ -19,7 +19,7 @@ from engine_service.executors.module import ModuleExecutor
 from engine_service.runtime.runner import Runner
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.cache.session_backend import CaptureBackend, SessionBackend
-from tests.unit.executor.helpers import reference_greedy
+from tests.unit.executors.helpers import reference_greedy
 
 NS = "test"
 NEW = 5

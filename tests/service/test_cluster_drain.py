@@ -35,6 +35,7 @@ from protos import engine_pb2_grpc, prefix_pb2, prefix_pb2_grpc
 from tests.service.held_engine import HOLD_ENV
 from tests.service.helpers import wait_for
 from tests.service.test_engine_restart import ServiceProcess
+from tests.service.tiny_engine import STEP_ENV
 
 ENGINE_SERVICE = "forkline.engine.v1.Engine"
 PREFIX_SERVICE = "forkline.prefix.v1.PrefixCache"
@@ -94,9 +95,10 @@ class Stream:
 
 
 class HeldEngineProcess(ServiceProcess):
-    """``tests.service.held_engine`` in its own process; its forwards stop at ``hold`` (see hold_after)."""
+    """``tests.service.held_engine`` in its own process; its forwards stop at ``hold`` (see hold_after)
+    and each takes ``step_s`` seconds more."""
 
-    def __init__(self, hold: Path, grace: float) -> None:
+    def __init__(self, hold: Path, grace: float, step_s: float = 0.0) -> None:
         self.hold = hold
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.service.held_engine", "--port", "0", "--grace", str(grace)]
@@ -104,7 +106,7 @@ class HeldEngineProcess(ServiceProcess):
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=dict(os.environ, **{HOLD_ENV: str(hold)}),
+            env=dict(os.environ, **{HOLD_ENV: str(hold), STEP_ENV: str(step_s)}),
         )
 
     def hold_after(self, forwards: int) -> None:

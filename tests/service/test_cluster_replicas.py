@@ -79,8 +79,8 @@ def test_a_namespace_rehomes_while_its_replica_is_down_and_comes_back(engine) ->
         replicas[0] = Replica(0, engine.address, ports[0])  # back at the same address
         back = time.monotonic()
         # past retry_after_s the home replica is tried first again; its channel reconnects within ~1 s
-        assert wait_for(lambda: run(client, prompt + [69], namespace)[0] == home, timeout=10)
-        assert time.monotonic() - back < 5.0
+        assert wait_for(lambda: run(client, prompt + [69], namespace)[0] == home, timeout=60)
+        assert time.monotonic() - back < 30.0  # back home, not after the whole wait
         assert run(client, prompt + [70], namespace) == (home, len(prompt))
         assert client.down() == []
     finally:

@@ -308,7 +308,7 @@ def test_clone_whose_caller_gave_up_is_not_registered(engine, monkeypatch) -> No
     monkeypatch.undo()
     assert wait_for(
         lambda: engine.runner.resident_sessions == resident and len(engine.deps.registry) == handles,
-        timeout=5,
+        timeout=60,
     ), (engine.runner.resident_sessions, len(engine.deps.registry))
     channel.close()
 

@@ -107,7 +107,7 @@ def serving(address: str) -> bool:
     with grpc.insecure_channel(address) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=ENGINE_SERVICE), timeout=0.2
+                health_pb2.HealthCheckRequest(service=ENGINE_SERVICE), timeout=5
             )
         except grpc.RpcError:
             return False
@@ -272,13 +272,14 @@ def test_old_channel_settings_stay_down_after_the_engine_is_back(engine_factory)
             time.sleep(0.02)
         engine_factory(port=port)  # serving from here on
         back = time.monotonic()
-        stub, ready = stubs["new"]
-        stub.Info(engine_pb2.InfoRequest(), timeout=RECOVERY_S, wait_for_ready=ready)
-        assert time.monotonic() - back < RECOVERY_S
+        # the old channel first: its next default retry (4.13 s after down at the earliest) is near
         stub, ready = stubs["old"]
         with pytest.raises(grpc.RpcError) as failed:
-            stub.Info(engine_pb2.InfoRequest(), timeout=RECOVERY_S, wait_for_ready=ready)
-        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() - back < RECOVERY_S
+            stub.Info(engine_pb2.InfoRequest(), timeout=3 * RECOVERY_S, wait_for_ready=ready)
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() - back < 3 * RECOVERY_S
+        stub, ready = stubs["new"]
+        stub.Info(engine_pb2.InfoRequest(), timeout=3 * RECOVERY_S, wait_for_ready=ready)
+        assert time.monotonic() - back < 3 * RECOVERY_S
     finally:
         old.close()
         new.close()
@@ -295,19 +296,19 @@ def test_engine_outage_seen_by_the_watch(engine_factory, prefix_factory) -> None
     watch = prefix.server.engine_watch
     assert watch is not None and prefix.server.engine_serving and prefix_health(prefix.address) == "SERVING"
     engine.stop(0)
-    assert wait_for(lambda: not prefix.server.engine_serving, 5)
+    assert wait_for(lambda: not prefix.server.engine_serving, 60)
     assert prefix_health(prefix.address) == "NOT_SERVING" and prefix_health(prefix.address, "") == "SERVING"
     start = time.monotonic()
     with pytest.raises(errors.Unavailable, match="not serving"):
         alice.lookup(PROMPT)
-    assert 0.8 * OUTAGE_WAIT_S <= time.monotonic() - start < OUTAGE_WAIT_S + 0.5
+    assert 0.8 * OUTAGE_WAIT_S <= time.monotonic() - start < OUTAGE_WAIT_S + 5.0  # the claim: it waited
     start = time.monotonic()
     with pytest.raises(errors.ForklineError):  # a caller's shorter deadline bounds the wait
         PrefixClient(prefix.address, owner="alice", timeout=0.2).lookup(PROMPT)
-    assert time.monotonic() - start < 0.5
+    assert time.monotonic() - start < 0.8 * OUTAGE_WAIT_S  # bounded by the caller's 0.2 s, not the allowance
     engine_factory(port=engine.port)
-    assert wait_for(lambda: prefix.server.engine_serving, 5)
-    assert wait_for(lambda: alice.stats().dropped_on_restart == 1, 5)  # no Lookup needed to notice
+    assert wait_for(lambda: prefix.server.engine_serving, 60)
+    assert wait_for(lambda: alice.stats().dropped_on_restart == 1, 60)  # no Lookup needed to notice
     assert prefix_health(prefix.address) == "SERVING"
     assert alice.lookup(PROMPT).reason == "engine_restarted"
     alice.generate(PROMPT, config=GenConfig(max_new_tokens=1)).collect()
@@ -347,20 +348,20 @@ def test_engine_calls_carry_the_callers_deadline() -> None:
 
 def test_one_rpc_waits_for_a_down_engine_once() -> None:
     """The outage allowance is per incoming RPC: its second engine call does not wait again."""
-    watch = EngineWatch(grpc.insecure_channel("127.0.0.1:1"), outage_wait_s=0.3)
+    watch = EngineWatch(grpc.insecure_channel("127.0.0.1:1"), outage_wait_s=2.0)
     watch._set(False)
-    call = RpcCall.of(CallContext("alice", deadline=time.monotonic() + 30.0))
+    call = RpcCall.of(CallContext("alice", deadline=time.monotonic() + 60.0))
     start = time.monotonic()
     for _ in range(3):
         with pytest.raises(errors.Unavailable):
             watch.await_serving(call_timeout(60.0, call), outage_of(call))
-    assert 0.25 < time.monotonic() - start < 0.6
+    assert 1.9 < time.monotonic() - start < 4.0  # one wait of 2 s, not three (6 s)
     # negative control: calls without a shared allowance (a plain CallContext) each wait it out
     start = time.monotonic()
     for _ in range(2):
         with pytest.raises(errors.Unavailable):
             watch.await_serving(None, outage_of(CallContext("alice")))
-    assert time.monotonic() - start > 0.55
+    assert time.monotonic() - start > 3.6  # two waits of 2 s
     threading.Timer(0.1, watch._set, (True,)).start()
     watch.await_serving(None, OutageAllowance())  # a new allowance: it comes back within it
     assert watch.serving and watch.transitions == 2

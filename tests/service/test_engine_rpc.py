@@ -224,7 +224,7 @@ def test_idle_client_sessions_expire(engine_factory) -> None:
         .started.session
     )
     assert client.info().resident_sessions == base + 2
-    assert wait_for(lambda: client.info().resident_sessions == base + 1, timeout=5)
+    assert wait_for(lambda: client.info().resident_sessions == base + 1, timeout=60)
     with pytest.raises(NotFound):
         client.describe(handle)
     assert keeper.describe(kept)[0] == len(PROMPT)

@@ -42,8 +42,11 @@ from engine_service.api.stream_events import Done, Tokens
 from protos import engine_pb2 as epb
 from protos import engine_pb2_grpc, prefix_pb2
 from tests.service.helpers import wait_for
+from tests.service.test_cluster_drain import HeldEngineProcess
 from tests.service.test_engine_restart import ServiceProcess
 
+PATIENCE_S = 120.0  # the deadline of every wait for a state: reached only when the state never comes
+HOLD_AFTER = 10  # forwards the draining test's long stream runs before it is held
 STEP_S = 0.05  # per forward: an 80-token load lasts ~4 s, a 104-position prefill (2 chunks) 0.1 s
 LOAD_TOKENS = 80
 PROMPT = [ord(c) for c in "Moves copy a stored prompt to a less loaded engine. " * 2]  # 104 positions
@@ -219,22 +222,25 @@ def test_a_refused_move_falls_back_to_recomputing(tmp_path) -> None:
     assert seen["stats"][other].moves_in == 0 and not [e for e in seen["events"] if e.kind == "moved"]
 
 
-def test_a_draining_holders_snapshot_moves_before_it_leaves(engines) -> None:
+def test_a_draining_holders_snapshot_moves_before_it_leaves(tmp_path) -> None:
     """SIGTERM to the holder during a long generation this service runs there: it drains (health
     NOT_SERVING, Info draining, exports still answered), is routed to no more but stays a source until
     that stream ends, and the prompt's next request is served on the other engine from a copy of the
-    holder's snapshot."""
-    addresses = [a for e in engines for a in ("--engine", e.address)]
-    prefix = ServiceProcess("prefix_service", *addresses, "--routing", "cost", "--port", "0")
+    holder's snapshot. The long stream is held in flight by the test (``held_engine.py``) until then."""
+    engines = [HeldEngineProcess(tmp_path / f"hold{i}", grace=PATIENCE_S, step_s=STEP_S) for i in range(2)]
+    prefix = None
     try:
-        client = PrefixClient(prefix.listening(), owner="mover", timeout=60.0)
+        by_address = {engine.listening(PATIENCE_S): engine for engine in engines}
+        addresses = [a for address in by_address for a in ("--engine", address)]
+        prefix = ServiceProcess("prefix_service", *addresses, "--routing", "cost", "--port", "0")
+        client = PrefixClient(prefix.listening(), owner="mover", timeout=PATIENCE_S)
         holder = client.generate(PROMPT, **greedy()).collect().done.engine
-        (draining,) = [e for e in engines if e.address == holder]
-        (other,) = [e.address for e in engines if e.address != holder]
+        draining = by_address[holder]
+        (other,) = [address for address in by_address if address != holder]
         cold = cold_run(other)
         # this service's own long stream on the holder (a hit there): a draining member leaves only
         # once those end, and is a source of moves until then
-        assert wait_for(lambda: engine_stats(client)[holder].load == 0, timeout=10)  # no stale load there
+        assert wait_for(lambda: engine_stats(client)[holder].load == 0, timeout=PATIENCE_S)  # no stale load
         streams: list = []
         running = threading.Event()
 
@@ -244,20 +250,27 @@ def test_a_draining_holders_snapshot_moves_before_it_leaves(engines) -> None:
                     running.set()
                 streams.append(event)
 
+        draining.hold_after(HOLD_AFTER)  # the long stream's first tokens come, then it is held
         long = threading.Thread(target=long_stream)
         long.start()
-        loaders = [long]
-        assert running.wait(10) and engine_stats(client)[holder].in_flight >= 1
+        assert running.wait(PATIENCE_S) and engine_stats(client)[holder].in_flight >= 1
         draining.proc.send_signal(signal.SIGTERM)
-        assert wait_for(lambda: not engine_stats(client)[holder].routable, timeout=10)
-        time.sleep(1.5)  # the pool's next probe (every second) reads Info: draining
+        assert wait_for(lambda: not engine_stats(client)[holder].routable, timeout=PATIENCE_S)
+        # stopgap: the pool's next probe (every second) reads Info: draining; the prefix service
+        # shows no state for it to wait for (EngineStats has no draining field)
+        time.sleep(5.0)
         again = client.generate(PROMPT, **greedy()).collect()
         stats = engine_stats(client)
-        for thread in loaders:
-            thread.join(60)
+        assert long.is_alive()  # held: the member was a source because its stream still ran
+        draining.release()
+        long.join(PATIENCE_S)
+        assert not long.is_alive()
         client.channel.close()
     finally:
-        prefix.kill()
+        if prefix is not None:
+            prefix.kill()
+        for engine in engines:
+            engine.kill()
     done = [e for e in streams if isinstance(e, Done)]
     assert [d.engine for d in done] == [holder]  # the long stream ran there (it kept the member)
     assert again.done.engine == other and again.done.reused_positions == len(PROMPT) - 1

@@ -162,16 +162,65 @@ def test_a_changed_metadata_field_fails_the_checksum(tmp_path, field) -> None:
     assert refusal(path) == LoadRefusal.CHECKSUM
 
 
-def test_every_flipped_byte_is_refused(tmp_path) -> None:
-    """Exhaustive over a small file: no single flipped bit anywhere (header, metadata, padding, data)
-    reads back as a snapshot."""
+def flip_positions(data: bytes) -> list[int]:
+    """Bytes to flip, spread over every region of a snapshot file: each byte of the length prefix, the
+    first, middle and last character of every key and value in the JSON header (metadata, dtypes,
+    shapes, offsets), the header's first and last bytes (its padding), and each tensor's first, middle
+    and last bytes."""
+    header_end = 8 + struct.unpack("<Q", data[:8])[0]
+    text = data[8:header_end].decode()
+    header = json.loads(text)
+    positions = set(range(8)) | {8, header_end - 1}
+    at = 0
+
+    def mark(token: str) -> None:
+        nonlocal at
+        start = text.index(token, at)  # json.loads keeps the file's order: search onwards
+        positions.update(8 + start + k for k in (0, len(token) // 2, len(token) - 1))
+        at = start + len(token)
+
+    def walk(value: object) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                mark(json.dumps(key))
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+        else:
+            mark(json.dumps(value))
+
+    walk(header)
+    for name, entry in header.items():
+        if name != "__metadata__":
+            start, end = (header_end + offset for offset in entry["data_offsets"])
+            positions.update({start, (start + end) // 2, end - 1})
+    return sorted(positions)
+
+
+def test_flip_positions_cover_every_region() -> None:
+    data = encode_snapshot(snapshot())
+    header_end = 8 + struct.unpack("<Q", data[:8])[0]
+    positions = flip_positions(data)
+    assert set(range(8)) <= set(positions) and positions[-1] == len(data) - 1
+    assert len(positions) < len(data) // 4  # a sample, not every byte
+    meta = json.loads(data[8:header_end])["__metadata__"]
+    for key, value in meta.items():  # a character inside every metadata value, even a one-character one
+        token = json.dumps(value).encode()
+        value_at = data.index(token, data.index(json.dumps(key).encode()))
+        assert set(range(value_at + 1, value_at + len(token) - 1)) & set(positions), key
+
+
+def test_flipped_bytes_are_refused(tmp_path) -> None:
+    """No single flipped bit in any region of a small file (length, header, metadata, padding, every
+    tensor) reads back as a snapshot."""
     path = tmp_path / "a.safetensors"
     write_snapshot(path, snapshot())
     data = bytearray(path.read_bytes())
     header_end = 8 + struct.unpack("<Q", data[:8])[0]
     bad = tmp_path / "bad.safetensors"
     reasons = set()
-    for i in range(len(data)):
+    for i in flip_positions(data):
         flipped = bytearray(data)
         flipped[i] ^= 0x10
         bad.write_bytes(flipped)

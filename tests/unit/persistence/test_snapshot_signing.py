@@ -36,7 +36,7 @@ from engine_service.persistence.snapshot_key import (
     SnapshotKey,
     read_snapshot_key,
 )
-from tests.unit.persistence.test_snapshot_file import CONTENT, snapshot
+from tests.unit.persistence.test_snapshot_file import CONTENT, flip_positions, snapshot
 
 SECRET = secrets.token_urlsafe(32).encode()
 KEY = SnapshotKey.from_secret(SECRET)
@@ -195,7 +195,7 @@ def test_damage_to_a_signed_file_is_refused_before_any_tensor_is_read(no_tensor_
         decode_snapshot(bytes(data), key=KEY)  # control: the patch is live (a good file reaches it)
     header_end = 8 + struct.unpack("<Q", data[:8])[0]
     reasons = set()
-    for i in range(len(data)):  # every byte: header, metadata, every tensor
+    for i in flip_positions(data):  # every region: length, header, metadata, every tensor
         flipped = bytearray(data)
         flipped[i] ^= 0x10
         reason = refused(bytes(flipped), KEY).reason

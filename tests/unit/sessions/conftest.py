@@ -15,7 +15,7 @@ from engine_service.model.text.tokenizer import Tokenizer
 from engine_service.runtime.runner import Runner
 from engine_service.sessions.engine import EngineSessions, GenerationRequest
 from engine_service.sessions.handles import HandleRegistry
-from tests.unit.runner.fake_executor import FakeExecutor
+from tests.unit.runtime.fake_executor import FakeExecutor
 
 VOCAB = 128  # the char tokenizer's: ids 3..127 are ASCII characters
 PERSISTENT = PERSISTENT_OWNER

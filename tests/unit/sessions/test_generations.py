@@ -11,7 +11,7 @@ from engine_service.api.errors import FailedPrecondition, InvalidArgument, Quota
 from engine_service.api.owners import OwnerQuota
 from engine_service.api.stream_events import FinishReason, SnapshotKind
 from engine_service.sessions.engine import GenerationRequest
-from tests.unit.runner.fake_executor import reference
+from tests.unit.runtime.fake_executor import reference
 from tests.unit.sessions.conftest import PERSISTENT, VOCAB, done, generated, resident, run, snapshots, started
 
 PROMPT = [ord(c) for c in "The quick brown fox"]

@@ -9,8 +9,8 @@ import pytest
 
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import FailedPrecondition
-from tests.unit.runner.conftest import VOCAB, Recorder, engine_paused
-from tests.unit.runner.fake_executor import FakeExecutor, FakePrepared, reference
+from tests.unit.runtime.conftest import VOCAB, Recorder, engine_paused
+from tests.unit.runtime.fake_executor import FakeExecutor, FakePrepared, reference
 
 PROMPT = [21, 22, 23, 24, 25, 26, 27, 28, 29, 30]
 

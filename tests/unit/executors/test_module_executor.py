@@ -11,7 +11,7 @@ from engine_service.executors.base import ExecInput
 from engine_service.executors.module import ModuleExecutor
 from engine_service.executors.prepared_input import EmbeddingsInput
 from engine_service.executors.sampling import SamplingParams
-from tests.unit.executor.helpers import CountingModel, greedy_decode, prefill, reference_greedy
+from tests.unit.executors.helpers import CountingModel, greedy_decode, prefill, reference_greedy
 
 KINDS = ("batched-sequence", "batched-cell")
 PROMPT = [17, 4, 99, 23, 56, 8, 71, 30, 12, 64, 5]

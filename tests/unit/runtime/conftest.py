@@ -10,7 +10,7 @@ import pytest
 
 from engine_service.api.config import GenConfig
 from engine_service.runtime.runner import Runner
-from tests.unit.runner.fake_executor import FakeExecutor
+from tests.unit.runtime.fake_executor import FakeExecutor
 
 VOCAB = 97
 

@@ -1,5 +1,5 @@
-"""One cache geometry for a model: the executor and the greedy loop build their caches the same way,
-and the one vocabulary check every layer shares."""
+"""One cache geometry for a model: the executor and the greedy loop build their caches the same way
+(the vocabulary check they share: tests/unit/api/test_limits.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import mlx.core as mx
 import pytest
 
 from engine_service.api.errors import InvalidArgument, ResourceExhausted
-from engine_service.api.limits import out_of_vocab
 from engine_service.executors.cache_setup import build_session_cache, cache_config
 from engine_service.executors.module import ModuleExecutor
 from engine_service.greedy import new_cache
@@ -42,11 +41,3 @@ def test_limits_and_backends_name_what_is_wrong(tiny_model) -> None:
         build_session_cache("nope", fits)
     with pytest.raises(ResourceExhausted, match="max_sessions=65 / max_session_tokens=8: .*batched-cell"):
         build_session_cache("batched-cell", fits)
-
-
-@pytest.mark.parametrize(
-    ("tokens", "expected"),
-    [((), None), ((0, 5, 9), None), ((0, 10), 1), ((-1, 3), 0), ((3, 4, 12, -2), 2)],
-)
-def test_out_of_vocab_finds_the_first_bad_id(tokens, expected) -> None:
-    assert out_of_vocab(tokens, 10) == expected

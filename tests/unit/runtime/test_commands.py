@@ -25,8 +25,8 @@ from engine_service.runtime.commands import (
     StartCommand,
 )
 from engine_service.runtime.state import ActiveGeneration
-from tests.unit.runner.conftest import VOCAB
-from tests.unit.runner.fake_executor import FakeExecutor
+from tests.unit.runtime.conftest import VOCAB
+from tests.unit.runtime.fake_executor import FakeExecutor
 
 
 class Engine:

@@ -18,8 +18,8 @@ from engine_service.api.config import GenConfig
 from engine_service.runtime import scheduler
 from engine_service.runtime.scheduler import plan_batch
 from engine_service.runtime.state import ActiveGeneration, SessionRecord
-from tests.unit.runner.conftest import VOCAB, engine_paused
-from tests.unit.runner.fake_executor import FakeExecutor
+from tests.unit.runtime.conftest import VOCAB, engine_paused
+from tests.unit.runtime.fake_executor import FakeExecutor
 
 
 def longest_wait(rounds: Sequence[Collection[object]], member: object, end: int) -> int:

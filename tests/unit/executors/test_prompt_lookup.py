@@ -11,7 +11,7 @@ from engine_service.executors.base import ExecInput
 from engine_service.executors.module import ModuleExecutor
 from engine_service.executors.prompt_lookup import PromptLookupExecutor
 from engine_service.executors.sampling import SamplingParams
-from tests.unit.executor.helpers import CountingModel, greedy_decode, prefill
+from tests.unit.executors.helpers import CountingModel, greedy_decode, prefill
 
 KINDS = ("batched-sequence", "batched-cell")
 # a prompt that repeats itself, so n-gram lookups find drafts

@@ -23,7 +23,7 @@ from prefix_service.gateway import insert_flow as insert_flow_module
 from prefix_service.gateway.calls import GatewayRequest
 from prefix_service.gateway.gateway import Gateway
 from tests.unit.prefix.fakes import FakeStream, done_event
-from tests.unit.runner.fake_executor import FakeExecutor, FakePrepared
+from tests.unit.runtime.fake_executor import FakeExecutor, FakePrepared
 
 NS = "app"
 FRANCE = tuple(ord(c) for c in "What is the capital of France?")

@@ -6,8 +6,8 @@ import pytest
 
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import FailedPrecondition, GenerationError, InvalidArgument
-from tests.unit.runner.conftest import VOCAB, engine_paused
-from tests.unit.runner.fake_executor import FakeExecutor, FakePrepared, OtherPrepared, reference
+from tests.unit.runtime.conftest import VOCAB, engine_paused
+from tests.unit.runtime.fake_executor import FakeExecutor, FakePrepared, OtherPrepared, reference
 
 HEALTHY = [31, 32, 33, 34, 35, 36]
 MAX_TOKENS = 64

@@ -12,8 +12,8 @@ from engine_service.api.config import GenConfig
 from engine_service.api.errors import FailedPrecondition, Unavailable
 from engine_service.runtime.commands import BarrierCommand, CloseCommand, CommandTable, OpenCommand
 from engine_service.runtime.runner import Runner
-from tests.unit.runner.conftest import VOCAB, collect_and_flush
-from tests.unit.runner.fake_executor import FakeExecutor, reference
+from tests.unit.runtime.conftest import VOCAB, collect_and_flush
+from tests.unit.runtime.fake_executor import FakeExecutor, reference
 
 
 def test_close_context_manager_and_garbage_collection_release_sessions(runner, fake):

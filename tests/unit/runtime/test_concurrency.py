@@ -6,8 +6,8 @@ import gc
 import threading
 
 from engine_service.api.config import GenConfig
-from tests.unit.runner.conftest import VOCAB, Recorder, collect_and_flush, engine_paused
-from tests.unit.runner.fake_executor import FakeExecutor, reference
+from tests.unit.runtime.conftest import VOCAB, Recorder, collect_and_flush, engine_paused
+from tests.unit.runtime.fake_executor import FakeExecutor, reference
 
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [8, 9, 10], [11, 12, 13, 14, 15], [16, 17, 18, 19, 20, 21, 22, 23]]
 

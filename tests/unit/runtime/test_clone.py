@@ -11,8 +11,8 @@ import pytest
 from engine_service.api.answers import close_child_when_done
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import ResourceExhausted
-from tests.unit.runner.conftest import VOCAB, Recorder, collect_and_flush, engine_paused
-from tests.unit.runner.fake_executor import FakeExecutor, reference
+from tests.unit.runtime.conftest import VOCAB, Recorder, collect_and_flush, engine_paused
+from tests.unit.runtime.fake_executor import FakeExecutor, reference
 
 PROMPT = [11, 12, 13, 14, 15, 16, 17, 18, 19]
 

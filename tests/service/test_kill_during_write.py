@@ -13,7 +13,7 @@ from pathlib import Path
 from engine_service.api.snapshot_files import TEMP_SUFFIX, list_snapshots
 from engine_service.persistence.snapshot_file import read_snapshot
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 WRITER = """
 import sys, mlx.core as mx

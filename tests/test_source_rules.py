@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[1]
 CONTEXT_VARIABLES = re.compile(r"\bcontextvars\b|\bContextVar\b")
 REACHING_THROUGH = re.compile(r"\.gateway\.(cache|backend)\b")
 

@@ -22,8 +22,8 @@ from engine_service.executors.module import ModuleExecutor
 from engine_service.executors.prompt_lookup import PromptLookupExecutor
 from engine_service.runtime.content_log import ContentLog
 from engine_service.runtime.runner import Runner
-from tests.unit.runner.conftest import VOCAB, Recorder
-from tests.unit.runner.fake_executor import FakeExecutor, FakePrepared, reference
+from tests.unit.runtime.conftest import VOCAB, Recorder
+from tests.unit.runtime.fake_executor import FakeExecutor, FakePrepared, reference
 
 PROMPT = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
 

@@ -10,7 +10,7 @@ from engine_service.api.snapshot_files import LoadRefusal, SaveRefusal, StateLay
 from engine_service.cache.seq_state import SeqState
 from engine_service.persistence.snapshot import SessionSnapshot
 from engine_service.runtime.snapshots import ImportFuture
-from tests.unit.runner.conftest import engine_paused
+from tests.unit.runtime.conftest import engine_paused
 
 LAYOUT = StateLayout("batched-sequence", "layers=full;max_write=4;kv_heads=1;head_dim=2;dtype=float32")
 

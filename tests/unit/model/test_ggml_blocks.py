@@ -1,12 +1,10 @@
 """ggml block decoders (engine_service/model/formats/ggml_blocks.py): hand-built blocks, the test writer's
-quantizers, the ``gguf`` package as an independent oracle, the exact 32-weight forms, bad input and
-the real Gemma 3 GGUF."""
+quantizers, the ``gguf`` package as an independent oracle, the exact 32-weight forms and bad input (the
+real Gemma 3 GGUF: tests/model/test_ggml_real_file.py)."""
 
 from __future__ import annotations
 
-import os
 import struct
-import time
 
 import numpy as np
 import pytest
@@ -24,7 +22,6 @@ from engine_service.model.formats.ggml_blocks import (
 from engine_service.model.loading.gguf_file import GGUFFile
 from tests.model.gguf_writer import QUANTIZERS, BlockQuant, write_gguf
 
-GEMMA = "/root/.cache/forkline/models/gemma-3-270m-q4_k_m.gguf"
 ALL_TYPES = [b.name for b in BLOCK_TYPES.values()]
 QUANTIZED = [b.name for b in BLOCK_TYPES.values() if b.elements > 1]
 NOT_EXACT = sorted(set(ALL_TYPES) - set(EXACT_FORMAT))
@@ -416,14 +413,14 @@ def test_writer_gguf_of_every_type(tmp_path):
 # --- (c) the gguf package as an oracle ------------------------------------------------------------
 
 
-def _oracle(name: str, data: np.ndarray, rows: int) -> np.ndarray:
+def oracle(name: str, data: np.ndarray, rows: int) -> np.ndarray:
     gguf = pytest.importorskip("gguf")
     with np.errstate(all="ignore"):
         ref = gguf.quants.dequantize(data.reshape(rows, -1), gguf.GGMLQuantizationType[name])
     return np.asarray(ref, np.float32)
 
 
-def _agree(ours: np.ndarray, ref: np.ndarray) -> None:
+def agree(ours: np.ndarray, ref: np.ndarray) -> None:
     """Equal, NaN where the oracle has NaN, and bit-identical where finite (so -0.0 / +0.0 too)."""
     np.testing.assert_array_equal(ours, ref)
     finite = np.isfinite(ref)
@@ -438,20 +435,20 @@ def test_matches_gguf_package_on_random_bytes(name):
     rows, cols = 300, 1024
     data = np.random.default_rng(block.type_id).integers(0, 256, rows * cols // block.elements * block.nbytes)
     data = data.astype(np.uint8)
-    _agree(dequantize(block, data, rows, cols), _oracle(name, data, rows))
+    agree(dequantize(block, data, rows, cols), oracle(name, data, rows))
 
 
 @pytest.mark.parametrize("name", sorted(QUANTIZERS))
 def test_matches_gguf_package_on_writer_blocks(name):
     w = _weights()
     bq = QUANTIZERS[name](w)
-    _agree(_decode(bq), _oracle(name, _u8(bq.blocks), w.shape[0]))
+    agree(_decode(bq), oracle(name, _u8(bq.blocks), w.shape[0]))
 
 
 @pytest.mark.parametrize("name", QUANTIZED)
 def test_matches_gguf_package_on_hand_blocks(name):
     raw, rows, cols, want, _ = _hand(name)
-    _agree(_oracle(name, _u8(raw), rows), want)
+    agree(oracle(name, _u8(raw), rows), want)
 
 
 # --- (d) exact 32-weight blocks -------------------------------------------------------------------
@@ -572,40 +569,3 @@ def test_decode_does_not_write_its_input():
     dequantize(BLOCK_BY_NAME["Q6_K"], data, rows, cols)
     exact_blocks32(BLOCK_BY_NAME["Q4_K"], _u8(_hand("Q4_K")[0]), 2, 512)
     assert bytes(data) == raw
-
-
-# --- (f) the real Gemma 3 GGUF --------------------------------------------------------------------
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not os.path.exists(GEMMA), reason=f"{GEMMA} is not installed")
-def test_real_gemma_tensors_match_gguf_package():
-    """The smallest tensor of each type in the real file, decoded from GGUFFile's bytes, equals the gguf
-    package's dequantization; exact types' Blocks32 equal dequantize; the 262144 x 640 Q8_0 embedding
-    decodes in seconds (a per-block Python loop would take far longer) and matches on sampled rows."""
-    with GGUFFile(GEMMA) as f:
-        smallest: dict[str, object] = {}
-        for rec in f.tensors.values():
-            if rec.type_name not in smallest or rec.nbytes < smallest[rec.type_name].nbytes:
-                smallest[rec.type_name] = rec
-        assert {"F32", "Q5_0", "Q8_0", "Q4_K", "Q6_K"} <= set(smallest)
-        for name, rec in smallest.items():
-            rows, cols = rec.rows_cols
-            data = f.tensor_bytes(rec.name)
-            got = dequantize(rec.block, data, rows, cols)
-            _agree(got, _oracle(name, data, rows))
-            assert np.all(np.isfinite(got))
-            ex = exact_blocks32(rec.block, data, rows, cols)
-            assert (ex is None) == (name not in EXACT_FORMAT)
-            if ex is not None:
-                np.testing.assert_array_equal(ex.values(), got)
-        rec = f.tensors["token_embd.weight"]
-        assert rec.type_name == "Q8_0" and rec.rows_cols == (262144, 640)
-        data = f.tensor_bytes(rec.name)
-        start = time.perf_counter()
-        emb = dequantize(rec.block, data, *rec.rows_cols)
-        assert time.perf_counter() - start < 10.0
-        row_bytes = 640 // 32 * 34
-        for r in (0, 1, 2, 131071, 262143):
-            part = data[r * row_bytes : (r + 1) * row_bytes]
-            _agree(emb[r : r + 1], _oracle("Q8_0", part, 1))

@@ -6,7 +6,7 @@ import pytest
 
 from engine_service.executors.base import ExecInput
 from engine_service.executors.module import ModuleExecutor
-from tests.unit.executor.helpers import greedy_decode, prefill, reference_greedy
+from tests.unit.executors.helpers import greedy_decode, prefill, reference_greedy
 
 KINDS = ("batched-sequence", "batched-cell")
 PROMPT = [17, 4, 99, 23, 56, 8, 71, 30, 12, 64, 5]

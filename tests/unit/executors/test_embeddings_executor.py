@@ -9,7 +9,7 @@ import pytest
 from engine_service.executors.base import ExecInput
 from engine_service.executors.embeddings import EmbeddingsExecutor
 from engine_service.executors.prepared_input import EmbeddingsInput, PreparedInput, PreparedKind
-from tests.unit.executor.helpers import CountingModel, greedy_decode, reference_greedy
+from tests.unit.executors.helpers import CountingModel, greedy_decode, reference_greedy
 
 KINDS = ("batched-sequence", "batched-cell")
 PROMPT = [17, 4, 99, 23, 56, 8, 71, 30, 12, 64, 5]
