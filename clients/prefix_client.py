@@ -10,7 +10,6 @@ import grpc
 
 from clients.channel_client import ChannelClient
 from clients.engine_client import GenerationStream, prompt_of
-from clients.replicas import ROUTE_KEY_HEADER
 from engine_service.api.config import GenConfig
 from engine_service.api.owners import DEFAULT_OWNER
 from engine_service.serving.engine_wire import generation_config, prompt_fields
@@ -18,6 +17,7 @@ from engine_service.serving.errors import from_rpc_error
 from protos import prefix_pb2 as pb
 from protos import prefix_pb2_grpc
 
+ROUTE_KEY_HEADER = "forkline-route-key"  # gRPC metadata key: the namespace a call belongs to
 MISS_REASONS = {value: name.removeprefix("MISS_REASON_").lower() for name, value in pb.MissReason.items()}
 INSERT_REFUSALS = {
     value: name.removeprefix("INSERT_REFUSAL_").lower() for name, value in pb.InsertRefusal.items()

@@ -12,12 +12,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from clients.prefix_client import PrefixClient
 from engine_service.api.errors import Unavailable
 from engine_service.serving.auth import ClientSecurity
 
 log = logging.getLogger(__name__)
 
-ROUTE_KEY_HEADER = "forkline-route-key"  # gRPC metadata key: the namespace a call belongs to
 DEFAULT_VNODES = 128  # points per replica: with 128, each replica's share of keys is within ~10% of 1/N
 DEFAULT_RETRY_AFTER_S = 2.0  # how long a replica that answered UNAVAILABLE is passed over
 RECONNECT_OPTIONS = (  # a replica's channel retries its connection at most every second (gRPC: 120 s)
@@ -102,8 +102,6 @@ class ReplicatedPrefixClient:
         clock: Callable[[], float] = time.monotonic,
         **client_kwargs: Any,
     ) -> None:
-        from clients.prefix_client import PrefixClient
-
         self.ring = HashRing(replicas, vnodes=vnodes)
         given = dict(clients or {})
         unknown = sorted(set(given) - set(self.ring.replicas))

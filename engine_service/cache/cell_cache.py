@@ -14,7 +14,7 @@ from engine_service.api.checks import checked_int
 from engine_service.api.errors import CacheError
 from engine_service.cache.batch_control import Segment
 from engine_service.cache.cell_allocator import CellAllocator
-from engine_service.cache.cell_step import CellStep, as_dtype
+from engine_service.cache.cell_step import CellPool, CellStep, as_dtype
 from engine_service.cache.config import CacheConfig, ConfiguredCache
 from engine_service.cache.seq_ids import SeqIdPool, check_position, check_segments
 from engine_service.cache.seq_state import SeqState, layout_problem
@@ -215,7 +215,8 @@ class CellCache(ConfiguredCache):
             parts.append(cells)
         new = np.concatenate(parts)  # [T] cell of each packed row
         self._grow(int(new.max()) + 1)
-        return CellStep(self, segments, new)
+        pool = CellPool(self._cfg, self._keys, self._values, self._owners, self._cell_pos)
+        return CellStep(pool, {seg.seq: self._cells[seg.seq].held() for seg in segments}, segments, new)
 
     def clear(self) -> None:
         for sid in list(self._cells):

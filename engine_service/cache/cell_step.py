@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -13,7 +13,19 @@ from engine_service.cache.batch_control import KVPart, KVView, Segment
 from engine_service.cache.seq_ids import check_step_kv
 
 if TYPE_CHECKING:
-    from engine_service.cache.cell_cache import CellCache
+    from engine_service.cache.config import CacheConfig
+
+
+@dataclass(frozen=True)
+class CellPool:
+    """The pool a step reads and writes: the cache's own arrays, shared, not copied."""
+
+    cfg: CacheConfig
+    keys: list[mx.array]  # per layer [kv_heads, alloc, head_dim]
+    values: list[mx.array]
+    owners: np.ndarray  # [capacity] owner bits of each cell
+    cell_pos: np.ndarray  # [capacity] position each cell holds (-1: free)
+
 
 # a sequence whose cells form at most this many runs is read as that many pool slices (one attention
 # softmax across them) instead of a gather that copies its whole context every layer of every step
@@ -58,9 +70,15 @@ class CellStep:
     """KVStep over the shared pool (from :meth:`CellCache.begin_step`): per segment a pool slice when its
     cells fill half of it, a few runs as parts, else a gather; masks built once per (segment, window)."""
 
-    def __init__(self, cache: CellCache, segments: Sequence[Segment], new_cells: np.ndarray) -> None:
+    def __init__(
+        self,
+        pool: CellPool,
+        held: Mapping[int, np.ndarray],
+        segments: Sequence[Segment],
+        new_cells: np.ndarray,
+    ) -> None:
         self.segments = tuple(segments)
-        self._cache = cache
+        self._pool = pool
         self._new = new_cells  # [T] cell of each packed row
         lo, hi = int(new_cells[0]), int(new_cells[-1])
         # fresh cells usually come off the free stack as one ascending run: a slice update suffices
@@ -71,7 +89,7 @@ class CellStep:
         offset = 0
         for seg in segments:
             # [pos] cell of each position, new rows included
-            self._reads.append(segment_read(seg, cache._cells[seg.seq].held(), offset))
+            self._reads.append(segment_read(seg, held[seg.seq], offset))
             offset += seg.length
         self._masks: dict[tuple[int, int | None], mx.array | str | None] = {}
         self._part_masks: dict[tuple[int, int | None], tuple[mx.array | None, ...]] = {}
@@ -82,8 +100,8 @@ class CellStep:
         else -1."""
         if i not in self._positions:
             read = self._reads[i]
-            owned = ((self._cache._owners[read.cells] >> np.uint64(read.seq)) & np.uint64(1)).astype(bool)
-            pos = np.where(owned, self._cache._cell_pos[read.cells], -1).astype(np.int32)
+            owned = ((self._pool.owners[read.cells] >> np.uint64(read.seq)) & np.uint64(1)).astype(bool)
+            pos = np.where(owned, self._pool.cell_pos[read.cells], -1).astype(np.int32)
             if read.runs:
                 edges = np.cumsum([0] + [hi - lo for lo, hi in read.runs])
                 self._positions[i] = tuple(
@@ -95,10 +113,10 @@ class CellStep:
 
     def _np_mask(self, read: SegmentRead, window: int | None) -> np.ndarray:
         """bool [n, U]: owned by the sequence, position <= the row's (and inside the window)."""
-        cache = self._cache
+        pool = self._pool
         bit = np.uint64(read.seq)
-        owned = ((cache._owners[read.cells] >> bit) & np.uint64(1)).astype(bool)  # [U]
-        pos = cache._cell_pos[read.cells][None, :]  # [1, U]
+        owned = ((pool.owners[read.cells] >> bit) & np.uint64(1)).astype(bool)  # [U]
+        pos = pool.cell_pos[read.cells][None, :]  # [1, U]
         q = read.qpos[:, None]  # [n, 1]
         mask = owned[None, :] & (pos <= q) & (pos >= 0)  # [n, U]
         if window is not None:
@@ -134,11 +152,11 @@ class CellStep:
 
     def views(self, layer: int, keys: mx.array, values: mx.array) -> list[KVView]:
         """keys, values: [T, kv_heads, head_dim] packed in segment order. One view per segment."""
-        cache, cfg = self._cache, self._cache._cfg
+        pool, cfg = self._pool, self._pool.cfg
         check_step_kv(cfg, layer, len(self._new), keys, values)
         k_t = as_dtype(keys, cfg.dtype).transpose(1, 0, 2)  # [kv_heads, T, head_dim]
         v_t = as_dtype(values, cfg.dtype).transpose(1, 0, 2)
-        pool_k, pool_v = cache._keys, cache._values  # [kv_heads, alloc, head_dim] per layer
+        pool_k, pool_v = pool.keys, pool.values  # [kv_heads, alloc, head_dim] per layer
         if self._run:
             a, b = self._run
             pool_k[layer][:, a:b, :] = k_t
@@ -176,7 +194,7 @@ class CellStep:
         return out
 
     def state(self) -> list[mx.array]:
-        return [*self._cache._keys, *self._cache._values]
+        return [*self._pool.keys, *self._pool.values]
 
 
 def as_dtype(x: mx.array, dtype: mx.Dtype) -> mx.array:

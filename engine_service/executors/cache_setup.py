@@ -11,12 +11,9 @@ from engine_service.api.checks import checked_int
 from engine_service.api.errors import InvalidArgument, ResourceExhausted
 from engine_service.cache.batch_control import BatchControl
 from engine_service.cache.config import CacheConfig
-from engine_service.executors.options import DEFAULTS
+from engine_service.executors.options import DEFAULTS, KV_DTYPES
 from engine_service.model.cpu_kernels import kernels
 
-# --kv_dtype choices; auto: float16 where the attention reads half precision as stored (the compiled
-# CPU kernel, or a GPU), float32 where it would upcast the cache every step (MLX's CPU ops)
-KV_DTYPES = ("auto", "float16", "bfloat16", "float32")
 _INT32_MAX = 2**31 - 1
 _PREALLOCATE = 256  # rows a flat layer allocates per step for a sequence
 

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 
 from engine_service.api.checks import checked_int
 
+# --kv_dtype choices; auto: float16 where the attention reads half precision as stored (the compiled
+# CPU kernel, or a GPU), float32 where it would upcast the cache every step (MLX's CPU ops)
+KV_DTYPES = ("auto", "float16", "bfloat16", "float32")
+
 
 @dataclass(frozen=True)
 class ExecutorSettings:
@@ -70,7 +74,6 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 def add_executor_options(parser: argparse.ArgumentParser, *, max_sessions: int | None) -> None:
     """The cache, limit, K/V dtype and ``--deterministic`` flags (``--max_sessions`` unless None)."""
     from engine_service.cache.registry import cache_kinds
-    from engine_service.executors.cache_setup import KV_DTYPES
 
     parser.add_argument(
         "--cache_kind",

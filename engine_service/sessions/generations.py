@@ -4,7 +4,7 @@ reserve what it may hold in its owner's quota before anything runs."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import FailedPrecondition, InvalidArgument, Stopping
@@ -16,8 +16,23 @@ from engine_service.sessions.ownership import payer_of, receiver_of
 from engine_service.sessions.reservation import GrowingReservation
 
 if TYPE_CHECKING:
+    from engine_service.api.limits import EngineLimits
+    from engine_service.model.text.chat import ChatFormatter
+    from engine_service.model.text.tokenizer import Tokenizer
+    from engine_service.runtime.runner import Runner
     from engine_service.runtime.session import Session
-    from engine_service.sessions.engine import EngineSessions
+    from engine_service.sessions.handles import HandleRegistry
+
+
+class GenerationHost(Protocol):
+    """What starting a generation reads of the engine's sessions (``EngineSessions``)."""
+
+    runner: Runner
+    registry: HandleRegistry[Session]
+    tokenizer: Tokenizer
+    chat: ChatFormatter | None
+    limits: EngineLimits
+    reservation_growth: int | None
 
 
 @dataclass(frozen=True)
@@ -34,7 +49,7 @@ class GenerationRequest:
     snapshot_owner: str = ""
 
 
-def start_generation(engine: EngineSessions, owner: str, request: GenerationRequest) -> GenerationCall:
+def start_generation(engine: GenerationHost, owner: str, request: GenerationRequest) -> GenerationCall:
     """The call for ``request``; every refusal comes before anything is allocated or reserved."""
     limits, registry = engine.limits, engine.registry
     value = fed_input(request.input, engine.tokenizer, engine.chat, limits.vocab_size)
@@ -90,7 +105,7 @@ def start_generation(engine: EngineSessions, owner: str, request: GenerationRequ
     )
 
 
-def _open(engine: EngineSessions, handle: str, owner: str) -> Session:
+def _open(engine: GenerationHost, handle: str, owner: str) -> Session:
     try:
         session = engine.runner.open_session()
     except BaseException:
@@ -104,7 +119,7 @@ def _open(engine: EngineSessions, handle: str, owner: str) -> Session:
 
 
 def _reservation(
-    engine: EngineSessions, handle: str, start: int, size: int, config: GenConfig
+    engine: GenerationHost, handle: str, start: int, size: int, config: GenConfig
 ) -> GrowingReservation:
     return GrowingReservation(
         engine.registry,

@@ -5,24 +5,39 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from engine_service.api.call_context import CallContext
+from engine_service.api.engine_info import EngineInfo
 from engine_service.api.stream_events import SnapshotKind
 from prefix_service.cache.budget import Reservation
-from prefix_service.cache.checkpoints import SnapshotRoom, checkpoint_positions
-from prefix_service.cache.outcomes import InsertRefusal, Match
+from prefix_service.cache.checkpoints import CheckpointPlan, SnapshotRoom, checkpoint_positions
+from prefix_service.cache.outcomes import InsertRefusal, LookupOutcome, Match
+from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.cache.retention import BOUNDARY_KEY
 from prefix_service.gateway.calls import GatewayRequest
-from prefix_service.gateway.gateway_backend import EngineGenerate, EngineStream
-from prefix_service.gateway.stream import GatewayStream
+from prefix_service.gateway.gateway_backend import EngineGenerate, EngineStream, GatewayBackend
+from prefix_service.gateway.stream import GatewayStream, StreamHost
 
-if TYPE_CHECKING:
-    from prefix_service.gateway.gateway import Gateway
+
+class StartHost(StreamHost, Protocol):
+    """What starting a generation asks of its gateway (``Gateway``)."""
+
+    cache: PrefixCache
+    backend: GatewayBackend
+
+    @property
+    def engine(self) -> EngineInfo: ...
+
+    def checkpoint_plan(self) -> CheckpointPlan: ...
+
+    def find(
+        self, namespace: str, tokens: Sequence[int], call: CallContext, *, count: bool = True
+    ) -> LookupOutcome: ...
 
 
 def start_generation(
-    gateway: Gateway,
+    gateway: StartHost,
     request: GatewayRequest,
     tokens: list[int],
     message_ends: Sequence[int],
@@ -72,7 +87,7 @@ def start_generation(
 
 
 def _reserve_checkpoints(
-    gateway: Gateway,
+    gateway: StartHost,
     request: GatewayRequest,
     tokens: Sequence[int],
     message_ends: Sequence[int],

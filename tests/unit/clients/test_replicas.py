@@ -20,8 +20,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from clients.prefix_client import PrefixClient
-from clients.replicas import DEFAULT_VNODES, ROUTE_KEY_HEADER, HashRing, ReplicatedPrefixClient, ring_hash
+from clients.prefix_client import ROUTE_KEY_HEADER, PrefixClient
+from clients.replicas import DEFAULT_VNODES, HashRing, ReplicatedPrefixClient, ring_hash
 from engine_service.api.config import GenConfig
 from protos import engine_pb2, prefix_pb2, prefix_pb2_grpc
 
