@@ -36,6 +36,14 @@ class CheckpointPlan:
     def enabled(self) -> bool:
         return self.stride > 0 and self.max_checkpoints > 0
 
+    def for_cache(self, max_entries: int) -> CheckpointPlan:
+        """One prompt's snapshots take at most half the cache's entries: a long prompt never flushes it."""
+        return self.limited(max_entries // 2 - 1)
+
+    def message_ends(self, window_evicts: bool) -> int:
+        """How many of a chat's message ends to ask the engine for (0 where no checkpoint is taken)."""
+        return self.max_checkpoints if self.enabled and window_evicts else 0
+
     def limited(self, most: int) -> CheckpointPlan:
         """This plan with at most ``most`` checkpoints (the gateway: fewer than half its cache)."""
         return replace(self, max_checkpoints=max(0, min(self.max_checkpoints, most)))

@@ -85,6 +85,13 @@ class PrefixCache:
     def max_positions(self) -> int:
         return self._budget.max_positions
 
+    def fill(self) -> float:
+        """How full the service's share is: max(entries / max, positions / max); disabled: full."""
+        if self.max_entries == 0:
+            return 1.0
+        positions = self.positions / self.max_positions if self.max_positions else 0.0
+        return min(1.0, max(len(self) / self.max_entries, positions))
+
     @property
     def positions(self) -> int:  # held by the entries
         return self._budget.positions

@@ -342,7 +342,7 @@ def _tokenized(
         return Tokenized(tuple(prompt))
 
     def tokenize_on(member: EngineMember) -> Tokenized:
-        return member.gateway.tokenize(prompt, call, wanted_ends)
+        return member.gateway.tokenized(prompt, call, wanted_ends)
 
     return _first_that_serves(engines, tokenize_on, retry=(Unavailable,))
 

@@ -203,12 +203,7 @@ class Gateway:
         return self.cache.positions
 
     def fill(self) -> float:
-        """How full the service's share is: max(entries / max, positions / max); disabled: full."""
-        cache = self.cache
-        if cache.max_entries == 0:
-            return 1.0
-        positions = cache.positions / cache.max_positions if cache.max_positions else 0.0
-        return min(1.0, max(len(cache) / cache.max_entries, positions))
+        return self.cache.fill()
 
     def reusable(self, namespace: str, key: tuple[int, ...]) -> int:
         """Positions a lookup of ``key`` would reuse here (``PrefixCache.reusable``: no clone, no count)."""
@@ -223,18 +218,13 @@ class Gateway:
             return 0
         return self.tier.reusable(self.cache.backend, namespace, key)
 
-    def tokenize(self, text: TextPrompt, call: CallContext, message_ends: int = 0) -> Tokenized:
-        return self.backend.tokenize(text, call, message_ends)
-
     @property
     def message_ends_wanted(self) -> int:
         """How many message ends a chat prompt's checkpoints can use here (0: the window never evicts)."""
-        plan = self.checkpoint_plan()
-        return plan.max_checkpoints if plan.enabled and self.engine.window.evicts else 0
+        return self.checkpoint_plan().message_ends(self.engine.window.evicts)
 
     def checkpoint_plan(self) -> CheckpointPlan:
-        # one prompt's snapshots take at most half the cache's entries: a long prompt never flushes it
-        return self.checkpoints.limited(self.cache.max_entries // 2 - 1)
+        return self.checkpoints.for_cache(self.cache.max_entries)
 
     def listen(self, listener: Callable[[EntryChange], None] | None) -> None:
         self.cache.listen(listener)  # an EventHub follows the gateway (``cache/events.py``)
