@@ -8,6 +8,7 @@ import math
 import os
 from typing import NoReturn
 
+from engine_service.api.config import GenConfig
 from prefix_service.cache.retention import policy_names
 
 DESCRIPTION = """mlx_run_llm_batched: run prompts concurrently in-process, reusing prompt snapshots across rounds.
@@ -185,6 +186,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--tls_key", default=None, metavar="FILE", help="PEM private key of --tls_cert (default: none)"
     )
     return p
+
+
+def gen_config(args: argparse.Namespace, seed: int, stop_tokens: tuple[int, ...] = ()) -> GenConfig:
+    """One prompt's sampling from the flags (prompt i is seeded with ``--seed + i``)."""
+    return GenConfig(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=seed,
+        stop_tokens=stop_tokens,
+        prefill_chunk=args.prefill_chunk,
+    )
 
 
 def validate(args: argparse.Namespace) -> None:

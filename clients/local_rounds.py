@@ -9,11 +9,10 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
-from clients.cli_options import UsageError
+from clients.cli_options import UsageError, gen_config
 from clients.round_output import COMPLETED, NAMESPACE, OutputFile, result_line
 from clients.runner_backend import RunnerBackend
 from clients.snapshot_dir import PersistentEntries
-from engine_service.api.config import GenConfig
 from engine_service.api.errors import ForklineError, ModelLoadError
 from engine_service.api.prompts import TextPrompt, text_tokens
 from engine_service.executors.module import ModuleExecutor
@@ -101,15 +100,7 @@ def start(rig: Rig, n: int, prompt: list[int], seed: int, capture: bool) -> Job:
     if capture:
         job.capture = rig.cache.capture_prompt(session, prompt)
         callback = job.capture.wrap(callback)
-    config = GenConfig(
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=seed,
-        stop_tokens=rig.stop_tokens,
-        prefill_chunk=args.prefill_chunk,
-    )
+    config = gen_config(args, seed, rig.stop_tokens)
     job.handle = session.generate_async(prompt[job.reused :], config, callback)
     return job
 

@@ -11,6 +11,7 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import TextIO
 
+from clients.cli_options import gen_config
 from clients.engine_client import EngineClient, GenerationOutcome
 from clients.prefix_client import PrefixClient
 from clients.round_output import COMPLETED, NAMESPACE, result_line
@@ -26,17 +27,6 @@ class RemoteJob:
     path: str
     outcome: GenerationOutcome | None = None
     error: str | None = None
-
-
-def _config(args: argparse.Namespace, seed: int) -> GenConfig:
-    return GenConfig(
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=seed,
-        prefill_chunk=args.prefill_chunk,
-    )
 
 
 def _run_job(job: RemoteJob, engine: EngineClient, prefix: PrefixClient | None, config: GenConfig) -> None:
@@ -91,7 +81,7 @@ def run_remote(args: argparse.Namespace, out: TextIO) -> int:
                 for i, p in enumerate(prompts)
             ]
             threads = [
-                threading.Thread(target=_run_job, args=(job, engine, prefix, _config(args, args.seed + i)))
+                threading.Thread(target=_run_job, args=(job, engine, prefix, gen_config(args, args.seed + i)))
                 for i, job in enumerate(jobs)
             ]
             for t in threads:

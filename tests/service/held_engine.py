@@ -12,8 +12,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from engine_service.__main__ import parse_args
-from engine_service.serving.service_main import run_service
 from tests.service import tiny_engine
 
 HOLD_ENV = "FORKLINE_TEST_HOLD"
@@ -55,12 +53,7 @@ def start(args):
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_service(
-        "forkline-engine",
-        parse_args(argv),
-        start,
-        lambda server, a: server.stop(a.grace, shutdown_runner=True),
-    )
+    return tiny_engine.main(argv, start)
 
 
 if __name__ == "__main__":

@@ -32,11 +32,12 @@ def start(args):
     return engine.server, engine.port
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, starter=None) -> int:
+    """The engine's own main over the tiny model; ``starter``: another ``start`` (e.g. held_engine's)."""
     return run_service(
         "forkline-engine",
         parse_args(argv),
-        start,
+        starter or start,
         lambda server, a: server.stop(a.grace, shutdown_runner=True),
     )
 
