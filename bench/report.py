@@ -1,6 +1,7 @@
 """docs/BENCHMARKS.md's tables, rendered from the committed bench results (docs/bench/*.json).
 
     .venv/bin/python bench/report.py [--check] [--png]
+    .venv/bin/python bench/report.py --record NAME --output bench/out/X.json --title T --command C [--notes N]
 
 A record is one JSON file, ``docs/bench/NAME.json``: ``bench`` (the script under bench/), ``title``,
 ``date``, ``machine``, ``command``, optional ``source`` and ``notes``, and ``figures``: what the bench
@@ -10,7 +11,10 @@ printed. The page holds NAME's table between ``<!-- bench:begin NAME -->`` and `
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
+import platform
 import re
 import sys
 from collections.abc import Callable
@@ -186,11 +190,57 @@ def write_png(records: dict[str, dict]) -> None:
             plot(record["figures"], str(ROOT / "docs" / "img" / f"{name}.png"))
 
 
+def machine() -> str:
+    """This machine in words: CPU model, cores, the kernels' ISA, load average (read now)."""
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor() or platform.machine(),
+    )
+    flags = Path("/proc/cpuinfo").read_text()
+    isa = "AVX-512" if " avx512f" in flags else "AVX2" if " avx2" in flags else platform.machine()
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    blas = os.environ.get("OPENBLAS_CORETYPE")
+    pinned = f", OPENBLAS_CORETYPE={blas}" if blas else ""
+    return f"{model}, {os.cpu_count()} cores, {isa}, no GPU{pinned}, load average {load} at recording"
+
+
+def record(name: str, output: Path, title: str, command: str, notes: list[str]) -> Path:
+    """``docs/bench/NAME.json`` from a bench's output JSON, dated today, with this machine."""
+    previous = (
+        json.loads((RESULTS / f"{name}.json").read_text()) if (RESULTS / f"{name}.json").exists() else {}
+    )
+    fields = {
+        "bench": Path(command.split()[1]).stem if len(command.split()) > 1 else previous.get("bench", name),
+        "title": title or previous.get("title", name),
+        "date": datetime.date.today().isoformat(),
+        "machine": machine(),
+        "command": command,
+        "notes": notes,
+        "figures": json.loads(output.read_text(encoding="utf-8")),
+    }
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(fields, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when the page differs from the records")
     parser.add_argument("--png", action="store_true", help="also draw docs/img/ charts from the records")
+    parser.add_argument("--record", metavar="NAME", help="write docs/bench/NAME.json from --output first")
+    parser.add_argument("--output", type=Path, help="the bench's JSON output (with --record)")
+    parser.add_argument("--title", default="", help="what the record measures (with --record)")
+    parser.add_argument("--command", default="", help="the command that ran the bench (with --record)")
+    parser.add_argument("--notes", action="append", default=[], help="a note under the table (repeatable)")
     args = parser.parse_args()
+    if args.record:
+        if args.output is None or not args.command:
+            parser.error("--record needs --output and --command")
+        print(record(args.record, args.output, args.title, args.command, args.notes))
     records = load_records()
     text = PAGE.read_text(encoding="utf-8")
     if args.check:
