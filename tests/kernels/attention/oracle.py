@@ -69,8 +69,6 @@ CASES = [  # (rows, keys, Hq, Hkv, D, window, chunk)
     (2, 70, 5, 1, 40, 0, 64),  # 5 per kv head; head_dim 40 (a 16-float tail of 8)
 ]
 
-
 LEVELS = ["scalar", "avx2", "avx512"]
-
 
 ISAS = LEVELS[: LEVELS.index(fk.best_isa()) + 1]  # the ones this CPU runs

@@ -13,7 +13,6 @@ from tests.service.openai_door import MODEL
 
 __all__ = ["MODEL", "QUESTION", "engine_idle", "post", "sdk", "sse_events"]
 
-
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
