@@ -9,20 +9,7 @@ import pytest
 from engine_service.model.formats.ggml_blocks import BLOCK_BY_NAME, dequantize
 from tests.model.gguf_writer import QUANTIZERS
 from tests.unit.model.ggml_blocks.cases import ALL_TYPES, QUANTIZED, _decode, _hand, _u8, _weights
-
-
-def oracle(name: str, data: np.ndarray, rows: int) -> np.ndarray:
-    gguf = pytest.importorskip("gguf")
-    with np.errstate(all="ignore"):
-        ref = gguf.quants.dequantize(data.reshape(rows, -1), gguf.GGMLQuantizationType[name])
-    return np.asarray(ref, np.float32)
-
-
-def agree(ours: np.ndarray, ref: np.ndarray) -> None:
-    """Equal, NaN where the oracle has NaN, and bit-identical where finite (so -0.0 / +0.0 too)."""
-    np.testing.assert_array_equal(ours, ref)
-    finite = np.isfinite(ref)
-    assert np.array_equal(ours.view(np.uint32)[finite], ref.view(np.uint32)[finite])
+from tests.unit.model.ggml_blocks.oracle import agree, oracle
 
 
 @pytest.mark.parametrize("name", ALL_TYPES)
