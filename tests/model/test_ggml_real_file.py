@@ -1,6 +1,6 @@
 """The ggml block decoders on the real Gemma 3 GGUF (slow): each tensor type against the ``gguf``
 package, and the 262144 x 640 Q8_0 embedding decoded in seconds (hand-built blocks and random bytes:
-tests/unit/model/test_ggml_blocks.py)."""
+tests/unit/model/ggml_blocks/)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from engine_service.model.formats.ggml_blocks import EXACT_FORMAT, dequantize, exact_blocks32
 from engine_service.model.loading.gguf_file import GGUFFile
-from tests.unit.model.test_ggml_blocks import agree, oracle
+from tests.unit.model.ggml_blocks.oracle import agree, oracle
 
 GEMMA = "/root/.cache/forkline/models/gemma-3-270m-q4_k_m.gguf"
 

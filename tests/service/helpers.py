@@ -6,6 +6,7 @@ import time
 from functools import lru_cache
 
 from clients.engine_client import GenerationOutcome, GenerationStream
+from clients.prefix_client import PrefixClient
 from engine_service.api.config import GenConfig
 from engine_service.executors.module import ModuleExecutor
 from engine_service.model.random_init import random_model
@@ -55,3 +56,9 @@ def wait_for(predicate, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.02)
     return predicate()
+
+
+def gateway_round(prefix, prompt=PROMPT, max_new_tokens=10, **kw):
+    """One collected gateway Generate as alice on ``prefix`` (max_new_tokens 10 unless ``config``)."""
+    kw.setdefault("config", GenConfig(max_new_tokens=max_new_tokens))
+    return PrefixClient(prefix.address, owner="alice").generate(prompt, **kw).collect()

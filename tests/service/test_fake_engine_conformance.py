@@ -1,4 +1,4 @@
-"""The fake engine of the prefix unit tests (``tests/unit/prefix/fakes.FakeEngine``) follows the real
+"""The fake engine of the prefix unit tests (``tests/unit/prefix/fake_engine.FakeEngine``) follows the real
 backend (``prefix_service.engines.engine_backend.EngineBackend``'s parts over a real engine): the same
 members of the ``GatewayBackend`` and ``SessionBackend`` protocols with the protocols' signatures, and, situation by situation, the
 same kind of answer (its type and the fields the gateway reads) or the same error type. A change to
@@ -31,7 +31,8 @@ from prefix_service.engines.snapshot_files import EngineSnapshots
 from prefix_service.gateway.gateway_backend import EngineGenerate, GatewayBackend
 from prefix_service.tier.snapshot_backend import SnapshotBackend
 from tests.service.helpers import PROMPT
-from tests.unit.prefix.fakes import FakeBackend, FakeEngine
+from tests.unit.prefix.fake_engine import FakeEngine
+from tests.unit.prefix.fakes import FakeBackend
 
 P = tuple(PROMPT)
 ALICE = CallContext("alice")

@@ -7,7 +7,8 @@ import pytest
 
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.gateway.gateway import Gateway
-from tests.unit.prefix.fakes import FakeBackend, FakeEngine
+from tests.unit.prefix.fake_engine import FakeEngine
+from tests.unit.prefix.fakes import FakeBackend
 
 
 @pytest.fixture

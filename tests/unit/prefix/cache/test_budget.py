@@ -16,7 +16,7 @@ from prefix_service.cache.outcomes import InsertRefusal, MissReason
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.gateway.calls import GatewayRequest
 from prefix_service.gateway.gateway import Gateway
-from tests.unit.prefix.fakes import FakeEngine, FakeStream, done_event
+from tests.unit.prefix.fake_engine import FakeEngine, FakeStream, done_event
 
 NS = "app"
 

@@ -19,7 +19,7 @@ from prefix_service.cache.outcomes import LookupOutcome, MissReason
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.gateway.calls import GatewayRequest
 from prefix_service.gateway.gateway import Gateway
-from tests.unit.prefix.fakes import FakeEngine, WindowBackend
+from tests.unit.prefix.fake_engine import FakeEngine, WindowBackend
 
 NS = "app"
 LONG = tuple(range(10, 210))  # 200 tokens

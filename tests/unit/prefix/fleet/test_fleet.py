@@ -18,7 +18,7 @@ from prefix_service.fleet.routing import routing_policy
 from prefix_service.gateway.calls import GatewayRequest
 from prefix_service.gateway.gateway import Gateway
 from prefix_service.gateway.gateway_backend import EngineGenerate
-from tests.unit.prefix.fakes import FakeEngine
+from tests.unit.prefix.fake_engine import FakeEngine
 
 CONFIG = GenConfig(max_new_tokens=1)
 

@@ -18,7 +18,7 @@ from prefix_service.fleet.rates import CostRates, RateMeter
 from prefix_service.fleet.routing import CacheAware, Candidate, RouteReason, RouteRequest, routing_policy
 from prefix_service.gateway.calls import GatewayRequest
 from prefix_service.gateway.gateway import Gateway
-from tests.unit.prefix.fakes import FakeEngine
+from tests.unit.prefix.fake_engine import FakeEngine
 
 # moves cost 10 s here, so none is ever taken: these cases are the formula without moves (moves:
 # test_routing_moves.py)

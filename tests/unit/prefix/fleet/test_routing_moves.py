@@ -20,7 +20,7 @@ from prefix_service.fleet.rates import CostRates, RateMeter
 from prefix_service.fleet.route import SNAPSHOT_DIR
 from prefix_service.fleet.routing import Candidate, Move, RouteReason, RouteRequest
 from prefix_service.gateway.gateway import Gateway
-from tests.unit.prefix.fakes import FakeEngine
+from tests.unit.prefix.fake_engine import FakeEngine
 
 RATES = CostRates(
     prefill_s_per_position=0.001, queue_s_per_generation=0.1, move_overhead_s=0.01, move_s_per_position=0.0001

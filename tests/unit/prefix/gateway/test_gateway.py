@@ -19,7 +19,7 @@ from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.gateway import stream as stream_module
 from prefix_service.gateway.calls import GatewayRequest
 from prefix_service.gateway.gateway import Gateway
-from tests.unit.prefix.fakes import FakeEngine, done_event
+from tests.unit.prefix.fake_engine import FakeEngine, done_event
 
 NS = "app"
 PROMPT = tuple(range(10, 30))  # 20 tokens

@@ -22,7 +22,7 @@ from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.gateway import insert_flow as insert_flow_module
 from prefix_service.gateway.calls import GatewayRequest
 from prefix_service.gateway.gateway import Gateway
-from tests.unit.prefix.fakes import FakeStream, done_event
+from tests.unit.prefix.fake_engine import FakeStream, done_event
 from tests.unit.runtime.fake_executor import FakeExecutor, FakePrepared
 
 NS = "app"
