@@ -29,6 +29,7 @@ from pathlib import Path
 import engine_service  # noqa: F401  (OpenBLAS before mlx)
 from clients.runner_backend import RunnerBackend
 from engine_service.api.config import GenConfig
+from engine_service.api.content import content_digest
 from engine_service.executors.module import ModuleExecutor
 from engine_service.runtime.runner import Runner
 from prefix_service.cache.prefix_cache import PrefixCache
@@ -121,24 +122,28 @@ def ttft(loaded, kind: str, lengths: list[int], repeats: int, rng: random.Random
 
 
 class FreeBackend:
-    """Clones cost nothing: the benchmark measures the prefix cache and its index only."""
+    """Clones cost nothing: the benchmark measures the prefix cache and its index only. A handle holds
+    its tokens, so the cache's content check (digest of what the session holds) passes as on an engine."""
 
     fingerprint = "bench"
 
     class Handle:
-        __slots__ = ("position",)
+        __slots__ = ("tokens",)
 
-        def __init__(self, position: int) -> None:
-            self.position = position
+        def __init__(self, tokens: tuple[int, ...]) -> None:
+            self.tokens = tokens
 
     def clone(self, handle, upto):
-        return FreeBackend.Handle(upto)
+        return FreeBackend.Handle(handle.tokens[:upto])
 
     def close(self, handle) -> None:
         pass
 
     def position(self, handle) -> int:
-        return handle.position
+        return len(handle.tokens)
+
+    def content_digest(self, handle) -> bytes:
+        return content_digest(handle.tokens)
 
     def valid(self, handle) -> bool:
         return True
@@ -161,7 +166,7 @@ def lookup_latency(systems: int, per_system: int, key_len: int, samples: int, rn
     cache = PrefixCache(backend, max_entries=len(keys))
     started = time.perf_counter()
     for key in keys:
-        assert cache.insert(NS, key, FreeBackend.Handle(len(key))).stored
+        assert cache.insert(NS, key, FreeBackend.Handle(tuple(key))).stored
     insert_s = time.perf_counter() - started
     # Settle the heap after the bulk load, as a long-running service would be: the first full
     # collection untracks the 20M-int key tuples (they hold no containers), so later automatic

@@ -150,12 +150,12 @@ def main() -> int:
 
     base = rounds[0]["aggregate_decode_tok_s"]
     report = {
-        "model": "SmolLM2-135M-Instruct (GGUF Q4_1, float32 weights)",
+        "model": "SmolLM2-135M-Instruct (GGUF Q4_1)",
         "weights_dtype": loaded.weights_dtype,
         "cache_kind": "batched-sequence",
         "concurrent_decode": rounds,
         "scaling_8_vs_1": round(rounds[-1]["aggregate_decode_tok_s"] / base, 2),
-        "scaling_target_met": rounds[-1]["aggregate_decode_tok_s"] >= 4 * base,
+        "scaling_target_met": rounds[-1]["aggregate_decode_tok_s"] >= 3 * base,  # issue 22's target: >= 3x
         "prompt_lookup": {
             "task": "repeat a given paragraph",
             "prompt_tokens": len(quote),

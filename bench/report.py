@@ -190,39 +190,35 @@ def write_png(records: dict[str, dict]) -> None:
             plot(record["figures"], str(ROOT / "docs" / "img" / f"{name}.png"))
 
 
-def machine() -> str:
-    """This machine in words: CPU model, cores, the kernels' ISA, load average (read now)."""
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor() or platform.machine(),
-    )
-    flags = Path("/proc/cpuinfo").read_text()
-    isa = "AVX-512" if " avx512f" in flags else "AVX2" if " avx2" in flags else platform.machine()
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+def machine(load: list[float] | None = None) -> str:
+    """This machine in words: CPU model, cores, the kernels' ISA, BLAS pin, load average (``load``: the
+    run's own reading when the bench printed one, else read now)."""
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")]
+    model = names[0] if names else platform.processor() or platform.machine()
+    isa = "AVX-512" if " avx512f" in cpuinfo else "AVX2" if " avx2" in cpuinfo else platform.machine()
     blas = os.environ.get("OPENBLAS_CORETYPE")
     pinned = f", OPENBLAS_CORETYPE={blas}" if blas else ""
-    return f"{model}, {os.cpu_count()} cores, {isa}, no GPU{pinned}, load average {load} at recording"
+    shown = ", ".join(f"{x:.1f}" for x in (load or os.getloadavg()))
+    when = "at the run's start" if load else "at recording"
+    return f"{model}, {os.cpu_count()} cores, {isa}, no GPU{pinned}, load average {shown} {when}"
 
 
 def record(name: str, output: Path, title: str, command: str, notes: list[str]) -> Path:
     """``docs/bench/NAME.json`` from a bench's output JSON, dated today, with this machine."""
-    previous = (
-        json.loads((RESULTS / f"{name}.json").read_text()) if (RESULTS / f"{name}.json").exists() else {}
-    )
+    path = RESULTS / f"{name}.json"
+    previous = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    figures = json.loads(output.read_text(encoding="utf-8"))
+    load = figures.get("load_average_1_5_15min") if isinstance(figures, dict) else None
     fields = {
         "bench": Path(command.split()[1]).stem if len(command.split()) > 1 else previous.get("bench", name),
         "title": title or previous.get("title", name),
         "date": datetime.date.today().isoformat(),
-        "machine": machine(),
+        "machine": machine(load),
         "command": command,
         "notes": notes,
-        "figures": json.loads(output.read_text(encoding="utf-8")),
+        "figures": figures,
     }
-    path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(fields, indent=1) + "\n", encoding="utf-8")
     return path
 
