@@ -1,7 +1,8 @@
 """``batched-cell``: one shared pool of cells per layer ([kv_heads, alloc, head_dim]), each cell with a
-position and owner bits (numpy, once for every layer); a clone ORs its owner bit onto the source's
-cells (no K/V copied), a rewind drops ownership, a cell is freed with its last owner. Nothing is
-evicted for a window: the mask restricts it. Spec: docs/ENGINE.md (The KV cache: batched-cell)."""
+position and a reference count (numpy, once for every layer); each sequence lists its own cells. A
+clone lists the source's cells and counts one more holder (no K/V copied), a rewind drops the tail, a
+cell is freed with its last holder. Nothing is evicted for a window: the mask restricts it. Spec:
+docs/ENGINE.md (The KV cache: batched-cell)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from collections.abc import Sequence
 import mlx.core as mx
 import numpy as np
 
-from engine_service.api.checks import checked_int
 from engine_service.api.errors import CacheError
 from engine_service.cache.batch_control import Segment
 from engine_service.cache.cell_allocator import CellAllocator
@@ -18,8 +18,6 @@ from engine_service.cache.cell_step import CellPool, CellStep, as_dtype
 from engine_service.cache.config import CacheConfig, ConfiguredCache
 from engine_service.cache.seq_ids import SeqIdPool, check_position, check_segments
 from engine_service.cache.seq_state import SeqState, layout_problem
-
-MAX_OWNERS = 64  # owner bits per cell (uint64)
 
 
 class _Cells:
@@ -55,14 +53,13 @@ class CellCache(ConfiguredCache):
     """BatchControl over a shared cell pool. Capacity counts used cells."""
 
     def __init__(self, config: CacheConfig) -> None:
-        checked_int("batched-cell max_seqs", config.max_seqs, hi=MAX_OWNERS)
         self._cfg = config
         self._ids = SeqIdPool(config.max_seqs)
         self._cells: dict[int, _Cells] = {}
         self._slots = CellAllocator(config.capacity, config.max_seqs)
         # bookkeeping covers every cell up front (cheap numpy); K/V storage grows lazily to ``_alloc``
         self._cell_pos = np.full(config.capacity, -1, dtype=np.int64)  # [capacity]
-        self._owners = np.zeros(config.capacity, dtype=np.uint64)  # [capacity]
+        self._refs = np.zeros(config.capacity, dtype=np.int32)  # [capacity] sequences holding each cell
         self._alloc = 0
         self._keys: list[mx.array] = []  # per layer [kv_heads, alloc, head_dim]
         self._values: list[mx.array] = []
@@ -76,8 +73,8 @@ class CellCache(ConfiguredCache):
         return self._cells[self._ids.check(seq)].held().copy()
 
     def cell_info(self, cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(positions, owner bitmasks) of ``cells`` (copies)."""
-        return self._cell_pos[cells].copy(), self._owners[cells].copy()
+        """(positions, holder counts) of ``cells`` (copies)."""
+        return self._cell_pos[cells].copy(), self._refs[cells].copy()
 
     def seq_new(self) -> int | None:
         sid = self._ids.acquire()
@@ -94,7 +91,7 @@ class CellCache(ConfiguredCache):
         if sid is None:
             return None
         shared = source.held()[:upto].copy()
-        self._owners[shared] |= np.uint64(1 << sid)
+        self._refs[shared] += 1
         self._cells[sid] = _Cells(shared)
         return sid
 
@@ -137,7 +134,7 @@ class CellCache(ConfiguredCache):
         try:
             cells = self._slots.take(sid, None, state.length)
             self._cell_pos[cells] = np.arange(state.length)
-            self._owners[cells] = np.uint64(1 << sid)
+            self._refs[cells] = 1
             self._cells[sid].append(cells)
             self._grow(int(cells.max()) + 1)
             at = _cell_index(cells)
@@ -165,12 +162,12 @@ class CellCache(ConfiguredCache):
         return True
 
     def _drop(self, seq: int, length: int) -> None:
-        """Release ``seq``'s ownership of its cells at positions >= ``length``; free orphaned cells."""
+        """Release ``seq``'s hold on its cells at positions >= ``length``; free orphaned cells."""
         held = self._cells[seq]
-        gone = held.held()[length:]
+        gone = held.held()[length:]  # distinct cells: a sequence holds each of its cells once
         if len(gone):
-            self._owners[gone] &= ~np.uint64(1 << seq)
-            orphans = gone[self._owners[gone] == 0]
+            self._refs[gone] -= 1
+            orphans = gone[self._refs[gone] == 0]
             self._cell_pos[orphans] = -1
             self._slots.release(orphans)
         held.n = length
@@ -210,12 +207,12 @@ class CellCache(ConfiguredCache):
             held = self._cells[seg.seq]
             cells = self._slots.take(seg.seq, int(held.idx[held.n - 1]) if held.n else None, seg.length)
             self._cell_pos[cells] = np.arange(seg.start, seg.start + seg.length)
-            self._owners[cells] = np.uint64(1 << seg.seq)
+            self._refs[cells] = 1
             held.append(cells)
             parts.append(cells)
         new = np.concatenate(parts)  # [T] cell of each packed row
         self._grow(int(new.max()) + 1)
-        pool = CellPool(self._cfg, self._keys, self._values, self._owners, self._cell_pos)
+        pool = CellPool(self._cfg, self._keys, self._values, self._cell_pos)
         return CellStep(pool, {seg.seq: self._cells[seg.seq].held() for seg in segments}, segments, new)
 
     def clear(self) -> None:

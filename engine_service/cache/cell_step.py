@@ -23,7 +23,6 @@ class CellPool:
     cfg: CacheConfig
     keys: list[mx.array]  # per layer [kv_heads, alloc, head_dim]
     values: list[mx.array]
-    owners: np.ndarray  # [capacity] owner bits of each cell
     cell_pos: np.ndarray  # [capacity] position each cell holds (-1: free)
 
 
@@ -34,14 +33,15 @@ MAX_PARTS = 4
 
 @dataclass(frozen=True)
 class SegmentRead:
-    """Which pool cells one segment's rows attend: ``cells`` int64 [U] in view order; ``span`` the pool
-    slice [lo, hi) (else ``take`` gathers); ``contiguous``: its cells are lo .. hi - 1 in position order;
-    ``runs``: a multi-part view of pool slices instead."""
+    """Which pool cells one segment's rows attend: ``cells`` int64 [U] in view order, ``owned`` bool [U]
+    whether the sequence holds each; ``span`` the pool slice [lo, hi) (else ``take`` gathers);
+    ``contiguous``: its cells are lo .. hi - 1 in position order; ``runs``: pool slices instead."""
 
     seq: int
     rows: slice
     qpos: np.ndarray  # [n] positions of the segment's rows
     cells: np.ndarray
+    owned: np.ndarray
     span: tuple[int, int] | None
     take: mx.array | None
     contiguous: bool
@@ -60,10 +60,16 @@ def segment_read(seg: Segment, own: np.ndarray, offset: int) -> SegmentRead:
     if not sliced and len(breaks) < MAX_PARTS:
         edges = [0, *breaks.tolist(), len(own)]
         runs = tuple((int(own[a]), int(own[b - 1]) + 1) for a, b in zip(edges[:-1], edges[1:], strict=True))
-        return SegmentRead(seg.seq, rows, qpos, own.copy(), span=None, take=None, contiguous=False, runs=runs)
-    cells = np.arange(lo, hi) if sliced else np.sort(own)
+        every = np.ones(len(own), dtype=bool)
+        return SegmentRead(seg.seq, rows, qpos, own.copy(), every, None, None, contiguous=False, runs=runs)
+    if sliced:  # the span also covers cells of other sequences: mark the sequence's own
+        cells, owned = np.arange(lo, hi), np.zeros(hi - lo, dtype=bool)
+        owned[own - lo] = True
+    else:
+        cells, owned = np.sort(own), np.ones(len(own), dtype=bool)
     take = None if sliced else mx.array(cells.astype(np.int32))
-    return SegmentRead(seg.seq, rows, qpos, cells, (lo, hi) if sliced else None, take, len(breaks) == 0)
+    span = (lo, hi) if sliced else None
+    return SegmentRead(seg.seq, rows, qpos, cells, owned, span, take, len(breaks) == 0)
 
 
 class CellStep:
@@ -96,12 +102,11 @@ class CellStep:
         self._positions: dict[int, tuple[mx.array, ...]] = {}
 
     def _key_positions(self, i: int) -> tuple[mx.array, ...]:
-        """int32 positions of segment ``i``'s view cells (per run): the cell's where the sequence owns it,
+        """int32 positions of segment ``i``'s view cells (per run): the cell's where the sequence holds it,
         else -1."""
         if i not in self._positions:
             read = self._reads[i]
-            owned = ((self._pool.owners[read.cells] >> np.uint64(read.seq)) & np.uint64(1)).astype(bool)
-            pos = np.where(owned, self._pool.cell_pos[read.cells], -1).astype(np.int32)
+            pos = np.where(read.owned, self._pool.cell_pos[read.cells], -1).astype(np.int32)
             if read.runs:
                 edges = np.cumsum([0] + [hi - lo for lo, hi in read.runs])
                 self._positions[i] = tuple(
@@ -112,13 +117,10 @@ class CellStep:
         return self._positions[i]
 
     def _np_mask(self, read: SegmentRead, window: int | None) -> np.ndarray:
-        """bool [n, U]: owned by the sequence, position <= the row's (and inside the window)."""
-        pool = self._pool
-        bit = np.uint64(read.seq)
-        owned = ((pool.owners[read.cells] >> bit) & np.uint64(1)).astype(bool)  # [U]
-        pos = pool.cell_pos[read.cells][None, :]  # [1, U]
+        """bool [n, U]: held by the sequence, position <= the row's (and inside the window)."""
+        pos = self._pool.cell_pos[read.cells][None, :]  # [1, U]
         q = read.qpos[:, None]  # [n, 1]
-        mask = owned[None, :] & (pos <= q) & (pos >= 0)  # [n, U]
+        mask = read.owned[None, :] & (pos <= q) & (pos >= 0)  # [n, U]
         if window is not None:
             mask &= pos > q - window
         return mask

@@ -12,7 +12,7 @@ from engine_service.cache.config import CacheConfig
 
 
 class SeqIdPool:
-    """Ids ``0 .. max_seqs - 1``, lowest free first (small: a cell's owner bit index)."""
+    """Ids ``0 .. max_seqs - 1``, lowest free first (small, reused: the cache indexes by them)."""
 
     def __init__(self, max_seqs: int) -> None:
         self._max = max_seqs

@@ -33,8 +33,9 @@ def test_registry_lists_kinds_and_rejects_unknown_names() -> None:
 
 def test_cell_cache_validates_max_seqs() -> None:
     with pytest.raises(InvalidArgument, match="max_seqs"):
-        build_cache("batched-cell", geometry(1, max_seqs=65))
-    assert build_cache("batched-cell", geometry(1, max_seqs=64)).max_seqs == 64
+        build_cache("batched-cell", geometry(1, max_seqs=0))
+    # no owner-bit limit: a cell counts its holders
+    assert build_cache("batched-cell", geometry(1, max_seqs=1000)).max_seqs == 1000
 
 
 @pytest.fixture(params=KINDS)
