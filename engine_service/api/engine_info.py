@@ -30,6 +30,10 @@ class EngineInfo:
     vocab_size: int
     max_session_tokens: int
     max_sessions: int = 0
+    # the positions the engine's K/V holds in all (its --kv_memory_mib over kv_bytes_per_position, at
+    # most max_sessions x max_session_tokens), and the bytes one position of one session costs
+    max_positions: int = 0
+    kv_bytes_per_position: int = 0
     model: str = ""
     cache_kind: str = ""
     architecture: str = ""

@@ -12,15 +12,20 @@ from engine_service.api.errors import InvalidArgument
 
 @dataclass(frozen=True)
 class EngineLimits:
-    """What one engine admits: resident sessions, positions per session, token ids."""
+    """What one engine admits: resident sessions, positions per session, token ids; the positions its
+    K/V holds in all and the bytes one position of one session costs (0: not reported)."""
 
     max_sessions: int
     max_session_tokens: int
     vocab_size: int
+    max_positions: int = 0
+    kv_bytes_per_position: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_sessions", "max_session_tokens", "vocab_size"):
             checked_int(name, getattr(self, name), lo=1)
+        for name in ("max_positions", "kv_bytes_per_position"):
+            checked_int(name, getattr(self, name), lo=0)
 
 
 def out_of_vocab(tokens: Sequence[int], vocab_size: int) -> int | None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import mlx.core as mx
@@ -11,6 +12,7 @@ from engine_service.api.checks import checked_int
 from engine_service.api.errors import InvalidArgument, ResourceExhausted
 from engine_service.cache.batch_control import BatchControl
 from engine_service.cache.config import CacheConfig
+from engine_service.executors.kv_memory import kv_bytes_per_position, kv_memory_mib, positions_bound
 from engine_service.executors.options import DEFAULTS, KV_DTYPES
 from engine_service.model.cpu_kernels import kernels
 
@@ -45,12 +47,16 @@ def cache_config(
     max_session_tokens: int,
     kv_dtype: str | mx.Dtype = DEFAULTS.kv_dtype,
     max_write: int = DEFAULTS.prefill_chunk,
+    kv_memory: int = DEFAULTS.kv_memory_mib,
 ) -> CacheConfig:
-    """The geometry for ``max_sessions`` sessions of ``max_session_tokens`` positions; InvalidArgument
-    for a bad limit, a capacity past int32 positions, or sessions longer than the model's context."""
+    """The geometry for ``max_sessions`` sessions of ``max_session_tokens`` positions, holding as many
+    positions in all as ``kv_memory`` MiB of K/V (0: auto, :mod:`.kv_memory`); InvalidArgument for a
+    bad limit, a capacity past int32 positions, sessions longer than the model's context, or a budget
+    smaller than one session."""
     checked_int("max_sessions", max_sessions, lo=1)
     checked_int("max_session_tokens", max_session_tokens, lo=1)
     checked_int("max_write", max_write, lo=1)
+    memory = kv_memory_mib(kv_memory)
     capacity = max_sessions * max_session_tokens
     if capacity > _INT32_MAX:
         raise InvalidArgument(
@@ -61,7 +67,7 @@ def cache_config(
             f"max_session_tokens={max_session_tokens} exceeds the model's context_length={model_config.context_length}"
         )
     try:
-        return CacheConfig(
+        config = CacheConfig(
             capacity=capacity,
             max_seqs=max_sessions,
             layers=tuple(model_config.layers),
@@ -74,6 +80,14 @@ def cache_config(
         )
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from exc
+    per_position = kv_bytes_per_position(config)
+    bound = positions_bound(memory, per_position)
+    if bound < max_session_tokens:
+        raise InvalidArgument(
+            f"kv_memory_mib={memory} holds {bound} positions of {per_position} bytes, fewer than one "
+            f"session of max_session_tokens={max_session_tokens}"
+        )
+    return replace(config, capacity=min(capacity, bound))
 
 
 def build_session_cache(cache_kind: str, config: CacheConfig) -> BatchControl:
@@ -83,7 +97,7 @@ def build_session_cache(cache_kind: str, config: CacheConfig) -> BatchControl:
 
     if cache_kind not in cache_kinds():
         raise InvalidArgument(f"cache_kind must be one of {', '.join(cache_kinds())}, got {cache_kind!r}")
-    limits = f"max_sessions={config.max_seqs} / max_session_tokens={config.capacity // config.max_seqs}"
+    limits = f"max_sessions={config.max_seqs} / capacity={config.capacity} positions"
     try:
         cache = build_cache(cache_kind, config)
     except InvalidArgument as exc:  # a known kind refusing the geometry: its own limits

@@ -19,6 +19,7 @@ from engine_service.cache.pinned_state import PinnableCache, PinnedState
 from engine_service.cache.seq_state import SeqState, StateTransfer, geometry_text
 from engine_service.executors.base import ExecInput, ExecOutput, Executor
 from engine_service.executors.cache_setup import build_session_cache, cache_config, resolve_kv_dtype
+from engine_service.executors.kv_memory import kv_bytes_per_position
 from engine_service.executors.lookahead import Lookahead
 from engine_service.executors.options import DEFAULTS, ExecutorSettings
 from engine_service.executors.plan import InputError, Plan, guard
@@ -90,11 +91,12 @@ class ModuleExecutor(Executor):
         weights_dtype: str | None = None,
         max_write: int | None = None,
         model_fingerprint: str | None = None,
+        kv_memory_mib: int = DEFAULTS.kv_memory_mib,
         **kwargs: Any,
     ) -> ModuleExecutor:
         """The cache for ``model`` (a Transformer or LoadedModel) and the executor over it; ``max_write``
-        defaults to ``prefill_chunk``. InvalidArgument for bad limits, ResourceExhausted when the cache
-        cannot hold ``max_sessions`` x ``max_session_tokens``."""
+        defaults to ``prefill_chunk``; the cache holds ``max_sessions`` x ``max_session_tokens`` positions
+        or what ``kv_memory_mib`` holds (0: auto), the fewer. InvalidArgument for bad limits."""
         prefill_chunk = checked_int("prefill_chunk", prefill_chunk, lo=1)
         max_write = max_write if max_write is not None else prefill_chunk
         kv_dtype = resolve_kv_dtype(kv_dtype)
@@ -104,6 +106,7 @@ class ModuleExecutor(Executor):
             max_session_tokens=max_session_tokens,
             kv_dtype=kv_dtype,
             max_write=max_write,
+            kv_memory=kv_memory_mib,
         )
         cache = build_session_cache(cache_kind, config)
         return cls(
@@ -130,6 +133,7 @@ class ModuleExecutor(Executor):
             settings.max_session_tokens,
             settings.kv_dtype,
             prefill_chunk=settings.prefill_chunk,
+            kv_memory_mib=settings.kv_memory_mib,
             **kwargs,
         )
 
@@ -196,7 +200,13 @@ class ModuleExecutor(Executor):
         return self.cache.pos(self._sessions.state(sid).seq)
 
     def limits(self) -> EngineLimits:
-        return EngineLimits(self.max_sessions, self.max_session_tokens, self.config.vocab_size)
+        return EngineLimits(
+            self.max_sessions,
+            self.max_session_tokens,
+            self.config.vocab_size,
+            max_positions=self.cache.capacity,
+            kv_bytes_per_position=kv_bytes_per_position(self.cache.config),
+        )
 
     def preferred_batch_tokens(self) -> int:
         return self.prefill_chunk

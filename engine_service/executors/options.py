@@ -19,8 +19,10 @@ class ExecutorSettings:
     flags, ``ModuleExecutor.create`` and ``EngineSessions.build`` read them here)."""
 
     cache_kind: str = "batched-sequence"
-    max_sessions: int = 32
+    # a session costs only the positions it holds: the slot count does not bound a cache, memory does
+    max_sessions: int = 256
     max_session_tokens: int = 2048
+    kv_memory_mib: int = 0  # 0: auto (engine_service/executors/kv_memory.py)
     max_decode_sequences: int = 8
     prefill_chunk: int = 512
     kv_dtype: str = "auto"
@@ -29,6 +31,7 @@ class ExecutorSettings:
     def __post_init__(self) -> None:
         for name in ("max_sessions", "max_session_tokens", "max_decode_sequences", "prefill_chunk"):
             checked_int(name, getattr(self, name), lo=1)
+        checked_int("kv_memory_mib", self.kv_memory_mib, lo=0)
 
 
 DEFAULTS = ExecutorSettings()
@@ -88,13 +91,25 @@ def add_executor_options(parser: argparse.ArgumentParser, *, max_sessions: int |
             metavar="N",
             type=int,
             default=max_sessions,
-            help="resident sessions at most: requests, stored snapshots and clones in flight "
+            help="resident sessions at most: requests, stored snapshots and clones in flight; an idle "
+            "session costs only the positions it holds, so --kv_memory_mib is what bounds them "
             "(default: %(default)s)",
         )
     for flag, default, text in _LIMITS:
         parser.add_argument(
             flag, metavar="N", type=int, default=default, help=f"{text} (default: %(default)s)"
         )
+    parser.add_argument(
+        "--kv_memory_mib",
+        metavar="MIB",
+        type=int,
+        default=DEFAULTS.kv_memory_mib,
+        help="K/V memory of all sessions together, in MiB: the engine holds at most this over its "
+        "bytes per position (every layer's K and V rows at --kv_dtype; Info reports both) and "
+        "refuses more with RESOURCE_EXHAUSTED; 0: a quarter of physical memory, at most 8 GiB "
+        "(6 GiB on a 24 GiB machine: ~280k positions of SmolLM2-135M at float16, room for hundreds "
+        "of cached prompts beside the weights) (default: %(default)s)",
+    )
     parser.add_argument(
         "--kv_dtype",
         default=DEFAULTS.kv_dtype,

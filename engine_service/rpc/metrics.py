@@ -107,6 +107,21 @@ class EngineCollector:
                 d.limits.max_sessions,
             ),
             (
+                "forkline_engine_max_positions",
+                "Positions the K/V of all sessions may hold together (--kv_memory_mib over the bytes per position)",
+                d.limits.max_positions,
+            ),
+            (
+                "forkline_engine_kv_bytes_per_position",
+                "Bytes one committed position of one session costs (K and V of every layer)",
+                d.limits.kv_bytes_per_position,
+            ),
+            (
+                "forkline_engine_held_positions",
+                "Positions the session handles hold or reserve now (all owners)",
+                d.registry.held_positions(),
+            ),
+            (
                 "forkline_engine_active_generations",
                 "Generations the engine thread runs now",
                 m.active_generations,

@@ -86,6 +86,7 @@ class EngineSessions:
             executor.max_session_tokens,
             executor.kv_dtype,
             prefill_chunk=executor.prefill_chunk,
+            kv_memory_mib=executor.kv_memory_mib,
         )
         runner = Runner(built, max_decode_sequences=executor.max_decode_sequences)
         # the token byte table logprobs and json_schema need (0.3 s for 49k tokens, ~15 s for Gemma's
@@ -108,6 +109,7 @@ class EngineSessions:
                 persistent_owners=sessions.persistent_owners,
                 quota=quota,
                 persistent_quota=persistent_quota,
+                max_positions=runner.limits.max_positions,
             ),
             hidden_size=built.config.hidden_size,
             architecture=built.config.architecture,
@@ -212,6 +214,8 @@ class EngineSessions:
             vocab_size=self.limits.vocab_size,
             max_session_tokens=self.limits.max_session_tokens,
             max_sessions=self.limits.max_sessions,
+            max_positions=self.limits.max_positions,
+            kv_bytes_per_position=self.limits.kv_bytes_per_position,
             model=self.model_name,
             cache_kind=self.cache_kind,
             architecture=self.architecture,

@@ -12,8 +12,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar, cast
 
-from engine_service.api.checks import checked_float
-from engine_service.api.errors import InvalidArgument, NotFound, QuotaExceeded
+from engine_service.api.checks import checked_float, checked_int
+from engine_service.api.errors import InvalidArgument, NotFound, QuotaExceeded, ResourceExhausted
 from engine_service.api.handle_names import handle_instance, is_instance_id, new_handle, new_instance_id
 from engine_service.api.owners import NO_QUOTA, OwnerQuota, OwnerUsage
 
@@ -81,11 +81,13 @@ class HandleRegistry(Generic[T]):
     persistent_owners: frozenset[str] = frozenset()
     quota: OwnerQuota = NO_QUOTA  # each client owner's
     persistent_quota: OwnerQuota = NO_QUOTA  # each persistent owner's
+    max_positions: int = 0  # every handle's positions together, the engine's K/V bound (0: none)
 
     def __post_init__(self) -> None:
         if not is_instance_id(self.instance_id):
             raise InvalidArgument(f"instance_id must be 16 lowercase hex digits, got {self.instance_id!r}")
         checked_float("idle_timeout_s", self.idle_timeout_s, lo=0)
+        checked_int("max_positions", self.max_positions, lo=0)
         if not isinstance(self.persistent_owners, frozenset):  # PersistentOwners (prefixes) stays as given
             self.persistent_owners = frozenset(self.persistent_owners)
         self._lock = threading.Lock()
@@ -118,7 +120,7 @@ class HandleRegistry(Generic[T]):
             entry = self._entry(handle, owner)
             if entry.payer == owner:
                 return
-            self._check(owner, 1, entry.positions)
+            self._check(owner, 1, entry.positions, moved=True)
             entry.payer = owner
             entry.last_used = self.clock()
 
@@ -159,7 +161,16 @@ class HandleRegistry(Generic[T]):
 
     def _room(self, owner: str) -> int:
         limit = self.quota_for(owner).max_positions
-        return max(0, limit - self._held(owner)[1]) if limit else 1 << 62
+        room = max(0, limit - self._held(owner)[1]) if limit else 1 << 62
+        return min(room, max(0, self.max_positions - self._total())) if self.max_positions else room
+
+    def held_positions(self) -> int:
+        """Positions every handle and reservation holds together."""
+        with self._lock:
+            return self._total()
+
+    def _total(self) -> int:
+        return sum(e.positions for e in self._entries.values())
 
     def quota_for(self, owner: str) -> OwnerQuota:
         return self.persistent_quota if owner in self.persistent_owners else self.quota
@@ -173,7 +184,19 @@ class HandleRegistry(Generic[T]):
         mine = [e.positions for e in self._entries.values() if e.payer == owner]
         return len(mine), sum(mine)
 
-    def _check(self, owner: str, sessions: int, positions: int) -> None:
+    def _check(self, owner: str, sessions: int, positions: int, *, moved: bool = False) -> None:
+        """QuotaExceeded past ``owner``'s quota; ResourceExhausted past the engine's bound (unless the
+        positions only move between payers)."""
+        if (
+            positions
+            and self.max_positions
+            and not moved
+            and (total := self._total()) + positions > self.max_positions
+        ):
+            raise ResourceExhausted(
+                f"the engine's K/V memory is full: its sessions hold {total} positions and this needs "
+                f"{positions} more, past max_positions={self.max_positions} (--kv_memory_mib)"
+            )
         quota = self.quota_for(owner)
         if not (quota.max_sessions or quota.max_positions):
             return

@@ -82,6 +82,7 @@ def start_engine(
     stuck_after_s: float = 30.0,
     snapshot_key: SnapshotKey | None = None,
     metrics: bool = False,
+    kv_memory_mib: int = 0,
 ) -> Engine:
     """``quota`` / ``persistent_quota``: the engine's per-owner quotas (default: none; the CLI's
     defaults are ``engine_service.sessions.handles.engine_quotas``). ``host``: where it binds
@@ -98,6 +99,7 @@ def start_engine(
             max_sessions=max_sessions,
             max_session_tokens=max_session_tokens,
             prefill_chunk=64,
+            kv_memory_mib=kv_memory_mib,
         ),
         sessions=SessionSettings(
             idle_timeout_s=idle_timeout_s,

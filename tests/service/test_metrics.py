@@ -184,6 +184,9 @@ def test_counters_move_with_the_traffic_on_both_services(services) -> None:
         e2.value("forkline_engine_resident_sessions") == engine.runner.resident_sessions == 1
     )  # the snapshot
     assert e2.value("forkline_engine_max_sessions") == 8
+    assert e2.value("forkline_engine_max_positions") == 8 * 256  # the slots bind: memory is ample
+    assert e2.value("forkline_engine_kv_bytes_per_position") == engine.deps.limits.kv_bytes_per_position > 0
+    assert e2.value("forkline_engine_held_positions") == engine.deps.registry.held_positions() > 0
     assert e2.has("forkline_engine_info", cache_kind="batched-sequence", model="tiny-FRFR-seed0")
 
     # Prefix service: gateway Generates by code, their tokens, and the cache as Stats reports it.

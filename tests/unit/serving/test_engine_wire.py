@@ -137,6 +137,8 @@ def test_engine_info_survives_its_message() -> None:
         128,
         256,
         max_sessions=8,
+        max_positions=1500,
+        kv_bytes_per_position=23040,
         model="m",
         cache_kind="batched-sequence",
         architecture="llama",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_service.api.errors import NotFound, QuotaExceeded
+from engine_service.api.errors import InvalidArgument, NotFound, QuotaExceeded, ResourceExhausted
 from engine_service.api.handle_names import new_handle, new_instance_id
 from engine_service.api.owners import NO_QUOTA, OwnerQuota
 from engine_service.sessions.handles import HandleRegistry, engine_quotas
@@ -68,6 +68,27 @@ def test_the_positions_quota_refuses_a_weight_past_it_and_extend_takes_what_is_l
         reg.weigh(a, 61, check=True)
     reg.weigh(a, 10, check=True)  # lowering always fits
     assert reg.usage("alice").positions == 50
+
+
+def test_the_engines_positions_bound_holds_across_owners_and_a_claim_moves_without_counting_twice() -> None:
+    reg = registry(max_positions=100)
+    reg.register("a", "alice", positions=60)
+    with pytest.raises(ResourceExhausted, match="hold 60 positions and this needs 41 more") as info:
+        reg.register("b", "bob", positions=41)  # bob has no quota: the engine's bound refuses
+    assert not isinstance(info.value, QuotaExceeded) and "max_positions=100" in str(info.value)
+    given = reg.reserve(PERSISTENT, 10, payer="alice")
+    reg.fill(given, "snapshot")
+    b = reg.register("b", "bob", positions=25)
+    assert reg.extend(b, 80) == 30  # 100 - 60 - 10 - 25 = 5 more fit: the bound is full
+    reg.claim(given, PERSISTENT)  # the charge moves between payers: nothing new is held
+    assert reg.payer_of(given) == PERSISTENT
+    with pytest.raises(ResourceExhausted):
+        reg.weigh(b, 31, check=True)
+    reg.discard(given)
+    reg.weigh(b, 40, check=True)  # room again: 60 + 40
+    assert registry(max_positions=0).register("c", "carol", positions=10**9)  # 0: no bound
+    with pytest.raises(InvalidArgument, match="max_positions"):
+        registry(max_positions=-1)
 
 
 def test_a_hand_over_counts_against_the_giver_until_the_receiver_claims_it() -> None:

@@ -28,9 +28,9 @@ def test_build_defaults_are_the_engine_flag_defaults() -> None:
     )
     assert library.quotas(ExecutorSettings()) == (service.quota, service.persistent_quota)
     assert library.quotas(ExecutorSettings()) == (
-        OwnerQuota(8, 8192),
-        OwnerQuota(16, 32768),
-    )  # by hand: 32 x 2048
+        OwnerQuota(64, 65536),
+        OwnerQuota(128, 262144),
+    )  # by hand: 256 x 2048
 
 
 def test_flags_change_the_settings() -> None:

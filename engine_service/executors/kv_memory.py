@@ -1,0 +1,52 @@
+"""The engine's K/V memory budget (``--kv_memory_mib``) and what it bounds: the bytes one committed
+position of one session costs, and the positions the engine's K/V may hold in all. Spec: docs/ENGINE.md
+(K/V memory and sessions)."""
+
+from __future__ import annotations
+
+import os
+
+from engine_service.api.checks import checked_int
+from engine_service.cache.config import CacheConfig
+
+MIB = 1 << 20
+# 0 (auto): a quarter of physical memory, at most 8 GiB -- 6 GiB on a 24 GiB machine, ~280k positions of
+# SmolLM2-135M at float16 (22.5 KiB each), while the weights, the prefix service and the OS keep the rest
+AUTO_SHARE = 0.25
+AUTO_CAP_MIB = 8192
+AUTO_FLOOR_MIB = 256  # where physical memory cannot be read
+
+
+def physical_memory_bytes() -> int:
+    """This machine's physical memory in bytes (0 when the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def auto_kv_memory_mib(physical: int | None = None) -> int:
+    """The budget ``--kv_memory_mib 0`` means: :data:`AUTO_SHARE` of ``physical`` bytes (this machine's
+    when None), at most :data:`AUTO_CAP_MIB`, at least :data:`AUTO_FLOOR_MIB`."""
+    physical = physical_memory_bytes() if physical is None else physical
+    return max(AUTO_FLOOR_MIB, min(AUTO_CAP_MIB, int(AUTO_SHARE * physical) // MIB))
+
+
+def kv_memory_mib(value: int) -> int:
+    """``--kv_memory_mib``: an int >= 0 (0: :func:`auto_kv_memory_mib`); InvalidArgument naming the flag."""
+    value = checked_int("kv_memory_mib", value, lo=0)
+    return value or auto_kv_memory_mib()
+
+
+def kv_bytes_per_position(config: CacheConfig) -> int:
+    """Bytes one committed position of one session costs: K and V rows of every layer, kv_heads x
+    head_dim x the K/V dtype. Ring layers (batched-sequence) count too: a ring holds at most window +
+    max_write - 1 rows, so past that a session holds less than counted (the bound stays an upper one)."""
+    return len(config.layers) * 2 * config.kv_heads * config.head_dim * config.dtype.size
+
+
+def positions_bound(memory_mib: int, bytes_per_position: int) -> int:
+    """Positions ``memory_mib`` MiB of K/V hold at ``bytes_per_position`` each."""
+    checked_int("kv_memory_mib", memory_mib, lo=1)
+    checked_int("kv_bytes_per_position", bytes_per_position, lo=1)
+    return memory_mib * MIB // bytes_per_position
