@@ -5,6 +5,7 @@ position of one session costs, and the positions the engine's K/V may hold in al
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from engine_service.api.checks import checked_int
 from engine_service.cache.config import CacheConfig
@@ -17,12 +18,24 @@ AUTO_CAP_MIB = 8192
 AUTO_FLOOR_MIB = 256  # where physical memory cannot be read
 
 
-def physical_memory_bytes() -> int:
-    """This machine's physical memory in bytes (0 when the OS does not say)."""
+CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+
+
+def physical_memory_bytes(limits: tuple[Path, ...] = CGROUP_LIMITS) -> int:
+    """The memory this process may use: physical memory, or the cgroup's limit when lower (a container
+    sees its node's memory); 0 when neither says."""
     try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+        physical = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
-        return 0
+        physical = 0
+    for path in limits:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) > 0:
+            physical = min(physical, int(text)) if physical else int(text)
+    return physical
 
 
 def auto_kv_memory_mib(physical: int | None = None) -> int:

@@ -200,12 +200,9 @@ class ModuleExecutor(Executor):
         return self.cache.pos(self._sessions.state(sid).seq)
 
     def limits(self) -> EngineLimits:
+        cfg, per_position = self.config, kv_bytes_per_position(self.cache.config)
         return EngineLimits(
-            self.max_sessions,
-            self.max_session_tokens,
-            self.config.vocab_size,
-            max_positions=self.cache.capacity,
-            kv_bytes_per_position=kv_bytes_per_position(self.cache.config),
+            self.max_sessions, self.max_session_tokens, cfg.vocab_size, self.cache.capacity, per_position
         )
 
     def preferred_batch_tokens(self) -> int:

@@ -14,6 +14,7 @@ from engine_service.executors.kv_memory import (
     auto_kv_memory_mib,
     kv_bytes_per_position,
     kv_memory_mib,
+    physical_memory_bytes,
     positions_bound,
 )
 from engine_service.executors.module import ModuleExecutor
@@ -42,6 +43,15 @@ def test_the_auto_budget_is_a_quarter_of_memory_capped() -> None:
     assert positions_bound(6144, 23040) == 6144 * (1 << 20) // 23040 == 279620
     with pytest.raises(InvalidArgument, match="kv_memory_mib"):
         kv_memory_mib(-1)
+
+
+def test_a_cgroup_limit_below_physical_memory_wins(tmp_path) -> None:
+    physical = physical_memory_bytes(())
+    assert physical > 0
+    (tmp_path / "v2").write_text(f"{GIB}\n")
+    (tmp_path / "v1").write_text("max\n")  # unlimited: ignored
+    assert physical_memory_bytes((tmp_path / "v2", tmp_path / "v1")) == min(physical, GIB)
+    assert physical_memory_bytes((tmp_path / "v1", tmp_path / "missing")) == physical
 
 
 def test_the_cache_holds_what_the_budget_holds_or_what_the_slots_hold(tiny_model) -> None:
