@@ -131,6 +131,8 @@ class PrefixServiceStats:
     pressure_evictions: int = 0  # entries evicted because a live request found the engine full
     pressure_retries: int = 0
     reclaimed: int = 0  # unknown handles under the service's owner released
+    bytes_held: int = 0  # positions x the engine's bytes per position (0: not reported)
+    max_bytes: int = 0  # max_positions x the same
 
 
 class PrefixClient(ChannelClient):
@@ -237,6 +239,8 @@ class PrefixClient(ChannelClient):
             s.pressure_evictions,
             s.pressure_retries,
             s.reclaimed,
+            s.bytes_held,
+            s.max_bytes,
         )
 
     def clear(self) -> int:

@@ -27,8 +27,9 @@ caller's own token, so the engine's token file lists the clients' tokens too. Wi
 belongs to its caller's owner (--shared_namespace NAME: every caller's); Stats / Clear cover the
 caller's own namespaces, everything for --admin_owner (docs/SECURITY.md#tenancy-in-the-prefix-service).
 
-Budget: the cache holds at most --engine_share of the engine's resident sessions and positions (and
-at most --max_entries entries, --max_positions positions), evicting by --policy to stay within it; a
+Budget: the cache holds at most --engine_share of the engine's resident sessions and of the positions
+its K/V memory holds (and at most --max_cache_mib MiB at the engine's bytes per position, --max_entries
+entries, --max_positions positions), evicting by --policy to stay within it; a
 live gateway request that finds the engine full evicts one entry and retries once. Its snapshots in
 the engine never expire (the engine's --persistent_owner) and count against the engine's budget for
 that owner (--persistent_owner_share); gateway generations run as their caller, in the caller's quota.
@@ -106,6 +107,7 @@ def connect_and_serve(args: argparse.Namespace):
         outage_wait_s=args.engine_outage_wait,
         engine_share=args.engine_share,
         max_positions=args.max_positions,
+        max_cache_mib=args.max_cache_mib,
         checkpoints=checkpoints_from(args),
     )
     try:

@@ -135,7 +135,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("entries", "max_entries", "hits", "misses", "inserts", "dropped_on_restart", "engine_instance_id", "policy", "reused_positions", "refusals", "max_positions", "positions", "engine_share", "pressure_evictions", "pressure_retries", "reclaimed", "routing", "engines", "snapshot_dir", "misses_by_reason")
+    __slots__ = ("entries", "max_entries", "hits", "misses", "inserts", "dropped_on_restart", "engine_instance_id", "policy", "reused_positions", "refusals", "max_positions", "positions", "engine_share", "pressure_evictions", "pressure_retries", "reclaimed", "routing", "engines", "snapshot_dir", "misses_by_reason", "bytes_held", "max_bytes")
     class RefusalsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +170,8 @@ class StatsResponse(_message.Message):
     ENGINES_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_DIR_FIELD_NUMBER: _ClassVar[int]
     MISSES_BY_REASON_FIELD_NUMBER: _ClassVar[int]
+    BYTES_HELD_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     entries: int
     max_entries: int
     hits: int
@@ -190,7 +192,9 @@ class StatsResponse(_message.Message):
     engines: _containers.RepeatedCompositeFieldContainer[EngineStats]
     snapshot_dir: SnapshotDirStats
     misses_by_reason: _containers.ScalarMap[str, int]
-    def __init__(self, entries: _Optional[int] = ..., max_entries: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., inserts: _Optional[int] = ..., dropped_on_restart: _Optional[int] = ..., engine_instance_id: _Optional[str] = ..., policy: _Optional[str] = ..., reused_positions: _Optional[int] = ..., refusals: _Optional[_Mapping[str, int]] = ..., max_positions: _Optional[int] = ..., positions: _Optional[int] = ..., engine_share: _Optional[float] = ..., pressure_evictions: _Optional[int] = ..., pressure_retries: _Optional[int] = ..., reclaimed: _Optional[int] = ..., routing: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[EngineStats, _Mapping]]] = ..., snapshot_dir: _Optional[_Union[SnapshotDirStats, _Mapping]] = ..., misses_by_reason: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    bytes_held: int
+    max_bytes: int
+    def __init__(self, entries: _Optional[int] = ..., max_entries: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., inserts: _Optional[int] = ..., dropped_on_restart: _Optional[int] = ..., engine_instance_id: _Optional[str] = ..., policy: _Optional[str] = ..., reused_positions: _Optional[int] = ..., refusals: _Optional[_Mapping[str, int]] = ..., max_positions: _Optional[int] = ..., positions: _Optional[int] = ..., engine_share: _Optional[float] = ..., pressure_evictions: _Optional[int] = ..., pressure_retries: _Optional[int] = ..., reclaimed: _Optional[int] = ..., routing: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[EngineStats, _Mapping]]] = ..., snapshot_dir: _Optional[_Union[SnapshotDirStats, _Mapping]] = ..., misses_by_reason: _Optional[_Mapping[str, int]] = ..., bytes_held: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
 
 class SnapshotDirStats(_message.Message):
     __slots__ = ("files", "bytes", "max_bytes", "written", "dropped", "failed", "restored", "refused", "evicted", "discarded")

@@ -1,6 +1,7 @@
 """Budget: how much a PrefixCache may hold, in the engine's units -- entries (one resident session
-each) and positions (0 entries: disabled; 0 positions: unbounded) -- and the :class:`Reservation`s
-taken for snapshots on their way (they count like entries until consumed or released)."""
+each) and positions (0 entries: disabled; 0 positions: unbounded; bytes = positions x the engine's
+bytes per position) -- and the :class:`Reservation`s taken for snapshots on their way (they count like
+entries until consumed or released); :func:`engine_budget`: the bounds from the engine's Info."""
 
 from __future__ import annotations
 
@@ -145,6 +146,9 @@ class Reservation:
 
 
 DEFAULT_ENGINE_SHARE = 0.5
+# entries are not the scarce resource (an idle engine session costs only what it holds): the engine's
+# K/V positions and its session share bind first
+DEFAULT_MAX_ENTRIES = 4096
 
 
 def check_share(share: float, name: str = "engine_share") -> float:
@@ -154,6 +158,9 @@ def check_share(share: float, name: str = "engine_share") -> float:
     return float(share)
 
 
+MIB = 1 << 20
+
+
 def engine_budget(
     share: float,
     max_entries: int,
@@ -161,18 +168,28 @@ def engine_budget(
     *,
     engine_max_sessions: int,
     engine_max_session_tokens: int,
+    engine_max_positions: int = 0,
+    kv_bytes_per_position: int = 0,
+    max_cache_mib: int = 0,
     quota_sessions: int = 0,
     quota_positions: int = 0,
 ) -> tuple[int, int]:
     """The (entries, positions) a prefix service may hold in an engine: its configured bounds capped by
-    ``share`` of the engine's sessions and positions and by its quota there (0: no cap)."""
-    entries, positions = max_entries, max_positions
+    ``share`` of the engine's sessions and of its K/V positions (``engine_max_positions``; 0, an engine
+    that does not report it: sessions x their tokens), by ``max_cache_mib`` over the engine's bytes per
+    position (0: no byte cap of its own), and by its quota there (0: no cap)."""
+    entries, caps = max_entries, []
     if engine_max_sessions > 0:
         entries = min(entries, int(share * engine_max_sessions + 1e-9))
-        share_positions = int(share * engine_max_sessions * engine_max_session_tokens + 1e-9)
-        positions = min(positions, share_positions) if positions else share_positions
+        held = engine_max_positions or engine_max_sessions * engine_max_session_tokens
+        caps.append(int(share * held + 1e-9))
+    if max_cache_mib and kv_bytes_per_position > 0:
+        caps.append(max_cache_mib * MIB // kv_bytes_per_position)
     if quota_sessions:
         entries = min(entries, quota_sessions)
     if quota_positions:
-        positions = min(positions, quota_positions) if positions else quota_positions
+        caps.append(quota_positions)
+    positions = max_positions
+    for cap in caps:  # a cap is a bound: at least one position (0 would mean unbounded)
+        positions = min(positions, max(1, cap)) if positions else max(1, cap)
     return entries, positions

@@ -1,10 +1,11 @@
-"""The cache flags of forkline-prefix: its bounds, its share of the engine, its retention policy and
-the checkpoints a captured prompt keeps on a sliding-window engine."""
+"""The cache flags of forkline-prefix: its bounds (entries, positions, MiB), its share of the engine,
+its retention policy and the checkpoints a captured prompt keeps on a sliding-window engine."""
 
 from __future__ import annotations
 
 import argparse
 
+from prefix_service.cache.budget import DEFAULT_MAX_ENTRIES
 from prefix_service.cache.checkpoints import (
     DEFAULT_CHECKPOINT_STRIDE,
     DEFAULT_MAX_CHECKPOINTS,
@@ -29,9 +30,10 @@ def add_cache_arguments(p: argparse.ArgumentParser) -> None:
         "--max_entries",
         metavar="N",
         type=int,
-        default=64,
-        help="stored prompt snapshots at most (also capped by --engine_share); 0 disables storing "
-        "(default: %(default)s)",
+        default=DEFAULT_MAX_ENTRIES,
+        help="stored snapshots at most; each is a resident engine session, so --engine_share of the "
+        "engine's --max_sessions caps them too, and bytes bound them first by default; 0 disables "
+        "storing (default: %(default)s)",
     )
     p.add_argument(
         "--max_positions",
@@ -39,15 +41,24 @@ def add_cache_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="positions the stored snapshots may hold together (also capped by --engine_share); "
-        "0: only the share bounds them (default: %(default)s)",
+        "0: only the share and --max_cache_mib bound them (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max_cache_mib",
+        metavar="MIB",
+        type=int,
+        default=0,
+        help="K/V memory the stored snapshots may hold together, in MiB at the engine's bytes per "
+        "position (its Info); 0: only --engine_share of the engine's K/V memory bounds them "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--engine_share",
         metavar="F",
         type=share,
         default=0.5,
-        help="share of the engine's resident sessions and positions this service may hold for its "
-        "snapshots, in (0, 1] (default: %(default)s)",
+        help="share of the engine's resident sessions and of the positions its K/V memory holds "
+        "(--kv_memory_mib) this service may hold for its snapshots, in (0, 1] (default: %(default)s)",
     )
     p.add_argument(
         "--policy",
@@ -76,7 +87,7 @@ def add_cache_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def check_cache_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    for flag in ("checkpoint_stride", "max_checkpoints"):
+    for flag in ("max_entries", "max_positions", "max_cache_mib", "checkpoint_stride", "max_checkpoints"):
         if getattr(args, flag) < 0:
             parser.error(f"--{flag} must be >= 0, got {getattr(args, flag)}")
 

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -113,7 +113,8 @@ class LookupOutcome:
 @dataclass(frozen=True)
 class PrefixStats:
     """Counters since creation (``clear`` keeps them). reused_tokens sums ``Match.reused`` over hits.
-    positions: held by the entries; max_positions: their bound (0: unbounded)."""
+    positions: held by the entries; max_positions: their bound (0: unbounded); bytes_held, max_bytes:
+    the same at the engine's bytes per position (0: not known, :meth:`in_bytes` sets them)."""
 
     entries: int
     max_entries: int
@@ -125,6 +126,16 @@ class PrefixStats:
     refusals: dict[str, int] = field(default_factory=dict)  # a fresh copy per stats() call
     positions: int = 0
     max_positions: int = 0
+    bytes_held: int = 0
+    max_bytes: int = 0
+
+    def in_bytes(self, bytes_per_position: int) -> PrefixStats:
+        """These stats with bytes_held and max_bytes at ``bytes_per_position`` (0: unknown, left 0)."""
+        return replace(
+            self,
+            bytes_held=self.positions * bytes_per_position,
+            max_bytes=self.max_positions * bytes_per_position,
+        )
 
     @classmethod
     def of_entries(cls, entries: Sequence[Any], max_entries: int, max_positions: int) -> PrefixStats:

@@ -16,7 +16,7 @@ from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import FailedPrecondition, Unavailable
 from engine_service.api.owners import PERSISTENT_OWNER
 from engine_service.serving.auth import ClientSecurity
-from prefix_service.cache.budget import DEFAULT_ENGINE_SHARE
+from prefix_service.cache.budget import DEFAULT_ENGINE_SHARE, DEFAULT_MAX_ENTRIES
 from prefix_service.cache.checkpoints import CheckpointPlan
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.engines.engine_backend import EngineBackend
@@ -89,10 +89,11 @@ def open_engine(
 def join_engine(
     opened: OpenedEngine,
     *,
-    max_entries: int = 64,
+    max_entries: int = DEFAULT_MAX_ENTRIES,
     policy: str = "lru",
     engine_share: float = DEFAULT_ENGINE_SHARE,
     max_positions: int = 0,
+    max_cache_mib: int = 0,
     pressure_retry: bool = True,
     tier: PersistentTier | None = None,
     checkpoints: CheckpointPlan | None = None,
@@ -112,6 +113,7 @@ def join_engine(
         pressure_retry=pressure_retry,
         tier=tier,
         checkpoints=checkpoints,
+        max_cache_mib=max_cache_mib,
     )
     gateway.check_engine()  # the budget from the engine's limits, before the first call
     gateway.preload()  # --snapshot_preload: restore recent snapshot files in the background

@@ -40,7 +40,7 @@ _RESTART_MASKS = (MissReason.DISABLED, MissReason.EMPTY, MissReason.DIVERGED)
 
 class Gateway:
     """``cache`` holds ``backend.sessions``'s handles; its bounds as given are the configured ones,
-    capped by ``engine_share`` of the engine. ``tier``: the snapshot directory every engine's gateway
+    capped by ``engine_share`` of the engine and ``max_cache_mib`` (0: the share only). ``tier``: the snapshot directory every engine's gateway
     shares. ``pressure_retry`` False: never evict and retry for a live request (tests' control)."""
 
     def __init__(
@@ -53,11 +53,12 @@ class Gateway:
         pressure_retry: bool = True,
         tier: PersistentTier | None = None,
         checkpoints: CheckpointPlan | None = None,
+        max_cache_mib: int = 0,
     ) -> None:
         if cache.backend is not backend.sessions:
             raise InvalidArgument("cache must hold the given backend's sessions")
         self.cache, self.backend, self.policy_name, self.tier = cache, backend, policy_name, tier
-        self.pressure = EnginePressure(cache, backend, engine_share, pressure_retry)
+        self.pressure = EnginePressure(cache, backend, engine_share, pressure_retry, max_cache_mib)
         self.flow = InsertFlow(cache, backend, self.pressure, tier)
         self.checkpoints = checkpoints if checkpoints is not None else CheckpointPlan()
         self.dropped_on_restart = 0
@@ -171,7 +172,7 @@ class Gateway:
     def stats(self, where: Callable[[str], bool] | None = None) -> GatewayStats:
         """The gateway's stats; with ``where`` (a caller's own namespaces) only its entries'."""
         mine = GatewayStats(
-            cache=self.cache.stats(where),
+            cache=self.cache.stats(where).in_bytes(self.pressure.bytes_per_position),
             dropped_on_restart=0,
             engine_instance_id=self.instance_id,
             policy=self.policy_name or type(self.cache.policy).__name__,

@@ -1,4 +1,5 @@
-"""EnginePressure: the gateway's cache within its share of the engine (``apply_budget``), and what it
+"""EnginePressure: the gateway's cache within its share of the engine and its byte bound
+(``apply_budget``), and what it
 does when a live request finds the engine full (``relieve``: evict one entry, retry once) or the
 service's own quota full (``reclaim`` the handles it does not know); ``claim`` takes over the quota
 charge of a caller's hand-over as it is stored."""
@@ -12,7 +13,7 @@ from engine_service.api.answers import TakenClone
 from engine_service.api.call_context import CallContext
 from engine_service.api.engine_info import EngineInfo
 from engine_service.api.errors import ForklineError, NotFound, QuotaExceeded, ResourceExhausted
-from prefix_service.cache.budget import check_share, engine_budget
+from prefix_service.cache.budget import check_bound, check_share, engine_budget
 from prefix_service.cache.outcomes import InsertRefusal
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.gateway.gateway_backend import GatewayBackend
@@ -24,35 +25,49 @@ class EnginePressure:
     """See the module docstring. The cache's bounds as given are the configured ones."""
 
     def __init__(
-        self, cache: PrefixCache, backend: GatewayBackend, engine_share: float, pressure_retry: bool = True
+        self,
+        cache: PrefixCache,
+        backend: GatewayBackend,
+        engine_share: float,
+        pressure_retry: bool = True,
+        max_cache_mib: int = 0,
     ) -> None:
         self.cache = cache
         self.backend = backend
         self.engine_share = check_share(engine_share)
+        self.max_cache_mib = check_bound(max_cache_mib, "max_cache_mib")
+        self.bytes_per_position = 0  # the engine's, as its Info last said (0: not reported)
         self.pressure_retry = pressure_retry
         self._configured = (cache.max_entries, cache.max_positions)
         self._lock = threading.Lock()
         self.pressure_evictions = self.pressure_retries = self.reclaimed = 0
 
     def apply_budget(self, info: EngineInfo) -> None:
-        """Cap the cache at its share of the engine; evicts when the bounds shrink."""
+        """Cap the cache at its share of the engine and at --max_cache_mib; evicts when the bounds shrink."""
+        self.bytes_per_position = info.kv_bytes_per_position
         bounds = engine_budget(
             self.engine_share,
             *self._configured,
             engine_max_sessions=info.max_sessions,
             engine_max_session_tokens=info.max_session_tokens,
+            engine_max_positions=info.max_positions,
+            kv_bytes_per_position=info.kv_bytes_per_position,
+            max_cache_mib=self.max_cache_mib,
             quota_sessions=info.caller_quota.max_sessions,
             quota_positions=info.caller_quota.max_positions,
         )
         if bounds != (self.cache.max_entries, self.cache.max_positions):
             evicted = self.cache.set_budget(*bounds)
             log.info(
-                "prefix budget: %d entries, %d positions (share %.2f of %d sessions x %d positions); "
-                "evicted %d",
+                "prefix budget: %d entries, %d positions = %.0f MiB (share %.2f of %d sessions, %d "
+                "positions at %d bytes; --max_cache_mib %d); evicted %d",
                 *bounds,
+                bounds[1] * info.kv_bytes_per_position / 2**20,
                 self.engine_share,
                 info.max_sessions,
-                info.max_session_tokens,
+                info.max_positions,
+                info.kv_bytes_per_position,
+                self.max_cache_mib,
                 evicted,
             )
 

@@ -91,6 +91,8 @@ def stats_response(fleet: FleetStats) -> pb.StatsResponse:
         reclaimed=stats.reclaimed,
         routing=fleet.routing,
         misses_by_reason=stats.misses_by_reason,
+        bytes_held=s.bytes_held,
+        max_bytes=s.max_bytes,
         engines=[engine_stats(engine) for engine in fleet.engines],
         snapshot_dir=pb.SnapshotDirStats(**asdict(fleet.snapshot_dir)) if fleet.snapshot_dir else None,
     )

@@ -53,6 +53,16 @@ class GatewayCollector:
                 "Positions the snapshots may hold (0: unbounded)",
                 c.max_positions,
             ),
+            (
+                "forkline_prefix_bytes",
+                "K/V bytes the stored snapshots hold (at the engine's bytes per position)",
+                c.bytes_held,
+            ),
+            (
+                "forkline_prefix_max_bytes",
+                "K/V bytes the snapshots may hold (0: unbounded or not reported)",
+                c.max_bytes,
+            ),
         ):
             yield GaugeMetricFamily(name, doc, value=value)
         for name, doc, value in (

@@ -149,6 +149,11 @@ def test_live_clients_never_starve_while_200_prompts_fill_the_cache(services) ->
     # the budget: half the engine's 12 sessions and of its 12 x 256 positions, full but within it
     assert (stats.max_entries, stats.max_positions, stats.engine_share) == (6, 6 * MAX_SESSION_TOKENS, 0.5)
     assert stats.entries == 6 and 0 < stats.positions <= stats.max_positions
+    per = engine.deps.limits.kv_bytes_per_position  # Stats reports the budget in the engine's bytes too
+    assert per > 0 and (stats.bytes_held, stats.max_bytes) == (
+        stats.positions * per,
+        stats.max_positions * per,
+    )
     assert stats.inserts >= DISTINCT_PROMPTS and stats.hits >= tallies["gateway"].calls - 1
     registry = engine.deps.registry
     assert registry.count("prefix-service") == 6 and prefix.server.deps.backend.sessions.held() == 6

@@ -99,6 +99,8 @@ class FakeEngine(FakeBackend):
         self.claims: list[FakeSession] = []  # claim() calls, in order
         self.describe_content = True
         self.max_sessions = 0  # Info's limits (0: not reported: the gateway's budget is its own bounds)
+        self.max_positions = 0  # ... the engine's K/V positions bound (0: sessions x their tokens)
+        self.kv_bytes_per_position = 0  # ... and one position's bytes (0: not reported)
         self.window_evicts = False  # Info's window: True models batched-sequence with sliding layers
         self.max_write = 64  # with window_evicts, a snapshot of n positions clones only at >= n - max_write
         self.say_window = True  # clone_or_refusal names WINDOW refusals (False: an engine that cannot say)
@@ -119,6 +121,8 @@ class FakeEngine(FakeBackend):
             self.vocab_size,
             self.max_session_tokens,
             max_sessions=self.max_sessions,
+            max_positions=self.max_positions,
+            kv_bytes_per_position=self.kv_bytes_per_position,
             resident_sessions=len(self.live),
             window=WindowGeometry(max_write=self.max_write, evicts=self.window_evicts),
         )

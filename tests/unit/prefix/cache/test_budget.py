@@ -119,6 +119,27 @@ def test_engine_budget_is_the_smallest_of_config_share_and_quota() -> None:
     )  # no room
 
 
+def test_engine_budget_in_bytes_takes_the_share_of_the_engines_k_v_positions() -> None:
+    # SmolLM2 at float16 on a 24 GiB machine: 279,620 positions of 23,040 bytes, 256 sessions
+    engine = {"engine_max_sessions": 256, "engine_max_session_tokens": 2048, "engine_max_positions": 279620}
+    assert engine_budget(0.5, 4096, 0, **engine) == (128, 139810)  # half the sessions, half the positions
+    per = {**engine, "kv_bytes_per_position": 23040}
+    assert engine_budget(0.5, 4096, 0, **per, max_cache_mib=1024) == (128, 1024 * 2**20 // 23040)  # 46,603
+    assert engine_budget(0.5, 4096, 0, **per, max_cache_mib=8192) == (128, 139810)  # the share binds
+    assert engine_budget(0.5, 4096, 40000, **per, max_cache_mib=1024) == (128, 40000)  # the flag binds
+    # an engine that does not report bytes: --max_cache_mib cannot apply; sessions x tokens as before
+    assert engine_budget(
+        0.5, 4096, 0, engine_max_sessions=32, engine_max_session_tokens=2048, max_cache_mib=1
+    ) == (
+        16,
+        32768,
+    )
+    assert engine_budget(1.0, 8, 0, **{**per, "kv_bytes_per_position": 2**21}, max_cache_mib=1) == (
+        8,
+        1,
+    )  # >= 1
+
+
 # -- the gateway ---------------------------------------------------------------------------------------
 
 
@@ -137,6 +158,24 @@ def test_the_gateway_caps_the_cache_at_its_share_of_the_engine() -> None:
     assert stats.cache.entries == 6 and stats.cache.positions == 120 and stats.cache.evictions == 4
     with pytest.raises(InvalidArgument, match="engine_share"):
         Gateway(PrefixCache(engine, 4), engine, engine_share=0)
+
+
+@pytest.mark.parametrize("max_cache_mib", [0, 1])
+def test_the_gateway_bounds_the_cache_in_bytes_and_reports_them(max_cache_mib) -> None:
+    engine = FakeEngine(max_session_tokens=100)
+    engine.max_sessions, engine.max_positions, engine.kv_bytes_per_position = 64, 500, 10_000
+    gateway = Gateway(
+        PrefixCache(engine, max_entries=64), engine, engine_share=0.5, max_cache_mib=max_cache_mib
+    )
+    for i in range(10):
+        list(gateway.generate(request(tokens(50 * (i + 1), 20)), CallContext("alice")))
+    c = gateway.stats().cache
+    # 1 MiB / 10,000 bytes = 104 positions: five 20-position entries; control (0): half of 500 holds all ten
+    bound, held = (104, 100) if max_cache_mib else (250, 200)
+    assert (c.max_entries, c.max_positions, c.positions, c.entries) == (32, bound, held, held // 20)
+    assert (c.bytes_held, c.max_bytes) == (held * 10_000, bound * 10_000)
+    with pytest.raises(InvalidArgument, match="max_cache_mib"):
+        Gateway(PrefixCache(engine, 4), engine, max_cache_mib=-1)
 
 
 class FullEngine(FakeEngine):
