@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any
 
@@ -15,6 +16,8 @@ from engine_service.cache.config import CacheConfig
 from engine_service.executors.kv_memory import kv_bytes_per_position, kv_memory_mib, positions_bound
 from engine_service.executors.options import DEFAULTS, KV_DTYPES
 from engine_service.model.cpu_kernels import kernels
+
+log = logging.getLogger(__name__)
 
 _INT32_MAX = 2**31 - 1
 _PREALLOCATE = 256  # rows a flat layer allocates per step for a sequence
@@ -38,6 +41,15 @@ def resolve_kv_dtype(kv_dtype: str | mx.Dtype) -> mx.Dtype:
         return mx.float16
     ext = kernels()
     return mx.float16 if ext is not None and hasattr(ext, "causal_attention") else mx.float32
+
+
+def session_tokens(max_session_tokens: int, model_config: Any) -> int:
+    """``max_session_tokens`` (checked), at most the model's ``context_length`` (logged when capped)."""
+    checked_int("max_session_tokens", max_session_tokens, lo=1)
+    context = model_config.context_length
+    if max_session_tokens > context:
+        log.info("max_session_tokens %d capped at the model's context_length %d", max_session_tokens, context)
+    return min(max_session_tokens, context)
 
 
 def cache_config(

@@ -18,7 +18,12 @@ from engine_service.cache.batch_control import BatchControl
 from engine_service.cache.pinned_state import PinnableCache, PinnedState
 from engine_service.cache.seq_state import SeqState, StateTransfer, geometry_text
 from engine_service.executors.base import ExecInput, ExecOutput, Executor
-from engine_service.executors.cache_setup import build_session_cache, cache_config, resolve_kv_dtype
+from engine_service.executors.cache_setup import (
+    build_session_cache,
+    cache_config,
+    resolve_kv_dtype,
+    session_tokens,
+)
 from engine_service.executors.kv_memory import kv_bytes_per_position
 from engine_service.executors.lookahead import Lookahead
 from engine_service.executors.options import DEFAULTS, ExecutorSettings
@@ -95,9 +100,10 @@ class ModuleExecutor(Executor):
         **kwargs: Any,
     ) -> ModuleExecutor:
         """The cache for ``model`` (a Transformer or LoadedModel) and the executor over it; ``max_write``
-        defaults to ``prefill_chunk``; the cache holds ``max_sessions`` x ``max_session_tokens`` positions
+        defaults to ``prefill_chunk``; sessions hold at most the model's context; the cache holds ``max_sessions`` x ``max_session_tokens`` positions
         or what ``kv_memory_mib`` holds (0: auto), the fewer. InvalidArgument for bad limits."""
         prefill_chunk = checked_int("prefill_chunk", prefill_chunk, lo=1)
+        max_session_tokens = session_tokens(max_session_tokens, getattr(model, "model", model).config)
         max_write = max_write if max_write is not None else prefill_chunk
         kv_dtype = resolve_kv_dtype(kv_dtype)
         config = cache_config(

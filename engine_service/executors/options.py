@@ -21,7 +21,7 @@ class ExecutorSettings:
     cache_kind: str = "batched-sequence"
     # a session costs only the positions it holds: the slot count does not bound a cache, memory does
     max_sessions: int = 256
-    max_session_tokens: int = 2048
+    max_session_tokens: int = 8192  # at most the model's context: a 4k-token prompt and its answer fit
     kv_memory_mib: int = 0  # 0: auto (engine_service/executors/kv_memory.py)
     max_decode_sequences: int = 8
     prefill_chunk: int = 512
@@ -41,7 +41,8 @@ _LIMITS = (
     (
         "--max_session_tokens",
         DEFAULTS.max_session_tokens,
-        "positions one session may hold, prompt and output together",
+        "positions one session may hold, prompt and output together, at most the model's context "
+        "(a larger value is capped there)",
     ),
     (
         "--max_decode_sequences",

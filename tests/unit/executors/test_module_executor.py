@@ -8,6 +8,7 @@ import pytest
 
 from engine_service.api.errors import InvalidArgument, NotFound
 from engine_service.executors.base import ExecInput
+from engine_service.executors.cache_setup import cache_config
 from engine_service.executors.module import ModuleExecutor
 from engine_service.executors.prepared_input import EmbeddingsInput
 from engine_service.executors.sampling import SamplingParams
@@ -162,8 +163,10 @@ def test_creation_checks_name_the_field(model) -> None:
         ModuleExecutor.create(model, max_session_tokens=-5)
     with pytest.raises(InvalidArgument, match="overflow"):
         ModuleExecutor.create(model, max_sessions=2**20, max_session_tokens=4096)
-    with pytest.raises(InvalidArgument, match="context_length"):
-        ModuleExecutor.create(model, max_session_tokens=model.config.context_length + 1)
+    context = model.config.context_length  # a session longer than the context is capped there
+    assert ModuleExecutor.create(model, max_session_tokens=context + 1).limits().max_session_tokens == context
+    with pytest.raises(InvalidArgument, match="context_length"):  # the cache geometry itself refuses it
+        cache_config(model.config, max_sessions=1, max_session_tokens=context + 1)
     with pytest.raises(InvalidArgument, match="cache_kind"):
         ModuleExecutor.create(model, "no-such-cache")
     ok = ModuleExecutor.create(model, "batched-cell", max_sessions=300, max_session_tokens=16)

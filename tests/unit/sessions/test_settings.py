@@ -28,9 +28,9 @@ def test_build_defaults_are_the_engine_flag_defaults() -> None:
     )
     assert library.quotas(ExecutorSettings()) == (service.quota, service.persistent_quota)
     assert library.quotas(ExecutorSettings()) == (
-        OwnerQuota(64, 65536),
-        OwnerQuota(128, 262144),
-    )  # by hand: 256 x 2048
+        OwnerQuota(64, 262144),
+        OwnerQuota(128, 1048576),
+    )  # by hand: 256 x 8192 (64 x 8192 / 2; 0.5 x 256 x 8192)
 
 
 def test_flags_change_the_settings() -> None:
