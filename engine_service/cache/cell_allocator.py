@@ -1,6 +1,7 @@
 """Where a cell cache puts new rows (placement is speed, not correctness: one ascending run reads as a
 slice): continue the sequence's own run, else the first free run in its region (the pool split into
-``max_seqs`` regions), else the lowest free cells. Spec: docs/ENGINE.md (The KV cache: placement)."""
+``max_seqs`` regions), else the first free run anywhere, else the lowest free cells. Spec:
+docs/ENGINE.md (The KV cache: placement)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ class CellAllocator:
         if cells is None:
             lo = min(seq * self._region, len(self._free))
             cells = self._first_run(lo, min(lo + self._region, len(self._free)), n)
+        if cells is None:  # regions shrink as sequences grow in number: a free run anywhere
+            cells = self._first_run(0, len(self._free), n)
         if cells is None:
             cells = np.flatnonzero(self._free)[:n]
         self._free[cells] = False

@@ -59,3 +59,14 @@ def test_freed_cells_are_reused_by_new_sequences() -> None:
     d.rm(kids[-1])
     b = d.new()
     assert d.cache.can_admit(b, 3) and d.step({b: 3}) < TOL
+
+
+def test_a_prompt_longer_than_its_region_takes_one_free_run_elsewhere() -> None:
+    # 40 cells, 10 sequences: regions of 4. Sequence 1 holds cell 4 of its region; sequence 0 (region
+    # 0..3) then writes 9 rows: no region fits, and the lowest free cells (0..3, 5..9) would split it;
+    # the first free run of 9 anywhere is 5..13 (hand-computed).
+    d = Driver("batched-cell", geometry(16, capacity=40, max_seqs=10))
+    a, b = d.new(), d.new()
+    assert d.step({b: 1}) < TOL and d.cache.cells(b).tolist() == [4]
+    assert d.step({a: 9}) < TOL
+    assert d.cache.cells(a).tolist() == list(range(5, 14))
