@@ -38,10 +38,26 @@ def physical_memory_bytes(limits: tuple[Path, ...] = CGROUP_LIMITS) -> int:
     return physical
 
 
+def accelerator_memory_bytes() -> int:
+    """The accelerator's memory where MLX runs on one and says (``mx.device_info()``), else 0."""
+    from engine_service.model.formats.weights import gpu_available
+
+    if not gpu_available():
+        return 0
+    import mlx.core as mx
+
+    try:
+        return int(mx.device_info().get("memory_size", 0))
+    except Exception:  # noqa: BLE001 - a device query failing only means "not known"
+        return 0
+
+
 def auto_kv_memory_mib(physical: int | None = None) -> int:
-    """The budget ``--kv_memory_mib 0`` means: :data:`AUTO_SHARE` of ``physical`` bytes (this machine's
-    when None), at most :data:`AUTO_CAP_MIB`, at least :data:`AUTO_FLOOR_MIB`."""
-    physical = physical_memory_bytes() if physical is None else physical
+    """The budget ``--kv_memory_mib 0`` means: :data:`AUTO_SHARE` of ``physical`` bytes (this machine's,
+    or its accelerator's when smaller, when None), at most :data:`AUTO_CAP_MIB`, at least
+    :data:`AUTO_FLOOR_MIB`."""
+    if physical is None:
+        physical = min(filter(None, (physical_memory_bytes(), accelerator_memory_bytes())), default=0)
     return max(AUTO_FLOOR_MIB, min(AUTO_CAP_MIB, int(AUTO_SHARE * physical) // MIB))
 
 

@@ -54,6 +54,16 @@ def test_a_cgroup_limit_below_physical_memory_wins(tmp_path) -> None:
     assert physical_memory_bytes((tmp_path / "v1", tmp_path / "missing")) == physical
 
 
+def test_the_auto_budget_takes_the_smaller_of_host_and_accelerator_memory(monkeypatch) -> None:
+    from engine_service.executors import kv_memory
+
+    monkeypatch.setattr(kv_memory, "physical_memory_bytes", lambda: 128 * GIB)
+    monkeypatch.setattr(kv_memory, "accelerator_memory_bytes", lambda: 16 * GIB)
+    assert auto_kv_memory_mib() == 4096  # a quarter of the 16 GiB accelerator
+    monkeypatch.setattr(kv_memory, "accelerator_memory_bytes", lambda: 0)  # the CPU: the host's, capped
+    assert auto_kv_memory_mib() == 8192
+
+
 def test_the_cache_holds_what_the_budget_holds_or_what_the_slots_hold(tiny_model) -> None:
     config = tiny_model("FRFR", window=4).config  # 4 layers x 2 x 2 heads x 16 at float32: 1 KiB
     assert (config.num_kv_heads, config.head_dim) == (2, 16)
