@@ -107,7 +107,8 @@ def add_executor_options(parser: argparse.ArgumentParser, *, max_sessions: int |
         default=DEFAULTS.kv_memory_mib,
         help="K/V memory of all sessions together, in MiB: the engine holds at most this over its "
         "bytes per position (every layer's K and V rows at --kv_dtype; Info reports both) and "
-        "refuses more with RESOURCE_EXHAUSTED; 0: a quarter of physical memory, at most 8 GiB "
+        "refuses more with RESOURCE_EXHAUSTED; 0: a quarter of the memory this process may use "
+        "(physical, cgroup or accelerator, the least), at most 8 GiB "
         "(6 GiB on a 24 GiB machine: ~280k positions of SmolLM2-135M at float16, room for hundreds "
         "of cached prompts beside the weights) (default: %(default)s)",
     )
