@@ -38,9 +38,18 @@ def test_unknown_policy_lists_valid_names():
         make_policy(None)
 
 
-def test_lru_orders_by_last_use_whatever_the_boundary():
-    entries = [entry("new-checkpoint", 9, boundary="breakpoint"), entry("old-prompt", 1), entry("mid", 5)]
+def test_lru_orders_by_last_use_whatever_the_boundary_once_a_checkpoint_was_used():
+    entries = [
+        entry("new-checkpoint", 9, hits=1, boundary="breakpoint"),
+        entry("old-prompt", 1),
+        entry("mid", 5),
+    ]
     assert eviction_order(make_policy("lru"), entries) == ["old-prompt", "mid", "new-checkpoint"]
+
+
+def test_lru_evicts_a_checkpoint_no_lookup_used_before_any_prompt():
+    entries = [entry("new-checkpoint", 9, boundary="breakpoint"), entry("old-prompt", 1), entry("mid", 5)]
+    assert eviction_order(make_policy("lru"), entries) == ["new-checkpoint", "old-prompt", "mid"]
 
 
 def test_priority_policy_reads_priority_then_boundary_then_recency():
