@@ -57,14 +57,6 @@ def max_rewind(backend: SessionBackend) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-PREFIX_SHARING_KINDS = frozenset({"batched-cell"})  # cache kinds whose clones share the source's cells
-
-
-def kind_shares_prefixes(cache_kind: str) -> bool:
-    """Whether clones on an engine of ``cache_kind`` (``EngineInfo.cache_kind``) share their prefix's storage."""
-    return cache_kind in PREFIX_SHARING_KINDS
-
-
 def shares_prefixes(backend: SessionBackend) -> bool:
     """``backend.shares_prefixes`` where it says so: a clone shares its source's rows (batched-cell),
     so entries cloned from each other hold a shared prefix once; unsaid: a whole copy each."""

@@ -210,6 +210,18 @@ def test_without_checkpoints_the_same_divergence_is_a_window_miss():
     assert gateway.stats().misses_by_reason == {"empty": 1, "window": 1}
 
 
+def test_by_default_a_checkpoint_goes_where_stored_prompts_diverged_before():
+    engine, gateway = window_gateway()
+    gateway.checkpoints = CheckpointPlan()  # no stride points
+    generate(gateway, LONG)
+    assert engine.requests[0].config.prefill_breakpoints == () and stored(gateway) == {200: "prompt"}
+    generate(gateway, diverging(120, 260))  # a window miss; it leaves LONG at 120: a checkpoint there
+    assert engine.requests[1].config.prefill_breakpoints == (120,)
+    assert stored(gateway)[120] == "breakpoint"
+    third = diverging(120, 260)[:140] + tuple(range(900, 960))  # past both snapshots' reach at 120+
+    assert generate(gateway, third)[-1].reused_positions == 120
+
+
 def test_an_engine_that_keeps_every_row_gets_no_checkpoints():
     """batched-cell (window.evicts False): the prompt snapshot clones at any earlier position."""
     engine, gateway = window_gateway(window_evicts=False)

@@ -104,3 +104,24 @@ def test_default_lru_does_not_protect_early_snapshots():
     for i in range(3):
         cache.insert("ns", (5, i), backend.open((5, i)))
     assert early.closed and len(cache) == 3
+
+
+def test_lru_never_evicts_a_prompt_reused_more_than_a_stored_checkpoint_for_it():
+    used_prompt = entry("old-prompt-3-hits", 1, hits=3)
+    checkpoint = entry("checkpoint-1-hit", 5, hits=1, boundary="breakpoint")
+    lru = make_policy("lru")
+    assert lru.victim([used_prompt, checkpoint, entry("new", 9)]).snapshot == "checkpoint-1-hit"
+    # negative control: a prompt reused no more than the checkpoint goes by recency
+    same = entry("old-prompt-1-hit", 1, hits=1)
+    assert lru.victim([same, checkpoint, entry("new", 9)]).snapshot == "old-prompt-1-hit"
+
+
+def test_a_branch_point_outlives_the_leaves_below_it_under_every_policy():
+    backend = FakeBackend()
+    for name in ("lru", "lfu", "priority"):
+        cache = PrefixCache(backend, 8, policy=name, branch_min=4)
+        for tail in ((7, 7), (8, 8)):
+            assert cache.insert("ns", (1, 2, 3, 4) + tail, backend.open((1, 2, 3, 4) + tail)).stored
+        cache.lookup("ns", (1, 2, 3, 4, 8, 8, 9))  # a hit below it counts for it too
+        assert cache.evict(2) == 2
+        assert [e.tokens for e in cache.entries()] == [(1, 2, 3, 4)], name
