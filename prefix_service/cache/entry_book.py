@@ -35,6 +35,7 @@ class EntryBook:
         self._index.insert(scope, key, entry, self._clock)
         self._budget.add(entry)
         self._refresh_branches(entry, hit=False)
+        self._shade([entry, *self._index.below(scope, key)] if entry.is_branch else [entry])
         return entry
 
     def entries(self, namespace: str | None = None) -> list[Entry]:
@@ -73,12 +74,24 @@ class EntryBook:
                 above.subtree_hits += hit
                 self._index.touch(above.namespace, above.tokens, entry.last_used)
 
+    def _shade(self, entries: list[Entry]) -> None:
+        """Set what of each entry's copy the deepest branch point above it holds too (none where clones
+        share their prefix: nothing is copied)."""
+        sharing = shares_prefixes(self._backend)
+        for entry in entries:
+            depths = [
+                a.key_length for a in self._index.prefixes(entry.namespace, entry.tokens) if a.is_branch
+            ]
+            entry.shadowed = 0 if sharing else max(depths, default=0)
+
     def _held(self) -> int:
         """Positions the entries hold: a shared prefix once where clones share it, else a copy each."""
         return self._index.edge_positions() if shares_prefixes(self._backend) else self._budget.key_positions
 
     def _drop(self, entry: Entry, kind: EventKind) -> None:
+        below = self._index.below(entry.namespace, entry.tokens) if entry.is_branch else []
         self._index.remove(entry.namespace, entry.tokens)
+        self._shade(below)
         self._budget.discard(entry)
         self._release(entry.snapshot)
         self._emit(kind, entry)

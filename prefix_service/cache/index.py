@@ -154,6 +154,13 @@ class TokenIndex(Generic[V]):
             node, depth = child, depth + len(child.edge)
         return found
 
+    def below(self, namespace: Hashable, key: Sequence[int]) -> list[V]:
+        """The values stored under keys that ``key`` (stored) is a proper prefix of."""
+        path = self._path(namespace, tuple(key))
+        if path is None:
+            return []
+        return [value for value in self._best_first(path[-1], None) if value is not path[-1].value]
+
     def forks(self, namespace: Hashable, key: Sequence[int]) -> list[int]:
         """Depths strictly inside ``key`` where stored keys part: inner nodes with several children on
         its path, and where ``key`` itself leaves the stored keys; ascending."""

@@ -38,6 +38,7 @@ class Entry:
     metadata: Mapping[str, str] = field(default_factory=lambda: NO_METADATA)  # priority, boundary, ...
     reused: int = 0  # positions those lookups reused
     subtree_hits: int = 0  # a branch point: the hits of the entries below it
+    shadowed: int = 0  # positions of its copy a branch point above it holds too (0 where clones share)
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -58,6 +59,12 @@ class Entry:
     @property
     def is_branch(self) -> bool:
         return self.boundary == BRANCH
+
+    @property
+    def mostly_shadowed(self) -> bool:
+        """A branch point above holds at least half of its copy: evicting it frees a whole copy and
+        loses only its tail."""
+        return self.shadowed > 0 and 2 * self.shadowed >= self.key_length
 
 
 def frozen_metadata(metadata: Mapping[str, Any] | None) -> Mapping[str, str]:
@@ -90,14 +97,16 @@ class RetentionPolicy(ABC):
 
 
 class LRUPolicy(RetentionPolicy):
-    """Least recently used, except: a checkpoint no lookup used goes first, and a prompt is never
-    evicted while a checkpoint reused less than it is stored (that checkpoint goes instead)."""
+    """Least recently used, except: a checkpoint no lookup used goes first, then copies a branch point
+    above mostly holds too; a prompt is never evicted while a checkpoint reused less than it is stored
+    (that checkpoint goes instead)."""
 
     name = "lru"
 
     def priority(self, entry: Entry) -> tuple[Any, ...]:
         unused_checkpoint = entry.is_checkpoint and entry.hits == 0
-        return (0 if unused_checkpoint else 1, entry.last_used, 1 if entry.is_branch else 0)
+        tier = 0 if unused_checkpoint else (1 if entry.mostly_shadowed else 2)
+        return (tier, entry.last_used, 1 if entry.is_branch else 0)
 
     def victim(self, entries: Iterable[Entry]) -> Entry:
         entries = list(entries)

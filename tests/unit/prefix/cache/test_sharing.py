@@ -202,3 +202,41 @@ def test_branch_points_are_where_stored_prompts_part_on_a_prompts_path(backend):
     assert cache.branch_points(NS, SHARED + question(1)) == (100,)
     assert cache.branch_points(NS, SHARED[:40] + question(3)) == (40,)
     assert cache.branch_points(NS, SHARED[:40]) == ()  # a prefix of the stored ones: no divergence
+
+
+@pytest.mark.parametrize(("branch_min", "reused"), [(64, [100, 100, 100]), (0, [0, 100, 100])])
+def test_under_a_positions_bound_the_leaves_under_branch_points_go_first(branch_min, reused):
+    """batched-sequence (a copy per entry), room for 420 positions: with branch points the three
+    group prefixes (300) stay and the leaves copying them go first; without, the three latest
+    prompts (110 each) stay and the first group's is lost (the negative control)."""
+    backend = FakeBackend()
+    cache = PrefixCache(backend, 16, max_positions=420, branch_min=branch_min)
+    groups = [tuple(range(10_000 * g, 10_000 * g + 100)) for g in (1, 2, 3)]
+    for group in groups:
+        for tag in (1, 2):
+            insert(cache, backend, group + question(tag))
+    assert cache.stats().positions <= 420
+    assert [cache.lookup(NS, group + question(3)).reused for group in groups] == reused
+    leaves = [e for e in cache.entries() if not e.is_branch]
+    assert all(e.shadowed == (100 if branch_min else 0) for e in leaves)
+
+
+def test_where_clones_share_cells_no_copy_is_shadowed():
+    backend = FakeBackend()
+    backend.shares_prefixes = True
+    cache = PrefixCache(backend, 16)
+    insert(cache, backend, SHARED + question(1))
+    insert(cache, backend, SHARED + question(2))
+    assert cache.stats().branches == 1 and all(e.shadowed == 0 for e in cache.entries())
+    assert cache.stats().positions == cache.stats().radix_positions == 100 + 10 + 10
+
+
+def test_a_dropped_branch_point_no_longer_shadows_its_leaves(backend):
+    cache = PrefixCache(backend, 16)
+    insert(cache, backend, SHARED + question(1))
+    insert(cache, backend, SHARED + question(2))
+    branch = next(e for e in cache.entries() if e.is_branch)
+    assert {e.shadowed for e in cache.entries() if e is not branch} == {100}
+    cache.clear(lambda ns: False)  # a no-op control: nothing cleared, nothing re-shaded
+    cache._drop(branch, EventKind.EVICTED)
+    assert {e.shadowed for e in cache.entries()} == {0}
