@@ -182,10 +182,11 @@ class TokenIndex(Generic[V]):
             node, depth = child, depth + shared
         return found
 
-    def divergence(self, namespace: Hashable, key: Sequence[int]) -> tuple[int, V | None, list[V]] | None:
+    def divergence(self, namespace: Hashable, key: Sequence[int]) -> tuple[int, V | None, Iterator[V]] | None:
         """Where ``key`` leaves the stored keys: the depth ``d`` (``0 < d < len(key)``), the value
         stored exactly at ``d`` (None: none) and the values below ``d`` off ``key``'s path, best
-        ranked first; None when ``key`` leaves at the root or runs out inside the tree."""
+        ranked first (lazy: the index must not change meanwhile); None when ``key`` leaves at the
+        root or runs out inside the tree."""
         key = tuple(key)
         node, depth = self._roots.get(namespace), 0
         if node is None:
@@ -198,12 +199,12 @@ class TokenIndex(Generic[V]):
             if shared < len(child.edge):
                 if depth + shared == len(key):
                     return None  # key is a prefix of the keys below
-                return depth + shared, None, list(self._best_first(child, None))
+                return depth + shared, None, self._best_first(child, None)
             node, depth = child, depth + shared
         if depth == 0 or depth == len(key) or not node.children:
             return None
         at = None if node.value is _NO_VALUE else node.value
-        return depth, at, [value for value in self._best_first(node, None) if value is not at]
+        return depth, at, (value for value in self._best_first(node, None) if value is not at)
 
     def values(self) -> Iterator[V]:
         """Every stored value (any order)."""

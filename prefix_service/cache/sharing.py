@@ -4,6 +4,7 @@ inner node). Spec: docs/PREFIX_CACHE.md#shared-prefixes-stored-once."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Hashable
 
 from engine_service.api.errors import ForklineError
@@ -12,6 +13,7 @@ from prefix_service.cache.retention import Entry
 from prefix_service.cache.session_backend import Handle, SessionBackend, clone_with_refusal, handle_alive
 
 DEFAULT_BRANCH_MIN = 64  # shared positions at least for a divergence to keep a branch point
+MAX_SOURCES = 16  # stored entries below a divergence one insert considers cloning the branch point from
 
 
 def covers(shorter: int, longer: int, rewind: int | None) -> bool:
@@ -34,6 +36,7 @@ def covered(
 
 
 def within_reach(length: int, upto: int, rewind: int | None) -> bool:
+    """Whether a snapshot of ``length`` positions clones at ``upto`` (``rewind``: a ring's reach)."""
     return rewind is None or length - upto <= rewind
 
 
@@ -48,8 +51,8 @@ def branch_point(
 ) -> tuple[tuple[int, ...], Handle] | None:
     """Where ``key`` (not stored yet, its ``snapshot`` alive) diverges from the stored keys after at
     least ``min_shared`` shared positions with no entry there: that prefix and a clone at it -- of
-    the stored entry ranked first below it, else of ``snapshot`` (on a ring, only within reach); None
-    when there is no such divergence or no clone (``min_shared`` 0: never)."""
+    the best-ranked stored entry below it (on a ring, the first of ``MAX_SOURCES`` within reach),
+    else of ``snapshot``; None when there is no such divergence or no clone (``min_shared`` 0: never)."""
     if min_shared <= 0:
         return None
     found = index.divergence(scope, key)
@@ -58,8 +61,10 @@ def branch_point(
     depth, at, below = found
     if at is not None or depth < min_shared:
         return None
-    sources = [(entry.snapshot, entry.key_length) for entry in below[:1]] + [(snapshot, len(key))]
-    for source, length in sources:
+    reachable = (e for e in itertools.islice(below, MAX_SOURCES) if within_reach(e.key_length, depth, rewind))
+    stored = next(reachable, None)
+    sources = [(stored.snapshot, stored.key_length)] if stored is not None else []
+    for source, length in [*sources, (snapshot, len(key))]:
         if not within_reach(length, depth, rewind) or not handle_alive(backend, source):
             continue
         try:
