@@ -134,10 +134,16 @@ class PrefixStats:
 
     @classmethod
     def of_entries(
-        cls, entries: Sequence[Any], max_entries: int, max_positions: int, radix_positions: int = 0
+        cls,
+        entries: Sequence[Any],
+        max_entries: int,
+        max_positions: int,
+        radix_positions: int = 0,
+        shared: bool = False,
     ) -> PrefixStats:
         """One caller's entries' stats (``retention.Entry``): the hits they served and the positions
-        those reused (``radix_positions``: their tree's); the cache-wide counters are 0."""
+        those reused (``radix_positions``: their tree's, what they hold when ``shared``); the
+        cache-wide counters are 0."""
         return cls(
             entries=len(entries),
             max_entries=max_entries,
@@ -146,7 +152,7 @@ class PrefixStats:
             reused_tokens=sum(entry.reused for entry in entries),
             inserts=0,
             evictions=0,
-            positions=sum(entry.key_length for entry in entries),
+            positions=radix_positions if shared else sum(entry.key_length for entry in entries),
             max_positions=max_positions,
             radix_positions=radix_positions,
         )

@@ -42,6 +42,7 @@ from prefix_service.cache.session_backend import (
     clone_with_refusal,
     handle_alive,
     max_rewind,
+    shares_prefixes,
 )
 from prefix_service.cache.sharing import DEFAULT_BRANCH_MIN, branch_point, covered
 
@@ -261,7 +262,8 @@ class PrefixCache(EntryBook):
             if where is not None:
                 chosen = self._chosen(where)
                 radix = sum(self._index.edge_positions(scope) for scope in {e.namespace for e in chosen})
-                return PrefixStats.of_entries(chosen, self.max_entries, self.max_positions, radix)
+                sharing = shares_prefixes(self._backend)
+                return PrefixStats.of_entries(chosen, self.max_entries, self.max_positions, radix, sharing)
             return PrefixStats(
                 entries=len(self._budget.entries),
                 max_entries=self._budget.max_entries,
