@@ -75,14 +75,12 @@ class EntryBook:
                 self._index.touch(above.namespace, above.tokens, entry.last_used)
 
     def _shade(self, entries: list[Entry]) -> None:
-        """Set what of each entry's copy the deepest branch point above it holds too (none where clones
-        share their prefix: nothing is copied)."""
-        sharing = shares_prefixes(self._backend)
+        """Set how much of each entry the deepest branch point above it serves too."""
         for entry in entries:
             depths = [
                 a.key_length for a in self._index.prefixes(entry.namespace, entry.tokens) if a.is_branch
             ]
-            entry.shadowed = 0 if sharing else max(depths, default=0)
+            entry.shadowed = max(depths, default=0)
 
     def _held(self) -> int:
         """Positions the entries hold: a shared prefix once where clones share it, else a copy each."""

@@ -38,7 +38,7 @@ class Entry:
     metadata: Mapping[str, str] = field(default_factory=lambda: NO_METADATA)  # priority, boundary, ...
     reused: int = 0  # positions those lookups reused
     subtree_hits: int = 0  # a branch point: the hits of the entries below it
-    shadowed: int = 0  # positions of its copy a branch point above it holds too (0 where clones share)
+    shadowed: int = 0  # its leading positions a branch point above it serves too
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -62,8 +62,8 @@ class Entry:
 
     @property
     def mostly_shadowed(self) -> bool:
-        """A branch point above holds at least half of its copy: evicting it frees a whole copy and
-        loses only its tail."""
+        """A branch point above serves at least half of it: evicting it frees an entry (and a whole
+        copy where clones copy) and loses only its tail."""
         return self.shadowed > 0 and 2 * self.shadowed >= self.key_length
 
 
@@ -97,8 +97,8 @@ class RetentionPolicy(ABC):
 
 
 class LRUPolicy(RetentionPolicy):
-    """Least recently used, except: a checkpoint no lookup used goes first, then copies a branch point
-    above mostly holds too; a prompt is never evicted while a checkpoint reused less than it is stored
+    """Least recently used, except: a checkpoint no lookup used goes first, then entries a branch point
+    above mostly serves too; a prompt is never evicted while a checkpoint reused less than it is stored
     (that checkpoint goes instead)."""
 
     name = "lru"

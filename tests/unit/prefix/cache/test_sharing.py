@@ -222,14 +222,15 @@ def test_under_a_positions_bound_the_leaves_under_branch_points_go_first(branch_
     assert all(e.shadowed == (100 if branch_min else 0) for e in leaves)
 
 
-def test_where_clones_share_cells_no_copy_is_shadowed():
+def test_where_clones_share_cells_a_branch_point_costs_an_entry_and_no_positions():
     backend = FakeBackend()
     backend.shares_prefixes = True
     cache = PrefixCache(backend, 16)
     insert(cache, backend, SHARED + question(1))
     insert(cache, backend, SHARED + question(2))
-    assert cache.stats().branches == 1 and all(e.shadowed == 0 for e in cache.entries())
+    assert cache.stats().branches == 1 and len(cache) == 3
     assert cache.stats().positions == cache.stats().radix_positions == 100 + 10 + 10
+    assert {e.shadowed for e in cache.entries() if not e.is_branch} == {100}  # the leaves go first
 
 
 def test_a_dropped_branch_point_no_longer_shadows_its_leaves(backend):
