@@ -1,10 +1,10 @@
 """The sliding-window reuse case (issue 19 item 7), as ``bench_models.py --reuse`` runs it.
 
 Gemma 3 270M (15 of 18 layers slide over 512 positions) behind a real ``forkline-engine`` and
-``forkline-prefix`` (default ``--checkpoint_stride 256``): request A is a 1,440-token prompt, request B
+``forkline-prefix`` (``--checkpoint_stride 256``, opt-in since issue 35): request A is a 1,440-token prompt, request B
 shares A's first 864 tokens (60%) and then diverges. Measured per cache kind: B's reused positions and
 time to first token through the gateway, against B computed cold (its own namespace, nothing cached);
-and the same with checkpoints off (``--checkpoint_stride 0``: on batched-sequence a ``window`` miss).
+and the same with checkpoints off (stride 0, ``--max_checkpoints 0``: on batched-sequence a ``window`` miss).
 With ``llama_server``: llama.cpp's ``/completion`` (``cache_prompt: true``, 4 slots) on the same A then
 B, reporting its ``timings.cache_n`` (positions reused) and ``prompt_ms``.
 """
@@ -64,6 +64,8 @@ def forkline(kind: str, stride: int, a: list[int], b: list[int]) -> dict:
                 "0",
                 "--checkpoint_stride",
                 str(stride),
+                "--max_checkpoints",
+                "8" if stride else "0",
                 "--log_level",
                 "WARNING",
             ],

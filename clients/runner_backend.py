@@ -8,6 +8,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from engine_service.api.answers import CloneRefusal, ImportedSnapshot, TakenClone
+from engine_service.api.cache_kinds import kind_shares_prefixes
 from engine_service.sessions.session_files import encode_session, load_session_bytes
 
 if TYPE_CHECKING:
@@ -49,6 +50,10 @@ class RunnerBackend:
     def max_rewind(self) -> int | None:
         window = self._runner.window_geometry
         return window.max_write if window is not None and window.evicts else None
+
+    @property
+    def shares_prefixes(self) -> bool:
+        return kind_shares_prefixes(self._runner.cache_kind)
 
     def clone_async(self, handle: Session, upto: int) -> Future:
         return handle.clone_async(upto)

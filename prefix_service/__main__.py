@@ -34,9 +34,9 @@ live gateway request that finds the engine full evicts one entry and retries onc
 the engine never expire (the engine's --persistent_owner) and count against the engine's budget for
 that owner (--persistent_owner_share); gateway generations run as their caller, in the caller's quota.
 
-Sliding-window models on batched-sequence: a captured prompt also keeps checkpoints (--checkpoint_stride,
-message ends, at most --max_checkpoints), so a prompt diverging inside a stored one reuses an exact
-prefix instead of a `window` miss (prefix_service/cache/checkpoints.py).
+Sliding-window models on batched-sequence: a captured prompt also keeps checkpoints (message ends and
+branch points, at most --max_checkpoints; --checkpoint_stride adds stride points), so a prompt
+diverging there reuses an exact prefix instead of a `window` miss (prefix_service/cache/checkpoints.py).
 """
 
 

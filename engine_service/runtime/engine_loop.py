@@ -57,6 +57,7 @@ class EngineLoop:
 
     def __init__(self, runner: Runner, executor: Executor, max_decode: int) -> None:
         self._executor = executor
+        self.cache_kind = str(getattr(executor, "cache_kind", ""))  # "": an executor without a KV cache
         self._max_decode = max_decode
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         # Guards ``accepting`` against submissions racing the final drain at shutdown. Closes are put

@@ -128,6 +128,10 @@ class Runner:
         return self._engine.window_geometry
 
     @property
+    def cache_kind(self) -> str:
+        return self._engine.cache_kind
+
+    @property
     def pins_exports(self) -> bool:
         return self._engine.pins_exports
 

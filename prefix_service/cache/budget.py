@@ -22,8 +22,9 @@ def check_bound(value: int, name: str) -> int:
 
 class Budget:
     """The stored entries and their bounds, guarded by the cache's ``lock``: ``positions`` are held
-    by the entries, ``reserved_*`` by reservations. Evictions take the retention policy's victim and
-    hand it to ``drop`` (the cache unindexes it, calls :meth:`discard` and releases its snapshot)."""
+    by the entries (their key lengths, or ``held()`` where clones share a prefix's storage),
+    ``reserved_*`` by reservations. Evictions take the retention policy's victim and hand it to
+    ``drop`` (the cache unindexes it, calls :meth:`discard` and releases its snapshot)."""
 
     def __init__(
         self,
@@ -32,15 +33,17 @@ class Budget:
         max_positions: int,
         drop: Callable[[Entry], None],
         lock: threading.RLock,
+        held: Callable[[], int] | None = None,
     ) -> None:
         self.policy = policy
+        self._held = held
         self._drop = drop
         self._lock = lock
         self.evictions = 0
         self.max_entries = check_bound(max_entries, "max_entries")
         self.max_positions = check_bound(max_positions, "max_positions")
         self.entries: set[Entry] = set()
-        self.positions = 0
+        self.key_positions = 0  # the sum of the entries' key lengths
         self.reserved_entries = 0
         self.reserved_positions = 0
 
@@ -48,18 +51,24 @@ class Budget:
         self.max_entries = check_bound(max_entries, "max_entries")
         self.max_positions = check_bound(max_positions, "max_positions")
 
+    @property
+    def positions(self) -> int:
+        """What the entries hold: ``held()`` where given (shared prefixes counted once), else the
+        sum of their key lengths (a whole copy each)."""
+        return self._held() if self._held is not None else self.key_positions
+
     def add(self, entry: Entry) -> None:
         self.entries.add(entry)
-        self.positions += entry.key_length
+        self.key_positions += entry.key_length
 
     def discard(self, entry: Entry) -> None:
         if entry in self.entries:
             self.entries.remove(entry)
-            self.positions -= entry.key_length
+            self.key_positions -= entry.key_length
 
     def clear(self) -> list[Entry]:
         """Forget every entry; returns them."""
-        entries, self.entries, self.positions = list(self.entries), set(), 0
+        entries, self.entries, self.key_positions = list(self.entries), set(), 0
         return entries
 
     def over(self, extra_entries: int = 0, extra_positions: int = 0) -> bool:
@@ -87,7 +96,7 @@ class Budget:
             return victims
 
     def _evict_one(self) -> Entry:
-        victim = min(self.entries, key=self.policy.priority)
+        victim = self.policy.victim(self.entries)
         self.evictions += 1
         self._drop(victim)
         return victim
@@ -106,7 +115,7 @@ class Budget:
             if not self.can_ever_hold(positions):
                 return InsertRefusal.OVER_BUDGET
             while self.entries and self.over(1, positions):
-                victim = min(self.entries, key=self.policy.priority)
+                victim = self.policy.victim(self.entries)
                 if self.policy.priority(newcomer) < self.policy.priority(victim):
                     return InsertRefusal.EVICTED
                 self.evictions += 1

@@ -1,6 +1,7 @@
-"""Checkpoints: the snapshots a gateway capture takes inside a prompt (message ends and stride points),
-so a later prompt diverging inside it still reuses an exact prefix on an engine whose ring evicts
-window rows; each is an ordinary cache entry (``boundary="breakpoint"``). Spec: docs/SNAPSHOTS.md#sliding-window-models-checkpoints-inside-a-stored-prompt."""
+"""Checkpoints: the snapshots a gateway capture takes inside a prompt where a divergence is likely
+(message ends, and branch points: where stored prompts already diverged from it; stride points only
+when asked), so a later prompt diverging there still reuses an exact prefix on an engine whose ring
+evicts window rows; each is an ordinary cache entry (``boundary="breakpoint"``). Spec: docs/SNAPSHOTS.md#sliding-window-models-checkpoints-inside-a-stored-prompt."""
 
 from __future__ import annotations
 
@@ -14,14 +15,14 @@ from prefix_service.cache.budget import Reservation
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CHECKPOINT_STRIDE = 256  # --checkpoint_stride
+DEFAULT_CHECKPOINT_STRIDE = 0  # --checkpoint_stride (off: checkpoints where divergences are likely)
 DEFAULT_MAX_CHECKPOINTS = 8  # --max_checkpoints (llama.cpp's --ctx-checkpoints default is 8 as well)
 
 
 @dataclass(frozen=True)
 class CheckpointPlan:
-    """``stride``: positions between stride checkpoints (0: no checkpoints at all, stride or message
-    ends); ``max_checkpoints``: at most this many per captured prompt (0: none)."""
+    """``stride``: positions between stride checkpoints (0: none; message ends and branch points
+    still); ``max_checkpoints``: at most this many per captured prompt (0: no checkpoints at all)."""
 
     stride: int = DEFAULT_CHECKPOINT_STRIDE
     max_checkpoints: int = DEFAULT_MAX_CHECKPOINTS
@@ -34,7 +35,7 @@ class CheckpointPlan:
 
     @property
     def enabled(self) -> bool:
-        return self.stride > 0 and self.max_checkpoints > 0
+        return self.max_checkpoints > 0
 
     def for_cache(self, max_entries: int) -> CheckpointPlan:
         """One prompt's snapshots take at most half the cache's entries: a long prompt never flushes it."""
@@ -50,15 +51,22 @@ class CheckpointPlan:
 
 
 def checkpoint_positions(
-    plan: CheckpointPlan, prompt_length: int, reused: int, message_ends: Sequence[int] = ()
+    plan: CheckpointPlan,
+    prompt_length: int,
+    reused: int,
+    message_ends: Sequence[int] = (),
+    branch_points: Sequence[int] = (),
 ) -> tuple[int, ...]:
-    """The checkpoints of one capture, ascending: message ends and multiples of ``plan.stride``
-    strictly between ``reused`` and ``prompt_length``, at most ``plan.max_checkpoints`` (message ends
-    first, stride points thinned evenly, the last kept)."""
+    """The checkpoints of one capture, ascending: message ends, branch points and multiples of
+    ``plan.stride`` (when on) strictly between ``reused`` and ``prompt_length``, at most
+    ``plan.max_checkpoints`` (message ends and branch points first, the latest kept; stride points
+    thinned evenly, the last kept)."""
     if not plan.enabled:
         return ()
     inside = range(reused + 1, prompt_length)
-    ends = sorted({p for p in message_ends if p in inside})[-plan.max_checkpoints :]
+    ends = sorted({p for p in (*message_ends, *branch_points) if p in inside})[-plan.max_checkpoints :]
+    if not plan.stride:
+        return tuple(ends)
     first = (reused // plan.stride + 1) * plan.stride
     stride = [p for p in range(first, prompt_length, plan.stride) if p not in ends]
     room = plan.max_checkpoints - len(ends)

@@ -26,7 +26,7 @@ class EventKind(StrEnum):
     MOVED = "moved"  # stored as a copy of another engine's snapshot (``source`` names it)
     EVICTED = "evicted"  # the retention policy dropped it (bounds, pressure)
     CLEARED = "cleared"  # a Clear, an engine restart or shutdown dropped it
-    DROPPED = "dropped"  # its handle was found dead
+    DROPPED = "dropped"  # its handle was found dead, or a longer entry covers it (sharing.py)
     GAP = "gap"  # ``missed`` events were dropped for this subscriber
     SYNCED = "synced"  # the replay is complete
 

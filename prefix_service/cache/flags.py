@@ -72,17 +72,19 @@ def add_cache_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_CHECKPOINT_STRIDE,
         help="on an engine whose cache evicts sliding-window rows (batched-sequence with sliding "
-        "layers), a captured prompt also keeps a snapshot every N positions and at the end of each "
-        "chat message, so a prompt diverging inside it reuses an exact prefix; 0: no checkpoints "
-        "(default: %(default)s)",
+        "layers), a captured prompt keeps checkpoints where a later prompt is likely to diverge (each "
+        "chat message's end, and branch points: where stored prompts already diverged from it), so a "
+        "prompt diverging there reuses an exact prefix; N > 0 also keeps one every N positions "
+        "(default: %(default)s, off)",
     )
     p.add_argument(
         "--max_checkpoints",
         metavar="N",
         type=int,
         default=DEFAULT_MAX_CHECKPOINTS,
-        help="checkpoints per captured prompt at most (message ends first, then stride points "
-        "spread evenly); each is a cache entry weighing its positions (default: %(default)s)",
+        help="checkpoints per captured prompt at most (message ends and branch points first, then "
+        "stride points spread evenly); each is a cache entry weighing its positions; 0: no "
+        "checkpoints (default: %(default)s)",
     )
 
 

@@ -58,6 +58,12 @@ class TokenIndex(Generic[V]):
     def __init__(self) -> None:
         self._roots: dict[Hashable, _Node] = {}
         self._size = 0
+        self._edges: dict[Hashable, int] = {}  # per namespace: the tree's total edge length
+
+    def edge_positions(self, namespace: Hashable | None = None) -> int:
+        """Positions an ideal radix tree of the stored keys holds (its total edge length: every
+        distinct stored prefix once), of ``namespace`` or of all."""
+        return self._edges.get(namespace, 0) if namespace is not None else sum(self._edges.values())
 
     def __len__(self) -> int:
         return self._size
@@ -75,6 +81,7 @@ class TokenIndex(Generic[V]):
             if child is None:
                 child = _Node(key[depth:])
                 node.children[key[depth]] = child
+                self._edges[namespace] = self._edges.get(namespace, 0) + len(key) - depth
                 depth = len(key)
             else:
                 shared = common_prefix(child.edge, key, depth)
@@ -131,7 +138,73 @@ class TokenIndex(Generic[V]):
 
     def clear(self) -> None:
         self._roots.clear()
+        self._edges.clear()
         self._size = 0
+
+    def prefixes(self, namespace: Hashable, key: Sequence[int]) -> list[V]:
+        """The values stored under proper prefixes of ``key``, shortest first."""
+        key = tuple(key)
+        node, depth, found = self._roots.get(namespace), 0, []
+        while node is not None and depth < len(key):
+            if depth and node.value is not _NO_VALUE:
+                found.append(node.value)
+            child = node.children.get(key[depth])
+            if child is None or key[depth : depth + len(child.edge)] != child.edge:
+                break
+            node, depth = child, depth + len(child.edge)
+        return found
+
+    def below(self, namespace: Hashable, key: Sequence[int]) -> list[V]:
+        """The values stored under keys that ``key`` (stored) is a proper prefix of."""
+        path = self._path(namespace, tuple(key))
+        if path is None:
+            return []
+        return [value for value in self._best_first(path[-1], None) if value is not path[-1].value]
+
+    def forks(self, namespace: Hashable, key: Sequence[int]) -> list[int]:
+        """Depths strictly inside ``key`` where stored keys part: inner nodes with several children on
+        its path, and where ``key`` itself leaves the stored keys; ascending."""
+        key = tuple(key)
+        node, depth, found = self._roots.get(namespace), 0, []
+        while node is not None and depth < len(key):
+            if depth and len(node.children) > 1:
+                found.append(depth)
+            child = node.children.get(key[depth])
+            if child is None:
+                if depth and node.children and found[-1:] != [depth]:
+                    found.append(depth)
+                break
+            shared = common_prefix(child.edge, key, depth)
+            if shared < len(child.edge):
+                if 0 < depth + shared < len(key):
+                    found.append(depth + shared)
+                break
+            node, depth = child, depth + shared
+        return found
+
+    def divergence(self, namespace: Hashable, key: Sequence[int]) -> tuple[int, V | None, Iterator[V]] | None:
+        """Where ``key`` leaves the stored keys: the depth ``d`` (``0 < d < len(key)``), the value
+        stored exactly at ``d`` (None: none) and the values below ``d`` off ``key``'s path, best
+        ranked first (lazy: the index must not change meanwhile); None when ``key`` leaves at the
+        root or runs out inside the tree."""
+        key = tuple(key)
+        node, depth = self._roots.get(namespace), 0
+        if node is None:
+            return None
+        while depth < len(key):
+            child = node.children.get(key[depth])
+            if child is None:
+                break
+            shared = common_prefix(child.edge, key, depth)
+            if shared < len(child.edge):
+                if depth + shared == len(key):
+                    return None  # key is a prefix of the keys below
+                return depth + shared, None, self._best_first(child, None)
+            node, depth = child, depth + shared
+        if depth == 0 or depth == len(key) or not node.children:
+            return None
+        at = None if node.value is _NO_VALUE else node.value
+        return depth, at, (value for value in self._best_first(node, None) if value is not at)
 
     def values(self) -> Iterator[V]:
         """Every stored value (any order)."""
@@ -221,10 +294,12 @@ class TokenIndex(Generic[V]):
         if not node.children and index > 0:
             parent = path[index - 1]
             del parent.children[node.edge[0]]
+            self._edges[namespace] -= len(node.edge)
             node, index = parent, index - 1
         if index == 0:
             if not node.children:
                 del self._roots[namespace]
+                self._edges.pop(namespace, None)
             return
         if node.value is _NO_VALUE and len(node.children) == 1:
             (only,) = node.children.values()

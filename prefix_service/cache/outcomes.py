@@ -113,8 +113,11 @@ class LookupOutcome:
 @dataclass(frozen=True)
 class PrefixStats:
     """Counters since creation (``clear`` keeps them). reused_tokens sums ``Match.reused`` over hits.
-    positions: held by the entries; max_positions: their bound (0: unbounded); bytes_held, max_bytes:
-    the same at the engine's bytes per position (0: not known, :meth:`in_bytes` sets them)."""
+    positions: held by the entries (a shared prefix once where clones share storage, else a copy
+    per entry); max_positions: their bound (0: unbounded); bytes_held, max_bytes: the same at the
+    engine's bytes per position (0: not known, :meth:`in_bytes` sets them); radix_positions: what an
+    ideal radix tree of the same keys holds; covered: entries dropped as covered by a longer one;
+    branches: branch points stored (``sharing.py``)."""
 
     entries: int
     max_entries: int
@@ -126,6 +129,9 @@ class PrefixStats:
     refusals: dict[str, int] = field(default_factory=dict)  # a fresh copy per stats() call
     positions: int = 0
     max_positions: int = 0
+    radix_positions: int = 0
+    covered: int = 0
+    branches: int = 0
     bytes_held: int = 0
     max_bytes: int = 0
 
@@ -138,9 +144,17 @@ class PrefixStats:
         )
 
     @classmethod
-    def of_entries(cls, entries: Sequence[Any], max_entries: int, max_positions: int) -> PrefixStats:
+    def of_entries(
+        cls,
+        entries: Sequence[Any],
+        max_entries: int,
+        max_positions: int,
+        radix_positions: int = 0,
+        shared: bool = False,
+    ) -> PrefixStats:
         """One caller's entries' stats (``retention.Entry``): the hits they served and the positions
-        those reused; the cache-wide counters are 0, nobody's in particular."""
+        those reused (``radix_positions``: their tree's, what they hold when ``shared``); the
+        cache-wide counters are 0."""
         return cls(
             entries=len(entries),
             max_entries=max_entries,
@@ -149,6 +163,7 @@ class PrefixStats:
             reused_tokens=sum(entry.reused for entry in entries),
             inserts=0,
             evictions=0,
-            positions=sum(entry.key_length for entry in entries),
+            positions=radix_positions if shared else sum(entry.key_length for entry in entries),
             max_positions=max_positions,
+            radix_positions=radix_positions,
         )

@@ -4,7 +4,6 @@ the calls; ``lookup`` waits for the engine: never call it from a generation call
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from functools import partial
@@ -12,11 +11,12 @@ from typing import Any
 
 from engine_service.api.errors import FailedPrecondition, InvalidArgument
 from prefix_service.cache.admission import admission_refusal
-from prefix_service.cache.budget import Budget, Reservation
+from prefix_service.cache.budget import Reservation
 from prefix_service.cache.candidate_walk import Clone, first_within_rewind, walk
 from prefix_service.cache.capture import PromptCapture
-from prefix_service.cache.events import EntryChange, EventKind
-from prefix_service.cache.index import TokenIndex, token_key
+from prefix_service.cache.entry_book import EntryBook
+from prefix_service.cache.events import EventKind
+from prefix_service.cache.index import token_key
 from prefix_service.cache.outcomes import (
     DUPLICATE,
     INVALID_SNAPSHOT,
@@ -27,7 +27,14 @@ from prefix_service.cache.outcomes import (
     MissReason,
     PrefixStats,
 )
-from prefix_service.cache.retention import Entry, RetentionPolicy, frozen_metadata, make_policy
+from prefix_service.cache.retention import (
+    BOUNDARY_KEY,
+    BRANCH,
+    Entry,
+    RetentionPolicy,
+    frozen_metadata,
+    make_policy,
+)
 from prefix_service.cache.session_backend import (
     CaptureBackend,
     Handle,
@@ -35,15 +42,16 @@ from prefix_service.cache.session_backend import (
     clone_with_refusal,
     handle_alive,
     max_rewind,
-    release_handle,
+    shares_prefixes,
 )
+from prefix_service.cache.sharing import DEFAULT_BRANCH_MIN, branch_point, covered
 
 DEFAULT_MAX_ATTEMPTS = 16
 
 
-class PrefixCache:
+class PrefixCache(EntryBook):
     """``listen(listener)``: called with an ``events.EntryChange`` (under the lock: it must not block)
-    when an entry is stored, moved in, evicted, cleared or dropped as dead (``cache/events.py``)."""
+    when an entry is stored, moved in, evicted, cleared or dropped (dead, covered: ``cache/events.py``)."""
 
     def __init__(
         self,
@@ -53,20 +61,20 @@ class PrefixCache:
         *,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         max_positions: int = 0,
+        branch_min: int = DEFAULT_BRANCH_MIN,
     ) -> None:
         """``max_entries`` 0 disables the cache; ``max_positions`` 0: unbounded; ``max_attempts``: the
-        clones one lookup tries before it reports a miss."""
+        clones one lookup tries before it reports a miss; ``branch_min``: shared positions at least
+        for a divergence to keep a branch point (0: never; ``sharing.py``)."""
         if not isinstance(max_attempts, int) or max_attempts < 1:
             raise InvalidArgument(f"max_attempts must be an int >= 1, got {max_attempts!r}")
-        self._backend = backend
+        if not isinstance(branch_min, int) or isinstance(branch_min, bool) or branch_min < 0:
+            raise InvalidArgument(f"branch_min must be an int >= 0, got {branch_min!r}")
+        super().__init__(backend, make_policy(policy), max_entries, max_positions)
         self._max_attempts = max_attempts
-        self._policy = make_policy(policy)
-        self._index: TokenIndex[Entry] = TokenIndex()
-        self._lock = threading.RLock()
-        self._listener: Callable[[EntryChange], None] | None = None
-        self._budget = Budget(self._policy, max_entries, max_positions, self._evicted, self._lock)
-        self._clock = 0
+        self._branch_min = branch_min
         self._hits = self._misses = self._reused = self._inserts = 0
+        self._covered = self._branches = 0
         self._refusals: Counter[str] = Counter()
 
     @property
@@ -122,6 +130,12 @@ class PrefixCache:
         found = self.reusable_entry(namespace, key)
         return 0 if found is None else found[1]
 
+    def branch_points(self, namespace: str, tokens: Sequence[int]) -> tuple[int, ...]:
+        """Positions inside ``tokens`` where stored prompts of ``namespace`` part (from it, or from each
+        other on its path): where a checkpoint is likely to serve a later prompt."""
+        with self._lock:
+            return tuple(self._index.forks(self._scope(namespace), token_key(tokens)))
+
     def reusable_entry(self, namespace: str, key: tuple[int, ...]) -> tuple[Entry, int] | None:
         """The entry :meth:`reusable` scores ``key`` by and its reuse (None: none): what a move exports."""
         if len(key) < 2:
@@ -171,12 +185,19 @@ class PrefixCache:
                     return self._refuse(snapshot, DUPLICATE)
                 self._refusals[INVALID_SNAPSHOT] += 1
                 self._drop(existing, EventKind.DROPPED)  # a dead entry is replaced by the live snapshot
-            self._clock += 1
-            entry = Entry(scope, key, snapshot, created=self._clock, last_used=self._clock, metadata=frozen)
-            self._index.insert(scope, key, entry, self._clock)
-            self._budget.add(entry)
+            rewind = max_rewind(self._backend)
+            branch = branch_point(self._backend, self._index, scope, key, snapshot, self._branch_min, rewind)
+            entry = self._store(scope, key, snapshot, frozen)
             self._inserts += 1
             self._emit(EventKind.MOVED if moved_from else EventKind.STORED, entry, moved_from)
+            if branch is not None:
+                self._branches += 1
+                inner = self._store(scope, branch[0], branch[1], {**frozen, BOUNDARY_KEY: BRANCH})
+                self._emit(EventKind.STORED, inner)
+            for shorter in covered(self._index, scope, key, rewind):
+                self._covered += 1
+                entry.hits, entry.reused = entry.hits + shorter.hits, entry.reused + shorter.reused
+                self._drop(shorter, EventKind.DROPPED)
             stored = entry not in self._budget.evict_while_over()
             return InsertOutcome() if stored else InsertOutcome(InsertRefusal.EVICTED)
 
@@ -239,7 +260,10 @@ class PrefixCache:
         """The cache's counters; with ``where``, those of the namespaces it accepts (``PrefixStats.of_entries``)."""
         with self._lock:
             if where is not None:
-                return PrefixStats.of_entries(self._chosen(where), self.max_entries, self.max_positions)
+                chosen = self._chosen(where)
+                radix = sum(self._index.edge_positions(scope) for scope in {e.namespace for e in chosen})
+                sharing = shares_prefixes(self._backend)
+                return PrefixStats.of_entries(chosen, self.max_entries, self.max_positions, radix, sharing)
             return PrefixStats(
                 entries=len(self._budget.entries),
                 max_entries=self._budget.max_entries,
@@ -251,29 +275,15 @@ class PrefixCache:
                 refusals=dict(self._refusals),
                 positions=self._budget.positions,
                 max_positions=self._budget.max_positions,
+                radix_positions=self._index.edge_positions(),
+                covered=self._covered,
+                branches=self._branches,
             )
-
-    def entries(self, namespace: str | None = None) -> list[Entry]:
-        """Snapshot of the stored entries (all, or one namespace of this engine), oldest first."""
-        with self._lock:
-            chosen = list(self._budget.entries)
-            if namespace is not None:
-                scope = self._scope(namespace)
-                chosen = [entry for entry in chosen if entry.namespace == scope]
-            return sorted(chosen, key=lambda entry: entry.created)
-
-    def listen(self, listener: Callable[[EntryChange], None] | None) -> None:
-        """Call ``listener`` on every entry change from now on (None: stop); see the class docstring."""
-        with self._lock:
-            self._listener = listener
 
     def record_refusal(self, reason: str) -> None:
         """Count a refusal observed outside the cache's own calls (prompt capture)."""
         with self._lock:
             self._refusals[reason] += 1
-
-    def _chosen(self, where: Callable[[str], bool]) -> list[Entry]:  # lock held
-        return [entry for entry in self._budget.entries if where(entry.namespace[1])]
 
     def _find(self, scope: Hashable, key: tuple[int, ...], clone: Clone) -> LookupOutcome:
         """The lookup itself (the caller holds the lock and counts the hit or miss)."""
@@ -293,6 +303,7 @@ class PrefixCache:
             self._refresh(entry)
             entry.hits += 1
             entry.reused += reused
+            self._refresh_branches(entry, hit=True)
             return LookupOutcome.hit(Match(child, reused))
         refusal = found.refusal()
         if refusal is not None:
@@ -301,34 +312,7 @@ class PrefixCache:
             return LookupOutcome.miss(MissReason.EMPTY)
         return LookupOutcome.miss(MissReason.DIVERGED)  # every live entry differs at the first token
 
-    def _scope(self, namespace: str) -> Hashable:
-        if not isinstance(namespace, str):
-            raise InvalidArgument(f"namespace must be a string, got {type(namespace).__name__}")
-        return (self._backend.fingerprint, namespace)
-
-    def _refresh(self, entry: Entry) -> None:
-        self._clock += 1
-        entry.last_used = self._clock
-        self._index.touch(entry.namespace, entry.tokens, self._clock)
-
-    def _drop(self, entry: Entry, kind: EventKind) -> None:
-        self._index.remove(entry.namespace, entry.tokens)
-        self._budget.discard(entry)
-        self._release(entry.snapshot)
-        self._emit(kind, entry)
-
-    def _evicted(self, entry: Entry) -> None:
-        self._drop(entry, EventKind.EVICTED)
-
-    def _emit(self, kind: EventKind, entry: Entry, source: str = "") -> None:
-        listener = self._listener
-        if listener is not None:
-            listener(EntryChange(kind, entry, source))
-
     def _refuse(self, snapshot: Handle, reason: InsertRefusal) -> InsertOutcome:
         self._refusals[reason] += 1
         self._release(snapshot)
         return InsertOutcome(reason)
-
-    def _release(self, snapshot: Handle) -> None:
-        release_handle(self._backend, snapshot)

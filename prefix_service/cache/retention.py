@@ -1,12 +1,14 @@
 """Retention: which stored snapshot the prefix cache evicts first -- a :class:`RetentionPolicy` returns a
-sort key per entry (lowest goes first), chosen by name: ``lru`` (default), ``priority`` (metadata
-priority, then checkpoints outlive prompts, then LRU), ``lfu``."""
+sort key per entry (lowest goes first), chosen by name: ``lru`` (default: unreused checkpoints first,
+never a prompt reused more than a checkpoint for it), ``priority`` (metadata priority, then
+checkpoints and branch points outlive prompts, then LRU), ``lfu``. A branch point's bookkeeping
+counts its subtree's hits (``PrefixCache`` refreshes it with them): it outlives its leaves."""
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -18,6 +20,7 @@ BOUNDARY_KEY = (
     "boundary"  # metadata naming the snapshot kind (engine_service/api/stream_events.py SnapshotKind)
 )
 PRIORITY_KEY = "priority"
+BRANCH = "branch"  # the boundary of a branch point: a snapshot where stored prompts diverge
 NO_METADATA: Mapping[str, str] = MappingProxyType({})
 
 
@@ -34,6 +37,8 @@ class Entry:
     hits: int = 0  # lookups served
     metadata: Mapping[str, str] = field(default_factory=lambda: NO_METADATA)  # priority, boundary, ...
     reused: int = 0  # positions those lookups reused
+    subtree_hits: int = 0  # a branch point: the hits of the entries below it
+    shadowed: int = 0  # its leading positions a branch point above it serves too
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -42,6 +47,24 @@ class Entry:
     @property
     def key_length(self) -> int:
         return len(self.tokens)
+
+    @property
+    def boundary(self) -> str:
+        return self.metadata.get(BOUNDARY_KEY, "")
+
+    @property
+    def is_checkpoint(self) -> bool:
+        return self.boundary == SnapshotKind.BREAKPOINT
+
+    @property
+    def is_branch(self) -> bool:
+        return self.boundary == BRANCH
+
+    @property
+    def mostly_shadowed(self) -> bool:
+        """A branch point above serves at least half of it: evicting it frees an entry (and a whole
+        copy where clones copy) and loses only its tail."""
+        return self.shadowed > 0 and 2 * self.shadowed >= self.key_length
 
 
 def frozen_metadata(metadata: Mapping[str, Any] | None) -> Mapping[str, str]:
@@ -68,19 +91,37 @@ class RetentionPolicy(ABC):
     def priority(self, entry: Entry) -> tuple[Any, ...]:
         """Sort key of ``entry``; lowest is evicted first. Must not raise for any metadata."""
 
+    def victim(self, entries: Iterable[Entry]) -> Entry:
+        """The entry evicted next (default: the lowest :meth:`priority`)."""
+        return min(entries, key=self.priority)
+
 
 class LRUPolicy(RetentionPolicy):
+    """Least recently used, except: a checkpoint no lookup used goes first, then entries a branch point
+    above mostly serves too; a prompt is never evicted while a checkpoint reused less than it is stored
+    (that checkpoint goes instead)."""
+
     name = "lru"
 
     def priority(self, entry: Entry) -> tuple[Any, ...]:
-        return (entry.last_used,)
+        unused_checkpoint = entry.is_checkpoint and entry.hits == 0
+        tier = 0 if unused_checkpoint else (1 if entry.mostly_shadowed else 2)
+        return (tier, entry.last_used, 1 if entry.is_branch else 0)
+
+    def victim(self, entries: Iterable[Entry]) -> Entry:
+        entries = list(entries)
+        chosen = min(entries, key=self.priority)
+        if chosen.is_checkpoint:
+            return chosen
+        cheaper = [e for e in entries if e.is_checkpoint and e.hits < chosen.hits]
+        return min(cheaper, key=self.priority) if cheaper else chosen
 
 
 class LFUPolicy(RetentionPolicy):
     name = "lfu"
 
     def priority(self, entry: Entry) -> tuple[Any, ...]:
-        return (entry.hits, entry.last_used)
+        return (entry.hits + entry.subtree_hits, entry.last_used, 1 if entry.is_branch else 0)
 
 
 def _metadata_priority(metadata: Mapping[str, str]) -> float:
@@ -96,8 +137,8 @@ class PriorityPolicy(RetentionPolicy):
     name = "priority"
 
     def priority(self, entry: Entry) -> tuple[Any, ...]:
-        checkpoint = 1 if entry.metadata.get(BOUNDARY_KEY) == SnapshotKind.BREAKPOINT else 0
-        return (_metadata_priority(entry.metadata), checkpoint, entry.last_used)
+        kept = 1 if entry.is_checkpoint or entry.is_branch else 0
+        return (_metadata_priority(entry.metadata), kept, entry.last_used)
 
 
 _REGISTRY: dict[str, Callable[[], RetentionPolicy]] = {

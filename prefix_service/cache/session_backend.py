@@ -57,6 +57,12 @@ def max_rewind(backend: SessionBackend) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+def shares_prefixes(backend: SessionBackend) -> bool:
+    """``backend.shares_prefixes`` where it says so: a clone shares its source's rows (batched-cell),
+    so entries cloned from each other hold a shared prefix once; unsaid: a whole copy each."""
+    return getattr(backend, "shares_prefixes", False) is True
+
+
 def handle_alive(backend: SessionBackend, handle: Handle) -> bool:
     """``backend.valid(handle)``; a failing engine call (e.g. the engine stopped) counts as dead."""
     try:

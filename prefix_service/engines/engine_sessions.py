@@ -28,6 +28,10 @@ class RemoteSessions:
     def max_rewind(self) -> int | None:
         return self.connection.max_rewind
 
+    @property
+    def shares_prefixes(self) -> bool:
+        return self.connection.shares_prefixes
+
     def clone(self, handle: str, upto: int) -> str | None:
         return self.clone_or_refusal(handle, upto).handle
 

@@ -95,8 +95,9 @@ def _reserve_checkpoints(
     room: SnapshotRoom,
 ) -> tuple[int, ...]:
     """The breakpoints to ask the engine for (``cache/checkpoints.py``): only where the engine's cache
-    evicts window rows, past ``reused``, fewer than half the cache's entries, each with room reserved
-    (one the policy gives no room, or one already stored, is not asked for)."""
+    evicts window rows, at message ends and branch points past ``reused``, fewer than half the cache's
+    entries, each with room reserved (one the policy gives no room, or one already stored, is not
+    asked for)."""
     cache = gateway.cache
     if not gateway.engine.window.evicts:
         return ()
@@ -105,7 +106,8 @@ def _reserve_checkpoints(
         return ()  # nothing lies strictly between the match and the prompt end
     wanted = []
     metadata = {**request.metadata, BOUNDARY_KEY: SnapshotKind.BREAKPOINT}
-    for position in checkpoint_positions(plan, len(tokens), reused, message_ends):
+    forks = cache.branch_points(request.namespace, tokens)
+    for position in checkpoint_positions(plan, len(tokens), reused, message_ends, forks):
         reserved = cache.reserve(request.namespace, tokens[:position], metadata)
         if isinstance(reserved, Reservation):
             room.add(position, reserved)

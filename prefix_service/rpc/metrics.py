@@ -49,6 +49,11 @@ class GatewayCollector:
             ("forkline_prefix_max_entries", "Stored snapshots at most (0: storing disabled)", c.max_entries),
             ("forkline_prefix_positions", "Positions the stored snapshots hold", c.positions),
             (
+                "forkline_prefix_radix_positions",
+                "Positions an ideal radix tree of the stored keys holds",
+                c.radix_positions,
+            ),
+            (
                 "forkline_prefix_max_positions",
                 "Positions the snapshots may hold (0: unbounded)",
                 c.max_positions,

@@ -244,3 +244,43 @@ def test_capture_queued_before_the_callback_closes_the_source_succeeds(engine):
     warm_tokens, _ = generate(match.session, prompt[match.reused :], recorder)
     cold_tokens, _ = generate(runner.open_session(), prompt, recorder)
     assert warm_tokens == cold_tokens
+
+
+def capture_into(cache: PrefixCache, runner, recorder, prompt) -> None:
+    session = runner.open_session()
+    capture = cache.capture_prompt(session, prompt)
+    generate(session, prompt, recorder, capture.wrap(None))
+    assert capture.collect(NS) == 1
+    session.close()
+
+
+@pytest.mark.parametrize("engine", BOTH_KINDS, indirect=True)
+def test_a_branch_point_serves_the_groups_third_prompt_like_a_cold_run(engine):
+    """Two prompts sharing 12 positions leave a branch point (a clone at 12 taken at the second's
+    insert; on the ring only the second's snapshot is within reach); a third reuses it exactly."""
+    runner, recorder, model = engine
+    shared = prompt_of(12, seed=13)
+    cache = PrefixCache(RunnerBackend(runner), max_entries=8, branch_min=8)
+    capture_into(cache, runner, recorder, shared + prompt_of(6, seed=14))
+    capture_into(cache, runner, recorder, shared + prompt_of(3, seed=15))
+    branch = [e for e in cache.entries() if e.is_branch]
+    assert [e.tokens for e in branch] == [tuple(shared)] and branch[0].snapshot.position == len(shared)
+    third = shared + prompt_of(5, seed=16)
+    assert third[len(shared)] not in (prompt_of(6, seed=14)[0], prompt_of(3, seed=15)[0])
+    match = cache.lookup(NS, third).match
+    assert match.reused == len(shared)
+    warm_tokens, warm_logits = generate(match.session, third[len(shared) :], recorder)
+    cold_tokens, cold_logits = generate(runner.open_session(), third, recorder)
+    assert warm_tokens == cold_tokens == reference_greedy(model, third, NEW)[0]
+    np.testing.assert_allclose(warm_logits, cold_logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["batched-sequence", "batched-cell"])
+def test_the_local_backend_says_whether_clones_share_cells(tiny_model, kind):
+    runner = Runner(
+        ModuleExecutor.create(tiny_model("FFFF", seed=3), kind, max_sessions=2, max_session_tokens=32)
+    )
+    try:
+        assert RunnerBackend(runner).shares_prefixes is (kind == "batched-cell")
+    finally:
+        runner.shutdown()

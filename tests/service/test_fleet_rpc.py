@@ -86,8 +86,9 @@ def test_continuations_go_to_the_engine_holding_the_prefix_and_match_cold(servic
         assert done.reused_positions == len(p)
         assert tokens == in_process_tokens(longer, NEW_TOKENS)  # a hit continues exactly like a cold run
     stats = service.stub.Stats(prefix_pb2.StatsRequest())
-    assert stats.routing == "cache_aware" and stats.entries == 8
-    assert sorted(e.entries for e in stats.engines) == [4, 4]
+    # each continuation's snapshot covers its prompt's (flat layers): the shorter one is dropped
+    assert stats.routing == "cache_aware" and stats.entries == 4
+    assert sorted(e.entries for e in stats.engines) == [2, 2]
     assert sum(e.routed for e in stats.engines) == 8 and all(e.routable for e in stats.engines)
 
 

@@ -71,17 +71,21 @@ def test_chat_is_refused_with_a_reason(services):
         client.generate(text="Hi", chat=True, config=GenConfig(max_new_tokens=4)).collect()
 
 
-def test_a_prompt_diverging_past_the_window_reuses_a_checkpoint_exactly(services):
+def test_a_prompt_diverging_past_the_window_reuses_a_branch_point_checkpoint_exactly(services):
     _, deps, client = services
     rng = random.Random(0)
     a = [2] + [rng.randrange(300, 60000) for _ in range(1439)]
     b = a[:864] + [rng.randrange(300, 60000) for _ in range(576)]
+    c = b[:900] + [rng.randrange(300, 60000) for _ in range(540)]
     client.generate(a, config=GenConfig(max_new_tokens=1), namespace="long").collect()
-    hit = client.generate(b, config=GenConfig(max_new_tokens=6), namespace="long").collect()
-    # the stored prompt's own snapshot cannot rewind to 864 (its ring floor is 1440 - 512); a
-    # checkpoint at 1024 or 1280 can, so everything shared is reused
+    miss = client.generate(b, config=GenConfig(max_new_tokens=1), namespace="long").collect()
+    # the stored prompt's own snapshot cannot rewind to 864 (its ring floor is 1440 - 512), and no
+    # stride checkpoints are taken by default: a miss, which keeps a checkpoint where b left a
+    assert miss.done.reused_positions == 0
+    hit = client.generate(c, config=GenConfig(max_new_tokens=6), namespace="long").collect()
+    # c leaves b at 900 and a at 864 (both floors at 928): the checkpoint at that branch point serves
     assert hit.done.reused_positions == 864
-    assert hit.tokens == cold(deps, b, 6)
+    assert hit.tokens == cold(deps, c, 6)
 
 
 def test_the_main_job_runs_on_gemma_with_plain_text() -> None:

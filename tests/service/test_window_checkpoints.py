@@ -152,7 +152,7 @@ def test_a_stride_within_max_write_reuses_every_shared_position(engine_factory, 
 
 def test_without_checkpoints_the_divergence_is_a_window_miss(engine_factory, start_prefix) -> None:
     engine = engine_factory(max_session_tokens=512)
-    prefix = start_prefix(engine.address, CheckpointPlan(stride=0))
+    prefix = start_prefix(engine.address, CheckpointPlan(max_checkpoints=0))
     gateway_round(prefix, A)
     assert stored(prefix) == {200: "prompt"}
     client = PrefixClient(prefix.address, owner="alice")
@@ -179,17 +179,17 @@ def test_batched_cell_reuses_up_to_the_divergence_without_checkpoints(engine_fac
 
 def test_a_chat_message_end_is_a_checkpoint(engine_factory, start_prefix) -> None:
     engine = engine_factory(max_session_tokens=512, max_sessions=32)
-    prefix = start_prefix(engine.address, CheckpointPlan())  # the defaults: stride 256, message ends
+    prefix = start_prefix(engine.address, CheckpointPlan())  # the defaults: message ends, branch points
     system = "You are a terse assistant. " * 4  # 108 characters: one token each
     first = gateway_round(prefix, None, text="q" * 80, chat=True, system=system)
     chat = ChatFormatter(name="chatml")
     rendered = chat.format([{"role": "system", "content": system}, {"role": "user", "content": "q" * 80}])
-    assert first.done.prompt_positions == len(rendered) == 268  # also past the stride point 256
+    assert first.done.prompt_positions == len(rendered) == 268  # no stride point (256) by default
     system_end = len(f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>")
-    assert stored(prefix) == {system_end: "breakpoint", 256: "breakpoint", len(rendered): "prompt"}
+    assert stored(prefix) == {system_end: "breakpoint", len(rendered): "prompt"}
     second = gateway_round(prefix, None, text="r" * 80, chat=True, system=system)
     # the new question diverges 5 positions after the system message ("user\n"); the prompt (268)
-    # and the stride checkpoint (256) are more than max_write past it
+    # is more than max_write past it
     assert second.done.reused_positions == system_end
     again = chat.format([{"role": "system", "content": system}, {"role": "user", "content": "r" * 80}])
     assert second.tokens == list(cold(tuple(ord(c) for c in again), "batched-sequence"))
@@ -210,7 +210,8 @@ def test_a_chat_costs_the_same_engine_calls_on_a_sliding_and_a_full_attention_en
     engine_factory, start_prefix
 ) -> None:
     """The message ends a sliding engine's checkpoints need come with the prompt's one Tokenize, so a
-    chat (a hit, and a new turn) makes the calls a full-attention engine makes."""
+    chat (a hit, and a new turn) makes the calls a full-attention engine makes (which also clones a
+    branch point where the new turn diverged)."""
     system = "You are a terse assistant. " * 4  # a system message and a question: one message end
     counted, reused = {}, {}
     for layers in ("FRFR", "FFFF"):  # ring layers evict rows; full layers never do
@@ -234,8 +235,12 @@ def test_a_chat_costs_the_same_engine_calls_on_a_sliding_and_a_full_attention_en
         layers: [Counter({m: n for m, n in c.items() if m != "Claim"}) for c in calls]
         for layers, calls in counted.items()
     }
-    assert ahead["FRFR"] == ahead["FFFF"]
-    assert ahead["FRFR"][0] == ahead["FRFR"][1] == Counter(Tokenize=1, Clone=1, Generate=1)
+    assert (
+        ahead["FRFR"][0] == ahead["FRFR"][1] == ahead["FFFF"][0] == Counter(Tokenize=1, Clone=1, Generate=1)
+    )
+    # the full-attention engine's new turn also keeps a branch point where it left the stored prompt
+    # (one more Clone, at insert time: sharing.py); the ring's would be past both snapshots' reach
+    assert ahead["FFFF"][1] == Counter(Tokenize=1, Clone=2, Generate=1)
     # ... and the one Tokenize carried the message end: the new question reuses the system prompt
     system_end = len(f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>")
     assert reused == {"FRFR": system_end, "FFFF": system_end + len("user\n")}

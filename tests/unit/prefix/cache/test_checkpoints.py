@@ -54,9 +54,11 @@ def test_message_ends_come_first_and_stride_points_are_thinned_evenly():
     assert checkpoint_positions(CheckpointPlan(10, 2), 200, 0, message_ends=(5, 37, 150)) == (37, 150)
 
 
-def test_a_zero_stride_or_cap_turns_checkpoints_off():
-    assert checkpoint_positions(CheckpointPlan(0, 8), 2000, 0, message_ends=(37,)) == ()
+def test_a_zero_cap_turns_checkpoints_off_a_zero_stride_keeps_ends_and_branch_points():
+    assert checkpoint_positions(CheckpointPlan(0, 0), 2000, 0, message_ends=(37,)) == ()
     assert checkpoint_positions(CheckpointPlan(64, 0), 2000, 0) == ()
+    assert checkpoint_positions(CheckpointPlan(0, 8), 2000, 0) == ()  # the default stride: off
+    assert checkpoint_positions(CheckpointPlan(0, 8), 2000, 0, (37,), (900, 37, 2000)) == (37, 900)
     with pytest.raises(InvalidArgument, match="stride"):
         CheckpointPlan(-1)
 
@@ -194,17 +196,30 @@ def test_the_gateway_asks_for_checkpoints_past_the_match_and_stores_them():
     done = generate(gateway, diverging(120, 260))[-1]
     assert done.reused_positions == 96  # the longest checkpoint at or before the divergence
     assert engine.requests[1].tokens == diverging(120, 260)[96:]
-    assert engine.requests[1].config.prefill_breakpoints == (192,)  # only what the engine computes
+    # only what the engine computes: the stride point and where it leaves LONG (a branch point)
+    assert engine.requests[1].config.prefill_breakpoints == (120, 192)
     assert gateway.stats().misses_by_reason == {"empty": 1}
 
 
 def test_without_checkpoints_the_same_divergence_is_a_window_miss():
     engine, gateway = window_gateway()
-    gateway.checkpoints = CheckpointPlan(stride=0)
+    gateway.checkpoints = CheckpointPlan(max_checkpoints=0)
     generate(gateway, LONG)
     assert engine.requests[0].config.prefill_breakpoints == () and stored(gateway) == {200: "prompt"}
     assert generate(gateway, diverging(120, 260))[-1].reused_positions == 0
     assert gateway.stats().misses_by_reason == {"empty": 1, "window": 1}
+
+
+def test_by_default_a_checkpoint_goes_where_stored_prompts_diverged_before():
+    engine, gateway = window_gateway()
+    gateway.checkpoints = CheckpointPlan()  # no stride points
+    generate(gateway, LONG)
+    assert engine.requests[0].config.prefill_breakpoints == () and stored(gateway) == {200: "prompt"}
+    generate(gateway, diverging(120, 260))  # a window miss; it leaves LONG at 120: a checkpoint there
+    assert engine.requests[1].config.prefill_breakpoints == (120,)
+    assert stored(gateway)[120] == "breakpoint"
+    third = diverging(120, 260)[:140] + tuple(range(900, 960))  # past both snapshots' reach at 120+
+    assert generate(gateway, third)[-1].reused_positions == 120
 
 
 def test_an_engine_that_keeps_every_row_gets_no_checkpoints():
@@ -217,7 +232,7 @@ def test_an_engine_that_keeps_every_row_gets_no_checkpoints():
 
 def test_chat_message_ends_become_checkpoints():
     engine, gateway = window_gateway(engine_class=RenderingEngine)
-    gateway.checkpoints = CheckpointPlan(stride=1000)  # message ends only
+    gateway.checkpoints = CheckpointPlan()  # the default: message ends (and branch points) only
     messages = (("system", "s" * 150), ("user", "q" * 100))
     text = TextPrompt("", chat=True, messages=messages)
     generate(gateway, text)

@@ -126,3 +126,33 @@ def test_first_candidates_do_not_expand_the_whole_subtree():
     first = next(matches)
     assert (first.value, first.common) == (1999, 2)
     assert next(matches).value == 1998
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.booleans(), st.lists(st.integers(1, 3), min_size=1, max_size=7).map(tuple)),
+        max_size=30,
+    )
+)
+def test_edge_positions_prefixes_and_below_match_a_brute_force_scan(operations):
+    """The tree's total edge length is the number of distinct prefixes of the stored keys (what an
+    ideal radix tree holds); prefixes / below are the stored keys above / under a key."""
+    index: TokenIndex[tuple[int, ...]] = TokenIndex()
+    stored: set[tuple[int, ...]] = set()
+    for add, key in operations:
+        if add:
+            index.insert("ns", key, key, 0)
+            stored.add(key)
+        else:
+            index.remove("ns", key)
+            stored.discard(key)
+        distinct = {key[:n] for key in stored for n in range(1, len(key) + 1)}
+        assert index.edge_positions("ns") == index.edge_positions() == len(distinct)
+        for probe in stored:
+            above = [k for k in stored if len(k) < len(probe) and probe[: len(k)] == k]
+            assert index.prefixes("ns", probe) == sorted(above, key=len)
+            under = {k for k in stored if len(k) > len(probe) and k[: len(probe)] == probe}
+            assert set(index.below("ns", probe)) == under
+    index.clear()
+    assert index.edge_positions() == 0

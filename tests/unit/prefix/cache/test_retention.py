@@ -38,9 +38,18 @@ def test_unknown_policy_lists_valid_names():
         make_policy(None)
 
 
-def test_lru_orders_by_last_use_whatever_the_boundary():
-    entries = [entry("new-checkpoint", 9, boundary="breakpoint"), entry("old-prompt", 1), entry("mid", 5)]
+def test_lru_orders_by_last_use_whatever_the_boundary_once_a_checkpoint_was_used():
+    entries = [
+        entry("new-checkpoint", 9, hits=1, boundary="breakpoint"),
+        entry("old-prompt", 1),
+        entry("mid", 5),
+    ]
     assert eviction_order(make_policy("lru"), entries) == ["old-prompt", "mid", "new-checkpoint"]
+
+
+def test_lru_evicts_a_checkpoint_no_lookup_used_before_any_prompt():
+    entries = [entry("new-checkpoint", 9, boundary="breakpoint"), entry("old-prompt", 1), entry("mid", 5)]
+    assert eviction_order(make_policy("lru"), entries) == ["new-checkpoint", "old-prompt", "mid"]
 
 
 def test_priority_policy_reads_priority_then_boundary_then_recency():
@@ -95,3 +104,24 @@ def test_default_lru_does_not_protect_early_snapshots():
     for i in range(3):
         cache.insert("ns", (5, i), backend.open((5, i)))
     assert early.closed and len(cache) == 3
+
+
+def test_lru_never_evicts_a_prompt_reused_more_than_a_stored_checkpoint_for_it():
+    used_prompt = entry("old-prompt-3-hits", 1, hits=3)
+    checkpoint = entry("checkpoint-1-hit", 5, hits=1, boundary="breakpoint")
+    lru = make_policy("lru")
+    assert lru.victim([used_prompt, checkpoint, entry("new", 9)]).snapshot == "checkpoint-1-hit"
+    # negative control: a prompt reused no more than the checkpoint goes by recency
+    same = entry("old-prompt-1-hit", 1, hits=1)
+    assert lru.victim([same, checkpoint, entry("new", 9)]).snapshot == "old-prompt-1-hit"
+
+
+def test_a_branch_point_outlives_the_leaves_below_it_under_every_policy():
+    backend = FakeBackend()
+    for name in ("lru", "lfu", "priority"):
+        cache = PrefixCache(backend, 8, policy=name, branch_min=4)
+        for tail in ((7, 7), (8, 8)):
+            assert cache.insert("ns", (1, 2, 3, 4) + tail, backend.open((1, 2, 3, 4) + tail)).stored
+        cache.lookup("ns", (1, 2, 3, 4, 8, 8, 9))  # a hit below it counts for it too
+        assert cache.evict(2) == 2
+        assert [e.tokens for e in cache.entries()] == [(1, 2, 3, 4)], name
