@@ -41,7 +41,8 @@ _RESTART_MASKS = (MissReason.DISABLED, MissReason.EMPTY, MissReason.DIVERGED)
 class Gateway:
     """``cache`` holds ``backend.sessions``'s handles; its bounds as given are the configured ones,
     capped by ``engine_share`` of the engine. ``tier``: the snapshot directory every engine's gateway
-    shares. ``pressure_retry`` False: never evict and retry for a live request (tests' control)."""
+    shares. ``pressure_retry`` False: never evict and retry for a live request (tests' control).
+    ``cache_generated``: a generation also stores its session at its last committed token."""
 
     def __init__(
         self,
@@ -53,6 +54,7 @@ class Gateway:
         pressure_retry: bool = True,
         tier: PersistentTier | None = None,
         checkpoints: CheckpointPlan | None = None,
+        cache_generated: bool = True,
     ) -> None:
         if cache.backend is not backend.sessions:
             raise InvalidArgument("cache must hold the given backend's sessions")
@@ -60,6 +62,7 @@ class Gateway:
         self.pressure = EnginePressure(cache, backend, engine_share, pressure_retry)
         self.flow = InsertFlow(cache, backend, self.pressure, tier)
         self.checkpoints = checkpoints if checkpoints is not None else CheckpointPlan()
+        self.cache_generated = cache_generated  # a generation's end is stored too (prompt + answer)
         self.dropped_on_restart = 0
         self.last_info: EngineInfo | None = None  # the engine's Info as check_engine last read it
         self._lock = threading.Lock()
