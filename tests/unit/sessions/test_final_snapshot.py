@@ -9,6 +9,7 @@ import pytest
 
 from engine_service.api.config import GenConfig
 from engine_service.api.content import content_digest
+from engine_service.api.errors import GenerationError
 from engine_service.api.owners import OwnerQuota
 from engine_service.api.stream_events import Done, FinishReason, Snapshot, SnapshotKind, Tokens
 from engine_service.sessions.engine import GenerationRequest
@@ -121,3 +122,25 @@ def test_a_caller_that_leaves_before_it_is_sent_holds_nothing(sessions) -> None:
     call.finish()
     assert sessions.registry.usage("alice").sessions == 0
     assert resident(sessions) == 0
+
+
+def test_a_generation_that_fails_midway_takes_no_final_snapshot(sessions, monkeypatch) -> None:
+    fake = sessions.runner._engine._executor
+    execute = fake.execute
+
+    def failing_after_six(batch):  # the prefill and five decode steps run, then every step fails
+        if len(fake.batches) >= 6:
+            fake.error_for_sids.update(inp.sid for inp in batch)
+        return execute(batch)
+
+    monkeypatch.setattr(fake, "execute", failing_after_six)
+    config = GenConfig(max_new_tokens=200)
+    call = sessions.generate("alice", GenerationRequest(PROMPT, config, final_snapshot=True))
+    events = []
+    with pytest.raises(GenerationError, match="fake input failure"):
+        try:
+            events.extend(call.events(lambda: True))
+        finally:
+            call.finish()
+    assert len(generated(events)) >= 5 and not snapshots(events)
+    assert sessions.registry.usage("alice").sessions == 0 and resident(sessions) == 0
