@@ -29,7 +29,8 @@ def test_chat_non_streaming_and_the_second_call_reuses_the_prompt(door, client) 
     )
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert second.usage.prompt_tokens_details.cached_tokens == second.usage.prompt_tokens - 1
-    assert wait_for(lambda: engine_idle(engine, held=1))  # only the stored prompt snapshot
+    # only the stored snapshots: the prompt and the generated one (the second call's are duplicates)
+    assert wait_for(lambda: engine_idle(engine, held=2))
 
 
 def test_chat_streaming_matches_non_streaming(client) -> None:
@@ -49,14 +50,16 @@ def test_chat_streaming_matches_non_streaming(client) -> None:
 
 def test_multi_turn_chat_reuses_the_earlier_turns(door, client) -> None:
     """The whole conversation goes through the template; the next turn's prompt extends the stored
-    prompt of the previous one, so everything up to its generation prompt is reused."""
+    generated snapshot of the previous one (its prompt and the answer but its pending last token), so
+    all of that is reused (one token per character: the answer renders as it was generated)."""
     first = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4, temperature=0)
     answer = first.choices[0].message.content
     conversation = QUESTION + [{"role": "assistant", "content": answer}, {"role": "user", "content": "Why?"}]
     second = client.chat.completions.create(model=MODEL, messages=conversation, max_tokens=4, temperature=0)
     rendered = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in conversation)
     assert second.usage.prompt_tokens == len(rendered + "<|im_start|>assistant\n")
-    assert second.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens
+    assert first.choices[0].finish_reason == "length" and len(answer) == first.usage.completion_tokens == 4
+    assert second.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens + 4 - 1
 
 
 def test_messages_travel_through_the_engine_api(door) -> None:
@@ -104,7 +107,8 @@ def test_stop_strings_cut_the_text_and_end_the_generation(door) -> None:
         events = sse_events(s)
     assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "stop"
     assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1]) == reference[:cut]
-    assert wait_for(lambda: engine_idle(engine, held=1))
+    # the prompt and the reference's generated snapshot; a call a stop string ended stores none
+    assert wait_for(lambda: engine_idle(engine, held=2))
 
 
 def test_include_usage_adds_one_final_usage_chunk(door) -> None:
