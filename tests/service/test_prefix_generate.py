@@ -16,7 +16,7 @@ from tests.service.helpers import PROMPT, gateway_round, in_process_tokens, samp
 
 
 def test_two_gateway_rounds_reuse_all_but_the_last_token(engine, prefix_factory) -> None:
-    prefix = prefix_factory(engine.address)
+    prefix = prefix_factory(engine.address, cache_generated=False)  # it counts the prompt snapshots
     first = gateway_round(prefix, **sampled(10))
     second = gateway_round(prefix, **sampled(10))
     assert (first.done.reused_positions, first.done.prompt_positions) == (0, len(PROMPT))
@@ -26,21 +26,30 @@ def test_two_gateway_rounds_reuse_all_but_the_last_token(engine, prefix_factory)
     assert second.text == first.text
     assert first.started.session == ""  # the service's session is not handed out
     stats = PrefixClient(prefix.address).stats()
-    # the prompt and the generated snapshot (prompt + 9 committed ids), stored once: the second round's
-    # are duplicates (the same seeded answer)
     assert (stats.entries, stats.hits, stats.misses, stats.inserts, stats.reused_positions) == (
-        2,
         1,
         1,
-        2,
+        1,
+        1,
         len(PROMPT) - 1,
     )
-    # resident: only the stored snapshots (generation sessions and lookup clones were closed)
-    assert wait_for(lambda: engine.runner.resident_sessions == 2)
+    # resident: only the stored snapshot (generation sessions and lookup clones were closed)
+    assert wait_for(lambda: engine.runner.resident_sessions == 1)
     # an extended prompt reuses the stored prefix
     longer = gateway_round(prefix, PROMPT + [ord("!")] * 5, **sampled(10))
     assert longer.done.reused_positions == len(PROMPT)
     assert longer.tokens == in_process_tokens(PROMPT + [ord("!")] * 5, 10, temperature=10.0, seed=7)
+
+
+def test_a_gateway_continuation_of_the_answer_reuses_it(engine, prefix_factory) -> None:
+    """The gRPC gateway stores the generated snapshot (the prompt and the answer but its pending last
+    token): a prompt that continues the conversation reuses all of it and answers like a cold run."""
+    prefix = prefix_factory(engine.address)
+    first = gateway_round(prefix, **sampled(10))
+    follow = PROMPT + first.tokens + [ord("?")]
+    second = gateway_round(prefix, follow, **sampled(4))
+    assert second.done.reused_positions == len(PROMPT) + 10 - 1
+    assert second.tokens == in_process_tokens(follow, 4, temperature=10.0, seed=7)
 
 
 def test_gateway_client_disconnect_frees_the_generation(engine_factory, prefix_factory) -> None:
