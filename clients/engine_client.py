@@ -128,12 +128,13 @@ class EngineClient(ChannelClient):
         prompt_snapshot: bool = False,
         keep_session: bool = False,
         close_session: bool = False,
+        final_snapshot: bool = False,
         timeout: float | None = None,
     ) -> GenerationStream:
         """Start a generation of ``config`` (default ``GenConfig()``; its ``prefill_breakpoints`` are
         captured as snapshots). ``ignore_eos``: only ``config.stop_tokens`` stop it. ``keep_session``:
         keep the fresh session after done; ``close_session``: close the given ``session`` when the call
-        ends (no Close needed)."""
+        ends (no Close needed); ``final_snapshot``: a snapshot at its last committed token when it ends."""
         if prepared is not None:
             if tokens is not None or text is not None:
                 raise InvalidArgument("pass exactly one of tokens / text / prepared")
@@ -148,6 +149,7 @@ class EngineClient(ChannelClient):
             prompt_snapshot=prompt_snapshot,
             keep_session=keep_session,
             close_session=close_session,
+            final_snapshot=final_snapshot,
         )
         return GenerationStream(self.stub.Generate(request, metadata=self._metadata, timeout=timeout))
 

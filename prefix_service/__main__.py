@@ -37,6 +37,10 @@ that owner (--persistent_owner_share); gateway generations run as their caller, 
 Sliding-window models on batched-sequence: a captured prompt also keeps checkpoints (message ends and
 branch points, at most --max_checkpoints; --checkpoint_stride adds stride points), so a prompt
 diverging there reuses an exact prefix instead of a `window` miss (prefix_service/cache/checkpoints.py).
+
+A generation also stores its session at its last committed token (the prompt and the answer), so a
+follow-up chat turn reuses the answer's positions up to the first id its template renders differently
+(--no-cache_generated: prompts only).
 """
 
 
@@ -45,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     from prefix_service.cache.flags import add_cache_arguments
     from prefix_service.engines.flags import add_connection_arguments, add_target_arguments
     from prefix_service.fleet.flags import add_routing_arguments
-    from prefix_service.gateway.flags import add_tenancy_arguments
+    from prefix_service.gateway.flags import add_generation_arguments, add_tenancy_arguments
     from prefix_service.http.flags import add_http_arguments
     from prefix_service.tier.flags import add_tier_arguments
 
@@ -55,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_target_arguments(p)
     add_routing_arguments(p)
     add_cache_arguments(p)
+    add_generation_arguments(p)
     add_connection_arguments(p)
     add_tier_arguments(p)
     add_serving_arguments(p, default_port=50052)
@@ -109,6 +114,7 @@ def connect_and_serve(args: argparse.Namespace):
         max_positions=args.max_positions,
         max_cache_mib=args.max_cache_mib,
         checkpoints=checkpoints_from(args),
+        cache_generated=args.cache_generated,
     )
     try:
         server, port = create_server(

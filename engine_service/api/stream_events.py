@@ -24,6 +24,7 @@ class SnapshotKind(StrEnum):
 
     PROMPT = "prompt"  # at the end of the prompt: the whole prompt is reusable
     BREAKPOINT = "breakpoint"  # at a prefill breakpoint inside the prompt: a shared checkpoint
+    GENERATED = "generated"  # at the end of the generation: the prompt and the answer's committed tokens
 
 
 def prompt_snapshot_due(tokens: tuple[int, ...], position: int, prompt_end: int, error: str | None) -> bool:

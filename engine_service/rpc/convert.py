@@ -80,4 +80,5 @@ def generation_request(
         close_session=request.close_session,
         prompt_snapshot=capture.prompt_snapshot,
         snapshot_owner=capture.snapshot_owner,
+        final_snapshot=capture.final_snapshot,
     )

@@ -1,5 +1,6 @@
-"""The snapshots one generation takes (its prompt's end: ``prompt_snapshot_due``; each breakpoint),
-their clones queued on the engine thread before the next forward, their room reserved before it starts.
+"""The snapshots one generation takes (its prompt's end: ``prompt_snapshot_due``; each breakpoint; its
+last committed token when it ends: ``final_snapshot``), their clones queued on the engine thread before
+the next forward; room reserved before it starts (the final one's when it ends: its length is known then).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from engine_service.api.answers import CloneRefusal
 from engine_service.api.errors import ResourceExhausted
-from engine_service.api.stream_events import SnapshotKind, prompt_snapshot_due
+from engine_service.api.stream_events import FinishReason, SnapshotKind, prompt_snapshot_due
 from engine_service.runtime.clone import CloneFuture
 from engine_service.runtime.generation import GenerationUpdate
 from engine_service.sessions.handles import HandleRegistry
@@ -42,6 +43,7 @@ class SnapshotCapture:
         payer: str = "",
         prompt_snapshot: bool,
         breakpoints: tuple[int, ...],
+        final_snapshot: bool = False,
     ) -> None:
         self._registry = registry
         self._session = session
@@ -49,6 +51,7 @@ class SnapshotCapture:
         self.payer = payer or owner
         self._prompt_snapshot = prompt_snapshot
         self._breakpoints = frozenset(breakpoints)
+        self._final_snapshot = final_snapshot
         self._prompt_end = 0
         self._captured_prompt = False
         self._lock = threading.Lock()
@@ -94,6 +97,28 @@ class SnapshotCapture:
             self._captured_prompt = True
             due.append(self._clone(SnapshotKind.PROMPT, self._prompt_end))
         return due
+
+    def final(self, update: GenerationUpdate) -> PendingSnapshot | None:
+        """The clone at the last committed token of a generation that ended without error (engine thread),
+        when that lies past the prompt's end (the pending token is not committed); its room reserved now,
+        refused QUOTA when there is none (the generation is over either way)."""
+        if (
+            not self._final_snapshot
+            or not update.finished
+            or update.error is not None
+            or update.finish_reason == FinishReason.ERROR
+            or update.position <= self._prompt_end
+        ):
+            return None
+        position = update.position
+        try:
+            reservation = self._registry.reserve(self.owner, position, payer=self.payer)
+        except ResourceExhausted as exc:
+            refused = CloneFuture.refused(CloneRefusal.QUOTA)
+            return PendingSnapshot(refused, position, SnapshotKind.GENERATED, None, str(exc))
+        return PendingSnapshot(
+            self._session.clone_async(position), position, SnapshotKind.GENERATED, reservation
+        )
 
     def _clone(self, kind: SnapshotKind, position: int) -> PendingSnapshot:
         with self._lock:

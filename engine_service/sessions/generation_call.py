@@ -73,6 +73,7 @@ class GenerationCall:
         self._generation: GenerationHandle | None = None
         self._finished_cleanly = False
         self._unstreamed: str | None = None  # a snapshot handle registered but not yet sent
+        self._final: PendingSnapshot | None = None  # the clone at the end (``final_snapshot``), unsent
 
     # -- engine thread -------------------------------------------------------------------------
     def _on_update(self, update: GenerationUpdate) -> None:
@@ -82,6 +83,8 @@ class GenerationCall:
             if not self._closed and update.finish_reason != FinishReason.ERROR:
                 for snapshot in self._capture.due(update):
                     self._queue.put(snapshot)
+                if update.finished:  # sent after the last tokens, before Done
+                    self._final = self._capture.final(update)
             if (
                 not self._closed
                 and not update.finished
@@ -154,6 +157,12 @@ class GenerationCall:
         tail = text.flush()
         if tail:
             yield Tokens((), tail)
+        with self._lock:
+            final, self._final = self._final, None
+        if final is not None:
+            handle, digest = self._register(final)
+            yield _snapshot_event(final, handle, digest)
+            self._unstreamed = None
         reason = result.finish_reason
         if reason == FinishReason.CANCELLED and self._out_of_room:
             reason = FinishReason.LENGTH  # stopped at its owner's quota: a complete, truncated answer
@@ -200,6 +209,7 @@ class GenerationCall:
             if self._closed:
                 return
             self._closed = True
+            final, self._final = self._final, None  # taken at the end, the stream gone before it was sent
         self.abort()
         while True:  # clones queued but never streamed
             try:
@@ -210,6 +220,10 @@ class GenerationCall:
                 close_child_when_done(item.future)
                 if item.reservation is not None:
                     self._registry.discard(item.reservation)
+        if final is not None:
+            close_child_when_done(final.future)
+            if final.reservation is not None:
+                self._registry.discard(final.reservation)
         self._capture.release()  # snapshots the generation never reached
         unstreamed, self._unstreamed = self._unstreamed, None
         if unstreamed is not None and (child := self._registry.discard(unstreamed)) is not None:

@@ -47,6 +47,7 @@ class GenerationRequest:
     close_session: bool = False
     prompt_snapshot: bool = False
     snapshot_owner: str = ""
+    final_snapshot: bool = False  # a snapshot at the last committed token when it ends (``capture.py``)
 
 
 def start_generation(engine: GenerationHost, owner: str, request: GenerationRequest) -> GenerationCall:
@@ -74,6 +75,7 @@ def start_generation(engine: GenerationHost, owner: str, request: GenerationRequ
         payer=payer_of(owner, snapshot_owner, persistent),
         prompt_snapshot=request.prompt_snapshot,
         breakpoints=config.prefill_breakpoints,
+        final_snapshot=request.final_snapshot,
     )
     try:
         if session.generating:

@@ -97,6 +97,7 @@ def join_engine(
     pressure_retry: bool = True,
     tier: PersistentTier | None = None,
     checkpoints: CheckpointPlan | None = None,
+    cache_generated: bool = True,
 ) -> Gateway:
     """Release what an earlier instance of this owner left in the opened engine and build its cache and
     gateway (see :func:`connect_engine` for the arguments)."""
@@ -114,6 +115,7 @@ def join_engine(
         tier=tier,
         checkpoints=checkpoints,
         max_cache_mib=max_cache_mib,
+        cache_generated=cache_generated,
     )
     gateway.check_engine()  # the budget from the engine's limits, before the first call
     gateway.preload()  # --snapshot_preload: restore recent snapshot files in the background

@@ -34,7 +34,7 @@ class GatewayRequest:
     prompt: Prompt
     config: GenConfig
     ignore_eos: bool = False  # see ``EngineGenerate``
-    store_prompt: bool = True  # store the prompt snapshot (and its checkpoints)
+    store_prompt: bool = True  # store the prompt snapshot (its checkpoints, the generated one)
     metadata: Mapping[str, str] = field(default_factory=dict)
     # where the messages of the chat a token-id ``prompt`` was tokenized from end (the fleet tokenizes
     # to route and asks the engine for them): checkpoints on an engine whose window evicts rows

@@ -1,4 +1,5 @@
-"""The tenancy flags of forkline-prefix (shared namespaces, the admin owner; ``tenancy.py``)."""
+"""The gateway flags of forkline-prefix: tenancy (shared namespaces, the admin owner; ``tenancy.py``)
+and whether a generation's answer is cached too."""
 
 from __future__ import annotations
 
@@ -30,3 +31,15 @@ def tenancy(args: argparse.Namespace) -> Tenancy:
     http = getattr(args, "http_namespace", None)
     shared = [*(args.shared_namespace or ()), *([http] if http is not None else [])]
     return Tenancy.of(shared, args.admin_owner)
+
+
+def add_generation_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--cache_generated",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="store each generation's session at its last committed token (the prompt and the "
+        "answer but its last token), keyed by those ids in the same namespace and budget, so a "
+        "follow-up turn reuses the answer's positions too; --no-cache_generated: only prompts "
+        "(default: on)",
+    )

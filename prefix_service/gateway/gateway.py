@@ -40,8 +40,10 @@ _RESTART_MASKS = (MissReason.DISABLED, MissReason.EMPTY, MissReason.DIVERGED)
 
 class Gateway:
     """``cache`` holds ``backend.sessions``'s handles; its bounds as given are the configured ones,
-    capped by ``engine_share`` of the engine and ``max_cache_mib`` (0: the share only). ``tier``: the snapshot directory every engine's gateway
-    shares. ``pressure_retry`` False: never evict and retry for a live request (tests' control)."""
+    capped by ``engine_share`` of the engine and ``max_cache_mib`` (0: the share only). ``tier``: the
+    snapshot directory every engine's gateway shares. ``pressure_retry`` False: never evict and retry for
+    a live request (tests' control). ``cache_generated``: a generation also stores its session at its
+    last committed token."""
 
     def __init__(
         self,
@@ -54,6 +56,7 @@ class Gateway:
         tier: PersistentTier | None = None,
         checkpoints: CheckpointPlan | None = None,
         max_cache_mib: int = 0,
+        cache_generated: bool = True,
     ) -> None:
         if cache.backend is not backend.sessions:
             raise InvalidArgument("cache must hold the given backend's sessions")
@@ -61,6 +64,7 @@ class Gateway:
         self.pressure = EnginePressure(cache, backend, engine_share, pressure_retry, max_cache_mib)
         self.flow = InsertFlow(cache, backend, self.pressure, tier)
         self.checkpoints = checkpoints if checkpoints is not None else CheckpointPlan()
+        self.cache_generated = cache_generated  # a generation's end is stored too (prompt + answer)
         self.dropped_on_restart = 0
         self.last_info: EngineInfo | None = None  # the engine's Info as check_engine last read it
         self._lock = threading.Lock()

@@ -23,7 +23,8 @@ class EngineGenerate:
     """One engine Generate: feed ``tokens`` to ``session`` ("" opens a fresh one) for ``call`` (its
     caller's quota; None: the backend's own). ``prompt_snapshot``: the engine sends a ``Snapshot`` of
     the prompt end, owned by the backend. ``close_session``: the engine closes ``session`` as the call
-    ends (a refused call leaves it). Empty ``config.stop_tokens``: EOS stops, unless ``ignore_eos``."""
+    ends (a refused call leaves it). Empty ``config.stop_tokens``: EOS stops, unless ``ignore_eos``.
+    ``final_snapshot``: also a ``Snapshot`` (kind GENERATED) at the last committed token, before Done."""
 
     session: str
     tokens: tuple[int, ...]
@@ -32,6 +33,7 @@ class EngineGenerate:
     prompt_snapshot: bool = False
     call: CallContext | None = None
     close_session: bool = False
+    final_snapshot: bool = False
 
 
 class EngineStream(Protocol):

@@ -25,6 +25,7 @@ class StartHost(StreamHost, Protocol):
 
     cache: PrefixCache
     backend: GatewayBackend
+    cache_generated: bool  # store each generation's final snapshot (prompt + answer) too
 
     @property
     def engine(self) -> EngineInfo: ...
@@ -73,6 +74,7 @@ def start_generation(
                 prompt_snapshot=room.holds(len(tokens)),
                 call=call,
                 close_session=match is not None,  # the match is the call's: the engine closes it
+                final_snapshot=capture and gateway.cache_generated,  # its room reserved as it comes
             )
         )
         first = next(stream, None)

@@ -122,10 +122,11 @@ class InsertFlow:
     def capture(
         self, snapshot: Snapshot, request: GatewayRequest, tokens: Sequence[int], room: SnapshotRoom
     ) -> None:
-        """Store a generation's prompt snapshot or checkpoint (``tokens[:position]``) in its reservation. A
-        snapshot the caller's quota refused is counted (QUOTA); nothing is reclaimed for it (other callers'
-        captures on their way are among the handles the service does not know yet)."""
-        reservation = room.take(snapshot.position)
+        """Store a generation's snapshot under ``tokens[:position]`` (``tokens``: the prompt and the ids
+        streamed before it): a prompt snapshot or checkpoint in its reservation, a generated one in room
+        reserved now. A snapshot the caller's quota refused is counted (QUOTA); nothing is reclaimed for
+        it (other callers' captures on their way are among the handles the service does not know yet)."""
+        reservation = room.take(snapshot.position) if snapshot.kind != SnapshotKind.GENERATED else None
         if not snapshot.handle:
             if reservation is not None:
                 reservation.release()
@@ -140,12 +141,32 @@ class InsertFlow:
             self.cache.record_refusal(unclaimed)
             return
         metadata, checkpoint = request.metadata, snapshot.kind == SnapshotKind.BREAKPOINT
-        if checkpoint:
-            metadata = {**metadata, BOUNDARY_KEY: SnapshotKind.BREAKPOINT}
+        if snapshot.kind != SnapshotKind.PROMPT:
+            metadata = {**metadata, BOUNDARY_KEY: snapshot.kind}
+        key = tokens[: snapshot.position]
+        if snapshot.kind == SnapshotKind.GENERATED:
+            reservation = self._generated_room(request.namespace, key, snapshot.position, metadata)
+            if reservation is None:
+                release_handle(self.cache.backend, snapshot.handle)
+                return
         self.store(
-            request.namespace, tokens[: snapshot.position], snapshot.handle, metadata,
-            reservation=reservation, persist=not checkpoint,
-        )  # fmt: skip
+            request.namespace, key, snapshot.handle, metadata, reservation=reservation, persist=not checkpoint
+        )
+
+    def _generated_room(
+        self, namespace: str, key: Sequence[int], position: int, metadata: Mapping[str, str]
+    ) -> Reservation | None:
+        """Room for a generated snapshot, reserved as it arrives (its length is known only then; the
+        policy's lower-ranked entries are evicted for it); None: refused (counted) or already stored."""
+        if len(key) != position:  # the stream ended before the ids it holds: never stored unverified
+            self.cache.record_refusal(InsertRefusal.POSITION_MISMATCH)
+            return None
+        reserved = self.cache.reserve(namespace, key, metadata)
+        if isinstance(reserved, Reservation):
+            return reserved
+        if reserved is not InsertRefusal.DUPLICATE:  # a duplicate is refreshed: nothing to store
+            self.cache.record_refusal(reserved)
+        return None
 
     def claim(self, handle: str, call: CallContext | None = None) -> InsertRefusal | None:
         """Take over the quota charge of a caller's hand-over (``pressure.claim``); unclaimed: released."""

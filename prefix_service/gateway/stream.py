@@ -13,7 +13,7 @@ from typing import Protocol
 
 from engine_service.api.call_context import CallContext
 from engine_service.api.errors import ForklineError
-from engine_service.api.stream_events import Event, Snapshot, Started
+from engine_service.api.stream_events import Event, Snapshot, Started, Tokens
 from prefix_service.cache.checkpoints import SnapshotRoom
 from prefix_service.cache.outcomes import Match
 from prefix_service.gateway.calls import GatewayEvent, GatewayRequest
@@ -74,7 +74,8 @@ class GatewayStream:
         first: Event | None = None,
         room: SnapshotRoom | None = None,
     ) -> None:
-        self._host, self._stream, self._request, self._tokens = host, stream, request, tokens
+        self._host, self._stream, self._request = host, stream, request
+        self._tokens = list(tokens)  # the prompt, then every id the engine streamed (a snapshot's key)
         self._first = first
         self._room = room if room is not None else SnapshotRoom()
         # its cleanup acts for the caller after the call's deadline (the client left, or it ended)
@@ -91,8 +92,7 @@ class GatewayStream:
         first = [self._first] if self._first is not None else []
         try:
             for event in itertools.chain(first, self._stream):
-                if isinstance(event, Snapshot):
-                    self._host.store_snapshot(event, self._request, self._tokens, self._room)
+                if self._held(event):
                     continue
                 if isinstance(event, Started):
                     self._stop.session = self._stop.session or event.session
@@ -107,6 +107,15 @@ class GatewayStream:
             self._drain()
             self._room.release()  # snapshots that never came (or were refused)
 
+    def _held(self, event: Event) -> bool:
+        """Note what ``event`` adds to the session's ids; a snapshot is stored here (True: not the client's)."""
+        if isinstance(event, Tokens):
+            self._tokens.extend(event.ids)
+        if not isinstance(event, Snapshot):
+            return False
+        self._host.store_snapshot(event, self._request, tuple(self._tokens), self._room)
+        return True
+
     def _drain(self) -> None:
         """Read what is left of the engine stream so no snapshot handle it carries is lost; a stream
         that does not end within DRAIN_TIMEOUT_S is cancelled."""
@@ -116,8 +125,7 @@ class GatewayStream:
         timer.start()
         try:
             for event in stream:
-                if isinstance(event, Snapshot):
-                    self._host.store_snapshot(event, self._request, self._tokens, self._room)
+                self._held(event)
         except ForklineError:
             pass  # cancelled or failed: nothing more will arrive
         except Exception:  # noqa: BLE001 - cleanup must not mask the call's own outcome

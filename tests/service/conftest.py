@@ -160,8 +160,11 @@ def start_prefix(
     policy: str = "lru",
     port: int = 0,
     owner: str = "prefix-service",
+    cache_generated: bool = True,
 ) -> Prefix:
-    deps, channel = connect_engine(engine_address, max_entries=max_entries, policy=policy, owner=owner)
+    deps, channel = connect_engine(
+        engine_address, max_entries=max_entries, policy=policy, owner=owner, cache_generated=cache_generated
+    )
     server, bound = create_prefix_server(deps, f"127.0.0.1:{port}", channel=channel)
     return Prefix(server, bound)
 

@@ -84,8 +84,12 @@ def servers():
             engine_security: ClientSecurity | None = None,
             security: ServerSecurity | None = None,
         ) -> Running:
-            gateway, channel = connect_engine(
-                engine.address, max_entries=8, engine_security=engine_security, ready_timeout=10
+            gateway, channel = connect_engine(  # prompts only: the 4 entries its share holds are counted
+                engine.address,
+                max_entries=8,
+                engine_security=engine_security,
+                ready_timeout=10,
+                cache_generated=False,
             )
             server, port = create_prefix_server(gateway, "127.0.0.1:0", channel=channel, security=security)
             started.append(lambda: server.stop(0, release=False))

@@ -39,6 +39,7 @@ class PrefixProcess:
             "prefix_service",
             *("--engines", engines, "--resolve_every", "0.2", "--port", "0"),
             *("--metrics_port", str(self.metrics_port), "--engine_leave_after", "30"),
+            "--no-cache_generated",  # prompt snapshots only: the tests count them
         )
         self.channel = grpc.insecure_channel(self.process.listening())
         self.stub = prefix_pb2_grpc.PrefixCacheStub(self.channel)

@@ -23,8 +23,13 @@ class RolledService(Service):
     def __init__(self, addresses: list[str], folder) -> None:
         self.addresses = addresses
         self.tier = PersistentTier.open(str(folder), 1 << 30, preload=8) if folder is not None else None
-        self.fleet, self.pool = connect_fleet(
-            lambda: set(self.addresses), ready_timeout=10, max_entries=16, tier=self.tier, resolve_every_s=60
+        self.fleet, self.pool = connect_fleet(  # prompt snapshots only: the test counts their files
+            lambda: set(self.addresses),
+            ready_timeout=10,
+            max_entries=16,
+            tier=self.tier,
+            resolve_every_s=60,
+            cache_generated=False,
         )
         self.server, port = create_server(self.fleet, "127.0.0.1:0", pool=self.pool)
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")

@@ -10,6 +10,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from clients.engine_client import Done, EngineClient, Snapshot, Started, Tokens
 from engine_service.api import errors
 from engine_service.api.config import GenConfig
+from engine_service.api.content import content_digest
 from engine_service.api.errors import NotFound
 from protos import engine_pb2 as epb
 from tests.service.helpers import PROMPT, in_process_tokens, sampled, send_as_is, wait_for
@@ -52,6 +53,22 @@ def test_continuing_from_a_snapshot_equals_a_cold_run(engine) -> None:
     assert warm.tokens == in_process_tokens(PROMPT + suffix, 10, temperature=10.0, seed=7)
     # negative control: a different prefix gives different tokens
     assert warm.tokens != in_process_tokens(PROMPT[1:] + suffix, 10, temperature=10.0, seed=7)
+
+
+def test_the_final_snapshot_holds_the_prompt_and_the_answer_but_its_pending_token(engine) -> None:
+    client = EngineClient(engine.address, owner="alice")
+    out = client.generate(PROMPT, prompt_snapshot=True, final_snapshot=True, **sampled(8)).collect()
+    kinds = [type(e) for e in out.events]
+    prompt, final = out.snapshots
+    assert (prompt.kind, final.kind) == ("prompt", "generated") and kinds[-2:] == [Snapshot, Done]
+    assert final.position == out.done.position == len(PROMPT) + 8 - 1
+    assert final.content_digest == content_digest(PROMPT + out.tokens[:-1])  # what the gateway keys
+    assert client.describe(final.handle) == (final.position, False)
+    # it continues like a cold run over those ids
+    follow = client.generate([ord("?")], session=final.handle, **sampled(6)).collect()
+    assert follow.tokens == in_process_tokens(
+        PROMPT + out.tokens[:-1] + [ord("?")], 6, temperature=10.0, seed=7
+    )
 
 
 def test_breakpoint_snapshots(engine) -> None:

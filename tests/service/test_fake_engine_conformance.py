@@ -236,6 +236,11 @@ def observe(world: World) -> dict[str, Any]:
         b.generate(EngineGenerate(given, (7,), config, ignore_eos=True, call=ALICE, close_session=True))
     )
     seen["session after close_session"] = answer(lambda: b.describe(given, ALICE))
+    if isinstance(b, FakeEngine):
+        b.answer = (500, 501)  # the fake's scripted answer, as long as the engine's (max_new_tokens=2)
+    final = list(b.generate(EngineGenerate("", P, config, ignore_eos=True, call=ALICE, final_snapshot=True)))
+    snaps = [(str(e.kind), e.position, e.handle is not None) for e in final if type(e).__name__ == "Snapshot"]
+    seen["generate, final_snapshot"] = (events(final), snaps)
     wrong = EngineGenerate("", P, config, call=ALICE, close_session=True)
     seen["close_session without a session"] = answer(lambda: events(b.generate(wrong)))
     return seen
@@ -263,6 +268,11 @@ EXPECTED = {  # what both backends answer (the real engine's answers, which the 
     "take_clone, closed": NotFound,
     "generate": ["Started", "Snapshot", "Tokens", "Done"],
     "generate, close_session": ["Started", "Tokens", "Done"],
+    # the last committed token: the prompt and the first of the two generated (the second is pending)
+    "generate, final_snapshot": (
+        ["Started", "Tokens", "Snapshot", "Done"],
+        [("generated", len(P) + 1, True)],
+    ),
     "session after close_session": NotFound,
     "close_session without a session": InvalidArgument,
 }

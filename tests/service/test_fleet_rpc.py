@@ -29,6 +29,7 @@ class FleetService:
             ready_timeout=10,
             max_entries=16,
             resolve_every_s=60,
+            cache_generated=False,  # the engines' shares hold 4 entries each: the prompts fill them
         )
         self.server, port = create_server(self.fleet, "127.0.0.1:0", pool=self.pool)
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")

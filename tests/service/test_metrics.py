@@ -61,7 +61,7 @@ def engine_deps() -> EngineSessions:
 def services() -> Iterator[tuple[Engine, Prefix]]:
     server, port = create_server(engine_deps(), "127.0.0.1:0", metrics=True)
     engine = Engine(server, port)
-    gateway, channel = connect_engine(engine.address, max_entries=16)
+    gateway, channel = connect_engine(engine.address, max_entries=16, cache_generated=False)  # counts prompts
     prefix = Prefix(*create_prefix_server(gateway, "127.0.0.1:0", channel=channel, metrics=True))
     try:
         yield engine, prefix

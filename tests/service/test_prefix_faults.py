@@ -15,7 +15,7 @@ from tests.service.helpers import PROMPT, gateway_round, in_process_tokens, send
 
 def test_prefix_errors_map_to_codes(engine_factory, prefix_factory) -> None:
     engine = engine_factory()
-    prefix = prefix_factory(engine.address)
+    prefix = prefix_factory(engine.address, cache_generated=False)
     alice = PrefixClient(prefix.address, owner="alice")
     with pytest.raises(errors.NotFound):
         alice.insert(PROMPT, "not-a-handle")
@@ -39,7 +39,7 @@ def test_prefix_errors_map_to_codes(engine_factory, prefix_factory) -> None:
 
 def test_killed_prefix_service_is_cleaned_up_by_its_restart(engine, prefix_factory) -> None:
     base = engine.runner.resident_sessions
-    prefix = prefix_factory(engine.address)
+    prefix = prefix_factory(engine.address, cache_generated=False)
     for i in range(3):
         gateway_round(prefix, PROMPT[i:], max_new_tokens=2)
     assert wait_for(lambda: engine.runner.resident_sessions == base + 3)
@@ -58,7 +58,9 @@ def test_killed_prefix_service_is_cleaned_up_by_its_restart(engine, prefix_facto
     assert wait_for(lambda: base + 3 <= engine.runner.resident_sessions <= base + 5), (
         engine.runner.resident_sessions
     )
-    restarted = prefix_factory(engine.address)  # same owner id: releases what the first one left
+    restarted = prefix_factory(
+        engine.address, cache_generated=False
+    )  # same owner id: releases what the first one left
     assert wait_for(lambda: engine.runner.resident_sessions == base), engine.runner.resident_sessions
     # ...and caches again
     gateway_round(restarted, max_new_tokens=2)
@@ -67,7 +69,7 @@ def test_killed_prefix_service_is_cleaned_up_by_its_restart(engine, prefix_facto
 
 def test_engine_restart_is_a_safe_miss_then_caches_again(engine_factory, prefix_factory) -> None:
     engine = engine_factory()
-    prefix = prefix_factory(engine.address)
+    prefix = prefix_factory(engine.address, cache_generated=False)
     gateway_round(prefix, max_new_tokens=2)
     assert gateway_round(prefix, max_new_tokens=2).done.reused_positions == len(PROMPT) - 1
     old_instance = PrefixClient(prefix.address).stats().engine_instance_id
@@ -89,7 +91,7 @@ def test_snapshot_the_engine_no_longer_holds_is_dropped_not_kept(engine_factory,
     # back). The entry must not linger: a lookup drops it (stats match what the engine holds) and the
     # same prompt can be cached again.
     engine = engine_factory(idle_timeout_s=0.3)
-    prefix = prefix_factory(engine.address)
+    prefix = prefix_factory(engine.address, cache_generated=False)
     gateway_round(prefix, max_new_tokens=2)
     assert len(prefix.cache) == 1
     for released in engine.deps.registry.release_owner("prefix-service"):

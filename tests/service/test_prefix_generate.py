@@ -16,7 +16,7 @@ from tests.service.helpers import PROMPT, gateway_round, in_process_tokens, samp
 
 
 def test_two_gateway_rounds_reuse_all_but_the_last_token(engine, prefix_factory) -> None:
-    prefix = prefix_factory(engine.address)
+    prefix = prefix_factory(engine.address, cache_generated=False)  # it counts the prompt snapshots
     first = gateway_round(prefix, **sampled(10))
     second = gateway_round(prefix, **sampled(10))
     assert (first.done.reused_positions, first.done.prompt_positions) == (0, len(PROMPT))
@@ -39,6 +39,17 @@ def test_two_gateway_rounds_reuse_all_but_the_last_token(engine, prefix_factory)
     longer = gateway_round(prefix, PROMPT + [ord("!")] * 5, **sampled(10))
     assert longer.done.reused_positions == len(PROMPT)
     assert longer.tokens == in_process_tokens(PROMPT + [ord("!")] * 5, 10, temperature=10.0, seed=7)
+
+
+def test_a_gateway_continuation_of_the_answer_reuses_it(engine, prefix_factory) -> None:
+    """The gRPC gateway stores the generated snapshot (the prompt and the answer but its pending last
+    token): a prompt that continues the conversation reuses all of it and answers like a cold run."""
+    prefix = prefix_factory(engine.address)
+    first = gateway_round(prefix, **sampled(10))
+    follow = PROMPT + first.tokens + [ord("?")]
+    second = gateway_round(prefix, follow, **sampled(4))
+    assert second.done.reused_positions == len(PROMPT) + 10 - 1
+    assert second.tokens == in_process_tokens(follow, 4, temperature=10.0, seed=7)
 
 
 def test_gateway_client_disconnect_frees_the_generation(engine_factory, prefix_factory) -> None:

@@ -20,7 +20,15 @@ class Replica:
     def __init__(self, owner: str, engines: list[str]) -> None:
         args = [a for address in engines for a in ("--engine", address)]
         self.process = ServiceProcess(
-            "prefix_service", *args, "--owner", owner, "--port", "0", "--engine_share", "0.4"
+            "prefix_service",
+            *args,
+            "--owner",
+            owner,
+            "--port",
+            "0",
+            "--engine_share",
+            "0.4",
+            "--no-cache_generated",  # prompt snapshots only: the test counts them
         )
         self.channel = grpc.insecure_channel(self.process.listening())
         self.stub = prefix_pb2_grpc.PrefixCacheStub(self.channel)

@@ -73,5 +73,6 @@ def test_demo_with_two_engines_survives_a_killed_engine_from_disk() -> None:
     prompt = int(rounds[0][2])
     assert [int(reused) for _, reused, _, _ in rounds] == [0, prompt - 1, prompt - 1]
     assert "killed (SIGKILL)" in run.stdout
-    assert re.search(r"snapshot directory: 1 files, .* 1 restored after the restart", run.stdout)
+    # the prompt's file and the generated snapshot's (the prompt and the answer); one restored
+    assert re.search(r"snapshot directory: 2 files, .* 1 restored after the restart", run.stdout)
     assert run.stdout.count("stopped (exit 0)") == 3  # the prefix service and both (live) engines

@@ -131,7 +131,9 @@ def served_under_load(engines: list[TinyEngine], *flags: str, written: Path | No
     """Store the prompt, load its holder, ask again; what happened (see the module docstring).
     ``written``: a snapshot directory whose file of the prompt is waited for before the holder is loaded."""
     addresses = [a for e in engines for a in ("--engine", e.address)]
-    prefix = ServiceProcess("prefix_service", *addresses, "--routing", "cost", "--port", "0", *flags)
+    prefix = ServiceProcess(  # the prompt's snapshot only: the test counts the positions it moves
+        "prefix_service", *addresses, "--routing", "cost", "--port", "0", "--no-cache_generated", *flags
+    )
     try:
         client = PrefixClient(prefix.listening(), owner="mover", timeout=60.0)
         first = client.generate(PROMPT, **greedy()).collect()

@@ -42,8 +42,13 @@ class Service:
             if folder is not None
             else None
         )
-        self.fleet, pool = connect_fleet(
-            lambda: set(addresses), ready_timeout=10, max_entries=16, tier=self.tier, resolve_every_s=60
+        self.fleet, pool = connect_fleet(  # prompt snapshots only: the tests count their files
+            lambda: set(addresses),
+            ready_timeout=10,
+            max_entries=16,
+            tier=self.tier,
+            resolve_every_s=60,
+            cache_generated=False,
         )
         self.server, port = create_server(self.fleet, "127.0.0.1:0", pool=pool)
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")

@@ -63,7 +63,9 @@ def start_prefix():
     started: list[Prefix] = []
 
     def make(engine_address: str, checkpoints: CheckpointPlan, tier=None) -> Prefix:
-        gateway, channel = connect_engine(engine_address, max_entries=16, checkpoints=checkpoints, tier=tier)
+        gateway, channel = connect_engine(  # prompts and their checkpoints only: the tests count them
+            engine_address, max_entries=16, checkpoints=checkpoints, tier=tier, cache_generated=False
+        )
         server, port = create_prefix_server(gateway, "127.0.0.1:0", channel=channel)
         started.append(Prefix(server, port))
         return started[-1]

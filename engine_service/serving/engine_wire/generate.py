@@ -21,6 +21,7 @@ def generate_request(
     snapshot_owner: str = "",
     keep_session: bool = False,
     close_session: bool = False,
+    final_snapshot: bool = False,
 ) -> pb.GenerateRequest:
     """A Generate of ``prompt`` (token ids, a TextPrompt or a prepared input); the prefill breakpoints
     of ``config`` travel as capture breakpoints. ``snapshot_owner``: who receives the snapshots ("": the
@@ -33,6 +34,7 @@ def generate_request(
             prompt_snapshot=prompt_snapshot,
             breakpoints=config.prefill_breakpoints,
             snapshot_owner=snapshot_owner,
+            final_snapshot=final_snapshot,
         ),
         keep_session=keep_session,
         close_session=close_session,
@@ -55,6 +57,8 @@ class EngineCall(Protocol):
     def prompt_snapshot(self) -> bool: ...
     @property
     def close_session(self) -> bool: ...
+    @property
+    def final_snapshot(self) -> bool: ...
 
 
 def engine_request(request: EngineCall, snapshot_owner: str = "") -> pb.GenerateRequest:
@@ -68,4 +72,5 @@ def engine_request(request: EngineCall, snapshot_owner: str = "") -> pb.Generate
         prompt_snapshot=request.prompt_snapshot,
         snapshot_owner=snapshot_owner,
         close_session=request.close_session,
+        final_snapshot=request.final_snapshot,
     )

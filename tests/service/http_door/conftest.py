@@ -22,6 +22,16 @@ def door(engine_factory, prefix_factory):
     return engine, prefix, f"http://127.0.0.1:{port}"
 
 
+@pytest.fixture
+def prompts_door(engine_factory, prefix_factory):
+    """As ``door``, its service storing prompt snapshots only (--no-cache_generated): for the tests
+    that count the snapshots a call leaves."""
+    engine = engine_factory(max_session_tokens=1024)
+    prefix = prefix_factory(engine.address, cache_generated=False)
+    port = prefix.server.start_http("127.0.0.1", 0, model_name=MODEL)
+    return engine, prefix, f"http://127.0.0.1:{port}"
+
+
 @pytest.fixture(scope="module")
 def shared_base() -> Iterator[str]:
     """One door for the tests that only read answers (no engine state): the base URL."""

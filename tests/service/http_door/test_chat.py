@@ -12,8 +12,9 @@ from tests.service.helpers import wait_for
 from tests.service.http_door.calls import MODEL, QUESTION, engine_idle, post, sdk, sse_events
 
 
-def test_chat_non_streaming_and_the_second_call_reuses_the_prompt(door, client) -> None:
-    engine, prefix, _ = door
+def test_chat_non_streaming_and_the_second_call_reuses_the_prompt(prompts_door) -> None:
+    engine, prefix, base = prompts_door
+    client = sdk(base)
     first = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=6, temperature=0)
     second = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=6, temperature=0)
     assert first.object == "chat.completion" and first.model == MODEL
@@ -47,15 +48,28 @@ def test_chat_streaming_matches_non_streaming(client) -> None:
     assert len({c.id for c in chunks}) == 1 and chunks[0].object == "chat.completion.chunk"
 
 
-def test_multi_turn_chat_reuses_the_earlier_turns(door, client) -> None:
-    """The whole conversation goes through the template; the next turn's prompt extends the stored
-    prompt of the previous one, so everything up to its generation prompt is reused."""
+def two_turns(client):
     first = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4, temperature=0)
     answer = first.choices[0].message.content
     conversation = QUESTION + [{"role": "assistant", "content": answer}, {"role": "user", "content": "Why?"}]
     second = client.chat.completions.create(model=MODEL, messages=conversation, max_tokens=4, temperature=0)
     rendered = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in conversation)
     assert second.usage.prompt_tokens == len(rendered + "<|im_start|>assistant\n")
+    assert first.choices[0].finish_reason == "length" and len(answer) == first.usage.completion_tokens == 4
+    return first, second
+
+
+def test_multi_turn_chat_reuses_the_earlier_turns(door, client) -> None:
+    """The whole conversation goes through the template; the next turn's prompt extends the stored
+    generated snapshot of the previous one (its prompt and the answer but its pending last token), so
+    all of that is reused (one token per character: the answer renders as it was generated)."""
+    first, second = two_turns(client)
+    assert second.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens + 4 - 1
+
+
+def test_without_generated_snapshots_the_next_turn_reuses_the_previous_prompt(prompts_door) -> None:
+    """Negative control (--no-cache_generated): everything up to the previous generation prompt."""
+    first, second = two_turns(sdk(prompts_door[2]))
     assert second.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens
 
 
@@ -84,8 +98,8 @@ def test_messages_travel_through_the_engine_api(door) -> None:
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in info.value.details()
 
 
-def test_stop_strings_cut_the_text_and_end_the_generation(door) -> None:
-    engine, _, base = door
+def test_stop_strings_cut_the_text_and_end_the_generation(prompts_door) -> None:
+    engine, _, base = prompts_door
     hello = [{"role": "user", "content": "hello there"}]  # the tiny model answers "\n\nlll..."
     request = {"model": MODEL, "messages": hello, "max_tokens": 16, "temperature": 0}
     reference = post(base, "/v1/chat/completions", request).json()["choices"][0]["message"]["content"]

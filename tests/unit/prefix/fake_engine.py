@@ -81,7 +81,8 @@ class FakeStream:
 
 class FakeEngine(FakeBackend):
     """A GatewayBackend over the fake sessions: handles are FakeSessions, text tokenizes to
-    character codes, Generate is scripted (started, the prompt snapshot, tokens, done)."""
+    character codes, Generate is scripted (started, the prompt snapshot, ``answer``'s tokens, with
+    ``final_snapshot`` the generated snapshot when it commits past the prompt, done)."""
 
     def __init__(self, vocab_size: int = 1000, max_session_tokens: int = 256) -> None:
         super().__init__()
@@ -105,6 +106,8 @@ class FakeEngine(FakeBackend):
         self.max_write = 64  # with window_evicts, a snapshot of n positions clones only at >= n - max_write
         self.say_window = True  # clone_or_refusal names WINDOW refusals (False: an engine that cannot say)
         self.info_calls = 0
+        self.answer: tuple[int, ...] = (500,)  # what Generate streams; all but the last id are committed
+        self.committed: tuple[int, ...] | None = None  # what the session commits instead (a lying engine)
 
     @property
     def sessions(self) -> FakeEngine:
@@ -227,7 +230,12 @@ class FakeEngine(FakeBackend):
         session.extend(request.tokens[fed:])
         if request.prompt_snapshot:
             events.append(self._snapshot(session, session.position, SnapshotKind.PROMPT))
-        events += [Tokens((500,), "x"), done_event(len(request.tokens), start)]
+        prompt_end = session.position
+        session.extend(self.committed if self.committed is not None else self.answer[:-1])
+        events.append(Tokens(self.answer, "x" * len(self.answer)))
+        if request.final_snapshot and session.position > prompt_end:  # as the engine's capture.final
+            events.append(self._snapshot(session, session.position, SnapshotKind.GENERATED))
+        events.append(done_event(len(request.tokens), start))
         # a fresh session is closed as the call ends (not kept); a given one with close_session
         closes = not request.session or request.close_session
         stream = FakeStream(

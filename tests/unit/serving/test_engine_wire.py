@@ -69,6 +69,7 @@ def test_the_generate_request_carries_every_option() -> None:
         snapshot_owner="keeper",
         keep_session=True,
         close_session=True,
+        final_snapshot=True,
     )
     assert (request.WhichOneof("input"), request.prepared) == ("prepared", prepared)
     assert (request.session, request.keep_session, request.close_session) == ("s", True, True)
@@ -78,6 +79,7 @@ def test_the_generate_request_carries_every_option() -> None:
         [4, 8],
         "keeper",
     )
+    assert capture.final_snapshot
 
 
 @dataclass(frozen=True)
@@ -88,10 +90,11 @@ class Call:  # the fields of the gateway's EngineGenerate the wire reads
     ignore_eos: bool = False
     prompt_snapshot: bool = False
     close_session: bool = False
+    final_snapshot: bool = False
 
 
 def test_the_prefix_services_engine_request() -> None:
-    call = Call("s", (1, 2, 3), CONFIG, ignore_eos=True, prompt_snapshot=True, close_session=True)
+    call = Call("s", (1, 2, 3), CONFIG, True, prompt_snapshot=True, close_session=True, final_snapshot=True)
     request = wire.engine_request(call, snapshot_owner="prefix")
     assert request == wire.generate_request(
         [1, 2, 3],
@@ -101,7 +104,9 @@ def test_the_prefix_services_engine_request() -> None:
         prompt_snapshot=True,
         snapshot_owner="prefix",
         close_session=True,
+        final_snapshot=True,
     )
+    assert request.capture.final_snapshot
     assert list(request.tokens.ids) == [1, 2, 3] and read_back(request) == CONFIG
 
 
