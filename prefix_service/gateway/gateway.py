@@ -26,6 +26,7 @@ from prefix_service.cache.retention import Entry
 from prefix_service.gateway.calls import GatewayRequest, GatewayStats, Prompt, PromptLookup
 from prefix_service.gateway.gateway_backend import GatewayBackend
 from prefix_service.gateway.generation_start import start_generation
+from prefix_service.gateway.inflight import InflightPrefills, JoinConfig
 from prefix_service.gateway.insert_flow import InsertFlow
 from prefix_service.gateway.pressure import EnginePressure
 from prefix_service.gateway.stream import GatewayStream
@@ -53,6 +54,7 @@ class Gateway:
         pressure_retry: bool = True,
         tier: PersistentTier | None = None,
         checkpoints: CheckpointPlan | None = None,
+        joins: JoinConfig | None = None,
     ) -> None:
         if cache.backend is not backend.sessions:
             raise InvalidArgument("cache must hold the given backend's sessions")
@@ -60,6 +62,7 @@ class Gateway:
         self.pressure = EnginePressure(cache, backend, engine_share, pressure_retry)
         self.flow = InsertFlow(cache, backend, self.pressure, tier)
         self.checkpoints = checkpoints if checkpoints is not None else CheckpointPlan()
+        self.inflight = InflightPrefills(joins, cache.reusable)  # prompt prefills in flight, per scope
         self.dropped_on_restart = 0
         self.last_info: EngineInfo | None = None  # the engine's Info as check_engine last read it
         self._lock = threading.Lock()
@@ -188,6 +191,7 @@ class Gateway:
             pressure_retries=self.pressure.pressure_retries,
             reclaimed=self.pressure.reclaimed,
             misses_by_reason=misses,
+            joins=self.inflight.stats(),
         )
 
     def clear(self, where: Callable[[str], bool] | None = None) -> int:

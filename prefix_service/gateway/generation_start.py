@@ -17,6 +17,7 @@ from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.cache.retention import BOUNDARY_KEY
 from prefix_service.gateway.calls import GatewayRequest
 from prefix_service.gateway.gateway_backend import EngineGenerate, EngineStream, GatewayBackend
+from prefix_service.gateway.inflight import InflightPrefills, Prefill
 from prefix_service.gateway.stream import GatewayStream, StreamHost
 
 
@@ -25,6 +26,7 @@ class StartHost(StreamHost, Protocol):
 
     cache: PrefixCache
     backend: GatewayBackend
+    inflight: InflightPrefills
 
     @property
     def engine(self) -> EngineInfo: ...
@@ -43,8 +45,10 @@ def start_generation(
     message_ends: Sequence[int],
     call: CallContext,
 ) -> GatewayStream:
-    """Reserve room for the prompt snapshot, look up (the clone is the caller's), reserve room for the
+    """Wait for a prefix of the prompt being prefilled (``inflight.py``), reserve room for the prompt
+    snapshot, look up (the clone is the caller's), reserve room for the
     checkpoints past the match, start the engine Generate and read its first event."""
+    gateway.inflight.join(request.namespace, tokens, call, request.caller_active)  # a prefix in flight
     cache = gateway.cache
     room = SnapshotRoom()
     capture = request.store_prompt and cache.max_entries > 0  # a disabled cache: no snapshot at all
@@ -56,6 +60,7 @@ def start_generation(
             cache.record_refusal(reserved)
     match: Match | None = None
     stream: EngineStream | None = None
+    prefill: Prefill | None = None  # this prompt's prefill, while in flight (``inflight.py``)
     try:
         match = gateway.find(request.namespace, tokens, call, count=request.count_lookup).match
         reused = match.reused if match else 0
@@ -64,6 +69,8 @@ def start_generation(
             breakpoints = _reserve_checkpoints(gateway, request, tokens, message_ends, reused, room)
             if breakpoints:
                 config = replace(config, prefill_breakpoints=breakpoints)
+        if room.holds(len(tokens)):
+            prefill = gateway.inflight.begin(request.namespace, tokens, reused)
         stream = gateway.backend.generate(
             EngineGenerate(
                 session=match.session if match else "",
@@ -75,8 +82,10 @@ def start_generation(
                 close_session=match is not None,  # the match is the call's: the engine closes it
             )
         )
+        stream = gateway.inflight.track(stream, prefill)
         first = next(stream, None)
     except BaseException:
+        gateway.inflight.end(prefill)
         room.release()
         if stream is not None:
             stream.cancel()

@@ -1,0 +1,286 @@
+"""In-flight prompt prefills of one gateway's engine, per scope: a request whose prompt shares more
+positions with a prefill running now than the cache would give it waits for that prefill's prompt
+snapshot (when that is expected to be cheaper than computing them), then looks up again. Keyed by
+scope exactly as the cache is: a request never waits for, nor learns of, another scope's prefill.
+Spec: docs/PREFIX_CACHE.md#in-flight-prefixes-joined."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from engine_service.api.call_context import CallContext
+from engine_service.api.errors import Cancelled, InvalidArgument
+from engine_service.api.stream_events import Event, Snapshot
+from prefix_service.gateway.gateway_backend import EngineStream
+
+DEFAULT_MAX_WAIT_S = 2.0
+# the fleet cost model's starting rate (``fleet/rates.py``): used until this engine's prefills measure one
+DEFAULT_PREFILL_S_PER_POSITION = 0.0025
+MIN_MEASURED_POSITIONS = 32  # a shorter prefill's time is mostly fixed cost: not a rate sample
+RATE_ALPHA = 0.2
+POLL_S = 0.05  # how often a waiter asks whether its caller is still there
+
+
+@dataclass(frozen=True)
+class JoinConfig:
+    """``max_wait_s``: the longest a request waits for another's prefill (0: joins off);
+    ``prefill_s_per_position`` > 0: a fixed rate (0: measured from this engine's own prefills)."""
+
+    max_wait_s: float = DEFAULT_MAX_WAIT_S
+    prefill_s_per_position: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_wait_s", "prefill_s_per_position"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise InvalidArgument(f"{name} must be a finite number >= 0, got {value!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_wait_s > 0
+
+
+@dataclass(frozen=True)
+class JoinStats:
+    """``joins``: waits that ended with the prefill's snapshot; ``timeouts``: waits that gave up;
+    ``failed``: the prefill ended without one; ``wait_s``: seconds all waits took; ``in_flight``: now."""
+
+    joins: int = 0
+    timeouts: int = 0
+    failed: int = 0
+    wait_s: float = 0.0
+    in_flight: int = 0
+    waiting: int = 0
+
+
+class Prefill:
+    """One generation's prompt prefill: ``tokens`` in ``scope``, computing ``[reused, len(tokens))``
+    since ``started`` (monotonic seconds); :meth:`finish` once its prompt snapshot was handled."""
+
+    def __init__(self, scope: str, tokens: tuple[int, ...], reused: int, started: float) -> None:
+        self.scope, self.tokens, self.reused, self.started = scope, tokens, reused, started
+        self.snapshot = False  # its prompt snapshot came (stored, or refused by the cache)
+        self._done = threading.Event()
+
+    @property
+    def computes(self) -> int:
+        return len(self.tokens) - self.reused
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        return self._done.wait(timeout)
+
+
+@dataclass(frozen=True)
+class Join:
+    """Wait for ``prefill`` (its snapshot gives ``shared`` positions) at most ``wait_s`` seconds."""
+
+    prefill: Prefill
+    shared: int
+    wait_s: float
+
+
+def shared_positions(a: Sequence[int], b: Sequence[int]) -> int:
+    """The longest common prefix of ``a`` and ``b``."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class InflightPrefills:
+    """The registry (thread-safe). :meth:`track` registers a generation's prefill and follows its
+    engine stream; :meth:`join` is a new request's wait. Rates: measured per engine, from each
+    tracked prefill's start to its prompt snapshot (those of >= MIN_MEASURED_POSITIONS positions)."""
+
+    def __init__(
+        self,
+        config: JoinConfig | None = None,
+        reusable: Callable[[str, tuple[int, ...]], int] = lambda scope, key: 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config, self._reusable = config or JoinConfig(), reusable  # reusable: the cache's (no clone)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._by_scope: dict[str, list[Prefill]] = {}
+        self._rate = self.config.prefill_s_per_position or DEFAULT_PREFILL_S_PER_POSITION
+        self._joins = self._timeouts = self._failed = self._waiting = 0
+        self._wait_s = 0.0
+
+    # -- the prefills ---------------------------------------------------------------------------
+    def begin(self, scope: str, tokens: Sequence[int], reused: int) -> Prefill | None:
+        """Register a prefill of ``tokens`` from ``reused`` (None when joins are off)."""
+        if not self.config.enabled or reused >= len(tokens):
+            return None
+        prefill = Prefill(scope, tuple(tokens), reused, self._clock())
+        with self._lock:
+            self._by_scope.setdefault(scope, []).append(prefill)
+        return prefill
+
+    def end(self, prefill: Prefill | None, *, snapshot: bool = False) -> None:
+        """``prefill``'s prompt snapshot was handled (``snapshot``) or its generation ended; idempotent."""
+        if prefill is None or prefill.done:
+            return
+        elapsed = self._clock() - prefill.started
+        with self._lock:
+            running = self._by_scope.get(prefill.scope, [])
+            if prefill in running:
+                running.remove(prefill)
+            if not running:
+                self._by_scope.pop(prefill.scope, None)
+            if (
+                snapshot
+                and prefill.computes >= MIN_MEASURED_POSITIONS
+                and not self.config.prefill_s_per_position
+            ):
+                sample = max(elapsed, 0.0) / prefill.computes
+                self._rate = max(1e-6, (1 - RATE_ALPHA) * self._rate + RATE_ALPHA * sample)
+        prefill.snapshot = snapshot
+        prefill._done.set()
+
+    def track(self, stream: EngineStream, prefill: Prefill | None) -> EngineStream:
+        """``stream`` ending ``prefill`` once its prompt snapshot was handled, or as it ends."""
+        return stream if prefill is None else TrackedStream(stream, prefill, self)
+
+    # -- the waiters ----------------------------------------------------------------------------
+    def rate(self) -> float:
+        """Seconds per prefilled position on this engine (fixed, measured, or the default)."""
+        with self._lock:
+            return self._rate
+
+    def remaining_s(self, prefill: Prefill) -> float:
+        """``prefill``'s expected seconds to its prompt snapshot (>= 0)."""
+        return max(0.0, prefill.started + prefill.computes * self.rate() - self._clock())
+
+    def best(self, scope: str, tokens: Sequence[int], reused: int) -> Join | None:
+        """The prefill of ``scope`` worth waiting for: it gives ``tokens`` more than ``reused``
+        positions (at most ``len(tokens) - 1``: a lookup clones no further) and is expected to store
+        them sooner than this request would compute them; the most positions, then the soonest. The
+        wait is bounded by that expected cost (and ``max_wait_s``)."""
+        if not self.config.enabled:
+            return None
+        with self._lock:
+            running = list(self._by_scope.get(scope, ()))
+            rate = self._rate
+        best: Join | None = None
+        for prefill in running:
+            shared = min(shared_positions(prefill.tokens, tokens), len(tokens) - 1)
+            if shared <= max(reused, prefill.reused):  # it computes nothing this request lacks
+                continue
+            # computing them here runs beside that prefill, which the engine serves too: at most
+            # half speed while both run (a FIFO engine: after it)
+            remaining_s, gain_s = self.remaining_s(prefill), (shared - reused) * rate
+            here_s = gain_s + min(remaining_s, gain_s)
+            if remaining_s >= here_s:
+                continue
+            join = Join(prefill, shared, min(self.config.max_wait_s, here_s))
+            if best is None or (join.shared, -join.wait_s) > (best.shared, -best.wait_s):
+                best = join
+        return best
+
+    def joinable(self, scope: str, tokens: Sequence[int], reused: int) -> int:
+        """Positions ``tokens`` would reuse by joining, less those the wait costs (``reused`` when there
+        is nothing to join)."""
+        join = self.best(scope, tokens, reused)
+        if join is None:
+            return reused
+        lost = math.ceil(self.remaining_s(join.prefill) / self.rate())
+        return max(reused, join.shared - lost)
+
+    def routable(self, scope: str, key: tuple[int, ...]) -> tuple[int, int]:
+        """What routing scores a request of ``key`` by here: (positions it would reuse, of which only
+        by joining a prefill in flight: a move cannot copy those)."""
+        stored = self._reusable(scope, key)
+        joined = self.joinable(scope, key, stored) if self.config.enabled else stored
+        return joined, joined - stored
+
+    def join(
+        self,
+        scope: str,
+        tokens: Sequence[int],
+        call: CallContext | None = None,
+        caller_active: Callable[[], bool] = lambda: True,
+        reused: int | None = None,
+    ) -> Join | None:
+        """Wait for the best prefill to join (None: none) given what the cache gives (``reused``, or
+        read); the caller then looks up again. Cancelled when ``caller_active()`` turns False; the wait
+        ends by ``call``'s deadline too."""
+        if not self.config.enabled or len(tokens) < 2:
+            return None
+        if reused is None:
+            reused = self._reusable(scope, tuple(tokens))
+        join = self.best(scope, tokens, reused)
+        if join is None:
+            return None
+        left = call.remaining() if call is not None else None
+        limit = join.wait_s if left is None else min(join.wait_s, left)
+        started = self._clock()
+        with self._lock:
+            self._waiting += 1
+        try:
+            came = self._wait(join.prefill, started + limit, caller_active)
+        finally:
+            with self._lock:
+                self._waiting -= 1
+                self._wait_s += max(0.0, self._clock() - started)
+        with self._lock:
+            if not came:
+                self._timeouts += 1
+            elif join.prefill.snapshot:
+                self._joins += 1
+            else:
+                self._failed += 1
+        return join
+
+    def stats(self) -> JoinStats:
+        with self._lock:
+            in_flight = sum(len(p) for p in self._by_scope.values())
+            return JoinStats(
+                self._joins, self._timeouts, self._failed, self._wait_s, in_flight, self._waiting
+            )
+
+    def _wait(self, prefill: Prefill, deadline: float, caller_active: Callable[[], bool]) -> bool:
+        while True:
+            left = deadline - self._clock()
+            if left <= 0:
+                return prefill.done
+            if prefill.wait(min(POLL_S, left)):
+                return True
+            if not caller_active():
+                raise Cancelled("the caller left while waiting for a shared prefix being prefilled")
+
+
+class TrackedStream:
+    """An engine stream that ends its :class:`Prefill`: after the prompt snapshot event was handed
+    on and its reader asked for more (the gateway stored it meanwhile), or as the stream ends."""
+
+    def __init__(self, stream: EngineStream, prefill: Prefill, registry: InflightPrefills) -> None:
+        self._stream, self._prefill, self._registry = stream, prefill, registry
+        self._handed_on = False
+
+    def __iter__(self) -> Iterator[Event]:
+        return self
+
+    def __next__(self) -> Event:
+        if self._handed_on:
+            self._registry.end(self._prefill, snapshot=True)
+        try:
+            event = next(self._stream)
+        except BaseException:
+            self._registry.end(self._prefill)
+            raise
+        if isinstance(event, Snapshot) and event.position >= len(self._prefill.tokens):
+            self._handed_on = True
+        return event
+
+    def cancel(self) -> None:
+        self._stream.cancel()
+        self._registry.end(self._prefill, snapshot=self._handed_on)
