@@ -62,14 +62,16 @@ class EngineMember:
     def candidate(self, namespace: str, key: tuple[int, ...]) -> Candidate:
         """What routing knows of this engine for the prompt ``key``."""
         gateway = self.gateway
+        reusable, joining = gateway.inflight.routable(namespace, key)  # stored, or a prefill to join
         return Candidate(
             self.name,
-            gateway.reusable(namespace, key),
+            reusable,
             self.load,
             gateway.positions,
             gateway.fill(),
             max(0, self.pending),
             self.pinned_exports,
+            joining,
         )
 
     def observe(self) -> None:
