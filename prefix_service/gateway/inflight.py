@@ -87,6 +87,17 @@ class Join:
     wait_s: float
 
 
+@dataclass(frozen=True)
+class Routable:
+    """A request's reuse on this engine as routing scores it: ``reusable`` positions, of which
+    ``joining`` only by joining a prefill in flight (its shared positions less the wait's worth);
+    ``computes``: what that prefill computes (its load there is the wait, counted already)."""
+
+    reusable: int
+    joining: int = 0
+    computes: int = 0
+
+
 def shared_positions(a: Sequence[int], b: Sequence[int]) -> int:
     """The longest common prefix of ``a`` and ``b``."""
     n = min(len(a), len(b))
@@ -186,21 +197,16 @@ class InflightPrefills:
                 best = join
         return best
 
-    def joinable(self, scope: str, tokens: Sequence[int], reused: int) -> int:
-        """Positions ``tokens`` would reuse by joining, less those the wait costs (``reused`` when there
-        is nothing to join)."""
-        join = self.best(scope, tokens, reused)
-        if join is None:
-            return reused
-        lost = math.ceil(self.remaining_s(join.prefill) / self.rate())
-        return max(reused, join.shared - lost)
-
-    def routable(self, scope: str, key: tuple[int, ...]) -> tuple[int, int]:
-        """What routing scores a request of ``key`` by here: (positions it would reuse, of which only
-        by joining a prefill in flight: a move cannot copy those)."""
+    def routable(self, scope: str, key: tuple[int, ...]) -> Routable:
+        """What routing scores a request of ``key`` by here (see :class:`Routable`)."""
         stored = self._reusable(scope, key)
-        joined = self.joinable(scope, key, stored) if self.config.enabled else stored
-        return joined, joined - stored
+        join = self.best(scope, key, stored)
+        if join is None:
+            return Routable(stored)
+        lost = math.ceil(self.remaining_s(join.prefill) / self.rate())  # the wait, in positions
+        if join.shared - lost <= stored:
+            return Routable(stored)
+        return Routable(join.shared - lost, join.shared - lost - stored, join.prefill.computes)
 
     def join(
         self,

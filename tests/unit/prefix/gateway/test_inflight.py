@@ -21,6 +21,7 @@ from prefix_service.gateway.inflight import (
     RATE_ALPHA,
     InflightPrefills,
     JoinConfig,
+    Routable,
     shared_positions,
 )
 
@@ -72,9 +73,9 @@ def test_a_join_is_chosen_only_when_cheaper_and_only_in_its_scope():
     assert registry.best("a", list(range(100)), 0).shared == 99
     # negative control: another scope never sees it, however much it shares
     assert registry.best("b", [*range(60), -1], 0) is None
-    assert registry.joinable("b", [*range(60), -1], 0) == 0
-    clock.now = 50.0  # 50 s left: worth 50 positions of the 60 shared
-    assert registry.joinable("a", [*range(60), -1], 0) == 10
+    assert registry.routable("b", (*range(60), -1)) == Routable(0)
+    clock.now = 50.0  # 50 s left: worth 50 positions of the 60 shared; it computes 100
+    assert registry.routable("a", (*range(60), -1)) == Routable(10, 10, 100)
 
 
 def test_a_waiter_gets_the_snapshot_when_it_comes():
