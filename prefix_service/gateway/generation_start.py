@@ -17,7 +17,7 @@ from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.cache.retention import BOUNDARY_KEY
 from prefix_service.gateway.calls import GatewayRequest
 from prefix_service.gateway.gateway_backend import EngineGenerate, EngineStream, GatewayBackend
-from prefix_service.gateway.inflight import InflightPrefills, Prefill
+from prefix_service.gateway.inflight import InflightPrefills
 from prefix_service.gateway.stream import GatewayStream, StreamHost
 
 
@@ -48,7 +48,10 @@ def start_generation(
     """Wait for a prefix of the prompt being prefilled (``inflight.py``), reserve room for the prompt
     snapshot, look up (the clone is the caller's), reserve room for the
     checkpoints past the match, start the engine Generate and read its first event."""
-    gateway.inflight.join(request.namespace, tokens, call, request.caller_active)  # a prefix in flight
+    # join a prefix being prefilled, or register this prompt's prefill (``inflight.py``)
+    prefill = gateway.inflight.claim(
+        request.namespace, tokens, call, request.caller_active, register=request.store_prompt
+    )
     cache = gateway.cache
     room = SnapshotRoom()
     capture = request.store_prompt and cache.max_entries > 0  # a disabled cache: no snapshot at all
@@ -60,7 +63,6 @@ def start_generation(
             cache.record_refusal(reserved)
     match: Match | None = None
     stream: EngineStream | None = None
-    prefill: Prefill | None = None  # this prompt's prefill, while in flight (``inflight.py``)
     try:
         match = gateway.find(request.namespace, tokens, call, count=request.count_lookup).match
         reused = match.reused if match else 0
@@ -69,8 +71,7 @@ def start_generation(
             breakpoints = _reserve_checkpoints(gateway, request, tokens, message_ends, reused, room)
             if breakpoints:
                 config = replace(config, prefill_breakpoints=breakpoints)
-        if room.holds(len(tokens)):
-            prefill = gateway.inflight.begin(request.namespace, tokens, reused)
+        prefill = gateway.inflight.confirm(prefill, reused, room.holds(len(tokens)))
         stream = gateway.backend.generate(
             EngineGenerate(
                 session=match.session if match else "",

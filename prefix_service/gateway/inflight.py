@@ -23,6 +23,7 @@ DEFAULT_PREFILL_S_PER_POSITION = 0.0025
 MIN_MEASURED_POSITIONS = 32  # a shorter prefill's time is mostly fixed cost: not a rate sample
 RATE_ALPHA = 0.2
 POLL_S = 0.05  # how often a waiter asks whether its caller is still there
+MAX_AGE_S = 600.0  # a prefill registered longer ago is never waited for (one that was never ended)
 
 
 @dataclass(frozen=True)
@@ -108,9 +109,9 @@ def shared_positions(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class InflightPrefills:
-    """The registry (thread-safe). :meth:`track` registers a generation's prefill and follows its
-    engine stream; :meth:`join` is a new request's wait. Rates: measured per engine, from each
-    tracked prefill's start to its prompt snapshot (those of >= MIN_MEASURED_POSITIONS positions)."""
+    """The registry (thread-safe): :meth:`claim` (join or register), :meth:`confirm`, :meth:`track`
+    (the engine stream ends it). Rates: measured per engine, from each prefill's registration to its
+    prompt snapshot (those of >= MIN_MEASURED_POSITIONS positions), or fixed by the config."""
 
     def __init__(
         self,
@@ -127,13 +128,44 @@ class InflightPrefills:
         self._wait_s = 0.0
 
     # -- the prefills ---------------------------------------------------------------------------
-    def begin(self, scope: str, tokens: Sequence[int], reused: int) -> Prefill | None:
-        """Register a prefill of ``tokens`` from ``reused`` (None when joins are off)."""
-        if not self.config.enabled or reused >= len(tokens):
+    def claim(
+        self,
+        scope: str,
+        tokens: Sequence[int],
+        call: CallContext | None = None,
+        caller_active: Callable[[], bool] = lambda: True,
+        *,
+        register: bool = True,
+    ) -> Prefill | None:
+        """Before a Generate's lookup: wait for the best prefill in flight to join (see :meth:`best`),
+        or else register this prompt's own prefill (``register``: its snapshot is wanted) in the same
+        step, so two never wait for each other. The prefill (None: none) is :meth:`confirm`-ed after
+        the lookup. Cancelled when ``caller_active()`` turns False; a wait ends by ``call``'s deadline."""
+        if not self.config.enabled or len(tokens) < 2:
             return None
-        prefill = Prefill(scope, tuple(tokens), reused, self._clock())
+        key = tuple(tokens)
+        reused = self._reusable(scope, key)
         with self._lock:
-            self._by_scope.setdefault(scope, []).append(prefill)
+            join = self._best(scope, key, reused)
+            if join is None:
+                return self._register(scope, key, reused) if register else None
+        self._wait_for(join, call, caller_active)
+        if not register:
+            return None
+        reused = self._reusable(scope, key)
+        with self._lock:
+            return self._register(scope, key, reused)
+
+    def confirm(self, prefill: Prefill | None, reused: int, captured: bool) -> Prefill | None:
+        """After the lookup: ``prefill`` computes from ``reused`` when its prompt snapshot is
+        ``captured``; else it is ended (None)."""
+        if prefill is None:
+            return None
+        if not captured or reused >= len(prefill.tokens):
+            self.end(prefill)
+            return None
+        with self._lock:
+            prefill.reused = reused
         return prefill
 
     def end(self, prefill: Prefill | None, *, snapshot: bool = False) -> None:
@@ -147,11 +179,8 @@ class InflightPrefills:
                 running.remove(prefill)
             if not running:
                 self._by_scope.pop(prefill.scope, None)
-            if (
-                snapshot
-                and prefill.computes >= MIN_MEASURED_POSITIONS
-                and not self.config.prefill_s_per_position
-            ):
+            measured = not self.config.prefill_s_per_position
+            if snapshot and measured and prefill.computes >= MIN_MEASURED_POSITIONS:
                 sample = max(elapsed, 0.0) / prefill.computes
                 self._rate = max(1e-6, (1 - RATE_ALPHA) * self._rate + RATE_ALPHA * sample)
         prefill.snapshot = snapshot
@@ -161,7 +190,7 @@ class InflightPrefills:
         """``stream`` ending ``prefill`` once its prompt snapshot was handled, or as it ends."""
         return stream if prefill is None else TrackedStream(stream, prefill, self)
 
-    # -- the waiters ----------------------------------------------------------------------------
+    # -- the choice -----------------------------------------------------------------------------
     def rate(self) -> float:
         """Seconds per prefilled position on this engine (fixed, measured, or the default)."""
         with self._lock:
@@ -174,28 +203,10 @@ class InflightPrefills:
     def best(self, scope: str, tokens: Sequence[int], reused: int) -> Join | None:
         """The prefill of ``scope`` worth waiting for: it gives ``tokens`` more than ``reused``
         positions (at most ``len(tokens) - 1``: a lookup clones no further) and is expected to store
-        them sooner than this request would compute them; the most positions, then the soonest. The
-        wait is bounded by that expected cost (and ``max_wait_s``)."""
-        if not self.config.enabled:
-            return None
+        them sooner than this request would compute them, and within ``max_wait_s``; the most
+        positions, then the soonest. The wait is bounded by that expected cost and ``max_wait_s``."""
         with self._lock:
-            running = list(self._by_scope.get(scope, ()))
-            rate = self._rate
-        best: Join | None = None
-        for prefill in running:
-            shared = min(shared_positions(prefill.tokens, tokens), len(tokens) - 1)
-            if shared <= max(reused, prefill.reused):  # it computes nothing this request lacks
-                continue
-            # computing them here runs beside that prefill, which the engine serves too: at most
-            # half speed while both run (a FIFO engine: after it)
-            remaining_s, gain_s = self.remaining_s(prefill), (shared - reused) * rate
-            here_s = gain_s + min(remaining_s, gain_s)
-            if remaining_s >= here_s:
-                continue
-            join = Join(prefill, shared, min(self.config.max_wait_s, here_s))
-            if best is None or (join.shared, -join.wait_s) > (best.shared, -best.wait_s):
-                best = join
-        return best
+            return self._best(scope, tokens, reused)
 
     def routable(self, scope: str, key: tuple[int, ...]) -> Routable:
         """What routing scores a request of ``key`` by here (see :class:`Routable`)."""
@@ -208,24 +219,44 @@ class InflightPrefills:
             return Routable(stored)
         return Routable(join.shared - lost, join.shared - lost - stored, join.prefill.computes)
 
-    def join(
-        self,
-        scope: str,
-        tokens: Sequence[int],
-        call: CallContext | None = None,
-        caller_active: Callable[[], bool] = lambda: True,
-        reused: int | None = None,
-    ) -> Join | None:
-        """Wait for the best prefill to join (None: none) given what the cache gives (``reused``, or
-        read); the caller then looks up again. Cancelled when ``caller_active()`` turns False; the wait
-        ends by ``call``'s deadline too."""
-        if not self.config.enabled or len(tokens) < 2:
+    def stats(self) -> JoinStats:
+        with self._lock:
+            in_flight = sum(len(p) for p in self._by_scope.values())
+            return JoinStats(
+                self._joins, self._timeouts, self._failed, self._wait_s, in_flight, self._waiting
+            )
+
+    def _register(self, scope: str, tokens: tuple[int, ...], reused: int) -> Prefill | None:
+        """A new prefill of ``tokens`` from ``reused`` (lock held; None when nothing is computed)."""
+        if reused >= len(tokens):
             return None
-        if reused is None:
-            reused = self._reusable(scope, tuple(tokens))
-        join = self.best(scope, tokens, reused)
-        if join is None:
+        prefill = Prefill(scope, tokens, reused, self._clock())
+        self._by_scope.setdefault(scope, []).append(prefill)
+        return prefill
+
+    def _best(self, scope: str, tokens: Sequence[int], reused: int) -> Join | None:
+        """:meth:`best` (lock held)."""
+        if not self.config.enabled:
             return None
+        now, rate, best = self._clock(), self._rate, None
+        for prefill in self._by_scope.get(scope, ()):
+            shared = min(shared_positions(prefill.tokens, tokens), len(tokens) - 1)
+            if shared <= max(reused, prefill.reused) or now - prefill.started > MAX_AGE_S:
+                continue  # it computes nothing this request lacks (or it was never ended: a leak)
+            # computing them here runs beside that prefill, which the engine serves too: at most
+            # half speed while both run (a FIFO engine: after it)
+            remaining_s = max(0.0, prefill.started + prefill.computes * rate - now)
+            gain_s = (shared - reused) * rate
+            here_s = gain_s + min(remaining_s, gain_s)
+            if remaining_s >= min(here_s, self.config.max_wait_s):
+                continue
+            join = Join(prefill, shared, min(self.config.max_wait_s, here_s))
+            if best is None or (join.shared, -join.wait_s) > (best.shared, -best.wait_s):
+                best = join
+        return best
+
+    def _wait_for(self, join: Join, call: CallContext | None, caller_active: Callable[[], bool]) -> None:
+        """Wait for ``join``'s prefill, counted (see :class:`JoinStats`)."""
         left = call.remaining() if call is not None else None
         limit = join.wait_s if left is None else min(join.wait_s, left)
         started = self._clock()
@@ -244,14 +275,6 @@ class InflightPrefills:
                 self._joins += 1
             else:
                 self._failed += 1
-        return join
-
-    def stats(self) -> JoinStats:
-        with self._lock:
-            in_flight = sum(len(p) for p in self._by_scope.values())
-            return JoinStats(
-                self._joins, self._timeouts, self._failed, self._wait_s, in_flight, self._waiting
-            )
 
     def _wait(self, prefill: Prefill, deadline: float, caller_active: Callable[[], bool]) -> bool:
         while True:

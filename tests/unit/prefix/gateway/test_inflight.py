@@ -27,7 +27,7 @@ from prefix_service.gateway.inflight import (
 
 PREFIX = tuple(range(100, 140))  # 40 tokens
 QUESTION = (7, 8, 9)
-SLOW = JoinConfig(max_wait_s=30.0, prefill_s_per_position=1.0)  # a wait outlasts any test step
+SLOW = JoinConfig(max_wait_s=1e4, prefill_s_per_position=1.0)  # a wait outlasts any test step
 
 
 class Clock:
@@ -61,7 +61,7 @@ def test_join_config_checks_its_fields(field, value):
 def test_a_join_is_chosen_only_when_cheaper_and_only_in_its_scope():
     clock = Clock()
     registry = InflightPrefills(JoinConfig(max_wait_s=500.0, prefill_s_per_position=1.0), clock=clock)
-    prefill = registry.begin("a", list(range(100)), 0)  # 100 positions: expected done at t=100
+    prefill = registry.claim("a", list(range(100)))  # 100 positions: expected done at t=100
     # hand-computed: sharing 60 costs 60 s here, plus up to 60 s beside it: 120 > 100 -> join
     join = registry.best("a", [*range(60), -1], 0)
     assert join is not None and (join.prefill, join.shared, join.wait_s) == (prefill, 60, 120.0)
@@ -76,30 +76,39 @@ def test_a_join_is_chosen_only_when_cheaper_and_only_in_its_scope():
     assert registry.routable("b", (*range(60), -1)) == Routable(0)
     clock.now = 50.0  # 50 s left: worth 50 positions of the 60 shared; it computes 100
     assert registry.routable("a", (*range(60), -1)) == Routable(10, 10, 100)
+    # a wait expected to outlast --join_wait_ms is not started
+    capped = InflightPrefills(JoinConfig(max_wait_s=40.0, prefill_s_per_position=1.0), clock=clock)
+    capped.claim("a", list(range(100)))  # at t=50: expected done at t=150
+    clock.now = 109.0  # 41 s left > 40 s
+    assert capped.best("a", [*range(60), -1], 0) is None
+    clock.now = 111.0  # 39 s left
+    assert capped.best("a", [*range(60), -1], 0).wait_s == 40.0
 
 
-def test_a_waiter_gets_the_snapshot_when_it_comes():
+def test_a_waiter_gets_the_snapshot_when_it_comes_then_registers_its_own():
     registry = InflightPrefills(SLOW)
-    prefill = registry.begin("a", PREFIX, 0)
+    prefill = registry.claim("a", PREFIX)
     result: list = []
-    waiter = threading.Thread(target=lambda: result.append(registry.join("a", PREFIX + QUESTION, reused=0)))
+    waiter = threading.Thread(target=lambda: result.append(registry.claim("a", PREFIX + QUESTION)))
     waiter.start()
     wait_until(lambda: registry.stats().waiting == 1, "the waiter never waited")
     registry.end(prefill, snapshot=True)
     waiter.join(30)
-    assert result and result[0].shared == len(PREFIX)
+    assert result and result[0].tokens == PREFIX + QUESTION  # its own prefill, in flight now
     stats = registry.stats()
-    assert (stats.joins, stats.timeouts, stats.failed, stats.in_flight, stats.waiting) == (1, 0, 0, 0, 0)
+    assert (stats.joins, stats.timeouts, stats.failed, stats.in_flight, stats.waiting) == (1, 0, 0, 1, 0)
+    assert registry.confirm(result[0], len(PREFIX), captured=False) is None  # no snapshot wanted: ended
+    assert registry.stats().in_flight == 0
 
 
 def test_a_wait_times_out_and_a_failed_prefill_ends_it():
-    registry = InflightPrefills(JoinConfig(max_wait_s=0.05, prefill_s_per_position=1.0))
-    prefill = registry.begin("a", PREFIX, 0)
-    assert registry.join("a", PREFIX + QUESTION, reused=0) is not None
+    registry = InflightPrefills(JoinConfig(max_wait_s=0.06, prefill_s_per_position=0.001))
+    registry.claim("a", PREFIX)  # about 0.04 s expected: worth a wait of at most 0.06 s
+    registry.claim("a", PREFIX + QUESTION, register=False)
     assert (registry.stats().timeouts, registry.stats().joins) == (1, 0)
     registry = InflightPrefills(SLOW)
-    prefill = registry.begin("a", PREFIX, 0)
-    waiter = threading.Thread(target=lambda: registry.join("a", PREFIX + QUESTION, reused=0))
+    prefill = registry.claim("a", PREFIX)
+    waiter = threading.Thread(target=lambda: registry.claim("a", PREFIX + QUESTION))
     waiter.start()
     wait_until(lambda: registry.stats().waiting == 1, "the waiter never waited")
     registry.end(prefill)  # the generation ended without its snapshot
@@ -109,23 +118,23 @@ def test_a_wait_times_out_and_a_failed_prefill_ends_it():
 
 def test_a_waiter_whose_caller_left_is_cancelled():
     registry = InflightPrefills(SLOW)
-    registry.begin("a", PREFIX, 0)
+    registry.claim("a", PREFIX)
     with pytest.raises(Cancelled):
-        registry.join("a", PREFIX + QUESTION, CallContext("x"), lambda: False, reused=0)
+        registry.claim("a", PREFIX + QUESTION, CallContext("x"), lambda: False)
     assert registry.stats().waiting == 0
 
 
 def test_joins_off_registers_nothing_and_the_rate_is_measured():
     off = InflightPrefills(JoinConfig(max_wait_s=0))
-    assert off.begin("a", PREFIX, 0) is None and off.best("a", PREFIX + QUESTION, 0) is None
+    assert off.claim("a", PREFIX) is None and off.best("a", PREFIX + QUESTION, 0) is None
     clock = Clock()
     registry = InflightPrefills(JoinConfig(), clock=clock)
-    prefill = registry.begin("a", PREFIX, 0)
+    prefill = registry.claim("a", PREFIX)
     clock.now = 0.4  # 40 positions in 0.4 s: 0.01 s each
     registry.end(prefill, snapshot=True)
     expected = (1 - RATE_ALPHA) * DEFAULT_PREFILL_S_PER_POSITION + RATE_ALPHA * 0.01
     assert registry.rate() == pytest.approx(expected)
-    short = registry.begin("a", PREFIX[:5], 0)
+    short = registry.claim("b", PREFIX[:5])
     clock.now = 10.0
     registry.end(short, snapshot=True)  # too short to be a rate sample
     assert registry.rate() == pytest.approx(expected)
