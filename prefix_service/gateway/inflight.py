@@ -60,11 +60,11 @@ class JoinStats:
 
 class Prefill:
     """One generation's prompt prefill: ``tokens`` in ``scope``, computing ``[reused, len(tokens))``
-    since ``started`` (monotonic seconds); :meth:`finish` once its prompt snapshot was handled."""
+    since ``started`` (monotonic seconds); ended by :meth:`InflightPrefills.end`."""
 
     def __init__(self, scope: str, tokens: tuple[int, ...], reused: int, started: float) -> None:
         self.scope, self.tokens, self.reused, self.started = scope, tokens, reused, started
-        self.snapshot = False  # its prompt snapshot came (stored, or refused by the cache)
+        self.snapshot = False  # its prompt snapshot came (a handle: stored, or refused by the cache)
         self._done = threading.Event()
 
     @property
@@ -77,6 +77,10 @@ class Prefill:
 
     def wait(self, timeout: float) -> bool:
         return self._done.wait(timeout)
+
+    def settle(self, snapshot: bool) -> None:
+        self.snapshot = snapshot
+        self._done.set()
 
 
 @dataclass(frozen=True)
@@ -183,8 +187,7 @@ class InflightPrefills:
             if snapshot and measured and prefill.computes >= MIN_MEASURED_POSITIONS:
                 sample = max(elapsed, 0.0) / prefill.computes
                 self._rate = max(1e-6, (1 - RATE_ALPHA) * self._rate + RATE_ALPHA * sample)
-        prefill.snapshot = snapshot
-        prefill._done.set()
+        prefill.settle(snapshot)
 
     def track(self, stream: EngineStream, prefill: Prefill | None) -> EngineStream:
         """``stream`` ending ``prefill`` once its prompt snapshot was handled, or as it ends."""
@@ -293,7 +296,7 @@ class TrackedStream:
 
     def __init__(self, stream: EngineStream, prefill: Prefill, registry: InflightPrefills) -> None:
         self._stream, self._prefill, self._registry = stream, prefill, registry
-        self._handed_on = False
+        self._handed_on = False  # the prompt snapshot event was handed on (with a handle)
 
     def __iter__(self) -> Iterator[Event]:
         return self
@@ -307,7 +310,10 @@ class TrackedStream:
             self._registry.end(self._prefill)
             raise
         if isinstance(event, Snapshot) and event.position >= len(self._prefill.tokens):
-            self._handed_on = True
+            if event.handle:
+                self._handed_on = True
+            else:  # refused by the engine: nothing will be stored
+                self._registry.end(self._prefill)
         return event
 
     def cancel(self) -> None:

@@ -12,7 +12,7 @@ import pytest
 from engine_service.api.call_context import CallContext
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import Cancelled, InvalidArgument
-from engine_service.api.stream_events import Started
+from engine_service.api.stream_events import Snapshot, SnapshotKind, Started, Tokens
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.gateway.calls import GatewayRequest
 from prefix_service.gateway.gateway import Gateway
@@ -24,6 +24,7 @@ from prefix_service.gateway.inflight import (
     Routable,
     shared_positions,
 )
+from tests.unit.prefix.fake_engine import FakeStream
 
 PREFIX = tuple(range(100, 140))  # 40 tokens
 QUESTION = (7, 8, 9)
@@ -138,6 +139,21 @@ def test_joins_off_registers_nothing_and_the_rate_is_measured():
     clock.now = 10.0
     registry.end(short, snapshot=True)  # too short to be a rate sample
     assert registry.rate() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("handle", ["h1", None], ids=["stored", "refused"])
+def test_the_tracked_stream_ends_the_prefill_after_its_snapshot_was_handled(handle):
+    registry = InflightPrefills(SLOW)
+    prefill = registry.claim("a", PREFIX)
+    snapshot = Snapshot(handle, len(PREFIX), SnapshotKind.PROMPT)
+    stream = registry.track(FakeStream([Started("s", 0, len(PREFIX)), snapshot, Tokens((5,), "x")]), prefill)
+    assert next(stream) == Started("s", 0, len(PREFIX)) and not prefill.done
+    assert next(stream) == snapshot
+    # a handle: ended once its reader asks for more (it stored the snapshot meanwhile); refused: at once
+    assert prefill.done == (handle is None)
+    next(stream)
+    assert prefill.done and prefill.snapshot == (handle is not None)
+    assert registry.stats().in_flight == 0
 
 
 # -- the gateway over the fake engine ------------------------------------------------------------
