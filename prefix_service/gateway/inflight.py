@@ -62,8 +62,11 @@ class Prefill:
     """One generation's prompt prefill: ``tokens`` in ``scope``, computing ``[reused, len(tokens))``
     since ``started`` (monotonic seconds); ended by :meth:`InflightPrefills.end`."""
 
-    def __init__(self, scope: str, tokens: tuple[int, ...], reused: int, started: float) -> None:
+    def __init__(
+        self, scope: str, tokens: tuple[int, ...], reused: int, started: float, beside: int = 1
+    ) -> None:
         self.scope, self.tokens, self.reused, self.started = scope, tokens, reused, started
+        self.beside = beside  # prefills of its scope in flight as it started, itself included
         self.snapshot = False  # its prompt snapshot came (a handle: stored, or refused by the cache)
         self._done = threading.Event()
 
@@ -185,7 +188,9 @@ class InflightPrefills:
                 self._by_scope.pop(prefill.scope, None)
             measured = not self.config.prefill_s_per_position
             if snapshot and measured and prefill.computes >= MIN_MEASURED_POSITIONS:
-                sample = max(elapsed, 0.0) / prefill.computes
+                # a position's time alone: the engine shared itself among those in flight meanwhile
+                sharing = (prefill.beside + len(running) + 1) / 2
+                sample = max(elapsed, 0.0) / prefill.computes / sharing
                 self._rate = max(1e-6, (1 - RATE_ALPHA) * self._rate + RATE_ALPHA * sample)
         prefill.settle(snapshot)
 
@@ -201,7 +206,8 @@ class InflightPrefills:
 
     def remaining_s(self, prefill: Prefill) -> float:
         """``prefill``'s expected seconds to its prompt snapshot (>= 0)."""
-        return max(0.0, prefill.started + prefill.computes * self.rate() - self._clock())
+        with self._lock:
+            return self._remaining_s(prefill, self._clock(), self._shared_rate(prefill.scope))
 
     def best(self, scope: str, tokens: Sequence[int], reused: int) -> Join | None:
         """The prefill of ``scope`` worth waiting for: it gives ``tokens`` more than ``reused``
@@ -217,7 +223,9 @@ class InflightPrefills:
         join = self.best(scope, key, stored)
         if join is None:
             return Routable(stored)
-        lost = math.ceil(self.remaining_s(join.prefill) / self.rate())  # the wait, in positions
+        with self._lock:
+            rate = self._shared_rate(scope)
+        lost = math.ceil(self.remaining_s(join.prefill) / rate)  # the wait, in positions
         if join.shared - lost <= stored:
             return Routable(stored)
         return Routable(join.shared - lost, join.shared - lost - stored, join.prefill.computes)
@@ -233,22 +241,23 @@ class InflightPrefills:
         """A new prefill of ``tokens`` from ``reused`` (lock held; None when nothing is computed)."""
         if reused >= len(tokens):
             return None
-        prefill = Prefill(scope, tokens, reused, self._clock())
-        self._by_scope.setdefault(scope, []).append(prefill)
+        running = self._by_scope.setdefault(scope, [])
+        prefill = Prefill(scope, tokens, reused, self._clock(), len(running) + 1)
+        running.append(prefill)
         return prefill
 
     def _best(self, scope: str, tokens: Sequence[int], reused: int) -> Join | None:
         """:meth:`best` (lock held)."""
         if not self.config.enabled:
             return None
-        now, rate, best = self._clock(), self._rate, None
+        now, rate, best = self._clock(), self._shared_rate(scope), None
         for prefill in self._by_scope.get(scope, ()):
             shared = min(shared_positions(prefill.tokens, tokens), len(tokens) - 1)
             if shared <= max(reused, prefill.reused) or now - prefill.started > MAX_AGE_S:
                 continue  # it computes nothing this request lacks (or it was never ended: a leak)
             # computing them here runs beside that prefill, which the engine serves too: at most
             # half speed while both run (a FIFO engine: after it)
-            remaining_s = max(0.0, prefill.started + prefill.computes * rate - now)
+            remaining_s = self._remaining_s(prefill, now, rate)
             gain_s = (shared - reused) * rate
             here_s = gain_s + min(remaining_s, gain_s)
             if remaining_s >= min(here_s, self.config.max_wait_s):
@@ -257,6 +266,15 @@ class InflightPrefills:
             if best is None or (join.shared, -join.wait_s) > (best.shared, -best.wait_s):
                 best = join
         return best
+
+    def _shared_rate(self, scope: str) -> float:
+        """Seconds a position takes while the scope's prefills in flight share the engine (lock held;
+        only this scope's are counted: another's never changes what this one sees)."""
+        return self._rate * max(1, len(self._by_scope.get(scope, ())))
+
+    @staticmethod
+    def _remaining_s(prefill: Prefill, now: float, rate: float) -> float:
+        return max(0.0, prefill.started + prefill.computes * rate - now)
 
     def _wait_for(self, join: Join, call: CallContext | None, caller_active: Callable[[], bool]) -> None:
         """Wait for ``join``'s prefill, counted (see :class:`JoinStats`)."""

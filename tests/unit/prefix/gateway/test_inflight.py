@@ -86,6 +86,17 @@ def test_a_join_is_chosen_only_when_cheaper_and_only_in_its_scope():
     assert capped.best("a", [*range(60), -1], 0).wait_s == 40.0
 
 
+def test_prefills_of_a_scope_share_the_engine_and_another_scope_changes_nothing():
+    clock = Clock()
+    registry = InflightPrefills(JoinConfig(max_wait_s=1e4, prefill_s_per_position=1.0), clock=clock)
+    prefill = registry.claim("a", list(range(100)))
+    assert registry.remaining_s(prefill) == 100.0
+    registry.claim("b", [-5] * 50)  # another scope's prefill: not counted
+    assert registry.remaining_s(prefill) == 100.0
+    registry.claim("a", [-7] * 50)  # two of scope a in flight: each at half speed
+    assert registry.remaining_s(prefill) == 200.0
+
+
 def test_a_waiter_gets_the_snapshot_when_it_comes_then_registers_its_own():
     registry = InflightPrefills(SLOW)
     prefill = registry.claim("a", PREFIX)
