@@ -17,7 +17,9 @@ from engine_service.api.errors import Cancelled, InvalidArgument
 from engine_service.api.stream_events import Event, Snapshot
 from prefix_service.gateway.gateway_backend import EngineStream
 
-DEFAULT_MAX_WAIT_S = 2.0
+# a wait is bounded by the expected cost of computing the positions (``best``); the cap only cuts a long
+# prefix on a slow engine, where a join saves the most (docs/PREFIX_CACHE.md#in-flight-prefixes-joined)
+DEFAULT_MAX_WAIT_S = 10.0
 # the fleet cost model's starting rate (``fleet/rates.py``): used until this engine's prefills measure one
 DEFAULT_PREFILL_S_PER_POSITION = 0.0025
 MIN_MEASURED_POSITIONS = 32  # a shorter prefill's time is mostly fixed cost: not a rate sample
