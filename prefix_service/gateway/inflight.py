@@ -184,8 +184,9 @@ class InflightPrefills:
         elapsed = self._clock() - prefill.started
         with self._lock:
             running = self._by_scope.get(prefill.scope, [])
-            if prefill in running:
-                running.remove(prefill)
+            if prefill not in running:  # ended meanwhile (a stream's reader and a cancel at once)
+                return
+            running.remove(prefill)
             if not running:
                 self._by_scope.pop(prefill.scope, None)
             measured = not self.config.prefill_s_per_position
