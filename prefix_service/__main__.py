@@ -49,7 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     from prefix_service.cache.flags import add_cache_arguments
     from prefix_service.engines.flags import add_connection_arguments, add_target_arguments
     from prefix_service.fleet.flags import add_routing_arguments
-    from prefix_service.gateway.flags import add_generation_arguments, add_tenancy_arguments
+    from prefix_service.gateway.flags import (
+        add_generation_arguments,
+        add_join_arguments,
+        add_tenancy_arguments,
+    )
     from prefix_service.http.flags import add_http_arguments
     from prefix_service.tier.flags import add_tier_arguments
 
@@ -65,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serving_arguments(p, default_port=50052)
     add_auth_arguments(p)
     add_tenancy_arguments(p)
+    add_join_arguments(p)
     add_http_arguments(p)
     return p
 
@@ -72,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from prefix_service.cache.flags import check_cache_arguments
     from prefix_service.fleet.flags import check_routing_arguments
+    from prefix_service.gateway.flags import check_join_arguments
     from prefix_service.tier.flags import check_tier_arguments
 
     parser = build_parser()
@@ -81,6 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     check_tier_arguments(parser, args)
     check_cache_arguments(parser, args)
     check_routing_arguments(parser, args)
+    check_join_arguments(parser, args)
     return args
 
 
@@ -93,6 +100,7 @@ def connect_and_serve(args: argparse.Namespace):
     from prefix_service.engines.engine_targets import engine_targets
     from prefix_service.engines.flags import engine_security
     from prefix_service.fleet.flags import routing_from
+    from prefix_service.gateway.flags import joins_from
     from prefix_service.rpc.server import create_server
     from prefix_service.tier.flags import tier_from
 
@@ -115,6 +123,7 @@ def connect_and_serve(args: argparse.Namespace):
         max_cache_mib=args.max_cache_mib,
         checkpoints=checkpoints_from(args),
         cache_generated=args.cache_generated,
+        joins=joins_from(args),
     )
     try:
         server, port = create_server(

@@ -32,6 +32,7 @@ from prefix_service.fleet.fleet import Fleet
 from prefix_service.fleet.member import EngineMember
 from prefix_service.fleet.routing import RoutingPolicy
 from prefix_service.gateway.gateway import Gateway
+from prefix_service.gateway.inflight import JoinConfig
 from prefix_service.tier.persistent_tier import PersistentTier
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ def join_engine(
     tier: PersistentTier | None = None,
     checkpoints: CheckpointPlan | None = None,
     cache_generated: bool = True,
+    joins: JoinConfig | None = None,
 ) -> Gateway:
     """Release what an earlier instance of this owner left in the opened engine and build its cache and
     gateway (see :func:`connect_engine` for the arguments)."""
@@ -116,6 +118,7 @@ def join_engine(
         checkpoints=checkpoints,
         max_cache_mib=max_cache_mib,
         cache_generated=cache_generated,
+        joins=joins,
     )
     gateway.check_engine()  # the budget from the engine's limits, before the first call
     gateway.preload()  # --snapshot_preload: restore recent snapshot files in the background

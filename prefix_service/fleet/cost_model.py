@@ -72,7 +72,7 @@ class CostModel:
         enough = max(c.min_reuse_positions, c.min_reuse_fraction * prompt)
         holder = _holder((*candidates, *request.sources))
         from_source = holder in request.sources  # a draining engine or the snapshot directory
-        movable = holder.reusable if c.moves and holder.reusable > floor and holder.reusable >= enough else 0
+        movable = holder.movable if c.moves and holder.movable > floor and holder.movable >= enough else 0
         scored = []
         for x in candidates:
             counts = x.reusable > floor and x.reusable >= enough
@@ -97,9 +97,9 @@ class CostModel:
         if not self.config.moves or not others:
             return None
         holder = _holder(others)
-        if _saved_s(holder, holder.reusable - first.reusable, request.rates) <= 0:
+        if _saved_s(holder, holder.movable - first.reusable, request.rates) <= 0:
             return None
-        return Move(holder.name, holder.reusable)
+        return Move(holder.name, holder.movable)
 
     @staticmethod
     def _with_move(score: EngineCost, holder: Candidate, movable: int, rates: CostRates) -> EngineCost:
@@ -135,8 +135,8 @@ class CostModel:
 
 
 def _holder(pool: Sequence[Candidate]) -> Candidate:
-    """The engine a move would copy from: the longest reuse, then the least loaded."""
-    return max(pool, key=lambda x: (x.reusable, -x.load))
+    """The engine a move would copy from: the longest stored reuse, then the least loaded."""
+    return max(pool, key=lambda x: (x.movable, -x.load))
 
 
 def _saved_s(holder: Candidate, gain: int, rates: CostRates) -> float:
@@ -151,4 +151,4 @@ def _move_s(holder: Candidate, rates: CostRates) -> float:
     """The expected seconds of moving ``holder``'s reuse: the measured move, plus the wait for its
     running forward (up to one prefill chunk of its pending positions) unless it pins its snapshots."""
     wait = 0 if holder.pinned_exports else min(max(0, holder.pending), EXPORT_WAIT_POSITIONS)
-    return rates.move_s(holder.reusable) + rates.prefill_s_per_position * wait
+    return rates.move_s(holder.movable) + rates.prefill_s_per_position * wait

@@ -62,14 +62,18 @@ class EngineMember:
     def candidate(self, namespace: str, key: tuple[int, ...]) -> Candidate:
         """What routing knows of this engine for the prompt ``key``."""
         gateway = self.gateway
+        # a prefill in flight to join: its wait counts in the reuse, so its generation not in the load
+        seen = gateway.inflight.routable(namespace, key)
+        joined = 1 if seen.joining else 0
         return Candidate(
             self.name,
-            gateway.reusable(namespace, key),
-            self.load,
+            seen.reusable,
+            max(0, self.load - joined),
             gateway.positions,
             gateway.fill(),
-            max(0, self.pending),
+            max(0, self.pending - seen.computes),
             self.pinned_exports,
+            seen.joining,
         )
 
     def observe(self) -> None:

@@ -26,6 +26,14 @@ class Candidate:
     # its stored snapshots export without waiting for its running forward (``Info.pinned_exports``;
     # the snapshot directory has no forward either)
     pinned_exports: bool = False
+    # of ``reusable``, positions it gives only once a prefill running there stores its snapshot (a
+    # request routed there joins it: ``gateway/inflight.py``); discounted by the wait, never movable
+    joining: int = 0
+
+    @property
+    def movable(self) -> int:
+        """Positions of the prompt its stored snapshots hold (what a move can copy)."""
+        return self.reusable - self.joining
 
 
 # The name of the snapshot directory as a move source (never an engine's address, which has a port)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields, replace
 from prefix_service.cache.outcomes import PrefixStats
 from prefix_service.fleet.member import EngineMember
 from prefix_service.gateway.calls import GatewayStats
+from prefix_service.gateway.inflight import JoinStats
 from prefix_service.tier.snapshot_store import StoreStats
 
 
@@ -91,4 +92,9 @@ def summed(stats: Sequence[GatewayStats]) -> GatewayStats:
         pressure_retries=sum(s.pressure_retries for s in stats),
         reclaimed=sum(s.reclaimed for s in stats),
         misses_by_reason=dict(misses),
+        joins=summed_joins([s.joins for s in stats]),
     )
+
+
+def summed_joins(stats: Sequence[JoinStats]) -> JoinStats:
+    return JoinStats(**{f.name: sum(getattr(s, f.name) for s in stats) for f in fields(JoinStats)})

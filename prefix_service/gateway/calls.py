@@ -3,7 +3,7 @@ a lookup's answer, the events a client reads, the stats."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from engine_service.api.config import GenConfig
@@ -11,6 +11,7 @@ from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Done, Started, Tokens
 from prefix_service.cache.budget import DEFAULT_ENGINE_SHARE
 from prefix_service.cache.outcomes import LookupOutcome, PrefixStats
+from prefix_service.gateway.inflight import JoinStats
 
 Prompt = Sequence[int] | TextPrompt  # token ids, or text the engine tokenizes
 GatewayEvent = Started | Tokens | Done  # what a gateway stream hands its client (snapshots stay here)
@@ -40,6 +41,8 @@ class GatewayRequest:
     # to route and asks the engine for them): checkpoints on an engine whose window evicts rows
     message_ends: tuple[int, ...] = ()
     count_lookup: bool = True  # False: a further choice of a counted request (an HTTP ``n``)
+    # False once the client left (a wait for a prefix in flight ends then: ``inflight.py``)
+    caller_active: Callable[[], bool] = field(default=lambda: True, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -55,3 +58,4 @@ class GatewayStats:
     pressure_retries: int = 0
     reclaimed: int = 0  # unknown handles released
     misses_by_reason: dict[str, int] = field(default_factory=dict)  # as told the callers: sum = cache.misses
+    joins: JoinStats = field(default_factory=JoinStats)  # waits for prefixes in flight (``inflight.py``)

@@ -1,10 +1,11 @@
-"""The gateway flags of forkline-prefix: tenancy (shared namespaces, the admin owner; ``tenancy.py``)
-and whether a generation's answer is cached too."""
+"""The gateway flags of forkline-prefix: tenancy (shared namespaces, the admin owner; ``tenancy.py``),
+whether a generation's answer is cached too, and joining prefixes in flight (``inflight.py``)."""
 
 from __future__ import annotations
 
 import argparse
 
+from prefix_service.gateway.inflight import DEFAULT_MAX_WAIT_S, JoinConfig
 from prefix_service.gateway.tenancy import Tenancy
 
 
@@ -43,3 +44,24 @@ def add_generation_arguments(p: argparse.ArgumentParser) -> None:
         "follow-up turn reuses the answer's positions too; --no-cache_generated: only prompts "
         "(default: on)",
     )
+
+
+def add_join_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--join_wait_ms",
+        metavar="MS",
+        type=float,
+        default=DEFAULT_MAX_WAIT_S * 1000,
+        help="a request whose prompt shares a prefix with one its engine is prefilling now (same scope) "
+        "waits for that prompt's snapshot, when that is expected to be cheaper than computing the shared "
+        "positions, at most MS milliseconds; 0: never wait (default: %(default)s)",
+    )
+
+
+def check_join_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if not args.join_wait_ms >= 0:  # NaN too
+        parser.error(f"--join_wait_ms must be >= 0, got {args.join_wait_ms}")
+
+
+def joins_from(args: argparse.Namespace) -> JoinConfig:
+    return JoinConfig(max_wait_s=args.join_wait_ms / 1000)

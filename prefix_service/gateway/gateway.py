@@ -26,6 +26,7 @@ from prefix_service.cache.retention import Entry
 from prefix_service.gateway.calls import GatewayRequest, GatewayStats, Prompt, PromptLookup
 from prefix_service.gateway.gateway_backend import GatewayBackend
 from prefix_service.gateway.generation_start import start_generation
+from prefix_service.gateway.inflight import InflightPrefills, JoinConfig
 from prefix_service.gateway.insert_flow import InsertFlow
 from prefix_service.gateway.pressure import EnginePressure
 from prefix_service.gateway.stream import GatewayStream
@@ -57,6 +58,7 @@ class Gateway:
         checkpoints: CheckpointPlan | None = None,
         max_cache_mib: int = 0,
         cache_generated: bool = True,
+        joins: JoinConfig | None = None,
     ) -> None:
         if cache.backend is not backend.sessions:
             raise InvalidArgument("cache must hold the given backend's sessions")
@@ -65,6 +67,7 @@ class Gateway:
         self.flow = InsertFlow(cache, backend, self.pressure, tier)
         self.checkpoints = checkpoints if checkpoints is not None else CheckpointPlan()
         self.cache_generated = cache_generated  # a generation's end is stored too (prompt + answer)
+        self.inflight = InflightPrefills(joins, cache.reusable)  # prompt prefills in flight, per scope
         self.dropped_on_restart = 0
         self.last_info: EngineInfo | None = None  # the engine's Info as check_engine last read it
         self._lock = threading.Lock()
@@ -193,6 +196,7 @@ class Gateway:
             pressure_retries=self.pressure.pressure_retries,
             reclaimed=self.pressure.reclaimed,
             misses_by_reason=misses,
+            joins=self.inflight.stats(),
         )
 
     def clear(self, where: Callable[[str], bool] | None = None) -> int:

@@ -17,6 +17,7 @@ from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.cache.retention import BOUNDARY_KEY
 from prefix_service.gateway.calls import GatewayRequest
 from prefix_service.gateway.gateway_backend import EngineGenerate, EngineStream, GatewayBackend
+from prefix_service.gateway.inflight import InflightPrefills
 from prefix_service.gateway.stream import GatewayStream, StreamHost
 
 
@@ -26,6 +27,7 @@ class StartHost(StreamHost, Protocol):
     cache: PrefixCache
     backend: GatewayBackend
     cache_generated: bool  # store each generation's final snapshot (prompt + answer) too
+    inflight: InflightPrefills
 
     @property
     def engine(self) -> EngineInfo: ...
@@ -44,8 +46,13 @@ def start_generation(
     message_ends: Sequence[int],
     call: CallContext,
 ) -> GatewayStream:
-    """Reserve room for the prompt snapshot, look up (the clone is the caller's), reserve room for the
+    """Wait for a prefix of the prompt being prefilled (``inflight.py``), reserve room for the prompt
+    snapshot, look up (the clone is the caller's), reserve room for the
     checkpoints past the match, start the engine Generate and read its first event."""
+    # join a prefix being prefilled, or register this prompt's prefill (``inflight.py``)
+    prefill = gateway.inflight.claim(
+        request.namespace, tokens, call, request.caller_active, register=request.store_prompt
+    )
     cache = gateway.cache
     room = SnapshotRoom()
     capture = request.store_prompt and cache.max_entries > 0  # a disabled cache: no snapshot at all
@@ -65,6 +72,7 @@ def start_generation(
             breakpoints = _reserve_checkpoints(gateway, request, tokens, message_ends, reused, room)
             if breakpoints:
                 config = replace(config, prefill_breakpoints=breakpoints)
+        prefill = gateway.inflight.confirm(prefill, reused, room.holds(len(tokens)))
         stream = gateway.backend.generate(
             EngineGenerate(
                 session=match.session if match else "",
@@ -77,8 +85,10 @@ def start_generation(
                 final_snapshot=capture and gateway.cache_generated,  # its room reserved as it comes
             )
         )
+        stream = gateway.inflight.track(stream, prefill)
         first = next(stream, None)
     except BaseException:
+        gateway.inflight.end(prefill)
         room.release()
         if stream is not None:
             stream.cancel()

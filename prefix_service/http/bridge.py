@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+from dataclasses import replace
 from typing import Any
 
 from engine_service.api.call_context import CallContext
@@ -29,7 +30,8 @@ class GenerationBridge:
     """``start()`` once, then ``await next()`` until it returns None."""
 
     def __init__(self, fleet: Fleet, request: GatewayRequest, call: CallContext) -> None:
-        self._fleet, self._request, self._call = fleet, request, call
+        self._fleet, self._call = fleet, call
+        self._request = replace(request, caller_active=lambda: not self._stopped)  # ends a join's wait
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._lock = threading.Lock()

@@ -90,6 +90,17 @@ class GatewayCollector:
                 "Live requests retried after such an eviction",
                 s.pressure_retries,
             ),
+            (
+                "forkline_prefix_joins",
+                "Requests that waited for a prefix in flight and reused it",
+                s.joins.joins,
+            ),
+            ("forkline_prefix_join_timeouts", "Waits for a prefix in flight that gave up", s.joins.timeouts),
+            (
+                "forkline_prefix_join_wait_seconds",
+                "Seconds requests waited for prefixes in flight",
+                s.joins.wait_s,
+            ),
         ):
             yield CounterMetricFamily(name, doc, value=value)
         misses = CounterMetricFamily(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import replace
 
 import grpc
 
@@ -76,7 +77,10 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
         with status_on_error(context):
             call = rpc_call(context)  # the engine stream starts within the caller's deadline
             scope = self.tenancy.scope(tenant_of(call), request.namespace, request.cache_salt)
-            stream = self.fleet.generate(convert.gateway_request(request, scope), call)
+            gateway_request = replace(
+                convert.gateway_request(request, scope), caller_active=context.is_active
+            )
+            stream = self.fleet.generate(gateway_request, call)
             context.add_callback(stream.stop)  # the client went away
             with contextlib.closing(iter(stream)) as events:
                 for event in events:
