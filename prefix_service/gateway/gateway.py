@@ -12,11 +12,11 @@ from functools import partial
 
 from engine_service.api.call_context import CallContext
 from engine_service.api.engine_info import EngineInfo
-from engine_service.api.errors import Cancelled, ForklineError, InvalidArgument, ResourceExhausted
+from engine_service.api.errors import Cancelled, InvalidArgument, ResourceExhausted
 from engine_service.api.limits import check_fits, check_nonempty, check_tokens
 from engine_service.api.prompts import TextPrompt, Tokenized
 from engine_service.api.stream_events import Snapshot
-from prefix_service.cache.budget import DEFAULT_ENGINE_SHARE, Reservation
+from prefix_service.cache.budget import DEFAULT_ENGINE_SHARE
 from prefix_service.cache.checkpoints import CheckpointPlan, SnapshotRoom
 from prefix_service.cache.events import EntryChange
 from prefix_service.cache.index import token_key
@@ -262,26 +262,8 @@ class Gateway:
         export: Callable[[], Iterator[bytes] | None],
         source: str,
     ) -> str:
-        """Store a copy of engine ``source``'s snapshot of ``tokens``: room here first, then
-        ``export()`` imported; "" when stored, else why not (``moves.MoveOutcome.refusal``). An
-        engine's failure raises (the room released)."""
-        room = self.cache.reserve(namespace, tokens, metadata)  # evicts what ranks below it first
-        if not isinstance(room, Reservation):
-            return f"insert:{room}"
-        files = self.backend.snapshot_files()
-        try:
-            chunks = export()
-            imported = None if chunks is None or files is None else files.import_session(chunks)
-        except ForklineError:
-            room.release()
-            raise
-        if imported is None or imported.handle is None:
-            room.release()
-            return "export" if imported is None else f"import:{imported.refusal}"
-        outcome = self.flow.store(
-            namespace, tokens, imported.handle, metadata, reservation=room, moved_from=source, persist=False
-        )
-        return "" if outcome.stored else f"insert:{outcome.reason}"
+        """Store a copy of engine ``source``'s snapshot of ``tokens`` (``InsertFlow.accept_move``)."""
+        return self.flow.accept_move(namespace, tokens, metadata, export, source)
 
     def restore(
         self,

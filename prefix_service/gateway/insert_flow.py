@@ -4,12 +4,12 @@ snapshots, a move, a restore from the snapshot directory all end in :meth:`Inser
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from engine_service.api.answers import CloneRefusal
 from engine_service.api.call_context import CallContext
 from engine_service.api.content import content_digest
-from engine_service.api.errors import InvalidArgument
+from engine_service.api.errors import ForklineError, InvalidArgument
 from engine_service.api.stream_events import Snapshot, SnapshotKind
 from prefix_service.cache.budget import Reservation
 from prefix_service.cache.checkpoints import SnapshotRoom
@@ -167,6 +167,35 @@ class InsertFlow:
         if reserved is not InsertRefusal.DUPLICATE:  # a duplicate is refreshed: nothing to store
             self.cache.record_refusal(reserved)
         return None
+
+    def accept_move(
+        self,
+        namespace: str,
+        tokens: tuple[int, ...],
+        metadata: Mapping[str, str],
+        export: Callable[[], Iterator[bytes] | None],
+        source: str,
+    ) -> str:
+        """Store a copy of engine ``source``'s snapshot of ``tokens``: room here first, then
+        ``export()`` imported; "" when stored, else why not (``moves.MoveOutcome.refusal``). An
+        engine's failure raises (the room released)."""
+        room = self.cache.reserve(namespace, tokens, metadata)  # evicts what ranks below it first
+        if not isinstance(room, Reservation):
+            return f"insert:{room}"
+        files = self.backend.snapshot_files()
+        try:
+            chunks = export()
+            imported = None if chunks is None or files is None else files.import_session(chunks)
+        except ForklineError:
+            room.release()
+            raise
+        if imported is None or imported.handle is None:
+            room.release()
+            return "export" if imported is None else f"import:{imported.refusal}"
+        outcome = self.store(
+            namespace, tokens, imported.handle, metadata, reservation=room, moved_from=source, persist=False
+        )
+        return "" if outcome.stored else f"insert:{outcome.reason}"
 
     def claim(self, handle: str, call: CallContext | None = None) -> InsertRefusal | None:
         """Take over the quota charge of a caller's hand-over (``pressure.claim``); unclaimed: released."""
