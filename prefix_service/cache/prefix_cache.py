@@ -44,7 +44,7 @@ from prefix_service.cache.session_backend import (
     max_rewind,
     shares_prefixes,
 )
-from prefix_service.cache.sharing import DEFAULT_BRANCH_MIN, branch_point, covered
+from prefix_service.cache.sharing import DEFAULT_BRANCH_MIN, branch_point, cover_of, covered, inner_node
 
 DEFAULT_MAX_ATTEMPTS = 16
 
@@ -186,6 +186,11 @@ class PrefixCache(EntryBook):
                 self._refusals[INVALID_SNAPSHOT] += 1
                 self._drop(existing, EventKind.DROPPED)  # a dead entry is replaced by the live snapshot
             rewind = max_rewind(self._backend)
+            plain = key and not inner_node(frozen)  # checkpoints and branch points are kept under it
+            longer = cover_of(self._backend, self._index, scope, key, rewind) if plain else None
+            if longer is not None:  # a stored answer or longer prompt already serves every position
+                self._refresh(longer)
+                return self._refuse(snapshot, DUPLICATE)
             branch = branch_point(self._backend, self._index, scope, key, snapshot, self._branch_min, rewind)
             entry = self._store(scope, key, snapshot, frozen)
             self._inserts += 1
@@ -219,12 +224,13 @@ class PrefixCache(EntryBook):
         with self._lock:
             scope, key = self._scope(namespace), token_key(tokens)
             existing = self._index.get(scope, key) if key else None
+            frozen = frozen_metadata(metadata)
+            if existing is None and key and not inner_node(frozen):
+                existing = cover_of(self._backend, self._index, scope, key, max_rewind(self._backend))
             if existing is not None and handle_alive(self._backend, existing.snapshot):
                 self._refresh(existing)  # as a duplicate insert would: no room, no snapshot needed
                 return InsertRefusal.DUPLICATE
-            newcomer = Entry(
-                scope, key or (0,), None, self._clock + 1, self._clock + 1, metadata=frozen_metadata(metadata)
-            )
+            newcomer = Entry(scope, key or (0,), None, self._clock + 1, self._clock + 1, metadata=frozen)
             return self._budget.reserve(newcomer)
 
     def capture_prompt(self, session: Handle, prompt: Sequence[int]) -> PromptCapture:

@@ -5,11 +5,13 @@ inner node). Spec: docs/PREFIX_CACHE.md#shared-prefixes-stored-once."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
+from typing import Any
 
 from engine_service.api.errors import ForklineError
+from engine_service.api.stream_events import SnapshotKind
 from prefix_service.cache.index import TokenIndex
-from prefix_service.cache.retention import Entry
+from prefix_service.cache.retention import BOUNDARY_KEY, BRANCH, Entry
 from prefix_service.cache.session_backend import Handle, SessionBackend, clone_with_refusal, handle_alive
 
 DEFAULT_BRANCH_MIN = 64  # shared positions at least for a divergence to keep a branch point
@@ -33,6 +35,30 @@ def covered(
         for entry in index.prefixes(scope, key)
         if not (entry.is_branch or entry.is_checkpoint) and covers(entry.key_length, len(key), rewind)
     ]
+
+
+def inner_node(metadata: Mapping[str, Any]) -> bool:
+    """Whether an entry of ``metadata`` is a checkpoint or branch point (kept under longer entries)."""
+    return metadata.get(BOUNDARY_KEY) in (SnapshotKind.BREAKPOINT, BRANCH)
+
+
+def cover_of(
+    backend: SessionBackend,
+    index: TokenIndex[Entry],
+    scope: Hashable,
+    key: tuple[int, ...],
+    rewind: int | None,
+) -> Entry | None:
+    """A live stored entry that ``key`` (not stored) is a proper prefix of and that covers it: storing
+    ``key`` would add nothing a lookup could use (None: none)."""
+    for match in index.matches(scope, key):
+        if match.common < len(key):
+            return None  # deepest groups first: the rest share less
+        entry = match.value
+        longer = entry.key_length > len(key) and covers(len(key), entry.key_length, rewind)
+        if longer and handle_alive(backend, entry.snapshot):
+            return entry
+    return None
 
 
 def within_reach(length: int, upto: int, rewind: int | None) -> bool:

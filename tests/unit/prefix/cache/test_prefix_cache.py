@@ -76,7 +76,7 @@ def test_branches_survive_source_closure_and_snapshot_eviction(backend):
 
 def test_longest_prefix_beats_more_recent_shorter(backend, cache):
     stored(backend, cache, PROMPT[:8])
-    stored(backend, cache, PROMPT[:4])  # more recent, shorter
+    stored(backend, cache, PROMPT[:4] + (7, 7))  # more recent, shares less
     assert_hit(cache.lookup(NS, PROMPT).match, PROMPT, 8)
 
 

@@ -242,3 +242,30 @@ def test_a_dropped_branch_point_no_longer_shadows_its_leaves(backend):
     cache.clear(lambda ns: False)  # a no-op control: nothing cleared, nothing re-shaded
     cache._drop(branch, EventKind.EVICTED)
     assert {e.shadowed for e in cache.entries()} == {0}
+
+
+# -- a key a stored longer entry covers is not stored again --------------------------------------
+
+
+def test_a_prompt_a_stored_answer_extends_is_refused_and_the_answer_refreshed(backend):
+    cache = PrefixCache(backend, 8)
+    answer = SHARED + question(1)  # e.g. a prompt and its generated answer
+    assert insert(cache, backend, answer)
+    other = insert(cache, backend, question(2))
+    assert other
+    assert cache.reserve(NS, SHARED) == "duplicate"  # nothing to capture: the answer serves it
+    assert not insert(cache, backend, SHARED)
+    assert keys(cache) == {answer, question(2)}
+    assert cache.lookup(NS, SHARED + (5,)).match.reused == len(SHARED)  # served from the answer
+    victim = min(cache.entries(), key=cache.policy.priority)
+    assert victim.tokens == question(2)  # the refusal refreshed the answer
+
+
+def test_a_ring_entry_too_far_past_a_prefix_does_not_cover_it():
+    backend = WindowBackend(max_write=REWIND, max_rewind=REWIND)
+    cache = PrefixCache(backend, 8, branch_min=0)
+    assert insert(cache, backend, SHARED + question(1, 20))  # its floor lies past position 1 of SHARED
+    assert insert(cache, backend, SHARED)  # so the prompt's own snapshot is kept (the control)
+    near = PrefixCache(backend, 8, branch_min=0)
+    assert insert(near, backend, SHARED[:30] + question(1, 20))  # 50 positions: every reuse in reach
+    assert not insert(near, backend, SHARED[:30])  # covered

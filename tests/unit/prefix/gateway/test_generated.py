@@ -32,7 +32,9 @@ def test_the_answer_is_stored_under_the_prompt_and_its_committed_ids(engine, gat
     run(gateway)
     assert engine.requests[0].final_snapshot
     generated = PROMPT + ANSWER[:-1]
-    assert keys(gateway) == {PROMPT: "prompt", generated: str(SnapshotKind.GENERATED)}
+    # the prompt's entry is covered by the answer's (a flat engine): dropped, its positions served
+    assert keys(gateway) == {generated: str(SnapshotKind.GENERATED)}
+    assert gateway.stats().cache.covered == 1
     # the next turn: the answer re-tokenized alike for two ids, then different -- reuse what matches
     follow = PROMPT + ANSWER[:2] + (900, 901)
     first = run(gateway, follow)[0]
@@ -82,4 +84,4 @@ def test_a_regenerated_identical_answer_refreshes_the_entry(engine, gateway):
     run(gateway)
     live = len(engine.live)
     run(gateway)  # the same answer again: a duplicate, its clone released
-    assert len(gateway.cache) == 2 and len(engine.live) == live
+    assert len(gateway.cache) == 1 and len(engine.live) == live  # the covered prompt entry dropped
