@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 MOONCAKE_BLOCK = 512  # tokens per hash_id block, as Mooncake's published traces
+MAX_BLOCKS, MAX_INPUT = 4, 1900  # a trace prompt fits forkline's default max_session_tokens (2048)
 
 
 @dataclass(frozen=True)
@@ -117,14 +118,14 @@ def mooncake_trace(seed: int, quick: bool) -> list[dict]:
     ``output_length``, ``hash_ids`` of 512-token blocks): sessions re-sending a shared system block and
     their own growing history, plus one-off requests."""
     rng = random.Random(seed + 4)
-    n, span_ms = (10, 20_000) if quick else (24, 60_000)
+    n, span_ms = (10, 120_000) if quick else (24, 240_000)
     next_id, system_ids = 2, [0, 1]  # blocks 0-1: a system prompt every session shares
     sessions: list[list[int]] = []
     rows = []
     for i in range(n):
         if rng.random() < 0.25 or not sessions:  # a one-off request, or a new session
             if rng.random() < 0.5:
-                ids = list(range(next_id, next_id + rng.randint(1, 3)))
+                ids = list(range(next_id, next_id + rng.randint(1, MAX_BLOCKS - 1)))
                 next_id += len(ids)
             else:
                 sessions.append(system_ids + [next_id])
@@ -132,11 +133,11 @@ def mooncake_trace(seed: int, quick: bool) -> list[dict]:
                 ids = sessions[-1]
         else:  # an existing session's next turn: its history plus one new block
             s = rng.randrange(len(sessions))
-            if len(sessions[s]) < 5:
+            if len(sessions[s]) < MAX_BLOCKS:
                 sessions[s] = sessions[s] + [next_id]
                 next_id += 1
             ids = sessions[s]
-        tail = rng.randint(64, MOONCAKE_BLOCK)
+        tail = rng.randint(64, min(MOONCAKE_BLOCK, MAX_INPUT - (len(ids) - 1) * MOONCAKE_BLOCK))
         rows.append(
             {
                 "timestamp": round(i * span_ms / n + rng.uniform(0, span_ms / n / 2)),
@@ -164,7 +165,7 @@ def trace_workload(words: Words, rows: list[dict], seed: int, time_scale: float)
         items.append(
             Item(text, ("",), row["output_length"], raw=True, at_s=row["timestamp"] / 1000 * time_scale)
         )
-    shape = {"requests": len(rows), "block_tokens": MOONCAKE_BLOCK, "time_scale": time_scale}
+    shape = {"requests": len(rows), "block_tokens": MOONCAKE_BLOCK, "time_scale": time_scale, "trace": rows}
     return Workload("mooncake_trace", 0, (tuple(items),), shape)
 
 
