@@ -143,7 +143,27 @@ def vs_llamacpp(figures: dict) -> list[str]:
     return out + (figures_markdown(rest) if rest else [])
 
 
-RENDERERS: dict[str, Callable[[dict], list[str]]] = {"bench_vs_llamacpp": vs_llamacpp}
+def workloads(figures: dict) -> list[str]:
+    """bench_workloads.py's report: one row per workload and model, forkline next to llama-server."""
+    head = ["workload", "forkline cached share", "ideal", "forkline / ideal", "llama-server cached share",
+            "TTFT p50 forkline / llama-server", "wall forkline / llama-server", "bytes held / ideal radix"]  # fmt: skip
+    out: list[str] = []
+    for model, r in figures.get("models", {}).items():
+        rows = []
+        for name, w in r.get("workloads", {}).items():
+            mine, theirs, ratios = w.get("forkline", {}), w.get("llama_server", {}), w.get("ratios", {})
+            rows.append([name, value(mine.get("cached_share")), value(mine.get("ideal_share")),
+                         value(ratios.get("cached_share_vs_ideal")), value(theirs.get("cached_share")),
+                         value(ratios.get("ttft_p50")), value(ratios.get("wall")),
+                         value(mine.get("bytes_held_vs_ideal_radix"))])  # fmt: skip
+        out += [f"**{model}** (`{r.get('route', '?')}`)", "", *table(head, rows), ""]
+    return out
+
+
+RENDERERS: dict[str, Callable[[dict], list[str]]] = {
+    "bench_vs_llamacpp": vs_llamacpp,
+    "bench_workloads": workloads,
+}
 
 
 def render(record: dict) -> str:
