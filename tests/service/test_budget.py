@@ -148,7 +148,8 @@ def test_live_clients_never_starve_while_200_prompts_fill_the_cache(services) ->
     stats = PrefixClient(prefix.address).stats()
     # the budget: half the engine's 12 sessions and of its 12 x 256 positions, full but within it
     assert (stats.max_entries, stats.max_positions, stats.engine_share) == (6, 6 * MAX_SESSION_TOKENS, 0.5)
-    assert stats.entries == 6 and 0 < stats.positions <= stats.max_positions
+    # full: an answer's entry that covers its prompt's replaces it (one fewer) when it lands last
+    assert 5 <= stats.entries <= 6 and 0 < stats.positions <= stats.max_positions
     per = engine.deps.limits.kv_bytes_per_position  # Stats reports the budget in the engine's bytes too
     assert per > 0 and (stats.bytes_held, stats.max_bytes) == (
         stats.positions * per,
