@@ -59,11 +59,12 @@ class TokenIndex(Generic[V]):
         self._roots: dict[Hashable, _Node] = {}
         self._size = 0
         self._edges: dict[Hashable, int] = {}  # per namespace: the tree's total edge length
+        self._all_edges = 0  # their sum: what the budget reads on every check
 
     def edge_positions(self, namespace: Hashable | None = None) -> int:
         """Positions an ideal radix tree of the stored keys holds (its total edge length: every
         distinct stored prefix once), of ``namespace`` or of all."""
-        return self._edges.get(namespace, 0) if namespace is not None else sum(self._edges.values())
+        return self._edges.get(namespace, 0) if namespace is not None else self._all_edges
 
     def __len__(self) -> int:
         return self._size
@@ -82,6 +83,7 @@ class TokenIndex(Generic[V]):
                 child = _Node(key[depth:])
                 node.children[key[depth]] = child
                 self._edges[namespace] = self._edges.get(namespace, 0) + len(key) - depth
+                self._all_edges += len(key) - depth
                 depth = len(key)
             else:
                 shared = common_prefix(child.edge, key, depth)
@@ -139,6 +141,7 @@ class TokenIndex(Generic[V]):
     def clear(self) -> None:
         self._roots.clear()
         self._edges.clear()
+        self._all_edges = 0
         self._size = 0
 
     def prefixes(self, namespace: Hashable, key: Sequence[int]) -> list[V]:
@@ -295,6 +298,7 @@ class TokenIndex(Generic[V]):
             parent = path[index - 1]
             del parent.children[node.edge[0]]
             self._edges[namespace] -= len(node.edge)
+            self._all_edges -= len(node.edge)
             node, index = parent, index - 1
         if index == 0:
             if not node.children:

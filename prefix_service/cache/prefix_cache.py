@@ -33,6 +33,7 @@ from prefix_service.cache.retention import (
     Entry,
     RetentionPolicy,
     frozen_metadata,
+    inner_node,
     make_policy,
 )
 from prefix_service.cache.session_backend import (
@@ -44,7 +45,7 @@ from prefix_service.cache.session_backend import (
     max_rewind,
     shares_prefixes,
 )
-from prefix_service.cache.sharing import DEFAULT_BRANCH_MIN, branch_point, cover_of, covered, inner_node
+from prefix_service.cache.sharing import DEFAULT_BRANCH_MIN, branch_point, cover_of, covered
 
 DEFAULT_MAX_ATTEMPTS = 16
 

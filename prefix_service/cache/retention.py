@@ -61,10 +61,20 @@ class Entry:
         return self.boundary == BRANCH
 
     @property
+    def is_inner(self) -> bool:
+        """A checkpoint or branch point: kept under the longer entries that pass through it."""
+        return inner_node(self.metadata)
+
+    @property
     def mostly_shadowed(self) -> bool:
         """A branch point above serves at least half of it: evicting it frees an entry (and a whole
         copy where clones copy) and loses only its tail."""
         return self.shadowed > 0 and 2 * self.shadowed >= self.key_length
+
+
+def inner_node(metadata: Mapping[str, str]) -> bool:
+    """Whether an entry of ``metadata`` is a checkpoint or a branch point."""
+    return metadata.get(BOUNDARY_KEY) in (SnapshotKind.BREAKPOINT, BRANCH)
 
 
 def frozen_metadata(metadata: Mapping[str, Any] | None) -> Mapping[str, str]:

@@ -5,13 +5,11 @@ inner node). Spec: docs/PREFIX_CACHE.md#shared-prefixes-stored-once."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable, Mapping
-from typing import Any
+from collections.abc import Hashable
 
 from engine_service.api.errors import ForklineError
-from engine_service.api.stream_events import SnapshotKind
 from prefix_service.cache.index import TokenIndex
-from prefix_service.cache.retention import BOUNDARY_KEY, BRANCH, Entry
+from prefix_service.cache.retention import Entry
 from prefix_service.cache.session_backend import Handle, SessionBackend, clone_with_refusal, handle_alive
 
 DEFAULT_BRANCH_MIN = 64  # shared positions at least for a divergence to keep a branch point
@@ -33,13 +31,8 @@ def covered(
     return [
         entry
         for entry in index.prefixes(scope, key)
-        if not (entry.is_branch or entry.is_checkpoint) and covers(entry.key_length, len(key), rewind)
+        if not entry.is_inner and covers(entry.key_length, len(key), rewind)
     ]
-
-
-def inner_node(metadata: Mapping[str, Any]) -> bool:
-    """Whether an entry of ``metadata`` is a checkpoint or branch point (kept under longer entries)."""
-    return metadata.get(BOUNDARY_KEY) in (SnapshotKind.BREAKPOINT, BRANCH)
 
 
 def cover_of(
