@@ -56,15 +56,15 @@ def start_generation(
     cache = gateway.cache
     room = SnapshotRoom()
     capture = request.store_prompt and cache.max_entries > 0  # a disabled cache: no snapshot at all
-    if capture:
-        reserved = cache.reserve(request.namespace, tokens, request.metadata)
-        if isinstance(reserved, Reservation):
-            room.add(len(tokens), reserved)
-        else:  # no room the policy would give it: no prompt snapshot
-            cache.record_refusal(reserved)
     match: Match | None = None
     stream: EngineStream | None = None
-    try:
+    try:  # from the claim on: a failure ends the registered prefill
+        if capture:
+            reserved = cache.reserve(request.namespace, tokens, request.metadata)
+            if isinstance(reserved, Reservation):
+                room.add(len(tokens), reserved)
+            else:  # no room the policy would give it: no prompt snapshot
+                cache.record_refusal(reserved)
         match = gateway.find(request.namespace, tokens, call, count=request.count_lookup).match
         reused = match.reused if match else 0
         config = request.config

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from engine_service.api.call_context import CallContext
 from engine_service.api.errors import Cancelled, InvalidArgument
-from engine_service.api.stream_events import Event, Snapshot
+from engine_service.api.stream_events import Event, Snapshot, SnapshotKind
+from prefix_service.cache.index import common_prefix
 from prefix_service.gateway.gateway_backend import EngineStream
 
 # a wait is bounded by the expected cost of computing the positions (``best``); the cap only cuts a long
@@ -110,11 +111,7 @@ class Routable:
 
 def shared_positions(a: Sequence[int], b: Sequence[int]) -> int:
     """The longest common prefix of ``a`` and ``b``."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    return common_prefix(a, b)
 
 
 class InflightPrefills:
@@ -330,7 +327,7 @@ class TrackedStream:
         except BaseException:
             self._registry.end(self._prefill)
             raise
-        if isinstance(event, Snapshot) and event.position >= len(self._prefill.tokens):
+        if isinstance(event, Snapshot) and event.kind == SnapshotKind.PROMPT:
             if event.handle:
                 self._handed_on = True
             else:  # refused by the engine: nothing will be stored
