@@ -8,7 +8,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from engine_service.api.answers import CloneRefusal, ImportedSnapshot, TakenClone
-from engine_service.api.cache_kinds import kind_shares_prefixes
+from engine_service.api.cache_kinds import clone_shared_share
 from engine_service.sessions.session_files import encode_session, load_session_bytes
 
 if TYPE_CHECKING:
@@ -52,8 +52,11 @@ class RunnerBackend:
         return window.max_write if window is not None and window.evicts else None
 
     @property
-    def shares_prefixes(self) -> bool:
-        return kind_shares_prefixes(self._runner.cache_kind)
+    def clone_shared_share(self) -> float:
+        limits = self._runner.limits
+        return clone_shared_share(
+            self._runner.cache_kind, limits.kv_bytes_per_position, limits.clone_shared_bytes_per_position
+        )
 
     def clone_async(self, handle: Session, upto: int) -> Future:
         return handle.clone_async(upto)

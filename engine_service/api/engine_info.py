@@ -34,6 +34,8 @@ class EngineInfo:
     # most max_sessions x max_session_tokens), and the bytes one position of one session costs
     max_positions: int = 0
     kv_bytes_per_position: int = 0
+    # of those, the bytes a clone shares with its source instead of copying (0: a whole copy, or unsaid)
+    clone_shared_bytes_per_position: int = 0
     model: str = ""
     cache_kind: str = ""
     architecture: str = ""

@@ -20,12 +20,21 @@ class EngineLimits:
     vocab_size: int
     max_positions: int = 0
     kv_bytes_per_position: int = 0
+    # of those bytes, what a clone shares with its source instead of copying (all on batched-cell, the
+    # flat layers' on batched-sequence; 0: a whole copy, or not reported)
+    clone_shared_bytes_per_position: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_sessions", "max_session_tokens", "vocab_size"):
             checked_int(name, getattr(self, name), lo=1)
         for name in ("max_positions", "kv_bytes_per_position"):
             checked_int(name, getattr(self, name), lo=0)
+        checked_int(
+            "clone_shared_bytes_per_position",
+            self.clone_shared_bytes_per_position,
+            lo=0,
+            hi=self.kv_bytes_per_position,
+        )
 
 
 def out_of_vocab(tokens: Sequence[int], vocab_size: int) -> int | None:

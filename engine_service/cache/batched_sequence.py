@@ -8,10 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 from engine_service.api.errors import CacheError
-from engine_service.cache.batch_control import KVView, Segment
+from engine_service.cache.batch_control import KVPart, KVView, Segment
 from engine_service.cache.config import CacheConfig, ConfiguredCache
+from engine_service.cache.frozen_rows import held_rows
 from engine_service.cache.pinned_state import PinnedState
 from engine_service.cache.seq_ids import SeqIdPool, check_position, check_segments, check_step_kv
 from engine_service.cache.seq_state import SeqState, layout_problem
@@ -38,7 +40,7 @@ class SequenceStep:
         self._cfg = config
         self._total = sum(p.length for p in parts)
         # ring masks depend only on (segment, window geometry): built once per step, shared by layers
-        self._masks: dict[tuple[int, int], mx.array] = {}
+        self._masks: dict[tuple[int, int], mx.array | None] = {}
         self._positions: dict[tuple[int, int | None], mx.array] = {}  # (segment, ring slots or None)
         # the batched K/V write where one is configured and the stream is the CPU's (decided per step)
         self._kv_store = config.kv_store if mx.default_device() == mx.cpu else None
@@ -60,6 +62,9 @@ class SequenceStep:
         for i, part in enumerate(self._parts):
             rows = slice(part.offset, part.offset + part.length)
             k_view, v_view = part.cache.view(layer, part.start + part.length)
+            if part.cache.pieces and not part.cache.is_ring(layer):
+                out.append(self._pieced_view(i, part, layer, rows, k_view, v_view))
+                continue
             if part.cache.is_ring(layer):
                 key = (i, cfg.layers[layer].window)
                 if key not in self._masks:
@@ -77,6 +82,21 @@ class SequenceStep:
             positions = self._positions[(i, slots)]
             out.append(KVView(rows=rows, keys=k_view, values=v_view, mask=mask, positions=positions))
         return out
+
+    def _pieced_view(
+        self, i: int, part: _Part, layer: int, rows: slice, keys: mx.array, values: mx.array
+    ) -> KVView:
+        """A flat layer read from the shared pieces (all visible) and the tail (causal over the step)."""
+        cache = part.cache
+        if (i, None) not in self._positions:
+            end = part.start + part.length
+            self._positions[(i, None)] = mx.arange(cache.tail_start, end, dtype=mx.int32)
+            tail = np.arange(cache.tail_start, end)[None, :]
+            queries = np.arange(part.start, end)[:, None]
+            self._masks[(i, 0)] = None if part.length == 1 else mx.array(tail <= queries)
+        pieces = tuple(KVPart(p.keys[layer], p.values[layer], None, p.positions) for p in cache.pieces)
+        tail = KVPart(keys, values, self._masks[(i, 0)], self._positions[(i, None)])
+        return KVView(rows=rows, keys=None, values=None, mask=None, parts=(*pieces, tail))
 
     def _store(self, layer: int, keys: mx.array, values: mx.array) -> None:
         """Write a step's K/V [T, kv_heads, head_dim] with one ``kv_store`` op; the caches then hold its
@@ -106,8 +126,19 @@ class BatchedSequenceCache(ConfiguredCache):
         self._seqs: dict[int, SequenceCache] = {}
 
     def used(self) -> int:
-        """Token rows held across all sequences (counted against ``capacity``)."""
-        return sum(s.length for s in self._seqs.values())
+        """Token rows held across all sequences (counted against ``capacity``), in whole positions of every
+        layer: each distinct flat row once (a clone shares them), ring rows per sequence (a clone copies
+        them)."""
+        return self._rows_with(0)
+
+    def _rows_with(self, ring_positions: int) -> int:
+        """:meth:`used` with ``ring_positions`` more positions of ring rows (a clone's copy)."""
+        layers = self._cfg.layers
+        rings = sum(spec.sliding for spec in layers)
+        seqs = self._seqs.values()
+        distinct = held_rows(p for s in seqs for p in s.pieces) + sum(s.length - s.tail_start for s in seqs)
+        ring_rows = sum(s.length for s in seqs) + ring_positions
+        return -(-((len(layers) - rings) * distinct + rings * ring_rows) // len(layers))
 
     def sequence(self, seq: int) -> SequenceCache:
         """The per-sequence cache (tests, diagnostics)."""
@@ -125,7 +156,8 @@ class BatchedSequenceCache(ConfiguredCache):
     def seq_clone(self, src: int, upto: int) -> int | None:
         source = self.sequence(src)
         check_position("upto", upto)
-        if self.used() + upto > self._cfg.capacity or not source.can_rewind(upto):
+        # a clone shares the flat rows and copies the rings
+        if self._rows_with(upto) > self._cfg.capacity or not source.can_rewind(upto):
             return None
         sid = self._ids.acquire()
         if sid is None:

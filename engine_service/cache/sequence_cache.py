@@ -1,7 +1,8 @@
-"""K/V history of one sequence, per layer ``[kv_heads, alloc, head_dim]``: a flat layer holds row p at
-index p; a ring layer (window W) has ``W + max_write - 1`` slots, row p at ``p % slots``. ``written``
-is a high-water mark rewinds never lower; :meth:`SequenceCache.can_rewind` decides what is still there.
-Spec: docs/ENGINE.md (The KV cache: batched-sequence)."""
+"""K/V history of one sequence, per layer ``[kv_heads, alloc, head_dim]``: a flat layer holds positions
+below ``tail_start`` as shared :class:`.frozen_rows.FrozenRows` pieces and row p >= tail_start at tail
+index ``p - tail_start``; a ring layer (window W) has ``W + max_write - 1`` slots, row p at
+``p % slots``. ``written`` is a high-water mark rewinds never lower; :meth:`SequenceCache.can_rewind`
+decides what is still there. Spec: docs/ENGINE.md (The KV cache: batched-sequence)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from engine_service.api.errors import CacheError
 from engine_service.cache.config import CacheConfig
+from engine_service.cache.frozen_rows import FrozenRows, coalesced, freeze, trim
 
 
 def round_up(n: int, step: int) -> int:
@@ -23,6 +25,8 @@ class SequenceCache:
         self._cfg = config
         self._length = 0
         self._written = 0
+        self._pieces: tuple[FrozenRows, ...] = ()  # flat positions [0, tail_start), shared, read-only
+        self._tail_start = 0
         n = len(config.layers)
         self._keys: list[mx.array | None] = [None] * n
         self._values: list[mx.array | None] = [None] * n
@@ -68,7 +72,14 @@ class SequenceCache:
         if not self.can_rewind(p):
             return False
         self._length = p
+        self._cut_pieces(p)
         return True
+
+    def _cut_pieces(self, p: int) -> None:
+        """Positions from ``p`` on go to the tail (its index 0 becomes p; nothing past p is committed)."""
+        if p < self._tail_start:
+            self._pieces = trim(self._pieces, p)
+            self._tail_start = p
 
     def take_back(self, start: int, written: int) -> None:
         """Undo the last step: ``length`` to ``start``, the mark to ``written`` (its value before the
@@ -78,10 +89,12 @@ class SequenceCache:
                 f"cannot take back to {start} / {written} (length {self._length}, rings {self.has_ring})"
             )
         self._length, self._written = start, written
+        self._cut_pieces(start)
 
     def _force_rewind(self, p: int) -> None:
         """Test hook: set the length without :meth:`can_rewind` (the deliberately unsafe control)."""
         self._length = p
+        self._cut_pieces(p)
 
     def can_write(self, n: int) -> bool:
         """Whether one step of ``n`` rows fits: ring layers take at most ``max_write``."""
@@ -107,10 +120,11 @@ class SequenceCache:
 
     # ----------------------------------------------------------------- storage
     def _ensure(self, layer: int, need: int) -> None:
-        """Grow ``layer``'s buffers so index ``need - 1`` exists (rings stop at their slot count)."""
+        """Grow ``layer``'s buffers so index ``need - 1`` exists (rings stop at their slot count, a flat
+        tail at the capacity left above ``tail_start``)."""
         cfg = self._cfg
         slots = self._slots[layer]
-        limit = cfg.capacity if slots is None else slots
+        limit = cfg.capacity - self._tail_start if slots is None else slots
         keys = self._keys[layer]
         have = 0 if keys is None else keys.shape[1]
         if need <= have:
@@ -126,13 +140,13 @@ class SequenceCache:
             self._values[layer] = mx.concatenate([self._values[layer], pad], axis=1)
 
     def write_runs(self, layer: int, start: int, n: int) -> list[tuple[int, int, int]]:
-        """Grow ``layer`` for rows ``start .. start + n - 1`` and say where they go: ``(index, offset,
-        rows)`` runs (one on a flat layer, two where a ring wraps)."""
+        """Grow ``layer`` for rows ``start .. start + n - 1`` (>= tail_start) and say where they go:
+        ``(index, offset, rows)`` runs (one on a flat layer, two where a ring wraps)."""
         end = start + n
         slots = self._slots[layer]
         if slots is None:
-            self._ensure(layer, end)
-            return [(start, 0, n)]
+            self._ensure(layer, end - self._tail_start)
+            return [(start - self._tail_start, 0, n)]
         self._ensure(layer, min(end, slots))
         a = start % slots
         first = min(n, slots - a)  # rows before the ring wraps (n <= max_write <= slots: wraps once)
@@ -142,11 +156,21 @@ class SequenceCache:
         """Replace ``layer``'s buffers with updated ones of the same shape (a batched K/V write)."""
         self._keys[layer], self._values[layer] = keys, values
 
+    @property
+    def pieces(self) -> tuple[FrozenRows, ...]:
+        """The shared read-only pieces holding flat positions ``[0, tail_start)``."""
+        return self._pieces
+
+    @property
+    def tail_start(self) -> int:
+        """The first flat position in this sequence's own buffers."""
+        return self._tail_start
+
     def view(self, layer: int, end: int) -> tuple[mx.array, mx.array]:
-        """``layer``'s (keys, values) [kv_heads, S, head_dim] for a step ending at ``end``: S = end flat,
-        ``min(end, slots)`` on a ring."""
+        """``layer``'s own (keys, values) [kv_heads, S, head_dim] for a step ending at ``end``: S = end -
+        tail_start flat (the tail; :attr:`pieces` hold the rest), ``min(end, slots)`` on a ring."""
         slots = self._slots[layer]
-        filled = end if slots is None else min(end, slots)
+        filled = end - self._tail_start if slots is None else min(end, slots)
         return self._keys[layer][:, :filled, :], self._values[layer][:, :filled, :]
 
     def write(self, layer: int, start: int, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
@@ -192,36 +216,56 @@ class SequenceCache:
         return self._keys[layer], self._values[layer]
 
     def arrays(self) -> list[mx.array]:
-        """Every buffer this sequence holds (to evaluate after a step)."""
+        """Every buffer this sequence writes (to evaluate after a step; the pieces are evaluated)."""
         return [a for a in (*self._keys, *self._values) if a is not None]
 
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.arrays())
+        """Bytes of this sequence's own buffers and of the pieces it views (shared ones included)."""
+        shared = sum(a.nbytes for p in self._pieces for a in (*p.keys, *p.values) if a is not None)
+        return shared + sum(a.nbytes for a in self.arrays())
 
     # ----------------------------------------------------------------- copies
+    def seal(self) -> None:
+        """Freeze the committed tail rows of the flat layers into a shared piece; later writes go to a
+        new tail from ``length`` (the sealed buffers are never written again)."""
+        rows = self._length - self._tail_start
+        flat = [layer for layer, slots in enumerate(self._slots) if slots is None]
+        if rows <= 0 or not flat:
+            return
+        keys = [self._keys[i] if i in flat else None for i in range(len(self._slots))]
+        values = [self._values[i] if i in flat else None for i in range(len(self._slots))]
+        self._pieces = coalesced((*self._pieces, freeze(self._tail_start, rows, keys, values)))
+        for layer in flat:
+            self._keys[layer] = self._values[layer] = None
+        self._tail_start = self._length
+
     def copy(self, upto: int) -> SequenceCache | None:
-        """An independent cache of positions ``[0, upto)`` (None when ``can_rewind(upto)`` fails), evaluated
-        so the donor's buffers stay uniquely owned; it inherits ``written``."""
+        """A cache of positions ``[0, upto)`` (None when ``can_rewind(upto)`` fails) that shares this one's
+        flat rows (both views of one frozen piece: this cache is sealed first) and copies its rings,
+        evaluated so the donor's ring buffers stay uniquely owned; it inherits ``written``."""
         if not self.can_rewind(upto):
             return None
         cfg = self._cfg
+        if upto > self._tail_start:
+            self.seal()
         dup = SequenceCache(cfg)
         dup._length = upto
         dup._written = self._written
+        dup._pieces = trim(self._pieces, upto)
+        dup._tail_start = upto
         for slots, held in self._slot_pos.items():
             dup._slot_pos[slots] = held.copy()
         pads: dict[int, mx.array] = {}  # one zero block per headroom size, shared by every layer
         for layer, slots in enumerate(self._slots):
             keys, values = self._keys[layer], self._values[layer]
-            if keys is None:
+            if keys is None or slots is None:
                 continue
-            if slots is None or self._written <= slots:
+            if self._written <= slots:
                 if upto == 0:
                     continue
                 # headroom to the next allocation step, but never more than the prefix itself: a short
                 # snapshot should not pay for (or hold) a mostly empty initial_capacity block
-                limit = cfg.capacity if slots is None else slots
-                alloc = min(limit, round_up(upto, cfg.initial_capacity), 2 * upto)
+                alloc = min(slots, round_up(upto, cfg.initial_capacity), 2 * upto)
                 if alloc - upto not in pads:
                     pads[alloc - upto] = mx.zeros((cfg.kv_heads, alloc - upto, cfg.head_dim), dtype=cfg.dtype)
                 pad = pads[alloc - upto]

@@ -7,6 +7,7 @@ import mlx.core as mx
 import numpy as np
 
 from engine_service.cache.config import CacheConfig
+from engine_service.cache.frozen_rows import trim
 from engine_service.cache.pinned_state import PinnedState
 from engine_service.cache.seq_state import SeqState
 from engine_service.cache.sequence_cache import SequenceCache, round_up
@@ -19,10 +20,19 @@ def export_state(cache: SequenceCache, upto: int) -> SeqState | None:
         return None
     cfg = cache._cfg
     arrays: dict[str, mx.array] = {}
+    pieces = trim(cache.pieces, upto)
     for layer, slots in enumerate(cache._slots):
         rows = _state_rows(upto, cache.written, slots)
         keys, values = cache._keys[layer], cache._values[layer]
-        if keys is None or rows == 0:
+        if slots is None and pieces:  # the shared pieces, then the tail's rows (a copy)
+            tail = max(0, rows - cache.tail_start)
+            keys = mx.concatenate(
+                [*(p.keys[layer] for p in pieces), *([keys[:, :tail, :]] if tail else [])], axis=1
+            )
+            values = mx.concatenate(
+                [*(p.values[layer] for p in pieces), *([values[:, :tail, :]] if tail else [])], axis=1
+            )
+        elif keys is None or rows == 0:
             keys = values = mx.zeros((cfg.kv_heads, 0, cfg.head_dim), dtype=cfg.dtype)
         arrays[f"layers.{layer}.keys"] = keys[:, :rows, :]
         arrays[f"layers.{layer}.values"] = values[:, :rows, :]
@@ -31,7 +41,8 @@ def export_state(cache: SequenceCache, upto: int) -> SeqState | None:
 
 
 def pin_state(cache: SequenceCache) -> PinnedState | None:
-    """All committed positions pinned (views, no copy), readable down to the rewind floor on any thread."""
+    """All committed positions pinned (views; a copy where the flat rows sit in shared pieces), readable
+    down to the rewind floor on any thread."""
     state = export_state(cache, cache.length)  # evaluated views of the buffers
     if state is None:
         return None

@@ -74,6 +74,19 @@ def kv_bytes_per_position(config: CacheConfig) -> int:
     return len(config.layers) * 2 * config.kv_heads * config.head_dim * config.dtype.size
 
 
+def clone_shared_bytes_per_position(config: CacheConfig, cache_kind: str) -> int:
+    """Of :func:`kv_bytes_per_position`, the bytes a clone shares with its source: every layer's on
+    ``batched-cell`` (shared cells), the flat layers' on ``batched-sequence`` (frozen pieces; its ring
+    layers are copied)."""
+    layers = len(config.layers) if cache_kind == "batched-cell" else sum(not s.sliding for s in config.layers)
+    return layers * 2 * config.kv_heads * config.head_dim * config.dtype.size
+
+
+def position_bytes(config: CacheConfig, cache_kind: str) -> tuple[int, int]:
+    """(:func:`kv_bytes_per_position`, :func:`clone_shared_bytes_per_position`)."""
+    return kv_bytes_per_position(config), clone_shared_bytes_per_position(config, cache_kind)
+
+
 def positions_bound(memory_mib: int, bytes_per_position: int) -> int:
     """Positions ``memory_mib`` MiB of K/V hold at ``bytes_per_position`` each."""
     checked_int("kv_memory_mib", memory_mib, lo=1)

@@ -24,7 +24,7 @@ from engine_service.executors.cache_setup import (
     resolve_kv_dtype,
     session_tokens,
 )
-from engine_service.executors.kv_memory import kv_bytes_per_position
+from engine_service.executors.kv_memory import position_bytes
 from engine_service.executors.lookahead import Lookahead
 from engine_service.executors.options import DEFAULTS, ExecutorSettings
 from engine_service.executors.plan import InputError, Plan, guard
@@ -206,10 +206,8 @@ class ModuleExecutor(Executor):
         return self.cache.pos(self._sessions.state(sid).seq)
 
     def limits(self) -> EngineLimits:
-        cfg, per_position = self.config, kv_bytes_per_position(self.cache.config)
-        return EngineLimits(
-            self.max_sessions, self.max_session_tokens, cfg.vocab_size, self.cache.capacity, per_position
-        )
+        sizes = (self.max_sessions, self.max_session_tokens, self.config.vocab_size, self.cache.capacity)
+        return EngineLimits(*sizes, *position_bytes(self.cache.config, self.cache_kind))
 
     def preferred_batch_tokens(self) -> int:
         return self.prefill_chunk

@@ -10,8 +10,9 @@ from engine_service.api.errors import InvalidArgument
 from prefix_service.cache.budget import Budget
 from prefix_service.cache.events import EntryChange, EventKind
 from prefix_service.cache.index import TokenIndex
+from prefix_service.cache.outcomes import held_positions
 from prefix_service.cache.retention import Entry, RetentionPolicy, frozen_metadata
-from prefix_service.cache.session_backend import Handle, SessionBackend, release_handle, shares_prefixes
+from prefix_service.cache.session_backend import Handle, SessionBackend, clone_shared_share, release_handle
 
 
 class EntryBook:
@@ -83,8 +84,11 @@ class EntryBook:
             entry.shadowed = max(depths, default=0)
 
     def _held(self) -> int:
-        """Positions the entries hold: a shared prefix once where clones share it, else a copy each."""
-        return self._index.edge_positions() if shares_prefixes(self._backend) else self._budget.key_positions
+        """Positions the entries hold: the share of a position clones share counted once per shared prefix
+        (the radix tree's edges), the rest a copy each (every entry's key)."""
+        return held_positions(
+            clone_shared_share(self._backend), self._index.edge_positions(), self._budget.key_positions
+        )
 
     def _drop(self, entry: Entry, kind: EventKind) -> None:
         below = self._index.below(entry.namespace, entry.tokens) if entry.is_branch else []

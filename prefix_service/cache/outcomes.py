@@ -4,10 +4,17 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
+
+
+def held_positions(shared: float, radix_positions: int, key_positions: int) -> int:
+    """Positions a cache's entries hold when clones share ``shared`` (0..1) of a position's bytes: that
+    share once per radix-tree position, the rest once per position of every entry's key."""
+    return math.ceil(shared * radix_positions + (1.0 - shared) * key_positions - 1e-9)
 
 
 class InsertRefusal(StrEnum):
@@ -150,11 +157,11 @@ class PrefixStats:
         max_entries: int,
         max_positions: int,
         radix_positions: int = 0,
-        shared: bool = False,
+        shared: float = 0.0,
     ) -> PrefixStats:
         """One caller's entries' stats (``retention.Entry``): the hits they served and the positions
-        those reused (``radix_positions``: their tree's, what they hold when ``shared``); the
-        cache-wide counters are 0."""
+        those reused and hold (``radix_positions``: their tree's; ``shared``: the share of a position
+        clones share, :func:`held_positions`); the cache-wide counters are 0."""
         return cls(
             entries=len(entries),
             max_entries=max_entries,
@@ -163,7 +170,7 @@ class PrefixStats:
             reused_tokens=sum(entry.reused for entry in entries),
             inserts=0,
             evictions=0,
-            positions=radix_positions if shared else sum(entry.key_length for entry in entries),
+            positions=held_positions(shared, radix_positions, sum(entry.key_length for entry in entries)),
             max_positions=max_positions,
             radix_positions=radix_positions,
         )

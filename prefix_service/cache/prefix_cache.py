@@ -40,10 +40,10 @@ from prefix_service.cache.session_backend import (
     CaptureBackend,
     Handle,
     SessionBackend,
+    clone_shared_share,
     clone_with_refusal,
     handle_alive,
     max_rewind,
-    shares_prefixes,
 )
 from prefix_service.cache.sharing import DEFAULT_BRANCH_MIN, branch_point, cover_of, covered
 
@@ -269,7 +269,7 @@ class PrefixCache(EntryBook):
             if where is not None:
                 chosen = self._chosen(where)
                 radix = sum(self._index.edge_positions(scope) for scope in {e.namespace for e in chosen})
-                sharing = shares_prefixes(self._backend)
+                sharing = clone_shared_share(self._backend)
                 return PrefixStats.of_entries(chosen, self.max_entries, self.max_positions, radix, sharing)
             return PrefixStats(
                 entries=len(self._budget.entries),

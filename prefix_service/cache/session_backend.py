@@ -57,10 +57,14 @@ def max_rewind(backend: SessionBackend) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def shares_prefixes(backend: SessionBackend) -> bool:
-    """``backend.shares_prefixes`` where it says so: a clone shares its source's rows (batched-cell),
-    so entries cloned from each other hold a shared prefix once; unsaid: a whole copy each."""
-    return getattr(backend, "shares_prefixes", False) is True
+def clone_shared_share(backend: SessionBackend) -> float:
+    """``backend.clone_shared_share`` where it says it: the share in [0, 1] of a position's bytes a
+    clone shares with its source (so entries cloned from each other hold that share of a common prefix
+    once); unsaid or not a number: 0, a whole copy each."""
+    value = getattr(backend, "clone_shared_share", 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0.0
+    return min(1.0, max(0.0, float(value)))
 
 
 def handle_alive(backend: SessionBackend, handle: Handle) -> bool:

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from engine_service.api.cache_kinds import kind_shares_prefixes
+from engine_service.api.cache_kinds import clone_shared_share
 from engine_service.api.call_context import CallContext
 from engine_service.api.engine_info import EngineInfo
 from engine_service.api.owners import PERSISTENT_OWNER
@@ -47,7 +47,7 @@ class EngineConnection:
         self.instance_id = ""
         self.fingerprint = ""
         self.max_rewind: int | None = None  # session_backend.max_rewind, from Info's window geometry
-        self.shares_prefixes = False  # session_backend.shares_prefixes, from Info's cache kind
+        self.clone_shared_share = 0.0  # session_backend.clone_shared_share, from Info
         self._lock = threading.Lock()
         self._positions: dict[str, int] = {}  # the handles this owner holds, as adopted
         self._digests: dict[str, bytes | None] = {}  # what the engine said each adopted handle holds
@@ -103,7 +103,9 @@ class EngineConnection:
             self.instance_id = info.instance_id
             self.fingerprint = info.fingerprint
             self.max_rewind = info.max_rewind
-            self.shares_prefixes = kind_shares_prefixes(info.cache_kind)
+            self.clone_shared_share = clone_shared_share(
+                info.cache_kind, info.kv_bytes_per_position, info.clone_shared_bytes_per_position
+            )
         return info
 
     # -- the handles this owner holds ----------------------------------------------------------------

@@ -29,8 +29,8 @@ class RemoteSessions:
         return self.connection.max_rewind
 
     @property
-    def shares_prefixes(self) -> bool:
-        return self.connection.shares_prefixes
+    def clone_shared_share(self) -> float:
+        return self.connection.clone_shared_share
 
     def clone(self, handle: str, upto: int) -> str | None:
         return self.clone_or_refusal(handle, upto).handle

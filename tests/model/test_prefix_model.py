@@ -275,12 +275,15 @@ def test_a_branch_point_serves_the_groups_third_prompt_like_a_cold_run(engine):
     np.testing.assert_allclose(warm_logits, cold_logits, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("kind", ["batched-sequence", "batched-cell"])
-def test_the_local_backend_says_whether_clones_share_cells(tiny_model, kind):
+@pytest.mark.parametrize(
+    ("kind", "layers", "share"),
+    [("batched-sequence", "FFFF", 1.0), ("batched-sequence", "FSSS", 0.25), ("batched-cell", "FSSS", 1.0)],
+)
+def test_the_local_backend_says_how_much_clones_share(tiny_model, kind, layers, share):
     runner = Runner(
-        ModuleExecutor.create(tiny_model("FFFF", seed=3), kind, max_sessions=2, max_session_tokens=32)
+        ModuleExecutor.create(tiny_model(layers, seed=3), kind, max_sessions=2, max_session_tokens=32)
     )
     try:
-        assert RunnerBackend(runner).shares_prefixes is (kind == "batched-cell")
+        assert RunnerBackend(runner).clone_shared_share == share
     finally:
         runner.shutdown()

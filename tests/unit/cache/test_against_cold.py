@@ -193,18 +193,49 @@ def test_fork_copies_the_prefix_then_diverges(kind: str) -> None:
     assert d.probe(src) < TOL and d.probe(fork) < TOL
 
 
-def test_partial_flat_fork_copies_only_the_prefix() -> None:
+def test_partial_flat_fork_shares_the_prefix_without_copying() -> None:
     d = Driver("batched-sequence", geometry(3, initial=8, ring=False))
     src = d.new()
     d.fill(src, 12)
+    src_keys = d.cache.sequence(src).buffers(0)[0]
     fork = d.clone(src, 6)
-    keys, _ = d.cache.sequence(fork).buffers(0)
-    src_keys, _ = d.cache.sequence(src).buffers(0)
-    assert keys.shape[1] == 8 and src_keys.shape[1] == 16  # the prefix rounded up to one step of 8
-    np.testing.assert_array_equal(np.array(keys[:, :6]), np.array(src_keys[:, :6]))
-    assert not np.array(keys[:, 6:]).any()  # rows 6, 7 of the source were not copied
-    assert d.probe(fork) < TOL
-    assert d.fill(fork, 4) < TOL
+    donor, forked = d.cache.sequence(src), d.cache.sequence(fork)
+    # the donor's rows became one frozen piece both read; neither has a private copy of them
+    assert [(p.start, p.rows) for p in donor.pieces] == [(0, 12)]
+    assert [(p.start, p.rows) for p in forked.pieces] == [(0, 6)]
+    assert donor.pieces[0].block is forked.pieces[0].block
+    assert forked.buffers(0)[0] is None and donor.buffers(0)[0] is None
+    assert d.cache.used() == 12  # the shared rows counted once
+    assert d.probe(fork) < TOL and d.probe(src) < TOL
+    assert d.fill(fork, 4) < TOL and d.fill(src, 3) < TOL  # both write their own tails
+    assert d.probe(src) < TOL and d.probe(fork) < TOL
+    # the frozen rows are the donor's original rows, never written since
+    np.testing.assert_array_equal(np.array(donor.pieces[0].keys[0]), np.array(src_keys[:, :12]))
+    assert d.cache.used() == 12 + 4 + 3
+
+
+def test_rewinding_into_a_piece_moves_the_tail_down() -> None:
+    d = Driver("batched-sequence", geometry(3, initial=8, ring=False))
+    src = d.new()
+    d.fill(src, 10)
+    fork = d.clone(src, 10)
+    assert d.rewind(src, 4)
+    seq = d.cache.sequence(src)
+    assert seq.tail_start == 4 and [(p.start, p.rows) for p in seq.pieces] == [(0, 4)]
+    assert d.fill(src, 5) < TOL and d.probe(fork) < TOL  # the fork still reads the 10 original rows
+    assert d.probe(src) < TOL
+
+
+def test_many_seals_merge_the_smallest_pieces() -> None:
+    d = Driver("batched-sequence", geometry(3, initial=8, ring=False))
+    src = d.new()
+    forks = []
+    for _ in range(12):
+        d.fill(src, 2)
+        forks.append(d.clone(src, d.cache.pos(src)))
+    assert len(d.cache.sequence(src).pieces) <= 8
+    assert d.probe(src) < TOL and all(d.probe(f) < TOL for f in forks)
+    assert d.fill(src, 3) < TOL
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -212,17 +243,10 @@ def test_sequences_share_one_capacity(kind: str) -> None:
     d = Driver(kind, geometry(3, capacity=20, ring=False))
     src = d.new()
     d.fill(src, 12)
-    if kind == "batched-sequence":
-        assert d.clone(src, 12) is None  # 24 rows > 20
-        fork = d.clone(src, 8)  # 20 rows: exactly full
-        assert fork is not None and d.cache.used() == 20
-        assert not d.cache.can_admit(src, 1)
-        d.rm(fork)
-    else:  # a cell clone shares cells: it needs no room
-        fork = d.clone(src, 12)
-        assert fork is not None and d.cache.used() == 12
-        assert d.cache.can_admit(fork, 3) and not d.cache.can_admit(fork, 9)
-        d.rm(fork)
+    fork = d.clone(src, 12)  # a clone shares the rows: it needs no room
+    assert fork is not None and d.cache.used() == 12
+    assert d.cache.can_admit(fork, 3) and not d.cache.can_admit(fork, 9)
+    d.rm(fork)
     assert d.cache.can_admit(src, 3) and d.cache.used() == 12
     assert d.step({src: 3}) < TOL
 

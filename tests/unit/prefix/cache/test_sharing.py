@@ -162,7 +162,7 @@ RADIX_KEYS = [(1, 2, 3, 4, 5, 6), (1, 2, 3, 7, 8), (1, 2, 9), (5, 5)]
 @pytest.mark.parametrize("shares", [False, True])
 def test_positions_held_and_the_ideal_radix_trees(shares):
     backend = FakeBackend()
-    backend.shares_prefixes = shares  # batched-cell: clones share the source's cells
+    backend.clone_shared_share = float(shares)  # batched-cell or flat layers: clones share the rows
     cache = PrefixCache(backend, 16, branch_min=0)
     for key in RADIX_KEYS:
         insert(cache, backend, key)
@@ -181,10 +181,22 @@ def test_positions_held_and_the_ideal_radix_trees(shares):
     assert cache.stats().radix_positions == 10  # [1 2 3] and [7 8] merge: 8 + 2
 
 
+@pytest.mark.parametrize(("share", "held"), [(0.5, 14), (0.25, 15), ("yes", 16), (True, 16)])
+def test_a_partial_share_counts_that_share_once(share, held):
+    """A model with ring layers: clones share only the flat layers' bytes (11 radix, 16 key positions:
+    half of each); a share that is not a number counts as a whole copy (the control)."""
+    backend = FakeBackend()
+    backend.clone_shared_share = share
+    cache = PrefixCache(backend, 16, branch_min=0)
+    for key in RADIX_KEYS:
+        insert(cache, backend, key)
+    assert cache.stats().positions == held
+
+
 @pytest.mark.parametrize(("shares", "kept"), [(True, 4), (False, 3)])
 def test_the_positions_bound_counts_shared_prefixes_once_where_clones_share(shares, kept):
     backend = FakeBackend()
-    backend.shares_prefixes = shares
+    backend.clone_shared_share = float(shares)
     cache = PrefixCache(backend, 16, max_positions=14, branch_min=0)
     for key in RADIX_KEYS:
         insert(cache, backend, key)
@@ -224,7 +236,7 @@ def test_under_a_positions_bound_the_leaves_under_branch_points_go_first(branch_
 
 def test_where_clones_share_cells_a_branch_point_costs_an_entry_and_no_positions():
     backend = FakeBackend()
-    backend.shares_prefixes = True
+    backend.clone_shared_share = 1.0
     cache = PrefixCache(backend, 16)
     insert(cache, backend, SHARED + question(1))
     insert(cache, backend, SHARED + question(2))
