@@ -4,7 +4,7 @@ into it while a view shares it). Spec: docs/SNAPSHOTS.md (Export and import)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -25,9 +25,9 @@ class PinnableCache(Protocol):
 
 @dataclass(frozen=True, eq=False)
 class _PinnedArray:
-    """A numpy view of one layer array's rows; ``positional``: row p holds position p."""
+    """Numpy views of one layer array's rows, in order; ``positional``: row p holds position p."""
 
-    view: np.ndarray  # [kv_heads, rows, head_dim], strided, sharing the buffer
+    views: tuple[np.ndarray, ...]  # each [kv_heads, rows_i, head_dim], strided, sharing a buffer
     dtype: mx.Dtype
     positional: bool
 
@@ -36,14 +36,24 @@ class PinnedState:
     """Positions ``[0, length)`` of one sequence (mark ``written``), readable down to ``floor`` on any
     thread. Immutable."""
 
-    def __init__(self, state: SeqState, floor: int, positional: Mapping[str, bool]) -> None:
-        self.length, self.written, self.floor = state.length, state.written, floor
+    def __init__(
+        self,
+        length: int,
+        written: int,
+        floor: int,
+        arrays: Mapping[str, Sequence[mx.array]],
+        positional: Mapping[str, bool],
+    ) -> None:
+        """``arrays``: per name, the pieces [kv_heads, rows_i, head_dim] whose rows, in order, are the
+        exported array's (views of the buffers; one dtype per name)."""
+        self.length, self.written, self.floor = length, written, floor
         # bfloat16 as uint16 views of the same bytes; evaluated here, on the engine thread
-        raw = {n: a.view(mx.uint16) if a.dtype == mx.bfloat16 else a for n, a in state.arrays.items()}
-        mx.eval(list(raw.values()))
+        raw = {n: [a.view(mx.uint16) if a.dtype == mx.bfloat16 else a for a in v] for n, v in arrays.items()}
+        mx.eval([a for v in raw.values() for a in v])
         # numpy reads the evaluated views without MLX (PEP 3118, strided, sharing the buffers)
         self._arrays = {
-            n: _PinnedArray(np.asarray(raw[n]), a.dtype, positional[n]) for n, a in state.arrays.items()
+            n: _PinnedArray(tuple(np.asarray(a) for a in raw[n]), v[0].dtype, positional[n])
+            for n, v in arrays.items()
         }
 
     def state(self, upto: int) -> SeqState | None:
@@ -52,7 +62,7 @@ class PinnedState:
             return None
         arrays = {}
         for name, pinned in self._arrays.items():
-            view = pinned.view[:, :upto, :] if pinned.positional else pinned.view
-            data = np.ascontiguousarray(view)
+            whole = pinned.views[0] if len(pinned.views) == 1 else np.concatenate(pinned.views, axis=1)
+            data = np.ascontiguousarray(whole[:, :upto, :] if pinned.positional else whole)
             arrays[name] = StateTensor(tuple(data.shape), pinned.dtype, data)
         return SeqState(upto, self.written, arrays)

@@ -14,43 +14,53 @@ from engine_service.cache.sequence_cache import SequenceCache, round_up
 
 
 def export_state(cache: SequenceCache, upto: int) -> SeqState | None:
-    """Positions ``[0, upto)`` (None when ``can_rewind(upto)`` fails) as evaluated views [kv_heads, rows,
-    head_dim]: ``upto`` rows flat or unwrapped, all slots of a wrapped ring (the state keeps ``written``)."""
+    """Positions ``[0, upto)`` (None when ``can_rewind(upto)`` fails) as evaluated arrays [kv_heads, rows,
+    head_dim]: ``upto`` rows flat or unwrapped, all slots of a wrapped ring (the state keeps ``written``);
+    views where a layer's rows sit in one buffer, a copy where they sit in shared pieces and a tail."""
     if not cache.can_rewind(upto):
         return None
-    cfg = cache._cfg
-    arrays: dict[str, mx.array] = {}
-    pieces = trim(cache.pieces, upto)
-    for layer, slots in enumerate(cache._slots):
-        rows = _state_rows(upto, cache.written, slots)
-        keys, values = cache._keys[layer], cache._values[layer]
-        if slots is None and pieces:  # the shared pieces, then the tail's rows (a copy)
-            tail = max(0, rows - cache.tail_start)
-            keys = mx.concatenate(
-                [*(p.keys[layer] for p in pieces), *([keys[:, :tail, :]] if tail else [])], axis=1
-            )
-            values = mx.concatenate(
-                [*(p.values[layer] for p in pieces), *([values[:, :tail, :]] if tail else [])], axis=1
-            )
-        elif keys is None or rows == 0:
-            keys = values = mx.zeros((cfg.kv_heads, 0, cfg.head_dim), dtype=cfg.dtype)
-        arrays[f"layers.{layer}.keys"] = keys[:, :rows, :]
-        arrays[f"layers.{layer}.values"] = values[:, :rows, :]
+    arrays = {}
+    for name, pieces in _layer_pieces(cache, upto).items():
+        arrays[name] = pieces[0] if len(pieces) == 1 else mx.concatenate(pieces, axis=1)
     mx.eval(list(arrays.values()))
     return SeqState(upto, cache.written, arrays)
 
 
 def pin_state(cache: SequenceCache) -> PinnedState | None:
-    """All committed positions pinned (views; a copy where the flat rows sit in shared pieces), readable
-    down to the rewind floor on any thread."""
-    state = export_state(cache, cache.length)  # evaluated views of the buffers
-    if state is None:
+    """All committed positions pinned (views, no copy), readable down to the rewind floor on any thread."""
+    if not cache.can_rewind(cache.length):
         return None
     positional = {}  # row p holds position p: a flat layer, a ring that never wrapped
     for layer, slots in enumerate(cache._slots):
         flat = slots is None or cache.written <= slots
         positional[f"layers.{layer}.keys"] = positional[f"layers.{layer}.values"] = flat
-    return PinnedState(state, cache.rewind_floor, positional)
+    arrays = _layer_pieces(cache, cache.length)
+    return PinnedState(cache.length, cache.written, cache.rewind_floor, arrays, positional)
+
+
+def _layer_pieces(cache: SequenceCache, upto: int) -> dict[str, list[mx.array]]:
+    """Per array name, views whose rows in order are the exported array's: a flat layer's shared pieces
+    (trimmed to ``upto``) then its tail's rows, else one view of the layer's buffer."""
+    cfg = cache._cfg
+    pieces = trim(cache.pieces, upto)
+    out: dict[str, list[mx.array]] = {}
+    for layer, slots in enumerate(cache._slots):
+        rows = _state_rows(upto, cache.written, slots)
+        keys, values = cache._keys[layer], cache._values[layer]
+        if slots is None and pieces:
+            tail = rows - cache.tail_start
+            out[f"layers.{layer}.keys"] = [p.keys[layer] for p in pieces] + (
+                [keys[:, :tail, :]] if tail > 0 else []
+            )
+            out[f"layers.{layer}.values"] = [p.values[layer] for p in pieces] + (
+                [values[:, :tail, :]] if tail > 0 else []
+            )
+            continue
+        if keys is None or rows == 0:
+            keys = values = mx.zeros((cfg.kv_heads, 0, cfg.head_dim), dtype=cfg.dtype)
+        out[f"layers.{layer}.keys"] = [keys[:, :rows, :]]
+        out[f"layers.{layer}.values"] = [values[:, :rows, :]]
+    return out
 
 
 def state_layout(
