@@ -27,7 +27,7 @@ from engine_service.serving.tokens import check_token
 from prefix_service.fleet.fleet import Fleet
 from prefix_service.gateway.calls import Prompt
 from prefix_service.gateway.tenancy import Tenancy, Tenant
-from prefix_service.http import convert
+from prefix_service.http import convert, messages_api, responses_api, token_routes
 from prefix_service.http.choices import Choices
 from prefix_service.http.errors import ApiError, error_event, error_response
 from prefix_service.http.protocol import ChatCompletionRequest, CompletionRequest, Model, ModelList
@@ -73,6 +73,9 @@ def create_app(
         Route("/v1/completions", _answering_errors(door.completions), methods=["POST"]),
         Route("/v1/models", _answering_errors(door.models), methods=["GET"]),
         Route("/health", _answering_errors(door.health), methods=["GET"]),
+        *token_routes.routes(door, _answering_errors),  # /tokenize, /detokenize
+        *responses_api.routes(door, _answering_errors),  # /v1/responses (OpenAI's error shape)
+        *messages_api.routes(door),  # /v1/messages (Anthropic's error shape)
     ]
     return Starlette(routes=routes, exception_handlers={HTTPException: _on_http_exception})
 
