@@ -160,9 +160,24 @@ def workloads(figures: dict) -> list[str]:
     return out
 
 
+def http_hits(figures: dict) -> list[str]:
+    """bench_http_hits.py's report: a hit's first token per model and reused length, both doors."""
+    head = ["model", "positions reused", "forkline hit TTFT p50, s", "llama-server hit TTFT p50, s",
+            "forkline / llama-server", "cold TTFT forkline / llama-server"]  # fmt: skip
+    rows = []
+    for model, r in figures.get("models", {}).items():
+        for length, mine in r.get("forkline", {}).items():
+            theirs, ratios = r.get("llama_server", {}).get(length, {}), r.get("ratios", {}).get(length, {})
+            rows.append([model, value(max(mine.get("hit_cached_tokens") or [0])),
+                         value(mine.get("hit_ttft_p50_s")), value(theirs.get("hit_ttft_p50_s")),
+                         value(ratios.get("hit_ttft_p50")), value(ratios.get("cold_ttft"))])  # fmt: skip
+    return [*table(head, rows), ""]
+
+
 RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "bench_vs_llamacpp": vs_llamacpp,
     "bench_workloads": workloads,
+    "bench_http_hits": http_hits,
 }
 
 
