@@ -24,7 +24,7 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import httpx
 
@@ -47,21 +47,18 @@ TOOL = {
 }
 
 
-@dataclass(frozen=True)
-class Turn:
+class Turn(NamedTuple):
     question: str
     key: str
     result: str
 
 
-@dataclass
-class Reply:
+class Reply(NamedTuple):
     ttft_s: float
     text: str
     cached: int | None
     prompt: int | None
     response_id: str = ""
-    extra: dict = field(default_factory=dict)
 
 
 def conversation(words: Words, turns: int, seed: int) -> tuple[str, list[Turn]]:
