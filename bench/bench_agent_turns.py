@@ -115,7 +115,8 @@ def responses_turn(base: str, model: str, items: list[dict], instructions: str, 
     if previous:
         body["previous_response_id"] = previous
     ttft, events = sse(base, "/v1/responses", body)
-    done = next((e["response"] for e in events if e.get("type") == "response.completed"), {})
+    ends = ("response.completed", "response.incomplete")  # incomplete: max_output_tokens reached
+    done = next((e["response"] for e in events if e.get("type") in ends), {})
     text = "".join(e["delta"] for e in events if e.get("type") == "response.output_text.delta")
     usage = done.get("usage") or {}
     cached = (usage.get("input_tokens_details") or {}).get("cached_tokens")

@@ -3,7 +3,7 @@ prefix service, as its caller or as this service's owner."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import grpc
 
@@ -76,6 +76,11 @@ class EngineCalls:
         conn = self.connection
         request = engine_wire.tokenize_request(text, message_ends)
         return engine_wire.tokenized(conn.call(conn.stub.Tokenize, request, call, as_caller=True))
+
+    def detokenize(self, ids: Sequence[int], call: CallContext) -> str:
+        conn = self.connection
+        request = pb.DetokenizeRequest(ids=list(ids))
+        return conn.call(conn.stub.Detokenize, request, call, as_caller=True).text
 
     def describe(self, session: str, call: CallContext) -> Described:
         conn = self.connection

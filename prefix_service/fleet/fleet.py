@@ -207,6 +207,17 @@ class Fleet:
 
         return _first_that_serves(route, generate_on)
 
+    def tokenize(self, prompt: Prompt, call: CallContext) -> Tokenized:
+        """``prompt``'s tokens as the least loaded engine that answers tokenizes them (the routing's
+        tokenization: an HTTP door's counts and breakpoints)."""
+        members = sorted(self._routable(), key=lambda m: (m.load, m.name))
+        return _tokenized(prompt, call, members, 0)
+
+    def detokenize(self, ids: Sequence[int], call: CallContext) -> str:
+        """The text of ``ids`` (InvalidArgument naming ``tokens`` for one outside the vocabulary)."""
+        members = sorted(self._routable(), key=lambda m: (m.load, m.name))
+        return _first_that_serves(members, lambda m: m.gateway.detokenize(ids, call), retry=(Unavailable,))
+
     def stats(self, where: Callable[[str], bool] | None = None) -> FleetStats:
         """Every engine's stats; with ``where`` (a caller's scopes) only those entries, summed."""
         members = self.members()

@@ -40,6 +40,9 @@ class GatewayRequest:
     # where the messages of the chat a token-id ``prompt`` was tokenized from end (the fleet tokenizes
     # to route and asks the engine for them): checkpoints on an engine whose window evicts rows
     message_ends: tuple[int, ...] = ()
+    # explicit prefill breakpoints (positions in the tokenized prompt, an API's cache_control): a
+    # snapshot is stored at each one past the reused prefix, on any engine (``generation_start.py``)
+    breakpoints: tuple[int, ...] = ()
     count_lookup: bool = True  # False: a further choice of a counted request (an HTTP ``n``)
     # False once the client left (a wait for a prefix in flight ends then: ``inflight.py``)
     caller_active: Callable[[], bool] = field(default=lambda: True, compare=False, repr=False)

@@ -288,6 +288,11 @@ class Gateway:
             return self.backend.tokenize(prompt, call, wanted_ends)
         return Tokenized(tuple(self.checked(prompt, "tokens")), tuple(message_ends))
 
+    def detokenize(self, ids: Sequence[int], call: CallContext) -> str:
+        """The engine's text of ``ids`` (checked against the vocabulary, InvalidArgument naming ``tokens``)."""
+        self.serving(call)
+        return self.backend.detokenize(self.checked(ids, "tokens"), call)
+
     def checked(self, ids: Sequence[int], field_name: str) -> list[int]:
         """Token ids inside the engine's vocabulary (InvalidArgument naming ``field_name`` otherwise)."""
         vocab = self.engine.vocab_size

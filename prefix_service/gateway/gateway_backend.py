@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -78,6 +78,8 @@ class GatewayBackend(Protocol):
 
     # ids, and where the latest ``message_ends`` messages of a chat prompt end (one engine call)
     def tokenize(self, text: TextPrompt, call: CallContext, message_ends: int = 0) -> Tokenized: ...
+
+    def detokenize(self, ids: Sequence[int], call: CallContext) -> str: ...  # the engine's text of ``ids``
 
     def describe(self, session: str, call: CallContext) -> Described: ...
 

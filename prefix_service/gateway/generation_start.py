@@ -9,6 +9,7 @@ from typing import Protocol
 
 from engine_service.api.call_context import CallContext
 from engine_service.api.engine_info import EngineInfo
+from engine_service.api.errors import InvalidArgument
 from engine_service.api.stream_events import SnapshotKind
 from prefix_service.cache.budget import Reservation
 from prefix_service.cache.checkpoints import CheckpointPlan, SnapshotRoom, checkpoint_positions
@@ -48,7 +49,9 @@ def start_generation(
 ) -> GatewayStream:
     """Wait for a prefix of the prompt being prefilled (``inflight.py``), reserve room for the prompt
     snapshot, look up (the clone is the caller's), reserve room for the
-    checkpoints past the match, start the engine Generate and read its first event."""
+    checkpoints and explicit breakpoints past the match, start the engine Generate and read its first
+    event."""
+    check_breakpoints(request.breakpoints, len(tokens))
     # join a prefix being prefilled, or register this prompt's prefill (``inflight.py``)
     prefill = gateway.inflight.claim(
         request.namespace, tokens, call, request.caller_active, register=request.store_prompt
@@ -70,7 +73,9 @@ def start_generation(
         config = request.config
         if capture:
             breakpoints = _reserve_checkpoints(gateway, request, tokens, message_ends, reused, room)
+            breakpoints += _reserve_breakpoints(gateway, request, tokens, reused, room)
             if breakpoints:
+                breakpoints = tuple(sorted(set(breakpoints)))
                 config = replace(config, prefill_breakpoints=breakpoints)
         prefill = gateway.inflight.confirm(prefill, reused, room.holds(len(tokens)))
         stream = gateway.backend.generate(
@@ -96,6 +101,35 @@ def start_generation(
             gateway.close_session(match.session, call)
         raise
     return GatewayStream(gateway, stream, request, tokens, match, call, first, room)
+
+
+def check_breakpoints(breakpoints: Sequence[int], prompt_length: int) -> None:
+    """Explicit breakpoints lie inside the prompt: (0, prompt_length]."""
+    for i, position in enumerate(breakpoints):
+        if not 0 < position <= prompt_length:
+            raise InvalidArgument(
+                f"breakpoints[{i}] = {position} is outside the prompt's {prompt_length} positions"
+            )
+
+
+def _reserve_breakpoints(
+    gateway: StartHost, request: GatewayRequest, tokens: Sequence[int], reused: int, room: SnapshotRoom
+) -> tuple[int, ...]:
+    """The request's explicit breakpoints strictly between ``reused`` and the prompt end (the end is
+    the prompt snapshot), on any engine: each an entry of its own, so the breakpoint's prefix stays
+    stored when the longer prompt is evicted; one already stored, or given no room, is not asked for."""
+    wanted = []
+    metadata = {**request.metadata, BOUNDARY_KEY: SnapshotKind.BREAKPOINT}
+    for position in sorted(set(request.breakpoints)):
+        if not reused < position < len(tokens) or room.holds(position):
+            continue
+        reserved = gateway.cache.reserve(request.namespace, tokens[:position], metadata)
+        if isinstance(reserved, Reservation):
+            room.add(position, reserved)
+            wanted.append(position)
+        elif reserved is not InsertRefusal.DUPLICATE:
+            gateway.cache.record_refusal(reserved)
+    return tuple(wanted)
 
 
 def _reserve_checkpoints(

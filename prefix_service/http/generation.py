@@ -39,6 +39,7 @@ class Generation:
         self._ahead: deque[GatewayEvent | None] = deque()  # events prime() read before deltas()
         self._finished = False
         self.completion_tokens = 0
+        self.ids: list[int] = []  # every generated id (the end-of-sequence one included)
         self.finish_reason: str | None = None
 
     async def start(self) -> None:
@@ -75,6 +76,7 @@ class Generation:
         while (event := await self._next()) is not None:
             if isinstance(event, Tokens):
                 self.completion_tokens += len(event.ids)
+                self.ids += event.ids
                 held += event.logprobs
                 text, stopped = self._stops.push(event.text)
                 if text:
@@ -97,6 +99,11 @@ class Generation:
                 self._finish(FINISH_REASONS[event.finish_reason])
                 return
         raise Unavailable("the engine stream ended without a done event")
+
+    @property
+    def stop_sequence(self) -> str | None:
+        """The stop string that ended the text (None: none did)."""
+        return self._stops.matched
 
     def usage(self) -> Usage:
         if self._started is None:

@@ -14,6 +14,7 @@ class StopMatcher:
         self._stops = tuple(stops)
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def push(self, delta: str) -> tuple[str, bool]:
         if self.stopped:
@@ -22,10 +23,11 @@ class StopMatcher:
             return delta, False
         text = self._held + delta
         # The held tail never contains a whole stop string, so a match here is the earliest new one.
-        hits = [i for i in (text.find(s) for s in self._stops) if i >= 0]
+        hits = [(i, s) for s in self._stops if (i := text.find(s)) >= 0]
         if hits:
+            at, self.matched = min(hits, key=lambda hit: hit[0])
             self._held, self.stopped = "", True
-            return text[: min(hits)], True
+            return text[:at], True
         keep = self._partial_tail(text)
         self._held = text[len(text) - keep :]
         return text[: len(text) - keep], False

@@ -171,6 +171,9 @@ class FakeEngine(FakeBackend):
     def tokenize(self, text: TextPrompt, call: CallContext, message_ends: int = 0) -> Tokenized:
         return Tokenized(tuple(ord(c) for c in text.text))
 
+    def detokenize(self, ids, call: CallContext) -> str:
+        return "".join(chr(i) for i in ids)
+
     def describe(self, session: FakeSession, call: CallContext) -> Described:
         """As the engine: no content digest while generating (``describe_content`` False)."""
         self._known(session)

@@ -191,3 +191,23 @@ def test_bad_requests_are_refused_before_any_lookup(engine, gateway):
 def test_the_gateway_needs_the_caches_backend(engine):
     with pytest.raises(InvalidArgument, match="backend"):
         Gateway(PrefixCache(FakeEngine(), 1), engine)
+
+
+def test_explicit_breakpoints_are_stored_on_an_engine_whose_window_never_evicts(engine, gateway):
+    """An API's cache_control positions (``GatewayRequest.breakpoints``): a snapshot at each one past
+    the reused prefix, none at the prompt end (the prompt snapshot) or again once stored; none
+    without (the control); one outside the prompt is refused before anything runs."""
+    assert not engine.info().window.evicts
+    run(gateway)
+    assert engine.requests[0].config.prefill_breakpoints == ()  # control: no checkpoints here
+    gateway.clear()
+    run(gateway, breakpoints=(8, 8, len(PROMPT)))
+    assert engine.requests[1].config.prefill_breakpoints == (8,)
+    assert sorted(len(e.tokens) for e in gateway.cache.entries()) == [8, len(PROMPT)]
+    assert PROMPT[:8] in [e.tokens for e in gateway.cache.entries()]
+    run(gateway, PROMPT[:12] + (99,), breakpoints=(8, 12))  # 8 is stored; the lookup reuses 12
+    assert engine.requests[2].config.prefill_breakpoints == ()
+    for bad in ((0,), (len(PROMPT) + 1,)):
+        with pytest.raises(InvalidArgument, match="breakpoints"):
+            run(gateway, breakpoints=bad)
+    assert len(engine.requests) == 3
