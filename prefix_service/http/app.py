@@ -5,7 +5,6 @@ error JSON (``errors.py``). Spec: docs/HTTP.md."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import secrets
 import time
@@ -29,6 +28,7 @@ from prefix_service.gateway.calls import Prompt
 from prefix_service.gateway.tenancy import Tenancy, Tenant
 from prefix_service.http import convert, messages_api, responses_api, token_routes
 from prefix_service.http.choices import Choices
+from prefix_service.http.disconnect import until_disconnected
 from prefix_service.http.errors import ApiError, error_event, error_response
 from prefix_service.http.protocol import ChatCompletionRequest, CompletionRequest, Model, ModelList
 from prefix_service.http.responses import DONE_EVENT, ChatShape, CompletionShape, Shape, event
@@ -36,7 +36,6 @@ from prefix_service.http.responses import DONE_EVENT, ChatShape, CompletionShape
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 Body = TypeVar("Body", bound=BaseModel)
-T = TypeVar("T")
 
 
 class OwnerTable(Protocol):
@@ -161,9 +160,9 @@ class _Door:
         request_ = convert.gateway_request(body, prompt, scope)
         generation = Choices(self.fleet, request_, body.n, convert.stop_strings(body), call)
         try:
-            await _until_disconnected(request, generation.start(), generation.close)
+            await until_disconnected(request, generation.start(), generation.close)
             if not body.stream:
-                answers = await _until_disconnected(request, generation.answers(), generation.close)
+                answers = await until_disconnected(request, generation.answers(), generation.close)
                 return JSONResponse(shape.response(answers, generation.usage()).model_dump())
         except BaseException:
             generation.close()
@@ -205,28 +204,6 @@ class _Door:
 
 async def _parse(request: Request, model: type[Body]) -> Body:
     return model.model_validate_json(await request.body())  # ValidationError: a 400 naming the field
-
-
-async def _until_disconnected(request: Request, work: Awaitable[T], on_disconnect: Callable[[], None]) -> T:
-    """Await ``work``; if the client disconnects first, call ``on_disconnect`` and give up."""
-    watcher = asyncio.ensure_future(_disconnected(request))
-    task = asyncio.ensure_future(work)
-    try:
-        await asyncio.wait({watcher, task}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            on_disconnect()
-            task.cancel()
-            raise ApiError(499, "the client disconnected", type="client_closed_request")
-        return task.result()
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _events(generation: Choices, shape: Shape, include_usage: bool) -> AsyncIterator[str]:

@@ -6,10 +6,9 @@ docs/HTTP.md#anthropics-messages-api."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -19,6 +18,7 @@ from engine_service.api.call_context import CallContext
 from engine_service.api.errors import InvalidArgument
 from engine_service.serving.tokens import check_token
 from prefix_service.gateway.tenancy import Tenant
+from prefix_service.http.disconnect import until_disconnected
 from prefix_service.http.errors import ApiError
 from prefix_service.http.generation import Generation
 from prefix_service.http.messages_convert import (
@@ -34,7 +34,6 @@ from prefix_service.http.messages_protocol import CountTokensRequest, MessagesRe
 from prefix_service.http.messages_stream import MessageShape
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-T = TypeVar("T")
 
 
 def routes(door: Any) -> list[Route]:
@@ -79,9 +78,9 @@ class _MessagesApi:
             lambda output: usage(generation.started, breakpoints, output),
         )
         try:
-            await _until_disconnected(request, generation.start(), generation.close)
+            await until_disconnected(request, generation.start(), generation.close)
             if not body.stream:
-                message = await _until_disconnected(request, shape.whole(generation), generation.close)
+                message = await until_disconnected(request, shape.whole(generation), generation.close)
                 return JSONResponse(message)
         except BaseException:
             generation.close()
@@ -127,25 +126,3 @@ class _MessagesApi:
         if owner is None:
             raise ApiError(401, "unknown x-api-key")
         return CallContext(owner, f"Bearer {key}")
-
-
-async def _until_disconnected(request: Request, work: Awaitable[T], on_disconnect: Callable[[], None]) -> T:
-    """Await ``work``; if the client disconnects first, call ``on_disconnect`` and give up."""
-    watcher = asyncio.ensure_future(_disconnected(request))
-    task = asyncio.ensure_future(work)
-    try:
-        await asyncio.wait({watcher, task}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            on_disconnect()
-            task.cancel()
-            raise ApiError(499, "the client disconnected", type="client_closed_request")
-        return task.result()
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass

@@ -6,9 +6,8 @@ Spec: docs/HTTP.md#v1responses."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -17,6 +16,7 @@ from starlette.routing import Route
 from engine_service.api.call_context import CallContext
 from prefix_service.gateway.calls import GatewayRequest
 from prefix_service.gateway.tenancy import Tenant
+from prefix_service.http.disconnect import until_disconnected
 from prefix_service.http.errors import ApiError, BadField
 from prefix_service.http.generation import Generation
 from prefix_service.http.response_store import ResponseStore, StoredResponse
@@ -34,8 +34,6 @@ from prefix_service.http.responses_stream import ResponseRun, events
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 MAX_LIST = 100  # input_items: at most this many per page (OpenAI's limit)
-
-T = TypeVar("T")
 
 
 def routes(door: Any, answering_errors: Callable, store: ResponseStore | None = None) -> list[Route]:
@@ -89,9 +87,9 @@ class _Responses:
         )
         generation = Generation(fleet, gateway_request, (), call)
         try:
-            await _until_disconnected(request, generation.start(), generation.close)
+            await until_disconnected(request, generation.start(), generation.close)
             if not body.stream:
-                text = await _until_disconnected(request, _text(generation), generation.close)
+                text = await until_disconnected(request, _text(generation), generation.close)
                 return JSONResponse(run.finish(text, generation).model_dump())
         except BaseException:
             generation.close()
@@ -162,25 +160,3 @@ class _Responses:
 
 async def _text(generation: Generation) -> str:
     return "".join([delta.text async for delta in generation.deltas()])
-
-
-async def _until_disconnected(request: Request, work: Awaitable[T], on_disconnect: Callable[[], None]) -> T:
-    """Await ``work``; if the client disconnects first, call ``on_disconnect`` and give up."""
-    watcher = asyncio.ensure_future(_disconnected(request))
-    task = asyncio.ensure_future(work)
-    try:
-        await asyncio.wait({watcher, task}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            on_disconnect()
-            task.cancel()
-            raise ApiError(499, "the client disconnected", type="client_closed_request")
-        return task.result()
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
