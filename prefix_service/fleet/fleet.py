@@ -103,6 +103,13 @@ class Fleet:
         with self._lock:
             return list(self._members.values())
 
+    @property
+    def chat_template(self) -> bool:
+        """Whether the fleet's engines render conversations (their Info's ``chat_template``; False: a
+        base model). True until an engine of the fleet's fingerprint has answered Info."""
+        infos = [m.gateway.last_info for m in self.members() if m.fingerprint == self.fingerprint]
+        return all(i is None for i in infos) or any(i is not None and i.chat_template for i in infos)
+
     def member(self, name: str) -> EngineMember:
         with self._lock:
             member = self._members.get(name)

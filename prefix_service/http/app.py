@@ -118,7 +118,9 @@ class _Door:
         return await self._complete(
             request,
             body,
-            convert.chat_prompt(body.messages, convert.chat_tools(body)),
+            convert.served(
+                convert.chat_prompt(body.messages, convert.chat_tools(body)), self.fleet.chat_template
+            ),
             call,
             ChatShape(self.model_name, self._fingerprint(), bool(body.logprobs), convert.chat_tools(body)),
         )

@@ -44,6 +44,17 @@ def chat_prompt(messages: Sequence[ChatMessage], plan: ToolPlan | None = None) -
     return TextPrompt("", chat=True, messages=tuple(turns))
 
 
+def served(prompt: TextPrompt, chat_template: bool) -> TextPrompt:
+    """``prompt`` as the door sends it: unchanged where the engines have a chat template; on a base
+    model (none) a conversation is plain text, its messages' texts in order one paragraph each (joined
+    by a blank line, empty ones skipped) after the tokenizer's special tokens -- the text a base model
+    continues, as ``/v1/completions`` sends it. Spec: docs/HTTP.md#base-models."""
+    if chat_template or not prompt.chat:
+        return prompt
+    texts = [content for _, content in prompt.conversation() if content]
+    return TextPrompt("\n\n".join(texts), add_special_tokens=True)
+
+
 def _role(message: ChatMessage) -> str:
     if message.role == "tool":
         return "user"  # a tool's answer is a user turn wrapped in <tool_response> (tools.py)

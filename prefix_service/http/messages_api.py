@@ -64,7 +64,7 @@ class _MessagesApi:
         call = self.authenticate(request)
         body = MessagesRequest.model_validate_json(await request.body())
         self.door._check_model(body.model)
-        rendering = render(body)
+        rendering = render(body, self.door.fleet.chat_template)
         stops = stop_sequences(body)
         breakpoints = await self._breakpoints(rendering, call)
         tenant = Tenant(call.owner, bool(call.credential))
@@ -93,7 +93,9 @@ class _MessagesApi:
         call = self.authenticate(request)
         body = CountTokensRequest.model_validate_json(await request.body())
         self.door._check_model(body.model)
-        tokens = await asyncio.to_thread(self.door.fleet.tokenize, render(body).prompt, call)
+        tokens = await asyncio.to_thread(
+            self.door.fleet.tokenize, render(body, self.door.fleet.chat_template).prompt, call
+        )
         return JSONResponse({"input_tokens": len(tokens.ids)})
 
     async def _breakpoints(self, rendering: Rendering, call: CallContext) -> tuple[int, ...]:

@@ -13,6 +13,7 @@ from engine_service.api.config import GenConfig
 from engine_service.api.prompts import TextPrompt
 from engine_service.api.stream_events import Started
 from prefix_service.gateway.calls import GatewayRequest
+from prefix_service.http.convert import served
 from prefix_service.http.errors import BadField
 from prefix_service.http.messages_protocol import (
     MAX_BREAKPOINTS,
@@ -55,10 +56,11 @@ class Rendering:
     cuts: tuple[Cut, ...]
 
 
-def render(request: CountTokensRequest) -> Rendering:
+def render(request: CountTokensRequest, chat_template: bool = True) -> Rendering:
     """The conversation the engine's template renders: a system turn (the offered tools first, then
     the system text, so a breakpoint on a tool is a prefix of one on the system, as Anthropic orders
-    its cache), then the turns."""
+    its cache), then the turns. Without ``chat_template`` (a base model) the prompts are plain text
+    (``convert.served``)."""
     plan = tools_of(request)
     turns: list[tuple[str, list[Segment]]] = []
     system = _offer(request, plan) + _system(request, bool(plan.active))
@@ -78,8 +80,11 @@ def render(request: CountTokensRequest) -> Rendering:
             turns[t][1][k].mark,
             f"at most {MAX_BREAKPOINTS} blocks with cache_control per request, found {len(marks)}",
         )
-    cuts = tuple(Cut(turns[t][1][k].mark, _prompt(turns[:t] + [_head(turns[t], k)])) for t, k in marks)
-    return Rendering(_prompt(turns), plan, cuts)
+    cuts = tuple(
+        Cut(turns[t][1][k].mark, served(_prompt(turns[:t] + [_head(turns[t], k)]), chat_template))
+        for t, k in marks
+    )
+    return Rendering(served(_prompt(turns), chat_template), plan, cuts)
 
 
 def _prompt(turns: Sequence[tuple[str, Sequence[Segment]]]) -> TextPrompt:

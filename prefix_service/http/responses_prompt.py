@@ -12,6 +12,7 @@ from engine_service.api.call_context import CallContext
 from engine_service.api.errors import Unavailable
 from engine_service.api.prompts import TextPrompt, Tokenized
 from prefix_service.fleet.fleet import Fleet
+from prefix_service.http.convert import served
 from prefix_service.http.response_store import StoredResponse
 from prefix_service.http.responses_convert import Turn, item_turns
 
@@ -36,7 +37,7 @@ def prompt_ids(
         spliced = continuation(fleet, call, turns, previous, wanted)
         if spliced is not None:
             return spliced
-    rendered = tokenize(fleet, _chat(turns), call, wanted)
+    rendered = tokenize(fleet, _chat(fleet, turns), call, wanted)
     return PromptIds(rendered.ids, rendered.message_ends)
 
 
@@ -56,8 +57,8 @@ def continuation(
     answer = item_turns(previous.body["output"])
     if tuple(turns[:k]) != previous.turns or len(answer) != 1 or len(turns) <= k + 1 or turns[k] != answer[0]:
         return None
-    before = tokenize(fleet, _chat(previous.turns), call).ids
-    emptied = tokenize(fleet, _chat((*turns[:k], ("assistant", ""), *turns[k + 1 :])), call, wanted)
+    before = tokenize(fleet, _chat(fleet, previous.turns), call).ids
+    emptied = tokenize(fleet, _chat(fleet, (*turns[:k], ("assistant", ""), *turns[k + 1 :])), call, wanted)
     if emptied.ids[: len(before)] != before or len(emptied.ids) == len(before):
         return None
     generated = previous.generated
@@ -82,5 +83,5 @@ def tokenize(fleet: Fleet, prompt: TextPrompt, call: CallContext, wanted_ends: i
     raise Unavailable("no engine answered")  # not reached
 
 
-def _chat(turns: Sequence[Turn]) -> TextPrompt:
-    return TextPrompt("", chat=True, messages=tuple(turns))
+def _chat(fleet: Fleet, turns: Sequence[Turn]) -> TextPrompt:
+    return served(TextPrompt("", chat=True, messages=tuple(turns)), fleet.chat_template)

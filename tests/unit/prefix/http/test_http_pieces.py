@@ -74,3 +74,16 @@ def test_served_model_name(engine_model, served) -> None:
 )
 def test_field_path(loc, spelled) -> None:
     assert field_path(loc) == spelled
+
+
+def test_a_conversation_on_a_base_model_is_plain_text() -> None:
+    from engine_service.api.prompts import TextPrompt
+    from prefix_service.http.convert import served
+
+    chat = TextPrompt(
+        "", chat=True, messages=(("system", "S."), ("user", "Hi"), ("assistant", ""), ("user", "Go"))
+    )
+    assert served(chat, chat_template=True) is chat  # negative control: a chat model renders it
+    assert served(chat, chat_template=False) == TextPrompt("S.\n\nHi\n\nGo", add_special_tokens=True)
+    text = TextPrompt("as is")
+    assert served(text, chat_template=False) is text
