@@ -174,10 +174,36 @@ def http_hits(figures: dict) -> list[str]:
     return [*table(head, rows), ""]
 
 
+def agent_turns(figures: dict) -> list[str]:
+    """bench_agent_turns.py's report: per way, TTFT at turns 2 and last, p50, growth, computed
+    positions per later turn and wall; then forkline's ratios to llama-server."""
+    head = ["model", "server", "way", "TTFT turn 2, s", "TTFT last turn, s", "TTFT p50, s",
+            "growth (last 3 / turns 2-4)", "positions computed per later turn", "wall, s"]  # fmt: skip
+    rows, ratios = [], []
+    for model, r in figures.get("models", {}).items():
+        for server in ("forkline", "llama_server"):
+            for way, w in r.get(server, {}).items():
+                ttft, computed = (
+                    w.get("ttft_s") or [0, 0],
+                    [
+                        p - c
+                        for p, c in zip(w.get("prompt_tokens", []), w.get("cached_tokens", []), strict=False)
+                    ],
+                )
+                rows.append([model, server, way, value(ttft[1]), value(ttft[-1]), value(w.get("ttft_p50_s")),
+                             value(w.get("ttft_growth")), value(max(computed[1:], default=0)),
+                             value(w.get("wall_s"))])  # fmt: skip
+        for pair, q in r.get("ratios", {}).items():
+            ratios.append([model, pair, value(q.get("ttft_p50")), value(q.get("wall"))])
+    out = [*table(head, rows), ""]
+    return out + [*table(["model", "forkline / llama-server", "TTFT p50", "wall"], ratios), ""]
+
+
 RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "bench_vs_llamacpp": vs_llamacpp,
     "bench_workloads": workloads,
     "bench_http_hits": http_hits,
+    "bench_agent_turns": agent_turns,
 }
 
 
