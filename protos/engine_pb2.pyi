@@ -67,7 +67,7 @@ class PreparedInput(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., payload: _Optional[bytes] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerationConfig(_message.Message):
-    __slots__ = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop_tokens", "ignore_eos", "prefill_chunk", "top_logprobs", "json_schema")
+    __slots__ = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop_tokens", "ignore_eos", "prefill_chunk", "top_logprobs", "json_schema", "drawn_tokens")
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,7 @@ class GenerationConfig(_message.Message):
     PREFILL_CHUNK_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    DRAWN_TOKENS_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     temperature: float
     top_p: float
@@ -88,7 +89,8 @@ class GenerationConfig(_message.Message):
     prefill_chunk: int
     top_logprobs: int
     json_schema: str
-    def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., prefill_chunk: _Optional[int] = ..., top_logprobs: _Optional[int] = ..., json_schema: _Optional[str] = ...) -> None: ...
+    drawn_tokens: int
+    def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., prefill_chunk: _Optional[int] = ..., top_logprobs: _Optional[int] = ..., json_schema: _Optional[str] = ..., drawn_tokens: _Optional[int] = ...) -> None: ...
 
 class CaptureOptions(_message.Message):
     __slots__ = ("prompt_snapshot", "breakpoints", "snapshot_owner", "final_snapshot")
@@ -189,7 +191,7 @@ class Timings(_message.Message):
     def __init__(self, time_to_first_token_s: _Optional[float] = ..., decode_tokens_per_s: _Optional[float] = ..., total_s: _Optional[float] = ...) -> None: ...
 
 class DoneEvent(_message.Message):
-    __slots__ = ("finish_reason", "prompt_positions", "reused_positions", "generated_tokens", "timings", "position", "engine")
+    __slots__ = ("finish_reason", "prompt_positions", "reused_positions", "generated_tokens", "timings", "position", "engine", "resumes", "resumed_positions", "resume_pause_s")
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     REUSED_POSITIONS_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +199,9 @@ class DoneEvent(_message.Message):
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
+    RESUMES_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_PAUSE_S_FIELD_NUMBER: _ClassVar[int]
     finish_reason: str
     prompt_positions: int
     reused_positions: int
@@ -204,7 +209,10 @@ class DoneEvent(_message.Message):
     timings: Timings
     position: int
     engine: str
-    def __init__(self, finish_reason: _Optional[str] = ..., prompt_positions: _Optional[int] = ..., reused_positions: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., position: _Optional[int] = ..., engine: _Optional[str] = ...) -> None: ...
+    resumes: int
+    resumed_positions: int
+    resume_pause_s: float
+    def __init__(self, finish_reason: _Optional[str] = ..., prompt_positions: _Optional[int] = ..., reused_positions: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., position: _Optional[int] = ..., engine: _Optional[str] = ..., resumes: _Optional[int] = ..., resumed_positions: _Optional[int] = ..., resume_pause_s: _Optional[float] = ...) -> None: ...
 
 class GenerateEvent(_message.Message):
     __slots__ = ("started", "tokens", "snapshot", "done")

@@ -60,6 +60,10 @@ class GenConfig:
     top_logprobs: int | None = None
     # a JSON Schema the output must match; once complete only EOS is allowed, so stop_tokens holds one
     json_schema: str = ""
+    # a resume: the input's last N tokens were drawn by an earlier attempt of this generation (on an
+    # engine that failed); sampling starts N draws on and a grammar consumes them, so the continuation
+    # equals the uninterrupted run. At most the session's positions + its input (the engine checks)
+    drawn_tokens: int = 0
     # the compiled json_schema (the engine sets it; without it a json_schema is refused at start)
     grammar: TokenGrammar | None = field(default=None, compare=False, repr=False)
 
@@ -69,6 +73,7 @@ class GenConfig:
             "top_k": (0, None),
             "seed": (0, _MAX_SEED - 1),
             "prefill_chunk": (1, None),
+            "drawn_tokens": (0, None),
         }
         for name, (lo, hi) in ints.items():
             object.__setattr__(self, name, checked_int(name, getattr(self, name), lo, hi))

@@ -83,6 +83,10 @@ class Done:
     decode_tokens_per_s: float
     total_s: float
     engine: str = ""  # set by the prefix service's gateway: the engine that served (its name there)
+    # set by the prefix service: resumes on another engine after a mid-stream failure (fleet/resume.py)
+    resumes: int = 0
+    resumed_positions: int = 0  # the positions those resumes recomputed
+    resume_pause_s: float = 0.0  # the client's pauses, failure to the next event
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "finish_reason", FinishReason(self.finish_reason))

@@ -24,6 +24,9 @@ class SamplingParams:
     top_k: int = 0
     top_logprobs: int | None = None
     grammar: TokenGrammar | None = field(default=None, compare=False)
+    # a resume: the tokens an earlier attempt of this generation drew (GenConfig.drawn_tokens); the
+    # sampler starts that many draws on and its grammar has consumed them
+    drawn: tuple[int, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         checked_float("temperature", self.temperature, lo=0.0)
@@ -31,8 +34,9 @@ class SamplingParams:
         checked_int("top_k", self.top_k, lo=0)
 
     @classmethod
-    def of(cls, config: GenConfig) -> SamplingParams:
-        """One generation's sampling (a ``json_schema`` not compiled into ``grammar`` is refused)."""
+    def of(cls, config: GenConfig, drawn: Sequence[int] = ()) -> SamplingParams:
+        """One generation's sampling (a ``json_schema`` not compiled into ``grammar`` is refused);
+        ``drawn``: the ids of its ``drawn_tokens``."""
         if config.json_schema and config.grammar is None:
             raise InvalidArgument("json_schema is set but not compiled (executors.grammar.with_grammar)")
         return cls(
@@ -41,6 +45,7 @@ class SamplingParams:
             top_k=config.top_k,
             top_logprobs=config.top_logprobs,
             grammar=config.grammar,
+            drawn=tuple(drawn),
         )
 
     @property
@@ -53,7 +58,9 @@ _SEED_MASK = (1 << 64) - 1
 
 class Sampler:
     """Draws one generation's tokens reproducibly: the key ``mx.random.key(seed)`` is split once per
-    :meth:`sample`; the caller evaluates the tokens with :attr:`key` in its one ``mx.eval`` per step."""
+    :meth:`sample`, so the n-th draw's key is a function of (seed, n) alone and a resumed generation
+    (``params.drawn``: n tokens drawn elsewhere) starts n splits on; the caller evaluates the tokens
+    with :attr:`key` in its one ``mx.eval`` per step."""
 
     __slots__ = ("params", "seed", "_key", "_matcher")
 
@@ -66,6 +73,11 @@ class Sampler:
         self.seed = seed
         self._key = mx.random.key(seed & _SEED_MASK)
         self._matcher: Any = None if params.grammar is None else params.grammar.matcher()
+        if params.drawn and not params.greedy:  # greedy draws never split the key
+            for _ in params.drawn:
+                self._key, _sub = mx.random.split(self._key)
+            mx.eval(self._key)
+        self.observe(params.drawn)
 
     @property
     def greedy(self) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engine_service.api.content import PREPARED
 from engine_service.api.errors import InvalidArgument
 from engine_service.api.limits import EngineLimits, check_fits, check_nonempty, check_tokens
 from engine_service.executors.base import ExecInput, Executor
@@ -87,6 +88,29 @@ def check_input(
     except InvalidArgument as exc:
         return exc
     return None
+
+
+def drawn_ids(input: Segment, record: SessionRecord, drawn_tokens: int, grammar: bool) -> tuple[int, ...]:
+    """The ids a resumed generation's earlier attempt drew (``GenConfig.drawn_tokens``): the last
+    ``drawn_tokens`` of the session's content, its pending token and ``input``. InvalidArgument naming
+    ``drawn_tokens`` when there are fewer, or when a ``grammar`` (which consumes them) would read a
+    prepared position."""
+    if drawn_tokens == 0:
+        return ()
+    tokens = () if isinstance(input, PreparedInput) else tuple(input)
+    pending = () if record.pending is None else (record.pending,)
+    if isinstance(input, PreparedInput) or drawn_tokens > len(tokens) + len(pending) + record.position:
+        raise InvalidArgument(
+            f"drawn_tokens = {drawn_tokens} is more than the session's {record.position} positions"
+            f"{' + its pending token' if pending else ''} + the input's {len(tokens)} tokens"
+            + (" (prepared input draws nothing)" if isinstance(input, PreparedInput) else "")
+        )
+    held = drawn_tokens - len(tokens) - len(pending)
+    ids = (record.content.values()[-held:] if held > 0 else ()) + pending + tokens
+    ids = ids[-drawn_tokens:]
+    if grammar and PREPARED in ids:
+        raise InvalidArgument("drawn_tokens covers prepared positions, which a json_schema cannot consume")
+    return ids
 
 
 def _accepts(executor: Executor, input: PreparedInput) -> bool:

@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING
 
 from engine_service.api.answers import CloneRefusal
-from engine_service.api.errors import EngineFull, FailedPrecondition, GenerationError
+from engine_service.api.errors import EngineFull, FailedPrecondition, GenerationError, InvalidArgument
 from engine_service.api.stream_events import FinishReason
 from engine_service.executors.base import Executor
 from engine_service.executors.sampling import SamplingParams
@@ -20,7 +20,7 @@ from engine_service.runtime.commands import (
     StartCommand,
 )
 from engine_service.runtime.content_log import ContentLog
-from engine_service.runtime.scheduler import check_input
+from engine_service.runtime.scheduler import check_input, drawn_ids
 from engine_service.runtime.session import Session
 from engine_service.runtime.state import SessionRecord
 
@@ -127,7 +127,12 @@ class SessionHandlers:
             loop.finish(gen, FinishReason.ERROR, problem)
             return
         try:
-            self._executor.set_sampling(rec.sid, SamplingParams.of(gen.config), gen.config.seed)
+            drawn = drawn_ids(gen.input, rec, gen.config.drawn_tokens, bool(gen.config.json_schema))
+        except InvalidArgument as exc:
+            loop.finish(gen, FinishReason.ERROR, exc)
+            return
+        try:
+            self._executor.set_sampling(rec.sid, SamplingParams.of(gen.config, drawn), gen.config.seed)
         except Exception as exc:
             loop.finish(
                 gen, FinishReason.ERROR, GenerationError(f"set_sampling failed: {type(exc).__name__}: {exc}")

@@ -26,6 +26,7 @@ def gen_config(
         prefill_breakpoints=tuple(breakpoints),
         top_logprobs=msg.top_logprobs if msg.HasField("top_logprobs") else None,
         json_schema=msg.json_schema,
+        drawn_tokens=msg.drawn_tokens,
     )
 
 
@@ -43,4 +44,5 @@ def generation_config(config: GenConfig, ignore_eos: bool = False) -> pb.Generat
         prefill_chunk=config.prefill_chunk,
         top_logprobs=config.top_logprobs,
         json_schema=config.json_schema,
+        drawn_tokens=config.drawn_tokens,
     )

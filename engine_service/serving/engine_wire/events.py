@@ -58,6 +58,9 @@ def event_message(event: Event) -> pb.GenerateEvent:
             position=event.position,
             timings=timings,
             engine=event.engine,
+            resumes=event.resumes,
+            resumed_positions=event.resumed_positions,
+            resume_pause_s=event.resume_pause_s,
         )
     )
 
@@ -95,6 +98,9 @@ def event_from_proto(msg: pb.GenerateEvent) -> Event:
                 t.decode_tokens_per_s,
                 t.total_s,
                 d.engine,
+                d.resumes,
+                d.resumed_positions,
+                d.resume_pause_s,
             )
     except ValueError as exc:  # a kind or finish reason this side does not know
         raise ForklineError(f"unknown {which} event value: {exc}") from None
