@@ -38,7 +38,9 @@ def run(runner: Runner, tokens, config: GenConfig) -> list[int]:
         return list(session.generate_async(list(tokens), config).wait(60).tokens)
 
 
-@pytest.mark.parametrize(("temperature", "k"), [(0.0, 5), (4.0, 1), (4.0, 9), (6.0, 23)])  # diverse: tiny model
+@pytest.mark.parametrize(
+    ("temperature", "k"), [(0.0, 5), (4.0, 1), (4.0, 9), (6.0, 23)]
+)  # diverse: tiny model
 def test_a_resume_draws_the_rest_of_the_uninterrupted_run(runner, temperature, k) -> None:
     config = GenConfig(max_new_tokens=N, temperature=temperature, top_k=40, seed=11)
     whole = run(runner, PROMPT, config)
