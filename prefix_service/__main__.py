@@ -125,6 +125,7 @@ def connect_and_serve(args: argparse.Namespace):
         cache_generated=args.cache_generated,
         joins=joins_from(args),
     )
+    fleet.max_resumes = args.max_resumes
     try:
         server, port = create_server(
             fleet,

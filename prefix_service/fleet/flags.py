@@ -9,6 +9,7 @@ from prefix_service.fleet.cost_model import (
     DEFAULT_MIN_REUSE_POSITIONS,
     CostConfig,
 )
+from prefix_service.fleet.resume import MAX_RESUMES
 from prefix_service.fleet.routing import (
     DEFAULT_IMBALANCE_ABS,
     DEFAULT_IMBALANCE_REL,
@@ -66,9 +67,20 @@ def add_routing_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_IMBALANCE_REL,
         help="cache_aware: the factor of that guard, >= 1 (default: %(default)s)",
     )
+    p.add_argument(
+        "--max_resumes",
+        metavar="N",
+        type=int,
+        default=MAX_RESUMES,
+        help="an engine that fails mid-stream passes the generation to another engine, which continues "
+        "the same stream exactly from the tokens already sent (docs/RESUME.md), at most N times per "
+        "generation; 0: the stream ends with the error (default: %(default)s)",
+    )
 
 
 def check_routing_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.max_resumes < 0:
+        parser.error(f"--max_resumes must be >= 0, got {args.max_resumes}")
     if args.route_imbalance_abs < 0:
         parser.error(f"--route_imbalance_abs must be >= 0, got {args.route_imbalance_abs}")
     if not args.route_imbalance_rel >= 1:

@@ -21,6 +21,7 @@ from prefix_service.cache.outcomes import InsertOutcome
 from prefix_service.fleet.member import EngineMember, RoutedStream
 from prefix_service.fleet.moves import SnapshotMover
 from prefix_service.fleet.rates import RateMeter
+from prefix_service.fleet.resume import MAX_RESUMES, ResumingStream
 from prefix_service.fleet.route import SNAPSHOT_DIR
 from prefix_service.fleet.routing import (
     DEFAULT_ROUTING,
@@ -62,6 +63,7 @@ class Fleet:
         self.fingerprint = ""
         self._routes: Counter[str] = Counter()
         self.tier: PersistentTier | None = None  # the snapshot directory every engine's gateway shares
+        self.max_resumes = MAX_RESUMES  # --max_resumes
         for member in members:
             self.add(member)
 
@@ -185,16 +187,27 @@ class Fleet:
             member = members[0]
         return member.gateway.insert(namespace, tokens, session, metadata, call)
 
-    def generate(self, request: GatewayRequest, call: CallContext) -> RoutedStream:
+    def generate(self, request: GatewayRequest, call: CallContext) -> ResumingStream:
         """Route and start the generation; returns once an engine started it (one failing before that
-        with UNAVAILABLE or RESOURCE_EXHAUSTED passes the request to the next in the route). Once
-        started the engine is fixed; ``Done.engine`` names it."""
+        with UNAVAILABLE or RESOURCE_EXHAUSTED passes the request to the next in the route). An engine
+        that fails mid-stream passes it on too, up to ``max_resumes`` times (``resume.py``);
+        ``Done.engine`` names the engine that ended it."""
         wanted_ends = max((m.gateway.message_ends_wanted for m in self.members()), default=0)
-        tokenized, route, reusable = self._route(request.namespace, request.prompt, call, wanted_ends)
-        tokens = list(tokenized.ids)
-        check_nonempty(len(tokens))
+        by_load = sorted(self._routable(), key=lambda m: (m.load, m.name))
+        tokenized = _tokenized(request.prompt, call, by_load, wanted_ends)
+        check_nonempty(len(tokenized.ids))
         ends = tokenized.message_ends if isinstance(request.prompt, TextPrompt) else request.message_ends
-        routed = replace(request, prompt=tokens, message_ends=ends)  # message ends: checkpoints
+        routed = replace(request, prompt=list(tokenized.ids), message_ends=ends)  # message ends: checkpoints
+        infos = [m.gateway.last_info for m in by_load if m.gateway.last_info is not None]
+        eos = () if request.ignore_eos or not infos else infos[0].eos_token_ids
+        stops = request.config.stop_tokens or eos
+        return ResumingStream(lambda r, avoid: self._serve(r, call, avoid), routed, stops, self.max_resumes)
+
+    def _serve(self, routed: GatewayRequest, call: CallContext, avoid: frozenset[str]) -> RoutedStream:
+        """Start ``routed`` (token ids) on the first engine of its route that serves, ``avoid`` last."""
+        tokens = routed.prompt
+        _, route, reusable = self._route(routed.namespace, tokens, call)
+        route = [m for m in route if m.name not in avoid] + [m for m in route if m.name in avoid]
 
         def generate_on(member: EngineMember) -> RoutedStream:
             load, ahead, started_at = member.load, member.pending, time.perf_counter()  # what was ahead of it
@@ -287,8 +300,8 @@ class Fleet:
         self._count(named[route.first.name], route)
         order = [named[c.name] for c in route.order]
         reusable = {c.name: c.reusable for c in candidates}
-        if route.move is not None and self._moved(
-            route.move, order[0], namespace, key, reusable[order[0].name], call
+        if route.move is not None and _moved(
+            self, route.move, order[0], namespace, key, reusable[order[0].name], call
         ):
             reusable[order[0].name] = route.move.reusable
         return tokenized, order, reusable
@@ -308,27 +321,6 @@ class Fleet:
         reusable = 0 if self.tier is None else members[0].gateway.from_directory(namespace, key)
         return (Candidate(SNAPSHOT_DIR, reusable, 0),) if reusable else ()
 
-    def _moved(
-        self,
-        move: Move,
-        target: EngineMember,
-        namespace: str,
-        key: tuple[int, ...],
-        here: int,
-        call: CallContext,
-    ) -> bool:
-        """Make ``move`` to ``target``; whether ``target`` now holds the moved prefix."""
-        if move.source == SNAPSHOT_DIR:
-            return (
-                self.tier is not None
-                and self.mover.restore(target, namespace, key, move.reusable, call).moved
-            )
-        with self._lock:
-            holder = self._members.get(move.source)
-        if holder is None:
-            return False
-        return self.mover.move(holder, target, namespace, key, here).moved
-
     def _count(self, first: EngineMember, route: Route | None) -> None:
         with self._lock:
             first.routed += 1
@@ -340,6 +332,26 @@ class Fleet:
                 guarded = self._members.get(best.name)
                 if guarded is not None:
                     guarded.load_guarded += 1
+
+
+def _moved(
+    fleet: Fleet,
+    move: Move,
+    target: EngineMember,
+    namespace: str,
+    key: tuple[int, ...],
+    here: int,
+    call: CallContext,
+) -> bool:
+    """Make ``move`` to ``target``; whether ``target`` now holds the moved prefix."""
+    if move.source == SNAPSHOT_DIR:
+        return (
+            fleet.tier is not None and fleet.mover.restore(target, namespace, key, move.reusable, call).moved
+        )
+    holder = next((m for m in fleet.members() if m.name == move.source), None)
+    if holder is None:
+        return False
+    return fleet.mover.move(holder, target, namespace, key, here).moved
 
 
 def elected_fingerprint(members: Sequence[EngineMember], current: str) -> str:

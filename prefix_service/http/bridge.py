@@ -13,7 +13,7 @@ from typing import Any
 
 from engine_service.api.call_context import CallContext
 from prefix_service.fleet.fleet import Fleet
-from prefix_service.fleet.member import RoutedStream
+from prefix_service.fleet.resume import ResumingStream
 from prefix_service.gateway.calls import GatewayEvent, GatewayRequest
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class GenerationBridge:
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._lock = threading.Lock()
         self._stopped = False
-        self._stream: RoutedStream | None = None
+        self._stream: ResumingStream | None = None
 
     def start(self) -> None:
         threading.Thread(target=self._run, name="forkline-http-generation", daemon=True).start()

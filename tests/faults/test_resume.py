@@ -1,0 +1,139 @@
+"""A stream that outlives its engine (``prefix_service/fleet/resume.py``), with real processes: two tiny
+engines (forwards slowed so a stream lasts) behind a prefix service; ``kill -9`` of the engine serving a
+stream after some of its tokens. The stream completes on the other engine, token for token the
+uninterrupted run (greedy and seeded sampling, gRPC and the HTTP door), and ``Done`` reports the resume.
+Negative controls: with ``--max_resumes 0`` the stream ends with UNAVAILABLE; the same request with
+another seed differs (the check is not vacuous)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+
+from clients.prefix_client import PrefixClient
+from engine_service.api.config import GenConfig
+from engine_service.api.errors import Unavailable
+from engine_service.api.stream_events import Done, Tokens
+from tests.service.helpers import wait_for
+from tests.service.test_engine_restart import ServiceProcess
+from tests.service.test_routing_moves import TinyEngine, engine_stats
+
+PROMPT = [ord(c) for c in "A stream outlives its engine: every token once, in order. "]
+NEW_TOKENS = 60
+KILL_AFTER = 12  # tokens the client has read when the serving engine is killed
+PATIENCE_S = 120.0
+STEP_S = 0.03
+
+
+@pytest.fixture
+def fleet():
+    """(the two engines by address, a function starting a prefix service over them with extra flags)."""
+    engines = [TinyEngine(step_s=STEP_S) for _ in range(2)]
+    services: list[ServiceProcess] = []
+
+    def prefix(*flags: str) -> tuple[PrefixClient, ServiceProcess]:
+        addresses = [a for e in engines for a in ("--engine", e.address)]
+        port = _free_port()  # its own: with --http_port the first "listening on" line may be the door's
+        service = ServiceProcess("prefix_service", *addresses, "--port", str(port), *flags)
+        services.append(service)
+        service.listening()
+        return PrefixClient(f"127.0.0.1:{port}", owner="resume", timeout=PATIENCE_S), service
+
+    yield {e.address: e for e in engines}, prefix
+    for process in [*services, *engines]:
+        process.kill()
+
+
+def config(temperature: float, seed: int = 7) -> GenConfig:
+    return GenConfig(max_new_tokens=NEW_TOKENS, temperature=temperature, seed=seed)
+
+
+def killed_midway(client: PrefixClient, engines: dict, gen_config: GenConfig) -> tuple[list[int], Done]:
+    """A stream whose serving engine is SIGKILLed after KILL_AFTER tokens: (its tokens, its Done)."""
+    tokens: list[int] = []
+    done: list[Done] = []
+    for event in client.generate(PROMPT, config=gen_config, ignore_eos=True, namespace="killed"):
+        if isinstance(event, Tokens):
+            tokens.extend(event.ids)
+            if len(tokens) >= KILL_AFTER and all(e.proc.poll() is None for e in engines.values()):
+                serving = [a for a, s in engine_stats(client).items() if s.in_flight > 0]
+                assert len(serving) == 1, serving
+                engines[serving[0]].kill()
+        elif isinstance(event, Done):
+            done.append(event)
+    return tokens, done[0]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.5])
+def test_a_killed_engines_stream_completes_exactly_on_the_other(fleet, temperature) -> None:
+    engines, prefix = fleet
+    client, _ = prefix()
+    whole = client.generate(PROMPT, config=config(temperature), ignore_eos=True, namespace="whole").collect()
+    assert len(whole.tokens) == NEW_TOKENS
+    tokens, done = killed_midway(client, engines, config(temperature))
+    assert tokens == list(whole.tokens)  # no token repeated, missing or different
+    assert done.resumes == 1 and done.generated_tokens == NEW_TOKENS
+    assert KILL_AFTER <= done.resumed_positions - len(PROMPT) < NEW_TOKENS  # the prompt and what was sent
+    assert done.resume_pause_s > 0 and done.engine in engines and engines[done.engine].proc.poll() is None
+    if temperature:  # negative control: another seed draws another stream
+        other = client.generate(PROMPT, config=config(temperature, seed=8), ignore_eos=True).collect()
+        assert list(other.tokens) != tokens
+
+
+def test_without_resumes_the_stream_ends_with_unavailable(fleet) -> None:
+    engines, prefix = fleet
+    client, _ = prefix("--max_resumes", "0")
+    with pytest.raises(Unavailable):
+        killed_midway(client, engines, config(0.0))
+
+
+def test_a_streamed_chat_completion_survives_its_engine(fleet) -> None:
+    """The HTTP door: the streamed text equals the uninterrupted answer's, one chunk sequence, no error."""
+    engines, prefix = fleet
+    port = _free_port()
+    client, _ = prefix("--http_port", str(port))
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Tell me a long story."}],
+        "max_tokens": NEW_TOKENS,
+        "temperature": 1.2,
+        "seed": 3,
+        "stream": True,
+    }
+    base = f"http://127.0.0.1:{port}/v1"
+    assert wait_for(lambda: _up(base), PATIENCE_S)
+    model = httpx.get(base + "/models", timeout=30).json()["data"][0]["id"]
+    body["model"] = model
+    whole = httpx.post(base + "/chat/completions", json={**body, "stream": False}, timeout=PATIENCE_S).json()
+    text, killed = "", threading.Event()
+    with httpx.stream("POST", base + "/chat/completions", json=body, timeout=PATIENCE_S) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            assert "error" not in chunk, chunk
+            text += "".join(c["delta"].get("content") or "" for c in chunk["choices"])
+            if len(text) >= KILL_AFTER and not killed.is_set():
+                serving = [a for a, s in engine_stats(client).items() if s.in_flight > 0]
+                engines[serving[0]].kill()
+                killed.set()
+    assert killed.is_set() and text == whole["choices"][0]["message"]["content"]
+
+
+def _up(base: str) -> bool:
+    try:
+        return httpx.get(base + "/models", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
