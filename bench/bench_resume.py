@@ -78,7 +78,14 @@ class Fleet:
 
     def restart(self) -> None:
         """The killed engine back on its port, routable again."""
-        self.engines[self.killed] = self._engine(self.killed)
+        for attempt in range(5):  # the port may be briefly held (another process took it meanwhile)
+            try:
+                self.engines[self.killed] = self._engine(self.killed)
+                break
+            except RuntimeError:
+                if attempt == 4:
+                    raise
+                time.sleep(2)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if sum(s.routable for s in self.stats().values()) == 2:
@@ -152,7 +159,11 @@ def run_model(name: str, trials: int, rng: random.Random) -> dict:
             ref = reference[(door, mode)]
             length = len(ref["out"]) if door == "grpc" else ref["chunks"]
             kill_at = rng.randint(1, max(1, length - 2))
-            got = doors[door](fleet, mode, kill_at)
+            try:
+                got = doors[door](fleet, mode, kill_at)
+            except Exception:
+                print("\n".join(fleet.prefix.tail), file=sys.stderr)
+                raise
             fleet.restart()
             row = {"door": door, "mode": mode, "kill_at": kill_at, "exact": got["out"] == ref["out"],
                    "pause_s": round(got["pause_s"], 4)}  # fmt: skip

@@ -36,7 +36,7 @@ class Process:
 
         def read() -> None:
             for line in self.proc.stdout:
-                self.tail = (self.tail + [line.rstrip()])[-20:]
+                self.tail = (self.tail + [line.rstrip()])[-80:]
                 for key, pattern in _ADDRESS.items():
                     match = pattern.search(line)
                     if match and key not in self.found:

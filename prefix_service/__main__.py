@@ -123,6 +123,7 @@ def connect_and_serve(args: argparse.Namespace):
         max_cache_mib=args.max_cache_mib,
         checkpoints=checkpoints_from(args),
         cache_generated=args.cache_generated,
+        checkpoint_every=args.resume_checkpoint_tokens,
         joins=joins_from(args),
     )
     fleet.max_resumes = args.max_resumes

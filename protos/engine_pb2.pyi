@@ -93,16 +93,18 @@ class GenerationConfig(_message.Message):
     def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., prefill_chunk: _Optional[int] = ..., top_logprobs: _Optional[int] = ..., json_schema: _Optional[str] = ..., drawn_tokens: _Optional[int] = ...) -> None: ...
 
 class CaptureOptions(_message.Message):
-    __slots__ = ("prompt_snapshot", "breakpoints", "snapshot_owner", "final_snapshot")
+    __slots__ = ("prompt_snapshot", "breakpoints", "snapshot_owner", "final_snapshot", "checkpoint_every")
     PROMPT_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     BREAKPOINTS_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_OWNER_FIELD_NUMBER: _ClassVar[int]
     FINAL_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_EVERY_FIELD_NUMBER: _ClassVar[int]
     prompt_snapshot: bool
     breakpoints: _containers.RepeatedScalarFieldContainer[int]
     snapshot_owner: str
     final_snapshot: bool
-    def __init__(self, prompt_snapshot: _Optional[bool] = ..., breakpoints: _Optional[_Iterable[int]] = ..., snapshot_owner: _Optional[str] = ..., final_snapshot: _Optional[bool] = ...) -> None: ...
+    checkpoint_every: int
+    def __init__(self, prompt_snapshot: _Optional[bool] = ..., breakpoints: _Optional[_Iterable[int]] = ..., snapshot_owner: _Optional[str] = ..., final_snapshot: _Optional[bool] = ..., checkpoint_every: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("session", "tokens", "text", "prepared", "config", "capture", "keep_session", "close_session")

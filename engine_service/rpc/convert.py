@@ -81,4 +81,5 @@ def generation_request(
         prompt_snapshot=capture.prompt_snapshot,
         snapshot_owner=capture.snapshot_owner,
         final_snapshot=capture.final_snapshot,
+        checkpoint_every=capture.checkpoint_every,
     )

@@ -44,6 +44,7 @@ class SnapshotCapture:
         prompt_snapshot: bool,
         breakpoints: tuple[int, ...],
         final_snapshot: bool = False,
+        checkpoint_every: int = 0,
     ) -> None:
         self._registry = registry
         self._session = session
@@ -52,6 +53,8 @@ class SnapshotCapture:
         self._prompt_snapshot = prompt_snapshot
         self._breakpoints = frozenset(breakpoints)
         self._final_snapshot = final_snapshot
+        self._every = checkpoint_every  # decode checkpoints: a GENERATED clone every N generated tokens
+        self._checkpointed = 0  # the last decode checkpoint's position
         self._prompt_end = 0
         self._captured_prompt = False
         self._lock = threading.Lock()
@@ -96,7 +99,21 @@ class SnapshotCapture:
         ):
             self._captured_prompt = True
             due.append(self._clone(SnapshotKind.PROMPT, self._prompt_end))
+        checkpoint = self._decode_checkpoint(update)
+        if checkpoint is not None:
+            due.append(checkpoint)
         return due
+
+    def _decode_checkpoint(self, update: GenerationUpdate) -> PendingSnapshot | None:
+        """A clone at the committed position once ``checkpoint_every`` more generated tokens are
+        committed since the prompt's end or the last one (never at the end: ``final`` takes that)."""
+        if not self._every or update.finished or update.error is not None:
+            return None
+        last = max(self._checkpointed, self._prompt_end)
+        if update.position - last < self._every:
+            return None
+        self._checkpointed = update.position
+        return self._generated(update.position)
 
     def final(self, update: GenerationUpdate) -> PendingSnapshot | None:
         """The clone at the last committed token of a generation that ended without error (engine thread),
@@ -110,7 +127,10 @@ class SnapshotCapture:
             or update.position <= self._prompt_end
         ):
             return None
-        position = update.position
+        return self._generated(update.position)
+
+    def _generated(self, position: int) -> PendingSnapshot:
+        """A GENERATED clone at ``position``, its room reserved now (refused QUOTA when there is none)."""
         try:
             reservation = self._registry.reserve(self.owner, position, payer=self.payer)
         except ResourceExhausted as exc:

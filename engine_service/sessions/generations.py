@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from engine_service.api.checks import checked_int
 from engine_service.api.config import GenConfig
 from engine_service.api.errors import FailedPrecondition, InvalidArgument, Stopping
 from engine_service.executors.grammar import with_grammar
@@ -48,6 +49,7 @@ class GenerationRequest:
     prompt_snapshot: bool = False
     snapshot_owner: str = ""
     final_snapshot: bool = False  # a snapshot at the last committed token when it ends (``capture.py``)
+    checkpoint_every: int = 0  # a snapshot every N generated tokens (decode checkpoints; 0: none)
 
 
 def start_generation(engine: GenerationHost, owner: str, request: GenerationRequest) -> GenerationCall:
@@ -56,6 +58,7 @@ def start_generation(engine: GenerationHost, owner: str, request: GenerationRequ
     value = fed_input(request.input, engine.tokenizer, engine.chat, limits.vocab_size)
     # a json_schema compiled for this tokenizer now: an unsupported schema fails before anything runs
     config, size = with_grammar(request.config, engine.tokenizer), input_size(value)
+    every = checked_int("capture.checkpoint_every", request.checkpoint_every, 0, None)
     persistent = registry.persistent_owners
     snapshot_owner = receiver_of(owner, request.snapshot_owner, "capture.snapshot_owner", persistent)
     if request.close_session and not request.session:
@@ -76,6 +79,7 @@ def start_generation(engine: GenerationHost, owner: str, request: GenerationRequ
         prompt_snapshot=request.prompt_snapshot,
         breakpoints=config.prefill_breakpoints,
         final_snapshot=request.final_snapshot,
+        checkpoint_every=every,
     )
     try:
         if session.generating:

@@ -99,6 +99,7 @@ def join_engine(
     tier: PersistentTier | None = None,
     checkpoints: CheckpointPlan | None = None,
     cache_generated: bool = True,
+    checkpoint_every: int = 0,
     joins: JoinConfig | None = None,
 ) -> Gateway:
     """Release what an earlier instance of this owner left in the opened engine and build its cache and
@@ -118,6 +119,7 @@ def join_engine(
         checkpoints=checkpoints,
         max_cache_mib=max_cache_mib,
         cache_generated=cache_generated,
+        checkpoint_every=checkpoint_every,
         joins=joins,
     )
     gateway.check_engine()  # the budget from the engine's limits, before the first call

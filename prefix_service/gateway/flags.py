@@ -44,6 +44,16 @@ def add_generation_arguments(p: argparse.ArgumentParser) -> None:
         "follow-up turn reuses the answer's positions too; --no-cache_generated: only prompts "
         "(default: on)",
     )
+    p.add_argument(
+        "--resume_checkpoint_tokens",
+        metavar="N",
+        type=int,
+        default=0,
+        help="decode checkpoints: every N generated tokens store the generating session (prompt + "
+        "answer so far) like a final snapshot, written to --snapshot_dir when set, so a stream resumed "
+        "on another engine (docs/RESUME.md) recomputes at most about N tokens; 0: off (default: "
+        "%(default)s)",
+    )
 
 
 def add_join_arguments(p: argparse.ArgumentParser) -> None:
@@ -61,6 +71,8 @@ def add_join_arguments(p: argparse.ArgumentParser) -> None:
 def check_join_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if not args.join_wait_ms >= 0:  # NaN too
         parser.error(f"--join_wait_ms must be >= 0, got {args.join_wait_ms}")
+    if args.resume_checkpoint_tokens < 0:
+        parser.error(f"--resume_checkpoint_tokens must be >= 0, got {args.resume_checkpoint_tokens}")
 
 
 def joins_from(args: argparse.Namespace) -> JoinConfig:

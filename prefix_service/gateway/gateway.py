@@ -44,7 +44,7 @@ class Gateway:
     capped by ``engine_share`` of the engine and ``max_cache_mib`` (0: the share only). ``tier``: the
     snapshot directory every engine's gateway shares. ``pressure_retry`` False: never evict and retry for
     a live request (tests' control). ``cache_generated``: a generation also stores its session at its
-    last committed token."""
+    last committed token; ``checkpoint_every`` N: every N generated tokens too (docs/RESUME.md)."""
 
     def __init__(
         self,
@@ -58,6 +58,7 @@ class Gateway:
         checkpoints: CheckpointPlan | None = None,
         max_cache_mib: int = 0,
         cache_generated: bool = True,
+        checkpoint_every: int = 0,
         joins: JoinConfig | None = None,
     ) -> None:
         if cache.backend is not backend.sessions:
@@ -67,6 +68,7 @@ class Gateway:
         self.flow = InsertFlow(cache, backend, self.pressure, tier)
         self.checkpoints = checkpoints if checkpoints is not None else CheckpointPlan()
         self.cache_generated = cache_generated  # a generation's end is stored too (prompt + answer)
+        self.checkpoint_every = checkpoint_every  # and every N generated tokens (decode checkpoints)
         self.inflight = InflightPrefills(joins, cache.reusable)  # prompt prefills in flight, per scope
         self.dropped_on_restart = 0
         self.last_info: EngineInfo | None = None  # the engine's Info as check_engine last read it

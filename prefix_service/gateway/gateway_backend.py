@@ -24,7 +24,8 @@ class EngineGenerate:
     caller's quota; None: the backend's own). ``prompt_snapshot``: the engine sends a ``Snapshot`` of
     the prompt end, owned by the backend. ``close_session``: the engine closes ``session`` as the call
     ends (a refused call leaves it). Empty ``config.stop_tokens``: EOS stops, unless ``ignore_eos``.
-    ``final_snapshot``: also a ``Snapshot`` (kind GENERATED) at the last committed token, before Done."""
+    ``final_snapshot``: also a ``Snapshot`` (kind GENERATED) at the last committed token, before Done;
+    ``checkpoint_every`` N: one every N generated tokens too (decode checkpoints)."""
 
     session: str
     tokens: tuple[int, ...]
@@ -34,6 +35,7 @@ class EngineGenerate:
     call: CallContext | None = None
     close_session: bool = False
     final_snapshot: bool = False
+    checkpoint_every: int = 0
 
 
 class EngineStream(Protocol):

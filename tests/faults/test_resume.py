@@ -51,14 +51,16 @@ def config(temperature: float, seed: int = 7) -> GenConfig:
     return GenConfig(max_new_tokens=NEW_TOKENS, temperature=temperature, seed=seed)
 
 
-def killed_midway(client: PrefixClient, engines: dict, gen_config: GenConfig) -> tuple[list[int], Done]:
-    """A stream whose serving engine is SIGKILLed after KILL_AFTER tokens: (its tokens, its Done)."""
+def killed_midway(
+    client: PrefixClient, engines: dict, gen_config: GenConfig, kill_after: int = KILL_AFTER
+) -> tuple[list[int], Done]:
+    """A stream whose serving engine is SIGKILLed after ``kill_after`` tokens: (its tokens, its Done)."""
     tokens: list[int] = []
     done: list[Done] = []
     for event in client.generate(PROMPT, config=gen_config, ignore_eos=True, namespace="killed"):
         if isinstance(event, Tokens):
             tokens.extend(event.ids)
-            if len(tokens) >= KILL_AFTER and all(e.proc.poll() is None for e in engines.values()):
+            if len(tokens) >= kill_after and all(e.proc.poll() is None for e in engines.values()):
                 serving = [a for a, s in engine_stats(client).items() if s.in_flight > 0]
                 assert len(serving) == 1, serving
                 engines[serving[0]].kill()
@@ -137,3 +139,14 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_decode_checkpoints_bound_what_a_resume_recomputes(fleet, tmp_path) -> None:
+    """``--resume_checkpoint_tokens 8`` with a snapshot directory: the resume restores the last
+    checkpoint written there instead of recomputing the prompt and every token sent."""
+    engines, prefix = fleet
+    client, _ = prefix("--snapshot_dir", str(tmp_path), "--resume_checkpoint_tokens", "8")
+    whole = client.generate(PROMPT, config=config(0.0), ignore_eos=True, namespace="whole").collect()
+    tokens, done = killed_midway(client, engines, config(0.0), kill_after=40)
+    assert tokens == list(whole.tokens) and done.resumes == 1
+    assert done.resumed_positions < 3 * 8  # not the prompt (58 positions) and the 40 tokens sent

@@ -22,6 +22,7 @@ def generate_request(
     keep_session: bool = False,
     close_session: bool = False,
     final_snapshot: bool = False,
+    checkpoint_every: int = 0,
 ) -> pb.GenerateRequest:
     """A Generate of ``prompt`` (token ids, a TextPrompt or a prepared input); the prefill breakpoints
     of ``config`` travel as capture breakpoints. ``snapshot_owner``: who receives the snapshots ("": the
@@ -35,6 +36,7 @@ def generate_request(
             breakpoints=config.prefill_breakpoints,
             snapshot_owner=snapshot_owner,
             final_snapshot=final_snapshot,
+            checkpoint_every=checkpoint_every,
         ),
         keep_session=keep_session,
         close_session=close_session,
@@ -59,6 +61,8 @@ class EngineCall(Protocol):
     def close_session(self) -> bool: ...
     @property
     def final_snapshot(self) -> bool: ...
+    @property
+    def checkpoint_every(self) -> int: ...
 
 
 def engine_request(request: EngineCall, snapshot_owner: str = "") -> pb.GenerateRequest:
@@ -73,4 +77,5 @@ def engine_request(request: EngineCall, snapshot_owner: str = "") -> pb.Generate
         snapshot_owner=snapshot_owner,
         close_session=request.close_session,
         final_snapshot=request.final_snapshot,
+        checkpoint_every=request.checkpoint_every,
     )

@@ -91,10 +91,11 @@ class Call:  # the fields of the gateway's EngineGenerate the wire reads
     prompt_snapshot: bool = False
     close_session: bool = False
     final_snapshot: bool = False
+    checkpoint_every: int = 0
 
 
 def test_the_prefix_services_engine_request() -> None:
-    call = Call("s", (1, 2, 3), CONFIG, True, prompt_snapshot=True, close_session=True, final_snapshot=True)
+    call = Call("s", (1, 2, 3), CONFIG, True, True, True, True, checkpoint_every=16)
     request = wire.engine_request(call, snapshot_owner="prefix")
     assert request == wire.generate_request(
         [1, 2, 3],
@@ -105,8 +106,9 @@ def test_the_prefix_services_engine_request() -> None:
         snapshot_owner="prefix",
         close_session=True,
         final_snapshot=True,
+        checkpoint_every=16,
     )
-    assert request.capture.final_snapshot
+    assert request.capture.final_snapshot and request.capture.checkpoint_every == 16
     assert list(request.tokens.ids) == [1, 2, 3] and read_back(request) == CONFIG
 
 
@@ -118,6 +120,7 @@ EVENTS = [
     Snapshot("h", 3, "prompt", content_digest=b"d"),
     Snapshot(None, 2, "breakpoint", "below the floor", reason=CloneRefusal.WINDOW),
     Done("length", 3, 1, 2, 5, 0.25, 8.0, 0.5, "e0"),
+    Done("stop", 3, 1, 2, 5, 0.25, 8.0, 0.5, "e1", resumes=1, resumed_positions=40, resume_pause_s=0.25),
 ]
 
 
