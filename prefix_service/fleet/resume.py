@@ -1,7 +1,7 @@
 """ResumingStream: a gateway generation that outlives its engine. The fleet keeps the prompt's ids, every
 id streamed and the sampling configuration; when the engine serving the stream fails mid-stream
-(UNAVAILABLE: connection lost, killed, stopping; or a generation the engine cancelled that the client
-did not), it starts the generation again on another engine over prompt + streamed ids, with
+(``engine_failed``: connection lost, killed, stopping; or a generation the engine cancelled that the
+client did not), it starts the generation again on another engine over prompt + streamed ids, with
 ``drawn_tokens`` = the ids streamed so the sampler and a grammar go on where they were, and continues
 the same stream: the client sees a pause, never an error, a repeated or a missing token. At most
 ``max_resumes`` per generation, then the error it would have had. Spec: docs/RESUME.md."""
@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Collection, Generator
 from dataclasses import replace
 
-from engine_service.api.errors import ForklineError, Unavailable
+from engine_service.api.errors import Cancelled, ForklineError, Unavailable
 from engine_service.api.stream_events import Done, FinishReason, Started, Tokens
 from prefix_service.fleet.member import RoutedStream
 from prefix_service.gateway.calls import GatewayEvent, GatewayRequest
@@ -92,8 +92,8 @@ class ResumingStream:
                 if finished:
                     return
                 raise Unavailable(f"engine {self._stream.engine} ended the stream without Done")
-            except Unavailable as exc:
-                if self._stopped or resumes >= self._max:
+            except ForklineError as exc:
+                if not engine_failed(exc) or self._stopped or resumes >= self._max:
                     raise
                 failed_at = failed_at or time.perf_counter()
                 self._failed.add(self._stream.engine)
@@ -155,6 +155,13 @@ class ResumingStream:
             resumes=resumes,
             resumed_positions=recomputed,
         )
+
+
+def engine_failed(exc: ForklineError) -> bool:
+    """Whether ``exc`` from a running engine stream says the engine failed, not the request: UNAVAILABLE
+    (connection lost, engine stopping), CANCELLED by the engine, or a status with no forkline meaning
+    (INTERNAL or UNKNOWN: a stream cut by a killed process can end so)."""
+    return isinstance(exc, (Unavailable, Cancelled)) or type(exc) is ForklineError
 
 
 def _closing(events: Generator[GatewayEvent, None, None]) -> Generator[GatewayEvent, None, None]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from engine_service.api.config import GenConfig
-from engine_service.api.errors import ResourceExhausted, Unavailable
+from engine_service.api.errors import ForklineError, ResourceExhausted, Unavailable
 from engine_service.api.stream_events import Done, FinishReason, Started, Tokens
 from prefix_service.fleet.resume import ResumingStream
 from prefix_service.gateway.calls import GatewayRequest
@@ -70,6 +70,16 @@ def test_a_failure_mid_stream_continues_on_another_engine() -> None:
     last = events[-1]
     assert (last.resumes, last.resumed_positions, last.generated_tokens) == (1, 5, 6)
     assert (last.prompt_positions, last.reused_positions) == (3, 0)
+
+
+def test_a_stream_cut_with_a_status_of_no_forkline_meaning_is_resumed() -> None:
+    """A killed process's stream can end INTERNAL or UNKNOWN (a plain ForklineError), not UNAVAILABLE."""
+    start, calls = streams(
+        Scripted("a", [Started("", 0, 3), Tokens((1,), ""), ForklineError("RST_STREAM with error code 2")]),
+        Scripted("b", [Started("", 0, 4), Tokens((3,), ""), done(1)]),
+    )
+    events = list(ResumingStream(start, request(2), (EOS,), max_resumes=1))
+    assert len(calls) == 2 and events[-1].resumes == 1
 
 
 def test_a_cut_after_the_last_token_ends_without_a_resume() -> None:
