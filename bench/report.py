@@ -199,11 +199,28 @@ def agent_turns(figures: dict) -> list[str]:
     return out + [*table(["model", "forkline / llama-server", "TTFT p50", "wall"], ratios), ""]
 
 
+def resume(figures: dict) -> list[str]:
+    """bench_resume.py's report: per model and door, trials exact, the client's pause p50 / max, and
+    the positions a resume recomputed (gRPC reports them)."""
+    head = ["model", "door", "trials exact", "pause p50, s", "pause max, s", "positions recomputed (min-max)"]
+    rows = []
+    for model, r in figures.get("models", {}).items():
+        for door in ("grpc", "http"):
+            trials = [t for t in r.get("trials", []) if t.get("door") == door]
+            pauses = sorted(t["pause_s"] for t in trials) or [0]
+            recomputed = [t["recomputed"] for t in trials if "recomputed" in t]
+            spread = f"{min(recomputed)}-{max(recomputed)}" if recomputed else "-"
+            rows.append([model, door, f"{sum(t['exact'] for t in trials)} / {len(trials)}",
+                         value(pauses[len(pauses) // 2]), value(pauses[-1]), spread])  # fmt: skip
+    return [*table(head, rows), ""]
+
+
 RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "bench_vs_llamacpp": vs_llamacpp,
     "bench_workloads": workloads,
     "bench_http_hits": http_hits,
     "bench_agent_turns": agent_turns,
+    "bench_resume": resume,
 }
 
 
