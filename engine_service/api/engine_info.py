@@ -21,6 +21,9 @@ class WindowGeometry:
 NO_WINDOW = WindowGeometry()
 
 
+ENGINE_ROLES = ("both", "prefill", "decode")  # forkline-engine --role
+
+
 @dataclass(frozen=True)
 class EngineInfo:
     """``instance_id`` changes when the engine restarts; ``caller`` None: the answer did not say."""
@@ -58,6 +61,9 @@ class EngineInfo:
     # a stored snapshot (a clone or import not generated since) exports without waiting for the
     # engine thread's running forward (``Session.export_async``)
     pinned_exports: bool = False
+    # --role: "both" serves whole generations; "prefill" / "decode" a split fleet's halves (the prefix
+    # service prefills on one and hands the session to the other: fleet/handoff.py)
+    role: str = "both"
 
     @property
     def caller_quota(self) -> OwnerQuota:

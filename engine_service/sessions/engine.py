@@ -59,6 +59,7 @@ class EngineSessions:
     architecture: str = ""
     reservation_growth: int | None = None
     snapshot_key: SnapshotKey | None = field(default=None, repr=False)
+    role: str = "both"  # --role, reported in Info
     heartbeat: EngineHeartbeat | None = field(default=None, repr=False)  # set by the server that runs it
 
     @classmethod
@@ -114,6 +115,7 @@ class EngineSessions:
             hidden_size=built.config.hidden_size,
             architecture=built.config.architecture,
             snapshot_key=sessions.snapshot_key,
+            role=sessions.role,
         )
 
     def __post_init__(self) -> None:
@@ -237,6 +239,7 @@ class EngineSessions:
             heartbeat_age_s=0.0 if beat is None else beat.age_s,
             heartbeat_longest_s=0.0 if beat is None else beat.longest_wait_s,
             pinned_exports=self.runner.pins_exports,
+            role=self.role,
         )
 
     def tokenize(self, prompt: TextPrompt, message_ends: int = 0) -> Tokenized:

@@ -8,6 +8,8 @@ import logging
 from dataclasses import dataclass, field
 
 from engine_service.api.checks import checked_float
+from engine_service.api.engine_info import ENGINE_ROLES
+from engine_service.api.errors import InvalidArgument
 from engine_service.api.owners import NO_QUOTA, PERSISTENT_OWNER, OwnerQuota, PersistentOwners
 from engine_service.executors.options import ExecutorSettings
 from engine_service.persistence.snapshot_key import SnapshotKey, read_snapshot_key
@@ -28,8 +30,11 @@ class SessionSettings:
     prepared_inputs: bool = False
     eos_token_ids: tuple[int, ...] | None = None
     snapshot_key: SnapshotKey | None = field(default=None, compare=False, repr=False)
+    role: str = "both"  # --role (api.engine_info.ENGINE_ROLES)
 
     def __post_init__(self) -> None:
+        if self.role not in ENGINE_ROLES:
+            raise InvalidArgument(f"role must be one of {', '.join(ENGINE_ROLES)}, got {self.role!r}")
         checked_float("idle_timeout_s", self.idle_timeout_s, lo=0)
         if not isinstance(self.persistent_owners, frozenset):  # PersistentOwners (prefixes) stays as given
             object.__setattr__(self, "persistent_owners", frozenset(self.persistent_owners))
@@ -48,7 +53,15 @@ UNLIMITED = SessionSettings(idle_timeout_s=0.0, quota=NO_QUOTA, persistent_quota
 
 
 def add_session_options(parser: argparse.ArgumentParser) -> None:
-    """Handle expiry, persistent owners, quotas, the snapshot key and ``--prepared_inputs``."""
+    """Handle expiry, persistent owners, quotas, the snapshot key, ``--prepared_inputs`` and ``--role``."""
+    parser.add_argument(
+        "--role",
+        choices=ENGINE_ROLES,
+        default="both",
+        help="what the prefix service routes here: both (whole generations); prefill or decode, a split "
+        "fleet's halves: prompts are prefilled on prefill engines and their sessions handed to decode "
+        "engines, which stream the answers (docs/RESUME.md#prefill-decode-hand-off) (default: %(default)s)",
+    )
     parser.add_argument(
         "--idle_session_timeout",
         metavar="SECONDS",
@@ -138,4 +151,5 @@ def session_settings(args: argparse.Namespace, executor: ExecutorSettings) -> Se
         persistent_quota=persistent_quota,
         prepared_inputs=args.prepared_inputs,
         snapshot_key=snapshot_key,
+        role=args.role,
     )

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from engine_service.api.call_context import CallContext
-from engine_service.api.errors import ForklineError, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from engine_service.api.errors import ForklineError, InvalidArgument, NotFound, Unavailable
 from engine_service.api.limits import check_nonempty
 from engine_service.api.prompts import TextPrompt, Tokenized
-from engine_service.api.stream_events import Done
 from prefix_service.cache.index import token_key
 from prefix_service.cache.outcomes import InsertOutcome
+from prefix_service.fleet.attempts import first_that_serves, started_on, tokenized_by_first
+from prefix_service.fleet.handoff import DECODE_ROLES, PREFILL_ROLES, first_token, is_split, role_of
 from prefix_service.fleet.member import EngineMember, RoutedStream
 from prefix_service.fleet.moves import SnapshotMover
 from prefix_service.fleet.rates import RateMeter
@@ -39,9 +39,6 @@ from prefix_service.gateway.gateway import Gateway
 from prefix_service.tier.persistent_tier import PersistentTier
 
 log = logging.getLogger(__name__)
-
-# Failures before the first event that another engine may not share: the request moves on.
-_RETRY_ELSEWHERE = (Unavailable, ResourceExhausted)
 
 
 class Fleet:
@@ -163,7 +160,7 @@ class Fleet:
             found = member.gateway.lookup(namespace, tokens, call, caller_active)
             return replace(found, engine=member.name)
 
-        return _first_that_serves(route, lookup_on)
+        return first_that_serves(route, lookup_on)
 
     def insert(
         self,
@@ -194,49 +191,48 @@ class Fleet:
         ``Done.engine`` names the engine that ended it."""
         wanted_ends = max((m.gateway.message_ends_wanted for m in self.members()), default=0)
         by_load = sorted(self._routable(), key=lambda m: (m.load, m.name))
-        tokenized = _tokenized(request.prompt, call, by_load, wanted_ends)
+        tokenized = tokenized_by_first(request.prompt, call, by_load, wanted_ends)
         check_nonempty(len(tokenized.ids))
         ends = tokenized.message_ends if isinstance(request.prompt, TextPrompt) else request.message_ends
         routed = replace(request, prompt=list(tokenized.ids), message_ends=ends)  # message ends: checkpoints
         infos = [m.gateway.last_info for m in by_load if m.gateway.last_info is not None]
         eos = () if request.ignore_eos or not infos else infos[0].eos_token_ids
         stops = request.config.stop_tokens or eos
-        return ResumingStream(lambda r, avoid: self._serve(r, call, avoid), routed, stops, self.max_resumes)
+        if not is_split(self._routable()):
+            start = lambda r, avoid: self._serve(r, call, avoid)  # noqa: E731
+            return ResumingStream(start, routed, stops, self.max_resumes)
+        prefill = lambda r, avoid: self._serve(first_token(r), call, avoid, PREFILL_ROLES)  # noqa: E731
+        decode = lambda r, avoid, source="": self._serve(r, call, avoid, DECODE_ROLES, source)  # noqa: E731
+        return ResumingStream(prefill, routed, stops, self.max_resumes, hand_off=decode)
 
-    def _serve(self, routed: GatewayRequest, call: CallContext, avoid: frozenset[str]) -> RoutedStream:
-        """Start ``routed`` (token ids) on the first engine of its route that serves, ``avoid`` last."""
+    def _serve(
+        self, routed: GatewayRequest, call: CallContext, avoid: frozenset[str], roles=(), source=""
+    ) -> RoutedStream:
+        """Start ``routed`` (token ids) on the first engine of its route that serves: ``roles``' engines
+        first, ``avoid`` last; ``source`` (a hand-off): the engine whose prompt snapshot moves there."""
         tokens = routed.prompt
-        _, route, reusable = self._route(routed.namespace, tokens, call)
+        _, route, reusable = self._route(routed.namespace, tokens, call, roles=roles)
         route = [m for m in route if m.name not in avoid] + [m for m in route if m.name in avoid]
-
-        def generate_on(member: EngineMember) -> RoutedStream:
-            load, ahead, started_at = member.load, member.pending, time.perf_counter()  # what was ahead of it
-            positions = len(tokens) - reusable.get(member.name, 0)
-
-            def measured(done: Done, ttft_s: float) -> None:
-                self.rates.observe(load, done.prompt_positions, ttft_s, ahead)
-
-            member.started(positions)
-            try:
-                stream = member.gateway.generate(routed, call)
-                return RoutedStream(stream, member, measured, started_at, positions)
-            except BaseException:
-                member.prefilled(positions)
-                member.ended()
-                raise
-
-        return _first_that_serves(route, generate_on)
+        holder = next((m for m in route if m.name == source), None)
+        if holder is not None and route[0] is not holder:
+            target = route[0]
+            key = token_key(tokens)
+            if self.mover.move(holder, target, routed.namespace, key, reusable.get(target.name, 0)).moved:
+                reusable[target.name] = target.candidate(routed.namespace, key).reusable
+        return first_that_serves(
+            route, lambda m: started_on(self.rates, m, routed, call, reusable.get(m.name, 0))
+        )
 
     def tokenize(self, prompt: Prompt, call: CallContext) -> Tokenized:
         """``prompt``'s tokens as the least loaded engine that answers tokenizes them (the routing's
         tokenization: an HTTP door's counts and breakpoints)."""
         members = sorted(self._routable(), key=lambda m: (m.load, m.name))
-        return _tokenized(prompt, call, members, 0)
+        return tokenized_by_first(prompt, call, members, 0)
 
     def detokenize(self, ids: Sequence[int], call: CallContext) -> str:
         """The text of ``ids`` (InvalidArgument naming ``tokens`` for one outside the vocabulary)."""
         members = sorted(self._routable(), key=lambda m: (m.load, m.name))
-        return _first_that_serves(members, lambda m: m.gateway.detokenize(ids, call), retry=(Unavailable,))
+        return first_that_serves(members, lambda m: m.gateway.detokenize(ids, call), retry=(Unavailable,))
 
     def stats(self, where: Callable[[str], bool] | None = None) -> FleetStats:
         """Every engine's stats; with ``where`` (a caller's scopes) only those entries, summed."""
@@ -279,17 +275,25 @@ class Fleet:
         raise Unavailable(f"no engine serves ({len(members)} known)" if members else "no engine is known yet")
 
     def _route(
-        self, namespace: str, prompt: Prompt, call: CallContext, wanted_ends: int = 0
+        self,
+        namespace: str,
+        prompt: Prompt,
+        call: CallContext,
+        wanted_ends: int = 0,
+        roles: Sequence[str] = (),
     ) -> tuple[Tokenized, list[EngineMember], dict[str, int]]:
-        """The prompt tokenized, the engines to try in order, and the positions each can reuse."""
-        members = self._routable()
+        """The prompt tokenized, the engines to try in order, and the positions each can reuse; with
+        ``roles`` (a split fleet's half) the policy picks among those engines, the others follow."""
+        routable = self._routable()
+        members = [m for m in routable if role_of(m) in roles] or routable if roles else routable
+        others = [m for m in routable if m not in members]
         by_load = sorted(members, key=lambda m: (m.load, m.name))
-        tokenized = _tokenized(prompt, call, by_load, wanted_ends)
+        tokenized = tokenized_by_first(prompt, call, by_load, wanted_ends)
         tokens = list(tokenized.ids)
         draining = self._draining()
         if len(members) == 1 and not draining:
             self._count(members[0], None)
-            return tokenized, members, {}
+            return tokenized, members + others, {}
         key = token_key(tokens)  # validated once for every engine's index
         candidates = [m.candidate(namespace, key) for m in members]
         sources = tuple(m.candidate(namespace, key) for m in draining) + self._directory(
@@ -298,7 +302,7 @@ class Fleet:
         route = self.policy.route(candidates, RouteRequest(len(tokens), self.rates.rates(), sources))
         named = {m.name: m for m in members}
         self._count(named[route.first.name], route)
-        order = [named[c.name] for c in route.order]
+        order = [named[c.name] for c in route.order] + others
         reusable = {c.name: c.reusable for c in candidates}
         if route.move is not None and _moved(
             self, route.move, order[0], namespace, key, reusable[order[0].name], call
@@ -361,33 +365,3 @@ def elected_fingerprint(members: Sequence[EngineMember], current: str) -> str:
     if not votes or votes.get(current, 0) == max(votes.values()):
         return current
     return next(m.fingerprint for m in voters if votes[m.fingerprint] == max(votes.values()))
-
-
-def _tokenized(
-    prompt: Prompt, call: CallContext, engines: Sequence[EngineMember], wanted_ends: int
-) -> Tokenized:
-    """Token ids as given, or the text tokenized (with up to ``wanted_ends`` message ends) by the first
-    engine that answers."""
-    if not isinstance(prompt, TextPrompt):
-        return Tokenized(tuple(prompt))
-
-    def tokenize_on(member: EngineMember) -> Tokenized:
-        return member.gateway.tokenized(prompt, call, wanted_ends)
-
-    return _first_that_serves(engines, tokenize_on, retry=(Unavailable,))
-
-
-def _first_that_serves(
-    engines: Sequence[EngineMember],
-    call: Callable[[EngineMember], object],
-    retry: tuple[type[ForklineError], ...] = _RETRY_ELSEWHERE,
-):
-    """``call`` on each engine in turn until one does not fail with a ``retry`` error."""
-    for i, member in enumerate(engines):
-        try:
-            return call(member)
-        except retry as exc:
-            if i == len(engines) - 1:
-                raise
-            log.info("engine %s could not serve (%s): trying %s", member.name, exc, engines[i + 1].name)
-    raise Unavailable("no engine to route to")

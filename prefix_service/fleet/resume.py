@@ -9,6 +9,7 @@ the same stream: the client sees a pause, never an error, a repeated or a missin
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Collection, Generator
@@ -25,17 +26,27 @@ MAX_RESUMES = 2  # --max_resumes: resumes per generation
 
 # (the request to start, the engines to avoid) -> a started stream (the fleet routes it)
 Start = Callable[[GatewayRequest, frozenset[str]], RoutedStream]
+# a hand-off's start: also the engine whose prompt snapshot moves to the chosen one ("": none)
+HandOff = Callable[[GatewayRequest, frozenset[str], str], RoutedStream]
 
 
 class ResumingStream:
     """Iterate it once for the client's events; :meth:`stop` (any thread) when the client leaves.
     ``request.prompt`` holds token ids (the fleet tokenized it); ``stops``: the ids that end the
-    generation (its stop tokens, else the model's EOS), so a stream cut right after one ends there."""
+    generation (its stop tokens, else the model's EOS), so a stream cut right after one ends there.
+    ``hand_off`` (a split fleet, ``handoff.py``): ``start`` runs the prompt and the first token, then
+    the rest streams from a ``hand_off`` start, as a resume does, and later resumes start there too."""
 
     def __init__(
-        self, start: Start, request: GatewayRequest, stops: Collection[int], max_resumes: int
+        self,
+        start: Start,
+        request: GatewayRequest,
+        stops: Collection[int],
+        max_resumes: int,
+        hand_off: HandOff | None = None,
     ) -> None:
         self._start, self._request, self._max = start, request, max_resumes
+        self._hand_off = hand_off
         self._stops = frozenset(stops)
         self._stopped = False
         self._failed: set[str] = set()
@@ -53,10 +64,10 @@ class ResumingStream:
     def __iter__(self) -> Generator[GatewayEvent, None, None]:
         streamed: list[int] = []
         started: Started | None = None
-        resumes, recomputed, pause = 0, 0, 0.0
+        resumes, recomputed, pause, handed = 0, 0, 0.0, False
         began, first_token_at, failed_at = time.perf_counter(), 0.0, 0.0
         while True:
-            finished = False
+            finished = hand_now = False
             try:
                 for event in _closing(iter(self._stream)):
                     if failed_at and not isinstance(event, Started):
@@ -65,7 +76,7 @@ class ResumingStream:
                         if started is None:
                             started = event
                             yield event
-                        else:
+                        elif resumes:
                             recomputed += event.input_positions  # the resume's prefill
                         continue
                     if isinstance(event, Tokens):
@@ -75,7 +86,10 @@ class ResumingStream:
                         continue
                     if event.finish_reason is FinishReason.CANCELLED and not self._stopped:
                         raise Unavailable(f"engine {self._stream.engine} cancelled the generation")
-                    if resumes:
+                    if self._handing_off(event, streamed, handed):
+                        handed = hand_now = True  # the prefill half ended: the rest streams elsewhere
+                        continue
+                    if resumes or handed:
                         event = replace(
                             event,
                             prompt_positions=started.input_positions if started else event.prompt_positions,
@@ -91,6 +105,13 @@ class ResumingStream:
                     finished = True  # the engine stream ends after its Done: read it to its end
                 if finished:
                     return
+                if hand_now and self._hand_off is not None:
+                    source, hand_off = self._stream.engine, self._hand_off
+                    self._start = functools.partial(_no_source, hand_off)  # resumes start there too
+                    self._stream = hand_off(self._resumed(streamed), frozenset(), source)
+                    if self._stopped:
+                        self._stream.stop()
+                    continue
                 raise Unavailable(f"engine {self._stream.engine} ended the stream without Done")
             except ForklineError as exc:
                 if not engine_failed(exc) or self._stopped or resumes >= self._max:
@@ -109,6 +130,16 @@ class ResumingStream:
                     raise exc from None
                 if self._stopped:  # the client left while the resume started
                     self._stream.stop()
+
+    def _handing_off(self, done: Done, streamed: list[int], handed: bool) -> bool:
+        """Whether ``done`` ends the prefill half of a split generation (its first token sent, more to
+        come): the rest is handed off."""
+        return (
+            self._hand_off is not None
+            and not handed
+            and done.finish_reason is FinishReason.LENGTH
+            and 0 < len(streamed) < self._request.config.max_new_tokens
+        )
 
     def _resumed(self, streamed: list[int]) -> GatewayRequest:
         """The request over prompt + ``streamed``: the rest of the budget, ``drawn_tokens`` on."""
@@ -155,6 +186,10 @@ class ResumingStream:
             resumes=resumes,
             resumed_positions=recomputed,
         )
+
+
+def _no_source(hand_off: HandOff, request: GatewayRequest, avoid: frozenset[str]) -> RoutedStream:
+    return hand_off(request, avoid, "")
 
 
 def engine_failed(exc: ForklineError) -> bool:

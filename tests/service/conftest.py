@@ -83,6 +83,7 @@ def start_engine(
     snapshot_key: SnapshotKey | None = None,
     metrics: bool = False,
     kv_memory_mib: int = 0,
+    role: str = "both",
 ) -> Engine:
     """``quota`` / ``persistent_quota``: the engine's per-owner quotas (default: none; the CLI's
     defaults are ``engine_service.sessions.handles.engine_quotas``). ``host``: where it binds
@@ -108,6 +109,7 @@ def start_engine(
             persistent_quota=persistent_quota,
             prepared_inputs=prepared_inputs,
             snapshot_key=snapshot_key,
+            role=role,
         ),
     )
     server, bound = create_server(deps, f"{host}:{port}", stuck_after_s=stuck_after_s, metrics=metrics)

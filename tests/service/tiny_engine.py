@@ -19,7 +19,9 @@ STEP_ENV = "FORKLINE_TEST_STEP_S"
 
 def start(args):
     key = read_snapshot_key(args.snapshot_key) if args.snapshot_key else None
-    engine = start_engine(port=args.port, max_sessions=8, stuck_after_s=args.stuck_after, snapshot_key=key)
+    engine = start_engine(
+        port=args.port, max_sessions=8, stuck_after_s=args.stuck_after, snapshot_key=key, role=args.role
+    )
     step_s = float(os.environ.get(STEP_ENV, "0"))
     executor = engine.runner._engine._executor
     execute = executor.execute

@@ -54,6 +54,7 @@ def info_message(info: EngineInfo) -> pb.InfoResponse:
         heartbeat_age_s=info.heartbeat_age_s,
         heartbeat_longest_s=info.heartbeat_longest_s,
         pinned_exports=info.pinned_exports,
+        role=info.role,
     )
 
 
@@ -99,4 +100,5 @@ def engine_info(msg: pb.InfoResponse) -> EngineInfo:
         heartbeat_age_s=msg.heartbeat_age_s,
         heartbeat_longest_s=msg.heartbeat_longest_s,
         pinned_exports=msg.pinned_exports,
+        role=msg.role or "both",
     )

@@ -119,3 +119,34 @@ def test_spent_resumes_and_no_engine_left_raise_the_error(max_resumes) -> None:
     start, _ = streams(Scripted("a", [Started("", 0, 3), ResourceExhausted("full")]))
     with pytest.raises(ResourceExhausted):  # not a failure of the engine: never resumed
         list(ResumingStream(start, request(), (EOS,), max_resumes=2))
+
+
+def test_a_split_generation_is_handed_off_after_its_first_token() -> None:
+    """The prefill half ends with its one token (LENGTH): the rest starts from the hand-off with the
+    prefill engine as the snapshot's source; a later failure resumes through the hand-off too."""
+    handed: list[tuple[GatewayRequest, frozenset[str], str]] = []
+    decode = [
+        Scripted("d1", [Started("", 4, 1), Tokens((3, 4), ""), Unavailable("gone")]),
+        Scripted("d2", [Started("", 0, 7), Tokens((8,), ""), done(1)]),
+    ]
+
+    def hand_off(request: GatewayRequest, avoid: frozenset[str], source: str):
+        handed.append((request, avoid, source))
+        return decode.pop(0)
+
+    start, calls = streams(Scripted("p", [Started("", 0, 3), Tokens((1,), ""), done(1)]))
+    events = list(ResumingStream(start, request(4), (EOS,), max_resumes=1, hand_off=hand_off))
+    assert [i for e in events if isinstance(e, Tokens) for i in e.ids] == [1, 3, 4, 8]
+    assert [type(e) for e in events].count(Started) == 1 and len(calls) == 1
+    (first, avoid, source), (second, avoid2, source2) = handed
+    assert source == "p" and avoid == set() and first.prompt == [*PROMPT, 1]
+    assert (first.config.max_new_tokens, first.config.drawn_tokens) == (3, 1)
+    assert source2 == "" and avoid2 == {"d1"} and second.prompt == [*PROMPT, 1, 3, 4]
+    last = events[-1]
+    assert (last.generated_tokens, last.resumes, last.resumed_positions) == (4, 1, 7)
+
+
+def test_a_first_token_that_ends_the_answer_is_not_handed_off() -> None:
+    start, _ = streams(Scripted("p", [Started("", 0, 3), Tokens((EOS,), ""), done(1, FinishReason.STOP)]))
+    events = list(ResumingStream(start, request(4), (EOS,), max_resumes=1, hand_off=lambda *a: 1 / 0))
+    assert events[-1].finish_reason is FinishReason.STOP
