@@ -215,12 +215,27 @@ def resume(figures: dict) -> list[str]:
     return [*table(head, rows), ""]
 
 
+def faults(figures: dict) -> list[str]:
+    """bench/faults.py's report: per fault class, trials, outputs equal to the cold run, how they ended."""
+    rows = [
+        [
+            name,
+            str(c.get("trials")),
+            str(c.get("exact")),
+            ", ".join(f"{k} {v}" for k, v in c.get("ended", {}).items()),
+        ]
+        for name, c in figures.get("classes", {}).items()
+    ]
+    return [*table(["fault class", "trials", "equal to the cold run", "how they ended"], rows), ""]
+
+
 RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "bench_vs_llamacpp": vs_llamacpp,
     "bench_workloads": workloads,
     "bench_http_hits": http_hits,
     "bench_agent_turns": agent_turns,
     "bench_resume": resume,
+    "faults": faults,
 }
 
 

@@ -1,0 +1,297 @@
+"""The fault campaign (docs/RESUME.md): real processes of the tests' tiny engine (forwards slowed so a
+stream lasts) behind a prefix service, one fault class at a time, many trials each at random points,
+every output compared with a cold run of the same request on an engine's own Generate. Classes:
+
+- ``kill_prefill`` / ``kill_decode``: ``kill -9`` of the serving engine of two, once the stream started
+  (before its first token) or at a random token; the stream resumes on the other engine;
+- ``sigstop``: SIGSTOP of the serving engine for 2 s at a random token, then SIGCONT;
+- ``bitflip`` / ``truncate``: a stored snapshot file damaged while the prefix service is down; its
+  restart must refuse the file and recompute;
+- ``prefix_kill``: ``kill -9`` of the prefix service mid-stream (the client sees UNAVAILABLE: not
+  survivable by design), restarted over the same snapshot directory; the request again.
+
+Per class: trials, outputs equal to the cold run, and how each trial ended (resumed, paused, refused
+file, client error then retried). Prints JSON, draws a PNG next to --out.
+
+    .venv/bin/python bench/faults.py [--trials 10] [--classes ...] [--out bench/out/faults.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+from bench_resume import free_port  # noqa: E402
+from workload_servers import Process  # noqa: E402
+
+from clients.engine_client import EngineClient  # noqa: E402
+from clients.prefix_client import PrefixClient  # noqa: E402
+from engine_service.api.config import GenConfig  # noqa: E402
+from engine_service.api.errors import ForklineError  # noqa: E402
+from engine_service.api.stream_events import Done, Started, Tokens  # noqa: E402
+from protos import prefix_pb2  # noqa: E402
+
+NEW_TOKENS = 60
+STEP_S = 0.02
+CLASSES = ("kill_prefill", "kill_decode", "sigstop", "bitflip", "truncate", "prefix_kill")
+
+
+def tiny_engine(port: int) -> Process:
+    os.environ["FORKLINE_TEST_STEP_S"] = str(STEP_S)
+    return Process(["tests.service.tiny_engine", "--port", str(port)], ["grpc"])
+
+
+class Rig:
+    """Tiny engines on fixed ports and a prefix service over them (optionally a snapshot directory)."""
+
+    def __init__(self, engines: int, folder: str | None = None) -> None:
+        self.ports = [free_port() for _ in range(engines)]
+        self.engines = {p: tiny_engine(p) for p in self.ports}
+        self.folder = folder
+        self.prefix_port = free_port()
+        self.prefix = self._prefix()
+
+    def _prefix(self) -> Process:
+        addresses = [a for p in self.ports for a in ("--engine", f"127.0.0.1:{p}")]
+        # with a directory: prompt snapshots only, so the file a trial damages is the one it asks for
+        extra = ["--snapshot_dir", self.folder, "--no-cache_generated"] if self.folder else []
+        return Process(["prefix_service", *addresses, "--port", str(self.prefix_port), *extra], ["grpc"])
+
+    def client(self) -> PrefixClient:
+        return PrefixClient(f"127.0.0.1:{self.prefix_port}", owner="faults", timeout=120)
+
+    def serving(self, client: PrefixClient) -> int:
+        stats = client.stub.Stats(prefix_pb2.StatsRequest(), timeout=30).engines
+        return int(next(e.engine for e in stats if e.in_flight > 0).rsplit(":", 1)[1])
+
+    def restart_engine(self, port: int) -> None:
+        for attempt in range(5):
+            try:
+                self.engines[port] = tiny_engine(port)
+                return
+            except RuntimeError:
+                if attempt == 4:
+                    raise
+                time.sleep(1)
+
+    def routable(self, client: PrefixClient, count: int) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            stats = client.stub.Stats(prefix_pb2.StatsRequest(), timeout=30).engines
+            if sum(e.routable for e in stats) == count:
+                return
+            time.sleep(0.1)
+        raise RuntimeError("engines did not become routable")
+
+    def stop(self) -> None:
+        for process in [self.prefix, *self.engines.values()]:
+            process.stop()
+
+
+def cold(port: int, prompt: list[int], config: GenConfig) -> list[int]:
+    client = EngineClient(f"127.0.0.1:{port}", owner="cold", timeout=120)
+    try:
+        return list(client.generate(prompt, config=config, ignore_eos=True).collect().tokens)
+    finally:
+        client.close_channel()
+
+
+def streamed(client: PrefixClient, prompt: list[int], config: GenConfig, at_event) -> tuple[list[int], Done]:
+    """The stream's tokens and Done; ``at_event(event, tokens)`` is called on each event."""
+    tokens: list[int] = []
+    done = None
+    for event in client.generate(prompt, config=config, ignore_eos=True, namespace="faults"):
+        if isinstance(event, Tokens):
+            tokens.extend(event.ids)
+        if isinstance(event, Done):
+            done = event
+        at_event(event, tokens)
+    assert done is not None
+    return tokens, done
+
+
+def engine_faults(kind: str, trials: int, rng: random.Random) -> list[dict]:
+    rig = Rig(2)
+    rows = []
+    try:
+        client = rig.client()
+        rig.routable(client, 2)
+        for trial in range(trials):
+            prompt = [rng.randrange(65, 91) for _ in range(rng.randrange(80, 200))]
+            config = GenConfig(max_new_tokens=NEW_TOKENS, temperature=rng.choice([0.0, 1.0]), seed=trial)
+            reference = cold(rig.ports[0], prompt, config)
+            point = rng.randrange(1, NEW_TOKENS - 5)
+            fired: list[int] = []
+
+            def fault(event, tokens, point=point, fired=fired) -> None:
+                due = isinstance(event, Started) if kind == "kill_prefill" else len(tokens) >= point
+                if fired or not due:
+                    return
+                port = rig.serving(client)
+                fired.append(port)
+                if kind == "sigstop":
+                    proc = rig.engines[port].proc
+                    proc.send_signal(signal.SIGSTOP)
+                    threading.Timer(2.0, proc.send_signal, (signal.SIGCONT,)).start()
+                else:
+                    rig.engines[port].proc.kill()
+
+            started = time.perf_counter()
+            tokens, done = streamed(client, prompt, config, fault)
+            rows.append({"exact": tokens == reference, "ended": "resumed" if done.resumes else "paused",
+                         "resumes": done.resumes, "recomputed": done.resumed_positions,
+                         "pause_s": round(done.resume_pause_s, 3), "seconds": round(time.perf_counter() - started, 3)})  # fmt: skip
+            if kind != "sigstop" and fired:
+                rig.restart_engine(fired[0])
+                rig.routable(client, 2)
+        client.close_channel()
+    finally:
+        rig.stop()
+    return rows
+
+
+def file_faults(kind: str, trials: int, rng: random.Random) -> list[dict]:
+    rows = []
+    for _ in range(trials):
+        folder = tempfile.mkdtemp(prefix="forkline-faults-")
+        rig = Rig(1, folder)
+        try:
+            client = rig.client()
+            prompt = [rng.randrange(65, 91) for _ in range(rng.randrange(80, 200))]
+            config = GenConfig(max_new_tokens=8, temperature=0.0)
+            client.generate(prompt, config=config, ignore_eos=True, namespace="faults").collect()
+            files = []
+            deadline = time.monotonic() + 30
+            while not files and time.monotonic() < deadline:  # the write-behind writer
+                files = sorted(Path(folder).glob("*.safetensors"))
+                time.sleep(0.1)
+            client.close_channel()
+            rig.prefix.proc.kill()
+            rig.prefix.proc.wait(30)
+            data = bytearray(files[0].read_bytes())
+            if kind == "bitflip":
+                data[rng.randrange(len(data) // 2, len(data))] ^= 1 << rng.randrange(8)
+            else:
+                data = data[: rng.randrange(16, len(data) - 1)]
+            files[0].write_bytes(bytes(data))
+            rig.prefix = rig._prefix()  # releases what the killed instance held in the engine
+            client = rig.client()
+            question = prompt + [ord("?")]
+            tokens, done = streamed(client, question, config, lambda e, t: None)
+            disk = client.stub.Stats(prefix_pb2.StatsRequest(), timeout=30).snapshot_dir
+            ended = (
+                "refused_file"
+                if disk.refused or disk.discarded
+                else "restored"
+                if disk.restored
+                else "recomputed"
+            )
+            rows.append({"exact": tokens == cold(rig.ports[0], question, config), "ended": ended,
+                         "reused": done.reused_positions})  # fmt: skip
+            client.close_channel()
+        finally:
+            rig.stop()
+            shutil.rmtree(folder, ignore_errors=True)
+    return rows
+
+
+def prefix_kill(trials: int, rng: random.Random) -> list[dict]:
+    folder = tempfile.mkdtemp(prefix="forkline-faults-")
+    rig = Rig(1, folder)
+    rows = []
+    try:
+        for _ in range(trials):
+            client = rig.client()
+            prompt = [rng.randrange(65, 91) for _ in range(rng.randrange(80, 200))]
+            config = GenConfig(max_new_tokens=NEW_TOKENS, temperature=0.0)
+            point = rng.randrange(1, NEW_TOKENS - 5)
+
+            def fault(event, tokens, point=point) -> None:
+                if len(tokens) >= point and rig.prefix.proc.poll() is None:
+                    rig.prefix.proc.kill()
+
+            try:
+                streamed(client, prompt, config, fault)
+                ended = "completed"
+            except ForklineError:
+                ended = "error_then_retried"
+            client.close_channel()
+            rig.prefix.proc.wait(30)
+            rig.prefix = rig._prefix()
+            client = rig.client()
+            tokens, _ = streamed(client, prompt, config, lambda e, t: None)
+            rows.append({"exact": tokens == cold(rig.ports[0], prompt, config), "ended": ended})
+            client.close_channel()
+    finally:
+        rig.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+    return rows
+
+
+def summary(rows: list[dict]) -> dict:
+    return {"trials": len(rows), "exact": sum(r["exact"] for r in rows),
+            "ended": dict(Counter(r["ended"] for r in rows)), "rows": rows}  # fmt: skip
+
+
+def plot(report: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(report["classes"])
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.bar(names, [report["classes"][n]["trials"] for n in names], label="trials", color="lightgray")
+    ax.bar(names, [report["classes"][n]["exact"] for n in names], 0.5, label="equal to the cold run")
+    ax.set_ylabel("trials")
+    ax.legend(fontsize=8)
+    plt.setp(ax.get_xticklabels(), rotation=20)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--classes", nargs="+", default=list(CLASSES), choices=CLASSES)
+    parser.add_argument("--seed", type=int, default=2)
+    parser.add_argument("--out", default=os.path.join(HERE, "out", "faults.json"))
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    report = {"new_tokens": NEW_TOKENS, "step_s": STEP_S, "classes": {}}
+    for kind in args.classes:
+        if kind in ("bitflip", "truncate"):
+            rows = file_faults(kind, args.trials, rng)
+        elif kind == "prefix_kill":
+            rows = prefix_kill(args.trials, rng)
+        else:
+            rows = engine_faults(kind, args.trials, rng)
+        report["classes"][kind] = summary(rows)
+        print(
+            json.dumps({kind: {k: v for k, v in report["classes"][kind].items() if k != "rows"}}), flush=True
+        )
+    report["all_exact"] = all(c["exact"] == c["trials"] for c in report["classes"].values())
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    plot(report, os.path.splitext(args.out)[0] + ".png")
+    print(json.dumps({k: ({n: {x: y for x, y in c.items() if x != "rows"} for n, c in v.items()}
+                          if k == "classes" else v) for k, v in report.items()}, indent=1))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
