@@ -15,9 +15,11 @@ import argparse
 import json
 import os
 import random
+import shutil
 import socket
 import statistics
 import sys
+import tempfile
 import time
 
 import httpx
@@ -52,12 +54,12 @@ def free_port() -> int:
 class Fleet:
     """Two engine processes on fixed ports and a prefix service (gRPC and HTTP) over them."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, prefix_flags: tuple[str, ...] = ()) -> None:
         self.model, self.ports = model, [free_port(), free_port()]
         self.engines = {p: self._engine(p) for p in self.ports}
         addresses = [a for p in self.ports for a in ("--engine", f"127.0.0.1:{p}")]
         self.prefix = Process(
-            ["prefix_service", *addresses, "--port", "0", "--http_port", "0"], ["grpc", "http"]
+            ["prefix_service", *addresses, "--port", "0", "--http_port", "0", *prefix_flags], ["grpc", "http"]
         )
         self.client = PrefixClient(self.prefix.found["grpc"], owner="bench", timeout=600)
         self.http = f"http://{self.prefix.found['http']}/v1"
@@ -99,15 +101,21 @@ class Fleet:
             process.stop()
 
 
-def grpc_run(fleet: Fleet, mode: str, kill_at: int | None) -> dict:
+def grpc_run(fleet: Fleet, mode: str, kill_at: int | None, salt: str = "") -> dict:
     temperature, seed = MODES[mode]
     config = GenConfig(max_new_tokens=NEW_TOKENS, temperature=temperature, seed=seed)
     tokens: list[int] = []
+    arrivals: list[float] = []  # seconds from the request to each token
     done: Done | None = None
     killed = False
-    for event in fleet.client.generate(text=PROMPT, config=config, ignore_eos=True, namespace=mode):
+    sent = time.perf_counter()
+    stream = fleet.client.generate(
+        text=PROMPT, config=config, ignore_eos=True, namespace=mode, cache_salt=salt
+    )
+    for event in stream:
         if isinstance(event, Tokens):
             tokens.extend(event.ids)
+            arrivals += [time.perf_counter() - sent] * len(event.ids)
             if kill_at is not None and not killed and len(tokens) >= kill_at:
                 fleet.kill_serving()
                 killed = True
@@ -116,19 +124,21 @@ def grpc_run(fleet: Fleet, mode: str, kill_at: int | None) -> dict:
     assert done is not None
     return {
         "out": tokens,
+        "arrivals": arrivals,
         "pause_s": done.resume_pause_s,
         "resumes": done.resumes,
         "recomputed": done.resumed_positions,
     }
 
 
-def http_run(fleet: Fleet, mode: str, kill_at: int | None) -> dict:
+def http_run(fleet: Fleet, mode: str, kill_at: int | None, salt: str = "") -> dict:
     temperature, seed = MODES[mode]
     body = {"model": fleet.served, "prompt": PROMPT, "max_tokens": NEW_TOKENS, "temperature": temperature,
-            "seed": seed, "stream": True}  # fmt: skip
+            "seed": seed, "stream": True, **({"cache_salt": salt} if salt else {})}  # fmt: skip
     pieces: list[str] = []
     gaps: list[float] = []
-    killed, last = False, 0.0
+    arrivals: list[float] = []
+    killed, last, sent = False, 0.0, time.perf_counter()
     with httpx.stream("POST", fleet.http + "/completions", json=body, timeout=600) as response:
         response.raise_for_status()
         for line in response.iter_lines():
@@ -142,14 +152,20 @@ def http_run(fleet: Fleet, mode: str, kill_at: int | None) -> dict:
                 gaps.append(now - last)
             last = now
             pieces.append("".join(c.get("text") or "" for c in chunk["choices"]))
+            arrivals.append(now - sent)
             if kill_at is not None and not killed and len(pieces) >= kill_at:
                 fleet.kill_serving()
                 killed, last = True, time.perf_counter()
-    return {"out": "".join(pieces), "pause_s": max(gaps, default=0.0), "chunks": len(pieces)}
+    return {
+        "out": "".join(pieces),
+        "arrivals": arrivals,
+        "pause_s": max(gaps, default=0.0),
+        "chunks": len(pieces),
+    }
 
 
-def run_model(name: str, trials: int, rng: random.Random) -> dict:
-    fleet = Fleet(name)
+def run_model(name: str, trials: int, rng: random.Random, prefix_flags: tuple[str, ...] = ()) -> dict:
+    fleet = Fleet(name, prefix_flags)
     rows = []
     try:
         doors = {"grpc": grpc_run, "http": http_run}
@@ -160,13 +176,16 @@ def run_model(name: str, trials: int, rng: random.Random) -> dict:
             length = len(ref["out"]) if door == "grpc" else ref["chunks"]
             kill_at = rng.randint(1, max(1, length - 2))
             try:
-                got = doors[door](fleet, mode, kill_at)
+                # its own cache scope: what the reference run or an earlier trial stored is not reused
+                got = doors[door](fleet, mode, kill_at, f"trial-{trial}")
             except Exception:
                 print("\n".join(fleet.prefix.tail), file=sys.stderr)
                 raise
             fleet.restart()
+            # a client that restarts instead waits this long for the same tokens again (the reference)
+            scratch = ref["arrivals"][kill_at - 1]
             row = {"door": door, "mode": mode, "kill_at": kill_at, "exact": got["out"] == ref["out"],
-                   "pause_s": round(got["pause_s"], 4)}  # fmt: skip
+                   "pause_s": round(got["pause_s"], 4), "scratch_s": round(scratch, 4)}  # fmt: skip
             if door == "grpc":
                 row |= {"resumes": got["resumes"], "recomputed": got["recomputed"]}
             rows.append(row)
@@ -174,7 +193,10 @@ def run_model(name: str, trials: int, rng: random.Random) -> dict:
     finally:
         fleet.stop()
     pauses = sorted(r["pause_s"] for r in rows)
+    greedy = reference[("grpc", "greedy")]["arrivals"]
     return {
+        "decode_tok_s": round((len(greedy) - 1) / (greedy[-1] - greedy[0]), 1),
+        "pause_over_restart_max": round(max(r["pause_s"] / r["scratch_s"] for r in rows), 3),
         "trials": rows,
         "exact": sum(r["exact"] for r in rows),
         "of": len(rows),
@@ -209,13 +231,28 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["smollm2", "gemma3"])
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument(
+        "--checkpoint_tokens",
+        type=int,
+        default=0,
+        help="decode checkpoints: the prefix service's --resume_checkpoint_tokens N with a snapshot directory",
+    )
     parser.add_argument("--out", default=os.path.join(HERE, "out", "resume.json"))
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    report = {"new_tokens": NEW_TOKENS, "load_average_1_5_15min": list(os.getloadavg()), "models": {}}
+    report = {"new_tokens": NEW_TOKENS, "checkpoint_tokens": args.checkpoint_tokens,
+              "load_average_1_5_15min": list(os.getloadavg()), "models": {}}  # fmt: skip
+    folder = tempfile.mkdtemp(prefix="forkline-resume-") if args.checkpoint_tokens else ""
+    flags = (
+        ("--snapshot_dir", folder, "--resume_checkpoint_tokens", str(args.checkpoint_tokens))
+        if folder
+        else ()
+    )
     for model in args.models:
         name = ALIASES.get(model, model)
-        report["models"][name] = run_model(name, args.trials, rng)
+        report["models"][name] = run_model(name, args.trials, rng, flags)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)

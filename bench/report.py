@@ -200,9 +200,11 @@ def agent_turns(figures: dict) -> list[str]:
 
 
 def resume(figures: dict) -> list[str]:
-    """bench_resume.py's report: per model and door, trials exact, the client's pause p50 / max, and
-    the positions a resume recomputed (gRPC reports them)."""
-    head = ["model", "door", "trials exact", "pause p50, s", "pause max, s", "positions recomputed (min-max)"]
+    """bench_resume.py's report: per model and door, trials exact, the client's pause p50 / max, the
+    longest pause over what a restart from scratch would wait, the positions a resume recomputed
+    (gRPC reports them), and the uninterrupted decode rate (checkpoints cost there)."""
+    head = ["model", "door", "trials exact", "pause p50, s", "pause max, s", "pause / restart (max)",
+            "positions recomputed (min-max)", "decode tok/s"]  # fmt: skip
     rows = []
     for model, r in figures.get("models", {}).items():
         for door in ("grpc", "http"):
@@ -210,8 +212,11 @@ def resume(figures: dict) -> list[str]:
             pauses = sorted(t["pause_s"] for t in trials) or [0]
             recomputed = [t["recomputed"] for t in trials if "recomputed" in t]
             spread = f"{min(recomputed)}-{max(recomputed)}" if recomputed else "-"
+            ratio = max((t["pause_s"] / t["scratch_s"] for t in trials if t.get("scratch_s")), default=None)
             rows.append([model, door, f"{sum(t['exact'] for t in trials)} / {len(trials)}",
-                         value(pauses[len(pauses) // 2]), value(pauses[-1]), spread])  # fmt: skip
+                         value(pauses[len(pauses) // 2]), value(pauses[-1]),
+                         value(round(ratio, 3)) if ratio is not None else "-", spread,
+                         value(r.get("decode_tok_s"))])  # fmt: skip
     return [*table(head, rows), ""]
 
 
@@ -235,6 +240,7 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "bench_http_hits": http_hits,
     "bench_agent_turns": agent_turns,
     "bench_resume": resume,
+    "bench_resume_checkpoints": resume,
     "faults": faults,
 }
 
