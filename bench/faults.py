@@ -5,6 +5,8 @@ every output compared with a cold run of the same request on an engine's own Gen
 - ``kill_prefill`` / ``kill_decode``: ``kill -9`` of the serving engine of two, once the stream started
   (before its first token) or at a random token; the stream resumes on the other engine;
 - ``sigstop``: SIGSTOP of the serving engine for 2 s at a random token, then SIGCONT;
+- ``kill_export`` / ``kill_import``: a split fleet (``--role prefill`` and ``decode``), the prefill engine
+  killed while the hand-off exports the prompt's snapshot, or the decode engine while it imports it;
 - ``bitflip`` / ``truncate``: a stored snapshot file damaged while the prefix service is down; its
   restart must refuse the file and recompute;
 - ``prefix_kill``: ``kill -9`` of the prefix service mid-stream (the client sees UNAVAILABLE: not
@@ -47,20 +49,23 @@ from protos import prefix_pb2  # noqa: E402
 
 NEW_TOKENS = 60
 STEP_S = 0.02
-CLASSES = ("kill_prefill", "kill_decode", "sigstop", "bitflip", "truncate", "prefix_kill")
+CLASSES = (
+    "kill_prefill", "kill_decode", "sigstop", "kill_export", "kill_import", "bitflip", "truncate", "prefix_kill"
+)  # fmt: skip
 
 
-def tiny_engine(port: int) -> Process:
+def tiny_engine(port: int, role: str = "both") -> Process:
     os.environ["FORKLINE_TEST_STEP_S"] = str(STEP_S)
-    return Process(["tests.service.tiny_engine", "--port", str(port)], ["grpc"])
+    return Process(["tests.service.tiny_engine", "--port", str(port), "--role", role], ["grpc"])
 
 
 class Rig:
     """Tiny engines on fixed ports and a prefix service over them (optionally a snapshot directory)."""
 
-    def __init__(self, engines: int, folder: str | None = None) -> None:
+    def __init__(self, engines: int, folder: str | None = None, roles: tuple[str, ...] = ()) -> None:
         self.ports = [free_port() for _ in range(engines)]
-        self.engines = {p: tiny_engine(p) for p in self.ports}
+        self.roles = dict(zip(self.ports, roles or ("both",) * engines, strict=True))
+        self.engines = {p: tiny_engine(p, self.roles[p]) for p in self.ports}
         self.folder = folder
         self.prefix_port = free_port()
         self.prefix = self._prefix()
@@ -81,7 +86,7 @@ class Rig:
     def restart_engine(self, port: int) -> None:
         for attempt in range(5):
             try:
-                self.engines[port] = tiny_engine(port)
+                self.engines[port] = tiny_engine(port, self.roles[port])
                 return
             except RuntimeError:
                 if attempt == 4:
@@ -158,6 +163,49 @@ def engine_faults(kind: str, trials: int, rng: random.Random) -> list[dict]:
             if kind != "sigstop" and fired:
                 rig.restart_engine(fired[0])
                 rig.routable(client, 2)
+        client.close_channel()
+    finally:
+        rig.stop()
+    return rows
+
+
+def handoff_faults(kind: str, trials: int, rng: random.Random) -> list[dict]:
+    """A split fleet (a prefill and a decode engine): the prefill engine killed as the hand-off exports
+    its prompt snapshot (``kill_export``), or the decode engine as it imports it (``kill_import``), at a
+    random moment within 60 ms of the first token."""
+    rig = Rig(2, roles=("prefill", "decode"))
+    prefill, decode = rig.ports
+    victim = prefill if kind == "kill_export" else decode
+    rows = []
+    try:
+        client = rig.client()
+        rig.routable(client, 2)
+        for trial in range(trials):
+            prompt = [rng.randrange(65, 91) for _ in range(rng.randrange(80, 200))]
+            config = GenConfig(max_new_tokens=NEW_TOKENS, temperature=rng.choice([0.0, 1.0]), seed=trial)
+            survivor = decode if victim == prefill else prefill
+            reference = cold(survivor, prompt, config)
+            delay = rng.uniform(0.0, 0.06)
+            timers: list[threading.Timer] = []
+
+            def fault(event, tokens, delay=delay, timers=timers) -> None:
+                if tokens and not timers:
+                    timers.append(threading.Timer(delay, rig.engines[victim].proc.kill))
+                    timers[0].start()
+
+            tokens, done = streamed(client, prompt, config, fault)
+            timers[0].join()
+            ended = (
+                "resumed"
+                if done.resumes
+                else "handed_off"
+                if done.engine.endswith(f":{decode}")
+                else "kept_local"
+            )
+            rows.append({"exact": tokens == reference, "ended": ended, "delay_s": round(delay, 3)})
+            rig.engines[victim].proc.wait(30)
+            rig.restart_engine(victim)
+            rig.routable(client, 2)
         client.close_channel()
     finally:
         rig.stop()
@@ -278,6 +326,8 @@ def main() -> None:
             rows = file_faults(kind, args.trials, rng)
         elif kind == "prefix_kill":
             rows = prefix_kill(args.trials, rng)
+        elif kind in ("kill_export", "kill_import"):
+            rows = handoff_faults(kind, args.trials, rng)
         else:
             rows = engine_faults(kind, args.trials, rng)
         report["classes"][kind] = summary(rows)
