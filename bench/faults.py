@@ -7,6 +7,10 @@ every output compared with a cold run of the same request on an engine's own Gen
 - ``sigstop``: SIGSTOP of the serving engine for 2 s at a random token, then SIGCONT;
 - ``kill_export`` / ``kill_import``: a split fleet (``--role prefill`` and ``decode``), the prefill engine
   killed while the hand-off exports the prompt's snapshot, or the decode engine while it imports it;
+- ``kv_dtype_swap``: the engine restarted on its port with the other K/V dtype after a prompt was
+  stored in memory and on disk; nothing stored before may serve it;
+- ``evict_race``: 4 clients at once over prompts sharing heads, a cache of 2 entries, so stores race
+  evictions of the same entries;
 - ``bitflip`` / ``truncate``: a stored snapshot file damaged while the prefix service is down; its
   restart must refuse the file and recompute;
 - ``prefix_kill``: ``kill -9`` of the prefix service mid-stream (the client sees UNAVAILABLE: not
@@ -50,13 +54,15 @@ from protos import prefix_pb2  # noqa: E402
 NEW_TOKENS = 60
 STEP_S = 0.02
 CLASSES = (
-    "kill_prefill", "kill_decode", "sigstop", "kill_export", "kill_import", "bitflip", "truncate", "prefix_kill"
+    "kill_prefill", "kill_decode", "sigstop", "kill_export", "kill_import", "bitflip", "truncate",
+    "prefix_kill", "kv_dtype_swap", "evict_race",
 )  # fmt: skip
 
 
-def tiny_engine(port: int, role: str = "both") -> Process:
+def tiny_engine(port: int, role: str = "both", kv_dtype: str = "auto") -> Process:
     os.environ["FORKLINE_TEST_STEP_S"] = str(STEP_S)
-    return Process(["tests.service.tiny_engine", "--port", str(port), "--role", role], ["grpc"])
+    flags = ["--port", str(port), "--role", role, "--kv_dtype", kv_dtype]
+    return Process(["tests.service.tiny_engine", *flags], ["grpc"])
 
 
 class Rig:
@@ -257,6 +263,74 @@ def file_faults(kind: str, trials: int, rng: random.Random) -> list[dict]:
     return rows
 
 
+def kv_dtype_swap(trials: int, rng: random.Random) -> list[dict]:
+    """The engine restarted on its port with the other K/V dtype (float16 <-> float32) after a prompt
+    was stored in memory and on disk: the old entries must never serve the new engine."""
+    folder = tempfile.mkdtemp(prefix="forkline-faults-")
+    rig = Rig(1, folder)
+    port = rig.ports[0]
+    dtypes = ["float16", "float32"]
+    rows = []
+    try:
+        for trial in range(trials):
+            client = rig.client()
+            rig.routable(client, 1)
+            prompt = [rng.randrange(65, 91) for _ in range(rng.randrange(80, 200))]
+            config = GenConfig(max_new_tokens=16, temperature=0.0)
+            client.generate(prompt, config=config, ignore_eos=True, namespace="faults").collect()
+            time.sleep(0.5)  # the write-behind writer
+            rig.engines[port].proc.kill()
+            rig.engines[port].proc.wait(30)
+            rig.engines[port] = tiny_engine(port, kv_dtype=dtypes[(trial + 1) % 2])
+            rig.routable(client, 1)
+            question = prompt + [ord("?")]
+            tokens, done = streamed(client, question, config, lambda e, t: None)
+            ended = "recomputed" if done.reused_positions == 0 else "reused"
+            rows.append({"exact": tokens == cold(port, question, config), "ended": ended})
+            client.close_channel()
+    finally:
+        rig.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+    return rows
+
+
+def evict_race(trials: int, rng: random.Random) -> list[dict]:
+    """Stores racing evictions of the same entries: 4 clients at once over 6 prompts sharing heads, a
+    cache of 2 entries; each trial one round of 24 requests, every output against its cold run."""
+    rig = Rig(1)
+    rig.prefix.stop()
+    addresses = ["--engine", f"127.0.0.1:{rig.ports[0]}"]
+    rig.prefix = Process(
+        ["prefix_service", *addresses, "--port", str(rig.prefix_port), "--max_entries", "2"], ["grpc"]
+    )
+    heads = [[rng.randrange(65, 91) for _ in range(60)] for _ in range(2)]
+    prompts = [heads[i % 2] + [rng.randrange(65, 91) for _ in range(rng.randrange(1, 20))] for i in range(6)]
+    config = GenConfig(max_new_tokens=12, temperature=0.0)
+    reference = {tuple(p): cold(rig.ports[0], p, config) for p in prompts}
+    rows = []
+    try:
+        for _ in range(trials):
+            outcomes: list[bool] = []
+
+            def worker(seed: int, outcomes=outcomes) -> None:
+                local, client = random.Random(seed), rig.client()
+                for _ in range(6):
+                    p = local.choice(prompts)
+                    tokens, _done = streamed(client, p, config, lambda e, t: None)
+                    outcomes.append(tokens == reference[tuple(p)])
+                client.close_channel()
+
+            threads = [threading.Thread(target=worker, args=(rng.randrange(1 << 30),)) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(300)
+            rows.append({"exact": len(outcomes) == 24 and all(outcomes), "ended": "served"})
+    finally:
+        rig.stop()
+    return rows
+
+
 def prefix_kill(trials: int, rng: random.Random) -> list[dict]:
     folder = tempfile.mkdtemp(prefix="forkline-faults-")
     rig = Rig(1, folder)
@@ -328,6 +402,10 @@ def main() -> None:
             rows = prefix_kill(args.trials, rng)
         elif kind in ("kill_export", "kill_import"):
             rows = handoff_faults(kind, args.trials, rng)
+        elif kind == "kv_dtype_swap":
+            rows = kv_dtype_swap(args.trials, rng)
+        elif kind == "evict_race":
+            rows = evict_race(args.trials, rng)
         else:
             rows = engine_faults(kind, args.trials, rng)
         report["classes"][kind] = summary(rows)

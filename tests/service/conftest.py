@@ -84,6 +84,7 @@ def start_engine(
     metrics: bool = False,
     kv_memory_mib: int = 0,
     role: str = "both",
+    kv_dtype: str = "auto",
 ) -> Engine:
     """``quota`` / ``persistent_quota``: the engine's per-owner quotas (default: none; the CLI's
     defaults are ``engine_service.sessions.handles.engine_quotas``). ``host``: where it binds
@@ -101,6 +102,7 @@ def start_engine(
             max_session_tokens=max_session_tokens,
             prefill_chunk=64,
             kv_memory_mib=kv_memory_mib,
+            kv_dtype=kv_dtype,
         ),
         sessions=SessionSettings(
             idle_timeout_s=idle_timeout_s,

@@ -1,6 +1,6 @@
 """``python -m tests.service.tiny_engine [forkline-engine flags]``: the engine's own main (argument
 parsing, ``run_service``'s signal handling and drain) over the tests' tiny model instead of a packaged
-one (``--snapshot_key`` honoured), each forward slowed by ``FORKLINE_TEST_STEP_S`` seconds so that a generation lasts long enough to
+one (``--snapshot_key``, ``--role`` and ``--kv_dtype`` honoured), each forward slowed by ``FORKLINE_TEST_STEP_S`` seconds so that a generation lasts long enough to
 be interrupted. A real process for the drain tests: SIGTERM reaches it as it would in a pod."""
 
 from __future__ import annotations
@@ -20,7 +20,12 @@ STEP_ENV = "FORKLINE_TEST_STEP_S"
 def start(args):
     key = read_snapshot_key(args.snapshot_key) if args.snapshot_key else None
     engine = start_engine(
-        port=args.port, max_sessions=8, stuck_after_s=args.stuck_after, snapshot_key=key, role=args.role
+        port=args.port,
+        max_sessions=8,
+        stuck_after_s=args.stuck_after,
+        snapshot_key=key,
+        role=args.role,
+        kv_dtype=args.kv_dtype,
     )
     step_s = float(os.environ.get(STEP_ENV, "0"))
     executor = engine.runner._engine._executor
