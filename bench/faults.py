@@ -4,13 +4,15 @@ every output compared with a cold run of the same request on an engine's own Gen
 
 - ``kill_prefill`` / ``kill_decode``: ``kill -9`` of the serving engine of two, once the stream started
   (before its first token) or at a random token; the stream resumes on the other engine;
-- ``sigstop``: SIGSTOP of the serving engine for 2 s at a random token, then SIGCONT;
+- ``sigstop``: SIGSTOP of the serving engine for 5 s at a random token, then SIGCONT;
 - ``kill_export`` / ``kill_import``: a split fleet (``--role prefill`` and ``decode``), the prefill engine
   killed while the hand-off exports the prompt's snapshot, or the decode engine while it imports it;
 - ``kv_dtype_swap``: the engine restarted on its port with the other K/V dtype after a prompt was
   stored in memory and on disk; nothing stored before may serve it;
 - ``evict_race``: 4 clients at once over prompts sharing heads, a cache of 2 entries, so stores race
   evictions of the same entries;
+- ``disk_full``: every snapshot file write fails (the prefix service's files capped at 4 KiB, as a
+  full disk fails them); the service keeps serving from memory;
 - ``bitflip`` / ``truncate``: a stored snapshot file damaged while the prefix service is down; its
   restart must refuse the file and recompute;
 - ``prefix_kill``: ``kill -9`` of the prefix service mid-stream (the client sees UNAVAILABLE: not
@@ -55,7 +57,7 @@ NEW_TOKENS = 60
 STEP_S = 0.02
 CLASSES = (
     "kill_prefill", "kill_decode", "sigstop", "kill_export", "kill_import", "bitflip", "truncate",
-    "prefix_kill", "kv_dtype_swap", "evict_race",
+    "prefix_kill", "kv_dtype_swap", "evict_race", "disk_full",
 )  # fmt: skip
 
 
@@ -157,7 +159,7 @@ def engine_faults(kind: str, trials: int, rng: random.Random) -> list[dict]:
                 if kind == "sigstop":
                     proc = rig.engines[port].proc
                     proc.send_signal(signal.SIGSTOP)
-                    threading.Timer(2.0, proc.send_signal, (signal.SIGCONT,)).start()
+                    threading.Timer(5.0, proc.send_signal, (signal.SIGCONT,)).start()
                 else:
                     rig.engines[port].proc.kill()
 
@@ -331,6 +333,51 @@ def evict_race(trials: int, rng: random.Random) -> list[dict]:
     return rows
 
 
+def _capped_files() -> None:
+    """In the child: files over 4 KiB fail to write (EFBIG, as ENOSPC would) instead of killing it."""
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+
+def disk_full(trials: int, rng: random.Random) -> list[dict]:
+    folder = tempfile.mkdtemp(prefix="forkline-faults-")
+    rig = Rig(1)
+    rig.prefix.stop()
+    flags = [
+        "--engine",
+        f"127.0.0.1:{rig.ports[0]}",
+        "--port",
+        str(rig.prefix_port),
+        "--snapshot_dir",
+        folder,
+    ]
+    rig.prefix = Process(["prefix_service", *flags], ["grpc"], preexec=_capped_files)
+    rows = []
+    try:
+        client = rig.client()
+        rig.routable(client, 1)
+        for _ in range(trials):
+            prompt = [rng.randrange(65, 91) for _ in range(rng.randrange(80, 200))]
+            config = GenConfig(max_new_tokens=16, temperature=0.0)
+            first, _ = streamed(client, prompt, config, lambda e, t: None)
+            time.sleep(0.3)  # the write-behind writer tries, and fails
+            question = prompt + [ord("?")]
+            tokens, done = streamed(client, question, config, lambda e, t: None)
+            disk = client.stub.Stats(prefix_pb2.StatsRequest(), timeout=30).snapshot_dir
+            exact = first == cold(rig.ports[0], prompt, config) and tokens == cold(
+                rig.ports[0], question, config
+            )
+            ended = "write_failed_served" if disk.failed and done.reused_positions else "other"
+            rows.append({"exact": exact, "ended": ended, "failed_writes": disk.failed})
+        client.close_channel()
+    finally:
+        rig.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+    return rows
+
+
 def prefix_kill(trials: int, rng: random.Random) -> list[dict]:
     folder = tempfile.mkdtemp(prefix="forkline-faults-")
     rig = Rig(1, folder)
@@ -406,6 +453,8 @@ def main() -> None:
             rows = kv_dtype_swap(args.trials, rng)
         elif kind == "evict_race":
             rows = evict_race(args.trials, rng)
+        elif kind == "disk_full":
+            rows = disk_full(args.trials, rng)
         else:
             rows = engine_faults(kind, args.trials, rng)
         report["classes"][kind] = summary(rows)

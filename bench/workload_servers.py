@@ -25,10 +25,12 @@ _ADDRESS = {
 class Process:
     """``python -m argv`` with the addresses it prints (grpc, http, metrics) as they appear."""
 
-    def __init__(self, argv: Sequence[str], wanted: Sequence[str], timeout: float = 240.0) -> None:
+    def __init__(
+        self, argv: Sequence[str], wanted: Sequence[str], timeout: float = 240.0, preexec=None
+    ) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=preexec,
         )  # fmt: skip
         self.found: dict[str, str] = {}
         self.tail: list[str] = []
