@@ -43,98 +43,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from bench_resume import free_port  # noqa: E402
+from fault_rig import STEP_S, Rig, cold, streamed, tiny_engine  # noqa: E402
 from workload_servers import Process  # noqa: E402
 
-from clients.engine_client import EngineClient  # noqa: E402
-from clients.prefix_client import PrefixClient  # noqa: E402
 from engine_service.api.config import GenConfig  # noqa: E402
 from engine_service.api.errors import ForklineError  # noqa: E402
-from engine_service.api.stream_events import Done, Started, Tokens  # noqa: E402
+from engine_service.api.stream_events import Started  # noqa: E402
 from protos import prefix_pb2  # noqa: E402
 
 NEW_TOKENS = 60
-STEP_S = 0.02
 CLASSES = (
     "kill_prefill", "kill_decode", "sigstop", "kill_export", "kill_import", "bitflip", "truncate",
     "prefix_kill", "kv_dtype_swap", "evict_race", "disk_full",
 )  # fmt: skip
-
-
-def tiny_engine(port: int, role: str = "both", kv_dtype: str = "auto") -> Process:
-    os.environ["FORKLINE_TEST_STEP_S"] = str(STEP_S)
-    flags = ["--port", str(port), "--role", role, "--kv_dtype", kv_dtype]
-    return Process(["tests.service.tiny_engine", *flags], ["grpc"])
-
-
-class Rig:
-    """Tiny engines on fixed ports and a prefix service over them (optionally a snapshot directory)."""
-
-    def __init__(self, engines: int, folder: str | None = None, roles: tuple[str, ...] = ()) -> None:
-        self.ports = [free_port() for _ in range(engines)]
-        self.roles = dict(zip(self.ports, roles or ("both",) * engines, strict=True))
-        self.engines = {p: tiny_engine(p, self.roles[p]) for p in self.ports}
-        self.folder = folder
-        self.prefix_port = free_port()
-        self.prefix = self._prefix()
-
-    def _prefix(self) -> Process:
-        addresses = [a for p in self.ports for a in ("--engine", f"127.0.0.1:{p}")]
-        # with a directory: prompt snapshots only, so the file a trial damages is the one it asks for
-        extra = ["--snapshot_dir", self.folder, "--no-cache_generated"] if self.folder else []
-        return Process(["prefix_service", *addresses, "--port", str(self.prefix_port), *extra], ["grpc"])
-
-    def client(self) -> PrefixClient:
-        return PrefixClient(f"127.0.0.1:{self.prefix_port}", owner="faults", timeout=120)
-
-    def serving(self, client: PrefixClient) -> int:
-        stats = client.stub.Stats(prefix_pb2.StatsRequest(), timeout=30).engines
-        return int(next(e.engine for e in stats if e.in_flight > 0).rsplit(":", 1)[1])
-
-    def restart_engine(self, port: int) -> None:
-        for attempt in range(5):
-            try:
-                self.engines[port] = tiny_engine(port, self.roles[port])
-                return
-            except RuntimeError:
-                if attempt == 4:
-                    raise
-                time.sleep(1)
-
-    def routable(self, client: PrefixClient, count: int) -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            stats = client.stub.Stats(prefix_pb2.StatsRequest(), timeout=30).engines
-            if sum(e.routable for e in stats) == count:
-                return
-            time.sleep(0.1)
-        raise RuntimeError("engines did not become routable")
-
-    def stop(self) -> None:
-        for process in [self.prefix, *self.engines.values()]:
-            process.stop()
-
-
-def cold(port: int, prompt: list[int], config: GenConfig) -> list[int]:
-    client = EngineClient(f"127.0.0.1:{port}", owner="cold", timeout=120)
-    try:
-        return list(client.generate(prompt, config=config, ignore_eos=True).collect().tokens)
-    finally:
-        client.close_channel()
-
-
-def streamed(client: PrefixClient, prompt: list[int], config: GenConfig, at_event) -> tuple[list[int], Done]:
-    """The stream's tokens and Done; ``at_event(event, tokens)`` is called on each event."""
-    tokens: list[int] = []
-    done = None
-    for event in client.generate(prompt, config=config, ignore_eos=True, namespace="faults"):
-        if isinstance(event, Tokens):
-            tokens.extend(event.ids)
-        if isinstance(event, Done):
-            done = event
-        at_event(event, tokens)
-    assert done is not None
-    return tokens, done
 
 
 def engine_faults(kind: str, trials: int, rng: random.Random) -> list[dict]:

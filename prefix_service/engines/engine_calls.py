@@ -105,7 +105,9 @@ class EngineCalls:
         """Clone a stored snapshot into a session ``call``'s owner holds (this owner's call)."""
         conn = self.connection
         request = pb.CloneRequest(session=handle, upto=upto, new_owner=call.owner)
-        reply = conn.call(conn.stub.Clone, request, call)
+        # without the caller's deadline: a clone the engine made past it would reach nobody, and no
+        # one could release it (the caller's Generate then fails on its deadline and closes it)
+        reply = conn.call(conn.stub.Clone, request, CallContext(call.owner, call.credential))
         if reply.session and call.owner == conn.owner:
             conn.adopt(reply.session, reply.position, reply.content_digest or None)
         return engine_wire.taken_clone(reply)

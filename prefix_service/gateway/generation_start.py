@@ -99,8 +99,8 @@ def start_generation(
         room.release()
         if stream is not None:
             stream.cancel()
-        if match is not None:
-            gateway.close_session(match.session, call)
+        if match is not None:  # after the call's deadline too: the clone is the caller's to let go
+            gateway.close_session(match.session, CallContext(call.owner, call.credential))
         raise
     return GatewayStream(gateway, stream, request, tokens, match, call, first, room)
 

@@ -1,6 +1,6 @@
 """``python -m tests.service.tiny_engine [forkline-engine flags]``: the engine's own main (argument
 parsing, ``run_service``'s signal handling and drain) over the tests' tiny model instead of a packaged
-one (``--snapshot_key``, ``--role`` and ``--kv_dtype`` honoured), each forward slowed by ``FORKLINE_TEST_STEP_S`` seconds so that a generation lasts long enough to
+one (``--snapshot_key``, ``--role``, ``--kv_dtype`` and ``--idle_session_timeout`` honoured), each forward slowed by ``FORKLINE_TEST_STEP_S`` seconds so that a generation lasts long enough to
 be interrupted. A real process for the drain tests: SIGTERM reaches it as it would in a pod."""
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ def start(args):
         snapshot_key=key,
         role=args.role,
         kv_dtype=args.kv_dtype,
+        idle_timeout_s=args.idle_session_timeout,
     )
     step_s = float(os.environ.get(STEP_ENV, "0"))
     executor = engine.runner._engine._executor
