@@ -5,6 +5,7 @@ fault hook."""
 from __future__ import annotations
 
 import os
+import random
 import time
 
 from bench_resume import free_port
@@ -71,6 +72,11 @@ class Rig:
     def stop(self) -> None:
         for process in [self.prefix, *self.engines.values()]:
             process.stop()
+
+
+def random_prompt(rng: random.Random) -> list[int]:
+    """80-199 capital letters: a prompt no earlier trial stored."""
+    return [rng.randrange(65, 91) for _ in range(rng.randrange(80, 200))]
 
 
 def cold(port: int, prompt: list[int], config: GenConfig) -> list[int]:

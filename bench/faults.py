@@ -43,7 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from fault_rig import STEP_S, Rig, cold, streamed, tiny_engine  # noqa: E402
+from fault_rig import STEP_S, Rig, cold, random_prompt, streamed, tiny_engine  # noqa: E402
 from workload_servers import Process  # noqa: E402
 
 from engine_service.api.config import GenConfig  # noqa: E402
@@ -65,7 +65,7 @@ def engine_faults(kind: str, trials: int, rng: random.Random) -> list[dict]:
         client = rig.client()
         rig.routable(client, 2)
         for trial in range(trials):
-            prompt = [rng.randrange(65, 91) for _ in range(rng.randrange(80, 200))]
+            prompt = random_prompt(rng)
             config = GenConfig(max_new_tokens=NEW_TOKENS, temperature=rng.choice([0.0, 1.0]), seed=trial)
             reference = cold(rig.ports[0], prompt, config)
             point = rng.randrange(1, NEW_TOKENS - 5)
@@ -110,7 +110,7 @@ def handoff_faults(kind: str, trials: int, rng: random.Random) -> list[dict]:
         client = rig.client()
         rig.routable(client, 2)
         for trial in range(trials):
-            prompt = [rng.randrange(65, 91) for _ in range(rng.randrange(80, 200))]
+            prompt = random_prompt(rng)
             config = GenConfig(max_new_tokens=NEW_TOKENS, temperature=rng.choice([0.0, 1.0]), seed=trial)
             survivor = decode if victim == prefill else prefill
             reference = cold(survivor, prompt, config)
@@ -148,7 +148,7 @@ def file_faults(kind: str, trials: int, rng: random.Random) -> list[dict]:
         rig = Rig(1, folder)
         try:
             client = rig.client()
-            prompt = [rng.randrange(65, 91) for _ in range(rng.randrange(80, 200))]
+            prompt = random_prompt(rng)
             config = GenConfig(max_new_tokens=8, temperature=0.0)
             client.generate(prompt, config=config, ignore_eos=True, namespace="faults").collect()
             files = []
@@ -198,7 +198,7 @@ def kv_dtype_swap(trials: int, rng: random.Random) -> list[dict]:
         for trial in range(trials):
             client = rig.client()
             rig.routable(client, 1)
-            prompt = [rng.randrange(65, 91) for _ in range(rng.randrange(80, 200))]
+            prompt = random_prompt(rng)
             config = GenConfig(max_new_tokens=16, temperature=0.0)
             client.generate(prompt, config=config, ignore_eos=True, namespace="faults").collect()
             time.sleep(0.5)  # the write-behind writer
@@ -280,7 +280,7 @@ def disk_full(trials: int, rng: random.Random) -> list[dict]:
         client = rig.client()
         rig.routable(client, 1)
         for _ in range(trials):
-            prompt = [rng.randrange(65, 91) for _ in range(rng.randrange(80, 200))]
+            prompt = random_prompt(rng)
             config = GenConfig(max_new_tokens=16, temperature=0.0)
             first, _ = streamed(client, prompt, config, lambda e, t: None)
             time.sleep(0.3)  # the write-behind writer tries, and fails
@@ -306,7 +306,7 @@ def prefix_kill(trials: int, rng: random.Random) -> list[dict]:
     try:
         for _ in range(trials):
             client = rig.client()
-            prompt = [rng.randrange(65, 91) for _ in range(rng.randrange(80, 200))]
+            prompt = random_prompt(rng)
             config = GenConfig(max_new_tokens=NEW_TOKENS, temperature=0.0)
             point = rng.randrange(1, NEW_TOKENS - 5)
 

@@ -5,10 +5,9 @@ error JSON (``errors.py``). Spec: docs/HTTP.md."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import PurePath
 from typing import Protocol, TypeVar
 
@@ -29,7 +28,7 @@ from prefix_service.gateway.tenancy import Tenancy, Tenant
 from prefix_service.http import convert, messages_api, responses_api, token_routes
 from prefix_service.http.choices import Choices
 from prefix_service.http.disconnect import until_disconnected
-from prefix_service.http.errors import ApiError, error_event, error_response
+from prefix_service.http.errors import ApiError, answering_errors, error_event, error_response
 from prefix_service.http.protocol import ChatCompletionRequest, CompletionRequest, Model, ModelList
 from prefix_service.http.responses import DONE_EVENT, ChatShape, CompletionShape, Shape, event
 
@@ -68,30 +67,15 @@ def create_app(
     uses, scoped as on gRPC (``gateway/tenancy.py``)."""
     door = _Door(fleet, model_name, auth, tenancy or Tenancy(), namespace)
     routes = [
-        Route("/v1/chat/completions", _answering_errors(door.chat_completions), methods=["POST"]),
-        Route("/v1/completions", _answering_errors(door.completions), methods=["POST"]),
-        Route("/v1/models", _answering_errors(door.models), methods=["GET"]),
-        Route("/health", _answering_errors(door.health), methods=["GET"]),
-        *token_routes.routes(door, _answering_errors),  # /tokenize, /detokenize
-        *responses_api.routes(door, _answering_errors),  # /v1/responses (OpenAI's error shape)
+        Route("/v1/chat/completions", answering_errors(door.chat_completions), methods=["POST"]),
+        Route("/v1/completions", answering_errors(door.completions), methods=["POST"]),
+        Route("/v1/models", answering_errors(door.models), methods=["GET"]),
+        Route("/health", answering_errors(door.health), methods=["GET"]),
+        *token_routes.routes(door),  # /tokenize, /detokenize
+        *responses_api.routes(door),  # /v1/responses (OpenAI's error shape)
         *messages_api.routes(door),  # /v1/messages (Anthropic's error shape)
     ]
     return Starlette(routes=routes, exception_handlers={HTTPException: _on_http_exception})
-
-
-def _answering_errors(
-    handler: Callable[[Request], Awaitable[Response]],
-) -> Callable[[Request], Awaitable[Response]]:
-    """Every exception a handler raises becomes OpenAI's error JSON (``errors.py`` decides how)."""
-
-    @functools.wraps(handler)
-    async def answer(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except Exception as exc:  # noqa: BLE001 - errors.py maps forkline errors and logs bugs once
-            return error_response(exc)
-
-    return answer
 
 
 async def _on_http_exception(request: Request, exc: HTTPException) -> Response:

@@ -4,12 +4,15 @@ from the engine (it lost a session, e.g. restarted) is a retryable 503."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from pydantic import ValidationError
-from starlette.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from engine_service.api import errors as e
 from prefix_service.http.protocol import ErrorBody, ErrorDetail
@@ -125,3 +128,21 @@ def _validation_body(exc: ValidationError) -> ErrorBody:
         got = got[:77] + "..."
     # a union reports one error per member: the first already says what the field must be
     return _body(f"{param}: {first['msg']} (got {got})", "invalid_request_error", param)
+
+
+def answering_errors(
+    handler: Callable[[Request], Awaitable[Response]],
+    respond: Callable[[BaseException], Response] | None = None,
+) -> Callable[[Request], Awaitable[Response]]:
+    """Every exception ``handler`` raises becomes an error answer: ``respond``'s (an API's own error
+    shape), by default OpenAI's JSON (:func:`error_response` decides how, and logs bugs once)."""
+    shape = respond or error_response
+
+    @functools.wraps(handler)
+    async def answer(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except Exception as exc:  # noqa: BLE001 - the shape maps forkline errors and logs bugs once
+            return shape(exc)
+
+    return answer

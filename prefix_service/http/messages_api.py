@@ -6,8 +6,6 @@ docs/HTTP.md#anthropics-messages-api."""
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -19,7 +17,7 @@ from engine_service.api.errors import InvalidArgument
 from engine_service.serving.tokens import check_token
 from prefix_service.gateway.tenancy import Tenant
 from prefix_service.http.disconnect import until_disconnected
-from prefix_service.http.errors import ApiError
+from prefix_service.http.errors import ApiError, answering_errors
 from prefix_service.http.generation import Generation
 from prefix_service.http.messages_convert import (
     Rendering,
@@ -40,20 +38,11 @@ def routes(door: Any) -> list[Route]:
     """The routes over ``door`` (app.py's _Door); they answer errors in Anthropic's shape."""
     api = _MessagesApi(door)
     return [
-        Route("/v1/messages", _answering(api.create), methods=["POST"]),
-        Route("/v1/messages/count_tokens", _answering(api.count_tokens), methods=["POST"]),
+        Route("/v1/messages", answering_errors(api.create, error_response), methods=["POST"]),
+        Route(
+            "/v1/messages/count_tokens", answering_errors(api.count_tokens, error_response), methods=["POST"]
+        ),
     ]
-
-
-def _answering(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-    @functools.wraps(handler)
-    async def answer(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except Exception as exc:  # noqa: BLE001 - errors.py maps forkline errors and logs bugs once
-            return error_response(exc)
-
-    return answer
 
 
 class _MessagesApi:

@@ -6,7 +6,6 @@ Spec: docs/HTTP.md#v1responses."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -17,7 +16,7 @@ from engine_service.api.call_context import CallContext
 from prefix_service.gateway.calls import GatewayRequest
 from prefix_service.gateway.tenancy import Tenant
 from prefix_service.http.disconnect import until_disconnected
-from prefix_service.http.errors import ApiError, BadField
+from prefix_service.http.errors import ApiError, BadField, answering_errors
 from prefix_service.http.generation import Generation
 from prefix_service.http.response_store import ResponseStore, StoredResponse
 from prefix_service.http.responses_convert import (
@@ -36,8 +35,8 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 MAX_LIST = 100  # input_items: at most this many per page (OpenAI's limit)
 
 
-def routes(door: Any, answering_errors: Callable, store: ResponseStore | None = None) -> list[Route]:
-    """The routes over ``door`` (app.py's _Door), each wrapped by ``answering_errors``."""
+def routes(door: Any, store: ResponseStore | None = None) -> list[Route]:
+    """The routes over ``door`` (app.py's _Door); errors answer in OpenAI's shape."""
     api = _Responses(door, store or ResponseStore())
     return [
         Route("/v1/responses", answering_errors(api.create), methods=["POST"]),

@@ -4,7 +4,6 @@ server's request is accepted and the answer carries both servers' keys. Spec: do
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,7 +15,7 @@ from engine_service.api.call_context import CallContext
 from engine_service.api.errors import InvalidArgument
 from engine_service.api.prompts import TextPrompt
 from prefix_service.http import convert
-from prefix_service.http.errors import BadField
+from prefix_service.http.errors import BadField, answering_errors
 from prefix_service.http.protocol import ChatMessage, TokenId
 
 
@@ -43,8 +42,8 @@ class DetokenizeRequest(_Strict):
     model: str | None = None
 
 
-def routes(door: Any, answering_errors: Callable) -> list[Route]:
-    """The routes over ``door`` (app.py's _Door), each wrapped by ``answering_errors``."""
+def routes(door: Any) -> list[Route]:
+    """The routes over ``door`` (app.py's _Door); errors answer in OpenAI's shape."""
     api = _TokenRoutes(door)
     return [
         Route("/tokenize", answering_errors(api.tokenize), methods=["POST"]),

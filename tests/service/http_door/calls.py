@@ -9,9 +9,10 @@ import httpx
 import openai
 
 from clients.engine_client import EngineClient
+from engine_service.api.config import GenConfig
 from tests.service.openai_door import MODEL
 
-__all__ = ["MODEL", "QUESTION", "engine_idle", "post", "sdk", "sse_events"]
+__all__ = ["MODEL", "QUESTION", "cold_real", "engine_idle", "post", "real_text", "sdk", "sse_events"]
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -37,3 +38,15 @@ def engine_idle(engine, held: int) -> bool:
     """Only the ``held`` stored snapshots are left in the engine: no generation session, no clone."""
     info = EngineClient(engine.address).info()
     return info.resident_sessions == held and info.open_handles == held
+
+
+def cold_real(loaded, deps, ids: list[int], n: int) -> list[int]:
+    """A packaged model's greedy run over ``ids`` on a fresh engine session (nothing cached), stopping
+    at EOS: the reference of the real-model door tests."""
+    config = GenConfig(max_new_tokens=n, stop_tokens=tuple(loaded.tokenizer.eos_token_ids))
+    with deps.runner.open_session() as session:
+        return list(session.generate_async(ids, config).wait(300).tokens)
+
+
+def real_text(loaded, ids: list[int]) -> str:
+    return loaded.tokenizer.decode(ids, skip_special_tokens=True)

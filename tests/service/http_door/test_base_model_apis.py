@@ -13,12 +13,12 @@ import anthropic
 import openai
 import pytest
 
-from engine_service.api.config import GenConfig
 from engine_service.executors.options import ExecutorSettings
 from engine_service.rpc.server import create_server
 from engine_service.sessions.engine import EngineSessions
 from engine_service.sessions.settings import UNLIMITED
 from tests.service.conftest import start_prefix
+from tests.service.http_door.calls import cold_real, real_text
 
 pytestmark = pytest.mark.slow
 
@@ -56,24 +56,14 @@ def plain(loaded, *texts: str) -> list[int]:
     return list(loaded.tokenizer.encode("\n\n".join(texts), add_special_tokens=True))
 
 
-def cold(loaded, deps, ids: list[int], n: int) -> list[int]:
-    config = GenConfig(max_new_tokens=n, stop_tokens=tuple(loaded.tokenizer.eos_token_ids))
-    with deps.runner.open_session() as session:
-        return list(session.generate_async(ids, config).wait(300).tokens)
-
-
-def text_of(loaded, ids: list[int]) -> str:
-    return loaded.tokenizer.decode(ids, skip_special_tokens=True)
-
-
 def test_responses_and_chat_in_plain_text_on_gemma(gemma) -> None:
     loaded, deps, base = gemma
     client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=300)
     first_text, second_text = "The capital of France is", "The capital of Germany is"
     prompt = plain(loaded, first_text)
     first = client.responses.create(model=MODEL, input=first_text, max_output_tokens=N, temperature=0)
-    generated = cold(loaded, deps, prompt, N)
-    assert first.usage.input_tokens == len(prompt) and first.output_text == text_of(loaded, generated)
+    generated = cold_real(loaded, deps, prompt, N)
+    assert first.usage.input_tokens == len(prompt) and first.output_text == real_text(loaded, generated)
 
     second = client.responses.create(
         model=MODEL, input=second_text, previous_response_id=first.id, max_output_tokens=N, temperature=0
@@ -85,12 +75,12 @@ def test_responses_and_chat_in_plain_text_on_gemma(gemma) -> None:
     ids = prompt + kept + emptied[len(before) :]
     assert second.usage.input_tokens == len(ids)
     assert second.usage.input_tokens_details.cached_tokens == first.usage.input_tokens + len(generated) - 1
-    assert second.output_text == text_of(loaded, cold(loaded, deps, ids, N))
+    assert second.output_text == real_text(loaded, cold_real(loaded, deps, ids, N))
 
     chat = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": first_text}], max_tokens=N, temperature=0
     )
-    assert chat.choices[0].message.content == text_of(loaded, generated)
+    assert chat.choices[0].message.content == real_text(loaded, generated)
     assert chat.usage.prompt_tokens_details.cached_tokens == len(prompt) - 1  # the first response's prompt
 
 
@@ -106,7 +96,7 @@ def test_anthropic_messages_in_plain_text_on_gemma(gemma) -> None:
         extra_body={"temperature": 0},  # this client version has no temperature argument
     )
     ids = plain(loaded, system, question)
-    assert message.content[0].text == text_of(loaded, cold(loaded, deps, ids, N))
+    assert message.content[0].text == real_text(loaded, cold_real(loaded, deps, ids, N))
     counted = client.messages.count_tokens(
         model=MODEL, system=system, messages=[{"role": "user", "content": question}]
     )

@@ -16,9 +16,9 @@ import anthropic
 import openai
 import pytest
 
-from engine_service.api.config import GenConfig
 from engine_service.api.prompts import TextPrompt, text_tokens
 from tests.service.conftest import real_model_services
+from tests.service.http_door.calls import cold_real, real_text
 
 pytestmark = pytest.mark.slow
 
@@ -37,17 +37,6 @@ def smol():
 
 def rendered(loaded, turns) -> list[int]:
     return text_tokens(TextPrompt("", chat=True, messages=tuple(turns)), loaded.tokenizer, loaded.chat)
-
-
-def cold(loaded, deps, ids: list[int], n: int) -> list[int]:
-    """A greedy run over ``ids`` on a fresh engine session (nothing cached), stopping at EOS."""
-    config = GenConfig(max_new_tokens=n, stop_tokens=tuple(loaded.tokenizer.eos_token_ids))
-    with deps.runner.open_session() as session:
-        return list(session.generate_async(ids, config).wait(300).tokens)
-
-
-def text_of(loaded, ids: list[int]) -> str:
-    return loaded.tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def test_a_responses_chain_of_three_turns_on_smollm2(smol) -> None:
@@ -78,10 +67,10 @@ def test_a_responses_chain_of_three_turns_on_smollm2(smol) -> None:
             temperature=0,
             **kwargs,
         )
-        generated = cold(loaded, deps, prompt, N)
+        generated = cold_real(loaded, deps, prompt, N)
         assert response.usage.input_tokens == len(prompt)
         assert response.usage.output_tokens == len(generated)
-        assert response.output_text == text_of(loaded, generated)
+        assert response.output_text == real_text(loaded, generated)
         cached = response.usage.input_tokens_details.cached_tokens
         if previous is None:
             assert cached < len(prompt) // 2  # a new conversation: at most a shared template head
