@@ -203,6 +203,7 @@ def run_model(name: str, trials: int, rng: random.Random, prefix_flags: tuple[st
         "pause_p50_s": round(statistics.median(pauses), 4),
         "pause_p99_s": round(pauses[min(len(pauses) - 1, int(0.99 * len(pauses)))], 4),
         "resumed_every_grpc_stream": all(r.get("resumes", 1) == 1 for r in rows),
+        "recomputed_max": max((r["recomputed"] for r in rows if "recomputed" in r), default=0),
     }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 
 from bench_resume import free_port
@@ -20,9 +21,9 @@ from protos import prefix_pb2
 STEP_S = 0.02
 
 
-def tiny_engine(port: int, role: str = "both", kv_dtype: str = "auto") -> Process:
+def tiny_engine(port: int, role: str = "both", kv_dtype: str = "auto", host: str = "127.0.0.1") -> Process:
     os.environ["FORKLINE_TEST_STEP_S"] = str(STEP_S)
-    flags = ["--port", str(port), "--role", role, "--kv_dtype", kv_dtype]
+    flags = ["--port", str(port), "--role", role, "--kv_dtype", kv_dtype, "--host", host]
     return Process(["tests.service.tiny_engine", *flags], ["grpc"])
 
 
@@ -87,15 +88,68 @@ def cold(port: int, prompt: list[int], config: GenConfig) -> list[int]:
         client.close_channel()
 
 
+class Ledger:
+    """Every id sequence the campaign's streams computed (prompt, then prompt + tokens streamed), and
+    the check that a stream's reused positions never exceed the longest prefix that any other stream
+    (earlier or concurrent: an in-flight prefill may be joined) shares with its prompt."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.seen: list[tuple[int, ...]] = []
+        self.checked = self.reused = 0  # streams checked, the positions they reported reused
+        self.over: list[dict] = []
+
+    def begin(self, prompt: list[int]) -> int:
+        with self._lock:
+            self.seen.append(tuple(prompt))
+            return len(self.seen) - 1
+
+    def end(self, index: int, prompt: list[int], tokens: list[int], done: Done | None) -> None:
+        with self._lock:
+            self.seen[index] = (*prompt, *tokens)
+            if done is None:
+                return
+            bound = max((_common(prompt, ids) for i, ids in enumerate(self.seen) if i != index), default=0)
+            self.checked += 1
+            self.reused += done.reused_positions
+            if done.reused_positions > bound:
+                self.over.append({"reused": done.reused_positions, "bound": bound})
+
+    def take(self) -> tuple[int, int, list[dict]]:
+        """(streams checked, positions they reported reused, those over the bound) since the last
+        take; the sequences are forgotten."""
+        with self._lock:
+            taken = self.checked, self.reused, self.over
+            self.seen, self.checked, self.reused, self.over = [], 0, 0, []
+        return taken
+
+
+def _common(a: list[int], b: tuple[int, ...]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+LEDGER = Ledger()
+
+
 def streamed(client: PrefixClient, prompt: list[int], config: GenConfig, at_event) -> tuple[list[int], Done]:
-    """The stream's tokens and Done; ``at_event(event, tokens)`` is called on each event."""
+    """The stream's tokens and Done, its reused count checked by ``LEDGER``; ``at_event(event,
+    tokens)`` is called on each event. A stream that fails is still recorded (what it streamed)."""
+    index = LEDGER.begin(prompt)
     tokens: list[int] = []
     done = None
-    for event in client.generate(prompt, config=config, ignore_eos=True, namespace="faults"):
-        if isinstance(event, Tokens):
-            tokens.extend(event.ids)
-        if isinstance(event, Done):
-            done = event
-        at_event(event, tokens)
+    try:
+        for event in client.generate(prompt, config=config, ignore_eos=True, namespace="faults"):
+            if isinstance(event, Tokens):
+                tokens.extend(event.ids)
+            if isinstance(event, Done):
+                done = event
+            at_event(event, tokens)
+    finally:
+        LEDGER.end(index, prompt, tokens, done)
     assert done is not None
     return tokens, done

@@ -15,11 +15,15 @@ every output compared with a cold run of the same request on an engine's own Gen
   full disk fails them); the service keeps serving from memory;
 - ``bitflip`` / ``truncate``: a stored snapshot file damaged while the prefix service is down; its
   restart must refuse the file and recompute;
+- ``dns_gone``: the DNS answer for the serving engine goes away mid-stream (its record removed, the
+  server failing, or the record removed and the engine killed; ``fault_dns.py``);
 - ``prefix_kill``: ``kill -9`` of the prefix service mid-stream (the client sees UNAVAILABLE: not
   survivable by design), restarted over the same snapshot directory; the request again.
 
-Per class: trials, outputs equal to the cold run, and how each trial ended (resumed, paused, refused
-file, client error then retried). Prints JSON, draws a PNG next to --out.
+Per class: trials, outputs equal to the cold run, how each trial ended (resumed, paused, refused
+file, client error then retried), and every stream's reused positions (what ``cached_tokens`` reports)
+against the longest prefix of its ids that any earlier stream of the class had computed (an upper
+bound from the token ids alone: a count above it would claim reuse that never happened). Prints JSON, draws a PNG next to --out.
 
     .venv/bin/python bench/faults.py [--trials 10] [--classes ...] [--out bench/out/faults.json]
 """
@@ -43,7 +47,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from fault_rig import STEP_S, Rig, cold, random_prompt, streamed, tiny_engine  # noqa: E402
+from fault_dns import dns_gone  # noqa: E402
+from fault_rig import LEDGER, STEP_S, Rig, cold, random_prompt, streamed, tiny_engine  # noqa: E402
 from workload_servers import Process  # noqa: E402
 
 from engine_service.api.config import GenConfig  # noqa: E402
@@ -54,7 +59,7 @@ from protos import prefix_pb2  # noqa: E402
 NEW_TOKENS = 60
 CLASSES = (
     "kill_prefill", "kill_decode", "sigstop", "kill_export", "kill_import", "bitflip", "truncate",
-    "prefix_kill", "kv_dtype_swap", "evict_race", "disk_full",
+    "prefix_kill", "kv_dtype_swap", "evict_race", "disk_full", "dns_gone",
 )  # fmt: skip
 
 
@@ -150,7 +155,7 @@ def file_faults(kind: str, trials: int, rng: random.Random) -> list[dict]:
             client = rig.client()
             prompt = random_prompt(rng)
             config = GenConfig(max_new_tokens=8, temperature=0.0)
-            client.generate(prompt, config=config, ignore_eos=True, namespace="faults").collect()
+            streamed(client, prompt, config, lambda e, t: None)
             files = []
             deadline = time.monotonic() + 30
             while not files and time.monotonic() < deadline:  # the write-behind writer
@@ -200,7 +205,7 @@ def kv_dtype_swap(trials: int, rng: random.Random) -> list[dict]:
             rig.routable(client, 1)
             prompt = random_prompt(rng)
             config = GenConfig(max_new_tokens=16, temperature=0.0)
-            client.generate(prompt, config=config, ignore_eos=True, namespace="faults").collect()
+            streamed(client, prompt, config, lambda e, t: None)
             time.sleep(0.5)  # the write-behind writer
             rig.engines[port].proc.kill()
             rig.engines[port].proc.wait(30)
@@ -333,8 +338,13 @@ def prefix_kill(trials: int, rng: random.Random) -> list[dict]:
 
 
 def summary(rows: list[dict]) -> dict:
+    """The class's trials, exact outputs, endings, and the cached counts checked against the ids
+    (``LEDGER``: streams whose reused positions exceeded what any earlier stream had computed)."""
+    checked, reused, over = LEDGER.take()
     return {"trials": len(rows), "exact": sum(r["exact"] for r in rows),
-            "ended": dict(Counter(r["ended"] for r in rows)), "rows": rows}  # fmt: skip
+            "ended": dict(Counter(r["ended"] for r in rows)), "cached_counts_checked": checked,
+            "reused_positions_checked": reused,
+            "cached_over_reused": over, "rows": rows}  # fmt: skip
 
 
 def plot(report: dict, path: str) -> None:
@@ -376,6 +386,8 @@ def main() -> None:
             rows = evict_race(args.trials, rng)
         elif kind == "disk_full":
             rows = disk_full(args.trials, rng)
+        elif kind == "dns_gone":
+            rows = dns_gone(args.trials, rng, NEW_TOKENS)
         else:
             rows = engine_faults(kind, args.trials, rng)
         report["classes"][kind] = summary(rows)
@@ -383,6 +395,7 @@ def main() -> None:
             json.dumps({kind: {k: v for k, v in report["classes"][kind].items() if k != "rows"}}), flush=True
         )
     report["all_exact"] = all(c["exact"] == c["trials"] for c in report["classes"].values())
+    report["cached_never_over"] = all(not c["cached_over_reused"] for c in report["classes"].values())
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)

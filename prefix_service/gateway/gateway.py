@@ -24,6 +24,7 @@ from prefix_service.cache.outcomes import InsertOutcome, LookupOutcome, MissReas
 from prefix_service.cache.prefix_cache import PrefixCache
 from prefix_service.cache.retention import Entry
 from prefix_service.gateway.calls import GatewayRequest, GatewayStats, Prompt, PromptLookup
+from prefix_service.gateway.checkpoint_cadence import CheckpointCadence
 from prefix_service.gateway.gateway_backend import GatewayBackend
 from prefix_service.gateway.generation_start import start_generation
 from prefix_service.gateway.inflight import InflightPrefills, JoinConfig
@@ -68,7 +69,7 @@ class Gateway:
         self.flow = InsertFlow(cache, backend, self.pressure, tier)
         self.checkpoints = checkpoints if checkpoints is not None else CheckpointPlan()
         self.cache_generated = cache_generated  # a generation's end is stored too (prompt + answer)
-        self.checkpoint_every = checkpoint_every  # and every N generated tokens (decode checkpoints)
+        self.cadence = CheckpointCadence(checkpoint_every, tier is not None)  # decode checkpoints
         self.inflight = InflightPrefills(joins, cache.reusable)  # prompt prefills in flight, per scope
         self.dropped_on_restart = 0
         self.last_info: EngineInfo | None = None  # the engine's Info as check_engine last read it
@@ -318,6 +319,10 @@ class Gateway:
         self, snapshot: Snapshot, request: GatewayRequest, tokens: Sequence[int], room: SnapshotRoom
     ) -> None:
         self.flow.capture(snapshot, request, tokens, room)  # a generation's snapshot event
+
+    def written(self, request: GatewayRequest, tokens: Sequence[int]) -> bool:
+        tier = self.tier
+        return tier is not None and tier.store.holds(self.fingerprint, request.namespace, tokens)
 
     def close_session(self, session: str, call: CallContext) -> bool:
         """Close ``call``'s session (a gateway call's); False when the engine could not be told."""

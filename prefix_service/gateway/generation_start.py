@@ -28,7 +28,6 @@ class StartHost(StreamHost, Protocol):
     cache: PrefixCache
     backend: GatewayBackend
     cache_generated: bool  # store each generation's final snapshot (prompt + answer) too
-    checkpoint_every: int  # and one every N generated tokens (decode checkpoints; 0: none)
     inflight: InflightPrefills
 
     @property
@@ -89,7 +88,7 @@ def start_generation(
                 call=call,
                 close_session=match is not None,  # the match is the call's: the engine closes it
                 final_snapshot=capture and gateway.cache_generated,  # its room reserved as it comes
-                checkpoint_every=gateway.checkpoint_every if capture else 0,
+                checkpoint_every=gateway.cadence.stride() if capture else 0,
             )
         )
         stream = gateway.inflight.track(stream, prefill)

@@ -13,10 +13,11 @@ from typing import Protocol
 
 from engine_service.api.call_context import CallContext
 from engine_service.api.errors import ForklineError
-from engine_service.api.stream_events import Event, Snapshot, Started, Tokens
+from engine_service.api.stream_events import Event, Snapshot, SnapshotKind, Started, Tokens
 from prefix_service.cache.checkpoints import SnapshotRoom
 from prefix_service.cache.outcomes import Match
 from prefix_service.gateway.calls import GatewayEvent, GatewayRequest
+from prefix_service.gateway.checkpoint_cadence import CheckpointCadence
 from prefix_service.gateway.gateway_backend import EngineStream
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,8 @@ DRAIN_TIMEOUT_S = 10.0  # how long a gateway call whose client left waits for th
 class StreamHost(Protocol):
     """What a gateway stream asks of the gateway that started it."""
 
+    cadence: CheckpointCadence  # decode checkpoints' stride, from the lags streams measure
+
     def store_snapshot(
         self, snapshot: Snapshot, request: GatewayRequest, tokens: Sequence[int], room: SnapshotRoom
     ) -> None:
@@ -34,6 +37,9 @@ class StreamHost(Protocol):
 
     def close_session(self, session: str, call: CallContext) -> bool:
         """Close ``call``'s session; False when the engine could not be told (logged, never raised)."""
+
+    def written(self, request: GatewayRequest, tokens: Sequence[int]) -> bool:
+        """Whether the snapshot directory holds ``tokens`` in ``request``'s scope now."""
 
 
 class _StopOnce:
@@ -77,6 +83,7 @@ class GatewayStream:
         self._host, self._stream, self._request = host, stream, request
         self._tokens = list(tokens)  # the prompt, then every id the engine streamed (a snapshot's key)
         self._first = first
+        self._checkpoint: tuple[int, tuple[int, ...]] | None = None  # one on its way to the directory
         self._room = room if room is not None else SnapshotRoom()
         # its cleanup acts for the caller after the call's deadline (the client left, or it ended)
         cleanup = CallContext(call.owner, call.credential)
@@ -110,11 +117,24 @@ class GatewayStream:
     def _held(self, event: Event) -> bool:
         """Note what ``event`` adds to the session's ids; a snapshot is stored here (True: not the client's)."""
         if isinstance(event, Tokens):
+            self._watch_checkpoint()
             self._tokens.extend(event.ids)
         if not isinstance(event, Snapshot):
             return False
         self._host.store_snapshot(event, self._request, tuple(self._tokens), self._room)
+        if event.kind == SnapshotKind.GENERATED and event.handle and self._host.cadence.measured:
+            self._checkpoint = (event.position, tuple(self._tokens[: event.position]))  # replaces one
         return True
+
+    def _watch_checkpoint(self) -> None:
+        """Before more ids are added: once the directory holds the checkpoint on its way, tell the
+        cadence how far past it the stream may have got meanwhile (every id held so far)."""
+        if self._checkpoint is None:
+            return
+        position, key = self._checkpoint
+        if self._host.written(self._request, key):
+            self._host.cadence.landed(len(self._tokens) - position)
+            self._checkpoint = None
 
     def _drain(self) -> None:
         """Read what is left of the engine stream so no snapshot handle it carries is lost; a stream

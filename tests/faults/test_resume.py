@@ -149,7 +149,7 @@ def test_decode_checkpoints_bound_what_a_resume_recomputes(fleet, tmp_path) -> N
     whole = client.generate(PROMPT, config=config(0.0), ignore_eos=True, namespace="whole").collect()
     tokens, done = killed_midway(client, engines, config(0.0), kill_after=40)
     assert tokens == list(whole.tokens) and done.resumes == 1
-    assert done.resumed_positions < 3 * 8  # not the prompt (58 positions) and the 40 tokens sent
+    assert done.resumed_positions <= 8  # at most N: not the prompt (58 positions) and the 40 sent
 
 
 def test_a_json_schema_stream_with_logprobs_resumes_in_its_grammar(fleet) -> None:

@@ -1,7 +1,8 @@
 """``python -m tests.service.tiny_engine [forkline-engine flags]``: the engine's own main (argument
 parsing, ``run_service``'s signal handling and drain) over the tests' tiny model instead of a packaged
-one (``--snapshot_key``, ``--role``, ``--kv_dtype`` and ``--idle_session_timeout`` honoured), each forward slowed by ``FORKLINE_TEST_STEP_S`` seconds so that a generation lasts long enough to
-be interrupted. A real process for the drain tests: SIGTERM reaches it as it would in a pod."""
+one (``--host``, ``--snapshot_key``, ``--role``, ``--kv_dtype`` and ``--idle_session_timeout`` honoured),
+each forward slowed by ``FORKLINE_TEST_STEP_S`` seconds so that a generation lasts long enough to be
+interrupted. A real process for the drain tests: SIGTERM reaches it as it would in a pod."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ def start(args):
     key = read_snapshot_key(args.snapshot_key) if args.snapshot_key else None
     engine = start_engine(
         port=args.port,
+        host=args.host,
         max_sessions=8,
         stuck_after_s=args.stuck_after,
         snapshot_key=key,
