@@ -221,17 +221,25 @@ def resume(figures: dict) -> list[str]:
 
 
 def faults(figures: dict) -> list[str]:
-    """bench/faults.py's report: per fault class, trials, outputs equal to the cold run, how they ended."""
+    """bench/faults.py's report: per fault class, trials, outputs equal to the cold run, how they ended,
+    the streams whose cached count was checked against the ids (and the positions they claimed), and
+    those over the bound."""
     rows = [
         [
             name,
             str(c.get("trials")),
             str(c.get("exact")),
             ", ".join(f"{k} {v}" for k, v in c.get("ended", {}).items()),
+            f"{c['cached_counts_checked']} ({c['reused_positions_checked']})"
+            if "cached_counts_checked" in c
+            else "-",
+            str(len(c["cached_over_reused"])) if "cached_over_reused" in c else "-",
         ]
         for name, c in figures.get("classes", {}).items()
     ]
-    return [*table(["fault class", "trials", "equal to the cold run", "how they ended"], rows), ""]
+    head = ["fault class", "trials", "equal to the cold run", "how they ended"]
+    head += ["cached counts checked (positions)", "over the ids' bound"]
+    return [*table(head, rows), ""]
 
 
 RENDERERS: dict[str, Callable[[dict], list[str]]] = {

@@ -3,6 +3,7 @@ prefix service, as its caller or as this service's owner."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 
 import grpc
@@ -10,6 +11,7 @@ import grpc
 from engine_service.api.answers import Described, TakenClone
 from engine_service.api.call_context import CallContext
 from engine_service.api.engine_info import EngineInfo
+from engine_service.api.errors import Unavailable
 from engine_service.api.prompts import TextPrompt, Tokenized
 from engine_service.api.stream_events import Event
 from engine_service.serving import engine_wire
@@ -24,19 +26,40 @@ from protos import engine_pb2 as pb
 
 
 class RemoteStream:
-    """An engine Generate call as an ``EngineStream``: domain events, forkline errors."""
+    """An engine Generate call as an ``EngineStream``: domain events, forkline errors. ``first_within``
+    seconds (the caller's time left): the call is cancelled when its first event has not come by then
+    (Unavailable, as a deadline would end it); after that the stream carries no deadline -- its caller
+    ends it (closing the session), so every event the engine sent, each snapshot handle, is read."""
 
-    def __init__(self, call: Iterator[pb.GenerateEvent]) -> None:
+    def __init__(self, call: Iterator[pb.GenerateEvent], first_within: float | None = None) -> None:
         self._call = call
+        self._late = False
+        self._timer: threading.Timer | None = None
+        if first_within is not None:
+            self._timer = threading.Timer(first_within, self._too_late)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _too_late(self) -> None:
+        self._late = True
+        self.cancel()
 
     def __iter__(self) -> RemoteStream:
         return self
 
     def __next__(self) -> Event:
         try:
-            return event_from_proto(next(self._call))
+            event = event_from_proto(next(self._call))
         except grpc.RpcError as exc:
+            if self._late:
+                raise Unavailable("the caller's deadline passed before the engine's first event") from None
             raise from_rpc_error(exc) from None
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
+        if self._late:  # the event raced the cancel: the stream is cut, what follows is lost
+            raise Unavailable("the caller's deadline passed before the engine's first event")
+        return event
 
     def cancel(self) -> None:
         self._call.cancel()  # type: ignore[attr-defined]  (a grpc call is also a grpc.Future)
@@ -123,7 +146,9 @@ class EngineCalls:
         as_caller = call is not None and call.owner != conn.owner
         metadata = on_behalf_of(call) if as_caller else conn.metadata
         message = engine_wire.engine_request(request, snapshot_owner=conn.owner if as_caller else "")
-        return RemoteStream(conn.stub.Generate(message, metadata=metadata, **conn.call_options(None, call)))
+        options = conn.call_options(None, call)
+        first_within = options.pop("timeout")  # the caller's deadline bounds the start, not the stream
+        return RemoteStream(conn.stub.Generate(message, metadata=metadata, **options), first_within)
 
     def claim(self, handle: str, call: CallContext | None = None) -> None:
         """Take over the quota charge of a handle a caller handed to this owner (it counted against

@@ -87,8 +87,10 @@ class GatewayStream:
         self._room = room if room is not None else SnapshotRoom()
         # its cleanup acts for the caller after the call's deadline (the client left, or it ended)
         cleanup = CallContext(call.owner, call.credential)
-        # the session to close when the client leaves: the match, or the fresh one `started` names
-        self._stop = _StopOnce(host, stream, match.session if match else "", cleanup)
+        # the session to close when the client leaves (even before the first event is read): the
+        # match, or the fresh one ``Started`` names
+        session = match.session if match else first.session if isinstance(first, Started) else ""
+        self._stop = _StopOnce(host, stream, session, cleanup)
 
     def stop(self) -> None:
         """The client went away: end the engine generation."""

@@ -81,7 +81,8 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
                 convert.gateway_request(request, scope), caller_active=context.is_active
             )
             stream = self.fleet.generate(gateway_request, call)
-            context.add_callback(stream.stop)  # the client went away
+            if not context.add_callback(stream.stop):  # the client went away (already: stop now)
+                stream.stop()
             with contextlib.closing(iter(stream)) as events:
                 for event in events:
                     yield convert.client_event(event)

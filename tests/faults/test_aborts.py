@@ -5,10 +5,11 @@ runs out -- then the engine is asked what it holds. Every session it holds is a 
 prefix service (resident sessions = open handles = entries), the client owns nothing, and a last
 uncancelled generation equals a cold run (the cache served exactly after all that). Deadlines of a
 few milliseconds on an overloaded machine still leave a few handles charged to the client that no
-call can name (4 of 1,000 aborts with two CPU burners beside the test; 7 before the lookup's clone
-and the failed start's close ran without the caller's deadline): the engine's idle expiry
-(``--idle_session_timeout``, 2 s here, 300 s by default) is what reclaims them, and the test waits
-for it."""
+call can name (3 of 1,000 aborts with two CPU burners beside the test, none of 400 without them;
+2 of 400 before the engine Generate outlived the caller's deadline, ``RemoteStream``, so the snapshot
+events it sent are read; 7 of 1,000 before the lookup's clone and the failed start's close ran without
+it): the engine's idle expiry (``--idle_session_timeout``, 2 s here, 300 s by default) is what
+reclaims them, and the test waits for it."""
 
 from __future__ import annotations
 
