@@ -413,7 +413,7 @@ class WindowGeometry(_message.Message):
     def __init__(self, sliding_window: _Optional[int] = ..., max_write: _Optional[int] = ..., evicts: _Optional[bool] = ...) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model", "fingerprint", "limits", "cache_kind", "instance_id", "resident_sessions", "open_handles", "eos_token_ids", "caller", "active_generations", "queued_commands", "compute_path", "slow_path", "window", "chat_template", "architecture", "draining", "heartbeat_age_s", "heartbeat_longest_s", "pinned_exports", "role")
+    __slots__ = ("model", "fingerprint", "limits", "cache_kind", "instance_id", "resident_sessions", "open_handles", "eos_token_ids", "caller", "active_generations", "queued_commands", "compute_path", "slow_path", "window", "chat_template", "architecture", "draining", "heartbeat_age_s", "heartbeat_longest_s", "pinned_exports", "role", "speculative", "num_drafts", "draft_tokens", "accepted_draft_tokens")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
@@ -435,6 +435,10 @@ class InfoResponse(_message.Message):
     HEARTBEAT_LONGEST_S_FIELD_NUMBER: _ClassVar[int]
     PINNED_EXPORTS_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
+    SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     model: str
     fingerprint: str
     limits: Limits
@@ -456,7 +460,11 @@ class InfoResponse(_message.Message):
     heartbeat_longest_s: float
     pinned_exports: bool
     role: str
-    def __init__(self, model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., cache_kind: _Optional[str] = ..., instance_id: _Optional[str] = ..., resident_sessions: _Optional[int] = ..., open_handles: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., caller: _Optional[_Union[OwnerUsage, _Mapping]] = ..., active_generations: _Optional[int] = ..., queued_commands: _Optional[int] = ..., compute_path: _Optional[str] = ..., slow_path: _Optional[bool] = ..., window: _Optional[_Union[WindowGeometry, _Mapping]] = ..., chat_template: _Optional[bool] = ..., architecture: _Optional[str] = ..., draining: _Optional[bool] = ..., heartbeat_age_s: _Optional[float] = ..., heartbeat_longest_s: _Optional[float] = ..., pinned_exports: _Optional[bool] = ..., role: _Optional[str] = ...) -> None: ...
+    speculative: str
+    num_drafts: int
+    draft_tokens: int
+    accepted_draft_tokens: int
+    def __init__(self, model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., cache_kind: _Optional[str] = ..., instance_id: _Optional[str] = ..., resident_sessions: _Optional[int] = ..., open_handles: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., caller: _Optional[_Union[OwnerUsage, _Mapping]] = ..., active_generations: _Optional[int] = ..., queued_commands: _Optional[int] = ..., compute_path: _Optional[str] = ..., slow_path: _Optional[bool] = ..., window: _Optional[_Union[WindowGeometry, _Mapping]] = ..., chat_template: _Optional[bool] = ..., architecture: _Optional[str] = ..., draining: _Optional[bool] = ..., heartbeat_age_s: _Optional[float] = ..., heartbeat_longest_s: _Optional[float] = ..., pinned_exports: _Optional[bool] = ..., role: _Optional[str] = ..., speculative: _Optional[str] = ..., num_drafts: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("text", "message_ends")

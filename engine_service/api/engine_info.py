@@ -64,6 +64,11 @@ class EngineInfo:
     # --role: "both" serves whole generations; "prefill" / "decode" a split fleet's halves (the prefix
     # service prefills on one and hands the session to the other: fleet/handoff.py)
     role: str = "both"
+    # --speculative ("off", "lookup") and --num_drafts (0: off); draft tokens verified and accepted
+    speculative: str = "off"
+    num_drafts: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
     @property
     def caller_quota(self) -> OwnerQuota:

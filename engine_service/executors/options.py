@@ -7,10 +7,13 @@ import argparse
 from dataclasses import dataclass
 
 from engine_service.api.checks import checked_int
+from engine_service.api.errors import InvalidArgument
 
 # --kv_dtype choices; auto: float16 where the attention reads half precision as stored (the compiled
 # CPU kernel, or a GPU), float32 where it would upcast the cache every step (MLX's CPU ops)
 KV_DTYPES = ("auto", "float16", "bfloat16", "float32")
+# --speculative choices: off, or drafts looked up in the session's own history (prompt_lookup.py)
+SPECULATIVE = ("off", "lookup")
 
 
 @dataclass(frozen=True)
@@ -27,11 +30,18 @@ class ExecutorSettings:
     prefill_chunk: int = 512
     kv_dtype: str = "auto"
     weights_dtype: str = "auto"
+    speculative: str = "off"  # off, or lookup: prompt-lookup drafts verified in the same forward
+    num_drafts: int = 4  # draft tokens per speculative step at most (+ 1 <= the executor's max_write)
 
     def __post_init__(self) -> None:
         for name in ("max_sessions", "max_session_tokens", "max_decode_sequences", "prefill_chunk"):
             checked_int(name, getattr(self, name), lo=1)
         checked_int("kv_memory_mib", self.kv_memory_mib, lo=0)
+        checked_int("num_drafts", self.num_drafts, lo=1)
+        if self.speculative not in SPECULATIVE:
+            raise InvalidArgument(
+                f"speculative must be one of {', '.join(SPECULATIVE)}, got {self.speculative!r}"
+            )
 
 
 DEFAULTS = ExecutorSettings()
@@ -118,6 +128,23 @@ def add_executor_options(parser: argparse.ArgumentParser, *, max_sessions: int |
         choices=KV_DTYPES,
         help="K/V cache storage (snapshots and files too); auto: float16 where attention reads it as stored "
         "(the compiled CPU kernel, a GPU), float32 otherwise (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--speculative",
+        default=DEFAULTS.speculative,
+        choices=SPECULATIVE,
+        help="speculative decoding: lookup drafts up to --num_drafts tokens from the session's own "
+        "history and verifies them in one forward; the output equals plain decoding (greedy, and "
+        "seeded sampling token for token); sessions with a grammar or log probabilities decode "
+        "plainly (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--num_drafts",
+        metavar="K",
+        type=int,
+        default=DEFAULTS.num_drafts,
+        help="draft tokens per speculative step at most (K + 1 <= the cache's write budget) "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--deterministic",

@@ -27,22 +27,25 @@ class Launched:
 
 def sample_rows(logits: mx.array, finishing: list[tuple[Plan, int]]) -> tuple[mx.array, list[mx.array]]:
     """int32 [R] predictions for the projected rows and the keys to evaluate: one argmax over the block
-    (greedy and verification rows); sampled sessions draw their own row with their own key."""
+    (greedy rows, greedy verification rows); sampled sessions draw their own rows with their own keys
+    (verification rows each with the key plain decoding would use there: ``Sampler.sample_draws``)."""
     greedy = mx.argmax(logits, axis=-1).astype(mx.int32)
-    sampled = [
-        (plan, at)
-        for plan, at in finishing
-        if plan.state.sampler and plan.state.sampler.per_row and plan.logit_count == 1
-    ]
+    sampled = [(plan, at) for plan, at in finishing if plan.state.sampler and plan.state.sampler.per_row]
+    sampled = [(p, at) for p, at in sampled if p.logit_count == 1 or not p.state.sampler.greedy]
     if not sampled:
         return greedy, []
     parts, keys, cursor = [], [], 0
     for plan, at in sampled:
         if at > cursor:
             parts.append(greedy[cursor:at])
-        parts.append(plan.state.sampler.sample(logits[at : at + 1]))
-        keys.append(plan.state.sampler.key)
-        cursor = at + 1
+        sampler, count = plan.state.sampler, plan.logit_count
+        if count == 1:
+            parts.append(sampler.sample(logits[at : at + 1]))
+            keys.append(sampler.key)
+        else:
+            parts.append(sampler.sample_draws(logits[at : at + count]))
+            keys.extend(sampler.draw_keys)
+        cursor = at + count
     if cursor < greedy.shape[0]:
         parts.append(greedy[cursor:])
     return mx.concatenate(parts), keys

@@ -1,6 +1,9 @@
-"""PromptLookupExecutor: greedy speculative decoding, drafts copied from the session's own history after
-the latest match of its last n tokens; a draft is kept while it equals the previous row's argmax, the
-rest rewound. Output equals plain greedy; sampled sessions decode plainly. Spec: docs/ENGINE.md."""
+"""PromptLookupExecutor: speculative decoding, drafts copied from the session's own history after the
+latest match of its last n tokens; a draft is kept while it equals the previous row's draw, the rest
+rewound. Greedy: the draw is the argmax. Seeded sampling: each row is drawn with the key plain decoding
+uses at that draw (``Sampler.sample_draws``), so the output equals plain seeded decoding token for
+token, not just in distribution. Sessions with a grammar or log probabilities decode plainly.
+Spec: docs/ENGINE.md."""
 
 from __future__ import annotations
 
@@ -38,9 +41,6 @@ class PromptLookupExecutor(ModuleExecutor):
     def _add_drafts(self, plan: Plan) -> None:
         if not (plan.want_output and isinstance(plan.rows, tuple) and len(plan.rows) == 1):
             return
-        sampler = plan.state.sampler
-        if sampler is not None and not sampler.greedy:
-            return
         budget = min(self.num_drafts, self.max_session_tokens - plan.start - 1)
         if budget < 1:
             return
@@ -77,6 +77,8 @@ class PromptLookupExecutor(ModuleExecutor):
         accepted = 0
         while accepted < len(drafts) and drafts[accepted] == preds[accepted]:
             accepted += 1
+        if plan.state.sampler is not None:
+            plan.state.sampler.accept_draws(accepted + 1)  # the draws kept: the accepted and the next
         self.drafted += len(drafts)
         self.accepted += accepted
         keep = plan.start + 1 + accepted  # pending + accepted drafts are committed

@@ -62,7 +62,7 @@ class Sampler:
     (``params.drawn``: n tokens drawn elsewhere) starts n splits on; the caller evaluates the tokens
     with :attr:`key` in its one ``mx.eval`` per step."""
 
-    __slots__ = ("params", "seed", "_key", "_matcher")
+    __slots__ = ("params", "seed", "_key", "_matcher", "_draw_keys")
 
     def __init__(self, params: SamplingParams, seed: int = 0) -> None:
         if not isinstance(params, SamplingParams):
@@ -73,6 +73,7 @@ class Sampler:
         self.seed = seed
         self._key = mx.random.key(seed & _SEED_MASK)
         self._matcher: Any = None if params.grammar is None else params.grammar.matcher()
+        self._draw_keys: list[mx.array] = []  # the keys after each row of :meth:`sample_draws`
         if params.drawn and not params.greedy:  # greedy draws never split the key
             for _ in params.drawn:
                 self._key, _sub = mx.random.split(self._key)
@@ -144,3 +145,32 @@ class Sampler:
             return mx.argmax(logits, axis=-1).astype(mx.int32)
         self._key, sub = mx.random.split(self._key)
         return mx.random.categorical(self.filtered_logits(logits), axis=-1, key=sub).astype(mx.int32)
+
+    def sample_draws(self, logits: mx.array) -> mx.array:
+        """float [R, vocab] -> int32 [R], lazily: speculative verification. Row j is drawn exactly as
+        the (j+1)-th draw from now would be in plain decoding (its own key split, its own [1, vocab]
+        draw), so where the drafts equal the draws the tokens are plain decoding's; the key moves on
+        by the draws :meth:`accept_draws` keeps (all R until then). Not with a grammar (no drafts)."""
+        if self._matcher is not None:
+            raise ValueError("a grammar's mask needs the host between draws: no speculative rows")
+        if self.params.greedy:
+            return mx.argmax(logits, axis=-1).astype(mx.int32)
+        rows, key, self._draw_keys = [], self._key, []
+        for j in range(logits.shape[0]):
+            key, sub = mx.random.split(key)
+            rows.append(mx.random.categorical(self.filtered_logits(logits[j : j + 1]), axis=-1, key=sub))
+            self._draw_keys.append(key)
+        self._key = key
+        return mx.concatenate(rows).astype(mx.int32)
+
+    @property
+    def draw_keys(self) -> list[mx.array]:
+        """The keys :meth:`sample_draws` queued (evaluate them with the step's tokens)."""
+        return list(self._draw_keys)
+
+    def accept_draws(self, count: int) -> None:
+        """Keep the first ``count`` (>= 1) draws of the last :meth:`sample_draws`: the key is the one
+        after them, as if plain decoding had drawn ``count`` tokens."""
+        keys, self._draw_keys = self._draw_keys, []
+        if keys:
+            self._key = keys[count - 1]

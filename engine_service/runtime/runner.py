@@ -132,6 +132,12 @@ class Runner:
         return self._engine.cache_kind
 
     @property
+    def draft_counts(self) -> tuple[int, int]:
+        """(draft tokens verified, accepted) since the start; (0, 0) without speculative decoding."""
+        executor = self._engine._executor
+        return int(getattr(executor, "drafted", 0)), int(getattr(executor, "accepted", 0))
+
+    @property
     def pins_exports(self) -> bool:
         return self._engine.pins_exports
 

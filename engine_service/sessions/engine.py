@@ -13,7 +13,7 @@ from engine_service.api.answers import Described, ImportedSnapshot, TakenClone
 from engine_service.api.checks import checked_int
 from engine_service.api.content import check_digest
 from engine_service.api.engine_info import NO_WINDOW, EngineInfo
-from engine_service.api.errors import Stopping
+from engine_service.api.errors import InvalidArgument, Stopping
 from engine_service.api.limits import EngineLimits, check_tokens
 from engine_service.api.prompts import MAX_MESSAGE_ENDS, TextPrompt, Tokenized, text_tokens
 from engine_service.executors.options import DEFAULTS, ExecutorSettings
@@ -60,6 +60,8 @@ class EngineSessions:
     reservation_growth: int | None = None
     snapshot_key: SnapshotKey | None = field(default=None, repr=False)
     role: str = "both"  # --role, reported in Info
+    speculative: str = "off"  # --speculative and --num_drafts (0: off), reported in Info
+    num_drafts: int = 0
     heartbeat: EngineHeartbeat | None = field(default=None, repr=False)  # set by the server that runs it
 
     @classmethod
@@ -79,7 +81,8 @@ class EngineSessions:
         from engine_service.executors.module import ModuleExecutor
         from engine_service.runtime.runner import Runner
 
-        executor_cls = EmbeddingsExecutor if sessions.prepared_inputs else ModuleExecutor
+        executor_cls, extra = speculative_executor(executor, sessions.prepared_inputs)
+        executor_cls = executor_cls or (EmbeddingsExecutor if sessions.prepared_inputs else ModuleExecutor)
         built = executor_cls.create(
             model,
             executor.cache_kind,
@@ -88,6 +91,7 @@ class EngineSessions:
             executor.kv_dtype,
             prefill_chunk=executor.prefill_chunk,
             kv_memory_mib=executor.kv_memory_mib,
+            **extra,
         )
         runner = Runner(built, max_decode_sequences=executor.max_decode_sequences)
         # the token byte table logprobs and json_schema need (0.3 s for 49k tokens, ~15 s for Gemma's
@@ -116,6 +120,8 @@ class EngineSessions:
             architecture=built.config.architecture,
             snapshot_key=sessions.snapshot_key,
             role=sessions.role,
+            speculative=executor.speculative,
+            num_drafts=executor.num_drafts if executor.speculative != "off" else 0,
         )
 
     def __post_init__(self) -> None:
@@ -240,6 +246,10 @@ class EngineSessions:
             heartbeat_longest_s=0.0 if beat is None else beat.longest_wait_s,
             pinned_exports=self.runner.pins_exports,
             role=self.role,
+            speculative=self.speculative,
+            num_drafts=self.num_drafts,
+            draft_tokens=self.runner.draft_counts[0],
+            accepted_draft_tokens=self.runner.draft_counts[1],
         )
 
     def tokenize(self, prompt: TextPrompt, message_ends: int = 0) -> Tokenized:
@@ -251,3 +261,14 @@ class EngineSessions:
 
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(check_tokens(ids, self.limits.vocab_size, field="ids"))
+
+
+def speculative_executor(settings: ExecutorSettings, prepared_inputs: bool) -> tuple[type | None, dict]:
+    """The executor class ``--speculative`` asks for and its keywords ((None, {}): the plain one)."""
+    if settings.speculative == "off":
+        return None, {}
+    if prepared_inputs:
+        raise InvalidArgument("--speculative works on token inputs only: not with --prepared_inputs")
+    from engine_service.executors.prompt_lookup import PromptLookupExecutor
+
+    return PromptLookupExecutor, {"num_drafts": settings.num_drafts}

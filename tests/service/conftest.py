@@ -85,6 +85,7 @@ def start_engine(
     kv_memory_mib: int = 0,
     role: str = "both",
     kv_dtype: str = "auto",
+    speculative: str = "off",
 ) -> Engine:
     """``quota`` / ``persistent_quota``: the engine's per-owner quotas (default: none; the CLI's
     defaults are ``engine_service.sessions.handles.engine_quotas``). ``host``: where it binds
@@ -103,6 +104,7 @@ def start_engine(
             prefill_chunk=64,
             kv_memory_mib=kv_memory_mib,
             kv_dtype=kv_dtype,
+            speculative=speculative,
         ),
         sessions=SessionSettings(
             idle_timeout_s=idle_timeout_s,

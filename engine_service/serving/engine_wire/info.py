@@ -55,6 +55,10 @@ def info_message(info: EngineInfo) -> pb.InfoResponse:
         heartbeat_longest_s=info.heartbeat_longest_s,
         pinned_exports=info.pinned_exports,
         role=info.role,
+        speculative=info.speculative,
+        num_drafts=info.num_drafts,
+        draft_tokens=info.draft_tokens,
+        accepted_draft_tokens=info.accepted_draft_tokens,
     )
 
 
@@ -101,4 +105,8 @@ def engine_info(msg: pb.InfoResponse) -> EngineInfo:
         heartbeat_longest_s=msg.heartbeat_longest_s,
         pinned_exports=msg.pinned_exports,
         role=msg.role or "both",
+        speculative=msg.speculative or "off",
+        num_drafts=msg.num_drafts,
+        draft_tokens=msg.draft_tokens,
+        accepted_draft_tokens=msg.accepted_draft_tokens,
     )

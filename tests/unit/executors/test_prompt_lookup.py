@@ -92,11 +92,12 @@ def test_clone_after_speculation_matches_plain(tiny_model, kind) -> None:
     assert out.tokens[-1] == cold[-1]
 
 
-def test_sampled_sessions_decode_plainly(tiny_model) -> None:
+def test_sessions_with_logprobs_decode_plainly(tiny_model) -> None:
+    """Log probabilities need the host after each draw: no drafts for such a session."""
     counting = CountingModel(tiny_model())
     spec = make(PromptLookupExecutor, counting, "batched-sequence", num_drafts=4)
     s = spec.open_session()
-    spec.set_sampling(s, SamplingParams(temperature=1.0), 3)
+    spec.set_sampling(s, SamplingParams(temperature=1.0, top_logprobs=2), 3)
     pending = prefill(spec, s, PROMPT)[-1]
     counting.calls.clear()
     for _ in range(5):
@@ -173,3 +174,24 @@ def test_rows_written_past_the_accepted_position_are_never_cloned(tiny_model, ki
     assert len(history) == at
     got = spec.execute([ExecInput(child, at, tokens=(pending,))])[0].tokens[-1]
     assert got == prefill(plain, p, [*history, pending])[-1]
+
+
+def _seeded(ex, temperature: float, seed: int, n: int = 40) -> list[int]:
+    s = ex.open_session()
+    ex.set_sampling(s, SamplingParams(temperature=temperature), seed)
+    return greedy_decode(ex, s, prefill(ex, s, PROMPT), n)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("temperature", [0.05, 0.1, 0.15])
+def test_seeded_sampling_with_drafts_equals_plain_seeded_sampling(tiny_model, kind, temperature) -> None:
+    """Each verification row is drawn with the key plain decoding uses at that draw: the same tokens,
+    not just the same distribution; drafts were accepted and rejected (the check is not vacuous), and
+    another seed gives another text (the negative control)."""
+    model = tiny_model("FRFR", window=4, tie_embeddings=False)
+    plain = make(ModuleExecutor, model, kind)
+    spec = make(PromptLookupExecutor, model, kind, num_drafts=4)
+    want = _seeded(plain, temperature, seed=11)
+    assert _seeded(spec, temperature, seed=11) == want
+    assert spec.accepted > 0 and spec.drafted > spec.accepted
+    assert _seeded(plain, temperature, seed=12) != want

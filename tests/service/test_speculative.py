@@ -1,0 +1,56 @@
+"""``forkline-engine --speculative lookup`` over gRPC, against a plain engine of the same model: greedy
+and seeded generations give the same tokens (drafts verified, some accepted), Info reports the mode
+and the draft counts, and the snapshots a speculative generation stores -- its prompt's and its final
+one -- continue exactly like a cold run on the plain engine (a stored snapshot is never taken at a
+position written only by a draft). Negative control: another seed gives another text."""
+
+from __future__ import annotations
+
+import pytest
+
+from clients.engine_client import EngineClient
+from engine_service.api.config import GenConfig
+
+# a prompt that repeats itself, so the session's own history drafts
+PROMPT = [ord(c) for c in "abcabcabcabcab"]
+
+
+@pytest.fixture
+def engines(engine_factory):
+    plain = EngineClient(engine_factory().address, owner="t")
+    spec = EngineClient(engine_factory(speculative="lookup").address, owner="t")
+    yield plain, spec
+    plain.close_channel()
+    spec.close_channel()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 3.0])  # 3.0: the tiny model varies
+def test_speculative_generation_equals_plain(engines, temperature) -> None:
+    plain, spec = engines
+    config = GenConfig(max_new_tokens=60, temperature=temperature, seed=5)
+    want = plain.generate(PROMPT, config=config, ignore_eos=True).collect().tokens
+    got = spec.generate(PROMPT, config=config, ignore_eos=True).collect().tokens
+    assert got == want
+    info = spec.info()
+    assert (info.speculative, info.num_drafts) == ("lookup", 4)
+    assert 0 < info.accepted_draft_tokens <= info.draft_tokens
+    assert plain.info().speculative == "off" and plain.info().draft_tokens == 0
+    if temperature:
+        other = GenConfig(max_new_tokens=60, temperature=temperature, seed=6)
+        assert plain.generate(PROMPT, config=other, ignore_eos=True).collect().tokens != want
+
+
+def test_snapshots_of_a_speculative_generation_continue_like_a_cold_run(engines) -> None:
+    plain, spec = engines
+    config = GenConfig(max_new_tokens=40, temperature=0.0)
+    out = spec.generate(PROMPT, config=config, ignore_eos=True, prompt_snapshot=True, final_snapshot=True)
+    result = out.collect()
+    assert spec.info().draft_tokens > 0
+    more = GenConfig(max_new_tokens=12, temperature=0.0)
+    for snapshot in result.snapshots:
+        assert snapshot.handle, snapshot
+        fed = [*PROMPT, *result.tokens][: snapshot.position + 1]  # what it holds, then the next id
+        continued = spec.generate(fed[-1:], config=more, session=snapshot.handle, ignore_eos=True)
+        cold = plain.generate(fed, config=more, ignore_eos=True).collect().tokens
+        assert continued.collect().tokens == cold, snapshot.kind
+    assert {s.position for s in result.snapshots} == {len(PROMPT), len(PROMPT) + len(result.tokens) - 1}
