@@ -67,7 +67,7 @@ class PreparedInput(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., payload: _Optional[bytes] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerationConfig(_message.Message):
-    __slots__ = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop_tokens", "ignore_eos", "prefill_chunk", "top_logprobs", "json_schema", "drawn_tokens")
+    __slots__ = ("max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop_tokens", "ignore_eos", "prefill_chunk", "top_logprobs", "json_schema", "drawn_tokens", "speculative")
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class GenerationConfig(_message.Message):
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     DRAWN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     temperature: float
     top_p: float
@@ -90,7 +91,8 @@ class GenerationConfig(_message.Message):
     top_logprobs: int
     json_schema: str
     drawn_tokens: int
-    def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., prefill_chunk: _Optional[int] = ..., top_logprobs: _Optional[int] = ..., json_schema: _Optional[str] = ..., drawn_tokens: _Optional[int] = ...) -> None: ...
+    speculative: str
+    def __init__(self, max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., stop_tokens: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., prefill_chunk: _Optional[int] = ..., top_logprobs: _Optional[int] = ..., json_schema: _Optional[str] = ..., drawn_tokens: _Optional[int] = ..., speculative: _Optional[str] = ...) -> None: ...
 
 class CaptureOptions(_message.Message):
     __slots__ = ("prompt_snapshot", "breakpoints", "snapshot_owner", "final_snapshot", "checkpoint_every")

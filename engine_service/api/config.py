@@ -41,6 +41,9 @@ class TokenGrammar(Protocol):
     def matcher(self) -> Any: ...
 
 
+SPECULATIVE_REQUESTS = ("", "off")  # GenConfig.speculative: the engine's mode, or none
+
+
 @dataclass(frozen=True)
 class GenConfig:
     """Per-generation settings, checked in ``__post_init__``. The last returned token is the session's
@@ -64,6 +67,9 @@ class GenConfig:
     # engine that failed); sampling starts N draws on and a grammar consumes them, so the continuation
     # equals the uninterrupted run. At most the session's positions + its input (the engine checks)
     drawn_tokens: int = 0
+    # speculative decoding for this generation: "" the engine's --speculative, "off" none; the output
+    # is the same either way (drafts are verified exactly), only its speed differs
+    speculative: str = ""
     # the compiled json_schema (the engine sets it; without it a json_schema is refused at start)
     grammar: TokenGrammar | None = field(default=None, compare=False, repr=False)
 
@@ -81,6 +87,10 @@ class GenConfig:
         checked_float("top_p", self.top_p, lo=0, hi=1, lo_open=True)
         if self.top_logprobs is not None:
             checked_int("top_logprobs", self.top_logprobs, lo=0, hi=MAX_TOP_LOGPROBS)
+        if self.speculative not in SPECULATIVE_REQUESTS:
+            raise InvalidArgument(
+                f"speculative must be one of {', '.join(map(repr, SPECULATIVE_REQUESTS))}, got {self.speculative!r}"
+            )
         if not isinstance(self.json_schema, str):
             raise InvalidArgument(f"json_schema must be a string, got {type(self.json_schema).__name__}")
         if self.grammar is not None and self.grammar.source != self.json_schema:

@@ -91,6 +91,8 @@ class Lookahead:
             # a finishing piece ends its plan: size 1 is the whole input, one row
             if fplan is not plan or plan.size != 1 or plan.logit_count != 1 or plan.drafts:
                 return None
+            if plan.state.drafts.active:  # its next step drafts: a lookahead would be discarded
+                return None
             if not isinstance(plan.rows, tuple) or at != len(entries):
                 return None
             nxt = plan.start + 1

@@ -37,6 +37,8 @@ from engine_service.executors.session_table import SessionTable
 class ModuleExecutor(Executor):
     """Build with :meth:`create`; the constructor takes a built cache."""
 
+    drafts_beside_lookahead = False  # a speculative executor that never drafts on a lookahead step
+
     def __init__(
         self,
         model: Any,
@@ -298,7 +300,10 @@ class ModuleExecutor(Executor):
             raise InputError(f"input starts at {inp.start} but session {inp.sid} is at {pos} (gap)")
         plan = Plan(index, inp.sid, state, inp.start, rows, inp.want_output)
         if state.sampler is None or not state.sampler.needs_host:  # a mask or logprobs: no drafts
-            self._add_drafts(plan)
+            if committed is None:
+                self._add_drafts(plan)
+            else:  # a queued lookahead wrote its one row: no drafts this step
+                self._note_drafts(plan)
         guard(check_fits, inp.start, plan.size, self.max_session_tokens)  # room promised to the others
         if inp.start < pos and not self.cache.rewind(state.seq, inp.start):
             raise InputError(
@@ -307,9 +312,11 @@ class ModuleExecutor(Executor):
         return plan
 
     def _lookahead_invisible(self) -> bool:
-        """Whether a discarded lookahead leaves no trace (no drafts, no evicting ring layers)."""
+        """Whether a discarded lookahead leaves no trace (no evicting ring layers; drafts only where the
+        executor keeps them off lookahead steps: ``drafts_beside_lookahead``)."""
         cls = type(self)
         plain = cls._add_drafts is ModuleExecutor._add_drafts and cls._finish is ModuleExecutor._finish
+        plain = plain or cls.drafts_beside_lookahead
         rings = hasattr(self.cache, "rewind_floor") and any(
             spec.sliding and spec.window for spec in self.config.layers
         )
@@ -327,6 +334,10 @@ class ModuleExecutor(Executor):
 
     def _add_drafts(self, plan: Plan) -> None:
         """Speculative executors extend a decode plan with draft rows here."""
+
+    def _note_drafts(self, plan: Plan) -> None:
+        """A decode plan the lookahead serves: no drafts, but a speculative executor notes whether it
+        would have drafted (``SessionState.drafts.active``: the next step runs without a lookahead)."""
 
     def _finish(self, plan: Plan, preds: list[int]) -> list[int]:
         """Tokens to return for a finished output-producing plan (its last one is the pending token)."""

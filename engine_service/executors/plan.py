@@ -33,6 +33,18 @@ class SessionState:
     seq: int
     sampler: Sampler | None = None
     history: list[int] = field(default_factory=list)
+    drafts: DraftState = field(default_factory=lambda: DraftState())
+
+
+@dataclass
+class DraftState:
+    """A speculative session's drafting: ``active`` (its last lookup found a draft: the decode lookahead
+    yields to it), ``rate`` (a moving average of the share of drafts accepted) and ``paused`` (steps
+    left without drafting after drafts stopped paying)."""
+
+    active: bool = False
+    rate: float = 1.0
+    paused: int = 0
 
 
 @dataclass

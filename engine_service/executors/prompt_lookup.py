@@ -7,6 +7,7 @@ Spec: docs/ENGINE.md."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -15,11 +16,20 @@ from numpy.lib.stride_tricks import sliding_window_view
 from engine_service.api.checks import checked_int
 from engine_service.api.errors import InvalidArgument
 from engine_service.executors.module import ModuleExecutor
-from engine_service.executors.plan import InputError, Plan
+from engine_service.executors.plan import DraftState, InputError, Plan
+
+RATE_WEIGHT = 0.3  # how much one step moves a session's acceptance rate
+PAYS = 0.15  # below this acceptance rate drafting does not pay for its verification rows
+PAUSE_STEPS = 32  # steps a session decodes plainly (with the lookahead) once drafting stopped paying
 
 
 class PromptLookupExecutor(ModuleExecutor):
-    """ModuleExecutor + prompt-lookup drafts. Extra keywords: ``num_drafts``, ``ngram_max``, ``ngram_min``."""
+    """ModuleExecutor + prompt-lookup drafts. Extra keywords: ``num_drafts``, ``ngram_max``, ``ngram_min``.
+    Each session drafts up to ``num_drafts`` scaled by its acceptance rate, pauses where drafts stop
+    paying, and a step the decode lookahead already wrote never drafts (the lookahead yields to a
+    session whose last lookup found a draft)."""
+
+    drafts_beside_lookahead = True
 
     def __init__(
         self, *args: Any, num_drafts: int = 6, ngram_max: int = 3, ngram_min: int = 1, **kwargs: Any
@@ -39,18 +49,40 @@ class PromptLookupExecutor(ModuleExecutor):
         self.accepted = 0  # draft tokens accepted
 
     def _add_drafts(self, plan: Plan) -> None:
-        if not (plan.want_output and isinstance(plan.rows, tuple) and len(plan.rows) == 1):
-            return
-        budget = min(self.num_drafts, self.max_session_tokens - plan.start - 1)
-        if budget < 1:
-            return
-        drafts = self.lookup([*plan.state.history[: plan.start], plan.rows[0]], budget)
+        drafts = self._drafts_for(plan)
         if drafts and not self.cache.can_admit(plan.state.seq, 1 + len(drafts)):
             drafts = ()  # no room for the drafts: decode plainly rather than fail the input
         if drafts:
             plan.rows = plan.rows + drafts
             plan.drafts = drafts
             plan.logit_count = 1 + len(drafts)
+
+    def _note_drafts(self, plan: Plan) -> None:
+        self._drafts_for(plan)
+
+    def _drafts_for(self, plan: Plan) -> tuple[int, ...]:
+        """The drafts for a one-token decode plan (none while the session's drafting is paused), at most
+        the session's budget; notes whether there were any (``DraftState.active``)."""
+        state = plan.state.drafts
+        state.active = False
+        if not (plan.want_output and isinstance(plan.rows, tuple) and len(plan.rows) == 1):
+            return ()
+        sampler = plan.state.sampler
+        if sampler is not None and not sampler.params.drafts:  # GenConfig.speculative "off"
+            return ()
+        if state.paused:
+            state.paused -= 1
+            return ()
+        budget = min(self.draft_budget(state), self.max_session_tokens - plan.start - 1)
+        if budget < 1:
+            return ()
+        drafts = self.lookup([*plan.state.history[: plan.start], plan.rows[0]], budget)
+        state.active = bool(drafts)
+        return drafts
+
+    def draft_budget(self, state: DraftState) -> int:
+        """Drafts per step: ``num_drafts`` scaled by the session's acceptance rate, at least 1."""
+        return max(1, min(self.num_drafts, math.ceil(self.num_drafts * state.rate)))
 
     def lookup(self, context: list[int], budget: int) -> tuple[int, ...]:
         """Up to ``budget`` tokens that followed the latest earlier match of the context's suffix."""
@@ -81,8 +113,17 @@ class PromptLookupExecutor(ModuleExecutor):
             plan.state.sampler.accept_draws(accepted + 1)  # the draws kept: the accepted and the next
         self.drafted += len(drafts)
         self.accepted += accepted
+        self._rate(plan.state.drafts, accepted / len(drafts))
         keep = plan.start + 1 + accepted  # pending + accepted drafts are committed
         if not self.cache.rewind(plan.state.seq, keep):
             raise InputError(f"session {plan.sid}: cannot rewind rejected drafts to {keep}")
         del plan.state.history[keep:]
         return [*drafts[:accepted], preds[accepted]]
+
+    @staticmethod
+    def _rate(state: DraftState, share: float) -> None:
+        """Fold one step's accepted share into the session's rate; below ``PAYS`` drafting pauses for
+        ``PAUSE_STEPS`` steps (the decode lookahead serves it meanwhile), then starts again halfway."""
+        state.rate = (1 - RATE_WEIGHT) * state.rate + RATE_WEIGHT * share
+        if state.rate < PAYS:
+            state.paused, state.rate, state.active = PAUSE_STEPS, 0.5, False

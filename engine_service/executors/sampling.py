@@ -27,6 +27,7 @@ class SamplingParams:
     # a resume: the tokens an earlier attempt of this generation drew (GenConfig.drawn_tokens); the
     # sampler starts that many draws on and its grammar has consumed them
     drawn: tuple[int, ...] = field(default=(), compare=False)
+    drafts: bool = True  # GenConfig.speculative != "off": a speculative executor may draft for it
 
     def __post_init__(self) -> None:
         checked_float("temperature", self.temperature, lo=0.0)
@@ -46,6 +47,7 @@ class SamplingParams:
             top_logprobs=config.top_logprobs,
             grammar=config.grammar,
             drawn=tuple(drawn),
+            drafts=config.speculative != "off",
         )
 
     @property

@@ -190,6 +190,7 @@ def gateway_request(
         seed=secrets.randbelow(2**63) if request.seed is None else request.seed,
         top_logprobs=top_logprobs(request),
         json_schema=_schema(request),
+        speculative=request.speculative or "",
     )
     return GatewayRequest(namespace=namespace, prompt=prompt, config=config)
 

@@ -57,6 +57,8 @@ class _Sampling(_Request):
     stream_options: StreamOptions | None = None
     user: str | None = None
     cache_salt: str | None = Field(default=None, max_length=1024)  # vLLM's: partitions the prefix cache
+    # forkline's: "off" turns the engine's speculative decoding off for this request (same tokens)
+    speculative: Literal["", "off"] | None = None
     # Accepted at their neutral values only (anything else is refused naming the field).
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)

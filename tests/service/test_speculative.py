@@ -6,10 +6,12 @@ position written only by a draft). Negative control: another seed gives another 
 
 from __future__ import annotations
 
+import grpc
 import pytest
 
 from clients.engine_client import EngineClient
 from engine_service.api.config import GenConfig
+from protos import engine_pb2 as pb
 
 # a prompt that repeats itself, so the session's own history drafts
 PROMPT = [ord(c) for c in "abcabcabcabcab"]
@@ -54,3 +56,26 @@ def test_snapshots_of_a_speculative_generation_continue_like_a_cold_run(engines)
         cold = plain.generate(fed, config=more, ignore_eos=True).collect().tokens
         assert continued.collect().tokens == cold, snapshot.kind
     assert {s.position for s in result.snapshots} == {len(PROMPT), len(PROMPT) + len(result.tokens) - 1}
+
+
+def test_a_request_turns_speculation_off_and_a_bad_mode_is_refused(engines) -> None:
+    from engine_service.api.errors import InvalidArgument
+
+    plain, spec = engines
+    config = GenConfig(max_new_tokens=40, temperature=0.0, speculative="off")
+    before = spec.info().draft_tokens
+    got = spec.generate(PROMPT, config=config, ignore_eos=True).collect().tokens
+    assert spec.info().draft_tokens == before  # no drafts for it
+    assert got == plain.generate(PROMPT, config=config, ignore_eos=True).collect().tokens
+    on = GenConfig(max_new_tokens=40, temperature=0.0)
+    spec.generate(PROMPT, config=on, ignore_eos=True).collect()
+    assert spec.info().draft_tokens > before  # the control: the same request drafts by default
+    with pytest.raises(InvalidArgument, match="speculative"):
+        GenConfig(speculative="sometimes")
+    message = pb.GenerateRequest(
+        tokens=pb.TokenIds(ids=PROMPT), config=pb.GenerationConfig(max_new_tokens=2, speculative="sometimes")
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        list(spec.stub.Generate(message, metadata=(("forkline-owner", "t"),), timeout=30))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "speculative" in caught.value.details()

@@ -27,6 +27,7 @@ def gen_config(
         top_logprobs=msg.top_logprobs if msg.HasField("top_logprobs") else None,
         json_schema=msg.json_schema,
         drawn_tokens=msg.drawn_tokens,
+        speculative=msg.speculative,
     )
 
 
@@ -45,4 +46,5 @@ def generation_config(config: GenConfig, ignore_eos: bool = False) -> pb.Generat
         top_logprobs=config.top_logprobs,
         json_schema=config.json_schema,
         drawn_tokens=config.drawn_tokens,
+        speculative=config.speculative,
     )

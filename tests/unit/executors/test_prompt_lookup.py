@@ -195,3 +195,42 @@ def test_seeded_sampling_with_drafts_equals_plain_seeded_sampling(tiny_model, ki
     assert _seeded(spec, temperature, seed=11) == want
     assert spec.accepted > 0 and spec.drafted > spec.accepted
     assert _seeded(plain, temperature, seed=12) != want
+
+
+class WrongDrafts(PromptLookupExecutor):
+    """Drafts that are wrong on purpose: the token after the one the lookup found."""
+
+    def lookup(self, context, budget):
+        return tuple((t + 1) % self.config.vocab_size for t in super().lookup(context, budget))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_wrong_drafts_pause_and_the_lookahead_serves_the_session(tiny_model, kind) -> None:
+    """Every draft rejected: the output is still plain greedy's, every clone continues like a cold
+    run, the session stops drafting once drafts do not pay (the drafted count stalls for the pause)
+    and the decode lookahead serves it meanwhile."""
+    from engine_service.executors.prompt_lookup import PAUSE_STEPS
+
+    model = tiny_model("FFFF", window=4, tie_embeddings=False)
+    plain = make(ModuleExecutor, model, kind)
+    want = greedy_decode(plain, (p := plain.open_session()), prefill(plain, p, PROMPT), 60)
+    spec = make(WrongDrafts, model, kind, num_drafts=4)
+    s = spec.open_session()
+    first = prefill(spec, s, PROMPT)
+    drafted = []
+    toks, at = list(first), len(PROMPT)  # positions tracked here: asking the executor settles a lookahead
+    while len(toks) < 60:
+        out = spec.execute([ExecInput(s, at, tokens=(toks[-1],))])[0]
+        toks.extend(out.tokens)
+        at += len(out.tokens)
+        drafted.append(spec.drafted)
+    assert toks[:60] == want[: len(toks[:60])]
+    assert spec.drafted > 0 and spec.accepted == 0
+    stalls = max(sum(1 for _ in g) for _, g in __import__("itertools").groupby(drafted))
+    assert stalls >= PAUSE_STEPS and spec.lookahead_used > 0
+    assert spec.position(s) == at
+    child = spec.clone(s, at)
+    out = spec.execute([ExecInput(child, at, tokens=(toks[at - len(PROMPT)],))])[0]
+    q = plain.open_session()
+    cold = prefill(plain, q, [*PROMPT, *toks][: at + 1])
+    assert out.tokens[-1] == cold[-1]

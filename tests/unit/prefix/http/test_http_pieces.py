@@ -87,3 +87,19 @@ def test_a_conversation_on_a_base_model_is_plain_text() -> None:
     assert served(chat, chat_template=False) == TextPrompt("S.\n\nHi\n\nGo", add_special_tokens=True)
     text = TextPrompt("as is")
     assert served(text, chat_template=False) is text
+
+
+def test_the_speculative_field_reaches_the_generation_and_a_bad_value_is_refused() -> None:
+    import pydantic
+
+    from prefix_service.http.convert import gateway_request
+    from prefix_service.http.protocol import ChatCompletionRequest
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    off = ChatCompletionRequest.model_validate({**body, "speculative": "off"})
+    assert gateway_request(off, [1, 2]).config.speculative == "off"
+    default = ChatCompletionRequest.model_validate(body)
+    assert gateway_request(default, [1, 2]).config.speculative == ""
+    with pytest.raises(pydantic.ValidationError) as caught:
+        ChatCompletionRequest.model_validate({**body, "speculative": "always"})
+    assert field_path(caught.value.errors()[0]["loc"]) == "speculative"
