@@ -79,3 +79,18 @@ def test_a_request_turns_speculation_off_and_a_bad_mode_is_refused(engines) -> N
         list(spec.stub.Generate(message, metadata=(("forkline-owner", "t"),), timeout=30))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "speculative" in caught.value.details()
+
+
+def test_the_engine_metrics_count_drafts_by_result(engine_factory) -> None:
+    from tests.service.test_metrics import Scrape
+
+    engine = engine_factory(speculative="lookup", metrics=True)
+    port = engine.server.start_metrics("127.0.0.1", 0)
+    client = EngineClient(engine.address, owner="t")
+    client.generate(PROMPT, config=GenConfig(max_new_tokens=40), ignore_eos=True).collect()
+    info, scrape = client.info(), Scrape(port)
+    client.close_channel()
+    name = "forkline_engine_draft_tokens_total"
+    assert scrape.value(name, source="lookup", result="accepted") == info.accepted_draft_tokens > 0
+    rejected = info.draft_tokens - info.accepted_draft_tokens
+    assert scrape.value(name, source="lookup", result="rejected") == rejected
