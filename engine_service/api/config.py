@@ -70,6 +70,8 @@ class GenConfig:
     # speculative decoding for this generation: "" the engine's --speculative, "off" none; the output
     # is the same either way (drafts are verified exactly), only its speed differs
     speculative: str = ""
+    # whose earlier texts may draft for it (the engine sets the caller's owner id; never on the wire)
+    draft_scope: str = field(default="", compare=False, repr=False)
     # the compiled json_schema (the engine sets it; without it a json_schema is refused at start)
     grammar: TokenGrammar | None = field(default=None, compare=False, repr=False)
 

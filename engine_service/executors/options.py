@@ -13,7 +13,7 @@ from engine_service.api.errors import InvalidArgument
 # CPU kernel, or a GPU), float32 where it would upcast the cache every step (MLX's CPU ops)
 KV_DTYPES = ("auto", "float16", "bfloat16", "float32")
 # --speculative choices: off, or drafts looked up in the session's own history (prompt_lookup.py)
-SPECULATIVE = ("off", "lookup")
+SPECULATIVE = ("off", "lookup", "suffix")
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,8 @@ def add_executor_options(parser: argparse.ArgumentParser, *, max_sessions: int |
         default=DEFAULTS.speculative,
         choices=SPECULATIVE,
         help="speculative decoding: lookup drafts up to --num_drafts tokens from the session's own "
-        "history and verifies them in one forward; the output equals plain decoding (greedy, and "
+        "history, suffix also from the same owner's earlier requests where that has none, and "
+        "verifies them in one forward; the output equals plain decoding (greedy, and "
         "seeded sampling token for token); sessions with a grammar or log probabilities decode "
         "plainly (default: %(default)s)",
     )

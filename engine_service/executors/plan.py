@@ -60,6 +60,7 @@ class Plan:
     want_output: bool
     logit_count: int = 1
     drafts: tuple[int, ...] = ()
+    draft_source: str = ""  # where the drafts came from (lookup: its own history; suffix: the scope's)
     done: int = 0
     error: str | None = None
     logprobs: tuple[TokenLogprob, ...] = ()  # read back with the predictions, when asked for

@@ -17,6 +17,7 @@ from engine_service.api.checks import checked_int
 from engine_service.api.errors import InvalidArgument
 from engine_service.executors.module import ModuleExecutor
 from engine_service.executors.plan import DraftState, InputError, Plan
+from engine_service.executors.suffix_index import SuffixIndex
 
 RATE_WEIGHT = 0.3  # how much one step moves a session's acceptance rate
 PAYS = 0.15  # below this acceptance rate drafting does not pay for its verification rows
@@ -24,7 +25,9 @@ PAUSE_STEPS = 32  # steps a session decodes plainly (with the lookahead) once dr
 
 
 class PromptLookupExecutor(ModuleExecutor):
-    """ModuleExecutor + prompt-lookup drafts. Extra keywords: ``num_drafts``, ``ngram_max``, ``ngram_min``.
+    """ModuleExecutor + prompt-lookup drafts. Extra keywords: ``num_drafts``, ``ngram_max``, ``ngram_min``,
+    ``suffix`` (also draft from the owner scope's earlier texts where the session's own history has
+    nothing: ``suffix_index.py``).
     Each session drafts up to ``num_drafts`` scaled by its acceptance rate, pauses where drafts stop
     paying, and a step the decode lookahead already wrote never drafts (the lookahead yields to a
     session whose last lookup found a draft)."""
@@ -32,7 +35,13 @@ class PromptLookupExecutor(ModuleExecutor):
     drafts_beside_lookahead = True
 
     def __init__(
-        self, *args: Any, num_drafts: int = 6, ngram_max: int = 3, ngram_min: int = 1, **kwargs: Any
+        self,
+        *args: Any,
+        num_drafts: int = 6,
+        ngram_max: int = 3,
+        ngram_min: int = 1,
+        suffix: bool = False,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         checked_int("num_drafts", num_drafts, lo=1)
@@ -47,6 +56,16 @@ class PromptLookupExecutor(ModuleExecutor):
         self.ngram_min = ngram_min
         self.drafted = 0  # draft tokens verified
         self.accepted = 0  # draft tokens accepted
+        self.sources = {"lookup": [0, 0], "suffix": [0, 0]}  # per draft source: [verified, accepted]
+        # drafts across requests of the same owner scope (--speculative suffix), fed as sessions close
+        self.suffix = SuffixIndex() if suffix else None
+
+    def close_session(self, sid: int) -> None:
+        state = self._sessions.get(sid)
+        scope = "" if state is None or state.sampler is None else state.sampler.params.scope
+        if self.suffix is not None and scope:
+            self.suffix.add(scope, state.history)
+        super().close_session(sid)
 
     def _add_drafts(self, plan: Plan) -> None:
         drafts = self._drafts_for(plan)
@@ -76,19 +95,36 @@ class PromptLookupExecutor(ModuleExecutor):
         budget = min(self.draft_budget(state), self.max_session_tokens - plan.start - 1)
         if budget < 1:
             return ()
-        drafts = self.lookup([*plan.state.history[: plan.start], plan.rows[0]], budget)
+        context = [*plan.state.history[: plan.start], plan.rows[0]]
+        drafts, plan.draft_source = self._drafted(
+            context, budget, "" if sampler is None else sampler.params.scope
+        )
         state.active = bool(drafts)
         return drafts
+
+    def _drafted(self, context: list[int], budget: int, scope: str) -> tuple[tuple[int, ...], str]:
+        """(drafts, their source): the session's own history matched on ``ngram_max`` tokens, else the
+        scope's earlier texts (``suffix``), else its own history on shorter matches."""
+        if self.suffix is None or not scope:
+            return self.lookup(context, budget), "lookup"
+        drafts = self.lookup(context, budget, self.ngram_max)
+        if drafts:
+            return drafts, "lookup"
+        drafts = self.suffix.draft(scope, context, budget)
+        if drafts:
+            return drafts, "suffix"
+        return self.lookup(context, budget), "lookup"
 
     def draft_budget(self, state: DraftState) -> int:
         """Drafts per step: ``num_drafts`` scaled by the session's acceptance rate, at least 1."""
         return max(1, min(self.num_drafts, math.ceil(self.num_drafts * state.rate)))
 
-    def lookup(self, context: list[int], budget: int) -> tuple[int, ...]:
-        """Up to ``budget`` tokens that followed the latest earlier match of the context's suffix."""
+    def lookup(self, context: list[int], budget: int, shortest: int = 0) -> tuple[int, ...]:
+        """Up to ``budget`` tokens that followed the latest earlier match of the context's suffix (of
+        ``ngram_max`` down to ``shortest`` tokens; 0: ``ngram_min``)."""
         arr = np.asarray(context, dtype=np.int64)
         length = arr.shape[0]
-        for n in range(min(self.ngram_max, length - 1), self.ngram_min - 1, -1):
+        for n in range(min(self.ngram_max, length - 1), max(shortest, self.ngram_min) - 1, -1):
             # windows over arr[:-1] start at i <= length - 1 - n, so arr[i + n] (a continuation) exists
             windows = sliding_window_view(arr[:-1], n)
             hits = np.flatnonzero((windows == arr[length - n :]).all(axis=1))
@@ -113,6 +149,8 @@ class PromptLookupExecutor(ModuleExecutor):
             plan.state.sampler.accept_draws(accepted + 1)  # the draws kept: the accepted and the next
         self.drafted += len(drafts)
         self.accepted += accepted
+        counts = self.sources[plan.draft_source]
+        counts[0], counts[1] = counts[0] + len(drafts), counts[1] + accepted
         self._rate(plan.state.drafts, accepted / len(drafts))
         keep = plan.start + 1 + accepted  # pending + accepted drafts are committed
         if not self.cache.rewind(plan.state.seq, keep):

@@ -28,6 +28,7 @@ class SamplingParams:
     # sampler starts that many draws on and its grammar has consumed them
     drawn: tuple[int, ...] = field(default=(), compare=False)
     drafts: bool = True  # GenConfig.speculative != "off": a speculative executor may draft for it
+    scope: str = field(default="", compare=False)  # GenConfig.draft_scope: whose earlier texts may draft
 
     def __post_init__(self) -> None:
         checked_float("temperature", self.temperature, lo=0.0)
@@ -48,6 +49,7 @@ class SamplingParams:
             grammar=config.grammar,
             drawn=tuple(drawn),
             drafts=config.speculative != "off",
+            scope=config.draft_scope,
         )
 
     @property

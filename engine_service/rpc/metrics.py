@@ -152,12 +152,12 @@ class EngineCollector:
         clones.add_metric(["succeeded"], m.clones_succeeded)
         clones.add_metric(["refused"], m.clones_refused)
         yield clones
-        drafted, accepted = d.runner.draft_counts
         drafts = CounterMetricFamily(
             "forkline_engine_draft_tokens",
             "Speculative draft tokens verified (--speculative), by source and result",
             labels=("source", "result"),
         )
-        drafts.add_metric([d.speculative, "accepted"], accepted)
-        drafts.add_metric([d.speculative, "rejected"], drafted - accepted)
+        for source, (drafted, accepted) in d.runner.draft_sources.items():
+            drafts.add_metric([source, "accepted"], accepted)
+            drafts.add_metric([source, "rejected"], drafted - accepted)
         yield drafts

@@ -138,6 +138,12 @@ class Runner:
         return int(getattr(executor, "drafted", 0)), int(getattr(executor, "accepted", 0))
 
     @property
+    def draft_sources(self) -> dict[str, tuple[int, int]]:
+        """Per draft source (lookup, suffix): (draft tokens verified, accepted); {} without drafts."""
+        sources = getattr(self._engine._executor, "sources", {})
+        return {name: (int(d), int(a)) for name, (d, a) in sources.items()}
+
+    @property
     def pins_exports(self) -> bool:
         return self._engine.pins_exports
 

@@ -271,4 +271,7 @@ def speculative_executor(settings: ExecutorSettings, prepared_inputs: bool) -> t
         raise InvalidArgument("--speculative works on token inputs only: not with --prepared_inputs")
     from engine_service.executors.prompt_lookup import PromptLookupExecutor
 
-    return PromptLookupExecutor, {"num_drafts": settings.num_drafts}
+    return PromptLookupExecutor, {
+        "num_drafts": settings.num_drafts,
+        "suffix": settings.speculative == "suffix",
+    }

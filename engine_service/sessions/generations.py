@@ -3,7 +3,7 @@ reserve what it may hold in its owner's quota before anything runs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from engine_service.api.checks import checked_int
@@ -58,6 +58,7 @@ def start_generation(engine: GenerationHost, owner: str, request: GenerationRequ
     value = fed_input(request.input, engine.tokenizer, engine.chat, limits.vocab_size)
     # a json_schema compiled for this tokenizer now: an unsupported schema fails before anything runs
     config, size = with_grammar(request.config, engine.tokenizer), input_size(value)
+    config = replace(config, draft_scope=owner)  # a suffix drafter drafts only from this owner's texts
     every = checked_int("capture.checkpoint_every", request.checkpoint_every, 0, None)
     persistent = registry.persistent_owners
     snapshot_owner = receiver_of(owner, request.snapshot_owner, "capture.snapshot_owner", persistent)

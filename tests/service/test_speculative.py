@@ -94,3 +94,28 @@ def test_the_engine_metrics_count_drafts_by_result(engine_factory) -> None:
     assert scrape.value(name, source="lookup", result="accepted") == info.accepted_draft_tokens > 0
     rejected = info.draft_tokens - info.accepted_draft_tokens
     assert scrape.value(name, source="lookup", result="rejected") == rejected
+
+
+def test_suffix_drafts_only_from_the_callers_own_earlier_requests(engine_factory) -> None:
+    """``--speculative suffix`` over gRPC: the owner's second identical request drafts its first answer
+    (source ``suffix`` accepted), another owner's does not; every answer equals a plain engine's."""
+    from tests.service.test_metrics import Scrape
+
+    engine = engine_factory(speculative="suffix", metrics=True)
+    port = engine.server.start_metrics("127.0.0.1", 0)
+    plain = EngineClient(engine_factory().address, owner="t")
+    prompt = list(range(40, 70))  # no repeated n-gram: the first drafts can only come from elsewhere
+    config = GenConfig(max_new_tokens=30)
+    want = plain.generate(prompt, config=config, ignore_eos=True).collect().tokens
+
+    def ask(owner: str) -> float:
+        client = EngineClient(engine.address, owner=owner)
+        assert client.generate(prompt, config=config, ignore_eos=True).collect().tokens == want
+        assert client.info().speculative == "suffix"
+        client.close_channel()
+        return Scrape(port).value("forkline_engine_draft_tokens_total", source="suffix", result="accepted")
+
+    assert ask("alice") == 0
+    alice = ask("alice")
+    assert alice > 0 and ask("bob") == alice
+    plain.close_channel()

@@ -234,3 +234,26 @@ def test_wrong_drafts_pause_and_the_lookahead_serves_the_session(tiny_model, kin
     q = plain.open_session()
     cold = prefill(plain, q, [*PROMPT, *toks][: at + 1])
     assert out.tokens[-1] == cold[-1]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_suffix_drafts_come_from_the_same_owners_earlier_answer_only(tiny_model, kind) -> None:
+    """``suffix``: an owner asking again drafts the earlier answer (accepted: the same tokens as plain
+    greedy); another owner asking the same gets no suffix drafts (the negative control)."""
+    model = tiny_model("FRFR", window=4, tie_embeddings=False)
+    plain = make(ModuleExecutor, model, kind)
+    spec = make(PromptLookupExecutor, model, kind, num_drafts=4, suffix=True)
+    prompt = list(range(30, 60))  # no n-gram repeats: the first drafts can only come from elsewhere
+    want = greedy_decode(plain, (p := plain.open_session()), prefill(plain, p, prompt), 30)
+
+    def ask(owner: str) -> list[int]:
+        s = spec.open_session()
+        spec.set_sampling(s, SamplingParams(scope=owner), 0)
+        got = greedy_decode(spec, s, prefill(spec, s, prompt), 30)
+        spec.close_session(s)
+        return got
+
+    assert ask("alice") == want and spec.sources["suffix"] == [0, 0]
+    assert ask("alice") == want and spec.sources["suffix"][1] > 0
+    before = list(spec.sources["suffix"])
+    assert ask("bob") == want and spec.sources["suffix"] == before
