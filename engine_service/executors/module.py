@@ -78,7 +78,7 @@ class ModuleExecutor(Executor):
         )
         self._model_fingerprint = model_fingerprint or getattr(model, "fingerprint", None)
         self._sessions = SessionTable(cache, self.max_sessions)
-        enabled = lookahead and self._lookahead_invisible()
+        enabled = lookahead and lookahead_invisible(self)
         self._lookahead = Lookahead(self.model, cache, self._sessions, self.max_session_tokens, enabled)
         self._rounds = Rounds(
             cache, self._forward, self._lookahead, max_write=self.max_write, keep_logits=keep_logits
@@ -235,15 +235,7 @@ class ModuleExecutor(Executor):
         return bool(getattr(self.model, "deterministic", False))
 
     def fingerprint(self) -> str:
-        """Hex sha256 prefix of the model, cache kind, kv dtype, window geometry, weights dtype and mode."""
-        model_id = self._model_fingerprint or hashlib.sha256(repr(self.config).encode()).hexdigest()
-        geometry = ",".join(f"{s.kind}:{s.window}" for s in self.config.layers)
-        parts = [model_id, self.cache_kind, str(self.kv_dtype), geometry, f"max_write={self.max_write}"]
-        parts.append(str(self.weights_dtype))
-        if self.deterministic:  # its snapshots are computed differently: the two never mix
-            parts.append("deterministic")
-        text = "|".join(parts)
-        return hashlib.sha256(text.encode()).hexdigest()[:32]
+        return executor_fingerprint(self)
 
     def execute(self, batch: Sequence[ExecInput]) -> list[ExecOutput]:
         ahead = self._lookahead.begin(batch)
@@ -311,17 +303,6 @@ class ModuleExecutor(Executor):
             )
         return plan
 
-    def _lookahead_invisible(self) -> bool:
-        """Whether a discarded lookahead leaves no trace (no evicting ring layers; drafts only where the
-        executor keeps them off lookahead steps: ``drafts_beside_lookahead``)."""
-        cls = type(self)
-        plain = cls._add_drafts is ModuleExecutor._add_drafts and cls._finish is ModuleExecutor._finish
-        plain = plain or cls.drafts_beside_lookahead
-        rings = hasattr(self.cache, "rewind_floor") and any(
-            spec.sliding and spec.window for spec in self.config.layers
-        )
-        return plain and not rings
-
     def _forward(self, step: Any, positions: mx.array, pieces: list, logit_rows: mx.array) -> mx.array:
         """The model over the packed pieces (raw tokens here; subclasses add embeddings)."""
         tokens: list[int] = []
@@ -342,3 +323,26 @@ class ModuleExecutor(Executor):
     def _finish(self, plan: Plan, preds: list[int]) -> list[int]:
         """Tokens to return for a finished output-producing plan (its last one is the pending token)."""
         return preds
+
+
+def executor_fingerprint(ex: ModuleExecutor) -> str:
+    """Hex sha256 prefix of the model, cache kind, kv dtype, window geometry, weights dtype and mode."""
+    model_id = ex._model_fingerprint or hashlib.sha256(repr(ex.config).encode()).hexdigest()
+    geometry = ",".join(f"{s.kind}:{s.window}" for s in ex.config.layers)
+    parts = [model_id, ex.cache_kind, str(ex.kv_dtype), geometry, f"max_write={ex.max_write}"]
+    parts.append(str(ex.weights_dtype))
+    if ex.deterministic:  # its snapshots are computed differently: the two never mix
+        parts.append("deterministic")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
+
+
+def lookahead_invisible(ex: ModuleExecutor) -> bool:
+    """Whether a discarded lookahead leaves no trace (no evicting ring layers; drafts only where the
+    executor keeps them off lookahead steps: ``drafts_beside_lookahead``)."""
+    cls = type(ex)
+    plain = cls._add_drafts is ModuleExecutor._add_drafts and cls._finish is ModuleExecutor._finish
+    plain = plain or cls.drafts_beside_lookahead
+    rings = hasattr(ex.cache, "rewind_floor") and any(
+        spec.sliding and spec.window for spec in ex.config.layers
+    )
+    return plain and not rings
