@@ -110,7 +110,7 @@ def run_batch(runner, prompts: list[list[int]], configs) -> tuple[list[list[int]
     return [list(r.tokens) for r in results], (tokens - len(results)) / max(1e-9, wall - first), tokens
 
 
-def measure(name: str, new_tokens: int, batch: int, repeats: int, num_drafts: int) -> dict:
+def measure(name: str, new_tokens: int, batch: int, repeats: int, num_drafts: int, mode: str) -> dict:
     from engine_service.api.config import GenConfig
     from engine_service.executors.module import ModuleExecutor
     from engine_service.executors.prompt_lookup import PromptLookupExecutor
@@ -121,7 +121,9 @@ def measure(name: str, new_tokens: int, batch: int, repeats: int, num_drafts: in
     stops = tuple(loaded.config.eos_token_ids)
     kw = {"max_sessions": batch + 2, "max_session_tokens": 2048}
     plain_ex = ModuleExecutor.create(loaded, "batched-sequence", **kw)
-    spec_ex = PromptLookupExecutor.create(loaded, "batched-sequence", num_drafts=num_drafts, **kw)
+    spec_ex = PromptLookupExecutor.create(
+        loaded, "batched-sequence", num_drafts=num_drafts, suffix=mode == "suffix", **kw
+    )
     runners = {
         "plain": Runner(plain_ex, max_decode_sequences=8),
         "lookup": Runner(spec_ex, max_decode_sequences=8),
@@ -163,7 +165,27 @@ def measure(name: str, new_tokens: int, batch: int, repeats: int, num_drafts: in
     finally:
         for runner in runners.values():
             runner.shutdown()
-    return {"num_drafts": num_drafts, "new_tokens": new_tokens, "rows": rows}
+    prompts = {task: chat_ids(loaded, text) for task, text in TASKS.items()}
+    return {"num_drafts": num_drafts, "new_tokens": new_tokens, "rows": rows, "prompts": prompts}
+
+
+def with_peer(report: dict, binary: str, new_tokens: int, repeats: int) -> None:
+    """llama-server's n-gram types on each model's prompts (one sequence), and forkline over its best."""
+    from speculative_peer import best_spec
+    from speculative_peer import measure as peer_measure
+
+    from engine_service.model.loading.packaged import resolve_model
+
+    for name, r in report["models"].items():
+        peer = peer_measure(binary, resolve_model(name), r.pop("prompts"), new_tokens, repeats)
+        r["llama_server"] = peer
+        for row in r["rows"]:
+            if row["sequences"] != 1:
+                continue
+            spec, rate = best_spec(peer, row["task"], row["mode"])
+            plain = peer.get("none", {}).get(row["task"], {}).get(row["mode"], {}).get("tok_s", 0.0)
+            row["llama_best_spec"], row["llama_spec_tok_s"], row["llama_plain_tok_s"] = spec, rate, plain
+            row["vs_llama_spec"] = round(row["lookup_tok_s"] / rate, 3) if rate else None
 
 
 def plot(report: dict, path: str) -> None:
@@ -193,6 +215,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--num_drafts", type=int, default=4)
+    parser.add_argument("--mode", choices=("lookup", "suffix"), default="lookup")
+    parser.add_argument(
+        "--llama_server", default=None, metavar="PATH", help="also llama-server's n-gram types"
+    )
     parser.add_argument("--out", default=os.path.join(HERE, "out", "speculative.json"))
     args = parser.parse_args()
     report = {
@@ -202,7 +228,13 @@ def main() -> None:
     }
     for model in args.models:
         name = ALIASES.get(model, model)
-        report["models"][name] = measure(name, args.new_tokens, args.batch, args.repeats, args.num_drafts)
+        report["models"][name] = measure(
+            name, args.new_tokens, args.batch, args.repeats, args.num_drafts, args.mode
+        )
+    if args.llama_server:
+        with_peer(report, args.llama_server, args.new_tokens, args.repeats)
+    for r in report["models"].values():
+        r.pop("prompts", None)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
