@@ -153,3 +153,21 @@ def streamed(client: PrefixClient, prompt: list[int], config: GenConfig, at_even
         LEDGER.end(index, prompt, tokens, done)
     assert done is not None
     return tokens, done
+
+
+def plot(report: dict, path: str) -> None:
+    """The campaign's chart: trials and outputs equal to the cold run, per class."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(report["classes"])
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.bar(names, [report["classes"][n]["trials"] for n in names], label="trials", color="lightgray")
+    ax.bar(names, [report["classes"][n]["exact"] for n in names], 0.5, label="equal to the cold run")
+    ax.set_ylabel("trials")
+    ax.legend(fontsize=8)
+    plt.setp(ax.get_xticklabels(), rotation=20)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -48,7 +48,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 from fault_dns import dns_gone  # noqa: E402
-from fault_rig import LEDGER, STEP_S, Rig, cold, random_prompt, streamed, tiny_engine  # noqa: E402
+from fault_rig import LEDGER, STEP_S, Rig, cold, plot, random_prompt, streamed, tiny_engine  # noqa: E402
 from workload_servers import Process  # noqa: E402
 
 from engine_service.api.config import GenConfig  # noqa: E402
@@ -345,23 +345,6 @@ def summary(rows: list[dict]) -> dict:
             "ended": dict(Counter(r["ended"] for r in rows)), "cached_counts_checked": checked,
             "reused_positions_checked": reused,
             "cached_over_reused": over, "rows": rows}  # fmt: skip
-
-
-def plot(report: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = list(report["classes"])
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.bar(names, [report["classes"][n]["trials"] for n in names], label="trials", color="lightgray")
-    ax.bar(names, [report["classes"][n]["exact"] for n in names], 0.5, label="equal to the cold run")
-    ax.set_ylabel("trials")
-    ax.legend(fontsize=8)
-    plt.setp(ax.get_xticklabels(), rotation=20)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ FakeEngine follows the real backend: ``tests/service/test_fake_engine_conformanc
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 from engine_service.api.answers import CloneRefusal, Described, TakenClone
 from engine_service.api.call_context import CallContext
@@ -46,13 +47,15 @@ class FakeStream:
     """A scripted engine Generate stream: ``events`` in order; after ``cancel()`` it raises Cancelled,
     as a cancelled gRPC call does. With ``hang_after`` it hangs (until cancelled) after that many
     events, like an engine stream that does not end. ``on_end()`` runs once when the call ends (its
-    last event read, or cancelled), as the engine's cleanup does."""
+    last event read, or cancelled), as the engine's cleanup does. :meth:`session_closed`: the engine
+    ends the generation (a Done ``cancelled`` next), as a Close of its session does."""
 
     def __init__(self, events: list, hang_after: int | None = None, on_end=lambda: None) -> None:
         self.events = list(events)
         self.hang_after = hang_after
         self.sent = 0
         self.cancelled = threading.Event()
+        self._woken = threading.Event()  # cancelled, or the session closed: a hang ends
         self._on_end = on_end
 
     def __iter__(self) -> FakeStream:
@@ -60,7 +63,7 @@ class FakeStream:
 
     def __next__(self):
         if self.hang_after is not None and self.sent >= self.hang_after:
-            self.cancelled.wait(10)
+            self._woken.wait(10)
         if self.cancelled.is_set():
             self._end()
             raise Cancelled("the engine call was cancelled")
@@ -72,7 +75,16 @@ class FakeStream:
 
     def cancel(self) -> None:
         self.cancelled.set()
+        self._woken.set()
         self._end()
+
+    def session_closed(self) -> None:
+        """What the engine sent stays; its Done says ``cancelled``, and a hang ends."""
+        self.events = [
+            replace(e, finish_reason="cancelled") if isinstance(e, Done) else e for e in self.events
+        ]
+        self.hang_after = None
+        self._woken.set()
 
     def _end(self) -> None:
         on_end, self._on_end = self._on_end, lambda: None
@@ -92,6 +104,8 @@ class FakeEngine(FakeBackend):
         self.vocab_size, self.max_session_tokens = vocab_size, max_session_tokens
         self.clone_owners: list[str] = []  # the owner each clone_for() call cloned for
         self.closed_as: list[tuple[FakeSession, str | None]] = []
+        self._streaming: dict[int, list[FakeStream]] = {}  # a session's Generate streams
+        self.close_ends_streams = True  # False: a Close leaves its generation's stream as it was
         self.requests: list[EngineGenerate] = []
         self.streams: list[FakeStream] = []
         self.hang_after: int | None = None  # new streams hang after this many events
@@ -199,6 +213,8 @@ class FakeEngine(FakeBackend):
     def close_as(self, session: FakeSession, call: CallContext | None = None) -> None:
         self._known(session)
         self.closed_as.append((session, call.owner if call is not None else None))
+        for stream in self._streaming.pop(id(session), ()) if self.close_ends_streams else ():
+            stream.session_closed()  # its generation ends, as the engine's does
         self._do_close(session)
 
     @staticmethod
@@ -245,4 +261,5 @@ class FakeEngine(FakeBackend):
             events, self.hang_after, (lambda: self._do_close(session)) if closes else lambda: None
         )
         self.streams.append(stream)
+        self._streaming.setdefault(id(session), []).append(stream)
         return stream

@@ -83,7 +83,8 @@ def test_a_stop_after_the_stream_ended_ends_nothing(engine, gateway):
 
 def test_a_stream_that_does_not_end_is_cancelled_after_the_drain_timeout(engine, gateway, monkeypatch):
     monkeypatch.setattr(stream_module, "DRAIN_TIMEOUT_S", 0.05)
-    engine.hang_after = 1  # closing the session does not end this engine stream
+    engine.hang_after = 1
+    engine.close_ends_streams = False  # closing the session does not end this engine stream
     stream = gateway.generate(request(), CallContext("alice"))
     events = iter(stream)
     assert isinstance(next(events), Started)
