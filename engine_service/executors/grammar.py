@@ -45,13 +45,28 @@ class GrammarMatcher:
 
     def mask(self, vocab: int) -> mx.array:
         """bool [vocab]: the tokens allowed next (padding rows never); in error, the end-of-sequence tokens."""
+        return mx.array(self._allowed(vocab))
+
+    def _allowed(self, vocab: int) -> np.ndarray:
         bits = np.frombuffer(self._m.compute_bitmask(), dtype=np.uint8)
         allowed = np.zeros(vocab, dtype=np.bool_)
         n = min(vocab, self._vocab)
         allowed[:n] = np.unpackbits(bits, bitorder="little")[:n]
         if not allowed.any():
             allowed[[t for t in self._eos if t < vocab]] = True
-        return mx.array(allowed)
+        return allowed
+
+    def draft_masks(self, drafts: tuple[int, ...], vocab: int) -> tuple[tuple[int, ...], mx.array]:
+        """(the longest prefix of ``drafts`` the grammar allows, bool [1 + len, vocab]: the mask now and
+        after each of those drafts); the matcher is left where it was."""
+        drafts = drafts[: self._m.validate_tokens(list(drafts))]
+        masks = [self._allowed(vocab)]
+        for token in drafts:
+            self._m.consume_token(int(token))
+            masks.append(self._allowed(vocab))
+        if drafts:
+            self._m.rollback(len(drafts))
+        return drafts, mx.array(np.stack(masks))
 
     def consume(self, token: int) -> None:
         """The token drawn under the last mask (a rejected token puts the matcher in error)."""

@@ -291,11 +291,10 @@ class ModuleExecutor(Executor):
         if inp.start > pos:
             raise InputError(f"input starts at {inp.start} but session {inp.sid} is at {pos} (gap)")
         plan = Plan(index, inp.sid, state, inp.start, rows, inp.want_output)
-        if state.sampler is None or not state.sampler.needs_host:  # a mask or logprobs: no drafts
-            if committed is None:
-                self._add_drafts(plan)
-            else:  # a queued lookahead wrote its one row: no drafts this step
-                self._note_drafts(plan)
+        if committed is None:
+            self._add_drafts(plan)
+        else:  # a queued lookahead wrote its one row: no drafts this step
+            self._note_drafts(plan)
         guard(check_fits, inp.start, plan.size, self.max_session_tokens)  # room promised to the others
         if inp.start < pos and not self.cache.rewind(state.seq, inp.start):
             raise InputError(

@@ -136,8 +136,7 @@ def add_executor_options(parser: argparse.ArgumentParser, *, max_sessions: int |
         help="speculative decoding: lookup drafts up to --num_drafts tokens from the session's own "
         "history, suffix also from the same owner's earlier requests where that has none, and "
         "verifies them in one forward; the output equals plain decoding (greedy, and "
-        "seeded sampling token for token); sessions with a grammar or log probabilities decode "
-        "plainly (default: %(default)s)",
+        "seeded sampling token for token, under a json_schema too) (default: %(default)s)",
     )
     parser.add_argument(
         "--num_drafts",

@@ -31,7 +31,11 @@ def sample_rows(logits: mx.array, finishing: list[tuple[Plan, int]]) -> tuple[mx
     (verification rows each with the key plain decoding would use there: ``Sampler.sample_draws``)."""
     greedy = mx.argmax(logits, axis=-1).astype(mx.int32)
     sampled = [(plan, at) for plan, at in finishing if plan.state.sampler and plan.state.sampler.per_row]
-    sampled = [(p, at) for p, at in sampled if p.logit_count == 1 or not p.state.sampler.greedy]
+    sampled = [
+        (p, at)
+        for p, at in sampled
+        if p.logit_count == 1 or not p.state.sampler.greedy or p.state.sampler.masked
+    ]
     if not sampled:
         return greedy, []
     parts, keys, cursor = [], [], 0
@@ -43,7 +47,7 @@ def sample_rows(logits: mx.array, finishing: list[tuple[Plan, int]]) -> tuple[mx
             parts.append(sampler.sample(logits[at : at + 1]))
             keys.append(sampler.key)
         else:
-            parts.append(sampler.sample_draws(logits[at : at + count]))
+            parts.append(sampler.sample_draws(logits[at : at + count], plan.draft_masks))
             keys.extend(sampler.draw_keys)
         cursor = at + count
     if cursor < greedy.shape[0]:

@@ -61,6 +61,7 @@ class Plan:
     logit_count: int = 1
     drafts: tuple[int, ...] = ()
     draft_source: str = ""  # where the drafts came from (lookup: its own history; suffix: the scope's)
+    draft_masks: object = None  # a grammar's masks of the verification rows (mx bool [1 + drafts, vocab])
     done: int = 0
     error: str | None = None
     logprobs: tuple[TokenLogprob, ...] = ()  # read back with the predictions, when asked for

@@ -2,7 +2,8 @@
 latest match of its last n tokens; a draft is kept while it equals the previous row's draw, the rest
 rewound. Greedy: the draw is the argmax. Seeded sampling: each row is drawn with the key plain decoding
 uses at that draw (``Sampler.sample_draws``), so the output equals plain seeded decoding token for
-token, not just in distribution. Sessions with a grammar or log probabilities decode plainly.
+token, not just in distribution. A grammar masks each verification row (drafts it forbids are cut
+first); log probabilities are the accepted rows'.
 Spec: docs/ENGINE.md."""
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ class PromptLookupExecutor(ModuleExecutor):
         drafts = self._drafts_for(plan)
         if drafts and not self.cache.can_admit(plan.state.seq, 1 + len(drafts)):
             drafts = ()  # no room for the drafts: decode plainly rather than fail the input
+        sampler = plan.state.sampler
+        if drafts and sampler is not None and sampler.masked:  # only what the grammar allows
+            drafts, plan.draft_masks = sampler.draft_masks(drafts, self.config.vocab_size)
         if drafts:
             plan.rows = plan.rows + drafts
             plan.drafts = drafts
@@ -145,8 +149,10 @@ class PromptLookupExecutor(ModuleExecutor):
         accepted = 0
         while accepted < len(drafts) and drafts[accepted] == preds[accepted]:
             accepted += 1
+        tokens = [*drafts[:accepted], preds[accepted]]
         if plan.state.sampler is not None:
             plan.state.sampler.accept_draws(accepted + 1)  # the draws kept: the accepted and the next
+            plan.state.sampler.observe(tokens)  # a grammar consumes what was kept
         self.drafted += len(drafts)
         self.accepted += accepted
         counts = self.sources[plan.draft_source]
@@ -156,7 +162,7 @@ class PromptLookupExecutor(ModuleExecutor):
         if not self.cache.rewind(plan.state.seq, keep):
             raise InputError(f"session {plan.sid}: cannot rewind rejected drafts to {keep}")
         del plan.state.history[keep:]
-        return [*drafts[:accepted], preds[accepted]]
+        return tokens
 
     @staticmethod
     def _rate(state: DraftState, share: float) -> None:

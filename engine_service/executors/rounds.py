@@ -109,7 +109,7 @@ class Rounds:
             pending.plan.logprobs = pending.read()
         for plan, at in launched.finishing:
             preds = flat[at : at + plan.logit_count]
-            if host and plan.state.sampler is not None:
+            if host and plan.state.sampler is not None and not plan.drafts:  # drafts: the executor's
                 plan.state.sampler.observe(preds)
             logits = launched.logits[at : at + plan.logit_count] if self._keep_logits else None
             results[plan.index] = (preds, logits)

@@ -94,6 +94,18 @@ class Sampler:
         return not self.params.greedy or self._matcher is not None
 
     @property
+    def masked(self) -> bool:
+        """Whether a grammar masks each draw."""
+        return self._matcher is not None
+
+    def draft_masks(self, drafts: tuple[int, ...], vocab: int) -> tuple[tuple[int, ...], mx.array | None]:
+        """(the drafts the grammar allows, the masks of their verification rows); (drafts, None) without
+        a grammar."""
+        if self._matcher is None:
+            return drafts, None
+        return self._matcher.draft_masks(drafts, vocab)
+
+    @property
     def needs_host(self) -> bool:
         """Whether each draw needs the host first or after (a grammar's mask, log probabilities)."""
         return self._matcher is not None or self.params.top_logprobs is not None
@@ -150,13 +162,14 @@ class Sampler:
         self._key, sub = mx.random.split(self._key)
         return mx.random.categorical(self.filtered_logits(logits), axis=-1, key=sub).astype(mx.int32)
 
-    def sample_draws(self, logits: mx.array) -> mx.array:
+    def sample_draws(self, logits: mx.array, masks: mx.array | None = None) -> mx.array:
         """float [R, vocab] -> int32 [R], lazily: speculative verification. Row j is drawn exactly as
-        the (j+1)-th draw from now would be in plain decoding (its own key split, its own [1, vocab]
-        draw), so where the drafts equal the draws the tokens are plain decoding's; the key moves on
-        by the draws :meth:`accept_draws` keeps (all R until then). Not with a grammar (no drafts)."""
-        if self._matcher is not None:
-            raise ValueError("a grammar's mask needs the host between draws: no speculative rows")
+        the (j+1)-th draw from now would be in plain decoding (under the grammar's mask after the
+        drafts before it: ``masks`` bool [R, vocab]; its own key split, its own [1, vocab] draw), so
+        where the drafts equal the draws the tokens are plain decoding's; the key moves on by the
+        draws :meth:`accept_draws` keeps (all R until then)."""
+        if masks is not None:
+            logits = mx.where(masks, logits.astype(mx.float32), mx.array(-mx.inf, dtype=mx.float32))
         if self.params.greedy:
             return mx.argmax(logits, axis=-1).astype(mx.int32)
         rows, key, self._draw_keys = [], self._key, []

@@ -119,3 +119,39 @@ def test_suffix_drafts_only_from_the_callers_own_earlier_requests(engine_factory
     alice = ask("alice")
     assert alice > 0 and ask("bob") == alice
     plain.close_channel()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 3.0])
+def test_drafts_under_a_json_schema_with_logprobs_equal_plain(engines, temperature) -> None:
+    """A grammar masks each verification row as plain decoding masks that draw (the drafts it does not
+    allow are cut first), and the accepted tokens' log probabilities are reported: the same JSON, tokens
+    and log probabilities as the plain engine."""
+    import json
+
+    plain, spec = engines
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 30},
+            "tags": {"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 8}},
+        },
+        "required": ["name", "tags"],
+        "additionalProperties": False,
+    }
+    config = GenConfig(
+        max_new_tokens=200, temperature=temperature, seed=3, top_logprobs=2, json_schema=json.dumps(schema)
+    )
+    prompt = list(b"Some JSON: ")
+    want = plain.generate(prompt, config=config).collect()
+    before = spec.info().draft_tokens
+    got = spec.generate(prompt, config=config).collect()
+    assert got.tokens == want.tokens and got.text == want.text
+    json.loads(got.text)
+    assert [e.chosen.id for e in got.logprobs] == [e.chosen.id for e in want.logprobs] == got.tokens
+    assert (
+        max(
+            abs(a.chosen.logprob - b.chosen.logprob) for a, b in zip(got.logprobs, want.logprobs, strict=True)
+        )
+        < 1e-2
+    )
+    assert spec.info().draft_tokens > before  # drafts were verified under the grammar

@@ -92,19 +92,34 @@ def test_clone_after_speculation_matches_plain(tiny_model, kind) -> None:
     assert out.tokens[-1] == cold[-1]
 
 
-def test_sessions_with_logprobs_decode_plainly(tiny_model) -> None:
-    """Log probabilities need the host after each draw: no drafts for such a session."""
-    counting = CountingModel(tiny_model())
-    spec = make(PromptLookupExecutor, counting, "batched-sequence", num_drafts=4)
-    s = spec.open_session()
-    spec.set_sampling(s, SamplingParams(temperature=1.0, top_logprobs=2), 3)
-    pending = prefill(spec, s, PROMPT)[-1]
-    counting.calls.clear()
-    for _ in range(5):
-        out = spec.execute([ExecInput(s, spec.position(s), tokens=(pending,))])[0]
-        assert len(out.tokens) == 1
-        pending = out.tokens[0]
-    assert counting.calls == [1] * 5 and spec.drafted == 0
+def test_logprobs_of_the_accepted_tokens_equal_plain_decoding(tiny_model) -> None:
+    """A session asking for log probabilities drafts too: each returned token's entry is its own row's
+    (the rejected rows' entries are dropped), equal to plain decoding's."""
+    model = tiny_model("FFFF", window=4, tie_embeddings=False)
+
+    def run(cls, **kw):
+        ex = make(cls, model, "batched-sequence", **kw)
+        s = ex.open_session()
+        ex.set_sampling(s, SamplingParams(temperature=0.0, top_logprobs=2), 3)
+        toks, entries = list(prefill(ex, s, PROMPT)), []
+        while len(toks) < 40:
+            out = ex.execute([ExecInput(s, ex.position(s), tokens=(toks[-1],))])[0]
+            toks.extend(out.tokens)
+            entries.extend(out.logprobs)
+        return ex, toks, entries
+
+    _, want, want_entries = run(ModuleExecutor)
+    spec, got, got_entries = run(PromptLookupExecutor, num_drafts=4)
+    assert got == want and spec.accepted > 0
+    assert [e.chosen.id for e in got_entries] == got[1 : 1 + len(got_entries)]
+    n = min(len(got_entries), len(want_entries))
+    assert (
+        max(
+            abs(a.chosen.logprob - b.chosen.logprob)
+            for a, b in zip(got_entries[:n], want_entries[:n], strict=True)
+        )
+        < 1e-3
+    )
 
 
 def test_drafts_must_fit_max_write(tiny_model) -> None:
