@@ -110,7 +110,16 @@ def run_batch(runner, prompts: list[list[int]], configs) -> tuple[list[list[int]
     return [list(r.tokens) for r in results], (tokens - len(results)) / max(1e-9, wall - first), tokens
 
 
-def measure(name: str, new_tokens: int, batch: int, repeats: int, num_drafts: int, mode: str) -> dict:
+def measure(
+    name: str,
+    new_tokens: int,
+    batch: int,
+    repeats: int,
+    num_drafts: int,
+    mode: str,
+    tasks: list[str],
+    rows_cap: int,
+) -> dict:
     from engine_service.api.config import GenConfig
     from engine_service.executors.module import ModuleExecutor
     from engine_service.executors.prompt_lookup import PromptLookupExecutor
@@ -122,7 +131,12 @@ def measure(name: str, new_tokens: int, batch: int, repeats: int, num_drafts: in
     kw = {"max_sessions": batch + 2, "max_session_tokens": 2048}
     plain_ex = ModuleExecutor.create(loaded, "batched-sequence", **kw)
     spec_ex = PromptLookupExecutor.create(
-        loaded, "batched-sequence", num_drafts=num_drafts, suffix=mode == "suffix", **kw
+        loaded,
+        "batched-sequence",
+        num_drafts=num_drafts,
+        suffix=mode == "suffix",
+        max_draft_rows=rows_cap,
+        **kw,
     )
     runners = {
         "plain": Runner(plain_ex, max_decode_sequences=8),
@@ -132,8 +146,8 @@ def measure(name: str, new_tokens: int, batch: int, repeats: int, num_drafts: in
     try:
         for runner in runners.values():  # warm-up
             run_batch(runner, [chat_ids(loaded, "Hi")], [GenConfig(max_new_tokens=4)])
-        for task, text in TASKS.items():
-            ids = chat_ids(loaded, text)
+        for task in tasks:
+            ids = chat_ids(loaded, TASKS[task])
             for mode, temperature in (("greedy", 0.0), ("seeded", 0.7)):
                 for width in (1, batch):
                     configs = [
@@ -165,8 +179,9 @@ def measure(name: str, new_tokens: int, batch: int, repeats: int, num_drafts: in
     finally:
         for runner in runners.values():
             runner.shutdown()
-    prompts = {task: chat_ids(loaded, text) for task, text in TASKS.items()}
-    return {"num_drafts": num_drafts, "new_tokens": new_tokens, "rows": rows, "prompts": prompts}
+    prompts = {task: chat_ids(loaded, TASKS[task]) for task in tasks}
+    return {"num_drafts": num_drafts, "max_draft_rows": rows_cap, "new_tokens": new_tokens, "rows": rows,
+            "prompts": prompts}  # fmt: skip
 
 
 def with_peer(report: dict, binary: str, new_tokens: int, repeats: int) -> None:
@@ -216,6 +231,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--num_drafts", type=int, default=4)
     parser.add_argument("--mode", choices=("lookup", "suffix"), default="lookup")
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--max_draft_rows", type=int, default=8, help="draft rows per forward at most")
     parser.add_argument(
         "--llama_server", default=None, metavar="PATH", help="also llama-server's n-gram types"
     )
@@ -229,7 +246,14 @@ def main() -> None:
     for model in args.models:
         name = ALIASES.get(model, model)
         report["models"][name] = measure(
-            name, args.new_tokens, args.batch, args.repeats, args.num_drafts, args.mode
+            name,
+            args.new_tokens,
+            args.batch,
+            args.repeats,
+            args.num_drafts,
+            args.mode,
+            args.tasks,
+            args.max_draft_rows,
         )
     if args.llama_server:
         with_peer(report, args.llama_server, args.new_tokens, args.repeats)

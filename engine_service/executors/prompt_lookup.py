@@ -9,6 +9,7 @@ Spec: docs/ENGINE.md."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from engine_service.api.checks import checked_int
 from engine_service.api.errors import InvalidArgument
+from engine_service.executors.base import ExecInput, ExecOutput
 from engine_service.executors.module import ModuleExecutor
 from engine_service.executors.plan import DraftState, InputError, Plan
 from engine_service.executors.suffix_index import SuffixIndex
@@ -23,6 +25,7 @@ from engine_service.executors.suffix_index import SuffixIndex
 RATE_WEIGHT = 0.3  # how much one step moves a session's acceptance rate
 PAYS = 0.15  # below this acceptance rate drafting does not pay for its verification rows
 PAUSE_STEPS = 32  # steps a session decodes plainly (with the lookahead) once drafting stopped paying
+MAX_DRAFT_ROWS = 8  # draft rows per forward, all sessions together (bench/bench_speculative.py)
 
 
 class PromptLookupExecutor(ModuleExecutor):
@@ -42,6 +45,7 @@ class PromptLookupExecutor(ModuleExecutor):
         ngram_max: int = 3,
         ngram_min: int = 1,
         suffix: bool = False,
+        max_draft_rows: int = MAX_DRAFT_ROWS,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -58,8 +62,15 @@ class PromptLookupExecutor(ModuleExecutor):
         self.drafted = 0  # draft tokens verified
         self.accepted = 0  # draft tokens accepted
         self.sources = {"lookup": [0, 0], "suffix": [0, 0]}  # per draft source: [verified, accepted]
+        # draft rows one forward verifies at most, all sessions together (a batch is compute-bound)
+        self.max_draft_rows = checked_int("max_draft_rows", max_draft_rows, lo=1)
+        self._draft_room = self.max_draft_rows
         # drafts across requests of the same owner scope (--speculative suffix), fed as sessions close
         self.suffix = SuffixIndex() if suffix else None
+
+    def execute(self, batch: Sequence[ExecInput]) -> list[ExecOutput]:
+        self._draft_room = self.max_draft_rows  # shared by this batch's sessions, in batch order
+        return super().execute(batch)
 
     def close_session(self, sid: int) -> None:
         state = self._sessions.get(sid)
@@ -69,13 +80,14 @@ class PromptLookupExecutor(ModuleExecutor):
         super().close_session(sid)
 
     def _add_drafts(self, plan: Plan) -> None:
-        drafts = self._drafts_for(plan)
+        drafts = self._drafts_for(plan)[: self._draft_room]
         if drafts and not self.cache.can_admit(plan.state.seq, 1 + len(drafts)):
             drafts = ()  # no room for the drafts: decode plainly rather than fail the input
         sampler = plan.state.sampler
         if drafts and sampler is not None and sampler.masked:  # only what the grammar allows
             drafts, plan.draft_masks = sampler.draft_masks(drafts, self.config.vocab_size)
         if drafts:
+            self._draft_room -= len(drafts)
             plan.rows = plan.rows + drafts
             plan.drafts = drafts
             plan.logit_count = 1 + len(drafts)

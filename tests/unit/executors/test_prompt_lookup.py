@@ -272,3 +272,22 @@ def test_suffix_drafts_come_from_the_same_owners_earlier_answer_only(tiny_model,
     assert ask("alice") == want and spec.sources["suffix"][1] > 0
     before = list(spec.sources["suffix"])
     assert ask("bob") == want and spec.sources["suffix"] == before
+
+
+def test_one_forward_verifies_at_most_max_draft_rows(tiny_model) -> None:
+    """Three sessions that each could draft 4: one batch verifies at most ``max_draft_rows`` drafts,
+    in batch order; the output still equals plain greedy's."""
+    model = tiny_model("FFFF", window=4, tie_embeddings=False)
+    spec = make(PromptLookupExecutor, model, "batched-sequence", num_drafts=4, max_draft_rows=5)
+    plain = make(ModuleExecutor, model, "batched-sequence")
+    sids = [spec.open_session() for _ in range(3)]
+    pending = [prefill(spec, s, PROMPT)[-1] for s in sids]
+    want = greedy_decode(plain, (p := plain.open_session()), prefill(plain, p, PROMPT), 12)
+    outs = [[t] for t in pending]
+    for _ in range(3):
+        before = spec.drafted
+        batch = [ExecInput(s, spec.position(s), tokens=(o[-1],)) for s, o in zip(sids, outs, strict=True)]
+        for o, out in zip(outs, spec.execute(batch), strict=True):
+            o.extend(out.tokens)
+        assert 0 < spec.drafted - before <= 5
+    assert all(o[: len(want)] == want[: len(o)] for o in outs)
