@@ -274,20 +274,24 @@ def test_suffix_drafts_come_from_the_same_owners_earlier_answer_only(tiny_model,
     assert ask("bob") == want and spec.sources["suffix"] == before
 
 
+class AlwaysDrafts(PromptLookupExecutor):
+    """Drafts its whole budget every step (wrong tokens, mostly)."""
+
+    def lookup(self, context, budget, shortest=0):
+        return tuple(range(1, budget + 1))
+
+
 def test_one_forward_verifies_at_most_max_draft_rows(tiny_model) -> None:
-    """Three sessions that each could draft 4: one batch verifies at most ``max_draft_rows`` drafts,
-    in batch order; the output still equals plain greedy's."""
+    """Three sessions that each draft 4: one batch verifies at most ``max_draft_rows`` drafts, in batch
+    order (the first session's 4, the second's 1, none for the third); the output still equals plain
+    greedy's."""
     model = tiny_model("FFFF", window=4, tie_embeddings=False)
-    spec = make(PromptLookupExecutor, model, "batched-sequence", num_drafts=4, max_draft_rows=5)
+    spec = make(AlwaysDrafts, model, "batched-sequence", num_drafts=4, max_draft_rows=5)
     plain = make(ModuleExecutor, model, "batched-sequence")
     sids = [spec.open_session() for _ in range(3)]
     pending = [prefill(spec, s, PROMPT)[-1] for s in sids]
-    want = greedy_decode(plain, (p := plain.open_session()), prefill(plain, p, PROMPT), 12)
-    outs = [[t] for t in pending]
-    for _ in range(3):
-        before = spec.drafted
-        batch = [ExecInput(s, spec.position(s), tokens=(o[-1],)) for s, o in zip(sids, outs, strict=True)]
-        for o, out in zip(outs, spec.execute(batch), strict=True):
-            o.extend(out.tokens)
-        assert 0 < spec.drafted - before <= 5
-    assert all(o[: len(want)] == want[: len(o)] for o in outs)
+    want = greedy_decode(plain, (p := plain.open_session()), prefill(plain, p, PROMPT), 6)
+    batch = [ExecInput(s, spec.position(s), tokens=(t,)) for s, t in zip(sids, pending, strict=True)]
+    outs = spec.execute(batch)
+    assert spec.drafted == 5
+    assert all([t, *out.tokens] == want[: 1 + len(out.tokens)] for t, out in zip(pending, outs, strict=True))
