@@ -40,11 +40,12 @@ class SessionState:
 class DraftState:
     """A speculative session's drafting: ``active`` (its last lookup found a draft: the decode lookahead
     yields to it), ``rate`` (a moving average of the share of drafts accepted) and ``paused`` (steps
-    left without drafting after drafts stopped paying)."""
+    left without drafting after drafts stopped paying; each pause in a row twice the last: ``pauses``)."""
 
     active: bool = False
     rate: float = 1.0
     paused: int = 0
+    pauses: int = 0
 
 
 @dataclass

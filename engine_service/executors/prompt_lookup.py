@@ -23,8 +23,10 @@ from engine_service.executors.plan import DraftState, InputError, Plan
 from engine_service.executors.suffix_index import SuffixIndex
 
 RATE_WEIGHT = 0.3  # how much one step moves a session's acceptance rate
-PAYS = 0.15  # below this acceptance rate drafting does not pay for its verification rows
+PAYS = 0.3  # below this acceptance rate drafting does not pay for its verification rows
+PAYS_WELL = 0.6  # at or above it a session's next pause is short again
 PAUSE_STEPS = 32  # steps a session decodes plainly (with the lookahead) once drafting stopped paying
+MAX_DOUBLINGS = 4  # a pause grows to 32 x 16 = 512 steps while drafts keep failing
 MAX_DRAFT_ROWS = 8  # draft rows per forward, all sessions together (bench/bench_speculative.py)
 
 
@@ -43,7 +45,7 @@ class PromptLookupExecutor(ModuleExecutor):
         *args: Any,
         num_drafts: int = 6,
         ngram_max: int = 3,
-        ngram_min: int = 1,
+        ngram_min: int = 2,
         suffix: bool = False,
         max_draft_rows: int = MAX_DRAFT_ROWS,
         **kwargs: Any,
@@ -179,7 +181,11 @@ class PromptLookupExecutor(ModuleExecutor):
     @staticmethod
     def _rate(state: DraftState, share: float) -> None:
         """Fold one step's accepted share into the session's rate; below ``PAYS`` drafting pauses for
-        ``PAUSE_STEPS`` steps (the decode lookahead serves it meanwhile), then starts again halfway."""
+        ``PAUSE_STEPS`` steps, twice as long for each pause in a row (the decode lookahead serves it
+        meanwhile), then starts again halfway."""
         state.rate = (1 - RATE_WEIGHT) * state.rate + RATE_WEIGHT * share
-        if state.rate < PAYS:
-            state.paused, state.rate, state.active = PAUSE_STEPS, 0.5, False
+        if state.rate >= PAYS_WELL:
+            state.pauses = 0
+        elif state.rate < PAYS:
+            state.paused = PAUSE_STEPS << min(state.pauses, MAX_DOUBLINGS)
+            state.pauses, state.rate, state.active = state.pauses + 1, 0.5, False

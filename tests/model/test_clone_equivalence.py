@@ -149,7 +149,7 @@ def test_the_comparison_can_fail(engine, kind) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_prompt_lookup_equals_plain_greedy(engine, kind) -> None:
     repetitive = PROMPT[:8] * 3
-    spec_runner, spec = engine(kind, PromptLookupExecutor, prefill_chunk=8, num_drafts=4)
+    spec_runner, spec = engine(kind, PromptLookupExecutor, prefill_chunk=8, num_drafts=4, ngram_min=1)
     with spec_runner.open_session() as s:
         got = generate(spec, s, repetitive, 24)
     want = cold(engine, kind, repetitive, 24)

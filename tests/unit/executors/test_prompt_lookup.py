@@ -24,7 +24,7 @@ def make(cls, model, kind, **kw):
 
 
 def test_lookup_takes_the_latest_longest_match(tiny_model) -> None:
-    ex = make(PromptLookupExecutor, tiny_model(), "batched-sequence", num_drafts=3)
+    ex = make(PromptLookupExecutor, tiny_model(), "batched-sequence", num_drafts=3, ngram_min=1)
     assert ex.lookup([1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3], 3) == (
         7,
         8,
@@ -153,6 +153,7 @@ def test_drafts_are_dropped_when_the_cache_has_no_room(tiny_model) -> None:
             max_session_tokens=128,
             max_write=8,
             num_drafts=4,
+            ngram_min=1,
         )
 
     for capacity, room in ((37, False), (200, True)):  # 2 x 18 rows leave room for the pending row only
