@@ -23,7 +23,10 @@ from engine_service.executors.plan import DraftState, InputError, Plan
 from engine_service.executors.suffix_index import SuffixIndex
 
 RATE_WEIGHT = 0.3  # how much one step moves a session's acceptance rate
-PAYS = 0.3  # below this acceptance rate drafting does not pay for its verification rows
+PAYS = 0.2  # below this acceptance rate drafting does not pay for its verification rows, even alone
+# a forward's fixed cost (reading the weights) over one more row's (2-core CPU, SmolLM2: ~8 ms vs
+# ~2 ms): beside B decode rows a draft row pays only when accepted at least B / (COST_RATIO + B)
+COST_RATIO = 4.0
 PAYS_WELL = 0.6  # at or above it a session's next pause is short again
 PAUSE_STEPS = 32  # steps a session decodes plainly (with the lookahead) once drafting stopped paying
 MAX_DOUBLINGS = 4  # a pause grows to 32 x 16 = 512 steps while drafts keep failing
@@ -67,11 +70,14 @@ class PromptLookupExecutor(ModuleExecutor):
         # draft rows one forward verifies at most, all sessions together (a batch is compute-bound)
         self.max_draft_rows = checked_int("max_draft_rows", max_draft_rows, lo=1)
         self._draft_room = self.max_draft_rows
+        self._pays = 0.0  # the acceptance rate drafts need in this batch (``execute``)
         # drafts across requests of the same owner scope (--speculative suffix), fed as sessions close
         self.suffix = SuffixIndex() if suffix else None
 
     def execute(self, batch: Sequence[ExecInput]) -> list[ExecOutput]:
         self._draft_room = self.max_draft_rows  # shared by this batch's sessions, in batch order
+        decoding = sum(1 for inp in batch if inp.tokens is not None and len(inp.tokens) == 1)
+        self._pays = decoding / (COST_RATIO + decoding) if decoding else 1.0
         return super().execute(batch)
 
     def close_session(self, sid: int) -> None:
@@ -109,6 +115,8 @@ class PromptLookupExecutor(ModuleExecutor):
             return ()
         if state.paused:
             state.paused -= 1
+            return ()
+        if state.rate < self._pays:  # pays alone, not beside this many decode rows: plain this step
             return ()
         budget = min(self.draft_budget(state), self.max_session_tokens - plan.start - 1)
         if budget < 1:
