@@ -242,6 +242,34 @@ def faults(figures: dict) -> list[str]:
     return [*table(head, rows), ""]
 
 
+def speculative(figures: dict) -> list[str]:
+    """bench_speculative.py's report: per model, task, mode and batch, plain and speculative decode tok/s,
+    their ratio, identical outputs, drafts accepted, and llama-server's best n-gram type beside it."""
+    lines: list[str] = []
+    for name, r in figures.get("models", {}).items():
+        rows = [
+            [
+                row["task"],
+                row["mode"],
+                str(row["sequences"]),
+                f"{row['plain_tok_s']:.0f}",
+                f"{row['lookup_tok_s']:.0f}",
+                f"{row['ratio']:.2f}",
+                row["identical"],
+                f"{row['accepted']} / {row['drafted']}",
+                f"{row['llama_best_spec']} {row['llama_spec_tok_s']:.0f} (plain {row['llama_plain_tok_s']:.0f})"
+                if row.get("llama_best_spec")
+                else "-",
+                f"{row['vs_llama_spec']:.2f}" if row.get("vs_llama_spec") else "-",
+            ]
+            for row in r["rows"]
+        ]
+        head = ["task", "mode", "seqs", "plain tok/s", "speculative tok/s", "ratio", "identical"]
+        head += ["accepted / drafted", "llama-server best n-gram, tok/s", "forkline / llama"]
+        lines += [f"**{name}**", "", *table(head, rows), ""]
+    return lines
+
+
 RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "bench_vs_llamacpp": vs_llamacpp,
     "bench_workloads": workloads,
@@ -250,6 +278,7 @@ RENDERERS: dict[str, Callable[[dict], list[str]]] = {
     "bench_resume": resume,
     "bench_resume_checkpoints": resume,
     "faults": faults,
+    "bench_speculative": speculative,
 }
 
 
