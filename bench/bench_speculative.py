@@ -87,9 +87,12 @@ TASKS = {
 
 
 def chat_ids(loaded, text: str) -> list[int]:
+    """The task through the model's chat template; a base model (no template): the text after BOS."""
     from engine_service.api.prompts import TextPrompt, text_tokens
 
-    return list(text_tokens(TextPrompt(text, chat=True), loaded.tokenizer, loaded.chat))
+    chat = loaded.chat.available
+    prompt = TextPrompt(text, chat=chat, add_special_tokens=not chat)
+    return list(text_tokens(prompt, loaded.tokenizer, loaded.chat))
 
 
 def run_batch(runner, prompts: list[list[int]], configs) -> tuple[list[list[int]], float, int]:
@@ -223,6 +226,12 @@ def plot(report: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def save(report: dict, path: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=["smollm2", "gemma3"])
@@ -255,6 +264,7 @@ def main() -> None:
             args.tasks,
             args.max_draft_rows,
         )
+        save(report, args.out + ".partial")  # a later model's failure keeps this one's rows
     if args.llama_server:
         with_peer(report, args.llama_server, args.new_tokens, args.repeats)
     for r in report["models"].values():

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from engine_service.api.errors import InvalidArgument
 from engine_service.api.logprobs import TokenLogprob
+from engine_service.executors.history_grams import HistoryGrams
 from engine_service.executors.prepared_input import PreparedInput
 from engine_service.executors.sampling import Sampler
 
@@ -46,6 +47,12 @@ class DraftState:
     rate: float = 1.0
     paused: int = 0
     pauses: int = 0
+    grams: HistoryGrams | None = None  # the history's n-grams (the drafting executor makes it)
+
+    def cut(self, length: int) -> None:
+        """The history was cut to ``length`` tokens."""
+        if self.grams is not None:
+            self.grams.cut(length)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from engine_service.api.checks import checked_int
 from engine_service.api.errors import InvalidArgument
 from engine_service.executors.base import ExecInput, ExecOutput
+from engine_service.executors.history_grams import HistoryGrams
 from engine_service.executors.module import ModuleExecutor
 from engine_service.executors.plan import DraftState, InputError, Plan
 from engine_service.executors.suffix_index import SuffixIndex
@@ -121,25 +122,34 @@ class PromptLookupExecutor(ModuleExecutor):
         budget = min(self.draft_budget(state), self.max_session_tokens - plan.start - 1)
         if budget < 1:
             return ()
-        context = [*plan.state.history[: plan.start], plan.rows[0]]
         drafts, plan.draft_source = self._drafted(
-            context, budget, "" if sampler is None else sampler.params.scope
+            plan, budget, "" if sampler is None else sampler.params.scope
         )
         state.active = bool(drafts)
         return drafts
 
-    def _drafted(self, context: list[int], budget: int, scope: str) -> tuple[tuple[int, ...], str]:
+    def _drafted(self, plan: Plan, budget: int, scope: str) -> tuple[tuple[int, ...], str]:
         """(drafts, their source): the session's own history matched on ``ngram_max`` tokens, else the
         scope's earlier texts (``suffix``), else its own history on shorter matches."""
         if self.suffix is None or not scope:
-            return self.lookup(context, budget), "lookup"
-        drafts = self.lookup(context, budget, self.ngram_max)
+            return self.own_drafts(plan, budget), "lookup"
+        drafts = self.own_drafts(plan, budget, self.ngram_max)
         if drafts:
             return drafts, "lookup"
-        drafts = self.suffix.draft(scope, context, budget)
+        history, pending = plan.state.history, plan.rows[0]
+        drafts = self.suffix.draft(
+            scope, [*history[plan.start - self.ngram_max + 1 : plan.start], pending], budget
+        )
         if drafts:
             return drafts, "suffix"
-        return self.lookup(context, budget), "lookup"
+        return self.own_drafts(plan, budget), "lookup"
+
+    def own_drafts(self, plan: Plan, budget: int, shortest: int = 0) -> tuple[int, ...]:
+        """:meth:`lookup` over the session's history and pending token, from its incremental index."""
+        state = plan.state.drafts
+        if state.grams is None:
+            state.grams = HistoryGrams(self.ngram_min, self.ngram_max)
+        return state.grams.find(plan.state.history, plan.start, plan.rows[0], budget, shortest)
 
     def draft_budget(self, state: DraftState) -> int:
         """Drafts per step: ``num_drafts`` scaled by the session's acceptance rate, at least 1."""
@@ -184,6 +194,7 @@ class PromptLookupExecutor(ModuleExecutor):
         if not self.cache.rewind(plan.state.seq, keep):
             raise InputError(f"session {plan.sid}: cannot rewind rejected drafts to {keep}")
         del plan.state.history[keep:]
+        plan.state.drafts.cut(keep)
         return tokens
 
     @staticmethod

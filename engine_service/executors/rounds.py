@@ -86,7 +86,9 @@ class Rounds:
             chunk = plan.piece(lo, hi)
             tokens = list(chunk) if isinstance(chunk, tuple) else [PREPARED_TOKEN] * (hi - lo)
             at = plan.start + lo
-            del plan.state.history[at:]
+            if at < len(plan.state.history):
+                del plan.state.history[at:]
+                plan.state.drafts.cut(at)
             plan.state.history.extend(tokens)
         if launched.predicted is None:
             mx.eval(launched.step.state())

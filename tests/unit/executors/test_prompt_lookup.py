@@ -216,8 +216,8 @@ def test_seeded_sampling_with_drafts_equals_plain_seeded_sampling(tiny_model, ki
 class WrongDrafts(PromptLookupExecutor):
     """Drafts that are wrong on purpose: the token after the one the lookup found."""
 
-    def lookup(self, context, budget):
-        return tuple((t + 1) % self.config.vocab_size for t in super().lookup(context, budget))
+    def own_drafts(self, plan, budget, shortest=0):
+        return tuple((t + 1) % self.config.vocab_size for t in super().own_drafts(plan, budget, shortest))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -278,7 +278,7 @@ def test_suffix_drafts_come_from_the_same_owners_earlier_answer_only(tiny_model,
 class AlwaysDrafts(PromptLookupExecutor):
     """Drafts its whole budget every step (wrong tokens, mostly)."""
 
-    def lookup(self, context, budget, shortest=0):
+    def own_drafts(self, plan, budget, shortest=0):
         return tuple(range(1, budget + 1))
 
 
@@ -296,3 +296,25 @@ def test_one_forward_verifies_at_most_max_draft_rows(tiny_model) -> None:
     outs = spec.execute(batch)
     assert spec.drafted == 5
     assert all([t, *out.tokens] == want[: 1 + len(out.tokens)] for t, out in zip(pending, outs, strict=True))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_incremental_index_drafts_what_the_scan_drafts(tiny_model, seed) -> None:
+    """HistoryGrams, grown token by token and cut back now and then (as rewinds cut a history), finds
+    the same drafts as ``lookup``'s scan of the whole context (the reference)."""
+    import random
+
+    from engine_service.executors.history_grams import HistoryGrams
+
+    ex = make(PromptLookupExecutor, tiny_model(), "batched-sequence", num_drafts=3, ngram_min=1)
+    rng = random.Random(seed)
+    grams, history = HistoryGrams(1, 3), []
+    for _ in range(300):
+        if history and rng.random() < 0.05:
+            del history[rng.randrange(len(history)) :]
+            grams.cut(len(history))
+        pending = rng.choice([1, 2, 3, 4, -1]) if rng.random() < 0.02 else rng.randrange(1, 6)
+        budget = rng.randrange(1, 5)
+        want = ex.lookup([*history, pending], budget)
+        assert grams.find(history, len(history), pending, budget) == want
+        history.append(pending)
