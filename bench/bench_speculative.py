@@ -269,9 +269,7 @@ def main() -> None:
         with_peer(report, args.llama_server, args.new_tokens, args.repeats)
     for r in report["models"].values():
         r.pop("prompts", None)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
+    save(report, args.out)
     plot(report, os.path.splitext(args.out)[0] + ".png")
     print(json.dumps(report, indent=1))
 

@@ -125,6 +125,8 @@ class Ledger:
 
 
 def _common(a: list[int], b: tuple[int, ...]) -> int:
+    """Shared leading tokens, counted here rather than by the cache's own ``common_prefix``: the
+    ledger is the campaign's independent reference."""
     n = 0
     for x, y in zip(a, b, strict=False):
         if x != y:
