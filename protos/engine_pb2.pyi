@@ -277,10 +277,12 @@ class ClaimResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ReleaseOwnerRequest(_message.Message):
-    __slots__ = ("keep",)
+    __slots__ = ("keep", "paid_only")
     KEEP_FIELD_NUMBER: _ClassVar[int]
+    PAID_ONLY_FIELD_NUMBER: _ClassVar[int]
     keep: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, keep: _Optional[_Iterable[str]] = ...) -> None: ...
+    paid_only: bool
+    def __init__(self, keep: _Optional[_Iterable[str]] = ..., paid_only: _Optional[bool] = ...) -> None: ...
 
 class ReleaseOwnerResponse(_message.Message):
     __slots__ = ("released",)

@@ -64,7 +64,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         self, request: pb.ReleaseOwnerRequest, context: grpc.ServicerContext
     ) -> pb.ReleaseOwnerResponse:
         with status_on_error(context):
-            released = self.sessions.release_owner(owner_of(context), request.keep)
+            released = self.sessions.release_owner(
+                owner_of(context), request.keep, paid_only=request.paid_only
+            )
             return pb.ReleaseOwnerResponse(released=released)
 
     def Describe(self, request: pb.DescribeRequest, context: grpc.ServicerContext) -> pb.DescribeResponse:

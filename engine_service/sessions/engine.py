@@ -186,9 +186,9 @@ class EngineSessions:
         self._serving()
         self.registry.claim(handle, owner)
 
-    def release_owner(self, owner: str, keep: Collection[str] = ()) -> int:
-        """Close what ``owner`` holds or still pays for, except ``keep``; how many."""
-        released = self.registry.release_owner(owner, keep=keep)
+    def release_owner(self, owner: str, keep: Collection[str] = (), *, paid_only: bool = False) -> int:
+        """Close what ``owner`` holds or still pays for (``paid_only``: pays for), except ``keep``; how many."""
+        released = self.registry.release_owner(owner, keep=keep, paid_only=paid_only)
         for r in released:
             r.value.close()
         return len(released)

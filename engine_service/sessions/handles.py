@@ -255,14 +255,19 @@ class HandleRegistry(Generic[T]):
             entry = self._entries.pop(handle, None)
         return None if entry is None else entry.value
 
-    def release_owner(self, owner: str, keep: Collection[str] = ()) -> list[Released[T]]:
-        """Forget and return every handle ``owner`` holds or pays for, except ``keep`` and reservations."""
+    def release_owner(
+        self, owner: str, keep: Collection[str] = (), *, paid_only: bool = False
+    ) -> list[Released[T]]:
+        """Forget and return every handle ``owner`` holds or pays for (``paid_only``: pays for), except
+        ``keep`` and reservations."""
         keep = frozenset(keep)
         with self._lock:
             gone = [
                 h
                 for h, e in self._entries.items()
-                if owner in (e.owner, e.payer) and not e.pending and h not in keep
+                if (e.payer == owner or (not paid_only and e.owner == owner))
+                and not e.pending
+                and h not in keep
             ]
             return [Released(h, self._entries[h].owner, _value(self._entries.pop(h))) for h in gone]
 

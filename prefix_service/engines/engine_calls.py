@@ -157,10 +157,12 @@ class EngineCalls:
         conn.call(conn.stub.Claim, pb.ClaimRequest(session=handle), call)
 
     def reclaim(self, call: CallContext | None = None) -> int:
-        """Close what this owner holds in the engine except the handles it adopted (e.g. clones a
-        client handed to it and never inserted); how many."""
+        """Close what this owner pays for in the engine except the handles it adopted (e.g. a claim
+        it lost track of); how many. Hand-overs still charged to their callers stay: they do not
+        fill this owner's quota, and some are captures on their way to it."""
         conn = self.connection
-        return conn.call(conn.stub.ReleaseOwner, pb.ReleaseOwnerRequest(keep=conn.held()), call).released
+        request = pb.ReleaseOwnerRequest(keep=conn.held(), paid_only=True)
+        return conn.call(conn.stub.ReleaseOwner, request, call).released
 
     def release_owned(self) -> int:
         """Close everything this owner holds in the engine (leftovers of an earlier run)."""

@@ -291,3 +291,21 @@ def test_a_caller_over_its_quota_is_refused_by_the_gateway_and_evicts_nothing(
         bob.generate(PROMPT, config=GenConfig(max_new_tokens=1)).collect().done.reused_positions
         == len(PROMPT) - 1
     )
+
+
+def test_a_reclaim_leaves_captures_on_their_way_to_the_service(engine_factory, prefix_factory) -> None:
+    # A hand-over the service has not read yet (a gateway capture still in its stream) is charged to its
+    # caller: the service reclaiming its own quota must not close it, or that caller's insert is lost
+    # (it was: one insert of 200 under load). Negative control: a plain ReleaseOwner takes it.
+    engine = engine_factory(max_sessions=MAX_SESSIONS, quota=QUOTA, persistent_quota=PERSISTENT)
+    prefix = prefix_factory(engine.address)
+    service = EngineClient(engine.address, owner="prefix-service")
+    service.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True).collect()  # forgotten
+    bob = EngineClient(engine.address, owner="bob")
+    kept = (
+        bob.generate(PROMPT, config=GenConfig(max_new_tokens=1), keep_session=True).collect().started.session
+    )
+    on_its_way = bob.clone(kept, len(PROMPT), new_owner="prefix-service")  # paid by bob until claimed
+    assert prefix.server.deps.backend.reclaim() == 1  # the forgotten session only
+    assert engine.deps.registry.payer_of(on_its_way) == "bob"
+    assert service.release_owner() == 1 and engine.deps.registry.payer_of(on_its_way) is None

@@ -137,6 +137,22 @@ def test_release_owner_takes_its_handles_and_its_unclaimed_hand_overs_except_kep
     assert sorted(r.value for r in reg.release_all()) == ["b", "c"] and len(reg) == 0
 
 
+def test_release_owner_paid_only_leaves_hand_overs_their_givers_still_pay_for() -> None:
+    """A persistent owner freeing its quota: a capture on its way (charged to alice) stays; what it
+    claimed and forgot goes. Negative control: without paid_only both go."""
+    for paid_only, expected in ((True, ["claimed"]), (False, ["claimed", "on its way"])):
+        reg = registry()
+        on_its_way = reg.reserve(PERSISTENT, payer="alice")
+        reg.fill(on_its_way, "on its way")
+        claimed = reg.reserve(PERSISTENT, payer="alice")
+        reg.fill(claimed, "claimed")
+        reg.claim(claimed, PERSISTENT)
+        released = reg.release_owner(PERSISTENT, paid_only=paid_only)
+        assert sorted(r.value for r in released) == expected
+        if paid_only:
+            assert reg.resolve(on_its_way, PERSISTENT) == "on its way"
+
+
 @pytest.mark.parametrize(
     ("args", "kw", "expected"),
     [
