@@ -13,6 +13,7 @@ import mlx.core as mx
 from engine_service.api.checks import checked_float, checked_int
 from engine_service.api.config import GenConfig, TokenGrammar
 from engine_service.api.errors import InvalidArgument
+from engine_service.model.cpu_kernels import kernels
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,22 @@ class SamplingParams:
 
 
 _SEED_MASK = (1 << 64) - 1
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _inverse(temperature: float) -> float:
+    """1 / temperature as a float32 the kernel takes (a tiny temperature: the largest float32, which
+    sends every logit below the maximum to 0 probability)."""
+    return min(1.0 / temperature, _FLOAT32_MAX) if temperature > 1.0 / _FLOAT32_MAX else _FLOAT32_MAX
+
+
+def categorical_kernel() -> Any:
+    """``forkline_kernels.categorical`` when the compiled kernels load and MLX computes on the CPU,
+    else None (MLX's own categorical)."""
+    if mx.default_device() != mx.cpu:
+        return None
+    ext = kernels()
+    return None if ext is None else getattr(ext, "categorical", None)
 
 
 class Sampler:
@@ -160,7 +177,24 @@ class Sampler:
         if self.params.greedy:
             return mx.argmax(logits, axis=-1).astype(mx.int32)
         self._key, sub = mx.random.split(self._key)
-        return mx.random.categorical(self.filtered_logits(logits), axis=-1, key=sub).astype(mx.int32)
+        if logits.ndim == 1:
+            return self.draw(logits[None], sub)[0]
+        return self.draw(logits, sub)
+
+    def draw(self, logits: mx.array, key: mx.array) -> mx.array:
+        """float [R, vocab] -> int32 [R], lazily, one draw per row from ``key``: the compiled kernel's
+        inverse-CDF draw (one uniform per row: ``forkline_kernels.categorical``) on the CPU, MLX's Gumbel
+        draw elsewhere. The temperature and filters are applied here; a grammar's mask comes before."""
+        ext = categorical_kernel()
+        if ext is None:
+            return mx.random.categorical(self.filtered_logits(logits), axis=-1, key=key).astype(mx.int32)
+        p = self.params
+        if p.top_k == 0 and p.top_p >= 1.0:  # unfiltered: the kernel scales by the temperature itself
+            x, inv_temperature = logits.astype(mx.float32), _inverse(p.temperature)
+        else:
+            x, inv_temperature = self.filtered_logits(logits), 1.0
+        uniforms = mx.random.uniform(shape=(x.shape[0],), key=key)
+        return ext(x, uniforms, inv_temperature=inv_temperature)
 
     def sample_draws(self, logits: mx.array, masks: mx.array | None = None) -> mx.array:
         """float [R, vocab] -> int32 [R], lazily: speculative verification. Row j is drawn exactly as
@@ -175,7 +209,7 @@ class Sampler:
         rows, key, self._draw_keys = [], self._key, []
         for j in range(logits.shape[0]):
             key, sub = mx.random.split(key)
-            rows.append(mx.random.categorical(self.filtered_logits(logits[j : j + 1]), axis=-1, key=sub))
+            rows.append(self.draw(logits[j : j + 1], sub))
             self._draw_keys.append(key)
         self._key = key
         return mx.concatenate(rows).astype(mx.int32)

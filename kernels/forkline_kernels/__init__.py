@@ -1,4 +1,4 @@
-"""Quantized matmul, attention, fused decoder-layer and K/V store kernels for MLX's CPU backend (a
+"""Quantized matmul, attention, fused decoder-layer, K/V store and sampling kernels for MLX's CPU backend (a
 compiled MLX extension; formats and contracts in ``src/*.h``), bitwise independent of ISA and threads.
 Importing raises ImportError when the extension is missing or built against another mlx."""
 
@@ -19,6 +19,7 @@ causal_attention = _ext.causal_attention
 fused_linear = _ext.fused_linear
 fused_qkv = _ext.fused_qkv
 kv_store = _ext.kv_store
+categorical = _ext.categorical
 q4_1_matmul = _ext.q4_1_matmul
 isa = _ext.isa
 best_isa = _ext.best_isa
@@ -34,6 +35,7 @@ __all__ = [
     "attention_groups",
     "best_isa",
     "built_with_mlx",
+    "categorical",
     "causal_attention",
     "fused_linear",
     "fused_qkv",

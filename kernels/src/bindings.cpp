@@ -13,6 +13,7 @@
 #include "pool.h"
 #include "qdot.h"
 #include "qmatmul.h"
+#include "sample.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -64,6 +65,20 @@ NB_MODULE(_ext, m) {
         "one layer's new K/V rows into cache buffers (see src/kv_store.h): k, v [T, kv_heads, head_dim]; lists "
         "of buffers keys / values [kv_heads, A_i, head_dim] in k's dtype; writes (buffer, src_row, dst_row, "
         "rows) -> the updated (keys, values) lists, in place where MLX allows");
+
+  m.def("categorical", &forkline::categorical, "logits"_a, "uniforms"_a, nb::kw_only(), "inv_temperature"_a = 1.0f,
+        "stream"_a = nb::none(),
+        "one draw per row by the inverse cumulative distribution (see src/sample.h): logits float32 [R, V], "
+        "uniforms float32 [R] in [0, 1) -> int32 [R]; p = e**((x - max) * inv_temperature)");
+  m.def(
+      "_categorical_row",
+      [](const std::vector<float>& x, float inv_temperature, float u) {
+        if (x.empty()) {
+          throw std::invalid_argument("x must not be empty");
+        }
+        return forkline::categorical_row(x.data(), static_cast<int>(x.size()), inv_temperature, u);
+      },
+      "x"_a, "inv_temperature"_a, "u"_a, "one row's draw with the active ISA (for tests)");
 
   m.def("isa", [] { return std::string(forkline::isa_name(forkline::active_isa())); },
         "the instruction set the kernels use now: 'avx512', 'avx2' or 'scalar'");
