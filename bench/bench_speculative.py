@@ -86,11 +86,25 @@ TASKS = {
 }
 
 
-def chat_ids(loaded, text: str) -> list[int]:
-    """The task through the model's chat template; a base model (no template): the text after BOS."""
+# a base model (no chat template) reads the task as a document: a cue where the answer starts, so it
+# answers instead of ending the document (Gemma 3 270M stopped after 2 tokens on json_echo without one)
+BASE_CUES = {
+    "quote": "The paragraph, repeated word for word:\n\n",
+    "code_fix": "The whole corrected code:\n\n```python\n",
+    "json_echo": 'The same document with status "final":\n\n',
+    "regenerate": "The answer again, with 'RAM' for 'memory':\n\n",
+    "prose": "The story:\n\n",
+}
+
+
+def chat_ids(loaded, text: str, task: str = "") -> list[int]:
+    """The task through the model's chat template; a base model (no template): the text and the task's
+    answer cue after BOS."""
     from engine_service.api.prompts import TextPrompt, text_tokens
 
     chat = loaded.chat.available
+    if not chat and task:
+        text = f"{text}\n\n{BASE_CUES[task]}"
     prompt = TextPrompt(text, chat=chat, add_special_tokens=not chat)
     return list(text_tokens(prompt, loaded.tokenizer, loaded.chat))
 
@@ -150,7 +164,7 @@ def measure(
         for runner in runners.values():  # warm-up
             run_batch(runner, [chat_ids(loaded, "Hi")], [GenConfig(max_new_tokens=4)])
         for task in tasks:
-            ids = chat_ids(loaded, TASKS[task])
+            ids = chat_ids(loaded, TASKS[task], task)
             for mode, temperature in (("greedy", 0.0), ("seeded", 0.7)):
                 for width in (1, batch):
                     configs = [
@@ -182,9 +196,15 @@ def measure(
     finally:
         for runner in runners.values():
             runner.shutdown()
-    prompts = {task: chat_ids(loaded, TASKS[task]) for task in tasks}
+    prompts = {task: chat_ids(loaded, TASKS[task], task) for task in tasks}
     return {"num_drafts": num_drafts, "max_draft_rows": rows_cap, "new_tokens": new_tokens, "rows": rows,
-            "prompts": prompts}  # fmt: skip
+            "prompts": prompts, "ring_slots": {"plain": ring_slots(plain_ex), "lookup": ring_slots(spec_ex)}}  # fmt: skip
+
+
+def ring_slots(executor) -> int:
+    """Slots of every sliding-window layer's ring per sequence (0 without rings): drafts must not grow it."""
+    config = executor.cache.config
+    return sum(config.ring_slots(spec.window) for spec in config.layers if spec.sliding)
 
 
 def with_peer(report: dict, binary: str, new_tokens: int, repeats: int) -> None:

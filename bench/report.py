@@ -267,6 +267,12 @@ def speculative(figures: dict) -> list[str]:
         head = ["task", "mode", "seqs", "plain tok/s", "speculative tok/s", "ratio", "identical"]
         head += ["accepted / drafted", "llama-server best n-gram, tok/s", "forkline / llama"]
         lines += [f"**{name}**", "", *table(head, rows), ""]
+        if "ring_slots" in r:
+            slots = r["ring_slots"]
+            lines += [
+                f"Sliding-window ring slots per sequence: {slots['plain']} plain, {slots['lookup']} with drafts.",
+                "",
+            ]
     return lines
 
 

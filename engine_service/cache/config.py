@@ -12,6 +12,8 @@ from engine_service.api.errors import InvalidArgument
 
 FULL = "full"
 SLIDING = "sliding"
+# ring slots beyond window + max_write - 1: the rows a step may write and still be taken back exactly
+RING_SPARE = 1
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ class CacheConfig:
     head_dim: int
     dtype: mx.Dtype = mx.float32
     initial_capacity: int = 256  # rows a flat layer preallocates (and grows by)
-    max_write: int = 512  # positions one step writes per sequence; rings keep window + max_write - 1 slots
+    max_write: int = 512  # positions one step writes per sequence; rings keep ring_slots(window) slots
     # writes a step's K/V into several buffers in one op (forkline_kernels.kv_store; None: a slice update
     # each); not part of the geometry
     kv_store: Callable | None = field(default=None, compare=False, repr=False)
@@ -55,6 +57,12 @@ class CacheConfig:
             checked_int(f"CacheConfig.{name}", getattr(self, name), lo=1)
         if not self.layers:
             raise InvalidArgument("CacheConfig.layers must not be empty")
+
+    def ring_slots(self, window: int) -> int:
+        """Slots of a ring layer: ``window + max_write - 1`` (a ``max_write`` step at the rewind floor
+        still finds the window before it) + ``RING_SPARE`` (a one-row step taken back -- the decode
+        lookahead discarded -- overwrote only a row below every position the floor allows)."""
+        return window + self.max_write - 1 + RING_SPARE
 
 
 class ConfiguredCache:

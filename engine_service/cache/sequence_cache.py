@@ -1,6 +1,6 @@
 """K/V history of one sequence, per layer ``[kv_heads, alloc, head_dim]``: a flat layer holds positions
 below ``tail_start`` as shared :class:`.frozen_rows.FrozenRows` pieces and row p >= tail_start at tail
-index ``p - tail_start``; a ring layer (window W) has ``W + max_write - 1`` slots, row p at
+index ``p - tail_start``; a ring layer (window W) has ``W + max_write`` slots (``CacheConfig.ring_slots``), row p at
 ``p % slots``. ``written`` is a high-water mark rewinds never lower; :meth:`SequenceCache.can_rewind`
 decides what is still there. Spec: docs/ENGINE.md (The KV cache: batched-sequence)."""
 
@@ -10,7 +10,7 @@ import mlx.core as mx
 import numpy as np
 
 from engine_service.api.errors import CacheError
-from engine_service.cache.config import CacheConfig
+from engine_service.cache.config import RING_SPARE, CacheConfig
 from engine_service.cache.frozen_rows import FrozenRows, coalesced, freeze, trim
 
 
@@ -32,7 +32,7 @@ class SequenceCache:
         self._values: list[mx.array | None] = [None] * n
         # ring slot count per layer (None = flat layer)
         self._slots: list[int | None] = [
-            spec.window + config.max_write - 1 if spec.sliding else None for spec in config.layers
+            config.ring_slots(spec.window) if spec.sliding else None for spec in config.layers
         ]
         # actual position held by each slot, per distinct slot count (-1 = never written); only used to
         # count stale reads, never to build masks.
@@ -83,8 +83,10 @@ class SequenceCache:
 
     def take_back(self, start: int, written: int) -> None:
         """Undo the last step: ``length`` to ``start``, the mark to ``written`` (its value before the
-        step). Without ring layers only (ValueError there, or for values not the step's)."""
-        if self.has_ring or not start <= self._length or not start <= written <= self._written:
+        step). With ring layers a step of at most ``RING_SPARE`` rows (what it overwrote lies below the
+        window of every position the old floor allows); ValueError otherwise, or for values not the step's."""
+        too_long = self.has_ring and self._length - start > RING_SPARE
+        if too_long or not start <= self._length or not start <= written <= self._written:
             raise ValueError(
                 f"cannot take back to {start} / {written} (length {self._length}, rings {self.has_ring})"
             )

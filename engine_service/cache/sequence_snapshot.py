@@ -69,7 +69,7 @@ def state_layout(
     """name -> (shape, dtype) of the arrays an exported state of ``length`` / ``written`` holds."""
     layout = {}
     for layer, spec in enumerate(config.layers):
-        slots = spec.window + config.max_write - 1 if spec.sliding else None
+        slots = config.ring_slots(spec.window) if spec.sliding else None
         shape = (config.kv_heads, _state_rows(length, written, slots), config.head_dim)
         layout[f"layers.{layer}.keys"] = layout[f"layers.{layer}.values"] = (shape, config.dtype)
     return layout

@@ -70,7 +70,7 @@ def kv_memory_mib(value: int) -> int:
 def kv_bytes_per_position(config: CacheConfig) -> int:
     """Bytes one committed position of one session costs: K and V rows of every layer, kv_heads x
     head_dim x the K/V dtype. Ring layers (batched-sequence) count too: a ring holds at most window +
-    max_write - 1 rows, so past that a session holds less than counted (the bound stays an upper one)."""
+    max_write rows, so past that a session holds less than counted (the bound stays an upper one)."""
     return len(config.layers) * 2 * config.kv_heads * config.head_dim * config.dtype.size
 
 

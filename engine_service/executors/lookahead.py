@@ -31,7 +31,7 @@ class Ahead:
 
 class Lookahead:
     """Queues, hands over or discards the step after a plain decode round (``enabled`` only where a
-    discard leaves no trace: no evicting ring layers, no drafting or post-processing)."""
+    discard leaves no trace: rings take its row back through their spare slot; no drafting or post-processing)."""
 
     def __init__(
         self, model: Any, cache: BatchControl, sessions: SessionTable, max_session_tokens: int, enabled: bool

@@ -336,12 +336,9 @@ def executor_fingerprint(ex: ModuleExecutor) -> str:
 
 
 def lookahead_invisible(ex: ModuleExecutor) -> bool:
-    """Whether a discarded lookahead leaves no trace (no evicting ring layers; drafts only where the
-    executor keeps them off lookahead steps: ``drafts_beside_lookahead``)."""
+    """Whether a discarded lookahead leaves no trace: drafts only where the executor keeps them off
+    lookahead steps (``drafts_beside_lookahead``). Ring layers take a one-row step back exactly (their
+    spare slot: ``CacheConfig.ring_slots``), so sliding windows keep the lookahead too."""
     cls = type(ex)
     plain = cls._add_drafts is ModuleExecutor._add_drafts and cls._finish is ModuleExecutor._finish
-    plain = plain or cls.drafts_beside_lookahead
-    rings = hasattr(ex.cache, "rewind_floor") and any(
-        spec.sliding and spec.window for spec in ex.config.layers
-    )
-    return plain and not rings
+    return plain or cls.drafts_beside_lookahead

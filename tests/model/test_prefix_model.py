@@ -152,7 +152,7 @@ def test_breakpoint_checkpoint_serves_prompt_sharing_only_the_system_part(engine
 
 @pytest.mark.parametrize("engine", [("batched-sequence", 2)], indirect=True)
 def test_sliding_window_snapshot_from_wrap_survives_decode(engine):
-    """Ring layers keep window + max_write - 1 = 5 slots: decode overwrites the prompt boundary."""
+    """Ring layers keep window + max_write (one spare) = 6 slots: decode overwrites the prompt boundary."""
     runner, recorder, model = engine
     prompt = prompt_of(12, seed=7)
     cache = PrefixCache(RunnerBackend(runner), max_entries=8)

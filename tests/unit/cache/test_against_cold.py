@@ -10,6 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from engine_service.cache import config as cache_config
 from engine_service.cache.batch_control import Segment
 from tests.unit.cache.harness import TOL, Driver, geometry
 
@@ -263,17 +264,55 @@ def test_partial_fork_of_a_wrapped_ring_and_fork_of_fork_keeps_the_floor() -> No
     assert d.probe(src) < TOL
 
 
-def test_ring_of_window_4_max_write_3_holds_6_slots() -> None:
+def test_ring_of_window_4_max_write_3_holds_7_slots() -> None:
     d = Driver("batched-sequence", geometry(3))
     src = d.new()
     d.fill(src, 17)
     older = d.clone(src, 17)
     d.fill(src, 4)
-    assert d.cache.sequence(src).slots(1) == 6
-    assert d.cache.sequence(src).buffers(1)[0].shape[1] == 6
+    assert d.cache.sequence(src).slots(1) == 7  # window + max_write - 1 + the spare slot
+    assert d.cache.sequence(src).buffers(1)[0].shape[1] == 7
     ok = d.clone(src, 18)
     assert ok is not None and d.probe(ok) < TOL
     assert d.clone(src, 17) is None
     served = d.clone(older, 17)  # the older snapshot serves what the source refused
     assert served is not None and d.fill(served, 5) < TOL
     assert d.cache.stale_reads() == 0
+
+
+@pytest.mark.parametrize("spare", [1, 0])
+def test_a_one_row_step_taken_back_leaves_every_clone_from_the_floor_exact(monkeypatch, spare: int) -> None:
+    """The decode lookahead on rings: a discarded one-row step is taken back, and every position from
+    the rewind floor on still clones and continues like a cold run. Negative control: without the
+    spare slot the row taken back overwrote the floor's window."""
+    monkeypatch.setattr(cache_config, "RING_SPARE", spare)
+    d = Driver("batched-sequence", geometry(3))  # window 4, max_write 3
+    src = d.new()
+    d.fill(src, 17)
+    seq = d.cache.sequence(src)
+    written, floor = seq.written, seq.rewind_floor
+    d.step({src: 1})  # the lookahead's row at 17 ...
+    seq.take_back(17, written)  # ... discarded
+    del d.history[src][17:]
+    assert (seq.length, seq.written, seq.rewind_floor) == (17, written, floor)
+    errors = []
+    for upto in range(floor, 18):
+        fork = d.clone(src, upto)
+        assert fork is not None
+        errors.append(d.fill(fork, 3))  # a max_write step reads the window before the fork's position
+        d.rm(fork)
+    if spare:
+        assert max(errors) < TOL
+    else:
+        assert errors[0] > TOL
+
+
+def test_a_ring_takes_back_one_row_never_more() -> None:
+    d = Driver("batched-sequence", geometry(3))
+    src = d.new()
+    d.fill(src, 10)
+    seq = d.cache.sequence(src)
+    written = seq.written
+    d.step({src: 2})
+    with pytest.raises(ValueError, match="cannot take back"):
+        seq.take_back(10, written)

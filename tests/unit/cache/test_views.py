@@ -35,15 +35,15 @@ def test_sequence_views_are_per_segment_slices_with_cheap_masks() -> None:
 
 
 def test_sequence_ring_wraps_and_masks_by_position() -> None:
-    cache = build_cache("batched-sequence", geometry(3))  # 6 slots
+    cache = build_cache("batched-sequence", geometry(3))  # 4 + 3 - 1 + 1 spare = 7 slots
     s = cache.seq_new()
     for start in (0, 3, 6):
         mx.eval(cache.begin_step([Segment(s, start, 3)]).views(1, rows(3), rows(3))[0].keys)
-    step = cache.begin_step([Segment(s, 9, 2)])  # positions 9, 10 -> slots 3, 4
+    step = cache.begin_step([Segment(s, 9, 2)])  # positions 9, 10 -> slots 2, 3
     (view,) = step.views(1, rows(2), rows(2))
-    # slots 0..5 hold positions 6, 7, 8, 9, 10, 5; window 4: q=9 sees 6..9, q=10 sees 7..10
-    assert view.keys.shape == (2, 6, 8)
-    assert np.array(view.mask).astype(int).tolist() == [[1, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 0]]
+    # slots 0..6 hold positions 7, 8, 9, 10, 4, 5, 6; window 4: q=9 sees 6..9, q=10 sees 7..10
+    assert view.keys.shape == (2, 7, 8)
+    assert np.array(view.mask).astype(int).tolist() == [[1, 1, 1, 0, 0, 0, 1], [1, 1, 1, 1, 0, 0, 0]]
 
 
 def test_cell_views_of_contiguous_sequences_are_slices_with_causal_masks() -> None:
