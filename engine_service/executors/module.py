@@ -253,6 +253,7 @@ class ModuleExecutor(Executor):
         if ahead is not None and len(plans) != len(batch):  # an input refused: run the batch afresh
             self._lookahead.discard(ahead)
             ahead = None
+        self._settle_drafts(plans)
         results = self._rounds.run(plans, ahead)
         return [entry if isinstance(entry, ExecOutput) else self._output(entry, results) for entry in entries]
 
@@ -314,6 +315,9 @@ class ModuleExecutor(Executor):
 
     def _add_drafts(self, plan: Plan) -> None:
         """Speculative executors extend a decode plan with draft rows here."""
+
+    def _settle_drafts(self, plans: list[Plan]) -> None:
+        """With every plan of the batch known: a speculative executor may take drafts back here."""
 
     def _note_drafts(self, plan: Plan) -> None:
         """A decode plan the lookahead serves: no drafts, but a speculative executor notes whether it

@@ -28,6 +28,9 @@ PAYS = 0.2  # below this acceptance rate drafting does not pay for its verificat
 # a forward's fixed cost (reading the weights) over one more row's (2-core CPU, SmolLM2: ~8 ms vs
 # ~2 ms): beside B decode rows a draft row pays only when accepted at least B / (COST_RATIO + B)
 COST_RATIO = 4.0
+# what a step that verifies drafts loses, in rows: the decode lookahead (graph building overlapped with
+# the last step's compute, ~1.9 ms against ~2 ms a row: bench/profile_decode.py) waits for its tokens
+LOST_OVERLAP = 1.0
 PAYS_WELL = 0.6  # at or above it a session's next pause is short again
 PAUSE_STEPS = 32  # steps a session decodes plainly (with the lookahead) once drafting stopped paying
 MAX_DOUBLINGS = 4  # a pause grows to 32 x 16 = 512 steps while drafts keep failing
@@ -72,6 +75,8 @@ class PromptLookupExecutor(ModuleExecutor):
         self.max_draft_rows = checked_int("max_draft_rows", max_draft_rows, lo=1)
         self._draft_room = self.max_draft_rows
         self._pays = 0.0  # the acceptance rate drafts need in this batch (``execute``)
+        self._decoding = 0  # one-token decode inputs in this batch
+        self.declined = 0  # draft tokens found but taken back: the batch's drafts would not pay together
         # drafts across requests of the same owner scope (--speculative suffix), fed as sessions close
         self.suffix = SuffixIndex() if suffix else None
 
@@ -79,7 +84,27 @@ class PromptLookupExecutor(ModuleExecutor):
         self._draft_room = self.max_draft_rows  # shared by this batch's sessions, in batch order
         decoding = sum(1 for inp in batch if inp.tokens is not None and len(inp.tokens) == 1)
         self._pays = decoding / (COST_RATIO + decoding) if decoding else 1.0
+        self._decoding = decoding
         return super().execute(batch)
+
+    def _settle_drafts(self, plans: list[Plan]) -> None:
+        """Keep the batch's drafts only where they pay together: ``B`` decode rows cost ``COST_RATIO + B``
+        rows' time and yield ``B`` tokens; verifying ``D`` drafts adds ``D`` rows and ``LOST_OVERLAP``
+        and yields the accepted ones (expected: each session's rate x its drafts). Kept when
+        ``expected x (COST_RATIO + B) > B x (LOST_OVERLAP + D)``, else every draft is taken back and
+        the batch decodes plainly (with the lookahead)."""
+        drafting = [plan for plan in plans if plan.drafts]
+        if not drafting:
+            return
+        rows = sum(len(plan.drafts) for plan in drafting)
+        expected = sum(plan.state.drafts.rate * len(plan.drafts) for plan in drafting)
+        if expected * (COST_RATIO + self._decoding) > self._decoding * (LOST_OVERLAP + rows):
+            return
+        for plan in drafting:  # they pause as if their drafts had stopped paying
+            plan.rows, plan.drafts, plan.logit_count = plan.rows[:1], (), 1
+            plan.draft_masks, plan.draft_source = None, ""
+            self._pause(plan.state.drafts)
+        self.declined += rows
 
     def close_session(self, sid: int) -> None:
         state = self._sessions.get(sid)
@@ -206,5 +231,9 @@ class PromptLookupExecutor(ModuleExecutor):
         if state.rate >= PAYS_WELL:
             state.pauses = 0
         elif state.rate < PAYS:
-            state.paused = PAUSE_STEPS << min(state.pauses, MAX_DOUBLINGS)
-            state.pauses, state.rate, state.active = state.pauses + 1, 0.5, False
+            PromptLookupExecutor._pause(state)
+
+    @staticmethod
+    def _pause(state: DraftState) -> None:
+        state.paused = PAUSE_STEPS << min(state.pauses, MAX_DOUBLINGS)
+        state.pauses, state.rate, state.active = state.pauses + 1, 0.5, False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from engine_service.api.errors import InvalidArgument
@@ -318,3 +320,24 @@ def test_the_incremental_index_drafts_what_the_scan_drafts(tiny_model, seed) -> 
         want = ex.lookup([*history, pending], budget)
         assert grams.find(history, len(history), pending, budget) == want
         history.append(pending)
+
+
+@pytest.mark.parametrize(("rate", "kept"), [(0.45, False), (0.9, True)])
+def test_a_batchs_drafts_are_taken_back_when_together_they_do_not_pay(tiny_model, rate, kept) -> None:
+    """Three decoding sessions each drafting ceil(4 x rate) at ``rate`` (each above its own bar,
+    3 / (4 + 3)): the batch verifies its D drafts only where rate x D x (4 + 3) > 3 x (1 + D) -- 0.45
+    (D = 6) does not, 0.9 (D = 12) does (the control). Either way the output equals plain greedy's."""
+    model = tiny_model("FFFF", window=4, tie_embeddings=False)
+    spec = make(AlwaysDrafts, model, "batched-sequence", num_drafts=4, max_draft_rows=12)
+    plain = make(ModuleExecutor, model, "batched-sequence")
+    sids = [spec.open_session() for _ in range(3)]
+    pending = [prefill(spec, s, PROMPT)[-1] for s in sids]
+    for s in sids:
+        spec._sessions.get(s).drafts.rate = rate
+    want = greedy_decode(plain, (p := plain.open_session()), prefill(plain, p, PROMPT), 6)
+    batch = [ExecInput(s, spec.position(s), tokens=(t,)) for s, t in zip(sids, pending, strict=True)]
+    outs = spec.execute(batch)
+    drafts = 3 * math.ceil(4 * rate)  # each session's budget: num_drafts x its rate
+    assert (spec.drafted, spec.declined) == ((drafts, 0) if kept else (0, drafts))
+    assert all([t, *out.tokens] == want[: 1 + len(out.tokens)] for t, out in zip(pending, outs, strict=True))
+    assert all(spec.position(s) == len(PROMPT) + len(out.tokens) for s, out in zip(sids, outs, strict=True))
