@@ -92,7 +92,8 @@ class PromptLookupExecutor(ModuleExecutor):
         rows' time and yield ``B`` tokens; verifying ``D`` drafts adds ``D`` rows and ``LOST_OVERLAP``
         and yields the accepted ones (expected: each session's rate x its drafts). Kept when
         ``expected x (COST_RATIO + B) > B x (LOST_OVERLAP + D)``, else every draft is taken back and
-        the batch decodes plainly (with the lookahead)."""
+        the batch decodes plainly (with the lookahead); each session's rate then moves by whether its
+        first draft equals the token drawn instead (``_finish``), so a rate never freezes below the bar."""
         drafting = [plan for plan in plans if plan.drafts]
         if not drafting:
             return
@@ -100,10 +101,10 @@ class PromptLookupExecutor(ModuleExecutor):
         expected = sum(plan.state.drafts.rate * len(plan.drafts) for plan in drafting)
         if expected * (COST_RATIO + self._decoding) > self._decoding * (LOST_OVERLAP + rows):
             return
-        for plan in drafting:  # they pause as if their drafts had stopped paying
+        for plan in drafting:  # their rates learn from the first draft against the token drawn instead
+            plan.state.drafts.declined, plan.state.drafts.active = plan.drafts[0], False
             plan.rows, plan.drafts, plan.logit_count = plan.rows[:1], (), 1
             plan.draft_masks, plan.draft_source = None, ""
-            self._pause(plan.state.drafts)
         self.declined += rows
 
     def close_session(self, sid: int) -> None:
@@ -200,8 +201,11 @@ class PromptLookupExecutor(ModuleExecutor):
         return ()
 
     def _finish(self, plan: Plan, preds: list[int]) -> list[int]:
-        drafts = plan.drafts
+        drafts, state = plan.drafts, plan.state.drafts
         if not drafts:
+            if state.declined >= 0:  # what the draft the batch declined would have done
+                self._rate(state, float(state.declined == preds[0]))
+                state.declined = -1
             return preds
         accepted = 0
         while accepted < len(drafts) and drafts[accepted] == preds[accepted]:
@@ -231,9 +235,5 @@ class PromptLookupExecutor(ModuleExecutor):
         if state.rate >= PAYS_WELL:
             state.pauses = 0
         elif state.rate < PAYS:
-            PromptLookupExecutor._pause(state)
-
-    @staticmethod
-    def _pause(state: DraftState) -> None:
-        state.paused = PAUSE_STEPS << min(state.pauses, MAX_DOUBLINGS)
-        state.pauses, state.rate, state.active = state.pauses + 1, 0.5, False
+            state.paused = PAUSE_STEPS << min(state.pauses, MAX_DOUBLINGS)
+            state.pauses, state.rate, state.active = state.pauses + 1, 0.5, False
