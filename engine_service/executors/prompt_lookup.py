@@ -99,7 +99,7 @@ class PromptLookupExecutor(ModuleExecutor):
             return
         rows = sum(len(plan.drafts) for plan in drafting)
         expected = sum(plan.state.drafts.rate * len(plan.drafts) for plan in drafting)
-        if expected * (COST_RATIO + self._decoding) > self._decoding * (LOST_OVERLAP + rows):
+        if self._pay_together(expected, rows):
             return
         for plan in drafting:  # their rates learn from the first draft against the token drawn instead
             plan.state.drafts.declined, plan.state.drafts.active = plan.drafts[0], False
@@ -128,7 +128,19 @@ class PromptLookupExecutor(ModuleExecutor):
             plan.logit_count = 1 + len(drafts)
 
     def _note_drafts(self, plan: Plan) -> None:
-        self._drafts_for(plan)
+        """A lookahead step: its lookup's first draft is checked against the token drawn (the rate
+        learns without a verification row), and the next step gives the lookahead up (``active``) only
+        when drafts like these would pay beside this batch (a transient bigram match on prose does not)."""
+        drafts = self._drafts_for(plan)
+        if drafts:
+            state = plan.state.drafts
+            state.declined = drafts[0]
+            state.active = self._pay_together(state.rate * len(drafts), len(drafts))
+
+    def _pay_together(self, expected: float, rows: int) -> bool:
+        """Whether ``rows`` draft rows expected to yield ``expected`` tokens pay beside this batch's
+        decode rows (``_settle_drafts``)."""
+        return expected * (COST_RATIO + self._decoding) > self._decoding * (LOST_OVERLAP + rows)
 
     def _drafts_for(self, plan: Plan) -> tuple[int, ...]:
         """The drafts for a one-token decode plan (none while the session's drafting is paused), at most

@@ -341,3 +341,28 @@ def test_a_batchs_drafts_are_taken_back_when_together_they_do_not_pay(tiny_model
     assert (spec.drafted, spec.declined) == ((drafts, 0) if kept else (0, drafts))
     assert all([t, *out.tokens] == want[: 1 + len(out.tokens)] for t, out in zip(pending, outs, strict=True))
     assert all(spec.position(s) == len(PROMPT) + len(out.tokens) for s, out in zip(sids, outs, strict=True))
+
+
+@pytest.mark.parametrize(("rate", "gives_up"), [(0.25, False), (0.9, True)])
+def test_a_lookahead_step_gives_the_lookahead_up_only_for_drafts_that_pay(tiny_model, rate, gives_up) -> None:
+    """On a lookahead step a lookup that finds drafts marks the session ``active`` (its next step runs
+    without a lookahead, to verify them) only where they would pay beside the batch: one session with
+    ceil(4 x rate) drafts needs rate x D x 5 > 1 + D. Either way its first draft is checked against the
+    token drawn: the rate moves without a verification row."""
+    from engine_service.executors.plan import Plan
+    from engine_service.executors.prompt_lookup import RATE_WEIGHT
+
+    model = tiny_model("FFFF", window=4, tie_embeddings=False)
+    spec = make(AlwaysDrafts, model, "batched-sequence", num_drafts=4)
+    s = spec.open_session()
+    pending = prefill(spec, s, PROMPT)[-1]
+    state = spec._sessions.get(s)
+    state.drafts.rate = rate
+    spec._decoding, spec._pays = 1, 1 / 5  # what execute sets for a batch of one decoding session
+    plan = Plan(0, s, state, len(PROMPT), (pending,), True)
+    spec._note_drafts(plan)
+    assert state.drafts.active is gives_up and state.drafts.declined == 1  # AlwaysDrafts: 1, 2, ...
+    assert plan.drafts == ()  # a lookahead step verifies nothing
+    spec._finish(plan, [7])  # the token drawn was not the draft
+    assert state.drafts.declined == -1
+    assert state.drafts.rate == pytest.approx((1 - RATE_WEIGHT) * rate) or state.drafts.paused > 0
