@@ -42,14 +42,14 @@ class DraftState:
     """A speculative session's drafting: ``active`` (its last lookup found a draft: the decode lookahead
     yields to it), ``rate`` (a moving average of the share of drafts accepted), ``paused`` (steps
     left without drafting after drafts stopped paying; each pause in a row twice the last: ``pauses``)
-    and ``declined`` (a draft the batch did not verify, checked against the token drawn instead)."""
+    and ``unverified`` (a draft found but not verified, checked against the token drawn instead)."""
 
     active: bool = False
     rate: float = 1.0
     paused: int = 0
     pauses: int = 0
     grams: HistoryGrams | None = None  # the history's n-grams (the drafting executor makes it)
-    declined: int = -1  # the first draft of a step whose drafts the batch took back (-1: none)
+    unverified: int = -1  # the first draft of a lookahead step or a declined batch (-1: none)
 
     def cut(self, length: int) -> None:
         """The history was cut to ``length`` tokens."""

@@ -74,18 +74,20 @@ class PromptLookupExecutor(ModuleExecutor):
         # draft rows one forward verifies at most, all sessions together (a batch is compute-bound)
         self.max_draft_rows = checked_int("max_draft_rows", max_draft_rows, lo=1)
         self._draft_room = self.max_draft_rows
-        self._pays = 0.0  # the acceptance rate drafts need in this batch (``execute``)
-        self._decoding = 0  # one-token decode inputs in this batch
+        self._decoding = 0  # one-token decode inputs in this batch (``execute``)
         self.declined = 0  # draft tokens found but taken back: the batch's drafts would not pay together
         # drafts across requests of the same owner scope (--speculative suffix), fed as sessions close
         self.suffix = SuffixIndex() if suffix else None
 
     def execute(self, batch: Sequence[ExecInput]) -> list[ExecOutput]:
         self._draft_room = self.max_draft_rows  # shared by this batch's sessions, in batch order
-        decoding = sum(1 for inp in batch if inp.tokens is not None and len(inp.tokens) == 1)
-        self._pays = decoding / (COST_RATIO + decoding) if decoding else 1.0
-        self._decoding = decoding
+        self._decoding = sum(1 for inp in batch if inp.tokens is not None and len(inp.tokens) == 1)
         return super().execute(batch)
+
+    @property
+    def _pays(self) -> float:
+        """The acceptance rate a session's drafts need beside this batch's decode rows."""
+        return self._decoding / (COST_RATIO + self._decoding) if self._decoding else 1.0
 
     def _settle_drafts(self, plans: list[Plan]) -> None:
         """Keep the batch's drafts only where they pay together: ``B`` decode rows cost ``COST_RATIO + B``
@@ -102,7 +104,7 @@ class PromptLookupExecutor(ModuleExecutor):
         if self._pay_together(expected, rows):
             return
         for plan in drafting:  # their rates learn from the first draft against the token drawn instead
-            plan.state.drafts.declined, plan.state.drafts.active = plan.drafts[0], False
+            plan.state.drafts.unverified, plan.state.drafts.active = plan.drafts[0], False
             plan.rows, plan.drafts, plan.logit_count = plan.rows[:1], (), 1
             plan.draft_masks, plan.draft_source = None, ""
         self.declined += rows
@@ -134,7 +136,7 @@ class PromptLookupExecutor(ModuleExecutor):
         drafts = self._drafts_for(plan)
         if drafts:
             state = plan.state.drafts
-            state.declined = drafts[0]
+            state.unverified = drafts[0]
             state.active = self._pay_together(state.rate * len(drafts), len(drafts))
 
     def _pay_together(self, expected: float, rows: int) -> bool:
@@ -215,9 +217,9 @@ class PromptLookupExecutor(ModuleExecutor):
     def _finish(self, plan: Plan, preds: list[int]) -> list[int]:
         drafts, state = plan.drafts, plan.state.drafts
         if not drafts:
-            if state.declined >= 0:  # what the draft the batch declined would have done
-                self._rate(state, float(state.declined == preds[0]))
-                state.declined = -1
+            if state.unverified >= 0:  # what the draft not verified would have done
+                self._rate(state, float(state.unverified == preds[0]))
+                state.unverified = -1
             return preds
         accepted = 0
         while accepted < len(drafts) and drafts[accepted] == preds[accepted]:

@@ -59,13 +59,6 @@ class SamplingParams:
 
 
 _SEED_MASK = (1 << 64) - 1
-_FLOAT32_MAX = 3.4028234663852886e38
-
-
-def _inverse(temperature: float) -> float:
-    """1 / temperature as a float32 the kernel takes (a tiny temperature: the largest float32, which
-    sends every logit below the maximum to 0 probability)."""
-    return min(1.0 / temperature, _FLOAT32_MAX) if temperature > 1.0 / _FLOAT32_MAX else _FLOAT32_MAX
 
 
 def categorical_kernel() -> Any:
@@ -190,7 +183,8 @@ class Sampler:
             return mx.random.categorical(self.filtered_logits(logits), axis=-1, key=key).astype(mx.int32)
         p = self.params
         if p.top_k == 0 and p.top_p >= 1.0:  # unfiltered: the kernel scales by the temperature itself
-            x, inv_temperature = logits.astype(mx.float32), _inverse(p.temperature)
+            # a tiny temperature: 1 / t is inf as a float32, every logit below the maximum weighs 0
+            x, inv_temperature = logits.astype(mx.float32), 1.0 / p.temperature
         else:
             x, inv_temperature = self.filtered_logits(logits), 1.0
         uniforms = mx.random.uniform(shape=(x.shape[0],), key=key)

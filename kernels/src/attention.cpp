@@ -41,12 +41,6 @@ constexpr double kSplitUs = 20.0;
 using vmath::bits_float;
 using vmath::exp_scalar;
 
-// The fixed lane reduction both versions use: (a0+a4 + a2+a6) + (a1+a5 + a3+a7).
-inline float reduce8(const float* a) {
-  float t0 = a[0] + a[4], t1 = a[1] + a[5], t2 = a[2] + a[6], t3 = a[3] + a[7];
-  return (t0 + t2) + (t1 + t3);
-}
-
 // ---------------------------------------------------------------- key / value element types
 //
 // Keys and values are read in their stored type and widened to float on load (exactly: every float16

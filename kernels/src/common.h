@@ -31,6 +31,12 @@ inline std::string shape_str(const mlx::core::array& a) {
   return os.str();
 }
 
+// The fixed lane reduction every kernel's scalar version uses: (a0+a4 + a2+a6) + (a1+a5 + a3+a7).
+inline float reduce8(const float* a) {
+  const float t0 = a[0] + a[4], t1 = a[1] + a[5], t2 = a[2] + a[6], t3 = a[3] + a[7];
+  return (t0 + t2) + (t1 + t3);
+}
+
 #if FORKLINE_X86
 // The 8 lanes summed in one fixed order: (t0 + t2) + (t1 + t3) of the halves' sums t = lo + hi. The
 // scalar fallbacks reproduce exactly this order, so both ISAs agree bit for bit.

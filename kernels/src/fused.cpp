@@ -30,11 +30,6 @@ constexpr int64_t kParallelEpilogue = 1 << 15;
 
 // ---------------------------------------------------------------- row-local pieces (scalar, AVX2)
 
-inline float reduce8(const float* a) {
-  float t0 = a[0] + a[4], t1 = a[1] + a[5], t2 = a[2] + a[6], t3 = a[3] + a[7];
-  return (t0 + t2) + (t1 + t3);
-}
-
 // sum of x[i]**2: lane j over i = 8b + j (fma, blocks in order), the fixed lane sum, then the tail.
 float sum_squares_scalar(const float* x, int n) {
   const int n8 = n / 8 * 8;

@@ -58,12 +58,6 @@ TileShape f32_tile_shape(int left, bool wide, bool q41, int64_t row_bytes) {
   return t;
 }
 
-// The fixed lane reduction both versions use: (a0+a4 + a2+a6) + (a1+a5 + a3+a7).
-inline float reduce8(const float* a) {
-  float t0 = a[0] + a[4], t1 = a[1] + a[5], t2 = a[2] + a[6], t3 = a[3] + a[7];
-  return (t0 + t2) + (t1 + t3);
-}
-
 Isa detect() {
 #if FORKLINE_X86
   __builtin_cpu_init();

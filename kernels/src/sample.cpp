@@ -43,8 +43,7 @@ float block_sum_scalar(const float* x, int begin, int V, float m, float inv_t) {
       lane[l] = lane[l] + (i < V ? weight_scalar(x[i], m, inv_t) : 0.0f);
     }
   }
-  const float t0 = lane[0] + lane[4], t1 = lane[1] + lane[5], t2 = lane[2] + lane[6], t3 = lane[3] + lane[7];
-  return (t0 + t2) + (t1 + t3);
+  return reduce8(lane);
 }
 
 #if FORKLINE_X86
@@ -94,39 +93,39 @@ AVX2_FN float block_sum_avx2(const float* x, int begin, int V, float m, float in
 }
 #endif
 
+int first_of(const float* x, int V, float m) {
+  for (int i = 0; i < V; ++i) {
+    if (x[i] == m) {
+      return i;
+    }
+  }
+  return 0;
+}
+
+using RowMax = float (*)(const float*, int);
+using BlockSum = float (*)(const float*, int, int, float, float);
+
 }  // namespace
 
 int categorical_row(const float* x, int V, float inv_t, float u) {
-  const Isa isa = active_isa();
+  RowMax row_max = row_max_scalar;
+  BlockSum block_sum = block_sum_scalar;
 #if FORKLINE_X86
-  const bool vec = isa != Isa::scalar;
-#else
-  const bool vec = false;
+  if (active_isa() != Isa::scalar) {
+    row_max = row_max_avx2;
+    block_sum = block_sum_avx2;
+  }
 #endif
-  float m = 0.0f;
-#if FORKLINE_X86
-  m = vec ? row_max_avx2(x, V) : row_max_scalar(x, V);
-#else
-  m = row_max_scalar(x, V);
-#endif
+  const float m = row_max(x, V);
   if (!(m > -std::numeric_limits<float>::infinity())) {  // every entry -inf (or NaN): the first maximum
-    for (int i = 0; i < V; ++i) {
-      if (x[i] == m) {
-        return i;
-      }
-    }
-    return 0;
+    return first_of(x, V, m);
   }
   const int blocks = (V + kBlock - 1) / kBlock;
   thread_local std::vector<float> sums;
   sums.resize(blocks);
   double total = 0.0;
   for (int b = 0; b < blocks; ++b) {
-#if FORKLINE_X86
-    sums[b] = vec ? block_sum_avx2(x, b * kBlock, V, m, inv_t) : block_sum_scalar(x, b * kBlock, V, m, inv_t);
-#else
-    sums[b] = block_sum_scalar(x, b * kBlock, V, m, inv_t);
-#endif
+    sums[b] = block_sum(x, b * kBlock, V, m, inv_t);
     total += sums[b];
   }
   const double target = static_cast<double>(u) * total;
@@ -148,15 +147,7 @@ int categorical_row(const float* x, int V, float inv_t, float u) {
       }
     }
   }
-  if (last >= 0) {
-    return last;
-  }
-  for (int i = 0; i < V; ++i) {  // a block of zero weight only when rounding moved past every weight
-    if (x[i] == m) {
-      return i;
-    }
-  }
-  return 0;
+  return last >= 0 ? last : first_of(x, V, m);  // a block of zero weight: rounding passed every weight
 }
 
 mx::array categorical(const mx::array& logits, const mx::array& uniforms, float inv_temperature,

@@ -358,11 +358,11 @@ def test_a_lookahead_step_gives_the_lookahead_up_only_for_drafts_that_pay(tiny_m
     pending = prefill(spec, s, PROMPT)[-1]
     state = spec._sessions.get(s)
     state.drafts.rate = rate
-    spec._decoding, spec._pays = 1, 1 / 5  # what execute sets for a batch of one decoding session
+    spec._decoding = 1  # what execute sets for a batch of one decoding session
     plan = Plan(0, s, state, len(PROMPT), (pending,), True)
     spec._note_drafts(plan)
-    assert state.drafts.active is gives_up and state.drafts.declined == 1  # AlwaysDrafts: 1, 2, ...
+    assert state.drafts.active is gives_up and state.drafts.unverified == 1  # AlwaysDrafts: 1, 2, ...
     assert plan.drafts == ()  # a lookahead step verifies nothing
     spec._finish(plan, [7])  # the token drawn was not the draft
-    assert state.drafts.declined == -1
+    assert state.drafts.unverified == -1
     assert state.drafts.rate == pytest.approx((1 - RATE_WEIGHT) * rate) or state.drafts.paused > 0
