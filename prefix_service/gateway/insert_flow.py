@@ -134,21 +134,21 @@ class InsertFlow:
                 self.cache.record_refusal(QUOTA)
             return
         self.backend.adopt(snapshot.handle, snapshot.position, snapshot.content_digest)
+        metadata, checkpoint = request.metadata, snapshot.kind == SnapshotKind.BREAKPOINT
+        if snapshot.kind != SnapshotKind.PROMPT:
+            metadata = {**metadata, BOUNDARY_KEY: snapshot.kind}
+        key = tokens[: snapshot.position]
+        if snapshot.kind == SnapshotKind.GENERATED:  # room first: its victims free the engine quota
+            reservation = self._generated_room(request.namespace, key, snapshot.position, metadata)
+            if reservation is None:
+                release_handle(self.cache.backend, snapshot.handle)
+                return
         unclaimed = self.claim(snapshot.handle)
         if unclaimed is not None:
             if reservation is not None:
                 reservation.release()
             self.cache.record_refusal(unclaimed)
             return
-        metadata, checkpoint = request.metadata, snapshot.kind == SnapshotKind.BREAKPOINT
-        if snapshot.kind != SnapshotKind.PROMPT:
-            metadata = {**metadata, BOUNDARY_KEY: snapshot.kind}
-        key = tokens[: snapshot.position]
-        if snapshot.kind == SnapshotKind.GENERATED:
-            reservation = self._generated_room(request.namespace, key, snapshot.position, metadata)
-            if reservation is None:
-                release_handle(self.cache.backend, snapshot.handle)
-                return
         self.store(
             request.namespace, key, snapshot.handle, metadata, reservation=reservation, persist=not checkpoint
         )

@@ -11,7 +11,7 @@ from dataclasses import replace
 from engine_service.api.answers import CloneRefusal, Described, TakenClone
 from engine_service.api.call_context import CallContext
 from engine_service.api.engine_info import EngineInfo, WindowGeometry
-from engine_service.api.errors import Cancelled, InvalidArgument, NotFound
+from engine_service.api.errors import Cancelled, InvalidArgument, NotFound, QuotaExceeded
 from engine_service.api.prompts import TextPrompt, Tokenized
 from engine_service.api.stream_events import Done, Snapshot, SnapshotKind, Started, Tokens
 from prefix_service.gateway.gateway_backend import EngineGenerate
@@ -112,6 +112,7 @@ class FakeEngine(FakeBackend):
         self.take_clone_digests: list[bytes | None] = []  # expected_digest of each take_clone call
         self.reclaims = 0
         self.claims: list[FakeSession] = []  # claim() calls, in order
+        self.claim_quota = 0  # > 0: claim() refuses (QuotaExceeded) while this many claimed sessions live
         self.describe_content = True
         self.max_sessions = 0  # Info's limits (0: not reported: the gateway's budget is its own bounds)
         self.max_positions = 0  # ... the engine's K/V positions bound (0: sessions x their tokens)
@@ -226,6 +227,9 @@ class FakeEngine(FakeBackend):
     def claim(self, handle: FakeSession, call: CallContext | None = None) -> None:
         """As the engine: a closed session's handle is unknown (NotFound); ``claims`` records each."""
         self._known(handle)
+        held = sum(not c.closed for c in {id(c): c for c in self.claims}.values())
+        if self.claim_quota and held >= self.claim_quota:
+            raise QuotaExceeded(self.owner, held, "sessions", "owner_max_sessions", self.claim_quota)
         self.claims.append(handle)
 
     def reclaim(self, call: CallContext | None = None) -> int:

@@ -85,3 +85,14 @@ def test_a_regenerated_identical_answer_refreshes_the_entry(engine, gateway):
     live = len(engine.live)
     run(gateway)  # the same answer again: a duplicate, its clone released
     assert len(gateway.cache) == 1 and len(engine.live) == live  # the covered prompt entry dropped
+
+
+def test_a_full_service_quota_stores_the_answer_after_evicting_for_it(engine):
+    # The service's engine quota holds one session, its cache one entry: the answer's room is reserved
+    # (evicting the prompt's entry it covers) before its handle is claimed; claimed first, the full
+    # quota refuses it (OVER_BUDGET) and only the prompt stays.
+    engine.answer, engine.claim_quota = ANSWER, 1
+    gateway = Gateway(PrefixCache(engine, 1), engine, "lru")
+    run(gateway)
+    assert keys(gateway) == {PROMPT + ANSWER[:-1]: str(SnapshotKind.GENERATED)}
+    assert "over_budget" not in gateway.stats().cache.refusals and len(engine.live) == 1
