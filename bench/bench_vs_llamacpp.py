@@ -50,7 +50,7 @@ SYSTEM = (
 def raw(name: str, quick: bool) -> dict:
     import mlx.core as mx
 
-    from engine_service.greedy import GenerationStats, greedy_tokens, new_cache, prefill
+    from engine_service.greedy import new_cache, prefill
     from engine_service.model import load_model
 
     loaded = load_model(name)
@@ -68,13 +68,23 @@ def raw(name: str, quick: bool) -> dict:
             mx.eval(prefill(model, cache, cache.seq_new(), prompt[:n]))
             times.append(time.perf_counter() - t0)
         out["prefill"][str(n)] = round(n / min(times), 1)
-    steps = 16 if quick else 48
+    out["decode"] = forkline_decode(model, depths, 16 if quick else 48)
+    return out
+
+
+def forkline_decode(model, depths, steps: int) -> dict[str, float]:
+    """Greedy decode tokens/s of one sequence after a prompt of each depth (the engine's step: the
+    fused kernels, ``mx.async_eval`` pipelining)."""
+    from engine_service.greedy import GenerationStats, greedy_tokens, new_cache
+
+    prompt = [1000 + (i * 7919) % 29000 for i in range(max(depths) + 1)]
+    out = {}
     for depth in depths:
         cache = new_cache(model, depth + steps + 2, kv_dtype="auto")
         stats = GenerationStats()
         for _ in greedy_tokens(model, cache, cache.seq_new(), prompt[:depth], steps, stats=stats):
             pass
-        out["decode"][str(depth)] = round((stats.generated - 1) / stats.decode_s, 2)
+        out[str(depth)] = round((stats.generated - 1) / stats.decode_s, 2)
     return out
 
 
@@ -109,15 +119,18 @@ def batched(name: str, quick: bool) -> dict:
     }
 
 
-def llama_bench(binary: str, path: str, threads: int, quick: bool) -> dict:
-    """llama-bench's prefill (-p) and decode at each depth (-n 32 -d ...) on ``path``."""
+def llama_bench(
+    binary: str, path: str, threads: int, quick: bool, depths=None, prefill: bool = True, reps: int = 2
+) -> dict:
+    """llama-bench's prefill (-p, unless not ``prefill``) and decode at each depth (-n 32 -d ...) on ``path``."""
     import subprocess
 
-    depths = DEPTHS[:2] if quick else DEPTHS
+    depths = depths or (DEPTHS[:2] if quick else DEPTHS)
     sizes = "512" if quick else "512,1024"
-    base = [binary, "-m", path, "-t", str(threads), "-r", "2", "-o", "json"]
+    base = [binary, "-m", path, "-t", str(threads), "-r", str(reps), "-o", "json"]
     out = {"prefill": {}, "decode": {}}
-    for extra in (["-p", sizes, "-n", "0"], ["-p", "0", "-n", "32", "-d", ",".join(map(str, depths))]):
+    runs = [["-p", "0", "-n", "32", "-d", ",".join(map(str, depths))]]
+    for extra in ([["-p", sizes, "-n", "0"]] if prefill else []) + runs:
         rows = json.loads(subprocess.run(base + extra, capture_output=True, text=True, check=True).stdout)
         for row in rows:
             if row.get("n_gen", 0):

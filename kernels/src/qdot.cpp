@@ -32,16 +32,30 @@ struct TileShape {
 
 // The tile for the next `left` rows (measured by bench/bench_kernels_matmul.py with a model's worth
 // of distinct weights, so they stream from memory as in decode). One or two rows are memory-bound:
-// rows of W one at a time stream best, except q4_1's short rows (<= 384 bytes), read 4 at a time.
+// on an AVX-512 Xeon several weight rows a pass keep independent FMA chains in flight (one row's chain
+// of 2 dependent FMAs per block capped it at ~12 GB/s): 4 with AVX-512; AVX2's 16 registers hold 4
+// only for one row of q8_0 (the Gemma 3 head 1.2-1.3x, SmolLM2's q4_1 layers 1.03-1.4x). AMD's Zen 5
+// streamed long rows best one at a time, q4_1's short ones (<= 384 bytes) 4 at a time.
 // More rows are compute-bound: a weight block is widened and scaled once (4 vector operations per
 // 16 lanes) for the tile's rows, each of which then costs 2 FMAs per 16 lanes, and a row's x block is
 // loaded into registers once for the tile's weight rows. AVX-512 (32 registers, an output's 16 lanes in
 // one) takes up to 6 rows x 4 weight rows, `left` split into near-equal tiles (8 rows: 4 + 4, 16: 6 +
 // 5 + 5); AVX2 (16 registers, two per output) 4 x 1.
+bool amd_cores() {
+#if FORKLINE_X86
+  static const bool amd = (__builtin_cpu_init(), __builtin_cpu_is("amd"));
+  return amd;
+#else
+  return false;
+#endif
+}
+
 TileShape f32_tile_shape(int left, bool wide, bool q41, int64_t row_bytes) {
   TileShape t;
-  if (left <= 2) {
+  if (left <= 2 && amd_cores()) {
     t = {left, q41 && row_bytes <= 384 ? (wide || left == 1 ? 4 : 2) : 1};
+  } else if (left <= 2) {
+    t = {left, wide || (left == 1 && !q41) ? 4 : 2};
   } else if (wide) {
     const int tiles = (left + kMaxRows - 1) / kMaxRows;
     t = {(left + tiles - 1) / tiles, 4};
