@@ -21,8 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
-import engine_service  # noqa: E402,F401  (loads OpenBLAS before mlx)
-from bench_vs_llamacpp import DEPTHS, MODELS, forkline_decode, llama_bench  # noqa: E402
+from bench_vs_llamacpp import DEPTHS, MODELS, forkline_decode, llama_bench  # noqa: E402  (OpenBLAS before mlx)
 
 
 def pairs(name: str, binary: str, threads: int, rounds: int, depths: tuple[int, ...], steps: int) -> dict:
