@@ -42,6 +42,8 @@ class SequenceStep:
         # ring masks depend only on (segment, window geometry): built once per step, shared by layers
         self._masks: dict[tuple[int, int], mx.array | None] = {}
         self._positions: dict[tuple[int, int | None], mx.array] = {}  # (segment, ring slots or None)
+        # (segment, window): a flat-laid sliding layer's masks, one per part (the MLX path reads them)
+        self._window_masks: dict[tuple[int, int], list[mx.array]] = {}
         # the batched K/V write where one is configured and the stream is the CPU's (decided per step)
         self._kv_store = config.kv_store if mx.default_device() == mx.cpu else None
 
@@ -71,8 +73,8 @@ class SequenceStep:
                     self._masks[key] = mx.array(part.cache.ring_mask(layer, part.start, part.length))
                 mask: mx.array | str | None = self._masks[key]
             else:
-                mask = None if part.length == 1 else "causal"
-            slots = part.cache.slots(layer)
+                mask = self._flat_mask(i, part, layer)
+            slots = part.cache.slots(layer) if part.cache.is_ring(layer) else None
             if (i, slots) not in self._positions:  # flat: row p at index p; ring: the slots' positions
                 self._positions[(i, slots)] = (
                     mx.arange(part.start + part.length, dtype=mx.int32)
@@ -83,19 +85,41 @@ class SequenceStep:
             out.append(KVView(rows=rows, keys=k_view, values=v_view, mask=mask, positions=positions))
         return out
 
+    def _flat_mask(self, i: int, part: _Part, layer: int) -> mx.array | str | None:
+        """A flat view's mask: None (one row) or "causal", a bool [n, end] where a window hides rows."""
+        end, window = part.start + part.length, part.cache.window(layer)
+        if window is None or end - window <= 0:
+            return None if part.length == 1 else "causal"
+        if (i, window) not in self._window_masks:
+            self._window_masks[(i, window)] = [mx.array(_visible(np.arange(end), part.start, end, window))]
+        return self._window_masks[(i, window)][0]
+
     def _pieced_view(
         self, i: int, part: _Part, layer: int, rows: slice, keys: mx.array, values: mx.array
     ) -> KVView:
-        """A flat layer read from the shared pieces (all visible) and the tail (causal over the step)."""
-        cache = part.cache
+        """A flat-laid layer read from the shared pieces (visible within its window) and the tail (causal
+        over the step)."""
+        cache, window = part.cache, part.cache.window(layer)
+        end = part.start + part.length
         if (i, None) not in self._positions:
-            end = part.start + part.length
             self._positions[(i, None)] = mx.arange(cache.tail_start, end, dtype=mx.int32)
-            tail = np.arange(cache.tail_start, end)[None, :]
-            queries = np.arange(part.start, end)[:, None]
-            self._masks[(i, 0)] = None if part.length == 1 else mx.array(tail <= queries)
-        pieces = tuple(KVPart(p.keys[layer], p.values[layer], None, p.positions) for p in cache.pieces)
-        tail = KVPart(keys, values, self._masks[(i, 0)], self._positions[(i, None)])
+            tail = np.arange(cache.tail_start, end)
+            self._masks[(i, 0)] = (
+                None if part.length == 1 else mx.array(_visible(tail, part.start, end, None))
+            )
+        masks: list[mx.array | None] = [None] * len(cache.pieces) + [self._masks[(i, 0)]]
+        if window is not None and end - window > 0:  # rows below a query's window hidden (MLX path)
+            if (i, window) not in self._window_masks:
+                bounds = [(p.start, p.end) for p in cache.pieces] + [(cache.tail_start, end)]
+                self._window_masks[(i, window)] = [
+                    mx.array(_visible(np.arange(a, b), part.start, end, window)) for a, b in bounds
+                ]
+            masks = list(self._window_masks[(i, window)])
+        pieces = tuple(
+            KVPart(p.keys[layer], p.values[layer], m, p.positions)
+            for p, m in zip(cache.pieces, masks, strict=False)
+        )
+        tail = KVPart(keys, values, masks[-1], self._positions[(i, None)])
         return KVView(rows=rows, keys=None, values=None, mask=None, parts=(*pieces, tail))
 
     def _store(self, layer: int, keys: mx.array, values: mx.array) -> None:
@@ -117,6 +141,19 @@ class SequenceStep:
         return [a for part in self._parts for a in part.cache.arrays()]
 
 
+def _distinct_rows(seqs: list[SequenceCache]) -> int:
+    """Rows the sequences hold laid out flat: each shared block once, every tail."""
+    return held_rows(p for s in seqs for p in s.pieces) + sum(s.length - s.tail_start for s in seqs)
+
+
+def _visible(keys: np.ndarray, start: int, end: int, window: int | None) -> np.ndarray:
+    """bool [end - start, len(keys)]: query position q in [start, end) reads key position k when k <= q
+    and, with a window, k > q - window."""
+    q = np.arange(start, end)[:, None]
+    ok = keys[None, :] <= q
+    return ok if window is None else ok & (keys[None, :] > q - window)
+
+
 class BatchedSequenceCache(ConfiguredCache):
     """BatchControl over independent per-sequence caches."""
 
@@ -127,17 +164,18 @@ class BatchedSequenceCache(ConfiguredCache):
 
     def used(self) -> int:
         """Token rows held across all sequences (counted against ``capacity``), in whole positions of every
-        layer: each distinct flat row once (a clone shares them), ring rows per sequence (a clone copies
-        them)."""
+        layer: each distinct flat-laid row once (a clone shares them), a wrapped ring's rows per sequence
+        (a clone copies them)."""
         return self._rows_with(0)
 
     def _rows_with(self, ring_positions: int) -> int:
         """:meth:`used` with ``ring_positions`` more positions of ring rows (a clone's copy)."""
         layers = self._cfg.layers
         rings = sum(spec.sliding for spec in layers)
-        seqs = self._seqs.values()
-        distinct = held_rows(p for s in seqs for p in s.pieces) + sum(s.length - s.tail_start for s in seqs)
-        ring_rows = sum(s.length for s in seqs) + ring_positions
+        seqs = list(self._seqs.values())
+        flat_laid = [s for s in seqs if not s.wrapped]
+        distinct = _distinct_rows(seqs)
+        ring_rows = _distinct_rows(flat_laid) + sum(s.length for s in seqs if s.wrapped) + ring_positions
         return -(-((len(layers) - rings) * distinct + rings * ring_rows) // len(layers))
 
     def sequence(self, seq: int) -> SequenceCache:
@@ -156,8 +194,9 @@ class BatchedSequenceCache(ConfiguredCache):
     def seq_clone(self, src: int, upto: int) -> int | None:
         source = self.sequence(src)
         check_position("upto", upto)
-        # a clone shares the flat rows and copies the rings
-        if self._rows_with(upto) > self._cfg.capacity or not source.can_rewind(upto):
+        # a clone shares the flat-laid rows and copies wrapped rings
+        copied = upto if source.wrapped else 0
+        if self._rows_with(copied) > self._cfg.capacity or not source.can_rewind(upto):
             return None
         sid = self._ids.acquire()
         if sid is None:

@@ -52,6 +52,13 @@ class FrozenRows:
         )
 
 
+def without_layer(piece: FrozenRows, layer: int) -> FrozenRows:
+    """``piece`` no longer viewing ``layer``'s rows (a layer its sequence now keeps as a ring)."""
+    keys, values = list(piece.keys), list(piece.values)
+    keys[layer] = values[layer] = None
+    return FrozenRows(piece.start, piece.rows, tuple(keys), tuple(values), piece.block, piece.positions)
+
+
 def freeze(
     start: int, rows: int, keys: Sequence[mx.array | None], values: Sequence[mx.array | None]
 ) -> FrozenRows:

@@ -1,7 +1,8 @@
 """K/V history of one sequence, per layer ``[kv_heads, alloc, head_dim]``: a flat layer holds positions
 below ``tail_start`` as shared :class:`.frozen_rows.FrozenRows` pieces and row p >= tail_start at tail
-index ``p - tail_start``; a ring layer (window W) has ``W + max_write`` slots (``CacheConfig.ring_slots``), row p at
-``p % slots``. ``written`` is a high-water mark rewinds never lower; :meth:`SequenceCache.can_rewind`
+index ``p - tail_start``; a sliding layer (window W, ``W + max_write`` slots: ``CacheConfig.ring_slots``)
+is laid out as a flat one, its rows shared with clones, until a step would write past its slots: it then
+becomes a ring (row p at ``p % slots``, copied per clone). ``written`` is a high-water mark rewinds never lower; :meth:`SequenceCache.can_rewind`
 decides what is still there. Spec: docs/ENGINE.md (The KV cache: batched-sequence)."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import numpy as np
 
 from engine_service.api.errors import CacheError
 from engine_service.cache.config import RING_SPARE, CacheConfig
-from engine_service.cache.frozen_rows import FrozenRows, coalesced, freeze, trim
+from engine_service.cache.frozen_rows import FrozenRows, coalesced, freeze, trim, without_layer
 
 
 def round_up(n: int, step: int) -> int:
@@ -30,10 +31,11 @@ class SequenceCache:
         n = len(config.layers)
         self._keys: list[mx.array | None] = [None] * n
         self._values: list[mx.array | None] = [None] * n
-        # ring slot count per layer (None = flat layer)
+        # ring slot count per layer (None = flat layer); a sliding layer is a ring once it wrapped
         self._slots: list[int | None] = [
             config.ring_slots(spec.window) if spec.sliding else None for spec in config.layers
         ]
+        self._ring: list[bool] = [False] * n
         # actual position held by each slot, per distinct slot count (-1 = never written); only used to
         # count stale reads, never to build masks.
         self._slot_pos: dict[int, np.ndarray] = {
@@ -113,6 +115,9 @@ class SequenceCache:
             )
         start = self._length
         end = start + n
+        for layer, slots in enumerate(self._slots):
+            if slots is not None and end > slots and not self._ring[layer]:
+                self._to_ring(layer, slots)
         positions = np.arange(start, end, dtype=np.int64)
         for slots, held in self._slot_pos.items():
             held[positions % slots] = positions
@@ -126,7 +131,8 @@ class SequenceCache:
         tail at the capacity left above ``tail_start``)."""
         cfg = self._cfg
         slots = self._slots[layer]
-        limit = cfg.capacity - self._tail_start if slots is None else slots
+        flat_limit = (cfg.capacity if slots is None else slots) - self._tail_start
+        limit = slots if self._ring[layer] else flat_limit
         keys = self._keys[layer]
         have = 0 if keys is None else keys.shape[1]
         if need <= have:
@@ -146,7 +152,7 @@ class SequenceCache:
         ``(index, offset, rows)`` runs (one on a flat layer, two where a ring wraps)."""
         end = start + n
         slots = self._slots[layer]
-        if slots is None:
+        if not self._ring[layer]:
             self._ensure(layer, end - self._tail_start)
             return [(start - self._tail_start, 0, n)]
         self._ensure(layer, min(end, slots))
@@ -171,8 +177,7 @@ class SequenceCache:
     def view(self, layer: int, end: int) -> tuple[mx.array, mx.array]:
         """``layer``'s own (keys, values) [kv_heads, S, head_dim] for a step ending at ``end``: S = end -
         tail_start flat (the tail; :attr:`pieces` hold the rest), ``min(end, slots)`` on a ring."""
-        slots = self._slots[layer]
-        filled = end - self._tail_start if slots is None else min(end, slots)
+        filled = min(end, self._slots[layer]) if self._ring[layer] else end - self._tail_start
         return self._keys[layer][:, :filled, :], self._values[layer][:, :filled, :]
 
     def write(self, layer: int, start: int, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
@@ -207,7 +212,33 @@ class SequenceCache:
         return np.where(assumed >= 0, assumed, -1).astype(np.int32)
 
     def is_ring(self, layer: int) -> bool:
-        return self._slots[layer] is not None
+        """Whether ``layer`` is a ring now (a sliding layer that wrapped); else laid out as a flat one."""
+        return self._ring[layer]
+
+    @property
+    def wrapped(self) -> bool:
+        """Whether a sliding layer became a ring (its rows are this sequence's own from then on)."""
+        return any(self._ring)
+
+    def window(self, layer: int) -> int | None:
+        """``layer``'s sliding window (None: a flat layer)."""
+        spec = self._cfg.layers[layer]
+        return spec.window if spec.sliding else None
+
+    def _to_ring(self, layer: int, slots: int) -> None:
+        """Lay ``layer``'s committed rows (pieces, then the tail) out as a ring of ``slots`` slots: row p
+        at slot p (no position reached ``slots`` yet), a private buffer from now on."""
+        rows = self._length - self._tail_start
+        parts = [(p.keys[layer], p.values[layer]) for p in self._pieces]
+        if rows > 0:
+            parts.append((self._keys[layer][:, :rows, :], self._values[layer][:, :rows, :]))
+        cfg = self._cfg
+        pad = mx.zeros((cfg.kv_heads, slots - self._length, cfg.head_dim), dtype=cfg.dtype)
+        self._keys[layer] = mx.concatenate([k for k, _ in parts] + [pad], axis=1)
+        self._values[layer] = mx.concatenate([v for _, v in parts] + [pad], axis=1)
+        mx.eval(self._keys[layer], self._values[layer])
+        self._ring[layer] = True
+        self._pieces = tuple(without_layer(p, layer) for p in self._pieces)  # their rows: the ring's now
 
     def slots(self, layer: int) -> int | None:
         """Physical ring slots of ``layer`` (None on a flat layer)."""
@@ -231,7 +262,7 @@ class SequenceCache:
         """Freeze the committed tail rows of the flat layers into a shared piece; later writes go to a
         new tail from ``length`` (the sealed buffers are never written again)."""
         rows = self._length - self._tail_start
-        flat = [layer for layer, slots in enumerate(self._slots) if slots is None]
+        flat = [layer for layer in range(len(self._slots)) if not self._ring[layer]]
         if rows <= 0 or not flat:
             return
         keys = [self._keys[i] if i in flat else None for i in range(len(self._slots))]
@@ -255,12 +286,13 @@ class SequenceCache:
         dup._written = self._written
         dup._pieces = trim(self._pieces, upto)
         dup._tail_start = upto
+        dup._ring = list(self._ring)
         for slots, held in self._slot_pos.items():
             dup._slot_pos[slots] = held.copy()
         pads: dict[int, mx.array] = {}  # one zero block per headroom size, shared by every layer
         for layer, slots in enumerate(self._slots):
             keys, values = self._keys[layer], self._values[layer]
-            if keys is None or slots is None:
+            if keys is None or not self._ring[layer]:
                 continue
             if self._written <= slots:
                 if upto == 0:

@@ -47,7 +47,7 @@ def _layer_pieces(cache: SequenceCache, upto: int) -> dict[str, list[mx.array]]:
     for layer, slots in enumerate(cache._slots):
         rows = _state_rows(upto, cache.written, slots)
         keys, values = cache._keys[layer], cache._values[layer]
-        if slots is None and pieces:
+        if not cache.is_ring(layer) and pieces:
             tail = rows - cache.tail_start
             out[f"layers.{layer}.keys"] = [p.keys[layer] for p in pieces] + (
                 [keys[:, :tail, :]] if tail > 0 else []
@@ -90,6 +90,7 @@ def restore_state(config: CacheConfig, state: SeqState) -> SequenceCache:
             continue
         if slots is not None and state.written > slots:  # a wrapped ring: its slots as they were
             cache._keys[layer], cache._values[layer] = mx.array(keys), mx.array(values)
+            cache._ring[layer] = True
             continue
         limit = config.capacity if slots is None else slots
         headroom = min(limit, round_up(rows, config.initial_capacity)) - rows

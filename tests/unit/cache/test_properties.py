@@ -19,6 +19,7 @@ from tests.unit.cache.harness import TOL, Driver, geometry
 
 CAPACITY = 40
 MAX_SEQS = 5
+WINDOW = 4  # the harness geometry's sliding layer
 
 
 @dataclass
@@ -35,9 +36,14 @@ class Model:
         distinct = len({row for r in self.rows.values() for row in r})  # shared rows count once
         if self.kind == "batched-cell":
             return distinct
-        # batched-sequence: layer 0 (flat) shares rows; layer 1 (the ring) is one copy per sequence
-        ring = sum(len(r) for r in self.rows.values()) + ring_positions
-        return -(-(distinct + ring) // 2)
+        # batched-sequence: layer 0 (flat) shares rows; layer 1 (sliding) shares them too until its
+        # sequence wrote past the ring's slots (window + max_write), then holds one copy per sequence
+        laid_flat = {row for s, r in self.rows.items() if not self.wrapped(s) for row in r}
+        ring = len(laid_flat) + sum(len(r) for s, r in self.rows.items() if self.wrapped(s))
+        return -(-(distinct + ring + ring_positions) // 2)
+
+    def wrapped(self, seq: int) -> bool:
+        return self.written[seq] > WINDOW + self.max_write
 
     def can_rewind(self, seq: int, p: int) -> bool:
         if p > len(self.rows[seq]):
@@ -47,7 +53,7 @@ class Model:
     def clone_ok(self, seq: int, p: int) -> bool:
         if len(self.rows) >= MAX_SEQS or not self.can_rewind(seq, p):
             return False
-        return self.kind == "batched-cell" or self.used(p) <= CAPACITY
+        return self.kind == "batched-cell" or self.used(p if self.wrapped(seq) else 0) <= CAPACITY
 
     def admit(self, seq: int, n: int) -> bool:
         if self.kind == "batched-sequence" and n > self.max_write:

@@ -26,12 +26,20 @@ def test_sequence_views_are_per_segment_slices_with_cheap_masks() -> None:
     assert [v.rows for v in flat] == [slice(0, 3), slice(3, 4)]
     assert [v.mask for v in flat] == ["causal", None]  # prefill causal, single row: no mask
     assert flat[0].keys.shape == (2, 3, 8) and flat[1].keys.shape == (2, 1, 8)
-    ring = step.views(1, rows(4), rows(4))
-    # window 4 at positions 0..2 over the 3 filled slots: query i sees slots 0..i
-    assert np.array(ring[0].mask).tolist() == [[True, False, False], [True, True, False], [True, True, True]]
-    assert np.array(ring[1].mask).tolist() == [[True]]
+    sliding = step.views(1, rows(4), rows(4))
+    # the sliding layer is laid out flat until it wraps: window 4 hides nothing at positions 0..2
+    assert [v.mask for v in sliding] == ["causal", None] and sliding[0].keys.shape == (2, 3, 8)
     mx.eval(step.state())
     np.testing.assert_array_equal(np.array(flat[0].keys), np.array(rows(4)[:3]).transpose(1, 0, 2))
+    # positions 3..5 (6 <= 7 slots: still flat): each query reads the 4 positions ending at its own
+    step = cache.begin_step([Segment(a, 3, 3)])
+    (view,) = step.views(1, rows(3), rows(3))
+    assert view.keys.shape == (2, 6, 8) and view.positions.tolist() == list(range(6))
+    assert np.array(view.mask).astype(int).tolist() == [
+        [1, 1, 1, 1, 0, 0],
+        [0, 1, 1, 1, 1, 0],
+        [0, 0, 1, 1, 1, 1],
+    ]
 
 
 def test_sequence_ring_wraps_and_masks_by_position() -> None:
