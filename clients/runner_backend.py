@@ -58,6 +58,10 @@ class RunnerBackend:
             self._runner.cache_kind, limits.kv_bytes_per_position, limits.clone_shared_bytes_per_position
         )
 
+    @property
+    def clone_shared_ring_positions(self) -> int:
+        return self._runner.limits.clone_shared_ring_positions
+
     def clone_async(self, handle: Session, upto: int) -> Future:
         return handle.clone_async(upto)
 

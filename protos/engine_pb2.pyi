@@ -365,7 +365,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Limits(_message.Message):
-    __slots__ = ("max_sessions", "max_session_tokens", "vocab_size", "idle_session_timeout_s", "owner_max_sessions", "owner_max_positions", "persistent_owner_max_sessions", "persistent_owner_max_positions", "max_positions", "kv_bytes_per_position", "clone_shared_bytes_per_position")
+    __slots__ = ("max_sessions", "max_session_tokens", "vocab_size", "idle_session_timeout_s", "owner_max_sessions", "owner_max_positions", "persistent_owner_max_sessions", "persistent_owner_max_positions", "max_positions", "kv_bytes_per_position", "clone_shared_bytes_per_position", "clone_shared_ring_positions")
     MAX_SESSIONS_FIELD_NUMBER: _ClassVar[int]
     MAX_SESSION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -377,6 +377,7 @@ class Limits(_message.Message):
     MAX_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     KV_BYTES_PER_POSITION_FIELD_NUMBER: _ClassVar[int]
     CLONE_SHARED_BYTES_PER_POSITION_FIELD_NUMBER: _ClassVar[int]
+    CLONE_SHARED_RING_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     max_sessions: int
     max_session_tokens: int
     vocab_size: int
@@ -388,7 +389,8 @@ class Limits(_message.Message):
     max_positions: int
     kv_bytes_per_position: int
     clone_shared_bytes_per_position: int
-    def __init__(self, max_sessions: _Optional[int] = ..., max_session_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., idle_session_timeout_s: _Optional[float] = ..., owner_max_sessions: _Optional[int] = ..., owner_max_positions: _Optional[int] = ..., persistent_owner_max_sessions: _Optional[int] = ..., persistent_owner_max_positions: _Optional[int] = ..., max_positions: _Optional[int] = ..., kv_bytes_per_position: _Optional[int] = ..., clone_shared_bytes_per_position: _Optional[int] = ...) -> None: ...
+    clone_shared_ring_positions: int
+    def __init__(self, max_sessions: _Optional[int] = ..., max_session_tokens: _Optional[int] = ..., vocab_size: _Optional[int] = ..., idle_session_timeout_s: _Optional[float] = ..., owner_max_sessions: _Optional[int] = ..., owner_max_positions: _Optional[int] = ..., persistent_owner_max_sessions: _Optional[int] = ..., persistent_owner_max_positions: _Optional[int] = ..., max_positions: _Optional[int] = ..., kv_bytes_per_position: _Optional[int] = ..., clone_shared_bytes_per_position: _Optional[int] = ..., clone_shared_ring_positions: _Optional[int] = ...) -> None: ...
 
 class OwnerUsage(_message.Message):
     __slots__ = ("owner", "persistent", "sessions", "positions", "max_sessions", "max_positions")

@@ -39,6 +39,7 @@ class EngineInfo:
     kv_bytes_per_position: int = 0
     # of those, the bytes a clone shares with its source instead of copying (0: a whole copy, or unsaid)
     clone_shared_bytes_per_position: int = 0
+    clone_shared_ring_positions: int = 0  # below it a clone shares every layer (EngineLimits)
     model: str = ""
     cache_kind: str = ""
     architecture: str = ""

@@ -23,11 +23,14 @@ class EngineLimits:
     # of those bytes, what a clone shares with its source instead of copying (all on batched-cell, the
     # flat layers' on batched-sequence; 0: a whole copy, or not reported)
     clone_shared_bytes_per_position: int = 0
+    # a clone of a session that never wrote past this many positions shares every layer's bytes (a
+    # batched-sequence sliding layer laid out flat until it wraps; 0: never)
+    clone_shared_ring_positions: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_sessions", "max_session_tokens", "vocab_size"):
             checked_int(name, getattr(self, name), lo=1)
-        for name in ("max_positions", "kv_bytes_per_position"):
+        for name in ("max_positions", "kv_bytes_per_position", "clone_shared_ring_positions"):
             checked_int(name, getattr(self, name), lo=0)
         checked_int(
             "clone_shared_bytes_per_position",

@@ -77,14 +77,27 @@ def kv_bytes_per_position(config: CacheConfig) -> int:
 def clone_shared_bytes_per_position(config: CacheConfig, cache_kind: str) -> int:
     """Of :func:`kv_bytes_per_position`, the bytes a clone shares with its source: every layer's on
     ``batched-cell`` (shared cells), the flat layers' on ``batched-sequence`` (frozen pieces; its ring
-    layers are copied)."""
+    layers too below :func:`clone_shared_ring_positions`)."""
     layers = len(config.layers) if cache_kind == "batched-cell" else sum(not s.sliding for s in config.layers)
     return layers * 2 * config.kv_heads * config.head_dim * config.dtype.size
 
 
-def position_bytes(config: CacheConfig, cache_kind: str) -> tuple[int, int]:
-    """(:func:`kv_bytes_per_position`, :func:`clone_shared_bytes_per_position`)."""
-    return kv_bytes_per_position(config), clone_shared_bytes_per_position(config, cache_kind)
+def clone_shared_ring_positions(config: CacheConfig, cache_kind: str) -> int:
+    """Positions below which a clone on ``batched-sequence`` shares its ring layers' bytes too: a sliding
+    layer is laid out flat until its sequence writes past the ring's slots (the fewest of any layer);
+    0 where rings are always copied or there are none (``batched-cell`` shares every layer anyway)."""
+    slots = [config.ring_slots(s.window) for s in config.layers if s.sliding]
+    return min(slots) if cache_kind == "batched-sequence" and slots else 0
+
+
+def position_bytes(config: CacheConfig, cache_kind: str) -> tuple[int, int, int]:
+    """(:func:`kv_bytes_per_position`, :func:`clone_shared_bytes_per_position`,
+    :func:`clone_shared_ring_positions`)."""
+    return (
+        kv_bytes_per_position(config),
+        clone_shared_bytes_per_position(config, cache_kind),
+        clone_shared_ring_positions(config, cache_kind),
+    )
 
 
 def positions_bound(memory_mib: int, bytes_per_position: int) -> int:

@@ -225,6 +225,7 @@ class EngineSessions:
             max_positions=self.limits.max_positions,
             kv_bytes_per_position=self.limits.kv_bytes_per_position,
             clone_shared_bytes_per_position=self.limits.clone_shared_bytes_per_position,
+            clone_shared_ring_positions=self.limits.clone_shared_ring_positions,
             model=self.model_name,
             cache_kind=self.cache_kind,
             architecture=self.architecture,

@@ -12,7 +12,13 @@ from prefix_service.cache.events import EntryChange, EventKind
 from prefix_service.cache.index import TokenIndex
 from prefix_service.cache.outcomes import held_positions
 from prefix_service.cache.retention import Entry, RetentionPolicy, frozen_metadata
-from prefix_service.cache.session_backend import Handle, SessionBackend, clone_shared_share, release_handle
+from prefix_service.cache.session_backend import (
+    Handle,
+    SessionBackend,
+    clone_shared_ring_positions,
+    clone_shared_share,
+    release_handle,
+)
 
 
 class EntryBook:
@@ -29,12 +35,17 @@ class EntryBook:
         self._listener: Callable[[EntryChange], None] | None = None
         self._budget = Budget(policy, max_entries, max_positions, self._evicted, self._lock, self._held)
         self._clock = 0
+        # the entries whose every layer clones share (keys of at most the engine's ring limit), as a tree
+        self._short: TokenIndex[Entry] = TokenIndex()
+        self._short_keys = 0
+        self._ring_limit = 0
 
     def _store(self, scope: Hashable, key: tuple[int, ...], snapshot: Handle, metadata: Mapping) -> Entry:
         self._clock += 1
         entry = Entry(scope, key, snapshot, self._clock, self._clock, metadata=frozen_metadata(metadata))
         self._index.insert(scope, key, entry, self._clock)
         self._budget.add(entry)
+        self._note_short(entry)
         self._refresh_branches(entry, hit=False)
         self._shade([entry, *self._index.below(scope, key)] if entry.is_branch else [entry])
         return entry
@@ -85,14 +96,39 @@ class EntryBook:
 
     def _held(self) -> int:
         """Positions the entries hold: the share of a position clones share counted once per shared prefix
-        (the radix tree's edges), the rest a copy each (every entry's key)."""
-        return held_positions(
-            clone_shared_share(self._backend), self._index.edge_positions(), self._budget.key_positions
-        )
+        (the radix tree's edges), the rest once per shared prefix of the short entries (their engine
+        shares every layer below its ring limit) and a copy each for the others (every entry's key)."""
+        self._sync_ring_limit()
+        copied = self._short.edge_positions() + self._budget.key_positions - self._short_keys
+        return held_positions(clone_shared_share(self._backend), self._index.edge_positions(), copied)
+
+    def _copied(self, entries: list[Entry]) -> int:
+        """:meth:`_held`'s copied positions for ``entries`` (whole namespaces of this cache)."""
+        self._sync_ring_limit()
+        short = sum(self._short.edge_positions(scope) for scope in {e.namespace for e in entries})
+        return short + sum(e.key_length for e in entries if e.key_length > self._ring_limit)
+
+    def _sync_ring_limit(self) -> None:
+        limit = clone_shared_ring_positions(self._backend)
+        if limit != self._ring_limit:  # the engine said another limit (a restart): regroup the entries
+            self._ring_limit, self._short_keys = limit, 0
+            self._short.clear()
+            for entry in self._budget.entries:
+                self._note_short(entry)
+
+    def _note_short(self, entry: Entry) -> None:
+        if entry.key_length <= self._ring_limit:
+            self._short.insert(entry.namespace, entry.tokens, entry, entry.last_used)
+            self._short_keys += entry.key_length
+
+    def _forget_short(self, entry: Entry) -> None:
+        if self._short.remove(entry.namespace, entry.tokens) is not None:
+            self._short_keys -= entry.key_length
 
     def _drop(self, entry: Entry, kind: EventKind) -> None:
         below = self._index.below(entry.namespace, entry.tokens) if entry.is_branch else []
         self._index.remove(entry.namespace, entry.tokens)
+        self._forget_short(entry)
         self._shade(below)
         self._budget.discard(entry)
         self._release(entry.snapshot)

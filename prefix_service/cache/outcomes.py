@@ -11,10 +11,11 @@ from enum import StrEnum
 from typing import Any
 
 
-def held_positions(shared: float, radix_positions: int, key_positions: int) -> int:
+def held_positions(shared: float, radix_positions: int, copied_positions: int) -> int:
     """Positions a cache's entries hold when clones share ``shared`` (0..1) of a position's bytes: that
-    share once per radix-tree position, the rest once per position of every entry's key."""
-    return math.ceil(shared * radix_positions + (1.0 - shared) * key_positions - 1e-9)
+    share once per radix-tree position, the rest once per copied position (every entry's key where
+    nothing more is shared)."""
+    return math.ceil(shared * radix_positions + (1.0 - shared) * copied_positions - 1e-9)
 
 
 class InsertRefusal(StrEnum):
@@ -158,10 +159,13 @@ class PrefixStats:
         max_positions: int,
         radix_positions: int = 0,
         shared: float = 0.0,
+        copied: int | None = None,
     ) -> PrefixStats:
         """One caller's entries' stats (``retention.Entry``): the hits they served and the positions
         those reused and hold (``radix_positions``: their tree's; ``shared``: the share of a position
-        clones share, :func:`held_positions`); the cache-wide counters are 0."""
+        clones share; ``copied``: the positions holding the rest, default every key's,
+        :func:`held_positions`); the cache-wide counters are 0."""
+        keys = sum(entry.key_length for entry in entries)
         return cls(
             entries=len(entries),
             max_entries=max_entries,
@@ -170,7 +174,7 @@ class PrefixStats:
             reused_tokens=sum(entry.reused for entry in entries),
             inserts=0,
             evictions=0,
-            positions=held_positions(shared, radix_positions, sum(entry.key_length for entry in entries)),
+            positions=held_positions(shared, radix_positions, keys if copied is None else copied),
             max_positions=max_positions,
             radix_positions=radix_positions,
         )

@@ -252,6 +252,8 @@ class PrefixCache(EntryBook):
                 return len(chosen)
             entries = self._budget.clear()
             self._index.clear()
+            self._short.clear()
+            self._short_keys = 0
             for entry in entries:
                 self._release(entry.snapshot)
                 self._emit(EventKind.CLEARED, entry)
@@ -269,8 +271,10 @@ class PrefixCache(EntryBook):
             if where is not None:
                 chosen = self._chosen(where)
                 radix = sum(self._index.edge_positions(scope) for scope in {e.namespace for e in chosen})
-                sharing = clone_shared_share(self._backend)
-                return PrefixStats.of_entries(chosen, self.max_entries, self.max_positions, radix, sharing)
+                sharing, copied = clone_shared_share(self._backend), self._copied(chosen)
+                return PrefixStats.of_entries(
+                    chosen, self.max_entries, self.max_positions, radix, sharing, copied
+                )
             return PrefixStats(
                 entries=len(self._budget.entries),
                 max_entries=self._budget.max_entries,

@@ -67,6 +67,14 @@ def clone_shared_share(backend: SessionBackend) -> float:
     return min(1.0, max(0.0, float(value)))
 
 
+def clone_shared_ring_positions(backend: SessionBackend) -> int:
+    """``backend.clone_shared_ring_positions`` where it says it: an entry of at most that many positions
+    shares every layer's bytes with the entries it was cloned from or for (0, unsaid: only
+    :func:`clone_shared_share` of them)."""
+    value = getattr(backend, "clone_shared_ring_positions", 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def handle_alive(backend: SessionBackend, handle: Handle) -> bool:
     """``backend.valid(handle)``; a failing engine call (e.g. the engine stopped) counts as dead."""
     try:

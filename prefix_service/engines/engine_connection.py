@@ -48,6 +48,7 @@ class EngineConnection:
         self.fingerprint = ""
         self.max_rewind: int | None = None  # session_backend.max_rewind, from Info's window geometry
         self.clone_shared_share = 0.0  # session_backend.clone_shared_share, from Info
+        self.clone_shared_ring_positions = 0  # below it every layer is shared (Info's limits)
         self._lock = threading.Lock()
         self._positions: dict[str, int] = {}  # the handles this owner holds, as adopted
         self._digests: dict[str, bytes | None] = {}  # what the engine said each adopted handle holds
@@ -106,6 +107,7 @@ class EngineConnection:
             self.clone_shared_share = clone_shared_share(
                 info.cache_kind, info.kv_bytes_per_position, info.clone_shared_bytes_per_position
             )
+            self.clone_shared_ring_positions = info.clone_shared_ring_positions
         return info
 
     # -- the handles this owner holds ----------------------------------------------------------------

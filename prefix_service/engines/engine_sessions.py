@@ -32,6 +32,10 @@ class RemoteSessions:
     def clone_shared_share(self) -> float:
         return self.connection.clone_shared_share
 
+    @property
+    def clone_shared_ring_positions(self) -> int:
+        return self.connection.clone_shared_ring_positions
+
     def clone(self, handle: str, upto: int) -> str | None:
         return self.clone_or_refusal(handle, upto).handle
 

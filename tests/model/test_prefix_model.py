@@ -276,14 +276,21 @@ def test_a_branch_point_serves_the_groups_third_prompt_like_a_cold_run(engine):
 
 
 @pytest.mark.parametrize(
-    ("kind", "layers", "share"),
-    [("batched-sequence", "FFFF", 1.0), ("batched-sequence", "FSSS", 0.25), ("batched-cell", "FSSS", 1.0)],
+    ("kind", "layers", "share", "ring_limit"),
+    [
+        ("batched-sequence", "FFFF", 1.0, 0),
+        ("batched-sequence", "FSSS", 0.25, 4 + 8),  # window 4 + max_write 8: rings shared until then
+        ("batched-cell", "FSSS", 1.0, 0),
+    ],
 )
-def test_the_local_backend_says_how_much_clones_share(tiny_model, kind, layers, share):
+def test_the_local_backend_says_how_much_clones_share(tiny_model, kind, layers, share, ring_limit):
     runner = Runner(
-        ModuleExecutor.create(tiny_model(layers, seed=3), kind, max_sessions=2, max_session_tokens=32)
+        ModuleExecutor.create(
+            tiny_model(layers, seed=3), kind, max_sessions=2, max_session_tokens=32, max_write=8
+        )
     )
     try:
-        assert RunnerBackend(runner).clone_shared_share == share
+        backend = RunnerBackend(runner)
+        assert (backend.clone_shared_share, backend.clone_shared_ring_positions) == (share, ring_limit)
     finally:
         runner.shutdown()

@@ -147,6 +147,8 @@ def test_engine_info_survives_its_message() -> None:
         max_sessions=8,
         max_positions=1500,
         kv_bytes_per_position=23040,
+        clone_shared_bytes_per_position=2304,
+        clone_shared_ring_positions=68,
         model="m",
         cache_kind="batched-sequence",
         architecture="llama",

@@ -7,6 +7,7 @@ The fakes: ``FakeBackend`` clones at any position (full attention); ``WindowBack
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -191,6 +192,25 @@ def test_a_partial_share_counts_that_share_once(share, held):
     for key in RADIX_KEYS:
         insert(cache, backend, key)
     assert cache.stats().positions == held
+
+
+@pytest.mark.parametrize(("limit", "held"), [(0, 14), (5, 13), (6, 11), (3, 14)])
+def test_entries_under_the_ring_limit_share_every_layer(limit, held):
+    """Half of a position's bytes shared always (flat layers); below the engine's ring limit the rest
+    too: the short entries' part counted once per tree position, the longer entries' a copy each. Keys
+    (1 2 3 4 5 6) 6, (1 2 3 7 8) 5, (1 2 9) 3, (5 5) 2: limit 5 -> the short tree [1 2] [3 7 8] [9] [5 5]
+    holds 8 and the long key 6 is copied: (11 + 14) / 2 -> 13; limit 6: all short, 11; limit 3: the short
+    keys share nothing, (11 + 5 + 11) / 2 -> 14, as limit 0 (every key copied)."""
+    backend = FakeBackend()
+    backend.clone_shared_share, backend.clone_shared_ring_positions = 0.5, limit
+    cache = PrefixCache(backend, 16, branch_min=0)
+    for key in RADIX_KEYS:
+        insert(cache, backend, key)
+    copied = {0: 16, 5: 8 + 6, 6: 11, 3: 5 + 11}[limit]
+    assert cache.stats().positions == held == math.ceil((11 + copied) / 2 - 1e-9)
+    assert cache.stats(lambda ns: ns == NS).positions == held  # every entry is in NS
+    backend.clone_shared_ring_positions = 0  # the engine says another limit: regrouped
+    assert cache.stats().positions == 14
 
 
 @pytest.mark.parametrize(("shares", "kept"), [(True, 4), (False, 3)])
