@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
-from bench_vs_llamacpp import DEPTHS, MODELS, forkline_decode, llama_bench  # noqa: E402  (OpenBLAS before mlx)
+from bench_vs_llamacpp import DEPTHS, MODELS, forkline_decode, llama_bench, save_figure  # noqa: E402  (OpenBLAS before mlx)
 
 
 def pairs(name: str, binary: str, threads: int, rounds: int, depths: tuple[int, ...], steps: int) -> dict:
@@ -71,9 +71,7 @@ def plot(report: dict, path: str) -> None:
     ax.set_ylabel("forkline / llama-bench decode tok/s")
     ax.set_title("plain decode, back-to-back pairs")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
 
 
 def main() -> None:

@@ -263,6 +263,10 @@ def plot(report: dict, path: str) -> None:
         ax.set_yscale("log")
         ax.set_title(f"{name}: tokens/s")
         ax.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+def save_figure(fig, path: str) -> None:
     fig.tight_layout()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fig.savefig(path, dpi=110)
