@@ -87,12 +87,20 @@ class SequenceStep:
 
     def _flat_mask(self, i: int, part: _Part, layer: int) -> mx.array | str | None:
         """A flat view's mask: None (one row) or "causal", a bool [n, end] where a window hides rows."""
-        end, window = part.start + part.length, part.cache.window(layer)
-        if window is None or end - window <= 0:
+        window = part.cache.window(layer)
+        if window is None or part.start + part.length - window <= 0:
             return None if part.length == 1 else "causal"
+        return self._part_masks(i, part, window)[0]
+
+    def _part_masks(self, i: int, part: _Part, window: int) -> list[mx.array]:
+        """Per part of segment ``i`` (its pieces, then its tail), which keys each query reads in ``window``."""
         if (i, window) not in self._window_masks:
-            self._window_masks[(i, window)] = [mx.array(_visible(np.arange(end), part.start, end, window))]
-        return self._window_masks[(i, window)][0]
+            cache, end = part.cache, part.start + part.length
+            bounds = [(p.start, p.end) for p in cache.pieces] + [(cache.tail_start, end)]
+            self._window_masks[(i, window)] = [
+                mx.array(_visible(np.arange(a, b), part.start, end, window)) for a, b in bounds
+            ]
+        return self._window_masks[(i, window)]
 
     def _pieced_view(
         self, i: int, part: _Part, layer: int, rows: slice, keys: mx.array, values: mx.array
@@ -109,12 +117,7 @@ class SequenceStep:
             )
         masks: list[mx.array | None] = [None] * len(cache.pieces) + [self._masks[(i, 0)]]
         if window is not None and end - window > 0:  # rows below a query's window hidden (MLX path)
-            if (i, window) not in self._window_masks:
-                bounds = [(p.start, p.end) for p in cache.pieces] + [(cache.tail_start, end)]
-                self._window_masks[(i, window)] = [
-                    mx.array(_visible(np.arange(a, b), part.start, end, window)) for a, b in bounds
-                ]
-            masks = list(self._window_masks[(i, window)])
+            masks = list(self._part_masks(i, part, window))
         pieces = tuple(
             KVPart(p.keys[layer], p.values[layer], m, p.positions)
             for p, m in zip(cache.pieces, masks, strict=False)

@@ -216,12 +216,10 @@ class SequenceCache:
         return self._ring[layer]
 
     @property
-    def wrapped(self) -> bool:
-        """Whether a sliding layer became a ring (its rows are this sequence's own from then on)."""
+    def wrapped(self) -> bool:  # a sliding layer became a ring: its rows are this sequence's own
         return any(self._ring)
 
-    def window(self, layer: int) -> int | None:
-        """``layer``'s sliding window (None: a flat layer)."""
+    def window(self, layer: int) -> int | None:  # None: a flat layer
         spec = self._cfg.layers[layer]
         return spec.window if spec.sliding else None
 

@@ -83,9 +83,8 @@ def clone_shared_bytes_per_position(config: CacheConfig, cache_kind: str) -> int
 
 
 def clone_shared_ring_positions(config: CacheConfig, cache_kind: str) -> int:
-    """Positions below which a clone on ``batched-sequence`` shares its ring layers' bytes too: a sliding
-    layer is laid out flat until its sequence writes past the ring's slots (the fewest of any layer);
-    0 where rings are always copied or there are none (``batched-cell`` shares every layer anyway)."""
+    """Positions below which a ``batched-sequence`` clone shares its sliding layers too (the fewest ring
+    slots: they stay laid out flat until then); 0 elsewhere (``batched-cell`` shares every layer)."""
     slots = [config.ring_slots(s.window) for s in config.layers if s.sliding]
     return min(slots) if cache_kind == "batched-sequence" and slots else 0
 

@@ -111,10 +111,14 @@ class EntryBook:
     def _sync_ring_limit(self) -> None:
         limit = clone_shared_ring_positions(self._backend)
         if limit != self._ring_limit:  # the engine said another limit (a restart): regroup the entries
-            self._ring_limit, self._short_keys = limit, 0
-            self._short.clear()
+            self._ring_limit = limit
+            self._clear_short()
             for entry in self._budget.entries:
                 self._note_short(entry)
+
+    def _clear_short(self) -> None:
+        self._short.clear()
+        self._short_keys = 0
 
     def _note_short(self, entry: Entry) -> None:
         if entry.key_length <= self._ring_limit:

@@ -252,8 +252,7 @@ class PrefixCache(EntryBook):
                 return len(chosen)
             entries = self._budget.clear()
             self._index.clear()
-            self._short.clear()
-            self._short_keys = 0
+            self._clear_short()
             for entry in entries:
                 self._release(entry.snapshot)
                 self._emit(EventKind.CLEARED, entry)

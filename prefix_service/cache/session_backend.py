@@ -68,9 +68,7 @@ def clone_shared_share(backend: SessionBackend) -> float:
 
 
 def clone_shared_ring_positions(backend: SessionBackend) -> int:
-    """``backend.clone_shared_ring_positions`` where it says it: an entry of at most that many positions
-    shares every layer's bytes with the entries it was cloned from or for (0, unsaid: only
-    :func:`clone_shared_share` of them)."""
+    """``backend.clone_shared_ring_positions``: entries no longer share every layer (0: unsaid)."""
     value = getattr(backend, "clone_shared_ring_positions", 0)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
