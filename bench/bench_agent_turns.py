@@ -26,13 +26,12 @@ import sys
 import time
 from typing import NamedTuple
 
-import httpx
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 from bench_workloads import ALIASES, LLAMA_CTX, LLAMA_SERVER, ratio  # noqa: E402
+from workload_client import http_client  # noqa: E402
 from workload_servers import Forkline  # noqa: E402
 from workload_shapes import Words  # noqa: E402
 
@@ -93,7 +92,7 @@ def turn_messages(k: int, turn: Turn) -> list[dict]:
 def sse(base: str, route: str, body: dict) -> tuple[float | None, list[dict]]:
     """POST ``body`` streamed; the first text delta's time and every event."""
     t0, first, events = time.perf_counter(), None, []
-    with httpx.stream("POST", base + route, json=body, timeout=900) as r:
+    with http_client().stream("POST", base + route, json=body) as r:
         if r.status_code != 200:
             raise RuntimeError(f"{route}: {r.status_code} {r.read()[:300]!r}")
         for line in r.iter_lines():

@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 from bench_workloads import ALIASES  # noqa: E402
+from workload_client import http_client  # noqa: E402
 from workload_servers import Process  # noqa: E402
 
 import engine_service  # noqa: E402,F401  (loads OpenBLAS before mlx)
@@ -139,7 +140,7 @@ def http_run(fleet: Fleet, mode: str, kill_at: int | None, salt: str = "") -> di
     gaps: list[float] = []
     arrivals: list[float] = []
     killed, last, sent = False, 0.0, time.perf_counter()
-    with httpx.stream("POST", fleet.http + "/completions", json=body, timeout=600) as response:
+    with http_client().stream("POST", fleet.http + "/completions", json=body) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":

@@ -147,7 +147,7 @@ BASE_MODELS = ("gemma-3-270m",)
 def stream_chat(base: str, model: str, question: str, max_tokens: int, chat: bool = True) -> dict:
     """One streamed greedy request: time to the first content chunk, decode tokens/s after it. chat:
     /v1/chat/completions (system prompt + question); else /v1/completions over the same text."""
-    import httpx
+    from workload_client import http_client
 
     body = {"model": model, "stream": True, "temperature": 0, "max_tokens": max_tokens}
     if chat:
@@ -157,7 +157,7 @@ def stream_chat(base: str, model: str, question: str, max_tokens: int, chat: boo
     route = "/v1/chat/completions" if chat else "/v1/completions"
     t0 = time.perf_counter()
     first, chunks, last = None, 0, t0
-    with httpx.stream("POST", base + route, json=body, timeout=600) as r:
+    with http_client().stream("POST", base + route, json=body) as r:
         if r.status_code >= 400:
             raise RuntimeError(f"{base} answered {r.status_code}: {r.read().decode(errors='replace')[:300]}")
         for line in r.iter_lines():

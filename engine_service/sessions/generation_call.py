@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -110,11 +111,11 @@ class GenerationCall:
             generation.cancel()
         yield Started(self._handle, start, size)
         text = StreamDecoder(self._tokenizer, skip_special_tokens=True)
-        held: PendingSnapshot | None = None  # a snapshot taken while coalescing, handled next
-        item: PendingSnapshot | _Update
-        while True:
-            if held is not None:
-                item, held = held, None
+        ahead: deque[PendingSnapshot | _Update] = deque()  # taken from the queue, not yet handled
+        finished = False
+        while not (finished and not ahead):
+            if ahead:
+                item = ahead.popleft()
             else:
                 try:
                     item = self._queue.get(timeout=_POLL_S)
@@ -123,29 +124,28 @@ class GenerationCall:
                         return
                     continue
             if isinstance(item, PendingSnapshot):
+                if not (ahead or finished or item.future.done()) and (behind := self._poll()) is not None:
+                    # an update queued behind a clone still running goes first (a snapshot carries its
+                    # position): the first token does not wait for the prompt snapshot's copy
+                    ahead.extend((item, behind) if isinstance(behind, PendingSnapshot) else (behind, item))
+                    continue
                 handle, digest = self._register(item)
                 yield _snapshot_event(item, handle, digest)
                 self._unstreamed = None  # resumed: gRPC sent the event, the handle is the caller's
                 continue
-            # Coalesce the updates already queued (a slow client gets fewer, larger messages); stop at
-            # a snapshot so events keep the engine's order.
+            # Coalesce the updates already queued (a slow client gets fewer, larger messages) up to a
+            # snapshot.
             tokens, finished = list(item.update.tokens), item.update.finished
             logprobs = list(item.update.logprobs)
-            while not finished:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
+            while not finished and (nxt := ahead.popleft() if ahead else self._poll()) is not None:
                 if isinstance(nxt, PendingSnapshot):
-                    held = nxt
+                    ahead.appendleft(nxt)
                     break
                 tokens += nxt.update.tokens
                 logprobs += nxt.update.logprobs
                 finished = nxt.update.finished
             if tokens:
                 yield Tokens(tuple(tokens), text.push_many(tokens), self._spelled(logprobs))
-            if finished:
-                break
         result = generation.wait()
         if result.finish_reason == FinishReason.ERROR:
             error = generation.error
@@ -169,6 +169,12 @@ class GenerationCall:
         if reason != FinishReason.CANCELLED:
             self._finished_cleanly = True
         yield _done_event(result, reason, start, self._session.position)
+
+    def _poll(self) -> PendingSnapshot | _Update | None:
+        try:
+            return self._queue.get_nowait()
+        except queue.Empty:
+            return None
 
     def _spelled(self, logprobs: list[TokenLogprob]) -> tuple[TokenLogprob, ...]:
         if not logprobs:
