@@ -473,12 +473,14 @@ class InfoResponse(_message.Message):
     def __init__(self, model: _Optional[str] = ..., fingerprint: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., cache_kind: _Optional[str] = ..., instance_id: _Optional[str] = ..., resident_sessions: _Optional[int] = ..., open_handles: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., caller: _Optional[_Union[OwnerUsage, _Mapping]] = ..., active_generations: _Optional[int] = ..., queued_commands: _Optional[int] = ..., compute_path: _Optional[str] = ..., slow_path: _Optional[bool] = ..., window: _Optional[_Union[WindowGeometry, _Mapping]] = ..., chat_template: _Optional[bool] = ..., architecture: _Optional[str] = ..., draining: _Optional[bool] = ..., heartbeat_age_s: _Optional[float] = ..., heartbeat_longest_s: _Optional[float] = ..., pinned_exports: _Optional[bool] = ..., role: _Optional[str] = ..., speculative: _Optional[str] = ..., num_drafts: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
-    __slots__ = ("text", "message_ends")
+    __slots__ = ("text", "message_ends", "cache_scope")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_ENDS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SCOPE_FIELD_NUMBER: _ClassVar[int]
     text: TextInput
     message_ends: int
-    def __init__(self, text: _Optional[_Union[TextInput, _Mapping]] = ..., message_ends: _Optional[int] = ...) -> None: ...
+    cache_scope: str
+    def __init__(self, text: _Optional[_Union[TextInput, _Mapping]] = ..., message_ends: _Optional[int] = ..., cache_scope: _Optional[str] = ...) -> None: ...
 
 class TokenizeResponse(_message.Message):
     __slots__ = ("ids", "message_ends")

@@ -15,6 +15,7 @@ class CallContext:
     owner: str
     credential: str = ""
     deadline: float | None = None
+    cache_scope: str | None = None  # the prefix scope its texts are tokenized in (``Tokenize``)
 
     def remaining(self) -> float | None:
         """Seconds left before the deadline (never below 0), or None without one."""

@@ -11,7 +11,7 @@ import grpc
 
 from engine_service.rpc import convert
 from engine_service.serving import engine_wire
-from engine_service.serving.auth import owner_of
+from engine_service.serving.auth import owner_of, piece_scope
 from engine_service.serving.errors import status_on_error
 from engine_service.sessions.engine import EngineSessions
 from protos import engine_pb2 as pb
@@ -100,7 +100,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     def Tokenize(self, request: pb.TokenizeRequest, context: grpc.ServicerContext) -> pb.TokenizeResponse:
         with status_on_error(context):
             prompt = engine_wire.text_prompt(request.text)
-            return engine_wire.tokenize_response(self.sessions.tokenize(prompt, request.message_ends))
+            scope = piece_scope(context, request.cache_scope if request.HasField("cache_scope") else None)
+            tokenized = self.sessions.tokenize(prompt, request.message_ends, scope)
+            return engine_wire.tokenize_response(tokenized)
 
     def Detokenize(
         self, request: pb.DetokenizeRequest, context: grpc.ServicerContext

@@ -8,6 +8,7 @@ With a token table every call but health and reflection needs ``authorization: B
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -58,6 +59,16 @@ def owner_of(context: grpc.ServicerContext) -> str:
         if key == OWNER_METADATA_KEY:
             return check_owner(value.decode() if isinstance(value, bytes) else str(value), OWNER_METADATA_KEY)
     return DEFAULT_OWNER
+
+
+def piece_scope(context: grpc.ServicerContext, cache_scope: str | None) -> str:
+    """Whose cache of text pieces a Tokenize reads: the caller's owner, or with ``cache_scope`` that
+    scope under the authenticated owner (auth off: owners are self-declared, the scope is taken as
+    given -- the prefix service's unauthenticated callers, an owner each, share their scope's pieces)."""
+    if cache_scope is None:
+        return owner_of(context)
+    owner = context.caller.owner if isinstance(context, AuthenticatedContext) else ""
+    return json.dumps([owner, cache_scope])
 
 
 def call_context(context: grpc.ServicerContext) -> CallContext:

@@ -253,11 +253,13 @@ class EngineSessions:
             accepted_draft_tokens=self.runner.draft_counts[1],
         )
 
-    def tokenize(self, prompt: TextPrompt, message_ends: int = 0) -> Tokenized:
-        """``prompt``'s ids and, for a chat prompt, where its latest ``message_ends`` messages end."""
+    def tokenize(self, prompt: TextPrompt, message_ends: int = 0, owner: str = "") -> Tokenized:
+        """``prompt``'s ids and, for a chat prompt, where its latest ``message_ends`` messages end
+        (through ``owner``'s cache of text pieces)."""
         most = checked_int("message_ends", message_ends, lo=0, hi=MAX_MESSAGE_ENDS)  # renders cost O(ends)
-        ids = text_tokens(prompt, self.tokenizer, self.chat)
-        ends = prompts.message_ends(prompt, ids, self.tokenizer, self.chat, most) if prompt.chat else ()
+        encoder = self.tokenizer.scoped(owner)
+        ids = text_tokens(prompt, encoder, self.chat)
+        ends = prompts.message_ends(prompt, ids, encoder, self.chat, most) if prompt.chat else ()
         return Tokenized(tuple(ids), ends)
 
     def detokenize(self, ids: Sequence[int]) -> str:

@@ -55,7 +55,7 @@ class GenerationRequest:
 def start_generation(engine: GenerationHost, owner: str, request: GenerationRequest) -> GenerationCall:
     """The call for ``request``; every refusal comes before anything is allocated or reserved."""
     limits, registry = engine.limits, engine.registry
-    value = fed_input(request.input, engine.tokenizer, engine.chat, limits.vocab_size)
+    value = fed_input(request.input, engine.tokenizer.scoped(owner), engine.chat, limits.vocab_size)
     # a json_schema compiled for this tokenizer now: an unsupported schema fails before anything runs
     config, size = with_grammar(request.config, engine.tokenizer), input_size(value)
     config = replace(config, draft_scope=owner)  # a suffix drafter drafts only from this owner's texts

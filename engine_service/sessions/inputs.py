@@ -8,18 +8,17 @@ from typing import TYPE_CHECKING
 
 from engine_service.api.limits import EngineLimits, check_breakpoints, check_nonempty, check_tokens
 from engine_service.api.limits import check_fits as limits_check_fits
-from engine_service.api.prompts import TextPrompt, text_tokens
+from engine_service.api.prompts import Encoder, TextPrompt, text_tokens
 from engine_service.executors.prepared_input import PreparedInput
 
 if TYPE_CHECKING:
     from engine_service.model.text.chat import ChatFormatter
-    from engine_service.model.text.tokenizer import Tokenizer
 
 Input = Sequence[int] | TextPrompt | PreparedInput  # what a caller sends
 Fed = list[int] | PreparedInput  # what the runner is given
 
 
-def fed_input(value: Input, tokenizer: Tokenizer, chat: ChatFormatter | None, vocab_size: int) -> Fed:
+def fed_input(value: Input, tokenizer: Encoder, chat: ChatFormatter | None, vocab_size: int) -> Fed:
     """What the runner is fed for ``value``: InvalidArgument when it is empty or a token is unknown."""
     if isinstance(value, PreparedInput):
         return value

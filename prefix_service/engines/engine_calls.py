@@ -97,7 +97,7 @@ class EngineCalls:
 
     def tokenize(self, text: TextPrompt, call: CallContext, message_ends: int = 0) -> Tokenized:
         conn = self.connection
-        request = engine_wire.tokenize_request(text, message_ends)
+        request = engine_wire.tokenize_request(text, message_ends, call.cache_scope)
         return engine_wire.tokenized(conn.call(conn.stub.Tokenize, request, call, as_caller=True))
 
     def detokenize(self, ids: Sequence[int], call: CallContext) -> str:

@@ -8,6 +8,7 @@ import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import PurePath
 from typing import Protocol, TypeVar
 
@@ -143,6 +144,7 @@ class _Door:
     ) -> Response:
         tenant = Tenant(call.owner, bool(call.credential))
         scope = self.tenancy.scope(tenant, self.namespace, body.cache_salt or "")
+        call = replace(call, cache_scope=scope)  # its texts' pieces are tokenized once per scope
         request_ = convert.gateway_request(body, prompt, scope)
         generation = Choices(self.fleet, request_, body.n, convert.stop_strings(body), call)
         try:

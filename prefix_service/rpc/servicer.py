@@ -77,6 +77,7 @@ class PrefixServicer(prefix_pb2_grpc.PrefixCacheServicer):
         with status_on_error(context):
             call = rpc_call(context)  # the engine stream starts within the caller's deadline
             scope = self.tenancy.scope(tenant_of(call), request.namespace, request.cache_salt)
+            call = replace(call, cache_scope=scope)
             gateway_request = replace(
                 convert.gateway_request(request, scope), caller_active=context.is_active
             )

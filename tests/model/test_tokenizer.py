@@ -300,3 +300,23 @@ def test_gemma_special_tokens_bos_and_speed(gemma):
     streamed = "".join(dec.push(i) for i in ids) + dec.flush()
     elapsed = time.process_time() - start
     assert streamed == text and elapsed < 0.3, f"{len(ids)} tokens streamed in {elapsed * 1e3:.0f} ms"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stride", [1, 64])
+def test_gemma_chunked_encoding_equals_whole_text(gemma, monkeypatch, stride):
+    """Texts cut into pieces where no Gemma token can span (``chunked_encoding.py``): the ids joined equal
+    the whole text's, with Gemma's space-run added tokens, ``>▁</`` and control tokens in the texts."""
+    from engine_service.model.text import chunked_encoding
+
+    _, meta, tok, _ = gemma
+    monkeypatch.setattr(chunked_encoding, "STRIDE", stride)
+    normal = [t.replace(SPACE, " ") for t, ty in zip(meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"], strict=True) if ty == 1]  # fmt: skip
+    rng = random.Random(stride)
+    odd = ["> </", " ", "  ", "   ", "\n", "\t", "<start_of_turn>", "<end_of_turn>", "> <", "é", "日本"]
+    texts = [
+        "".join(rng.choice(odd if rng.random() < 0.3 else normal) for _ in range(200)) for _ in range(150)
+    ]
+    scoped = tok.scoped("owner")
+    assert [t for t in texts if scoped.encode(t, True) != tok.encode(t, True)] == []
+    assert sum(len(chunked_encoding.cuts(t, tok._cut, stride)) for t in texts) > 150  # texts were cut

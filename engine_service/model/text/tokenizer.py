@@ -15,6 +15,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from engine_service.api.errors import ModelLoadError
 from engine_service.api.limits import check_tokens
+from engine_service.model.text.chunked_encoding import ChunkedEncoder, PieceCache, piece_cut
 from engine_service.model.text.spm_tokenizer import build_spm_backend, spm_vocab
 
 # GGUF token_type values (llama.cpp's llama_token_type)
@@ -52,8 +53,12 @@ class Tokenizer:
         eos_token_ids: Sequence[int],
         add_bos: bool = False,
         hidden_ids: Iterable[int] = (),
+        piece_cut: re.Pattern[str] | None = None,
+        space_prefix: bool = False,
     ) -> None:
         self._tok = backend
+        self._cut, self._space_prefix = piece_cut, space_prefix  # a piece after a cut starts with " "
+        self._pieces = PieceCache() if piece_cut is not None else None
         self.bos_token_id = bos_token_id
         self.eos_token_ids = tuple(eos_token_ids)
         self.add_bos = add_bos and bos_token_id is not None
@@ -78,7 +83,21 @@ class Tokenizer:
         return self._special
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+        return self._with_bos(self._tok.encode(text, add_special_tokens=False).ids, add_special_tokens)
+
+    def scoped(self, owner: str) -> Tokenizer | ChunkedEncoder:
+        """An ``encode`` as this one through ``owner``'s cache of text pieces (``chunked_encoding.py``),
+        or this tokenizer where its texts are not cut."""
+        if self._pieces is None or self._cut is None:
+            return self
+        return ChunkedEncoder(self._piece_ids, self._cut, self._pieces, owner, self._with_bos)
+
+    def _piece_ids(self, piece: str, first: bool) -> list[int]:
+        if not first and self._space_prefix:  # the normalizer puts back the space as the prefix
+            piece = piece[1:]
+        return self._tok.encode(piece, add_special_tokens=False).ids
+
+    def _with_bos(self, ids: list[int], add_special_tokens: bool) -> list[int]:
         bos = self.bos_token_id
         if add_special_tokens and self.add_bos and bos is not None and (not ids or ids[0] != bos):
             ids = [bos, *ids]
@@ -141,12 +160,16 @@ def tokenizer_from_gguf(path: str, meta: dict[str, Any]) -> Tokenizer:
     if user:
         backend.add_tokens(user)
     eos = [meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in meta]
+    space_prefix = kind == "llama" and bool(meta.get("tokenizer.ggml.add_space_prefix", True))
     return Tokenizer(
         backend,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(dict.fromkeys(int(e) for e in eos)),
         add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", kind == "llama")),
         hidden_ids=[i for i, t in enumerate(types) if t == _UNUSED],
+        # SentencePiece BPE has no pre-tokenizer: long texts are cut where no merge can cross
+        piece_cut=piece_cut(tokens, [t.content for t in special + user]) if kind == "llama" else None,
+        space_prefix=space_prefix,
     )
 
 

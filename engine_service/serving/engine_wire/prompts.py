@@ -33,8 +33,13 @@ def prompt_fields(prompt: Prompt) -> dict[str, pb.TokenIds | pb.TextInput]:
     return {"tokens": pb.TokenIds(ids=list(prompt))}
 
 
-def tokenize_request(text: TextPrompt, message_ends: int = 0) -> pb.TokenizeRequest:
-    return pb.TokenizeRequest(text=text_input(text), message_ends=message_ends)
+def tokenize_request(
+    text: TextPrompt, message_ends: int = 0, cache_scope: str | None = None
+) -> pb.TokenizeRequest:
+    request = pb.TokenizeRequest(text=text_input(text), message_ends=message_ends)
+    if cache_scope is not None:
+        request.cache_scope = cache_scope
+    return request
 
 
 def tokenize_response(tokenized: Tokenized) -> pb.TokenizeResponse:
