@@ -27,7 +27,8 @@ def http_client() -> httpx.Client:
     global _CLIENT
     with _CLIENT_LOCK:
         if _CLIENT is None:
-            limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+            # a new connection per request (no keep-alive: llama-server drops idle ones under a client)
+            limits = httpx.Limits(max_connections=64, max_keepalive_connections=0)
             _CLIENT = httpx.Client(timeout=900, limits=limits)
         return _CLIENT
 

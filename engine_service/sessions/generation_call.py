@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -35,6 +34,7 @@ _POLL_S = 0.25  # how often a waiting stream re-checks that its caller is still 
 @dataclass(frozen=True)
 class _Update:
     update: GenerationUpdate
+    snapshots: tuple[PendingSnapshot, ...] = ()  # due at this update: streamed after its tokens
 
 
 class GenerationCall:
@@ -68,7 +68,8 @@ class GenerationCall:
         self._capture = capture
         self._reservation = reservation
         self._out_of_room = False  # stopped because the owner's quota had no room for the next step
-        self._queue: queue.SimpleQueue[PendingSnapshot | _Update] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Update] = queue.SimpleQueue()
+        self._taken: list[PendingSnapshot] = []  # taken from the queue, not streamed yet
         self._lock = threading.Lock()
         self._closed = False
         self._generation: GenerationHandle | None = None
@@ -80,10 +81,10 @@ class GenerationCall:
     def _on_update(self, update: GenerationUpdate) -> None:
         """Engine thread: queue the snapshots due, grow the reservation or stop, queue the update."""
         stop: GenerationHandle | None = None
+        due: tuple[PendingSnapshot, ...] = ()
         with self._lock:  # finish() closes under this lock, then drains: nothing queued is missed
             if not self._closed and update.finish_reason != FinishReason.ERROR:
-                for snapshot in self._capture.due(update):
-                    self._queue.put(snapshot)
+                due = tuple(self._capture.due(update))
                 if update.finished:  # sent after the last tokens, before Done
                     self._final = self._capture.final(update)
             if (
@@ -94,7 +95,7 @@ class GenerationCall:
             ):
                 self._out_of_room = True
                 stop = self._generation  # None until events() has it: it cancels then
-        self._queue.put(_Update(update))
+            self._queue.put(_Update(update, due))
         if stop is not None:
             stop.cancel()  # handled before the next forward: the session grows no further
 
@@ -111,41 +112,30 @@ class GenerationCall:
             generation.cancel()
         yield Started(self._handle, start, size)
         text = StreamDecoder(self._tokenizer, skip_special_tokens=True)
-        ahead: deque[PendingSnapshot | _Update] = deque()  # taken from the queue, not yet handled
         finished = False
-        while not (finished and not ahead):
-            if ahead:
-                item = ahead.popleft()
-            else:
-                try:
-                    item = self._queue.get(timeout=_POLL_S)
-                except queue.Empty:
-                    if not is_active():
-                        return
-                    continue
-            if isinstance(item, PendingSnapshot):
-                if not (ahead or finished or item.future.done()) and (behind := self._poll()) is not None:
-                    # an update queued behind a clone still running goes first (a snapshot carries its
-                    # position): the first token does not wait for the prompt snapshot's copy
-                    ahead.extend((item, behind) if isinstance(behind, PendingSnapshot) else (behind, item))
-                    continue
-                handle, digest = self._register(item)
-                yield _snapshot_event(item, handle, digest)
-                self._unstreamed = None  # resumed: gRPC sent the event, the handle is the caller's
+        while not finished:
+            try:
+                item = self._queue.get(timeout=_POLL_S)
+            except queue.Empty:
+                if not is_active():
+                    return
                 continue
-            # Coalesce the updates already queued (a slow client gets fewer, larger messages) up to a
-            # snapshot.
-            tokens, finished = list(item.update.tokens), item.update.finished
+            # Coalesce the updates already queued (a slow client gets fewer, larger messages) up to one
+            # with snapshots due: its tokens go first, then the snapshots (each carries its position),
+            # so a first token never waits for the prompt snapshot's clone.
+            tokens, finished, due = list(item.update.tokens), item.update.finished, item.snapshots
             logprobs = list(item.update.logprobs)
-            while not finished and (nxt := ahead.popleft() if ahead else self._poll()) is not None:
-                if isinstance(nxt, PendingSnapshot):
-                    ahead.appendleft(nxt)
-                    break
+            while not (finished or due) and (nxt := self._poll()) is not None:
                 tokens += nxt.update.tokens
                 logprobs += nxt.update.logprobs
-                finished = nxt.update.finished
+                finished, due = nxt.update.finished, nxt.snapshots
+            self._take(due)
             if tokens:
                 yield Tokens(tuple(tokens), text.push_many(tokens), self._spelled(logprobs))
+            while (snapshot := self._next_taken()) is not None:
+                handle, digest = self._register(snapshot)
+                yield _snapshot_event(snapshot, handle, digest)
+                self._unstreamed = None  # resumed: gRPC sent the event, the handle is the caller's
         result = generation.wait()
         if result.finish_reason == FinishReason.ERROR:
             error = generation.error
@@ -170,11 +160,27 @@ class GenerationCall:
             self._finished_cleanly = True
         yield _done_event(result, reason, start, self._session.position)
 
-    def _poll(self) -> PendingSnapshot | _Update | None:
+    def _poll(self) -> _Update | None:
         try:
             return self._queue.get_nowait()
         except queue.Empty:
             return None
+
+    def _take(self, due: tuple[PendingSnapshot, ...]) -> None:
+        with self._lock:
+            self._taken.extend(due)
+            closed = self._closed
+        if closed:  # finish() ran meanwhile: release them as it would have
+            _release(self._take_all(), self._registry)
+
+    def _take_all(self) -> list[PendingSnapshot]:
+        with self._lock:
+            taken, self._taken = self._taken, []
+        return taken
+
+    def _next_taken(self) -> PendingSnapshot | None:
+        with self._lock:
+            return self._taken.pop(0) if self._taken else None
 
     def _spelled(self, logprobs: list[TokenLogprob]) -> tuple[TokenLogprob, ...]:
         if not logprobs:
@@ -217,19 +223,10 @@ class GenerationCall:
             self._closed = True
             final, self._final = self._final, None  # taken at the end, the stream gone before it was sent
         self.abort()
-        while True:  # clones queued but never streamed
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(item, PendingSnapshot):
-                close_child_when_done(item.future)
-                if item.reservation is not None:
-                    self._registry.discard(item.reservation)
-        if final is not None:
-            close_child_when_done(final.future)
-            if final.reservation is not None:
-                self._registry.discard(final.reservation)
+        pending = self._take_all()  # clones taken or queued but never streamed
+        while (item := self._poll()) is not None:
+            pending.extend(item.snapshots)
+        _release([*pending, *([final] if final is not None else [])], self._registry)
         self._capture.release()  # snapshots the generation never reached
         unstreamed, self._unstreamed = self._unstreamed, None
         if unstreamed is not None and (child := self._registry.discard(unstreamed)) is not None:
@@ -240,6 +237,13 @@ class GenerationCall:
             self._session.close()
         elif not release:
             self._registry.weigh(self._handle, self._session.position)  # held: it weighs what it holds
+
+
+def _release(snapshots: list[PendingSnapshot], registry: HandleRegistry[Session]) -> None:
+    for item in snapshots:
+        close_child_when_done(item.future)
+        if item.reservation is not None:
+            registry.discard(item.reservation)
 
 
 def _snapshot_event(item: PendingSnapshot, handle: str | None, digest: bytes | None) -> Snapshot:

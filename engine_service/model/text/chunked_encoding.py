@@ -1,12 +1,5 @@
-"""Exact tokenization of long texts by pieces, each piece's ids kept per owner: a repeated prefix (a
-system prompt, a document, the conversation so far) is tokenized once. Spec: docs/MODELS.md (Chunked
-encoding).
-
-A SentencePiece BPE text is cut only before a space whose neighbours no token (and no added token)
-spans: ``piece_cut`` derives those characters from the vocabulary, so the ids of the whole text are the
-ids of its pieces joined (no merge can cross a cut). Cuts fall at the first such space at least
-``STRIDE`` characters after the previous cut -- a function of the text before it, so two texts with a
-common prefix share every piece that ends inside it."""
+"""Exact tokenization of long SentencePiece texts by pieces cut where no token can span, each piece's
+ids kept per cache scope: a repeated prefix is tokenized once. Spec: docs/MODELS.md (Chunked encoding)."""
 
 from __future__ import annotations
 

@@ -144,3 +144,41 @@ def test_a_generation_that_fails_midway_takes_no_final_snapshot(sessions, monkey
             call.finish()
     assert len(generated(events)) >= 5 and not snapshots(events)
     assert sessions.registry.usage("alice").sessions == 0 and resident(sessions) == 0
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 3])
+def test_the_first_tokens_never_wait_for_the_prompt_snapshots_clone(
+    sessions, monkeypatch, max_new_tokens
+) -> None:
+    """The prompt snapshot's clone runs on the engine thread after the step that produced the first
+    token; the stream yields those tokens first, then the snapshot (exact, at the prompt's end)."""
+    import threading
+    import time
+
+    from tests.unit.runtime.fake_executor import FakeExecutor
+
+    real_clone, gate = FakeExecutor.clone, threading.Event()
+
+    def slow_clone(self, sid, upto):
+        gate.wait(5)  # released once the first token has been streamed
+        return real_clone(self, sid, upto)
+
+    monkeypatch.setattr(FakeExecutor, "clone", slow_clone)
+    config = GenConfig(max_new_tokens=max_new_tokens)
+    call = sessions.generate("alice", GenerationRequest(PROMPT, config, prompt_snapshot=True))
+    events, started_at = [], time.monotonic()
+    try:
+        for event in call.events(lambda: True):
+            events.append(event)
+            if isinstance(event, Tokens):
+                gate.set()
+    finally:
+        gate.set()
+        call.finish()
+    assert time.monotonic() - started_at < 4  # the first Tokens came before the gate was opened
+    first_tokens = next(i for i, e in enumerate(events) if isinstance(e, Tokens))
+    snap = snapshots(events)[0]
+    assert first_tokens < events.index(snap) and isinstance(events[-1], Done)
+    assert generated(events) == reference(PROMPT, 0, max_new_tokens, VOCAB)
+    assert snap.position == len(PROMPT) and snap.content_digest == content_digest(PROMPT)
+    assert_exact(sessions, "alice", snap, PROMPT)
