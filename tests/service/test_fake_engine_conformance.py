@@ -229,6 +229,8 @@ def observe(world: World) -> dict[str, Any]:
     seen["describe, closed"] = answer(lambda: b.describe(gone, ALICE))
     seen["take_clone, closed"] = taken(answer(lambda: b.take_clone(gone, 1, ALICE)))
     config = GenConfig(max_new_tokens=2)
+    if isinstance(b, FakeEngine):
+        b.answer = (500, 501)  # the fake's scripted answer, as long as the engine's (max_new_tokens=2)
     fresh = EngineGenerate("", P, config, ignore_eos=True, prompt_snapshot=True, call=ALICE)
     seen["generate"] = events(b.generate(fresh))
     given = world.session(P)
@@ -236,8 +238,6 @@ def observe(world: World) -> dict[str, Any]:
         b.generate(EngineGenerate(given, (7,), config, ignore_eos=True, call=ALICE, close_session=True))
     )
     seen["session after close_session"] = answer(lambda: b.describe(given, ALICE))
-    if isinstance(b, FakeEngine):
-        b.answer = (500, 501)  # the fake's scripted answer, as long as the engine's (max_new_tokens=2)
     final = list(b.generate(EngineGenerate("", P, config, ignore_eos=True, call=ALICE, final_snapshot=True)))
     snaps = [(str(e.kind), e.position, e.handle is not None) for e in final if type(e).__name__ == "Snapshot"]
     seen["generate, final_snapshot"] = (events(final), snaps)
@@ -266,7 +266,7 @@ EXPECTED = {  # what both backends answer (the real engine's answers, which the 
     "close_as again": NotFound,
     "describe, closed": NotFound,
     "take_clone, closed": NotFound,
-    "generate": ["Started", "Snapshot", "Tokens", "Done"],
+    "generate": ["Started", "Tokens", "Snapshot", "Tokens", "Done"],
     "generate, close_session": ["Started", "Tokens", "Done"],
     # the last committed token: the prompt and the first of the two generated (the second is pending)
     "generate, final_snapshot": (

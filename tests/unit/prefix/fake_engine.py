@@ -251,11 +251,20 @@ class FakeEngine(FakeBackend):
                 fed = point - start
                 events.append(self._snapshot(session, point, SnapshotKind.BREAKPOINT))
         session.extend(request.tokens[fed:])
-        if request.prompt_snapshot:
-            events.append(self._snapshot(session, session.position, SnapshotKind.PROMPT))
+        # as the engine streams them: the first token, then the prompt snapshot due at its update
+        first = self.answer[:1] if request.prompt_snapshot else self.answer
+        prompt = (
+            self._snapshot(session, session.position, SnapshotKind.PROMPT)
+            if request.prompt_snapshot
+            else None
+        )
         prompt_end = session.position
         session.extend(self.committed if self.committed is not None else self.answer[:-1])
-        events.append(Tokens(self.answer, "x" * len(self.answer)))
+        events.append(Tokens(first, "x" * len(first)))
+        if prompt is not None:
+            events.append(prompt)
+            if self.answer[1:]:
+                events.append(Tokens(self.answer[1:], "x" * len(self.answer[1:])))
         if request.final_snapshot and session.position > prompt_end:  # as the engine's capture.final
             events.append(self._snapshot(session, session.position, SnapshotKind.GENERATED))
         events.append(done_event(len(request.tokens), start))
