@@ -6,6 +6,7 @@ docs/HTTP.md#anthropics-messages-api."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
@@ -55,9 +56,9 @@ class _MessagesApi:
         self.door._check_model(body.model)
         rendering = render(body, self.door.fleet.chat_template)
         stops = stop_sequences(body)
+        scope = self.door.tenancy.scope(Tenant(call.owner, bool(call.credential)), self.door.namespace, "")
+        call = replace(call, cache_scope=scope)  # its texts' pieces are tokenized once per scope
         breakpoints = await self._breakpoints(rendering, call)
-        tenant = Tenant(call.owner, bool(call.credential))
-        scope = self.door.tenancy.scope(tenant, self.door.namespace, "")
         generation = Generation(
             self.door.fleet, gateway_request(body, rendering, breakpoints, scope), stops, call
         )

@@ -6,6 +6,7 @@ Spec: docs/HTTP.md#v1responses."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
@@ -56,6 +57,7 @@ class _Responses:
         self.door._check_model(body.model)
         check_request(body)
         owner = self._owner(call, body.cache_salt or "")
+        call = replace(call, cache_scope=owner)  # its texts' pieces are tokenized once per scope
         previous = None
         if body.previous_response_id is not None:
             previous = self._stored(owner, body.previous_response_id, "previous_response_id")

@@ -35,3 +35,13 @@ def test_authenticated_owners_never_share_a_scope():
     assert piece_scope(alice, "ns") != piece_scope(mallory, "ns")
     assert piece_scope(mallory, "ns") == json.dumps(["mallory", "ns"])
     assert piece_scope(alice, "ns") != piece_scope(_Context(), "ns")  # nor with unauthenticated ones
+
+
+def test_the_wire_tells_an_unset_scope_from_the_empty_one():
+    """The default namespace is the scope "" (shared by unauthenticated callers), unlike no scope."""
+    from engine_service.api.prompts import TextPrompt
+    from engine_service.serving import engine_wire
+
+    unset = engine_wire.tokenize_request(TextPrompt("hi"), 0, None)
+    empty = engine_wire.tokenize_request(TextPrompt("hi"), 0, "")
+    assert not unset.HasField("cache_scope") and empty.HasField("cache_scope")
