@@ -5,8 +5,7 @@
 
 A record is one JSON file, ``docs/bench/NAME.json``: ``bench`` (the script under bench/), ``title``,
 ``date``, ``machine``, ``command``, optional ``source`` and ``notes``, and ``figures``: what the bench
-printed. The page holds NAME's table between ``<!-- bench:begin NAME -->`` and ``<!-- bench:end -->``.
-"""
+printed. The page holds NAME's table between ``<!-- bench:begin NAME -->`` and ``<!-- bench:end -->``."""
 
 from __future__ import annotations
 
@@ -157,6 +156,10 @@ def workloads(figures: dict) -> list[str]:
                          value(ratios.get("ttft_p50")), value(ratios.get("wall")),
                          value(mine.get("bytes_held_vs_ideal_radix"))])  # fmt: skip
         out += [f"**{model}** (`{r.get('route', '?')}`)", "", *table(head, rows), ""]
+        if sweep := r.get("sweep"):  # one row per setting of the swept prefix-service flag
+            names = list(next(iter(sweep["settings"].values()), {}))
+            rows = [[v, *(f"{s[n]['cached_share']} / {s[n]['ttft_p50_s']}" for n in names)] for v, s in sweep["settings"].items()]  # fmt: skip
+            out += [f"`--{sweep['flag']}` (cached share / TTFT p50 s):", "", *table([sweep["flag"], *names], rows), ""]  # fmt: skip
     return out
 
 

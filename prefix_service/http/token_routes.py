@@ -4,6 +4,7 @@ server's request is accepted and the answer carries both servers' keys. Spec: do
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -14,6 +15,7 @@ from starlette.routing import Route
 from engine_service.api.call_context import CallContext
 from engine_service.api.errors import InvalidArgument
 from engine_service.api.prompts import TextPrompt
+from prefix_service.gateway.tenancy import Tenant
 from prefix_service.http import convert
 from prefix_service.http.errors import BadField, answering_errors
 from prefix_service.http.protocol import ChatMessage, TokenId
@@ -60,6 +62,8 @@ class _TokenRoutes:
         body = TokenizeRequest.model_validate_json(await request.body())
         if body.model is not None:
             self.door._check_model(body.model)
+        tenant = Tenant(call.owner, bool(call.credential))
+        call = replace(call, cache_scope=self.door.tenancy.scope(tenant, self.door.namespace, ""))
         prompt = _prompt(body)
         fleet = self.door.fleet
 
