@@ -146,6 +146,15 @@ class EngineCollector:
             ),
         ):
             yield CounterMetricFamily(name, doc, value=value)
+        text = CounterMetricFamily(
+            "forkline_engine_text_chars",
+            "Characters of text tokenized in long-text pieces, by whether a scope's cache held the piece",
+            labels=("result",),
+        )
+        reused, tokenized = d.tokenizer.piece_counts()
+        text.add_metric(["reused"], reused)
+        text.add_metric(["tokenized"], tokenized)
+        yield text
         clones = CounterMetricFamily(
             "forkline_engine_clones", "Clone requests the engine thread ran, by result", labels=("result",)
         )

@@ -106,3 +106,29 @@ def test_the_main_job_runs_on_gemma_with_plain_text() -> None:
     reuse = re.findall(r"round \d: reused (\d+)/(\d+) prompt tokens", run.stdout)
     n = int(reuse[0][1])
     assert [(int(a), int(b)) for a, b in reuse] == [(0, n), (n - 1, n)]
+
+
+def test_long_texts_reuse_their_pieces_within_a_scope_only(services):
+    """The gateway's Tokenize carries the request's cache scope: a second text sharing a long prefix
+    in the same namespace reuses the engine's pieces (``chunked_encoding.py``); under another cache
+    salt nothing is reused (the negative control), and the ids stay the plain tokenizer's."""
+    loaded, deps, client = services
+    rng = random.Random(11)
+    doc = " ".join(
+        rng.choice(("harbor", "lantern", "window", "garden", "river", "stone")) for _ in range(900)
+    )
+    config = GenConfig(max_new_tokens=1)
+
+    def ask(question: str, salt: str = "") -> tuple[int, int]:
+        out = client.generate(text=f"{doc} {question}", config=config, namespace="pieces", cache_salt=salt)
+        done = out.collect().done  # every position of the plain tokenizer's ids, computed or reused
+        assert done.prompt_positions + done.reused_positions == len(
+            loaded.tokenizer.encode(f"{doc} {question}", True)
+        )
+        return deps.tokenizer.piece_counts()
+
+    first = ask("Which river?")
+    second = ask("Which garden?")
+    assert second[0] - first[0] > len(doc) - 1100  # all but the last piece or two came from the cache
+    salted = ask("Which stone?", salt="another tenant")
+    assert salted[0] == second[0] and salted[1] - second[1] >= len(doc)  # nothing reused, all tokenized

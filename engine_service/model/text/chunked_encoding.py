@@ -51,14 +51,17 @@ class PieceCache:
         self._sizes: dict[str, int] = {}
         self._total = 0
         self._lock = threading.Lock()
+        self.reused_chars = self.tokenized_chars = 0  # text answered from the cache / tokenized
 
     def get(self, owner: str, key: tuple[bool, str]) -> array | None:
         with self._lock:
             pieces = self._owners.get(owner)
             if pieces is None or (ids := pieces.get(key)) is None:
+                self.tokenized_chars += len(key[1])
                 return None
             pieces.move_to_end(key)
             self._owners.move_to_end(owner)
+            self.reused_chars += len(key[1])
             return ids
 
     def put(self, owner: str, key: tuple[bool, str], ids: array) -> None:

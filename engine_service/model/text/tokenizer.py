@@ -92,6 +92,11 @@ class Tokenizer:
             return self
         return ChunkedEncoder(self._piece_ids, self._cut, self._pieces, owner, self._with_bos)
 
+    def piece_counts(self) -> tuple[int, int]:
+        """Characters of text answered from the piece caches and tokenized (0, 0: texts are not cut)."""
+        pieces = self._pieces
+        return (0, 0) if pieces is None else (pieces.reused_chars, pieces.tokenized_chars)
+
     def _piece_ids(self, piece: str, first: bool) -> list[int]:
         if not first and self._space_prefix:  # the normalizer puts back the space as the prefix
             piece = piece[1:]
