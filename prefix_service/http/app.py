@@ -142,9 +142,7 @@ class _Door:
         call: CallContext,
         shape: Shape,
     ) -> Response:
-        tenant = Tenant(call.owner, bool(call.credential))
-        scope = self.tenancy.scope(tenant, self.namespace, body.cache_salt or "")
-        call = replace(call, cache_scope=scope)  # its texts' pieces are tokenized once per scope
+        call, scope = self._scoped(call, body.cache_salt or "")
         request_ = convert.gateway_request(body, prompt, scope)
         generation = Choices(self.fleet, request_, body.n, convert.stop_strings(body), call)
         try:
@@ -176,6 +174,11 @@ class _Door:
         if owner is None:
             raise ApiError(401, "unknown bearer token", code="invalid_api_key")
         return CallContext(owner, value.strip())
+
+    def _scoped(self, call: CallContext, cache_salt: str = "") -> tuple[CallContext, str]:
+        """The caller's key scope, and the call with it (its texts' pieces are tokenized once per scope)."""
+        scope = self.tenancy.scope(Tenant(call.owner, bool(call.credential)), self.namespace, cache_salt)
+        return replace(call, cache_scope=scope), scope
 
     def _check_model(self, model: str) -> None:
         if model != self.model_name:

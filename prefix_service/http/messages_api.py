@@ -6,7 +6,6 @@ docs/HTTP.md#anthropics-messages-api."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
@@ -16,7 +15,6 @@ from starlette.routing import Route
 from engine_service.api.call_context import CallContext
 from engine_service.api.errors import InvalidArgument
 from engine_service.serving.tokens import check_token
-from prefix_service.gateway.tenancy import Tenant
 from prefix_service.http.disconnect import until_disconnected
 from prefix_service.http.errors import ApiError, answering_errors
 from prefix_service.http.generation import Generation
@@ -56,8 +54,7 @@ class _MessagesApi:
         self.door._check_model(body.model)
         rendering = render(body, self.door.fleet.chat_template)
         stops = stop_sequences(body)
-        scope = self.door.tenancy.scope(Tenant(call.owner, bool(call.credential)), self.door.namespace, "")
-        call = replace(call, cache_scope=scope)  # its texts' pieces are tokenized once per scope
+        call, scope = self.door._scoped(call)
         breakpoints = await self._breakpoints(rendering, call)
         generation = Generation(
             self.door.fleet, gateway_request(body, rendering, breakpoints, scope), stops, call

@@ -6,7 +6,6 @@ Spec: docs/HTTP.md#v1responses."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
@@ -15,7 +14,6 @@ from starlette.routing import Route
 
 from engine_service.api.call_context import CallContext
 from prefix_service.gateway.calls import GatewayRequest
-from prefix_service.gateway.tenancy import Tenant
 from prefix_service.http.disconnect import until_disconnected
 from prefix_service.http.errors import ApiError, BadField, answering_errors
 from prefix_service.http.generation import Generation
@@ -56,8 +54,7 @@ class _Responses:
         body = ResponseRequest.model_validate_json(await request.body())  # ValidationError: a 400
         self.door._check_model(body.model)
         check_request(body)
-        owner = self._owner(call, body.cache_salt or "")
-        call = replace(call, cache_scope=owner)  # its texts' pieces are tokenized once per scope
+        call, owner = self.door._scoped(call, body.cache_salt or "")
         previous = None
         if body.previous_response_id is not None:
             previous = self._stored(owner, body.previous_response_id, "previous_response_id")
@@ -137,8 +134,7 @@ class _Responses:
     # -- owners ----------------------------------------------------------------------------------
     def _owner(self, call: CallContext, cache_salt: str) -> str:
         """The caller's cache scope: the store's owner and the namespace its generations use."""
-        tenant = Tenant(call.owner, bool(call.credential))
-        return self.door.tenancy.scope(tenant, self.door.namespace, cache_salt)
+        return self.door._scoped(call, cache_salt)[1]
 
     def _owner_of(self, request: Request) -> str:
         """The owner of a GET / DELETE: the caller, with the ``cache_salt`` query parameter if any."""

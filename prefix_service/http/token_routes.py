@@ -4,7 +4,6 @@ server's request is accepted and the answer carries both servers' keys. Spec: do
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -15,7 +14,6 @@ from starlette.routing import Route
 from engine_service.api.call_context import CallContext
 from engine_service.api.errors import InvalidArgument
 from engine_service.api.prompts import TextPrompt
-from prefix_service.gateway.tenancy import Tenant
 from prefix_service.http import convert
 from prefix_service.http.errors import BadField, answering_errors
 from prefix_service.http.protocol import ChatMessage, TokenId
@@ -62,8 +60,7 @@ class _TokenRoutes:
         body = TokenizeRequest.model_validate_json(await request.body())
         if body.model is not None:
             self.door._check_model(body.model)
-        tenant = Tenant(call.owner, bool(call.credential))
-        call = replace(call, cache_scope=self.door.tenancy.scope(tenant, self.door.namespace, ""))
+        call = self.door._scoped(call)[0]
         prompt = _prompt(body)
         fleet = self.door.fleet
 
