@@ -18,8 +18,8 @@
 // In both, the scalar and AVX2 versions follow the same order and end with the same fixed pairwise sum
 // of the eight lanes: they agree bit for bit, and every output depends only on its own row of x and of
 // W: the same for any batch size, thread count or tile. The float kernels run register tiles of up to
-// 6 rows of x x 4 rows of W (each widened, scaled weight block serves the tile's rows, each x block its
-// weight rows; 4 x 1 on AVX2's 16 registers, up to 6 x 4 with AVX-512's 32, one or two rows x 1 or 4
+// 8 rows of x x 3 or 4 rows of W (each widened, scaled weight block serves the tile's rows, each x block its
+// weight rows; 4 x 1 on AVX2's 16 registers, up to 8 x 3 / 6 x 4 with AVX-512's 32, one or two rows x 1 or 4
 // rows of W when memory-bound): one accumulator per output, so a tile changes which loads are shared,
 // never an output's operations.
 #pragma once
@@ -64,7 +64,7 @@ void q8_0_rows_f32(Isa isa, const int8_t* wq, const float* wd, int blocks, int n
                    int M, float* out, int64_t ldo);
 void q4_1_rows_f32(Isa isa, const uint8_t* wq, const float* wd, const float* wm, int blocks, int n0, int n1,
                    const float* x, int M, float* out, int64_t ldo);
-// The float kernels' tile (activation rows 1..6 x weight rows 1..4; 0: built-in). Speed only.
+// The float kernels' tile (activation rows 1..8 x weight rows 1..4; 0: built-in). Speed only.
 void set_f32_tile(int rows, int cols, int chunk = 0);
 
 }  // namespace forkline
