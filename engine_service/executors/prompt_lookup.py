@@ -9,6 +9,7 @@ Spec: docs/ENGINE.md."""
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,13 +22,14 @@ from engine_service.executors.base import ExecInput, ExecOutput
 from engine_service.executors.history_grams import HistoryGrams
 from engine_service.executors.module import ModuleExecutor
 from engine_service.executors.plan import DraftState, InputError, Plan
+from engine_service.executors.step_costs import StepCosts
 from engine_service.executors.suffix_index import SuffixIndex
 
 RATE_WEIGHT = 0.3  # how much one step moves a session's acceptance rate
 PAYS = 0.2  # below this acceptance rate drafting does not pay for its verification rows, even alone
-# a forward's fixed cost (reading the weights) over one more row's (2-core CPU, SmolLM2: ~8 ms vs
-# ~2 ms): beside B decode rows a draft row pays only when accepted at least B / (COST_RATIO + B)
-COST_RATIO = 4.0
+# a forward's fixed cost (reading the weights) over one more row's is ``StepCosts.ratio``, fitted from
+# the executor's own steps: beside B decode rows a draft row pays only when accepted at least
+# B / (ratio + B)
 # what a step that verifies drafts loses, in rows: the decode lookahead (graph building overlapped with
 # the last step's compute, ~1.9 ms against ~2 ms a row: bench/profile_decode.py) waits for its tokens
 LOST_OVERLAP = 1.0
@@ -55,6 +57,7 @@ class PromptLookupExecutor(ModuleExecutor):
         ngram_min: int = 2,
         suffix: bool = False,
         max_draft_rows: int = MAX_DRAFT_ROWS,
+        step_costs: StepCosts | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -78,22 +81,36 @@ class PromptLookupExecutor(ModuleExecutor):
         self.declined = 0  # draft tokens found but taken back: the batch's drafts would not pay together
         # drafts across requests of the same owner scope (--speculative suffix), fed as sessions close
         self.suffix = SuffixIndex() if suffix else None
+        self.step_costs = step_costs or StepCosts()  # fixed / per-row cost of this host's forwards
+        self._verifying = 0  # draft rows this batch verifies
+        self._last_decode_end: float | None = None  # when the last all-decode batch returned
 
     def execute(self, batch: Sequence[ExecInput]) -> list[ExecOutput]:
         self._draft_room = self.max_draft_rows  # shared by this batch's sessions, in batch order
         self._decoding = sum(1 for inp in batch if inp.tokens is not None and len(inp.tokens) == 1)
-        return super().execute(batch)
+        self._verifying = 0
+        outputs = super().execute(batch)
+        self._time_step(all_decode=self._decoding == len(batch))
+        return outputs
+
+    def _time_step(self, all_decode: bool) -> None:
+        """Feed ``step_costs`` the interval since the last batch returned when both were decode-only
+        (back to back: the engine thread's whole step; a batch with prefill rows costs differently)."""
+        now = time.perf_counter()
+        if all_decode and self._last_decode_end is not None:
+            self.step_costs.observe(self._decoding + self._verifying, now - self._last_decode_end)
+        self._last_decode_end = now if all_decode else None
 
     @property
     def _pays(self) -> float:
         """The acceptance rate a session's drafts need beside this batch's decode rows."""
-        return self._decoding / (COST_RATIO + self._decoding) if self._decoding else 1.0
+        return self._decoding / (self.step_costs.ratio + self._decoding) if self._decoding else 1.0
 
     def _settle_drafts(self, plans: list[Plan]) -> None:
-        """Keep the batch's drafts only where they pay together: ``B`` decode rows cost ``COST_RATIO + B``
+        """Keep the batch's drafts only where they pay together: ``B`` decode rows cost ``ratio + B``
         rows' time and yield ``B`` tokens; verifying ``D`` drafts adds ``D`` rows and ``LOST_OVERLAP``
         and yields the accepted ones (expected: each session's rate x its drafts). Kept when
-        ``expected x (COST_RATIO + B) > B x (LOST_OVERLAP + D)``, else every draft is taken back and
+        ``expected x (ratio + B) > B x (LOST_OVERLAP + D)``, else every draft is taken back and
         the batch decodes plainly (with the lookahead); each session's rate then moves by whether its
         first draft equals the token drawn instead (``_finish``), so a rate never freezes below the bar."""
         drafting = [plan for plan in plans if plan.drafts]
@@ -102,6 +119,7 @@ class PromptLookupExecutor(ModuleExecutor):
         rows = sum(len(plan.drafts) for plan in drafting)
         expected = sum(plan.state.drafts.rate * len(plan.drafts) for plan in drafting)
         if self._pay_together(expected, rows):
+            self._verifying = rows
             return
         for plan in drafting:  # their rates learn from the first draft against the token drawn instead
             plan.state.drafts.unverified, plan.state.drafts.active = plan.drafts[0], False
@@ -142,7 +160,7 @@ class PromptLookupExecutor(ModuleExecutor):
     def _pay_together(self, expected: float, rows: int) -> bool:
         """Whether ``rows`` draft rows expected to yield ``expected`` tokens pay beside this batch's
         decode rows (``_settle_drafts``)."""
-        return expected * (COST_RATIO + self._decoding) > self._decoding * (LOST_OVERLAP + rows)
+        return expected * (self.step_costs.ratio + self._decoding) > self._decoding * (LOST_OVERLAP + rows)
 
     def _drafts_for(self, plan: Plan) -> tuple[int, ...]:
         """The drafts for a one-token decode plan (none while the session's drafting is paused), at most

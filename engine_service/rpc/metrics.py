@@ -170,3 +170,11 @@ class EngineCollector:
             drafts.add_metric([source, "accepted"], accepted)
             drafts.add_metric([source, "rejected"], drafted - accepted)
         yield drafts
+        ratio = d.runner.draft_cost_ratio
+        if ratio is not None:
+            yield GaugeMetricFamily(
+                "forkline_engine_draft_cost_ratio",
+                "A forward's fixed cost over one more row's, fitted from the engine's decode steps: "
+                "beside B decode rows a draft row pays above B / (ratio + B) acceptance",
+                value=ratio,
+            )

@@ -144,6 +144,12 @@ class Runner:
         return {name: (int(d), int(a)) for name, (d, a) in sources.items()}
 
     @property
+    def draft_cost_ratio(self) -> float | None:
+        """A forward's fixed cost over one more row's, as the speculative executor fits it (None: no drafts)."""
+        costs = getattr(self._engine._executor, "step_costs", None)
+        return None if costs is None else float(costs.ratio)
+
+    @property
     def pins_exports(self) -> bool:
         return self._engine.pins_exports
 
