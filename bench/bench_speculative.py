@@ -190,6 +190,7 @@ def measure(
                            "plain_tok_s": round(best["plain"], 1), "lookup_tok_s": round(best["lookup"], 1),
                            "ratio": round(best["lookup"] / best["plain"], 3), "identical": f"{same}/{width}",
                            "drafted": drafted, "accepted": accepted,
+                           "cost_ratio": round(spec_ex.step_costs.ratio, 2),
                            "tokens": sum(len(o) for o in outs["plain"])}  # fmt: skip
                     rows.append(row)
                     print(json.dumps({name: row}), file=sys.stderr, flush=True)
