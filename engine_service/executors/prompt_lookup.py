@@ -33,6 +33,10 @@ PAYS = 0.2  # below this acceptance rate drafting does not pay for its verificat
 # what a step that verifies drafts loses, in rows: the decode lookahead (graph building overlapped with
 # the last step's compute, ~1.9 ms against ~2 ms a row: bench/profile_decode.py) waits for its tokens
 LOST_OVERLAP = 1.0
+# the least gain (tokens per unit of cost) drafts must promise: what the model leaves out -- lookups,
+# rewinds, a rate that selects its own lucky streaks -- and timing noise eat smaller ones (8 SmolLM2
+# sessions at 47-62% acceptance ran at 0.88-0.96x without it)
+MIN_GAIN = 1.05
 PAYS_WELL = 0.6  # at or above it a session's next pause is short again
 PAUSE_STEPS = 32  # steps a session decodes plainly (with the lookahead) once drafting stopped paying
 MAX_DOUBLINGS = 4  # a pause grows to 32 x 16 = 512 steps while drafts keep failing
@@ -110,7 +114,7 @@ class PromptLookupExecutor(ModuleExecutor):
         """Keep the batch's drafts only where they pay together: ``B`` decode rows cost ``ratio + B``
         rows' time and yield ``B`` tokens; verifying ``D`` drafts adds ``D`` rows and ``LOST_OVERLAP``
         and yields the accepted ones (expected: each session's rate x its drafts). Kept when
-        ``expected x (ratio + B) > B x (LOST_OVERLAP + D)``, else every draft is taken back and
+        ``expected x (ratio + B) > MIN_GAIN x B x (LOST_OVERLAP + D)``, else every draft is taken back and
         the batch decodes plainly (with the lookahead); each session's rate then moves by whether its
         first draft equals the token drawn instead (``_finish``), so a rate never freezes below the bar."""
         drafting = [plan for plan in plans if plan.drafts]
@@ -160,7 +164,8 @@ class PromptLookupExecutor(ModuleExecutor):
     def _pay_together(self, expected: float, rows: int) -> bool:
         """Whether ``rows`` draft rows expected to yield ``expected`` tokens pay beside this batch's
         decode rows (``_settle_drafts``)."""
-        return expected * (self.step_costs.ratio + self._decoding) > self._decoding * (LOST_OVERLAP + rows)
+        cost = self._decoding * (LOST_OVERLAP + rows)
+        return expected * (self.step_costs.ratio + self._decoding) > MIN_GAIN * cost
 
     def _drafts_for(self, plan: Plan) -> tuple[int, ...]:
         """The drafts for a one-token decode plan (none while the session's drafting is paused), at most

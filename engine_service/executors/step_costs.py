@@ -21,7 +21,7 @@ DECAY = 0.99  # weight of an older step per newer one (~100 steps' memory)
 MIN_WEIGHT = 16.0  # steps (weighted) before a fit counts
 MIN_SPREAD = 0.5  # variance of the row counts seen (rows^2) before a fit counts
 OUTLIER = 4.0  # an interval above this many times the fitted one is a pause, not a step
-RATIO_RANGE = (0.5, 16.0)
+RATIO_RANGE = (1.0, 16.0)  # a 1-row step costs at least one row more (the weights' read)
 
 
 class StepCosts:

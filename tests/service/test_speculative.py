@@ -94,7 +94,7 @@ def test_the_engine_metrics_count_drafts_by_result(engine_factory) -> None:
     assert scrape.value(name, source="lookup", result="accepted") == info.accepted_draft_tokens > 0
     rejected = info.draft_tokens - info.accepted_draft_tokens
     assert scrape.value(name, source="lookup", result="rejected") == rejected
-    assert 0.5 <= scrape.value("forkline_engine_draft_cost_ratio") <= 16
+    assert 1 <= scrape.value("forkline_engine_draft_cost_ratio") <= 16
 
 
 def test_suffix_drafts_only_from_the_callers_own_earlier_requests(engine_factory) -> None:

@@ -325,8 +325,8 @@ def test_the_incremental_index_drafts_what_the_scan_drafts(tiny_model, seed) -> 
 @pytest.mark.parametrize(("rate", "kept"), [(0.45, False), (0.9, True)])
 def test_a_batchs_drafts_are_taken_back_when_together_they_do_not_pay(tiny_model, rate, kept) -> None:
     """Three decoding sessions each drafting ceil(4 x rate) at ``rate`` (each above its own bar,
-    3 / (4 + 3)): the batch verifies its D drafts only where rate x D x (4 + 3) > 3 x (1 + D) -- 0.45
-    (D = 6) does not, 0.9 (D = 12) does (the control). Either way the output equals plain greedy's."""
+    3 / (4 + 3)): the batch verifies its D drafts only where rate x D x (4 + 3) > 1.05 x 3 x (1 + D) --
+    0.45 (D = 6) does not, 0.9 (D = 12) does (the control). Either way the output equals plain greedy's."""
     model = tiny_model("FFFF", window=4, tie_embeddings=False)
     spec = make(AlwaysDrafts, model, "batched-sequence", num_drafts=4, max_draft_rows=12)
     plain = make(ModuleExecutor, model, "batched-sequence")
@@ -347,7 +347,7 @@ def test_a_batchs_drafts_are_taken_back_when_together_they_do_not_pay(tiny_model
 def test_a_lookahead_step_gives_the_lookahead_up_only_for_drafts_that_pay(tiny_model, rate, gives_up) -> None:
     """On a lookahead step a lookup that finds drafts marks the session ``active`` (its next step runs
     without a lookahead, to verify them) only where they would pay beside the batch: one session with
-    ceil(4 x rate) drafts needs rate x D x 5 > 1 + D. Either way its first draft is checked against the
+    ceil(4 x rate) drafts needs rate x D x 5 > 1.05 x (1 + D). Either way its first draft is checked against the
     token drawn: the rate moves without a verification row."""
     from engine_service.executors.plan import Plan
     from engine_service.executors.prompt_lookup import RATE_WEIGHT

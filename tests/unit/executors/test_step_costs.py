@@ -61,11 +61,11 @@ def test_bad_observations_are_ignored_and_the_prior_is_checked() -> None:
         StepCosts(prior=math.nan)
 
 
-@pytest.mark.parametrize(("ratio", "kept"), [(0.5, False), (16.0, True)])
+@pytest.mark.parametrize(("ratio", "kept"), [(1.0, False), (16.0, True)])
 def test_the_draft_decision_follows_the_costs_ratio(tiny_model, ratio, kept) -> None:
     """Three sessions at acceptance 0.45 each drafting 2: beside 3 decode rows they pay when a forward's
-    fixed cost is 16 rows (0.45 x 6 x 19 > 3 x 7) and not when it is half a row (each session's own bar,
-    3 / 3.5, is above 0.45: no draft is even looked up). The output equals plain greedy's either way."""
+    fixed cost is 16 rows (0.45 x 6 x 19 > 1.05 x 3 x 7) and not when it is one row (each session's own
+    bar, 3 / 4, is above 0.45: no draft is even looked up). The output equals plain greedy's either way."""
     model = tiny_model("FFFF", window=4, tie_embeddings=False)
     spec = make(AlwaysDrafts, model, "batched-sequence", num_drafts=4, max_draft_rows=12,
                 step_costs=StepCosts(prior=ratio))  # fmt: skip
