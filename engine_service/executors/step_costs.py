@@ -1,16 +1,7 @@
-"""StepCosts: what one more row costs a decode forward on this machine, fitted online from the
-executor's own steps (``PromptLookupExecutor``'s draft decisions).
-
-A forward of ``r`` rows is modelled as ``fixed + r x per_row`` (reading the weights, then compute per
-row); the decisions need only their ratio ``fixed / per_row``. It is fitted by exponentially weighted
-least squares over the intervals between consecutive pure-decode steps (the engine thread's whole
-step: graph building, evaluation, streaming), so the ratio is this host's, model's and batch size's,
-not a constant measured elsewhere (one SmolLM2 row costs ~1/4 of a 1-row step on a 2-core EPYC but
-~1/2 on a 2-core Xeon, where 8 rows are compute-bound). Until the steps seen span enough row counts
-(drafts and sessions that come and go vary them) the prior holds; once fitted, the last fit holds
-while the row count stays constant. A draft step also loses the decode lookahead's overlap; the fit
-charges that loss to its rows (its slope is a little steep), which errs toward not drafting.
-"""
+"""StepCosts: a forward's fixed cost over one more row's (``fixed + rows x per_row``), fitted online by
+weighted least squares from the intervals between back-to-back decode-only steps, for the draft
+decisions of ``PromptLookupExecutor``; the prior until the row counts seen spread, then the last fit.
+Why and how: docs/ENGINE.md (Where drafts pay)."""
 
 from __future__ import annotations
 

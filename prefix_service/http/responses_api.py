@@ -12,7 +12,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from engine_service.api.call_context import CallContext
 from prefix_service.gateway.calls import GatewayRequest
 from prefix_service.http.disconnect import until_disconnected
 from prefix_service.http.errors import ApiError, BadField, answering_errors
@@ -132,16 +131,13 @@ class _Responses:
         return JSONResponse(listing.model_dump())
 
     # -- owners ----------------------------------------------------------------------------------
-    def _owner(self, call: CallContext, cache_salt: str) -> str:
-        """The caller's cache scope: the store's owner and the namespace its generations use."""
-        return self.door._scoped(call, cache_salt)[1]
-
     def _owner_of(self, request: Request) -> str:
-        """The owner of a GET / DELETE: the caller, with the ``cache_salt`` query parameter if any."""
+        """The owner of a GET / DELETE: the caller's cache scope (the store's owner and the namespace its
+        generations use), with the ``cache_salt`` query parameter if any."""
         salt = request.query_params.get("cache_salt", "")
         if len(salt) > 1024:
             raise BadField("cache_salt", "at most 1024 characters")
-        return self._owner(self.door._authenticate(request), salt)
+        return self.door._scoped(self.door._authenticate(request), salt)[1]
 
     def _find(self, request: Request) -> StoredResponse:
         owner = self._owner_of(request)

@@ -347,8 +347,8 @@ def test_a_batchs_drafts_are_taken_back_when_together_they_do_not_pay(tiny_model
 def test_a_lookahead_step_gives_the_lookahead_up_only_for_drafts_that_pay(tiny_model, rate, gives_up) -> None:
     """On a lookahead step a lookup that finds drafts marks the session ``active`` (its next step runs
     without a lookahead, to verify them) only where they would pay beside the batch: one session with
-    ceil(4 x rate) drafts needs rate x D x 5 > 1.05 x (1 + D). Either way its first draft is checked against the
-    token drawn: the rate moves without a verification row."""
+    ceil(4 x rate) drafts needs rate x D x 5 > 1.05 x (1 + D). Either way its first draft is checked
+    against the token drawn: the rate moves without a verification row."""
     from engine_service.executors.plan import Plan
     from engine_service.executors.prompt_lookup import RATE_WEIGHT
 
