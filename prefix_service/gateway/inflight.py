@@ -130,6 +130,7 @@ class InflightPrefills:
         self._lock = threading.Lock()
         self._by_scope: dict[str, list[Prefill]] = {}
         self._rate = self.config.prefill_s_per_position or DEFAULT_PREFILL_S_PER_POSITION
+        self._samples = 0  # measured prefills: the first replaces the default, later ones average in
         self._joins = self._timeouts = self._failed = self._waiting = 0
         self._wait_s = 0.0
 
@@ -145,22 +146,24 @@ class InflightPrefills:
     ) -> Prefill | None:
         """Before a Generate's lookup: wait for the best prefill in flight to join (see :meth:`best`),
         or else register this prompt's own prefill (``register``: its snapshot is wanted) in the same
-        step, so two never wait for each other. The prefill (None: none) is :meth:`confirm`-ed after
-        the lookup. Cancelled when ``caller_active()`` turns False; a wait ends by ``call``'s deadline."""
+        step, so two never wait for each other. After a wait it decides again (a prefill that overran
+        its estimate, or one registered meanwhile, may still be worth waiting for), all waits together
+        within ``max_wait_s``. The prefill (None: none) is :meth:`confirm`-ed after the lookup.
+        Cancelled when ``caller_active()`` turns False; a wait ends by ``call``'s deadline."""
         if not self.config.enabled or len(tokens) < 2:
             return None
         key = tuple(tokens)
-        reused = self._reusable(scope, key)
-        with self._lock:
-            join = self._best(scope, key, reused)
-            if join is None:
-                return self._register(scope, key, reused) if register else None
-        self._wait_for(join, call, caller_active)
-        if not register:
-            return None
-        reused = self._reusable(scope, key)
-        with self._lock:
-            return self._register(scope, key, reused)
+        deadline, outcome = self._clock() + self.config.max_wait_s, None
+        try:
+            while True:
+                reused = self._reusable(scope, key)
+                with self._lock:
+                    join = self._best(scope, key, reused) if self._clock() < deadline else None
+                    if join is None:
+                        return self._register(scope, key, reused) if register else None
+                outcome = self._wait_for(join, min(deadline, self._clock() + join.wait_s), call, caller_active)
+        finally:
+            self._count(outcome)
 
     def confirm(self, prefill: Prefill | None, reused: int, captured: bool) -> Prefill | None:
         """After the lookup: ``prefill`` computes from ``reused`` when its prompt snapshot is
@@ -191,7 +194,9 @@ class InflightPrefills:
                 # a position's time alone: the engine shared itself among those in flight meanwhile
                 sharing = (prefill.beside + len(running) + 1) / 2
                 sample = max(elapsed, 0.0) / prefill.computes / sharing
-                self._rate = max(1e-6, (1 - RATE_ALPHA) * self._rate + RATE_ALPHA * sample)
+                alpha = RATE_ALPHA if self._samples else 1.0
+                self._rate = max(1e-6, (1 - alpha) * self._rate + alpha * sample)
+                self._samples += 1
         prefill.settle(snapshot)
 
     def track(self, stream: EngineStream, prefill: Prefill | None) -> EngineStream:
@@ -274,28 +279,36 @@ class InflightPrefills:
 
     @staticmethod
     def _remaining_s(prefill: Prefill, now: float, rate: float) -> float:
-        return max(0.0, prefill.started + prefill.computes * rate - now)
+        """Until its expected end; once past it, as long again as it has overrun (a prefill late by
+        ``x`` is taken to need about ``x`` more: the estimate was off by a factor, not a constant)."""
+        return abs(prefill.started + prefill.computes * rate - now)
 
-    def _wait_for(self, join: Join, call: CallContext | None, caller_active: Callable[[], bool]) -> None:
-        """Wait for ``join``'s prefill, counted (see :class:`JoinStats`)."""
+    def _wait_for(
+        self, join: Join, until: float, call: CallContext | None, caller_active: Callable[[], bool]
+    ) -> str:
+        """Wait for ``join``'s prefill until ``until`` (and ``call``'s deadline): "joined", "failed"
+        (it ended without a snapshot) or "timeout"."""
         left = call.remaining() if call is not None else None
-        limit = join.wait_s if left is None else min(join.wait_s, left)
         started = self._clock()
+        deadline = until if left is None else min(until, started + left)
         with self._lock:
             self._waiting += 1
         try:
-            came = self._wait(join.prefill, started + limit, caller_active)
+            came = self._wait(join.prefill, deadline, caller_active)
         finally:
             with self._lock:
                 self._waiting -= 1
                 self._wait_s += max(0.0, self._clock() - started)
+        if not came:
+            return "timeout"
+        return "joined" if join.prefill.snapshot else "failed"
+
+    def _count(self, outcome: str | None) -> None:
+        """A claim's last wait, counted once (see :class:`JoinStats`)."""
         with self._lock:
-            if not came:
-                self._timeouts += 1
-            elif join.prefill.snapshot:
-                self._joins += 1
-            else:
-                self._failed += 1
+            self._joins += outcome == "joined"
+            self._timeouts += outcome == "timeout"
+            self._failed += outcome == "failed"
 
     def _wait(self, prefill: Prefill, deadline: float, caller_active: Callable[[], bool]) -> bool:
         while True:

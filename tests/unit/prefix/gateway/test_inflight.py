@@ -128,6 +128,27 @@ def test_a_wait_times_out_and_a_failed_prefill_ends_it():
     assert (registry.stats().failed, registry.stats().joins, registry.stats().timeouts) == (1, 0, 0)
 
 
+@pytest.mark.parametrize(("overrun_to", "joined"), [(81.0, True), (121.0, False)])
+def test_a_prefill_that_overruns_its_estimate_is_waited_for_while_it_is_late_by_less_than_the_compute(
+    overrun_to, joined
+):
+    clock = Clock()
+    registry = InflightPrefills(JoinConfig(max_wait_s=1e4, prefill_s_per_position=1.0), clock=clock)
+    prefill = registry.claim("a", PREFIX)  # 40 positions: expected done at t=40
+    result: list = []
+    waiter = threading.Thread(target=lambda: result.append(registry.claim("a", PREFIX + QUESTION)))
+    waiter.start()  # hand-computed: 40 s to compute here + up to 40 s beside it -> waits until t=80
+    wait_until(lambda: registry.stats().waiting == 1, "the waiter never waited")
+    clock.now = overrun_to  # the first wait ran out with the prefill 41 s (or 81 s) late
+    if joined:  # late by 41 s < the 80 s computing it here would cost: it waits again
+        wait_until(lambda: registry.stats().wait_s > 0 and registry.stats().waiting == 1, "no second wait")
+        registry.end(prefill, snapshot=True)
+    waiter.join(30)
+    stats = registry.stats()
+    assert (stats.joins, stats.timeouts) == ((1, 0) if joined else (0, 1))  # one outcome per claim
+    assert result and result[0].tokens == PREFIX + QUESTION  # then its own prefill in either case
+
+
 def test_a_waiter_whose_caller_left_is_cancelled():
     registry = InflightPrefills(SLOW)
     registry.claim("a", PREFIX)
@@ -141,10 +162,15 @@ def test_joins_off_registers_nothing_and_the_rate_is_measured():
     assert off.claim("a", PREFIX) is None and off.best("a", PREFIX + QUESTION, 0) is None
     clock = Clock()
     registry = InflightPrefills(JoinConfig(), clock=clock)
+    assert registry.rate() == DEFAULT_PREFILL_S_PER_POSITION  # until a prefill is measured
     prefill = registry.claim("a", PREFIX)
     clock.now = 0.4  # 40 positions in 0.4 s: 0.01 s each
     registry.end(prefill, snapshot=True)
-    expected = (1 - RATE_ALPHA) * DEFAULT_PREFILL_S_PER_POSITION + RATE_ALPHA * 0.01
+    assert registry.rate() == pytest.approx(0.01)  # the first measurement replaces the default
+    prefill = registry.claim("a", PREFIX)
+    clock.now = 0.6  # 40 positions in 0.2 s: 0.005 s each, averaged in
+    registry.end(prefill, snapshot=True)
+    expected = (1 - RATE_ALPHA) * 0.01 + RATE_ALPHA * 0.005
     assert registry.rate() == pytest.approx(expected)
     short = registry.claim("b", PREFIX[:5])
     clock.now = 10.0
