@@ -153,7 +153,11 @@ class InflightPrefills:
         if not self.config.enabled or len(tokens) < 2:
             return None
         key = tuple(tokens)
-        deadline, outcome = self._clock() + self.config.max_wait_s, None
+        left = call.remaining() if call is not None else None
+        deadline = self._clock() + (
+            self.config.max_wait_s if left is None else min(self.config.max_wait_s, left)
+        )
+        outcome = None
         try:
             while True:
                 reused = self._reusable(scope, key)
@@ -161,7 +165,7 @@ class InflightPrefills:
                     join = self._best(scope, key, reused) if self._clock() < deadline else None
                     if join is None:
                         return self._register(scope, key, reused) if register else None
-                outcome = self._wait_for(join, min(deadline, self._clock() + join.wait_s), call, caller_active)
+                outcome = self._wait_for(join, min(deadline, self._clock() + join.wait_s), caller_active)
         finally:
             self._count(outcome)
 
@@ -283,18 +287,14 @@ class InflightPrefills:
         ``x`` is taken to need about ``x`` more: the estimate was off by a factor, not a constant)."""
         return abs(prefill.started + prefill.computes * rate - now)
 
-    def _wait_for(
-        self, join: Join, until: float, call: CallContext | None, caller_active: Callable[[], bool]
-    ) -> str:
-        """Wait for ``join``'s prefill until ``until`` (and ``call``'s deadline): "joined", "failed"
-        (it ended without a snapshot) or "timeout"."""
-        left = call.remaining() if call is not None else None
+    def _wait_for(self, join: Join, until: float, caller_active: Callable[[], bool]) -> str:
+        """Wait for ``join``'s prefill until ``until``: "joined", "failed" (it ended without a snapshot)
+        or "timeout"."""
         started = self._clock()
-        deadline = until if left is None else min(until, started + left)
         with self._lock:
             self._waiting += 1
         try:
-            came = self._wait(join.prefill, deadline, caller_active)
+            came = self._wait(join.prefill, until, caller_active)
         finally:
             with self._lock:
                 self._waiting -= 1

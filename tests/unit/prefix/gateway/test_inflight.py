@@ -149,6 +149,15 @@ def test_a_prefill_that_overruns_its_estimate_is_waited_for_while_it_is_late_by_
     assert result and result[0].tokens == PREFIX + QUESTION  # then its own prefill in either case
 
 
+def test_the_call_deadline_bounds_all_waits_together():
+    registry = InflightPrefills(SLOW)  # the prefill in flight is worth waiting for ~40 s: it never ends
+    registry.claim("a", PREFIX)
+    started = time.monotonic()
+    own = registry.claim("a", PREFIX + QUESTION, CallContext("x", deadline=started + 0.2))
+    assert time.monotonic() - started < 5  # not the 40 s estimate, nor a loop of instant timeouts
+    assert own is not None and registry.stats().timeouts == 1
+
+
 def test_a_waiter_whose_caller_left_is_cancelled():
     registry = InflightPrefills(SLOW)
     registry.claim("a", PREFIX)
