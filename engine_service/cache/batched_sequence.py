@@ -64,17 +64,18 @@ class SequenceStep:
         for i, part in enumerate(self._parts):
             rows = slice(part.offset, part.offset + part.length)
             k_view, v_view = part.cache.view(layer, part.start + part.length)
-            if part.cache.pieces and not part.cache.is_ring(layer):
+            ring = part.cache.is_ring(layer)
+            if part.cache.pieces and not ring:
                 out.append(self._pieced_view(i, part, layer, rows, k_view, v_view))
                 continue
-            if part.cache.is_ring(layer):
+            if ring:
                 key = (i, cfg.layers[layer].window)
                 if key not in self._masks:
                     self._masks[key] = mx.array(part.cache.ring_mask(layer, part.start, part.length))
                 mask: mx.array | str | None = self._masks[key]
             else:
                 mask = self._flat_mask(i, part, layer)
-            slots = part.cache.slots(layer) if part.cache.is_ring(layer) else None
+            slots = part.cache.slots(layer) if ring else None
             if (i, slots) not in self._positions:  # flat: row p at index p; ring: the slots' positions
                 self._positions[(i, slots)] = (
                     mx.arange(part.start + part.length, dtype=mx.int32)

@@ -5,6 +5,7 @@ Spec: docs/MODELS.md (Architectures: canonical tensor names)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -26,6 +27,23 @@ _ON_CPU = not gpu_available()
 FUSED_OPS = True
 
 ACTIVATIONS = {"silu": fast_math.silu_mul, "gelu_tanh": fast_math.gelu_tanh_mul}
+
+
+@dataclass(frozen=True)
+class _FusedCalls:
+    """A layer's fused-op arguments that stay fixed between forwards (its tensors, shapes, norms),
+    gathered on the first fused forward: read through ``mlx.nn.Module`` lookups on every layer of every
+    step they cost about as much as creating the ops. Setting any attribute of the layer drops them."""
+
+    kv_hint: list
+    qkv: tuple
+    qkv_kw: dict
+    o: tuple
+    o_kw: dict
+    gate_up: tuple
+    gate_up_kw: dict
+    down: tuple
+    down_kw: dict
 
 
 class DecoderLayer(nn.Module):
@@ -80,60 +98,55 @@ class DecoderLayer(nn.Module):
     def fused(self, h: mx.array, step: KVStep, rotations: Rotations, positions: mx.array) -> mx.array:
         """The layer as five fused kernel ops (qkv, attention, o + residual, norm + gate/up, down +
         residual), with the optional norms the layer has; row-local like the unfused ops."""
-        ext, eps = self._fusion, self._norm.eps
-        cfg = self._cfg
-        t = h.shape[0]
-        qkv, o, gate_up, down = self.qkv, self.o, self.gate_up, self.down
+        ext, calls = self._fusion, self._calls or self._gather_calls()
         cos, sin = rotations[self.rope_theta]
-        q, k, v = ext.fused_qkv(
-            h,
-            *qkv.fused_args(),
-            q_heads=cfg.num_heads,
-            kv_heads=cfg.num_kv_heads,
-            head_dim=cfg.head_dim,
-            norm=self.attn_norm,
-            eps=eps,
-            bias=qkv.get("bias"),
-            q_norm=self.get("q_norm"),
-            k_norm=self.get("k_norm"),
-            qk_eps=eps,
-            cos=cos,
-            sin=sin,
-            traditional=cfg.rope_traditional,
-            kv_dtype=self.kv_hint[0],
-        )
+        hint = calls.kv_hint
+        q, k, v = ext.fused_qkv(h, *calls.qkv, cos=cos, sin=sin, kv_dtype=hint[0], **calls.qkv_kw)
         views = step.views(self.index, k, v)
         first = views[0].parts[0] if views[0].parts is not None else views[0]
-        if first.keys.dtype != self.kv_hint[0]:
-            self.kv_hint[0] = first.keys.dtype
+        if first.keys.dtype != hint[0]:
+            hint[0] = first.keys.dtype
         if self.deterministic or (positions is not None and kernel_attention_usable(views)):
             a = deterministic.attend(q, views, positions, self._window, self._scale)
         else:
-            a = attend(q[:, :, None, :], views, t, self._scale, self.index)
-        h = ext.fused_linear(
-            a,
-            *o.fused_args(),
-            bias=o.get("bias"),
-            post_norm=self.get("post_attn_norm"),
-            post_eps=eps,
-            residual=h,
+            a = attend(q[:, :, None, :], views, h.shape[0], self._scale, self.index)
+        h = ext.fused_linear(a, *calls.o, residual=h, **calls.o_kw)
+        m = ext.fused_linear(h, *calls.gate_up, **calls.gate_up_kw)
+        return ext.fused_linear(m, *calls.down, residual=h, **calls.down_kw)
+
+    def _gather_calls(self) -> _FusedCalls:
+        """The fused ops' fixed arguments, read once (see :class:`_FusedCalls`)."""
+        cfg, eps = self._cfg, self._norm.eps
+        qkv, o, gate_up, down = self.qkv, self.o, self.gate_up, self.down
+        calls = _FusedCalls(
+            kv_hint=self.kv_hint,
+            qkv=qkv.fused_args(),
+            qkv_kw=dict(
+                q_heads=cfg.num_heads,
+                kv_heads=cfg.num_kv_heads,
+                head_dim=cfg.head_dim,
+                norm=self.attn_norm,
+                eps=eps,
+                bias=qkv.get("bias"),
+                q_norm=self.get("q_norm"),
+                k_norm=self.get("k_norm"),
+                qk_eps=eps,
+                traditional=cfg.rope_traditional,
+            ),
+            o=o.fused_args(),
+            o_kw=dict(bias=o.get("bias"), post_norm=self.get("post_attn_norm"), post_eps=eps),
+            gate_up=gate_up.fused_args(),
+            gate_up_kw=dict(norm=self.mlp_norm, eps=eps, bias=gate_up.get("bias"), act=self._activation),
+            down=down.fused_args(),
+            down_kw=dict(bias=down.get("bias"), post_norm=self.get("post_mlp_norm"), post_eps=eps),
         )
-        m = ext.fused_linear(
-            h,
-            *gate_up.fused_args(),
-            norm=self.mlp_norm,
-            eps=eps,
-            bias=gate_up.get("bias"),
-            act=self._activation,
-        )
-        return ext.fused_linear(
-            m,
-            *down.fused_args(),
-            bias=down.get("bias"),
-            post_norm=self.get("post_mlp_norm"),
-            post_eps=eps,
-            residual=h,
-        )
+        self._calls = calls
+        return calls
+
+    def __setattr__(self, key: str, val: object) -> None:
+        super().__setattr__(key, val)
+        if key != "_calls":  # a tensor or setting replaced: gather the fused ops' arguments again
+            super().__setattr__("_calls", None)
 
     def norm(self, x: mx.array, weight: mx.array) -> mx.array:
         return self._norm(x, weight)
