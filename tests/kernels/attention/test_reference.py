@@ -36,6 +36,25 @@ def test_scalar_and_avx2_are_bitwise_equal():
             assert run(*args).tobytes() == want.tobytes(), (isa, rows, s, hq, hkv, d, window, chunk)
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_row_alone_equals_the_same_row_among_many(isa, threads):
+    """Groups of at most 8 rows (decode) fetch value rows ahead and score a few keys per call; longer
+    groups (prefill) score a chunk in one call: a row's bits must not depend on which it was in."""
+    fk.set_isa(isa)
+    fk.set_num_threads(threads)
+    rng = np.random.default_rng(21)
+    s, hq, hkv, d = 203, 8, 2, 256  # a last chunk of 11 keys: sub-calls of 8 and 3, odd pairs
+    q, k, v = make(rng, s, hq, hkv, d)
+    parts = [(k.astype(np.float16), v.astype(np.float16), np.arange(s))]
+    many = run(q[s - 12 :], np.arange(s - 12, s), parts, d**-0.5)
+    for back in (1, 5, 12):
+        alone = run(q[s - back : s - back + 1], [s - back], parts, d**-0.5)
+        assert alone.tobytes() == many[12 - back].tobytes(), back
+    # negative control: the comparison sees the arithmetic's order (another chunk size changes the bits)
+    assert run(q[s - 1 :], [s - 1], parts, d**-0.5, 0, 32).tobytes() != many[-1].tobytes()
+
+
 def test_row_with_no_visible_key_is_nan():
     rng = np.random.default_rng(4)
     q, k, v = make(rng, 4, 2, 1, 8)
