@@ -31,9 +31,8 @@ ACTIVATIONS = {"silu": fast_math.silu_mul, "gelu_tanh": fast_math.gelu_tanh_mul}
 
 @dataclass(frozen=True)
 class _FusedCalls:
-    """A layer's fused-op arguments that stay fixed between forwards (its tensors, shapes, norms),
-    gathered on the first fused forward: read through ``mlx.nn.Module`` lookups on every layer of every
-    step they cost about as much as creating the ops. Setting any attribute of the layer drops them."""
+    """A layer's fixed fused-op arguments, gathered once (``mlx.nn.Module`` lookups every step cost
+    about as much as creating the ops); setting an attribute or item of the layer drops them."""
 
     kv_hint: list
     qkv: tuple
@@ -146,7 +145,11 @@ class DecoderLayer(nn.Module):
     def __setattr__(self, key: str, val: object) -> None:
         super().__setattr__(key, val)
         if key != "_calls":  # a tensor or setting replaced: gather the fused ops' arguments again
-            super().__setattr__("_calls", None)
+            object.__setattr__(self, "_calls", None)
+
+    def __setitem__(self, key: str, val: object) -> None:  # Module.update replaces tensors as items
+        super().__setitem__(key, val)
+        object.__setattr__(self, "_calls", None)
 
     def norm(self, x: mx.array, weight: mx.array) -> mx.array:
         return self._norm(x, weight)

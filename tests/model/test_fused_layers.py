@@ -103,6 +103,26 @@ def test_the_comparison_can_fail(model):
     assert np.abs(got - want).max() > 50 * BOUND["float32"] * np.abs(want).max(), np.abs(got - want).max()
 
 
+def test_a_norm_replaced_after_a_fused_forward_takes_effect(model):
+    """A norm replaced after the fused ops' arguments were gathered (as an attribute, or through
+    ``Module.update``) reaches the next fused forward as it reaches the unfused one."""
+    logits(model, True, "float32", [len(PROMPT)])  # gathered
+    layer, other = model.layers[0], model.layers[1]
+    saved, saved_other = layer.attn_norm, other.mlp_norm
+    try:
+        layer.attn_norm = saved * 3.0
+        other.update({"mlp_norm": saved_other * 0.25})
+        want = logits(model, False, "float32", [len(PROMPT)])
+        got = logits(model, True, "float32", [len(PROMPT)])
+    finally:
+        layer.attn_norm, other.mlp_norm = saved, saved_other
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() <= BOUND["float32"] * scale, np.abs(got - want).max() / scale
+    # control: the replaced norms change the logits (the comparison is not of two unchanged forwards)
+    before = logits(model, False, "float32", [len(PROMPT)])
+    assert np.abs(before - want).max() > 50 * BOUND["float32"] * scale
+
+
 def test_chunked_prefill_and_decode_match_one_piece(model):
     one = logits(model, True, "float16", [len(PROMPT)])
     chunked = logits(model, True, "float16", [7, 1, 12])
