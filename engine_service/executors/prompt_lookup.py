@@ -45,11 +45,8 @@ MAX_DRAFT_ROWS = 8  # draft rows per forward, all sessions together (bench/bench
 
 class PromptLookupExecutor(ModuleExecutor):
     """ModuleExecutor + prompt-lookup drafts. Extra keywords: ``num_drafts``, ``ngram_max``, ``ngram_min``,
-    ``suffix`` (also draft from the owner scope's earlier texts where the session's own history has
-    nothing: ``suffix_index.py``).
-    Each session drafts up to ``num_drafts`` scaled by its acceptance rate, pauses where drafts stop
-    paying, and a step the decode lookahead already wrote never drafts (the lookahead yields to a
-    session whose last lookup found a draft)."""
+    ``suffix`` (also draft from the owner scope's earlier texts: ``suffix_index.py``). Each session
+    drafts up to ``num_drafts`` scaled by its acceptance rate and pauses where drafts stop paying."""
 
     drafts_beside_lookahead = True
 
@@ -111,12 +108,9 @@ class PromptLookupExecutor(ModuleExecutor):
         return self._decoding / (self.step_costs.ratio + self._decoding) if self._decoding else 1.0
 
     def _settle_drafts(self, plans: list[Plan]) -> None:
-        """Keep the batch's drafts only where they pay together: ``B`` decode rows cost ``ratio + B``
-        rows' time and yield ``B`` tokens; verifying ``D`` drafts adds ``D`` rows and ``LOST_OVERLAP``
-        and yields the accepted ones (expected: each session's rate x its drafts). Kept when
-        ``expected x (ratio + B) > MIN_GAIN x B x (LOST_OVERLAP + D)``, else every draft is taken back and
-        the batch decodes plainly (with the lookahead); each session's rate then moves by whether its
-        first draft equals the token drawn instead (``_finish``), so a rate never freezes below the bar."""
+        """Keep the batch's drafts only where they pay together, ``expected x (ratio + B) > MIN_GAIN x B x
+        (LOST_OVERLAP + D)`` (docs/ENGINE.md); else take every draft back (the batch decodes plainly) and
+        let each rate learn from its first draft against the token drawn (``_finish``)."""
         drafting = [plan for plan in plans if plan.drafts]
         if not drafting:
             return

@@ -57,31 +57,21 @@ def attend(
     every view one row group of one kernel call."""
     ext = kernels()
     t = q.shape[0]
-    if len(views) == 1 and views[0].parts is None:  # one sequence's flat or ring view: no groups
-        view = views[0]
-        if view.positions is None:
-            raise FailedPrecondition("deterministic mode needs a cache whose views carry key positions")
-        if view.rows.indices(t) != (0, t, 1) or t == 0:
-            raise ValueError(f"KV views must cover the {t} packed rows once, in order")
-        o = ext.causal_attention(
-            q, positions, [view.keys], [view.values], [view.positions],
-            scale=scale, window=window or 0, chunk=KEY_CHUNK, groups=[],
-        )  # fmt: skip
-        return o.reshape(t, -1)
-    ordered = sorted(views, key=lambda v: v.rows.start)
+    ordered = views if len(views) == 1 else sorted(views, key=lambda v: v.rows.start)
     keys, values, key_pos, groups = [], [], [], []
     covered = 0
     for view in ordered:
         parts = view.parts if view.parts is not None else (view,)
-        if any(p.positions is None for p in parts):
-            raise FailedPrecondition("deterministic mode needs a cache whose views carry key positions")
+        for p in parts:
+            if p.positions is None:
+                raise FailedPrecondition("deterministic mode needs a cache whose views carry key positions")
+            keys.append(p.keys)
+            values.append(p.values)
+            key_pos.append(p.positions)
         start, stop, stride = view.rows.indices(t)
         if start != covered or stride != 1 or stop <= start:
             raise ValueError(f"KV views must cover the {t} packed rows once, in order")
         covered = stop
-        keys.extend(p.keys for p in parts)
-        values.extend(p.values for p in parts)
-        key_pos.extend(p.positions for p in parts)
         groups.append((start, stop, len(parts)))
     if covered != t:
         raise ValueError(f"KV views cover {covered} of {t} packed rows")

@@ -31,8 +31,7 @@ ACTIVATIONS = {"silu": fast_math.silu_mul, "gelu_tanh": fast_math.gelu_tanh_mul}
 
 @dataclass(frozen=True)
 class _FusedCalls:
-    """A layer's fixed fused-op arguments, gathered once (``mlx.nn.Module`` lookups every step cost
-    about as much as creating the ops); setting an attribute or item of the layer drops them."""
+    """A layer's fixed fused-op arguments, gathered once; setting an attribute or item drops them."""
 
     kv_hint: list
     qkv: tuple
@@ -114,7 +113,8 @@ class DecoderLayer(nn.Module):
         return ext.fused_linear(m, *calls.down, residual=h, **calls.down_kw)
 
     def _gather_calls(self) -> _FusedCalls:
-        """The fused ops' fixed arguments, read once (see :class:`_FusedCalls`)."""
+        # read through mlx.nn.Module lookups on every layer of every step, these cost about as much as
+        # creating the ops (decode's graph build competes with the kernels for the cores)
         cfg, eps = self._cfg, self._norm.eps
         qkv, o, gate_up, down = self.qkv, self.o, self.gate_up, self.down
         calls = _FusedCalls(

@@ -625,7 +625,7 @@ void chunk_partial(const Plan& P, const Unit& u, int j, int je, Scratch& w, floa
   } else {
     // Decode: the keys and values come from memory once. A few keys are scored at a time while their
     // value rows are fetched: pv reads a value row in several passes of a few lines each, and each
-    // pass would otherwise wait on its lines (Gemma 3's 512-byte rows: 0.82-0.85x the time at 513 to
+    // pass would otherwise wait on its lines (Gemma 3's 512-byte rows: 0.76-0.84x the time at 513 to
     // 4,096 keys streamed). A key's score does not depend on which keys share its call.
     const int64_t row_bytes = static_cast<int64_t>(D) * sizeof(T);
     for (int t0 = 0; t0 < L; t0 += kPrefetchKeys) {

@@ -144,12 +144,10 @@ class InflightPrefills:
         *,
         register: bool = True,
     ) -> Prefill | None:
-        """Before a Generate's lookup: wait for the best prefill in flight to join (see :meth:`best`),
-        or else register this prompt's own prefill (``register``: its snapshot is wanted) in the same
-        step, so two never wait for each other. After a wait it decides again (a prefill that overran
-        its estimate, or one registered meanwhile, may still be worth waiting for), all waits together
-        within ``max_wait_s``. The prefill (None: none) is :meth:`confirm`-ed after the lookup.
-        Cancelled when ``caller_active()`` turns False; a wait ends by ``call``'s deadline."""
+        """Before a Generate's lookup: wait for the best prefill in flight (deciding again after each
+        wait, all within ``max_wait_s`` and ``call``'s deadline, until ``caller_active()`` is False), or
+        register this prompt's own (``register``); -> the prefill to :meth:`confirm` (None: none).
+        Spec: docs/PREFIX_CACHE.md."""
         if not self.config.enabled or len(tokens) < 2:
             return None
         key = tuple(tokens)

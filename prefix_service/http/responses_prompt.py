@@ -45,14 +45,9 @@ def continuation(
     fleet: Fleet, call: CallContext, turns: Sequence[Turn], previous: StoredResponse, wanted: int = 0
 ) -> PromptIds | None:
     """``previous``'s prompt ids + its generated ids + the template's tokens after its answer, when
-    ``turns`` are ``previous``'s turns (the same instructions and tools), its answer, then new turns.
-
-    The template's tokens after the answer are read off the conversation rendered with the answer's
-    content emptied: past ``previous``'s turns rendered alone (with the generation prompt) they are the
-    end of the assistant turn and the new turns. An answer that ended at an end-of-sequence token keeps
-    it only as the template writes it: its id is dropped from the generated ids (never computed: the
-    snapshot ends before it), and the template's end of turn follows. None (re-render instead) when
-    the turns differ, or the template does not render the emptied answer as a continuation."""
+    ``turns`` are ``previous``'s turns, its answer, then new turns; None (re-render instead) otherwise
+    or when the template does not render the emptied answer as a continuation. Spec: docs/HTTP.md
+    (previous_response_id: an exact continuation)."""
     k = len(previous.turns)
     answer = item_turns(previous.body["output"])
     if tuple(turns[:k]) != previous.turns or len(answer) != 1 or len(turns) <= k + 1 or turns[k] != answer[0]:
