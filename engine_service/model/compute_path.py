@@ -72,10 +72,10 @@ def describe_compute_path(
         elif math.isinf(kernel_max_rows()):
             path += ", every row count"
         else:
-            path += f", {blas_name} float32 above {KERNEL_MAX_ROWS_AVX2} rows"
+            path += f", panel GEMM above {KERNEL_MAX_ROWS_AVX2} rows"
         if isa != best:
             return ComputePath(path, True, f"this CPU supports {best}: unset FORKLINE_KERNEL_ISA")
-        if reference:  # attention matmuls off the kernels' path (and on AVX2 long prefill blocks)
+        if reference:  # matmuls off the kernels' path (float32 heads, MLX's attention)
             return ComputePath(path, True, _blas_fix(blas))
         return ComputePath(path, False)
     if weights_dtype == "quantized":

@@ -106,11 +106,10 @@ class Projection(nn.Module):
 
     def _matmul(self, x: mx.array) -> mx.array:
         if self.block:
-            if _ON_CPU and not self.kernel_only and x.shape[0] > kernel_max_rows():
-                # a long prefill block on AVX2: float32 tiles through BLAS beat the kernel
-                # (bench_kernels.py: 512 rows ~2x faster), and dequantizing costs ~3% of the block
-                return x @ self.tensor.dequantize().T
-            return block_matmul(x, self.tensor)
+            # a long prefill block on AVX2: the panel GEMM (kernels/src/gemm.h), ~2x the dot-product
+            # kernels from 128 rows, BLAS's speed without a float32 copy of the weights
+            panel = _ON_CPU and not self.kernel_only and x.shape[0] > kernel_max_rows()
+            return block_matmul(x, self.tensor, panel=panel)
         if self.quantized:
             if x.shape[0] >= _DEQUANT_MIN_ROWS and _ON_CPU:
                 # MLX's CPU quantized matmul runs at ~2 GFLOP/s whatever the row count; for a prefill

@@ -28,14 +28,15 @@ NB_MODULE(_ext, m) {
   m.attr("attention_groups") = true;
   // Bumped whenever a kernel's float operations (and so its results' last bits) change: part of the
   // engine fingerprint, so snapshots computed by other arithmetic are never mixed in. 2: the float
-  // matmuls' 16-lane block arithmetic; 3: their weight blocks scaled before the FMAs (see qdot.h).
-  m.attr("arithmetic_version") = 3;  // causal_attention takes groups= (several sequences in one call)
+  // matmuls' 16-lane block arithmetic; 3: their weight blocks scaled before the FMAs (see qdot.h); 4: long
+  // blocks through the panel GEMM (gemm.h) where BLAS ran.
+  m.attr("arithmetic_version") = 4;  // causal_attention takes groups= (several sequences in one call)
 
   m.def("q8_0_matmul", &forkline::q8_0_matmul, "x"_a, "wq"_a, "scales"_a, nb::kw_only(),
-        "quantize_x"_a = false, "stream"_a = nb::none(),
+        "quantize_x"_a = false, "panel"_a = false, "stream"_a = nb::none(),
         "x [..., K] @ W.T for q8_0 weights W (wq int8 [N, Kp], scales float32 [N, Kp/32]) -> float32 [..., N]");
   m.def("q4_1_matmul", &forkline::q4_1_matmul, "x"_a, "wq"_a, "scales"_a, "mins"_a, nb::kw_only(),
-        "quantize_x"_a = false, "stream"_a = nb::none(),
+        "quantize_x"_a = false, "panel"_a = false, "stream"_a = nb::none(),
         "x [..., K] @ W.T for q4_1 weights W (wq uint8 [N, Kp/2], scales/mins float32 [N, Kp/32])");
 
   m.def("fused_linear", &forkline::fused_linear, "x"_a, "wq"_a, "scales"_a, "mins"_a = nb::none(), nb::kw_only(),

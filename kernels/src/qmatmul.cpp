@@ -7,6 +7,7 @@
 #include "mlx/backend/cpu/encoder.h"
 
 #include "common.h"
+#include "gemm.h"
 #include "pool.h"
 #include "qdot.h"
 
@@ -44,7 +45,7 @@ Split plan_split(Format format, int m, int n, int blocks) {
 }
 
 mx::array make_op(Format format, const char* op, const mx::array& x, std::vector<mx::array> weights,
-                  bool quantize_x, mx::StreamOrDevice s) {
+                  bool quantize_x, bool panel, mx::StreamOrDevice s) {
   mx::Stream stream = mx::to_stream(s);
   if (stream.device != mx::Device::cpu) {
     bad(std::string(op) + ": CPU streams only (on a GPU use mlx.core.quantized_matmul)");
@@ -87,7 +88,7 @@ mx::array make_op(Format format, const char* op, const mx::array& x, std::vector
   std::vector<mx::array> inputs{x32};
   inputs.insert(inputs.end(), weights.begin(), weights.end());
   mx::array out(
-      {x32.shape(0), n}, mx::float32, std::make_shared<QuantizedMatmul>(stream, format, k, quantize_x), std::move(inputs));
+      {x32.shape(0), n}, mx::float32, std::make_shared<QuantizedMatmul>(stream, format, k, quantize_x && !panel, panel), std::move(inputs));
   if (lead.size() != 1) {
     lead.push_back(n);
     out = mx::reshape(out, lead, stream);
@@ -116,13 +117,13 @@ void float_rows_matmul(Format format, const float* x, int m, int blocks, int n, 
 }
 
 mx::array q8_0_matmul(const mx::array& x, const mx::array& wq, const mx::array& scales, bool quantize_x,
-                      mx::StreamOrDevice s) {
-  return make_op(Format::q8_0, "q8_0_matmul", x, {wq, scales}, quantize_x, s);
+                      bool panel, mx::StreamOrDevice s) {
+  return make_op(Format::q8_0, "q8_0_matmul", x, {wq, scales}, quantize_x, panel, s);
 }
 
 mx::array q4_1_matmul(const mx::array& x, const mx::array& wq, const mx::array& scales, const mx::array& mins,
-                      bool quantize_x, mx::StreamOrDevice s) {
-  return make_op(Format::q4_1, "q4_1_matmul", x, {wq, scales, mins}, quantize_x, s);
+                      bool quantize_x, bool panel, mx::StreamOrDevice s) {
+  return make_op(Format::q4_1, "q4_1_matmul", x, {wq, scales, mins}, quantize_x, panel, s);
 }
 
 void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
@@ -135,7 +136,7 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& encoder = mx::cpu::get_command_encoder(stream());
   // The task holds its own references to the arrays until it has run.
-  encoder.dispatch([inputs, out, format = format_, k = k_, quantize_x = quantize_x_]() mutable {
+  encoder.dispatch([inputs, out, format = format_, k = k_, quantize_x = quantize_x_, panel = panel_]() mutable {
     const mx::array& x = inputs[0];
     const int m = x.shape(0);
     const int n = out.shape(1);
@@ -177,6 +178,11 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector
         xrows = xf.data();
       }
     }
+    if (panel) {
+      panel_matmul(isa, format, xrows, m, blocks, n, inputs[1].data<void>(), inputs[2].data<float>(),
+                   format == Format::q4_1 ? inputs[3].data<float>() : nullptr, y, n);
+      return;
+    }
     // Output columns in runs of `cols` (tasks shared by the pool); the split never changes a value.
     // (The workers must not name the thread_local scratch: they would see their own, empty, copies.)
     const Split split = plan_split(format, m, n, blocks);
@@ -215,7 +221,7 @@ std::vector<mx::Shape> QuantizedMatmul::output_shapes(const std::vector<mx::arra
 
 bool QuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const QuantizedMatmul&>(other);
-  return format_ == o.format_ && k_ == o.k_ && quantize_x_ == o.quantize_x_;
+  return format_ == o.format_ && k_ == o.k_ && quantize_x_ == o.quantize_x_ && panel_ == o.panel_;
 }
 
 }  // namespace forkline

@@ -12,13 +12,14 @@ namespace forkline {
 enum class Format { q8_0 = 0, q4_1 = 1 };
 
 // x: float [..., K]; wq: int8 [N, Kp]; scales: float32 [N, Kp/32]; K <= Kp < K + 32.
-// Returns float32 [..., N]. quantize_x: int8 activations (see qdot.h) instead of float.
+// Returns float32 [..., N]. quantize_x: int8 activations (see qdot.h) instead of float; panel: the
+// panel GEMM of gemm.h (long blocks; its own summation order) instead of the dot-product kernels.
 mx::array q8_0_matmul(const mx::array& x, const mx::array& wq, const mx::array& scales, bool quantize_x,
-                      mx::StreamOrDevice s = {});
+                      bool panel, mx::StreamOrDevice s = {});
 
 // x: float [..., K]; wq: uint8 [N, Kp/2]; scales, mins: float32 [N, Kp/32]. Returns float32 [..., N].
 mx::array q4_1_matmul(const mx::array& x, const mx::array& wq, const mx::array& scales,
-                      const mx::array& mins, bool quantize_x, mx::StreamOrDevice s = {});
+                      const mx::array& mins, bool quantize_x, bool panel, mx::StreamOrDevice s = {});
 
 // y[m * ldy + j] = x_m . W_j for m < M, j < N: float rows x [M, blocks * 32] (dense, zero-padded) times
 // a q8_0 (wq int8) or q4_1 (wq uint8, mins) matrix [N, blocks * 32], over the worker pool; the float
@@ -28,8 +29,8 @@ void float_rows_matmul(Format format, const float* x, int M, int blocks, int N, 
 
 class QuantizedMatmul : public mx::Primitive {
  public:
-  QuantizedMatmul(mx::Stream stream, Format format, int k, bool quantize_x)
-      : mx::Primitive(stream), format_(format), k_(k), quantize_x_(quantize_x) {}
+  QuantizedMatmul(mx::Stream stream, Format format, int k, bool quantize_x, bool panel)
+      : mx::Primitive(stream), format_(format), k_(k), quantize_x_(quantize_x), panel_(panel) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
@@ -43,6 +44,7 @@ class QuantizedMatmul : public mx::Primitive {
   Format format_;
   int k_;  // logical input width (x's last dimension); the weights are padded to a multiple of 32
   bool quantize_x_;
+  bool panel_;
 };
 
 }  // namespace forkline

@@ -19,7 +19,7 @@ from engine_service.blas import BlasStatus, blas_status
 from engine_service.executors.module import ModuleExecutor
 from engine_service.model import cpu_kernels
 from engine_service.model.compute_path import describe_compute_path
-from engine_service.model.cpu_kernels import KernelStatus
+from engine_service.model.cpu_kernels import KERNEL_MAX_ROWS_AVX2, KernelStatus
 from engine_service.runtime.runner import Runner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,9 +45,8 @@ def no_kernels(monkeypatch):
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
 def test_this_machine_reports_the_kernel_path(fmt):
     isa, threads = forkline_kernels.isa(), forkline_kernels.num_threads()
-    blas = "reference BLAS" if blas_status().name == "reference" else blas_status().name
     path = describe_compute_path(fmt, on_gpu=False)
-    tail = "every row count" if isa == "avx512" else f"{blas} float32 above 64 rows"  # AVX2: BLAS above
+    tail = "every row count" if isa == "avx512" else f"panel GEMM above {KERNEL_MAX_ROWS_AVX2} rows"  # AVX2
     assert path.path == f"kernels {fmt} {isa} x{threads} threads, {tail}"
     assert path.slow == (blas_status().name == "reference" or isa != forkline_kernels.best_isa())
     assert (
@@ -69,11 +68,11 @@ def test_float32_paths_by_blas():
 @needs_kernels
 def test_kernels_with_reference_blas_are_slow_for_prefill():
     path = describe_compute_path("q4_1", on_gpu=False, blas=NOT_FOUND)
-    # AVX2 sends long blocks to BLAS; AVX-512 keeps them on the kernels (attention and float32 heads
-    # still use BLAS, so the reference one is slow either way)
+    # the block matmuls never use BLAS (AVX2's long blocks: the panel GEMM), but float32 heads and
+    # MLX's own attention do, so the reference one is slow either way
     avx512 = forkline_kernels.isa() == "avx512"
     assert path.slow and path.path.endswith(
-        "every row count" if avx512 else "reference BLAS float32 above 64 rows"
+        "every row count" if avx512 else f"panel GEMM above {KERNEL_MAX_ROWS_AVX2} rows"
     )
     assert "libopenblas0-pthread" in path.fix
 

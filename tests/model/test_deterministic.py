@@ -37,7 +37,7 @@ def avx2_row_limit(monkeypatch) -> None:
 
 def prompts(n: int, seed: int = 1) -> list[list[int]]:
     rng = np.random.default_rng(seed)
-    return [rng.integers(0, 128, size=int(rng.integers(70, 150))).tolist() for _ in range(n)]
+    return [rng.integers(0, 128, size=int(rng.integers(140, 230))).tolist() for _ in range(n)]
 
 
 @pytest.fixture(scope="module", params=FORMATS)

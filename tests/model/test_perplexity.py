@@ -3,7 +3,7 @@
 The packaged GGUF is Q4_1: ``float32`` dequantizes it, ``q4_1`` keeps those exact weights (only float32
 rounding order differs), ``q8_0`` requantizes them to 8 bits. Bounds from the issue: q8_0 within 1%,
 the 4-bit format within 5% of float32's perplexity. Each text is scored two ways: one forward over
-all of it (on AVX2 blocks above 64 rows go through dequantized BLAS tiles), and 64-row chunks (every row
+all of it (on AVX2 blocks above 64 rows go through the panel GEMM), and 64-row chunks (every row
 through the compiled kernels, the decode / prefix-hit path). Measured (364 tokens): float32 21.868,
 q8_0 22.022 (+0.71%), q4_1 21.868 (+0.000%: the source's own 4-bit weights; no float original ships).
 """

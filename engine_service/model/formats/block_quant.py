@@ -146,13 +146,14 @@ def to_block_format(tensor: mx.array | QuantTensor, fmt: str) -> BlockQuantTenso
     raise InvalidArgument(f"block format must be one of {BLOCK_FORMATS}, got {fmt!r}")
 
 
-def block_matmul(x: mx.array, t: BlockQuantTensor) -> mx.array:
-    """``x @ W.T``: x float [..., in_features] -> float32 [..., N]."""
+def block_matmul(x: mx.array, t: BlockQuantTensor, panel: bool = False) -> mx.array:
+    """``x @ W.T``: x float [..., in_features] -> float32 [..., N]; ``panel``: the panel GEMM (long
+    blocks; its own summation order, kernels/src/gemm.h) instead of the dot-product kernels."""
     ext = kernels()
     if ext is not None and mx.default_device() == mx.cpu:  # float activations: see kernels/src/qdot.h
         if t.format == "q8_0":
-            return ext.q8_0_matmul(x, t.wq, t.scales)
-        return ext.q4_1_matmul(x, t.wq, t.scales, t.mins)
+            return ext.q8_0_matmul(x, t.wq, t.scales, panel=panel)
+        return ext.q4_1_matmul(x, t.wq, t.scales, t.mins, panel=panel)
     return x.astype(mx.float32) @ t.dequantize().T
 
 
