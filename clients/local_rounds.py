@@ -170,7 +170,11 @@ def run_local(args: argparse.Namespace, out: TextIO) -> int:
         model_fingerprint=fingerprint,
         deterministic=args.deterministic,
     )
-    runner = Runner(executor, max_decode_sequences=args.max_decode_sequences)
+    runner = Runner(
+        executor,
+        max_decode_sequences=args.max_decode_sequences,
+        shared_batch_tokens=args.shared_batch_tokens,
+    )
     cache = PrefixCache(RunnerBackend(runner, key=key), entries, policy=args.retention)
     rig = Rig(args, runner, cache, tokenizer, tuple(tokenizer.eos_token_ids))
     store = PersistentEntries(args.snapshot_dir, cache, NAMESPACE) if args.snapshot_dir else None

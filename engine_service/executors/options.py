@@ -28,6 +28,8 @@ class ExecutorSettings:
     kv_memory_mib: int = 0  # 0: auto (engine_service/executors/kv_memory.py)
     max_decode_sequences: int = 8
     prefill_chunk: int = 512
+    # positions a forward carries while other generations are active (0: prefill_chunk); see scheduler.py
+    shared_batch_tokens: int = 128
     kv_dtype: str = "auto"
     weights_dtype: str = "auto"
     speculative: str = "off"  # off, or lookup: prompt-lookup drafts verified in the same forward
@@ -37,6 +39,7 @@ class ExecutorSettings:
         for name in ("max_sessions", "max_session_tokens", "max_decode_sequences", "prefill_chunk"):
             checked_int(name, getattr(self, name), lo=1)
         checked_int("kv_memory_mib", self.kv_memory_mib, lo=0)
+        checked_int("shared_batch_tokens", self.shared_batch_tokens, lo=0)
         checked_int("num_drafts", self.num_drafts, lo=1)
         if self.speculative not in SPECULATIVE:
             raise InvalidArgument(
@@ -60,6 +63,13 @@ _LIMITS = (
         "most sessions whose decode steps share one forward",
     ),
     ("--prefill_chunk", DEFAULTS.prefill_chunk, "prompt positions one forward writes per session"),
+    (
+        "--shared_batch_tokens",
+        DEFAULTS.shared_batch_tokens,
+        "positions one forward carries at most while other generations are active, decode steps "
+        "included (shortest prompt first); shorter forwards bring a short prompt's first token and "
+        "the others' next tokens sooner; 0: --prefill_chunk",
+    ),
 )
 
 

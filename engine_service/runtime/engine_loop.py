@@ -55,10 +55,11 @@ COUNTERS = (
 class EngineLoop:
     """Engine-thread state of one :class:`Runner`: session records, live generations, counters."""
 
-    def __init__(self, runner: Runner, executor: Executor, max_decode: int) -> None:
+    def __init__(self, runner: Runner, executor: Executor, max_decode: int, shared_tokens: int = 0) -> None:
         self._executor = executor
         self.cache_kind = str(getattr(executor, "cache_kind", ""))  # "": an executor without a KV cache
         self._max_decode = max_decode
+        self._shared_tokens = shared_tokens
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         # Guards ``accepting`` against submissions racing the final drain at shutdown. Closes are put
         # without it (finalizers must never take a lock); an unhandled close after teardown is moot.
@@ -171,9 +172,10 @@ class EngineLoop:
     def _step(self) -> None:
         # A method, not inline in the loop: the plan must not stay referenced while the engine idles
         # (it holds generation handles, which hold sessions that would then never be collected).
-        plan = plan_batch(
-            self.active, self._max_decode, self._executor.preferred_batch_tokens(), self.counts["steps"]
-        )
+        budget = self._executor.preferred_batch_tokens()
+        if len(self.active) > 1 and self._shared_tokens:
+            budget = min(budget, self._shared_tokens)
+        plan = plan_batch(self.active, self._max_decode, budget, self.counts["steps"])
         if plan.inputs:
             self._delivery.run(plan)
 

@@ -79,17 +79,19 @@ class RunnerMetrics:
 
 class Runner:
     """Drives one :class:`Executor` from a dedicated engine thread; ``max_decode_sequences`` decode
-    steps share a forward at most. An executor that fails at start raises here."""
+    steps share a forward at most, ``shared_batch_tokens`` positions while several generations run. An executor that fails at start raises here."""
 
     def __init__(
         self,
         executor: Executor,
         *,
         max_decode_sequences: int = DEFAULTS.max_decode_sequences,
+        shared_batch_tokens: int = DEFAULTS.shared_batch_tokens,
         name: str = "forkline-engine",
     ) -> None:
         max_decode_sequences = checked_int("max_decode_sequences", max_decode_sequences, lo=1)
-        self._engine = EngineLoop(self, executor, max_decode_sequences)
+        shared_batch_tokens = checked_int("shared_batch_tokens", shared_batch_tokens, lo=0)
+        self._engine = EngineLoop(self, executor, max_decode_sequences, shared_batch_tokens)
         self._thread = threading.Thread(target=self._engine.run, name=name, daemon=True)
         self._thread.start()
         _live_runners.add(self)

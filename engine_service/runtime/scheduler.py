@@ -31,11 +31,17 @@ class BatchPlan:
     inputs: tuple[PlannedInput, ...]
 
 
+# forwards a prompt may wait while shorter ones run before it goes first (a stream of short prompts
+# cannot hold a long one back)
+STARVED_STEPS = 8
+
+
 def plan_batch(
     active: Sequence[ActiveGeneration], max_decode: int, preferred_tokens: int, step: int
 ) -> BatchPlan:
-    """One batch: up to ``max_decode`` decode steps, then prefill chunks in start order up to
-    ``preferred_tokens`` positions; advances the prefill cursors and stamps ``last_step``."""
+    """One batch: up to ``max_decode`` decode steps, then prefill chunks up to ``preferred_tokens``
+    positions, shortest remaining prompt first (the least total wait for first tokens) unless one has
+    waited ``STARVED_STEPS`` forwards; advances the prefill cursors and stamps ``last_step``."""
     budget = max(1, preferred_tokens)
     planned: list[PlannedInput] = []
     # least recently stepped first: fair when more are waiting than fit
@@ -47,9 +53,8 @@ def plan_batch(
         gen.last_step = step
         budget -= 1
     prefilled = False
-    for gen in active:
-        if not gen.prefilling:
-            continue
+    waiting = (g for g in active if g.prefilling)
+    for gen in sorted(waiting, key=lambda g: (step - g.last_step <= STARVED_STEPS, g.prefill_left())):
         if budget <= 0 and prefilled:  # the first prefill always runs: long decodes never starve a prompt
             break
         rec = gen.record

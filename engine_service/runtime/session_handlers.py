@@ -139,6 +139,7 @@ class SessionHandlers:
             )
             return
         gen.segments = ([(rec.pending,)] if rec.pending is not None else []) + [gen.input]
+        gen.last_step = loop.counts["steps"]
         loop.active.append(gen)
 
     @staticmethod

@@ -61,7 +61,7 @@ class ActiveGeneration:
     tokens: list[int] = field(default_factory=list)
     cancel_requested: bool = False
     finished: bool = False
-    last_step: int = -1
+    last_step: int = -1  # the engine step that last fed it (or admitted it)
     started_at: float = 0.0
     first_token_at: float | None = None
 
@@ -72,6 +72,11 @@ class ActiveGeneration:
     @property
     def prefilling(self) -> bool:
         return bool(self.segments)
+
+    def prefill_left(self) -> int:
+        """Positions prefill still feeds, every segment."""
+        sizes = (len(seg) if isinstance(seg, tuple) else seg.size() for seg in self.segments)
+        return sum(sizes) - self.offset
 
     def remaining_in_segment(self) -> int:
         seg = self.segments[0]

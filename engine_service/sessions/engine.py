@@ -93,7 +93,11 @@ class EngineSessions:
             kv_memory_mib=executor.kv_memory_mib,
             **extra,
         )
-        runner = Runner(built, max_decode_sequences=executor.max_decode_sequences)
+        runner = Runner(
+            built,
+            max_decode_sequences=executor.max_decode_sequences,
+            shared_batch_tokens=executor.shared_batch_tokens,
+        )
         # the token byte table logprobs and json_schema need (0.3 s for 49k tokens, ~15 s for Gemma's
         # 262k on 2 busy cores), built while the engine starts rather than in the first such request
         threading.Thread(

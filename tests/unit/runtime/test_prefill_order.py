@@ -1,0 +1,101 @@
+"""Prefill scheduling: shortest remaining prompt first, a bound on how long a prompt can be passed over,
+and a smaller forward while several generations share the engine (``shared_batch_tokens``).
+
+Each check runs against a control that must fail it: start order instead of the shortest first, a
+starvation bound too large to act, ``shared_batch_tokens=0``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_service.api.config import GenConfig
+from engine_service.runtime import scheduler
+from engine_service.runtime.scheduler import plan_batch
+from engine_service.runtime.state import ActiveGeneration, SessionRecord
+from tests.unit.runtime.conftest import VOCAB, engine_paused
+from tests.unit.runtime.fake_executor import FakeExecutor
+
+
+def prefilling(key: int, size: int, admitted: int = 0) -> ActiveGeneration:
+    """A generation with ``size`` prompt positions still to feed, admitted at step ``admitted``."""
+    gen = ActiveGeneration(handle=None, config=GenConfig(prefill_chunk=64), callback=None, input=(5,) * size)
+    gen.record = SessionRecord(key=key, sid=100 + key, position=0)
+    gen.segments, gen.last_step = [gen.input], admitted
+    return gen
+
+
+def fed(plan, gen: ActiveGeneration) -> int:
+    return sum(p.input.size() for p in plan.inputs if p.gen is gen)
+
+
+@pytest.mark.parametrize("shortest_first", [True, False], ids=["shortest-first", "start-order-control"])
+def test_the_shortest_remaining_prompt_is_fed_first(monkeypatch, shortest_first):
+    if not shortest_first:  # the planner as it was: prompts in start order
+        monkeypatch.setattr(scheduler, "sorted", lambda items, key=None: list(items), raising=False)
+    long, short = prefilling(0, 300), prefilling(1, 40)
+    plan = plan_batch([long, short], max_decode=8, preferred_tokens=40, step=1)
+    if shortest_first:
+        assert fed(plan, short) == 40 and fed(plan, long) == 0
+        assert plan.inputs[0].input.want_output, "the short prompt's last chunk asks for its logits"
+    else:
+        assert fed(plan, long) == 40 and fed(plan, short) == 0
+
+
+def test_prefill_left_counts_every_segment_past_the_cursor():
+    gen = prefilling(0, 10)
+    gen.segments = [(7,), gen.input]  # a pending token replayed before the input
+    assert gen.prefill_left() == 11
+    gen.take_chunk(1)
+    gen.take_chunk(4)
+    assert gen.prefill_left() == 6
+
+
+@pytest.mark.parametrize("bound", [scheduler.STARVED_STEPS, 10**9], ids=["bounded", "unbounded-control"])
+def test_a_long_prompt_is_not_held_back_by_a_stream_of_short_ones(monkeypatch, bound):
+    monkeypatch.setattr(scheduler, "STARVED_STEPS", bound)
+    long = prefilling(0, 10_000)
+    fed_steps = []
+    for step in range(1, 60):
+        short = prefilling(step, 30, admitted=step)  # a new short prompt every forward, fed whole
+        plan = plan_batch([long, short], max_decode=8, preferred_tokens=30, step=step)
+        if fed(plan, long):
+            fed_steps.append(step)
+    gaps = [b - a for a, b in zip([0, *fed_steps], [*fed_steps, 60], strict=False)]
+    if bound == scheduler.STARVED_STEPS:
+        assert max(gaps) <= bound + 1
+    else:
+        assert not fed_steps, "the control never starved the long prompt"
+
+
+def forwards(fake: FakeExecutor, sids: set[int]) -> list[int]:
+    """Positions of each forward that fed any of ``sids``."""
+    with fake.lock:
+        return [sum(i.size() for i in batch) for batch in fake.batches if {i.sid for i in batch} & sids]
+
+
+@pytest.mark.parametrize("shared", [48, 0], ids=["shared-48", "off-control"])
+def test_forwards_shrink_only_while_generations_share_the_engine(make_runner, shared):
+    fake = FakeExecutor(vocab_size=VOCAB, max_session_tokens=1024, preferred_batch_tokens=256)
+    runner = make_runner(fake, shared_batch_tokens=shared)
+    alone = runner.open_session()
+    alone.generate_async([3] * 300, GenConfig(max_new_tokens=1)).wait(10)
+    assert forwards(fake, {alone._record.sid})[0] == 256, "a lone prompt keeps the full budget"
+    a, b = runner.open_session(), runner.open_session()
+    with engine_paused(runner, fake):
+        handles = [s.generate_async([3] * 200, GenConfig(max_new_tokens=4)) for s in (a, b)]
+    assert all(h.wait(10).finish_reason == "length" for h in handles)
+    sizes = forwards(fake, {a._record.sid, b._record.sid})
+    if shared:
+        assert max(sizes) <= shared and len(sizes) >= 400 // shared
+    else:
+        assert max(sizes) > 48, "the control's forwards were small anyway"
+    for s in (alone, a, b):
+        s.close()
+
+
+def test_shared_batch_tokens_is_validated(make_runner):
+    from engine_service.api.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="shared_batch_tokens"):
+        make_runner(shared_batch_tokens=-1)
