@@ -28,7 +28,7 @@ class ExecutorSettings:
     kv_memory_mib: int = 0  # 0: auto (engine_service/executors/kv_memory.py)
     max_decode_sequences: int = 8
     prefill_chunk: int = 512
-    # positions a forward carries while other generations are active (0: prefill_chunk); see scheduler.py
+    # positions a forward carries while a generation is decoding (0: prefill_chunk); see scheduler.py
     shared_batch_tokens: int = 128
     kv_dtype: str = "auto"
     weights_dtype: str = "auto"
@@ -66,9 +66,9 @@ _LIMITS = (
     (
         "--shared_batch_tokens",
         DEFAULTS.shared_batch_tokens,
-        "positions one forward carries at most while other generations are active, decode steps "
-        "included (shortest prompt first); shorter forwards bring a short prompt's first token and "
-        "the others' next tokens sooner; 0: --prefill_chunk",
+        "positions one forward carries at most while a generation is decoding, its step included "
+        "(prompts shortest first); shorter forwards bring the decoding generations' next tokens and a "
+        "new prompt's first token sooner; 0: --prefill_chunk",
     ),
 )
 

@@ -85,13 +85,9 @@ class DecoderLayer(nn.Module):
 
     def fuses(self, rows: int) -> bool:
         """Whether ``rows`` packed rows run :meth:`fused`: the kernels on a CPU stream, block-quantized
-        projections of one format each, at most :func:`kernel_max_rows` rows (any count when deterministic)."""
-        return (
-            FUSED_OPS
-            and self._fusion is not None
-            and (self.deterministic or rows <= kernel_max_rows())
-            and mx.default_device() == mx.cpu
-        )
+        projections of one format each (any row count: above :func:`kernel_max_rows` through the panel
+        GEMM unless deterministic)."""
+        return FUSED_OPS and self._fusion is not None and mx.default_device() == mx.cpu
 
     def fused(self, h: mx.array, step: KVStep, rotations: Rotations, positions: mx.array) -> mx.array:
         """The layer as five fused kernel ops (qkv, attention, o + residual, norm + gate/up, down +
@@ -99,7 +95,10 @@ class DecoderLayer(nn.Module):
         ext, calls = self._fusion, self._calls or self._gather_calls()
         cos, sin = rotations[self.rope_theta]
         hint = calls.kv_hint
-        q, k, v = ext.fused_qkv(h, *calls.qkv, cos=cos, sin=sin, kv_dtype=hint[0], **calls.qkv_kw)
+        panel = not self.deterministic and h.shape[0] > kernel_max_rows()
+        q, k, v = ext.fused_qkv(
+            h, *calls.qkv, cos=cos, sin=sin, kv_dtype=hint[0], panel=panel, **calls.qkv_kw
+        )
         views = step.views(self.index, k, v)
         first = views[0].parts[0] if views[0].parts is not None else views[0]
         if first.keys.dtype != hint[0]:
@@ -108,9 +107,9 @@ class DecoderLayer(nn.Module):
             a = deterministic.attend(q, views, positions, self._window, self._scale)
         else:
             a = attend(q[:, :, None, :], views, h.shape[0], self._scale, self.index)
-        h = ext.fused_linear(a, *calls.o, residual=h, **calls.o_kw)
-        m = ext.fused_linear(h, *calls.gate_up, **calls.gate_up_kw)
-        return ext.fused_linear(m, *calls.down, residual=h, **calls.down_kw)
+        h = ext.fused_linear(a, *calls.o, residual=h, panel=panel, **calls.o_kw)
+        m = ext.fused_linear(h, *calls.gate_up, panel=panel, **calls.gate_up_kw)
+        return ext.fused_linear(m, *calls.down, residual=h, panel=panel, **calls.down_kw)
 
     def _gather_calls(self) -> _FusedCalls:
         # read through mlx.nn.Module lookups on every layer of every step, these cost about as much as

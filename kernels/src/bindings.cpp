@@ -41,14 +41,15 @@ NB_MODULE(_ext, m) {
 
   m.def("fused_linear", &forkline::fused_linear, "x"_a, "wq"_a, "scales"_a, "mins"_a = nb::none(), nb::kw_only(),
         "norm"_a = nb::none(), "eps"_a = 0.0f, "bias"_a = nb::none(), "act"_a = "", "post_norm"_a = nb::none(),
-        "post_eps"_a = 0.0f, "residual"_a = nb::none(), "stream"_a = nb::none(),
+        "post_eps"_a = 0.0f, "residual"_a = nb::none(), "panel"_a = false, "stream"_a = nb::none(),
         "x [..., K] @ W.T for q8_0 (int8 wq) / q4_1 (uint8 wq, mins) weights with the layer's elementwise work "
         "fused (see src/fused.h): rms_norm(x) * norm first; then + bias, act(gate) * up ('silu' / "
         "'gelu_tanh': the first half of the outputs gates the second), rms_norm(.) * post_norm, residual + .");
   m.def("fused_qkv", &forkline::fused_qkv, "x"_a, "wq"_a, "scales"_a, "mins"_a = nb::none(), nb::kw_only(),
         "q_heads"_a, "kv_heads"_a, "head_dim"_a, "norm"_a = nb::none(), "eps"_a = 0.0f, "bias"_a = nb::none(),
         "q_norm"_a = nb::none(), "k_norm"_a = nb::none(), "qk_eps"_a = 0.0f, "cos"_a = nb::none(),
-        "sin"_a = nb::none(), "traditional"_a = false, "kv_dtype"_a = mx::float32, "stream"_a = nb::none(),
+        "sin"_a = nb::none(), "traditional"_a = false, "kv_dtype"_a = mx::float32, "panel"_a = false,
+        "stream"_a = nb::none(),
         "the fused q/k/v projection (see src/fused.h) -> (q float32 [..., q_heads, head_dim], k, v [..., "
         "kv_heads, head_dim] in kv_dtype): rms_norm(x) * norm, x @ W.T (+ bias), per-head QK-norm, RoPE "
         "by the tables cos / sin [rows, head_dim] (out = x * cos + swap(x) * sin)");

@@ -8,6 +8,7 @@
 #include "mlx/backend/cpu/encoder.h"
 
 #include "common.h"
+#include "gemm.h"
 #include "pool.h"
 #include "qdot.h"
 #include "vmath.h"
@@ -286,8 +287,13 @@ void run(const FusedSpec& spec, const std::vector<mx::array>& inputs, std::vecto
     ybuf.resize(static_cast<size_t>(M) * N);
     y = ybuf.data();
   }
-  float_rows_matmul(spec.format, xr, static_cast<int>(M), blocks, N, inputs[1].data<void>(),
-                    inputs[2].data<float>(), mins, y, N);
+  if (spec.panel) {
+    panel_matmul(active_isa(), spec.format, xr, static_cast<int>(M), blocks, N, inputs[1].data<void>(),
+                 inputs[2].data<float>(), mins, y, N);
+  } else {
+    float_rows_matmul(spec.format, xr, static_cast<int>(M), blocks, N, inputs[1].data<void>(),
+                      inputs[2].data<float>(), mins, y, N);
+  }
   if (heads) {
     const int D = spec.head_dim, hq = spec.q_heads, hkv = spec.kv_heads;
     float* qo = outputs[0].data<float>();
@@ -429,13 +435,14 @@ mx::array fused_linear(const mx::array& x, const mx::array& wq, const mx::array&
                        const std::optional<mx::array>& mins, const std::optional<mx::array>& norm, float eps,
                        const std::optional<mx::array>& bias, const std::string& act,
                        const std::optional<mx::array>& post_norm, float post_eps,
-                       const std::optional<mx::array>& residual, mx::StreamOrDevice s) {
+                       const std::optional<mx::array>& residual, bool panel, mx::StreamOrDevice s) {
   const char* op = "fused_linear";
   mx::Stream stream = cpu_stream(op, s);
   const Checked c = check_weights(op, x, wq, scales, mins);
   FusedSpec spec;
   spec.format = c.format;
   spec.k = c.k;
+  spec.panel = panel;
   if (act == "silu") {
     spec.act = Act::silu;
   } else if (act == "gelu_tanh") {
@@ -486,7 +493,8 @@ std::tuple<mx::array, mx::array, mx::array> fused_qkv(
     int q_heads, int kv_heads, int head_dim, const std::optional<mx::array>& norm, float eps,
     const std::optional<mx::array>& bias, const std::optional<mx::array>& q_norm,
     const std::optional<mx::array>& k_norm, float qk_eps, const std::optional<mx::array>& cos,
-    const std::optional<mx::array>& sin, bool traditional, mx::Dtype kv_dtype, mx::StreamOrDevice s) {
+    const std::optional<mx::array>& sin, bool traditional, mx::Dtype kv_dtype, bool panel,
+    mx::StreamOrDevice s) {
   const char* op = "fused_qkv";
   mx::Stream stream = cpu_stream(op, s);
   const Checked c = check_weights(op, x, wq, scales, mins);
@@ -503,6 +511,7 @@ std::tuple<mx::array, mx::array, mx::array> fused_qkv(
   spec.kv_heads = kv_heads;
   spec.head_dim = head_dim;
   spec.traditional = traditional;
+  spec.panel = panel;
   if (kv_dtype == mx::float32) {
     spec.kv_type = 0;
   } else if (kv_dtype == mx::float16) {

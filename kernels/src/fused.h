@@ -1,5 +1,5 @@
 // Fused decoder-layer operations for MLX's CPU backend: a q8_0 / q4_1 matmul (the float kernels of
-// qdot.h) with the elementwise work around it done in the same op, so a decode step issues a few
+// qdot.h, or with panel the panel GEMM of gemm.h) with the elementwise work around it done in the same op, so a decode step issues a few
 // ops per layer instead of ~40:
 //
 //   fused_linear: y = x' @ W.T with x' = rms_norm(x) * norm (optional), then y += bias, y = act(y[:, :N/2])
@@ -47,6 +47,7 @@ struct FusedSpec {
   bool rope = false;
   bool traditional = false;
   int kv_type = 0;  // 0 float32, 1 float16, 2 bfloat16
+  bool panel = false;  // the matmul through the panel GEMM (gemm.h: long blocks; its own sum order)
 
   bool operator==(const FusedSpec&) const = default;
 };
@@ -56,7 +57,8 @@ mx::array fused_linear(const mx::array& x, const mx::array& wq, const mx::array&
                        const std::optional<mx::array>& mins, const std::optional<mx::array>& norm, float eps,
                        const std::optional<mx::array>& bias, const std::string& act,
                        const std::optional<mx::array>& post_norm, float post_eps,
-                       const std::optional<mx::array>& residual, mx::StreamOrDevice s = {});
+                       const std::optional<mx::array>& residual, bool panel = false,
+                       mx::StreamOrDevice s = {});
 
 // -> (q float32 [..., Hq, D], k [..., Hkv, D], v [..., Hkv, D]) with k, v in kv_dtype.
 std::tuple<mx::array, mx::array, mx::array> fused_qkv(
@@ -64,7 +66,8 @@ std::tuple<mx::array, mx::array, mx::array> fused_qkv(
     int q_heads, int kv_heads, int head_dim, const std::optional<mx::array>& norm, float eps,
     const std::optional<mx::array>& bias, const std::optional<mx::array>& q_norm,
     const std::optional<mx::array>& k_norm, float qk_eps, const std::optional<mx::array>& cos,
-    const std::optional<mx::array>& sin, bool traditional, mx::Dtype kv_dtype, mx::StreamOrDevice s = {});
+    const std::optional<mx::array>& sin, bool traditional, mx::Dtype kv_dtype, bool panel = false,
+    mx::StreamOrDevice s = {});
 
 class FusedLinear : public mx::Primitive {
  public:

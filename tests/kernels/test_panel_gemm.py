@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.kernels.test_qmatmul import FORMATS, ISAS, float_bound, fk, mx
+from tests.kernels.test_qmatmul import FORMATS, ISAS, fk, float_bound, mx
 
 # (M, N, K): row tails of the 6-row tile, partial 16-column panels, padded K, panel groups of 1..5
 SHAPES = [(1, 16, 32), (7, 40, 100), (13, 33, 576), (64, 960, 576), (130, 576, 1536), (6, 1, 32)]

@@ -61,10 +61,8 @@ def logits(model, fused: bool, kv_dtype: str, chunks: list[int]) -> np.ndarray:
 
 
 def test_the_fused_path_is_taken(model):
-    assert all(layer.fuses(1) and layer.fuses(64) for layer in model.layers)
-    long_blocks_fuse = kernels().isa() == "avx512"  # AVX-512: every row count; AVX2: BLAS above 64
-    assert all(layer.fuses(65) == long_blocks_fuse for layer in model.layers)
-    assert all(layer.fuses(10_000) == long_blocks_fuse for layer in model.layers)
+    # every row count (on AVX2 blocks above kernel_max_rows through the panel GEMM)
+    assert all(layer.fuses(n) for layer in model.layers for n in (1, 64, 65, 10_000))
     old = layers.FUSED_OPS
     layers.FUSED_OPS = False
     try:
@@ -129,3 +127,30 @@ def test_chunked_prefill_and_decode_match_one_piece(model):
     scale = np.abs(one).max()
     # the prompt's last logits and the decode steps (the chunked run has two more rows in front)
     assert np.abs(chunked[2:] - one).max() <= BOUND["float16"] * scale
+
+
+def long_prompt_logits(model, fused: bool, row_limit: float, monkeypatch) -> np.ndarray:
+    """A 150-token prompt in one forward, with the kernels' row limit set to ``row_limit``: its logits."""
+    import engine_service.model.projections as projections
+    import engine_service.model.transformer as transformer
+
+    for module in (layers, projections, transformer):
+        monkeypatch.setattr(module, "kernel_max_rows", lambda: row_limit)
+    monkeypatch.setattr(layers, "FUSED_OPS", fused)
+    ex = ModuleExecutor.create(model, max_sessions=1, max_session_tokens=160, keep_logits=True)
+    prompt = tuple((PROMPT * 8)[:150])
+    out = ex.execute([ExecInput(ex.open_session(), 0, tokens=prompt)])[0]
+    return np.array(out.logits)
+
+
+def test_long_blocks_through_the_panel_gemm_equal_unfused(model, monkeypatch):
+    """Above the row limit (AVX2's 64) the fused ops run the panel GEMM; they match the unfused ops,
+    and (control) their bits differ from the dot-product kernels', so the panel flag reached them."""
+    want = long_prompt_logits(model, False, 64, monkeypatch)
+    got = long_prompt_logits(model, True, 64, monkeypatch)
+    scale = np.abs(want).max()
+    bound = 10 * BOUND["float32"]  # measured <= 8e-5: float32 rounding over 150 positions of random layers
+    assert np.abs(got - want).max() <= bound * scale, np.abs(got - want).max() / scale
+    tiles = long_prompt_logits(model, True, float("inf"), monkeypatch)
+    assert np.abs(got - tiles).max() <= bound * scale
+    assert not np.array_equal(got, tiles), "the fused ops did not take the panel GEMM"

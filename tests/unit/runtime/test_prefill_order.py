@@ -1,5 +1,5 @@
 """Prefill scheduling: shortest remaining prompt first, a bound on how long a prompt can be passed over,
-and a smaller forward while several generations share the engine (``shared_batch_tokens``).
+and a smaller forward while a generation decodes (``shared_batch_tokens``).
 
 Each check runs against a control that must fail it: start order instead of the shortest first, a
 starvation bound too large to act, ``shared_batch_tokens=0``.
@@ -75,22 +75,32 @@ def forwards(fake: FakeExecutor, sids: set[int]) -> list[int]:
 
 
 @pytest.mark.parametrize("shared", [48, 0], ids=["shared-48", "off-control"])
-def test_forwards_shrink_only_while_generations_share_the_engine(make_runner, shared):
+def test_forwards_shrink_only_while_a_generation_decodes(make_runner, shared):
     fake = FakeExecutor(vocab_size=VOCAB, max_session_tokens=1024, preferred_batch_tokens=256)
     runner = make_runner(fake, shared_batch_tokens=shared)
-    alone = runner.open_session()
-    alone.generate_async([3] * 300, GenConfig(max_new_tokens=1)).wait(10)
-    assert forwards(fake, {alone._record.sid})[0] == 256, "a lone prompt keeps the full budget"
-    a, b = runner.open_session(), runner.open_session()
-    with engine_paused(runner, fake):
-        handles = [s.generate_async([3] * 200, GenConfig(max_new_tokens=4)) for s in (a, b)]
+    a, b, c = runner.open_session(), runner.open_session(), runner.open_session()
+    with engine_paused(runner, fake):  # two prompts, nothing decoding: the full budget
+        handles = [s.generate_async([3] * 300, GenConfig(max_new_tokens=1)) for s in (a, b)]
     assert all(h.wait(10).finish_reason == "length" for h in handles)
-    sizes = forwards(fake, {a._record.sid, b._record.sid})
+    assert max(forwards(fake, {a._record.sid, b._record.sid})) == 256
+    with engine_paused(runner, fake):  # a decoding generation, then a prompt beside it
+        decoding = c.generate_async([3], GenConfig(max_new_tokens=200))
+    first = len(fake.batches)
+    prompt = a.generate_async([4] * 300, GenConfig(max_new_tokens=1))
+    assert prompt.wait(10).finish_reason == "length"
+    decoding.cancel()
+    decoding.wait(10)
+    with fake.lock:
+        beside = [
+            sum(i.size() for i in batch)
+            for batch in fake.batches[first:]
+            if a._record.sid in {i.sid for i in batch}
+        ]
     if shared:
-        assert max(sizes) <= shared and len(sizes) >= 400 // shared
+        assert max(beside) <= shared and len(beside) >= 300 // shared
     else:
-        assert max(sizes) > 48, "the control's forwards were small anyway"
-    for s in (alone, a, b):
+        assert max(beside) > 48, "the control's forwards were small anyway"
+    for s in (a, b, c):
         s.close()
 
 
