@@ -60,15 +60,27 @@ def raw(name: str, quick: bool) -> dict:
     out = {"weights_dtype": loaded.weights_dtype, "prefill": {}, "decode": {}}
     warm = new_cache(model, 65, kv_dtype="auto")
     mx.eval(prefill(model, warm, warm.seq_new(), prompt[:64]))
-    for n in (512,) if quick else (512, 1024):
+    out["prefill"] = forkline_prefill(model, (512,) if quick else (512, 1024), reps=2)
+    out["decode"] = forkline_decode(model, depths, 16 if quick else 48)
+    return out
+
+
+def forkline_prefill(model, sizes, reps: int = 1) -> dict[str, float]:
+    """Prefill tokens/s of a fresh sequence of each size (chunks of 512, the best of ``reps``)."""
+    import mlx.core as mx
+
+    from engine_service.greedy import new_cache, prefill
+
+    prompt = [1000 + (i * 7919) % 29000 for i in range(max(sizes))]
+    out = {}
+    for n in sizes:
         times = []
-        for _ in range(2):
+        for _ in range(reps):
             cache = new_cache(model, n + 1, kv_dtype="auto")
             t0 = time.perf_counter()
             mx.eval(prefill(model, cache, cache.seq_new(), prompt[:n]))
             times.append(time.perf_counter() - t0)
-        out["prefill"][str(n)] = round(n / min(times), 1)
-    out["decode"] = forkline_decode(model, depths, 16 if quick else 48)
+        out[str(n)] = round(n / min(times), 1)
     return out
 
 
@@ -120,16 +132,24 @@ def batched(name: str, quick: bool) -> dict:
 
 
 def llama_bench(
-    binary: str, path: str, threads: int, quick: bool, depths=None, prefill: bool = True, reps: int = 2
+    binary: str,
+    path: str,
+    threads: int,
+    quick: bool,
+    depths=None,
+    prefill: bool = True,
+    reps: int = 2,
+    sizes: str | None = None,
 ) -> dict:
-    """llama-bench's prefill (-p, unless not ``prefill``) and decode at each depth (-n 32 -d ...) on ``path``."""
+    """llama-bench's prefill (-p ``sizes``, unless not ``prefill``) and decode at each depth (-n 32 -d
+    ...; none when ``depths`` is empty) on ``path``."""
     import subprocess
 
-    depths = depths or (DEPTHS[:2] if quick else DEPTHS)
-    sizes = "512" if quick else "512,1024"
+    depths = (DEPTHS[:2] if quick else DEPTHS) if depths is None else depths
+    sizes = sizes or ("512" if quick else "512,1024")
     base = [binary, "-m", path, "-t", str(threads), "-r", str(reps), "-o", "json"]
     out = {"prefill": {}, "decode": {}}
-    runs = [["-p", "0", "-n", "32", "-d", ",".join(map(str, depths))]]
+    runs = [["-p", "0", "-n", "32", "-d", ",".join(map(str, depths))]] if depths else []
     for extra in ([["-p", sizes, "-n", "0"]] if prefill else []) + runs:
         rows = json.loads(subprocess.run(base + extra, capture_output=True, text=True, check=True).stdout)
         for row in rows:

@@ -109,3 +109,13 @@ def test_shared_batch_tokens_is_validated(make_runner):
 
     with pytest.raises(InvalidArgument, match="shared_batch_tokens"):
         make_runner(shared_batch_tokens=-1)
+
+
+def test_the_engine_flag_reaches_the_settings_and_a_bad_value_names_it():
+    from engine_service.__main__ import executor_settings, parse_args
+    from engine_service.api.errors import InvalidArgument
+
+    assert executor_settings(parse_args(["--shared_batch_tokens", "64"])).shared_batch_tokens == 64
+    assert executor_settings(parse_args([])).shared_batch_tokens == 128
+    with pytest.raises(InvalidArgument, match="shared_batch_tokens must be >= 0, got -2"):
+        executor_settings(parse_args(["--shared_batch_tokens", "-2"]))
