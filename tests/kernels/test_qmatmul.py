@@ -53,14 +53,15 @@ def float_bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return 1e-5 * (np.abs(x.astype(np.float64)) @ np.abs(w).T) + 1e-30
 
 
+@pytest.mark.parametrize("panel", [False, True], ids=["dot-product", "panel-gemm"])
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("m,n,k", SHAPES)
-def test_float_activations_match_float64_dot_of_dequantized_weights(fmt, m, n, k):
+def test_float_activations_match_float64_dot_of_dequantized_weights(fmt, m, n, k, panel):
     make, op = FORMATS[fmt]
     rng = np.random.default_rng(m * 1000 + n + k)
     arrays, deq, _ = make(rng, n, k)
     x = rng.standard_normal((m, k)).astype(np.float32)
-    y = np.array(op(mx.array(x), *arrays))
+    y = np.array(op(mx.array(x), *arrays, panel=panel))
     ref = x.astype(np.float64) @ deq.T
     assert y.shape == (m, n) and y.dtype == np.float32
     assert np.all(np.abs(y - ref) <= float_bound(x, deq)), np.abs(y - ref).max()
