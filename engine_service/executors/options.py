@@ -28,7 +28,7 @@ class ExecutorSettings:
     kv_memory_mib: int = 0  # 0: auto (engine_service/executors/kv_memory.py)
     max_decode_sequences: int = 8
     prefill_chunk: int = 512
-    # positions a forward carries while a generation is decoding (0: prefill_chunk); see scheduler.py
+    # the cap on a forward in which a prompt ends (0: none); see runtime/scheduler.py
     shared_batch_tokens: int = 128
     kv_dtype: str = "auto"
     weights_dtype: str = "auto"
@@ -66,9 +66,9 @@ _LIMITS = (
     (
         "--shared_batch_tokens",
         DEFAULTS.shared_batch_tokens,
-        "positions one forward carries at most while a generation is decoding, its step included "
-        "(prompts shortest first); shorter forwards bring the decoding generations' next tokens and a "
-        "new prompt's first token sooner; 0: --prefill_chunk",
+        "positions at most of a forward in which a prompt ends while others run, decode steps "
+        "included (prompts go shortest first): a short prompt's first token does not wait for "
+        "another's long chunk; 0: no such cap",
     ),
 )
 

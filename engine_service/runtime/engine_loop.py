@@ -173,9 +173,7 @@ class EngineLoop:
         # A method, not inline in the loop: the plan must not stay referenced while the engine idles
         # (it holds generation handles, which hold sessions that would then never be collected).
         budget = self._executor.preferred_batch_tokens()
-        if self._shared_tokens and any(not g.prefilling for g in self.active):
-            budget = min(budget, self._shared_tokens)  # a decode step waits for this forward
-        plan = plan_batch(self.active, self._max_decode, budget, self.counts["steps"])
+        plan = plan_batch(self.active, self._max_decode, budget, self.counts["steps"], self._shared_tokens)
         if plan.inputs:
             self._delivery.run(plan)
 

@@ -79,7 +79,8 @@ class RunnerMetrics:
 
 class Runner:
     """Drives one :class:`Executor` from a dedicated engine thread; ``max_decode_sequences`` decode
-    steps share a forward at most, ``shared_batch_tokens`` positions while one decodes. An executor that fails at start raises here."""
+    steps share a forward at most, one in which a prompt ends holds ``shared_batch_tokens`` positions
+    at most. An executor that fails at start raises here."""
 
     def __init__(
         self,

@@ -37,11 +37,17 @@ STARVED_STEPS = 8
 
 
 def plan_batch(
-    active: Sequence[ActiveGeneration], max_decode: int, preferred_tokens: int, step: int
+    active: Sequence[ActiveGeneration],
+    max_decode: int,
+    preferred_tokens: int,
+    step: int,
+    short_tokens: int = 0,
 ) -> BatchPlan:
     """One batch: up to ``max_decode`` decode steps, then prefill chunks up to ``preferred_tokens``
     positions, shortest remaining prompt first (the least total wait for first tokens) unless one has
-    waited ``STARVED_STEPS`` forwards; advances the prefill cursors and stamps ``last_step``."""
+    waited ``STARVED_STEPS`` forwards; a forward in which that first prompt ends (a first token
+    waits for it) holds at most ``short_tokens`` positions (0: no such cap). Advances the prefill
+    cursors and stamps ``last_step``."""
     budget = max(1, preferred_tokens)
     planned: list[PlannedInput] = []
     # least recently stepped first: fair when more are waiting than fit
@@ -53,8 +59,13 @@ def plan_batch(
         gen.last_step = step
         budget -= 1
     prefilled = False
-    waiting = (g for g in active if g.prefilling)
-    for gen in sorted(waiting, key=lambda g: (step - g.last_step <= STARVED_STEPS, g.prefill_left())):
+    waiting = sorted(
+        (g for g in active if g.prefilling),
+        key=lambda g: (step - g.last_step <= STARVED_STEPS, g.prefill_left()),
+    )
+    if waiting and short_tokens and waiting[0].prefill_left() <= short_tokens - len(planned):
+        budget = min(budget, short_tokens - len(planned))  # its first token comes after this forward only
+    for gen in waiting:
         if budget <= 0 and prefilled:  # the first prefill always runs: long decodes never starve a prompt
             break
         rec = gen.record

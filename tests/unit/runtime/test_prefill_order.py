@@ -1,5 +1,5 @@
 """Prefill scheduling: shortest remaining prompt first, a bound on how long a prompt can be passed over,
-and a smaller forward while a generation decodes (``shared_batch_tokens``).
+and a short forward where a short prompt ends (``shared_batch_tokens``).
 
 Each check runs against a control that must fail it: start order instead of the shortest first, a
 starvation bound too large to act, ``shared_batch_tokens=0``.
@@ -19,7 +19,7 @@ from tests.unit.runtime.fake_executor import FakeExecutor
 
 def prefilling(key: int, size: int, admitted: int = 0) -> ActiveGeneration:
     """A generation with ``size`` prompt positions still to feed, admitted at step ``admitted``."""
-    gen = ActiveGeneration(handle=None, config=GenConfig(prefill_chunk=64), callback=None, input=(5,) * size)
+    gen = ActiveGeneration(handle=None, config=GenConfig(), callback=None, input=(5,) * size)
     gen.record = SessionRecord(key=key, sid=100 + key, position=0)
     gen.segments, gen.last_step = [gen.input], admitted
     return gen
@@ -75,32 +75,35 @@ def forwards(fake: FakeExecutor, sids: set[int]) -> list[int]:
 
 
 @pytest.mark.parametrize("shared", [48, 0], ids=["shared-48", "off-control"])
-def test_forwards_shrink_only_while_a_generation_decodes(make_runner, shared):
+def test_a_forward_that_ends_a_short_prompt_stays_short(shared):
+    long, short = prefilling(0, 300), prefilling(1, 30)
+    plan = plan_batch([long, short], max_decode=8, preferred_tokens=256, step=1, short_tokens=shared)
+    assert fed(plan, short) == 30 and plan.inputs[0].gen is short
+    if shared:
+        assert fed(plan, long) == shared - 30, "the long prompt fills the short forward's room"
+    else:
+        assert fed(plan, long) == 256 - 30, "the control's forward was short anyway"
+
+
+def test_long_prompts_alone_keep_the_full_budget():
+    a, b = prefilling(0, 300), prefilling(1, 200)
+    plan = plan_batch([a, b], max_decode=8, preferred_tokens=256, step=1, short_tokens=48)
+    assert fed(plan, b) == 200 and fed(plan, a) == 56  # the shorter first, the forward 256 long
+
+
+@pytest.mark.parametrize("shared", [48, 0], ids=["shared-48", "off-control"])
+def test_through_a_runner_a_short_prompt_beside_a_long_one(make_runner, shared):
     fake = FakeExecutor(vocab_size=VOCAB, max_session_tokens=1024, preferred_batch_tokens=256)
     runner = make_runner(fake, shared_batch_tokens=shared)
-    a, b, c = runner.open_session(), runner.open_session(), runner.open_session()
-    with engine_paused(runner, fake):  # two prompts, nothing decoding: the full budget
-        handles = [s.generate_async([3] * 300, GenConfig(max_new_tokens=1)) for s in (a, b)]
+    a, b = runner.open_session(), runner.open_session()
+    with engine_paused(runner, fake):
+        handles = [a.generate_async([3] * 600, GenConfig(max_new_tokens=1))]
+        handles.append(b.generate_async([4] * 20, GenConfig(max_new_tokens=1)))
     assert all(h.wait(10).finish_reason == "length" for h in handles)
-    assert max(forwards(fake, {a._record.sid, b._record.sid})) == 256
-    with engine_paused(runner, fake):  # a decoding generation, then a prompt beside it
-        decoding = c.generate_async([3], GenConfig(max_new_tokens=200))
-    first = len(fake.batches)
-    prompt = a.generate_async([4] * 300, GenConfig(max_new_tokens=1))
-    assert prompt.wait(10).finish_reason == "length"
-    decoding.cancel()
-    decoding.wait(10)
-    with fake.lock:
-        beside = [
-            sum(i.size() for i in batch)
-            for batch in fake.batches[first:]
-            if a._record.sid in {i.sid for i in batch}
-        ]
-    if shared:
-        assert max(beside) <= shared and len(beside) >= 300 // shared
-    else:
-        assert max(beside) > 48, "the control's forwards were small anyway"
-    for s in (a, b, c):
+    sizes = forwards(fake, {a._record.sid, b._record.sid})
+    assert sizes[0] == (shared if shared else 256), sizes  # the short prompt's forward
+    assert max(sizes) == 256, "the long prompt alone runs full forwards"
+    for s in (a, b):
         s.close()
 
 
