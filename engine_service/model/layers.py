@@ -89,13 +89,18 @@ class DecoderLayer(nn.Module):
         GEMM unless deterministic)."""
         return FUSED_OPS and self._fusion is not None and mx.default_device() == mx.cpu
 
+    def panel(self, rows: int) -> bool:
+        """Whether a fused op over ``rows`` rows runs the panel GEMM (above :func:`kernel_max_rows`,
+        never when deterministic)."""
+        return not self.deterministic and rows > kernel_max_rows()
+
     def fused(self, h: mx.array, step: KVStep, rotations: Rotations, positions: mx.array) -> mx.array:
         """The layer as five fused kernel ops (qkv, attention, o + residual, norm + gate/up, down +
         residual), with the optional norms the layer has; row-local like the unfused ops."""
         ext, calls = self._fusion, self._calls or self._gather_calls()
         cos, sin = rotations[self.rope_theta]
         hint = calls.kv_hint
-        panel = not self.deterministic and h.shape[0] > kernel_max_rows()
+        panel = self.panel(h.shape[0])
         q, k, v = ext.fused_qkv(
             h, *calls.qkv, cos=cos, sin=sin, kv_dtype=hint[0], panel=panel, **calls.qkv_kw
         )

@@ -13,7 +13,6 @@ import engine_service.model.fast_math as fast_math
 from engine_service.cache.batch_control import KVStep
 from engine_service.model.arch import architecture
 from engine_service.model.config import ModelConfig
-from engine_service.model.cpu_kernels import kernel_max_rows
 from engine_service.model.projections import NATIVE, Projection, Tensor, convert
 
 
@@ -111,7 +110,7 @@ class Transformer(nn.Module):
         if self.layers and self.layers[0].fuses(h.shape[0]) and head.fused_args() is not None:
             # the final norm inside the head's kernel, as every layer's pre-norm (one op, same rows)
             eps, first = self._config.rms_norm_eps, self.layers[0]
-            panel = not first.deterministic and h.shape[0] > kernel_max_rows()
+            panel = first.panel(h.shape[0])
             return first._fusion.fused_linear(h, *head.fused_args(), norm=self.norm, eps=eps, panel=panel)
         h = fast_math.rms_norm(self._config.rms_norm_eps)(h, self.norm)
         return head(h).astype(mx.float32)

@@ -132,9 +132,8 @@ def test_chunked_prefill_and_decode_match_one_piece(model):
 def long_prompt_logits(model, fused: bool, row_limit: float, monkeypatch) -> np.ndarray:
     """A 150-token prompt in one forward, with the kernels' row limit set to ``row_limit``: its logits."""
     import engine_service.model.projections as projections
-    import engine_service.model.transformer as transformer
 
-    for module in (layers, projections, transformer):
+    for module in (layers, projections):
         monkeypatch.setattr(module, "kernel_max_rows", lambda: row_limit)
     monkeypatch.setattr(layers, "FUSED_OPS", fused)
     ex = ModuleExecutor.create(model, max_sessions=1, max_session_tokens=160, keep_logits=True)
