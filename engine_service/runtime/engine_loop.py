@@ -39,6 +39,12 @@ __all__ = ["BatchObserver", "EngineLoop"]
 
 log = logging.getLogger(__name__)
 
+# After answering a Clone, the engine waits this long for the caller's next command (the prefix
+# service's Generate on the clone) before a forward that prefills at least LINGER_MIN_POSITIONS: that
+# forward can take a second on a CPU, and a Generate arriving just after it started would wait all of it.
+LINGER_S = 0.02
+LINGER_MIN_POSITIONS = 128
+
 COUNTERS = (
     "steps",
     "forward_batches",
@@ -95,6 +101,7 @@ class EngineLoop:
             }
         )
         self._hooks = EngineHooks(self.finish, self._table.dispatch, self.counts)
+        self._cloned = False  # the last drain answered a Clone
 
     def put(self, command: object) -> bool:
         """Queue ``command`` unless the engine is stopping (then False). Unknown types raise TypeError."""
@@ -123,6 +130,8 @@ class EngineLoop:
             while not self.stop_requested:
                 self.counts["steps"] += 1
                 self._drain(block=not self.active)  # idle: block on the inbox, no busy spin
+                if self._cloned and self._long_prefill_next():
+                    self._drain(block=True, timeout=LINGER_S)
                 if self.stop_requested:
                     break
                 self._reap_cancelled()
@@ -139,12 +148,17 @@ class EngineLoop:
     def active_generations(self) -> int:
         return len(self.active)
 
-    def _drain(self, *, block: bool) -> None:
+    def _long_prefill_next(self) -> bool:
+        return any(g.prefilling and g.prefill_left() >= LINGER_MIN_POSITIONS for g in self.active)
+
+    def _drain(self, *, block: bool, timeout: float | None = None) -> None:
+        self._cloned = False
         try:
-            command = self.inbox.get() if block else self.inbox.get_nowait()
+            command = self.inbox.get(timeout=timeout) if block else self.inbox.get_nowait()
         except queue.Empty:
             return
         while True:
+            self._cloned = self._cloned or isinstance(command, CloneCommand)
             self._dispatch(command)
             if self.stop_requested:
                 return

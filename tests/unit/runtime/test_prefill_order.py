@@ -7,10 +7,13 @@ starvation bound too large to act, ``shared_batch_tokens=0``.
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from engine_service.api.config import GenConfig
-from engine_service.runtime import scheduler
+from engine_service.runtime import engine_loop, scheduler
 from engine_service.runtime.scheduler import plan_batch
 from engine_service.runtime.state import ActiveGeneration, SessionRecord
 from tests.unit.runtime.conftest import VOCAB, engine_paused
@@ -122,3 +125,35 @@ def test_the_engine_flag_reaches_the_settings_and_a_bad_value_names_it():
     assert executor_settings(parse_args([])).shared_batch_tokens == 128
     with pytest.raises(InvalidArgument, match="shared_batch_tokens must be >= 0, got -2"):
         executor_settings(parse_args(["--shared_batch_tokens", "-2"]))
+
+
+class SlowFake(FakeExecutor):
+    """Each forward takes 0.2 s, as a long prefill chunk does on a CPU."""
+
+    def execute(self, batch):
+        self.entered_forward.set()
+        time.sleep(0.2)
+        return super().execute(batch)
+
+
+@pytest.mark.parametrize("linger", [1.0, 0.0], ids=["linger", "no-linger-control"])
+def test_a_generate_right_after_its_clone_joins_the_next_forward(make_runner, monkeypatch, linger):
+    """The prefix service clones, then starts a Generate on the clone: the engine waits for it
+    (``LINGER_S``) before a long prefill's next forward instead of making it wait that whole forward."""
+    monkeypatch.setattr(engine_loop, "LINGER_S", linger)
+    fake = SlowFake(vocab_size=VOCAB, max_session_tokens=1024, preferred_batch_tokens=256)
+    fake.entered_forward = threading.Event()
+    runner = make_runner(fake)
+    stored, long = runner.open_session(), runner.open_session()
+    stored.generate_async([2] * 10, GenConfig(max_new_tokens=1)).wait(10)
+    fake.entered_forward.clear()
+    cold = long.generate_async([3] * 600, GenConfig(max_new_tokens=1))
+    assert fake.entered_forward.wait(10)  # its first 256 positions are being computed
+    hit = stored.clone_async(10).result(10)  # answered between that forward and the next
+    short = hit.generate_async([4] * 20, GenConfig(max_new_tokens=1))
+    assert short.wait(10).finish_reason == "length" and cold.wait(10).finish_reason == "length"
+    with fake.lock:
+        fed = [{i.sid for i in batch} for batch in fake.batches if long._record.sid in {i.sid for i in batch}]
+    assert (hit._record.sid in fed[1]) == bool(linger), fed
+    for s in (stored, long, hit):
+        s.close()
