@@ -44,27 +44,6 @@ def first_within_rewind(
     return None
 
 
-def take_candidates(
-    matches: Iterable[IndexMatch[Entry]], request_length: int, rewind: int | None, max_attempts: int
-) -> list[IndexMatch[Entry]]:
-    """The matches a :func:`walk` can reach, in order, taken while the index may not change: up to
-    ``MAX_WINDOW_SKIPS`` passed over below a ring's floor and ``2 * max_attempts + 8`` others (room
-    for dead entries beside the attempts)."""
-    taken: list[IndexMatch[Entry]] = []
-    skipped = others = 0
-    for candidate in matches:
-        taken.append(candidate)
-        if _beyond_rewind(candidate.value, min(candidate.common, request_length - 1), rewind):
-            skipped += 1
-            if skipped >= MAX_WINDOW_SKIPS:
-                break
-        else:
-            others += 1
-            if others >= 2 * max_attempts + 8:
-                break
-    return taken
-
-
 @dataclass
 class Walk:
     """What one walk came to: a hit, or why not."""

@@ -1,7 +1,6 @@
 """PrefixCache: stored prompt snapshots (opaque session handles) keyed by ``(engine fingerprint,
 namespace, tokens)``, found by shared token prefix, bounded by a retention policy. One lock serializes
-the calls (``lookup``'s clones run outside it); ``lookup`` waits for the engine: never call it from a
-generation callback."""
+the calls; ``lookup`` waits for the engine: never call it from a generation callback."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from typing import Any
 from engine_service.api.errors import FailedPrecondition, InvalidArgument
 from prefix_service.cache.admission import admission_refusal
 from prefix_service.cache.budget import Reservation
-from prefix_service.cache.candidate_walk import Clone, Walk, first_within_rewind, take_candidates, walk
+from prefix_service.cache.candidate_walk import Clone, first_within_rewind, walk
 from prefix_service.cache.capture import PromptCapture
 from prefix_service.cache.entry_book import EntryBook
 from prefix_service.cache.events import EventKind
@@ -114,23 +113,11 @@ class PrefixCache(EntryBook):
     ) -> LookupOutcome:
         """Clone the best stored snapshot for ``tokens`` at ``min(common prefix, len(tokens) - 1)`` (longest
         match, then most recent; a refused clone moves on; a dead entry is dropped), or say why not.
-        ``count`` False: counters unchanged; ``clone``: how to clone for this caller (default: the backend's).
-        The clone calls run outside the lock (an engine answers one between its forwards): the candidates
-        are taken under it, and what the walk found is recorded under it again."""
+        ``count`` False: counters unchanged; ``clone``: how to clone for this caller (default: the backend's)."""
         key = token_key(tokens)
         scope = self._scope(namespace)
         with self._lock:
-            outcome = self._unservable(key)
-            if outcome is None:
-                rewind = max_rewind(self._backend)
-                found = take_candidates(self._index.matches(scope, key), len(key), rewind, self._max_attempts)
-        if outcome is None:
-            refusals: Counter[str] = Counter()
-            clone = clone or partial(clone_with_refusal, self._backend)
-            walked = walk(self._backend, clone, found, len(key), self._max_attempts, refusals)
-        with self._lock:
-            if outcome is None:
-                outcome = self._settle(scope, walked, refusals)
+            outcome = self._find(scope, key, clone or partial(clone_with_refusal, self._backend))
             if count and outcome.match is None:
                 self._misses += 1
             elif count:
@@ -308,31 +295,25 @@ class PrefixCache(EntryBook):
         with self._lock:
             self._refusals[reason] += 1
 
-    def _unservable(self, key: tuple[int, ...]) -> LookupOutcome | None:
-        """The miss no walk can change (lock held), or None."""
+    def _find(self, scope: Hashable, key: tuple[int, ...], clone: Clone) -> LookupOutcome:
+        """The lookup itself (the caller holds the lock and counts the hit or miss)."""
         if len(key) < 2:
             return LookupOutcome.miss(MissReason.TOO_SHORT)
         if self._budget.max_entries == 0:
             return LookupOutcome.miss(MissReason.DISABLED)
-        return None
-
-    def _settle(self, scope: Hashable, found: Walk, refusals: Counter[str]) -> LookupOutcome:
-        """Record a walk done outside the lock (lock held): entries dropped or evicted meanwhile are
-        left as they are; a clone of one stays the caller's."""
-        self._refusals.update(refusals)
-        for entry in found.dead:
-            if self._holds(entry):
-                self._refusals[INVALID_SNAPSHOT] += 1
-                self._drop(entry, EventKind.DROPPED)
+        matches = self._index.matches(scope, key)
+        found = walk(self._backend, clone, matches, len(key), self._max_attempts, self._refusals)
+        for entry in found.dead:  # removed after the walk: the index must not change while iterating
+            self._refusals[INVALID_SNAPSHOT] += 1
+            self._drop(entry, EventKind.DROPPED)
         if found.over_quota is not None:
             raise found.over_quota
         if found.hit is not None:
             entry, child, reused = found.hit
-            if self._holds(entry):
-                self._refresh(entry)
-                entry.hits += 1
-                entry.reused += reused
-                self._refresh_branches(entry, hit=True)
+            self._refresh(entry)
+            entry.hits += 1
+            entry.reused += reused
+            self._refresh_branches(entry, hit=True)
             return LookupOutcome.hit(Match(child, reused))
         refusal = found.refusal()
         if refusal is not None:
@@ -340,9 +321,6 @@ class PrefixCache(EntryBook):
         if not self._index.holds(scope):
             return LookupOutcome.miss(MissReason.EMPTY)
         return LookupOutcome.miss(MissReason.DIVERGED)  # every live entry differs at the first token
-
-    def _holds(self, entry: Entry) -> bool:
-        return self._index.get(entry.namespace, entry.tokens) is entry
 
     def _refuse(self, snapshot: Handle, reason: InsertRefusal) -> InsertOutcome:
         self._refusals[reason] += 1
