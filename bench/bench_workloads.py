@@ -70,6 +70,11 @@ def summarize(sents: list[Sent], wall: float, tokenize, tokenize_answer, positio
         "ttft_p50_s": percentile([s.ttft_s for s in ok], 0.5),
         "ttft_p99_s": percentile([s.ttft_s for s in ok], 0.99),
         "wall_s": round(wall, 2),
+        # per request in send order: [sent s, first token s, cached, prompt tokens] (what a p50 is made of)
+        "per_request": [
+            [round(s.sent_s, 3), round(s.ttft_s, 3), s.cached_tokens, s.prompt_tokens]
+            for s in sorted(ok, key=lambda s: s.sent_s)
+        ],
         **({"first_error": next(s.error for s in sents if s.error)} if len(ok) < len(sents) else {}),
     }
 
