@@ -101,7 +101,6 @@ class EngineLoop:
             }
         )
         self._hooks = EngineHooks(self.finish, self._table.dispatch, self.counts)
-        self._cloned = False  # the last drain answered a Clone
 
     def put(self, command: object) -> bool:
         """Queue ``command`` unless the engine is stopping (then False). Unknown types raise TypeError."""
@@ -129,8 +128,8 @@ class EngineLoop:
         try:
             while not self.stop_requested:
                 self.counts["steps"] += 1
-                self._drain(block=not self.active)  # idle: block on the inbox, no busy spin
-                if self._cloned and self._long_prefill_next():
+                cloned = self._drain(block=not self.active)  # idle: block on the inbox, no busy spin
+                if cloned and self._long_prefill_next():
                     self._drain(block=True, timeout=LINGER_S)
                 if self.stop_requested:
                     break
@@ -151,21 +150,22 @@ class EngineLoop:
     def _long_prefill_next(self) -> bool:
         return any(g.prefilling and g.prefill_left() >= LINGER_MIN_POSITIONS for g in self.active)
 
-    def _drain(self, *, block: bool, timeout: float | None = None) -> None:
-        self._cloned = False
+    def _drain(self, *, block: bool, timeout: float | None = None) -> bool:
+        """Dispatch the queued commands; whether one was a Clone."""
+        cloned = False
         try:
             command = self.inbox.get(timeout=timeout) if block else self.inbox.get_nowait()
         except queue.Empty:
-            return
+            return cloned
         while True:
-            self._cloned = self._cloned or isinstance(command, CloneCommand)
+            cloned = cloned or isinstance(command, CloneCommand)
             self._dispatch(command)
             if self.stop_requested:
-                return
+                return cloned
             try:
                 command = self.inbox.get_nowait()
             except queue.Empty:
-                return
+                return cloned
 
     def _dispatch(self, command: Command) -> None:
         try:

@@ -130,6 +130,10 @@ def test_the_engine_flag_reaches_the_settings_and_a_bad_value_names_it():
 class SlowFake(FakeExecutor):
     """Each forward takes 0.2 s, as a long prefill chunk does on a CPU."""
 
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.entered_forward = threading.Event()
+
     def execute(self, batch):
         self.entered_forward.set()
         time.sleep(0.2)
@@ -142,7 +146,6 @@ def test_a_generate_right_after_its_clone_joins_the_next_forward(make_runner, mo
     (``LINGER_S``) before a long prefill's next forward instead of making it wait that whole forward."""
     monkeypatch.setattr(engine_loop, "LINGER_S", linger)
     fake = SlowFake(vocab_size=VOCAB, max_session_tokens=1024, preferred_batch_tokens=256)
-    fake.entered_forward = threading.Event()
     runner = make_runner(fake)
     stored, long = runner.open_session(), runner.open_session()
     stored.generate_async([2] * 10, GenConfig(max_new_tokens=1)).wait(10)
