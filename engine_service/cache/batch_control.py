@@ -57,6 +57,20 @@ class KVView:
             raise ValueError("KVView parts must be non-empty and exclude keys/values/mask")
 
 
+@dataclass(frozen=True)
+class LayerIO:
+    """One layer's K/V store and attention as one op takes them (a step's optional ``layer_io``): the
+    segments' buffers [kv_heads, A, head_dim]; writes (segment, packed row, buffer row, rows); parts
+    (segment or -1, rows, keys, values, positions), a segment's: its buffer's first rows after the
+    store; groups (row_start, row_stop, parts) per segment when there are several."""
+
+    keys: list[mx.array]
+    values: list[mx.array]
+    writes: list[tuple[int, int, int, int]]
+    parts: list[tuple]
+    groups: list[tuple[int, int, int]]
+
+
 @runtime_checkable
 class KVStep(Protocol):
     """One packed forward's access to the cache. Created by :meth:`BatchControl.begin_step`."""

@@ -11,7 +11,7 @@ import mlx.core as mx
 import numpy as np
 
 from engine_service.api.errors import CacheError
-from engine_service.cache.batch_control import KVPart, KVView, Segment
+from engine_service.cache.batch_control import KVPart, KVView, LayerIO, Segment
 from engine_service.cache.config import CacheConfig, ConfiguredCache
 from engine_service.cache.frozen_rows import held_rows
 from engine_service.cache.pinned_state import PinnedState
@@ -68,23 +68,56 @@ class SequenceStep:
             if part.cache.pieces and not ring:
                 out.append(self._pieced_view(i, part, layer, rows, k_view, v_view))
                 continue
-            if ring:
-                key = (i, cfg.layers[layer].window)
-                if key not in self._masks:
-                    self._masks[key] = mx.array(part.cache.ring_mask(layer, part.start, part.length))
-                mask: mx.array | str | None = self._masks[key]
-            else:
-                mask = self._flat_mask(i, part, layer)
-            slots = part.cache.slots(layer) if ring else None
-            if (i, slots) not in self._positions:  # flat: row p at index p; ring: the slots' positions
-                self._positions[(i, slots)] = (
-                    mx.arange(part.start + part.length, dtype=mx.int32)
-                    if slots is None
-                    else mx.array(part.cache.ring_positions(layer, part.start, part.length))
-                )
-            positions = self._positions[(i, slots)]
+            mask = self._ring_mask(i, part, layer) if ring else self._flat_mask(i, part, layer)
+            positions = self._own_positions(i, part, layer)
             out.append(KVView(rows=rows, keys=k_view, values=v_view, mask=mask, positions=positions))
         return out
+
+    def layer_io(self, layer: int) -> LayerIO | None:
+        """What one fused layer op (``forkline_kernels.decoder_layer``) needs to store ``layer``'s K/V and
+        attend as :meth:`views` would, or None where this step has no batched K/V write. The caller
+        passes the updated buffers to :meth:`commit`."""
+        if self._kv_store is None:
+            return None
+        writes = self._writes(layer)
+        buffers = [part.cache.buffers(layer) for part in self._parts]
+        parts: list[tuple] = []
+        groups = []
+        for i, part in enumerate(self._parts):
+            cache, before = part.cache, len(parts)
+            if cache.is_ring(layer):
+                self._ring_mask(i, part, layer)  # counts stale reads, as a view does
+            elif cache.pieces:
+                parts.extend((-1, 0, p.keys[layer], p.values[layer], p.positions) for p in cache.pieces)
+            rows = cache.view_rows(layer, part.start + part.length)
+            parts.append((i, rows, None, None, self._own_positions(i, part, layer)))
+            groups.append((part.offset, part.offset + part.length, len(parts) - before))
+        keys, values = [b[0] for b in buffers], [b[1] for b in buffers]
+        return LayerIO(keys, values, writes, parts, groups if len(groups) > 1 else [])
+
+    def commit(self, layer: int, keys: list[mx.array], values: list[mx.array]) -> None:
+        """Hold a layer op's updated buffers (one per segment, in order)."""
+        for part, k, v in zip(self._parts, keys, values, strict=True):
+            part.cache.set_buffers(layer, k, v)
+
+    def _ring_mask(self, i: int, part: _Part, layer: int) -> mx.array:
+        key = (i, self._cfg.layers[layer].window)
+        if key not in self._masks:
+            self._masks[key] = mx.array(part.cache.ring_mask(layer, part.start, part.length))
+        return self._masks[key]
+
+    def _own_positions(self, i: int, part: _Part, layer: int) -> mx.array:
+        """Positions of the keys in the part's own buffer view: flat from ``tail_start`` (the pieces hold
+        the rest), a ring's by slot."""
+        slots = part.cache.slots(layer) if part.cache.is_ring(layer) else None
+        if (i, slots) not in self._positions:
+            end = part.start + part.length
+            self._positions[(i, slots)] = (
+                mx.arange(part.cache.tail_start, end, dtype=mx.int32)
+                if slots is None
+                else mx.array(part.cache.ring_positions(layer, part.start, part.length))
+            )
+        return self._positions[(i, slots)]
 
     def _flat_mask(self, i: int, part: _Part, layer: int) -> mx.array | str | None:
         """A flat view's mask: None (one row) or "causal", a bool [n, end] where a window hides rows."""
@@ -110,8 +143,8 @@ class SequenceStep:
         over the step)."""
         cache, window = part.cache, part.cache.window(layer)
         end = part.start + part.length
-        if (i, None) not in self._positions:
-            self._positions[(i, None)] = mx.arange(cache.tail_start, end, dtype=mx.int32)
+        positions = self._own_positions(i, part, layer)
+        if (i, 0) not in self._masks:
             tail = np.arange(cache.tail_start, end)
             self._masks[(i, 0)] = (
                 None if part.length == 1 else mx.array(_visible(tail, part.start, end, None))
@@ -123,23 +156,27 @@ class SequenceStep:
             KVPart(p.keys[layer], p.values[layer], m, p.positions)
             for p, m in zip(cache.pieces, masks, strict=False)
         )
-        tail = KVPart(keys, values, masks[-1], self._positions[(i, None)])
+        tail = KVPart(keys, values, masks[-1], positions)
         return KVView(rows=rows, keys=None, values=None, mask=None, parts=(*pieces, tail))
 
     def _store(self, layer: int, keys: mx.array, values: mx.array) -> None:
         """Write a step's K/V [T, kv_heads, head_dim] with one ``kv_store`` op; the caches then hold its
         outputs, so the op holds a buffer's only reference and updates it in place."""
-        writes = [
-            (i, part.offset + offset, index, rows)
-            for i, part in enumerate(self._parts)
-            for index, offset, rows in part.cache.write_runs(layer, part.start, part.length)
-        ]
+        writes = self._writes(layer)
         buffers = [part.cache.buffers(layer) for part in self._parts]
         new_keys, new_values = self._kv_store(
             keys, values, [b[0] for b in buffers], [b[1] for b in buffers], writes
         )
         for part, k, v in zip(self._parts, new_keys, new_values, strict=True):
             part.cache.set_buffers(layer, k, v)
+
+    def _writes(self, layer: int) -> list[tuple[int, int, int, int]]:
+        """``kv_store``'s writes (segment, packed row, buffer row, rows), growing the buffers as needed."""
+        return [
+            (i, part.offset + offset, index, rows)
+            for i, part in enumerate(self._parts)
+            for index, offset, rows in part.cache.write_runs(layer, part.start, part.length)
+        ]
 
     def state(self) -> list[mx.array]:
         return [a for part in self._parts for a in part.cache.arrays()]

@@ -25,6 +25,9 @@ _ON_CPU = not gpu_available()
 # whether layers run their fused ops where they can (DecoderLayer.fuses); off: the unfused MLX ops,
 # for comparisons (benchmarks, tests)
 FUSED_OPS = True
+# whether a fused layer runs as one op (forkline_kernels.decoder_layer) where the step can describe its
+# K/V for it; off: the five fused ops and the step's views (the same values; for comparisons)
+LAYER_OP = True
 
 ACTIVATIONS = {"silu": fast_math.silu_mul, "gelu_tanh": fast_math.gelu_tanh_mul}
 
@@ -42,6 +45,7 @@ class _FusedCalls:
     gate_up_kw: dict
     down: tuple
     down_kw: dict
+    layer_kw: dict
 
 
 class DecoderLayer(nn.Module):
@@ -101,6 +105,16 @@ class DecoderLayer(nn.Module):
         cos, sin = rotations[self.rope_theta]
         hint = calls.kv_hint
         panel = self.panel(h.shape[0])
+        layer_io = getattr(step, "layer_io", None) if LAYER_OP and positions is not None else None
+        io = layer_io(self.index) if layer_io is not None and ext.decoder_layer is not None else None
+        if io is not None:
+            h, keys, values = ext.decoder_layer(
+                h, calls.qkv, cos=cos, sin=sin, key_buffers=io.keys, value_buffers=io.values,
+                writes=io.writes, q_pos=positions, parts=io.parts, groups=io.groups, scale=self._scale,
+                window=self._window or 0, chunk=deterministic.KEY_CHUNK, panel=panel, **calls.layer_kw,
+            )  # fmt: skip
+            step.commit(self.index, keys, values)
+            return h
         q, k, v = ext.fused_qkv(
             h, *calls.qkv, cos=cos, sin=sin, kv_dtype=hint[0], panel=panel, **calls.qkv_kw
         )
@@ -142,6 +156,27 @@ class DecoderLayer(nn.Module):
             gate_up_kw=dict(norm=self.mlp_norm, eps=eps, bias=gate_up.get("bias"), act=self._activation),
             down=down.fused_args(),
             down_kw=dict(bias=down.get("bias"), post_norm=self.get("post_mlp_norm"), post_eps=eps),
+            layer_kw=dict(
+                q_heads=cfg.num_heads,
+                kv_heads=cfg.num_kv_heads,
+                head_dim=cfg.head_dim,
+                attn_norm=self.attn_norm,
+                eps=eps,
+                qkv_bias=qkv.get("bias"),
+                q_norm=self.get("q_norm"),
+                k_norm=self.get("k_norm"),
+                traditional=cfg.rope_traditional,
+                o=o.fused_args(),
+                o_bias=o.get("bias"),
+                post_attn_norm=self.get("post_attn_norm"),
+                gate_up=gate_up.fused_args(),
+                mlp_norm=self.mlp_norm,
+                gate_up_bias=gate_up.get("bias"),
+                act=self._activation,
+                down=down.fused_args(),
+                down_bias=down.get("bias"),
+                post_mlp_norm=self.get("post_mlp_norm"),
+            ),
         )
         self._calls = calls
         return calls

@@ -19,6 +19,7 @@ causal_attention = _ext.causal_attention
 fused_linear = _ext.fused_linear
 fused_qkv = _ext.fused_qkv
 kv_store = _ext.kv_store
+decoder_layer = getattr(_ext, "decoder_layer", None)  # one op a layer (src/decoder_layer.h)
 categorical = _ext.categorical
 q4_1_matmul = _ext.q4_1_matmul
 isa = _ext.isa
@@ -37,6 +38,7 @@ __all__ = [
     "built_with_mlx",
     "categorical",
     "causal_attention",
+    "decoder_layer",
     "fused_linear",
     "fused_qkv",
     "isa",

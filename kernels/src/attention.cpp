@@ -836,198 +836,203 @@ void CausalAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector
   auto& encoder = mx::cpu::get_command_encoder(stream());
   // The task holds its own references to the arrays until it has run.
   encoder.dispatch([inputs, out, scale = scale_, window = window_, chunk = chunk_, groups = groups_]() mutable {
-    const mx::array& q = inputs[0];
-    const int n = q.shape(0), hq = q.shape(1), d = q.shape(2), hkv = inputs[3].shape(0);
-    if (n == 0 || hq == 0 || d == 0) {
-      return;
+    attention_run(inputs, out.data<float>(), scale, window, chunk, groups);
+  });
+}
+
+void attention_run(const std::vector<mx::array>& inputs, float* out_data, float scale, int window, int chunk,
+                   const std::vector<int>& groups) {
+  const mx::array& q = inputs[0];
+  const int n = q.shape(0), hq = q.shape(1), d = q.shape(2), hkv = inputs[3].shape(0);
+  if (n == 0 || hq == 0 || d == 0) {
+    return;
+  }
+  std::vector<char> qcopy;
+  int64_t qs0, qs1;
+  const float* qbase = static_cast<const float*>(dense3<float>(q, qcopy, qs0, qs1));
+  const int32_t* qp = inputs[1].data<int32_t>();
+  const size_t parts = (inputs.size() - 2) / 3;
+  const mx::Dtype kv = inputs[3].dtype();
+  const int64_t elem = kv == mx::float32 ? 4 : 2;
+  // every part's keys and values with a unit last stride (copies only for strided views)
+  std::vector<std::vector<char>> copies(2 * parts);
+  std::vector<int64_t> khs(parts), vhs(parts), ks1(parts), vs1(parts);
+  std::vector<const char*> kb(parts), vb(parts);
+  for (size_t part = 0; part < parts; ++part) {
+    kb[part] = static_cast<const char*>(dense3_any(inputs[3 + 3 * part], copies[2 * part], khs[part], ks1[part]));
+    vb[part] = static_cast<const char*>(dense3_any(inputs[4 + 3 * part], copies[2 * part + 1], vhs[part], vs1[part]));
+  }
+  // One plan per group of rows (a sequence's rows and the parts of its view; by default one group:
+  // every row reads every part). A row's result never depends on the grouping.
+  const std::vector<int> one{0, n, static_cast<int>(parts)};
+  const std::vector<int>& spec = groups.empty() ? one : groups;
+  const int ngroups = static_cast<int>(spec.size() / 3);
+  struct Group {
+    Plan P;
+    std::vector<int> j0, j1;
+    int unit0 = 0, units = 0;
+  };
+  std::vector<Group> gs(ngroups);
+  int64_t keys_read = 0;
+  int units = 0;
+  size_t part0 = 0;
+  for (int g = 0; g < ngroups; ++g) {
+    const int r0 = spec[3 * g], r1 = spec[3 * g + 1], np = spec[3 * g + 2];
+    Plan& P = gs[g].P;
+    P.n = r1 - r0;
+    P.hq = hq;
+    P.d = d;
+    P.hkv = hkv;
+    P.rep = hq / hkv;
+    P.window = window;
+    P.chunk = chunk;
+    P.scale = scale;
+    P.out = out_data + static_cast<int64_t>(r0) * hq * d;
+    P.q = qbase + r0 * qs0;
+    P.qs0 = qs0;
+    P.qs1 = qs1;
+    P.qpos.resize(P.n);
+    for (int i = 0; i < P.n; ++i) {
+      P.qpos[i] = qp[(r0 + i) * inputs[1].strides()[0]];
     }
-    std::vector<char> qcopy;
-    int64_t qs0, qs1;
-    const float* qbase = static_cast<const float*>(dense3<float>(q, qcopy, qs0, qs1));
-    const int32_t* qp = inputs[1].data<int32_t>();
-    const size_t parts = (inputs.size() - 2) / 3;
-    const mx::Dtype kv = inputs[3].dtype();
-    const int64_t elem = kv == mx::float32 ? 4 : 2;
-    // every part's keys and values with a unit last stride (copies only for strided views)
-    std::vector<std::vector<char>> copies(2 * parts);
-    std::vector<int64_t> khs(parts), vhs(parts), ks1(parts), vs1(parts);
-    std::vector<const char*> kb(parts), vb(parts);
-    for (size_t part = 0; part < parts; ++part) {
-      kb[part] = static_cast<const char*>(dense3_any(inputs[3 + 3 * part], copies[2 * part], khs[part], ks1[part]));
-      vb[part] = static_cast<const char*>(dense3_any(inputs[4 + 3 * part], copies[2 * part + 1], vhs[part], vs1[part]));
+    P.khs = khs;
+    P.vhs = vhs;
+    // every readable key (position >= 0) of the group's parts, then sorted by position (stable: a
+    // caller's duplicate positions at least keep one order)
+    size_t total = 0;
+    for (size_t part = part0; part < part0 + np; ++part) {
+      total += inputs[2 + 3 * part].shape(0);
     }
-    // One plan per group of rows (a sequence's rows and the parts of its view; by default one group:
-    // every row reads every part). A row's result never depends on the grouping.
-    const std::vector<int> one{0, n, static_cast<int>(parts)};
-    const std::vector<int>& spec = groups.empty() ? one : groups;
-    const int ngroups = static_cast<int>(spec.size() / 3);
-    struct Group {
-      Plan P;
-      std::vector<int> j0, j1;
-      int unit0 = 0, units = 0;
-    };
-    std::vector<Group> gs(ngroups);
-    int64_t keys_read = 0;
-    int units = 0;
-    size_t part0 = 0;
-    for (int g = 0; g < ngroups; ++g) {
-      const int r0 = spec[3 * g], r1 = spec[3 * g + 1], np = spec[3 * g + 2];
-      Plan& P = gs[g].P;
-      P.n = r1 - r0;
-      P.hq = hq;
-      P.d = d;
-      P.hkv = hkv;
-      P.rep = hq / hkv;
-      P.window = window;
-      P.chunk = chunk;
-      P.scale = scale;
-      P.out = out.data<float>() + static_cast<int64_t>(r0) * hq * d;
-      P.q = qbase + r0 * qs0;
-      P.qs0 = qs0;
-      P.qs1 = qs1;
-      P.qpos.resize(P.n);
-      for (int i = 0; i < P.n; ++i) {
-        P.qpos[i] = qp[(r0 + i) * inputs[1].strides()[0]];
-      }
-      P.khs = khs;
-      P.vhs = vhs;
-      // every readable key (position >= 0) of the group's parts, then sorted by position (stable: a
-      // caller's duplicate positions at least keep one order)
-      size_t total = 0;
-      for (size_t part = part0; part < part0 + np; ++part) {
-        total += inputs[2 + 3 * part].shape(0);
-      }
-      P.pos.reserve(total);
-      P.rows.reserve(total);
-      for (size_t part = part0; part < part0 + np; ++part) {
-        const mx::array& kp = inputs[2 + 3 * part];
-        const int32_t* kpp = kp.data<int32_t>();
-        const int64_t kst = kp.strides()[0];
-        for (int row = 0; row < kp.shape(0); ++row) {
-          const int32_t pp = kpp[row * kst];
-          if (pp >= 0) {
-            P.pos.push_back(pp);
-            P.rows.push_back({kb[part] + row * ks1[part] * elem, vb[part] + row * vs1[part] * elem,
-                              static_cast<int>(part)});
-          }
+    P.pos.reserve(total);
+    P.rows.reserve(total);
+    for (size_t part = part0; part < part0 + np; ++part) {
+      const mx::array& kp = inputs[2 + 3 * part];
+      const int32_t* kpp = kp.data<int32_t>();
+      const int64_t kst = kp.strides()[0];
+      for (int row = 0; row < kp.shape(0); ++row) {
+        const int32_t pp = kpp[row * kst];
+        if (pp >= 0) {
+          P.pos.push_back(pp);
+          P.rows.push_back({kb[part] + row * ks1[part] * elem, vb[part] + row * vs1[part] * elem,
+                            static_cast<int>(part)});
         }
       }
-      part0 += np;
-      if (!std::is_sorted(P.pos.begin(), P.pos.end())) {
-        std::vector<int> order(P.pos.size());
-        for (size_t j = 0; j < order.size(); ++j) {
-          order[j] = static_cast<int>(j);
-        }
-        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return P.pos[a] < P.pos[b]; });
-        std::vector<int32_t> pos(order.size());
-        std::vector<Plan::Row> rows(order.size());
-        for (size_t j = 0; j < order.size(); ++j) {
-          pos[j] = P.pos[order[j]];
-          rows[j] = P.rows[order[j]];
-        }
-        P.pos.swap(pos);
-        P.rows.swap(rows);
-      }
-      // the keys each row reads, for the work estimate and the split
-      gs[g].j0.resize(P.n);
-      gs[g].j1.resize(P.n);
-      for (int i = 0; i < P.n; ++i) {
-        P.visible(i, gs[g].j0[i], gs[g].j1[i]);
-        keys_read += gs[g].j1[i] - gs[g].j0[i];
-      }
-      gs[g].unit0 = units;
-      gs[g].units = P.n * P.hkv * P.groups();
-      units += gs[g].units;
     }
-    // global unit u -> (its group, the unit within it)
-    auto locate = [&](int u, int& g) {
-      g = 0;
-      while (g + 1 < ngroups && gs[g + 1].unit0 <= u) {
-        ++g;
+    part0 += np;
+    if (!std::is_sorted(P.pos.begin(), P.pos.end())) {
+      std::vector<int> order(P.pos.size());
+      for (size_t j = 0; j < order.size(); ++j) {
+        order[j] = static_cast<int>(j);
       }
-      return u - gs[g].unit0;
-    };
-    const Kernels K = pick(active_isa(), kv);
-    WorkerPool& workers = pool();
-    const double est_us = static_cast<double>(keys_read) * hq * d / kMacsPerUs +
-                          static_cast<double>(keys_read) * hkv * d * 2 * elem / kBytesPerUs;
-    if (workers.size() == 1 || est_us < kSplitUs || units >= kUnitsPerThread * workers.size()) {
-      // whole units (each folds its chunks as it goes), shared out in small blocks
-      const int block = std::max(1, units / (workers.size() * 8));
-      workers.run_estimated((units + block - 1) / block, est_us, [&](int task) {
-        thread_local Scratch w;  // the running thread's own
-        for (int u = task * block; u < std::min(units, (task + 1) * block); ++u) {
-          int g;
-          const int local = locate(u, g);
-          K.unit(gs[g].P, unit_of(gs[g].P, local), w);
-        }
-      });
-      return;
-    }
-    // Few units (decode): every unit's chunks are split into runs that any thread computes, each
-    // chunk's partial stored; then each unit folds its partials in ascending chunk order -- the same
-    // operations as a whole unit on one thread.
-    struct Run {
-      int group, unit, first, j, je;  // first: the run's first chunk index (global)
-    };
-    std::vector<int> unit_chunk0(units + 1);  // unit u's chunks: [unit_chunk0[u], unit_chunk0[u + 1])
-    std::vector<int> starts;
-    for (int u = 0; u < units; ++u) {
-      int g;
-      const int local = locate(u, g);
-      const Plan& P = gs[g].P;
-      const Unit ul = unit_of(P, local);
-      unit_chunk0[u] = static_cast<int>(starts.size());
-      for (int j = gs[g].j0[ul.i]; j < gs[g].j1[ul.i]; j = P.chunk_end(j, gs[g].j1[ul.i])) {
-        starts.push_back(j);
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return P.pos[a] < P.pos[b]; });
+      std::vector<int32_t> pos(order.size());
+      std::vector<Plan::Row> rows(order.size());
+      for (size_t j = 0; j < order.size(); ++j) {
+        pos[j] = P.pos[order[j]];
+        rows[j] = P.rows[order[j]];
       }
+      P.pos.swap(pos);
+      P.rows.swap(rows);
     }
-    unit_chunk0[units] = static_cast<int>(starts.size());
-    const int chunks = unit_chunk0[units];
-    const int per = std::max(1, chunks / (workers.size() * kRunsPerThread));
-    std::vector<Run> runs;
-    for (int u = 0; u < units; ++u) {
-      int g;
-      const int local = locate(u, g);
-      const int i = unit_of(gs[g].P, local).i;
-      for (int c = unit_chunk0[u]; c < unit_chunk0[u + 1]; c += per) {
-        const int ce = std::min(unit_chunk0[u + 1], c + per);
-        runs.push_back({g, local, c, starts[c], ce < unit_chunk0[u + 1] ? starts[ce] : gs[g].j1[i]});
-      }
+    // the keys each row reads, for the work estimate and the split
+    gs[g].j0.resize(P.n);
+    gs[g].j1.resize(P.n);
+    for (int i = 0; i < P.n; ++i) {
+      P.visible(i, gs[g].j0[i], gs[g].j1[i]);
+      keys_read += gs[g].j1[i] - gs[g].j0[i];
     }
-    const int D = d;
-    const int stride = kMaxGroup * (D + 2);  // one chunk's partial: m[R], l[R], o[R * D]
-    std::vector<float> partials(static_cast<size_t>(chunks) * stride);
-    workers.run_estimated(static_cast<int>(runs.size()), est_us, [&](int task) {
-      thread_local Scratch w;
-      const Run& run = runs[task];
-      const Plan& P = gs[run.group].P;
-      const Unit u = unit_of(P, run.unit);
-      const std::vector<int>& j1 = gs[run.group].j1;
-      int c = run.first;
-      for (int j = run.j; j < run.je; ++c) {
-        const int je = P.chunk_end(j, j1[u.i]);
-        float* part = partials.data() + static_cast<size_t>(c) * stride;
-        K.partial(P, u, j, je, w, part, part + kMaxGroup, part + 2 * kMaxGroup);
-        j = je;
+    gs[g].unit0 = units;
+    gs[g].units = P.n * P.hkv * P.groups();
+    units += gs[g].units;
+  }
+  // global unit u -> (its group, the unit within it)
+  auto locate = [&](int u, int& g) {
+    g = 0;
+    while (g + 1 < ngroups && gs[g + 1].unit0 <= u) {
+      ++g;
+    }
+    return u - gs[g].unit0;
+  };
+  const Kernels K = pick(active_isa(), kv);
+  WorkerPool& workers = pool();
+  const double est_us = static_cast<double>(keys_read) * hq * d / kMacsPerUs +
+                        static_cast<double>(keys_read) * hkv * d * 2 * elem / kBytesPerUs;
+  if (workers.size() == 1 || est_us < kSplitUs || units >= kUnitsPerThread * workers.size()) {
+    // whole units (each folds its chunks as it goes), shared out in small blocks
+    const int block = std::max(1, units / (workers.size() * 8));
+    workers.run_estimated((units + block - 1) / block, est_us, [&](int task) {
+      thread_local Scratch w;  // the running thread's own
+      for (int u = task * block; u < std::min(units, (task + 1) * block); ++u) {
+        int g;
+        const int local = locate(u, g);
+        K.unit(gs[g].P, unit_of(gs[g].P, local), w);
       }
     });
-    std::vector<float> O(static_cast<size_t>(kMaxGroup) * D);
-    for (int u = 0; u < units; ++u) {
-      int g;
-      const int local = locate(u, g);
-      const Unit un = unit_of(gs[g].P, local);
-      float M[kMaxGroup], Lsum[kMaxGroup];
-      std::fill(M, M + un.R, -std::numeric_limits<float>::infinity());
-      std::fill(Lsum, Lsum + un.R, 0.0f);
-      std::fill(O.begin(), O.end(), 0.0f);
-      for (int c = unit_chunk0[u]; c < unit_chunk0[u + 1]; ++c) {
-        const float* part = partials.data() + static_cast<size_t>(c) * stride;
-        K.fold(un.R, D, M, Lsum, O.data(), part, part + kMaxGroup, part + 2 * kMaxGroup);
-      }
-      finish(gs[g].P, un, Lsum, O.data());
+    return;
+  }
+  // Few units (decode): every unit's chunks are split into runs that any thread computes, each
+  // chunk's partial stored; then each unit folds its partials in ascending chunk order -- the same
+  // operations as a whole unit on one thread.
+  struct Run {
+    int group, unit, first, j, je;  // first: the run's first chunk index (global)
+  };
+  std::vector<int> unit_chunk0(units + 1);  // unit u's chunks: [unit_chunk0[u], unit_chunk0[u + 1])
+  std::vector<int> starts;
+  for (int u = 0; u < units; ++u) {
+    int g;
+    const int local = locate(u, g);
+    const Plan& P = gs[g].P;
+    const Unit ul = unit_of(P, local);
+    unit_chunk0[u] = static_cast<int>(starts.size());
+    for (int j = gs[g].j0[ul.i]; j < gs[g].j1[ul.i]; j = P.chunk_end(j, gs[g].j1[ul.i])) {
+      starts.push_back(j);
+    }
+  }
+  unit_chunk0[units] = static_cast<int>(starts.size());
+  const int chunks = unit_chunk0[units];
+  const int per = std::max(1, chunks / (workers.size() * kRunsPerThread));
+  std::vector<Run> runs;
+  for (int u = 0; u < units; ++u) {
+    int g;
+    const int local = locate(u, g);
+    const int i = unit_of(gs[g].P, local).i;
+    for (int c = unit_chunk0[u]; c < unit_chunk0[u + 1]; c += per) {
+      const int ce = std::min(unit_chunk0[u + 1], c + per);
+      runs.push_back({g, local, c, starts[c], ce < unit_chunk0[u + 1] ? starts[ce] : gs[g].j1[i]});
+    }
+  }
+  const int D = d;
+  const int stride = kMaxGroup * (D + 2);  // one chunk's partial: m[R], l[R], o[R * D]
+  std::vector<float> partials(static_cast<size_t>(chunks) * stride);
+  workers.run_estimated(static_cast<int>(runs.size()), est_us, [&](int task) {
+    thread_local Scratch w;
+    const Run& run = runs[task];
+    const Plan& P = gs[run.group].P;
+    const Unit u = unit_of(P, run.unit);
+    const std::vector<int>& j1 = gs[run.group].j1;
+    int c = run.first;
+    for (int j = run.j; j < run.je; ++c) {
+      const int je = P.chunk_end(j, j1[u.i]);
+      float* part = partials.data() + static_cast<size_t>(c) * stride;
+      K.partial(P, u, j, je, w, part, part + kMaxGroup, part + 2 * kMaxGroup);
+      j = je;
     }
   });
+  std::vector<float> O(static_cast<size_t>(kMaxGroup) * D);
+  for (int u = 0; u < units; ++u) {
+    int g;
+    const int local = locate(u, g);
+    const Unit un = unit_of(gs[g].P, local);
+    float M[kMaxGroup], Lsum[kMaxGroup];
+    std::fill(M, M + un.R, -std::numeric_limits<float>::infinity());
+    std::fill(Lsum, Lsum + un.R, 0.0f);
+    std::fill(O.begin(), O.end(), 0.0f);
+    for (int c = unit_chunk0[u]; c < unit_chunk0[u + 1]; ++c) {
+      const float* part = partials.data() + static_cast<size_t>(c) * stride;
+      K.fold(un.R, D, M, Lsum, O.data(), part, part + kMaxGroup, part + 2 * kMaxGroup);
+    }
+    finish(gs[g].P, un, Lsum, O.data());
+  }
 }
 
 void CausalAttention::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {

@@ -42,6 +42,11 @@ mx::array causal_attention(const mx::array& q, const mx::array& q_pos, const std
                            float scale, int window, int chunk,
                            const std::vector<std::tuple<int, int, int>>& groups = {}, mx::StreamOrDevice s = {});
 
+// The op's work on evaluated inputs (q, q_pos, then (key_pos, keys, values) per part, as the op's)
+// into out_data [n, Hq, D]; groups flattened (row_start, row_stop, parts), empty: one group.
+void attention_run(const std::vector<mx::array>& inputs, float* out_data, float scale, int window, int chunk,
+                   const std::vector<int>& groups);
+
 class CausalAttention : public mx::Primitive {
  public:
   CausalAttention(mx::Stream stream, float scale, int window, int chunk, std::vector<int> groups = {})
@@ -55,6 +60,18 @@ class CausalAttention : public mx::Primitive {
     return "ForklineCausalAttention";
   }
   bool is_equivalent(const mx::Primitive& other) const override;
+  float scale() const {
+    return scale_;
+  }
+  int window() const {
+    return window_;
+  }
+  int chunk() const {
+    return chunk_;
+  }
+  const std::vector<int>& groups() const {
+    return groups_;
+  }
 
  private:
   float scale_;

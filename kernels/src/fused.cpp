@@ -222,7 +222,9 @@ void rows_parallel(int64_t rows, int64_t per_row, F&& fn) {
               [&](int t) { fn(t * block, std::min(rows, (t + 1) * block)); });
 }
 
-void run(const FusedSpec& spec, const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+}  // namespace
+
+void fused_run(const FusedSpec& spec, const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   const Isa isa = active_isa();
   const mx::array& x = inputs[0];
   const int K = spec.k;
@@ -363,6 +365,8 @@ void run(const FusedSpec& spec, const std::vector<mx::array>& inputs, std::vecto
     }
   });
 }
+
+namespace {
 
 // ---------------------------------------------------------------- graph construction
 
@@ -580,7 +584,7 @@ void FusedLinear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
   }
   auto& encoder = mx::cpu::get_command_encoder(stream());
   // The task holds its own references to the arrays until it has run.
-  encoder.dispatch([inputs, outputs, spec = spec_]() mutable { run(spec, inputs, outputs); });
+  encoder.dispatch([inputs, outputs, spec = spec_]() mutable { fused_run(spec, inputs, outputs); });
 }
 
 void FusedLinear::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {

@@ -69,6 +69,9 @@ std::tuple<mx::array, mx::array, mx::array> fused_qkv(
     const std::optional<mx::array>& sin, bool traditional, mx::Dtype kv_dtype, bool panel = false,
     mx::StreamOrDevice s = {});
 
+// The op's work on evaluated inputs (as FusedLinear's) into outputs with their data set.
+void fused_run(const FusedSpec& spec, const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs);
+
 class FusedLinear : public mx::Primitive {
  public:
   FusedLinear(mx::Stream stream, FusedSpec spec) : mx::Primitive(stream), spec_(spec) {}
@@ -81,6 +84,9 @@ class FusedLinear : public mx::Primitive {
     return spec_.q_heads > 0 ? "ForklineFusedQKV" : "ForklineFusedLinear";
   }
   bool is_equivalent(const mx::Primitive& other) const override;
+  const FusedSpec& spec() const {
+    return spec_;
+  }
 
  private:
   FusedSpec spec_;

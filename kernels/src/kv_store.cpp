@@ -99,7 +99,8 @@ std::pair<std::vector<mx::array>, std::vector<mx::array>> kv_store(
           std::vector<mx::array>(outs.begin() + half, outs.end())};
 }
 
-void KVStore::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+std::vector<bool> take_buffers(const std::vector<mx::array>& inputs, size_t first, std::vector<mx::array>& outputs,
+                               size_t out_first) {
   // MLX gives every output of a multi-output op its own copy of the input list, so each input buffer
   // is referenced once per output and never looks donatable. The siblings' copies are only there for
   // graph traversal, which is over once the op runs (MLX detaches them after it): dropped here, the
@@ -112,50 +113,62 @@ void KVStore::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
   }
   // each output takes its input buffer over when MLX allows (the only reference, owned, dense),
   // else a copy of it
-  std::vector<bool> copy(outputs.size());
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    const mx::array& in = inputs[2 + i];
+  std::vector<bool> copy(outputs.size() - out_first);
+  for (size_t i = 0; i < copy.size(); ++i) {
+    const mx::array& in = inputs[first + i];
+    mx::array& out = outputs[out_first + i];
     if (in.is_donatable() && in.flags().row_contiguous) {
-      outputs[i].copy_shared_buffer(in);
+      out.copy_shared_buffer(in);
     } else {
-      outputs[i].set_data(mx::allocator::malloc(outputs[i].nbytes()));
+      out.set_data(mx::allocator::malloc(out.nbytes()));
       copy[i] = true;
     }
   }
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  // The task holds its own references to the arrays until it has run.
-  encoder.dispatch([inputs, outputs, copy, writes = writes_]() mutable {
-    const size_t nbuf = outputs.size() / 2;
-    const size_t size = inputs[0].itemsize();
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      if (copy[i]) {
-        copy3(inputs[2 + i], outputs[i].data<char>(), size);
-      }
+  return copy;
+}
+
+void kv_store_run(const mx::array& k, const mx::array& v, const std::vector<mx::array>& buffers,
+                  std::vector<mx::array>& outputs, const std::vector<bool>& copy, const std::vector<int>& writes) {
+  const size_t nbuf = outputs.size() / 2;
+  const size_t size = k.itemsize();
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (copy[i]) {
+      copy3(buffers[i], outputs[i].data<char>(), size);
     }
-    const int64_t hkv = inputs[0].shape(1), d = inputs[0].shape(2);
-    const size_t row = static_cast<size_t>(d) * size;
-    for (size_t w = 0; w + 3 < writes.size(); w += 4) {
-      const int buffer = writes[w], src = writes[w + 1], dst = writes[w + 2], rows = writes[w + 3];
-      for (int which = 0; which < 2; ++which) {  // keys, then values
-        const mx::array& from = inputs[which];
-        mx::array& to = outputs[which * nbuf + buffer];
-        const int64_t alloc = to.shape(1);
-        char* base = to.data<char>();
-        const bool dense = from.flags().row_contiguous;
-        for (int r = 0; r < rows; ++r) {
-          for (int64_t h = 0; h < hkv; ++h) {
-            char* out = base + ((h * alloc + dst + r) * d) * static_cast<int64_t>(size);
-            if (dense) {
-              std::memcpy(out, from.data<char>() + (((src + r) * hkv + h) * d) * static_cast<int64_t>(size), row);
-            } else {
-              for (int64_t c = 0; c < d; ++c) {
-                std::memcpy(out + c * static_cast<int64_t>(size), at3(from, src + r, h, c, size), size);
-              }
+  }
+  const int64_t hkv = k.shape(1), d = k.shape(2);
+  const size_t row = static_cast<size_t>(d) * size;
+  for (size_t w = 0; w + 3 < writes.size(); w += 4) {
+    const int buffer = writes[w], src = writes[w + 1], dst = writes[w + 2], rows = writes[w + 3];
+    for (int which = 0; which < 2; ++which) {  // keys, then values
+      const mx::array& from = which == 0 ? k : v;
+      mx::array& to = outputs[which * nbuf + buffer];
+      const int64_t alloc = to.shape(1);
+      char* base = to.data<char>();
+      const bool dense = from.flags().row_contiguous;
+      for (int r = 0; r < rows; ++r) {
+        for (int64_t h = 0; h < hkv; ++h) {
+          char* out = base + ((h * alloc + dst + r) * d) * static_cast<int64_t>(size);
+          if (dense) {
+            std::memcpy(out, from.data<char>() + (((src + r) * hkv + h) * d) * static_cast<int64_t>(size), row);
+          } else {
+            for (int64_t c = 0; c < d; ++c) {
+              std::memcpy(out + c * static_cast<int64_t>(size), at3(from, src + r, h, c, size), size);
             }
           }
         }
       }
     }
+  }
+}
+
+void KVStore::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  std::vector<bool> copy = take_buffers(inputs, 2, outputs, 0);
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  // The task holds its own references to the arrays until it has run.
+  encoder.dispatch([inputs, outputs, copy, writes = writes_]() mutable {
+    const std::vector<mx::array> buffers(inputs.begin() + 2, inputs.end());
+    kv_store_run(inputs[0], inputs[1], buffers, outputs, copy, writes);
   });
 }
 

@@ -27,6 +27,15 @@ std::pair<std::vector<mx::array>, std::vector<mx::array>> kv_store(
     const std::vector<mx::array>& values, const std::vector<std::tuple<int, int, int, int>>& writes,
     mx::StreamOrDevice s = {});
 
+// The op's parts, for ops that store K/V as one of their steps: outputs[out_first + i] takes over
+// inputs[first + i] where MLX allows (-> false) or gets a fresh buffer to copy it into (-> true); then,
+// on the evaluated arrays, the copies and the writes (flattened (buffer, src_row, dst_row, rows)) of
+// k, v into outputs (keys..., values...), buffers: the inputs they were taken from.
+std::vector<bool> take_buffers(const std::vector<mx::array>& inputs, size_t first, std::vector<mx::array>& outputs,
+                               size_t out_first);
+void kv_store_run(const mx::array& k, const mx::array& v, const std::vector<mx::array>& buffers,
+                  std::vector<mx::array>& outputs, const std::vector<bool>& copy, const std::vector<int>& writes);
+
 class KVStore : public mx::Primitive {
  public:
   KVStore(mx::Stream stream, std::vector<int> writes) : mx::Primitive(stream), writes_(std::move(writes)) {}
@@ -39,6 +48,9 @@ class KVStore : public mx::Primitive {
     return "ForklineKVStore";
   }
   bool is_equivalent(const mx::Primitive& other) const override;
+  const std::vector<int>& writes() const {
+    return writes_;
+  }
 
  private:
   std::vector<int> writes_;  // (buffer, src_row, dst_row, rows) flattened
