@@ -45,7 +45,7 @@ class _FusedCalls:
     gate_up_kw: dict
     down: tuple
     down_kw: dict
-    layer_kw: dict
+    layer: object  # forkline_kernels.DecoderLayer, or None (an older build)
 
 
 class DecoderLayer(nn.Module):
@@ -106,13 +106,11 @@ class DecoderLayer(nn.Module):
         hint = calls.kv_hint
         panel = self.panel(h.shape[0])
         layer_io = getattr(step, "layer_io", None) if LAYER_OP and positions is not None else None
-        io = layer_io(self.index) if layer_io is not None and ext.decoder_layer is not None else None
+        io = layer_io(self.index) if layer_io is not None and calls.layer is not None else None
         if io is not None:
-            h, keys, values = ext.decoder_layer(
-                h, calls.qkv, cos=cos, sin=sin, key_buffers=io.keys, value_buffers=io.values,
-                writes=io.writes, q_pos=positions, parts=io.parts, groups=io.groups, scale=self._scale,
-                window=self._window or 0, chunk=deterministic.KEY_CHUNK, panel=panel, **calls.layer_kw,
-            )  # fmt: skip
+            h, keys, values = calls.layer(
+                h, cos, sin, io.keys, io.values, io.writes, positions, io.parts, io.groups, panel
+            )
             step.commit(self.index, keys, values)
             return h
         q, k, v = ext.fused_qkv(
@@ -135,6 +133,7 @@ class DecoderLayer(nn.Module):
         # creating the ops (decode's graph build competes with the kernels for the cores)
         cfg, eps = self._cfg, self._norm.eps
         qkv, o, gate_up, down = self.qkv, self.o, self.gate_up, self.down
+        ext_layer = getattr(self._fusion, "DecoderLayer", None)
         calls = _FusedCalls(
             kv_hint=self.kv_hint,
             qkv=qkv.fused_args(),
@@ -156,7 +155,10 @@ class DecoderLayer(nn.Module):
             gate_up_kw=dict(norm=self.mlp_norm, eps=eps, bias=gate_up.get("bias"), act=self._activation),
             down=down.fused_args(),
             down_kw=dict(bias=down.get("bias"), post_norm=self.get("post_mlp_norm"), post_eps=eps),
-            layer_kw=dict(
+            layer=None
+            if ext_layer is None
+            else ext_layer(
+                qkv.fused_args(),
                 q_heads=cfg.num_heads,
                 kv_heads=cfg.num_kv_heads,
                 head_dim=cfg.head_dim,
@@ -166,6 +168,9 @@ class DecoderLayer(nn.Module):
                 q_norm=self.get("q_norm"),
                 k_norm=self.get("k_norm"),
                 traditional=cfg.rope_traditional,
+                scale=self._scale,
+                window=self._window or 0,
+                chunk=deterministic.KEY_CHUNK,
                 o=o.fused_args(),
                 o_bias=o.get("bias"),
                 post_attn_norm=self.get("post_attn_norm"),
@@ -176,7 +181,7 @@ class DecoderLayer(nn.Module):
                 down=down.fused_args(),
                 down_bias=down.get("bias"),
                 post_mlp_norm=self.get("post_mlp_norm"),
-            ),
+            ),  # fmt: skip
         )
         self._calls = calls
         return calls

@@ -20,6 +20,7 @@ fused_linear = _ext.fused_linear
 fused_qkv = _ext.fused_qkv
 kv_store = _ext.kv_store
 decoder_layer = getattr(_ext, "decoder_layer", None)  # one op a layer (src/decoder_layer.h)
+DecoderLayer = getattr(_ext, "DecoderLayer", None)  # its fixed arguments held for its calls
 categorical = _ext.categorical
 q4_1_matmul = _ext.q4_1_matmul
 isa = _ext.isa
@@ -33,6 +34,7 @@ built_with_mlx = _ext.built_with_mlx
 attention_groups = getattr(_ext, "attention_groups", False)  # causal_attention(..., groups=...)
 
 __all__ = [
+    "DecoderLayer",
     "attention_groups",
     "best_isa",
     "built_with_mlx",

@@ -19,6 +19,32 @@
 namespace nb = nanobind;
 using namespace nb::literals;
 
+namespace {
+
+using PartTuple = std::tuple<int, int, std::optional<mx::array>, std::optional<mx::array>, mx::array>;
+
+forkline::BlockWeights block_weights(const nb::tuple& t, const char* what) {
+  if (t.size() != 3) {
+    throw std::invalid_argument(std::string("decoder_layer: ") + what + " must be (wq, scales, mins)");
+  }
+  std::optional<mx::array> mins;
+  if (!t[2].is_none()) {
+    mins = nb::cast<mx::array>(t[2]);
+  }
+  return forkline::BlockWeights{nb::cast<mx::array>(t[0]), nb::cast<mx::array>(t[1]), mins};
+}
+
+std::vector<forkline::AttentionPart> attention_parts(const std::vector<PartTuple>& parts) {
+  std::vector<forkline::AttentionPart> out;
+  out.reserve(parts.size());
+  for (const auto& [buffer, rows, keys, values, key_pos] : parts) {
+    out.push_back({buffer, rows, keys, values, key_pos});
+  }
+  return out;
+}
+
+}  // namespace
+
 #ifndef FORKLINE_MLX_VERSION
 #error "FORKLINE_MLX_VERSION must name the mlx version the extension is built against"
 #endif
@@ -76,33 +102,17 @@ NB_MODULE(_ext, m) {
          std::optional<mx::array> q_norm, std::optional<mx::array> k_norm, std::optional<mx::array> cos,
          std::optional<mx::array> sin, bool traditional, std::vector<mx::array> key_buffers,
          std::vector<mx::array> value_buffers, std::vector<std::tuple<int, int, int, int>> writes,
-         const mx::array& q_pos,
-         const std::vector<std::tuple<int, int, std::optional<mx::array>, std::optional<mx::array>, mx::array>>& parts,
-         std::vector<std::tuple<int, int, int>> groups, float scale, int window, int chunk, const nb::tuple& o,
-         std::optional<mx::array> o_bias, std::optional<mx::array> post_attn_norm, const nb::tuple& gate_up,
-         std::optional<mx::array> mlp_norm, std::optional<mx::array> gate_up_bias, const std::string& act,
-         const nb::tuple& down, std::optional<mx::array> down_bias, std::optional<mx::array> post_mlp_norm,
-         bool panel) {
-        auto weights = [](const nb::tuple& t, const char* what) {
-          if (t.size() != 3) {
-            throw std::invalid_argument(std::string("decoder_layer: ") + what + " must be (wq, scales, mins)");
-          }
-          std::optional<mx::array> mins;
-          if (!t[2].is_none()) {
-            mins = nb::cast<mx::array>(t[2]);
-          }
-          return forkline::BlockWeights{nb::cast<mx::array>(t[0]), nb::cast<mx::array>(t[1]), mins};
-        };
-        std::vector<forkline::AttentionPart> ps;
-        for (const auto& [buffer, rows, keys, values, key_pos] : parts) {
-          ps.push_back({buffer, rows, keys, values, key_pos});
-        }
-        forkline::DecoderLayerArgs a{h, weights(qkv, "qkv"), q_heads, kv_heads, head_dim, attn_norm, eps,
+         const mx::array& q_pos, const std::vector<PartTuple>& parts, std::vector<std::tuple<int, int, int>> groups,
+         float scale, int window, int chunk, const nb::tuple& o, std::optional<mx::array> o_bias,
+         std::optional<mx::array> post_attn_norm, const nb::tuple& gate_up, std::optional<mx::array> mlp_norm,
+         std::optional<mx::array> gate_up_bias, const std::string& act, const nb::tuple& down,
+         std::optional<mx::array> down_bias, std::optional<mx::array> post_mlp_norm, bool panel) {
+        forkline::DecoderLayerArgs a{h, block_weights(qkv, "qkv"), q_heads, kv_heads, head_dim, attn_norm, eps,
                                      qkv_bias, q_norm, k_norm, cos, sin, traditional, std::move(key_buffers),
-                                     std::move(value_buffers), std::move(writes), q_pos, std::move(ps),
-                                     std::move(groups), scale, window, chunk, weights(o, "o"), o_bias,
-                                     post_attn_norm, weights(gate_up, "gate_up"), mlp_norm, gate_up_bias, act,
-                                     weights(down, "down"), down_bias, post_mlp_norm, panel};
+                                     std::move(value_buffers), std::move(writes), q_pos, attention_parts(parts),
+                                     std::move(groups), scale, window, chunk, block_weights(o, "o"), o_bias,
+                                     post_attn_norm, block_weights(gate_up, "gate_up"), mlp_norm, gate_up_bias, act,
+                                     block_weights(down, "down"), down_bias, post_mlp_norm, panel};
         return forkline::decoder_layer(a);
       },
       "h"_a, "qkv"_a, nb::kw_only(), "q_heads"_a, "kv_heads"_a, "head_dim"_a, "attn_norm"_a = nb::none(),
@@ -115,6 +125,43 @@ NB_MODULE(_ext, m) {
       "one decoder layer as one op (see src/decoder_layer.h): fused_qkv, kv_store into the buffers, "
       "causal_attention over parts (buffer, rows, keys, values, key_pos) -- buffer >= 0: that buffer's first "
       "rows after the store -- then o + residual, norm + gate/up, down + residual -> (h', keys, values)");
+
+  nb::class_<forkline::DecoderLayerCall>(
+      m, "DecoderLayer",
+      "a layer's fixed decoder_layer arguments, held for its calls (see src/decoder_layer.h): "
+      "DecoderLayer(qkv, q_heads=..., ..., down=...)(h, cos, sin, key_buffers, value_buffers, writes, q_pos, "
+      "parts, groups, panel) == decoder_layer(h, qkv, ...)")
+      .def(
+          "__init__",
+          [](forkline::DecoderLayerCall* self, const nb::tuple& qkv, int q_heads, int kv_heads, int head_dim,
+             std::optional<mx::array> attn_norm, float eps, std::optional<mx::array> qkv_bias,
+             std::optional<mx::array> q_norm, std::optional<mx::array> k_norm, bool traditional, float scale,
+             int window, int chunk, const nb::tuple& o, std::optional<mx::array> o_bias,
+             std::optional<mx::array> post_attn_norm, const nb::tuple& gate_up, std::optional<mx::array> mlp_norm,
+             std::optional<mx::array> gate_up_bias, const std::string& act, const nb::tuple& down,
+             std::optional<mx::array> down_bias, std::optional<mx::array> post_mlp_norm) {
+            new (self) forkline::DecoderLayerCall(forkline::DecoderLayerArgs{
+                mx::array(0), block_weights(qkv, "qkv"), q_heads, kv_heads, head_dim, attn_norm, eps, qkv_bias,
+                q_norm, k_norm, std::nullopt, std::nullopt, traditional, {}, {}, {}, mx::array(0), {}, {}, scale,
+                window, chunk, block_weights(o, "o"), o_bias, post_attn_norm, block_weights(gate_up, "gate_up"),
+                mlp_norm, gate_up_bias, act, block_weights(down, "down"), down_bias, post_mlp_norm, false});
+          },
+          "qkv"_a, nb::kw_only(), "q_heads"_a, "kv_heads"_a, "head_dim"_a, "attn_norm"_a = nb::none(),
+          "eps"_a = 0.0f, "qkv_bias"_a = nb::none(), "q_norm"_a = nb::none(), "k_norm"_a = nb::none(),
+          "traditional"_a = false, "scale"_a, "window"_a = 0, "chunk"_a = 64, "o"_a, "o_bias"_a = nb::none(),
+          "post_attn_norm"_a = nb::none(), "gate_up"_a, "mlp_norm"_a = nb::none(), "gate_up_bias"_a = nb::none(),
+          "act"_a = "silu", "down"_a, "down_bias"_a = nb::none(), "post_mlp_norm"_a = nb::none())
+      .def(
+          "__call__",
+          [](forkline::DecoderLayerCall& self, const mx::array& h, std::optional<mx::array> cos,
+             std::optional<mx::array> sin, std::vector<mx::array> key_buffers, std::vector<mx::array> value_buffers,
+             std::vector<std::tuple<int, int, int, int>> writes, const mx::array& q_pos,
+             const std::vector<PartTuple>& parts, std::vector<std::tuple<int, int, int>> groups, bool panel) {
+            return self(h, cos, sin, std::move(key_buffers), std::move(value_buffers), std::move(writes), q_pos,
+                        attention_parts(parts), std::move(groups), panel);
+          },
+          "h"_a, "cos"_a.none(), "sin"_a.none(), "key_buffers"_a, "value_buffers"_a, "writes"_a, "q_pos"_a,
+          "parts"_a, "groups"_a, "panel"_a = false);
 
   m.def("categorical", &forkline::categorical, "logits"_a, "uniforms"_a, nb::kw_only(), "inv_temperature"_a = 1.0f,
         "stream"_a = nb::none(),

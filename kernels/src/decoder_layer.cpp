@@ -155,6 +155,156 @@ std::tuple<mx::array, std::vector<mx::array>, std::vector<mx::array>> decoder_la
           std::vector<mx::array>(outs.begin() + 1 + nbuf, outs.end())};
 }
 
+struct DecoderLayerCall::Template {
+  DecoderLayerOp::Plan plan;
+  std::vector<mx::array> fixed;  // the op's inputs [1, q_pos_at): the stages' own, the RoPE tables' places
+  int cos_at;  // where the tables go in the op's inputs (-1: no RoPE)
+  mx::Dtype kv;
+  int hidden;
+};
+
+std::tuple<mx::array, std::vector<mx::array>, std::vector<mx::array>> DecoderLayerCall::operator()(
+    const mx::array& h, const std::optional<mx::array>& cos, const std::optional<mx::array>& sin,
+    std::vector<mx::array> key_buffers, std::vector<mx::array> value_buffers,
+    std::vector<std::tuple<int, int, int, int>> writes, const mx::array& q_pos, std::vector<AttentionPart> parts,
+    std::vector<std::tuple<int, int, int>> groups, bool panel, mx::StreamOrDevice s) {
+  if (key_buffers.empty()) {
+    bad("key_buffers must not be empty");
+  }
+  if (!template_ || template_->kv != key_buffers[0].dtype()) {  // built and checked in full, then kept
+    DecoderLayerArgs& a = args_;
+    a.h = h, a.cos = cos, a.sin = sin, a.q_pos = q_pos, a.panel = panel;
+    a.key_buffers = std::move(key_buffers), a.value_buffers = std::move(value_buffers);
+    a.writes = std::move(writes), a.parts = std::move(parts), a.groups = std::move(groups);
+    auto out = decoder_layer(a, s);
+    // hold no array of a step between calls (a buffer held is never updated in place)
+    a.h = a.q_pos = mx::array(0);
+    a.cos = a.sin = std::nullopt;
+    a.key_buffers.clear(), a.value_buffers.clear(), a.parts.clear();
+    const auto& op = primitive_of<DecoderLayerOp>(std::get<0>(out));
+    const DecoderLayerOp::Plan& P = op.plan();
+    const auto& in = std::get<0>(out).inputs();
+    template_ = std::make_shared<Template>(Template{P, std::vector<mx::array>(in.begin() + 1, in.begin() + P.q_pos_at),
+                                                    cos ? P.qkv_at + P.qkv_n - 2 : -1, in[P.buffers_at].dtype(),
+                                                    in[0].shape(1)});
+    return out;
+  }
+  const Template& T = *template_;
+  mx::Stream stream = mx::to_stream(s);
+  if (stream.device != mx::Device::cpu) {
+    bad("CPU streams only");
+  }
+  if (h.ndim() != 2 || h.shape(1) != T.hidden || !mx::issubdtype(h.dtype(), mx::floating)) {
+    bad("h must be a float array [T, " + std::to_string(T.hidden) + "], got " + shape_str(h));
+  }
+  const int t = h.shape(0), hkv = T.plan.hkv, d = T.plan.d;
+  std::vector<mx::array> inputs{mx::astype(h, mx::float32, stream)};
+  inputs.insert(inputs.end(), T.fixed.begin(), T.fixed.end());
+  if (cos.has_value() != (T.cos_at >= 0) || sin.has_value() != cos.has_value()) {
+    bad("cos and sin must be given exactly when the layer was first called with them");
+  }
+  if (cos) {
+    for (const mx::array* table : {&*cos, &*sin}) {
+      if (static_cast<int64_t>(table->size()) != static_cast<int64_t>(t) * d || table->shape(-1) != d) {
+        bad("cos / sin must hold [" + std::to_string(t) + ", " + std::to_string(d) + "] values, got " + shape_str(*table));
+      }
+    }
+    inputs[T.cos_at] = mx::astype(*cos, mx::float32, stream);
+    inputs[T.cos_at + 1] = mx::astype(*sin, mx::float32, stream);
+  }
+  if (q_pos.ndim() != 1 || q_pos.shape(0) != t || !mx::issubdtype(q_pos.dtype(), mx::integer)) {
+    bad("q_pos must be an int array [" + std::to_string(t) + "], got " + shape_str(q_pos));
+  }
+  inputs.push_back(mx::astype(q_pos, mx::int32, stream));
+  const int nbuf = static_cast<int>(key_buffers.size());
+  if (value_buffers.size() != key_buffers.size()) {
+    bad("key_buffers and value_buffers must have one length");
+  }
+  for (int i = 0; i < 2 * nbuf; ++i) {
+    const mx::array& b = i < nbuf ? key_buffers[i] : value_buffers[i - nbuf];
+    if (b.ndim() != 3 || b.shape(0) != hkv || b.shape(2) != d || b.dtype() != T.kv ||
+        b.shape(1) != key_buffers[i % nbuf].shape(1)) {
+      bad("buffers must be [" + std::to_string(hkv) + ", A, " + std::to_string(d) + "] of the layer's K/V dtype, got " +
+          shape_str(b));
+    }
+    for (int j = 0; j < i; ++j) {
+      if (b.id() == (j < nbuf ? key_buffers[j] : value_buffers[j - nbuf]).id()) {
+        bad("every buffer must be a distinct array");
+      }
+    }
+  }
+  DecoderLayerOp::Plan P = T.plan;
+  P.writes.clear();
+  for (const auto& [buffer, src, dst, rows] : writes) {
+    if (buffer < 0 || buffer >= nbuf || rows < 1 || src < 0 || src + rows > t || dst < 0 ||
+        dst + rows > key_buffers[buffer].shape(1)) {
+      bad("write (" + std::to_string(buffer) + ", " + std::to_string(src) + ", " + std::to_string(dst) + ", " +
+          std::to_string(rows) + ") is outside h's rows or its buffer");
+    }
+    P.writes.insert(P.writes.end(), {buffer, src, dst, rows});
+  }
+  P.parts_at = static_cast<int>(inputs.size());
+  P.part_buffer.clear();
+  P.part_rows.clear();
+  for (const AttentionPart& part : parts) {
+    int rows = part.rows;
+    if (part.buffer >= 0) {
+      if (part.buffer >= nbuf || rows < 1 || rows > key_buffers[part.buffer].shape(1) || part.keys || part.values) {
+        bad("a buffer part needs a buffer index < " + std::to_string(nbuf) +
+            ", rows within it and no keys / values of its own");
+      }
+    } else {
+      if (!part.keys || !part.values || part.keys->ndim() != 3 || part.keys->shape() != part.values->shape() ||
+          part.keys->shape(0) != hkv || part.keys->shape(2) != d || part.keys->dtype() != T.kv ||
+          part.values->dtype() != T.kv) {
+        bad("a part without a buffer needs keys and values [" + std::to_string(hkv) + ", S, " + std::to_string(d) +
+            "] of the buffers' dtype");
+      }
+      rows = part.keys->shape(1);
+    }
+    const mx::array& kp = part.key_pos;
+    if (kp.ndim() != 1 || kp.shape(0) != rows || !mx::issubdtype(kp.dtype(), mx::integer)) {
+      bad("key_pos must be an int array [" + std::to_string(rows) + "], got " + shape_str(kp));
+    }
+    inputs.push_back(mx::astype(kp, mx::int32, stream));
+    if (part.buffer < 0) {
+      inputs.push_back(*part.keys);
+      inputs.push_back(*part.values);
+    }
+    P.part_buffer.push_back(part.buffer);
+    P.part_rows.push_back(part.rows);
+  }
+  P.groups.clear();
+  int row = 0;
+  size_t covered = 0;
+  for (const auto& [r0, r1, np] : groups) {
+    if (r0 != row || r1 <= r0 || np < 1) {
+      bad("groups must be (row_start, row_stop, parts) covering the rows in order, each with >= 1 part");
+    }
+    row = r1;
+    covered += np;
+    P.groups.insert(P.groups.end(), {r0, r1, np});
+  }
+  if (parts.empty() || (!groups.empty() && (row != t || covered != parts.size()))) {
+    bad("parts must not be empty; groups must cover all rows and parts");
+  }
+  P.buffers_at = static_cast<int>(inputs.size());
+  P.buffers = nbuf;
+  inputs.insert(inputs.end(), key_buffers.begin(), key_buffers.end());
+  inputs.insert(inputs.end(), value_buffers.begin(), value_buffers.end());
+  P.qkv.panel = P.o.panel = P.gate_up.panel = P.down.panel = panel;
+  std::vector<mx::Shape> shapes{{t, T.hidden}};
+  std::vector<mx::Dtype> dtypes{mx::float32};
+  for (int i = 0; i < 2 * nbuf; ++i) {
+    shapes.push_back(inputs[P.buffers_at + i].shape());
+    dtypes.push_back(T.kv);
+  }
+  auto outs = mx::array::make_arrays(std::move(shapes), std::move(dtypes),
+                                     std::make_shared<DecoderLayerOp>(stream, std::move(P)), std::move(inputs));
+  return {outs[0], std::vector<mx::array>(outs.begin() + 1, outs.begin() + 1 + nbuf),
+          std::vector<mx::array>(outs.begin() + 1 + nbuf, outs.end())};
+}
+
 void DecoderLayerOp::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   const Plan& P = plan_;
   for (int at : {P.qkv_at, P.o_at, P.gate_up_at, P.down_at}) {

@@ -6,6 +6,7 @@
 // the kernel threads (docs/ENGINE.md: the layer op).
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -70,6 +71,27 @@ struct DecoderLayerArgs {
 std::tuple<mx::array, std::vector<mx::array>, std::vector<mx::array>> decoder_layer(const DecoderLayerArgs& a,
                                                                                   mx::StreamOrDevice s = {});
 
+class DecoderLayerOp;
+
+// A layer's fixed arguments (weights, norms, shapes, scale, window, chunk: `constants`, whose per-call
+// fields are ignored) held for its calls. The first call (and one with another K/V dtype) builds the op
+// as decoder_layer() does; later calls check only what changes per call (h, the tables, buffers,
+// writes, positions, parts, groups) and reuse the rest, ~4x cheaper to build.
+class DecoderLayerCall {
+ public:
+  explicit DecoderLayerCall(DecoderLayerArgs constants) : args_(std::move(constants)) {}
+  std::tuple<mx::array, std::vector<mx::array>, std::vector<mx::array>> operator()(
+      const mx::array& h, const std::optional<mx::array>& cos, const std::optional<mx::array>& sin,
+      std::vector<mx::array> key_buffers, std::vector<mx::array> value_buffers,
+      std::vector<std::tuple<int, int, int, int>> writes, const mx::array& q_pos, std::vector<AttentionPart> parts,
+      std::vector<std::tuple<int, int, int>> groups, bool panel, mx::StreamOrDevice s = {});
+
+ private:
+  struct Template;
+  DecoderLayerArgs args_;
+  std::shared_ptr<Template> template_;
+};
+
 class DecoderLayerOp : public mx::Primitive {
  public:
   struct Plan {
@@ -96,6 +118,9 @@ class DecoderLayerOp : public mx::Primitive {
     return "ForklineDecoderLayer";
   }
   bool is_equivalent(const mx::Primitive& other) const override;
+  const Plan& plan() const {
+    return plan_;
+  }
 
  private:
   Plan plan_;

@@ -1,4 +1,5 @@
-"""``forkline_kernels.decoder_layer``: one decoder layer as one op, against the six ops it replaces
+"""``forkline_kernels.decoder_layer`` (and ``DecoderLayer``, its fixed arguments held for repeated
+calls): one decoder layer as one op, against the six ops it replaces
 (``fused_qkv``, ``kv_store``, ``causal_attention`` over slices of the stored buffers, and three
 ``fused_linear``) built by hand from the same arrays: bitwise equal outputs and buffers, with two
 segments (groups), a given part beside a buffer's rows, float16 K/V; a buffer updated in place when
@@ -94,6 +95,19 @@ def by_layer_op(s: dict, part_list: list[tuple] | None = None) -> tuple:
     )  # fmt: skip
 
 
+def held(s: dict):
+    return fk.DecoderLayer(
+        s["qkv"], q_heads=HQ, kv_heads=HKV, head_dim=D, attn_norm=s["attn_norm"], eps=EPS, q_norm=s["q_norm"],
+        k_norm=s["k_norm"], scale=D**-0.5, o=s["o"], post_attn_norm=s["post_attn_norm"], gate_up=s["gate_up"],
+        mlp_norm=s["mlp_norm"], act="gelu_tanh", down=s["down"],
+    )  # fmt: skip
+
+
+def call_held(layer, s: dict, part_list: list[tuple] | None = None) -> tuple:
+    part_list = part_list if part_list is not None else parts(s)
+    return layer(s["h"], s["cos"], s["sin"], s["keys"], s["values"], WRITES, s["q_pos"], part_list, GROUPS)
+
+
 def same(a: mx.array, b: mx.array) -> bool:
     return np.array_equal(np.array(a.astype(mx.float32)), np.array(b.astype(mx.float32)))
 
@@ -142,3 +156,37 @@ def test_bad_shapes_raise_value_error():
     s["h"] = s["h"][None]
     with pytest.raises(ValueError, match="h must be"):
         by_layer_op(s)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_1"])
+def test_a_held_layer_equals_the_six_ops_on_every_call(fmt):
+    """The first call builds the op in full, later ones from what it kept: all equal the six ops."""
+    want = by_six_ops(setup(fmt))
+    layer = held(setup(fmt))
+    for _ in range(3):
+        out, keys, values = call_held(layer, setup(fmt))
+        assert same(out, want[0])
+        assert all(same(g, w) for g, w in zip([*keys, *values], [*want[1], *want[2]], strict=True))
+    s = setup(fmt)
+    short, _, _ = call_held(layer, s, parts(s, rows1=4))  # control, on the kept path
+    assert not same(short, want[0])
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda s, p: (s, [(5, 5, None, None, p[0][4]), *p[1:]]), "buffer index"),
+        (lambda s, p: (s, [(-1, 0, None, None, p[0][4]), *p[1:]]), "needs keys and values"),
+        (lambda s, p: (s, [(0, 99, None, None, p[0][4]), *p[1:]]), "rows within it"),
+        (lambda s, p: (s, [(0, 4, None, None, p[0][4]), *p[1:]]), "key_pos must be"),
+        (lambda s, p: ({**s, "h": s["h"][:, :64]}, p), "h must be"),
+        (lambda s, p: ({**s, "keys": [s["keys"][0], s["keys"][0]]}, p), "distinct"),
+    ],
+)
+def test_a_held_layer_checks_what_changes_per_call(change, message):
+    layer = held(setup("q8_0"))
+    call_held(layer, setup("q8_0"))  # the full build: what the later calls keep
+    s = setup("q8_0")
+    s, part_list = change(s, parts(s))
+    with pytest.raises(ValueError, match=message):
+        call_held(layer, s, part_list)

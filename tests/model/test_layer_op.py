@@ -62,17 +62,26 @@ def run(model, layer_op: bool, kv_dtype: str) -> np.ndarray:
 
 
 @pytest.fixture
-def calls(monkeypatch):
-    """Each decoder_layer call's parts."""
+def calls(model, monkeypatch):
+    """Each layer op call's parts (the layers gather their fused-op arguments again, with the spy)."""
     seen = []
-    original = ext.decoder_layer
+    original = ext.DecoderLayer
 
     def spy(*args, **kwargs):
-        seen.append(kwargs["parts"])
-        return original(*args, **kwargs)
+        layer = original(*args, **kwargs)
 
-    monkeypatch.setattr(ext, "decoder_layer", spy)
-    return seen
+        def call(*call_args):
+            seen.append(call_args[7])
+            return layer(*call_args)
+
+        return call
+
+    monkeypatch.setattr(ext, "DecoderLayer", spy)
+    for layer in model.layers:
+        object.__setattr__(layer, "_calls", None)
+    yield seen
+    for layer in model.layers:
+        object.__setattr__(layer, "_calls", None)
 
 
 @pytest.mark.parametrize("kv_dtype", ["float32", "float16"])
