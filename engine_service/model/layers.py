@@ -155,36 +155,39 @@ class DecoderLayer(nn.Module):
             gate_up_kw=dict(norm=self.mlp_norm, eps=eps, bias=gate_up.get("bias"), act=self._activation),
             down=down.fused_args(),
             down_kw=dict(bias=down.get("bias"), post_norm=self.get("post_mlp_norm"), post_eps=eps),
-            layer=None
-            if ext_layer is None
-            else ext_layer(
-                qkv.fused_args(),
-                q_heads=cfg.num_heads,
-                kv_heads=cfg.num_kv_heads,
-                head_dim=cfg.head_dim,
-                attn_norm=self.attn_norm,
-                eps=eps,
-                qkv_bias=qkv.get("bias"),
-                q_norm=self.get("q_norm"),
-                k_norm=self.get("k_norm"),
-                traditional=cfg.rope_traditional,
-                scale=self._scale,
-                window=self._window or 0,
-                chunk=deterministic.KEY_CHUNK,
-                o=o.fused_args(),
-                o_bias=o.get("bias"),
-                post_attn_norm=self.get("post_attn_norm"),
-                gate_up=gate_up.fused_args(),
-                mlp_norm=self.mlp_norm,
-                gate_up_bias=gate_up.get("bias"),
-                act=self._activation,
-                down=down.fused_args(),
-                down_bias=down.get("bias"),
-                post_mlp_norm=self.get("post_mlp_norm"),
-            ),  # fmt: skip
+            layer=self._layer_call(ext_layer, eps) if ext_layer is not None else None,
         )
         self._calls = calls
         return calls
+
+    def _layer_call(self, ext_layer, eps: float):
+        """The layer's fixed arguments held by a ``forkline_kernels.DecoderLayer`` (one op a layer)."""
+        cfg, qkv, o, gate_up, down = self._cfg, self.qkv, self.o, self.gate_up, self.down
+        return ext_layer(
+            qkv.fused_args(),
+            q_heads=cfg.num_heads,
+            kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            attn_norm=self.attn_norm,
+            eps=eps,
+            qkv_bias=qkv.get("bias"),
+            q_norm=self.get("q_norm"),
+            k_norm=self.get("k_norm"),
+            traditional=cfg.rope_traditional,
+            scale=self._scale,
+            window=self._window or 0,
+            chunk=deterministic.KEY_CHUNK,
+            o=o.fused_args(),
+            o_bias=o.get("bias"),
+            post_attn_norm=self.get("post_attn_norm"),
+            gate_up=gate_up.fused_args(),
+            mlp_norm=self.mlp_norm,
+            gate_up_bias=gate_up.get("bias"),
+            act=self._activation,
+            down=down.fused_args(),
+            down_bias=down.get("bias"),
+            post_mlp_norm=self.get("post_mlp_norm"),
+        )
 
     def __setattr__(self, key: str, val: object) -> None:
         super().__setattr__(key, val)
