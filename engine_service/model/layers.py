@@ -134,46 +134,38 @@ class DecoderLayer(nn.Module):
         cfg, eps = self._cfg, self._norm.eps
         qkv, o, gate_up, down = self.qkv, self.o, self.gate_up, self.down
         ext_layer = getattr(self._fusion, "DecoderLayer", None)
+        heads = dict(
+            q_heads=cfg.num_heads,
+            kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            eps=eps,
+            q_norm=self.get("q_norm"),
+            k_norm=self.get("k_norm"),
+            traditional=cfg.rope_traditional,
+        )
         calls = _FusedCalls(
             kv_hint=self.kv_hint,
             qkv=qkv.fused_args(),
-            qkv_kw=dict(
-                q_heads=cfg.num_heads,
-                kv_heads=cfg.num_kv_heads,
-                head_dim=cfg.head_dim,
-                norm=self.attn_norm,
-                eps=eps,
-                bias=qkv.get("bias"),
-                q_norm=self.get("q_norm"),
-                k_norm=self.get("k_norm"),
-                qk_eps=eps,
-                traditional=cfg.rope_traditional,
-            ),
+            qkv_kw=dict(heads, norm=self.attn_norm, bias=qkv.get("bias"), qk_eps=eps),
             o=o.fused_args(),
             o_kw=dict(bias=o.get("bias"), post_norm=self.get("post_attn_norm"), post_eps=eps),
             gate_up=gate_up.fused_args(),
             gate_up_kw=dict(norm=self.mlp_norm, eps=eps, bias=gate_up.get("bias"), act=self._activation),
             down=down.fused_args(),
             down_kw=dict(bias=down.get("bias"), post_norm=self.get("post_mlp_norm"), post_eps=eps),
-            layer=self._layer_call(ext_layer, eps) if ext_layer is not None else None,
+            layer=self._layer_call(ext_layer, heads) if ext_layer is not None else None,
         )
         self._calls = calls
         return calls
 
-    def _layer_call(self, ext_layer, eps: float):
+    def _layer_call(self, ext_layer, heads: dict):
         """The layer's fixed arguments held by a ``forkline_kernels.DecoderLayer`` (one op a layer)."""
-        cfg, qkv, o, gate_up, down = self._cfg, self.qkv, self.o, self.gate_up, self.down
+        qkv, o, gate_up, down = self.qkv, self.o, self.gate_up, self.down
         return ext_layer(
             qkv.fused_args(),
-            q_heads=cfg.num_heads,
-            kv_heads=cfg.num_kv_heads,
-            head_dim=cfg.head_dim,
+            **heads,
             attn_norm=self.attn_norm,
-            eps=eps,
             qkv_bias=qkv.get("bias"),
-            q_norm=self.get("q_norm"),
-            k_norm=self.get("k_norm"),
-            traditional=cfg.rope_traditional,
             scale=self._scale,
             window=self._window or 0,
             chunk=deterministic.KEY_CHUNK,

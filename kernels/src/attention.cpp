@@ -753,6 +753,31 @@ const void* dense3_any(const mx::array& a, std::vector<char>& copy, int64_t& s0,
 
 }  // namespace
 
+std::vector<int> checked_groups(const char* op, const std::vector<std::tuple<int, int, int>>& groups, int rows,
+                                size_t parts) {
+  std::vector<int> spec;
+  if (groups.empty()) {
+    return spec;
+  }
+  int row = 0;
+  size_t part_count = 0;
+  for (const auto& [r0, r1, np] : groups) {
+    if (r0 != row || r1 <= r0 || np < 1) {
+      throw std::invalid_argument(std::string(op) +
+                                  ": groups must be (row_start, row_stop, parts) covering the rows in order, each "
+                                  "with >= 1 part");
+    }
+    row = r1;
+    part_count += np;
+    spec.insert(spec.end(), {r0, r1, np});
+  }
+  if (row != rows || part_count != parts) {
+    throw std::invalid_argument(std::string(op) + ": groups must cover all " + std::to_string(rows) +
+                                " rows and all " + std::to_string(parts) + " parts");
+  }
+  return spec;
+}
+
 mx::array causal_attention(const mx::array& q, const mx::array& q_pos, const std::vector<mx::array>& keys,
                            const std::vector<mx::array>& values, const std::vector<mx::array>& key_pos,
                            float scale, int window, int chunk, const std::vector<std::tuple<int, int, int>>& groups,
@@ -774,23 +799,7 @@ mx::array causal_attention(const mx::array& q, const mx::array& q_pos, const std
   if (window < 0 || chunk < 1) {
     bad("window must be >= 0 and chunk >= 1");
   }
-  std::vector<int> spec;
-  if (!groups.empty()) {
-    int row = 0;
-    size_t part_count = 0;
-    for (const auto& [r0, r1, np] : groups) {
-      if (r0 != row || r1 <= r0 || np < 1) {
-        bad("groups must be (row_start, row_stop, parts) covering the rows in order, each with >= 1 part");
-      }
-      row = r1;
-      part_count += np;
-      spec.insert(spec.end(), {r0, r1, np});
-    }
-    if (row != n || part_count != keys.size()) {
-      bad("groups must cover all " + std::to_string(n) + " rows and all " + std::to_string(keys.size()) +
-          " parts");
-    }
-  }
+  std::vector<int> spec = checked_groups("causal_attention", groups, n, keys.size());
   if (!mx::issubdtype(q.dtype(), mx::floating)) {
     bad("q must be a floating-point array");
   }

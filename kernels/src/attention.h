@@ -42,6 +42,10 @@ mx::array causal_attention(const mx::array& q, const mx::array& q_pos, const std
                            float scale, int window, int chunk,
                            const std::vector<std::tuple<int, int, int>>& groups = {}, mx::StreamOrDevice s = {});
 
+// groups checked (in row order, covering `rows` rows and `parts` parts) and flattened; empty stays empty.
+std::vector<int> checked_groups(const char* op, const std::vector<std::tuple<int, int, int>>& groups, int rows,
+                                size_t parts);
+
 // The op's work on evaluated inputs (q, q_pos, then (key_pos, keys, values) per part, as the op's)
 // into out_data [n, Hq, D]; groups flattened (row_start, row_stop, parts), empty: one group.
 void attention_run(const std::vector<mx::array>& inputs, float* out_data, float scale, int window, int chunk,

@@ -274,20 +274,10 @@ std::tuple<mx::array, std::vector<mx::array>, std::vector<mx::array>> DecoderLay
     P.part_buffer.push_back(part.buffer);
     P.part_rows.push_back(part.rows);
   }
-  P.groups.clear();
-  int row = 0;
-  size_t covered = 0;
-  for (const auto& [r0, r1, np] : groups) {
-    if (r0 != row || r1 <= r0 || np < 1) {
-      bad("groups must be (row_start, row_stop, parts) covering the rows in order, each with >= 1 part");
-    }
-    row = r1;
-    covered += np;
-    P.groups.insert(P.groups.end(), {r0, r1, np});
+  if (parts.empty()) {
+    bad("parts must not be empty");
   }
-  if (parts.empty() || (!groups.empty() && (row != t || covered != parts.size()))) {
-    bad("parts must not be empty; groups must cover all rows and parts");
-  }
+  P.groups = checked_groups("decoder_layer", groups, t, parts.size());
   P.buffers_at = static_cast<int>(inputs.size());
   P.buffers = nbuf;
   inputs.insert(inputs.end(), key_buffers.begin(), key_buffers.end());
