@@ -60,9 +60,9 @@ class KVView:
 @dataclass(frozen=True)
 class LayerIO:
     """One layer's K/V store and attention as one op takes them (a step's optional ``layer_io``): the
-    segments' buffers [kv_heads, A, head_dim]; writes (segment, packed row, buffer row, rows); parts
-    (segment or -1, rows, keys, values, positions), a segment's: its buffer's first rows after the
-    store; groups (row_start, row_stop, parts) per segment when there are several."""
+    buffers [kv_heads, A, head_dim]; writes (buffer, packed row, buffer row, rows); parts (buffer or -1,
+    start, rows, keys, values, positions), a buffer's: its rows [start, start + rows) after the store;
+    groups (row_start, row_stop, parts) per segment when there are several."""
 
     keys: list[mx.array]
     values: list[mx.array]

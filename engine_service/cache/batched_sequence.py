@@ -88,9 +88,9 @@ class SequenceStep:
             if cache.is_ring(layer):
                 self._ring_mask(i, part, layer)  # counts stale reads, as a view does
             elif cache.pieces:
-                parts.extend((-1, 0, p.keys[layer], p.values[layer], p.positions) for p in cache.pieces)
+                parts.extend((-1, 0, 0, p.keys[layer], p.values[layer], p.positions) for p in cache.pieces)
             rows = cache.view_rows(layer, part.start + part.length)
-            parts.append((i, rows, None, None, self._own_positions(i, part, layer)))
+            parts.append((i, 0, rows, None, None, self._own_positions(i, part, layer)))
             groups.append((part.offset, part.offset + part.length, len(parts) - before))
         keys, values = [b[0] for b in buffers], [b[1] for b in buffers]
         return LayerIO(keys, values, writes, parts, groups if len(groups) > 1 else [])

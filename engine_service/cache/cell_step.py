@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
-from engine_service.cache.batch_control import KVPart, KVView, Segment
+from engine_service.cache.batch_control import KVPart, KVView, LayerIO, Segment
 from engine_service.cache.seq_ids import check_step_kv
 
 if TYPE_CHECKING:
@@ -194,6 +194,32 @@ class CellStep:
                 )
             )
         return out
+
+    def layer_io(self, layer: int) -> LayerIO | None:
+        """What one fused layer op (``forkline_kernels.decoder_layer``) needs to write ``layer``'s K/V into
+        the pool and attend as :meth:`views` would -- each segment's span or runs as parts of the pool
+        -- or None where a segment reads a gather (:meth:`views` copies those cells)."""
+        if any(read.take is not None for read in self._reads):
+            return None
+        if self._run:
+            writes = [(0, 0, self._run[0], self._run[1] - self._run[0])]
+        else:
+            writes = [(0, row, int(cell), 1) for row, cell in enumerate(self._new)]
+        parts: list[tuple] = []
+        groups = []
+        for i, read in enumerate(self._reads):
+            spans = read.runs or (read.span,)
+            for (lo, hi), positions in zip(spans, self._key_positions(i), strict=True):
+                parts.append((0, lo, hi - lo, None, None, positions))
+            groups.append((read.rows.start, read.rows.stop, len(spans)))
+        pool = self._pool
+        return LayerIO(
+            [pool.keys[layer]], [pool.values[layer]], writes, parts, groups if len(groups) > 1 else []
+        )
+
+    def commit(self, layer: int, keys: list[mx.array], values: list[mx.array]) -> None:
+        """Hold a layer op's updated pool arrays."""
+        self._pool.keys[layer], self._pool.values[layer] = keys[0], values[0]
 
     def state(self) -> list[mx.array]:
         return [*self._pool.keys, *self._pool.values]

@@ -21,7 +21,7 @@ using namespace nb::literals;
 
 namespace {
 
-using PartTuple = std::tuple<int, int, std::optional<mx::array>, std::optional<mx::array>, mx::array>;
+using PartTuple = std::tuple<int, int, int, std::optional<mx::array>, std::optional<mx::array>, mx::array>;
 
 forkline::BlockWeights block_weights(const nb::tuple& t, const char* what) {
   if (t.size() != 3) {
@@ -37,8 +37,8 @@ forkline::BlockWeights block_weights(const nb::tuple& t, const char* what) {
 std::vector<forkline::AttentionPart> attention_parts(const std::vector<PartTuple>& parts) {
   std::vector<forkline::AttentionPart> out;
   out.reserve(parts.size());
-  for (const auto& [buffer, rows, keys, values, key_pos] : parts) {
-    out.push_back({buffer, rows, keys, values, key_pos});
+  for (const auto& [buffer, start, rows, keys, values, key_pos] : parts) {
+    out.push_back({buffer, start, rows, keys, values, key_pos});
   }
   return out;
 }
@@ -123,8 +123,8 @@ NB_MODULE(_ext, m) {
       "gate_up"_a, "mlp_norm"_a = nb::none(), "gate_up_bias"_a = nb::none(), "act"_a = "silu", "down"_a,
       "down_bias"_a = nb::none(), "post_mlp_norm"_a = nb::none(), "panel"_a = false,
       "one decoder layer as one op (see src/decoder_layer.h): fused_qkv, kv_store into the buffers, "
-      "causal_attention over parts (buffer, rows, keys, values, key_pos) -- buffer >= 0: that buffer's first "
-      "rows after the store -- then o + residual, norm + gate/up, down + residual -> (h', keys, values)");
+      "causal_attention over parts (buffer, start, rows, keys, values, key_pos) -- buffer >= 0: those rows of "
+      "that buffer after the store -- then o + residual, norm + gate/up, down + residual -> (h', keys, values)");
 
   nb::class_<forkline::DecoderLayerCall>(
       m, "DecoderLayer",

@@ -23,15 +23,21 @@ mx::array scratch(mx::Shape shape, mx::Dtype dtype) {
   return a;
 }
 
-// The first `rows` rows of buffer [A, B, C] along B, sharing its data.
-mx::array leading_rows(const mx::array& buf, int rows) {
+// Rows [start, start + rows) of buffer [A, B, C] along B, sharing its data.
+mx::array rows_of(const mx::array& buf, int start, int rows) {
   mx::array view({buf.shape(0), rows, buf.shape(2)}, buf.dtype(), nullptr, {});
   auto flags = buf.flags();
   if (rows != buf.shape(1) && buf.shape(0) > 1) {
     flags.row_contiguous = flags.col_contiguous = flags.contiguous = false;
   }
-  view.copy_shared_buffer(buf, buf.strides(), flags, buf.data_size());
+  const int64_t offset = static_cast<int64_t>(start) * buf.strides()[1];
+  view.copy_shared_buffer(buf, buf.strides(), flags, buf.data_size() - offset, offset);
   return view;
+}
+
+// Whether a buffer part's rows lie inside its buffer (of `alloc` rows).
+bool inside(const AttentionPart& part, int alloc) {
+  return part.start >= 0 && part.rows >= 1 && part.start + part.rows <= alloc && !part.keys && !part.values;
 }
 
 template <class P>
@@ -73,15 +79,14 @@ std::tuple<mx::array, std::vector<mx::array>, std::vector<mx::array>> decoder_la
   const int nbuf = static_cast<int>(new_keys.size());
   for (const AttentionPart& part : a.parts) {
     if (part.buffer >= 0) {
-      if (part.buffer >= nbuf || part.rows < 1 || part.rows > new_keys[part.buffer].shape(1) || part.keys ||
-          part.values) {
+      if (part.buffer >= nbuf || !inside(part, new_keys[part.buffer].shape(1))) {
         bad("a buffer part needs a buffer index < " + std::to_string(nbuf) +
             ", rows within it and no keys / values of its own");
       }
       const mx::array& kb = new_keys[part.buffer];
-      const mx::Shape stop{kb.shape(0), part.rows, kb.shape(2)};
-      keys.push_back(mx::slice(kb, {0, 0, 0}, stop, stream));
-      values.push_back(mx::slice(new_values[part.buffer], {0, 0, 0}, stop, stream));
+      const mx::Shape start{0, part.start, 0}, stop{kb.shape(0), part.start + part.rows, kb.shape(2)};
+      keys.push_back(mx::slice(kb, start, stop, stream));
+      values.push_back(mx::slice(new_values[part.buffer], start, stop, stream));
     } else {
       if (!part.keys || !part.values) {
         bad("a part without a buffer needs keys and values");
@@ -91,6 +96,7 @@ std::tuple<mx::array, std::vector<mx::array>, std::vector<mx::array>> decoder_la
     }
     key_pos.push_back(part.key_pos);
     P.part_buffer.push_back(part.buffer);
+    P.part_start.push_back(part.start);
     P.part_rows.push_back(part.rows);
   }
   mx::array att = causal_attention(q, a.q_pos, keys, values, key_pos, a.scale, a.window, a.chunk, a.groups, stream);
@@ -245,11 +251,12 @@ std::tuple<mx::array, std::vector<mx::array>, std::vector<mx::array>> DecoderLay
   }
   P.parts_at = static_cast<int>(inputs.size());
   P.part_buffer.clear();
+  P.part_start.clear();
   P.part_rows.clear();
   for (const AttentionPart& part : parts) {
     int rows = part.rows;
     if (part.buffer >= 0) {
-      if (part.buffer >= nbuf || rows < 1 || rows > key_buffers[part.buffer].shape(1) || part.keys || part.values) {
+      if (part.buffer >= nbuf || !inside(part, key_buffers[part.buffer].shape(1))) {
         bad("a buffer part needs a buffer index < " + std::to_string(nbuf) +
             ", rows within it and no keys / values of its own");
       }
@@ -272,6 +279,7 @@ std::tuple<mx::array, std::vector<mx::array>, std::vector<mx::array>> DecoderLay
       inputs.push_back(*part.values);
     }
     P.part_buffer.push_back(part.buffer);
+    P.part_start.push_back(part.start);
     P.part_rows.push_back(part.rows);
   }
   if (parts.empty()) {
@@ -335,8 +343,8 @@ void DecoderLayerOp::eval_cpu(const std::vector<mx::array>& inputs, std::vector<
     att_in.push_back(inputs[at++]);
     const int b = P.part_buffer[i];
     if (b >= 0) {
-      att_in.push_back(leading_rows(outputs[1 + b], P.part_rows[i]));
-      att_in.push_back(leading_rows(outputs[1 + nbuf + b], P.part_rows[i]));
+      att_in.push_back(rows_of(outputs[1 + b], P.part_start[i], P.part_rows[i]));
+      att_in.push_back(rows_of(outputs[1 + nbuf + b], P.part_start[i], P.part_rows[i]));
     } else {
       att_in.push_back(inputs[at++]);
       att_in.push_back(inputs[at++]);

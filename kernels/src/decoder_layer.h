@@ -27,11 +27,11 @@ struct BlockWeights {
   std::optional<mx::array> mins;
 };
 
-// One part of the attention's keys: buffer >= 0: the first `rows` rows of that K/V buffer after the
-// layer's store; buffer < 0: keys / values given. key_pos: int [rows or the given keys' rows].
+// One part of the attention's keys: buffer >= 0: rows [start, start + rows) of that K/V buffer after
+// the layer's store; buffer < 0: keys / values given. key_pos: int [rows or the given keys' rows].
 struct AttentionPart {
   int buffer;
-  int rows;
+  int start, rows;
   std::optional<mx::array> keys, values;
   mx::array key_pos;
 };
@@ -100,7 +100,7 @@ class DecoderLayerOp : public mx::Primitive {
     float scale;
     int window, chunk;
     std::vector<int> groups;
-    std::vector<int> part_buffer, part_rows;  // per attention part (buffer -1: given keys)
+    std::vector<int> part_buffer, part_start, part_rows;  // per attention part (buffer -1: given keys)
     // where each stage's inputs (after x, before the residual) start in the op's inputs, and how many
     int qkv_at, qkv_n, o_at, o_n, gate_up_at, gate_up_n, down_at, down_n;
     int q_pos_at, parts_at, buffers_at, buffers;

@@ -60,21 +60,22 @@ GROUPS = [(0, 2, 1), (2, 3, 2)]
 
 def parts(s: dict, rows0: int = 5, rows1: int = 5) -> list[tuple]:
     return [
-        (0, rows0, None, None, mx.arange(rows0, dtype=mx.int32)),
-        (-1, 0, s["piece_keys"], s["piece_values"], mx.arange(5, dtype=mx.int32)),
-        (1, rows1, None, None, mx.arange(5, 5 + rows1, dtype=mx.int32)),
+        (0, 0, rows0, None, None, mx.arange(rows0, dtype=mx.int32)),
+        (-1, 0, 0, s["piece_keys"], s["piece_values"], mx.arange(5, dtype=mx.int32)),
+        (1, 0, rows1, None, None, mx.arange(5, 5 + rows1, dtype=mx.int32)),
     ]
 
 
-def by_six_ops(s: dict) -> tuple:
+def by_six_ops(s: dict, part_list: list[tuple] | None = None) -> tuple:
     q, k, v = fk.fused_qkv(
         s["h"], *s["qkv"], q_heads=HQ, kv_heads=HKV, head_dim=D, norm=s["attn_norm"], eps=EPS,
         q_norm=s["q_norm"], k_norm=s["k_norm"], qk_eps=EPS, cos=s["cos"], sin=s["sin"], kv_dtype=mx.float16,
     )  # fmt: skip
     keys, values = fk.kv_store(k, v, s["keys"], s["values"], WRITES)
-    ks = [keys[0][:, :5], s["piece_keys"], keys[1][:, :5]]
-    vs = [values[0][:, :5], s["piece_values"], values[1][:, :5]]
-    pos = [p[4] for p in parts(s)]
+    part_list = part_list if part_list is not None else parts(s)
+    ks = [keys[b][:, a : a + n] if b >= 0 else pk for b, a, n, pk, _, _ in part_list]
+    vs = [values[b][:, a : a + n] if b >= 0 else pv for b, a, n, _, pv, _ in part_list]
+    pos = [p[5] for p in part_list]
     a = fk.causal_attention(q, s["q_pos"], ks, vs, pos, scale=D**-0.5, window=0, chunk=64, groups=GROUPS)
     h1 = fk.fused_linear(
         a.reshape(3, -1), *s["o"], post_norm=s["post_attn_norm"], post_eps=EPS, residual=s["h"]
@@ -124,6 +125,18 @@ def test_one_op_equals_the_six_it_replaces(fmt):
     assert not same(short, want[0])
 
 
+def test_a_part_may_start_inside_its_buffer():
+    """Rows [1, 5) of segment 1's buffer (a cell pool's run), on the first and a later held call."""
+    s = setup("q4_1")
+    later = [*parts(s)[:2], (1, 1, 4, None, None, mx.arange(6, 10, dtype=mx.int32))]
+    want = by_six_ops(s, later)
+    layer = held(setup("q4_1"))
+    call_held(layer, setup("q4_1"))
+    for got in (by_layer_op(setup("q4_1"), later), call_held(layer, setup("q4_1"), later)):
+        assert same(got[0], want[0])
+    assert not same(want[0], by_six_ops(setup("q4_1"))[0])  # control: the start changed what is read
+
+
 def test_buffers_are_updated_in_place_when_nothing_else_holds_them():
     s = setup("q4_1")
     keys = [b + 0 for b in s.pop("keys")]
@@ -140,9 +153,10 @@ def test_buffers_are_updated_in_place_when_nothing_else_holds_them():
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda p: [(5, 5, None, None, p[0][4]), *p[1:]], "buffer index"),
-        (lambda p: [(-1, 0, None, None, p[0][4]), *p[1:]], "needs keys and values"),
-        (lambda p: [(0, 99, None, None, p[0][4]), *p[1:]], "rows within it"),
+        (lambda p: [(5, 0, 5, None, None, p[0][5]), *p[1:]], "buffer index"),
+        (lambda p: [(-1, 0, 0, None, None, p[0][5]), *p[1:]], "needs keys and values"),
+        (lambda p: [(0, 0, 99, None, None, p[0][5]), *p[1:]], "rows within it"),
+        (lambda p: [(0, 6, 5, None, None, p[0][5]), *p[1:]], "rows within it"),
     ],
 )
 def test_bad_parts_raise_value_error(change, message):
@@ -175,10 +189,11 @@ def test_a_held_layer_equals_the_six_ops_on_every_call(fmt):
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda s, p: (s, [(5, 5, None, None, p[0][4]), *p[1:]]), "buffer index"),
-        (lambda s, p: (s, [(-1, 0, None, None, p[0][4]), *p[1:]]), "needs keys and values"),
-        (lambda s, p: (s, [(0, 99, None, None, p[0][4]), *p[1:]]), "rows within it"),
-        (lambda s, p: (s, [(0, 4, None, None, p[0][4]), *p[1:]]), "key_pos must be"),
+        (lambda s, p: (s, [(5, 0, 5, None, None, p[0][5]), *p[1:]]), "buffer index"),
+        (lambda s, p: (s, [(-1, 0, 0, None, None, p[0][5]), *p[1:]]), "needs keys and values"),
+        (lambda s, p: (s, [(0, 0, 99, None, None, p[0][5]), *p[1:]]), "rows within it"),
+        (lambda s, p: (s, [(0, 4, 5, None, None, p[0][5]), *p[1:]]), "rows within it"),
+        (lambda s, p: (s, [(0, 0, 4, None, None, p[0][5]), *p[1:]]), "key_pos must be"),
         (lambda s, p: ({**s, "h": s["h"][:, :64]}, p), "h must be"),
         (lambda s, p: ({**s, "keys": [s["keys"][0], s["keys"][0]]}, p), "distinct"),
     ],

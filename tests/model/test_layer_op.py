@@ -30,7 +30,7 @@ def model(request):
     return random_model("FRFR", 6, 2, **MODELS[request.param])
 
 
-def run(model, layer_op: bool, kv_dtype: str) -> np.ndarray:
+def run(model, layer_op: bool, kv_dtype: str, cache_kind: str = "batched-sequence") -> np.ndarray:
     """A prompt; a clone of its first 8 positions and a new session join it in one batched step; then
     6 greedy steps of all three (past the window of 6): every output's logits, concatenated."""
     old = layers.LAYER_OP
@@ -38,7 +38,7 @@ def run(model, layer_op: bool, kv_dtype: str) -> np.ndarray:
     try:
         # forwards of at most 4 rows: a sliding layer's ring holds window + 3 slots, so it wraps
         ex = ModuleExecutor.create(
-            model, max_sessions=4, max_session_tokens=64, kv_dtype=kv_dtype, keep_logits=True, prefill_chunk=4
+            model, cache_kind, 4, 64, kv_dtype=kv_dtype, keep_logits=True, prefill_chunk=4
         )
         a = ex.open_session()
         rows = []
@@ -94,7 +94,16 @@ def test_one_op_a_layer_equals_the_fused_ops(model, kv_dtype, calls):
     # some over a ring (its slots' positions out of order)
     assert len(calls) % len(model.layers) == 0 and len(calls) >= 8 * len(model.layers)
     assert any(part[0] < 0 for parts in calls for part in parts)
-    assert any(np.any(np.diff(np.array(part[4])) < 0) for parts in calls for part in parts)
+    assert any(np.any(np.diff(np.array(part[5])) < 0) for parts in calls for part in parts)
+
+
+def test_one_op_a_layer_over_the_cell_pool(model, calls):
+    """batched-cell: each segment reads its span or runs of the shared pool as parts of one buffer."""
+    want = run(model, False, "float16", "batched-cell")
+    got = run(model, True, "float16", "batched-cell")
+    assert np.array_equal(got, want), np.abs(got - want).max()
+    assert len(calls) >= 8 * len(model.layers)
+    assert any(part[1] > 0 for parts in calls for part in parts)  # a part inside the pool
 
 
 def test_the_comparison_can_fail(model, monkeypatch):
@@ -103,9 +112,9 @@ def test_the_comparison_can_fail(model, monkeypatch):
 
     def short(self, layer):
         io = original(self, layer)
-        seg, rows, keys, values, positions = io.parts[-1]
+        seg, start, rows, keys, values, positions = io.parts[-1]
         if rows > 1:
-            io.parts[-1] = (seg, rows - 1, keys, values, positions[: rows - 1])
+            io.parts[-1] = (seg, start, rows - 1, keys, values, positions[: rows - 1])
         return io
 
     monkeypatch.setattr(batched_sequence.SequenceStep, "layer_io", short)
