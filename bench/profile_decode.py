@@ -1,8 +1,9 @@
 """Where a decode step's time goes (issue 22 item 2): one sequence, greedy, the fused kernel path.
 
-For each depth: the Python graph-building time of a step, its evaluation (synchronous), the
-evaluation without the head (layers + K/V writes), the 30 layers' attention alone over the cache's
-K/V, and the bytes a token must read (weights as stored -- block data plus float32 scales / mins --
+For each depth: the graph's primitive nodes, the main thread's CPU time for a step (graph build and
+evaluation: on few cores it competes with the kernels' threads), the Python graph-building time of a
+step, its evaluation (synchronous), the evaluation without the head (layers + K/V writes), the 30
+layers' attention alone over the cache's K/V (recorded from the six-op layer path), and the bytes a token must read (weights as stored -- block data plus float32 scales / mins --
 and as the GGUF file stores them, K/V at that depth) against the time, as GB/s. Then per matrix
 class the fused_linear kernel's speed over the model's 30 distinct matrices with 1 and 2 pool threads
 (the small q/k/v and o matrices show the fixed cost of a call). Medians of repeated runs; the load
@@ -16,8 +17,10 @@ Prints JSON and writes bench/out/profile_decode.json.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -33,13 +36,20 @@ import engine_service  # noqa: E402,F401  (loads OpenBLAS before mlx)
 GGUF_BYTES_PER_32 = {"q8_0": 34, "q4_1": 20}  # a block's bytes in the file (float16 scale / min)
 
 
-def median_time(fn, reps: int) -> float:
+def median_time(fn, reps: int, clock=time.perf_counter) -> float:
     times = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return statistics.median(times)
+
+
+def graph_nodes(outputs: list) -> int:
+    """Primitive nodes MLX evaluates for ``outputs`` (its DOT export's labelled nodes)."""
+    dot = io.StringIO()
+    mx.export_to_dot(dot, *outputs)
+    return len(re.findall(r'label ="[A-Za-z]', dot.getvalue()))
 
 
 def stored_bytes(proj) -> int:
@@ -54,6 +64,7 @@ def file_bytes(proj) -> int:
 
 def step_profile(model, depth: int, reps: int) -> dict:
     import engine_service.model.deterministic as det
+    import engine_service.model.layers as layers
     from engine_service.cache.batch_control import Segment
     from engine_service.greedy import new_cache, prefill
 
@@ -72,6 +83,7 @@ def step_profile(model, depth: int, reps: int) -> dict:
 
     build_s = median_time(build, reps)
     eval_s = median_time(lambda: mx.eval(build()), reps) - build_s
+    main_s = median_time(lambda: mx.eval(build()), reps, clock=time.thread_time)
     no_head_s = median_time(lambda: mx.eval(build(head=False)), reps) - build_s
     # the attention alone: the kernel over each layer's cache view, 30 calls in one evaluation
     calls = []
@@ -82,14 +94,18 @@ def step_profile(model, depth: int, reps: int) -> dict:
         return original(q, views, positions, window, scale)
 
     det.attend = record
+    layers.LAYER_OP = False  # the layer op calls the attention kernel inside itself
     try:
         mx.eval(build())
     finally:
         det.attend = original
+        layers.LAYER_OP = True
     inputs = [(mx.array(q), v, p, w, s) for q, v, p, w, s in calls]
     attention_s = median_time(lambda: mx.eval([original(*c) for c in inputs]), reps)
     kv_bytes = sum(int(p.keys.nbytes + p.values.nbytes) for _, views, _, _, _ in inputs for p in views)
     return {
+        "graph_nodes": graph_nodes(build()),
+        "main_thread_ms": round(main_s * 1e3, 2),
         "build_ms": round(build_s * 1e3, 2),
         "eval_ms": round(eval_s * 1e3, 2),
         "eval_without_head_ms": round(no_head_s * 1e3, 2),
