@@ -59,10 +59,7 @@ class KVView:
 
 @dataclass(frozen=True)
 class LayerIO:
-    """One layer's K/V store and attention as one op takes them (a step's optional ``layer_io``): the
-    buffers [kv_heads, A, head_dim]; writes (buffer, packed row, buffer row, rows); parts (buffer or -1,
-    start, rows, keys, values, positions), a buffer's: its rows [start, start + rows) after the store;
-    groups (row_start, row_stop, parts) per segment when there are several."""
+    """A layer's K/V store and views as one layer op takes them (docs/ENGINE.md: The protocol)."""
 
     keys: list[mx.array]
     values: list[mx.array]

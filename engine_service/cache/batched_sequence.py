@@ -74,9 +74,7 @@ class SequenceStep:
         return out
 
     def layer_io(self, layer: int) -> LayerIO | None:
-        """What one fused layer op (``forkline_kernels.decoder_layer``) needs to store ``layer``'s K/V and
-        attend as :meth:`views` would, or None where this step has no batched K/V write. The caller
-        passes the updated buffers to :meth:`commit`."""
+        """:meth:`views` for one layer op (``forkline_kernels.DecoderLayer``); None without kv_store."""
         if self._kv_store is None:
             return None
         writes = self._writes(layer)
@@ -107,8 +105,7 @@ class SequenceStep:
         return self._masks[key]
 
     def _own_positions(self, i: int, part: _Part, layer: int) -> mx.array:
-        """Positions of the keys in the part's own buffer view: flat from ``tail_start`` (the pieces hold
-        the rest), a ring's by slot."""
+        """Key positions of the part's own buffer view: flat from ``tail_start``, a ring's by slot."""
         slots = part.cache.slots(layer) if part.cache.is_ring(layer) else None
         if (i, slots) not in self._positions:
             end = part.start + part.length

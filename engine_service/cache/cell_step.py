@@ -196,9 +196,8 @@ class CellStep:
         return out
 
     def layer_io(self, layer: int) -> LayerIO | None:
-        """What one fused layer op (``forkline_kernels.decoder_layer``) needs to write ``layer``'s K/V into
-        the pool and attend as :meth:`views` would -- each segment's span or runs as parts of the pool
-        -- or None where a segment reads a gather (:meth:`views` copies those cells)."""
+        """:meth:`views` for one layer op: each segment's span or runs as parts of the pool; None where a
+        segment reads a gather."""
         if any(read.take is not None for read in self._reads):
             return None
         if self._run:

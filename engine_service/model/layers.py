@@ -25,7 +25,7 @@ _ON_CPU = not gpu_available()
 # whether layers run their fused ops where they can (DecoderLayer.fuses); off: the unfused MLX ops,
 # for comparisons (benchmarks, tests)
 FUSED_OPS = True
-# whether a fused layer runs as one op (forkline_kernels.decoder_layer) where the step can describe its
+# whether a fused layer runs as one op (forkline_kernels.DecoderLayer) where the step can describe its
 # K/V for it; off: the five fused ops and the step's views (the same values; for comparisons)
 LAYER_OP = True
 

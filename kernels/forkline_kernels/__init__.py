@@ -19,8 +19,7 @@ causal_attention = _ext.causal_attention
 fused_linear = _ext.fused_linear
 fused_qkv = _ext.fused_qkv
 kv_store = _ext.kv_store
-decoder_layer = getattr(_ext, "decoder_layer", None)  # one op a layer (src/decoder_layer.h)
-DecoderLayer = getattr(_ext, "DecoderLayer", None)  # its fixed arguments held for its calls
+DecoderLayer = getattr(_ext, "DecoderLayer", None)  # one op a layer (src/decoder_layer.h)
 categorical = _ext.categorical
 q4_1_matmul = _ext.q4_1_matmul
 isa = _ext.isa
@@ -40,7 +39,6 @@ __all__ = [
     "built_with_mlx",
     "categorical",
     "causal_attention",
-    "decoder_layer",
     "fused_linear",
     "fused_qkv",
     "isa",

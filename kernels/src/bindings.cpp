@@ -95,42 +95,13 @@ NB_MODULE(_ext, m) {
         "of buffers keys / values [kv_heads, A_i, head_dim] in k's dtype; writes (buffer, src_row, dst_row, "
         "rows) -> the updated (keys, values) lists, in place where MLX allows");
 
-  m.def(
-      "decoder_layer",
-      [](const mx::array& h, const nb::tuple& qkv, int q_heads, int kv_heads, int head_dim,
-         std::optional<mx::array> attn_norm, float eps, std::optional<mx::array> qkv_bias,
-         std::optional<mx::array> q_norm, std::optional<mx::array> k_norm, std::optional<mx::array> cos,
-         std::optional<mx::array> sin, bool traditional, std::vector<mx::array> key_buffers,
-         std::vector<mx::array> value_buffers, std::vector<std::tuple<int, int, int, int>> writes,
-         const mx::array& q_pos, const std::vector<PartTuple>& parts, std::vector<std::tuple<int, int, int>> groups,
-         float scale, int window, int chunk, const nb::tuple& o, std::optional<mx::array> o_bias,
-         std::optional<mx::array> post_attn_norm, const nb::tuple& gate_up, std::optional<mx::array> mlp_norm,
-         std::optional<mx::array> gate_up_bias, const std::string& act, const nb::tuple& down,
-         std::optional<mx::array> down_bias, std::optional<mx::array> post_mlp_norm, bool panel) {
-        forkline::DecoderLayerArgs a{h, block_weights(qkv, "qkv"), q_heads, kv_heads, head_dim, attn_norm, eps,
-                                     qkv_bias, q_norm, k_norm, cos, sin, traditional, std::move(key_buffers),
-                                     std::move(value_buffers), std::move(writes), q_pos, attention_parts(parts),
-                                     std::move(groups), scale, window, chunk, block_weights(o, "o"), o_bias,
-                                     post_attn_norm, block_weights(gate_up, "gate_up"), mlp_norm, gate_up_bias, act,
-                                     block_weights(down, "down"), down_bias, post_mlp_norm, panel};
-        return forkline::decoder_layer(a);
-      },
-      "h"_a, "qkv"_a, nb::kw_only(), "q_heads"_a, "kv_heads"_a, "head_dim"_a, "attn_norm"_a = nb::none(),
-      "eps"_a = 0.0f, "qkv_bias"_a = nb::none(), "q_norm"_a = nb::none(), "k_norm"_a = nb::none(),
-      "cos"_a = nb::none(), "sin"_a = nb::none(), "traditional"_a = false, "key_buffers"_a, "value_buffers"_a,
-      "writes"_a, "q_pos"_a, "parts"_a, "groups"_a = std::vector<std::tuple<int, int, int>>{}, "scale"_a,
-      "window"_a = 0, "chunk"_a = 64, "o"_a, "o_bias"_a = nb::none(), "post_attn_norm"_a = nb::none(),
-      "gate_up"_a, "mlp_norm"_a = nb::none(), "gate_up_bias"_a = nb::none(), "act"_a = "silu", "down"_a,
-      "down_bias"_a = nb::none(), "post_mlp_norm"_a = nb::none(), "panel"_a = false,
-      "one decoder layer as one op (see src/decoder_layer.h): fused_qkv, kv_store into the buffers, "
-      "causal_attention over parts (buffer, start, rows, keys, values, key_pos) -- buffer >= 0: those rows of "
-      "that buffer after the store -- then o + residual, norm + gate/up, down + residual -> (h', keys, values)");
-
   nb::class_<forkline::DecoderLayerCall>(
       m, "DecoderLayer",
-      "a layer's fixed decoder_layer arguments, held for its calls (see src/decoder_layer.h): "
+      "one decoder layer as one op, its fixed arguments held for its calls (see src/decoder_layer.h): "
       "DecoderLayer(qkv, q_heads=..., ..., down=...)(h, cos, sin, key_buffers, value_buffers, writes, q_pos, "
-      "parts, groups, panel) == decoder_layer(h, qkv, ...)")
+      "parts, groups, panel) -> (h', keys, values): fused_qkv, kv_store into the buffers, causal_attention "
+      "over parts (buffer, start, rows, keys, values, key_pos) -- buffer >= 0: those rows of that buffer "
+      "after the store -- then o + residual, norm + gate/up, down + residual")
       .def(
           "__init__",
           [](forkline::DecoderLayerCall* self, const nb::tuple& qkv, int q_heads, int kv_heads, int head_dim,

@@ -1,4 +1,4 @@
-"""A fused layer as one op (``forkline_kernels.decoder_layer``, ``layers.LAYER_OP``) against the same
+"""A fused layer as one op (``forkline_kernels.DecoderLayer``, ``layers.LAYER_OP``) against the same
 layer as five fused ops over the step's views: bitwise equal logits on every layer shape the fused path
 covers, through a prefill, a clone that reads its source's shared rows, batched steps of three sessions
 and decode past the sliding window (rings), float32 and float16 K/V. The op is what runs (its calls
@@ -19,9 +19,9 @@ from engine_service.model.random_init import random_model
 from tests.model.test_fused_layers import MODELS, PROMPT
 
 ext = kernels()
-if ext is None or getattr(ext, "decoder_layer", None) is None:
+if ext is None or getattr(ext, "DecoderLayer", None) is None:
     pytest.skip(
-        "compiled kernels with decoder_layer are not built (scripts/setup.sh)", allow_module_level=True
+        "compiled kernels with DecoderLayer are not built (scripts/setup.sh)", allow_module_level=True
     )
 
 
