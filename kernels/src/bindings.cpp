@@ -167,7 +167,9 @@ NB_MODULE(_ext, m) {
         "resize the worker pool (n < 1: FORKLINE_KERNEL_THREADS or all CPUs); not while kernels run");
   m.def("num_threads", &forkline::num_threads, "threads in the worker pool");
   m.def("_set_f32_tile", &forkline::set_f32_tile, "rows"_a, "cols"_a, "chunk"_a = 0,
-        "force the float kernels' tile (1..6 rows x 1..4 weight rows; 0: built-in); speed only, for tests");
+        "spread"_a = -1,
+        "force the float kernels' tile (1..6 rows x 1..4 weight rows; 0: built-in; spread -1 built-in, 0 adjacent "
+        "weight rows, 1 spread at <= 2 rows); speed only, for tests");
   m.def(
       "pool_tuning",
       [] {

@@ -24,10 +24,15 @@ constexpr int kRowChunk = 64;
 constexpr int kMaxRows = 8, kMaxCols = 4;
 constexpr int kColChunk = 128;
 // A forced float tile shape (rows x outputs; 0: the built-in choice). Only speed depends on it.
-std::atomic<int> g_tile_rows{0}, g_tile_cols{0}, g_col_chunk{kColChunk};
+// g_tile_spread: -1 built-in, 0 adjacent weight rows, 1 spread (see TileShape).
+std::atomic<int> g_tile_rows{0}, g_tile_cols{0}, g_col_chunk{kColChunk}, g_tile_spread{-1};
 
+// spread: the tile's weight rows are not adjacent but `cols` runs of a task's rows read side by side
+// (tile i takes row i of each run), so each run streams in order while the tile keeps `cols`
+// independent FMA chains (only for the one tile row of <= 2 activation rows).
 struct TileShape {
   int rows, cols;
+  bool spread = false;
 };
 
 // The tile for the next `left` rows (measured by bench/bench_kernels_matmul.py with a model's worth
@@ -35,7 +40,11 @@ struct TileShape {
 // on an AVX-512 Xeon several weight rows a pass keep independent FMA chains in flight (one row's chain
 // of 2 dependent FMAs per block capped it at ~12 GB/s): 4 with AVX-512; AVX2's 16 registers hold 4
 // only for one row of q8_0 (the Gemma 3 head 1.2-1.3x, SmolLM2's q4_1 layers 1.03-1.4x). AMD's Zen 5
-// streamed long rows best one at a time, q4_1's short ones (<= 384 bytes) 4 at a time.
+// streamed long rows best one at a time, q4_1's short ones (<= 384 bytes) 4 at a time. On Zen 3 (AVX2)
+// adjacent long rows streamed at 0.75-0.85x one row (a 1 x 4 tile's rows 640 bytes apart break the
+// stream every row), while one row is latency-bound (its 2-FMA chain per block): two rows half a task
+// apart (spread) took the Gemma 3 head from 13-15 to 15-18 GB/s on 2 cores (18.6 is a plain read's)
+// and its decode step 25.7 -> 21.7 ms; SmolLM2's q4_1 layers, issue-bound, were unchanged.
 // More rows are compute-bound: a weight block is widened and scaled once (4 vector operations per
 // 16 lanes) for the tile's rows, each of which then costs 2 FMAs per 16 lanes, and a row's x block is
 // loaded into registers once for the tile's weight rows. AVX-512 (32 registers, an output's 16 lanes in
@@ -54,7 +63,8 @@ bool amd_cores() {
 TileShape f32_tile_shape(int left, bool wide, bool q41, int64_t row_bytes) {
   TileShape t;
   if (left <= 2 && amd_cores()) {
-    t = {left, q41 && row_bytes <= 384 ? (wide || left == 1 ? 4 : 2) : 1};
+    const bool short_q41 = q41 && row_bytes <= 384;
+    t = short_q41 ? TileShape{left, wide || left == 1 ? 4 : 2} : TileShape{left, wide ? 1 : 2, !wide};
   } else if (left <= 2) {
     t = {left, wide || (left == 1 && !q41) ? 4 : 2};
   } else if (wide) {
@@ -70,6 +80,10 @@ TileShape f32_tile_shape(int left, bool wide, bool q41, int64_t row_bytes) {
   }
   if (c > 0) {
     t.cols = c;
+  }
+  const int spread = g_tile_spread.load(std::memory_order_relaxed);
+  if (spread >= 0) {
+    t.spread = spread == 1 && t.rows == left && left <= 2;
   }
   return t;
 }
@@ -430,37 +444,41 @@ AVX2_FN FORKLINE_INLINE void widen_q4_1(const uint8_t* w, float d, float mn, __m
 // a line per row every 64 bytes as the tile goes: interleaved rows defeat the hardware stream
 // prefetcher (a 1 x 4 q8_0 tile streaming from memory ran at 0.4x the one-row speed without it, 0.6x
 // with it: hence one-row q8_0 tiles at one or two rows).
+// `next` is the first weight row of the next tile (the row after this tile's last, or after its first
+// when the tile's rows are `stride` rows apart); the tile's rows are `stride` rows apart.
 template <bool Q41, int RN>
-AVX2_FN FORKLINE_INLINE void prefetch_scales(const float* wd, const float* wm, int blocks) {
+AVX2_FN FORKLINE_INLINE void prefetch_scales(const float* wd, const float* wm, int64_t next, int64_t stride,
+                                             int blocks) {
 #pragma GCC unroll 4
   for (int n = 0; n < RN; ++n) {
-    _mm_prefetch(reinterpret_cast<const char*>(wd + (RN + n) * blocks), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(wd + (RN + n) * blocks) + 64, _MM_HINT_T0);
+    const int64_t row = (next + n * stride) * blocks;
+    _mm_prefetch(reinterpret_cast<const char*>(wd + row), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wd + row) + 64, _MM_HINT_T0);
     if constexpr (Q41) {
-      _mm_prefetch(reinterpret_cast<const char*>(wm + (RN + n) * blocks), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(wm + (RN + n) * blocks) + 64, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wm + row), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wm + row) + 64, _MM_HINT_T0);
     }
   }
 }
 
 template <bool Q41, int RN>
-AVX2_FN FORKLINE_INLINE void prefetch_block(const uint8_t* next, int64_t row_bytes, int b) {
+AVX2_FN FORKLINE_INLINE void prefetch_block(const uint8_t* next, int64_t stride_bytes, int b) {
   if (b % (Q41 ? 4 : 2) == 0) {
 #pragma GCC unroll 4
     for (int n = 0; n < RN; ++n) {
-      _mm_prefetch(reinterpret_cast<const char*>(next + n * row_bytes + b * (Q41 ? 16 : 32)), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(next + n * stride_bytes + b * (Q41 ? 16 : 32)), _MM_HINT_T0);
     }
   }
 }
 
 // out(m, n) = the fixed 8-lane reduction of folded[m][n] (each output's 16 lanes folded to 8).
 template <int RM, int RN>
-AVX2_FN FORKLINE_INLINE void store_tile(const __m256 (&folded)[RM][RN], float* out, int64_t ldo) {
+AVX2_FN FORKLINE_INLINE void store_tile(const __m256 (&folded)[RM][RN], float* out, int64_t ldo, int64_t stride) {
 #pragma GCC unroll 8
   for (int m = 0; m < RM; ++m) {
 #pragma GCC unroll 4
     for (int n = 0; n < RN; ++n) {
-      out[m * ldo + n] = reduce8_avx2(folded[m][n]);
+      out[m * ldo + n * stride] = reduce8_avx2(folded[m][n]);
     }
   }
 }
@@ -469,9 +487,9 @@ AVX2_FN FORKLINE_INLINE void store_tile(const __m256 (&folded)[RM][RN], float* o
 // into one wrapper per register file below.
 template <bool Q41, int RM, int RN>
 AVX2_FN FORKLINE_INLINE void f32_tile_body(const void* wq, const float* wd, const float* wm, int blocks,
-                                           const float* x, float* out, int64_t ldo) {
+                                           const float* x, float* out, int64_t ldo, int64_t stride) {
   const int64_t K = static_cast<int64_t>(blocks) * 32;
-  const int64_t row_bytes = Q41 ? K / 2 : K;
+  const int64_t row_bytes = Q41 ? K / 2 : K, stride_bytes = stride * row_bytes;
   const uint8_t* w = static_cast<const uint8_t*>(wq);
   __m256 acc[RM][RN][2];  // lanes 0..7 and 8..15 of each output's 16
 #pragma GCC unroll 4
@@ -481,17 +499,19 @@ AVX2_FN FORKLINE_INLINE void f32_tile_body(const void* wq, const float* wd, cons
       acc[m][n][0] = acc[m][n][1] = _mm256_setzero_ps();
     }
   }
-  const uint8_t* next = w + RN * row_bytes;
-  prefetch_scales<Q41, RN>(wd, wm, blocks);
+  const int64_t next_row = stride == 1 ? RN : 1;
+  const uint8_t* next = w + next_row * row_bytes;
+  prefetch_scales<Q41, RN>(wd, wm, next_row, stride, blocks);
   for (int b = 0; b < blocks; ++b) {
-    prefetch_block<Q41, RN>(next, row_bytes, b);
+    prefetch_block<Q41, RN>(next, stride_bytes, b);
 #pragma GCC unroll 4
     for (int n = 0; n < RN; ++n) {
       __m256 wf[4];
       if constexpr (Q41) {
-        widen_q4_1(w + n * row_bytes + b * 16, wd[n * blocks + b], wm[n * blocks + b], wf);
+        const int64_t nb = n * stride * blocks + b;
+        widen_q4_1(w + n * stride_bytes + b * 16, wd[nb], wm[nb], wf);
       } else {
-        widen_q8_0(reinterpret_cast<const int8_t*>(w) + n * row_bytes + b * 32, wd[n * blocks + b], wf);
+        widen_q8_0(reinterpret_cast<const int8_t*>(w) + n * stride_bytes + b * 32, wd[n * stride * blocks + b], wf);
       }
 #pragma GCC unroll 8
       for (int m = 0; m < RM; ++m) {
@@ -512,7 +532,7 @@ AVX2_FN FORKLINE_INLINE void f32_tile_body(const void* wq, const float* wd, cons
       folded[m][n] = _mm256_add_ps(acc[m][n][0], acc[m][n][1]);
     }
   }
-  store_tile<RM, RN>(folded, out, ldo);
+  store_tile<RM, RN>(folded, out, ldo, stride);
 }
 
 // 16-lane widening and scaling (AVX-512): a block's w' 0..15 and 16..31 in two registers. q4_1 looks its
@@ -537,9 +557,9 @@ AVX512_FN FORKLINE_INLINE void widen16_q8_0(const int8_t* w, float d, __m512* wf
 // AVX2 tile keeps in two, with the same operations lane by lane (bitwise its results).
 template <bool Q41, int RM, int RN>
 AVX512_FN FORKLINE_INLINE void f32_tile_body16(const void* wq, const float* wd, const float* wm, int blocks,
-                                               const float* x, float* out, int64_t ldo) {
+                                               const float* x, float* out, int64_t ldo, int64_t stride) {
   const int64_t K = static_cast<int64_t>(blocks) * 32;
-  const int64_t row_bytes = Q41 ? K / 2 : K;
+  const int64_t row_bytes = Q41 ? K / 2 : K, stride_bytes = stride * row_bytes;
   const uint8_t* w = static_cast<const uint8_t*>(wq);
   __m512 acc[RM][RN];  // an output's 16 lanes in one register
 #pragma GCC unroll 4
@@ -549,17 +569,19 @@ AVX512_FN FORKLINE_INLINE void f32_tile_body16(const void* wq, const float* wd, 
       acc[m][n] = _mm512_setzero_ps();
     }
   }
-  const uint8_t* next = w + RN * row_bytes;
-  prefetch_scales<Q41, RN>(wd, wm, blocks);
+  const int64_t next_row = stride == 1 ? RN : 1;
+  const uint8_t* next = w + next_row * row_bytes;
+  prefetch_scales<Q41, RN>(wd, wm, next_row, stride, blocks);
   for (int b = 0; b < blocks; ++b) {
-    prefetch_block<Q41, RN>(next, row_bytes, b);
+    prefetch_block<Q41, RN>(next, stride_bytes, b);
     __m512 wf[RN][2];
 #pragma GCC unroll 4
     for (int n = 0; n < RN; ++n) {
       if constexpr (Q41) {
-        widen16_q4_1(w + n * row_bytes + b * 16, wd[n * blocks + b], wm[n * blocks + b], wf[n]);
+        widen16_q4_1(w + n * stride_bytes + b * 16, wd[n * stride * blocks + b], wm[n * stride * blocks + b], wf[n]);
       } else {
-        widen16_q8_0(reinterpret_cast<const int8_t*>(w) + n * row_bytes + b * 32, wd[n * blocks + b], wf[n]);
+        widen16_q8_0(reinterpret_cast<const int8_t*>(w) + n * stride_bytes + b * 32, wd[n * stride * blocks + b],
+                     wf[n]);
       }
     }
 #pragma GCC unroll 8
@@ -584,22 +606,22 @@ AVX512_FN FORKLINE_INLINE void f32_tile_body16(const void* wq, const float* wd, 
       folded[m][n] = _mm256_add_ps(_mm512_castps512_ps256(acc[m][n]), hi);
     }
   }
-  store_tile<RM, RN>(folded, out, ldo);
+  store_tile<RM, RN>(folded, out, ldo, stride);
 }
 
 template <bool Q41, int RM, int RN>
 AVX2_FN void f32_tile_avx2(const void* wq, const float* wd, const float* wm, int blocks, const float* x,
-                           float* out, int64_t ldo) {
-  f32_tile_body<Q41, RM, RN>(wq, wd, wm, blocks, x, out, ldo);
+                           float* out, int64_t ldo, int64_t stride) {
+  f32_tile_body<Q41, RM, RN>(wq, wd, wm, blocks, x, out, ldo, stride);
 }
 
 template <bool Q41, int RM, int RN>
 AVX512_FN void f32_tile_avx512(const void* wq, const float* wd, const float* wm, int blocks, const float* x,
-                               float* out, int64_t ldo) {
-  f32_tile_body16<Q41, RM, RN>(wq, wd, wm, blocks, x, out, ldo);
+                               float* out, int64_t ldo, int64_t stride) {
+  f32_tile_body16<Q41, RM, RN>(wq, wd, wm, blocks, x, out, ldo, stride);
 }
 
-using F32Tile = void (*)(const void*, const float*, const float*, int, const float*, float*, int64_t);
+using F32Tile = void (*)(const void*, const float*, const float*, int, const float*, float*, int64_t, int64_t);
 using TileTable = std::array<std::array<F32Tile, kMaxCols>, kMaxRows>;  // [rows - 1][cols - 1]
 
 template <bool Q41, bool Wide, int RM, int... RN>
@@ -634,6 +656,21 @@ void rows_f32_tiled(Isa isa, const void* wq, const float* wd, const float* wm, i
   const TileTable& table = kTiles[Q41][wide];
   const uint8_t* w = static_cast<const uint8_t*>(wq);
   const int chunk = g_col_chunk.load(std::memory_order_relaxed);
+  const TileShape first = f32_tile_shape(M, wide, Q41, row_bytes);
+  if (first.spread) {  // one tile row: `cols` runs of q weight rows side by side, the tail one at a time
+    const auto tile = [&](int cols, int n, int64_t stride) {
+      table[M - 1][cols - 1](w + n * row_bytes, wd + static_cast<int64_t>(n) * blocks,
+                             Q41 ? wm + static_cast<int64_t>(n) * blocks : nullptr, blocks, x, out + n, ldo, stride);
+    };
+    const int q = (n1 - n0) / first.cols;
+    for (int i = 0; i < q; ++i) {
+      tile(first.cols, n0 + i, q);
+    }
+    for (int n = n0 + q * first.cols; n < n1; ++n) {
+      tile(1, n, 1);
+    }
+    return;
+  }
   for (int nc = n0; nc < n1; nc += chunk) {
     const int nce = std::min(n1, nc + chunk);
     for (int m = 0; m < M;) {
@@ -642,7 +679,7 @@ void rows_f32_tiled(Isa isa, const void* wq, const float* wd, const float* wm, i
         const int rn = std::min(shape.cols, nce - n);
         table[shape.rows - 1][rn - 1](w + n * row_bytes, wd + static_cast<int64_t>(n) * blocks,
                                       Q41 ? wm + static_cast<int64_t>(n) * blocks : nullptr, blocks, x + m * K,
-                                      out + m * ldo + n, ldo);
+                                      out + m * ldo + n, ldo, 1);
       }
       m += shape.rows;
     }
@@ -730,7 +767,8 @@ void q4_1_rows(Isa isa, const uint8_t* wq, const float* wd, const float* wm, int
   q4_1_rows_scalar(wq, wd, wm, blocks, n0, n1, x, M, out, ldo);
 }
 
-void set_f32_tile(int rows, int cols, int chunk) {
+void set_f32_tile(int rows, int cols, int chunk, int spread) {
+  g_tile_spread.store(std::clamp(spread, -1, 1));
   g_col_chunk.store(chunk > 0 ? chunk : kColChunk);
   g_tile_rows.store(std::clamp(rows, 0, kMaxRows));
   g_tile_cols.store(std::clamp(cols, 0, kMaxCols));

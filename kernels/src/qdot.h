@@ -20,8 +20,8 @@
 // W: the same for any batch size, thread count or tile. The float kernels run register tiles of up to
 // 8 rows of x x 3 or 4 rows of W (each widened, scaled weight block serves the tile's rows, each x block its
 // weight rows; 4 x 1 on AVX2's 16 registers, up to 8 x 3 / 6 x 4 with AVX-512's 32, one or two rows x 1 or 4
-// rows of W when memory-bound): one accumulator per output, so a tile changes which loads are shared,
-// never an output's operations.
+// rows of W when memory-bound, adjacent or "spread": runs of a task's rows read side by side): one
+// accumulator per output, so a tile changes which loads are shared, never an output's operations.
 #pragma once
 
 #include <cstdint>
@@ -65,6 +65,7 @@ void q8_0_rows_f32(Isa isa, const int8_t* wq, const float* wd, int blocks, int n
 void q4_1_rows_f32(Isa isa, const uint8_t* wq, const float* wd, const float* wm, int blocks, int n0, int n1,
                    const float* x, int M, float* out, int64_t ldo);
 // The float kernels' tile (activation rows 1..8 x weight rows 1..4; 0: built-in). Speed only.
-void set_f32_tile(int rows, int cols, int chunk = 0);
+// spread: -1 built-in, 0 adjacent weight rows, 1 spread tiles (at one or two activation rows).
+void set_f32_tile(int rows, int cols, int chunk = 0, int spread = -1);
 
 }  // namespace forkline

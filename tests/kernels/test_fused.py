@@ -134,7 +134,7 @@ def test_rows_are_independent_of_the_batch_isa_tiles_and_threads(fmt):
         assert call(rows).tobytes() == want[rows].tobytes(), rows
     for isa in ISAS:
         fk.set_isa(isa)
-        for tile in ((0, 0), (1, 1), (3, 2), (6, 4)):
+        for tile in ((0, 0), (1, 1), (3, 2), (6, 4), (0, 0, 0, 0), (0, 3, 0, 1)):
             fk._ext._set_f32_tile(*tile)
             for rows in (slice(0, 1), slice(0, 13)):
                 assert call(rows).tobytes() == want[rows].tobytes(), (isa, tile, rows)

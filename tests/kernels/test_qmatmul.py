@@ -143,8 +143,9 @@ def test_scalar_fallback_and_thread_count_give_identical_bits(fmt, quantize_x):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_tile_shape_and_isa_gives_identical_bits(fmt):
     """The float kernels' register tiles (1..8 activation rows x 1..4 weight rows, on 16 and on 32 vector
-    registers) share loads between outputs but never change an output's operations: every shape, every
-    row count and the scalar reference agree bit for bit (what batch invariance rests on)."""
+    registers; at one or two rows adjacent or spread weight rows) share loads between outputs but never
+    change an output's operations: every shape, every row count and the scalar reference agree bit for
+    bit (what batch invariance rests on)."""
     make, op = FORMATS[fmt]
     rng = np.random.default_rng(11)
     arrays, _, _ = make(rng, 71, 200)  # 71 outputs: every weight-row tile leaves a tail
@@ -155,10 +156,12 @@ def test_every_tile_shape_and_isa_gives_identical_bits(fmt):
         fk.set_isa(isa)
         for rows in range(9):
             for cols in range(5):
-                fk._ext._set_f32_tile(rows, cols)
-                for m in (1, 2, 5, 8, 13):
-                    got = np.array(op(x[:m], *arrays))
-                    assert got.tobytes() == want[:m].tobytes(), (isa, rows, cols, m)
+                for spread in (-1, 0, 1):
+                    fk._ext._set_f32_tile(rows, cols, spread=spread)
+                    for m in (1, 2, 5, 8, 13):
+                        got = np.array(op(x[:m], *arrays))
+                        assert got.tobytes() == want[:m].tobytes(), (isa, rows, cols, spread, m)
+    fk._ext._set_f32_tile(0, 0)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
