@@ -237,7 +237,8 @@ void fused_run(const FusedSpec& spec, const std::vector<mx::array>& inputs, std:
   }
   size_t at = 3;
   const float* mins = spec.format == Format::q4_1 ? inputs[at++].data<float>() : nullptr;
-  thread_local std::vector<float> xbuf, ybuf, nbuf, bbuf, pbuf, rbuf, qnbuf, knbuf, cbuf, sbuf;
+  thread_local std::vector<float> ybuf, nbuf, bbuf, pbuf, rbuf, qnbuf, knbuf, cbuf, sbuf;
+  thread_local LineVector<float> xbuf;
   const float* normw = spec.norm ? dense(inputs[at++], nbuf) : nullptr;
   const float* bias = spec.bias ? dense(inputs[at++], bbuf) : nullptr;
   const float* postw = spec.post_norm ? dense(inputs[at++], pbuf) : nullptr;

@@ -104,6 +104,8 @@ void float_rows_matmul(Format format, const float* x, int m, int blocks, int n, 
     return;
   }
   const Isa isa = active_isa();
+  thread_local LineVector<float> aligned;  // the caller's (workers read through x)
+  x = line_aligned(x, static_cast<size_t>(m) * blocks * 32, aligned);
   const Split split = plan_split(format, m, n, blocks);
   const int cols = split.cols;
   pool().run_estimated((n + cols - 1) / cols, split.est_us, [&](int task) {
@@ -151,7 +153,8 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector
     const int64_t rs = x.strides()[0], cs = x.strides()[1];
     // Per-thread scratch for prepared activations, reused across calls.
     thread_local std::vector<int8_t> q;
-    thread_local std::vector<float> xf, d, s;
+    thread_local std::vector<float> d, s;
+    thread_local LineVector<float> xf;
     const size_t padded = static_cast<size_t>(m) * blocks * 32;
     const float* xrows = xp;
     QuantizedRows rows{nullptr, nullptr, nullptr};
@@ -176,6 +179,8 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector
           std::fill(dst + k, dst + blocks * 32, 0.0f);
         }
         xrows = xf.data();
+      } else {
+        xrows = line_aligned(xp, padded, xf);
       }
     }
     if (panel) {
