@@ -212,7 +212,10 @@ ATTN_FN void scores_r(const float* const* q, const T* const* k, int L, int D, fl
       }
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const __m256 qv = _mm256_loadu_ps(q[r] + b);
+        __m256 qv = _mm256_loadu_ps(q[r] + b);
+        // in a register for the KT keys, not folded into each FMA as a memory operand: on Zen 3 the
+        // folded loop (one load per FMA) scored 4 heads of 256 at 0.7x the speed
+        asm("" : "+x"(qv));
 #pragma GCC unroll 8
         for (int x = 0; x < KT; ++x) {
           acc[x][r] = _mm256_fmadd_ps(qv, kv[x], acc[x][r]);
