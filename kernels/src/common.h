@@ -24,7 +24,8 @@
 namespace forkline {
 
 // Cache-line-aligned storage for activation rows: the kernels' 32-byte loads of a row block then never
-// straddle two lines (x at 8 or 24 bytes past a line ran a 3-4 row q8_0 tile at 0.65-0.75x).
+// straddle two lines (inputs arrived 8-56 bytes past a line; a 3-4 row q8_0 tile on such an x ran at
+// 0.65-0.8x in one window, within the noise in another).
 template <class T>
 struct LineAllocator {
   using value_type = T;
