@@ -444,8 +444,8 @@ AVX2_FN FORKLINE_INLINE void widen_q4_1(const uint8_t* w, float d, float mn, __m
 // a line per row every 64 bytes as the tile goes: interleaved rows defeat the hardware stream
 // prefetcher (a 1 x 4 q8_0 tile streaming from memory ran at 0.4x the one-row speed without it, 0.6x
 // with it: hence one-row q8_0 tiles at one or two rows).
-// `next` is the first weight row of the next tile (the row after this tile's last, or after its first
-// when the tile's rows are `stride` rows apart); the tile's rows are `stride` rows apart.
+// The tile's rows are `stride` rows apart; `next` is the next tile's first row (RN rows on when they
+// are adjacent, one row on when spread).
 template <bool Q41, int RN>
 AVX2_FN FORKLINE_INLINE void prefetch_scales(const float* wd, const float* wm, int64_t next, int64_t stride,
                                              int blocks) {

@@ -156,20 +156,9 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector
     thread_local std::vector<float> d, s;
     thread_local LineVector<float> xf;
     const size_t padded = static_cast<size_t>(m) * blocks * 32;
-    const float* xrows = xp;
-    QuantizedRows rows{nullptr, nullptr, nullptr};
-    if (quantize_x) {  // int8 activations: their blocks, scales and scaled sums
-      q.resize(padded);
-      d.resize(static_cast<size_t>(m) * blocks);
-      s.resize(static_cast<size_t>(m) * blocks);
-      rows = {q.data(), d.data(), s.data()};
-      if (static_cast<int64_t>(m) * k < kParallelQuantize || workers.size() == 1) {
-        quantize_rows(isa, xp, rs, cs, k, blocks, 0, m, rows);
-      } else {
-        workers.run(m, [&](int r) { quantize_rows(isa, xp, rs, cs, k, blocks, r, r + 1, rows); });
-      }
-    } else {
-      if (!(cs == 1 && (rs == k || m == 1) && k == blocks * 32)) {  // copy to dense, zero-padded rows
+    if (!quantize_x) {  // float activations: dense, zero-padded rows (copied where x is not)
+      const float* xrows = xp;
+      if (!(cs == 1 && (rs == k || m == 1) && k == blocks * 32)) {
         xf.resize(padded);
         for (int64_t r = 0; r < m; ++r) {
           float* dst = xf.data() + r * blocks * 32;
@@ -179,14 +168,24 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector
           std::fill(dst + k, dst + blocks * 32, 0.0f);
         }
         xrows = xf.data();
-      } else {
-        xrows = line_aligned(xp, padded, xf);
       }
-    }
-    if (panel) {
-      panel_matmul(isa, format, xrows, m, blocks, n, inputs[1].data<void>(), inputs[2].data<float>(),
-                   format == Format::q4_1 ? inputs[3].data<float>() : nullptr, y, n);
+      const float* mins = format == Format::q4_1 ? inputs[3].data<float>() : nullptr;
+      if (panel) {
+        panel_matmul(isa, format, xrows, m, blocks, n, inputs[1].data<void>(), inputs[2].data<float>(), mins, y, n);
+      } else {
+        float_rows_matmul(format, xrows, m, blocks, n, inputs[1].data<void>(), inputs[2].data<float>(), mins, y, n);
+      }
       return;
+    }
+    // int8 activations: their blocks, scales and scaled sums
+    q.resize(padded);
+    d.resize(static_cast<size_t>(m) * blocks);
+    s.resize(static_cast<size_t>(m) * blocks);
+    const QuantizedRows rows{q.data(), d.data(), s.data()};
+    if (static_cast<int64_t>(m) * k < kParallelQuantize || workers.size() == 1) {
+      quantize_rows(isa, xp, rs, cs, k, blocks, 0, m, rows);
+    } else {
+      workers.run(m, [&](int r) { quantize_rows(isa, xp, rs, cs, k, blocks, r, r + 1, rows); });
     }
     // Output columns in runs of `cols` (tasks shared by the pool); the split never changes a value.
     // (The workers must not name the thread_local scratch: they would see their own, empty, copies.)
@@ -196,20 +195,9 @@ void QuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, std::vector
       const int n0 = task * cols, n1 = std::min(n, n0 + cols);
       const float* sc = inputs[2].data<float>();
       if (format == Format::q8_0) {
-        const int8_t* wq = inputs[1].data<int8_t>();
-        if (quantize_x) {
-          q8_0_rows(isa, wq, sc, blocks, n0, n1, rows, m, y, n);
-        } else {
-          q8_0_rows_f32(isa, wq, sc, blocks, n0, n1, xrows, m, y, n);
-        }
+        q8_0_rows(isa, inputs[1].data<int8_t>(), sc, blocks, n0, n1, rows, m, y, n);
       } else {
-        const uint8_t* wq = inputs[1].data<uint8_t>();
-        const float* mins = inputs[3].data<float>();
-        if (quantize_x) {
-          q4_1_rows(isa, wq, sc, mins, blocks, n0, n1, rows, m, y, n);
-        } else {
-          q4_1_rows_f32(isa, wq, sc, mins, blocks, n0, n1, xrows, m, y, n);
-        }
+        q4_1_rows(isa, inputs[1].data<uint8_t>(), sc, inputs[3].data<float>(), blocks, n0, n1, rows, m, y, n);
       }
     };
     workers.run_estimated((n + cols - 1) / cols, split.est_us, columns);
